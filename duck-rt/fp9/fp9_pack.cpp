@@ -1,0 +1,239 @@
+// fp9 packing and unpacking (see duck_rt/fp9_pack.h for the layout).
+// Freestanding-clean: no libc calls, no allocation.
+#include "duck_rt/fp9_pack.h"
+
+namespace {
+
+inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+inline uint64_t f64Bits(double d) {
+  uint64_t u;
+  __builtin_memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+inline float absf(float v) {
+  return duck_fp9_bits_f32(duck_fp9_f32_bits(v) & 0x7FFFFFFFu);
+}
+
+inline bool isFinite(float v) {
+  return (duck_fp9_f32_bits(v) & 0x7F800000u) != 0x7F800000u;
+}
+
+/// Round-to-nearest-even fp9 magnitude code of |q|, q given in double so
+/// that v / scale is rounded once (to 53 bits) before the 3-bit rounding.
+uint8_t encodeMagnitudeF64(double q) {
+  uint64_t bits = f64Bits(q) & 0x7FFFFFFFFFFFFFFFull;
+  uint64_t exp11 = bits >> 52;
+  // fp9 E = exp11 - 1023 + 22 = exp11 - 1001.
+  if (exp11 >= 1002) {
+    uint64_t lsb = (bits >> 49) & 1u;
+    uint64_t rounded = (bits + ((1ull << 48) - 1) + lsb) >> 49;
+    uint64_t code = rounded - (1001ull << 3);
+    return code > DUCK_FP9_MAX_CODE ? (uint8_t)DUCK_FP9_MAX_CODE
+                                    : (uint8_t)code;
+  }
+  double a;
+  __builtin_memcpy(&a, &bits, sizeof a);
+  return a > 0x1p-22 ? (uint8_t)DUCK_FP9_MIN_CODE : (uint8_t)0;
+}
+
+float loadSource(const duck_fp9_source *src, uint64_t row, uint64_t col) {
+  uint64_t i = row * src->src_cols + col;
+  switch (src->type) {
+  case DUCK_FP9_SRC_F32:
+    return static_cast<const float *>(src->data)[i];
+  case DUCK_FP9_SRC_BF16:
+    return duck_bf16_to_f32(static_cast<const uint16_t *>(src->data)[i]);
+  case DUCK_FP9_SRC_F16:
+    return duck_f16_to_f32(static_cast<const uint16_t *>(src->data)[i]);
+  case DUCK_FP9_SRC_E4M3:
+    return duck_e4m3_to_f32(static_cast<const uint8_t *>(src->data)[i]);
+  }
+  return 0.0f;
+}
+
+struct Planes {
+  uint8_t *mag;
+  uint32_t *sign;
+  float *scale;
+};
+
+Planes planesOf(const duck_fp9_layout &l, void *base) {
+  uint8_t *b = static_cast<uint8_t *>(base);
+  return {b + l.mag_offset, reinterpret_cast<uint32_t *>(b + l.sign_offset),
+          reinterpret_cast<float *>(b + l.scale_offset)};
+}
+
+} // namespace
+
+extern "C" {
+
+duck_fp9_status duck_fp9_compute_layout(const duck_fp9_desc *d,
+                                        duck_fp9_layout *out) {
+  if (d->block != 32 && d->block != 64 && d->block != 128)
+    return DUCK_FP9_BAD_BLOCK;
+  if (d->rows == 0 || d->k == 0 || d->k % d->block != 0 ||
+      d->scale_rows == 0 || d->row_phase >= d->scale_rows)
+    return DUCK_FP9_BAD_SHAPE;
+  duck_fp9_layout l;
+  l.blocks_per_row = d->k / d->block;
+  l.scale_tiles = (d->row_phase + d->rows + d->scale_rows - 1) / d->scale_rows;
+  l.mag_offset = 0;
+  l.mag_bytes = (uint64_t)d->rows * d->k;
+  l.sign_offset = alignUp(l.mag_bytes, DUCK_FP9_PLANE_ALIGN);
+  l.sign_bytes = (uint64_t)d->rows * (d->k / 32) * 4;
+  l.scale_offset = alignUp(l.sign_offset + l.sign_bytes, DUCK_FP9_PLANE_ALIGN);
+  l.scale_bytes = (uint64_t)l.scale_tiles * l.blocks_per_row * 4;
+  l.total_bytes = alignUp(l.scale_offset + l.scale_bytes, DUCK_FP9_PLANE_ALIGN);
+  *out = l;
+  return DUCK_FP9_OK;
+}
+
+float duck_fp9_source_value(const duck_fp9_source *src, uint64_t row,
+                            uint64_t col) {
+  float v = loadSource(src, row, col);
+  if (src->type == DUCK_FP9_SRC_E4M3) {
+    uint64_t tilesPerRow = (src->src_cols + src->tile_cols - 1) / src->tile_cols;
+    v *= src->scale_inv[(row / src->tile_rows) * tilesPerRow +
+                        col / src->tile_cols];
+  }
+  return v;
+}
+
+duck_fp9_status duck_fp9_pack(const duck_fp9_source *src,
+                              const duck_fp9_desc *d, void *out,
+                              duck_fp9_error_at *where) {
+  duck_fp9_layout l;
+  duck_fp9_status st = duck_fp9_compute_layout(d, &l);
+  if (st != DUCK_FP9_OK)
+    return st;
+  if (src->row0 + d->rows > src->src_rows || src->col0 + d->k > src->src_cols ||
+      src->col0 % d->block != 0)
+    return DUCK_FP9_BAD_SLICE;
+  const bool fp8 = src->type == DUCK_FP9_SRC_E4M3;
+  if (fp8 && (src->tile_rows == 0 || src->tile_cols == 0 ||
+              src->tile_cols % d->block != 0 || d->scale_rows != src->tile_rows ||
+              d->row_phase != src->row0 % src->tile_rows))
+    return DUCK_FP9_BAD_TILE;
+  if (!fp8 && d->row_phase != src->row0 % d->scale_rows)
+    return DUCK_FP9_BAD_SLICE;
+
+  __builtin_memset(out, 0, l.total_bytes);
+  Planes p = planesOf(l, out);
+  const uint32_t words = d->k / 32;
+  const uint64_t tilesPerRow =
+      fp8 ? (src->src_cols + src->tile_cols - 1) / src->tile_cols : 0;
+
+  for (uint32_t t = 0; t < l.scale_tiles; ++t) {
+    // Local rows of tile t: [rBegin, rEnd).
+    int64_t first = (int64_t)t * d->scale_rows - d->row_phase;
+    uint32_t rBegin = first < 0 ? 0 : (uint32_t)first;
+    uint32_t rEnd = (uint32_t)(first + d->scale_rows);
+    if (rEnd > d->rows)
+      rEnd = d->rows;
+    for (uint32_t b = 0; b < l.blocks_per_row; ++b) {
+      uint64_t c0 = src->col0 + (uint64_t)b * d->block;
+      float scale;
+      if (fp8) {
+        uint64_t gr = src->row0 + rBegin;
+        scale = src->scale_inv[(gr / src->tile_rows) * tilesPerRow +
+                               c0 / src->tile_cols];
+        if (!isFinite(scale) || scale < DUCK_FP9_SCALE_MIN ||
+            scale > DUCK_FP9_SCALE_MAX) {
+          if (where)
+            *where = {gr, c0};
+          return DUCK_FP9_SCALE_RANGE;
+        }
+      } else {
+        float amax = 0.0f;
+        for (uint32_t r = rBegin; r < rEnd; ++r)
+          for (uint32_t c = 0; c < d->block; ++c) {
+            float v = loadSource(src, src->row0 + r, c0 + c);
+            if (!isFinite(v)) {
+              if (where)
+                *where = {src->row0 + r, c0 + c};
+              return DUCK_FP9_NAN;
+            }
+            float a = absf(v);
+            amax = a > amax ? a : amax;
+          }
+        scale = amax / DUCK_FP9_MAX_VALUE;
+        if (scale < DUCK_FP9_SCALE_MIN)
+          scale = DUCK_FP9_SCALE_MIN;
+        if (scale > DUCK_FP9_SCALE_MAX) {
+          if (where)
+            *where = {src->row0 + rBegin, c0};
+          return DUCK_FP9_SCALE_RANGE;
+        }
+      }
+      p.scale[(uint64_t)t * l.blocks_per_row + b] = scale;
+
+      for (uint32_t r = rBegin; r < rEnd; ++r) {
+        uint64_t gr = src->row0 + r;
+        uint8_t *mag = p.mag + (uint64_t)r * d->k + (uint64_t)b * d->block;
+        uint32_t *sign = p.sign + (uint64_t)r * words;
+        for (uint32_t c = 0; c < d->block; ++c) {
+          uint32_t lc = b * d->block + c; // local column
+          uint32_t s;
+          uint8_t code;
+          if (fp8) {
+            uint8_t byte = static_cast<const uint8_t *>(src->data)
+                [gr * src->src_cols + c0 + c];
+            if (duck_e4m3_is_nan(byte)) {
+              if (where)
+                *where = {gr, c0 + c};
+              return DUCK_FP9_NAN;
+            }
+            code = duck_fp9_from_e4m3(byte, &s);
+          } else {
+            float v = loadSource(src, gr, c0 + c);
+            s = duck_fp9_f32_bits(v) >> 31;
+            code = encodeMagnitudeF64((double)v / (double)scale);
+          }
+          mag[c] = code;
+          sign[lc / 32] |= s << (lc % 32);
+        }
+      }
+    }
+  }
+  return DUCK_FP9_OK;
+}
+
+void duck_fp9_unpack_row(const duck_fp9_desc *d, const void *packed,
+                         uint32_t r, float *out_row) {
+  duck_fp9_layout l;
+  if (duck_fp9_compute_layout(d, &l) != DUCK_FP9_OK)
+    return;
+  Planes p = planesOf(l, const_cast<void *>(packed));
+  const uint32_t tile = (r + d->row_phase) / d->scale_rows;
+  const uint8_t *mag = p.mag + (uint64_t)r * d->k;
+  const uint32_t *sign = p.sign + (uint64_t)r * (d->k / 32);
+  for (uint32_t c = 0; c < d->k; ++c) {
+    float scale = p.scale[(uint64_t)tile * l.blocks_per_row + c / d->block];
+    out_row[c] = duck_fp9_decode((sign[c / 32] >> (c % 32)) & 1u, mag[c]) * scale;
+  }
+}
+
+const char *duck_fp9_status_str(duck_fp9_status st) {
+  switch (st) {
+  case DUCK_FP9_OK:
+    return "ok";
+  case DUCK_FP9_BAD_BLOCK:
+    return "block size must be 32, 64 or 128";
+  case DUCK_FP9_BAD_SHAPE:
+    return "K must be a non-zero multiple of the block size, rows non-zero";
+  case DUCK_FP9_BAD_SLICE:
+    return "slice lies outside the source matrix or its K start is not a "
+           "multiple of the block size";
+  case DUCK_FP9_BAD_TILE:
+    return "FP8 scale tile does not match the fp9 block/row tiling";
+  case DUCK_FP9_NAN:
+    return "weight is NaN or infinite";
+  case DUCK_FP9_SCALE_RANGE:
+    return "block scale outside [2^-40, 2^10]";
+  }
+  return "unknown fp9 status";
+}
+
+} // extern "C"
