@@ -1,0 +1,128 @@
+// The duck compute kernels: fp9 GEMV/GEMM, fused dense and MoE FFN paths
+// for decode and prefill, single and multi-core. AVX2 + FMA + F16C only,
+// freestanding-clean (no libc, no heap, no exceptions): every buffer is
+// passed in by the caller, so the same objects link into the duck ELF.
+//
+// Multi-core entry points are called by every core of a duck at once with
+// the same arguments and their own `core` index; they synchronise through
+// the duck_smp_ctx barrier (duck_rt/smp.h). Results are bit-identical
+// whatever the number of cores: every output element is produced by exactly
+// one core with the same instruction sequence, and every cross-core
+// reduction runs on core 0 in a fixed order.
+#ifndef DUCK_RT_KERNELS_H
+#define DUCK_RT_KERNELS_H
+
+#include "duck_rt/fp9_pack.h"
+#include "duck_rt/smp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// Kernel variants; append only (the value is stored in plans).
+typedef enum duck_kernel_id {
+  DUCK_KERNEL_GENERAL128 = 0,
+  DUCK_KERNEL_GENERAL64 = 1,
+  DUCK_KERNEL_GENERAL32 = 2,
+  DUCK_KERNEL_EXACT64 = 3,  // K == 64, block 64: one block a row
+  DUCK_KERNEL_EXACT128 = 4, // K == 128, block 128
+  DUCK_KERNEL_COUNT = 5,
+} duck_kernel_id;
+
+/// Inner-loop decode path of the general kernels (benchmark switch).
+typedef enum duck_decode_path {
+  DUCK_DECODE_SHIFT = 0, // vpmovzxbd + vpslld: fp32 bits
+  DUCK_DECODE_F16C = 1,  // vpmovzxbw + vpsllw + vcvtph2ps
+} duck_decode_path;
+
+/// Shape rule used by the compiler and the duck alike.
+duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block);
+const char *duck_kernel_name(duck_kernel_id id);
+
+/// A packed fp9 matrix in memory (planes resolved from a base pointer).
+typedef struct duck_fp9_matrix {
+  const uint8_t *mag;
+  const uint32_t *sign;
+  const float *scale;
+  uint32_t rows, k, block, scale_rows, row_phase;
+  uint32_t kernel; // duck_kernel_id
+} duck_fp9_matrix;
+
+/// Resolves the planes of a packed matrix and selects its kernel.
+duck_fp9_matrix duck_fp9_matrix_view(const duck_fp9_desc *desc,
+                                     const void *base);
+
+/// y[r - row_begin] = sum_k W[r][k] * x[k] for rows [row_begin, row_end).
+/// `xs` is scratch of 2 * m->k floats (32-byte aligned): the pre-scaled input
+/// and its negation.
+void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
+               uint32_t row_begin, uint32_t row_end, float *xs,
+               duck_decode_path path);
+
+/// Batched GEMM for prefill: y[t][r - row_begin] (row stride y_ld) for
+/// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), tiles of
+/// DUCK_N_TILE tokens sharing one weight decode. Each token's result is
+/// bit-identical to duck_gemv on that token alone. `xs` holds
+/// n_tokens * m->k floats (32-byte aligned).
+enum { DUCK_N_TILE = 2 };
+void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+               uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
+               uint32_t row_end, float *xs);
+
+/// One FFN (a dense MLP slice or one expert's slice): gate/up [inter, hidden],
+/// down [hidden, inter].
+typedef struct duck_ffn_weights {
+  duck_fp9_matrix gate, up, down;
+} duck_ffn_weights;
+
+/// Scratch floats a core needs for the FFN entry points below.
+uint64_t duck_ffn_scratch_floats(uint32_t hidden, uint32_t inter,
+                                 uint32_t n_tokens);
+
+/// Dense MLP decode on a tensor-parallel slice (mode 0): out[hidden] is the
+/// slice's partial output. `shared` is scratch of inter floats visible to all
+/// cores; `scratch[core]` is per-core scratch.
+void duck_mlp_decode(const duck_smp_ctx *smp, uint32_t core,
+                     const duck_ffn_weights *w, const float *x, float *out,
+                     float *shared, float *scratch);
+
+/// One activated expert of a token: expert id and routing weight.
+typedef struct duck_expert_slot {
+  uint32_t expert;
+  float weight;
+} duck_expert_slot;
+
+/// MoE decode (modes 1 and 4): out[hidden] = sum over slots of
+/// weight * expert(x), slots sorted by expert id on core 0, contiguous slot
+/// runs per worker, one fp32 buffer per slot in `slot_out`
+/// [n_slots][hidden], reduced on core 0 in slot order.
+/// `experts[id]` gives each expert's weights.
+void duck_moe_decode(const duck_smp_ctx *smp, uint32_t core,
+                     const duck_ffn_weights *experts, uint32_t n_experts,
+                     duck_expert_slot *slots, uint32_t n_slots,
+                     const float *x, float *out, float *slot_out,
+                     float *scratch);
+
+/// Dense prefill (mode 5): out[t][hidden] for n_tokens inputs x[t][hidden].
+/// `shared` holds n_tokens * inter floats.
+void duck_mlp_prefill(const duck_smp_ctx *smp, uint32_t core,
+                      const duck_ffn_weights *w, const float *x,
+                      uint32_t n_tokens, float *out, float *shared,
+                      float *scratch);
+
+/// MoE prefill (mode 6). `slots` is [n_tokens][top_k]. `work` is integer
+/// scratch of duck_moe_prefill_work_words(...) words shared by all cores;
+/// `pair_out` is [n_tokens * top_k][hidden] floats.
+uint64_t duck_moe_prefill_work_words(uint32_t n_tokens, uint32_t top_k,
+                                     uint32_t n_experts, uint32_t cores);
+void duck_moe_prefill(const duck_smp_ctx *smp, uint32_t core,
+                      const duck_ffn_weights *experts, uint32_t n_experts,
+                      const duck_expert_slot *slots, uint32_t top_k,
+                      const float *x, uint32_t n_tokens, float *out,
+                      float *pair_out, uint32_t *work, float *scratch);
+
+#ifdef __cplusplus
+} // extern "C"
+#endif
+
+#endif // DUCK_RT_KERNELS_H

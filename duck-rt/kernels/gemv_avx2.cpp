@@ -1,0 +1,372 @@
+// fp9 GEMV and GEMM kernels, AVX2 + FMA (+ F16C for the alternative decode
+// path). See docs/fp9.md for the arithmetic contract these implement.
+//
+// Every kernel accumulates one row in the same canonical order, so all of
+// them (general, exact, GEMM tiles, both decode paths) give bit-identical
+// results: 32 weights per sign word, four accumulators acc[g] taking the
+// weights 32c+8g..32c+8g+7, then (acc0+acc1)+(acc2+acc3), then the hadd
+// pattern ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)), times 2^3.
+#include "duck_rt/kernels.h"
+
+#include <immintrin.h>
+
+namespace {
+
+constexpr float kShiftXFactor = 0x1p102f; // 2^DUCK_FP9_SHIFT_X_LOG2
+constexpr float kF16cXFactor = 0x1p-10f;  // 2^DUCK_FP9_F16C_X_LOG2
+constexpr float kAccFactor = 8.0f;        // 2^DUCK_FP9_ACC_LOG2
+static_assert(DUCK_FP9_SHIFT_X_LOG2 == 102 && DUCK_FP9_F16C_X_LOG2 == -10 &&
+                  DUCK_FP9_ACC_LOG2 == 3,
+              "kernel constants out of sync with duck_rt/fp9.h");
+
+/// Lane j of the result holds (sign word) << (31 - (8g + j)): bit 31 is the
+/// sign of weight 8g + j, the bits below are don't-care for a blend.
+inline __m256i signLanes(__m256i word, __m256i shift) {
+  return _mm256_sllv_epi32(word, shift);
+}
+
+inline __m256i shiftCounts(int g) {
+  return _mm256_setr_epi32(31 - 8 * g, 30 - 8 * g, 29 - 8 * g, 28 - 8 * g,
+                           27 - 8 * g, 26 - 8 * g, 25 - 8 * g, 24 - 8 * g);
+}
+
+inline __m256 decodeShift(const uint8_t *p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 20));
+}
+
+/// Decodes 16 weights with the F16C path into two vectors (w * 2^7).
+inline void decodeF16c(const uint8_t *p, __m256 *lo, __m256 *hi) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 7);
+  *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+/// Canonical horizontal reduction of one row's four accumulators.
+inline float reduceRow(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m256 h = _mm256_hadd_ps(v, v);
+  h = _mm256_hadd_ps(h, h);
+  __m128 r = _mm_add_ss(_mm256_castps256_ps128(h),
+                        _mm256_extractf128_ps(h, 1));
+  return _mm_cvtss_f32(r) * kAccFactor;
+}
+
+/// The same reduction for four rows at once: out[i] = reduce(row i).
+inline __m128 reduceFourRows(__m256 r0, __m256 r1, __m256 r2, __m256 r3) {
+  __m256 t0 = _mm256_hadd_ps(r0, r1);
+  __m256 t1 = _mm256_hadd_ps(r2, r3);
+  __m256 t2 = _mm256_hadd_ps(t0, t1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+  return _mm_mul_ps(s, _mm_set1_ps(kAccFactor));
+}
+
+/// Pre-scales x for one row tile: xs[k] = x[k] * scale[k / BLOCK] * factor,
+/// and xn = -xs (the blend source for negative weights).
+template <uint32_t BLOCK>
+void prescale(const float *x, const float *scale, uint32_t k, float factor,
+              float *xs, float *xn) {
+  const __m256 neg = _mm256_set1_ps(-0.0f);
+  for (uint32_t b = 0; b < k / BLOCK; ++b) {
+    __m256 s = _mm256_set1_ps(scale[b] * factor);
+    for (uint32_t i = b * BLOCK; i < (b + 1) * BLOCK; i += 8) {
+      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), s);
+      _mm256_store_ps(xs + i, v);
+      _mm256_store_ps(xn + i, _mm256_xor_ps(v, neg));
+    }
+  }
+}
+
+void prescaleAny(uint32_t block, const float *x, const float *scale,
+                 uint32_t k, float factor, float *xs, float *xn) {
+  switch (block) {
+  case 128:
+    return prescale<128>(x, scale, k, factor, xs, xn);
+  case 64:
+    return prescale<64>(x, scale, k, factor, xs, xn);
+  default:
+    return prescale<32>(x, scale, k, factor, xs, xn);
+  }
+}
+
+/// One row, shift path: sign applied by blending xs/xn.
+inline float dotRowShift(const uint8_t *mag, const uint32_t *sign,
+                         const float *xs, const float *xn, uint32_t k) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
+                s3 = shiftCounts(3);
+  for (uint32_t c = 0; c < k; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 1024), _MM_HINT_T0);
+    __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+    __m256 x0 = _mm256_blendv_ps(_mm256_load_ps(xs + c), _mm256_load_ps(xn + c),
+                                 _mm256_castsi256_ps(signLanes(word, s0)));
+    acc0 = _mm256_fmadd_ps(decodeShift(mag + c), x0, acc0);
+    __m256 x1 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 8),
+                                 _mm256_load_ps(xn + c + 8),
+                                 _mm256_castsi256_ps(signLanes(word, s1)));
+    acc1 = _mm256_fmadd_ps(decodeShift(mag + c + 8), x1, acc1);
+    __m256 x2 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 16),
+                                 _mm256_load_ps(xn + c + 16),
+                                 _mm256_castsi256_ps(signLanes(word, s2)));
+    acc2 = _mm256_fmadd_ps(decodeShift(mag + c + 16), x2, acc2);
+    __m256 x3 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 24),
+                                 _mm256_load_ps(xn + c + 24),
+                                 _mm256_castsi256_ps(signLanes(word, s3)));
+    acc3 = _mm256_fmadd_ps(decodeShift(mag + c + 24), x3, acc3);
+  }
+  return reduceRow(acc0, acc1, acc2, acc3);
+}
+
+/// One row, F16C path (same accumulation order as the shift path).
+inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
+                        const float *xs, const float *xn, uint32_t k) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
+                s3 = shiftCounts(3);
+  for (uint32_t c = 0; c < k; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 1024), _MM_HINT_T0);
+    __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+    __m256 w0, w1, w2, w3;
+    decodeF16c(mag + c, &w0, &w1);
+    decodeF16c(mag + c + 16, &w2, &w3);
+    __m256 x0 = _mm256_blendv_ps(_mm256_load_ps(xs + c), _mm256_load_ps(xn + c),
+                                 _mm256_castsi256_ps(signLanes(word, s0)));
+    acc0 = _mm256_fmadd_ps(w0, x0, acc0);
+    __m256 x1 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 8),
+                                 _mm256_load_ps(xn + c + 8),
+                                 _mm256_castsi256_ps(signLanes(word, s1)));
+    acc1 = _mm256_fmadd_ps(w1, x1, acc1);
+    __m256 x2 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 16),
+                                 _mm256_load_ps(xn + c + 16),
+                                 _mm256_castsi256_ps(signLanes(word, s2)));
+    acc2 = _mm256_fmadd_ps(w2, x2, acc2);
+    __m256 x3 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 24),
+                                 _mm256_load_ps(xn + c + 24),
+                                 _mm256_castsi256_ps(signLanes(word, s3)));
+    acc3 = _mm256_fmadd_ps(w3, x3, acc3);
+  }
+  return reduceRow(acc0, acc1, acc2, acc3);
+}
+
+/// Accumulates 32 weights of one row into acc[0..3] (shift path).
+#define DUCK_ACC32(mag, word, xs, xn, acc0, acc1, acc2, acc3)                  \
+  do {                                                                         \
+    acc0 = _mm256_fmadd_ps(                                                    \
+        decodeShift(mag),                                                      \
+        _mm256_blendv_ps(_mm256_load_ps(xs), _mm256_load_ps(xn),               \
+                         _mm256_castsi256_ps(signLanes(word, s0))),            \
+        acc0);                                                                 \
+    acc1 = _mm256_fmadd_ps(                                                    \
+        decodeShift((mag) + 8),                                                \
+        _mm256_blendv_ps(_mm256_load_ps((xs) + 8), _mm256_load_ps((xn) + 8),   \
+                         _mm256_castsi256_ps(signLanes(word, s1))),            \
+        acc1);                                                                 \
+    acc2 = _mm256_fmadd_ps(                                                    \
+        decodeShift((mag) + 16),                                               \
+        _mm256_blendv_ps(_mm256_load_ps((xs) + 16), _mm256_load_ps((xn) + 16), \
+                         _mm256_castsi256_ps(signLanes(word, s2))),            \
+        acc2);                                                                 \
+    acc3 = _mm256_fmadd_ps(                                                    \
+        decodeShift((mag) + 24),                                               \
+        _mm256_blendv_ps(_mm256_load_ps((xs) + 24), _mm256_load_ps((xn) + 24), \
+                         _mm256_castsi256_ps(signLanes(word, s3))),            \
+        acc3);                                                                 \
+  } while (0)
+
+/// Rows of a K == 64 or K == 128 matrix, four rows at a time: per-row
+/// overhead (sign words, reduction) is shared; the next rows are prefetched.
+template <uint32_t K>
+void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
+               uint32_t r0, uint32_t r1, float *y) {
+  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
+                s3 = shiftCounts(3);
+  constexpr uint32_t W = K / 32;
+  uint32_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const uint8_t *mag = m->mag + (uint64_t)r * K;
+    const uint32_t *sign = m->sign + (uint64_t)r * W;
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 128), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 192), _MM_HINT_T0);
+    __m256 acc[4][4];
+    for (int i = 0; i < 4; ++i) {
+      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
+      for (uint32_t c = 0; c < K; c += 32) {
+        __m256i word = _mm256_set1_epi32((int)sign[i * W + c / 32]);
+        DUCK_ACC32(mag + i * K + c, word, xs + c, xn + c, acc[i][0], acc[i][1],
+                   acc[i][2], acc[i][3]);
+      }
+    }
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i)
+      v[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
+                           _mm256_add_ps(acc[i][2], acc[i][3]));
+    _mm_storeu_ps(y + (r - r0), reduceFourRows(v[0], v[1], v[2], v[3]));
+  }
+  for (; r < r1; ++r)
+    y[r - r0] = dotRowShift(m->mag + (uint64_t)r * K, m->sign + (uint64_t)r * W,
+                            xs, xn, K);
+}
+
+inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
+  // First local row of the next scale tile after row r.
+  uint32_t t = (r + m->row_phase) / m->scale_rows;
+  return (t + 1) * m->scale_rows - m->row_phase;
+}
+
+} // namespace
+
+extern "C" {
+
+duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block) {
+  if (k == 64 && block == 64)
+    return DUCK_KERNEL_EXACT64;
+  if (k == 128 && block == 128)
+    return DUCK_KERNEL_EXACT128;
+  if (block == 128)
+    return DUCK_KERNEL_GENERAL128;
+  if (block == 64)
+    return DUCK_KERNEL_GENERAL64;
+  return DUCK_KERNEL_GENERAL32;
+}
+
+const char *duck_kernel_name(duck_kernel_id id) {
+  switch (id) {
+  case DUCK_KERNEL_GENERAL128:
+    return "general128";
+  case DUCK_KERNEL_GENERAL64:
+    return "general64";
+  case DUCK_KERNEL_GENERAL32:
+    return "general32";
+  case DUCK_KERNEL_EXACT64:
+    return "exact64";
+  case DUCK_KERNEL_EXACT128:
+    return "exact128";
+  default:
+    return "unknown";
+  }
+}
+
+duck_fp9_matrix duck_fp9_matrix_view(const duck_fp9_desc *desc,
+                                     const void *base) {
+  duck_fp9_matrix m{};
+  duck_fp9_layout l;
+  if (duck_fp9_compute_layout(desc, &l) != DUCK_FP9_OK)
+    return m;
+  const uint8_t *b = static_cast<const uint8_t *>(base);
+  m.mag = b + l.mag_offset;
+  m.sign = reinterpret_cast<const uint32_t *>(b + l.sign_offset);
+  m.scale = reinterpret_cast<const float *>(b + l.scale_offset);
+  m.rows = desc->rows;
+  m.k = desc->k;
+  m.block = desc->block;
+  m.scale_rows = desc->scale_rows;
+  m.row_phase = desc->row_phase;
+  m.kernel = duck_select_kernel(desc->k, desc->block);
+  return m;
+}
+
+void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
+               uint32_t row_begin, uint32_t row_end, float *xs,
+               duck_decode_path path) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  float *xn = xs + k; // the negated copy lives right after xs
+  const float factor = path == DUCK_DECODE_F16C ? kF16cXFactor : kShiftXFactor;
+  uint32_t r = row_begin;
+  while (r < row_end) {
+    uint32_t end = tileEnd(m, r);
+    if (end > row_end)
+      end = row_end;
+    uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    prescaleAny(m->block, x, m->scale + (uint64_t)tile * bpr, k, factor, xs, xn);
+    float *out = y + (r - row_begin);
+    if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT64) {
+      exactRows<64>(m, xs, xn, r, end, out);
+    } else if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT128) {
+      exactRows<128>(m, xs, xn, r, end, out);
+    } else if (path == DUCK_DECODE_F16C) {
+      for (uint32_t i = r; i < end; ++i)
+        out[i - r] = dotRowF16c(m->mag + (uint64_t)i * k,
+                                m->sign + (uint64_t)i * (k / 32), xs, xn, k);
+    } else {
+      for (uint32_t i = r; i < end; ++i)
+        out[i - r] = dotRowShift(m->mag + (uint64_t)i * k,
+                                 m->sign + (uint64_t)i * (k / 32), xs, xn, k);
+    }
+    r = end;
+  }
+}
+
+void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+               uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
+               uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
+                s3 = shiftCounts(3);
+  const __m256 negZero = _mm256_set1_ps(-0.0f);
+  uint32_t r = row_begin;
+  while (r < row_end) {
+    uint32_t end = tileEnd(m, r);
+    if (end > row_end)
+      end = row_end;
+    uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    const float *scale = m->scale + (uint64_t)tile * bpr;
+    // Pre-scale every token (no negated copy: GEMM flips the weight's sign,
+    // which gives the same product bits as flipping x).
+    for (uint32_t t = 0; t < n_tokens; ++t)
+      for (uint32_t b = 0; b < bpr; ++b) {
+        __m256 s = _mm256_set1_ps(scale[b] * kShiftXFactor);
+        for (uint32_t i = b * m->block; i < (b + 1) * m->block; i += 8)
+          _mm256_store_ps(xs + (uint64_t)t * k + i,
+                          _mm256_mul_ps(_mm256_loadu_ps(x + (uint64_t)t * x_ld + i), s));
+      }
+    for (uint32_t i = r; i < end; ++i) {
+      const uint8_t *mag = m->mag + (uint64_t)i * k;
+      const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
+      uint32_t t = 0;
+      for (; t + 2 <= n_tokens; t += 2) {
+        const float *xa = xs + (uint64_t)t * k, *xb = xa + k;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (uint32_t c = 0; c < k; c += 32) {
+          __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+#define DUCK_GEMM_GROUP(G, SH, AA, BB)                                         \
+  {                                                                            \
+    __m256 sg = _mm256_and_ps(                                                 \
+        _mm256_castsi256_ps(signLanes(word, SH)), negZero);                    \
+    __m256 w = _mm256_xor_ps(decodeShift(mag + c + 8 * G), sg);                \
+    AA = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * G), AA);               \
+    BB = _mm256_fmadd_ps(w, _mm256_load_ps(xb + c + 8 * G), BB);               \
+  }
+          DUCK_GEMM_GROUP(0, s0, a0, b0)
+          DUCK_GEMM_GROUP(1, s1, a1, b1)
+          DUCK_GEMM_GROUP(2, s2, a2, b2)
+          DUCK_GEMM_GROUP(3, s3, a3, b3)
+        }
+        y[(uint64_t)t * y_ld + (i - row_begin)] = reduceRow(a0, a1, a2, a3);
+        y[(uint64_t)(t + 1) * y_ld + (i - row_begin)] = reduceRow(b0, b1, b2, b3);
+      }
+      if (t < n_tokens) {
+        const float *xa = xs + (uint64_t)t * k;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint32_t c = 0; c < k; c += 32) {
+          __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+          __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0; // unused second token
+          const float *xb = xa;
+          DUCK_GEMM_GROUP(0, s0, a0, b0)
+          DUCK_GEMM_GROUP(1, s1, a1, b1)
+          DUCK_GEMM_GROUP(2, s2, a2, b2)
+          DUCK_GEMM_GROUP(3, s3, a3, b3)
+          (void)b0, (void)b1, (void)b2, (void)b3;
+        }
+#undef DUCK_GEMM_GROUP
+        y[(uint64_t)t * y_ld + (i - row_begin)] = reduceRow(a0, a1, a2, a3);
+      }
+    }
+    r = end;
+  }
+}
+
+} // extern "C"
