@@ -220,35 +220,6 @@ inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
 
 extern "C" {
 
-duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block) {
-  if (k == 64 && block == 64)
-    return DUCK_KERNEL_EXACT64;
-  if (k == 128 && block == 128)
-    return DUCK_KERNEL_EXACT128;
-  if (block == 128)
-    return DUCK_KERNEL_GENERAL128;
-  if (block == 64)
-    return DUCK_KERNEL_GENERAL64;
-  return DUCK_KERNEL_GENERAL32;
-}
-
-const char *duck_kernel_name(duck_kernel_id id) {
-  switch (id) {
-  case DUCK_KERNEL_GENERAL128:
-    return "general128";
-  case DUCK_KERNEL_GENERAL64:
-    return "general64";
-  case DUCK_KERNEL_GENERAL32:
-    return "general32";
-  case DUCK_KERNEL_EXACT64:
-    return "exact64";
-  case DUCK_KERNEL_EXACT128:
-    return "exact128";
-  default:
-    return "unknown";
-  }
-}
-
 duck_fp9_matrix duck_fp9_matrix_view(const duck_fp9_desc *desc,
                                      const void *base) {
   duck_fp9_matrix m{};

@@ -13,21 +13,12 @@
 #define DUCK_RT_KERNELS_H
 
 #include "duck_rt/fp9_pack.h"
+#include "duck_rt/kernel_select.h"
 #include "duck_rt/smp.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/// Kernel variants; append only (the value is stored in plans).
-typedef enum duck_kernel_id {
-  DUCK_KERNEL_GENERAL128 = 0,
-  DUCK_KERNEL_GENERAL64 = 1,
-  DUCK_KERNEL_GENERAL32 = 2,
-  DUCK_KERNEL_EXACT64 = 3,  // K == 64, block 64: one block a row
-  DUCK_KERNEL_EXACT128 = 4, // K == 128, block 128
-  DUCK_KERNEL_COUNT = 5,
-} duck_kernel_id;
 
 /// Inner-loop decode path of the general kernels (benchmark switch).
 typedef enum duck_decode_path {
@@ -35,9 +26,6 @@ typedef enum duck_decode_path {
   DUCK_DECODE_F16C = 1,  // vpmovzxbw + vpsllw + vcvtph2ps
 } duck_decode_path;
 
-/// Shape rule used by the compiler and the duck alike.
-duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block);
-const char *duck_kernel_name(duck_kernel_id id);
 
 /// A packed fp9 matrix in memory (planes resolved from a base pointer).
 typedef struct duck_fp9_matrix {

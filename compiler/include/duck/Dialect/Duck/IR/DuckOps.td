@@ -1,0 +1,194 @@
+//===- DuckOps.td - duck dialect operations ------------------*- tablegen -*-===//
+#ifndef DUCK_OPS_TD
+#define DUCK_OPS_TD
+
+include "duck/Dialect/Duck/IR/DuckAttrs.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def Duck_Activation : RankedTensorOf<[F32]>;
+def Duck_Tokens : RankedTensorOf<[I32]>;
+
+//===----------------------------------------------------------------------===//
+// Graph level
+//===----------------------------------------------------------------------===//
+
+def Duck_ModelOp : Duck_Op<"model", [Symbol, IsolatedFromAbove,
+    SingleBlockImplicitTerminator<"ReturnOp">]> {
+  let summary = "a whole language model";
+  let description = [{
+    Holds the model's forward pass for a batch of tokens, in order. `family`
+    is the HF model_type; `config` keeps the typed model description the
+    plan needs (sizes, eps, rope, router settings).
+
+    ```mlir
+    duck.model @tiny attributes {family = "qwen3", config = {...}} {
+    ^bb0(%tokens: tensor<?xi32>):
+      ...
+      duck.return %logits : tensor<?x512xf32>
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$family,
+                       DictionaryAttr:$config);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+def Duck_ReturnOp : Duck_Op<"return", [Pure, Terminator, HasParent<"ModelOp">]> {
+  let summary = "the model's outputs";
+  let arguments = (ins Variadic<AnyType>:$operands);
+  let builders = [OpBuilder<(ins), [{ build($_builder, $_state, {}); }]>];
+  let assemblyFormat = "attr-dict ($operands^ `:` type($operands))?";
+}
+
+def Duck_EmbeddingOp : Duck_Op<"embedding", [Pure]> {
+  let summary = "token embedding lookup (host)";
+  let arguments = (ins Duck_Tokens:$tokens, Duck_WeightAttr:$weight);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = "$tokens attr-dict `:` type($tokens) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Duck_RmsNormOp : Duck_Op<"rms_norm", [Pure, SameOperandsAndResultType]> {
+  let summary = "RMSNorm over the hidden dimension (host)";
+  let arguments = (ins Duck_Activation:$input, Duck_WeightAttr:$weight,
+                       F64Attr:$eps);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
+  let summary = "self-attention of one layer (host)";
+  let description = [{
+    `kind = "gqa"`: Qwen3 grouped-query attention with per-head q/k RMSNorm
+    and NeoX RoPE. `kind = "mla"`: DeepSeek multi-head latent attention;
+    DeepSeek-V3.2's lightning indexer is described by `indexer`. `weights`
+    maps a role (q_proj, k_norm, kv_b_proj, ...) to its checkpoint tensor.
+  }];
+  let arguments = (ins Duck_Activation:$input, I64Attr:$layer, StrAttr:$kind,
+                       I64Attr:$num_heads, I64Attr:$num_kv_heads,
+                       I64Attr:$head_dim, DictionaryAttr:$weights,
+                       OptionalAttr<DictionaryAttr>:$indexer);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Duck_AddOp : Duck_Op<"add", [Pure, SameOperandsAndResultType, Commutative]> {
+  let summary = "residual add (host)";
+  let arguments = (ins Duck_Activation:$lhs, Duck_Activation:$rhs);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+class Duck_FfnOp<string mnemonic> : Duck_Op<mnemonic, [Pure,
+    SameOperandsAndResultType, NoTerminator,
+    DeclareOpInterfaceMethods<RegionKindInterface>]> {
+  let results = (outs Duck_Activation:$result);
+  let regions = (region AnyRegion:$shards);
+  let assemblyFormat = [{
+    $input attr-dict `:` type($input) (`shards` $shards^)?
+  }];
+  let hasVerifier = 1;
+}
+
+def Duck_MlpOp : Duck_FfnOp<"mlp"> {
+  let summary = "dense FFN: down(silu(gate x) * up x)";
+  let description = [{
+    Runs on the ducks once partitioned: `duck-partition` sets `tp`,
+    `multiple_of`, `tp_max` and `strategy` and fills `shards` with one
+    `duck.fp9_ffn` per duck.
+  }];
+  let arguments = (ins Duck_Activation:$input, I64Attr:$layer,
+                       I64Attr:$hidden, I64Attr:$inter,
+                       Duck_WeightAttr:$gate, Duck_WeightAttr:$up,
+                       Duck_WeightAttr:$down,
+                       OptionalAttr<I64Attr>:$tp, OptionalAttr<I64Attr>:$multiple_of,
+                       OptionalAttr<I64Attr>:$tp_max,
+                       OptionalAttr<Duck_StrategyAttr>:$strategy);
+}
+
+def Duck_MoeOp : Duck_FfnOp<"moe"> {
+  let summary = "mixture of experts FFN with its router";
+  let description = [{
+    Router `softmax` (Qwen3-MoE: softmax over all experts, top-k, optional
+    renormalisation) or `sigmoid` (DeepSeek: sigmoid scores plus correction
+    bias for selection, group-limited top-k, renormalised and scaled). The
+    router runs on the host; the experts run on the ducks. Shared experts
+    (DeepSeek) are `num_shared` extra always-active experts.
+  }];
+  let arguments = (ins Duck_Activation:$input, I64Attr:$layer,
+                       I64Attr:$hidden, I64Attr:$inter, I64Attr:$num_experts,
+                       I64Attr:$top_k, Duck_RouterKindAttr:$router,
+                       BoolAttr:$norm_topk_prob, Duck_WeightAttr:$router_weight,
+                       OptionalAttr<Duck_WeightAttr>:$correction_bias,
+                       OptionalAttr<I64Attr>:$n_group,
+                       OptionalAttr<I64Attr>:$topk_group,
+                       OptionalAttr<F64Attr>:$routed_scaling_factor,
+                       Duck_ExpertWeightsAttr:$gate, Duck_ExpertWeightsAttr:$up,
+                       Duck_ExpertWeightsAttr:$down,
+                       DefaultValuedAttr<I64Attr, "0">:$num_shared,
+                       OptionalAttr<Duck_WeightAttr>:$shared_gate,
+                       OptionalAttr<Duck_WeightAttr>:$shared_up,
+                       OptionalAttr<Duck_WeightAttr>:$shared_down,
+                       OptionalAttr<I64Attr>:$tp, OptionalAttr<I64Attr>:$multiple_of,
+                       OptionalAttr<I64Attr>:$tp_max,
+                       OptionalAttr<Duck_StrategyAttr>:$strategy);
+  let extraClassDeclaration = [{
+    /// Routed plus shared experts (the expert ids a duck slot holds).
+    int64_t getTotalExperts() { return getNumExperts() + getNumShared(); }
+  }];
+}
+
+def Duck_LmHeadOp : Duck_Op<"lm_head", [Pure]> {
+  let summary = "final projection to vocabulary logits (host)";
+  let arguments = (ins Duck_Activation:$input, Duck_WeightAttr:$weight);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Partitioned level
+//===----------------------------------------------------------------------===//
+
+def Duck_Fp9FfnOp : Duck_Op<"fp9_ffn", [HasParent<"MlpOp, MoeOp">]> {
+  let summary = "one duck's share of an FFN, in fp9";
+  let description = [{
+    Rows `[inter_begin, inter_end)` of gate/up and the same columns of down,
+    for experts `[expert_begin, expert_end)` (a dense MLP has one expert),
+    packed with K-block `block`. Later passes add the kernel of each weight
+    (`duck-select-kernels`), the modes (`duck-assign-modes`) and the weight
+    buffer slot/offset/bytes (`duck-layout-weights`).
+
+    ```mlir
+    duck.fp9_ffn {rank = 1, inter_begin = 64, inter_end = 128, expert_begin = 0,
+                  expert_end = 257, block = 64}
+    ```
+  }];
+  let arguments = (ins I64Attr:$rank, I64Attr:$inter_begin, I64Attr:$inter_end,
+                       I64Attr:$expert_begin, I64Attr:$expert_end,
+                       I64Attr:$block,
+                       OptionalAttr<Duck_KernelAttr>:$gate_kernel,
+                       OptionalAttr<Duck_KernelAttr>:$up_kernel,
+                       OptionalAttr<Duck_KernelAttr>:$down_kernel,
+                       OptionalAttr<I32Attr>:$decode_mode,
+                       OptionalAttr<I32Attr>:$prefill_mode,
+                       OptionalAttr<BoolAttr>:$smp,
+                       OptionalAttr<I64Attr>:$slot,
+                       OptionalAttr<I64Attr>:$offset,
+                       OptionalAttr<I64Attr>:$bytes);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getLocalInter() { return getInterEnd() - getInterBegin(); }
+    int64_t getLocalExperts() { return getExpertEnd() - getExpertBegin(); }
+  }];
+}
+
+#endif // DUCK_OPS_TD

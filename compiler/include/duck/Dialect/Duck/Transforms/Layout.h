@@ -1,0 +1,83 @@
+//===- Layout.h - weight-buffer layout and cluster statistics ---*- C++ -*-===//
+//
+// Shared by duck-layout-weights, duck-stats, the plan emitter and the shard
+// writer, so the byte layout is computed in exactly one place (and with the
+// same duck_fp9_compute_layout the duck uses).
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_DIALECT_DUCK_TRANSFORMS_LAYOUT_H
+#define DUCK_DIALECT_DUCK_TRANSFORMS_LAYOUT_H
+
+#include "duck/Dialect/Duck/IR/DuckOps.h"
+#include "duck_rt/abi.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/JSON.h"
+
+#include <vector>
+
+namespace mlir::duck {
+
+/// Rows of the source sharing one block scale (FP8 tile rows, else 128).
+int64_t scaleRowsOf(ModuleOp module);
+
+/// The hidden size, total experts and FFN kind of the op owning `shard`.
+struct FfnShape {
+  int64_t layer, hidden, inter, experts;
+  bool moe;
+};
+FfnShape ffnShapeOf(Fp9FfnOp shard);
+
+/// Packed-matrix descriptors of one shard's gate/up/down for one expert.
+struct ShardDescs {
+  duck_fp9_desc gate, up, down;
+};
+ShardDescs shardDescs(Fp9FfnOp shard, int64_t scaleRows);
+
+/// Byte layout of one slot: header + descriptor table, then each present
+/// expert's gate, up, down matrices at 64-byte aligned offsets.
+struct SlotLayout {
+  uint64_t tableBytes = 0;  // slot header + duck_ffn_desc[experts]
+  uint64_t expertBytes = 0; // gate + up + down of one expert
+  uint64_t gateOffset = 0, upOffset = 0, downOffset = 0; // within an expert
+  uint64_t totalBytes = 0;  // aligned to DUCK_IMAGE_ALIGN
+  /// Offset of expert `e`'s first matrix within the slot (present experts
+  /// are stored in id order).
+  uint64_t expertOffset(int64_t localIndex) const {
+    return tableBytes + (uint64_t)localIndex * expertBytes;
+  }
+};
+FailureOr<SlotLayout> slotLayout(Fp9FfnOp shard, int64_t scaleRows);
+
+/// Bytes of the image header plus the slot table, aligned.
+uint64_t imagePrologueBytes(uint64_t slotCount);
+
+/// Cluster shape and cost model.
+struct ClusterModel {
+  double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
+  double stepOverheadUs = 80.0; // dispatch per FFN step
+};
+
+struct DuckStats {
+  int64_t rank = 0;
+  uint64_t slots = 0, bytes = 0;
+  double paramsPerToken = 0; // fp9 weights read per decoded token
+  double bytesPerToken = 0;
+};
+
+struct ModuleStats {
+  int64_t tp = 0, multipleOf = 0, tpMax = 0, ffnLayers = 0;
+  std::string strategy;
+  std::vector<DuckStats> ducks;
+  uint64_t totalBytes = 0;
+  double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
+};
+
+/// Requires a laid-out module (duck-layout-weights ran).
+FailureOr<ModuleStats> computeStats(ModuleOp module, const ClusterModel &c);
+void printStatsText(const ModuleStats &s, const ClusterModel &c,
+                    llvm::raw_ostream &os);
+llvm::json::Object statsToJson(const ModuleStats &s, const ClusterModel &c);
+
+} // namespace mlir::duck
+
+#endif

@@ -1,0 +1,267 @@
+//===- DuckOps.cpp - duck dialect verifiers -------------------------------===//
+//
+// Each check names the rule it enforces in its message, so a diagnostic
+// says what is wrong and what was expected.
+//===----------------------------------------------------------------------===//
+#include "duck/Dialect/Duck/IR/DuckOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallSet.h"
+
+using namespace mlir;
+using namespace mlir::duck;
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyShape(function_ref<InFlightDiagnostic()> emitError,
+                                 ArrayRef<int64_t> shape, Type dtype) {
+  if (shape.empty())
+    return emitError() << "weight shape must have at least one dimension";
+  for (int64_t d : shape)
+    if (d <= 0)
+      return emitError() << "weight dimensions must be positive, got " << d;
+  if (!isa<FloatType, IntegerType>(dtype))
+    return emitError() << "weight dtype must be a float or integer type, got "
+                       << dtype;
+  return success();
+}
+
+LogicalResult WeightAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 StringRef name, Type dtype,
+                                 ArrayRef<int64_t> shape, StringAttr file,
+                                 StringAttr scale) {
+  if (name.empty())
+    return emitError() << "weight needs a tensor name";
+  return verifyShape(emitError, shape, dtype);
+}
+
+LogicalResult
+ExpertWeightsAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                          StringRef pattern, Type dtype,
+                          ArrayRef<int64_t> shape, int64_t count,
+                          StringAttr scale) {
+  if (!pattern.contains("{e}"))
+    return emitError() << "expert name pattern '" << pattern
+                       << "' must contain {e}";
+  if (count <= 0)
+    return emitError() << "expert count must be positive, got " << count;
+  if (scale && !scale.getValue().contains("{e}"))
+    return emitError() << "expert scale pattern must contain {e}";
+  return verifyShape(emitError, shape, dtype);
+}
+
+static std::string substituteExpert(StringRef pattern, int64_t e) {
+  auto pos = pattern.find("{e}");
+  return (pattern.substr(0, pos) + Twine(e) + pattern.substr(pos + 3)).str();
+}
+
+std::string ExpertWeightsAttr::nameOf(int64_t e) const {
+  return substituteExpert(getPattern(), e);
+}
+
+std::string ExpertWeightsAttr::scaleNameOf(int64_t e) const {
+  return getScale() ? substituteExpert(getScale().getValue(), e) : "";
+}
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+/// Last dimension of an activation tensor.
+static int64_t hiddenOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getShape().back();
+}
+
+static LogicalResult expectShape(Operation *op, StringRef role,
+                                 ArrayRef<int64_t> got,
+                                 ArrayRef<int64_t> want) {
+  if (got == want)
+    return success();
+  auto diag = op->emitOpError() << role << " weight has shape [";
+  llvm::interleaveComma(got, diag);
+  diag << "], expected [";
+  llvm::interleaveComma(want, diag);
+  return diag << "]";
+}
+
+//===----------------------------------------------------------------------===//
+// Ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult ModelOp::verify() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != 1 ||
+      !isa<RankedTensorType>(body.getArgument(0).getType()))
+    return emitOpError("body must take one argument, the token ids");
+  return success();
+}
+
+LogicalResult EmbeddingOp::verify() {
+  ArrayRef<int64_t> s = getWeight().getShape();
+  if (s.size() != 2)
+    return emitOpError("embedding weight must be 2-D [vocab, hidden]");
+  if (s[1] != hiddenOf(getResult()))
+    return emitOpError() << "embedding width " << s[1]
+                         << " does not match the result's hidden size "
+                         << hiddenOf(getResult());
+  return success();
+}
+
+LogicalResult RmsNormOp::verify() {
+  int64_t h = hiddenOf(getInput());
+  if (getWeight().getShape().size() != 1 || getWeight().getShape()[0] != h)
+    return expectShape(*this, "norm", getWeight().getShape(), {h});
+  if (getEps().convertToDouble() <= 0)
+    return emitOpError("eps must be positive");
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  if (getKind() != "gqa" && getKind() != "mla")
+    return emitOpError() << "attention kind must be \"gqa\" or \"mla\", got \""
+                         << getKind() << "\"";
+  if (getNumHeads() <= 0 || getNumKvHeads() <= 0 || getHeadDim() <= 0)
+    return emitOpError("head counts and head_dim must be positive");
+  if (getNumHeads() % getNumKvHeads() != 0)
+    return emitOpError() << "num_heads " << getNumHeads()
+                         << " is not a multiple of num_kv_heads "
+                         << getNumKvHeads();
+  for (NamedAttribute w : getWeights())
+    if (!isa<WeightAttr>(w.getValue()))
+      return emitOpError() << "weights entry '" << w.getName().getValue()
+                           << "' is not a #duck.weight";
+  static const StringRef gqaRoles[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  static const StringRef mlaRoles[] = {"kv_a_proj_with_mqa", "kv_b_proj",
+                                       "o_proj"};
+  ArrayRef<StringRef> roles =
+      getKind() == "gqa" ? ArrayRef<StringRef>(gqaRoles) : ArrayRef<StringRef>(mlaRoles);
+  for (StringRef role : roles)
+    if (!getWeights().get(role))
+      return emitOpError() << "attention is missing its '" << role
+                           << "' weight";
+  return success();
+}
+
+LogicalResult LmHeadOp::verify() {
+  ArrayRef<int64_t> s = getWeight().getShape();
+  if (s.size() != 2 || s[1] != hiddenOf(getInput()))
+    return emitOpError("lm_head weight must be [vocab, hidden]");
+  if (hiddenOf(getResult()) != s[0])
+    return emitOpError() << "result width " << hiddenOf(getResult())
+                         << " does not match vocab " << s[0];
+  return success();
+}
+
+/// Rules shared by mlp and moe: shard ranks, ranges and partition attrs.
+static LogicalResult verifyShards(Operation *op, int64_t inter,
+                                  int64_t experts, std::optional<int64_t> tp,
+                                  std::optional<int64_t> multipleOf) {
+  Region &r = op->getRegion(0);
+  if (r.empty())
+    return success();
+  if (!tp)
+    return op->emitOpError("has shards but no 'tp' attribute");
+  llvm::SmallSet<int64_t, 16> ranks;
+  for (Operation &child : r.front()) {
+    auto shard = dyn_cast<Fp9FfnOp>(child);
+    if (!shard)
+      return op->emitOpError("shards region may only hold duck.fp9_ffn ops");
+    int64_t rank = (int64_t)shard.getRank();
+    if (rank < 0 || rank >= *tp)
+      return shard.emitOpError() << "rank " << rank
+                                 << " is outside the cluster of tp = " << *tp;
+    if (!ranks.insert(rank).second)
+      return shard.emitOpError() << "duplicate shard for rank "
+                                 << shard.getRank();
+    if ((int64_t)shard.getInterEnd() > inter)
+      return shard.emitOpError() << "intermediate slice ends at "
+                                 << shard.getInterEnd()
+                                 << ", past the layer's intermediate size "
+                                 << inter;
+    if ((int64_t)shard.getExpertEnd() > experts)
+      return shard.emitOpError() << "expert range ends at "
+                                 << shard.getExpertEnd() << ", past the "
+                                 << experts << " experts of the layer";
+    if (multipleOf && shard.getLocalInter() % *multipleOf != 0)
+      return shard.emitOpError()
+             << "local intermediate size " << shard.getLocalInter()
+             << " is not a multiple of multiple_of = " << *multipleOf;
+  }
+  return success();
+}
+
+// The shards region is a set of per-duck records, not a sequence.
+RegionKind MlpOp::getRegionKind(unsigned) { return RegionKind::Graph; }
+RegionKind MoeOp::getRegionKind(unsigned) { return RegionKind::Graph; }
+
+LogicalResult MlpOp::verify() {
+  int64_t h = getHidden(), i = getInter();
+  if (hiddenOf(getInput()) != h)
+    return emitOpError() << "input hidden size " << hiddenOf(getInput())
+                         << " does not match hidden = " << h;
+  if (failed(expectShape(*this, "gate", getGate().getShape(), {i, h})) ||
+      failed(expectShape(*this, "up", getUp().getShape(), {i, h})) ||
+      failed(expectShape(*this, "down", getDown().getShape(), {h, i})))
+    return failure();
+  return verifyShards(*this, i, 1, getTp(), getMultipleOf());
+}
+
+LogicalResult MoeOp::verify() {
+  int64_t h = getHidden(), i = getInter(), e = getNumExperts();
+  if (hiddenOf(getInput()) != h)
+    return emitOpError() << "input hidden size " << hiddenOf(getInput())
+                         << " does not match hidden = " << h;
+  if ((int64_t)getTopK() < 1 || (int64_t)getTopK() > e)
+    return emitOpError() << "top_k = " << getTopK() << " must be in [1, "
+                         << e << "]";
+  for (auto [role, w] : {std::pair<StringRef, ExpertWeightsAttr>{"gate",
+                                                                 getGate()},
+                         {"up", getUp()},
+                         {"down", getDown()}})
+    if (w.getCount() != e)
+      return emitOpError() << role << " experts count " << w.getCount()
+                           << " does not match num_experts = " << e;
+  if (failed(expectShape(*this, "expert gate", getGate().getShape(), {i, h})) ||
+      failed(expectShape(*this, "expert up", getUp().getShape(), {i, h})) ||
+      failed(expectShape(*this, "expert down", getDown().getShape(), {h, i})) ||
+      failed(expectShape(*this, "router", getRouterWeight().getShape(),
+                         {e, h})))
+    return failure();
+  if (getNGroup() && (*getNGroup() <= 0 || e % *getNGroup() != 0))
+    return emitOpError() << "n_group = " << *getNGroup()
+                         << " must divide num_experts = " << e;
+  if (getTopkGroup() && getNGroup() && *getTopkGroup() > *getNGroup())
+    return emitOpError("topk_group must not exceed n_group");
+  if (getNumShared() > 0 && !(getSharedGate() && getSharedUp() && getSharedDown()))
+    return emitOpError("num_shared > 0 needs shared_gate, shared_up and "
+                       "shared_down weights");
+  return verifyShards(*this, i, getTotalExperts(), getTp(), getMultipleOf());
+}
+
+LogicalResult Fp9FfnOp::verify() {
+  if ((int64_t)getInterBegin() < 0 || getInterBegin() >= getInterEnd())
+    return emitOpError() << "intermediate slice [" << getInterBegin() << ", "
+                         << getInterEnd() << ") is empty or negative";
+  if ((int64_t)getExpertBegin() < 0 || getExpertBegin() >= getExpertEnd())
+    return emitOpError() << "expert range [" << getExpertBegin() << ", "
+                         << getExpertEnd() << ") is empty or negative";
+  int64_t b = getBlock();
+  if (b != 32 && b != 64 && b != 128)
+    return emitOpError() << "block must be 32, 64 or 128, got " << b;
+  if (getLocalInter() % b != 0)
+    return emitOpError() << "local intermediate size " << getLocalInter()
+                         << " is not a multiple of the block " << b
+                         << " (down_proj's K)";
+  if (getDecodeMode() && *getDecodeMode() > 6)
+    return emitOpError("decode_mode must be a duck mode 0..6");
+  if (getPrefillMode() && *getPrefillMode() > 6)
+    return emitOpError("prefill_mode must be a duck mode 0..6");
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "duck/Dialect/Duck/IR/DuckOps.cpp.inc"

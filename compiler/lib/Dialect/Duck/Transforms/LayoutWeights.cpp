@@ -1,0 +1,99 @@
+//===- LayoutWeights.cpp - duck-layout-weights ----------------------------===//
+#include "duck/Dialect/Duck/Transforms/Layout.h"
+#include "duck/Dialect/Duck/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <xxhash.h>
+
+namespace mlir::duck {
+#define GEN_PASS_DEF_DUCKLAYOUTWEIGHTS
+#include "duck/Dialect/Duck/Transforms/Passes.h.inc"
+} // namespace mlir::duck
+
+using namespace mlir;
+using namespace mlir::duck;
+
+namespace {
+
+std::string keyHex(const std::string &canonical) {
+  XXH128_hash_t h = XXH3_128bits(canonical.data(), canonical.size());
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::format_hex_no_prefix(h.high64, 16)
+     << llvm::format_hex_no_prefix(h.low64, 16);
+  return s;
+}
+
+struct DuckLayoutWeightsPass
+    : public mlir::duck::impl::DuckLayoutWeightsBase<DuckLayoutWeightsPass> {
+  using Base::Base;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    Builder b(&getContext());
+    int64_t scaleRows = scaleRowsOf(module);
+
+    // Shards per rank, in layer (program) order.
+    SmallVector<SmallVector<Fp9FfnOp>> perRank;
+    bool ok = true;
+    module.walk([&](Fp9FfnOp shard) {
+      if (!shard.getGateKernel() || !shard.getDownKernel() ||
+          !shard.getDecodeMode()) {
+        shard.emitOpError("needs kernels and modes before layout: run "
+                          "duck-select-kernels and duck-assign-modes first");
+        ok = false;
+        return;
+      }
+      int64_t r = shard.getRank();
+      if ((int64_t)perRank.size() <= r)
+        perRank.resize(r + 1);
+      perRank[r].push_back(shard);
+    });
+    if (!ok)
+      return signalPassFailure();
+
+    SmallVector<Attribute> images, slots, keys;
+    for (size_t r = 0; r < perRank.size(); ++r) {
+      uint64_t offset = imagePrologueBytes(perRank[r].size());
+      std::string canon;
+      llvm::raw_string_ostream cs(canon);
+      cs << "duck-image-v" << DUCK_IMAGE_FORMAT_VERSION << "|fp9-v"
+         << DUCK_FP9_FORMAT_VERSION << "|abi-v" << DUCK_ABI_VERSION
+         << "|model=" << modelId << "|tp=" << perRank.size() << "|rank=" << r
+         << "|scale_rows=" << scaleRows;
+      for (auto [i, shard] : llvm::enumerate(perRank[r])) {
+        auto lay = slotLayout(shard, scaleRows);
+        if (failed(lay))
+          return signalPassFailure();
+        FfnShape s = ffnShapeOf(shard);
+        shard.setSlotAttr(b.getI64IntegerAttr(i));
+        shard.setOffsetAttr(b.getI64IntegerAttr(offset));
+        shard.setBytesAttr(b.getI64IntegerAttr(lay->totalBytes));
+        cs << "|slot" << i << ":layer=" << s.layer << ",moe=" << s.moe
+           << ",hidden=" << s.hidden << ",inter=" << shard.getInterBegin()
+           << "-" << shard.getInterEnd() << ",experts="
+           << shard.getExpertBegin() << "-" << shard.getExpertEnd() << "/"
+           << s.experts << ",block=" << shard.getBlock()
+           << ",kernels=" << (int)shard.getGateKernel()->getKind() << "/"
+           << (int)shard.getDownKernel()->getKind() << ",dtype=";
+        // Source dtypes change the bytes (FP8 is lossless, bf16 quantised).
+        Operation *p = shard->getParentOp();
+        if (auto mlp = dyn_cast<MlpOp>(p))
+          cs << mlp.getGate().getDtype();
+        else
+          cs << cast<MoeOp>(p).getGate().getDtype();
+        offset += lay->totalBytes;
+      }
+      images.push_back(b.getI64IntegerAttr(offset));
+      slots.push_back(b.getI64IntegerAttr(perRank[r].size()));
+      keys.push_back(b.getStringAttr(keyHex(canon)));
+    }
+    module->setAttr("duck.image_bytes", b.getArrayAttr(images));
+    module->setAttr("duck.slot_count", b.getArrayAttr(slots));
+    module->setAttr("duck.model_key", b.getArrayAttr(keys));
+  }
+};
+
+} // namespace

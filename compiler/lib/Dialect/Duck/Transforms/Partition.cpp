@@ -1,0 +1,166 @@
+//===- Partition.cpp - duck-partition -------------------------------------===//
+#include "duck/Dialect/Duck/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/STLExtras.h"
+
+namespace mlir::duck {
+#define GEN_PASS_DEF_DUCKPARTITION
+#include "duck/Dialect/Duck/Transforms/Passes.h.inc"
+} // namespace mlir::duck
+
+using namespace mlir;
+using namespace mlir::duck;
+
+namespace {
+
+struct FfnInfo {
+  Operation *op;
+  int64_t layer, inter, experts;
+  bool moe;
+};
+
+FfnInfo infoOf(Operation *op) {
+  if (auto mlp = dyn_cast<MlpOp>(op))
+    return {op, (int64_t)mlp.getLayer(), (int64_t)mlp.getInter(), 1, false};
+  auto moe = cast<MoeOp>(op);
+  return {op, (int64_t)moe.getLayer(), (int64_t)moe.getInter(),
+          moe.getTotalExperts(), true};
+}
+
+/// "64 allows tp <= 12, 32 allows tp <= 24" for the blocks smaller than mo.
+std::string smallerBlockHint(int64_t inter, int64_t mo) {
+  std::string s;
+  for (int64_t b : {64, 32})
+    if (b < mo && inter % b == 0)
+      s += (s.empty() ? "" : ", ") + std::to_string(b) + " allows tp <= " +
+           std::to_string(inter / b);
+  return s;
+}
+
+struct DuckPartitionPass
+    : public mlir::duck::impl::DuckPartitionBase<DuckPartitionPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (tp < 1) {
+      module.emitError() << "duck-partition: tp must be at least 1, got " << tp;
+      return signalPassFailure();
+    }
+    std::optional<Strategy> strat = symbolizeStrategy(strategy);
+    if (!strat) {
+      module.emitError() << "duck-partition: unknown strategy '" << strategy
+                         << "' (expected intermediate or experts)";
+      return signalPassFailure();
+    }
+    SmallVector<FfnInfo> ffns;
+    module.walk([&](Operation *op) {
+      if (isa<MlpOp, MoeOp>(op))
+        ffns.push_back(infoOf(op));
+    });
+
+    int64_t mo = 0;
+    if (multipleOf == "auto") {
+      for (int64_t cand : {128, 64, 32})
+        if (llvm::all_of(ffns, [&](const FfnInfo &f) {
+              return f.inter % cand == 0 && f.inter / cand >= tp;
+            })) {
+          mo = cand;
+          break;
+        }
+      if (!mo) {
+        // Report against the smallest block: the layer that blocks it.
+        for (const FfnInfo &f : ffns)
+          if (f.inter % 32 != 0 || f.inter / 32 < tp) {
+            f.op->emitOpError()
+                << "layer " << f.layer << ": no multiple_of in {128, 64, 32} "
+                << "splits intermediate size " << f.inter << " over tp = " << tp
+                << " ducks; the largest tp that would work is "
+                << (f.inter % 32 == 0 ? f.inter / 32 : 0)
+                << " (multiple_of = 32)";
+            return signalPassFailure();
+          }
+      }
+    } else {
+      if (multipleOf != "128" && multipleOf != "64" && multipleOf != "32") {
+        module.emitError() << "duck-partition: multiple-of must be 128, 64, 32 "
+                              "or auto, got '"
+                           << multipleOf << "'";
+        return signalPassFailure();
+      }
+      mo = std::stoll(multipleOf);
+    }
+
+    MLIRContext *ctx = module.getContext();
+    for (const FfnInfo &f : ffns) {
+      if (f.inter % mo != 0) {
+        f.op->emitOpError() << "layer " << f.layer << ": intermediate size "
+                            << f.inter << " is not a multiple of multiple_of = "
+                            << mo << ", so it cannot be cut into " << mo
+                            << "-neuron blocks";
+        return signalPassFailure();
+      }
+      const int64_t blocks = f.inter / mo;
+      const bool byExperts = f.moe && *strat == Strategy::experts;
+      int64_t tpMax = byExperts ? f.experts : blocks;
+      if (!byExperts && tp > blocks) {
+        std::string hint = smallerBlockHint(f.inter, mo);
+        auto diag = f.op->emitOpError()
+                    << "layer " << f.layer << ": cannot split intermediate size "
+                    << f.inter << " over tp = " << tp
+                    << " ducks with multiple_of = " << mo
+                    << ": each duck needs a whole number of " << mo
+                    << "-neuron blocks, so tp_max = " << blocks
+                    << "; the largest tp that would work is " << blocks;
+        if (!hint.empty())
+          diag << " (smaller blocks: " << hint << ")";
+        return signalPassFailure();
+      }
+      if (byExperts && f.experts % tp != 0) {
+        f.op->emitOpError()
+            << "layer " << f.layer << ": " << f.experts
+            << " experts cannot be placed whole on tp = " << tp
+            << " ducks (expert placement needs tp to divide the expert count, "
+               "shared experts included); use strategy=intermediate or a tp "
+               "that divides "
+            << f.experts;
+        return signalPassFailure();
+      }
+
+      OpBuilder b(ctx);
+      f.op->setAttr("tp", b.getI64IntegerAttr(tp));
+      f.op->setAttr("multiple_of", b.getI64IntegerAttr(mo));
+      f.op->setAttr("tp_max", b.getI64IntegerAttr(tpMax));
+      f.op->setAttr("strategy", StrategyAttr::get(ctx, byExperts
+                                                           ? Strategy::experts
+                                                           : Strategy::intermediate));
+      Region &region = f.op->getRegion(0);
+      region.getBlocks().clear();
+      Block *body = new Block();
+      region.push_back(body);
+      b.setInsertionPointToEnd(body);
+      for (int64_t r = 0; r < tp; ++r) {
+        int64_t ib = 0, ie = f.inter, eb = 0, ee = f.experts;
+        if (byExperts) {
+          eb = r * f.experts / tp;
+          ee = (r + 1) * f.experts / tp;
+        } else {
+          // Whole blocks, the first (blocks % tp) ducks one block more.
+          int64_t base = blocks / tp, extra = blocks % tp;
+          int64_t first = r * base + std::min(r, extra);
+          int64_t count = base + (r < extra ? 1 : 0);
+          ib = first * mo;
+          ie = (first + count) * mo;
+        }
+        b.create<Fp9FfnOp>(f.op->getLoc(), b.getI64IntegerAttr(r),
+                           b.getI64IntegerAttr(ib), b.getI64IntegerAttr(ie),
+                           b.getI64IntegerAttr(eb), b.getI64IntegerAttr(ee),
+                           b.getI64IntegerAttr(mo), nullptr, nullptr, nullptr,
+                           nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+      }
+    }
+  }
+};
+
+} // namespace

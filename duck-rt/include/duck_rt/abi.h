@@ -1,0 +1,225 @@
+// The one contract between the compiler, the host and the duck ELF:
+//   1. duck_info and the ELF entry points (what duckd passes to the ELF),
+//   2. the weight image (what the compiler writes and a duck keeps in its
+//      weight buffer: header, slot table, per-layer slots of fp9 matrices),
+//   3. the step input/output buffers (IB/OB) of every mode.
+// C-compatible, little-endian x86-64, versioned as a schema: fields are
+// only appended, sizes are pinned with static asserts at the bottom.
+#ifndef DUCK_RT_ABI_H
+#define DUCK_RT_ABI_H
+
+#include "duck_rt/fp9_pack.h"
+#include "duck_rt/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DUCK_ABI_VERSION = 1 };
+
+/* ---------------------------------------------------------------------------
+ * 1. duck_info and entry points
+ * ------------------------------------------------------------------------- */
+
+/// Kernel modes of the duck ELF (SYSTEM.md). Append only.
+typedef enum duck_mode {
+  DUCK_MODE_DENSE_DECODE = 0, // dense MLP forward, GEMV
+  DUCK_MODE_MOE_DECODE = 1,   // MoE forward, single core
+  DUCK_MODE_DENSE_PREPARE = 2, // attach a dense slot: validate, cache descriptors
+  DUCK_MODE_MOE_PREPARE = 3,  // attach a MoE slot
+  DUCK_MODE_MOE_DECODE_SMP = 4, // MoE forward, all cores
+  DUCK_MODE_DENSE_PREFILL = 5, // batched GEMM
+  DUCK_MODE_MOE_PREFILL = 6,  // MoE prefill
+  DUCK_MODE_COUNT = 7,
+} duck_mode;
+
+/// Everything a call of the ELF sees. duckd fills one per core per call;
+/// all cores of a call share ib, ob, weights and scratch.
+typedef struct duck_info {
+  uint32_t abi_version; // DUCK_ABI_VERSION
+  uint32_t info_size;   // sizeof(duck_info) as the caller built it
+  const uint8_t *ib;    // input buffer
+  uint64_t ib_size;
+  uint8_t *ob; // output buffer
+  uint64_t ob_limit;
+  uint64_t ob_size; // out (core 0): bytes produced
+  char *log;        // stderr-like text buffer, per core
+  uint64_t log_limit;
+  uint64_t log_size; // out
+  uint64_t tsc_hz;
+  uint32_t smp_cpu_index;
+  uint32_t smp_cpu_count;
+  uint8_t *weights; // the weight buffer (starts with duck_image_header)
+  uint64_t weights_size;
+  uint8_t *scratch; // shared scratch, at least DUCK_SCRATCH_BYTES(...)
+  uint64_t scratch_size;
+  uint64_t *core_cycles; // [smp_cpu_count]: each core writes its kernel TSC ticks
+  void (*yield)(void);   // optional: called while spinning (oversubscribed hosts)
+  // Appended in ABI 1 (info_size >= 144): changes whenever the bytes of the
+  // weight buffer may have changed (duckd bumps it on every prepare write).
+  // The ELF keys its cached slot views on it; 0 means "unknown", and the
+  // ELF then re-validates the slot on every step.
+  uint64_t weights_generation;
+  // Appended in ABI 1 (info_size >= 152): the call's sequence number, the
+  // same on every core of a call and strictly increasing over the calls a
+  // loaded ELF sees. Core 0 publishes its job on the duck_job_board under
+  // it, so a secondary core can never run a stale or a future job.
+  uint64_t step_seq;
+} duck_info;
+
+/// Return codes of the entry points (also reported in duck_ob_header.status).
+typedef enum duck_status {
+  DUCK_STATUS_OK = 0,
+  DUCK_STATUS_BAD_ABI = 1,
+  DUCK_STATUS_BAD_INPUT = 2,  // IB malformed or inconsistent
+  DUCK_STATUS_BAD_WEIGHTS = 3, // weight buffer header/slot invalid or unfinished
+  DUCK_STATUS_OB_TOO_SMALL = 4,
+  DUCK_STATUS_SCRATCH_TOO_SMALL = 5,
+  DUCK_STATUS_BAD_MODE = 6,
+} duck_status;
+
+/// Entry point signature: every core calls it with its own duck_info.
+typedef int (*duck_entry_fn)(duck_info *info);
+
+/// Names of the two exported entry points: a one-shot `run` (the ELF may
+/// assume nothing about earlier calls) and a persistent `step` (the ELF's
+/// globals survive between steps of one session).
+#define DUCK_ENTRY_RUN_SYMBOL "duck_rt_run"
+#define DUCK_ENTRY_STEP_SYMBOL "duck_rt_step"
+
+#define DUCK_DECLARE_ENTRY(name)                                               \
+  __attribute__((visibility("default"), used)) int name(duck_info *info)
+
+/* ---------------------------------------------------------------------------
+ * 2. The weight image
+ *
+ *   [duck_image_header (4096 bytes)]
+ *   [duck_slot_entry x slot_count]         (at header.slot_table_offset)
+ *   [slot 0][slot 1]...                     (each DUCK_IMAGE_ALIGN aligned)
+ *
+ * A slot is one FFN layer's share on this duck:
+ *   [duck_slot_header][duck_ffn_desc x n_experts][packed fp9 matrices...]
+ * Offsets inside a slot are relative to the slot's start. An expert this
+ * duck does not hold (expert placement) has all offsets 0 and present = 0.
+ * ------------------------------------------------------------------------- */
+
+#define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */
+#define DUCK_SLOT_MAGIC 0x544F4C53u             /* "SLOT" */
+enum {
+  DUCK_IMAGE_FORMAT_VERSION = 1,
+  DUCK_IMAGE_HEADER_BYTES = 4096,
+  DUCK_IMAGE_ALIGN = 4096,
+  DUCK_MODEL_KEY_BYTES = 16,
+};
+
+typedef struct duck_image_header {
+  uint64_t magic;          // DUCK_IMAGE_MAGIC
+  uint32_t format_version; // DUCK_IMAGE_FORMAT_VERSION
+  uint32_t abi_version;    // DUCK_ABI_VERSION
+  uint32_t fp9_version;    // DUCK_FP9_FORMAT_VERSION
+  uint32_t tp_size;
+  uint32_t tp_rank;
+  uint32_t slot_count;
+  uint8_t model_key[DUCK_MODEL_KEY_BYTES];
+  uint64_t slot_table_offset;
+  uint64_t total_bytes; // the whole image
+  uint32_t hidden;      // model hidden size (rows of down, K of gate/up)
+  uint32_t reserved0;
+  uint64_t header_checksum; // XXH3-64 of this header with this field zero
+} duck_image_header;
+
+typedef enum duck_slot_kind {
+  DUCK_SLOT_DENSE = 0,
+  DUCK_SLOT_MOE = 1,
+} duck_slot_kind;
+
+/// One row of the slot table.
+typedef struct duck_slot_entry {
+  uint64_t offset; // from the image start
+  uint64_t bytes;
+  uint64_t checksum; // XXH3-64 of the slot's bytes
+  uint32_t layer;    // model layer index
+  uint32_t kind;     // duck_slot_kind
+} duck_slot_entry;
+
+/// One packed matrix inside a slot.
+typedef struct duck_matrix_ref {
+  uint64_t offset; // from the slot start; DUCK_IMAGE... 64-byte aligned
+  duck_fp9_desc desc;
+  uint32_t kernel; // duck_kernel_id chosen by the compiler
+  uint32_t reserved;
+} duck_matrix_ref;
+
+typedef struct duck_ffn_desc {
+  duck_matrix_ref gate, up, down;
+  uint32_t present; // 1 when this duck holds this expert
+  uint32_t reserved;
+} duck_ffn_desc;
+
+typedef struct duck_slot_header {
+  uint32_t magic; // DUCK_SLOT_MAGIC
+  uint32_t kind;  // duck_slot_kind
+  uint32_t layer;
+  uint32_t hidden;
+  uint32_t inter;     // local intermediate size of each FFN on this duck
+  uint32_t n_experts; // 1 for dense; routed + shared experts for MoE
+  uint32_t block;
+  uint32_t reserved;
+  // followed by duck_ffn_desc[n_experts]
+} duck_slot_header;
+
+/* ---------------------------------------------------------------------------
+ * 3. Step buffers
+ *
+ * IB: [duck_ib_header][slots: duck_expert_slot[n_tokens * top_k]]
+ *     [x: float[n_tokens][hidden]]  (x at header.x_offset, 32-byte aligned)
+ * OB: [duck_ob_header][out: float[n_tokens][hidden]] (out at 64 bytes)
+ * ------------------------------------------------------------------------- */
+
+#define DUCK_IB_MAGIC 0x50545344u /* "DSTP" */
+#define DUCK_OB_MAGIC 0x534F5344u /* "DSOS" */
+
+typedef struct duck_ib_header {
+  uint32_t magic;
+  uint32_t abi_version;
+  uint32_t mode; // duck_mode
+  uint32_t slot; // index into the slot table
+  uint32_t n_tokens;
+  uint32_t top_k; // MoE: slots per token (0 for dense)
+  uint32_t x_offset;
+  uint32_t reserved;
+} duck_ib_header;
+
+typedef struct duck_ob_header {
+  uint32_t magic;
+  uint32_t status; // duck_status
+  uint32_t n_tokens;
+  uint32_t hidden;
+  uint64_t out_offset; // 64
+  uint64_t reserved[5];
+} duck_ob_header;
+
+/// Shared scratch an ELF step needs for a slot (bytes), for every mode.
+uint64_t duck_step_scratch_bytes(uint32_t hidden, uint32_t inter,
+                                 uint32_t n_tokens, uint32_t top_k,
+                                 uint32_t n_experts, uint32_t cores);
+
+#ifdef __cplusplus
+} // extern "C"
+
+static_assert(sizeof(duck_image_header) == 80, "duck_image_header is ABI");
+static_assert(sizeof(duck_slot_entry) == 32, "duck_slot_entry is ABI");
+static_assert(sizeof(duck_fp9_desc) == 20, "duck_fp9_desc is ABI");
+static_assert(sizeof(duck_matrix_ref) == 40, "duck_matrix_ref is ABI");
+static_assert(sizeof(duck_ffn_desc) == 128, "duck_ffn_desc is ABI");
+static_assert(sizeof(duck_slot_header) == 32, "duck_slot_header is ABI");
+static_assert(sizeof(duck_ib_header) == 32, "duck_ib_header is ABI");
+static_assert(sizeof(duck_ob_header) == 64, "duck_ob_header is ABI");
+static_assert(sizeof(duck_expert_slot) == 8, "duck_expert_slot is ABI");
+static_assert(sizeof(duck_info) == 152, "duck_info is ABI");
+static_assert(offsetof(duck_info, weights_generation) == 136 &&
+                  offsetof(duck_info, step_seq) == 144,
+              "duck_info is ABI (appended fields)");
+#endif
+
+#endif // DUCK_RT_ABI_H
