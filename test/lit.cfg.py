@@ -1,5 +1,6 @@
 # lit configuration for Duck: tool substitutions and test discovery.
 import os
+import sys
 
 import lit.formats
 from lit.llvm import llvm_config
@@ -12,11 +13,12 @@ config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.duck_obj_root, "test")
 
 llvm_config.use_default_substitutions()  # FileCheck, not, count
-llvm_config.with_environment("PATH", config.duck_tools_dir, append_path=False)
+llvm_config.with_environment("PATH", config.duck_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 config.substitutions.append(("%duck_src", config.duck_src_root))
 config.substitutions.append(("%models", os.path.join(config.duck_src_root, "models")))
+config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
 
 tools = ["duckc", "duck-mkmodel"]
