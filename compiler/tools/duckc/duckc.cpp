@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "duck/Import/Checkpoint.h"
+#include "duck/Import/Fp9Report.h"
+#include "duck/Pipelines/Compile.h"
+#include "duck/Target/Plan/PlanVerifier.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
@@ -60,6 +63,202 @@ Error runDescribe() {
   return Error::success();
 }
 
+
+//===----------------------------------------------------------------------===//
+// duckc compile
+//===----------------------------------------------------------------------===//
+
+cl::SubCommand compileCmd("compile",
+                          "Compile a model directory into a plan plus one fp9 "
+                          "weight image per duck");
+cl::opt<std::string> compileDir(cl::Positional, cl::Required,
+                                cl::desc("<model-dir>"), cl::sub(compileCmd),
+                                cl::cat(duckcCategory));
+cl::opt<std::string> compileOut("o", cl::desc("Output plan directory"),
+                                cl::value_desc("out-dir"), cl::sub(compileCmd),
+                                cl::cat(duckcCategory));
+cl::opt<std::string> compileCluster(
+    "cluster",
+    cl::desc("Cluster description (JSON): the ducks' cores and memory, and "
+             "the cost model; --tp/--cores-per-duck override it"),
+    cl::value_desc("file"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<int64_t> compileTp("tp", cl::desc("Number of ducks (tensor parallel "
+                                          "size); default 1"),
+                           cl::init(0), cl::sub(compileCmd),
+                           cl::cat(duckcCategory));
+cl::opt<std::string> compileMultipleOf(
+    "multiple-of",
+    cl::desc("down_proj K-block: 128, 64, 32, or auto (largest that fits tp)"),
+    cl::init("auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileStrategy(
+    "strategy",
+    cl::desc("intermediate (split every FFN over all ducks) or experts "
+             "(whole experts per duck)"),
+    cl::init("intermediate"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<int64_t> compileCores("cores-per-duck",
+                              cl::desc("Cores of each duck (> 1 selects the "
+                                       "SMP MoE mode); default 1"),
+                              cl::init(0), cl::sub(compileCmd),
+                              cl::cat(duckcCategory));
+cl::opt<double> compileMemory("duck-memory-gib",
+                              cl::desc("Weight memory of each duck; the "
+                                       "compile fails if a shard needs more"),
+                              cl::init(0), cl::sub(compileCmd),
+                              cl::cat(duckcCategory));
+cl::opt<double> compileBw("bandwidth-gbs",
+                          cl::desc("Cost model: a duck's streaming bandwidth "
+                                   "(default 10, or the cluster file's)"),
+                          cl::init(0), cl::sub(compileCmd),
+                          cl::cat(duckcCategory));
+cl::opt<double> compileOverhead("step-overhead-us",
+                                cl::desc("Cost model: dispatch cost of one FFN "
+                                         "step (default 80 us)"),
+                                cl::init(-1), cl::sub(compileCmd),
+                                cl::cat(duckcCategory));
+cl::opt<std::string> compileEmit(
+    "emit",
+    cl::desc("What to produce: plan (default: plan + weight images in -o), "
+             "mlir (the duck IR), stats (JSON: sizes, traffic, kernels)"),
+    cl::init("plan"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileTo(
+    "compile-to",
+    cl::desc("With --emit=mlir, stop after a phase: import, partition, "
+             "kernels, modes, layout"),
+    cl::init("layout"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<bool> compileDryRun("dry-run",
+                            cl::desc("Lay out and report without reading or "
+                                     "writing weights (config.json suffices)"),
+                            cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<bool> compileForce("force",
+                           cl::desc("Replace a non-empty output directory"),
+                           cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<bool> compileProgress("progress",
+                              cl::desc("Show progress even when stderr is "
+                                       "not a terminal"),
+                              cl::sub(compileCmd), cl::cat(duckcCategory));
+
+Error runCompile() {
+  mlir::duck::CompileOptions o;
+  o.modelDir = compileDir;
+  o.outDir = compileOut;
+  if (!compileCluster.empty()) {
+    auto c = mlir::duck::loadClusterFile(compileCluster);
+    if (!c)
+      return c.takeError();
+    o.cluster = *c;
+  }
+  if (compileTp.getNumOccurrences()) {
+    if (compileTp < 1)
+      return createStringError(inconvertibleErrorCode(),
+                               "--tp must be at least 1");
+    o.cluster.tp = compileTp;
+    if (!o.cluster.memoryBytes.empty())
+      o.cluster.memoryBytes.resize(compileTp, o.cluster.memoryBytes.back());
+  }
+  if (compileCores.getNumOccurrences()) {
+    if (compileCores < 1)
+      return createStringError(inconvertibleErrorCode(),
+                               "--cores-per-duck must be at least 1");
+    o.cluster.coresPerDuck = compileCores;
+  }
+  if (compileMemory > 0)
+    o.cluster.memoryBytes.assign(o.cluster.tp,
+                                 (uint64_t)(compileMemory * (1ull << 30)));
+  if (compileBw > 0)
+    o.cluster.cost.bandwidthGbs = compileBw;
+  if (compileOverhead >= 0)
+    o.cluster.cost.stepOverheadUs = compileOverhead;
+  o.multipleOf = compileMultipleOf;
+  o.strategy = compileStrategy;
+  if (compileEmit == "plan")
+    o.emit = mlir::duck::CompileOptions::Emit::Plan;
+  else if (compileEmit == "mlir")
+    o.emit = mlir::duck::CompileOptions::Emit::Mlir;
+  else if (compileEmit == "stats")
+    o.emit = mlir::duck::CompileOptions::Emit::Stats;
+  else
+    return createStringError(inconvertibleErrorCode(),
+                             "--emit must be plan, mlir or stats, got '" +
+                                 compileEmit + "'");
+  o.compileTo = compileTo;
+  o.dryRun = compileDryRun;
+  o.force = compileForce;
+  o.progress = compileProgress;
+  return mlir::duck::compileModel(o, outs(), errs());
+}
+
+//===----------------------------------------------------------------------===//
+// duckc fp9-report
+//===----------------------------------------------------------------------===//
+
+cl::SubCommand fp9ReportCmd("fp9-report",
+                            "Convert a checkpoint's FFN weights to fp9 and "
+                            "report bytes and errors");
+cl::opt<std::string> fp9Dir(cl::Positional, cl::Required,
+                            cl::desc("<model-dir>"), cl::sub(fp9ReportCmd),
+                            cl::cat(duckcCategory));
+cl::opt<unsigned> fp9Block("block", cl::desc("K-block: 128, 64 or 32"),
+                           cl::init(128), cl::sub(fp9ReportCmd),
+                           cl::cat(duckcCategory));
+cl::opt<bool> fp9Json("json", cl::desc("Print JSON"), cl::sub(fp9ReportCmd),
+                      cl::cat(duckcCategory));
+cl::opt<bool> fp9Verbose("per-tensor", cl::desc("One line per tensor"),
+                         cl::sub(fp9ReportCmd), cl::cat(duckcCategory));
+cl::opt<unsigned> fp9Max("max-tensors",
+                         cl::desc("Convert at most this many tensors (0 = "
+                                  "all)"),
+                         cl::init(0), cl::sub(fp9ReportCmd),
+                         cl::cat(duckcCategory));
+
+Error runFp9Report() {
+  auto ckpt = imp::Checkpoint::open(fp9Dir);
+  if (!ckpt)
+    return ckpt.takeError();
+  auto rep = imp::buildFp9Report(**ckpt, fp9Block, fp9Max);
+  if (!rep)
+    return rep.takeError();
+  if (fp9Json)
+    outs() << formatv("{0:2}", imp::fp9ReportToJson(*rep)) << "\n";
+  else
+    imp::printFp9Report(*rep, fp9Verbose, outs());
+  if (rep->fp8Exact != rep->fp8Tensors)
+    return createStringError(inconvertibleErrorCode(),
+                             "fp9 conversion of FP8 weights was not exact");
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// duckc verify-plan
+//===----------------------------------------------------------------------===//
+
+cl::SubCommand verifyPlanCmd("verify-plan",
+                             "Check a compiled plan's weight images against "
+                             "the checkpoint it was compiled from");
+cl::opt<std::string> verifyPlanDir(cl::Positional, cl::Required,
+                                   cl::desc("<plan-dir>"),
+                                   cl::sub(verifyPlanCmd),
+                                   cl::cat(duckcCategory));
+cl::opt<std::string> verifyModelDir(cl::Positional, cl::Required,
+                                    cl::desc("<model-dir>"),
+                                    cl::sub(verifyPlanCmd),
+                                    cl::cat(duckcCategory));
+
+Error runVerifyPlan() {
+  auto ckpt = imp::Checkpoint::open(verifyModelDir);
+  if (!ckpt)
+    return ckpt.takeError();
+  auto check = mlir::duck::verifyPlanImages(verifyPlanDir, **ckpt);
+  if (!check)
+    return check.takeError();
+  outs() << "ducks: " << check->ducks << "\n";
+  outs() << "slots: " << check->slots << " (checksums ok)\n";
+  outs() << "matrices: " << check->matrices << "\n";
+  outs() << "elements: " << check->elements << "\n";
+  outs() << "bit-exact matrices: " << check->exactMatrices << "\n";
+  outs() << formatv("worst relative error: {0:e}\n", check->worstRelError);
+  return Error::success();
+}
+
 //===----------------------------------------------------------------------===//
 // Dispatch
 //===----------------------------------------------------------------------===//
@@ -72,6 +271,9 @@ struct Subcommand {
 /// Every subcommand and the function that runs it.
 const Subcommand kSubcommands[] = {
     {&describeCmd, runDescribe},
+    {&compileCmd, runCompile},
+    {&fp9ReportCmd, runFp9Report},
+    {&verifyPlanCmd, runVerifyPlan},
 };
 
 constexpr const char *kOverview = R"(Duck compiler driver
@@ -90,6 +292,23 @@ options of one subcommand.
       is validated, bytes per dtype are reported and the tensors are checked
       against the names and shapes the config implies (FP8 weights need a
       '<name>_scale_inv' of the right shape).
+
+  compile <model-dir> -o <out-dir> [--tp N] [--multiple-of 128|64|32|auto]
+          [--cores-per-duck C] [--strategy intermediate|experts]
+          [--cluster FILE] [--emit=plan|mlir|stats] [--dry-run]
+      Lowers the model through the duck dialect (partition over the ducks,
+      kernel selection, modes, weight layout) and writes model.duckplan plus
+      duck-<rank>.weights (fp9, exactly each duck's weight buffer). With
+      --dry-run only config.json is needed: prints the per-duck table, the
+      per-layer kernels and a decode estimate. --emit=stats prints JSON.
+
+  fp9-report <model-dir> [--block N] [--per-tensor] [--json]
+      Converts every FFN weight to fp9 and reports bytes and errors (FP8
+      weights must convert exactly).
+
+  verify-plan <plan-dir> <model-dir>
+      Re-reads every weight image: headers, slot checksums, and every packed
+      slice against the checkpoint (bit-exact for FP8 checkpoints).
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.

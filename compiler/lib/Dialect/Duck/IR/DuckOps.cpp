@@ -71,9 +71,21 @@ std::string ExpertWeightsAttr::scaleNameOf(int64_t e) const {
 // Helpers
 //===----------------------------------------------------------------------===//
 
-/// Last dimension of an activation tensor.
+/// Last dimension of an activation tensor (checked by verifyActivations).
 static int64_t hiddenOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getShape().back();
+}
+
+/// Activations are [..., hidden]: a rank-0 tensor has no hidden size.
+static LogicalResult verifyActivations(Operation *op) {
+  SmallVector<Type> types(op->getOperandTypes());
+  llvm::append_range(types, op->getResultTypes());
+  for (Type t : types)
+    if (auto rt = dyn_cast<RankedTensorType>(t);
+        rt && rt.getElementType().isF32() && rt.getRank() == 0)
+      return op->emitOpError("activations must have a hidden dimension, got ")
+             << t;
+  return success();
 }
 
 static LogicalResult expectShape(Operation *op, StringRef role,
@@ -101,6 +113,8 @@ LogicalResult ModelOp::verify() {
 }
 
 LogicalResult EmbeddingOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
   ArrayRef<int64_t> s = getWeight().getShape();
   if (s.size() != 2)
     return emitOpError("embedding weight must be 2-D [vocab, hidden]");
@@ -112,6 +126,8 @@ LogicalResult EmbeddingOp::verify() {
 }
 
 LogicalResult RmsNormOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
   int64_t h = hiddenOf(getInput());
   if (getWeight().getShape().size() != 1 || getWeight().getShape()[0] != h)
     return expectShape(*this, "norm", getWeight().getShape(), {h});
@@ -147,6 +163,8 @@ LogicalResult AttentionOp::verify() {
 }
 
 LogicalResult LmHeadOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
   ArrayRef<int64_t> s = getWeight().getShape();
   if (s.size() != 2 || s[1] != hiddenOf(getInput()))
     return emitOpError("lm_head weight must be [vocab, hidden]");
@@ -160,6 +178,10 @@ LogicalResult LmHeadOp::verify() {
 static LogicalResult verifyShards(Operation *op, int64_t inter,
                                   int64_t experts, std::optional<int64_t> tp,
                                   std::optional<int64_t> multipleOf) {
+  // Checked before the shards: a zero multiple_of would divide by zero.
+  if (multipleOf && *multipleOf <= 0)
+    return op->emitOpError() << "multiple_of must be positive, got "
+                             << *multipleOf;
   Region &r = op->getRegion(0);
   if (r.empty())
     return success();
@@ -199,6 +221,8 @@ RegionKind MlpOp::getRegionKind(unsigned) { return RegionKind::Graph; }
 RegionKind MoeOp::getRegionKind(unsigned) { return RegionKind::Graph; }
 
 LogicalResult MlpOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
   int64_t h = getHidden(), i = getInter();
   if (hiddenOf(getInput()) != h)
     return emitOpError() << "input hidden size " << hiddenOf(getInput())
@@ -211,6 +235,8 @@ LogicalResult MlpOp::verify() {
 }
 
 LogicalResult MoeOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
   int64_t h = getHidden(), i = getInter(), e = getNumExperts();
   if (hiddenOf(getInput()) != h)
     return emitOpError() << "input hidden size " << hiddenOf(getInput())
@@ -231,24 +257,49 @@ LogicalResult MoeOp::verify() {
       failed(expectShape(*this, "router", getRouterWeight().getShape(),
                          {e, h})))
     return failure();
-  if (getNGroup() && (*getNGroup() <= 0 || e % *getNGroup() != 0))
-    return emitOpError() << "n_group = " << *getNGroup()
+  // I64Attr getters are unsigned: compare as int64_t so negatives fail.
+  std::optional<int64_t> nGroup = getNGroup(), topkGroup = getTopkGroup();
+  if (nGroup && (*nGroup <= 0 || e % *nGroup != 0))
+    return emitOpError() << "n_group = " << *nGroup
                          << " must divide num_experts = " << e;
-  if (getTopkGroup() && getNGroup() && *getTopkGroup() > *getNGroup())
+  if (topkGroup && *topkGroup < 1)
+    return emitOpError() << "topk_group = " << *topkGroup
+                         << " must be at least 1";
+  if (topkGroup && nGroup && *topkGroup > *nGroup)
     return emitOpError("topk_group must not exceed n_group");
-  if (getNumShared() > 0 && !(getSharedGate() && getSharedUp() && getSharedDown()))
+  if (getCorrectionBias() &&
+      failed(expectShape(*this, "correction_bias",
+                         getCorrectionBias()->getShape(), {e})))
+    return failure();
+  int64_t shared = getNumShared();
+  if (shared < 0)
+    return emitOpError() << "num_shared = " << shared << " must not be negative";
+  if (shared > 0 && !(getSharedGate() && getSharedUp() && getSharedDown()))
     return emitOpError("num_shared > 0 needs shared_gate, shared_up and "
                        "shared_down weights");
+  // The shared experts are one FFN of num_shared * inter neurons, which the
+  // layout cuts into num_shared experts of `inter` neurons each.
+  if (shared > 0 &&
+      (failed(expectShape(*this, "shared gate", getSharedGate()->getShape(),
+                          {shared * i, h})) ||
+       failed(expectShape(*this, "shared up", getSharedUp()->getShape(),
+                          {shared * i, h})) ||
+       failed(expectShape(*this, "shared down", getSharedDown()->getShape(),
+                          {h, shared * i}))))
+    return failure();
   return verifyShards(*this, i, getTotalExperts(), getTp(), getMultipleOf());
 }
 
 LogicalResult Fp9FfnOp::verify() {
-  if ((int64_t)getInterBegin() < 0 || getInterBegin() >= getInterEnd())
-    return emitOpError() << "intermediate slice [" << getInterBegin() << ", "
-                         << getInterEnd() << ") is empty or negative";
-  if ((int64_t)getExpertBegin() < 0 || getExpertBegin() >= getExpertEnd())
-    return emitOpError() << "expert range [" << getExpertBegin() << ", "
-                         << getExpertEnd() << ") is empty or negative";
+  // I64Attr getters are unsigned: compare as int64_t so negatives fail.
+  int64_t ib = getInterBegin(), ie = getInterEnd();
+  int64_t eb = getExpertBegin(), ee = getExpertEnd();
+  if (ib < 0 || ib >= ie)
+    return emitOpError() << "intermediate slice [" << ib << ", " << ie
+                         << ") is empty or negative";
+  if (eb < 0 || eb >= ee)
+    return emitOpError() << "expert range [" << eb << ", " << ee
+                         << ") is empty or negative";
   int64_t b = getBlock();
   if (b != 32 && b != 64 && b != 128)
     return emitOpError() << "block must be 32, 64 or 128, got " << b;

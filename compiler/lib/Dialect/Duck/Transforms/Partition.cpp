@@ -60,19 +60,25 @@ struct DuckPartitionPass
         ffns.push_back(infoOf(op));
     });
 
+    // Layers placed by whole experts keep their full intermediate size on a
+    // duck, so tp does not bound their block.
+    auto splitsInter = [&](const FfnInfo &f) {
+      return !(f.moe && *strat == Strategy::experts);
+    };
     int64_t mo = 0;
     if (multipleOf == "auto") {
+      auto admits = [&](const FfnInfo &f, int64_t cand) {
+        return f.inter % cand == 0 && (!splitsInter(f) || f.inter / cand >= tp);
+      };
       for (int64_t cand : {128, 64, 32})
-        if (llvm::all_of(ffns, [&](const FfnInfo &f) {
-              return f.inter % cand == 0 && f.inter / cand >= tp;
-            })) {
+        if (llvm::all_of(ffns, [&](const FfnInfo &f) { return admits(f, cand); })) {
           mo = cand;
           break;
         }
       if (!mo) {
         // Report against the smallest block: the layer that blocks it.
         for (const FfnInfo &f : ffns)
-          if (f.inter % 32 != 0 || f.inter / 32 < tp) {
+          if (!admits(f, 32)) {
             f.op->emitOpError()
                 << "layer " << f.layer << ": no multiple_of in {128, 64, 32} "
                 << "splits intermediate size " << f.inter << " over tp = " << tp
@@ -95,14 +101,17 @@ struct DuckPartitionPass
     MLIRContext *ctx = module.getContext();
     for (const FfnInfo &f : ffns) {
       if (f.inter % mo != 0) {
-        f.op->emitOpError() << "layer " << f.layer << ": intermediate size "
-                            << f.inter << " is not a multiple of multiple_of = "
-                            << mo << ", so it cannot be cut into " << mo
-                            << "-neuron blocks";
+        std::string hint = smallerBlockHint(f.inter, mo);
+        auto diag = f.op->emitOpError()
+                    << "layer " << f.layer << ": intermediate size " << f.inter
+                    << " is not a multiple of multiple_of = " << mo
+                    << ", so it cannot be cut into " << mo << "-neuron blocks";
+        if (!hint.empty())
+          diag << " (smaller blocks: " << hint << ")";
         return signalPassFailure();
       }
       const int64_t blocks = f.inter / mo;
-      const bool byExperts = f.moe && *strat == Strategy::experts;
+      const bool byExperts = !splitsInter(f);
       int64_t tpMax = byExperts ? f.experts : blocks;
       if (!byExperts && tp > blocks) {
         std::string hint = smallerBlockHint(f.inter, mo);

@@ -50,9 +50,10 @@ def Duck_WeightAttr : Duck_Attr<"Weight", "weight"> {
     OptionalParameter<"::mlir::StringAttr", "safetensors file">:$file,
     OptionalParameter<"::mlir::StringAttr", "block-scale tensor">:$scale
   );
+  // One optional group for both: with two groups that each start with `,`
+  // the parser commits to `file` at the comma and rejects a lone `scale`.
   let assemblyFormat = [{
-    `<` $name `,` $dtype `,` `[` $shape `]` (`,` `file` `=` $file^)?
-    (`,` `scale` `=` $scale^)? `>`
+    `<` $name `,` $dtype `,` `[` $shape `]` (`,` struct($file, $scale)^)? `>`
   }];
   let genVerifyDecl = 1;
 }

@@ -1,0 +1,64 @@
+//===- Compile.h - the duckc compile pipeline -------------------*- C++ -*-===//
+//
+// import -> duck-partition -> duck-select-kernels -> duck-assign-modes ->
+// duck-layout-weights -> plan + weight images. Used by `duckc compile`;
+// duck-opt registers the same pass list as `duck-compile-pipeline`.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_PIPELINES_COMPILE_H
+#define DUCK_PIPELINES_COMPILE_H
+
+#include "duck/Dialect/Duck/Transforms/Layout.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <optional>
+#include <string>
+
+namespace mlir::duck {
+
+/// The cluster a plan is compiled for (flags or a --cluster JSON file).
+struct ClusterDesc {
+  int64_t tp = 1;
+  int64_t coresPerDuck = 1;
+  /// Bytes of weight buffer each duck offers (rank order); empty = unknown.
+  std::vector<uint64_t> memoryBytes;
+  ClusterModel cost;
+};
+
+/// Reads a cluster file:
+///   {"ducks": [{"host": "10.0.0.2", "port": 7000, "cores": 4,
+///               "memory_gib": 28}, ...],
+///    "bandwidth_gbs": 12.0, "step_overhead_us": 80}
+/// or the short form {"tp": 4, "cores_per_duck": 2, "memory_gib": 16}.
+llvm::Expected<ClusterDesc> loadClusterFile(llvm::StringRef path);
+
+struct CompileOptions {
+  std::string modelDir;
+  std::string outDir;
+  ClusterDesc cluster;
+  std::string multipleOf = "auto";
+  std::string strategy = "intermediate";
+  enum class Emit { Plan, Mlir, Stats } emit = Emit::Plan;
+  /// Stop after this phase for --emit=mlir: import, partition, kernels,
+  /// modes, layout (default: layout).
+  std::string compileTo = "layout";
+  bool dryRun = false;
+  bool force = false;
+  bool progress = false;
+};
+
+/// Adds the partition..layout passes for `opts` to `pm`.
+void buildCompilePipeline(OpPassManager &pm, const CompileOptions &opts,
+                          llvm::StringRef modelId,
+                          llvm::StringRef stopAfter = "layout");
+
+/// Runs `duckc compile`. Text output (MLIR, stats, the dry-run table) goes
+/// to `out`; progress and notes to `log`.
+llvm::Error compileModel(const CompileOptions &opts, llvm::raw_ostream &out,
+                         llvm::raw_ostream &log);
+
+} // namespace mlir::duck
+
+#endif

@@ -1,0 +1,41 @@
+//===- PlanWriter.h - plan and weight images from laid-out IR ---*- C++ -*-===//
+//
+// The last step of `duckc compile`: serialises a laid-out module (after
+// duck-layout-weights) into the FlatBuffer plan (runtime/schemas/plan.fbs)
+// and writes one weight image per duck whose bytes are exactly that duck's
+// weight buffer (duck-rt/include/duck_rt/abi.h): fp9 packed straight from
+// the checkpoint, streamed, with an XXH3-64 checksum per slot.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_TARGET_PLAN_PLANWRITER_H
+#define DUCK_TARGET_PLAN_PLANWRITER_H
+
+#include "duck/Import/Checkpoint.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/Error.h"
+
+#include <functional>
+#include <string>
+
+namespace mlir::duck {
+
+constexpr uint32_t kPlanVersion = 1;
+constexpr const char *kPlanFileName = "model.duckplan";
+
+struct PlanWriteOptions {
+  int64_t coresPerDuck = 1;
+  /// Called with (rank, bytes done, bytes total) while images are written.
+  std::function<void(int64_t, uint64_t, uint64_t)> progress;
+};
+
+/// Writes `model.duckplan` and `duck-<rank>.weights` into `dir` (which must
+/// exist). Fails with an error naming the tensor, duck and slot at fault.
+llvm::Error writePlan(ModuleOp module, const import::Checkpoint &ckpt,
+                      llvm::StringRef dir, const PlanWriteOptions &opts);
+
+/// The weight image file name of `rank`.
+std::string imageFileName(int64_t rank);
+
+} // namespace mlir::duck
+
+#endif

@@ -1,0 +1,339 @@
+//===- Compile.cpp - the duckc compile pipeline ---------------------------===//
+#include "duck/Pipelines/Compile.h"
+
+#include "duck/Dialect/Duck/Transforms/Passes.h"
+#include "duck/Import/ImportModel.h"
+#include "duck/Target/Plan/PlanWriter.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+
+#include <chrono>
+#include <unistd.h>
+
+using namespace mlir;
+using namespace mlir::duck;
+using llvm::Error;
+using llvm::Expected;
+
+namespace {
+
+Error err(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg);
+}
+
+std::string gib(uint64_t bytes) {
+  return llvm::formatv("{0:F2} GiB", bytes / double(1ull << 30)).str();
+}
+
+/// Collects diagnostics as "location: error: message" lines.
+class DiagnosticCollector {
+public:
+  explicit DiagnosticCollector(MLIRContext &ctx)
+      : handler(&ctx, [this](Diagnostic &d) {
+          llvm::raw_string_ostream os(text);
+          if (!text.empty())
+            os << "\n";
+          os << d.getLocation() << ": "
+             << (d.getSeverity() == DiagnosticSeverity::Error ? "error: "
+                 : d.getSeverity() == DiagnosticSeverity::Warning
+                     ? "warning: "
+                     : "note: ")
+             << d;
+          for (Diagnostic &n : d.getNotes())
+            os << "\n" << n.getLocation() << ": note: " << n;
+          return success();
+        }) {}
+  Error takeError(StringRef fallback) {
+    return err(text.empty() ? fallback.str() : text);
+  }
+
+private:
+  std::string text;
+  ScopedDiagnosticHandler handler;
+};
+
+} // namespace
+
+Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
+  auto buf = llvm::MemoryBuffer::getFile(path);
+  if (!buf)
+    return err("cannot read cluster file '" + path +
+               "': " + buf.getError().message());
+  auto json = llvm::json::parse((*buf)->getBuffer());
+  if (!json)
+    return err("cluster file '" + path +
+               "' is not valid JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *o = json->getAsObject();
+  if (!o)
+    return err("cluster file '" + path + "' must hold a JSON object");
+  ClusterDesc c;
+  auto num = [&](const llvm::json::Object &obj, StringRef key,
+                 double &out) -> Error {
+    if (const llvm::json::Value *v = obj.get(key)) {
+      if (auto d = v->getAsNumber())
+        out = *d;
+      else
+        return err("cluster file '" + path + "': '" + key +
+                   "' must be a number");
+    }
+    return Error::success();
+  };
+  double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
+  if (Error e = num(*o, "bandwidth_gbs", bw))
+    return e;
+  if (Error e = num(*o, "step_overhead_us", ov))
+    return e;
+  c.cost = {bw, ov};
+  if (const llvm::json::Array *ducks = o->getArray("ducks")) {
+    if (ducks->empty())
+      return err("cluster file '" + path + "': 'ducks' is empty");
+    c.tp = ducks->size();
+    int64_t minCores = 0;
+    for (size_t i = 0; i < ducks->size(); ++i) {
+      const llvm::json::Object *d = (*ducks)[i].getAsObject();
+      if (!d)
+        return err(llvm::formatv("cluster file '{0}': ducks[{1}] must be an "
+                                 "object",
+                                 path, i));
+      double cores = 1, mem = 0;
+      if (Error e = num(*d, "cores", cores))
+        return e;
+      if (Error e = num(*d, "memory_gib", mem))
+        return e;
+      if (cores < 1)
+        return err(llvm::formatv("cluster file '{0}': ducks[{1}].cores must "
+                                 "be at least 1",
+                                 path, i));
+      minCores = minCores ? std::min<int64_t>(minCores, cores) : cores;
+      c.memoryBytes.push_back((uint64_t)(mem * (1ull << 30)));
+    }
+    c.coresPerDuck = minCores;
+    if (llvm::all_of(c.memoryBytes, [](uint64_t m) { return m == 0; }))
+      c.memoryBytes.clear();
+    return c;
+  }
+  double tp = 1, cores = 1, mem = 0;
+  if (Error e = num(*o, "tp", tp))
+    return e;
+  if (Error e = num(*o, "cores_per_duck", cores))
+    return e;
+  if (Error e = num(*o, "memory_gib", mem))
+    return e;
+  if (tp < 1 || cores < 1)
+    return err("cluster file '" + path +
+               "': 'tp' and 'cores_per_duck' must be at least 1");
+  c.tp = tp;
+  c.coresPerDuck = cores;
+  if (mem > 0)
+    c.memoryBytes.assign(c.tp, (uint64_t)(mem * (1ull << 30)));
+  return c;
+}
+
+void mlir::duck::buildCompilePipeline(OpPassManager &pm,
+                                      const CompileOptions &opts,
+                                      StringRef modelId, StringRef stopAfter) {
+  if (stopAfter == "import")
+    return;
+  DuckPartitionOptions p;
+  p.tp = opts.cluster.tp;
+  p.multipleOf = opts.multipleOf;
+  p.strategy = opts.strategy;
+  pm.addPass(createDuckPartition(p));
+  if (stopAfter == "partition")
+    return;
+  pm.addPass(createDuckSelectKernels());
+  if (stopAfter == "kernels")
+    return;
+  DuckAssignModesOptions m;
+  m.coresPerDuck = opts.cluster.coresPerDuck;
+  pm.addPass(createDuckAssignModes(m));
+  if (stopAfter == "modes")
+    return;
+  DuckLayoutWeightsOptions l;
+  l.modelId = modelId.str();
+  pm.addPass(createDuckLayoutWeights(l));
+}
+
+static llvm::json::Array kernelTable(ModuleOp module) {
+  llvm::json::Array rows;
+  module.walk([&](Operation *op) {
+    if (!isa<MlpOp, MoeOp>(op))
+      return;
+    Region &r = op->getRegion(0);
+    if (r.empty() || r.front().empty())
+      return;
+    auto first = cast<Fp9FfnOp>(r.front().front());
+    FfnShape s = ffnShapeOf(first);
+    auto name = [](std::optional<KernelAttr> k) {
+      return k ? stringifyKernelKind(k->getKind()).str() : std::string("none");
+    };
+    rows.push_back(llvm::json::Object{
+        {"layer", s.layer},
+        {"kind", s.moe ? "moe" : "dense"},
+        {"inter", s.inter},
+        {"local_inter", (int64_t)first.getLocalInter()},
+        {"experts", s.experts},
+        {"gate", llvm::json::Object{{"kernel", name(first.getGateKernel())}}},
+        {"up", llvm::json::Object{{"kernel", name(first.getUpKernel())}}},
+        {"down", llvm::json::Object{{"kernel", name(first.getDownKernel())}}},
+    });
+  });
+  return rows;
+}
+
+Error mlir::duck::compileModel(const CompileOptions &opts,
+                               llvm::raw_ostream &out, llvm::raw_ostream &log) {
+  static const char *phases[] = {"import", "partition", "kernels", "modes",
+                                 "layout"};
+  if (!llvm::is_contained(phases, opts.compileTo))
+    return err("--compile-to must be one of import, partition, kernels, "
+               "modes, layout; got '" +
+               opts.compileTo + "'");
+  if (opts.emit != CompileOptions::Emit::Mlir && opts.compileTo != "layout")
+    return err("--compile-to stops early and only makes sense with "
+               "--emit=mlir");
+  auto ckptOr = import::Checkpoint::open(opts.modelDir);
+  if (!ckptOr)
+    return ckptOr.takeError();
+  const import::Checkpoint &ckpt = **ckptOr;
+  bool writes = opts.emit == CompileOptions::Emit::Plan && !opts.dryRun;
+  if (writes && !ckpt.hasWeights())
+    return err("'" + opts.modelDir +
+               "' has a config.json but no safetensors weights; compiling a "
+               "plan packs the weights (use --dry-run for layout and stats "
+               "from the config alone)");
+  if (writes && opts.outDir.empty())
+    return err("no output directory: pass -o <out-dir> (or --dry-run)");
+
+  MLIRContext ctx;
+  ctx.getOrLoadDialect<DuckDialect>();
+  DiagnosticCollector diags(ctx);
+  OwningOpRef<ModuleOp> module = import::importModel(ctx, ckpt);
+  if (!module)
+    return diags.takeError("import of '" + opts.modelDir + "' failed");
+  PassManager pm(&ctx);
+  buildCompilePipeline(pm, opts, import::checkpointIdentity(ckpt),
+                       opts.compileTo);
+  if (failed(pm.run(*module)))
+    return diags.takeError("compilation failed");
+
+  if (opts.emit == CompileOptions::Emit::Mlir) {
+    module->print(out);
+    out << "\n";
+    return Error::success();
+  }
+  auto stats = computeStats(*module, opts.cluster.cost);
+  if (failed(stats))
+    return diags.takeError("statistics failed");
+
+  // Every duck must hold its shard.
+  for (size_t r = 0; r < opts.cluster.memoryBytes.size() &&
+                     r < stats->ducks.size();
+       ++r) {
+    uint64_t need = stats->ducks[r].bytes, have = opts.cluster.memoryBytes[r];
+    if (need > have)
+      return err(llvm::formatv(
+          "duck {0} needs {1} ({2} bytes) for its weight image but has only "
+          "{3} ({4} bytes); use more ducks or ducks with more memory",
+          r, gib(need), need, gib(have), have));
+  }
+
+  if (opts.emit == CompileOptions::Emit::Stats) {
+    llvm::json::Object o = statsToJson(*stats, opts.cluster.cost);
+    o["ffn"] = kernelTable(*module);
+    o["cores_per_duck"] = opts.cluster.coresPerDuck;
+    out << llvm::formatv("{0:2}", llvm::json::Value(std::move(o))) << "\n";
+    return Error::success();
+  }
+  if (opts.dryRun) {
+    out << "model: " << opts.modelDir << "\n";
+    printStatsText(*stats, opts.cluster.cost, out);
+    out << "layer  kind   inter  local  experts  gate        up          down\n";
+    for (const llvm::json::Value &row : kernelTable(*module)) {
+      const llvm::json::Object &o = *row.getAsObject();
+      out << llvm::format("%-6lld %-6s %-6lld %-6lld %-8lld %-11s %-11s %s\n",
+                          (long long)*o.getInteger("layer"),
+                          o.getString("kind")->str().c_str(),
+                          (long long)*o.getInteger("inter"),
+                          (long long)*o.getInteger("local_inter"),
+                          (long long)*o.getInteger("experts"),
+                          o.getObject("gate")->getString("kernel")->str().c_str(),
+                          o.getObject("up")->getString("kernel")->str().c_str(),
+                          o.getObject("down")->getString("kernel")->str().c_str());
+    }
+    return Error::success();
+  }
+
+  // Write into a temporary directory next to the target, then rename, so a
+  // failure never leaves a half-written plan behind.
+  namespace fs = llvm::sys::fs;
+  bool exists = fs::exists(opts.outDir);
+  if (exists) {
+    std::error_code ec;
+    fs::directory_iterator it(opts.outDir, ec);
+    bool empty = !ec && it == fs::directory_iterator();
+    if (!fs::is_directory(opts.outDir))
+      return err("output path '" + opts.outDir + "' exists and is not a "
+                 "directory");
+    if (!empty && !opts.force)
+      return err("output directory '" + opts.outDir +
+                 "' exists and is not empty; use --force to replace it");
+  }
+  std::string tmp =
+      llvm::formatv("{0}.tmp-{1}", opts.outDir, (int64_t)::getpid()).str();
+  fs::remove_directories(tmp);
+  if (std::error_code ec = fs::create_directories(tmp))
+    return err("cannot create '" + tmp + "': " + ec.message());
+  auto cleanup = [&] { fs::remove_directories(tmp); };
+
+  PlanWriteOptions wo;
+  wo.coresPerDuck = opts.cluster.coresPerDuck;
+  bool tty = llvm::sys::Process::StandardErrIsDisplayed();
+  auto start = std::chrono::steady_clock::now();
+  uint64_t doneBefore = 0, grand = stats->totalBytes;
+  int64_t lastRank = -1;
+  wo.progress = [&](int64_t rank, uint64_t done, uint64_t total) {
+    if (rank != lastRank && lastRank >= 0)
+      doneBefore += stats->ducks[lastRank].bytes;
+    lastRank = rank;
+    if (!tty && !opts.progress && done != total)
+      return;
+    double secs = std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+    uint64_t all = doneBefore + done;
+    double rate = secs > 0 ? all / secs : 0;
+    double eta = rate > 0 ? (grand - all) / rate : 0;
+    log << llvm::format("%sduckc: duck %lld/%lld: %.1f / %.1f MiB, %.0f MB/s, "
+                        "ETA %.0f s%s",
+                        tty ? "\r" : "", (long long)rank + 1,
+                        (long long)stats->tp, done / 1048576.0,
+                        total / 1048576.0, rate / 1e6, eta,
+                        tty && done != total ? "   " : "\n");
+    log.flush();
+  };
+  if (Error e = writePlan(*module, ckpt, tmp, wo)) {
+    cleanup();
+    return e;
+  }
+  if (exists)
+    fs::remove_directories(opts.outDir);
+  if (std::error_code ec = fs::rename(tmp, opts.outDir)) {
+    cleanup();
+    return err("cannot move the plan into '" + opts.outDir +
+               "': " + ec.message());
+  }
+  out << llvm::formatv("wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
+                       "tp {5}, multiple_of {6}\n",
+                       opts.outDir, kPlanFileName, stats->tp,
+                       stats->totalBytes, gib(stats->totalBytes), stats->tp,
+                       stats->multipleOf);
+  return Error::success();
+}

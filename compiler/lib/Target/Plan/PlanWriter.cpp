@@ -1,0 +1,593 @@
+//===- PlanWriter.cpp - plan and weight images from laid-out IR -----------===//
+#include "duck/Target/Plan/PlanWriter.h"
+#include "duck/Target/Plan/WeightSource.h"
+
+#include "duck/Dialect/Duck/IR/DuckOps.h"
+#include "duck/Dialect/Duck/Transforms/Layout.h"
+#include "duck/plan/plan_generated.h"
+#include "duck_rt/abi.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/ScopeExit.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+using namespace mlir;
+using namespace mlir::duck;
+using namespace mlir::duck::import;
+using llvm::Error;
+using llvm::Expected;
+
+namespace fb = flatbuffers;
+namespace pl = ::duck::plan;
+
+std::string mlir::duck::imageFileName(int64_t rank) {
+  return llvm::formatv("duck-{0}.weights", rank).str();
+}
+
+namespace {
+
+Error err(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg);
+}
+
+//===----------------------------------------------------------------------===//
+// Weight sources
+//===----------------------------------------------------------------------===//
+
+/// Names of the tensors behind expert `e` of the FFN owning `shard`.
+ExpertTensorNames namesOf(Fp9FfnOp shard, int64_t e) {
+  FfnShape s = ffnShapeOf(shard);
+  int64_t routed = 1;
+  if (auto moe = dyn_cast<MoeOp>(shard->getParentOp()))
+    routed = moe.getNumExperts();
+  return expertTensorNames(s.layer, s.moe, e, routed, s.inter);
+}
+
+//===----------------------------------------------------------------------===//
+// Image writer
+//===----------------------------------------------------------------------===//
+
+class ImageWriter {
+public:
+  ImageWriter(const Checkpoint &ckpt, int64_t scaleRows,
+              const PlanWriteOptions &opts)
+      : ckpt(ckpt), scaleRows(scaleRows), opts(opts) {}
+
+  /// Writes the image of `rank`; fills checksums into `out_entries`.
+  Error write(ModuleOp module, int64_t rank, ArrayRef<Fp9FfnOp> shards,
+              StringRef path, uint64_t totalBytes, StringRef keyHex,
+              std::vector<duck_slot_entry> &out_entries);
+
+private:
+  Error writeBytes(const void *p, uint64_t n) {
+    os->write(static_cast<const char *>(p), n);
+    XXH3_64bits_update(slotHash, p, n);
+    pos += n;
+    tick();
+    return os->has_error() ? err("write failed: " + os->error().message())
+                           : Error::success();
+  }
+  Error padTo(uint64_t target) {
+    static const char zeros[4096] = {};
+    while (pos < target) {
+      uint64_t n = std::min<uint64_t>(sizeof zeros, target - pos);
+      if (Error e = writeBytes(zeros, n))
+        return e;
+    }
+    return Error::success();
+  }
+  void tick() {
+    if (opts.progress && pos - lastReport >= (16u << 20)) {
+      lastReport = pos;
+      opts.progress(rank, pos, total);
+    }
+  }
+  Error packMatrix(Fp9FfnOp shard, const std::string &name, int64_t row0,
+                   int64_t col0, const duck_fp9_desc &desc);
+
+  const Checkpoint &ckpt;
+  int64_t scaleRows;
+  const PlanWriteOptions &opts;
+  llvm::raw_fd_ostream *os = nullptr;
+  XXH3_state_t *slotHash = nullptr;
+  uint64_t pos = 0, lastReport = 0, total = 0;
+  int64_t rank = 0;
+  std::vector<uint64_t> buffer; // 64-byte aligned pack scratch
+  llvm::StringMap<WeightSource> sources; // cache: one FFN's tensors
+};
+
+Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
+                              int64_t row0, int64_t col0,
+                              const duck_fp9_desc &desc) {
+  auto it = sources.find(name);
+  if (it == sources.end()) {
+    Expected<WeightSource> s = openWeightSource(ckpt, name);
+    if (!s)
+      return s.takeError();
+    it = sources.try_emplace(name, std::move(*s)).first;
+  }
+  WeightSource &s = it->second;
+  duck_fp9_source src = s.src;
+  src.row0 = row0;
+  src.col0 = col0;
+  duck_fp9_layout lay;
+  if (duck_fp9_compute_layout(&desc, &lay) != DUCK_FP9_OK)
+    return err("tensor '" + name + "': invalid fp9 shape");
+  if (desc.row_phase != row0 % desc.scale_rows)
+    return err(llvm::formatv("tensor '{0}': slice starting at row {1} does not "
+                             "line up with its {2}-row scale tiles",
+                             name, row0, desc.scale_rows));
+  buffer.assign(lay.total_bytes / 8 + 8, 0);
+  void *out = reinterpret_cast<void *>(
+      (reinterpret_cast<uintptr_t>(buffer.data()) + 63) / 64 * 64);
+  duck_fp9_error_at at{};
+  duck_fp9_status st = duck_fp9_pack(&src, &desc, out, &at);
+  if (st != DUCK_FP9_OK)
+    return err(llvm::formatv("tensor '{0}' (duck {1}, layer {2}): {3} at row "
+                             "{4}, column {5}",
+                             name, rank, ffnShapeOf(shard).layer,
+                             duck_fp9_status_str(st), at.row, at.col));
+  return writeBytes(out, lay.total_bytes);
+}
+
+Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
+                         StringRef path, uint64_t totalBytes, StringRef keyHex,
+                         std::vector<duck_slot_entry> &entries) {
+  rank = r;
+  total = totalBytes;
+  pos = 0;
+  lastReport = 0;
+  std::error_code ec;
+  llvm::raw_fd_ostream file(path, ec);
+  if (ec)
+    return err("cannot create '" + path + "': " + ec.message());
+  os = &file;
+  slotHash = XXH3_createState();
+  auto freeHash = llvm::make_scope_exit([&] { XXH3_freeState(slotHash); });
+  XXH3_64bits_reset(slotHash);
+
+  // Prologue placeholder; rewritten once the checksums are known.
+  uint64_t prologue = imagePrologueBytes(shards.size());
+  if (Error e = padTo(prologue))
+    return e;
+  entries.clear();
+
+  for (Fp9FfnOp shard : shards) {
+    uint64_t offset = *shard.getOffset();
+    if (pos != offset)
+      return err(llvm::formatv("internal: slot {0} of duck {1} expected at "
+                               "offset {2}, writer at {3}",
+                               *shard.getSlot(), r, offset, pos));
+    XXH3_64bits_reset(slotHash);
+    sources.clear();
+    FfnShape fs = ffnShapeOf(shard);
+    auto lay = slotLayout(shard, scaleRows);
+    if (failed(lay))
+      return err("invalid slot layout");
+    ShardDescs d = shardDescs(shard, scaleRows);
+
+    duck_slot_header h{};
+    h.magic = DUCK_SLOT_MAGIC;
+    h.kind = fs.moe ? DUCK_SLOT_MOE : DUCK_SLOT_DENSE;
+    h.layer = (uint32_t)fs.layer;
+    h.hidden = (uint32_t)fs.hidden;
+    h.inter = (uint32_t)shard.getLocalInter();
+    h.n_experts = (uint32_t)fs.experts;
+    h.block = (uint32_t)shard.getBlock();
+    std::vector<duck_ffn_desc> table(fs.experts);
+    auto gk = (uint32_t)shard.getGateKernel()->getKind();
+    auto dk = (uint32_t)shard.getDownKernel()->getKind();
+    for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+         ++e) {
+      uint64_t base = lay->expertOffset(e - shard.getExpertBegin());
+      duck_ffn_desc &t = table[e];
+      t.present = 1;
+      t.gate = {base + lay->gateOffset, d.gate, gk, 0};
+      t.up = {base + lay->upOffset, d.up, gk, 0};
+      t.down = {base + lay->downOffset, d.down, dk, 0};
+    }
+    if (Error e = writeBytes(&h, sizeof h))
+      return e;
+    if (Error e = writeBytes(table.data(), table.size() * sizeof(duck_ffn_desc)))
+      return e;
+    if (Error e = padTo(offset + lay->tableBytes))
+      return e;
+    for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+         ++e) {
+      ExpertTensorNames n = namesOf(shard, e);
+      int64_t ib = shard.getInterBegin() + n.base;
+      if (Error x = packMatrix(shard, n.gate, ib, 0, d.gate))
+        return x;
+      if (Error x = packMatrix(shard, n.up, ib, 0, d.up))
+        return x;
+      if (Error x = packMatrix(shard, n.down, 0, ib, d.down))
+        return x;
+    }
+    if (Error e = padTo(offset + lay->totalBytes))
+      return e;
+    duck_slot_entry entry{};
+    entry.offset = offset;
+    entry.bytes = lay->totalBytes;
+    entry.checksum = XXH3_64bits_digest(slotHash);
+    entry.layer = (uint32_t)fs.layer;
+    entry.kind = h.kind;
+    entries.push_back(entry);
+  }
+  if (pos != totalBytes)
+    return err(llvm::formatv("internal: duck {0} image is {1} bytes, layout "
+                             "said {2}",
+                             r, pos, totalBytes));
+
+  // Final prologue: header + slot table.
+  std::vector<uint8_t> pro(prologue, 0);
+  duck_image_header ih{};
+  ih.magic = DUCK_IMAGE_MAGIC;
+  ih.format_version = DUCK_IMAGE_FORMAT_VERSION;
+  ih.abi_version = DUCK_ABI_VERSION;
+  ih.fp9_version = DUCK_FP9_FORMAT_VERSION;
+  ih.tp_size = (uint32_t)module->getAttrOfType<ArrayAttr>("duck.image_bytes").size();
+  ih.tp_rank = (uint32_t)r;
+  ih.slot_count = (uint32_t)shards.size();
+  for (size_t i = 0; i < DUCK_MODEL_KEY_BYTES && 2 * i + 1 < keyHex.size(); ++i)
+    ih.model_key[i] = (uint8_t)std::stoul(keyHex.substr(2 * i, 2).str(), nullptr, 16);
+  ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
+  ih.total_bytes = totalBytes;
+  ih.hidden = shards.empty() ? 0 : (uint32_t)ffnShapeOf(shards[0]).hidden;
+  ih.header_checksum = 0;
+  ih.header_checksum = XXH3_64bits(&ih, sizeof ih);
+  std::memcpy(pro.data(), &ih, sizeof ih);
+  std::memcpy(pro.data() + DUCK_IMAGE_HEADER_BYTES, entries.data(),
+              entries.size() * sizeof(duck_slot_entry));
+  file.seek(0);
+  file.write(reinterpret_cast<const char *>(pro.data()), pro.size());
+  file.close();
+  if (file.has_error())
+    return err("write of '" + path + "' failed: " + file.error().message());
+  if (opts.progress)
+    opts.progress(r, totalBytes, totalBytes);
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Plan builder
+//===----------------------------------------------------------------------===//
+
+class PlanBuilder {
+public:
+  PlanBuilder(const Checkpoint &ckpt) : ckpt(ckpt) {}
+  Expected<fb::Offset<pl::TensorDef>> tensor(StringRef role, WeightAttr w);
+  Expected<fb::Offset<pl::TensorDef>> rawTensor(StringRef role,
+                                                StringRef name);
+  Error buildOps(ModelOp model);
+  std::vector<fb::Offset<pl::FileDef>> files();
+
+  fb::FlatBufferBuilder fbb{1 << 16};
+  std::vector<fb::Offset<pl::OpDef>> ops;
+  uint32_t numValues = 0;
+
+private:
+  uint32_t fileIndex(const SafetensorsFile *f) {
+    auto [it, inserted] = fileIdx.try_emplace(f, fileList.size());
+    if (inserted)
+      fileList.push_back(f);
+    return it->second;
+  }
+  uint32_t valueId(Value v) {
+    auto [it, inserted] = values.try_emplace(v, numValues);
+    if (inserted)
+      ++numValues;
+    return it->second;
+  }
+
+  const Checkpoint &ckpt;
+  llvm::DenseMap<const SafetensorsFile *, uint32_t> fileIdx;
+  std::vector<const SafetensorsFile *> fileList;
+  llvm::DenseMap<Value, uint32_t> values;
+};
+
+Expected<fb::Offset<pl::TensorDef>> PlanBuilder::rawTensor(StringRef role,
+                                                           StringRef name) {
+  TensorRef ref = ckpt.find(name);
+  if (!ref)
+    return err("host tensor '" + name + "' is missing from the checkpoint");
+  const TensorInfo &t = *ref.info;
+  pl::DType dt;
+  switch (t.dtype) {
+  case DType::F32:
+    dt = pl::DType::F32;
+    break;
+  case DType::BF16:
+    dt = pl::DType::BF16;
+    break;
+  case DType::F16:
+    dt = pl::DType::F16;
+    break;
+  case DType::F8_E4M3:
+    dt = pl::DType::F8_E4M3;
+    break;
+  default:
+    return err("host tensor '" + name + "' has unsupported dtype " +
+               dtypeName(t.dtype));
+  }
+  fb::Offset<pl::TensorDef> scale;
+  if (t.dtype == DType::F8_E4M3) {
+    auto s = rawTensor("scale", name.str() + "_scale_inv");
+    if (!s)
+      return s.takeError();
+    scale = *s;
+  }
+  uint64_t offset = 8 + ref.file->headerSize() + t.data_offset;
+  std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+  return pl::CreateTensorDefDirect(fbb, role.str().c_str(), name.str().c_str(),
+                                   fileIndex(ref.file), offset, t.byte_size, dt,
+                                   &shape, scale);
+}
+
+Expected<fb::Offset<pl::TensorDef>> PlanBuilder::tensor(StringRef role,
+                                                        WeightAttr w) {
+  return rawTensor(role, w.getName());
+}
+
+std::vector<fb::Offset<pl::FileDef>> PlanBuilder::files() {
+  std::vector<fb::Offset<pl::FileDef>> out;
+  for (const SafetensorsFile *f : fileList) {
+    uint64_t hash = 0;
+    auto buf = llvm::MemoryBuffer::getFileSlice(f->path(), 8 + f->headerSize(),
+                                                0);
+    if (buf)
+      hash = XXH3_64bits((*buf)->getBufferStart(), (*buf)->getBufferSize());
+    std::string rel = llvm::sys::path::filename(f->path()).str();
+    out.push_back(
+        pl::CreateFileDefDirect(fbb, rel.c_str(), f->fileSize(), hash));
+  }
+  return out;
+}
+
+Error PlanBuilder::buildOps(ModelOp model) {
+  for (Operation &op : model.getBody().front()) {
+    std::vector<fb::Offset<pl::TensorDef>> weights;
+    std::vector<uint32_t> inputs;
+    for (Value v : op.getOperands())
+      if (!isa<BlockArgument>(v))
+        inputs.push_back(valueId(v));
+    auto addW = [&](StringRef role, WeightAttr w) -> Error {
+      if (!w)
+        return Error::success();
+      auto t = tensor(role, w);
+      if (!t)
+        return t.takeError();
+      weights.push_back(*t);
+      return Error::success();
+    };
+    pl::OpKind kind;
+    int32_t layer = -1;
+    double eps = 0;
+    uint32_t slot = 0, inter = 0;
+    uint8_t decodeMode = 0, prefillMode = 0;
+    pl::Router router = pl::Router::Softmax;
+    uint32_t numExperts = 0, topK = 0, nGroup = 0, topkGroup = 0, numShared = 0;
+    bool normTopk = false;
+    float scaling = 1.0f;
+    auto shardInfo = [&](Operation *ffn) -> Error {
+      Region &r = ffn->getRegion(0);
+      if (r.empty() || r.front().empty())
+        return err("FFN of layer " + llvm::Twine(layer) + " is not partitioned");
+      auto first = cast<Fp9FfnOp>(r.front().front());
+      slot = *first.getSlot();
+      decodeMode = *first.getDecodeMode();
+      prefillMode = *first.getPrefillMode();
+      return Error::success();
+    };
+    if (auto e = dyn_cast<EmbeddingOp>(op)) {
+      kind = pl::OpKind::Embedding;
+      if (Error x = addW("weight", e.getWeight()))
+        return x;
+    } else if (auto n = dyn_cast<RmsNormOp>(op)) {
+      kind = pl::OpKind::RmsNorm;
+      eps = n.getEps().convertToDouble();
+      if (Error x = addW("weight", n.getWeight()))
+        return x;
+    } else if (auto a = dyn_cast<AttentionOp>(op)) {
+      kind = a.getKind() == "gqa" ? pl::OpKind::AttentionGqa
+                                  : pl::OpKind::AttentionMla;
+      layer = a.getLayer();
+      for (NamedAttribute w : a.getWeights())
+        if (Error x = addW(w.getName().getValue(), cast<WeightAttr>(w.getValue())))
+          return x;
+      if (auto idx = a.getIndexer())
+        for (NamedAttribute w : *idx)
+          if (auto wa = dyn_cast<WeightAttr>(w.getValue()))
+            if (Error x = addW(("indexer." + w.getName().getValue()).str(), wa))
+              return x;
+    } else if (isa<AddOp>(op)) {
+      kind = pl::OpKind::Add;
+    } else if (auto m = dyn_cast<MlpOp>(op)) {
+      kind = pl::OpKind::DenseFfn;
+      layer = m.getLayer();
+      inter = m.getInter();
+      if (Error x = shardInfo(m))
+        return x;
+    } else if (auto m = dyn_cast<MoeOp>(op)) {
+      kind = pl::OpKind::MoeFfn;
+      layer = m.getLayer();
+      inter = m.getInter();
+      if (Error x = shardInfo(m))
+        return x;
+      router = m.getRouter() == RouterKind::sigmoid ? pl::Router::Sigmoid
+                                                    : pl::Router::Softmax;
+      numExperts = m.getNumExperts();
+      topK = m.getTopK();
+      normTopk = m.getNormTopkProb();
+      nGroup = m.getNGroup().value_or(0);
+      topkGroup = m.getTopkGroup().value_or(0);
+      scaling = m.getRoutedScalingFactor()
+                    ? (float)m.getRoutedScalingFactor()->convertToDouble()
+                    : 1.0f;
+      numShared = m.getNumShared();
+      if (Error x = addW("router", m.getRouterWeight()))
+        return x;
+      if (auto b = m.getCorrectionBias())
+        if (Error x = addW("correction_bias", *b))
+          return x;
+    } else if (auto h = dyn_cast<LmHeadOp>(op)) {
+      kind = pl::OpKind::LmHead;
+      if (Error x = addW("weight", h.getWeight()))
+        return x;
+    } else if (isa<ReturnOp>(op)) {
+      continue;
+    } else {
+      return err("op '" + op.getName().getStringRef() +
+                 "' has no plan form");
+    }
+    uint32_t result = valueId(op.getResult(0));
+    ops.push_back(pl::CreateOpDefDirect(
+        fbb, kind, layer, &inputs, result, &weights, eps, slot, decodeMode,
+        prefillMode, router, numExperts, topK, normTopk, nGroup, topkGroup,
+        scaling, numShared, inter));
+  }
+  return Error::success();
+}
+
+pl::Family planFamily(StringRef f) {
+  if (f == "qwen3_moe")
+    return pl::Family::Qwen3Moe;
+  if (f == "deepseek_v3")
+    return pl::Family::DeepSeekV3;
+  if (f == "deepseek_v32")
+    return pl::Family::DeepSeekV32;
+  return pl::Family::Qwen3;
+}
+
+} // namespace
+
+Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
+                            StringRef dir, const PlanWriteOptions &opts) {
+  auto keys = module->getAttrOfType<ArrayAttr>("duck.model_key");
+  auto images = module->getAttrOfType<ArrayAttr>("duck.image_bytes");
+  if (!keys || !images)
+    return err("internal: module is not laid out (run duck-layout-weights)");
+  ModelOp model;
+  module.walk([&](ModelOp m) { model = m; });
+  if (!model)
+    return err("internal: module has no duck.model");
+  const int64_t tp = images.size();
+  int64_t scaleRows = scaleRowsOf(module);
+
+  // Shards per rank in slot order.
+  std::vector<std::vector<Fp9FfnOp>> perRank(tp);
+  module.walk([&](Fp9FfnOp s) { perRank[s.getRank()].push_back(s); });
+  for (auto &v : perRank)
+    llvm::sort(v, [](Fp9FfnOp a, Fp9FfnOp b) {
+      return *a.getSlot() < *b.getSlot();
+    });
+
+  PlanBuilder pb(ckpt);
+  ImageWriter iw(ckpt, scaleRows, opts);
+  std::vector<fb::Offset<pl::DuckDef>> ducks;
+  for (int64_t r = 0; r < tp; ++r) {
+    std::string file = imageFileName(r);
+    llvm::SmallString<256> path(dir);
+    llvm::sys::path::append(path, file);
+    std::vector<duck_slot_entry> entries;
+    uint64_t total = cast<IntegerAttr>(images[r]).getInt();
+    StringRef key = cast<StringAttr>(keys[r]).getValue();
+    if (Error e = iw.write(module, r, perRank[r], path, total, key, entries))
+      return e;
+    std::vector<fb::Offset<pl::SlotDef>> slots;
+    for (auto [i, shard] : llvm::enumerate(perRank[r])) {
+      const duck_slot_entry &en = entries[i];
+      std::vector<fb::Offset<pl::MatrixDef>> mats;
+      auto lay = slotLayout(shard, scaleRows);
+      ShardDescs d = shardDescs(shard, scaleRows);
+      for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+           ++e) {
+        uint64_t base = en.offset + lay->expertOffset(e - shard.getExpertBegin());
+        auto gk = (uint8_t)shard.getGateKernel()->getKind();
+        auto dk = (uint8_t)shard.getDownKernel()->getKind();
+        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 0, base + lay->gateOffset,
+                                           d.gate.rows, d.gate.k, d.gate.block, gk));
+        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 1, base + lay->upOffset,
+                                           d.up.rows, d.up.k, d.up.block, gk));
+        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 2, base + lay->downOffset,
+                                           d.down.rows, d.down.k, d.down.block, dk));
+      }
+      slots.push_back(pl::CreateSlotDefDirect(
+          pb.fbb, en.layer, en.kind == DUCK_SLOT_MOE, en.offset, en.bytes,
+          en.checksum, shard.getInterBegin(), shard.getInterEnd(),
+          shard.getExpertBegin(), shard.getExpertEnd(), shard.getBlock(),
+          (uint8_t)shard.getGateKernel()->getKind(),
+          (uint8_t)shard.getDownKernel()->getKind(), &mats));
+    }
+    ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
+                                            key.str().c_str(), &slots));
+  }
+
+  if (Error e = pb.buildOps(model))
+    return e;
+  DictionaryAttr cfg = model.getConfig();
+  auto geti = [&](StringRef k) -> int64_t {
+    if (auto a = cfg.getAs<IntegerAttr>(k))
+      return a.getInt();
+    return 0;
+  };
+  auto getf = [&](StringRef k) -> double {
+    if (auto a = cfg.getAs<FloatAttr>(k))
+      return a.getValueAsDouble();
+    return 0;
+  };
+  std::vector<int32_t> eos;
+  if (auto a = cfg.getAs<ArrayAttr>("eos_token_ids"))
+    for (Attribute x : a)
+      eos.push_back(cast<IntegerAttr>(x).getInt());
+  bool tie = false;
+  if (auto a = cfg.getAs<BoolAttr>("tie_word_embeddings"))
+    tie = a.getValue();
+  auto modelDef = pl::CreateModelDefDirect(
+      pb.fbb, model.getSymName().str().c_str(), planFamily(model.getFamily()),
+      geti("hidden_size"), geti("num_layers"), geti("vocab_size"),
+      geti("num_attention_heads"), geti("num_kv_heads"), geti("head_dim"),
+      getf("rms_norm_eps"), getf("rope_theta"),
+      geti("max_position_embeddings"), tie,
+      cfg.get("bos_token_id") ? geti("bos_token_id") : -1, &eos,
+      geti("q_lora_rank"), geti("kv_lora_rank"), geti("qk_nope_head_dim"),
+      geti("qk_rope_head_dim"), geti("v_head_dim"));
+  auto fileDefs = pb.files();
+  int64_t multipleOf = 0;
+  uint8_t strategy = 0;
+  module.walk([&](Operation *op) {
+    if (auto a = op->getAttrOfType<IntegerAttr>("multiple_of"))
+      multipleOf = a.getInt();
+    if (auto s = op->getAttrOfType<StrategyAttr>("strategy"))
+      if (s.getValue() == Strategy::experts)
+        strategy = 1;
+  });
+  llvm::SmallString<256> absDir(ckpt.directory());
+  llvm::sys::fs::make_absolute(absDir);
+  std::string compiler = "duckc " DUCK_COMPILER_VERSION;
+  auto root = pl::CreatePlanDefDirect(
+      pb.fbb, kPlanVersion, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
+      compiler.c_str(), absDir.c_str(), &fileDefs, modelDef, tp, multipleOf,
+      opts.coresPerDuck, strategy, &pb.ops, &ducks, pb.numValues);
+  pl::FinishPlanDefBuffer(pb.fbb, root);
+
+  llvm::SmallString<256> planPath(dir);
+  llvm::sys::path::append(planPath, kPlanFileName);
+  std::error_code ec;
+  llvm::raw_fd_ostream out(planPath, ec);
+  if (ec)
+    return err("cannot create '" + planPath + "': " + ec.message());
+  out.write(reinterpret_cast<const char *>(pb.fbb.GetBufferPointer()),
+            pb.fbb.GetSize());
+  out.close();
+  if (out.has_error())
+    return err("write of '" + planPath + "' failed");
+  return Error::success();
+}

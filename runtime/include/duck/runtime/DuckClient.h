@@ -1,0 +1,151 @@
+//===- DuckClient.h - the host's connection to a cluster of ducks -*- C++ -*-===//
+//
+// Connects to N duckd daemons (docs/protocol.md), opens a persistent ELF
+// session on each, sends one step to all of them at once and gathers the
+// OBs, keeping the judge metrics of every step. Also streams weight images
+// into the ducks' weight caches (prepare) with hit/miss reporting.
+//
+// No hidden threads: all ducks are driven from the calling thread with
+// non-blocking sockets and poll(2).
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_DUCKCLIENT_H
+#define DUCK_RUNTIME_DUCKCLIENT_H
+
+#include "duck_rt/duckd_protocol.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::runtime {
+
+struct DuckEndpoint {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string ToString() const;
+};
+
+/// Parses "host:port" (IPv4 dotted quad or "localhost").
+absl::StatusOr<DuckEndpoint> ParseDuckEndpoint(absl::string_view text);
+
+struct DuckClientOptions {
+  std::vector<DuckEndpoint> ducks;
+  std::string token; // presented at hello (ducks started with --token)
+  /// Persistent sessions (open once, step many). false: every step sends
+  /// the ELF with a one-shot `run`. DUCK_PERSISTENT=0 in the environment
+  /// switches to false when `read_environment` is set.
+  bool persistent = true;
+  bool read_environment = true;
+  uint32_t cores = 0; // per duck; 0: all of its cores
+  uint64_t ib_limit = 1 << 20;
+  uint64_t ob_limit = 1 << 20;
+  uint64_t scratch_bytes = 64ull << 20;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  /// A duck that has not answered a step by then is reported by name and
+  /// its connection closed (a hung duck is an error, not a hang).
+  absl::Duration step_timeout = absl::Seconds(30);
+  absl::Duration call_timeout = absl::Seconds(60); // hello, open, prepare
+  uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
+  uint64_t prepare_chunk_bytes = 8ull << 20;
+};
+
+/// What a duck said at hello.
+struct DuckHello {
+  DuckEndpoint endpoint;
+  std::string name;
+  uint32_t cores = 0, pid = 0;
+  uint64_t memory_bytes = 0, weights_capacity = 0, tsc_hz = 0;
+  bool cache_valid = false, head_finished = false;
+  duck_image_header image{}; // the cached image (when cache_valid)
+  uint32_t finished_slots = 0;
+  std::vector<uint8_t> finished_bitmap;
+};
+
+/// One duck's answer to a step.
+struct DuckOutput {
+  int32_t status = 0; // duck_status of core 0
+  std::vector<uint8_t> ob;
+  std::vector<uint64_t> kernel_ns; // per core, time inside the ELF
+  uint64_t worker_ns = 0;          // duckd's time from IB to OB
+  std::string log;
+};
+
+/// Judge metrics of one step (SYSTEM.md, "Persistent judge").
+struct StepMetrics {
+  double judge_wait_us = 0; // host: first byte sent to last reply read
+  double duck_max_us = 0;   // slowest duck's slowest core inside the ELF
+  double judge_gap_us = 0;  // judge_wait - duck_max
+  double judge_ratio = 0;   // judge_wait / duck_max
+  uint64_t bytes_sent = 0, bytes_received = 0;
+};
+
+struct PrepareProgress {
+  uint64_t bytes_done = 0, bytes_total = 0;
+  double seconds = 0, bytes_per_second = 0, eta_seconds = 0;
+};
+
+struct PrepareOptions {
+  bool invalidate = false; // force a miss on every duck
+  std::function<void(const PrepareProgress &)> progress; // ~5 times a second
+};
+
+struct PrepareReport {
+  std::vector<duckd_cache_result> result; // per duck: hit, partial, miss
+  std::vector<uint64_t> bytes_uploaded;   // per duck
+  double seconds = 0;
+};
+
+class DuckClient {
+public:
+  /// Connects to every duck and says hello (abi, token).
+  static absl::StatusOr<std::unique_ptr<DuckClient>>
+  Create(const DuckClientOptions &options);
+  ~DuckClient();
+  DuckClient(const DuckClient &) = delete;
+  DuckClient &operator=(const DuckClient &) = delete;
+
+  size_t size() const;
+  bool persistent() const;
+  const DuckHello &hello(size_t duck) const;
+  const DuckEndpoint &endpoint(size_t duck) const;
+
+  /// Persistent: loads `elf` once on every duck (open). One-shot: keeps it
+  /// to send with every step.
+  absl::Status Open(absl::Span<const uint8_t> elf);
+
+  /// Sends ibs[d] to duck d (all at once), waits for every OB. An ELF
+  /// status other than OK, a crash or a timeout is an error naming the
+  /// duck; `out_outputs` is filled for every duck that answered.
+  absl::Status Step(absl::Span<const absl::Span<const uint8_t>> ibs,
+                    std::vector<DuckOutput> *out_outputs,
+                    StepMetrics *out_metrics = nullptr);
+
+  /// Closes the sessions (kept connections stay usable for a new Open).
+  absl::Status Close();
+
+  /// Streams weight image files (images[d] for duck d, as the compiler
+  /// writes them) into the ducks' weight caches. A duck whose cache
+  /// already holds the image finished uploads nothing.
+  absl::StatusOr<PrepareReport> Prepare(absl::Span<const std::string> images,
+                                        const PrepareOptions &options = {});
+
+  /// Re-reads hello from every duck (cache state after a prepare).
+  absl::Status Refresh();
+
+private:
+  struct Impl;
+  explicit DuckClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace duck::runtime
+
+#endif // DUCK_RUNTIME_DUCKCLIENT_H

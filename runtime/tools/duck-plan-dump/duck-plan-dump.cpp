@@ -1,0 +1,104 @@
+// duck-plan-dump: prints a Duck plan (model.duckplan) as JSON, after the
+// FlatBuffers verifier and the identifier/version checks.
+#include "duck/plan/plan_generated.h"
+#include "duck_plan_schema_text.h"
+
+#include "flatbuffers/idl.h"
+#include "flatbuffers/util.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+static int usage() {
+  std::fprintf(stderr,
+               "usage: duck-plan-dump <plan-dir | model.duckplan> [--summary]\n"
+               "\n"
+               "Verifies the plan (FlatBuffers verifier, file identifier "
+               "'DKPL', plan version) and prints it as JSON; --summary prints\n"
+               "one line per duck instead.\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  std::string path;
+  bool summary = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--summary"))
+      summary = true;
+    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
+      return usage(), 0;
+    else if (path.empty())
+      path = argv[i];
+    else
+      return usage();
+  }
+  if (path.empty())
+    return usage();
+  if (flatbuffers::DirExists(path.c_str()))
+    path += "/model.duckplan";
+  std::string buf;
+  if (!flatbuffers::LoadFile(path.c_str(), true, &buf)) {
+    std::fprintf(stderr, "duck-plan-dump: error: cannot read '%s'\n",
+                 path.c_str());
+    return 1;
+  }
+  if (!duck::plan::PlanDefBufferHasIdentifier(buf.data())) {
+    std::fprintf(stderr,
+                 "duck-plan-dump: error: '%s' is not a Duck plan (file "
+                 "identifier is not 'DKPL')\n",
+                 path.c_str());
+    return 1;
+  }
+  flatbuffers::Verifier v(reinterpret_cast<const uint8_t *>(buf.data()),
+                          buf.size());
+  if (!duck::plan::VerifyPlanDefBuffer(v)) {
+    std::fprintf(stderr,
+                 "duck-plan-dump: error: '%s' is corrupt or truncated (the "
+                 "FlatBuffers verifier rejected it)\n",
+                 path.c_str());
+    return 1;
+  }
+  const duck::plan::PlanDef *plan = duck::plan::GetPlanDef(buf.data());
+  if (plan->version() != 1) {
+    std::fprintf(stderr,
+                 "duck-plan-dump: error: '%s' is plan version %u; this tool "
+                 "reads version 1\n",
+                 path.c_str(), plan->version());
+    return 1;
+  }
+  if (summary) {
+    std::printf("plan: version %u, model %s, tp %u, multiple_of %u, %u ops\n",
+                plan->version(),
+                plan->model() && plan->model()->name()
+                    ? plan->model()->name()->c_str()
+                    : "?",
+                plan->tp(), plan->multiple_of(),
+                plan->ops() ? plan->ops()->size() : 0);
+    if (plan->ducks())
+      for (const duck::plan::DuckDef *d : *plan->ducks())
+        std::printf("duck %u: %s, %llu bytes, %u slots, key %s\n", d->rank(),
+                    d->image() ? d->image()->c_str() : "?",
+                    (unsigned long long)d->image_bytes(),
+                    d->slots() ? d->slots()->size() : 0,
+                    d->model_key() ? d->model_key()->c_str() : "?");
+    return 0;
+  }
+  flatbuffers::IDLOptions opts;
+  opts.strict_json = true;
+  opts.output_default_scalars_in_json = true;
+  opts.output_enum_identifiers = true;
+  flatbuffers::Parser parser(opts);
+  if (!parser.Parse(kDuckPlanSchemaText)) {
+    std::fprintf(stderr, "duck-plan-dump: internal error: schema: %s\n",
+                 parser.error_.c_str());
+    return 1;
+  }
+  std::string json;
+  if (!flatbuffers::GenerateText(parser, buf.data(), &json)) {
+    std::fprintf(stderr, "duck-plan-dump: error: cannot print the plan\n");
+    return 1;
+  }
+  std::fputs(json.c_str(), stdout);
+  return 0;
+}
