@@ -21,5 +21,5 @@ config.substitutions.append(("%models", os.path.join(config.duck_src_root, "mode
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
 
-tools = ["duckc", "duck-mkmodel"]
+tools = ["duckc", "duck-mkmodel", "duck-opt", "duck-bench", "duck-plan-dump"]
 llvm_config.add_tool_substitutions(tools, [config.duck_tools_dir])

@@ -32,7 +32,27 @@ std::string gib(uint64_t bytes) {
   return llvm::formatv("{0:F2} GiB", bytes / double(1ull << 30)).str();
 }
 
-/// Collects diagnostics as "location: error: message" lines.
+/// "config.json:1:1" for a file location; a NameLoc (the layer) adds
+/// " (model.layers.3)".
+std::string formatLoc(Location loc) {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  if (auto n = dyn_cast<NameLoc>(loc)) {
+    os << formatLoc(n.getChildLoc()) << " (" << n.getName().getValue() << ")";
+  } else if (auto f = dyn_cast<FileLineColLoc>(loc)) {
+    os << f.getFilename().getValue() << ":" << f.getLine() << ":"
+       << f.getColumn();
+  } else if (auto fused = dyn_cast<FusedLoc>(loc)) {
+    if (!fused.getLocations().empty())
+      os << formatLoc(fused.getLocations().front());
+  } else {
+    loc.print(os);
+  }
+  return out;
+}
+
+/// Collects diagnostics as "location: message" lines (the caller prefixes
+/// "duckc: error:"), notes as "location: note: message".
 class DiagnosticCollector {
 public:
   explicit DiagnosticCollector(MLIRContext &ctx)
@@ -40,16 +60,18 @@ public:
           llvm::raw_string_ostream os(text);
           if (!text.empty())
             os << "\n";
-          os << d.getLocation() << ": "
-             << (d.getSeverity() == DiagnosticSeverity::Error ? "error: "
-                 : d.getSeverity() == DiagnosticSeverity::Warning
-                     ? "warning: "
-                     : "note: ")
+          os << formatLoc(d.getLocation()) << ": "
+             << (d.getSeverity() == DiagnosticSeverity::Warning ? "warning: "
+                 : d.getSeverity() == DiagnosticSeverity::Note  ? "note: "
+                                                                : "")
              << d;
           for (Diagnostic &n : d.getNotes())
-            os << "\n" << n.getLocation() << ": note: " << n;
+            os << "\n" << formatLoc(n.getLocation()) << ": note: " << n;
           return success();
-        }) {}
+        }) {
+    // The op dump MLIR appends to pass failures is noise for duckc users.
+    ctx.printOpOnDiagnostic(false);
+  }
   Error takeError(StringRef fallback) {
     return err(text.empty() ? fallback.str() : text);
   }
