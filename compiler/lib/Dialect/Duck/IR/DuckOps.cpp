@@ -273,7 +273,8 @@ LogicalResult MoeOp::verify() {
     return failure();
   int64_t shared = getNumShared();
   if (shared < 0)
-    return emitOpError() << "num_shared = " << shared << " must not be negative";
+    return emitOpError() << "num_shared = " << shared
+                         << " must not be negative";
   if (shared > 0 && !(getSharedGate() && getSharedUp() && getSharedDown()))
     return emitOpError("num_shared > 0 needs shared_gate, shared_up and "
                        "shared_down weights");

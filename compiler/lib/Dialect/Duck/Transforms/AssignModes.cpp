@@ -19,10 +19,11 @@ struct DuckAssignModesPass
     : public mlir::duck::impl::DuckAssignModesBase<DuckAssignModesPass> {
   using Base::Base;
   void runOnOperation() override {
+    // Cast the option: an Option<int64_t> streams into a diagnostic as `char`.
     if (coresPerDuck < 1) {
       getOperation().emitError() << "duck-assign-modes: cores-per-duck must be "
                                     "at least 1, got "
-                                 << coresPerDuck;
+                                 << (int64_t)coresPerDuck;
       return signalPassFailure();
     }
     Builder b(&getContext());

@@ -44,8 +44,11 @@ struct DuckPartitionPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    // Diagnostics take pass options by value: cast them, or an
+    // Option<int64_t> converts to `char` and prints as a control byte.
     if (tp < 1) {
-      module.emitError() << "duck-partition: tp must be at least 1, got " << tp;
+      module.emitError() << "duck-partition: tp must be at least 1, got "
+                         << (int64_t)tp;
       return signalPassFailure();
     }
     std::optional<Strategy> strat = symbolizeStrategy(strategy);
@@ -71,7 +74,8 @@ struct DuckPartitionPass
         return f.inter % cand == 0 && (!splitsInter(f) || f.inter / cand >= tp);
       };
       for (int64_t cand : {128, 64, 32})
-        if (llvm::all_of(ffns, [&](const FfnInfo &f) { return admits(f, cand); })) {
+        if (llvm::all_of(ffns,
+                         [&](const FfnInfo &f) { return admits(f, cand); })) {
           mo = cand;
           break;
         }
@@ -81,7 +85,8 @@ struct DuckPartitionPass
           if (!admits(f, 32)) {
             f.op->emitOpError()
                 << "layer " << f.layer << ": no multiple_of in {128, 64, 32} "
-                << "splits intermediate size " << f.inter << " over tp = " << tp
+                << "splits intermediate size " << f.inter
+                << " over tp = " << (int64_t)tp
                 << " ducks; the largest tp that would work is "
                 << (f.inter % 32 == 0 ? f.inter / 32 : 0)
                 << " (multiple_of = 32)";
@@ -116,8 +121,9 @@ struct DuckPartitionPass
       if (!byExperts && tp > blocks) {
         std::string hint = smallerBlockHint(f.inter, mo);
         auto diag = f.op->emitOpError()
-                    << "layer " << f.layer << ": cannot split intermediate size "
-                    << f.inter << " over tp = " << tp
+                    << "layer " << f.layer
+                    << ": cannot split intermediate size " << f.inter
+                    << " over tp = " << (int64_t)tp
                     << " ducks with multiple_of = " << mo
                     << ": each duck needs a whole number of " << mo
                     << "-neuron blocks, so tp_max = " << blocks
@@ -129,7 +135,7 @@ struct DuckPartitionPass
       if (byExperts && f.experts % tp != 0) {
         f.op->emitOpError()
             << "layer " << f.layer << ": " << f.experts
-            << " experts cannot be placed whole on tp = " << tp
+            << " experts cannot be placed whole on tp = " << (int64_t)tp
             << " ducks (expert placement needs tp to divide the expert count, "
                "shared experts included); use strategy=intermediate or a tp "
                "that divides "

@@ -26,7 +26,7 @@ KernelAttr select(MLIRContext *ctx, int64_t k, int64_t block) {
     break;
   default:
     why = "K = " + std::to_string(k) + " is " + std::to_string(k / block) +
-          " blocks of " + std::to_string(block);
+          (k == block ? " block of " : " blocks of ") + std::to_string(block);
     break;
   }
   return KernelAttr::get(ctx, static_cast<KernelKind>(id), why);
