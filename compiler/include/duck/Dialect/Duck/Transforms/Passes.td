@@ -54,7 +54,8 @@ def DuckSelectKernels : Pass<"duck-select-kernels", "::mlir::ModuleOp"> {
     intermediate size): K == 64 with block 64 -> `exact64`; K == 128 with
     block 128 -> `exact128`; otherwise `general<block>`. The decision is an
     attribute with its reason, made once here and never inside a kernel loop.
-    Refuses shards that are not partitioned yet.
+    A module without shards (not partitioned yet) is left unchanged; a shard
+    whose hidden size is not a multiple of its block is refused.
 
     ```mlir
     duck.fp9_ffn {block = 64, ..., down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">}
@@ -68,7 +69,8 @@ def DuckAssignModes : Pass<"duck-assign-modes", "::mlir::ModuleOp"> {
   let description = [{
     Dense shards: decode mode 0, prefill mode 5. MoE shards: decode mode 4
     (SMP) when a duck has more than one core, else mode 1; prefill mode 6.
-    Sets `smp` accordingly.
+    `smp` records that the duck runs the shard on all its cores (dense modes
+    0 and 5 split rows over the cores too).
   }];
   let options = [
     Option<"coresPerDuck", "cores-per-duck", "int64_t", /*default=*/"1",
