@@ -174,24 +174,36 @@ inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
         acc3);                                                                 \
   } while (0)
 
-/// Rows of a K == 64 or K == 128 matrix, four rows at a time: per-row
-/// overhead (sign words, reduction) is shared; the next rows are prefetched.
+/// The same reduction for two rows: out[0..1] = reduce(row 0), reduce(row 1).
+inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
+  __m256 t0 = _mm256_hadd_ps(r0, r1);
+  __m256 t1 = _mm256_hadd_ps(t0, t0);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(t1), _mm256_extractf128_ps(t1, 1));
+  s = _mm_mul_ps(s, _mm_set1_ps(kAccFactor));
+  out[0] = _mm_cvtss_f32(s);
+  out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
+}
+
+/// Rows of a K == 64 (four rows a tile) or K == 128 (two rows a tile)
+/// matrix: per-row overhead (sign words, reduction) is shared and the next
+/// tile is prefetched. K == 128 uses two rows because four would need more
+/// than the 16 ymm registers for their accumulators.
 template <uint32_t K>
 void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                uint32_t r0, uint32_t r1, float *y) {
   const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
                 s3 = shiftCounts(3);
   constexpr uint32_t W = K / 32;
+  constexpr uint32_t R = K == 64 ? 4 : 2;
   uint32_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
+  for (; r + R <= r1; r += R) {
     const uint8_t *mag = m->mag + (uint64_t)r * K;
     const uint32_t *sign = m->sign + (uint64_t)r * W;
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 128), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 8 * K + 192), _MM_HINT_T0);
-    __m256 acc[4][4];
-    for (int i = 0; i < 4; ++i) {
+    for (uint32_t line = 0; line < R * K; line += 64)
+      _mm_prefetch(reinterpret_cast<const char *>(mag + 2 * R * K + line),
+                   _MM_HINT_T0);
+    __m256 acc[R][4];
+    for (uint32_t i = 0; i < R; ++i) {
       acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
       for (uint32_t c = 0; c < K; c += 32) {
         __m256i word = _mm256_set1_epi32((int)sign[i * W + c / 32]);
@@ -199,11 +211,14 @@ void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                    acc[i][2], acc[i][3]);
       }
     }
-    __m256 v[4];
-    for (int i = 0; i < 4; ++i)
+    __m256 v[R];
+    for (uint32_t i = 0; i < R; ++i)
       v[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
                            _mm256_add_ps(acc[i][2], acc[i][3]));
-    _mm_storeu_ps(y + (r - r0), reduceFourRows(v[0], v[1], v[2], v[3]));
+    if constexpr (R == 4)
+      _mm_storeu_ps(y + (r - r0), reduceFourRows(v[0], v[1], v[2], v[3]));
+    else
+      reduceTwoRows(v[0], v[1], y + (r - r0));
   }
   for (; r < r1; ++r)
     y[r - r0] = dotRowShift(m->mag + (uint64_t)r * K, m->sign + (uint64_t)r * W,
@@ -270,9 +285,27 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
   }
 }
 
+/// Token chunk of one GEMM pass: the pre-scaled inputs of a chunk (16 x K
+/// floats) stay in L2 while every row of the weight tile streams past.
+constexpr uint32_t kGemmTokenChunk = 16;
+
+static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                      uint32_t n_tokens, float *y, uint32_t y_ld,
+                      uint32_t row_begin, uint32_t row_end, float *xs);
+
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs) {
+  for (uint32_t t = 0; t < n_tokens; t += kGemmTokenChunk) {
+    uint32_t n = n_tokens - t < kGemmTokenChunk ? n_tokens - t : kGemmTokenChunk;
+    gemmChunk(m, x + (uint64_t)t * x_ld, x_ld, n, y + (uint64_t)t * y_ld, y_ld,
+              row_begin, row_end, xs);
+  }
+}
+
+static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                      uint32_t n_tokens, float *y, uint32_t y_ld,
+                      uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
   const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
                 s3 = shiftCounts(3);

@@ -1,0 +1,126 @@
+//===- Common.h - Helpers shared by the duck-bench subcommands --*- C++ -*-===//
+//
+// Clock, memory, random numbers, machine facts, the command-line list
+// parser, a minimal JSON writer and a text table. duck-bench is part of
+// duck-rt, so nothing here may use LLVM.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DUCK_BENCH_COMMON_H
+#define DUCK_BENCH_COMMON_H
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace duck::bench {
+
+/// Monotonic wall clock in seconds.
+double nowSeconds();
+
+/// Page-aligned anonymous memory (mmap), transparent huge pages advised,
+/// every page touched once at allocation so no page fault is ever timed.
+class Buffer {
+public:
+  Buffer() = default;
+  explicit Buffer(uint64_t bytes);
+  ~Buffer();
+  Buffer(Buffer &&other) noexcept;
+  Buffer &operator=(Buffer &&other) noexcept;
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+
+  uint8_t *data() const { return data_; }
+  uint64_t size() const { return size_; }
+  template <typename T> T *as() const { return reinterpret_cast<T *>(data_); }
+
+private:
+  uint8_t *data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+/// splitmix64: fast, reproducible, good enough for benchmark weights.
+class Rng {
+public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [-1, 1).
+  float symmetric() {
+    return (float)((int64_t)(next() >> 40) - (1ll << 23)) * 0x1p-23f;
+  }
+  uint32_t below(uint32_t n) { return (uint32_t)((next() >> 32) * n >> 32); }
+
+private:
+  uint64_t state_;
+};
+
+/// What the benchmark knows about the machine it runs on.
+struct MachineInfo {
+  std::string cpuModel;
+  uint32_t onlineCores = 1;
+  std::vector<int> cpus;   // CPUs this process may run on, in order
+  uint64_t llcBytes = 0;   // last-level cache size
+  std::string llcSource;   // "sysfs", "sysconf", "fallback" or "option"
+  std::string date;        // UTC, ISO 8601
+  std::string loadAverage; // /proc/loadavg's first three fields
+};
+
+/// Reads /proc/cpuinfo, the affinity mask, and the LLC size from
+/// /sys/devices/system/cpu/cpu0/cache (then sysconf, then 32 MiB).
+MachineInfo detectMachine();
+
+std::string loadAverageNow();
+
+/// Parses "1,2,4" and ranges such as "1-4" (or "1-4,8") into positive
+/// integers. Returns false on anything else.
+bool parseUintList(const std::string &text, std::vector<uint32_t> &out);
+
+/// Median of a non-empty sample (copied, not reordered in place).
+double median(std::vector<double> v);
+
+/// printf into a std::string.
+std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/// One JSON object written on one line, fields in insertion order.
+class JsonObject {
+public:
+  JsonObject &num(const char *key, double v); // NaN and inf become null
+  JsonObject &integer(const char *key, int64_t v);
+  JsonObject &str(const char *key, const std::string &v);
+  JsonObject &boolean(const char *key, bool v);
+  JsonObject &null(const char *key);
+  JsonObject &raw(const char *key, const std::string &json);
+  std::string text() const { return "{" + body_ + "}"; }
+
+private:
+  void key(const char *k);
+  std::string body_;
+};
+
+std::string jsonString(const std::string &s);
+std::string jsonNumber(double v);
+std::string jsonNumbers(const std::vector<double> &v);
+
+/// A plain text table: columns sized to their widest cell, numbers right
+/// aligned, text left aligned.
+class Table {
+public:
+  explicit Table(std::vector<std::string> header);
+  void row(std::vector<std::string> cells);
+  void print(FILE *out) const;
+  bool empty() const { return rows_.empty(); }
+
+private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+} // namespace duck::bench
+
+#endif // DUCK_BENCH_COMMON_H
