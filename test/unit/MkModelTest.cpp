@@ -1,5 +1,6 @@
 // Unit tests for duck-mkmodel: RNG, number formats, safetensors writer,
-// sharding, tensor plans, option checks and whole-directory determinism.
+// sharding, tensor plans, tokenizer.json, option checks and whole-directory
+// determinism.
 
 #include "Cli.h"
 #include "ConfigJson.h"
@@ -9,11 +10,13 @@
 #include "Random.h"
 #include "Sampler.h"
 #include "TensorPlan.h"
+#include "TokenizerJson.h"
 
 #include "duck/Import/SafetensorsWriter.h"
 #include "duck_rt/fp9.h"
 
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
@@ -505,6 +508,195 @@ TEST(MkModelConfig, ConfigParsesAndCarriesQuantization) {
 }
 
 //===----------------------------------------------------------------------===//
+// tokenizer.json
+//===----------------------------------------------------------------------===//
+
+TEST(MkModelTokenizer, ByteTokensFollowTheGpt2Table) {
+  EXPECT_EQ(byteToken('!'), "!");
+  EXPECT_EQ(byteToken('a'), "a");
+  EXPECT_EQ(byteToken(0x00), "\u0100");
+  EXPECT_EQ(byteToken(0x0A), "\u010A"); // Ċ
+  EXPECT_EQ(byteToken(0x20), "\u0120"); // Ġ
+  EXPECT_EQ(byteToken(0x7F), "\u0121");
+  EXPECT_EQ(byteToken(0xA0), "\u0142");
+  EXPECT_EQ(byteToken(0xA1), "\u00A1");
+  EXPECT_EQ(byteToken(0xAD), "\u0143");
+  EXPECT_EQ(byteToken(0xFF), "\u00FF");
+  std::set<std::string> all;
+  for (unsigned b = 0; b < 256; ++b)
+    all.insert(byteToken(static_cast<uint8_t>(b)));
+  EXPECT_EQ(all.size(), 256u);
+  EXPECT_EQ(bytesToTokenText(" the\n"), "\u0120the\u010A");
+}
+
+TEST(MkModelTokenizer, PretokenizerFollowsTheQwenRegex) {
+  std::string text = "Hello world's  end\n\n 42!  \tx, (ok)?\n";
+  std::vector<std::string> pieces = pretokenize(text);
+  std::vector<std::string> expected = {
+      "Hello", " world", "'s", " ",   " end", "\n\n", " ",  "4",
+      "2",     "!",      "  ", "\tx", ",",    " (",   "ok", ")?\n"};
+  EXPECT_EQ(pieces, expected);
+  std::string joined;
+  for (const std::string &p : pretokenize(trainingText()))
+    joined += p;
+  EXPECT_EQ(joined, trainingText().str());
+}
+
+TEST(MkModelTokenizer, VocabHasExactSizeBytesMergesAndNoDuplicates) {
+  for (int64_t vocab : {259, 260, 300, 512, 1024, 5000}) {
+    SCOPED_TRACE(vocab);
+    BpeVocab v = buildBpeVocab(vocab);
+    ASSERT_EQ(static_cast<int64_t>(v.tokens.size()), vocab - 3);
+    ASSERT_EQ(static_cast<int64_t>(v.merges.size()), vocab - 259);
+    for (unsigned b = 0; b < 256; ++b)
+      ASSERT_EQ(v.tokens[b], std::string(1, static_cast<char>(b)));
+    std::set<std::string> unique(v.tokens.begin(), v.tokens.end());
+    EXPECT_EQ(unique.size(), v.tokens.size());
+    for (llvm::StringRef special : specialTokens())
+      EXPECT_FALSE(unique.count(special.str()));
+    for (size_t i = 0; i < v.merges.size(); ++i) {
+      auto [a, b] = v.merges[i];
+      // Both parts exist before the merge; the result is the next id.
+      ASSERT_LT(static_cast<size_t>(a), 256 + i);
+      ASSERT_LT(static_cast<size_t>(b), 256 + i);
+      ASSERT_EQ(v.tokens[256 + i], v.tokens[a] + v.tokens[b]) << i;
+    }
+  }
+  // The tiny presets' vocabularies are learned from the text entirely.
+  BpeVocab tiny = buildBpeVocab(1024);
+  EXPECT_EQ(tiny.learned_merges, tiny.merges.size());
+  std::set<std::string> words(tiny.tokens.begin(), tiny.tokens.end());
+  EXPECT_TRUE(words.count(" duck"));
+  EXPECT_TRUE(words.count(" compiler"));
+  EXPECT_LT(buildBpeVocab(5000).learned_merges, 4741u);
+}
+
+TEST(MkModelTokenizer, TokenizerJsonParsesWithTheQwen2Pipeline) {
+  const int64_t vocab = 1024;
+  std::string text = renderTokenizerJson(vocab);
+  EXPECT_EQ(text, renderTokenizerJson(vocab));
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
+  ASSERT_TRUE(bool(parsed)) << llvm::toString(parsed.takeError());
+  const llvm::json::Object &root = *parsed->getAsObject();
+  auto typeOf = [](const llvm::json::Object *o) {
+    return o ? o->getString("type").value_or("") : llvm::StringRef("<none>");
+  };
+  EXPECT_EQ(typeOf(root.getObject("normalizer")), "NFC");
+  EXPECT_EQ(typeOf(root.getObject("decoder")), "ByteLevel");
+  EXPECT_EQ(typeOf(root.getObject("post_processor")), "ByteLevel");
+  const llvm::json::Object *pre = root.getObject("pre_tokenizer");
+  ASSERT_EQ(typeOf(pre), "Sequence");
+  const llvm::json::Array *steps = pre->getArray("pretokenizers");
+  ASSERT_TRUE(steps && steps->size() == 2);
+  const llvm::json::Object *split = (*steps)[0].getAsObject();
+  EXPECT_EQ(typeOf(split), "Split");
+  EXPECT_EQ(
+      split->getObject("pattern")->getString("Regex"),
+      llvm::StringRef(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"));
+  EXPECT_EQ(split->getString("behavior"), llvm::StringRef("Isolated"));
+  EXPECT_EQ(split->getBoolean("invert"), false);
+  const llvm::json::Object *byte_level = (*steps)[1].getAsObject();
+  EXPECT_EQ(typeOf(byte_level), "ByteLevel");
+  EXPECT_EQ(byte_level->getBoolean("add_prefix_space"), false);
+  EXPECT_EQ(byte_level->getBoolean("use_regex"), false);
+
+  const llvm::json::Object *model = root.getObject("model");
+  ASSERT_EQ(typeOf(model), "BPE");
+  EXPECT_EQ(model->getString("continuing_subword_prefix"), llvm::StringRef(""));
+  EXPECT_EQ(model->getString("end_of_word_suffix"), llvm::StringRef(""));
+  EXPECT_EQ(model->getBoolean("fuse_unk"), false);
+  EXPECT_EQ(model->getBoolean("byte_fallback"), false);
+  EXPECT_EQ(model->getBoolean("ignore_merges"), false);
+  ASSERT_TRUE(model->get("dropout") && model->get("dropout")->getAsNull());
+  ASSERT_TRUE(model->get("unk_token") && model->get("unk_token")->getAsNull());
+
+  // Vocab: the byte tokens by byte, then one id per merge.
+  const llvm::json::Object *vocab_map = model->getObject("vocab");
+  ASSERT_TRUE(vocab_map);
+  EXPECT_EQ(static_cast<int64_t>(vocab_map->size()), vocab - 3);
+  llvm::StringMap<int64_t> ids;
+  std::set<int64_t> seen;
+  for (const auto &[key, value] : *vocab_map) {
+    ASSERT_TRUE(value.getAsInteger());
+    ids[key.str()] = *value.getAsInteger();
+    seen.insert(*value.getAsInteger());
+  }
+  EXPECT_EQ(seen.size(), vocab_map->size());
+  EXPECT_EQ(*seen.begin(), 0);
+  EXPECT_EQ(*seen.rbegin(), vocab - 4);
+  for (unsigned b = 0; b < 256; ++b)
+    EXPECT_EQ(ids.lookup(byteToken(static_cast<uint8_t>(b))), b) << b;
+  const llvm::json::Array *merges = model->getArray("merges");
+  ASSERT_TRUE(merges);
+  ASSERT_EQ(static_cast<int64_t>(merges->size()), vocab - 259);
+  for (size_t i = 0; i < merges->size(); ++i) {
+    std::optional<llvm::StringRef> merge = (*merges)[i].getAsString();
+    ASSERT_TRUE(merge);
+    auto [left, right] = merge->split(' ');
+    ASSERT_FALSE(right.empty() || right.contains(' ')) << merge->str();
+    ASSERT_TRUE(ids.count(left) && ids.count(right)) << merge->str();
+    EXPECT_LT(ids.lookup(left), static_cast<int64_t>(256 + i));
+    EXPECT_LT(ids.lookup(right), static_cast<int64_t>(256 + i));
+    EXPECT_EQ(ids.lookup((left + right).str()), static_cast<int64_t>(256 + i))
+        << merge->str();
+  }
+
+  // The specials are the last three ids.
+  const llvm::json::Array *added = root.getArray("added_tokens");
+  ASSERT_TRUE(added && added->size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    const llvm::json::Object *t = (*added)[i].getAsObject();
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->getInteger("id"), vocab - 3 + static_cast<int64_t>(i));
+    EXPECT_EQ(t->getString("content"), specialTokens()[i]);
+    EXPECT_EQ(t->getBoolean("special"), true);
+    EXPECT_EQ(t->getBoolean("normalized"), false);
+    EXPECT_EQ(t->getBoolean("single_word"), false);
+    EXPECT_EQ(t->getBoolean("lstrip"), false);
+    EXPECT_EQ(t->getBoolean("rstrip"), false);
+    EXPECT_FALSE(ids.count(specialTokens()[i]));
+  }
+  EXPECT_EQ(specialTokens()[0], "<|endoftext|>");
+  EXPECT_EQ(specialTokens()[1], "<|im_start|>");
+  EXPECT_EQ(specialTokens()[2], "<|im_end|>");
+}
+
+TEST(MkModelTokenizer, ConfigIdsMatchTheSpecialTokens) {
+  for (const char *preset : {"tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek"}) {
+    SCOPED_TRACE(preset);
+    ModelSpec spec = findPreset(preset)->make();
+    int64_t eot = spec.vocab - 3, im_end = spec.vocab - 1;
+    llvm::Expected<llvm::json::Value> config =
+        llvm::json::parse(renderConfigJson(spec));
+    ASSERT_TRUE(bool(config)) << llvm::toString(config.takeError());
+    EXPECT_EQ(config->getAsObject()->getInteger("bos_token_id"), eot);
+    EXPECT_EQ(config->getAsObject()->getInteger("eos_token_id"), eot);
+    llvm::Expected<llvm::json::Value> gen =
+        llvm::json::parse(renderGenerationConfig(spec));
+    ASSERT_TRUE(bool(gen)) << llvm::toString(gen.takeError());
+    EXPECT_EQ(gen->getAsObject()->getInteger("bos_token_id"), eot);
+    EXPECT_EQ(*gen->getAsObject()->getArray("eos_token_id"),
+              (llvm::json::Array{eot, im_end}));
+    llvm::Expected<llvm::json::Value> tc =
+        llvm::json::parse(renderTokenizerConfig(spec));
+    ASSERT_TRUE(bool(tc)) << llvm::toString(tc.takeError());
+    const llvm::json::Object &o = *tc->getAsObject();
+    EXPECT_EQ(o.getString("eos_token"), llvm::StringRef("<|endoftext|>"));
+    EXPECT_EQ(o.getString("pad_token"), llvm::StringRef("<|endoftext|>"));
+    const llvm::json::Object *decoder = o.getObject("added_tokens_decoder");
+    ASSERT_TRUE(decoder);
+    for (int64_t i = 0; i < 3; ++i) {
+      const llvm::json::Object *t = decoder->getObject(std::to_string(eot + i));
+      ASSERT_TRUE(t) << eot + i;
+      EXPECT_EQ(t->getString("content"), specialTokens()[i]);
+    }
+    EXPECT_NE(o.getString("chat_template").value_or("").find("<|im_start|>"),
+              llvm::StringRef::npos);
+  }
+}
+
+//===----------------------------------------------------------------------===//
 // Command line
 //===----------------------------------------------------------------------===//
 
@@ -560,6 +752,11 @@ TEST(MkModelCli, ErrorsNameTheOption) {
   EXPECT_NE(parseError({"--family", "qwen3_moe", "--top-k", "17", "-o", "x"})
                 .find("--top-k (17) must not exceed --experts (16)"),
             std::string::npos);
+  EXPECT_NE(parseError({"--preset", "tiny-qwen3", "--vocab", "258", "-o", "x"})
+                .find("--vocab (258) must be at least 259"),
+            std::string::npos);
+  EXPECT_EQ(parseError({"--preset", "tiny-qwen3", "--vocab", "259", "-o", "x"}),
+            "");
   EXPECT_NE(parseError({"--bogus"}).find("unknown option '--bogus'"),
             std::string::npos);
   EXPECT_NE(parseError({}).find("--preset or --family"), std::string::npos);
@@ -607,7 +804,8 @@ TEST_F(MkModelDirTest, DeterministicShardedAndAtomic) {
   ASSERT_TRUE(bool(a)) << llvm::toString(a.takeError());
   auto b = write(spec, path("b"), 3);
   ASSERT_TRUE(bool(b)) << llvm::toString(b.takeError());
-  EXPECT_EQ(a->files.size(), 6u);
+  // 3 shards, index, config, generation config, tokenizer and its config.
+  EXPECT_EQ(a->files.size(), 8u);
   for (const std::string &f : a->files)
     EXPECT_EQ(slurp(path("a", f)), slurp(path("b", f))) << f;
 

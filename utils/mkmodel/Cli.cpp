@@ -212,8 +212,9 @@ void printHelp(llvm::raw_ostream &os) {
 
 USAGE: duck-mkmodel (--preset NAME | --family NAME) [options] -o DIR
 
-Writes DIR/config.json, DIR/generation_config.json and the weights as
-safetensors (DIR/model.safetensors, or with --shards N the files
+Writes DIR/config.json, DIR/generation_config.json, DIR/tokenizer.json,
+DIR/tokenizer_config.json and the weights as safetensors
+(DIR/model.safetensors, or with --shards N the files
 model-0000i-of-0000N.safetensors plus model.safetensors.index.json). Tensor
 names, shapes and dtypes follow the real checkpoints of the family. Every
 value is a pure function of --seed and the tensor name: the same arguments
@@ -269,6 +270,15 @@ Values: Linear weights ~ N(0, 1/fan_in) with a per-128x128-tile spread
 subnormals) and 1/512 outliers at 3x; norms ~ 1 + 0.05 noise; embeddings
 std 0.75; router weights std 0.5/sqrt(hidden). DeepSeek configs set
 num_nextn_predict_layers to 0 (no MTP layer is written).
+
+Tokenizer (every family): a Qwen2-style byte-level BPE tokenizer.json of
+exactly --vocab ids: 0..255 the byte tokens (id = byte), then merges learned
+from a built-in English text (continued with joins of printable tokens when
+the vocab is larger than the text supports), then <|endoftext|>,
+<|im_start|>, <|im_end|> as the last three ids. config.json's bos/eos are
+<|endoftext|>; generation_config.json's eos_token_id is [<|endoftext|>,
+<|im_end|>]; tokenizer_config.json has a ChatML chat_template. The
+tokenizer does not depend on --seed.
 
 EXAMPLES:
   duck-mkmodel --preset tiny-qwen3 -o /tmp/tiny

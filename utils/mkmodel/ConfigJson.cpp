@@ -3,6 +3,7 @@
 #include "ConfigJson.h"
 
 #include "Quantize.h"
+#include "TokenizerJson.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
@@ -140,20 +141,14 @@ private:
 
 } // namespace
 
-// Qwen3's real special-token ids (reference/FORMATS.md section 3).
-static constexpr int64_t kQwenBos = 151643;
-static constexpr int64_t kQwenEos = 151645;
+// The ids of the special tokens in the generated tokenizer.json, for every
+// family (the real Qwen3/DeepSeek ids would name ordinary tokens there).
+int64_t bosTokenId(const ModelSpec &spec) { return endOfTextId(spec.vocab); }
 
-int64_t bosTokenId(const ModelSpec &spec) {
-  if (spec.isDeepseek())
-    return 0;
-  return spec.vocab > kQwenEos ? kQwenBos : spec.vocab - 2;
-}
+int64_t eosTokenId(const ModelSpec &spec) { return endOfTextId(spec.vocab); }
 
-int64_t eosTokenId(const ModelSpec &spec) {
-  if (spec.isDeepseek())
-    return 1;
-  return spec.vocab > kQwenEos ? kQwenEos : spec.vocab - 1;
+std::vector<int64_t> generationEosTokenIds(const ModelSpec &spec) {
+  return {endOfTextId(spec.vocab), imEndId(spec.vocab)};
 }
 
 static void addQwenFields(const ModelSpec &s, JsonObject &c) {
@@ -273,7 +268,7 @@ std::string renderConfigJson(const ModelSpec &s) {
 std::string renderGenerationConfig(const ModelSpec &s) {
   JsonObject c;
   c.integer("bos_token_id", bosTokenId(s))
-      .integer("eos_token_id", eosTokenId(s))
+      .integers("eos_token_id", generationEosTokenIds(s))
       .string("transformers_version", s.isDeepseek() ? "4.44.2" : "4.51.0");
   return c.render();
 }

@@ -2,7 +2,8 @@
 //
 // Renders the JSON files of a HF model directory: config.json with the field
 // names and JSON types of the real configs in reference/models/,
-// generation_config.json and model.safetensors.index.json. Output is
+// generation_config.json and model.safetensors.index.json (tokenizer.json
+// and tokenizer_config.json: TokenizerJson.h). Output is
 // deterministic: keys sorted, 2-space indent, floats as Python's json module
 // writes them (1e-06, 1000000.0), as in the published files.
 //
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace duck::mkmodel {
 
@@ -35,10 +37,12 @@ std::string
 renderIndexJson(uint64_t total_size,
                 llvm::ArrayRef<std::pair<std::string, std::string>> weight_map);
 
-/// bos/eos ids: the real Qwen3 ids when the vocab holds them, else the last
-/// two ids; DeepSeek uses 0 and 1.
+/// config.json's bos/eos ids, for every family: both <|endoftext|> of the
+/// generated tokenizer.json (vocab - 3; see TokenizerJson.h).
 int64_t bosTokenId(const ModelSpec &spec);
 int64_t eosTokenId(const ModelSpec &spec);
+/// generation_config.json's eos_token_id list: <|endoftext|>, <|im_end|>.
+std::vector<int64_t> generationEosTokenIds(const ModelSpec &spec);
 
 } // namespace duck::mkmodel
 

@@ -2,6 +2,8 @@
 
 #include "ModelSpec.h"
 
+#include "TokenizerJson.h"
+
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
@@ -78,7 +80,8 @@ static const ShapeOption kShapeOptions[] = {
      "leading dense layers (DeepSeek first_k_dense_replace, Qwen3-MoE "
      "mlp_only_layers)",
      &ModelSpec::dense_layers, kMoeFamilies, 0, 1024},
-    {"vocab", "vocab_size", &ModelSpec::vocab, kAllFamilies, 2, 1 << 22},
+    {"vocab", "vocab_size (>= 259: 256 byte tokens, merges, 3 specials)",
+     &ModelSpec::vocab, kAllFamilies, kMinVocab, 1 << 22},
     {"max-pos", "max_position_embeddings", &ModelSpec::max_pos, kAllFamilies, 1,
      1 << 24},
     {"q-lora", "MLA q_lora_rank", &ModelSpec::q_lora, kDeepseekFamilies, 1,
@@ -270,6 +273,12 @@ static std::string show(const ModelSpec &spec, int64_t ModelSpec::*field) {
 }
 
 Error validateSpec(const ModelSpec &spec) {
+  // Said before the generic range check, which would not tell why.
+  if (spec.vocab < kMinVocab)
+    return makeError(llvm::formatv(
+        "--vocab ({0}) must be at least {1}: tokenizer.json needs the 256 "
+        "byte tokens and <|endoftext|>, <|im_start|>, <|im_end|>",
+        spec.vocab, kMinVocab));
   unsigned bit = familyBit(spec.family);
   for (const ShapeOption &option : kShapeOptions) {
     if (!(option.families & bit))

@@ -6,6 +6,7 @@
 #include "Quantize.h"
 #include "Sampler.h"
 #include "TensorPlan.h"
+#include "TokenizerJson.h"
 
 #include "duck/Import/SafetensorsWriter.h"
 
@@ -306,6 +307,8 @@ llvm::Expected<WriteSummary> writeModelDirectory(const ModelSpec &spec,
   std::vector<std::pair<std::string, std::string>> texts = {
       {"config.json", renderConfigJson(spec)},
       {"generation_config.json", renderGenerationConfig(spec)},
+      {"tokenizer.json", renderTokenizerJson(spec.vocab)},
+      {"tokenizer_config.json", renderTokenizerConfig(spec)},
   };
   if (shards > 1)
     texts.emplace_back("model.safetensors.index.json",

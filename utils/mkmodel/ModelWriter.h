@@ -1,12 +1,12 @@
 //===- ModelWriter.h - Writes a HF model directory --------------*- C++ -*-===//
 //
 // Turns a validated ModelSpec into a model directory (config.json,
-// generation_config.json, safetensors shards, index) without holding the
-// weights in memory: every shard's header is computed first, then each
-// tensor is generated and written in bands (128 rows for FP8, so a tile's
-// scale is known before its codes). The directory appears atomically: all
-// files go to "<dir>.tmp-<pid>", renamed to <dir> at the end, removed on
-// error.
+// generation_config.json, tokenizer.json, tokenizer_config.json, safetensors
+// shards, index) without holding the weights in memory: every shard's header
+// is computed first, then each tensor is generated and written in bands (128
+// rows for FP8, so a tile's scale is known before its codes). The directory
+// appears atomically: all files go to "<dir>.tmp-<pid>", renamed to <dir> at
+// the end, removed on error.
 //
 //===----------------------------------------------------------------------===//
 
