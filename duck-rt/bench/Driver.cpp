@@ -1,5 +1,6 @@
 //===- Driver.cpp - duck-bench subcommand dispatch ------------------------===//
 
+#include "BenchSubcommands.h"
 #include "Subcommands.h"
 
 #include <cstdio>
@@ -12,6 +13,10 @@ namespace {
 const Subcommand kSubcommands[] = {
     {"kernels", "fp9 GEMV/MoE/prefill kernels and read bandwidth on 1..N cores",
      runKernels},
+    {"judge", "step dispatch overhead over local ducks vs raw TCP round trips",
+     duckBenchJudge},
+    {"cache", "start-up with a warm weight cache vs a full prepare",
+     duckBenchCache},
 };
 
 void printUsage(FILE *out) {

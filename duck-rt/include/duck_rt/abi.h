@@ -199,7 +199,12 @@ typedef struct duck_ob_header {
   uint64_t reserved[5];
 } duck_ob_header;
 
-/// Shared scratch an ELF step needs for a slot (bytes), for every mode.
+/// Shared scratch an ELF step needs for a slot (bytes), for every mode:
+/// per-core FFN scratch for `cores` cores plus the shared buffers of dense
+/// and MoE decode and prefill (duck-rt/elf/step_layout.h carves it). The
+/// scratch must be 64-byte aligned. UINT64_MAX for arguments beyond the
+/// ELF's limits (n_tokens > 65536, top_k > 64, hidden/inter > 2^18,
+/// n_experts > 4096, cores > 64). Defined in the ELF and in duck_abi.
 uint64_t duck_step_scratch_bytes(uint32_t hidden, uint32_t inter,
                                  uint32_t n_tokens, uint32_t top_k,
                                  uint32_t n_experts, uint32_t cores);

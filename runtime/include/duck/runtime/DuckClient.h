@@ -53,6 +53,12 @@ struct DuckClientOptions {
   /// its connection closed (a hung duck is an error, not a hang).
   absl::Duration step_timeout = absl::Seconds(30);
   absl::Duration call_timeout = absl::Seconds(60); // hello, open, prepare
+  /// How long a step spins (polling without sleeping) for the replies
+  /// before it blocks. The host thread is idle during a step anyway; a
+  /// thread that sleeps through the whole FFN step pays a wake-up (tens of
+  /// microseconds on a virtualised or power-saving CPU) on top of the
+  /// network. 0: block at once.
+  absl::Duration reply_spin = absl::ZeroDuration();
   uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
   uint64_t prepare_chunk_bytes = 8ull << 20;
 };
@@ -93,8 +99,11 @@ struct PrepareProgress {
 };
 
 struct PrepareOptions {
-  bool invalidate = false; // force a miss on every duck
-  std::function<void(const PrepareProgress &)> progress; // ~5 times a second
+  /// Force a miss on every duck (a host tool's --invalidate switch; with
+  /// read_environment, DUCK_INVALIDATE=1 does the same).
+  bool invalidate = false;
+  std::function<void(const PrepareProgress &)> progress;
+  absl::Duration progress_interval = absl::Milliseconds(200);
 };
 
 struct PrepareReport {

@@ -1,0 +1,294 @@
+//===- BenchCache.cpp - duck-bench cache: warm vs cold weight start-up ----===//
+//
+// Start-up of one duck with a weight set of --size bytes (default 1 GiB), in
+// the same run: the miss path (connect, hello, full prepare of the image
+// over loopback with checksum verification and msync, open, first step)
+// against the hit path (the same with the cache already holding the image:
+// no weight bytes move), and the hit after a duckd restart (the cache file
+// survives). The image is synthetic (valid fp9 planes, not packed from a
+// checkpoint); building it is not timed.
+//
+//===----------------------------------------------------------------------===//
+#include "BenchSubcommands.h"
+#include "Common.h"
+
+#include "SyntheticImage.h"
+#include "duck/runtime/DuckClient.h"
+#include "duck/runtime/LocalCluster.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <unistd.h>
+
+using namespace duck::bench;
+
+namespace {
+
+struct CacheOptions {
+  uint64_t size = 1ull << 30;
+  uint32_t cores = 1;
+  std::string duckd, elf, dir;
+  bool sync = true, json = false;
+};
+
+bool ParseSize(const char *text, uint64_t *out) {
+  char *end = nullptr;
+  double v = std::strtod(text, &end);
+  if (end == text || v <= 0)
+    return false;
+  switch (*end) {
+  case 'K':
+  case 'k':
+    v *= 1024;
+    ++end;
+    break;
+  case 'M':
+  case 'm':
+    v *= 1024 * 1024;
+    ++end;
+    break;
+  case 'G':
+  case 'g':
+    v *= 1024.0 * 1024 * 1024;
+    ++end;
+    break;
+  default:
+    break;
+  }
+  if (*end)
+    return false;
+  *out = uint64_t(v);
+  return true;
+}
+
+std::string DefaultElf() {
+  if (const char *e = std::getenv("DUCK_ELF"); e && *e)
+    return e;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    return "duck.elf";
+  self[n] = 0;
+  std::string dir(self);
+  return dir.substr(0, dir.rfind('/')) + "/../lib/duck.elf";
+}
+
+/// One start-up: connect + hello + prepare + open + one mode-4 step.
+struct Startup {
+  double seconds = 0;
+  duckd_cache_result result = DUCKD_CACHE_MISS;
+  uint64_t uploaded = 0;
+};
+
+absl::StatusOr<Startup> StartOnce(const duck::runtime::LocalCluster &c,
+                                  const std::string &image,
+                                  const std::vector<uint8_t> &elf,
+                                  bool invalidate, uint32_t hidden,
+                                  uint32_t experts) {
+  const double t0 = nowSeconds();
+  duck::runtime::DuckClientOptions o;
+  o.ducks = c.endpoints();
+  o.read_environment = false;
+  o.scratch_bytes = 64 << 20;
+  o.call_timeout = absl::Minutes(10);
+  auto client = duck::runtime::DuckClient::Create(o);
+  if (!client.ok())
+    return client.status();
+  duck::runtime::PrepareOptions po;
+  po.invalidate = invalidate;
+  auto rep = (*client)->Prepare({image}, po);
+  if (!rep.ok())
+    return rep.status();
+  if (absl::Status s = (*client)->Open(elf); !s.ok())
+    return s;
+  auto ib = duck::duckd::MakeIb(DUCK_MODE_MOE_DECODE_SMP, 0, 1, 8,
+                                duck::duckd::RandomRouting(1, 8, experts, 3),
+                                duck::duckd::RandomX(hidden, 4));
+  std::vector<absl::Span<const uint8_t>> ibs = {ib};
+  std::vector<duck::runtime::DuckOutput> out;
+  if (absl::Status s = (*client)->Step(ibs, &out); !s.ok())
+    return s;
+  Startup st;
+  st.seconds = nowSeconds() - t0;
+  st.result = rep->result[0];
+  st.uploaded = rep->bytes_uploaded[0];
+  return st;
+}
+
+const char *ResultName(duckd_cache_result r) {
+  return r == DUCKD_CACHE_HIT       ? "hit"
+         : r == DUCKD_CACHE_PARTIAL ? "partial"
+                                    : "miss";
+}
+
+} // namespace
+
+int duckBenchCache(int argc, char **argv) {
+  CacheOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&](const char *key) -> const char * {
+      size_t n = std::strlen(key);
+      return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
+                 ? argv[i] + n + 1
+                 : nullptr;
+    };
+    bool ok = true;
+    if (a == "--json")
+      o.json = true;
+    else if (a == "--no-sync")
+      o.sync = false;
+    else if (const char *v = val("--size"))
+      ok = ParseSize(v, &o.size);
+    else if (const char *v = val("--cores"))
+      o.cores = uint32_t(std::atoi(v));
+    else if (const char *v = val("--duckd"))
+      o.duckd = v;
+    else if (const char *v = val("--elf"))
+      o.elf = v;
+    else if (const char *v = val("--dir"))
+      o.dir = v;
+    else
+      ok = false;
+    if (!ok || o.cores == 0) {
+      std::fprintf(stderr,
+                   "usage: duck-bench cache [--size=1G] [--cores=1] "
+                   "[--dir=DIR] [--no-sync] [--duckd=PATH] [--elf=PATH] "
+                   "[--json]\n");
+      return 2;
+    }
+  }
+  if (o.elf.empty())
+    o.elf = DefaultElf();
+  std::ifstream ef(o.elf, std::ios::binary);
+  const std::vector<uint8_t> elf((std::istreambuf_iterator<char>(ef)),
+                                 std::istreambuf_iterator<char>());
+  if (elf.empty()) {
+    std::fprintf(stderr, "duck-bench cache: cannot read %s\n", o.elf.c_str());
+    return 1;
+  }
+
+  // The weight set: MoE slots of about 64 MiB (hidden 4096, inter 256).
+  duck::duckd::SyntheticSpec spec;
+  spec.hidden = 4096;
+  spec.block = 128;
+  spec.pack = false;
+  spec.seed = 2024;
+  duck::duckd::SyntheticSlot slot;
+  slot.kind = DUCK_SLOT_MOE;
+  slot.inter = 256;
+  slot.experts = 18;
+  const uint64_t perSlot = [&] {
+    duck::duckd::SyntheticSpec one = spec;
+    one.slots = {slot};
+    return duck::duckd::SyntheticImageBytes(one);
+  }();
+  const uint32_t nSlots =
+      uint32_t(std::max<uint64_t>(1, (o.size + perSlot - 1) / perSlot));
+  for (uint32_t s = 0; s < nSlots; ++s) {
+    slot.layer = s;
+    spec.slots.push_back(slot);
+  }
+  const uint64_t imageBytes = duck::duckd::SyntheticImageBytes(spec);
+
+  std::string dir = o.dir;
+  bool ownDir = false;
+  if (dir.empty()) {
+    char tmpl[] = "/tmp/duck-bench-cache-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      std::perror("mkdtemp");
+      return 1;
+    }
+    dir = tmpl;
+    ownDir = true;
+  }
+  const std::string image = dir + "/bench-image.duckw";
+  const double b0 = nowSeconds();
+  if (absl::Status s = duck::duckd::WriteSyntheticImage(spec, image); !s.ok()) {
+    std::fprintf(stderr, "duck-bench cache: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  const double buildSeconds = nowSeconds() - b0;
+
+  duck::runtime::LocalClusterOptions co;
+  co.ducks = 1;
+  co.cores = o.cores;
+  co.duckd_path = o.duckd;
+  co.cache_dir = dir;
+  co.name_prefix = "bench-cache";
+  co.weights_size = (imageBytes + (1 << 20)) / 4096 * 4096;
+  co.sync = o.sync;
+  auto cluster = duck::runtime::LocalCluster::Start(co);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "duck-bench cache: %s\n",
+                 std::string(cluster.status().message()).c_str());
+    return 1;
+  }
+  auto miss = StartOnce(**cluster, image, elf, /*invalidate=*/true, spec.hidden,
+                        slot.experts);
+  auto hit = miss.ok() ? StartOnce(**cluster, image, elf, false, spec.hidden,
+                                   slot.experts)
+                       : miss;
+  absl::StatusOr<Startup> restart = hit;
+  if (hit.ok()) {
+    if (absl::Status s = (*cluster)->Restart(0); !s.ok())
+      restart = s;
+    else
+      restart =
+          StartOnce(**cluster, image, elf, false, spec.hidden, slot.experts);
+  }
+  (void)(*cluster)->Stop();
+  ::unlink(image.c_str());
+  ::unlink((*cluster)->cache_file(0).c_str());
+  if (ownDir)
+    ::rmdir(dir.c_str());
+  for (const auto *r : {&miss, &hit, &restart})
+    if (!r->ok()) {
+      std::fprintf(stderr, "duck-bench cache: %s\n",
+                   std::string(r->status().message()).c_str());
+      return 1;
+    }
+
+  const double speedup = miss->seconds / hit->seconds;
+  if (o.json) {
+    std::printf("%s\n", JsonObject()
+                            .str("bench", "cache")
+                            .integer("image_bytes", int64_t(imageBytes))
+                            .integer("slots", nSlots)
+                            .integer("cores", o.cores)
+                            .boolean("sync", o.sync)
+                            .num("build_s", buildSeconds)
+                            .num("miss_s", miss->seconds)
+                            .integer("miss_uploaded", int64_t(miss->uploaded))
+                            .num("miss_gbps",
+                                 double(miss->uploaded) / miss->seconds / 1e9)
+                            .num("hit_s", hit->seconds)
+                            .str("hit_result", ResultName(hit->result))
+                            .num("hit_after_restart_s", restart->seconds)
+                            .str("restart_result", ResultName(restart->result))
+                            .num("speedup", speedup)
+                            .text()
+                            .c_str());
+    return 0;
+  }
+  std::printf("duck-bench cache: %.2f GiB image, %u slots (build %.1f s, not "
+              "timed), msync %s\n",
+              double(imageBytes) / double(1ull << 30), nSlots, buildSeconds,
+              o.sync ? "on" : "off");
+  Table t({"path", "cache", "uploaded MiB", "start-up s"});
+  t.row({"miss", ResultName(miss->result),
+         format("%.1f", double(miss->uploaded) / (1 << 20)),
+         format("%.3f", miss->seconds)});
+  t.row({"hit", ResultName(hit->result),
+         format("%.1f", double(hit->uploaded) / (1 << 20)),
+         format("%.3f", hit->seconds)});
+  t.row({"hit after restart", ResultName(restart->result),
+         format("%.1f", double(restart->uploaded) / (1 << 20)),
+         format("%.3f", restart->seconds)});
+  t.print(stdout);
+  std::printf("hit is %.1fx faster than miss\n", speedup);
+  return 0;
+}

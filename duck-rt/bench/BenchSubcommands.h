@@ -1,0 +1,17 @@
+//===- BenchSubcommands.h - duck-bench judge and cache entry points -*- C++ -*-===//
+//
+// `duck-bench judge` (BenchJudge.cpp): dispatch overhead of a step over
+// local ducks, persistent sessions vs one-shot runs, against a raw TCP
+// ping-pong of the same sizes. `duck-bench cache` (BenchCache.cpp): start-up
+// with a warm weight cache vs a full prepare. Both link duck_runtime_client
+// and duck_synthetic_image and start duckd processes (LocalCluster).
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_BENCH_BENCHSUBCOMMANDS_H
+#define DUCK_BENCH_BENCHSUBCOMMANDS_H
+
+/// argv[0] is the subcommand name; returns the exit code.
+int duckBenchJudge(int argc, char **argv);
+int duckBenchCache(int argc, char **argv);
+
+#endif // DUCK_BENCH_BENCHSUBCOMMANDS_H

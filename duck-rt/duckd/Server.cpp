@@ -1,0 +1,841 @@
+// duckd's connection handling and request dispatch (Server.h).
+#include "Server.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace duck::duckd {
+namespace {
+
+std::string Errno(const char *what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+bool IsLoopback(const in_addr &a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+absl::Status MakeDirs(const std::string &path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+        return absl::PermissionDeniedError(Errno(cur.c_str()));
+    }
+    if (i < path.size())
+      cur.push_back(path[i]);
+  }
+  return absl::OkStatus();
+}
+
+std::string DefaultCacheDir() {
+  if (const char *x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return absl::StrCat(x, "/duck");
+  if (const char *h = std::getenv("HOME"); h && *h)
+    return absl::StrCat(h, "/.cache/duck");
+  return "/tmp/duck-cache";
+}
+
+bool TokenEquals(const std::string &a, const std::string &b) {
+  // Constant time in the token's length.
+  unsigned diff = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= uint8_t(a[i]) ^ uint8_t(i < b.size() ? b[i] : 0);
+  return diff == 0;
+}
+
+duckd_error_code CodeFor(const absl::Status &s) {
+  switch (s.code()) {
+  case absl::StatusCode::kResourceExhausted: return DUCKD_ERR_TOO_LARGE;
+  case absl::StatusCode::kFailedPrecondition: return DUCKD_ERR_BAD_ABI;
+  default: return DUCKD_ERR_BAD_FRAME;
+  }
+}
+
+uint64_t PhysicalMemory() {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? uint64_t(pages) * uint64_t(size) : 0;
+}
+
+} // namespace
+
+absl::StatusOr<std::unique_ptr<Server>>
+Server::Create(const ServerOptions &options) {
+  std::unique_ptr<Server> s(new Server());
+  s->opt_ = options;
+  in_addr addr{};
+  if (::inet_pton(AF_INET, options.bind.c_str(), &addr) != 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bind ", options.bind, " is not an IPv4 address"));
+  if (!IsLoopback(addr) && options.token.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bind ", options.bind,
+                     " is not loopback: it needs --token (or DUCKD_TOKEN)"));
+  if (options.token.size() > DUCKD_MAX_TOKEN_BYTES)
+    return absl::InvalidArgumentError("--token longer than 256 bytes");
+  if (options.port < 0 || options.port > 65535)
+    return absl::InvalidArgumentError("--port outside [0, 65535]");
+
+  // Signals arrive through a signalfd; workers unblock them after fork.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  s->signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (s->signal_fd_ < 0)
+    return absl::InternalError(Errno("signalfd"));
+
+  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0)
+    return absl::InternalError(Errno("socket"));
+  int one = 1;
+  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr = addr;
+  sa.sin_port = htons(uint16_t(options.port));
+  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+    return absl::UnavailableError(
+        Errno(absl::StrCat("bind ", options.bind, ":", options.port).c_str()));
+  if (::listen(s->listen_fd_, 16) != 0)
+    return absl::InternalError(Errno("listen"));
+  socklen_t len = sizeof sa;
+  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
+  s->port_ = ntohs(sa.sin_port);
+
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set))
+        s->cpus_.push_back(c);
+  if (s->cpus_.empty())
+    s->cpus_.push_back(0);
+  if (!s->opt_.cores)
+    s->opt_.cores = std::min<uint32_t>(uint32_t(s->cpus_.size()),
+                                       DUCKD_MAX_CORES);
+  if (s->opt_.cores > DUCKD_MAX_CORES)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cores at most ", DUCKD_MAX_CORES));
+
+  const std::string dir =
+      options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir;
+  if (absl::Status st = MakeDirs(dir); !st.ok())
+    return st;
+  s->cache_path_ = absl::StrCat(
+      dir, "/duckd-",
+      options.name.empty() ? absl::StrCat(s->port_) : options.name,
+      ".weights");
+  WeightCache::Options co;
+  co.path = s->cache_path_;
+  co.capacity = options.weights_size;
+  co.sync = options.sync;
+  auto cache = WeightCache::Open(co, &s->cache_note_);
+  if (!cache.ok())
+    return cache.status();
+  s->cache_ = std::move(*cache);
+  s->tsc_hz_ = CalibrateTsc();
+  return s;
+}
+
+Server::~Server() {
+  StopWorkers();
+  if (conn_.fd >= 0)
+    ::close(conn_.fd);
+  if (listen_fd_ >= 0)
+    ::close(listen_fd_);
+  if (signal_fd_ >= 0)
+    ::close(signal_fd_);
+}
+
+std::string Server::address() const {
+  return absl::StrCat(opt_.bind, ":", port_);
+}
+
+void Server::Log(const std::string &line) const {
+  std::fprintf(stderr, "duckd[%u] %s\n", unsigned(port_), line.c_str());
+  std::fflush(stderr);
+}
+
+void Server::StopWorkers() {
+  if (session_)
+    CloseSession("connection closed");
+  session_id_ = 0;
+  if (run_worker_) {
+    run_worker_->Stop(absl::Milliseconds(500));
+    run_worker_.reset();
+  }
+}
+
+absl::Status Server::Serve() {
+  Log(absl::StrCat("listening on ", address(), ", ", opt_.cores,
+                   " cores, weights ", cache_path_, " (", cache_note_, ")"));
+  std::vector<pollfd> p;
+  for (;;) {
+    p.clear();
+    p.push_back({signal_fd_, POLLIN, 0});
+    p.push_back({listen_fd_, POLLIN, 0});
+    const bool lent = session_ && session_->lent();
+    int iConn = -1, iEvent = -1, iPid = -1;
+    if (conn_.fd >= 0 && (!lent || !conn_.hangup)) {
+      iConn = int(p.size());
+      // While a session worker holds the connection, duckd only watches
+      // for the host hanging up (a hung step must not outlive its host).
+      p.push_back({conn_.fd, short(lent ? POLLRDHUP : POLLIN), 0});
+    }
+    if (session_) {
+      iEvent = int(p.size());
+      p.push_back({session_->event_fd(), POLLIN, 0});
+      iPid = int(p.size());
+      p.push_back({session_->pid_fd(), POLLIN, 0});
+    }
+    // A step may start at any moment while the worker holds the
+    // connection: wake up at least once per step timeout to check.
+    int timeout = -1;
+    if (lent) {
+      const absl::Duration left =
+          session_->in_step() ? opt_.step_timeout - session_->step_elapsed()
+                              : opt_.step_timeout;
+      timeout = int(std::max<int64_t>(1, absl::ToInt64Milliseconds(left) + 1));
+    }
+    int r = ::poll(p.data(), p.size(), timeout);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return absl::InternalError(Errno("poll"));
+    }
+    if (p[0].revents & POLLIN) {
+      signalfd_siginfo si;
+      ssize_t n = ::read(signal_fd_, &si, sizeof si);
+      (void)n;
+      Log(absl::StrCat("signal ", si.ssi_signo, ": shutting down"));
+      if (conn_.fd >= 0)
+        Drop("shutdown");
+      StopWorkers();
+      return absl::OkStatus();
+    }
+    if (iPid >= 0 && (p[iPid].revents & POLLIN)) {
+      OnSessionDied();
+      continue;
+    }
+    if (iEvent >= 0 && (p[iEvent].revents & POLLIN)) {
+      OnSessionEvent();
+      continue;
+    }
+    if (session_ && session_->lent() && session_->in_step() &&
+        session_->step_elapsed() >= opt_.step_timeout) {
+      OnStepTimeout();
+      continue;
+    }
+    if (iConn >= 0 && p[iConn].revents) {
+      if (!lent) {
+        OnReadable();
+      } else if (p[iConn].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+        conn_.hangup = true;
+        if (session_->in_step()) { // the worker cannot notice: stop it
+          CloseSession("host hung up during a step");
+          Drop("host hung up during a step");
+          continue;
+        }
+        // Otherwise the worker sees the end of the stream and hands back.
+      }
+    }
+    if (p[1].revents & POLLIN)
+      Accept();
+  }
+}
+
+void Server::LendToSession() {
+  if (session_ && conn_.fd >= 0 && !session_->lent())
+    session_->Lend(cache_->usable_bytes(), cache_->generation());
+}
+
+void Server::CloseSession(const std::string &why) {
+  if (!session_)
+    return;
+  session_->Stop(absl::ZeroDuration());
+  session_.reset();
+  Log(absl::StrCat("session ", session_id_, " closed: ", why));
+  session_id_ = 0;
+}
+
+void Server::OnSessionEvent() {
+  Handback b = session_->TakeBack();
+  if (b.kind == Handback::kNone)
+    return; // still lent (a stale wake-up)
+  if (b.kind == Handback::kDrop) {
+    Drop(b.message);
+    return;
+  }
+  OnFrame(b.header);
+}
+
+void Server::OnSessionDied() {
+  const bool lent = session_->lent(), stepping = session_->in_step();
+  const uint32_t id = session_->step_request_id();
+  const uint64_t number = session_->step_number();
+  const std::string how = session_->Reap(false);
+  const uint64_t sid = session_id_;
+  session_.reset();
+  session_id_ = 0;
+  Log(absl::StrCat("session ", sid, " worker ", how));
+  if (!lent || conn_.fd < 0)
+    return; // idle worker gone: the host learns at its next step
+  if (!stepping) {
+    Drop(absl::StrCat("session worker died outside a step (", how, ")"));
+    return;
+  }
+  ReplyError(DUCKD_MSG_STEP, id, DUCKD_ERR_STEP_CRASHED,
+             absl::StrCat("the ELF crashed in step ", number, ": worker ", how,
+                          "; session ", sid, " closed"));
+}
+
+void Server::OnStepTimeout() {
+  const uint32_t id = session_->step_request_id();
+  const uint64_t number = session_->step_number();
+  const uint64_t sid = session_id_;
+  session_->Reap(true);
+  const bool stillStepping = session_->in_step();
+  session_.reset();
+  session_id_ = 0;
+  Log(absl::StrCat("session ", sid, ": step ", number, " timed out"));
+  if (!stillStepping) { // it finished as it was killed: stream state unknown
+    Drop("step finished while being timed out");
+    return;
+  }
+  ReplyError(DUCKD_MSG_STEP, id, DUCKD_ERR_STEP_TIMEOUT,
+             absl::StrCat("step ", number, " did not finish within ",
+                          absl::FormatDuration(opt_.step_timeout),
+                          "; worker killed; session ", sid, " closed"));
+}
+
+void Server::Accept() {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len,
+                     SOCK_CLOEXEC);
+  if (fd < 0)
+    return;
+  char ip[INET_ADDRSTRLEN] = "?";
+  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  const std::string peer = absl::StrCat(ip, ":", ntohs(sa.sin_port));
+  TuneSocket(fd);
+  if (conn_.fd >= 0) {
+    const std::string msg =
+        session_ ? absl::StrCat("busy: serving session ", session_id_,
+                                " from ", conn_.peer)
+                 : absl::StrCat("busy: serving a host from ", conn_.peer,
+                                " (no session open)");
+    const std::string payload = EncodeError(DUCKD_ERR_BUSY, msg);
+    Part part{payload.data(), payload.size()};
+    (void)WriteFrame(fd, DUCKD_MSG_NOTICE, DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
+                     0, {&part, 1}, absl::Now() + absl::Milliseconds(200));
+    ::close(fd);
+    Log(absl::StrCat("refused ", peer, ": ", msg));
+    return;
+  }
+  conn_ = Conn{};
+  conn_.fd = fd;
+  conn_.peer = peer;
+  Log(absl::StrCat("host ", peer, " connected"));
+}
+
+void Server::Drop(const std::string &why) {
+  Log(absl::StrCat("host ", conn_.peer, ": ", why, "; connection closed"));
+  ::close(conn_.fd);
+  conn_ = Conn{};
+  StopWorkers();
+}
+
+void Server::Reply(uint16_t type, uint32_t request_id,
+                   std::initializer_list<Part> parts) {
+  absl::Status s =
+      WriteFrame(conn_.fd, type, DUCKD_FLAG_REPLY, request_id,
+                 absl::MakeConstSpan(parts.begin(), parts.size()),
+                 absl::Now() + opt_.io_timeout);
+  if (!s.ok())
+    Drop(absl::StrCat("reply failed: ", s.message()));
+}
+
+void Server::ReplyError(uint16_t type, uint32_t request_id,
+                        duckd_error_code code, const std::string &message) {
+  Log(absl::StrCat(MessageTypeName(type), " from ", conn_.peer, " -> ",
+                   ErrorCodeName(code), ": ", message));
+  const std::string payload = EncodeError(code, message);
+  Part part{payload.data(), payload.size()};
+  absl::Status s = WriteFrame(conn_.fd, type,
+                              DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR, request_id,
+                              {&part, 1}, absl::Now() + opt_.io_timeout);
+  if (!s.ok())
+    Drop(absl::StrCat("error reply failed: ", s.message()));
+}
+
+absl::Status Server::Drain(uint64_t bytes) {
+  uint8_t tmp[65536];
+  const absl::Time deadline = absl::Now() + opt_.io_timeout;
+  while (bytes) {
+    size_t n = std::min<uint64_t>(bytes, sizeof tmp);
+    if (absl::Status s = ReadFull(conn_.fd, tmp, n, deadline); !s.ok())
+      return s;
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
+bool Server::ReadPayload(const duckd_frame_header &h) {
+  buf_.resize(h.payload_bytes);
+  absl::Status s = ReadFull(conn_.fd, buf_.data(), buf_.size(),
+                            absl::Now() + opt_.io_timeout);
+  if (!s.ok()) {
+    Drop(absl::StrCat("truncated ", MessageTypeName(h.type), " frame: ",
+                      s.message()));
+    return false;
+  }
+  if (Checksum(buf_.data(), buf_.size()) != h.payload_checksum) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_FRAME,
+               "payload checksum mismatch");
+    return false;
+  }
+  return true;
+}
+
+void Server::OnReadable() {
+  duckd_frame_header h{};
+  const int fd = conn_.fd;
+  // A frame, once started, must arrive within io_timeout.
+  uint8_t first;
+  ssize_t n = ::recv(fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) {
+    Drop("disconnected");
+    return;
+  }
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    Drop(Errno("recv"));
+    return;
+  }
+  if (n < 0)
+    return;
+  if (absl::Status s =
+          ReadFull(fd, &h, sizeof h, absl::Now() + opt_.io_timeout);
+      !s.ok()) {
+    Drop(absl::StrCat("truncated frame header: ", s.message()));
+    return;
+  }
+  OnFrame(h);
+}
+
+void Server::OnFrame(const duckd_frame_header &h) {
+  if (absl::Status s = ValidateHeader(h, opt_.max_payload); !s.ok()) {
+    const uint16_t type = h.type > 0 && h.type < DUCKD_MSG_COUNT
+                              ? h.type
+                              : uint16_t(DUCKD_MSG_NOTICE);
+    ReplyError(type, h.request_id, CodeFor(s), std::string(s.message()));
+    if (conn_.fd >= 0)
+      Drop("unusable frame");
+    return;
+  }
+  ++conn_.requests;
+  if (h.flags != 0 || h.type == DUCKD_MSG_NOTICE) {
+    if (Drain(h.payload_bytes).ok())
+      ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+                 "hosts send requests: no flags, no notices");
+    else
+      Drop("truncated frame");
+  } else if (!conn_.hello && h.type != DUCKD_MSG_HELLO) {
+    if (Drain(h.payload_bytes).ok())
+      ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
+                 absl::StrCat(MessageTypeName(h.type),
+                              " before hello: send hello first"));
+    else
+      Drop("truncated frame");
+  } else {
+    switch (h.type) {
+    case DUCKD_MSG_HELLO: OnHello(h); break;
+    case DUCKD_MSG_OPEN: OnOpen(h); break;
+    case DUCKD_MSG_STEP: OnStep(h); break;
+    case DUCKD_MSG_RUN: OnRun(h); break;
+    case DUCKD_MSG_PREPARE_BEGIN: OnPrepareBegin(h); break;
+    case DUCKD_MSG_PREPARE_WRITE: OnPrepareWrite(h); break;
+    case DUCKD_MSG_PREPARE_FINISH: OnPrepareFinish(h); break;
+    case DUCKD_MSG_CLOSE: OnClose(h); break;
+    default: break; // ValidateHeader refused every other type
+    }
+  }
+  LendToSession();
+}
+
+void Server::OnHello(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_hello_request r{};
+  if (buf_.size() < sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "hello shorter than its header");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  if (r.token_bytes != buf_.size() - sizeof r ||
+      r.token_bytes > DUCKD_MAX_TOKEN_BYTES) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "hello token length does not match the payload");
+    return;
+  }
+  if (r.abi_version != DUCK_ABI_VERSION ||
+      r.protocol_version != DUCKD_PROTOCOL_VERSION) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_ABI,
+               absl::StrCat("host speaks abi ", r.abi_version, " protocol ",
+                            r.protocol_version, "; duckd speaks abi ",
+                            DUCK_ABI_VERSION, " protocol ",
+                            DUCKD_PROTOCOL_VERSION));
+    return;
+  }
+  const std::string token(reinterpret_cast<const char *>(buf_.data()) +
+                              sizeof r,
+                          r.token_bytes);
+  if (!opt_.token.empty() && !TokenEquals(opt_.token, token)) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED, "wrong token");
+    if (conn_.fd >= 0)
+      Drop("wrong token");
+    return;
+  }
+  conn_.hello = true;
+  const duckd_cache_header &c = cache_->header();
+  duckd_hello_reply rep{};
+  rep.abi_version = DUCK_ABI_VERSION;
+  rep.protocol_version = DUCKD_PROTOCOL_VERSION;
+  rep.cores = opt_.cores;
+  rep.pid = uint32_t(getpid());
+  rep.memory_bytes = PhysicalMemory();
+  rep.weights_capacity = cache_->capacity();
+  rep.max_payload = opt_.max_payload;
+  rep.tsc_hz = tsc_hz_;
+  rep.weights_generation = cache_->generation();
+  if (c.valid)
+    rep.image = c.image;
+  rep.cache_valid = c.valid;
+  rep.head_finished = c.head_finished;
+  rep.finished_slots = c.finished_slots;
+  const std::string name =
+      opt_.name.empty() ? absl::StrCat(port_) : opt_.name;
+  std::strncpy(rep.name, name.c_str(), sizeof rep.name - 1);
+  std::vector<uint8_t> bits = c.valid ? cache_->FinishedBitmap()
+                                      : std::vector<uint8_t>();
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}, {bits.data(), bits.size()}});
+}
+
+WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {
+  WorkerConfig wc;
+  wc.cores = cores;
+  for (uint32_t c = 0; c < cores; ++c)
+    wc.cpus.push_back(opt_.pin ? cpus_[(opt_.cpu_offset + c) % cpus_.size()]
+                               : -1);
+  wc.spin_ns = opt_.spin_ns;
+  wc.yield = opt_.yield;
+  wc.tsc_hz = tsc_hz_;
+  wc.weights_map = cache_->mapping();
+  wc.weights_map_bytes = cache_->mapping_bytes();
+  wc.image = cache_->image();
+  wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd()};
+  wc.elf_limits = opt_.elf_limits;
+  return wc;
+}
+
+void Server::OnOpen(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_open_request r{};
+  if (buf_.size() < sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "open shorter than its header");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  const uint32_t cores = r.cores ? r.cores : opt_.cores;
+  std::string bad;
+  if (r.elf_bytes != buf_.size() - sizeof r)
+    bad = "open: elf_bytes does not match the payload";
+  else if (cores > opt_.cores)
+    bad = absl::StrCat("open: ", cores, " cores asked, duckd has ", opt_.cores);
+  else if (r.ib_limit > opt_.max_payload || r.ob_limit > opt_.max_payload ||
+           r.ob_limit < sizeof(duck_ob_header))
+    bad = absl::StrCat("open: ib_limit/ob_limit must be within [64, ",
+                       opt_.max_payload, "]");
+  else if (r.scratch_bytes > opt_.max_scratch)
+    bad = absl::StrCat("open: scratch of ", r.scratch_bytes,
+                       " bytes exceeds ", opt_.max_scratch);
+  if (!bad.empty()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST, bad);
+    return;
+  }
+  CloseSession("replaced by a new open");
+  WorkerConfig wc = BaseWorkerConfig(cores);
+  wc.persistent = true;
+  wc.ib_limit = r.ib_limit;
+  wc.ob_limit = r.ob_limit;
+  wc.scratch_bytes = r.scratch_bytes;
+  wc.conn_fd = conn_.fd;
+  wc.session_id = next_session_id_;
+  wc.max_payload = opt_.max_payload;
+  wc.io_timeout = opt_.io_timeout;
+  wc.log_prefix = absl::StrCat("duckd[", port_, "] session ", next_session_id_);
+  auto w = Worker::Spawn(
+      wc, absl::MakeConstSpan(buf_.data() + sizeof r, r.elf_bytes));
+  if (!w.ok()) {
+    ReplyError(h.type, h.request_id,
+               w.status().code() == absl::StatusCode::kInvalidArgument
+                   ? DUCKD_ERR_BAD_ELF
+                   : DUCKD_ERR_INTERNAL,
+               std::string(w.status().message()));
+    return;
+  }
+  session_ = std::move(*w);
+  session_id_ = next_session_id_++;
+  Log(absl::StrCat("session ", session_id_, " opened for ", conn_.peer, ": ",
+                   r.elf_bytes, "-byte ELF, ", cores, " cores, worker pid ",
+                   session_->pid()));
+  duckd_open_reply rep{};
+  rep.session_id = session_id_;
+  rep.cores = cores;
+  rep.tsc_hz = tsc_hz_;
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}});
+}
+
+void Server::StepAndReply(Worker *w, const duckd_frame_header &h,
+                          uint64_t ib_bytes, uint64_t elf_bytes) {
+  auto out = w->Step(ib_bytes, elf_bytes, cache_->usable_bytes(),
+                     cache_->generation(), opt_.step_timeout, conn_.fd);
+  if (!out.ok()) {
+    const absl::StatusCode code = out.status().code();
+    if (code == absl::StatusCode::kInvalidArgument) { // the ELF was refused
+      ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_ELF,
+                 std::string(out.status().message()));
+      return;
+    }
+    const std::string what = "run";
+    run_worker_.reset();
+    if (code == absl::StatusCode::kCancelled) {
+      Drop(absl::StrCat(what, ": ", out.status().message()));
+      return;
+    }
+    ReplyError(h.type, h.request_id,
+               code == absl::StatusCode::kAborted ? DUCKD_ERR_STEP_CRASHED
+               : code == absl::StatusCode::kDeadlineExceeded
+                   ? DUCKD_ERR_STEP_TIMEOUT
+                   : DUCKD_ERR_INTERNAL,
+               absl::StrCat(out.status().message(), "; ", what, " closed"));
+    return;
+  }
+  duckd_step_reply rep{};
+  rep.status = out->status;
+  rep.cores = uint32_t(out->kernel_ns.size());
+  rep.ob_bytes = out->ob_bytes;
+  rep.log_bytes = out->log.size();
+  rep.worker_ns = out->worker_ns;
+  Reply(h.type, h.request_id,
+        {{&rep, sizeof rep},
+         {out->kernel_ns.data(), out->kernel_ns.size() * sizeof(uint64_t)},
+         {w->ob(), out->ob_bytes},
+         {out->log.data(), out->log.size()}});
+}
+
+void Server::OnStep(const duckd_frame_header &h) {
+  // Session workers serve steps themselves; duckd sees a step only when no
+  // session is open (or its worker died).
+  duckd_step_request r{};
+  const uint64_t head = std::min<uint64_t>(h.payload_bytes, sizeof r);
+  if (!ReadFull(conn_.fd, &r, head, absl::Now() + opt_.io_timeout).ok() ||
+      !Drain(h.payload_bytes - head).ok()) {
+    Drop("truncated step");
+    return;
+  }
+  if (head < sizeof r || r.ib_bytes != h.payload_bytes - sizeof r)
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               head < sizeof r ? "step shorter than its header"
+                               : "step: ib_bytes does not match the payload");
+  else
+    ReplyError(h.type, h.request_id, DUCKD_ERR_NO_SESSION,
+               "step without an open session (open first)");
+}
+
+void Server::OnRun(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_run_request r{};
+  if (buf_.size() < sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "run shorter than its header");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  const uint32_t cores = r.cores ? r.cores : opt_.cores;
+  std::string bad;
+  if (r.elf_bytes > buf_.size() - sizeof r ||
+      r.ib_bytes != buf_.size() - sizeof r - r.elf_bytes)
+    bad = "run: elf_bytes + ib_bytes do not match the payload";
+  else if (cores > opt_.cores)
+    bad = absl::StrCat("run: ", cores, " cores asked, duckd has ", opt_.cores);
+  else if (r.ob_limit > opt_.max_payload ||
+           r.ob_limit < sizeof(duck_ob_header))
+    bad = absl::StrCat("run: ob_limit must be within [64, ", opt_.max_payload,
+                       "]");
+  else if (r.scratch_bytes > opt_.max_scratch)
+    bad = absl::StrCat("run: scratch of ", r.scratch_bytes, " bytes exceeds ",
+                       opt_.max_scratch);
+  if (!bad.empty()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST, bad);
+    return;
+  }
+  // One sandbox process serves every run whose sizes it can hold.
+  const WorkerConfig *cur = run_worker_ ? &run_worker_->config() : nullptr;
+  if (!cur || cur->cores != cores || cur->ib_limit < r.ib_bytes ||
+      cur->ob_limit != r.ob_limit || cur->scratch_bytes != r.scratch_bytes ||
+      cur->elf_limit < r.elf_bytes) {
+    WorkerConfig wc = BaseWorkerConfig(cores);
+    wc.persistent = false;
+    wc.ib_limit = std::max<uint64_t>(r.ib_bytes, cur ? cur->ib_limit : 0);
+    wc.ob_limit = r.ob_limit;
+    wc.scratch_bytes = r.scratch_bytes;
+    wc.elf_limit = std::max<uint64_t>(
+        {r.elf_bytes, cur ? cur->elf_limit : 0, uint64_t(1) << 20});
+    run_worker_.reset();
+    auto w = Worker::Spawn(wc, {});
+    if (!w.ok()) {
+      ReplyError(h.type, h.request_id, DUCKD_ERR_INTERNAL,
+                 std::string(w.status().message()));
+      return;
+    }
+    run_worker_ = std::move(*w);
+  }
+  std::memcpy(run_worker_->elf_area(), buf_.data() + sizeof r, r.elf_bytes);
+  std::memcpy(run_worker_->ib(), buf_.data() + sizeof r + r.elf_bytes,
+              r.ib_bytes);
+  StepAndReply(run_worker_.get(), h, r.ib_bytes, r.elf_bytes);
+}
+
+void Server::OnPrepareBegin(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_prepare_begin_request r{};
+  if (buf_.size() != sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "prepare_begin has the wrong size");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  auto res = cache_->Begin(r.image, r.flags & DUCKD_PREPARE_INVALIDATE);
+  if (!res.ok()) {
+    ReplyError(h.type, h.request_id,
+               res.status().code() == absl::StatusCode::kResourceExhausted
+                   ? DUCKD_ERR_TOO_LARGE
+                   : DUCKD_ERR_CACHE,
+               std::string(res.status().message()));
+    return;
+  }
+  static const char *kNames[] = {"hit", "partial", "miss"};
+  Log(absl::StrCat("prepare_begin: cache ", kNames[res->result],
+                   (r.flags & DUCKD_PREPARE_INVALIDATE) ? " (invalidated)" : "",
+                   ", ", res->reply.finished_slots, "/",
+                   res->reply.slot_count, " slots finished"));
+  Reply(h.type, h.request_id,
+        {{&res->reply, sizeof res->reply},
+         {res->bitmap.data(), res->bitmap.size()}});
+}
+
+void Server::OnPrepareWrite(const duckd_frame_header &h) {
+  const absl::Time deadline = absl::Now() + opt_.io_timeout;
+  duckd_prepare_write_request r{};
+  if (h.payload_bytes < sizeof r) {
+    if (Drain(h.payload_bytes).ok())
+      ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+                 "prepare_write shorter than its header");
+    else
+      Drop("truncated prepare_write");
+    return;
+  }
+  if (absl::Status s = ReadFull(conn_.fd, &r, sizeof r, deadline); !s.ok()) {
+    Drop(absl::StrCat("truncated prepare_write: ", s.message()));
+    return;
+  }
+  const uint64_t rest = h.payload_bytes - sizeof r;
+  absl::StatusOr<uint8_t *> dst =
+      r.bytes != rest
+          ? absl::InvalidArgumentError(
+                "prepare_write: bytes does not match the payload")
+          : cache_->BeginWrite(r.offset, r.bytes);
+  if (!dst.ok()) {
+    if (Drain(rest).ok())
+      ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE,
+                 std::string(dst.status().message()));
+    else
+      Drop("truncated prepare_write");
+    return;
+  }
+  // Straight into the weight buffer: the parts it covers are already
+  // marked unfinished, so a bad or cut-off payload cannot be mistaken for
+  // verified data.
+  if (absl::Status s = ReadFull(conn_.fd, *dst, rest, deadline); !s.ok()) {
+    Drop(absl::StrCat("truncated prepare_write: ", s.message()));
+    return;
+  }
+  sum_.Reset();
+  sum_.Update(&r, sizeof r);
+  sum_.Update(*dst, rest);
+  if (sum_.Digest() != h.payload_checksum) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_FRAME,
+               "payload checksum mismatch");
+    return;
+  }
+  duckd_prepare_write_reply rep{r.offset, r.bytes};
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}});
+}
+
+void Server::OnPrepareFinish(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  auto res = cache_->Finish();
+  if (!res.ok()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE,
+               std::string(res.status().message()));
+    return;
+  }
+  Log(absl::StrCat("prepare_finish: ", res->reply.finished_slots, "/",
+                   res->reply.slot_count, " slots finished"));
+  Reply(h.type, h.request_id,
+        {{&res->reply, sizeof res->reply},
+         {res->bitmap.data(), res->bitmap.size()}});
+}
+
+void Server::OnClose(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_close_request r{};
+  if (buf_.size() != sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "close has the wrong size");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  if (!session_ || r.session_id != session_id_) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_NO_SESSION,
+               absl::StrCat("close: session ", r.session_id, " is not open"));
+    return;
+  }
+  CloseSession("closed by the host");
+  Reply(h.type, h.request_id, {});
+}
+
+} // namespace duck::duckd

@@ -1,0 +1,123 @@
+// duckd: the node daemon of a duck. Serves one host connection at a time
+// over the duckd protocol (docs/protocol.md): hello, open/step/close of a
+// persistent ELF session, one-shot run, and weight prepare into the
+// file-backed weight cache. The ELF always runs in a worker process
+// (Worker.h); the daemon survives every bad client and every bad ELF.
+#ifndef DUCK_RT_DUCKD_SERVER_H
+#define DUCK_RT_DUCKD_SERVER_H
+
+#include "ElfLoader.h"
+#include "WeightCache.h"
+#include "Wire.h"
+#include "Worker.h"
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::duckd {
+
+struct ServerOptions {
+  std::string bind = "127.0.0.1"; // other addresses need a token
+  int port = 0;                    // 0: any free port
+  std::string token;               // checked at hello when set
+  std::string name;                // cache file name; default: the port
+  std::string cache_dir;           // default $XDG_CACHE_HOME/duck
+  uint64_t weights_size = 1ull << 30;
+  bool sync = true; // msync data before finish flags
+  uint32_t cores = 0; // 0: every CPU this process may run on
+  int cpu_offset = 0; // first CPU to pin core 0 to (index into the mask)
+  bool pin = true;
+  bool yield = true; // the ELF's spin loops call sched_yield now and then
+  uint64_t spin_ns = 200000;
+  uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
+  uint64_t max_scratch = 16ull << 30;
+  absl::Duration io_timeout = absl::Seconds(10); // a frame in flight
+  absl::Duration step_timeout = absl::Seconds(120);
+  ElfLimits elf_limits;
+};
+
+class Server {
+public:
+  /// Binds the socket, opens the weight cache and calibrates the TSC.
+  static absl::StatusOr<std::unique_ptr<Server>>
+  Create(const ServerOptions &options);
+  ~Server();
+
+  uint16_t port() const { return port_; }
+  std::string address() const;
+  const std::string &cache_path() const { return cache_path_; }
+  const std::string &cache_note() const { return cache_note_; }
+
+  /// Serves until SIGTERM or SIGINT (blocked by Create, read by signalfd).
+  absl::Status Serve();
+
+private:
+  Server() = default;
+  void Log(const std::string &line) const;
+  void Accept();
+  void OnReadable();
+  /// Handles one frame whose header was read (by duckd or a session
+  /// worker that handed it back), then lends the connection back to the
+  /// session worker, if any.
+  void OnFrame(const duckd_frame_header &h);
+  void LendToSession();
+  /// Session worker events: a handed-back connection, death, step timeout.
+  void OnSessionEvent();
+  void OnSessionDied();
+  void OnStepTimeout();
+  void CloseSession(const std::string &why);
+  void Drop(const std::string &why);
+  void StopWorkers();
+
+  // Replies; a failed write drops the connection.
+  void Reply(uint16_t type, uint32_t request_id,
+             std::initializer_list<Part> parts);
+  void ReplyError(uint16_t type, uint32_t request_id, duckd_error_code code,
+                  const std::string &message);
+  absl::Status Drain(uint64_t bytes);
+  /// Reads a whole payload into buf_ and verifies its checksum; on a
+  /// mismatch replies BAD_FRAME and returns false.
+  bool ReadPayload(const duckd_frame_header &h);
+
+  void OnHello(const duckd_frame_header &h);
+  void OnOpen(const duckd_frame_header &h);
+  void OnStep(const duckd_frame_header &h);
+  void OnRun(const duckd_frame_header &h);
+  void OnPrepareBegin(const duckd_frame_header &h);
+  void OnPrepareWrite(const duckd_frame_header &h);
+  void OnPrepareFinish(const duckd_frame_header &h);
+  void OnClose(const duckd_frame_header &h);
+  void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,
+                    uint64_t elf_bytes);
+  WorkerConfig BaseWorkerConfig(uint32_t cores) const;
+
+  ServerOptions opt_;
+  int listen_fd_ = -1, signal_fd_ = -1;
+  uint16_t port_ = 0;
+  std::string cache_path_, cache_note_;
+  std::unique_ptr<WeightCache> cache_;
+  uint64_t tsc_hz_ = 0;
+  std::vector<int> cpus_; // the affinity mask, in order
+
+  struct Conn {
+    int fd = -1;
+    std::string peer;
+    bool hello = false;
+    bool hangup = false; // seen while a session worker held it
+    uint64_t requests = 0;
+  } conn_;
+  std::unique_ptr<Worker> session_;
+  uint64_t session_id_ = 0, next_session_id_ = 1;
+  std::unique_ptr<Worker> run_worker_;
+  std::vector<uint8_t> buf_;
+  StreamingChecksum sum_;
+};
+
+} // namespace duck::duckd
+
+#endif // DUCK_RT_DUCKD_SERVER_H

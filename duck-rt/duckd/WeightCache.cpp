@@ -1,0 +1,349 @@
+// duckd's file-backed weight buffer and its cache metadata (WeightCache.h).
+#include "WeightCache.h"
+
+#include "Wire.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace duck::duckd {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint32_t kSlotCapacity =
+    (DUCKD_CACHE_HEADER_BYTES - sizeof(duckd_cache_header)) /
+    sizeof(duckd_cache_slot);
+
+bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+std::string Errno(const char *what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+uint64_t MetaBytes(uint32_t slots) {
+  return sizeof(duckd_cache_header) + uint64_t(slots) * sizeof(duckd_cache_slot);
+}
+
+uint64_t MetaChecksum(const duckd_cache_header *h) {
+  duckd_cache_header copy = *h;
+  copy.meta_checksum = 0;
+  StreamingChecksum sum;
+  sum.Update(&copy, sizeof copy);
+  const uint32_t n = std::min<uint32_t>(h->image.slot_count, kSlotCapacity);
+  sum.Update(h->slots, uint64_t(n) * sizeof(duckd_cache_slot));
+  return sum.Digest();
+}
+
+const duck_slot_entry *Table(const uint8_t *image, const duck_image_header &h) {
+  return reinterpret_cast<const duck_slot_entry *>(image + h.slot_table_offset);
+}
+
+} // namespace
+
+uint64_t ImageHeaderChecksum(const duck_image_header &h) {
+  duck_image_header copy = h;
+  copy.header_checksum = 0;
+  return Checksum(&copy, sizeof copy);
+}
+
+absl::Status CheckImageHeader(const duck_image_header &h, uint64_t capacity) {
+  if (h.magic != DUCK_IMAGE_MAGIC)
+    return absl::InvalidArgumentError("not a duck weight image (bad magic)");
+  if (h.format_version != DUCK_IMAGE_FORMAT_VERSION ||
+      h.abi_version != DUCK_ABI_VERSION ||
+      h.fp9_version != DUCK_FP9_FORMAT_VERSION)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "image versions format ", h.format_version, " abi ", h.abi_version,
+        " fp9 ", h.fp9_version, "; duckd reads ", DUCK_IMAGE_FORMAT_VERSION,
+        "/", DUCK_ABI_VERSION, "/", DUCK_FP9_FORMAT_VERSION));
+  if (h.header_checksum != ImageHeaderChecksum(h))
+    return absl::DataLossError("image header checksum mismatch");
+  if (h.total_bytes > capacity)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the image needs ", h.total_bytes,
+                     " bytes; the weight buffer holds ", capacity,
+                     " (duckd --weights-size)"));
+  if (h.slot_count > kSlotCapacity)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the image has ", h.slot_count, " slots; duckd caches at most ",
+        kSlotCapacity));
+  if (h.tp_size == 0 || h.tp_rank >= h.tp_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp rank ", h.tp_rank, " of ", h.tp_size));
+  if (h.slot_table_offset < sizeof(duck_image_header) ||
+      h.slot_table_offset % 8 != 0 ||
+      !InRange(h.slot_table_offset,
+               uint64_t(h.slot_count) * sizeof(duck_slot_entry),
+               h.total_bytes))
+    return absl::InvalidArgumentError("slot table outside the image");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<WeightCache>>
+WeightCache::Open(const Options &options, std::string *out_note) {
+  if (options.capacity == 0 || options.capacity % kPage != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights size ", options.capacity,
+                     " must be a positive multiple of 4096"));
+  std::unique_ptr<WeightCache> c(new WeightCache());
+  c->sync_ = options.sync;
+  c->capacity_ = options.capacity;
+  c->fd_ = ::open(options.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (c->fd_ < 0)
+    return absl::NotFoundError(Errno(options.path.c_str()));
+  if (::flock(c->fd_, LOCK_EX | LOCK_NB) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights file ", options.path, " is in use by another duckd"));
+  struct stat st;
+  if (::fstat(c->fd_, &st) != 0)
+    return absl::InternalError(Errno("fstat"));
+  const uint64_t want = DUCKD_CACHE_HEADER_BYTES + options.capacity;
+  const bool fresh = st.st_size == 0;
+  if (uint64_t(st.st_size) != want && ::ftruncate(c->fd_, want) != 0)
+    return absl::ResourceExhaustedError(Errno("ftruncate"));
+  void *m = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd_, 0);
+  if (m == MAP_FAILED)
+    return absl::ResourceExhaustedError(Errno("mmap weights file"));
+  c->map_ = static_cast<uint8_t *>(m);
+
+  duckd_cache_header *h = c->hdr();
+  std::string problem;
+  if (fresh)
+    problem = "new weights file";
+  else if (h->magic != DUCKD_CACHE_MAGIC ||
+           h->format_version != DUCKD_CACHE_FORMAT_VERSION ||
+           h->header_bytes != DUCKD_CACHE_HEADER_BYTES ||
+           h->slot_capacity != kSlotCapacity ||
+           h->image.slot_count > kSlotCapacity)
+    problem = "unknown weights file header";
+  else if (h->meta_checksum != MetaChecksum(h))
+    problem = "cache metadata checksum mismatch (torn write?)";
+  else if (h->valid && h->image.total_bytes > options.capacity)
+    problem = "cached image larger than the new --weights-size";
+  c->generation_ = (problem.empty() ? h->generation : 0) + 1;
+  if (!problem.empty()) {
+    if (out_note)
+      *out_note = absl::StrCat(problem, ": starting with an empty cache");
+    c->Reset(nullptr);
+  } else {
+    if (out_note)
+      *out_note = h->valid ? absl::StrCat("cache holds an image of ",
+                                          h->image.total_bytes, " bytes, ",
+                                          h->finished_slots, "/",
+                                          h->image.slot_count,
+                                          " slots finished")
+                           : "cache is empty";
+    h->capacity = options.capacity;
+    c->Commit();
+  }
+  return c;
+}
+
+WeightCache::~WeightCache() {
+  if (map_)
+    ::munmap(map_, mapping_bytes());
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+void WeightCache::Reset(const duck_image_header *image) {
+  duckd_cache_header *h = hdr();
+  std::memset(h, 0, MetaBytes(kSlotCapacity));
+  h->magic = DUCKD_CACHE_MAGIC;
+  h->format_version = DUCKD_CACHE_FORMAT_VERSION;
+  h->header_bytes = DUCKD_CACHE_HEADER_BYTES;
+  h->capacity = capacity_;
+  h->slot_capacity = kSlotCapacity;
+  if (image) {
+    h->valid = 1;
+    h->image = *image;
+  }
+  ++generation_;
+  Commit();
+}
+
+void WeightCache::Commit() {
+  duckd_cache_header *h = hdr();
+  uint32_t finished = 0;
+  for (uint32_t s = 0; s < h->image.slot_count; ++s)
+    finished += h->slots[s].finished ? 1 : 0;
+  h->finished_slots = finished;
+  h->generation = generation_;
+  h->meta_checksum = MetaChecksum(h);
+  if (sync_)
+    ::msync(map_, DUCKD_CACHE_HEADER_BYTES, MS_SYNC);
+}
+
+void WeightCache::SyncData(uint64_t offset, uint64_t bytes) {
+  if (!sync_ || !bytes)
+    return;
+  const uint64_t begin = DUCKD_CACHE_HEADER_BYTES + (offset & ~(kPage - 1));
+  const uint64_t end = DUCKD_CACHE_HEADER_BYTES + offset + bytes;
+  ::msync(map_ + begin, end - begin, MS_SYNC);
+}
+
+uint64_t WeightCache::TableEnd() const {
+  const duck_image_header &h = hdr()->image;
+  return h.slot_table_offset + uint64_t(h.slot_count) * sizeof(duck_slot_entry);
+}
+
+uint64_t WeightCache::usable_bytes() const {
+  const duckd_cache_header *h = hdr();
+  return h->valid && h->head_finished ? h->image.total_bytes : 0;
+}
+
+std::vector<uint8_t> WeightCache::FinishedBitmap() const {
+  const duckd_cache_header *h = hdr();
+  std::vector<uint8_t> bits((h->image.slot_count + 7) / 8, 0);
+  for (uint32_t s = 0; s < h->image.slot_count; ++s)
+    if (h->slots[s].finished)
+      bits[s / 8] |= uint8_t(1u << (s % 8));
+  return bits;
+}
+
+WeightCache::Result WeightCache::MakeResult(duckd_cache_result r) const {
+  const duckd_cache_header *h = hdr();
+  Result out;
+  out.result = r;
+  out.reply.result = r;
+  out.reply.head_finished = h->head_finished;
+  out.reply.slot_count = h->image.slot_count;
+  out.reply.finished_slots = h->finished_slots;
+  out.reply.generation = generation_;
+  out.bitmap = FinishedBitmap();
+  return out;
+}
+
+absl::StatusOr<WeightCache::Result>
+WeightCache::Begin(const duck_image_header &image, bool invalidate) {
+  if (absl::Status s = CheckImageHeader(image, capacity_); !s.ok())
+    return s;
+  const duckd_cache_header *h = hdr();
+  if (!invalidate && h->valid &&
+      std::memcmp(&h->image, &image, sizeof image) == 0) {
+    const bool all = h->head_finished && h->finished_slots == image.slot_count;
+    return MakeResult(all ? DUCKD_CACHE_HIT : DUCKD_CACHE_PARTIAL);
+  }
+  Reset(&image);
+  return MakeResult(DUCKD_CACHE_MISS);
+}
+
+absl::StatusOr<uint8_t *> WeightCache::BeginWrite(uint64_t offset,
+                                                  uint64_t bytes) {
+  duckd_cache_header *h = hdr();
+  if (!h->valid)
+    return absl::FailedPreconditionError(
+        "prepare_write before prepare_begin named an image");
+  if (!InRange(offset, bytes, h->image.total_bytes))
+    return absl::OutOfRangeError(
+        absl::StrCat("write at ", offset, " (+", bytes,
+                     ") outside the image of ", h->image.total_bytes,
+                     " bytes"));
+  bool changed = false;
+  if (h->head_finished) {
+    if (offset < TableEnd()) {
+      // The head names every slot: rewriting it unfinishes everything.
+      h->head_finished = 0;
+      for (uint32_t s = 0; s < h->image.slot_count; ++s)
+        h->slots[s].finished = 0;
+      changed = true;
+    } else {
+      const duck_slot_entry *t = Table(image(), h->image);
+      for (uint32_t s = 0; s < h->image.slot_count; ++s)
+        if (h->slots[s].finished && offset < t[s].offset + t[s].bytes &&
+            t[s].offset < offset + bytes) {
+          h->slots[s].finished = 0;
+          changed = true;
+        }
+    }
+  }
+  ++generation_;
+  if (changed)
+    Commit(); // flags cleared durably before a byte changes
+#ifdef MADV_POPULATE_WRITE
+  // Fault the pages in with one call rather than one fault per page while
+  // the socket data is copied in (several times faster on a cold file).
+  const uint64_t begin = DUCKD_CACHE_HEADER_BYTES + (offset & ~(kPage - 1));
+  const uint64_t end =
+      (DUCKD_CACHE_HEADER_BYTES + offset + bytes + kPage - 1) & ~(kPage - 1);
+  ::madvise(map_ + begin, end - begin, MADV_POPULATE_WRITE); // best effort
+#endif
+  return image() + offset;
+}
+
+absl::StatusOr<WeightCache::Result> WeightCache::Finish() {
+  duckd_cache_header *h = hdr();
+  if (!h->valid)
+    return absl::FailedPreconditionError(
+        "prepare_finish before prepare_begin named an image");
+  const duck_image_header &want = h->image;
+  const uint64_t tableEnd = TableEnd();
+  bool newHead = false;
+  if (!h->head_finished) {
+    duck_image_header got;
+    std::memcpy(&got, image(), sizeof got);
+    if (std::memcmp(&got, &want, sizeof got) != 0)
+      return absl::DataLossError(
+          "the uploaded image header differs from the one prepare_begin "
+          "named");
+    const duck_slot_entry *t = Table(image(), want);
+    uint64_t prevEnd = tableEnd;
+    for (uint32_t s = 0; s < want.slot_count; ++s) {
+      if (t[s].offset % DUCK_IMAGE_ALIGN != 0 || t[s].offset < prevEnd ||
+          !InRange(t[s].offset, t[s].bytes, want.total_bytes))
+        return absl::DataLossError(absl::StrCat(
+            "slot table row ", s, " (offset ", t[s].offset, ", ", t[s].bytes,
+            " bytes) is unaligned, overlapping or outside the image"));
+      prevEnd = t[s].offset + t[s].bytes;
+    }
+    newHead = true;
+  }
+  const duck_slot_entry *t = Table(image(), want);
+  std::vector<uint32_t> good, bad;
+  for (uint32_t s = 0; s < want.slot_count; ++s) {
+    if (h->slots[s].finished && !newHead)
+      continue;
+    if (Checksum(image() + t[s].offset, t[s].bytes) == t[s].checksum)
+      good.push_back(s);
+    else
+      bad.push_back(s);
+  }
+  // Data first, flags last.
+  if (newHead)
+    SyncData(0, tableEnd);
+  for (uint32_t s : good)
+    SyncData(t[s].offset, t[s].bytes);
+  if (newHead) {
+    h->head_finished = 1;
+    h->head_checksum = Checksum(image(), tableEnd);
+  }
+  for (uint32_t s : good) {
+    h->slots[s].finished = 1;
+    h->slots[s].checksum = t[s].checksum;
+  }
+  Commit();
+  if (!bad.empty()) {
+    std::string list;
+    for (size_t i = 0; i < bad.size() && i < 5; ++i)
+      absl::StrAppend(&list, i ? ", " : "", bad[i], " (layer ",
+                      t[bad[i]].layer, ", ", t[bad[i]].bytes, " bytes at ",
+                      t[bad[i]].offset, ")");
+    return absl::DataLossError(absl::StrCat(
+        bad.size(), " slot(s) failed their checksum and stay unfinished: ",
+        list, bad.size() > 5 ? ", ..." : ""));
+  }
+  return MakeResult(DUCKD_CACHE_HIT);
+}
+
+} // namespace duck::duckd

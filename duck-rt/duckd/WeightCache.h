@@ -1,0 +1,130 @@
+// duckd's weight buffer: a file-backed mapping that survives restarts.
+//
+//   file = [duckd_cache_header: 64 KiB][weight image region: capacity bytes]
+//
+// The header is duckd's own metadata, separate from the image (the ELF sees
+// only the image region, which starts with duck_image_header). It names the
+// cached image (its full duck_image_header: model key, tp size/rank, slot
+// count, size, header checksum) and holds a finish flag and checksum per
+// slot plus one for the image head (header + slot table). A flag is set
+// only after the bytes it covers verified against their XXH3-64 and were
+// msync'ed; the header is msync'ed after every change and carries its own
+// checksum, so a crash or kill mid-prepare never leaves a part marked
+// finished with half its bytes (docs/protocol.md, "Weight cache").
+#ifndef DUCK_RT_DUCKD_WEIGHTCACHE_H
+#define DUCK_RT_DUCKD_WEIGHTCACHE_H
+
+#include "duck_rt/duckd_protocol.h"
+
+#include "absl/status/statusor.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+extern "C" {
+
+#define DUCKD_CACHE_MAGIC 0x3143574B44435544ull /* "DUCKDWC1" */
+enum {
+  DUCKD_CACHE_FORMAT_VERSION = 1,
+  DUCKD_CACHE_HEADER_BYTES = 65536,
+};
+
+typedef struct duckd_cache_slot {
+  uint64_t checksum; // the verified XXH3-64 of the slot's bytes
+  uint32_t finished;
+  uint32_t reserved;
+} duckd_cache_slot;
+
+typedef struct duckd_cache_header {
+  uint64_t magic; // DUCKD_CACHE_MAGIC
+  uint32_t format_version;
+  uint32_t header_bytes; // DUCKD_CACHE_HEADER_BYTES: the image starts here
+  uint64_t capacity;     // bytes of the image region
+  uint64_t generation;   // bumped on every change of the image region
+  uint32_t valid;        // 1: `image` names the cached image
+  uint32_t head_finished;
+  uint64_t head_checksum; // XXH3-64 of image bytes [0, slot table end)
+  duck_image_header image;
+  uint32_t slot_capacity; // entries `slots` can hold
+  uint32_t finished_slots;
+  uint64_t meta_checksum; // XXH3-64 of header + slots[image.slot_count]
+                          // with this field zero
+  duckd_cache_slot slots[];
+} duckd_cache_header;
+
+} // extern "C"
+
+namespace duck::duckd {
+
+static_assert(sizeof(duckd_cache_header) == 144, "cache header layout");
+static_assert(sizeof(duckd_cache_slot) == 16, "cache slot layout");
+
+class WeightCache {
+public:
+  struct Options {
+    std::string path;
+    uint64_t capacity = 0;
+    bool sync = true; // msync data before flags (off: tests on tmpfs)
+  };
+
+  /// Opens or creates the file, locks it (one duckd per file), maps it and
+  /// checks the header; a header that fails its checksum is reset (logged
+  /// through `out_note`).
+  static absl::StatusOr<std::unique_ptr<WeightCache>>
+  Open(const Options &options, std::string *out_note);
+  ~WeightCache();
+
+  uint8_t *image() const { return map_ + DUCKD_CACHE_HEADER_BYTES; }
+  uint64_t capacity() const { return capacity_; }
+  int fd() const { return fd_; }
+  uint8_t *mapping() const { return map_; }
+  uint64_t mapping_bytes() const { return DUCKD_CACHE_HEADER_BYTES + capacity_; }
+  const duckd_cache_header &header() const { return *hdr(); }
+  uint64_t generation() const { return generation_; }
+  /// Bytes the ELF may see: the image once its head verified, else 0.
+  uint64_t usable_bytes() const;
+  std::vector<uint8_t> FinishedBitmap() const;
+
+  struct Result {
+    duckd_cache_result result = DUCKD_CACHE_MISS;
+    duckd_prepare_reply reply{};
+    std::vector<uint8_t> bitmap;
+  };
+  /// Starts a cache session for `image`: hit, partial (resume) or miss
+  /// (reset to the new identity with nothing finished).
+  absl::StatusOr<Result> Begin(const duck_image_header &image, bool invalidate);
+  /// Where `bytes` at image `offset` go; clears (and syncs) the flags of
+  /// every finished part they overlap before returning.
+  absl::StatusOr<uint8_t *> BeginWrite(uint64_t offset, uint64_t bytes);
+  /// Verifies the head and every unfinished slot, syncs the data, then sets
+  /// the flags. Fails naming the first parts that did not verify.
+  absl::StatusOr<Result> Finish();
+
+private:
+  WeightCache() = default;
+  duckd_cache_header *hdr() const {
+    return reinterpret_cast<duckd_cache_header *>(map_);
+  }
+  void Reset(const duck_image_header *image);
+  void Commit(); // recompute the checksum, msync the header
+  void SyncData(uint64_t offset, uint64_t bytes);
+  uint64_t TableEnd() const;
+  Result MakeResult(duckd_cache_result r) const;
+
+  int fd_ = -1;
+  uint8_t *map_ = nullptr;
+  uint64_t capacity_ = 0;
+  uint64_t generation_ = 0;
+  bool sync_ = true;
+};
+
+/// Checks an image header from a host (magic, versions, sizes, checksum).
+absl::Status CheckImageHeader(const duck_image_header &h, uint64_t capacity);
+/// XXH3-64 of a duck_image_header with header_checksum zero.
+uint64_t ImageHeaderChecksum(const duck_image_header &h);
+
+} // namespace duck::duckd
+
+#endif // DUCK_RT_DUCKD_WEIGHTCACHE_H

@@ -1,0 +1,814 @@
+// The duckd worker process (Worker.h): spawn, the session worker's step
+// server, the one-shot call path, crash and timeout handling.
+#include "Worker.h"
+
+#include "Wire.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <x86intrin.h>
+
+namespace duck::duckd {
+
+enum : uint32_t { kCmdNone = 0, kCmdStep = 1, kCmdRun = 2, kCmdExit = 3 };
+enum : uint32_t { kReadyNo = 0, kReadyOk = 1, kReadyFailed = 2 };
+enum : uint32_t { kOwnerDaemon = 0, kOwnerWorker = 1 };
+constexpr uint64_t kLogBytes = 4096;
+constexpr uint64_t kPage = 4096;
+
+/// Shared between duckd and its worker (MAP_SHARED anonymous memory).
+struct Control {
+  // Calls, published to every core (by duckd for one-shot workers, by
+  // core 0 for session workers).
+  alignas(64) std::atomic<uint32_t> cmd_seq{0}; // futex word
+  std::atomic<uint32_t> sleepers{0};            // threads in futex wait
+  uint32_t cmd = kCmdNone;
+  uint64_t step_seq = 0, ib_bytes = 0, elf_bytes = 0;
+  uint64_t weights_bytes = 0, weights_generation = 0;
+  // Completion (one-shot): worker -> duckd.
+  alignas(64) std::atomic<uint32_t> done_seq{0};
+  std::atomic<uint32_t> main_sleeping{0};
+  alignas(64) std::atomic<uint32_t> finished{0}; // secondaries done
+  std::atomic<uint32_t> loaded_seq{0};           // one-shot: ELF loaded
+  int32_t status = 0;
+  uint32_t load_failed = 0;
+  uint64_t ob_size = 0, worker_ns = 0;
+  uint64_t core_cycles[DUCKD_MAX_CORES] = {};
+  uint64_t log_size[DUCKD_MAX_CORES] = {};
+  // Session workers: who holds the connection, what came back, and the
+  // step in flight (for duckd's crash and timeout replies).
+  alignas(64) std::atomic<uint32_t> owner{kOwnerDaemon}; // futex word
+  uint32_t handback_kind = Handback::kNone;
+  duckd_frame_header handback_header{};
+  char handback_message[512] = {};
+  alignas(64) std::atomic<uint32_t> in_step{0};
+  uint32_t step_request_id = 0;
+  uint64_t step_number = 0;
+  uint64_t step_started_ns = 0;
+  // Spawn handshake.
+  std::atomic<uint32_t> ready{kReadyNo};
+  char message[1024] = {};
+};
+
+namespace {
+
+uint64_t PageUp(uint64_t v) { return (v + kPage - 1) & ~(kPage - 1); }
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+long Futex(std::atomic<uint32_t> *word, int op, uint32_t val) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, val,
+                 nullptr, nullptr, 0);
+}
+
+void YieldHook() { sched_yield(); }
+
+void CopyMessage(char *dst, size_t cap, const std::string &m) {
+  size_t n = std::min(m.size(), cap - 1);
+  std::memcpy(dst, m.data(), n);
+  dst[n] = 0;
+}
+
+void Notify(int efd) {
+  uint64_t one = 1;
+  ssize_t r = ::write(efd, &one, sizeof one);
+  (void)r;
+}
+
+std::string SignalName(int sig) {
+  const char *abbrev = sigabbrev_np(sig);
+  return absl::StrCat("SIG", abbrev ? abbrev : "?", " (signal ", sig, ")");
+}
+
+/// Waits until `word` moves away from `seen`: spins (yielding now and then)
+/// for spin_ns, then sleeps on the futex. `sleepers` counts sleepers so the
+/// waker can skip the futex syscall while everyone spins.
+uint32_t WaitChange(std::atomic<uint32_t> *word, std::atomic<uint32_t> *sleepers,
+                    uint32_t seen, uint64_t spin_ns) {
+  uint64_t start = 0;
+  for (uint32_t i = 0;; ++i) {
+    uint32_t cur = word->load(std::memory_order_acquire);
+    if (cur != seen)
+      return cur;
+    if ((i & 63) != 63) {
+      _mm_pause();
+      continue;
+    }
+    uint64_t now = NowNs();
+    if (!start)
+      start = now;
+    if (now - start < spin_ns) {
+      sched_yield();
+      continue;
+    }
+    if (sleepers)
+      sleepers->fetch_add(1, std::memory_order_seq_cst);
+    if (word->load(std::memory_order_seq_cst) == seen)
+      Futex(word, FUTEX_WAIT, seen);
+    if (sleepers)
+      sleepers->fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void Pin(int cpu) {
+  if (cpu < 0)
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof set, &set); // best effort
+}
+
+/// The worker process's side.
+struct WorkerSide {
+  const WorkerConfig *cfg = nullptr;
+  Control *ctl = nullptr;
+  int efd = -1;
+  uint8_t *elf = nullptr, *ib = nullptr, *ob = nullptr, *logs = nullptr;
+  uint8_t *scratch = nullptr;
+  duck_entry_fn step = nullptr;
+  std::unique_ptr<LoadedElf> persistent;
+  std::unique_ptr<LoadedElf> oneShot; // core 0 owns it during a run call
+  uint64_t local_seq = 0;             // session workers: calls so far
+
+  duck_info InfoFor(uint32_t core) const {
+    duck_info info{};
+    info.abi_version = DUCK_ABI_VERSION;
+    info.info_size = sizeof(duck_info);
+    info.ib = ib;
+    info.ob = ob;
+    info.ob_limit = cfg->ob_limit;
+    info.log = reinterpret_cast<char *>(logs + core * kLogBytes);
+    info.log_limit = kLogBytes;
+    info.tsc_hz = cfg->tsc_hz;
+    info.smp_cpu_index = core;
+    info.smp_cpu_count = cfg->cores;
+    info.weights = cfg->image;
+    info.scratch = scratch;
+    info.scratch_size = cfg->scratch_bytes;
+    info.core_cycles = ctl->core_cycles;
+    info.yield = cfg->yield ? YieldHook : nullptr;
+    return info;
+  }
+
+  /// Calls `fn` on this core with the call's fields from the control block.
+  int32_t Call(duck_entry_fn fn, duck_info &info, uint32_t core) {
+    info.log_size = 0;
+    info.ob_size = 0;
+    info.ib_size = ctl->ib_bytes;
+    info.weights_size = ctl->weights_bytes;
+    info.weights_generation = ctl->weights_generation;
+    info.step_seq = ctl->step_seq;
+    int32_t ret = fn(&info);
+    ctl->log_size[core] = info.log_size;
+    return ret;
+  }
+
+  /// Core 0: waits until every secondary core has returned from the call.
+  void WaitSecondaries() {
+    for (uint32_t spins = 0;
+         ctl->finished.load(std::memory_order_acquire) != cfg->cores - 1;
+         ++spins)
+      if (spins % 64 == 63)
+        sched_yield();
+      else
+        _mm_pause();
+    ctl->finished.store(0, std::memory_order_relaxed);
+  }
+};
+
+/// Secondary cores (and core 0 of one-shot workers): wait for a call, run it.
+void CoreLoop(WorkerSide *w, uint32_t core) {
+  const WorkerConfig &cfg = *w->cfg;
+  Control *ctl = w->ctl;
+  Pin(cfg.cpus.size() > core ? cfg.cpus[core] : -1);
+  duck_info info = w->InfoFor(core);
+  uint32_t seen = 0;
+  for (;;) {
+    seen = WaitChange(&ctl->cmd_seq, &ctl->sleepers, seen, cfg.spin_ns);
+    const uint64_t start = core == 0 ? NowNs() : 0;
+    const uint32_t cmd = ctl->cmd;
+    if (cmd == kCmdExit)
+      return;
+    duck_entry_fn fn = w->step;
+    if (cmd == kCmdRun) {
+      if (core == 0) {
+        ctl->load_failed = 0;
+        auto loaded = LoadedElf::Load(
+            absl::MakeConstSpan(w->elf, ctl->elf_bytes), cfg.elf_limits);
+        if (loaded.ok()) {
+          w->oneShot = std::move(*loaded);
+        } else {
+          ctl->load_failed = 1;
+          CopyMessage(ctl->message, sizeof ctl->message,
+                      std::string(loaded.status().message()));
+        }
+        ctl->loaded_seq.store(seen, std::memory_order_release);
+      } else {
+        while (ctl->loaded_seq.load(std::memory_order_acquire) != seen)
+          sched_yield();
+      }
+      fn = ctl->load_failed ? nullptr : w->oneShot->run();
+    }
+    int32_t ret = fn ? w->Call(fn, info, core) : 0;
+    if (core != 0) {
+      ctl->finished.fetch_add(1, std::memory_order_acq_rel);
+      continue;
+    }
+    w->WaitSecondaries();
+    ctl->status = ret;
+    ctl->ob_size = info.ob_size;
+    w->oneShot.reset();
+    ctl->worker_ns = NowNs() - start;
+    ctl->done_seq.store(seen, std::memory_order_seq_cst);
+    if (ctl->main_sleeping.load(std::memory_order_seq_cst))
+      Notify(w->efd);
+  }
+}
+
+/// Session worker, core 0: gives the connection back to duckd.
+void HandBack(WorkerSide *w, Handback::Kind kind,
+              const duckd_frame_header *h, const std::string &message) {
+  Control *ctl = w->ctl;
+  ctl->handback_kind = kind;
+  if (h)
+    ctl->handback_header = *h;
+  CopyMessage(ctl->handback_message, sizeof ctl->handback_message, message);
+  ctl->owner.store(kOwnerDaemon, std::memory_order_seq_cst);
+  Notify(w->efd);
+}
+
+/// Waits until a frame header has arrived and peeks it (false: the
+/// connection ended first, or only part of a header came before EOF).
+/// Spins on a non-blocking peek for spin_ns (steps often come back to
+/// back), then blocks in the peek itself: one syscall, no poll.
+bool PeekHeader(int fd, uint64_t spin_ns, duckd_frame_header *h) {
+  const uint64_t start = spin_ns ? NowNs() : 0;
+  for (uint32_t i = 0; spin_ns; ++i) {
+    ssize_t n = ::recv(fd, h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
+    if (n == ssize_t(sizeof *h))
+      return true;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                   errno != EINTR))
+      return false;
+    if (NowNs() - start >= spin_ns)
+      break;
+    if (i % 16 == 15)
+      sched_yield();
+    else
+      _mm_pause();
+  }
+  for (;;) {
+    ssize_t n = ::recv(fd, h, sizeof *h, MSG_PEEK | MSG_WAITALL);
+    if (n == ssize_t(sizeof *h))
+      return true;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n > 0) { // a partial header; let the timed read sort it out
+      pollfd p{fd, POLLIN, 0};
+      ::poll(&p, 1, 10);
+      if (::recv(fd, h, sizeof *h, MSG_PEEK | MSG_DONTWAIT) ==
+          ssize_t(sizeof *h))
+        return true;
+      return n > 0;
+    }
+    return false;
+  }
+}
+
+/// Session worker, core 0: serves one STEP frame whose header is read.
+/// Returns false when the connection is no longer usable (handed back).
+bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+               StreamingChecksum &sum, const duckd_step_request *preread) {
+  const WorkerConfig &cfg = *w->cfg;
+  Control *ctl = w->ctl;
+  const int fd = cfg.conn_fd;
+  const absl::Time deadline = absl::Now() + cfg.io_timeout;
+  auto reply_error = [&](duckd_error_code code, const std::string &m) {
+    std::fprintf(stderr, "%s step -> %s: %s\n", cfg.log_prefix.c_str(),
+                 ErrorCodeName(code), m.c_str());
+    const std::string payload = EncodeError(code, m);
+    Part part{payload.data(), payload.size()};
+    absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP,
+                                DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
+                                h.request_id, {&part, 1}, deadline);
+    if (!s.ok())
+      HandBack(w, Handback::kDrop, nullptr,
+               absl::StrCat("error reply failed: ", s.message()));
+    return s.ok();
+  };
+  auto drain = [&](uint64_t n) {
+    uint8_t tmp[16384];
+    while (n) {
+      size_t k = std::min<uint64_t>(n, sizeof tmp);
+      if (!ReadFull(fd, tmp, k, deadline).ok())
+        return false;
+      n -= k;
+    }
+    return true;
+  };
+  duckd_step_request r{};
+  if (preread) { // the whole frame is already in (header, r, IB)
+    r = *preread;
+  } else if (h.payload_bytes < sizeof r) {
+    if (!drain(h.payload_bytes)) {
+      HandBack(w, Handback::kDrop, nullptr, "truncated step");
+      return false;
+    }
+    return reply_error(DUCKD_ERR_BAD_REQUEST, "step shorter than its header");
+  } else if (absl::Status s = ReadFull(fd, &r, sizeof r, deadline); !s.ok()) {
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("truncated step: ", s.message()));
+    return false;
+  }
+  const uint64_t rest = h.payload_bytes - sizeof r;
+  std::string bad;
+  duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
+  if (r.ib_bytes != rest) {
+    bad = "step: ib_bytes does not match the payload";
+  } else if (r.session_id != cfg.session_id) {
+    code = DUCKD_ERR_NO_SESSION;
+    bad = absl::StrCat("step for session ", r.session_id,
+                       "; the open session is ", cfg.session_id);
+  } else if (rest > cfg.ib_limit) {
+    code = DUCKD_ERR_TOO_LARGE;
+    bad = absl::StrCat("step: IB of ", rest, " bytes exceeds the session's ",
+                       cfg.ib_limit);
+  }
+  if (!bad.empty()) {
+    if (!preread && !drain(rest)) {
+      HandBack(w, Handback::kDrop, nullptr, "truncated step");
+      return false;
+    }
+    return reply_error(code, bad);
+  }
+  // The IB goes straight from the socket into the ELF's input buffer.
+  if (absl::Status s =
+          preread ? absl::OkStatus() : ReadFull(fd, w->ib, rest, deadline);
+      !s.ok()) {
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("truncated step: ", s.message()));
+    return false;
+  }
+  sum.Reset();
+  sum.Update(&r, sizeof r);
+  sum.Update(w->ib, rest);
+  if (sum.Digest() != h.payload_checksum)
+    return reply_error(DUCKD_ERR_BAD_FRAME, "payload checksum mismatch");
+
+  // Run the call on every core.
+  const uint64_t start = NowNs();
+  ctl->step_request_id = h.request_id;
+  ctl->step_number = ++w->local_seq;
+  ctl->step_started_ns = start;
+  ctl->in_step.store(1, std::memory_order_seq_cst);
+  ctl->cmd = kCmdStep;
+  ctl->step_seq = w->local_seq;
+  ctl->ib_bytes = rest;
+  if (cfg.cores > 1) {
+    ctl->cmd_seq.fetch_add(1, std::memory_order_seq_cst);
+    if (ctl->sleepers.load(std::memory_order_seq_cst))
+      Futex(&ctl->cmd_seq, FUTEX_WAKE, INT_MAX);
+  }
+  const int32_t status = w->Call(w->step, info, 0);
+  if (cfg.cores > 1)
+    w->WaitSecondaries();
+  ctl->in_step.store(0, std::memory_order_seq_cst);
+  const uint64_t workerNs = NowNs() - start;
+
+  duckd_step_reply rep{};
+  rep.status = status;
+  rep.cores = cfg.cores;
+  rep.ob_bytes = std::min<uint64_t>(info.ob_size, cfg.ob_limit);
+  rep.worker_ns = workerNs;
+  uint64_t kernelNs[DUCKD_MAX_CORES];
+  const double nsPerTick = cfg.tsc_hz ? 1e9 / double(cfg.tsc_hz) : 0;
+  for (uint32_t c = 0; c < cfg.cores; ++c)
+    kernelNs[c] = uint64_t(double(ctl->core_cycles[c]) * nsPerTick);
+  Part parts[2 + 2 * DUCKD_MAX_CORES];
+  size_t n = 0;
+  parts[n++] = {&rep, sizeof rep};
+  parts[n++] = {kernelNs, cfg.cores * sizeof(uint64_t)};
+  parts[n++] = {w->ob, rep.ob_bytes};
+  for (uint32_t c = 0; c < cfg.cores; ++c) {
+    uint64_t len = std::min<uint64_t>(ctl->log_size[c], kLogBytes - 1);
+    if (len) {
+      parts[n++] = {w->logs + c * kLogBytes, len};
+      rep.log_bytes += len;
+    }
+  }
+  absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP, DUCKD_FLAG_REPLY,
+                              h.request_id, absl::MakeConstSpan(parts, n),
+                              deadline);
+  if (!s.ok()) {
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("step reply failed: ", s.message()));
+    return false;
+  }
+  return true;
+}
+
+/// Session worker, core 0: serves STEP frames while it holds the
+/// connection; hands every other frame back to duckd.
+void ServeConnection(WorkerSide *w) {
+  const WorkerConfig &cfg = *w->cfg;
+  Control *ctl = w->ctl;
+  Pin(cfg.cpus.empty() ? -1 : cfg.cpus[0]);
+  duck_info info = w->InfoFor(0);
+  StreamingChecksum sum;
+  const int fd = cfg.conn_fd;
+  for (;;) {
+    // Wait until duckd lends the connection.
+    WaitChange(&ctl->owner, nullptr, kOwnerDaemon, cfg.spin_ns);
+    bool holding = true;
+    while (holding) {
+      duckd_frame_header h{};
+      if (!PeekHeader(fd, cfg.spin_ns, &h)) {
+        HandBack(w, Handback::kDrop, nullptr, "disconnected");
+        break;
+      }
+      const absl::Time deadline = absl::Now() + cfg.io_timeout;
+      auto plainStep = [&](const duckd_frame_header &x) {
+        return x.type == DUCKD_MSG_STEP && x.flags == 0 &&
+               ValidateHeader(x, cfg.max_payload).ok();
+      };
+      // Fast path: a whole well-formed step is read with one recvmsg
+      // (header, request, IB into the ELF's input buffer).
+      if (plainStep(h) && h.payload_bytes >= sizeof(duckd_step_request) &&
+          h.payload_bytes - sizeof(duckd_step_request) <= cfg.ib_limit) {
+        duckd_step_request r;
+        const MutablePart parts[] = {
+            {&h, sizeof h},
+            {&r, sizeof r},
+            {w->ib, h.payload_bytes - sizeof r}};
+        absl::Status s = ReadFullV(fd, parts, deadline);
+        if (!s.ok()) {
+          HandBack(w, Handback::kDrop, nullptr,
+                   absl::StrCat("truncated step: ", s.message()));
+          break;
+        }
+        holding = ServeStep(w, h, info, sum, &r);
+        continue;
+      }
+      absl::Status s = ReadFull(fd, &h, sizeof h, deadline);
+      if (!s.ok()) {
+        HandBack(w, Handback::kDrop, nullptr,
+                 absl::StrCat("truncated frame header: ", s.message()));
+        break;
+      }
+      if (!plainStep(h)) {
+        HandBack(w, Handback::kFrame, &h, "");
+        break;
+      }
+      holding = ServeStep(w, h, info, sum, nullptr);
+    }
+  }
+}
+
+[[noreturn]] void WorkerMain(const WorkerConfig &cfg, Control *ctl, int efd,
+                             uint8_t *elfArea, uint8_t *ib, uint8_t *ob,
+                             uint8_t *logs, absl::Span<const uint8_t> elf,
+                             pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent)
+    _exit(0);
+  prctl(PR_SET_NAME, "duckd-worker");
+  for (int fd : cfg.close_in_child)
+    if (fd >= 0 && fd != cfg.conn_fd)
+      ::close(fd);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  auto fail = [&](const std::string &m) {
+    CopyMessage(ctl->message, sizeof ctl->message, m);
+    ctl->ready.store(kReadyFailed, std::memory_order_seq_cst);
+    Notify(efd);
+    _exit(0);
+  };
+  // The ELF may read the weight buffer, never write it.
+  if (cfg.weights_map &&
+      ::mprotect(cfg.weights_map, cfg.weights_map_bytes, PROT_READ) != 0)
+    fail(absl::StrCat("mprotect weights: ", std::strerror(errno)));
+  WorkerSide w;
+  w.cfg = &cfg;
+  w.ctl = ctl;
+  w.efd = efd;
+  w.elf = elfArea;
+  w.ib = ib;
+  w.ob = ob;
+  w.logs = logs;
+  if (cfg.scratch_bytes) {
+    void *s = ::mmap(nullptr, PageUp(cfg.scratch_bytes),
+                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                     0);
+    if (s == MAP_FAILED)
+      fail(absl::StrCat("scratch of ", cfg.scratch_bytes,
+                        " bytes: ", std::strerror(errno)));
+    w.scratch = static_cast<uint8_t *>(s);
+  }
+  if (cfg.persistent) {
+    auto loaded = LoadedElf::Load(elf, cfg.elf_limits);
+    if (!loaded.ok())
+      fail(std::string(loaded.status().message()));
+    w.persistent = std::move(*loaded);
+    w.step = w.persistent->step();
+  }
+  std::vector<std::thread> threads;
+  for (uint32_t c = 1; c < cfg.cores; ++c)
+    threads.emplace_back(CoreLoop, &w, c);
+  ctl->ready.store(kReadyOk, std::memory_order_seq_cst);
+  Notify(efd);
+  if (cfg.persistent)
+    ServeConnection(&w); // until duckd kills the session
+  else
+    CoreLoop(&w, 0);
+  for (auto &t : threads)
+    t.join();
+  _exit(0);
+}
+
+} // namespace
+
+uint64_t CalibrateTsc() {
+  const uint64_t n0 = NowNs(), t0 = __rdtsc();
+  timespec ts{0, 20 * 1000 * 1000};
+  nanosleep(&ts, nullptr);
+  const uint64_t n1 = NowNs(), t1 = __rdtsc();
+  if (n1 <= n0 || t1 <= t0)
+    return 0;
+  return uint64_t(double(t1 - t0) * 1e9 / double(n1 - n0));
+}
+
+absl::StatusOr<std::unique_ptr<Worker>>
+Worker::Spawn(const WorkerConfig &config, absl::Span<const uint8_t> elf) {
+  if (config.cores == 0 || config.cores > DUCKD_MAX_CORES)
+    return absl::InvalidArgumentError(
+        absl::StrCat("cores ", config.cores, " outside [1, ", DUCKD_MAX_CORES,
+                     "]"));
+  if (config.persistent && config.conn_fd < 0)
+    return absl::InvalidArgumentError("a session worker needs a connection");
+  std::unique_ptr<Worker> w(new Worker());
+  w->config_ = config;
+  const uint64_t ctlBytes = PageUp(sizeof(Control));
+  const uint64_t elfBytes = config.persistent ? 0 : PageUp(config.elf_limit);
+  const uint64_t ibBytes = PageUp(std::max<uint64_t>(config.ib_limit, 1));
+  const uint64_t obBytes = PageUp(std::max<uint64_t>(config.ob_limit, 1));
+  const uint64_t logBytes = PageUp(config.cores * kLogBytes);
+  w->region_bytes_ = ctlBytes + elfBytes + ibBytes + obBytes + logBytes;
+  void *m = ::mmap(nullptr, w->region_bytes_, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared buffers of ", w->region_bytes_,
+                     " bytes: ", std::strerror(errno)));
+  w->region_ = static_cast<uint8_t *>(m);
+  w->ctl_ = new (w->region_) Control();
+  w->elf_ = w->region_ + ctlBytes;
+  w->ib_ = w->elf_ + elfBytes;
+  w->ob_ = w->ib_ + ibBytes;
+  w->logs_ = w->ob_ + obBytes;
+  w->eventfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (w->eventfd_ < 0)
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+
+  std::fflush(stderr);
+  const pid_t parent = getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0)
+    WorkerMain(w->config_, w->ctl_, w->eventfd_, w->elf_, w->ib_, w->ob_,
+               w->logs_, elf, parent);
+  w->pid_ = pid;
+  w->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (w->pidfd_ < 0) {
+    w->Reap(true);
+    return absl::InternalError(
+        absl::StrCat("pidfd_open: ", std::strerror(errno)));
+  }
+  if (absl::Status s = w->WaitReady(absl::Seconds(30)); !s.ok())
+    return s;
+  return w;
+}
+
+absl::Status Worker::WaitReady(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    uint32_t r = ctl_->ready.load(std::memory_order_seq_cst);
+    if (r == kReadyOk)
+      return absl::OkStatus();
+    if (r == kReadyFailed) {
+      std::string m = ctl_->message;
+      Reap(false);
+      return absl::InvalidArgumentError(m);
+    }
+    pollfd p[2] = {{eventfd_, POLLIN, 0}, {pidfd_, POLLIN, 0}};
+    int ms = int(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (ms <= 0) {
+      Reap(true);
+      return absl::DeadlineExceededError("worker did not start in time");
+    }
+    ::poll(p, 2, std::min(ms, 100));
+    uint64_t v;
+    while (::read(eventfd_, &v, sizeof v) > 0) {
+    }
+    if ((p[1].revents & POLLIN) &&
+        ctl_->ready.load(std::memory_order_seq_cst) == kReadyNo) {
+      std::string how = Reap(false);
+      return absl::InternalError(
+          absl::StrCat("worker died while starting: ", how));
+    }
+  }
+}
+
+std::string Worker::Reap(bool kill_first) {
+  if (pid_ <= 0)
+    return "not running";
+  if (kill_first)
+    ::kill(pid_, SIGKILL);
+  int status = 0;
+  std::string how = "unknown";
+  if (::waitpid(pid_, &status, 0) == pid_) {
+    if (WIFSIGNALED(status))
+      how = absl::StrCat("killed by ", SignalName(WTERMSIG(status)));
+    else if (WIFEXITED(status))
+      how = absl::StrCat("exited with status ", WEXITSTATUS(status));
+  }
+  pid_ = -1;
+  if (pidfd_ >= 0)
+    ::close(pidfd_);
+  pidfd_ = -1;
+  return how;
+}
+
+void Worker::Lend(uint64_t weights_bytes, uint64_t weights_generation) {
+  ctl_->weights_bytes = weights_bytes;
+  ctl_->weights_generation = weights_generation;
+  ctl_->handback_kind = Handback::kNone;
+  ctl_->owner.store(kOwnerWorker, std::memory_order_seq_cst);
+  Futex(&ctl_->owner, FUTEX_WAKE, INT_MAX);
+}
+
+bool Worker::lent() const {
+  return ctl_->owner.load(std::memory_order_acquire) == kOwnerWorker;
+}
+
+Handback Worker::TakeBack() {
+  uint64_t v;
+  while (::read(eventfd_, &v, sizeof v) > 0) {
+  }
+  Handback h;
+  if (lent())
+    return h;
+  h.kind = static_cast<Handback::Kind>(ctl_->handback_kind);
+  h.header = ctl_->handback_header;
+  h.message = ctl_->handback_message;
+  ctl_->handback_kind = Handback::kNone;
+  return h;
+}
+
+bool Worker::in_step() const {
+  return ctl_->in_step.load(std::memory_order_seq_cst) != 0;
+}
+uint32_t Worker::step_request_id() const { return ctl_->step_request_id; }
+uint64_t Worker::step_number() const { return ctl_->step_number; }
+absl::Duration Worker::step_elapsed() const {
+  return absl::Nanoseconds(int64_t(NowNs() - ctl_->step_started_ns));
+}
+
+absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
+                                         uint64_t weights_bytes,
+                                         uint64_t weights_generation,
+                                         absl::Duration timeout,
+                                         int watch_fd) {
+  if (pid_ <= 0)
+    return absl::FailedPreconditionError("worker is not running");
+  Control *ctl = ctl_;
+  ctl->cmd = kCmdRun;
+  ctl->step_seq = ++step_seq_;
+  ctl->ib_bytes = ib_bytes;
+  ctl->elf_bytes = elf_bytes;
+  ctl->weights_bytes = weights_bytes;
+  ctl->weights_generation = weights_generation;
+  const uint32_t seq = ctl->cmd_seq.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (ctl->sleepers.load(std::memory_order_seq_cst))
+    Futex(&ctl->cmd_seq, FUTEX_WAKE, INT_MAX);
+
+  const uint64_t start = NowNs();
+  const absl::Time deadline = absl::Now() + timeout;
+  for (uint32_t i = 0;; ++i) {
+    if (ctl->done_seq.load(std::memory_order_acquire) == seq)
+      break;
+    if ((i & 63) != 63) {
+      _mm_pause();
+      continue;
+    }
+    if (NowNs() - start < config_.spin_ns) {
+      sched_yield();
+      continue;
+    }
+    ctl->main_sleeping.store(1, std::memory_order_seq_cst);
+    if (ctl->done_seq.load(std::memory_order_seq_cst) == seq) {
+      ctl->main_sleeping.store(0, std::memory_order_relaxed);
+      break;
+    }
+    pollfd p[3] = {{eventfd_, POLLIN, 0},
+                   {pidfd_, POLLIN, 0},
+                   {watch_fd, POLLRDHUP, 0}};
+    const absl::Duration left = deadline - absl::Now();
+    int ms = left <= absl::ZeroDuration()
+                 ? 0
+                 : int(std::min<int64_t>(
+                       absl::ToInt64Milliseconds(left) + 1, 1000));
+    int r = ::poll(p, watch_fd >= 0 ? 3 : 2, ms);
+    ctl->main_sleeping.store(0, std::memory_order_relaxed);
+    uint64_t v;
+    while (::read(eventfd_, &v, sizeof v) > 0) {
+    }
+    if (ctl->done_seq.load(std::memory_order_acquire) == seq)
+      break;
+    if (r > 0 && (p[1].revents & POLLIN)) {
+      std::string how = Reap(false);
+      return absl::AbortedError(
+          absl::StrCat("the ELF crashed in call ", step_seq_, ": worker ",
+                       how));
+    }
+    if (r > 0 && watch_fd >= 0 && (p[2].revents & (POLLRDHUP | POLLHUP))) {
+      Reap(true);
+      return absl::CancelledError("host hung up during the call");
+    }
+    if (absl::Now() >= deadline) {
+      Reap(true);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "call ", step_seq_, " did not finish within ",
+          absl::FormatDuration(timeout), "; worker killed"));
+    }
+  }
+  if (ctl->load_failed)
+    return absl::InvalidArgumentError(ctl->message);
+  StepOutcome out;
+  out.status = ctl->status;
+  out.ob_bytes = std::min<uint64_t>(ctl->ob_size, config_.ob_limit);
+  out.worker_ns = ctl->worker_ns;
+  out.kernel_ns.resize(config_.cores);
+  const double nsPerTick = config_.tsc_hz ? 1e9 / double(config_.tsc_hz) : 0;
+  for (uint32_t c = 0; c < config_.cores; ++c)
+    out.kernel_ns[c] = uint64_t(double(ctl->core_cycles[c]) * nsPerTick);
+  for (uint32_t c = 0; c < config_.cores; ++c) {
+    uint64_t n = std::min<uint64_t>(ctl->log_size[c], kLogBytes - 1);
+    if (n)
+      out.log.append(reinterpret_cast<const char *>(logs_ + c * kLogBytes), n);
+  }
+  return out;
+}
+
+void Worker::Stop(absl::Duration grace) {
+  if (pid_ <= 0)
+    return;
+  if (config_.persistent) { // nothing to clean up: kill it
+    Reap(true);
+    return;
+  }
+  ctl_->cmd = kCmdExit;
+  ctl_->cmd_seq.fetch_add(1, std::memory_order_seq_cst);
+  Futex(&ctl_->cmd_seq, FUTEX_WAKE, INT_MAX);
+  pollfd p{pidfd_, POLLIN, 0};
+  ::poll(&p, 1, int(absl::ToInt64Milliseconds(grace)));
+  Reap(!(p.revents & POLLIN));
+}
+
+Worker::~Worker() {
+  if (pid_ > 0)
+    Reap(true);
+  if (eventfd_ >= 0)
+    ::close(eventfd_);
+  if (region_)
+    ::munmap(region_, region_bytes_);
+}
+
+} // namespace duck::duckd

@@ -1,0 +1,147 @@
+// duckd: the node daemon of a duck (Server.h). A thin main over duckd_lib.
+#include "Server.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+ABSL_FLAG(int, port, 7411, "TCP port; 0 picks a free one (printed on stdout)");
+ABSL_FLAG(std::string, bind, "127.0.0.1",
+          "IPv4 address to listen on; non-loopback needs --token");
+ABSL_FLAG(std::string, token, "",
+          "secret a host must present at hello (default: $DUCKD_TOKEN)");
+ABSL_FLAG(std::string, name, "",
+          "name of this duck (cache file duckd-<name>.weights; default: port)");
+ABSL_FLAG(std::string, cache_dir, "",
+          "weight cache directory (default $XDG_CACHE_HOME/duck or "
+          "~/.cache/duck)");
+ABSL_FLAG(std::string, weights_size, "1G",
+          "bytes of the weight buffer (suffixes K, M, G)");
+ABSL_FLAG(bool, sync, true,
+          "msync weight data before marking it finished (crash-safe cache)");
+ABSL_FLAG(int, cores, 0, "cores a step runs on (0: every allowed CPU)");
+ABSL_FLAG(int, cpu_offset, 0, "index of the first CPU to pin core 0 to");
+ABSL_FLAG(bool, pin, true, "pin worker threads one per CPU");
+ABSL_FLAG(bool, yield, true,
+          "let spinning cores yield the CPU (for shared machines)");
+ABSL_FLAG(int, spin_us, 200,
+          "microseconds a worker spins for the next step before sleeping");
+ABSL_FLAG(std::string, max_payload, "256M", "largest frame payload accepted");
+ABSL_FLAG(int, step_timeout_ms, 120000,
+          "a step running longer is killed and reported");
+ABSL_FLAG(int, io_timeout_ms, 10000,
+          "a frame must arrive completely within this time once started");
+ABSL_FLAG(std::string, check_elf, "",
+          "only validate this duck ELF with duckd's loader and exit");
+
+namespace {
+
+bool ParseSize(const std::string &text, uint64_t *out) {
+  if (text.empty())
+    return false;
+  uint64_t mul = 1;
+  std::string digits = text;
+  switch (text.back()) {
+  case 'K': case 'k': mul = 1ull << 10; break;
+  case 'M': case 'm': mul = 1ull << 20; break;
+  case 'G': case 'g': mul = 1ull << 30; break;
+  default: break;
+  }
+  if (mul != 1)
+    digits.pop_back();
+  uint64_t v;
+  if (!absl::SimpleAtoi(digits, &v) || v > (~0ull) / mul)
+    return false;
+  *out = v * mul;
+  return true;
+}
+
+int CheckElfFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "duckd: cannot read %s\n", path.c_str());
+    return 1;
+  }
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  auto elf = duck::duckd::LoadedElf::Load(bytes);
+  if (!elf.ok()) {
+    std::fprintf(stderr, "duckd: %s: %s\n", path.c_str(),
+                 std::string(elf.status().message()).c_str());
+    return 1;
+  }
+  std::printf("ok: %s: %zu bytes, %llu mapped, %llu relocations\n",
+              path.c_str(), bytes.size(),
+              (unsigned long long)(*elf)->mapped_bytes(),
+              (unsigned long long)(*elf)->relocations());
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  absl::SetProgramUsageMessage(
+      "duckd: the node daemon of a duck. Serves one host at a time over the "
+      "duckd protocol (docs/protocol.md).");
+  // Accept --cache-dir as well as absl's --cache_dir spelling.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char *> argvFixed;
+  for (std::string &a : args) {
+    if (a.rfind("--", 0) == 0)
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i)
+        if (a[i] == '-')
+          a[i] = '_';
+    argvFixed.push_back(a.data());
+  }
+  absl::ParseCommandLine(int(argvFixed.size()), argvFixed.data());
+  if (!absl::GetFlag(FLAGS_check_elf).empty())
+    return CheckElfFile(absl::GetFlag(FLAGS_check_elf));
+
+  duck::duckd::ServerOptions o;
+  o.port = absl::GetFlag(FLAGS_port);
+  o.bind = absl::GetFlag(FLAGS_bind);
+  o.token = absl::GetFlag(FLAGS_token);
+  if (o.token.empty())
+    if (const char *t = std::getenv("DUCKD_TOKEN"))
+      o.token = t;
+  o.name = absl::GetFlag(FLAGS_name);
+  o.cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  if (!ParseSize(absl::GetFlag(FLAGS_weights_size), &o.weights_size) ||
+      !ParseSize(absl::GetFlag(FLAGS_max_payload), &o.max_payload)) {
+    std::fprintf(stderr, "duckd: bad --weights-size or --max-payload\n");
+    return 2;
+  }
+  o.sync = absl::GetFlag(FLAGS_sync);
+  o.cores = uint32_t(std::max(0, absl::GetFlag(FLAGS_cores)));
+  o.cpu_offset = std::max(0, absl::GetFlag(FLAGS_cpu_offset));
+  o.pin = absl::GetFlag(FLAGS_pin);
+  o.yield = absl::GetFlag(FLAGS_yield);
+  o.spin_ns = uint64_t(std::max(0, absl::GetFlag(FLAGS_spin_us))) * 1000;
+  o.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  o.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
+
+  auto server = duck::duckd::Server::Create(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "duckd: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 1;
+  }
+  // LocalCluster and scripts read the chosen port from this line.
+  std::printf("duckd: listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  absl::Status s = (*server)->Serve();
+  if (!s.ok()) {
+    std::fprintf(stderr, "duckd: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

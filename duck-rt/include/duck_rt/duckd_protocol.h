@@ -1,0 +1,220 @@
+// The duckd wire protocol: the frames a host and a duckd exchange over TCP
+// (docs/protocol.md explains every call). C-compatible, little-endian,
+// versioned as a schema: message types and fields are only appended; sizes
+// are pinned with static asserts at the bottom.
+//
+// A frame is a fixed 32-byte header followed by `payload_bytes` bytes. The
+// header carries the XXH3-64 of the payload; a receiver validates the header
+// (magic, version, known type, length limit) before reading the payload and
+// the checksum before using it.
+#ifndef DUCK_RT_DUCKD_PROTOCOL_H
+#define DUCK_RT_DUCKD_PROTOCOL_H
+
+#include "duck_rt/abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DUCKD_FRAME_MAGIC 0x50574B44u /* "DKWP" little-endian */
+enum {
+  DUCKD_PROTOCOL_VERSION = 1,
+  DUCKD_DEFAULT_MAX_PAYLOAD = 256 << 20,
+  DUCKD_MAX_CORES = 64,
+  DUCKD_NAME_BYTES = 64,
+  DUCKD_MAX_TOKEN_BYTES = 256,
+};
+
+/// Message types; a reply carries the request's type. Append only.
+typedef enum duckd_msg_type {
+  DUCKD_MSG_HELLO = 1,
+  DUCKD_MSG_OPEN = 2,
+  DUCKD_MSG_STEP = 3,
+  DUCKD_MSG_RUN = 4,
+  DUCKD_MSG_PREPARE_BEGIN = 5,
+  DUCKD_MSG_PREPARE_WRITE = 6,
+  DUCKD_MSG_PREPARE_FINISH = 7,
+  DUCKD_MSG_CLOSE = 8,
+  DUCKD_MSG_NOTICE = 9, // unsolicited, from duckd (e.g. "busy"), then close
+  DUCKD_MSG_COUNT = 10,
+} duckd_msg_type;
+
+typedef enum duckd_frame_flags {
+  DUCKD_FLAG_REPLY = 1u << 0,
+  DUCKD_FLAG_ERROR = 1u << 1, // payload is a duckd_error
+} duckd_frame_flags;
+
+typedef struct duckd_frame_header {
+  uint32_t magic;   // DUCKD_FRAME_MAGIC
+  uint16_t version; // DUCKD_PROTOCOL_VERSION
+  uint16_t type;    // duckd_msg_type
+  uint32_t flags;   // duckd_frame_flags
+  uint32_t request_id; // chosen by the host, echoed in the reply
+  uint64_t payload_bytes;
+  uint64_t payload_checksum; // XXH3-64 (seed 0) of the payload bytes
+} duckd_frame_header;
+
+/// Error codes of an error reply. Append only.
+typedef enum duckd_error_code {
+  DUCKD_ERR_BAD_FRAME = 1,    // header or checksum invalid
+  DUCKD_ERR_BAD_REQUEST = 2,  // payload malformed for its type
+  DUCKD_ERR_BAD_ABI = 3,      // abi or protocol version mismatch
+  DUCKD_ERR_UNAUTHORIZED = 4, // missing hello or wrong token
+  DUCKD_ERR_BUSY = 5,         // another host holds this duckd
+  DUCKD_ERR_NO_SESSION = 6,   // step/close without an open session
+  DUCKD_ERR_BAD_ELF = 7,      // the ELF was refused by the loader
+  DUCKD_ERR_STEP_CRASHED = 8, // the ELF faulted; the session is closed
+  DUCKD_ERR_STEP_TIMEOUT = 9, // the step did not finish; session closed
+  DUCKD_ERR_CACHE = 10,       // weight cache / prepare failure
+  DUCKD_ERR_TOO_LARGE = 11,   // a size beyond a configured limit
+  DUCKD_ERR_INTERNAL = 12,
+} duckd_error_code;
+
+/// Payload of a frame with DUCKD_FLAG_ERROR: this header, then
+/// `message_bytes` of UTF-8 text (not NUL-terminated).
+typedef struct duckd_error {
+  uint32_t code; // duckd_error_code
+  uint32_t message_bytes;
+} duckd_error;
+
+/* hello: first call of every connection. ------------------------------- */
+
+typedef struct duckd_hello_request {
+  uint32_t abi_version;      // DUCK_ABI_VERSION the host was built with
+  uint32_t protocol_version; // DUCKD_PROTOCOL_VERSION
+  uint32_t token_bytes;      // followed by the token (<= 256 bytes)
+  uint32_t reserved;
+} duckd_hello_request;
+
+typedef struct duckd_hello_reply {
+  uint32_t abi_version;
+  uint32_t protocol_version;
+  uint32_t cores; // cores duckd runs a step on
+  uint32_t pid;
+  uint64_t memory_bytes;     // physical memory of the node
+  uint64_t weights_capacity; // bytes the weight buffer holds
+  uint64_t max_payload;
+  uint64_t tsc_hz;
+  uint64_t weights_generation;
+  // Weight cache: the image it holds (all zero when empty) and its state.
+  duck_image_header image;
+  uint32_t cache_valid;   // 1 when `image` names a cached image
+  uint32_t head_finished; // the image header + slot table verified
+  uint32_t finished_slots; // count; the bitmap follows the reply
+  uint32_t reserved;
+  char name[DUCKD_NAME_BYTES]; // --name or the port, NUL-padded
+  // followed by a finish bitmap of ceil(image.slot_count / 8) bytes
+} duckd_hello_reply;
+
+/* open: load an ELF once for a persistent session. --------------------- */
+
+typedef struct duckd_open_request {
+  uint32_t cores; // 0: all of duckd's cores
+  uint32_t flags; // reserved, 0
+  uint64_t ib_limit;      // largest IB of the session
+  uint64_t ob_limit;      // OB bytes each step may produce
+  uint64_t scratch_bytes; // shared scratch (duck_step_scratch_bytes)
+  uint64_t elf_bytes;     // followed by the ELF file
+} duckd_open_request;
+
+typedef struct duckd_open_reply {
+  uint64_t session_id;
+  uint32_t cores;
+  uint32_t reserved;
+  uint64_t tsc_hz;
+} duckd_open_reply;
+
+/* step / run ----------------------------------------------------------- */
+
+typedef struct duckd_step_request {
+  uint64_t session_id;
+  uint64_t ib_bytes; // followed by the IB
+} duckd_step_request;
+
+/// run: load + run + unload, no session. Followed by the ELF, then the IB.
+typedef struct duckd_run_request {
+  uint32_t cores;
+  uint32_t flags; // reserved, 0
+  uint64_t ob_limit;
+  uint64_t scratch_bytes;
+  uint64_t elf_bytes;
+  uint64_t ib_bytes;
+} duckd_run_request;
+
+/// Reply of step and run: this, then uint64 kernel_ns[cores] (each core's
+/// time inside the ELF, from its TSC ticks), the OB, then the log text
+/// (all cores' logs, core 0 first).
+typedef struct duckd_step_reply {
+  int32_t status; // duck_status returned by core 0
+  uint32_t cores;
+  uint64_t ob_bytes;
+  uint64_t log_bytes;
+  uint64_t worker_ns; // duckd's wall time from IB ready to OB ready
+} duckd_step_reply;
+
+/* prepare: weight upload into the cached weight buffer. ---------------- */
+
+typedef enum duckd_prepare_flags {
+  DUCKD_PREPARE_INVALIDATE = 1u << 0, // forget the cache: always a miss
+} duckd_prepare_flags;
+
+typedef enum duckd_cache_result {
+  DUCKD_CACHE_HIT = 0,     // same image, every slot finished: no upload
+  DUCKD_CACHE_PARTIAL = 1, // same image, some parts unfinished: upload those
+  DUCKD_CACHE_MISS = 2,    // different image or invalidated: upload all
+} duckd_cache_result;
+
+typedef struct duckd_prepare_begin_request {
+  uint32_t flags; // duckd_prepare_flags
+  uint32_t reserved;
+  duck_image_header image; // the header of the image to hold
+} duckd_prepare_begin_request;
+
+/// Reply of prepare_begin and prepare_finish; followed by the finish
+/// bitmap (ceil(slot_count / 8) bytes, bit s % 8 of byte s / 8).
+typedef struct duckd_prepare_reply {
+  uint32_t result; // duckd_cache_result (begin), 0 (finish)
+  uint32_t head_finished;
+  uint32_t slot_count;
+  uint32_t finished_slots;
+  uint64_t generation;
+} duckd_prepare_reply;
+
+/// Followed by `bytes` of image data for image offset `offset`.
+typedef struct duckd_prepare_write_request {
+  uint64_t offset;
+  uint64_t bytes;
+} duckd_prepare_write_request;
+
+typedef struct duckd_prepare_write_reply {
+  uint64_t offset;
+  uint64_t bytes;
+} duckd_prepare_write_reply;
+
+typedef struct duckd_close_request {
+  uint64_t session_id;
+} duckd_close_request;
+
+#ifdef __cplusplus
+} // extern "C"
+
+static_assert(sizeof(duckd_frame_header) == 32, "duckd_frame_header is wire");
+static_assert(sizeof(duckd_error) == 8, "duckd_error is wire");
+static_assert(sizeof(duckd_hello_request) == 16, "duckd_hello_request is wire");
+static_assert(sizeof(duckd_hello_reply) == 216, "duckd_hello_reply is wire");
+static_assert(sizeof(duckd_open_request) == 40, "duckd_open_request is wire");
+static_assert(sizeof(duckd_open_reply) == 24, "duckd_open_reply is wire");
+static_assert(sizeof(duckd_step_request) == 16, "duckd_step_request is wire");
+static_assert(sizeof(duckd_run_request) == 40, "duckd_run_request is wire");
+static_assert(sizeof(duckd_step_reply) == 32, "duckd_step_reply is wire");
+static_assert(sizeof(duckd_prepare_begin_request) == 88,
+              "duckd_prepare_begin_request is wire");
+static_assert(sizeof(duckd_prepare_reply) == 24, "duckd_prepare_reply is wire");
+static_assert(sizeof(duckd_prepare_write_request) == 16,
+              "duckd_prepare_write_request is wire");
+static_assert(sizeof(duckd_prepare_write_reply) == 16,
+              "duckd_prepare_write_reply is wire");
+static_assert(sizeof(duckd_close_request) == 8, "duckd_close_request is wire");
+#endif
+
+#endif // DUCK_RT_DUCKD_PROTOCOL_H

@@ -1,0 +1,293 @@
+//===- LocalCluster.cpp - N duckd processes on this machine ---------------===//
+#include "duck/runtime/LocalCluster.h"
+
+#include "duckd/Wire.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace duck::runtime {
+namespace {
+
+std::string FindDuckd(const std::string &given) {
+  if (!given.empty())
+    return given;
+  if (const char *e = std::getenv("DUCKD"); e && *e)
+    return e;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = 0;
+    std::string dir(self);
+    dir = dir.substr(0, dir.rfind('/'));
+    std::string cand = dir + "/duckd";
+    if (::access(cand.c_str(), X_OK) == 0)
+      return cand;
+  }
+  return "duckd"; // execvp searches PATH
+}
+
+/// Waits until a child exits or `timeout` passes; true when reaped.
+bool WaitExit(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int st;
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD))
+      return true;
+    if (absl::Now() >= deadline)
+      return false;
+    ::usleep(2000);
+  }
+}
+
+void RemoveTree(const std::string &dir) {
+  if (DIR *d = ::opendir(dir.c_str())) {
+    while (dirent *e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..")
+        continue;
+      ::unlink((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
+} // namespace
+
+absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
+                      const std::string &token) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return absl::InternalError(std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(endpoint.port);
+  ::inet_pton(AF_INET, endpoint.host.c_str(), &sa.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) {
+    int e = errno;
+    ::close(fd);
+    return absl::UnavailableError(std::strerror(e));
+  }
+  duckd::TuneSocket(fd);
+  duckd_hello_request r{};
+  r.abi_version = DUCK_ABI_VERSION;
+  r.protocol_version = DUCKD_PROTOCOL_VERSION;
+  r.token_bytes = uint32_t(token.size());
+  duckd::Part p[2] = {{&r, sizeof r}, {token.data(), token.size()}};
+  absl::Status s = duckd::WriteFrame(fd, DUCKD_MSG_HELLO, 0, 1, p, deadline);
+  if (s.ok()) {
+    auto f = duckd::ReadFrame(fd, 1 << 20, deadline);
+    if (!f.ok())
+      s = f.status();
+    else if (f->header.flags & DUCKD_FLAG_ERROR) {
+      auto e = duckd::DecodeError(f->payload);
+      s = absl::UnavailableError(
+          absl::StrCat("hello refused: ", e.ok() ? e->message : "?"));
+    }
+  }
+  ::close(fd);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>>
+LocalCluster::Start(const LocalClusterOptions &options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->opt_ = options;
+  c->duckd_ = FindDuckd(options.duckd_path);
+  if (options.cache_dir.empty()) {
+    char tmpl[] = "/tmp/duck-cluster-XXXXXX";
+    if (!::mkdtemp(tmpl))
+      return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    c->cache_dir_ = tmpl;
+    c->own_cache_dir_ = true;
+  } else {
+    c->cache_dir_ = options.cache_dir;
+  }
+  c->pids_.assign(options.ducks, -1);
+  c->endpoints_.resize(options.ducks);
+  for (size_t i = 0; i < options.ducks; ++i)
+    if (absl::Status s = c->StartOne(i); !s.ok())
+      return s; // the destructor stops the ones already running
+  return c;
+}
+
+std::string LocalCluster::cache_file(size_t duck) const {
+  return absl::StrCat(cache_dir_, "/duckd-", opt_.name_prefix, duck,
+                      ".weights");
+}
+
+absl::Status LocalCluster::StartOne(size_t i) {
+  const std::string name = absl::StrCat(opt_.name_prefix, i);
+  std::vector<std::string> args = {
+      duckd_,
+      "--port=0",
+      absl::StrCat("--name=", name),
+      absl::StrCat("--cache_dir=", cache_dir_),
+      absl::StrCat("--weights_size=", opt_.weights_size),
+      absl::StrCat("--cores=", opt_.cores),
+      absl::StrCat("--cpu_offset=", i * opt_.cores),
+      absl::StrCat("--pin=", opt_.pin ? "true" : "false"),
+      absl::StrCat("--sync=", opt_.sync ? "true" : "false")};
+  if (!opt_.token.empty())
+    args.push_back(absl::StrCat("--token=", opt_.token));
+  args.insert(args.end(), opt_.extra_args.begin(), opt_.extra_args.end());
+  std::vector<char *> argv;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::string logPath;
+  if (!opt_.log_dir.empty())
+    logPath = absl::StrCat(opt_.log_dir, "/duckd-", name, ".log");
+
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0)
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The daemon must not outlive the process that started it.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent)
+      ::_exit(1);
+    ::dup2(out[1], STDOUT_FILENO);
+    if (!logPath.empty()) {
+      int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0)
+        ::dup2(fd, STDERR_FILENO);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  pids_[i] = pid;
+
+  // Read "duckd: listening on HOST:PORT" from its stdout.
+  const absl::Time deadline = absl::Now() + opt_.start_timeout;
+  std::string text;
+  uint16_t port = 0;
+  std::string host = "127.0.0.1";
+  while (!port) {
+    const int ms = int(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    pollfd p{out[0], POLLIN, 0};
+    if (ms <= 0 || ::poll(&p, 1, ms) <= 0)
+      break;
+    char buf[256];
+    ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n <= 0)
+      break;
+    text.append(buf, size_t(n));
+    const std::string key = "duckd: listening on ";
+    size_t at = text.find(key);
+    size_t eol = at == std::string::npos ? at : text.find('\n', at);
+    if (eol != std::string::npos) {
+      std::string addr = text.substr(at + key.size(), eol - at - key.size());
+      size_t colon = addr.rfind(':');
+      uint32_t v = 0;
+      if (colon != std::string::npos &&
+          absl::SimpleAtoi(addr.substr(colon + 1), &v) && v && v < 65536) {
+        host = addr.substr(0, colon);
+        port = uint16_t(v);
+      }
+      break;
+    }
+  }
+  ::close(out[0]);
+  if (!port) {
+    ::kill(pid, SIGKILL);
+    WaitExit(pid, absl::Seconds(5));
+    pids_[i] = -1;
+    return absl::UnavailableError(
+        absl::StrCat("duckd ", name, " (", duckd_,
+                     ") did not report its port; stdout: '", text, "'"));
+  }
+  endpoints_[i].host = host;
+  endpoints_[i].port = port;
+  // Ready when it answers hello.
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    last = PingDuck(endpoints_[i], absl::Seconds(2), opt_.token);
+    if (last.ok())
+      return absl::OkStatus();
+    ::usleep(5000);
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "duckd ", name, " at ", endpoints_[i].ToString(),
+      " never answered hello: ", last.message()));
+}
+
+absl::Status LocalCluster::Stop() {
+  for (pid_t pid : pids_)
+    if (pid > 0)
+      ::kill(pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + opt_.stop_timeout;
+  absl::Status s;
+  for (pid_t &pid : pids_) {
+    if (pid <= 0)
+      continue;
+    absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    if (!WaitExit(pid, left)) {
+      ::kill(pid, SIGKILL);
+      WaitExit(pid, absl::Seconds(5));
+      s = absl::DeadlineExceededError(
+          "a duckd ignored SIGTERM and was killed");
+    }
+    pid = -1;
+  }
+  return s;
+}
+
+absl::Status LocalCluster::Kill(size_t duck, int sig) {
+  if (duck >= pids_.size() || pids_[duck] <= 0)
+    return absl::NotFoundError("no such running duck");
+  ::kill(pids_[duck], sig);
+  if (!WaitExit(pids_[duck], absl::Seconds(10))) {
+    ::kill(pids_[duck], SIGKILL);
+    WaitExit(pids_[duck], absl::Seconds(5));
+  }
+  pids_[duck] = -1;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Restart(size_t duck) {
+  if (duck >= pids_.size())
+    return absl::NotFoundError("no such duck");
+  if (pids_[duck] > 0)
+    if (absl::Status s = Kill(duck, SIGTERM); !s.ok())
+      return s;
+  return StartOne(duck);
+}
+
+LocalCluster::~LocalCluster() {
+  (void)Stop();
+  if (own_cache_dir_)
+    RemoveTree(cache_dir_);
+}
+
+} // namespace duck::runtime

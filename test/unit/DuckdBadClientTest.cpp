@@ -1,0 +1,443 @@
+// duckd survives every bad client: garbage, truncated and oversized frames,
+// wrong versions, bad checksums, calls out of order, bad ELFs, bad sizes and
+// clients that vanish or stall mid-frame. Each gets an error reply or a
+// closed connection, leaves a log line, and the daemon keeps serving.
+#include "duck/runtime/DuckClient.h"
+#include "duck/runtime/LocalCluster.h"
+#include "duckd/Wire.h"
+
+#include "SyntheticImage.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <netinet/in.h>
+#include <poll.h>
+#include <random>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace {
+
+using duck::duckd::Part;
+using duck::runtime::DuckEndpoint;
+using duck::runtime::LocalCluster;
+using duck::runtime::LocalClusterOptions;
+
+std::vector<uint8_t> ReadFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
+
+/// A raw protocol connection.
+struct Raw {
+  int fd = -1;
+  explicit Raw(const DuckEndpoint &ep) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(ep.port);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa), 0);
+  }
+  ~Raw() { close(fd); }
+  void SendBytes(const void *p, size_t n) {
+    ASSERT_EQ(send(fd, p, n, MSG_NOSIGNAL), ssize_t(n));
+  }
+  void SendFrame(uint16_t type, std::vector<Part> parts, uint32_t flags = 0,
+                 uint32_t id = 7) {
+    ASSERT_TRUE(duck::duckd::WriteFrame(fd, type, flags, id, parts,
+                                        absl::Now() + absl::Seconds(5))
+                    .ok());
+  }
+  absl::StatusOr<duck::duckd::Frame> Recv() {
+    return duck::duckd::ReadFrame(fd, 64 << 20, absl::Now() + absl::Seconds(5));
+  }
+  /// Expects an error reply with `code`; returns its message.
+  std::string ExpectError(duckd_error_code code) {
+    auto f = Recv();
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (!f.ok())
+      return "";
+    EXPECT_TRUE(f->header.flags & DUCKD_FLAG_ERROR);
+    auto e = duck::duckd::DecodeError(f->payload);
+    EXPECT_TRUE(e.ok());
+    if (!e.ok())
+      return "";
+    EXPECT_EQ(e->code, code) << e->message;
+    return e->message;
+  }
+  /// True when duckd closes the connection within `timeout`.
+  bool Closed(absl::Duration timeout = absl::Seconds(3)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    char c;
+    while (absl::Now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) {
+        ssize_t n = recv(fd, &c, 1, 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+          return true;
+      }
+    }
+    return false;
+  }
+  void Hello(uint32_t abi = DUCK_ABI_VERSION) {
+    duckd_hello_request r{abi, DUCKD_PROTOCOL_VERSION, 0, 0};
+    SendFrame(DUCKD_MSG_HELLO, {{&r, sizeof r}});
+  }
+  void HelloOk() {
+    Hello();
+    auto f = Recv();
+    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+  }
+};
+
+class DuckdBadClient : public ::testing::Test {
+protected:
+  void SetUp() override {
+    log_dir_ = ::testing::TempDir() + "/duckd-bad-" +
+               std::to_string(getpid()) + "-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_EQ(system(("mkdir -p '" + log_dir_ + "'").c_str()), 0);
+    LocalClusterOptions o;
+    o.ducks = 1;
+    o.cores = 2;
+    o.duckd_path = DUCKD_PATH;
+    o.weights_size = 8 << 20;
+    o.log_dir = log_dir_;
+    o.extra_args = {"--io_timeout_ms=500", "--max_payload=4M", "--spin_us=50"};
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ep_ = cluster_->endpoints()[0];
+  }
+  void TearDown() override {
+    if (cluster_) {
+      EXPECT_TRUE(cluster_->Stop().ok()); // still answers SIGTERM
+    }
+    cluster_.reset();
+    std::remove((log_dir_ + "/duckd-local0.log").c_str());
+    ::rmdir(log_dir_.c_str());
+  }
+  /// The daemon is alive and serves a new host.
+  void ExpectServing() {
+    absl::Status s;
+    for (int i = 0; i < 50; ++i) {
+      s = duck::runtime::PingDuck(ep_, absl::Seconds(2));
+      if (s.ok())
+        break;
+      usleep(20000);
+    }
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  std::string Log() {
+    std::ifstream in(log_dir_ + "/duckd-local0.log");
+    return std::string((std::istreambuf_iterator<char>(in)),
+                       std::istreambuf_iterator<char>());
+  }
+  std::string log_dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+  DuckEndpoint ep_;
+};
+
+TEST_F(DuckdBadClient, GarbageBytes) {
+  Raw r(ep_);
+  std::mt19937 rng(1);
+  std::vector<uint8_t> junk(512);
+  for (auto &b : junk)
+    b = uint8_t(rng());
+  r.SendBytes(junk.data(), junk.size());
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_FRAME).find("magic"),
+            std::string::npos);
+  EXPECT_TRUE(r.Closed());
+  ExpectServing();
+  EXPECT_NE(Log().find("bad frame magic"), std::string::npos) << Log();
+}
+
+TEST_F(DuckdBadClient, TruncatedHeaderThenDisconnect) {
+  {
+    Raw r(ep_);
+    uint8_t part[10] = {0x44, 0x4B, 0x57, 0x50};
+    r.SendBytes(part, sizeof part);
+  }
+  ExpectServing();
+  EXPECT_NE(Log().find("truncated frame header"), std::string::npos) << Log();
+}
+
+TEST_F(DuckdBadClient, TruncatedPayloadThenDisconnect) {
+  {
+    Raw r(ep_);
+    std::vector<uint8_t> payload(100, 1);
+    Part p{payload.data(), payload.size()};
+    duckd_frame_header h =
+        duck::duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {&p, 1});
+    r.SendBytes(&h, sizeof h);
+    r.SendBytes(payload.data(), 20);
+  }
+  ExpectServing();
+  EXPECT_NE(Log().find("truncated hello frame"), std::string::npos) << Log();
+}
+
+TEST_F(DuckdBadClient, OversizedLength) {
+  Raw r(ep_);
+  duckd_frame_header h = duck::duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {});
+  h.payload_bytes = 1ull << 40;
+  r.SendBytes(&h, sizeof h);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_TOO_LARGE).find("exceeds"),
+            std::string::npos);
+  EXPECT_TRUE(r.Closed());
+  // Just above the configured 4 MiB limit too.
+  Raw r2(ep_);
+  h.payload_bytes = (4 << 20) + 1;
+  r2.SendBytes(&h, sizeof h);
+  r2.ExpectError(DUCKD_ERR_TOO_LARGE);
+  ExpectServing();
+}
+
+TEST_F(DuckdBadClient, StallMidFrameIsDropped) {
+  Raw r(ep_);
+  duckd_frame_header h = duck::duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {});
+  r.SendBytes(&h, 16);
+  EXPECT_TRUE(r.Closed(absl::Seconds(5))); // --io_timeout_ms=500
+  ExpectServing();
+  EXPECT_NE(Log().find("read timed out"), std::string::npos) << Log();
+}
+
+TEST_F(DuckdBadClient, WrongProtocolVersion) {
+  Raw r(ep_);
+  duckd_hello_request req{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, 0, 0};
+  Part p{&req, sizeof req};
+  duckd_frame_header h =
+      duck::duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {&p, 1});
+  h.version = 2;
+  r.SendBytes(&h, sizeof h);
+  r.SendBytes(&req, sizeof req);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_ABI).find("protocol version 2"),
+            std::string::npos);
+  EXPECT_TRUE(r.Closed());
+  ExpectServing();
+}
+
+TEST_F(DuckdBadClient, WrongAbiAtHelloThenGoodHello) {
+  {
+    Raw r(ep_);
+    r.Hello(99);
+    EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_ABI).find("abi 99"),
+              std::string::npos);
+    r.HelloOk(); // the connection stays usable
+  }
+  ExpectServing();
+}
+
+TEST_F(DuckdBadClient, BadChecksum) {
+  Raw r(ep_);
+  duckd_hello_request req{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, 0, 0};
+  Part p{&req, sizeof req};
+  duckd_frame_header h =
+      duck::duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {&p, 1});
+  h.payload_checksum ^= 1;
+  r.SendBytes(&h, sizeof h);
+  r.SendBytes(&req, sizeof req);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_FRAME).find("checksum"),
+            std::string::npos);
+  r.HelloOk();
+}
+
+TEST_F(DuckdBadClient, CallsOutOfOrder) {
+  Raw r(ep_);
+  duckd_close_request c{1};
+  r.SendFrame(DUCKD_MSG_CLOSE, {{&c, sizeof c}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_UNAUTHORIZED).find("hello first"),
+            std::string::npos);
+  r.HelloOk();
+  std::vector<uint8_t> ib(64, 0);
+  duckd_step_request s{1, ib.size()};
+  r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_NO_SESSION).find("open first"),
+            std::string::npos);
+  r.SendFrame(DUCKD_MSG_CLOSE, {{&c, sizeof c}});
+  r.ExpectError(DUCKD_ERR_NO_SESSION);
+  r.SendFrame(DUCKD_MSG_PREPARE_FINISH, {});
+  r.ExpectError(DUCKD_ERR_CACHE); // nothing named yet
+  // A host must not send replies or notices.
+  r.SendFrame(DUCKD_MSG_CLOSE, {{&c, sizeof c}}, DUCKD_FLAG_REPLY);
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  r.SendFrame(DUCKD_MSG_NOTICE, {});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  // Wrong sizes inside a well-formed frame.
+  uint8_t tiny[3] = {};
+  r.SendFrame(DUCKD_MSG_OPEN, {{tiny, 3}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  r.SendFrame(DUCKD_MSG_STEP, {{tiny, 3}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  duckd_step_request lie{1, 1000};
+  r.SendFrame(DUCKD_MSG_STEP, {{&lie, sizeof lie}, {ib.data(), ib.size()}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  r.HelloOk();
+}
+
+/// Sends open with `elf`; returns the error message (BAD_ELF expected).
+std::string OpenBadElf(Raw &r, const std::vector<uint8_t> &elf) {
+  duckd_open_request o{};
+  o.cores = 1;
+  o.ib_limit = 4096;
+  o.ob_limit = 4096;
+  o.scratch_bytes = 1 << 20;
+  o.elf_bytes = elf.size();
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  return r.ExpectError(DUCKD_ERR_BAD_ELF);
+}
+
+TEST_F(DuckdBadClient, BadElfs) {
+  {
+  Raw r(ep_);
+  r.HelloOk();
+  const std::vector<uint8_t> good = ReadFile(DUCK_ELF_PATH);
+  auto arm = good;
+  arm[18] = 183; // e_machine = EM_AARCH64
+  arm[19] = 0;
+  EXPECT_NE(OpenBadElf(r, arm).find("need x86-64"), std::string::npos);
+  std::vector<uint8_t> cut(good.begin(), good.begin() + good.size() / 3);
+  EXPECT_NE(OpenBadElf(r, cut).find("past the end"), std::string::npos);
+  std::vector<uint8_t> junk(4096, 0x5A);
+  EXPECT_NE(OpenBadElf(r, junk).find("bad magic"), std::string::npos);
+  EXPECT_NE(OpenBadElf(r, {}).find("truncated"), std::string::npos);
+  EXPECT_NE(OpenBadElf(r, ReadFile(DUCKD_PATH)).find("PT_INTERP"),
+            std::string::npos);
+  // One-shot runs refuse them the same way, and keep the sandbox alive.
+  duckd_run_request run{};
+  run.cores = 1;
+  run.ob_limit = 4096;
+  run.scratch_bytes = 1 << 20;
+  run.elf_bytes = arm.size();
+  std::vector<uint8_t> ib(64, 0);
+  run.ib_bytes = ib.size();
+  r.SendFrame(DUCKD_MSG_RUN,
+              {{&run, sizeof run}, {arm.data(), arm.size()}, {ib.data(), 64}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_ELF).find("need x86-64"),
+            std::string::npos);
+  // And a good ELF opens afterwards on the same connection.
+  duckd_open_request o{};
+  o.cores = 2;
+  o.ib_limit = 4096;
+  o.ob_limit = 4096;
+  o.scratch_bytes = 1 << 20;
+  o.elf_bytes = good.size();
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {good.data(), good.size()}});
+  auto f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+  }
+  ExpectServing();
+}
+
+TEST_F(DuckdBadClient, BadSizes) {
+  Raw r(ep_);
+  r.HelloOk();
+  const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
+  duckd_open_request o{};
+  o.cores = 99;
+  o.ib_limit = 4096;
+  o.ob_limit = 4096;
+  o.elf_bytes = elf.size();
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("cores"),
+            std::string::npos);
+  o.cores = 1;
+  o.ob_limit = 0;
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  o.ob_limit = 4096;
+  o.scratch_bytes = 1ull << 50;
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  o.scratch_bytes = 1 << 20;
+  o.elf_bytes = elf.size() + 5;
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  // A step IB larger than the session's ib_limit.
+  o.elf_bytes = elf.size();
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  auto f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  duckd_open_reply rep;
+  std::memcpy(&rep, f->payload.data(), sizeof rep);
+  std::vector<uint8_t> ib(8192, 0);
+  duckd_step_request s{rep.session_id, ib.size()};
+  r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}});
+  r.ExpectError(DUCKD_ERR_TOO_LARGE);
+  // A bad IB inside the limit: the ELF answers with a status, not a fault.
+  std::vector<uint8_t> small(64, 0xEE);
+  duckd_step_request s2{rep.session_id, small.size()};
+  r.SendFrame(DUCKD_MSG_STEP, {{&s2, sizeof s2}, {small.data(), 64}});
+  f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+  duckd_step_reply sr;
+  std::memcpy(&sr, f->payload.data(), sizeof sr);
+  EXPECT_EQ(sr.status, DUCK_STATUS_BAD_INPUT);
+  // Image headers and writes the cache refuses.
+  duckd_prepare_begin_request b{};
+  r.SendFrame(DUCKD_MSG_PREPARE_BEGIN, {{&b, sizeof b}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_CACHE).find("bad magic"),
+            std::string::npos);
+  duck::duckd::SyntheticSpec spec;
+  spec.slots = {duck::duckd::SyntheticSlot{}};
+  auto img = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(img.ok());
+  std::memcpy(&b.image, img->data(), sizeof b.image);
+  b.image.total_bytes = 1ull << 40;
+  r.SendFrame(DUCKD_MSG_PREPARE_BEGIN, {{&b, sizeof b}});
+  r.ExpectError(DUCKD_ERR_CACHE); // the checksum no longer matches
+  std::memcpy(&b.image, img->data(), sizeof b.image);
+  r.SendFrame(DUCKD_MSG_PREPARE_BEGIN, {{&b, sizeof b}});
+  f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+  duckd_prepare_write_request w{img->size() - 8, 64};
+  std::vector<uint8_t> data(64, 1);
+  r.SendFrame(DUCKD_MSG_PREPARE_WRITE, {{&w, sizeof w}, {data.data(), 64}});
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_CACHE).find("outside the image"),
+            std::string::npos);
+  // Finishing an image never uploaded fails verification, marks nothing.
+  r.SendFrame(DUCKD_MSG_PREPARE_FINISH, {});
+  r.ExpectError(DUCKD_ERR_CACHE);
+  r.HelloOk();
+}
+
+TEST_F(DuckdBadClient, DisconnectMidStep) {
+  const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    duckd_open_request o{};
+    o.cores = 2;
+    o.ib_limit = 1 << 20;
+    o.ob_limit = 4096;
+    o.scratch_bytes = 1 << 20;
+    o.elf_bytes = elf.size();
+    r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+    auto f = r.Recv();
+    ASSERT_TRUE(f.ok());
+    duckd_open_reply rep;
+    std::memcpy(&rep, f->payload.data(), sizeof rep);
+    std::vector<uint8_t> ib(512 << 10, 0);
+    duckd_step_request s{rep.session_id, ib.size()};
+    Part parts[] = {{&s, sizeof s}, {ib.data(), ib.size()}};
+    duckd_frame_header h = duck::duckd::MakeHeader(DUCKD_MSG_STEP, 0, 3, parts);
+    r.SendBytes(&h, sizeof h);
+    r.SendBytes(&s, sizeof s);
+    r.SendBytes(ib.data(), 100 << 10);
+  } // gone mid-IB
+  ExpectServing();
+  const std::string log = Log();
+  EXPECT_NE(log.find("truncated step"), std::string::npos) << log;
+  EXPECT_NE(log.find("session 1 closed"), std::string::npos) << log;
+}
+
+} // namespace
