@@ -1,0 +1,98 @@
+//===- Engine.h - runs a plan's host program ---------------------*- C++ -*-===//
+//
+// The host side of a forward pass: embedding, norms, attention with a KV
+// cache, MoE routing and the LM head run here; every FFN op becomes one step
+// on the ducks through an FfnRunner. Prefill runs a whole chunk of prompt
+// tokens per op (duck modes 5/6), decode one token (modes 0/1/4). Adding a
+// model family is adding ops to Prepare() and Run(), not a new loop.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_ENGINE_H
+#define DUCK_RUNTIME_ENGINE_H
+
+#include "duck/runtime/HostKernels.h"
+#include "duck/runtime/Plan.h"
+#include "duck_rt/abi.h"
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+#include <memory>
+#include <vector>
+
+namespace duck::runtime {
+
+/// Runs one FFN op on the ducks: out[t] = sum over ducks of their partial
+/// outputs for x[t], added in rank order.
+class FfnRunner {
+public:
+  virtual ~FfnRunner() = default;
+  /// `slots` holds n_tokens * top_k entries (MoE) or is empty (dense).
+  virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                           uint32_t top_k, const duck_expert_slot *slots,
+                           const float *x, float *out) = 0;
+};
+
+struct EngineOptions {
+  uint32_t max_seq = 4096;     // KV cache length
+  uint32_t threads = 1;        // host threads (the pool includes the caller)
+  uint32_t prefill_chunk = 32; // prompt tokens per duck step
+};
+
+class Engine {
+public:
+  static absl::StatusOr<std::unique_ptr<Engine>>
+  Create(const LoadedPlan &plan, FfnRunner *runner, const EngineOptions &opts);
+  ~Engine();
+
+  /// Runs `tokens` at positions position()..position()+n-1 (prefill when
+  /// n > 1, in chunks), appending to the KV cache; writes the logits of the
+  /// last token into out_logits (vocab floats).
+  absl::Status Forward(absl::Span<const int32_t> tokens,
+                       std::vector<float> *out_logits);
+  /// Like Forward, one token at a time through the decode modes only.
+  absl::Status ForwardDecodeOnly(absl::Span<const int32_t> tokens,
+                                 std::vector<float> *out_logits);
+
+  uint32_t position() const { return pos_; }
+  uint32_t max_seq() const { return opts_.max_seq; }
+  uint32_t vocab() const;
+  void Reset() { pos_ = 0; }
+
+private:
+  struct Op;
+  Engine() = default;
+  absl::Status Prepare();
+  absl::Status RunChunk(absl::Span<const int32_t> tokens, bool prefill,
+                        std::vector<float> *out_logits);
+
+  const LoadedPlan *plan_ = nullptr;
+  FfnRunner *runner_ = nullptr;
+  EngineOptions opts_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::unique_ptr<Op>> ops_;
+  uint32_t pos_ = 0;
+  uint32_t hidden_ = 0;
+};
+
+/// Sampling of the next token from logits.
+struct SamplerOptions {
+  float temperature = 0.0f; // 0: greedy
+  uint32_t top_k = 0;       // 0: off
+  float top_p = 1.0f;       // 1: off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+public:
+  explicit Sampler(const SamplerOptions &o);
+  int32_t Sample(absl::Span<const float> logits);
+
+private:
+  SamplerOptions o_;
+  uint64_t state_;
+  std::vector<std::pair<float, int32_t>> buf_;
+};
+
+} // namespace duck::runtime
+
+#endif

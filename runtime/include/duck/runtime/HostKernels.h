@@ -1,0 +1,80 @@
+//===- HostKernels.h - the host's share of the forward pass -----*- C++ -*-===//
+//
+// Embedding, RMSNorm, RoPE, grouped-query attention over a KV cache, router
+// top-k, matrix-vector products for the attention projections and the LM
+// head. AVX2 where it matters, a ThreadPool for the big products; no
+// allocation in the per-token path beyond the caller's buffers.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_HOSTKERNELS_H
+#define DUCK_RUNTIME_HOSTKERNELS_H
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace duck::runtime {
+
+/// A fixed set of worker threads, created and owned explicitly by its user.
+class ThreadPool {
+public:
+  explicit ThreadPool(unsigned threads);
+  ~ThreadPool();
+  unsigned size() const { return (unsigned)workers_.size() + 1; }
+  /// Runs fn(begin, end) over [0, n) split into size() contiguous parts;
+  /// the caller runs part 0. Returns when all parts are done.
+  void ParallelFor(uint64_t n, const std::function<void(uint64_t, uint64_t)> &fn);
+
+private:
+  void Loop(unsigned index);
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(uint64_t, uint64_t)> *job_ = nullptr;
+  uint64_t n_ = 0, generation_ = 0;
+  unsigned pending_ = 0;
+  bool stop_ = false;
+};
+
+/// A host weight matrix [rows, cols], row-major, in bf16 (mapped straight
+/// from the checkpoint) or fp32 (converted at load).
+struct HostMatrix {
+  uint64_t rows = 0, cols = 0;
+  const uint16_t *bf16 = nullptr;
+  const float *f32 = nullptr;
+  std::vector<float> owned; // backing store of f32 when converted
+};
+
+/// y[r] = W[r] . x for rows [r0, r1).
+void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
+                uint64_t r1);
+/// y = W x over all rows, split across the pool.
+void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y);
+/// Y[t] = W X[t] for n rows of X (row stride = cols), split across the pool.
+void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
+            float *y);
+
+/// y = w * x / sqrt(mean(x^2) + eps), in place allowed.
+void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y);
+
+/// NeoX (half-split) rotary embedding of one head of `dim` at `pos`.
+void RopeNeox(float *head, uint64_t dim, int64_t pos, double theta);
+
+/// Causal GQA attention of one query token over cached keys/values
+/// [0, len): q [heads][dim], k/v caches [len][kv_heads][dim], out
+/// [heads][dim]. `scores` holds len floats.
+void AttendOne(const float *q, const float *kcache, const float *vcache,
+               uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
+               float *out, float *scores);
+
+/// Softmax in place over n values.
+void Softmax(float *v, uint64_t n);
+
+/// The k largest values' indices, largest first (ties: lower index).
+void TopK(const float *v, uint64_t n, uint64_t k, uint32_t *out_idx);
+
+} // namespace duck::runtime
+
+#endif

@@ -1,0 +1,75 @@
+//===- Plan.h - a compiled plan, loaded and verified ------------*- C++ -*-===//
+//
+// Loads model.duckplan (the FlatBuffers verifier runs once, then semantic
+// checks whose messages name the failing index), maps the checkpoint files
+// the plan references (checking each is the file the plan was compiled
+// against: size and header hash) and checks the weight images are present
+// with the planned sizes. After Load() succeeds the rest of the runtime
+// trusts the plan.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_PLAN_H
+#define DUCK_RUNTIME_PLAN_H
+
+#include "duck/plan/plan_generated.h"
+
+#include "absl/status/statusor.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::runtime {
+
+constexpr uint32_t kPlanVersion = 1;
+
+/// A read-only memory mapping of a whole file.
+class MappedFile {
+public:
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string &path);
+  ~MappedFile();
+  const uint8_t *data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string &path() const { return path_; }
+
+private:
+  MappedFile() = default;
+  std::string path_;
+  const uint8_t *data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+struct PlanLoadOptions {
+  /// Also re-hash every slot of every weight image (slow for big models).
+  bool verify_weight_checksums = false;
+  /// Checkpoint directory; default: the plan's checkpoint_dir.
+  std::string checkpoint_dir;
+};
+
+class LoadedPlan {
+public:
+  static absl::StatusOr<std::unique_ptr<LoadedPlan>>
+  Load(const std::string &dir, const PlanLoadOptions &options = {});
+
+  const duck::plan::PlanDef &def() const { return *def_; }
+  const std::string &dir() const { return dir_; }
+  /// Path of duck `rank`'s weight image.
+  std::string ImagePath(uint32_t rank) const;
+  /// The bytes of a host tensor (inside a mapped checkpoint file).
+  const uint8_t *TensorData(const duck::plan::TensorDef &t) const;
+  /// "tokenizer.json" next to the checkpoint, if it exists, else "".
+  std::string TokenizerPath() const;
+
+private:
+  LoadedPlan() = default;
+  absl::Status Check(const PlanLoadOptions &options);
+
+  std::string dir_, checkpoint_dir_;
+  std::unique_ptr<MappedFile> plan_file_;
+  const duck::plan::PlanDef *def_ = nullptr;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+};
+
+} // namespace duck::runtime
+
+#endif

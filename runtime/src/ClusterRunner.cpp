@@ -1,0 +1,96 @@
+//===- ClusterRunner.cpp - FFN steps on a cluster of ducks ----------------===//
+#include "duck/runtime/ClusterRunner.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <cstring>
+#include <set>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
+    : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()) {
+  ResetStats();
+}
+
+void ClusterFfnRunner::ResetStats() {
+  stats_ = RunnerStats();
+  stats_.params.assign(client_->size(), 0.0);
+  stats_.kernel_ns.assign(client_->size(), 0.0);
+}
+
+absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
+                                   uint32_t n_tokens, uint32_t top_k,
+                                   const duck_expert_slot *slots,
+                                   const float *x, float *out) {
+  // IB: header, slots, x at a 32-byte aligned offset.
+  const uint64_t slotBytes = (uint64_t)n_tokens * top_k * sizeof(duck_expert_slot);
+  const uint64_t xOff = (sizeof(duck_ib_header) + slotBytes + 31) / 32 * 32;
+  const uint64_t xBytes = (uint64_t)n_tokens * hidden_ * 4;
+  ib_.assign(xOff + xBytes, 0);
+  duck_ib_header h{};
+  h.magic = DUCK_IB_MAGIC;
+  h.abi_version = DUCK_ABI_VERSION;
+  h.mode = mode;
+  h.slot = slot;
+  h.n_tokens = n_tokens;
+  h.top_k = top_k;
+  h.x_offset = (uint32_t)xOff;
+  std::memcpy(ib_.data(), &h, sizeof h);
+  if (slotBytes)
+    std::memcpy(ib_.data() + sizeof h, slots, slotBytes);
+  std::memcpy(ib_.data() + xOff, x, xBytes);
+
+  const size_t ducks = client_->size();
+  std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
+  StepMetrics metrics;
+  if (absl::Status s = client_->Step(ibs, &outputs_, &metrics); !s.ok())
+    return s;
+  (n_tokens > 1 ? stats_.prefill_steps : stats_.decode_steps)
+      .push_back(metrics);
+
+  // Partial outputs, added in rank order.
+  const uint64_t want = sizeof(duck_ob_header) + xBytes;
+  for (size_t r = 0; r < ducks; ++r) {
+    const DuckOutput &o = outputs_[r];
+    const std::string who = client_->endpoint(r).ToString();
+    if (o.ob.size() < sizeof(duck_ob_header))
+      return absl::DataLossError(
+          absl::StrCat("duck ", r, " (", who, ") sent a truncated output"));
+    duck_ob_header oh;
+    std::memcpy(&oh, o.ob.data(), sizeof oh);
+    if (oh.magic != DUCK_OB_MAGIC || oh.status != DUCK_STATUS_OK ||
+        oh.n_tokens != n_tokens || oh.hidden != hidden_ ||
+        oh.out_offset + xBytes > o.ob.size())
+      return absl::DataLossError(absl::StrCat(
+          "duck ", r, " (", who, ") answered step (mode ", mode, ", slot ",
+          slot, ") with status ", oh.status, ", ", oh.n_tokens, " tokens of ",
+          oh.hidden, " (expected ", n_tokens, " of ", hidden_, ", ", want,
+          " bytes)", o.log.empty() ? "" : ": ", o.log));
+    const float *p = reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+    for (uint64_t i = 0; i < (uint64_t)n_tokens * hidden_; ++i)
+      out[i] += p[i];
+
+    // Throughput bookkeeping: weights this duck streamed for the step.
+    const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
+    double perExpert = 3.0 * hidden_ * (sd->inter_end() - sd->inter_begin());
+    double experts = 1;
+    if (sd->moe()) {
+      std::set<uint32_t> held;
+      for (uint64_t i = 0; i < (uint64_t)n_tokens * top_k; ++i)
+        if (slots[i].expert >= sd->expert_begin() &&
+            slots[i].expert < sd->expert_end())
+          held.insert(slots[i].expert);
+      experts = held.size();
+    }
+    uint64_t maxNs = 0;
+    for (uint64_t ns : o.kernel_ns)
+      maxNs = std::max(maxNs, ns);
+    stats_.params[r] += perExpert * experts;
+    stats_.kernel_ns[r] += maxNs;
+  }
+  return absl::OkStatus();
+}
+
+} // namespace duck::runtime

@@ -1,0 +1,410 @@
+//===- Generate.cpp - duckrun: plan + cluster + tokenizer -> text ---------===//
+#include "duck/runtime/Generate.h"
+
+#include "duck/runtime/ClusterRunner.h"
+#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/Tokenizer.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+namespace {
+
+std::atomic<bool> gInterrupted{false};
+
+void onSignal(int) { gInterrupted.store(true); }
+
+double now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string exeDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0)
+    return ".";
+  std::string p(buf, n);
+  return p.substr(0, p.rfind('/'));
+}
+
+absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
+}
+
+/// The cluster file duckrun reads (the same file duckc compile reads).
+struct ClusterFile {
+  std::vector<DuckEndpoint> ducks;
+  std::string token;
+};
+
+absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
+  auto bytes = readFile(path);
+  if (!bytes.ok())
+    return bytes.status();
+  nlohmann::json j = nlohmann::json::parse(bytes->begin(), bytes->end(),
+                                           nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not a JSON object"));
+  ClusterFile c;
+  if (j.contains("token") && j["token"].is_string())
+    c.token = j["token"].get<std::string>();
+  if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster file '", path, "' needs a non-empty \"ducks\" array of "
+        "{\"host\": ..., \"port\": ...}"));
+  for (size_t i = 0; i < j["ducks"].size(); ++i) {
+    const nlohmann::json &d = j["ducks"][i];
+    if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
+        !d.contains("port") || !d["port"].is_number_integer())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': ducks[", i,
+          "] needs \"host\" (string) and \"port\" (integer)"));
+    auto ep = ParseDuckEndpoint(absl::StrCat(d["host"].get<std::string>(), ":",
+                                             d["port"].get<int>()));
+    if (!ep.ok())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': ducks[", i, "]: ", ep.status().message()));
+    c.ducks.push_back(*ep);
+  }
+  return c;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty())
+    return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, (size_t)(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+} // namespace
+
+void InstallInterruptHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+absl::Status Generate(const GenerateOptions &o, std::ostream &out,
+                      std::ostream &err) {
+  const double tStart = now();
+  PlanLoadOptions lo;
+  lo.verify_weight_checksums = o.verify_weights;
+  auto plan = LoadedPlan::Load(o.plan_dir, lo);
+  if (!plan.ok())
+    return plan.status();
+  const pl::PlanDef &def = (*plan)->def();
+  const pl::ModelDef &model = *def.model();
+
+  // Tokenizer (not needed when ids are given).
+  std::unique_ptr<Tokenizer> tok;
+  std::string tokPath =
+      o.tokenizer_path.empty() ? (*plan)->TokenizerPath() : o.tokenizer_path;
+  if (!tokPath.empty()) {
+    auto t = Tokenizer::Create(tokPath);
+    if (!t.ok())
+      return t.status();
+    tok = std::move(*t);
+  } else if (o.prompt_ids.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no tokenizer.json next to the checkpoint (",
+        def.checkpoint_dir() ? def.checkpoint_dir()->str() : "?",
+        "); pass --tokenizer FILE or --prompt-ids"));
+  }
+  std::vector<int32_t> prompt = o.prompt_ids;
+  if (prompt.empty()) {
+    std::string text = o.prompt;
+    if (o.chat)
+      text = absl::StrCat("<|im_start|>user\n", o.prompt,
+                          "<|im_end|>\n<|im_start|>assistant\n");
+    prompt = tok->Encode(text, /*allow_special=*/o.chat);
+  }
+  if (prompt.empty())
+    return absl::InvalidArgumentError("the prompt is empty");
+  uint32_t maxSeq = o.max_seq ? o.max_seq
+                              : std::min<uint32_t>(model.max_position()
+                                                       ? model.max_position()
+                                                       : 4096,
+                                                   4096);
+  if (prompt.size() + 1 > maxSeq)
+    return absl::OutOfRangeError(absl::StrCat(
+        "the prompt has ", prompt.size(), " tokens but --max-seq is ", maxSeq,
+        "; shorten the prompt or raise --max-seq"));
+
+  // Ducks: a cluster file, or a local embedded cluster of tp ducks.
+  const uint32_t tp = def.tp();
+  std::unique_ptr<LocalCluster> local;
+  DuckClientOptions co;
+  co.persistent = o.persistent;
+  if (!o.cluster_file.empty()) {
+    auto c = loadCluster(o.cluster_file);
+    if (!c.ok())
+      return c.status();
+    if (c->ducks.size() != tp)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the plan was compiled for ", tp, " ducks but cluster file '",
+          o.cluster_file, "' lists ", c->ducks.size()));
+    co.ducks = c->ducks;
+    co.token = c->token;
+  } else {
+    LocalClusterOptions lc;
+    lc.ducks = tp;
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    lc.cores = o.cores_per_duck ? o.cores_per_duck : std::max(1u, hw / tp);
+    lc.pin = (uint64_t)lc.cores * tp <= hw;
+    uint64_t maxImage = 0;
+    for (const pl::DuckDef *d : *def.ducks())
+      maxImage = std::max<uint64_t>(maxImage, d->image_bytes());
+    lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
+    const char *cache = std::getenv("XDG_CACHE_HOME");
+    const char *home = std::getenv("HOME");
+    lc.cache_dir = absl::StrCat(cache ? cache : absl::StrCat(home ? home : "/tmp",
+                                                             "/.cache"),
+                                "/duck/duckrun");
+    lc.name_prefix = "duck";
+    // The daemons' logs go to files, so they do not mix with the output.
+    lc.log_dir = lc.cache_dir + "/logs";
+    ::mkdir(lc.cache_dir.c_str(), 0755);
+    ::mkdir(lc.log_dir.c_str(), 0755);
+    lc.duckd_path = o.duckd_path;
+    if (!o.quiet)
+      err << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
+                             tp, lc.cores);
+    auto started = LocalCluster::Start(lc);
+    if (!started.ok())
+      return started.status();
+    local = std::move(*started);
+    co.ducks = local->endpoints();
+    co.cores = lc.cores;
+  }
+
+  // Scratch and buffer sizes for the largest step of this plan.
+  uint64_t maxInter = 0, maxExperts = 1, maxK = 0;
+  for (const pl::DuckDef *d : *def.ducks())
+    for (const pl::SlotDef *s : *d->slots()) {
+      maxInter = std::max<uint64_t>(maxInter, s->inter_end() - s->inter_begin());
+      maxExperts = std::max<uint64_t>(maxExperts, s->expert_end());
+    }
+  for (const pl::OpDef *op : *def.ops())
+    if (op->kind() == pl::OpKind::MoeFfn) {
+      maxK = std::max<uint64_t>(maxK, op->top_k() + op->num_shared());
+      maxExperts = std::max<uint64_t>(maxExperts, op->num_experts() + op->num_shared());
+    }
+  const uint32_t chunk = std::max(1u, o.prefill_chunk);
+  uint32_t cores = co.cores ? co.cores : 64;
+  co.scratch_bytes = duck_step_scratch_bytes(model.hidden(), maxInter, chunk,
+                                             maxK, maxExperts, cores);
+  co.ib_limit = 4096 + (uint64_t)chunk * (maxK * 8 + model.hidden() * 4 + 64);
+  co.ob_limit = co.ib_limit;
+  auto client = DuckClient::Create(co);
+  if (!client.ok())
+    return client.status();
+
+  // Weights through the cache.
+  std::vector<std::string> images;
+  for (uint32_t r = 0; r < tp; ++r)
+    images.push_back((*plan)->ImagePath(r));
+  PrepareOptions po;
+  po.invalidate = o.invalidate_cache;
+  if (!o.quiet)
+    po.progress = [&](const PrepareProgress &p) {
+      if (p.bytes_total == 0)
+        return; // every duck is a cache hit: nothing to upload
+      err << absl::StrFormat(
+          "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
+          p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
+          p.bytes_per_second / 1e6, p.eta_seconds);
+      err.flush();
+    };
+  auto prep = (*client)->Prepare(images, po);
+  if (!prep.ok())
+    return prep.status();
+  if (!o.quiet) {
+    std::vector<std::string> what;
+    for (size_t r = 0; r < prep->result.size(); ++r)
+      what.push_back(absl::StrCat(
+          "duck ", r, " ",
+          prep->result[r] == DUCKD_CACHE_HIT ? "hit"
+          : prep->result[r] == DUCKD_CACHE_MISS ? "miss"
+                                                : "partial",
+          prep->bytes_uploaded[r] ? absl::StrCat(" (", prep->bytes_uploaded[r],
+                                                 " bytes)")
+                                  : ""));
+    err << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
+                           absl::StrJoin(what, ", "), prep->seconds);
+  }
+  auto elfPath = std::getenv("DUCK_ELF") ? std::string(std::getenv("DUCK_ELF"))
+                                         : exeDir() + "/../lib/duck.elf";
+  auto elf = readFile(elfPath);
+  if (!elf.ok())
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read the duck ELF '", elfPath, "' (set DUCK_ELF)"));
+  if (absl::Status s = (*client)->Open(*elf); !s.ok())
+    return s;
+
+  ClusterFfnRunner runner(**plan, client->get());
+  EngineOptions eo;
+  eo.max_seq = maxSeq;
+  eo.threads = o.threads ? o.threads : 1;
+  eo.prefill_chunk = chunk;
+  auto engine = Engine::Create(**plan, &runner, eo);
+  if (!engine.ok())
+    return engine.status();
+
+  // Prefill.
+  std::vector<float> logits;
+  const double tPrefill = now();
+  absl::Status st = o.decode_only
+                        ? (*engine)->ForwardDecodeOnly(prompt, &logits)
+                        : (*engine)->Forward(prompt, &logits);
+  if (!st.ok())
+    return st;
+  const double prefillS = now() - tPrefill;
+  if (!o.logits_out.empty()) {
+    std::ofstream lf(o.logits_out, std::ios::binary);
+    lf.write(reinterpret_cast<const char *>(logits.data()), logits.size() * 4);
+    if (!lf)
+      return absl::InternalError(
+          absl::StrCat("cannot write '", o.logits_out, "'"));
+  }
+
+  // Decode.
+  std::vector<int32_t> eos;
+  if (model.eos_tokens())
+    eos.assign(model.eos_tokens()->begin(), model.eos_tokens()->end());
+  if (tok && o.chat)
+    if (int32_t id = tok->TokenId("<|im_end|>"); id >= 0)
+      eos.push_back(id);
+  Sampler sampler(o.sampler);
+  std::vector<int32_t> generated;
+  std::unique_ptr<StreamDecoder> stream;
+  const bool text = tok && !o.print_ids;
+  if (text)
+    stream = std::make_unique<StreamDecoder>(*tok);
+  const double tDecode = now();
+  std::vector<double> tokenTimes;
+  int32_t next = sampler.Sample(logits);
+  while (generated.size() < o.max_tokens) {
+    if (gInterrupted.load())
+      return absl::CancelledError("interrupted");
+    generated.push_back(next);
+    if (stream && o.stream) {
+      out << stream->Push(next);
+      out.flush();
+    }
+    if (o.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end())
+      break;
+    if (generated.size() >= o.max_tokens ||
+        (*engine)->position() + 1 > maxSeq)
+      break;
+    double t0 = now();
+    int32_t in = next;
+    if (absl::Status s = (*engine)->Forward(absl::MakeConstSpan(&in, 1), &logits);
+        !s.ok())
+      return s;
+    tokenTimes.push_back(now() - t0);
+    next = sampler.Sample(logits);
+  }
+  const double decodeS = now() - tDecode;
+  if (stream && o.stream)
+    out << stream->Flush();
+  if (text && !o.stream)
+    out << tok->Decode(generated);
+  if (!text)
+    out << absl::StrJoin(generated, " ");
+  out << "\n";
+  out.flush();
+
+  // Summary.
+  const RunnerStats &rs = runner.stats();
+  std::vector<double> gaps, ratios;
+  for (const StepMetrics &m : rs.decode_steps) {
+    gaps.push_back(m.judge_gap_us);
+    ratios.push_back(m.judge_ratio);
+  }
+  double decodeTokS = tokenTimes.empty() ? 0 : tokenTimes.size() /
+                         std::max(1e-9, std::accumulate(tokenTimes.begin(),
+                                                        tokenTimes.end(), 0.0));
+  double tpotMs = tokenTimes.empty() ? 0 : 1e3 / decodeTokS;
+  nlohmann::json sj;
+  sj["prompt_tokens"] = prompt.size();
+  sj["generated_tokens"] = generated.size();
+  sj["generated_ids"] = generated;
+  sj["prefill_s"] = prefillS;
+  sj["prefill_tok_s"] = prefillS > 0 ? prompt.size() / prefillS : 0;
+  sj["decode_tok_s"] = decodeTokS;
+  sj["tpot_ms"] = tpotMs;
+  sj["judge_gap_us_p50"] = percentile(gaps, 0.5);
+  sj["judge_gap_us_p99"] = percentile(gaps, 0.99);
+  sj["judge_ratio_p50"] = percentile(ratios, 0.5);
+  sj["judge_ratio_p99"] = percentile(ratios, 0.99);
+  sj["decode_steps"] = rs.decode_steps.size();
+  sj["prefill_steps"] = rs.prefill_steps.size();
+  sj["ducks"] = tp;
+  sj["persistent"] = (*client)->persistent();
+  std::vector<double> gps;
+  for (size_t r = 0; r < rs.params.size(); ++r)
+    gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
+  sj["duck_kernel_gparam_s"] = gps;
+  sj["total_s"] = now() - tStart;
+  (void)decodeS;
+  if (!o.summary_json.empty()) {
+    std::ofstream f(o.summary_json);
+    f << sj.dump(2) << "\n";
+    if (!f)
+      return absl::InternalError(
+          absl::StrCat("cannot write '", o.summary_json, "'"));
+  }
+  if (!o.quiet) {
+    err << absl::StrFormat(
+        "duckrun: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
+        "decode %.2f tok/s, TPOT %.2f ms\n",
+        prompt.size(), (double)sj["prefill_tok_s"], generated.size(),
+        decodeTokS, tpotMs);
+    err << absl::StrFormat(
+        "duckrun: judge_gap p50 %.1f us, p99 %.1f us; judge_ratio p50 %.3f, "
+        "p99 %.3f (%zu decode steps, %s)\n",
+        percentile(gaps, 0.5), percentile(gaps, 0.99), percentile(ratios, 0.5),
+        percentile(ratios, 0.99), rs.decode_steps.size(),
+        (*client)->persistent() ? "persistent" : "per-step run");
+    std::vector<std::string> per;
+    for (size_t r = 0; r < gps.size(); ++r)
+      per.push_back(absl::StrFormat("duck %zu %.2f", r, gps[r]));
+    err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
+  }
+  (void)(*client)->Close();
+  if (local)
+    (void)local->Stop();
+  return absl::OkStatus();
+}
+
+} // namespace duck::runtime

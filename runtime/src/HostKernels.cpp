@@ -1,0 +1,235 @@
+//===- HostKernels.cpp - the host's share of the forward pass -------------===//
+#include "duck/runtime/HostKernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace duck::runtime {
+
+//===----------------------------------------------------------------------===//
+// ThreadPool
+//===----------------------------------------------------------------------===//
+
+ThreadPool::ThreadPool(unsigned threads) {
+  for (unsigned i = 1; i < std::max(1u, threads); ++i)
+    workers_.emplace_back([this, i] { Loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto &t : workers_)
+    t.join();
+}
+
+static void part(uint64_t n, unsigned parts, unsigned i, uint64_t *b,
+                 uint64_t *e) {
+  uint64_t base = n / parts, extra = n % parts;
+  *b = i * base + std::min<uint64_t>(i, extra);
+  *e = *b + base + (i < extra ? 1 : 0);
+}
+
+void ThreadPool::Loop(unsigned index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(uint64_t, uint64_t)> *job;
+    uint64_t n;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+      if (stop_)
+        return;
+      seen = generation_;
+      job = job_;
+      n = n_;
+    }
+    uint64_t b, e;
+    part(n, size(), index, &b, &e);
+    if (b < e)
+      (*job)(b, e);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (--pending_ == 0)
+        done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(uint64_t n,
+                             const std::function<void(uint64_t, uint64_t)> &fn) {
+  if (workers_.empty() || n < 2) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job_ = &fn;
+    n_ = n;
+    pending_ = (unsigned)workers_.size();
+    ++generation_;
+  }
+  cv_.notify_all();
+  uint64_t b, e;
+  part(n, size(), 0, &b, &e);
+  if (b < e)
+    fn(b, e);
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [&] { return pending_ == 0; });
+}
+
+//===----------------------------------------------------------------------===//
+// Products
+//===----------------------------------------------------------------------===//
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+static float dotBf16(const uint16_t *w, const float *x, uint64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+    __m256 lo = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+    a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) {
+    uint32_t b = (uint32_t)w[i] << 16;
+    float f;
+    __builtin_memcpy(&f, &b, 4);
+    s += f * x[i];
+  }
+  return s;
+}
+
+static float dotF32(const float *w, const float *x, uint64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8),
+                         a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i)
+    s += w[i] * x[i];
+  return s;
+}
+
+void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
+                uint64_t r1) {
+  for (uint64_t r = r0; r < r1; ++r)
+    y[r] = w.bf16 ? dotBf16(w.bf16 + r * w.cols, x, w.cols)
+                  : dotF32(w.f32 + r * w.cols, x, w.cols);
+}
+
+void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
+  if (w.rows * w.cols < (1u << 16)) {
+    MatVecRows(w, x, y, 0, w.rows);
+    return;
+  }
+  pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
+    MatVecRows(w, x, y, b, e);
+  });
+}
+
+void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
+            float *y) {
+  // Rows outer so each weight row is read once for all tokens.
+  pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
+    for (uint64_t r = b; r < e; ++r)
+      for (uint64_t t = 0; t < n; ++t)
+        y[t * w.rows + r] =
+            w.bf16 ? dotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols)
+                   : dotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y) {
+  double ss = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    ss += (double)x[i] * x[i];
+  float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+  for (uint64_t i = 0; i < n; ++i)
+    y[i] = w[i] * (x[i] * inv);
+}
+
+void RopeNeox(float *h, uint64_t dim, int64_t pos, double theta) {
+  uint64_t half = dim / 2;
+  for (uint64_t i = 0; i < half; ++i) {
+    double freq = std::pow(theta, -2.0 * (double)i / (double)dim);
+    double a = (double)pos * freq;
+    float c = (float)std::cos(a), s = (float)std::sin(a);
+    float x0 = h[i], x1 = h[i + half];
+    h[i] = x0 * c - x1 * s;
+    h[i + half] = x1 * c + x0 * s;
+  }
+}
+
+void Softmax(float *v, uint64_t n) {
+  float m = -INFINITY;
+  for (uint64_t i = 0; i < n; ++i)
+    m = std::max(m, v[i]);
+  double s = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - m);
+    s += v[i];
+  }
+  float inv = (float)(1.0 / s);
+  for (uint64_t i = 0; i < n; ++i)
+    v[i] *= inv;
+}
+
+void AttendOne(const float *q, const float *kc, const float *vc, uint64_t len,
+               uint64_t heads, uint64_t kvHeads, uint64_t dim, float *out,
+               float *scores) {
+  const uint64_t group = heads / kvHeads;
+  const float scale = 1.0f / std::sqrt((float)dim);
+  for (uint64_t h = 0; h < heads; ++h) {
+    const uint64_t kvh = h / group;
+    const float *qh = q + h * dim;
+    for (uint64_t t = 0; t < len; ++t)
+      scores[t] = dotF32(kc + (t * kvHeads + kvh) * dim, qh, dim) * scale;
+    Softmax(scores, len);
+    float *o = out + h * dim;
+    std::fill(o, o + dim, 0.0f);
+    for (uint64_t t = 0; t < len; ++t) {
+      const float *vr = vc + (t * kvHeads + kvh) * dim;
+      const float p = scores[t];
+      for (uint64_t d = 0; d < dim; ++d)
+        o[d] += p * vr[d];
+    }
+  }
+}
+
+void TopK(const float *v, uint64_t n, uint64_t k, uint32_t *out) {
+  // Small k: repeated selection keeps ties in index order.
+  std::vector<bool> taken(n, false);
+  for (uint64_t j = 0; j < k; ++j) {
+    uint64_t best = n;
+    for (uint64_t i = 0; i < n; ++i)
+      if (!taken[i] && (best == n || v[i] > v[best]))
+        best = i;
+    taken[best] = true;
+    out[j] = (uint32_t)best;
+  }
+}
+
+} // namespace duck::runtime

@@ -1,0 +1,239 @@
+//===- Plan.cpp - a compiled plan, loaded and verified --------------------===//
+#include "duck/runtime/Plan.h"
+
+#include "duck_rt/abi.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+absl::StatusOr<std::unique_ptr<MappedFile>>
+MappedFile::Open(const std::string &path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::NotFoundError(
+        absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat '", path, "'"));
+  }
+  std::unique_ptr<MappedFile> f(new MappedFile());
+  f->path_ = path;
+  f->size_ = st.st_size;
+  if (f->size_ > 0) {
+    void *p = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return absl::InternalError(
+          absl::StrCat("cannot map '", path, "': ", std::strerror(errno)));
+    }
+    f->data_ = static_cast<const uint8_t *>(p);
+  }
+  ::close(fd);
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (data_)
+    munmap(const_cast<uint8_t *>(data_), size_);
+}
+
+static uint64_t elementSize(pl::DType t) {
+  switch (t) {
+  case pl::DType::F32:
+  case pl::DType::I32:
+    return 4;
+  case pl::DType::BF16:
+  case pl::DType::F16:
+    return 2;
+  case pl::DType::I64:
+    return 8;
+  default:
+    return 1;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<LoadedPlan>>
+LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
+  std::unique_ptr<LoadedPlan> p(new LoadedPlan());
+  p->dir_ = dir;
+  std::string path = dir + "/model.duckplan";
+  auto f = MappedFile::Open(path);
+  if (!f.ok())
+    return absl::NotFoundError(absl::StrCat(
+        "'", dir, "' is not a plan directory: ", f.status().message()));
+  p->plan_file_ = std::move(*f);
+  const uint8_t *buf = p->plan_file_->data();
+  uint64_t size = p->plan_file_->size();
+  if (size < 8 || !pl::PlanDefBufferHasIdentifier(buf))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "' is not a Duck plan (no 'DKPL' file identifier)"));
+  flatbuffers::Verifier v(buf, size);
+  if (!pl::VerifyPlanDefBuffer(v))
+    return absl::DataLossError(absl::StrCat(
+        "'", path, "' is corrupt or truncated (FlatBuffers verifier failed)"));
+  p->def_ = pl::GetPlanDef(buf);
+  if (absl::Status s = p->Check(options); !s.ok())
+    return s;
+  return p;
+}
+
+absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
+  const pl::PlanDef &d = *def_;
+  auto bad = [&](auto &&...parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan '", dir_, "': ", parts...));
+  };
+  if (d.version() != kPlanVersion)
+    return bad("plan version ", d.version(), " but this runtime reads version ",
+               kPlanVersion, "; recompile the model with this duckc");
+  if (d.abi_version() != DUCK_ABI_VERSION)
+    return bad("duck ABI ", d.abi_version(), " but this runtime speaks ",
+               DUCK_ABI_VERSION, "; recompile the model");
+  if (d.fp9_version() != DUCK_FP9_FORMAT_VERSION)
+    return bad("fp9 format ", d.fp9_version(), ", expected ",
+               DUCK_FP9_FORMAT_VERSION);
+  if (!d.model() || !d.ops() || d.ops()->size() == 0 || !d.ducks() ||
+      !d.files())
+    return bad("missing model, ops, ducks or files");
+  if (d.ducks()->size() != d.tp() || d.tp() == 0)
+    return bad("tp is ", d.tp(), " but the plan lists ", d.ducks()->size(),
+               " ducks");
+  const pl::ModelDef &m = *d.model();
+  if (m.hidden() == 0 || m.vocab() == 0 || m.layers() == 0)
+    return bad("model sizes are zero");
+
+  // Checkpoint files: present, same size, same header.
+  checkpoint_dir_ = options.checkpoint_dir.empty()
+                        ? (d.checkpoint_dir() ? d.checkpoint_dir()->str() : "")
+                        : options.checkpoint_dir;
+  for (uint32_t i = 0; i < d.files()->size(); ++i) {
+    const pl::FileDef *fd = d.files()->Get(i);
+    if (!fd->path())
+      return bad("files[", i, "] has no path");
+    std::string path = checkpoint_dir_ + "/" + fd->path()->str();
+    auto mf = MappedFile::Open(path);
+    if (!mf.ok())
+      return absl::NotFoundError(absl::StrCat(
+          "plan '", dir_, "' needs checkpoint file ", mf.status().message(),
+          " (compile-time checkpoint: ", checkpoint_dir_, ")"));
+    if ((*mf)->size() != fd->size())
+      return bad("checkpoint file '", path, "' is ", (*mf)->size(),
+                 " bytes but was ", fd->size(),
+                 " when the plan was compiled; recompile");
+    uint64_t n = 0;
+    if ((*mf)->size() >= 8)
+      std::memcpy(&n, (*mf)->data(), 8);
+    if (n + 8 > (*mf)->size() ||
+        XXH3_64bits((*mf)->data(), 8 + n) != fd->header_hash())
+      return bad("checkpoint file '", path,
+                 "' is not the one the plan was compiled from (header "
+                 "differs); recompile");
+    files_.push_back(std::move(*mf));
+  }
+
+  // Ops: value ids, tensors in bounds.
+  auto checkTensor = [&](const pl::TensorDef *t, uint32_t op) -> absl::Status {
+    if (!t || !t->name() || !t->shape())
+      return bad("ops[", op, "] has an incomplete tensor");
+    if (t->file() >= files_.size())
+      return bad("ops[", op, "] tensor '", t->name()->str(), "' names file ",
+                 t->file(), " of ", files_.size());
+    uint64_t elems = 1;
+    for (int64_t dim : *t->shape())
+      elems *= (uint64_t)dim;
+    if (elems * elementSize(t->dtype()) != t->bytes())
+      return bad("ops[", op, "] tensor '", t->name()->str(),
+                 "' has a byte size that disagrees with its shape");
+    if (t->offset() + t->bytes() > files_[t->file()]->size())
+      return bad("ops[", op, "] tensor '", t->name()->str(),
+                 "' lies outside its file");
+    return absl::OkStatus();
+  };
+  for (uint32_t i = 0; i < d.ops()->size(); ++i) {
+    const pl::OpDef *op = d.ops()->Get(i);
+    if (op->result() >= d.num_values())
+      return bad("ops[", i, "] writes value ", op->result(), " of ",
+                 d.num_values());
+    if (op->inputs())
+      for (uint32_t in : *op->inputs())
+        if (in >= d.num_values())
+          return bad("ops[", i, "] reads value ", in, " of ", d.num_values());
+    if (op->weights())
+      for (const pl::TensorDef *t : *op->weights()) {
+        if (absl::Status s = checkTensor(t, i); !s.ok())
+          return s;
+        if (t->scale())
+          if (absl::Status s = checkTensor(t->scale(), i); !s.ok())
+            return s;
+      }
+  }
+
+  // Weight images.
+  for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
+    const pl::DuckDef *dk = d.ducks()->Get(r);
+    if (dk->rank() != r || !dk->image() || !dk->slots())
+      return bad("ducks[", r, "] is incomplete or out of order");
+    std::string path = ImagePath(r);
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0)
+      return absl::NotFoundError(absl::StrCat("plan '", dir_,
+                                              "': weight image '", path,
+                                              "' is missing"));
+    if ((uint64_t)st.st_size != dk->image_bytes())
+      return absl::DataLossError(absl::StrCat(
+          "plan '", dir_, "': weight image '", path, "' is ", st.st_size,
+          " bytes, the plan says ", dk->image_bytes(), " (truncated?)"));
+    auto img = MappedFile::Open(path);
+    if (!img.ok())
+      return img.status();
+    duck_image_header h;
+    if ((*img)->size() < sizeof h)
+      return absl::DataLossError(absl::StrCat("'", path, "' is truncated"));
+    std::memcpy(&h, (*img)->data(), sizeof h);
+    uint64_t sum = h.header_checksum;
+    h.header_checksum = 0;
+    if (h.magic != DUCK_IMAGE_MAGIC || XXH3_64bits(&h, sizeof h) != sum ||
+        h.tp_rank != r || h.slot_count != dk->slots()->size())
+      return absl::DataLossError(absl::StrCat(
+          "weight image '", path, "' has a bad header (corrupt, or from "
+          "another plan)"));
+    if (options.verify_weight_checksums)
+      for (uint32_t s = 0; s < dk->slots()->size(); ++s) {
+        const pl::SlotDef *sd = dk->slots()->Get(s);
+        if (sd->offset() + sd->bytes() > (*img)->size() ||
+            XXH3_64bits((*img)->data() + sd->offset(), sd->bytes()) !=
+                sd->checksum())
+          return absl::DataLossError(absl::StrCat(
+              "weight image '", path, "' slot ", s, " (layer ", sd->layer(),
+              ") fails its checksum"));
+      }
+  }
+  return absl::OkStatus();
+}
+
+std::string LoadedPlan::ImagePath(uint32_t rank) const {
+  return dir_ + "/" + def_->ducks()->Get(rank)->image()->str();
+}
+
+const uint8_t *LoadedPlan::TensorData(const pl::TensorDef &t) const {
+  return files_[t.file()]->data() + t.offset();
+}
+
+std::string LoadedPlan::TokenizerPath() const {
+  std::string p = checkpoint_dir_ + "/tokenizer.json";
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 ? p : "";
+}
+
+} // namespace duck::runtime

@@ -1,0 +1,137 @@
+// duckrun: runs a compiled Duck plan: brings up the ducks, prepares their
+// weights through the cache, and generates text.
+#include "duck/runtime/Generate.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <iterator>
+#include <unistd.h>
+
+ABSL_FLAG(std::string, prompt, "", "Prompt text; '-' or no prompt with a "
+                                   "non-terminal stdin reads stdin");
+ABSL_FLAG(bool, chat, false, "Wrap the prompt in the Qwen3 chat template "
+                             "(<|im_start|>user ... <|im_start|>assistant)");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "Comma-separated token ids instead of text (no tokenizer needed)");
+ABSL_FLAG(uint32_t, max_tokens, 32, "Tokens to generate at most");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy");
+ABSL_FLAG(uint32_t, top_k, 0, "Sample from the k most likely tokens (0: off)");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling threshold (1: off)");
+ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
+ABSL_FLAG(uint32_t, max_seq, 0,
+          "KV cache length (prompt + generated); default min(model, 4096)");
+ABSL_FLAG(std::string, tokenizer, "",
+          "tokenizer.json (default: next to the checkpoint)");
+ABSL_FLAG(std::string, cluster, "",
+          "Cluster file of running duckd's ({\"ducks\": [{\"host\", "
+          "\"port\"}], \"token\"}); default: start local ducks");
+ABSL_FLAG(uint32_t, cores_per_duck, 0,
+          "Cores of each local duck (default: this machine's cores / tp)");
+ABSL_FLAG(std::string, duckd, "", "duckd binary for local ducks");
+ABSL_FLAG(bool, persistent, true,
+          "Persistent duck sessions; --nopersistent (or DUCK_PERSISTENT=0) "
+          "loads the ELF for every step");
+ABSL_FLAG(bool, invalidate_cache, false, "Force a full weight upload");
+ABSL_FLAG(bool, verify_weights, false, "Re-hash every weight image at load");
+ABSL_FLAG(bool, decode_only, false,
+          "Run the prompt one token at a time through the decode modes");
+ABSL_FLAG(uint32_t, threads, 1, "Host threads for attention and the LM head");
+ABSL_FLAG(uint32_t, prefill_chunk, 32, "Prompt tokens per duck step");
+ABSL_FLAG(bool, quiet, false, "No progress or summary on stderr");
+ABSL_FLAG(bool, print_ids, false,
+          "Print the generated token ids (space-separated) instead of text");
+ABSL_FLAG(bool, ignore_eos, false,
+          "Keep generating past end-of-sequence tokens (benchmarks, tests)");
+ABSL_FLAG(std::string, summary_json, "", "Write the run summary as JSON");
+ABSL_FLAG(std::string, logits_out, "",
+          "Write the last prompt token's logits (raw float32) here");
+
+int main(int argc, char **argv) {
+  absl::SetProgramUsageMessage(
+      "Runs a compiled Duck plan.\n\n"
+      "  duckrun <plan-dir> --prompt \"...\" [--chat] [--max-tokens N]\n"
+      "          [--temperature T --top-k K --top-p P --seed S]\n"
+      "          [--cluster FILE | --cores-per-duck C] [--summary-json F]\n\n"
+      "With no --cluster, starts as many local duckd's as the plan has ducks "
+      "(on 127.0.0.1) and stops them at exit, also on Ctrl-C. Weights go "
+      "through each duck's cache: a second run of the same plan uploads "
+      "nothing. Tokens stream to stdout; the summary goes to stderr.");
+  // Accept --max-tokens as well as absl's --max_tokens spelling.
+  std::vector<std::string> spelled(argv, argv + argc);
+  std::vector<char *> argvFixed;
+  for (std::string &a : spelled) {
+    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
+      size_t end = std::min(a.find('='), a.size());
+      for (size_t i = 2; i < end; ++i)
+        if (a[i] == '-')
+          a[i] = '_';
+    }
+    argvFixed.push_back(a.data());
+  }
+  std::vector<char *> args =
+      absl::ParseCommandLine((int)argvFixed.size(), argvFixed.data());
+  if (args.size() != 2) {
+    std::cerr << "duckrun: error: expected exactly one plan directory (see "
+                 "--help)\n";
+    return 2;
+  }
+  duck::runtime::GenerateOptions o;
+  o.plan_dir = args[1];
+  o.prompt = absl::GetFlag(FLAGS_prompt);
+  o.chat = absl::GetFlag(FLAGS_chat);
+  std::string ids = absl::GetFlag(FLAGS_prompt_ids);
+  for (absl::string_view s : absl::StrSplit(ids, ',', absl::SkipEmpty())) {
+    int32_t v;
+    if (!absl::SimpleAtoi(s, &v)) {
+      std::cerr << "duckrun: error: --prompt-ids: '" << s
+                << "' is not an integer\n";
+      return 2;
+    }
+    o.prompt_ids.push_back(v);
+  }
+  if (o.prompt_ids.empty() && (o.prompt == "-" || (o.prompt.empty() &&
+                                                   !isatty(STDIN_FILENO)))) {
+    o.prompt.assign(std::istreambuf_iterator<char>(std::cin),
+                    std::istreambuf_iterator<char>());
+  }
+  if (o.prompt.empty() && o.prompt_ids.empty()) {
+    std::cerr << "duckrun: error: no prompt (use --prompt, --prompt-ids or "
+                 "stdin)\n";
+    return 2;
+  }
+  o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  o.sampler.temperature = (float)absl::GetFlag(FLAGS_temperature);
+  o.sampler.top_k = absl::GetFlag(FLAGS_top_k);
+  o.sampler.top_p = (float)absl::GetFlag(FLAGS_top_p);
+  o.sampler.seed = absl::GetFlag(FLAGS_seed);
+  o.max_seq = absl::GetFlag(FLAGS_max_seq);
+  o.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  o.cluster_file = absl::GetFlag(FLAGS_cluster);
+  o.cores_per_duck = absl::GetFlag(FLAGS_cores_per_duck);
+  o.duckd_path = absl::GetFlag(FLAGS_duckd);
+  o.persistent = absl::GetFlag(FLAGS_persistent);
+  o.invalidate_cache = absl::GetFlag(FLAGS_invalidate_cache);
+  o.verify_weights = absl::GetFlag(FLAGS_verify_weights);
+  o.decode_only = absl::GetFlag(FLAGS_decode_only);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  o.quiet = absl::GetFlag(FLAGS_quiet);
+  o.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
+  o.print_ids = absl::GetFlag(FLAGS_print_ids);
+  o.summary_json = absl::GetFlag(FLAGS_summary_json);
+  o.logits_out = absl::GetFlag(FLAGS_logits_out);
+  duck::runtime::InstallInterruptHandlers();
+  absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);
+  if (!s.ok()) {
+    std::cerr << "duckrun: error: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
