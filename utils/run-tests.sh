@@ -24,7 +24,7 @@ unit_failed=$(sed -nE 's/.* tests passed, ([0-9]+) tests? failed out of ([0-9]+)
 unit_total=${unit_total:-0}; unit_failed=${unit_failed:-1}
 
 echo "== lit tests =="
-python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv --timeout 900 "$BUILD/test" 2>&1 | tee "$LOG/lit.log"
+python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv "$BUILD/test" 2>&1 | tee "$LOG/lit.log"
 lit_passed=$(grep -E '^ *Passed *:' "$LOG/lit.log" | grep -oE '[0-9]+' | head -1)
 lit_failed=0
 for kind in Failed Unresolved 'Timed Out' XPASS; do

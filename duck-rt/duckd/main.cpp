@@ -2,6 +2,7 @@
 #include "Server.h"
 
 #include "absl/flags/flag.h"
+#include "duck_rt/tool_flags.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
@@ -92,17 +93,7 @@ int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "duckd: the node daemon of a duck. Serves one host at a time over the "
       "duckd protocol (docs/protocol.md).");
-  // Accept --cache-dir as well as absl's --cache_dir spelling.
-  std::vector<std::string> args(argv, argv + argc);
-  std::vector<char *> argvFixed;
-  for (std::string &a : args) {
-    if (a.rfind("--", 0) == 0)
-      for (size_t i = 2; i < a.size() && a[i] != '='; ++i)
-        if (a[i] == '-')
-          a[i] = '_';
-    argvFixed.push_back(a.data());
-  }
-  absl::ParseCommandLine(int(argvFixed.size()), argvFixed.data());
+  duck::ToolFlags flags(argc, argv);
   if (!absl::GetFlag(FLAGS_check_elf).empty())
     return CheckElfFile(absl::GetFlag(FLAGS_check_elf));
 

@@ -1,6 +1,7 @@
 // duck-cluster: starts N duckd daemons on 127.0.0.1 (LocalCluster), prints
 // their endpoints and keeps them until SIGINT/SIGTERM, then stops them.
 #include "duck/runtime/LocalCluster.h"
+#include "duck_rt/tool_flags.h"
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -23,16 +24,7 @@ ABSL_FLAG(std::string, log_dir, "", "write each duckd's log here");
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "duck-cluster: run N local duckd daemons until interrupted.");
-  std::vector<std::string> args(argv, argv + argc);
-  std::vector<char *> fixed;
-  for (std::string &a : args) { // accept --cache-dir as --cache_dir
-    if (a.rfind("--", 0) == 0)
-      for (size_t i = 2; i < a.size() && a[i] != '='; ++i)
-        if (a[i] == '-')
-          a[i] = '_';
-    fixed.push_back(a.data());
-  }
-  absl::ParseCommandLine(int(fixed.size()), fixed.data());
+  duck::ToolFlags flags(argc, argv);
 
   sigset_t mask;
   sigemptyset(&mask);

@@ -1,6 +1,7 @@
 // duckrun: runs a compiled Duck plan: brings up the ducks, prepares their
 // weights through the cache, and generates text.
 #include "duck/runtime/Generate.h"
+#include "duck_rt/tool_flags.h"
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -62,21 +63,10 @@ int main(int argc, char **argv) {
       "With no --cluster, starts as many local duckd's as the plan has ducks "
       "(on 127.0.0.1) and stops them at exit, also on Ctrl-C. Weights go "
       "through each duck's cache: a second run of the same plan uploads "
-      "nothing. Tokens stream to stdout; the summary goes to stderr.");
-  // Accept --max-tokens as well as absl's --max_tokens spelling.
-  std::vector<std::string> spelled(argv, argv + argc);
-  std::vector<char *> argvFixed;
-  for (std::string &a : spelled) {
-    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
-      size_t end = std::min(a.find('='), a.size());
-      for (size_t i = 2; i < end; ++i)
-        if (a[i] == '-')
-          a[i] = '_';
-    }
-    argvFixed.push_back(a.data());
-  }
-  std::vector<char *> args =
-      absl::ParseCommandLine((int)argvFixed.size(), argvFixed.data());
+      "nothing. Tokens stream to stdout; the summary goes to stderr. Flags "
+      "may be spelled with '-' or '_' (--max-tokens, --max_tokens).");
+  duck::ToolFlags flags(argc, argv);
+  const std::vector<char *> &args = flags.positional();
   if (args.size() != 2) {
     std::cerr << "duckrun: error: expected exactly one plan directory (see "
                  "--help)\n";

@@ -1,0 +1,50 @@
+// Command-line parsing shared by Duck's host tools that use absl flags
+// (duckd, duckrun, duck-cluster): --max-tokens is accepted as well as absl's
+// --max_tokens, and --help lists the tool's own flags. Host-only C++.
+#ifndef DUCK_RT_TOOL_FLAGS_H
+#define DUCK_RT_TOOL_FLAGS_H
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+
+#include <string>
+#include <vector>
+
+namespace duck {
+
+/// Parses argv with absl; returns the positional arguments (argv[0] first).
+/// The strings live as long as the returned object.
+class ToolFlags {
+public:
+  ToolFlags(int argc, char **argv) : storage_(argv, argv + argc) {
+    absl::FlagsUsageConfig config;
+    // Our flags are defined in files under duck-rt/ or runtime/; absl's own
+    // (--flagfile, ...) are left to --helpfull.
+    auto ours = [](absl::string_view path) {
+      return absl::StrContains(path, "duck") || absl::StrContains(path, "runtime");
+    };
+    config.contains_help_flags = ours;
+    config.contains_helpshort_flags = ours;
+    absl::SetFlagsUsageConfig(config);
+    std::vector<char *> fixed;
+    for (std::string &a : storage_) {
+      if (a.rfind("--", 0) == 0)
+        for (size_t i = 2; i < a.size() && a[i] != '='; ++i)
+          if (a[i] == '-')
+            a[i] = '_';
+      fixed.push_back(a.data());
+    }
+    positional_ = absl::ParseCommandLine((int)fixed.size(), fixed.data());
+  }
+  const std::vector<char *> &positional() const { return positional_; }
+
+private:
+  std::vector<std::string> storage_;
+  std::vector<char *> positional_;
+};
+
+} // namespace duck
+
+#endif // DUCK_RT_TOOL_FLAGS_H
