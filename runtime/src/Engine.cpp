@@ -101,6 +101,43 @@ struct TensorReader {
       m.bf16 = reinterpret_cast<const uint16_t *>(plan.TensorData(t));
       return m;
     }
+    if (t.dtype() == pl::DType::F8_E4M3 && t.scale() && m.cols % 32 == 0) {
+      // FP8 converts to fp9 exactly; the duck kernels then read 1.125
+      // bytes a weight instead of 4 for a dequantised fp32 copy.
+      auto scale = ReadAll(*t.scale());
+      if (!scale.ok())
+        return scale.status();
+      uint64_t srows = t.scale()->shape()->Get(0), scols = t.scale()->shape()->Get(1);
+      uint32_t tileRows = (uint32_t)((m.rows + srows - 1) / srows);
+      uint32_t tileCols = (uint32_t)((m.cols + scols - 1) / scols);
+      uint32_t block = tileCols % 128 == 0 && m.cols % 128 == 0 ? 128
+                       : tileCols % 64 == 0 && m.cols % 64 == 0 ? 64 : 32;
+      duck_fp9_source src{};
+      src.type = DUCK_FP9_SRC_E4M3;
+      src.data = plan.TensorData(t);
+      src.src_rows = m.rows;
+      src.src_cols = m.cols;
+      src.scale_inv = scale->data();
+      src.tile_rows = tileRows;
+      src.tile_cols = tileCols;
+      duck_fp9_desc desc{(uint32_t)m.rows, (uint32_t)m.cols, block, tileRows, 0};
+      duck_fp9_layout lay;
+      if (tileCols % block == 0 &&
+          duck_fp9_compute_layout(&desc, &lay) == DUCK_FP9_OK) {
+        m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
+        void *base = reinterpret_cast<void *>(
+            (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) & ~uintptr_t(63));
+        duck_fp9_error_at at{};
+        duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
+        if (st != DUCK_FP9_OK)
+          return absl::InvalidArgumentError(absl::StrCat(
+              "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
+              " at row ", at.row, ", column ", at.col));
+        m.fp9 = duck_fp9_matrix_view(&desc, base);
+        m.is_fp9 = true;
+        return m;
+      }
+    }
     auto all = ReadAll(t);
     if (!all.ok())
       return all.status();
@@ -186,6 +223,9 @@ absl::Status Engine::Prepare() {
       const pl::TensorDef *t;
       DUCK_TRY_ASSIGN(t, need("weight"));
       DUCK_TRY_ASSIGN(op->m0, rd.Matrix(*t));
+      if (def->kind() == pl::OpKind::Embedding && op->m0.is_fp9)
+        return absl::UnimplementedError(
+            "FP8 embeddings are not supported (row lookup needs bf16/fp32)");
       break;
     }
     case pl::OpKind::RmsNorm: {

@@ -274,7 +274,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   ClusterFfnRunner runner(**plan, client->get());
   EngineOptions eo;
   eo.max_seq = maxSeq;
-  eo.threads = o.threads ? o.threads : 1;
+  eo.threads = o.threads ? o.threads
+                         : std::max(1u, std::thread::hardware_concurrency());
   eo.prefill_chunk = chunk;
   auto engine = Engine::Create(**plan, &runner, eo);
   if (!engine.ok())

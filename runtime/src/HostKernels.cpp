@@ -131,6 +131,17 @@ static float dotF32(const float *w, const float *x, uint64_t n) {
 
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1) {
+  if (w.is_fp9) {
+    if (r0 >= r1)
+      return;
+    // Pre-scaled input and its negation (the kernels' scratch), 32-aligned.
+    std::vector<float> xs(2 * w.cols + 8);
+    float *aligned = reinterpret_cast<float *>(
+        (reinterpret_cast<uintptr_t>(xs.data()) + 31) & ~uintptr_t(31));
+    duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1, aligned,
+              DUCK_DECODE_SHIFT);
+    return;
+  }
   for (uint64_t r = r0; r < r1; ++r)
     y[r] = w.bf16 ? dotBf16(w.bf16 + r * w.cols, x, w.cols)
                   : dotF32(w.f32 + r * w.cols, x, w.cols);
@@ -149,6 +160,17 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y) {
   // Rows outer so each weight row is read once for all tokens.
+  if (w.is_fp9) {
+    pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
+      for (uint64_t t = 0; t < n; ++t) {
+        std::vector<float> yt(e - b);
+        MatVecRows(w, x + t * w.cols, yt.data() - b, b, e);
+        for (uint64_t r = b; r < e; ++r)
+          y[t * w.rows + r] = yt[r - b];
+      }
+    });
+    return;
+  }
   pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
     for (uint64_t r = b; r < e; ++r)
       for (uint64_t t = 0; t < n; ++t)

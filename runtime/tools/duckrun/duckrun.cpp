@@ -43,7 +43,8 @@ ABSL_FLAG(bool, invalidate_cache, false, "Force a full weight upload");
 ABSL_FLAG(bool, verify_weights, false, "Re-hash every weight image at load");
 ABSL_FLAG(bool, decode_only, false,
           "Run the prompt one token at a time through the decode modes");
-ABSL_FLAG(uint32_t, threads, 1, "Host threads for attention and the LM head");
+ABSL_FLAG(uint32_t, threads, 0,
+          "Host threads for attention and the LM head (0: every core)");
 ABSL_FLAG(uint32_t, prefill_chunk, 32, "Prompt tokens per duck step");
 ABSL_FLAG(bool, quiet, false, "No progress or summary on stderr");
 ABSL_FLAG(bool, print_ids, false,

@@ -28,7 +28,7 @@ struct GenerateOptions {
   bool invalidate_cache = false;
   bool verify_weights = false;
   bool decode_only = false;      // run the prompt through decode modes
-  uint32_t threads = 0;          // host threads; 0: 1
+  uint32_t threads = 0;          // host threads; 0: every core
   uint32_t prefill_chunk = 32;
   bool stream = true;            // print tokens as they come
   bool quiet = false;            // no progress or summary on stderr

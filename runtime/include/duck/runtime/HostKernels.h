@@ -8,6 +8,8 @@
 #ifndef DUCK_RUNTIME_HOSTKERNELS_H
 #define DUCK_RUNTIME_HOSTKERNELS_H
 
+#include "duck_rt/kernels.h"
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,13 +40,17 @@ private:
   bool stop_ = false;
 };
 
-/// A host weight matrix [rows, cols], row-major, in bf16 (mapped straight
-/// from the checkpoint) or fp32 (converted at load).
+/// A host weight matrix [rows, cols], row-major: bf16 (mapped straight
+/// from the checkpoint), fp9 (FP8 checkpoints: converted losslessly at load,
+/// 1.125 bytes a weight, read with the duck GEMV kernels), or fp32.
 struct HostMatrix {
   uint64_t rows = 0, cols = 0;
   const uint16_t *bf16 = nullptr;
   const float *f32 = nullptr;
-  std::vector<float> owned; // backing store of f32 when converted
+  bool is_fp9 = false;
+  duck_fp9_matrix fp9{};
+  std::vector<float> owned;       // backing store of f32 when converted
+  std::vector<uint64_t> fp9_store; // backing store of the fp9 planes
 };
 
 /// y[r] = W[r] . x for rows [r0, r1).
