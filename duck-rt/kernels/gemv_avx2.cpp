@@ -184,10 +184,24 @@ inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
   out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
 }
 
+/// One row's accumulators summed, before the horizontal reduction.
+template <uint32_t K>
+inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
+                     const float *xn, __m256i s0, __m256i s1, __m256i s2,
+                     __m256i s3) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+#pragma GCC unroll 4
+  for (uint32_t c = 0; c < K; c += 32) {
+    __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+    DUCK_ACC32(mag + c, word, xs + c, xn + c, acc0, acc1, acc2, acc3);
+  }
+  return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+}
+
 /// Rows of a K == 64 (four rows a tile) or K == 128 (two rows a tile)
-/// matrix: per-row overhead (sign words, reduction) is shared and the next
-/// tile is prefetched. K == 128 uses two rows because four would need more
-/// than the 16 ymm registers for their accumulators.
+/// matrix: the sign words and the horizontal reduction are shared by the
+/// rows of a tile, and the next tile is prefetched. K == 128 uses two rows
+/// because four would need more than the 16 ymm registers.
 template <uint32_t K>
 void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                uint32_t r0, uint32_t r1, float *y) {
@@ -199,26 +213,24 @@ void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
   for (; r + R <= r1; r += R) {
     const uint8_t *mag = m->mag + (uint64_t)r * K;
     const uint32_t *sign = m->sign + (uint64_t)r * W;
-    for (uint32_t line = 0; line < R * K; line += 64)
-      _mm_prefetch(reinterpret_cast<const char *>(mag + 2 * R * K + line),
-                   _MM_HINT_T0);
-    __m256 acc[R][4];
-    for (uint32_t i = 0; i < R; ++i) {
-      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
-      for (uint32_t c = 0; c < K; c += 32) {
-        __m256i word = _mm256_set1_epi32((int)sign[i * W + c / 32]);
-        DUCK_ACC32(mag + i * K + c, word, xs + c, xn + c, acc[i][0], acc[i][1],
-                   acc[i][2], acc[i][3]);
-      }
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 64),
+                 _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 128),
+                 _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 192),
+                 _MM_HINT_T0);
+    if constexpr (R == 4) {
+      __m256 v0 = rowSum<K>(mag, sign, xs, xn, s0, s1, s2, s3);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn, s0, s1, s2, s3);
+      __m256 v2 = rowSum<K>(mag + 2 * K, sign + 2 * W, xs, xn, s0, s1, s2, s3);
+      __m256 v3 = rowSum<K>(mag + 3 * K, sign + 3 * W, xs, xn, s0, s1, s2, s3);
+      _mm_storeu_ps(y + (r - r0), reduceFourRows(v0, v1, v2, v3));
+    } else {
+      __m256 v0 = rowSum<K>(mag, sign, xs, xn, s0, s1, s2, s3);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn, s0, s1, s2, s3);
+      reduceTwoRows(v0, v1, y + (r - r0));
     }
-    __m256 v[R];
-    for (uint32_t i = 0; i < R; ++i)
-      v[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
-                           _mm256_add_ps(acc[i][2], acc[i][3]));
-    if constexpr (R == 4)
-      _mm_storeu_ps(y + (r - r0), reduceFourRows(v[0], v[1], v[2], v[3]));
-    else
-      reduceTwoRows(v[0], v[1], y + (r - r0));
   }
   for (; r < r1; ++r)
     y[r - r0] = dotRowShift(m->mag + (uint64_t)r * K, m->sign + (uint64_t)r * W,
