@@ -279,8 +279,9 @@ std::vector<uint8_t> MakeIb(uint32_t mode, uint32_t slot, uint32_t n_tokens,
   h.slot = slot;
   h.n_tokens = n_tokens;
   h.top_k = top_k;
-  h.x_offset = uint32_t(
-      AlignUp(sizeof h + slots.size() * sizeof(duck_expert_slot), 32));
+  // Slots and x are copied as given (tests of the ELF's validation pass
+  // ones that disagree with n_tokens); the offset rule is the ABI's.
+  h.x_offset = duck_ib_x_offset(slots.size());
   std::vector<uint8_t> ib(h.x_offset + x.size() * sizeof(float), 0);
   std::memcpy(ib.data(), &h, sizeof h);
   if (!slots.empty())

@@ -24,23 +24,9 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
                                    uint32_t n_tokens, uint32_t top_k,
                                    const duck_expert_slot *slots,
                                    const float *x, float *out) {
-  // IB: header, slots, x at a 32-byte aligned offset.
-  const uint64_t slotBytes = (uint64_t)n_tokens * top_k * sizeof(duck_expert_slot);
-  const uint64_t xOff = (sizeof(duck_ib_header) + slotBytes + 31) / 32 * 32;
   const uint64_t xBytes = (uint64_t)n_tokens * hidden_ * 4;
-  ib_.assign(xOff + xBytes, 0);
-  duck_ib_header h{};
-  h.magic = DUCK_IB_MAGIC;
-  h.abi_version = DUCK_ABI_VERSION;
-  h.mode = mode;
-  h.slot = slot;
-  h.n_tokens = n_tokens;
-  h.top_k = top_k;
-  h.x_offset = (uint32_t)xOff;
-  std::memcpy(ib_.data(), &h, sizeof h);
-  if (slotBytes)
-    std::memcpy(ib_.data() + sizeof h, slots, slotBytes);
-  std::memcpy(ib_.data() + xOff, x, xBytes);
+  ib_.resize(duck_ib_bytes(n_tokens, top_k, hidden_));
+  duck_ib_write(ib_.data(), mode, slot, n_tokens, top_k, slots, x, hidden_);
 
   const size_t ducks = client_->size();
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));

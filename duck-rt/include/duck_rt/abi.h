@@ -199,6 +199,44 @@ typedef struct duck_ob_header {
   uint64_t reserved[5];
 } duck_ob_header;
 
+/// Offset of x in an IB that carries `n_slots` routing slots (32-aligned).
+static inline uint32_t duck_ib_x_offset(uint64_t n_slots) {
+  return (uint32_t)((sizeof(duck_ib_header) +
+                     n_slots * sizeof(duck_expert_slot) + 31) / 32 * 32);
+}
+
+/// Bytes of an IB for n_tokens x hidden floats and n_tokens * top_k slots.
+static inline uint64_t duck_ib_bytes(uint32_t n_tokens, uint32_t top_k,
+                                     uint32_t hidden) {
+  return duck_ib_x_offset((uint64_t)n_tokens * top_k) +
+         (uint64_t)n_tokens * hidden * sizeof(float);
+}
+
+/// Encodes one step's IB into `ib` (duck_ib_bytes(...) bytes): the header,
+/// n_tokens * top_k slots (may be null when top_k is 0) and x.
+static inline void duck_ib_write(uint8_t *ib, uint32_t mode, uint32_t slot,
+                                 uint32_t n_tokens, uint32_t top_k,
+                                 const duck_expert_slot *slots, const float *x,
+                                 uint32_t hidden) {
+  duck_ib_header h;
+  __builtin_memset(&h, 0, sizeof h);
+  h.magic = DUCK_IB_MAGIC;
+  h.abi_version = DUCK_ABI_VERSION;
+  h.mode = mode;
+  h.slot = slot;
+  h.n_tokens = n_tokens;
+  h.top_k = top_k;
+  h.x_offset = duck_ib_x_offset((uint64_t)n_tokens * top_k);
+  __builtin_memset(ib, 0, h.x_offset);
+  __builtin_memcpy(ib, &h, sizeof h);
+  if (top_k && slots)
+    __builtin_memcpy(ib + sizeof h, slots,
+                     (uint64_t)n_tokens * top_k * sizeof(duck_expert_slot));
+  if (x)
+    __builtin_memcpy(ib + h.x_offset, x,
+                     (uint64_t)n_tokens * hidden * sizeof(float));
+}
+
 /// Shared scratch an ELF step needs for a slot (bytes), for every mode:
 /// per-core FFN scratch for `cores` cores plus the shared buffers of dense
 /// and MoE decode and prefill (duck-rt/elf/step_layout.h carves it). The
