@@ -1,11 +1,14 @@
 // fp9 GEMV and GEMM kernels, AVX2 + FMA (+ F16C for the alternative decode
 // path). See docs/fp9.md for the arithmetic contract these implement.
 //
-// Every kernel accumulates one row in the same canonical order, so all of
-// them (general, exact, GEMM tiles, both decode paths) give bit-identical
-// results: 32 weights per sign word, four accumulators acc[g] taking the
-// weights 32c+8g..32c+8g+7, then (acc0+acc1)+(acc2+acc3), then the hadd
-// pattern ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)), times 2^3.
+// Every shift-path kernel accumulates one row in the same canonical order,
+// so they (general, exact, GEMM tiles) give bit-identical results: 32
+// weights per sign word, loaded as one 32-byte vector whose dword lane j
+// holds weights 4j..4j+3; accumulator acc[q] takes lane j = weight 32c+4j+q
+// (one shift and one mask per group, no shuffle); then (acc0+acc1)+
+// (acc2+acc3), then the hadd pattern ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)),
+// times 2^3. The pre-scaled input is stored in the same permuted order. The
+// F16C path (a benchmark alternative) reads weights in natural order.
 #include "duck_rt/kernels.h"
 
 #include <immintrin.h>
@@ -19,8 +22,9 @@ static_assert(DUCK_FP9_SHIFT_X_LOG2 == 102 && DUCK_FP9_F16C_X_LOG2 == -10 &&
                   DUCK_FP9_ACC_LOG2 == 3,
               "kernel constants out of sync with duck_rt/fp9.h");
 
-/// Lane j of the result holds (sign word) << (31 - (8g + j)): bit 31 is the
-/// sign of weight 8g + j, the bits below are don't-care for a blend.
+/// F16C path: lane j of the result holds (sign word) << (31 - (8g + j)):
+/// bit 31 is the sign of weight 8g + j, the bits below are don't-care for a
+/// blend.
 inline __m256i signLanes(__m256i word, __m256i shift) {
   return _mm256_sllv_epi32(word, shift);
 }
@@ -30,9 +34,35 @@ inline __m256i shiftCounts(int g) {
                            27 - 8 * g, 26 - 8 * g, 25 - 8 * g, 24 - 8 * g);
 }
 
-inline __m256 decodeShift(const uint8_t *p) {
-  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 20));
+/// Shift path: 32 weights (one sign word) decoded into four groups; lane j
+/// of group q is weight 4j + q. w[q] holds the magnitudes as fp32 bits
+/// (value * 2^-105), s[q] has the weight's sign in bit 31 (don't-care
+/// below, for a blend or a mask).
+struct Chunk32 {
+  __m256 w[4];
+  __m256 s[4];
+};
+
+inline Chunk32 decodeChunk(const uint8_t *mag, uint32_t word) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag));
+  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
+  Chunk32 c;
+  c.w[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), mask));
+  c.w[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 12), mask));
+  c.w[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 4), mask));
+  c.w[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4), mask));
+  // Sign bit 4j+q must reach bit 31 of lane j: shift by 31-4j-q. Group 3
+  // needs 28-4j; each lower group one more, which is an add to itself.
+  const __m256i base = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+  __m256i t3 = _mm256_sllv_epi32(_mm256_set1_epi32((int)word), base);
+  __m256i t2 = _mm256_add_epi32(t3, t3);
+  __m256i t1 = _mm256_add_epi32(t2, t2);
+  __m256i t0 = _mm256_add_epi32(t1, t1);
+  c.s[0] = _mm256_castsi256_ps(t0);
+  c.s[1] = _mm256_castsi256_ps(t1);
+  c.s[2] = _mm256_castsi256_ps(t2);
+  c.s[3] = _mm256_castsi256_ps(t3);
+  return c;
 }
 
 /// Decodes 16 weights with the F16C path into two vectors (w * 2^7).
@@ -62,58 +92,89 @@ inline __m128 reduceFourRows(__m256 r0, __m256 r1, __m256 r2, __m256 r3) {
   return _mm_mul_ps(s, _mm_set1_ps(kAccFactor));
 }
 
-/// Pre-scales x for one row tile: xs[k] = x[k] * scale[k / BLOCK] * factor,
-/// and xn = -xs (the blend source for negative weights).
-template <uint32_t BLOCK>
+/// The same reduction for two rows: out[0..1] = reduce(row 0), reduce(row 1).
+inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
+  __m256 t0 = _mm256_hadd_ps(r0, r1);
+  __m256 t1 = _mm256_hadd_ps(t0, t0);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(t1), _mm256_extractf128_ps(t1, 1));
+  s = _mm_mul_ps(s, _mm_set1_ps(kAccFactor));
+  out[0] = _mm_cvtss_f32(s);
+  out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
+}
+
+/// Pre-scales x for one row tile: xs = x[k] * scale[k / BLOCK] * factor and
+/// xn = -xs (the blend source for negative weights). PERMUTED stores each
+/// 32-chunk in the shift path's order: position 8q + j holds element 4j + q.
+template <uint32_t BLOCK, bool PERMUTED>
 void prescale(const float *x, const float *scale, uint32_t k, float factor,
               float *xs, float *xn) {
   const __m256 neg = _mm256_set1_ps(-0.0f);
   for (uint32_t b = 0; b < k / BLOCK; ++b) {
-    __m256 s = _mm256_set1_ps(scale[b] * factor);
-    for (uint32_t i = b * BLOCK; i < (b + 1) * BLOCK; i += 8) {
-      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), s);
-      _mm256_store_ps(xs + i, v);
-      _mm256_store_ps(xn + i, _mm256_xor_ps(v, neg));
+    const float sf = scale[b] * factor;
+    if constexpr (PERMUTED) {
+      for (uint32_t c = b * BLOCK; c < (b + 1) * BLOCK; c += 32)
+        for (uint32_t i = 0; i < 32; ++i) {
+          const float v = x[c + i] * sf;
+          const uint32_t p = c + (i & 3) * 8 + (i >> 2);
+          xs[p] = v;
+          xn[p] = -v;
+        }
+    } else {
+      __m256 sv = _mm256_set1_ps(sf);
+      for (uint32_t i = b * BLOCK; i < (b + 1) * BLOCK; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_store_ps(xs + i, v);
+        _mm256_store_ps(xn + i, _mm256_xor_ps(v, neg));
+      }
     }
   }
 }
 
+template <bool PERMUTED>
 void prescaleAny(uint32_t block, const float *x, const float *scale,
                  uint32_t k, float factor, float *xs, float *xn) {
   switch (block) {
   case 128:
-    return prescale<128>(x, scale, k, factor, xs, xn);
+    return prescale<128, PERMUTED>(x, scale, k, factor, xs, xn);
   case 64:
-    return prescale<64>(x, scale, k, factor, xs, xn);
+    return prescale<64, PERMUTED>(x, scale, k, factor, xs, xn);
   default:
-    return prescale<32>(x, scale, k, factor, xs, xn);
+    return prescale<32, PERMUTED>(x, scale, k, factor, xs, xn);
   }
 }
 
-/// One row, shift path: sign applied by blending xs/xn.
+/// Accumulates 32 weights of one row into acc0..acc3 (shift path, sign
+/// applied by blending the pre-scaled input with its negation).
+#define DUCK_ACC32(mag, word, xs, xn, acc0, acc1, acc2, acc3)                  \
+  do {                                                                         \
+    const Chunk32 d_ = decodeChunk((mag), (word));                             \
+    acc0 = _mm256_fmadd_ps(                                                    \
+        d_.w[0],                                                               \
+        _mm256_blendv_ps(_mm256_load_ps(xs), _mm256_load_ps(xn), d_.s[0]),     \
+        acc0);                                                                 \
+    acc1 = _mm256_fmadd_ps(d_.w[1],                                            \
+                           _mm256_blendv_ps(_mm256_load_ps((xs) + 8),          \
+                                            _mm256_load_ps((xn) + 8), d_.s[1]),\
+                           acc1);                                              \
+    acc2 = _mm256_fmadd_ps(d_.w[2],                                            \
+                           _mm256_blendv_ps(_mm256_load_ps((xs) + 16),         \
+                                            _mm256_load_ps((xn) + 16),         \
+                                            d_.s[2]),                          \
+                           acc2);                                              \
+    acc3 = _mm256_fmadd_ps(d_.w[3],                                            \
+                           _mm256_blendv_ps(_mm256_load_ps((xs) + 24),         \
+                                            _mm256_load_ps((xn) + 24),         \
+                                            d_.s[3]),                          \
+                           acc3);                                              \
+  } while (0)
+
+/// One row, shift path.
 inline float dotRowShift(const uint8_t *mag, const uint32_t *sign,
                          const float *xs, const float *xn, uint32_t k) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
-                s3 = shiftCounts(3);
   for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 1024), _MM_HINT_T0);
-    __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
-    __m256 x0 = _mm256_blendv_ps(_mm256_load_ps(xs + c), _mm256_load_ps(xn + c),
-                                 _mm256_castsi256_ps(signLanes(word, s0)));
-    acc0 = _mm256_fmadd_ps(decodeShift(mag + c), x0, acc0);
-    __m256 x1 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 8),
-                                 _mm256_load_ps(xn + c + 8),
-                                 _mm256_castsi256_ps(signLanes(word, s1)));
-    acc1 = _mm256_fmadd_ps(decodeShift(mag + c + 8), x1, acc1);
-    __m256 x2 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 16),
-                                 _mm256_load_ps(xn + c + 16),
-                                 _mm256_castsi256_ps(signLanes(word, s2)));
-    acc2 = _mm256_fmadd_ps(decodeShift(mag + c + 16), x2, acc2);
-    __m256 x3 = _mm256_blendv_ps(_mm256_load_ps(xs + c + 24),
-                                 _mm256_load_ps(xn + c + 24),
-                                 _mm256_castsi256_ps(signLanes(word, s3)));
-    acc3 = _mm256_fmadd_ps(decodeShift(mag + c + 24), x3, acc3);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+    DUCK_ACC32(mag + c, sign[c / 32], xs + c, xn + c, acc0, acc1, acc2, acc3);
   }
   return reduceRow(acc0, acc1, acc2, acc3);
 }
@@ -125,7 +186,7 @@ inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
   const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
                 s3 = shiftCounts(3);
   for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 1024), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
     __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
     __m256 w0, w1, w2, w3;
     decodeF16c(mag + c, &w0, &w1);
@@ -149,52 +210,14 @@ inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
   return reduceRow(acc0, acc1, acc2, acc3);
 }
 
-/// Accumulates 32 weights of one row into acc[0..3] (shift path).
-#define DUCK_ACC32(mag, word, xs, xn, acc0, acc1, acc2, acc3)                  \
-  do {                                                                         \
-    acc0 = _mm256_fmadd_ps(                                                    \
-        decodeShift(mag),                                                      \
-        _mm256_blendv_ps(_mm256_load_ps(xs), _mm256_load_ps(xn),               \
-                         _mm256_castsi256_ps(signLanes(word, s0))),            \
-        acc0);                                                                 \
-    acc1 = _mm256_fmadd_ps(                                                    \
-        decodeShift((mag) + 8),                                                \
-        _mm256_blendv_ps(_mm256_load_ps((xs) + 8), _mm256_load_ps((xn) + 8),   \
-                         _mm256_castsi256_ps(signLanes(word, s1))),            \
-        acc1);                                                                 \
-    acc2 = _mm256_fmadd_ps(                                                    \
-        decodeShift((mag) + 16),                                               \
-        _mm256_blendv_ps(_mm256_load_ps((xs) + 16), _mm256_load_ps((xn) + 16), \
-                         _mm256_castsi256_ps(signLanes(word, s2))),            \
-        acc2);                                                                 \
-    acc3 = _mm256_fmadd_ps(                                                    \
-        decodeShift((mag) + 24),                                               \
-        _mm256_blendv_ps(_mm256_load_ps((xs) + 24), _mm256_load_ps((xn) + 24), \
-                         _mm256_castsi256_ps(signLanes(word, s3))),            \
-        acc3);                                                                 \
-  } while (0)
-
-/// The same reduction for two rows: out[0..1] = reduce(row 0), reduce(row 1).
-inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
-  __m256 t0 = _mm256_hadd_ps(r0, r1);
-  __m256 t1 = _mm256_hadd_ps(t0, t0);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(t1), _mm256_extractf128_ps(t1, 1));
-  s = _mm_mul_ps(s, _mm_set1_ps(kAccFactor));
-  out[0] = _mm_cvtss_f32(s);
-  out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
-}
-
 /// One row's accumulators summed, before the horizontal reduction.
 template <uint32_t K>
 inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                     const float *xn, __m256i s0, __m256i s1, __m256i s2,
-                     __m256i s3) {
+                     const float *xn) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
 #pragma GCC unroll 4
-  for (uint32_t c = 0; c < K; c += 32) {
-    __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
-    DUCK_ACC32(mag + c, word, xs + c, xn + c, acc0, acc1, acc2, acc3);
-  }
+  for (uint32_t c = 0; c < K; c += 32)
+    DUCK_ACC32(mag + c, sign[c / 32], xs + c, xn + c, acc0, acc1, acc2, acc3);
   return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
 }
 
@@ -205,8 +228,6 @@ inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
 template <uint32_t K>
 void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                uint32_t r0, uint32_t r1, float *y) {
-  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
-                s3 = shiftCounts(3);
   constexpr uint32_t W = K / 32;
   constexpr uint32_t R = K == 64 ? 4 : 2;
   uint32_t r = r0;
@@ -221,14 +242,14 @@ void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
     _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 192),
                  _MM_HINT_T0);
     if constexpr (R == 4) {
-      __m256 v0 = rowSum<K>(mag, sign, xs, xn, s0, s1, s2, s3);
-      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn, s0, s1, s2, s3);
-      __m256 v2 = rowSum<K>(mag + 2 * K, sign + 2 * W, xs, xn, s0, s1, s2, s3);
-      __m256 v3 = rowSum<K>(mag + 3 * K, sign + 3 * W, xs, xn, s0, s1, s2, s3);
+      __m256 v0 = rowSum<K>(mag, sign, xs, xn);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn);
+      __m256 v2 = rowSum<K>(mag + 2 * K, sign + 2 * W, xs, xn);
+      __m256 v3 = rowSum<K>(mag + 3 * K, sign + 3 * W, xs, xn);
       _mm_storeu_ps(y + (r - r0), reduceFourRows(v0, v1, v2, v3));
     } else {
-      __m256 v0 = rowSum<K>(mag, sign, xs, xn, s0, s1, s2, s3);
-      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn, s0, s1, s2, s3);
+      __m256 v0 = rowSum<K>(mag, sign, xs, xn);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn);
       reduceTwoRows(v0, v1, y + (r - r0));
     }
   }
@@ -278,7 +299,12 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
     if (end > row_end)
       end = row_end;
     uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    prescaleAny(m->block, x, m->scale + (uint64_t)tile * bpr, k, factor, xs, xn);
+    if (path == DUCK_DECODE_F16C)
+      prescaleAny<false>(m->block, x, m->scale + (uint64_t)tile * bpr, k,
+                         factor, xs, xn);
+    else
+      prescaleAny<true>(m->block, x, m->scale + (uint64_t)tile * bpr, k,
+                        factor, xs, xn);
     float *out = y + (r - row_begin);
     if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT64) {
       exactRows<64>(m, xs, xn, r, end, out);
@@ -319,8 +345,6 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
-  const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
-                s3 = shiftCounts(3);
   const __m256 negZero = _mm256_set1_ps(-0.0f);
   uint32_t r = row_begin;
   while (r < row_end) {
@@ -329,56 +353,55 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       end = row_end;
     uint32_t tile = (r + m->row_phase) / m->scale_rows;
     const float *scale = m->scale + (uint64_t)tile * bpr;
-    // Pre-scale every token (no negated copy: GEMM flips the weight's sign,
-    // which gives the same product bits as flipping x).
-    for (uint32_t t = 0; t < n_tokens; ++t)
+    // Pre-scale every token in the shift path's permuted order (no negated
+    // copy: GEMM flips the weight's sign, which gives the same product bits
+    // as flipping x, so results equal duck_gemv's).
+    for (uint32_t t = 0; t < n_tokens; ++t) {
+      const float *xt = x + (uint64_t)t * x_ld;
+      float *st = xs + (uint64_t)t * k;
       for (uint32_t b = 0; b < bpr; ++b) {
-        __m256 s = _mm256_set1_ps(scale[b] * kShiftXFactor);
-        for (uint32_t i = b * m->block; i < (b + 1) * m->block; i += 8)
-          _mm256_store_ps(xs + (uint64_t)t * k + i,
-                          _mm256_mul_ps(_mm256_loadu_ps(x + (uint64_t)t * x_ld + i), s));
+        const float sf = scale[b] * kShiftXFactor;
+        for (uint32_t c = b * m->block; c < (b + 1) * m->block; c += 32)
+          for (uint32_t i = 0; i < 32; ++i)
+            st[c + (i & 3) * 8 + (i >> 2)] = xt[c + i] * sf;
       }
+    }
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       uint32_t t = 0;
       for (; t + 2 <= n_tokens; t += 2) {
         const float *xa = xs + (uint64_t)t * k, *xb = xa + k;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        __m256 a[4], b[4];
+        for (int q = 0; q < 4; ++q)
+          a[q] = b[q] = _mm256_setzero_ps();
         for (uint32_t c = 0; c < k; c += 32) {
-          __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
-#define DUCK_GEMM_GROUP(G, SH, AA, BB)                                         \
-  {                                                                            \
-    __m256 sg = _mm256_and_ps(                                                 \
-        _mm256_castsi256_ps(signLanes(word, SH)), negZero);                    \
-    __m256 w = _mm256_xor_ps(decodeShift(mag + c + 8 * G), sg);                \
-    AA = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * G), AA);               \
-    BB = _mm256_fmadd_ps(w, _mm256_load_ps(xb + c + 8 * G), BB);               \
-  }
-          DUCK_GEMM_GROUP(0, s0, a0, b0)
-          DUCK_GEMM_GROUP(1, s1, a1, b1)
-          DUCK_GEMM_GROUP(2, s2, a2, b2)
-          DUCK_GEMM_GROUP(3, s3, a3, b3)
+          const Chunk32 d = decodeChunk(mag + c, sign[c / 32]);
+          for (int q = 0; q < 4; ++q) {
+            __m256 w = _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero));
+            a[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * q), a[q]);
+            b[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xb + c + 8 * q), b[q]);
+          }
         }
-        y[(uint64_t)t * y_ld + (i - row_begin)] = reduceRow(a0, a1, a2, a3);
-        y[(uint64_t)(t + 1) * y_ld + (i - row_begin)] = reduceRow(b0, b1, b2, b3);
+        y[(uint64_t)t * y_ld + (i - row_begin)] =
+            reduceRow(a[0], a[1], a[2], a[3]);
+        y[(uint64_t)(t + 1) * y_ld + (i - row_begin)] =
+            reduceRow(b[0], b[1], b[2], b[3]);
       }
       if (t < n_tokens) {
         const float *xa = xs + (uint64_t)t * k;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 a[4];
+        for (int q = 0; q < 4; ++q)
+          a[q] = _mm256_setzero_ps();
         for (uint32_t c = 0; c < k; c += 32) {
-          __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
-          __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0; // unused second token
-          const float *xb = xa;
-          DUCK_GEMM_GROUP(0, s0, a0, b0)
-          DUCK_GEMM_GROUP(1, s1, a1, b1)
-          DUCK_GEMM_GROUP(2, s2, a2, b2)
-          DUCK_GEMM_GROUP(3, s3, a3, b3)
-          (void)b0, (void)b1, (void)b2, (void)b3;
+          const Chunk32 d = decodeChunk(mag + c, sign[c / 32]);
+          for (int q = 0; q < 4; ++q) {
+            __m256 w = _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero));
+            a[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * q), a[q]);
+          }
         }
-#undef DUCK_GEMM_GROUP
-        y[(uint64_t)t * y_ld + (i - row_begin)] = reduceRow(a0, a1, a2, a3);
+        y[(uint64_t)t * y_ld + (i - row_begin)] =
+            reduceRow(a[0], a[1], a[2], a[3]);
       }
     }
     r = end;

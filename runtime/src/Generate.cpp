@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
@@ -193,8 +194,12 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     lc.name_prefix = "duck";
     // The daemons' logs go to files, so they do not mix with the output.
     lc.log_dir = lc.cache_dir + "/logs";
-    ::mkdir(lc.cache_dir.c_str(), 0755);
-    ::mkdir(lc.log_dir.c_str(), 0755);
+    std::error_code ec;
+    std::filesystem::create_directories(lc.log_dir, ec);
+    if (ec)
+      return absl::InternalError(absl::StrCat(
+          "cannot create the duck cache directory '", lc.log_dir,
+          "': ", ec.message()));
     lc.duckd_path = o.duckd_path;
     if (!o.quiet)
       err << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",

@@ -150,9 +150,9 @@ TEST(Kernels, GemvMatchesReference) {
   }
 }
 
-// Exact kernels, general kernels and both decode paths share one
-// accumulation order: identical bits.
-TEST(Kernels, AllKernelsAndPathsAreBitIdentical) {
+// Exact and general kernels share one accumulation order: identical bits;
+// the F16C path agrees within the fp32 rounding bound.
+TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
   std::mt19937 rng(12);
   for (const Shape &s : kShapes) {
     TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
@@ -164,8 +164,12 @@ TEST(Kernels, AllKernelsAndPathsAreBitIdentical) {
     duck_fp9_matrix general = m.view;
     general.kernel = duck_select_kernel(s.k + 1024, s.block); // force general
     duck_gemv(&general, x.data(), c.data(), 0, s.rows, xs.get(), DUCK_DECODE_SHIFT);
+    std::vector<double> want, absSum;
+    duck::ref::gemv(m.ref(), x.data(), want, &absSum);
     for (uint32_t r = 0; r < s.rows; ++r) {
-      ASSERT_EQ(bits(a[r]), bits(b[r])) << "F16C differs, row " << r;
+      // The F16C path reads weights in natural order, the shift path in its
+      // shuffle-free order: both within the fp32 bound, not bit-equal.
+      ASSERT_NEAR(b[r], a[r], 2 * tolerance(s.k, absSum[r])) << "F16C, row " << r;
       ASSERT_EQ(bits(a[r]), bits(c[r])) << "general differs, row " << r;
     }
   }
