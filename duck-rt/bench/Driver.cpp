@@ -5,10 +5,40 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <unistd.h>
+#include <vector>
 
 namespace duck::bench {
 
 namespace {
+
+/// `duck-bench e2e`: the end-to-end benchmark is a pipeline of tools
+/// (duck-mkmodel, duckc, duckrun), driven by utils/bench-e2e.sh; run it
+/// against the build this duck-bench belongs to.
+int runE2e(int argc, char **argv) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "duck-bench e2e: cannot locate the build\n");
+    return 1;
+  }
+  std::string bin(exe, n);
+  bin = bin.substr(0, bin.rfind('/'));
+  std::string build = bin.substr(0, bin.rfind('/'));
+  setenv("DUCK_BUILD_DIR", build.c_str(), 1);
+  std::string script = DUCK_SOURCE_DIR "/utils/bench-e2e.sh";
+  std::vector<char *> args;
+  std::string bash = "bash";
+  args.push_back(bash.data());
+  args.push_back(script.data());
+  for (int i = 1; i < argc; ++i)
+    args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execvp("bash", args.data());
+  std::perror("duck-bench e2e: cannot run utils/bench-e2e.sh");
+  return 1;
+}
 
 const Subcommand kSubcommands[] = {
     {"kernels", "fp9 GEMV/MoE/prefill kernels and read bandwidth on 1..N cores",
@@ -17,6 +47,8 @@ const Subcommand kSubcommands[] = {
      duckBenchJudge},
     {"cache", "start-up with a warm weight cache vs a full prepare",
      duckBenchCache},
+    {"e2e", "decode tok/s of Qwen3-0.6B / 30B-A3B shapes vs read bandwidth",
+     runE2e},
 };
 
 void printUsage(FILE *out) {
