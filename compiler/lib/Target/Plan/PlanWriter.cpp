@@ -63,8 +63,9 @@ public:
 
   /// Writes the image of `rank`; fills checksums into `out_entries`.
   Error write(ModuleOp module, int64_t rank, ArrayRef<Fp9FfnOp> shards,
-              StringRef path, uint64_t totalBytes, StringRef keyHex,
-              std::vector<duck_slot_entry> &out_entries);
+              StringRef path, uint64_t totalBytes, StringRef layoutKey,
+              std::vector<duck_slot_entry> &out_entries,
+              std::string &out_key);
 
 private:
   Error writeBytes(const void *p, uint64_t n) {
@@ -139,8 +140,10 @@ Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
 }
 
 Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
-                         StringRef path, uint64_t totalBytes, StringRef keyHex,
-                         std::vector<duck_slot_entry> &entries) {
+                         StringRef path, uint64_t totalBytes,
+                         StringRef layoutKey,
+                         std::vector<duck_slot_entry> &entries,
+                         std::string &keyHex) {
   rank = r;
   total = totalBytes;
   pos = 0;
@@ -236,8 +239,21 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   ih.tp_size = (uint32_t)module->getAttrOfType<ArrayAttr>("duck.image_bytes").size();
   ih.tp_rank = (uint32_t)r;
   ih.slot_count = (uint32_t)shards.size();
-  for (size_t i = 0; i < DUCK_MODEL_KEY_BYTES && 2 * i + 1 < keyHex.size(); ++i)
-    ih.model_key[i] = (uint8_t)std::stoul(keyHex.substr(2 * i, 2).str(), nullptr, 16);
+  // The model key: the layout's key (everything that changes the layout)
+  // combined with every slot's checksum, so a duck's cache can only hit on
+  // an image with the very same bytes.
+  XXH3_state_t *keyState = XXH3_createState();
+  XXH3_128bits_reset(keyState);
+  XXH3_128bits_update(keyState, layoutKey.data(), layoutKey.size());
+  XXH3_128bits_update(keyState, entries.data(),
+                      entries.size() * sizeof(duck_slot_entry));
+  XXH128_hash_t key = XXH3_128bits_digest(keyState);
+  XXH3_freeState(keyState);
+  for (int i = 0; i < 8; ++i) {
+    ih.model_key[i] = (uint8_t)(key.high64 >> (56 - 8 * i));
+    ih.model_key[8 + i] = (uint8_t)(key.low64 >> (56 - 8 * i));
+  }
+  keyHex = llvm::formatv("{0:x-16}{1:x-16}", key.high64, key.low64).str();
   ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
   ih.total_bytes = totalBytes;
   ih.hidden = shards.empty() ? 0 : (uint32_t)ffnShapeOf(shards[0]).hidden;
@@ -498,8 +514,10 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
     llvm::sys::path::append(path, file);
     std::vector<duck_slot_entry> entries;
     uint64_t total = cast<IntegerAttr>(images[r]).getInt();
-    StringRef key = cast<StringAttr>(keys[r]).getValue();
-    if (Error e = iw.write(module, r, perRank[r], path, total, key, entries))
+    StringRef layoutKey = cast<StringAttr>(keys[r]).getValue();
+    std::string key;
+    if (Error e = iw.write(module, r, perRank[r], path, total, layoutKey,
+                           entries, key))
       return e;
     std::vector<fb::Offset<pl::SlotDef>> slots;
     for (auto [i, shard] : llvm::enumerate(perRank[r])) {
@@ -527,7 +545,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
           (uint8_t)shard.getDownKernel()->getKind(), &mats));
     }
     ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
-                                            key.str().c_str(), &slots));
+                                            key.c_str(), &slots));
   }
 
   if (Error e = pb.buildOps(model))
