@@ -253,6 +253,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   auto prep = (*client)->Prepare(images, po);
   if (!prep.ok())
     return prep.status();
+  if (gInterrupted.load())
+    return absl::CancelledError("interrupted");
   if (!o.quiet) {
     std::vector<std::string> what;
     for (size_t r = 0; r < prep->result.size(); ++r)
@@ -289,11 +291,18 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   // Prefill.
   std::vector<float> logits;
   const double tPrefill = now();
-  absl::Status st = o.decode_only
-                        ? (*engine)->ForwardDecodeOnly(prompt, &logits)
-                        : (*engine)->Forward(prompt, &logits);
-  if (!st.ok())
-    return st;
+  // The prompt goes in chunk by chunk so Ctrl-C is noticed between steps.
+  for (size_t i = 0; i < prompt.size(); i += chunk) {
+    if (gInterrupted.load())
+      return absl::CancelledError("interrupted");
+    auto part = absl::MakeConstSpan(prompt).subspan(
+        i, std::min<size_t>(chunk, prompt.size() - i));
+    absl::Status st = o.decode_only
+                          ? (*engine)->ForwardDecodeOnly(part, &logits)
+                          : (*engine)->Forward(part, &logits);
+    if (!st.ok())
+      return st;
+  }
   const double prefillS = now() - tPrefill;
   if (!o.logits_out.empty()) {
     std::ofstream lf(o.logits_out, std::ios::binary);
