@@ -221,7 +221,7 @@ inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
   return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
 }
 
-/// Rows of a K == 64 (four rows a tile) or K == 128 (two rows a tile)
+/// Rows of a K == 32 or 64 (four rows a tile) or K == 128 (two rows a tile)
 /// matrix: the sign words and the horizontal reduction are shared by the
 /// rows of a tile, and the next tile is prefetched. K == 128 uses two rows
 /// because four would need more than the 16 ymm registers.
@@ -229,7 +229,7 @@ template <uint32_t K>
 void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                uint32_t r0, uint32_t r1, float *y) {
   constexpr uint32_t W = K / 32;
-  constexpr uint32_t R = K == 64 ? 4 : 2;
+  constexpr uint32_t R = K <= 64 ? 4 : 2;
   uint32_t r = r0;
   for (; r + R <= r1; r += R) {
     const uint8_t *mag = m->mag + (uint64_t)r * K;
@@ -306,7 +306,9 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
       prescaleAny<true>(m->block, x, m->scale + (uint64_t)tile * bpr, k,
                         factor, xs, xn);
     float *out = y + (r - row_begin);
-    if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT64) {
+    if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT32) {
+      exactRows<32>(m, xs, xn, r, end, out);
+    } else if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT64) {
       exactRows<64>(m, xs, xn, r, end, out);
     } else if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT128) {
       exactRows<128>(m, xs, xn, r, end, out);

@@ -6,9 +6,9 @@
 // neurons).
 // CHECK-LABEL: duck.model @exact64
 // CHECK:         duck.fp9_ffn
-// CHECK-SAME:      down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">
-// CHECK-SAME:      gate_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">
-// CHECK-SAME:      up_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">
+// CHECK-SAME:      down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row, four rows a tile">
+// CHECK-SAME:      gate_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row, four rows a tile">
+// CHECK-SAME:      up_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row, four rows a tile">
 duck.model @exact64 attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):
   %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 64 : i64,
@@ -24,9 +24,9 @@ duck.model @exact64 attributes {family = "qwen3", config = {}} {
 // K == 128 == block: exact128 for all three.
 // CHECK-LABEL: duck.model @exact128
 // CHECK:         duck.fp9_ffn
-// CHECK-SAME:      down_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, four rows a tile">
-// CHECK-SAME:      gate_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, four rows a tile">
-// CHECK-SAME:      up_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, four rows a tile">
+// CHECK-SAME:      down_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, two rows a tile">
+// CHECK-SAME:      gate_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, two rows a tile">
+// CHECK-SAME:      up_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, two rows a tile">
 duck.model @exact128 attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x128xf32>):
   %m = duck.mlp %x {layer = 0 : i64, hidden = 128 : i64, inter = 128 : i64,
@@ -43,7 +43,7 @@ duck.model @exact128 attributes {family = "qwen3", config = {}} {
 // each duck's 128 local neurons make down exact128; every shard gets its own.
 // CHECK-LABEL: duck.model @general128
 // CHECK:         duck.fp9_ffn
-// CHECK-SAME:      down_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, four rows a tile">
+// CHECK-SAME:      down_kernel = #duck.kernel<exact128, "K == 128 == block: one block a row, two rows a tile">
 // CHECK-SAME:      gate_kernel = #duck.kernel<general128, "K = 256 is 2 blocks of 128">
 // CHECK-SAME:      rank = 0
 // CHECK-SAME:      up_kernel = #duck.kernel<general128, "K = 256 is 2 blocks of 128">
@@ -83,12 +83,13 @@ duck.model @general64 attributes {family = "qwen3", config = {}} {
 
 // -----
 
-// K == 64 with block 32 is not exact64: general32 (2 blocks of 32); the
-// same for a MoE shard, whose kernels serve every expert it holds.
+// K == 64 with block 32 is not exact64: general32 (2 blocks of 32); K == 32
+// with block 32 is exact32; the same for a MoE shard, whose kernels serve
+// every expert it holds.
 // CHECK-LABEL: duck.model @general32
 // CHECK:         duck.moe
 // CHECK:         duck.fp9_ffn
-// CHECK-SAME:      down_kernel = #duck.kernel<general32, "K = 32 is 1 block of 32">
+// CHECK-SAME:      down_kernel = #duck.kernel<exact32, "K == 32 == block: one block a row, four rows a tile">
 // CHECK-SAME:      gate_kernel = #duck.kernel<general32, "K = 64 is 2 blocks of 32">
 // CHECK-SAME:      up_kernel = #duck.kernel<general32, "K = 64 is 2 blocks of 32">
 duck.model @general32 attributes {family = "qwen3_moe", config = {}} {

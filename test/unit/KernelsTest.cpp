@@ -111,6 +111,7 @@ const Shape kShapes[] = {
     {50, 768, 64, 128},  // general64
     {37, 256, 32, 100},  // general32, tile boundary inside
     {300, 64, 32, 0},    // K == 64 with 32-blocks: general32
+    {70, 32, 32, 60},    // exact32 (Qwen3-30B-A3B down at tp24), odd rows
     {3, 2048, 128, 0},
 };
 
@@ -120,6 +121,7 @@ TEST(Kernels, SelectionRule) {
   EXPECT_EQ(duck_select_kernel(7168, 128), DUCK_KERNEL_GENERAL128);
   EXPECT_EQ(duck_select_kernel(768, 64), DUCK_KERNEL_GENERAL64);
   EXPECT_EQ(duck_select_kernel(64, 32), DUCK_KERNEL_GENERAL32);
+  EXPECT_EQ(duck_select_kernel(32, 32), DUCK_KERNEL_EXACT32);
   EXPECT_STREQ(duck_kernel_name(DUCK_KERNEL_EXACT64), "exact64");
 }
 

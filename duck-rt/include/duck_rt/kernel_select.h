@@ -16,7 +16,8 @@ typedef enum duck_kernel_id {
   DUCK_KERNEL_GENERAL32 = 2,
   DUCK_KERNEL_EXACT64 = 3,  // K == 64, block 64: one block a row
   DUCK_KERNEL_EXACT128 = 4, // K == 128, block 128
-  DUCK_KERNEL_COUNT = 5,
+  DUCK_KERNEL_EXACT32 = 5,  // K == 32, block 32 (tp24/32 down slices)
+  DUCK_KERNEL_COUNT = 6,
 } duck_kernel_id;
 
 static inline duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block) {
@@ -24,6 +25,8 @@ static inline duck_kernel_id duck_select_kernel(uint32_t k, uint32_t block) {
     return DUCK_KERNEL_EXACT64;
   if (k == 128 && block == 128)
     return DUCK_KERNEL_EXACT128;
+  if (k == 32 && block == 32)
+    return DUCK_KERNEL_EXACT32;
   if (block == 128)
     return DUCK_KERNEL_GENERAL128;
   if (block == 64)
@@ -43,6 +46,8 @@ static inline const char *duck_kernel_name(duck_kernel_id id) {
     return "exact64";
   case DUCK_KERNEL_EXACT128:
     return "exact128";
+  case DUCK_KERNEL_EXACT32:
+    return "exact32";
   default:
     return "unknown";
   }

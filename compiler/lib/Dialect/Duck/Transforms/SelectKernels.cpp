@@ -18,11 +18,14 @@ KernelAttr select(MLIRContext *ctx, int64_t k, int64_t block) {
   duck_kernel_id id = duck_select_kernel((uint32_t)k, (uint32_t)block);
   std::string why;
   switch (id) {
+  case DUCK_KERNEL_EXACT32:
+    why = "K == 32 == block: one block a row, four rows a tile";
+    break;
   case DUCK_KERNEL_EXACT64:
-    why = "K == 64 == block: one block a row";
+    why = "K == 64 == block: one block a row, four rows a tile";
     break;
   case DUCK_KERNEL_EXACT128:
-    why = "K == 128 == block: one block a row, four rows a tile";
+    why = "K == 128 == block: one block a row, two rows a tile";
     break;
   default:
     why = "K = " + std::to_string(k) + " is " + std::to_string(k / block) +

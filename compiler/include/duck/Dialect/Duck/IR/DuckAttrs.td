@@ -10,7 +10,7 @@ include "mlir/IR/BuiltinAttributeInterfaces.td"
 def Duck_KernelKind : I32EnumAttr<"KernelKind", "fp9 GEMV kernel variant", [
     I32EnumAttrCase<"general128", 0>, I32EnumAttrCase<"general64", 1>,
     I32EnumAttrCase<"general32", 2>, I32EnumAttrCase<"exact64", 3>,
-    I32EnumAttrCase<"exact128", 4>]> {
+    I32EnumAttrCase<"exact128", 4>, I32EnumAttrCase<"exact32", 5>]> {
   let cppNamespace = "::mlir::duck";
   let genSpecializedAttr = 0;
 }

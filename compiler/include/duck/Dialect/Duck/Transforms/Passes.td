@@ -51,14 +51,15 @@ def DuckSelectKernels : Pass<"duck-select-kernels", "::mlir::ModuleOp"> {
   let summary = "Choose the fp9 GEMV kernel of every weight shard by shape";
   let description = [{
     Per `duck.fp9_ffn`, for gate and up (K = hidden) and down (K = local
-    intermediate size): K == 64 with block 64 -> `exact64`; K == 128 with
-    block 128 -> `exact128`; otherwise `general<block>`. The decision is an
+    intermediate size): K == 32 with block 32 -> `exact32`; K == 64 with
+    block 64 -> `exact64`; K == 128 with block 128 -> `exact128`; otherwise
+    `general<block>`. The decision is an
     attribute with its reason, made once here and never inside a kernel loop.
     A module without shards (not partitioned yet) is left unchanged; a shard
     whose hidden size is not a multiple of its block is refused.
 
     ```mlir
-    duck.fp9_ffn {block = 64, ..., down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">}
+    duck.fp9_ffn {block = 64, ..., down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row, four rows a tile">}
     ```
   }];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
