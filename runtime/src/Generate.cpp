@@ -325,7 +325,6 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   const bool text = tok && !o.print_ids;
   if (text)
     stream = std::make_unique<StreamDecoder>(*tok);
-  const double tDecode = now();
   std::vector<double> tokenTimes;
   int32_t next = sampler.Sample(logits);
   while (generated.size() < o.max_tokens) {
@@ -349,7 +348,6 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     tokenTimes.push_back(now() - t0);
     next = sampler.Sample(logits);
   }
-  const double decodeS = now() - tDecode;
   if (stream && o.stream)
     out << stream->Flush();
   if (text && !o.stream)
@@ -391,7 +389,6 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
   sj["duck_kernel_gparam_s"] = gps;
   sj["total_s"] = now() - tStart;
-  (void)decodeS;
   if (!o.summary_json.empty()) {
     std::ofstream f(o.summary_json);
     f << sj.dump(2) << "\n";

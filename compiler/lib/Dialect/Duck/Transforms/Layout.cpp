@@ -88,7 +88,6 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (!isa<MlpOp, MoeOp>(op))
       return;
     ++st.ffnLayers;
-    auto tp = op->getAttrOfType<IntegerAttr>("tp");
     auto mo = op->getAttrOfType<IntegerAttr>("multiple_of");
     auto tpMax = op->getAttrOfType<IntegerAttr>("tp_max");
     if (mo)
@@ -97,7 +96,6 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       st.tpMax = tpMax.getInt();
     if (auto s = op->getAttrOfType<StrategyAttr>("strategy"))
       st.strategy = stringifyStrategy(s.getValue()).str();
-    (void)tp;
     // Experts a token activates on a duck, on average.
     double activeRouted = 1, totalRouted = 1, shared = 0;
     if (auto moe = dyn_cast<MoeOp>(op)) {
