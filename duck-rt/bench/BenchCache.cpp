@@ -63,18 +63,6 @@ bool ParseSize(const char *text, uint64_t *out) {
   return true;
 }
 
-std::string DefaultElf() {
-  if (const char *e = std::getenv("DUCK_ELF"); e && *e)
-    return e;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0)
-    return "duck.elf";
-  self[n] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/')) + "/../lib/duck.elf";
-}
-
 /// One start-up: connect + hello + prepare + open + one mode-4 step.
 struct Startup {
   double seconds = 0;
@@ -161,7 +149,7 @@ int duckBenchCache(int argc, char **argv) {
     }
   }
   if (o.elf.empty())
-    o.elf = DefaultElf();
+    o.elf = duck::runtime::DefaultElfPath();
   std::ifstream ef(o.elf, std::ios::binary);
   const std::vector<uint8_t> elf((std::istreambuf_iterator<char>(ef)),
                                  std::istreambuf_iterator<char>());

@@ -55,19 +55,6 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, i ? i - 1 : 0)];
 }
 
-std::string DefaultElf() {
-  if (const char *e = std::getenv("DUCK_ELF"); e && *e)
-    return e;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0)
-    return "duck.elf";
-  self[n] = 0;
-  std::string dir(self);
-  dir = dir.substr(0, dir.rfind('/'));
-  return dir + "/../lib/duck.elf";
-}
-
 /// Tokens per step so the IB is about `nominal` bytes.
 uint32_t TokensFor(uint32_t nominal) {
   const uint32_t perToken = kHidden * 4 + kTopK * 8;
@@ -205,7 +192,7 @@ int duckBenchJudge(int argc, char **argv) {
     return 2;
   }
   if (o.elf.empty())
-    o.elf = DefaultElf();
+    o.elf = duck::runtime::DefaultElfPath();
   std::ifstream ef(o.elf, std::ios::binary);
   const std::vector<uint8_t> elf((std::istreambuf_iterator<char>(ef)),
                                  std::istreambuf_iterator<char>());

@@ -2,6 +2,7 @@
 
 #include "BenchSubcommands.h"
 #include "Subcommands.h"
+#include "duck/runtime/LocalCluster.h"
 
 #include <cstdio>
 #include <cstring>
@@ -17,14 +18,7 @@ namespace {
 /// (duck-mkmodel, duckc, duckrun), driven by utils/bench-e2e.sh; run it
 /// against the build this duck-bench belongs to.
 int runE2e(int argc, char **argv) {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) {
-    std::fprintf(stderr, "duck-bench e2e: cannot locate the build\n");
-    return 1;
-  }
-  std::string bin(exe, n);
-  bin = bin.substr(0, bin.rfind('/'));
+  std::string bin = runtime::ExecutableDir();
   std::string build = bin.substr(0, bin.rfind('/'));
   setenv("DUCK_BUILD_DIR", build.c_str(), 1);
   std::string script = DUCK_SOURCE_DIR "/utils/bench-e2e.sh";

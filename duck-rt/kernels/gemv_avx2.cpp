@@ -258,6 +258,41 @@ void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
                             xs, xn, K);
 }
 
+/// One weight row against T tokens (a tile of DUCK_N_TILE, or the odd one
+/// out): the row is decoded once and the sign flips the weight, so each
+/// token's sum has the same bits as duck_gemv's. xs holds the tokens'
+/// pre-scaled inputs k apart; y[t * y_ld] receives token t's result.
+template <int T>
+inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
+                    uint32_t k, float *y, uint32_t y_ld) {
+  const __m256 negZero = _mm256_set1_ps(-0.0f);
+  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
+  const __m256i base = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+  __m256 acc[T][4];
+  for (int t = 0; t < T; ++t)
+    for (int q = 0; q < 4; ++q)
+      acc[t][q] = _mm256_setzero_ps();
+  for (uint32_t c = 0; c < k; c += 32) {
+    // decodeChunk's arithmetic, one group at a time from q = 3 down (its
+    // sign shift is the smallest), so only one decoded group is live: the
+    // 4 x T accumulators then fit the register file.
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
+    __m256i sg = _mm256_sllv_epi32(_mm256_set1_epi32((int)sign[c / 32]), base);
+    for (int q = 3; q >= 0; --q) {
+      __m256i bits = q == 3 ? _mm256_srli_epi32(v, 4)
+                            : _mm256_slli_epi32(v, 20 - 8 * q);
+      __m256 w = _mm256_castsi256_ps(_mm256_and_si256(bits, mask));
+      w = _mm256_xor_ps(w, _mm256_and_ps(_mm256_castsi256_ps(sg), negZero));
+      for (int t = 0; t < T; ++t)
+        acc[t][q] = _mm256_fmadd_ps(
+            w, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * q), acc[t][q]);
+      sg = _mm256_add_epi32(sg, sg);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    y[(uint64_t)t * y_ld] = reduceRow(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+}
+
 inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
   // First local row of the next scale tile after row r.
   uint32_t t = (r + m->row_phase) / m->scale_rows;
@@ -347,7 +382,6 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
-  const __m256 negZero = _mm256_set1_ps(-0.0f);
   uint32_t r = row_begin;
   while (r < row_end) {
     uint32_t end = tileEnd(m, r);
@@ -371,40 +405,14 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
+      float *yi = y + (i - row_begin);
       uint32_t t = 0;
-      for (; t + 2 <= n_tokens; t += 2) {
-        const float *xa = xs + (uint64_t)t * k, *xb = xa + k;
-        __m256 a[4], b[4];
-        for (int q = 0; q < 4; ++q)
-          a[q] = b[q] = _mm256_setzero_ps();
-        for (uint32_t c = 0; c < k; c += 32) {
-          const Chunk32 d = decodeChunk(mag + c, sign[c / 32]);
-          for (int q = 0; q < 4; ++q) {
-            __m256 w = _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero));
-            a[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * q), a[q]);
-            b[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xb + c + 8 * q), b[q]);
-          }
-        }
-        y[(uint64_t)t * y_ld + (i - row_begin)] =
-            reduceRow(a[0], a[1], a[2], a[3]);
-        y[(uint64_t)(t + 1) * y_ld + (i - row_begin)] =
-            reduceRow(b[0], b[1], b[2], b[3]);
-      }
-      if (t < n_tokens) {
-        const float *xa = xs + (uint64_t)t * k;
-        __m256 a[4];
-        for (int q = 0; q < 4; ++q)
-          a[q] = _mm256_setzero_ps();
-        for (uint32_t c = 0; c < k; c += 32) {
-          const Chunk32 d = decodeChunk(mag + c, sign[c / 32]);
-          for (int q = 0; q < 4; ++q) {
-            __m256 w = _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero));
-            a[q] = _mm256_fmadd_ps(w, _mm256_load_ps(xa + c + 8 * q), a[q]);
-          }
-        }
-        y[(uint64_t)t * y_ld + (i - row_begin)] =
-            reduceRow(a[0], a[1], a[2], a[3]);
-      }
+      for (; t + 2 <= n_tokens; t += 2)
+        gemmRow<2>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,
+                   y_ld);
+      if (t < n_tokens)
+        gemmRow<1>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,
+                   y_ld);
     }
     r = end;
   }

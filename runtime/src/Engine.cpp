@@ -13,30 +13,8 @@ namespace pl = ::duck::plan;
 
 namespace {
 
-float e4m3ToF32(uint8_t b) {
-  uint32_t s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  float v = e == 0 ? (float)m * 0x1p-9f
-                   : std::ldexp(1.0f + m / 8.0f, (int)e - 7);
-  return s ? -v : v;
-}
-
-float f16ToF32(uint16_t h) {
-  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-  float v = e == 0 ? std::ldexp((float)m, -24)
-                   : std::ldexp(1.0f + m / 1024.0f, (int)e - 15);
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  b |= s;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
-
-float bf16ToF32(uint16_t h) {
-  uint32_t b = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+// Element conversions are fp9.h's (duck_e4m3_to_f32, duck_f16_to_f32,
+// duck_bf16_to_f32): one definition for the compiler, host and ducks.
 
 /// Element i of a host tensor as fp32 (FP8 times its block scale).
 struct TensorReader {
@@ -55,14 +33,14 @@ struct TensorReader {
       for (uint64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = bf16ToF32(h);
+        out[i] = duck_bf16_to_f32(h);
       }
       break;
     case pl::DType::F16:
       for (uint64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = f16ToF32(h);
+        out[i] = duck_f16_to_f32(h);
       }
       break;
     case pl::DType::F8_E4M3: {
@@ -78,7 +56,7 @@ struct TensorReader {
       uint64_t br = (rows + srows - 1) / srows, bc = (cols + scols - 1) / scols;
       for (uint64_t r = 0; r < rows; ++r)
         for (uint64_t c = 0; c < cols; ++c)
-          out[r * cols + c] = e4m3ToF32(p[r * cols + c]) *
+          out[r * cols + c] = duck_e4m3_to_f32(p[r * cols + c]) *
                               (*scale)[(r / br) * scols + c / bc];
       break;
     }
@@ -341,7 +319,7 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
         float *dst = out.data() + t * H;
         if (op.m0.bf16)
           for (uint64_t c = 0; c < H; ++c)
-            dst[c] = bf16ToF32(op.m0.bf16[id * H + c]);
+            dst[c] = duck_bf16_to_f32(op.m0.bf16[id * H + c]);
         else
           std::memcpy(dst, op.m0.f32 + (uint64_t)id * H, H * 4);
       }

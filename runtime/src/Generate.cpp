@@ -41,15 +41,6 @@ double now() {
       .count();
 }
 
-std::string exeDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    return ".";
-  std::string p(buf, n);
-  return p.substr(0, p.rfind('/'));
-}
-
 absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
   std::ifstream f(path, std::ios::binary);
   if (!f)
@@ -269,8 +260,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     err << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
                            absl::StrJoin(what, ", "), prep->seconds);
   }
-  auto elfPath = std::getenv("DUCK_ELF") ? std::string(std::getenv("DUCK_ELF"))
-                                         : exeDir() + "/../lib/duck.elf";
+  const std::string elfPath = DefaultElfPath();
   auto elf = readFile(elfPath);
   if (!elf.ok())
     return absl::NotFoundError(absl::StrCat(

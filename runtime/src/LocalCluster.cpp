@@ -23,6 +23,22 @@
 #include <unistd.h>
 
 namespace duck::runtime {
+
+std::string ExecutableDir() {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    return ".";
+  std::string path(self, size_t(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+std::string DefaultElfPath() {
+  if (const char *e = std::getenv("DUCK_ELF"); e && *e)
+    return e;
+  return ExecutableDir() + "/../lib/duck.elf";
+}
+
 namespace {
 
 std::string FindDuckd(const std::string &given) {
@@ -30,16 +46,9 @@ std::string FindDuckd(const std::string &given) {
     return given;
   if (const char *e = std::getenv("DUCKD"); e && *e)
     return e;
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    self[n] = 0;
-    std::string dir(self);
-    dir = dir.substr(0, dir.rfind('/'));
-    std::string cand = dir + "/duckd";
-    if (::access(cand.c_str(), X_OK) == 0)
-      return cand;
-  }
+  std::string cand = ExecutableDir() + "/duckd";
+  if (::access(cand.c_str(), X_OK) == 0)
+    return cand;
   return "duckd"; // execvp searches PATH
 }
 

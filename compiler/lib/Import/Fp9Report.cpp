@@ -1,6 +1,7 @@
 //===- Fp9Report.cpp - what fp9 conversion does to a checkpoint -----------===//
 #include "duck/Import/Fp9Report.h"
 
+#include "duck/Import/WeightSource.h"
 #include "duck_rt/fp9_pack.h"
 
 #include "llvm/Support/Format.h"
@@ -36,66 +37,25 @@ mlir::duck::import::buildFp9Report(const Checkpoint &ckpt, uint32_t block,
   Fp9Report rep;
   rep.block = block;
   std::vector<uint64_t> buf;
-  std::vector<float> row, scales;
+  std::vector<float> row;
   for (const ExpectedTensor &t : expectedTensors(ckpt.model())) {
     if (!isFfnTensor(t))
       continue;
     if (maxTensors && rep.tensors.size() >= maxTensors)
       break;
-    TensorRef ref = ckpt.find(t.name);
-    if (!ref)
-      return err("tensor '" + t.name + "' is missing from the checkpoint");
-    const TensorInfo &info = *ref.info;
+    llvm::Expected<WeightSource> ws = openWeightSource(ckpt, t.name);
+    if (!ws)
+      return ws.takeError();
+    const duck_fp9_source &src = ws->src;
+    const TensorInfo &info = *ckpt.find(t.name).info;
     Fp9TensorReport tr;
     tr.name = t.name;
     tr.dtype = dtypeName(info.dtype).str();
     tr.rows = info.shape[0];
     tr.cols = info.shape[1];
     tr.sourceBytes = info.byte_size;
-    duck_fp9_source src{};
-    src.data = ref.data().data();
-    src.src_rows = tr.rows;
-    src.src_cols = tr.cols;
-    uint32_t scaleRows = 128;
-    switch (info.dtype) {
-    case DType::F32:
-      src.type = DUCK_FP9_SRC_F32;
-      break;
-    case DType::BF16:
-      src.type = DUCK_FP9_SRC_BF16;
-      break;
-    case DType::F16:
-      src.type = DUCK_FP9_SRC_F16;
-      break;
-    case DType::F8_E4M3: {
-      std::optional<Fp8Weight> fp8 = ckpt.findFp8(t.name);
-      if (!fp8)
-        return err("FP8 tensor '" + t.name + "' has no _scale_inv");
-      const auto &bs = ckpt.model().quantization.weight_block_size;
-      src.type = DUCK_FP9_SRC_E4M3;
-      src.tile_rows = bs.size() == 2 ? bs[0] : 128;
-      src.tile_cols = bs.size() == 2 ? bs[1] : 128;
-      scaleRows = src.tile_rows;
-      size_t n = fp8->scale.info->numElements();
-      scales.resize(n);
-      auto sd = fp8->scale.data();
-      for (size_t i = 0; i < n; ++i) {
-        if (fp8->scale_dtype == DType::F32) {
-          std::memcpy(&scales[i], sd.data() + 4 * i, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, sd.data() + 2 * i, 2);
-          scales[i] = duck_bf16_to_f32(h);
-        }
-      }
-      src.scale_inv = scales.data();
-      tr.fp8 = true;
-      break;
-    }
-    default:
-      return err("tensor '" + t.name + "' has dtype " + tr.dtype +
-                 "; fp9 conversion takes F32, BF16, F16 or F8_E4M3");
-    }
+    tr.fp8 = src.type == DUCK_FP9_SRC_E4M3;
+    const uint32_t scaleRows = tr.fp8 ? src.tile_rows : 128;
     duck_fp9_desc d{(uint32_t)tr.rows, (uint32_t)tr.cols, block, scaleRows, 0};
     duck_fp9_layout lay;
     if (duck_fp9_compute_layout(&d, &lay) != DUCK_FP9_OK)

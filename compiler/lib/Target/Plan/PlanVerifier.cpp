@@ -2,7 +2,7 @@
 #include "duck/Target/Plan/PlanVerifier.h"
 
 #include "duck/Target/Plan/PlanWriter.h"
-#include "duck/Target/Plan/WeightSource.h"
+#include "duck/Import/WeightSource.h"
 #include "duck/plan/plan_generated.h"
 #include "duck_rt/abi.h"
 

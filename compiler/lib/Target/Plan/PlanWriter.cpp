@@ -1,6 +1,6 @@
 //===- PlanWriter.cpp - plan and weight images from laid-out IR -----------===//
 #include "duck/Target/Plan/PlanWriter.h"
-#include "duck/Target/Plan/WeightSource.h"
+#include "duck/Import/WeightSource.h"
 
 #include "duck/Dialect/Duck/IR/DuckOps.h"
 #include "duck/Dialect/Duck/Transforms/Layout.h"

@@ -77,6 +77,12 @@ private:
   std::vector<DuckEndpoint> endpoints_;
 };
 
+/// Directory of the running executable ("." if unknown).
+std::string ExecutableDir();
+/// The duck ELF a host tool loads: $DUCK_ELF, else ../lib/duck.elf next to
+/// the executable (the build tree's layout).
+std::string DefaultElfPath();
+
 /// Connects, says hello and disconnects: OK when duckd answers.
 absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
                       const std::string &token = "");

@@ -1,6 +1,6 @@
 //===- WeightSource.h - checkpoint matrices as fp9 sources ------*- C++ -*-===//
-#ifndef DUCK_TARGET_PLAN_WEIGHTSOURCE_H
-#define DUCK_TARGET_PLAN_WEIGHTSOURCE_H
+#ifndef DUCK_IMPORT_WEIGHTSOURCE_H
+#define DUCK_IMPORT_WEIGHTSOURCE_H
 
 #include "duck/Import/Checkpoint.h"
 #include "duck_rt/fp9_pack.h"

@@ -1,5 +1,5 @@
 //===- WeightSource.cpp - checkpoint matrices as fp9 sources --------------===//
-#include "duck/Target/Plan/WeightSource.h"
+#include "duck/Import/WeightSource.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
