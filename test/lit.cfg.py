@@ -21,5 +21,28 @@ config.substitutions.append(("%models", os.path.join(config.duck_src_root, "mode
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
 
-tools = ["duckc", "duck-mkmodel", "duck-opt", "duck-bench", "duck-plan-dump", "duckrun", "duck-reference"]
+# The oracle (test/oracle: an independent numpy reference and checkpoint
+# writer) needs a Python with numpy: Debian's python3-numpy, installed by
+# utils/bootstrap.sh, or the one running lit if it has numpy.
+def _python_with_numpy():
+    import subprocess
+    for exe in (sys.executable, "/usr/bin/python3"):
+        try:
+            subprocess.run([exe, "-c", "import numpy"], check=True,
+                           capture_output=True)
+            return exe
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    lit_config.fatal("no Python with numpy for the oracle tests; run "
+                     "utils/bootstrap.sh (Debian package python3-numpy)")
+
+_np_python = _python_with_numpy()
+_oracle = os.path.join(config.test_source_root, "oracle")
+_e2e = os.path.join(config.test_source_root, "e2e")
+config.substitutions.append(("%reference", _np_python + " " + os.path.join(_oracle, "reference.py")))
+config.substitutions.append(("%mkcheckpoint", _np_python + " " + os.path.join(_oracle, "make-checkpoint.py")))
+config.substitutions.append(("%compare-logits", _np_python + " " + os.path.join(_e2e, "compare-logits.py")))
+config.substitutions.append(("%check-ids", _np_python + " " + os.path.join(_e2e, "check-ids.py")))
+
+tools = ["duckc", "duck-mkmodel", "duck-opt", "duck-bench", "duck-plan-dump", "duckrun"]
 llvm_config.add_tool_substitutions(tools, [config.duck_tools_dir])

@@ -50,10 +50,11 @@ struct TensorReader {
       auto scale = ReadAll(*t.scale());
       if (!scale.ok())
         return scale.status();
+      // The declared block (the plan checked it against the scale grid);
+      // the last tile of a row or column may be partial.
       uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
-      uint64_t srows = t.scale()->shape()->Get(0),
-               scols = t.scale()->shape()->Get(1);
-      uint64_t br = (rows + srows - 1) / srows, bc = (cols + scols - 1) / scols;
+      uint64_t scols = t.scale()->shape()->Get(1);
+      uint64_t br = t.block_rows(), bc = t.block_cols();
       for (uint64_t r = 0; r < rows; ++r)
         for (uint64_t c = 0; c < cols; ++c)
           out[r * cols + c] = duck_e4m3_to_f32(p[r * cols + c]) *
@@ -85,9 +86,9 @@ struct TensorReader {
       auto scale = ReadAll(*t.scale());
       if (!scale.ok())
         return scale.status();
-      uint64_t srows = t.scale()->shape()->Get(0), scols = t.scale()->shape()->Get(1);
-      uint32_t tileRows = (uint32_t)((m.rows + srows - 1) / srows);
-      uint32_t tileCols = (uint32_t)((m.cols + scols - 1) / scols);
+      const uint32_t tileRows = t.block_rows(), tileCols = t.block_cols();
+      // The fp9 K-block must divide both the scale tile and the row, so
+      // that a partial last tile still ends on a block boundary.
       uint32_t block = tileCols % 128 == 0 && m.cols % 128 == 0 ? 128
                        : tileCols % 64 == 0 && m.cols % 64 == 0 ? 64 : 32;
       duck_fp9_source src{};
@@ -276,6 +277,8 @@ absl::Status Engine::Forward(absl::Span<const int32_t> tokens,
         "sequence of ", pos_ + tokens.size(), " tokens exceeds --max-seq ",
         opts_.max_seq));
   const uint32_t chunk = std::max(1u, opts_.prefill_chunk);
+  if (opts_.all_logits)
+    out_logits->clear();
   for (size_t i = 0; i < tokens.size(); i += chunk) {
     size_t n = std::min<size_t>(chunk, tokens.size() - i);
     if (absl::Status s = RunChunk(tokens.subspan(i, n), n > 1, out_logits);
@@ -291,6 +294,8 @@ absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
     return absl::OutOfRangeError(absl::StrCat(
         "sequence of ", pos_ + tokens.size(), " tokens exceeds --max-seq ",
         opts_.max_seq));
+  if (opts_.all_logits)
+    out_logits->clear();
   for (size_t i = 0; i < tokens.size(); ++i)
     if (absl::Status s = RunChunk(tokens.subspan(i, 1), false, out_logits);
         !s.ok())
@@ -450,8 +455,16 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
       break;
     }
     case pl::OpKind::LmHead: {
-      // Only the last token's logits are needed.
       const std::vector<float> &x = values[op.inputs[0]];
+      if (opts_.all_logits) { // every token's logits, appended
+        const size_t at = out_logits->size();
+        out_logits->resize(at + n * op.m0.rows);
+        for (uint64_t t = 0; t < n; ++t)
+          MatVec(*pool_, op.m0, x.data() + t * H,
+                 out_logits->data() + at + t * op.m0.rows);
+        break;
+      }
+      // Sampling needs only the last token's logits.
       out_logits->resize(op.m0.rows);
       MatVec(*pool_, op.m0, x.data() + (n - 1) * H, out_logits->data());
       break;

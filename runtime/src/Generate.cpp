@@ -274,9 +274,29 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   eo.threads = o.threads ? o.threads
                          : std::max(1u, std::thread::hardware_concurrency());
   eo.prefill_chunk = chunk;
+  eo.all_logits = !o.logits_out.empty();
   auto engine = Engine::Create(**plan, &runner, eo);
   if (!engine.ok())
     return engine.status();
+
+  // --logits-out: every prompt position's logits, then every generated
+  // token's (vocab float32 each, in order).
+  std::ofstream logitsFile;
+  if (!o.logits_out.empty()) {
+    logitsFile.open(o.logits_out, std::ios::binary | std::ios::trunc);
+    if (!logitsFile)
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot write '", o.logits_out, "'"));
+  }
+  const uint32_t V = (*engine)->vocab();
+  auto keepLogits = [&](const std::vector<float> &l) {
+    if (logitsFile.is_open())
+      logitsFile.write(reinterpret_cast<const char *>(l.data()),
+                       l.size() * 4);
+  };
+  auto lastRow = [&](const std::vector<float> &l) {
+    return absl::MakeConstSpan(l).subspan(l.size() - V, V);
+  };
 
   // Prefill.
   std::vector<float> logits;
@@ -292,15 +312,9 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
                           : (*engine)->Forward(part, &logits);
     if (!st.ok())
       return st;
+    keepLogits(logits);
   }
   const double prefillS = now() - tPrefill;
-  if (!o.logits_out.empty()) {
-    std::ofstream lf(o.logits_out, std::ios::binary);
-    lf.write(reinterpret_cast<const char *>(logits.data()), logits.size() * 4);
-    if (!lf)
-      return absl::InternalError(
-          absl::StrCat("cannot write '", o.logits_out, "'"));
-  }
 
   // Decode.
   std::vector<int32_t> eos;
@@ -316,7 +330,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   if (text)
     stream = std::make_unique<StreamDecoder>(*tok);
   std::vector<double> tokenTimes;
-  int32_t next = sampler.Sample(logits);
+  int32_t next = sampler.Sample(lastRow(logits));
   while (generated.size() < o.max_tokens) {
     if (gInterrupted.load())
       return absl::CancelledError("interrupted");
@@ -336,8 +350,12 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
         !s.ok())
       return s;
     tokenTimes.push_back(now() - t0);
-    next = sampler.Sample(logits);
+    keepLogits(logits);
+    next = sampler.Sample(lastRow(logits));
   }
+  if (logitsFile.is_open() && !logitsFile.flush())
+    return absl::InternalError(
+        absl::StrCat("cannot write '", o.logits_out, "'"));
   if (stream && o.stream)
     out << stream->Flush();
   if (text && !o.stream)

@@ -142,6 +142,30 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     files_.push_back(std::move(*mf));
   }
 
+  // FP8: a 2-D weight with a declared block and a scale grid of exactly
+  // ceil(rows / block_rows) x ceil(cols / block_cols).
+  auto checkFp8Blocks = [&](const pl::TensorDef &t,
+                            uint32_t op) -> absl::Status {
+    const std::string name = t.name()->str();
+    if (t.shape()->size() != 2 || !t.scale() || !t.scale()->shape() ||
+        t.scale()->shape()->size() != 2)
+      return bad("ops[", op, "] FP8 tensor '", name,
+                 "' is not a 2-D matrix with a 2-D scale grid");
+    if (t.block_rows() == 0 || t.block_cols() == 0)
+      return bad("ops[", op, "] FP8 tensor '", name,
+                 "' has no quantization block size (a plan from an older "
+                 "duckc); recompile the model");
+    const uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
+    const uint64_t wantR = (rows + t.block_rows() - 1) / t.block_rows(),
+                   wantC = (cols + t.block_cols() - 1) / t.block_cols();
+    if ((uint64_t)t.scale()->shape()->Get(0) != wantR ||
+        (uint64_t)t.scale()->shape()->Get(1) != wantC)
+      return bad("ops[", op, "] FP8 tensor '", name, "' [", rows, ", ", cols,
+                 "] with ", t.block_rows(), "x", t.block_cols(),
+                 " blocks needs a ", wantR, "x", wantC, " scale grid, found ",
+                 t.scale()->shape()->Get(0), "x", t.scale()->shape()->Get(1));
+    return absl::OkStatus();
+  };
   // Ops: value ids, tensors in bounds.
   auto checkTensor = [&](const pl::TensorDef *t, uint32_t op) -> absl::Status {
     if (!t || !t->name() || !t->shape())
@@ -158,6 +182,8 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     if (t->offset() + t->bytes() > files_[t->file()]->size())
       return bad("ops[", op, "] tensor '", t->name()->str(),
                  "' lies outside its file");
+    if (t->dtype() == pl::DType::F8_E4M3)
+      return checkFp8Blocks(*t, op);
     return absl::OkStatus();
   };
   for (uint32_t i = 0; i < d.ops()->size(); ++i) {

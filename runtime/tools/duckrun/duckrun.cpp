@@ -53,7 +53,8 @@ ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating past end-of-sequence tokens (benchmarks, tests)");
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary as JSON");
 ABSL_FLAG(std::string, logits_out, "",
-          "Write the last prompt token's logits (raw float32) here");
+          "Write the logits of every prompt position, then of every "
+          "generated token, here (raw float32, vocab floats a row)");
 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(

@@ -334,17 +334,23 @@ Expected<fb::Offset<pl::TensorDef>> PlanBuilder::rawTensor(StringRef role,
                dtypeName(t.dtype));
   }
   fb::Offset<pl::TensorDef> scale;
+  uint32_t blockRows = 0, blockCols = 0;
   if (t.dtype == DType::F8_E4M3) {
     auto s = rawTensor("scale", name.str() + "_scale_inv");
     if (!s)
       return s.takeError();
     scale = *s;
+    // The declared block, checked against the scale grid at import; the
+    // runtime must not guess it from the grid (partial last tiles).
+    const auto &bs = ckpt.model().quantization.weight_block_size;
+    blockRows = bs.size() == 2 ? (uint32_t)bs[0] : 128;
+    blockCols = bs.size() == 2 ? (uint32_t)bs[1] : 128;
   }
   uint64_t offset = 8 + ref.file->headerSize() + t.data_offset;
   std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
   return pl::CreateTensorDefDirect(fbb, role.str().c_str(), name.str().c_str(),
                                    fileIndex(ref.file), offset, t.byte_size, dt,
-                                   &shape, scale);
+                                   &shape, scale, blockRows, blockCols);
 }
 
 Expected<fb::Offset<pl::TensorDef>> PlanBuilder::tensor(StringRef role,

@@ -36,6 +36,7 @@ struct EngineOptions {
   uint32_t max_seq = 4096;     // KV cache length
   uint32_t threads = 1;        // host threads (the pool includes the caller)
   uint32_t prefill_chunk = 32; // prompt tokens per duck step
+  bool all_logits = false;     // LM head on every token, not just the last
 };
 
 class Engine {
@@ -46,7 +47,9 @@ public:
 
   /// Runs `tokens` at positions position()..position()+n-1 (prefill when
   /// n > 1, in chunks), appending to the KV cache; writes the logits of the
-  /// last token into out_logits (vocab floats).
+  /// last token into out_logits (vocab floats). With
+  /// EngineOptions::all_logits, out_logits gets every token's logits
+  /// instead (n rows of vocab floats, in order).
   absl::Status Forward(absl::Span<const int32_t> tokens,
                        std::vector<float> *out_logits);
   /// Like Forward, one token at a time through the decode modes only.

@@ -33,7 +33,7 @@ struct GenerateOptions {
   bool stream = true;            // print tokens as they come
   bool quiet = false;            // no progress or summary on stderr
   std::string summary_json;      // write the summary here
-  std::string logits_out;        // write the prompt's last logits (f32)
+  std::string logits_out;        // every position's logits (f32 rows)
   bool stop_at_eos = true;
   bool print_ids = false;        // print token ids instead of text
 };

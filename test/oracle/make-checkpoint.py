@@ -1,0 +1,120 @@
+"""Writes a random Qwen3 / Qwen3-MoE checkpoint of any shape with numpy.
+
+An independent writer for the oracle tests (it shares no code with
+duck-mkmodel): FP8 E4M3 weights with power-of-two ("ue8m0") block scales
+over any block size, partial last tiles included, or bf16.
+
+  make-checkpoint.py OUT --family qwen3 --hidden 320 --inter 864 ...
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+
+from safetensors_np import f32_to_bf16, f32_to_e4m3, write_safetensors
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--family", choices=["qwen3", "qwen3_moe"], required=True)
+p.add_argument("--layers", type=int, default=4)
+p.add_argument("--hidden", type=int, required=True)
+p.add_argument("--inter", type=int, default=0, help="dense intermediate")
+p.add_argument("--vocab", type=int, default=512)
+p.add_argument("--heads", type=int, default=4)
+p.add_argument("--kv-heads", type=int, default=2)
+p.add_argument("--head-dim", type=int, default=64)
+p.add_argument("--experts", type=int, default=8)
+p.add_argument("--top-k", type=int, default=2)
+p.add_argument("--moe-inter", type=int, default=0)
+p.add_argument("--dtype", choices=["fp8", "bf16"], default="fp8")
+p.add_argument("--block", default="128,128", help="FP8 block rows,cols")
+p.add_argument("--tie", action="store_true", help="tie the LM head")
+p.add_argument("--seed", type=int, default=1)
+a = p.parse_args()
+
+rng = np.random.default_rng(a.seed)
+br, bc = (int(x) for x in a.block.split(","))
+H, D = a.hidden, a.head_dim
+moe = a.family == "qwen3_moe"
+
+cfg = {
+    "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+    "model_type": a.family, "hidden_size": H, "num_hidden_layers": a.layers,
+    "vocab_size": a.vocab, "num_attention_heads": a.heads,
+    "num_key_value_heads": a.kv_heads, "head_dim": D,
+    "intermediate_size": a.inter or 4 * H, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 4096,
+    "tie_word_embeddings": a.tie, "torch_dtype": "bfloat16",
+    "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu",
+}
+if moe:
+    cfg.update({"num_experts": a.experts, "num_experts_per_tok": a.top_k,
+                "moe_intermediate_size": a.moe_inter or H,
+                "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": []})
+if a.dtype == "fp8":
+    cfg["quantization_config"] = {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "scale_fmt": "ue8m0", "weight_block_size": [br, bc]}
+
+tensors = []
+
+
+def linear(name, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols)
+    if a.dtype == "bf16":
+        tensors.append((name, "BF16", f32_to_bf16(w)))
+        return
+    gr, gc = -(-rows // br), -(-cols // bc)
+    scale = np.empty((gr, gc), np.float32)
+    q = np.empty((rows, cols), np.uint8)
+    for i in range(gr):
+        for j in range(gc):
+            t = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc]
+            s = np.float32(2.0 ** np.ceil(np.log2(np.abs(t).max() / 448.0)))
+            scale[i, j] = s
+            q[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = f32_to_e4m3(t / s)
+    tensors.append((name, "F8_E4M3", q))
+    tensors.append((name + "_scale_inv", "F32", scale))
+
+
+def vector(name, n, mean=1.0, spread=0.2):
+    v = (mean + spread * rng.standard_normal(n)).astype(np.float32)
+    tensors.append((name, "BF16", f32_to_bf16(v)))
+
+
+def mlp(prefix, inter):
+    linear(prefix + "gate_proj.weight", inter, H)
+    linear(prefix + "up_proj.weight", inter, H)
+    linear(prefix + "down_proj.weight", H, inter)
+
+
+emb = rng.standard_normal((a.vocab, H)).astype(np.float32)
+tensors.append(("model.embed_tokens.weight", "BF16", f32_to_bf16(emb)))
+for L in range(a.layers):
+    pre = "model.layers.%d." % L
+    vector(pre + "input_layernorm.weight", H)
+    vector(pre + "post_attention_layernorm.weight", H)
+    linear(pre + "self_attn.q_proj.weight", a.heads * D, H)
+    linear(pre + "self_attn.k_proj.weight", a.kv_heads * D, H)
+    linear(pre + "self_attn.v_proj.weight", a.kv_heads * D, H)
+    linear(pre + "self_attn.o_proj.weight", H, a.heads * D)
+    vector(pre + "self_attn.q_norm.weight", D)
+    vector(pre + "self_attn.k_norm.weight", D)
+    if moe:
+        g = rng.standard_normal((a.experts, H)).astype(np.float32) / np.sqrt(H)
+        tensors.append((pre + "mlp.gate.weight", "BF16", f32_to_bf16(g)))
+        for e in range(a.experts):
+            mlp(pre + "mlp.experts.%d." % e, cfg["moe_intermediate_size"])
+    else:
+        mlp(pre + "mlp.", cfg["intermediate_size"])
+vector("model.norm.weight", H)
+if not a.tie:
+    head = rng.standard_normal((a.vocab, H)).astype(np.float32)
+    tensors.append(("lm_head.weight", "BF16", f32_to_bf16(head)))
+
+os.makedirs(a.out, exist_ok=True)
+with open(os.path.join(a.out, "config.json"), "w") as f:
+    json.dump(cfg, f, indent=1)
+write_safetensors(os.path.join(a.out, "model.safetensors"), tensors)
