@@ -30,14 +30,17 @@ uint8_t randomFiniteE4M3(std::mt19937 &rng) {
 
 struct Fp8Matrix {
   uint64_t rows, cols;
+  uint32_t tileRows, tileCols; // the declared block; edge tiles may be partial
   std::vector<uint8_t> w;
-  std::vector<float> scaleInv; // [ceil(rows/128)][ceil(cols/128)]
-  Fp8Matrix(uint64_t r, uint64_t c, unsigned seed) : rows(r), cols(c), w(r * c) {
+  std::vector<float> scaleInv; // [ceil(rows/tileRows)][ceil(cols/tileCols)]
+  Fp8Matrix(uint64_t r, uint64_t c, unsigned seed, uint32_t tr = 128,
+            uint32_t tc = 128)
+      : rows(r), cols(c), tileRows(tr), tileCols(tc), w(r * c) {
     std::mt19937 rng(seed);
     for (auto &b : w)
       b = randomFiniteE4M3(rng);
     std::uniform_real_distribution<float> e(-20.0f, 2.0f);
-    scaleInv.resize(((r + 127) / 128) * ((c + 127) / 128));
+    scaleInv.resize(((r + tr - 1) / tr) * ((c + tc - 1) / tc));
     for (auto &s : scaleInv)
       s = std::exp2(e(rng)) * 1.37f;
   }
@@ -50,9 +53,20 @@ struct Fp8Matrix {
     s.row0 = row0;
     s.col0 = col0;
     s.scale_inv = scaleInv.data();
-    s.tile_rows = 128;
-    s.tile_cols = 128;
+    s.tile_rows = tileRows;
+    s.tile_cols = tileCols;
     return s;
+  }
+  /// The checkpoint's own dequantisation, written from the FP8 definition
+  /// (FORMATS.md) and the declared block, not with the packer's helpers:
+  /// fp32(e4m3(W[i][j]) * S[i / tileRows][j / tileCols]).
+  float dequant(uint64_t i, uint64_t j) const {
+    uint8_t b = w[i * cols + j];
+    int e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7);
+    const uint64_t tilesPerRow = (cols + tileCols - 1) / tileCols;
+    float scale = scaleInv[(i / tileRows) * tilesPerRow + j / tileCols];
+    return (float)((b & 0x80) ? -v : v) * scale;
   }
 };
 
@@ -89,32 +103,49 @@ TEST(Fp9Pack, RejectsBadShapes) {
 }
 
 // FP8 slices (row phase, K ranges, every block size) unpack bit-exactly to
-// the checkpoint's own dequantisation W[i][j] * S[i/128][j/128].
+// the checkpoint's own dequantisation W[i][j] * S[i/tile][j/tile], also
+// when the last tile of a row or column is partial and when the declared
+// block is not 128.
 TEST(Fp9Pack, Fp8SlicesAreLossless) {
-  Fp8Matrix m(320, 512, 1);
   struct Case {
     uint64_t row0, rows, col0, k;
     uint32_t block;
   };
-  const Case cases[] = {{0, 320, 0, 512, 128},  {64, 64, 0, 512, 64},
-                        {96, 100, 128, 256, 32}, {0, 1, 448, 64, 64},
-                        {200, 120, 32, 96, 32}};
-  for (const Case &c : cases) {
-    duck_fp9_desc d{(uint32_t)c.rows, (uint32_t)c.k, c.block, 128,
-                    (uint32_t)(c.row0 % 128)};
-    duck_fp9_layout l;
-    ASSERT_EQ(duck_fp9_compute_layout(&d, &l), DUCK_FP9_OK);
-    Packed p(l.total_bytes);
-    duck_fp9_source src = m.source(c.row0, c.col0);
-    ASSERT_EQ(duck_fp9_pack(&src, &d, p.data(), nullptr), DUCK_FP9_OK);
-    std::vector<float> row(c.k);
-    for (uint32_t r = 0; r < c.rows; ++r) {
-      duck_fp9_unpack_row(&d, p.data(), r, row.data());
-      for (uint32_t k = 0; k < c.k; ++k) {
-        float want = duck_fp9_source_value(&src, c.row0 + r, c.col0 + k);
-        ASSERT_EQ(duck_fp9_f32_bits(row[k]), duck_fp9_f32_bits(want))
-            << "row " << c.row0 + r << " col " << c.col0 + k << " block "
-            << c.block;
+  struct Matrix {
+    uint64_t rows, cols;
+    uint32_t tile;
+    std::vector<Case> cases;
+  };
+  const Matrix matrices[] = {
+      {320, 512, 128,
+       {{0, 320, 0, 512, 128}, {64, 64, 0, 512, 64}, {96, 100, 128, 256, 32},
+        {0, 1, 448, 64, 64}, {200, 120, 32, 96, 32}}},
+      // 320 x 864: 2.5 x 6.75 tiles of 128 (the ragged shapes of the
+      // oracle tests), and the same with 64-wide tiles.
+      {320, 864, 128,
+       {{0, 320, 0, 864, 32}, {0, 320, 0, 832, 64}, {256, 64, 768, 96, 32},
+        {100, 220, 384, 480, 32}}},
+      {320, 864, 64, {{0, 320, 0, 864, 32}, {192, 128, 448, 416, 32}}},
+  };
+  for (const Matrix &mx : matrices) {
+    Fp8Matrix m(mx.rows, mx.cols, 1, mx.tile, mx.tile);
+    for (const Case &c : mx.cases) {
+      duck_fp9_desc d{(uint32_t)c.rows, (uint32_t)c.k, c.block, mx.tile,
+                      (uint32_t)(c.row0 % mx.tile)};
+      duck_fp9_layout l;
+      ASSERT_EQ(duck_fp9_compute_layout(&d, &l), DUCK_FP9_OK);
+      Packed p(l.total_bytes);
+      duck_fp9_source src = m.source(c.row0, c.col0);
+      ASSERT_EQ(duck_fp9_pack(&src, &d, p.data(), nullptr), DUCK_FP9_OK);
+      std::vector<float> row(c.k);
+      for (uint32_t r = 0; r < c.rows; ++r) {
+        duck_fp9_unpack_row(&d, p.data(), r, row.data());
+        for (uint32_t k = 0; k < c.k; ++k) {
+          float want = m.dequant(c.row0 + r, c.col0 + k);
+          ASSERT_EQ(duck_fp9_f32_bits(row[k]), duck_fp9_f32_bits(want))
+              << mx.rows << "x" << mx.cols << " tile " << mx.tile << ": row "
+              << c.row0 + r << " col " << c.col0 + k << " block " << c.block;
+        }
       }
     }
   }

@@ -23,6 +23,78 @@ static llvm::Error err(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg);
 }
 
+namespace {
+/// Element (r, c) of a checkpoint matrix as the checkpoint itself defines
+/// it, written apart from the packer (whose scale indexing it checks): an
+/// FP8 byte by the E4M3 definition times the scale of the declared
+/// weight_block_size tile that holds it, the last tile possibly partial.
+class CheckpointMatrix {
+public:
+  static llvm::Expected<CheckpointMatrix> open(const Checkpoint &ckpt,
+                                               llvm::StringRef name) {
+    CheckpointMatrix m;
+    m.w = ckpt.find(name);
+    if (!m.w || m.w.info->shape.size() != 2)
+      return err("tensor '" + name + "' is missing or not a matrix");
+    m.cols = m.w.info->shape[1];
+    if (m.w.info->dtype == DType::F8_E4M3) {
+      m.fp8 = ckpt.findFp8(name);
+      const auto &bs = ckpt.model().quantization.weight_block_size;
+      if (!m.fp8 || bs.size() != 2)
+        return err("FP8 tensor '" + name + "' has no scales or no block size");
+      m.br = bs[0];
+      m.bc = bs[1];
+      m.tilesPerRow = (m.cols + m.bc - 1) / m.bc;
+    }
+    return m;
+  }
+
+  bool isFp8() const { return fp8.has_value(); }
+
+  float at(int64_t r, int64_t c) const {
+    const uint8_t *p = w.data().data();
+    const int64_t i = r * cols + c;
+    switch (w.info->dtype) {
+    case DType::F8_E4M3: {
+      uint8_t b = p[i];
+      int e = (b >> 3) & 15, mant = b & 7;
+      double v = e == 0 ? std::ldexp(mant / 8.0, -6)
+                        : std::ldexp(1 + mant / 8.0, e - 7);
+      return (float)((b & 0x80) ? -v : v) * scale((r / br) * tilesPerRow + c / bc);
+    }
+    case DType::BF16:
+      return bitsToFloat((uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16);
+    case DType::F16:
+      return duck_f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    default: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    }
+  }
+
+private:
+  static float bitsToFloat(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  float scale(int64_t i) const {
+    const uint8_t *s = fp8->scale.data().data();
+    if (fp8->scale_dtype == DType::BF16)
+      return bitsToFloat((uint32_t)(s[2 * i] | s[2 * i + 1] << 8) << 16);
+    float f;
+    std::memcpy(&f, s + 4 * i, 4);
+    return f;
+  }
+
+  TensorRef w;
+  std::optional<Fp8Weight> fp8;
+  int64_t br = 0, bc = 0, cols = 0, tilesPerRow = 0;
+};
+} // namespace
+
 llvm::Expected<PlanCheck>
 mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
   llvm::SmallString<256> planPath(planDir);
@@ -117,7 +189,7 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
                      {&d.up, &names.up, false},
                      {&d.down, &names.down, true}};
         for (const Role &r : roles) {
-          auto src = openWeightSource(ckpt, *r.name);
+          auto src = CheckpointMatrix::open(ckpt, *r.name);
           if (!src)
             return src.takeError();
           const duck_fp9_desc &desc = r.ref->desc;
@@ -131,7 +203,7 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
             duck_fp9_unpack_row(&desc, slot + r.ref->offset, i, row.data());
             float rowMax = 0;
             for (uint32_t k = 0; k < desc.k; ++k) {
-              refRow[k] = duck_fp9_source_value(&src->src, row0 + i, col0 + k);
+              refRow[k] = src->at(row0 + i, col0 + k);
               rowMax = std::max(rowMax, std::fabs(refRow[k]));
             }
             for (uint32_t k = 0; k < desc.k; ++k) {
@@ -146,7 +218,7 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
               double rel = ref != 0 ? std::fabs(row[k] - ref) / std::fabs(ref)
                                     : std::fabs(row[k]);
               check.worstRelError = std::max(check.worstRelError, rel);
-              bool fp8 = src->src.type == DUCK_FP9_SRC_E4M3;
+              bool fp8 = src->isFp8();
               // Half a step of a 3-bit mantissa (plus fp32 rounding); only
               // values 2^-28 below the row's largest may flush to zero (the
               // fp9 range under a block scale is 2^-30 of the block's max).
