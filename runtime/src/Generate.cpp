@@ -211,9 +211,10 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       maxExperts = std::max<uint64_t>(maxExperts, s->expert_end());
     }
   for (const pl::OpDef *op : *def.ops())
-    if (op->kind() == pl::OpKind::MoeFfn) {
-      maxK = std::max<uint64_t>(maxK, op->top_k() + op->num_shared());
-      maxExperts = std::max<uint64_t>(maxExperts, op->num_experts() + op->num_shared());
+    if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef()) {
+      maxK = std::max<uint64_t>(maxK, moe->top_k() + moe->num_shared());
+      maxExperts = std::max<uint64_t>(maxExperts,
+                                      moe->num_experts() + moe->num_shared());
     }
   const uint32_t chunk = std::max(1u, o.prefill_chunk);
   uint32_t cores = co.cores ? co.cores : 64;

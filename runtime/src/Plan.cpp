@@ -63,6 +63,32 @@ static uint64_t elementSize(pl::DType t) {
   }
 }
 
+/// The checkpoint tensors an op's parameter table names (absent optional
+/// ones left out).
+std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
+  std::vector<const pl::TensorDef *> out;
+  auto add = [&](std::initializer_list<const pl::TensorDef *> ts) {
+    for (const pl::TensorDef *t : ts)
+      if (t)
+        out.push_back(t);
+  };
+  if (auto *p = op.params_as_EmbeddingOpDef())
+    add({p->weight()});
+  else if (auto *p = op.params_as_RmsNormOpDef())
+    add({p->weight()});
+  else if (auto *p = op.params_as_GqaAttentionOpDef())
+    add({p->q_proj(), p->k_proj(), p->v_proj(), p->o_proj(), p->q_norm(),
+         p->k_norm()});
+  else if (auto *p = op.params_as_MlaAttentionOpDef()) {
+    if (p->weights())
+      out.assign(p->weights()->begin(), p->weights()->end());
+  } else if (auto *p = op.params_as_MoeFfnOpDef())
+    add({p->router_weight(), p->correction_bias()});
+  else if (auto *p = op.params_as_LmHeadOpDef())
+    add({p->weight()});
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<LoadedPlan>>
 LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
   std::unique_ptr<LoadedPlan> p(new LoadedPlan());
@@ -195,14 +221,16 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
       for (uint32_t in : *op->inputs())
         if (in >= d.num_values())
           return bad("ops[", i, "] reads value ", in, " of ", d.num_values());
-    if (op->weights())
-      for (const pl::TensorDef *t : *op->weights()) {
-        if (absl::Status s = checkTensor(t, i); !s.ok())
+    if (!op->params() || !pl::EnumNameOpParams(op->params_type())[0])
+      return bad("ops[", i, "] has no parameters or an unknown kind (",
+                 (int)op->params_type(), ")");
+    for (const pl::TensorDef *t : OpTensors(*op)) {
+      if (absl::Status s = checkTensor(t, i); !s.ok())
+        return s;
+      if (t->scale())
+        if (absl::Status s = checkTensor(t->scale(), i); !s.ok())
           return s;
-        if (t->scale())
-          if (absl::Status s = checkTensor(t->scale(), i); !s.ok())
-            return s;
-      }
+    }
   }
 
   // Weight images.

@@ -60,11 +60,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   const duck::plan::PlanDef *plan = duck::plan::GetPlanDef(buf.data());
-  if (plan->version() != 1) {
+  const uint32_t version = (uint32_t)duck::plan::PlanFormat::Version;
+  if (plan->version() != version) {
     std::fprintf(stderr,
                  "duck-plan-dump: error: '%s' is plan version %u; this tool "
-                 "reads version 1\n",
-                 path.c_str(), plan->version());
+                 "reads version %u\n",
+                 path.c_str(), plan->version(), version);
     return 1;
   }
   if (summary) {

@@ -171,9 +171,10 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
       int64_t routed = 1, width = 0;
       if (const auto *ops = plan->ops())
         for (const pl::OpDef *op : *ops)
-          if (op->kind() == pl::OpKind::MoeFfn && op->layer() == (int)sh.layer) {
-            routed = op->num_experts();
-            width = op->inter();
+          if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
+              moe && op->layer() == (int)sh.layer) {
+            routed = moe->num_experts();
+            width = moe->inter();
           }
       for (unsigned ex = 0; ex < sh.n_experts; ++ex) {
         const duck_ffn_desc &d = descs[ex];

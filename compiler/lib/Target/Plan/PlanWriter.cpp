@@ -285,11 +285,26 @@ public:
   Error buildOps(ModelOp model);
   std::vector<fb::Offset<pl::FileDef>> files();
 
+  /// Model-wide values the per-kind tables repeat (attention norm eps and
+  /// RoPE base), set before buildOps.
+  double normEps = 0, ropeTheta = 0;
   fb::FlatBufferBuilder fbb{1 << 16};
   std::vector<fb::Offset<pl::OpDef>> ops;
   uint32_t numValues = 0;
 
 private:
+  Expected<fb::Offset<pl::TensorDef>> optionalTensor(StringRef role,
+                                                     WeightAttr w);
+  Expected<pl::DuckStepDef> duckStep(Operation *ffn, int64_t layer);
+  Expected<fb::Offset<void>> attentionParams(AttentionOp a,
+                                             pl::OpParams *type);
+  Expected<fb::Offset<void>> moeParams(MoeOp m);
+  Expected<fb::Offset<void>> opParams(Operation &op, pl::OpParams *type);
+  fb::Offset<pl::OpDef> makeOp(int32_t layer,
+                               const std::vector<uint32_t> &inputs,
+                               uint32_t result, pl::OpParams type,
+                               fb::Offset<void> params);
+
   uint32_t fileIndex(const SafetensorsFile *f) {
     auto [it, inserted] = fileIdx.try_emplace(f, fileList.size());
     if (inserted)
@@ -373,109 +388,174 @@ std::vector<fb::Offset<pl::FileDef>> PlanBuilder::files() {
   return out;
 }
 
+/// An op's parameter table: the union tag and the table's offset.
+struct Params {
+  pl::OpParams type = pl::OpParams::NONE;
+  fb::Offset<void> table;
+};
+
+Expected<fb::Offset<pl::TensorDef>> PlanBuilder::optionalTensor(
+    StringRef role, WeightAttr w) {
+  if (!w)
+    return fb::Offset<pl::TensorDef>();
+  return tensor(role, w);
+}
+
+Expected<pl::DuckStepDef> PlanBuilder::duckStep(Operation *ffn,
+                                                int64_t layer) {
+  Region &r = ffn->getRegion(0);
+  if (r.empty() || r.front().empty())
+    return err("FFN of layer " + llvm::Twine(layer) + " is not partitioned");
+  auto first = cast<Fp9FfnOp>(r.front().front());
+  return pl::DuckStepDef(*first.getSlot(), *first.getDecodeMode(),
+                         *first.getPrefillMode());
+}
+
+Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
+                                                        pl::OpParams *type) {
+  auto role = [&](StringRef r) -> Expected<fb::Offset<pl::TensorDef>> {
+    auto w = a.getWeights().getAs<WeightAttr>(r);
+    if (!w)
+      return err("attention of layer " + llvm::Twine(a.getLayer()) +
+                 " has no '" + r + "' weight");
+    return tensor(r, w);
+  };
+  if (a.getKind() == "gqa") {
+    fb::Offset<pl::TensorDef> t[6];
+    const char *roles[6] = {"q_proj", "k_proj", "v_proj",
+                            "o_proj", "q_norm", "k_norm"};
+    for (int i = 0; i < 6; ++i) {
+      auto x = role(roles[i]);
+      if (!x)
+        return x.takeError();
+      t[i] = *x;
+    }
+    *type = pl::OpParams::GqaAttentionOpDef;
+    return pl::CreateGqaAttentionOpDef(
+               fbb, t[0], t[1], t[2], t[3], t[4], t[5], a.getNumHeads(),
+               a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta)
+        .Union();
+  }
+  std::vector<fb::Offset<pl::TensorDef>> weights;
+  for (NamedAttribute w : a.getWeights()) {
+    auto x = tensor(w.getName().getValue(), cast<WeightAttr>(w.getValue()));
+    if (!x)
+      return x.takeError();
+    weights.push_back(*x);
+  }
+  if (auto idx = a.getIndexer())
+    for (NamedAttribute w : *idx)
+      if (auto wa = dyn_cast<WeightAttr>(w.getValue())) {
+        auto x = tensor(("indexer." + w.getName().getValue()).str(), wa);
+        if (!x)
+          return x.takeError();
+        weights.push_back(*x);
+      }
+  *type = pl::OpParams::MlaAttentionOpDef;
+  return pl::CreateMlaAttentionOpDefDirect(fbb, &weights).Union();
+}
+
+Expected<fb::Offset<void>> PlanBuilder::moeParams(MoeOp m) {
+  auto step = duckStep(m, m.getLayer());
+  if (!step)
+    return step.takeError();
+  auto router = tensor("router", m.getRouterWeight());
+  if (!router)
+    return router.takeError();
+  auto bias = optionalTensor("correction_bias",
+                             m.getCorrectionBias().value_or(WeightAttr()));
+  if (!bias)
+    return bias.takeError();
+  float scaling = m.getRoutedScalingFactor()
+                      ? (float)m.getRoutedScalingFactor()->convertToDouble()
+                      : 1.0f;
+  return pl::CreateMoeFfnOpDef(
+             fbb, &*step, m.getInter(), *router, *bias,
+             m.getRouter() == RouterKind::sigmoid ? pl::Router::Sigmoid
+                                                  : pl::Router::Softmax,
+             m.getNumExperts(), m.getTopK(), m.getNormTopkProb(),
+             m.getNGroup().value_or(0), m.getTopkGroup().value_or(0), scaling,
+             m.getNumShared())
+      .Union();
+}
+
+Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
+                                                 pl::OpParams *type) {
+  if (auto e = dyn_cast<EmbeddingOp>(op)) {
+    auto w = tensor("weight", e.getWeight());
+    if (!w)
+      return w.takeError();
+    *type = pl::OpParams::EmbeddingOpDef;
+    return pl::CreateEmbeddingOpDef(fbb, *w).Union();
+  }
+  if (auto n = dyn_cast<RmsNormOp>(op)) {
+    auto w = tensor("weight", n.getWeight());
+    if (!w)
+      return w.takeError();
+    *type = pl::OpParams::RmsNormOpDef;
+    return pl::CreateRmsNormOpDef(fbb, *w, n.getEps().convertToDouble())
+        .Union();
+  }
+  if (auto a = dyn_cast<AttentionOp>(op))
+    return attentionParams(a, type);
+  if (isa<AddOp>(op)) {
+    *type = pl::OpParams::AddOpDef;
+    return pl::CreateAddOpDef(fbb).Union();
+  }
+  if (auto m = dyn_cast<MlpOp>(op)) {
+    auto step = duckStep(m, m.getLayer());
+    if (!step)
+      return step.takeError();
+    *type = pl::OpParams::DenseFfnOpDef;
+    return pl::CreateDenseFfnOpDef(fbb, &*step, m.getInter()).Union();
+  }
+  if (auto m = dyn_cast<MoeOp>(op)) {
+    *type = pl::OpParams::MoeFfnOpDef;
+    return moeParams(m);
+  }
+  if (auto h = dyn_cast<LmHeadOp>(op)) {
+    auto w = tensor("weight", h.getWeight());
+    if (!w)
+      return w.takeError();
+    *type = pl::OpParams::LmHeadOpDef;
+    return pl::CreateLmHeadOpDef(fbb, *w).Union();
+  }
+  return err("op '" + op.getName().getStringRef() + "' has no plan form");
+}
+
 Error PlanBuilder::buildOps(ModelOp model) {
   for (Operation &op : model.getBody().front()) {
-    std::vector<fb::Offset<pl::TensorDef>> weights;
+    if (isa<ReturnOp>(op))
+      continue;
     std::vector<uint32_t> inputs;
     for (Value v : op.getOperands())
       if (!isa<BlockArgument>(v))
         inputs.push_back(valueId(v));
-    auto addW = [&](StringRef role, WeightAttr w) -> Error {
-      if (!w)
-        return Error::success();
-      auto t = tensor(role, w);
-      if (!t)
-        return t.takeError();
-      weights.push_back(*t);
-      return Error::success();
-    };
-    pl::OpKind kind;
     int32_t layer = -1;
-    double eps = 0;
-    uint32_t slot = 0, inter = 0;
-    uint8_t decodeMode = 0, prefillMode = 0;
-    pl::Router router = pl::Router::Softmax;
-    uint32_t numExperts = 0, topK = 0, nGroup = 0, topkGroup = 0, numShared = 0;
-    bool normTopk = false;
-    float scaling = 1.0f;
-    auto shardInfo = [&](Operation *ffn) -> Error {
-      Region &r = ffn->getRegion(0);
-      if (r.empty() || r.front().empty())
-        return err("FFN of layer " + llvm::Twine(layer) + " is not partitioned");
-      auto first = cast<Fp9FfnOp>(r.front().front());
-      slot = *first.getSlot();
-      decodeMode = *first.getDecodeMode();
-      prefillMode = *first.getPrefillMode();
-      return Error::success();
-    };
-    if (auto e = dyn_cast<EmbeddingOp>(op)) {
-      kind = pl::OpKind::Embedding;
-      if (Error x = addW("weight", e.getWeight()))
-        return x;
-    } else if (auto n = dyn_cast<RmsNormOp>(op)) {
-      kind = pl::OpKind::RmsNorm;
-      eps = n.getEps().convertToDouble();
-      if (Error x = addW("weight", n.getWeight()))
-        return x;
-    } else if (auto a = dyn_cast<AttentionOp>(op)) {
-      kind = a.getKind() == "gqa" ? pl::OpKind::AttentionGqa
-                                  : pl::OpKind::AttentionMla;
-      layer = a.getLayer();
-      for (NamedAttribute w : a.getWeights())
-        if (Error x = addW(w.getName().getValue(), cast<WeightAttr>(w.getValue())))
-          return x;
-      if (auto idx = a.getIndexer())
-        for (NamedAttribute w : *idx)
-          if (auto wa = dyn_cast<WeightAttr>(w.getValue()))
-            if (Error x = addW(("indexer." + w.getName().getValue()).str(), wa))
-              return x;
-    } else if (isa<AddOp>(op)) {
-      kind = pl::OpKind::Add;
-    } else if (auto m = dyn_cast<MlpOp>(op)) {
-      kind = pl::OpKind::DenseFfn;
-      layer = m.getLayer();
-      inter = m.getInter();
-      if (Error x = shardInfo(m))
-        return x;
-    } else if (auto m = dyn_cast<MoeOp>(op)) {
-      kind = pl::OpKind::MoeFfn;
-      layer = m.getLayer();
-      inter = m.getInter();
-      if (Error x = shardInfo(m))
-        return x;
-      router = m.getRouter() == RouterKind::sigmoid ? pl::Router::Sigmoid
-                                                    : pl::Router::Softmax;
-      numExperts = m.getNumExperts();
-      topK = m.getTopK();
-      normTopk = m.getNormTopkProb();
-      nGroup = m.getNGroup().value_or(0);
-      topkGroup = m.getTopkGroup().value_or(0);
-      scaling = m.getRoutedScalingFactor()
-                    ? (float)m.getRoutedScalingFactor()->convertToDouble()
-                    : 1.0f;
-      numShared = m.getNumShared();
-      if (Error x = addW("router", m.getRouterWeight()))
-        return x;
-      if (auto b = m.getCorrectionBias())
-        if (Error x = addW("correction_bias", *b))
-          return x;
-    } else if (auto h = dyn_cast<LmHeadOp>(op)) {
-      kind = pl::OpKind::LmHead;
-      if (Error x = addW("weight", h.getWeight()))
-        return x;
-    } else if (isa<ReturnOp>(op)) {
-      continue;
-    } else {
-      return err("op '" + op.getName().getStringRef() +
-                 "' has no plan form");
-    }
+    if (auto a = op.getAttrOfType<IntegerAttr>("layer"))
+      layer = (int32_t)a.getInt();
+    pl::OpParams type = pl::OpParams::NONE;
+    auto params = opParams(op, &type);
+    if (!params)
+      return params.takeError();
     uint32_t result = valueId(op.getResult(0));
-    ops.push_back(pl::CreateOpDefDirect(
-        fbb, kind, layer, &inputs, result, &weights, eps, slot, decodeMode,
-        prefillMode, router, numExperts, topK, normTopk, nGroup, topkGroup,
-        scaling, numShared, inter));
+    ops.push_back(makeOp(layer, inputs, result, type, *params));
   }
   return Error::success();
+}
+
+fb::Offset<pl::OpDef> PlanBuilder::makeOp(int32_t layer,
+                                          const std::vector<uint32_t> &inputs,
+                                          uint32_t result, pl::OpParams type,
+                                          fb::Offset<void> params) {
+  auto in = fbb.CreateVector(inputs);
+  pl::OpDefBuilder b(fbb);
+  b.add_layer(layer);
+  b.add_inputs(in);
+  b.add_result(result);
+  b.add_params_type(type);
+  b.add_params(params);
+  return b.Finish();
 }
 
 pl::Family planFamily(StringRef f) {
@@ -554,8 +634,6 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
                                             key.c_str(), &slots));
   }
 
-  if (Error e = pb.buildOps(model))
-    return e;
   DictionaryAttr cfg = model.getConfig();
   auto geti = [&](StringRef k) -> int64_t {
     if (auto a = cfg.getAs<IntegerAttr>(k))
@@ -567,6 +645,10 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       return a.getValueAsDouble();
     return 0;
   };
+  pb.normEps = getf("rms_norm_eps");
+  pb.ropeTheta = getf("rope_theta");
+  if (Error e = pb.buildOps(model))
+    return e;
   std::vector<int32_t> eos;
   if (auto a = cfg.getAs<ArrayAttr>("eos_token_ids"))
     for (Attribute x : a)
@@ -597,7 +679,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;
   auto root = pl::CreatePlanDefDirect(
-      pb.fbb, kPlanVersion, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
+      pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
       compiler.c_str(), absDir.c_str(), &fileDefs, modelDef, tp, multipleOf,
       opts.coresPerDuck, strategy, &pb.ops, &ducks, pb.numValues);
   pl::FinishPlanDefBuffer(pb.fbb, root);

@@ -3,8 +3,9 @@
 // The host side of a forward pass: embedding, norms, attention with a KV
 // cache, MoE routing and the LM head run here; every FFN op becomes one step
 // on the ducks through an FfnRunner. Prefill runs a whole chunk of prompt
-// tokens per op (duck modes 5/6), decode one token (modes 0/1/4). Adding a
-// model family is adding ops to Prepare() and Run(), not a new loop.
+// tokens per op (duck modes 5/6), decode one token (modes 0/1/4). Each op
+// kind is a file under runtime/src/ops/ (HostOp.h); the engine builds them
+// once from the plan and walks them for every chunk.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_ENGINE_H
 #define DUCK_RUNTIME_ENGINE_H
@@ -20,6 +21,10 @@
 #include <vector>
 
 namespace duck::runtime {
+namespace ops {
+class HostOp;
+class ValueArena;
+} // namespace ops
 
 /// Runs one FFN op on the ducks: out[t] = sum over ducks of their partial
 /// outputs for x[t], added in rank order.
@@ -62,8 +67,7 @@ public:
   void Reset() { pos_ = 0; }
 
 private:
-  struct Op;
-  Engine() = default;
+  Engine();
   absl::Status Prepare();
   absl::Status RunChunk(absl::Span<const int32_t> tokens, bool prefill,
                         std::vector<float> *out_logits);
@@ -72,7 +76,8 @@ private:
   FfnRunner *runner_ = nullptr;
   EngineOptions opts_;
   std::unique_ptr<ThreadPool> pool_;
-  std::vector<std::unique_ptr<Op>> ops_;
+  std::vector<std::unique_ptr<ops::HostOp>> ops_;
+  std::unique_ptr<ops::ValueArena> values_;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;
 };

@@ -21,7 +21,8 @@
 
 namespace duck::runtime {
 
-constexpr uint32_t kPlanVersion = 1;
+/// The plan version this runtime reads (the schema's PlanFormat).
+constexpr uint32_t kPlanVersion = (uint32_t)::duck::plan::PlanFormat::Version;
 
 /// A read-only memory mapping of a whole file.
 class MappedFile {
@@ -45,6 +46,11 @@ struct PlanLoadOptions {
   /// Checkpoint directory; default: the plan's checkpoint_dir.
   std::string checkpoint_dir;
 };
+
+/// The checkpoint tensors an op's parameter table names (absent optional
+/// ones left out).
+std::vector<const ::duck::plan::TensorDef *>
+OpTensors(const ::duck::plan::OpDef &op);
 
 class LoadedPlan {
 public:

@@ -19,7 +19,6 @@
 
 namespace mlir::duck {
 
-constexpr uint32_t kPlanVersion = 1;
 constexpr const char *kPlanFileName = "model.duckplan";
 
 struct PlanWriteOptions {

@@ -1,0 +1,115 @@
+//===- DuckFfn.cpp - dense and MoE FFNs, run on the ducks -----------------===//
+//
+// A dense FFN is one duck step: every duck runs its slice of the layer and
+// the runner adds the partial outputs in rank order. A MoE FFN routes on
+// the host first (Routers.h) and sends the (expert, weight) slots with the
+// rows; shared experts are extra slots of weight 1.
+//===----------------------------------------------------------------------===//
+#include "HostOp.h"
+#include "Routers.h"
+
+#include <algorithm>
+
+namespace duck::runtime::ops {
+namespace {
+
+class DenseFfn final : public HostOp {
+public:
+  DenseFfn(const pl::DuckStepDef &step, FfnRunner *runner, uint32_t hidden)
+      : step_(step), runner_(runner), hidden_(hidden) {}
+
+  absl::Status Run(const Step &s) override {
+    float *out = Out(s);
+    std::fill(out, out + (uint64_t)s.rows() * hidden_, 0.0f);
+    return runner_->Run(s.prefill ? step_.prefill_mode() : step_.decode_mode(),
+                        step_.slot(), s.rows(), 0, nullptr, In(s, 0), out);
+  }
+
+private:
+  pl::DuckStepDef step_;
+  FfnRunner *runner_;
+  uint32_t hidden_;
+};
+
+class MoeFfn final : public HostOp {
+public:
+  MoeFfn(const pl::DuckStepDef &step, const RouterConfig &rc, FfnRunner *r,
+         uint32_t hidden, uint32_t maxRows)
+      : step_(step), router_(rc), runner_(r), hidden_(hidden),
+        perRow_(rc.top_k + rc.shared), slots_((uint64_t)maxRows * perRow_),
+        logits_(rc.experts) {}
+
+  HostMatrix gate_;
+  std::vector<float> bias_;
+
+  absl::Status Run(const Step &s) override {
+    const float *x = In(s, 0);
+    for (uint32_t t = 0; t < s.rows(); ++t) {
+      MatVecRows(gate_, x + (uint64_t)t * hidden_, logits_.data(), 0,
+                 gate_.rows);
+      router_.Route(logits_.data(), bias_.empty() ? nullptr : bias_.data(),
+                    slots_.data() + (uint64_t)t * perRow_);
+    }
+    float *out = Out(s);
+    std::fill(out, out + (uint64_t)s.rows() * hidden_, 0.0f);
+    return runner_->Run(s.prefill ? step_.prefill_mode() : step_.decode_mode(),
+                        step_.slot(), s.rows(), perRow_, slots_.data(), x,
+                        out);
+  }
+
+private:
+  pl::DuckStepDef step_;
+  Router router_;
+  FfnRunner *runner_;
+  uint32_t hidden_, perRow_;
+  std::vector<duck_expert_slot> slots_;
+  std::vector<float> logits_;
+};
+
+} // namespace
+
+HostOpOr CreateDenseFfn(const OpEnv &env) {
+  const pl::DenseFfnOpDef *p = env.def.params_as_DenseFfnOpDef();
+  if (!p->step())
+    return env.Error("no duck step (slot and modes)");
+  return std::make_unique<DenseFfn>(*p->step(), env.runner, env.hidden);
+}
+
+HostOpOr CreateMoeFfn(const OpEnv &env) {
+  const pl::MoeFfnOpDef *p = env.def.params_as_MoeFfnOpDef();
+  if (!p->step())
+    return env.Error("no duck step (slot and modes)");
+  RouterConfig rc;
+  rc.sigmoid = p->router() == pl::Router::Sigmoid;
+  rc.experts = p->num_experts();
+  rc.top_k = p->top_k();
+  rc.shared = p->num_shared();
+  rc.norm_topk_prob = p->norm_topk_prob();
+  rc.n_group = p->n_group() ? p->n_group() : 1;
+  rc.topk_group = p->topk_group() ? p->topk_group() : rc.n_group;
+  rc.scaling = p->routed_scaling_factor();
+  if (rc.top_k == 0 || rc.top_k > rc.experts || rc.experts % rc.n_group ||
+      rc.topk_group > rc.n_group ||
+      (uint64_t)rc.topk_group * (rc.experts / rc.n_group) < rc.top_k)
+    return env.Error("bad router (top ", rc.top_k, " of ", rc.experts,
+                     " experts in ", rc.n_group, " groups, ", rc.topk_group,
+                     " kept)");
+  auto op = std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.hidden,
+                                     env.max_rows);
+  const pl::TensorDef *t;
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->router_weight(), "router"));
+  DUCK_ASSIGN_OR_RETURN(op->gate_, env.weights.Matrix(*t));
+  if (op->gate_.rows != rc.experts || op->gate_.cols != env.hidden)
+    return env.Error("router weight is ", op->gate_.rows, "x",
+                     op->gate_.cols, ", expected ", rc.experts, "x",
+                     env.hidden);
+  if (const pl::TensorDef *b = p->correction_bias()) {
+    DUCK_ASSIGN_OR_RETURN(op->bias_, env.weights.ReadAll(*b));
+    if (op->bias_.size() != rc.experts)
+      return env.Error("correction bias of ", op->bias_.size(), " for ",
+                       rc.experts, " experts");
+  }
+  return op;
+}
+
+} // namespace duck::runtime::ops

@@ -1,0 +1,115 @@
+//===- GqaAttention.cpp - Qwen3 grouped-query attention -------------------===//
+//
+// q/k/v projections, per-head q/k RMSNorm, NeoX RoPE, causal softmax over
+// the KV cache, o_proj (MATH.md section 1). The cache holds fp32 k and v
+// for max_seq positions; every buffer is taken at Create.
+//===----------------------------------------------------------------------===//
+#include "HostOp.h"
+
+#include <cstring>
+
+namespace duck::runtime::ops {
+namespace {
+
+struct GqaShape {
+  uint32_t heads, kv_heads, dim, hidden;
+  float eps;
+  double theta;
+  uint64_t q() const { return (uint64_t)heads * dim; }
+  uint64_t kv() const { return (uint64_t)kv_heads * dim; }
+};
+
+class GqaAttention final : public HostOp {
+public:
+  GqaAttention(const GqaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
+
+  HostMatrix q_, k_, v_, o_;
+  std::vector<float> qn_, kn_;
+
+  void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+    q_buf_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
+    k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
+    v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
+    attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
+    kcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
+    vcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
+    scores_.assign(maxSeq, 0.0f);
+  }
+
+  absl::Status Run(const Step &s) override {
+    const float *x = In(s, 0);
+    const uint32_t n = s.rows();
+    MatMul(*pool_, q_, x, n, q_buf_.data());
+    MatMul(*pool_, k_, x, n, k_buf_.data());
+    MatMul(*pool_, v_, x, n, v_buf_.data());
+    for (uint32_t t = 0; t < n; ++t)
+      Attend(t, s.pos + t);
+    MatMul(*pool_, o_, attn_.data(), n, Out(s));
+    return absl::OkStatus();
+  }
+
+private:
+  /// Row t of the chunk at position p: norm and rotate, append k/v to the
+  /// cache, attend over positions 0..p.
+  void Attend(uint32_t t, uint64_t p) {
+    float *q = q_buf_.data() + t * sh_.q();
+    float *k = k_buf_.data() + t * sh_.kv();
+    for (uint32_t h = 0; h < sh_.heads; ++h) {
+      float *qh = q + (uint64_t)h * sh_.dim;
+      RmsNorm(qh, qn_.data(), sh_.dim, sh_.eps, qh);
+      RopeNeox(qh, sh_.dim, p, sh_.theta);
+    }
+    for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
+      float *kh = k + (uint64_t)h * sh_.dim;
+      RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
+      RopeNeox(kh, sh_.dim, p, sh_.theta);
+    }
+    std::memcpy(kcache_.data() + p * sh_.kv(), k, sh_.kv() * 4);
+    std::memcpy(vcache_.data() + p * sh_.kv(), v_buf_.data() + t * sh_.kv(),
+                sh_.kv() * 4);
+    AttendOne(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads,
+              sh_.kv_heads, sh_.dim, attn_.data() + t * sh_.q(),
+              scores_.data());
+  }
+
+  GqaShape sh_;
+  ThreadPool *pool_;
+  std::vector<float> q_buf_, k_buf_, v_buf_, attn_, kcache_, vcache_, scores_;
+};
+
+} // namespace
+
+HostOpOr CreateGqaAttention(const OpEnv &env) {
+  const pl::GqaAttentionOpDef *p = env.def.params_as_GqaAttentionOpDef();
+  GqaShape sh{p->heads(), p->kv_heads(), p->head_dim(), env.hidden,
+              (float)p->norm_eps(), p->rope_theta()};
+  if (sh.heads == 0 || sh.kv_heads == 0 || sh.dim == 0 ||
+      sh.heads % sh.kv_heads != 0 || sh.dim % 2 != 0)
+    return env.Error("bad attention shape: ", sh.heads, " heads, ",
+                     sh.kv_heads, " kv heads of ", sh.dim);
+  auto op = std::make_unique<GqaAttention>(sh, env.pool);
+  const pl::TensorDef *t;
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->q_proj(), "q_proj"));
+  DUCK_ASSIGN_OR_RETURN(op->q_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->k_proj(), "k_proj"));
+  DUCK_ASSIGN_OR_RETURN(op->k_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->v_proj(), "v_proj"));
+  DUCK_ASSIGN_OR_RETURN(op->v_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->o_proj(), "o_proj"));
+  DUCK_ASSIGN_OR_RETURN(op->o_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->q_norm(), "q_norm"));
+  DUCK_ASSIGN_OR_RETURN(op->qn_, env.weights.ReadAll(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->k_norm(), "k_norm"));
+  DUCK_ASSIGN_OR_RETURN(op->kn_, env.weights.ReadAll(*t));
+  if (op->q_.rows != sh.q() || op->q_.cols != sh.hidden ||
+      op->k_.rows != sh.kv() || op->v_.rows != sh.kv() ||
+      op->o_.rows != sh.hidden || op->o_.cols != sh.q() ||
+      op->qn_.size() != sh.dim || op->kn_.size() != sh.dim)
+    return env.Error("attention weights do not match ", sh.heads,
+                     " heads, ", sh.kv_heads, " kv heads of ", sh.dim,
+                     " and hidden size ", sh.hidden);
+  op->Allocate(env.max_rows, env.max_seq);
+  return op;
+}
+
+} // namespace duck::runtime::ops

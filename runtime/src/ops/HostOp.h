@@ -1,0 +1,137 @@
+//===- HostOp.h - one op of a plan's host program ----------------*- C++ -*-===//
+//
+// Every op kind of the plan (a table of the schema's OpParams union) has one
+// file in this directory with a Create function: it reads its own table,
+// takes its weights and every buffer it will need once, and returns a
+// HostOp whose Run executes one chunk of tokens without allocating. The
+// Engine only walks the ops; adding an op is adding a schema table, a file
+// here and its line in Registry.cpp.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_OPS_HOSTOP_H
+#define DUCK_RUNTIME_OPS_HOSTOP_H
+
+#include "duck/runtime/Engine.h"
+#include "duck/runtime/HostKernels.h"
+#include "duck/runtime/Plan.h"
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+#include <memory>
+#include <vector>
+
+namespace duck::runtime::ops {
+namespace pl = ::duck::plan;
+
+/// A plan's host tensors as the kernels want them: BF16 and F32 used in
+/// place, FP8 packed once to fp9 (exact) for the duck GEMV kernels, other
+/// types converted to fp32. FP8 uses the block the plan declares.
+class WeightReader {
+public:
+  explicit WeightReader(const LoadedPlan &plan) : plan_(plan) {}
+  absl::StatusOr<std::vector<float>> ReadAll(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> Matrix(const pl::TensorDef &t) const;
+
+private:
+  const LoadedPlan &plan_;
+};
+
+/// Activations: one buffer of max_rows x width floats for every plan
+/// value, allocated once when the engine is built.
+class ValueArena {
+public:
+  void Init(uint32_t num_values, uint64_t floats_per_value) {
+    stride_ = floats_per_value;
+    data_.assign((uint64_t)num_values * floats_per_value, 0.0f);
+  }
+  float *Get(uint32_t id) { return data_.data() + (uint64_t)id * stride_; }
+
+private:
+  uint64_t stride_ = 0;
+  std::vector<float> data_;
+};
+
+/// What an op's Create gets: its plan entry and the engine's resources.
+struct OpEnv {
+  const LoadedPlan &plan;
+  const pl::OpDef &def;
+  const WeightReader &weights;
+  FfnRunner *runner;
+  ThreadPool *pool;
+  uint32_t hidden;
+  uint32_t max_rows; // tokens in the largest chunk
+  uint32_t max_seq;  // KV cache length
+  bool all_logits;   // LM head on every row, not just the last
+
+  /// An error that names the op (kind and layer).
+  template <typename... Parts> absl::Status Error(const Parts &...parts) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan op ", pl::EnumNameOpParams(def.params_type()),
+                     " (layer ", def.layer(), "): ", parts...));
+  }
+  /// A required tensor of the op's table.
+  absl::StatusOr<const pl::TensorDef *> Need(const pl::TensorDef *t,
+                                             const char *role) const {
+    if (!t)
+      return Error("no '", role, "' tensor");
+    return t;
+  }
+};
+
+/// What Run gets: one chunk of tokens.
+struct Step {
+  absl::Span<const int32_t> tokens;
+  uint32_t pos;     // position of tokens[0]
+  bool prefill;     // duck prefill modes (5/6) rather than decode
+  ValueArena *values;
+  std::vector<float> *logits;
+  uint32_t rows() const { return (uint32_t)tokens.size(); }
+};
+
+class HostOp {
+public:
+  virtual ~HostOp() = default;
+  virtual absl::Status Run(const Step &step) = 0;
+
+  /// Set by the engine from the plan (checked in range at load).
+  std::vector<uint32_t> inputs;
+  uint32_t result = 0;
+
+protected:
+  const float *In(const Step &s, size_t i) const {
+    return s.values->Get(inputs[i]);
+  }
+  float *Out(const Step &s) const { return s.values->Get(result); }
+};
+
+using HostOpOr = absl::StatusOr<std::unique_ptr<HostOp>>;
+using HostOpFactory = HostOpOr (*)(const OpEnv &env);
+
+/// The Create function for an op kind; null for NONE or an unknown kind.
+HostOpFactory FindHostOp(pl::OpParams kind);
+
+// One per file.
+HostOpOr CreateEmbedding(const OpEnv &env);
+HostOpOr CreateRmsNorm(const OpEnv &env);
+HostOpOr CreateAdd(const OpEnv &env);
+HostOpOr CreateGqaAttention(const OpEnv &env);
+HostOpOr CreateMlaAttention(const OpEnv &env);
+HostOpOr CreateDenseFfn(const OpEnv &env);
+HostOpOr CreateMoeFfn(const OpEnv &env);
+HostOpOr CreateLmHead(const OpEnv &env);
+
+} // namespace duck::runtime::ops
+
+/// Assigns the value of a StatusOr expression or returns its error.
+#define DUCK_ASSIGN_OR_RETURN(lhs, expr)                                       \
+  DUCK_ASSIGN_OR_RETURN_IMPL(DUCK_CONCAT(_duck_or_, __LINE__), lhs, expr)
+#define DUCK_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)                             \
+  auto tmp = (expr);                                                           \
+  if (!tmp.ok())                                                               \
+    return tmp.status();                                                       \
+  lhs = std::move(*tmp)
+#define DUCK_CONCAT(a, b) DUCK_CONCAT_IMPL(a, b)
+#define DUCK_CONCAT_IMPL(a, b) a##b
+
+#endif

@@ -1,0 +1,121 @@
+//===- Weights.cpp - a plan's host tensors as kernel operands -------------===//
+#include "HostOp.h"
+
+#include <cstring>
+
+namespace duck::runtime::ops {
+
+namespace {
+
+/// FP8 times the scale of the declared block that holds each element (the
+/// plan checked the scale grid against the block; edge tiles may be
+/// partial).
+void DequantFp8(const uint8_t *p, const pl::TensorDef &t,
+                const std::vector<float> &scale, float *out) {
+  const uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
+  const uint64_t scols = t.scale()->shape()->Get(1);
+  const uint64_t br = t.block_rows(), bc = t.block_cols();
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < cols; ++c)
+      out[r * cols + c] =
+          duck_e4m3_to_f32(p[r * cols + c]) * scale[(r / br) * scols + c / bc];
+}
+
+} // namespace
+
+absl::StatusOr<std::vector<float>>
+WeightReader::ReadAll(const pl::TensorDef &t) const {
+  const uint8_t *p = plan_.TensorData(t);
+  uint64_t n = 1;
+  for (int64_t d : *t.shape())
+    n *= d;
+  std::vector<float> out(n);
+  switch (t.dtype()) {
+  case pl::DType::F32:
+    std::memcpy(out.data(), p, n * 4);
+    break;
+  case pl::DType::BF16:
+  case pl::DType::F16:
+    for (uint64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = t.dtype() == pl::DType::BF16 ? duck_bf16_to_f32(h)
+                                            : duck_f16_to_f32(h);
+    }
+    break;
+  case pl::DType::F8_E4M3: {
+    if (!t.scale() || t.shape()->size() != 2)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FP8 host tensor '", t.name()->str(), "' has no block scales"));
+    auto scale = ReadAll(*t.scale());
+    if (!scale.ok())
+      return scale.status();
+    DequantFp8(p, t, *scale, out.data());
+    break;
+  }
+  default:
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host tensor '", t.name()->str(), "' has an unsupported dtype"));
+  }
+  return out;
+}
+
+absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
+  if (t.shape()->size() != 2)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "' is not a matrix"));
+  HostMatrix m;
+  m.rows = t.shape()->Get(0);
+  m.cols = t.shape()->Get(1);
+  if (t.dtype() == pl::DType::BF16) {
+    m.bf16 = reinterpret_cast<const uint16_t *>(plan_.TensorData(t));
+    return m;
+  }
+  // FP8 converts to fp9 exactly; the duck kernels then read 1.125 bytes a
+  // weight instead of 4 for a dequantised fp32 copy. The fp9 K-block must
+  // divide both the declared scale tile and the row, so that a partial
+  // last tile still ends on a block boundary.
+  const uint32_t tileRows = t.block_rows(), tileCols = t.block_cols();
+  if (t.dtype() == pl::DType::F8_E4M3 && t.scale() && m.cols % 32 == 0) {
+    auto scale = ReadAll(*t.scale());
+    if (!scale.ok())
+      return scale.status();
+    uint32_t block = tileCols % 128 == 0 && m.cols % 128 == 0 ? 128
+                     : tileCols % 64 == 0 && m.cols % 64 == 0 ? 64
+                                                              : 32;
+    duck_fp9_source src{};
+    src.type = DUCK_FP9_SRC_E4M3;
+    src.data = plan_.TensorData(t);
+    src.src_rows = m.rows;
+    src.src_cols = m.cols;
+    src.scale_inv = scale->data();
+    src.tile_rows = tileRows;
+    src.tile_cols = tileCols;
+    duck_fp9_desc desc{(uint32_t)m.rows, (uint32_t)m.cols, block, tileRows, 0};
+    duck_fp9_layout lay;
+    if (tileCols % block == 0 &&
+        duck_fp9_compute_layout(&desc, &lay) == DUCK_FP9_OK) {
+      m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
+      void *base = reinterpret_cast<void *>(
+          (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) &
+          ~uintptr_t(63));
+      duck_fp9_error_at at{};
+      duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
+      if (st != DUCK_FP9_OK)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
+            " at row ", at.row, ", column ", at.col));
+      m.fp9 = duck_fp9_matrix_view(&desc, base);
+      m.is_fp9 = true;
+      return m;
+    }
+  }
+  auto all = ReadAll(t);
+  if (!all.ok())
+    return all.status();
+  m.owned = std::move(*all);
+  m.f32 = m.owned.data();
+  return m;
+}
+
+} // namespace duck::runtime::ops
