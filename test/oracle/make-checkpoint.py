@@ -1,4 +1,5 @@
-"""Writes a random Qwen3 / Qwen3-MoE checkpoint of any shape with numpy.
+"""Writes a random Qwen3, Qwen3-MoE or DeepSeek-V3/V3.2 checkpoint of any
+shape with numpy.
 
 An independent writer for the oracle tests (it shares no code with
 duck-mkmodel): FP8 E4M3 weights with power-of-two ("ue8m0") block scales
@@ -16,7 +17,8 @@ from safetensors_np import f32_to_bf16, f32_to_e4m3, write_safetensors
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
-p.add_argument("--family", choices=["qwen3", "qwen3_moe"], required=True)
+p.add_argument("--family", choices=["qwen3", "qwen3_moe", "deepseek_v3",
+                                     "deepseek_v32"], required=True)
 p.add_argument("--layers", type=int, default=4)
 p.add_argument("--hidden", type=int, required=True)
 p.add_argument("--inter", type=int, default=0, help="dense intermediate")
@@ -31,12 +33,26 @@ p.add_argument("--dtype", choices=["fp8", "bf16"], default="fp8")
 p.add_argument("--block", default="128,128", help="FP8 block rows,cols")
 p.add_argument("--tie", action="store_true", help="tie the LM head")
 p.add_argument("--seed", type=int, default=1)
+# DeepSeek (MLA, sigmoid group router, shared experts, V3.2 indexer).
+p.add_argument("--q-lora", type=int, default=96, help="0: q_proj, no LoRA")
+p.add_argument("--kv-lora", type=int, default=64)
+p.add_argument("--nope", type=int, default=32)
+p.add_argument("--rope", type=int, default=16)
+p.add_argument("--v-dim", type=int, default=32)
+p.add_argument("--first-dense", type=int, default=1)
+p.add_argument("--groups", type=int, default=4)
+p.add_argument("--topk-groups", type=int, default=2)
+p.add_argument("--shared", type=int, default=1)
+p.add_argument("--index-heads", type=int, default=4)
+p.add_argument("--index-dim", type=int, default=32)
+p.add_argument("--index-topk", type=int, default=16)
 a = p.parse_args()
 
 rng = np.random.default_rng(a.seed)
 br, bc = (int(x) for x in a.block.split(","))
 H, D = a.hidden, a.head_dim
 moe = a.family == "qwen3_moe"
+ds = a.family.startswith("deepseek")
 
 cfg = {
     "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
@@ -53,6 +69,31 @@ if moe:
                 "moe_intermediate_size": a.moe_inter or H,
                 "norm_topk_prob": True, "decoder_sparse_step": 1,
                 "mlp_only_layers": []})
+if ds:
+    for k in ("head_dim", "num_key_value_heads"):
+        cfg.pop(k)
+    cfg.update({
+        "architectures": ["DeepseekV32ForCausalLM" if a.family == "deepseek_v32"
+                          else "DeepseekV3ForCausalLM"],
+        "num_key_value_heads": a.heads, "rope_theta": 10000.0,
+        "max_position_embeddings": 163840,
+        "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096},
+        "q_lora_rank": a.q_lora or None, "kv_lora_rank": a.kv_lora,
+        "qk_nope_head_dim": a.nope, "qk_rope_head_dim": a.rope,
+        "v_head_dim": a.v_dim, "n_routed_experts": a.experts,
+        "num_experts_per_tok": a.top_k, "n_shared_experts": a.shared,
+        "moe_intermediate_size": a.moe_inter or H,
+        "first_k_dense_replace": a.first_dense, "moe_layer_freq": 1,
+        "n_group": a.groups, "topk_group": a.topk_groups,
+        "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc", "norm_topk_prob": True,
+        "num_nextn_predict_layers": 0})
+    if a.family == "deepseek_v32":
+        cfg.update({"index_n_heads": a.index_heads,
+                    "index_head_dim": a.index_dim,
+                    "index_topk": a.index_topk})
 if a.dtype == "fp8":
     cfg["quantization_config"] = {
         "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -92,10 +133,56 @@ def mlp(prefix, inter):
 
 emb = rng.standard_normal((a.vocab, H)).astype(np.float32)
 tensors.append(("model.embed_tokens.weight", "BF16", f32_to_bf16(emb)))
+def f32(name, n, mean=0.0, spread=1.0):
+    v = (mean + spread * rng.standard_normal(n)).astype(np.float32)
+    tensors.append((name, "F32", v))
+
+
+def mla(pre):
+    qk = a.nope + a.rope
+    if a.q_lora:
+        linear(pre + "q_a_proj.weight", a.q_lora, H)
+        vector(pre + "q_a_layernorm.weight", a.q_lora)
+        linear(pre + "q_b_proj.weight", a.heads * qk, a.q_lora)
+    else:
+        linear(pre + "q_proj.weight", a.heads * qk, H)
+    linear(pre + "kv_a_proj_with_mqa.weight", a.kv_lora + a.rope, H)
+    vector(pre + "kv_a_layernorm.weight", a.kv_lora)
+    linear(pre + "kv_b_proj.weight", a.heads * (a.nope + a.v_dim), a.kv_lora)
+    linear(pre + "o_proj.weight", H, a.heads * a.v_dim)
+    if a.family == "deepseek_v32":
+        linear(pre + "indexer.wq_b.weight", a.index_heads * a.index_dim,
+               a.q_lora)
+        linear(pre + "indexer.wk.weight", a.index_dim, H)
+        vector(pre + "indexer.k_norm.weight", a.index_dim)
+        vector(pre + "indexer.k_norm.bias", a.index_dim, 0.0, 0.1)
+        g = rng.standard_normal((a.index_heads, H)).astype(np.float32)
+        tensors.append((pre + "indexer.weights_proj.weight", "BF16",
+                        f32_to_bf16(g / np.sqrt(H))))
+
+
+def deepseek_ffn(pre, L):
+    if L < a.first_dense:
+        mlp(pre + "mlp.", cfg["intermediate_size"])
+        return
+    g = rng.standard_normal((a.experts, H)).astype(np.float32) / np.sqrt(H)
+    tensors.append((pre + "mlp.gate.weight", "BF16", f32_to_bf16(g)))
+    f32(pre + "mlp.gate.e_score_correction_bias", a.experts, 0.0, 0.1)
+    for e in range(a.experts):
+        mlp(pre + "mlp.experts.%d." % e, cfg["moe_intermediate_size"])
+    if a.shared:
+        mlp(pre + "mlp.shared_experts.",
+            a.shared * cfg["moe_intermediate_size"])
+
+
 for L in range(a.layers):
     pre = "model.layers.%d." % L
     vector(pre + "input_layernorm.weight", H)
     vector(pre + "post_attention_layernorm.weight", H)
+    if ds:
+        mla(pre + "self_attn.")
+        deepseek_ffn(pre, L)
+        continue
     linear(pre + "self_attn.q_proj.weight", a.heads * D, H)
     linear(pre + "self_attn.k_proj.weight", a.kv_heads * D, H)
     linear(pre + "self_attn.v_proj.weight", a.kv_heads * D, H)

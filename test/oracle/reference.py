@@ -1,4 +1,5 @@
-"""Float64 reference forward pass for Qwen3 and Qwen3-MoE, with numpy.
+"""Float64 reference forward pass for Qwen3, Qwen3-MoE, DeepSeek-V3 and
+DeepSeek-V3.2, with numpy.
 
 Independent of Duck's code: it reads config.json and the safetensors itself
 (safetensors_np.py), takes the FP8 block size from
@@ -115,6 +116,150 @@ class Qwen3:
         return x @ self.W(head).T
 
 
+def yarn_mscale(factor, m):
+    return 1.0 if factor <= 1 else 0.1 * m * np.log(factor) + 1.0
+
+
+def rope_freqs(c):
+    """DeepSeek's rope frequencies (YaRN-corrected at every length, as HF
+    and vLLM apply them), the cos/sin factor and the softmax mscale^2."""
+    dim, base = c["qk_rope_head_dim"], c.get("rope_theta", 10000.0)
+    f = base ** (-np.arange(0, dim, 2) / dim)
+    rs = c.get("rope_scaling") or {}
+    factor = rs.get("factor", 1.0)
+    if factor <= 1:
+        return f, 1.0, 1.0
+    orig = rs["original_max_position_embeddings"]
+
+    def corr(rot):
+        return dim * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(base))
+    lo = max(np.floor(corr(rs.get("beta_fast", 32))), 0)
+    hi = min(np.ceil(corr(rs.get("beta_slow", 1))), dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2) - lo) / (hi - lo), 0, 1)
+    f = f / factor * ramp + f * (1 - ramp)
+    ms, msa = rs.get("mscale", 1.0), rs.get("mscale_all_dim", 0.0)
+    cs = yarn_mscale(factor, ms) / yarn_mscale(factor, msa)
+    m2 = yarn_mscale(factor, msa) ** 2 if msa else 1.0
+    return f, cs, m2
+
+
+def rope_pairs(x, pos, f, cs):
+    """Interleaved RoPE: adjacent pairs (x[2i], x[2i+1]); x: [T, ..., dim]."""
+    ang = pos[:, None] * f[None, :]
+    shape = (len(pos),) + (1,) * (x.ndim - 2) + (len(f),)
+    c, s = (np.cos(ang) * cs).reshape(shape), (np.sin(ang) * cs).reshape(shape)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def rope_half(x, pos, f, cs):
+    """NeoX RoPE (half split) with DeepSeek's frequencies (the indexer's)."""
+    D = x.shape[-1]
+    ang = pos[:, None] * f[None, :]
+    shape = (len(pos),) + (1,) * (x.ndim - 2) + (len(f),)
+    c, s = (np.cos(ang) * cs).reshape(shape), (np.sin(ang) * cs).reshape(shape)
+    x0, x1 = x[..., :D // 2], x[..., D // 2:]
+    return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+
+class DeepSeek(Qwen3):
+    """DeepSeek-V3 / V3.2: MLA (MATH.md 4), the V3.2 indexer (5), the
+    sigmoid group-limited router with shared experts (3)."""
+
+    def is_moe(self, L):
+        c = self.c
+        return (c.get("n_routed_experts") and L >= c.get("first_k_dense_replace", 0)
+                and L % c.get("moe_layer_freq", 1) == 0)
+
+    def moe(self, pre, x):
+        c = self.c
+        E, K = c["n_routed_experts"], c["num_experts_per_tok"]
+        G, TG = c.get("n_group", 1), c.get("topk_group", 1)
+        s = 1.0 / (1.0 + np.exp(-(x @ self.W(pre + "gate.weight").T)))
+        bias = self.W(pre + "gate.e_score_correction_bias") \
+            if self.ck.has(pre + "gate.e_score_correction_bias") else 0.0
+        sel = s + bias
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            g = sel[t].reshape(G, E // G)
+            gscore = np.sort(g, axis=1)[:, ::-1][:, :2].sum(axis=1) \
+                if E // G > 1 else g[:, 0]
+            keep = np.argsort(-gscore, kind="stable")[:TG]
+            masked = np.full(E, -np.inf)
+            for k in keep:
+                masked[k * (E // G):(k + 1) * (E // G)] = sel[t, k * (E // G):(k + 1) * (E // G)]
+            idx = np.argsort(-masked, kind="stable")[:K]
+            w = s[t, idx]
+            if c.get("norm_topk_prob", False):
+                w = w / (w.sum() + 1e-20)
+            w = w * c.get("routed_scaling_factor", 1.0)
+            for e, we in zip(idx, w):
+                out[t] += we * self.mlp(pre + "experts.%d." % e, x[t:t + 1])[0]
+        if c.get("n_shared_experts", 0):
+            out += self.mlp(pre + "shared_experts.", x)
+        return out
+
+    def indexer_mask(self, pre, x, cq, pos, f, cs):
+        """[T, T] additive mask: 0 for the index_topk causal tokens with the
+        largest index scores of each query, -inf elsewhere."""
+        c = self.c
+        T, nh, d = x.shape[0], c["index_n_heads"], c["index_head_dim"]
+        rope = c["qk_rope_head_dim"]
+        q = (cq @ self.W(pre + "indexer.wq_b.weight").T).reshape(T, nh, d)
+        k = x @ self.W(pre + "indexer.wk.weight").T
+        mu = k.mean(axis=-1, keepdims=True)
+        var = ((k - mu) ** 2).mean(axis=-1, keepdims=True)
+        k = (k - mu) / np.sqrt(var + 1e-6) * self.W(pre + "indexer.k_norm.weight") \
+            + self.W(pre + "indexer.k_norm.bias")
+        q = np.concatenate([rope_half(q[..., :rope], pos, f, cs), q[..., rope:]], -1)
+        k = np.concatenate([rope_half(k[:, None, :rope], pos, f, cs)[:, 0],
+                            k[:, rope:]], -1)
+        w = (x @ self.W(pre + "indexer.weights_proj.weight").T) * nh ** -0.5
+        score = np.einsum("shd,td->sht", q, k)
+        I = np.einsum("sh,sht->st", w * d ** -0.5, np.maximum(score, 0))
+        I = I + np.triu(np.full((T, T), -np.inf), 1)
+        mask = np.full((T, T), -np.inf)
+        for s_ in range(T):
+            top = np.argsort(-I[s_], kind="stable")[:min(c["index_topk"], s_ + 1)]
+            mask[s_, top] = 0.0
+        return mask
+
+    def attention(self, pre, x, pos):
+        c = self.c
+        T, H = x.shape[0], c["num_attention_heads"]
+        nope, rope, vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+        R, eps = c["kv_lora_rank"], c.get("rms_norm_eps", 1e-6)
+        f, cs, m2 = rope_freqs(c)
+        cq = None
+        if c.get("q_lora_rank"):
+            cq = rmsnorm(x @ self.W(pre + "q_a_proj.weight").T,
+                         self.W(pre + "q_a_layernorm.weight"), eps)
+            q = cq @ self.W(pre + "q_b_proj.weight").T
+        else:
+            q = x @ self.W(pre + "q_proj.weight").T
+        q = q.reshape(T, H, nope + rope)
+        qn, qpe = q[..., :nope], rope_pairs(q[..., nope:], pos, f, cs)
+        kva = x @ self.W(pre + "kv_a_proj_with_mqa.weight").T
+        ckv = rmsnorm(kva[:, :R], self.W(pre + "kv_a_layernorm.weight"), eps)
+        kpe = rope_pairs(kva[:, None, R:], pos, f, cs)[:, 0]
+        kv = (ckv @ self.W(pre + "kv_b_proj.weight").T).reshape(T, H, nope + vd)
+        kn, v = kv[..., :nope], kv[..., nope:]
+        sc = (np.einsum("thd,shd->hts", qn, kn) +
+              np.einsum("thd,sd->hts", qpe, kpe)) * (nope + rope) ** -0.5 * m2
+        sc = sc + np.triu(np.full((T, T), -np.inf), 1)[None]
+        if c.get("index_topk") and self.ck.has(pre + "indexer.wk.weight"):
+            sc = sc + self.indexer_mask(pre, x, cq, pos, f, cs)[None]
+        sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+        sc /= sc.sum(axis=-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", sc, v).reshape(T, H * vd)
+        return o @ self.W(pre + "o_proj.weight").T
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -124,9 +269,12 @@ def main():
     a = p.parse_args()
     ck = Checkpoint(a.model)
     mt = ck.config.get("model_type")
-    if mt not in ("qwen3", "qwen3_moe"):
+    if mt in ("qwen3", "qwen3_moe"):
+        m = Qwen3(ck)
+    elif mt in ("deepseek_v3", "deepseek_v32"):
+        m = DeepSeek(ck)
+    else:
         sys.exit("reference.py: model_type %r is not supported" % mt)
-    m = Qwen3(ck)
     ids = [int(t) for t in a.prompt_ids.split(",")]
     gen = []
     rows = m.logits(ids)

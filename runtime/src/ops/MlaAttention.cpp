@@ -1,18 +1,282 @@
 //===- MlaAttention.cpp - DeepSeek multi-head latent attention ------------===//
 //
-// Not written yet: the plan carries MLA's weights (MlaAttentionOpDef), the
-// host does not run it. duckrun refuses DeepSeek plans here, at load, with
-// this message.
+// MATH.md section 4, in the absorbed form for every row (decode and
+// prefill alike): the KV cache holds only the normalised latent c_kv
+// (kv_lora_rank floats) and the one shared rope key (qk_rope_head_dim) a
+// token; a head's query is moved into the latent space through W_UK
+// (q~ = q_nope . W_UK[h]), attends over c_kv, and the latent output comes
+// back through W_UV. RoPE is interleaved (adjacent pairs) with YaRN-
+// corrected frequencies, and the softmax scale carries YaRN's mscale^2.
+//
+// DeepSeek-V3.2's lightning indexer is not run yet: with at most
+// index_topk visible tokens it selects every causal token, so dense MLA is
+// exact, and Create refuses a KV cache longer than index_topk.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 namespace duck::runtime::ops {
+namespace {
+
+struct MlaShape {
+  uint32_t hidden, heads, q_lora, kv_lora, nope, rope, v;
+  float eps;
+  uint64_t qk() const { return (uint64_t)nope + rope; }
+  uint64_t kvb() const { return (uint64_t)nope + v; }
+  uint64_t cache() const { return (uint64_t)kv_lora + rope; }
+};
+
+float Dot(const float *a, const float *b, uint64_t n) {
+  float s = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+/// YaRN's attention scale factor (HF yarn_get_mscale).
+double YarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+class MlaAttention final : public HostOp {
+public:
+  MlaAttention(const MlaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
+
+  HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
+  std::vector<float> q_a_norm_, kv_a_norm_;
+  std::vector<float> w_uk_t_;   // [heads][kv_lora][nope]: W_UK transposed
+  std::vector<float> inv_freq_; // rope / 2 YaRN-corrected frequencies
+  float cos_sin_scale_ = 1.0f, softmax_scale_ = 1.0f;
+
+  void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+    cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
+    q_buf_.assign((uint64_t)maxRows * sh_.heads * sh_.qk(), 0.0f);
+    kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
+    attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
+    cache_.assign((uint64_t)maxSeq * sh_.cache(), 0.0f);
+    qt_.assign(sh_.kv_lora, 0.0f);
+    olat_.assign(sh_.kv_lora, 0.0f);
+    uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
+    scores_.assign(maxSeq, 0.0f);
+  }
+
+  absl::Status Run(const Step &s) override {
+    const float *x = In(s, 0);
+    const uint32_t n = s.rows();
+    if (sh_.q_lora) {
+      MatMul(*pool_, q_a_, x, n, cq_.data());
+      for (uint32_t t = 0; t < n; ++t) {
+        float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
+        RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
+      }
+      MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
+    } else {
+      MatMul(*pool_, q_, x, n, q_buf_.data());
+    }
+    MatMul(*pool_, kv_a_, x, n, kva_.data());
+    for (uint32_t t = 0; t < n; ++t)
+      Row(t, s.pos + t);
+    MatMul(*pool_, o_, attn_.data(), n, Out(s));
+    return absl::OkStatus();
+  }
+
+private:
+  /// Rotates adjacent pairs (x[2i], x[2i+1]) by pos * inv_freq[i].
+  void RopeInterleaved(float *x, uint64_t pos) const {
+    for (uint32_t i = 0; i < sh_.rope / 2; ++i) {
+      const double a = (double)pos * inv_freq_[i];
+      const float c = (float)std::cos(a) * cos_sin_scale_,
+                  sn = (float)std::sin(a) * cos_sin_scale_;
+      const float x0 = x[2 * i], x1 = x[2 * i + 1];
+      x[2 * i] = x0 * c - x1 * sn;
+      x[2 * i + 1] = x0 * sn + x1 * c;
+    }
+  }
+
+  /// Row t of the chunk at position p: latent and rope key into the cache,
+  /// then every head attends over positions 0..p.
+  void Row(uint32_t t, uint64_t p) {
+    float *kv = kva_.data() + t * sh_.cache();
+    float *slot = cache_.data() + p * sh_.cache();
+    RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
+    std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
+    RopeInterleaved(slot + sh_.kv_lora, p);
+    for (uint32_t h = 0; h < sh_.heads; ++h) {
+      float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
+      RopeInterleaved(q + sh_.nope, p);
+      Head(h, q, p + 1, attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
+    }
+  }
+
+  /// One head over `len` cached tokens, absorbed form.
+  void Head(uint32_t h, const float *q, uint64_t len, float *out) {
+    const float *wuk = w_uk_t_.data() + (uint64_t)h * sh_.kv_lora * sh_.nope;
+    for (uint32_t r = 0; r < sh_.kv_lora; ++r)
+      qt_[r] = Dot(wuk + (uint64_t)r * sh_.nope, q, sh_.nope);
+    for (uint64_t t = 0; t < len; ++t) {
+      const float *c = cache_.data() + t * sh_.cache();
+      scores_[t] = (Dot(qt_.data(), c, sh_.kv_lora) +
+                    Dot(q + sh_.nope, c + sh_.kv_lora, sh_.rope)) *
+                   softmax_scale_;
+    }
+    Softmax(scores_.data(), len);
+    std::fill(olat_.begin(), olat_.end(), 0.0f);
+    for (uint64_t t = 0; t < len; ++t) {
+      const float *c = cache_.data() + t * sh_.cache();
+      for (uint32_t r = 0; r < sh_.kv_lora; ++r)
+        olat_[r] += scores_[t] * c[r];
+    }
+    // MatVecRows writes y[r] at the row's own index.
+    const uint64_t row0 = (uint64_t)h * sh_.kvb() + sh_.nope;
+    MatVecRows(kv_b_, olat_.data(), uv_.data(), row0, row0 + sh_.v);
+    std::memcpy(out, uv_.data() + row0, sh_.v * 4);
+  }
+
+  MlaShape sh_;
+  ThreadPool *pool_;
+  std::vector<float> cq_, q_buf_, kva_, attn_, cache_, qt_, olat_, uv_,
+      scores_;
+};
+
+/// DS3 precompute_freqs_cis with YaRN, applied at every length (as HF and
+/// vLLM do); cos/sin scaled by mscale(mscale) / mscale(mscale_all_dim).
+void SetRope(const pl::MlaAttentionOpDef &p, MlaAttention &op) {
+  const uint32_t dim = p.qk_rope_head_dim();
+  const double base = p.rope_theta();
+  op.inv_freq_.resize(dim / 2);
+  for (uint32_t i = 0; i < dim / 2; ++i)
+    op.inv_freq_[i] = std::pow(base, -2.0 * i / dim);
+  double scale = 1.0 / std::sqrt((double)(p.qk_nope_head_dim() + dim));
+  const pl::RopeScalingDef *rs = p.rope_scaling();
+  if (rs && rs->factor() > 1.0) {
+    const double orig = rs->original_max_position_embeddings();
+    auto corr = [&](double rot) {
+      return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double lo = std::max(std::floor(corr(rs->beta_fast())), 0.0);
+    double hi = std::min(std::ceil(corr(rs->beta_slow())), dim - 1.0);
+    if (lo == hi)
+      hi += 0.001;
+    for (uint32_t i = 0; i < dim / 2; ++i) {
+      double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
+      op.inv_freq_[i] = op.inv_freq_[i] / rs->factor() * ramp +
+                        op.inv_freq_[i] * (1 - ramp);
+    }
+    if (rs->mscale_all_dim() > 0) {
+      double m = YarnMscale(rs->factor(), rs->mscale_all_dim());
+      scale *= m * m;
+    }
+    op.cos_sin_scale_ = (float)(YarnMscale(rs->factor(), rs->mscale()) /
+                                YarnMscale(rs->factor(), rs->mscale_all_dim()));
+  }
+  op.softmax_scale_ = (float)scale;
+}
+
+absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
+                         const MlaAttention &op) {
+  auto is = [](const HostMatrix &m, uint64_t r, uint64_t c) {
+    return m.rows == r && m.cols == c;
+  };
+  const uint64_t qRows = (uint64_t)sh.heads * sh.qk();
+  bool ok = sh.q_lora ? is(op.q_a_, sh.q_lora, sh.hidden) &&
+                            op.q_a_norm_.size() == sh.q_lora &&
+                            is(op.q_b_, qRows, sh.q_lora)
+                      : is(op.q_, qRows, sh.hidden);
+  ok = ok && is(op.kv_a_, sh.cache(), sh.hidden) &&
+       op.kv_a_norm_.size() == sh.kv_lora &&
+       is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora) &&
+       is(op.o_, sh.hidden, (uint64_t)sh.heads * sh.v);
+  if (!ok)
+    return env.Error("MLA weights do not match ", sh.heads, " heads, ",
+                     "q_lora_rank ", sh.q_lora, ", kv_lora_rank ", sh.kv_lora,
+                     ", qk_nope/rope/v head dims ", sh.nope, "/", sh.rope, "/",
+                     sh.v, " and hidden size ", sh.hidden);
+  return absl::OkStatus();
+}
+
+absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
+                         MlaAttention &op) {
+  const pl::TensorDef *t;
+  if (p.q_lora_rank()) {
+    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_proj(), "q_a_proj"));
+    DUCK_ASSIGN_OR_RETURN(op.q_a_, env.weights.Matrix(*t));
+    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_layernorm(), "q_a_layernorm"));
+    DUCK_ASSIGN_OR_RETURN(op.q_a_norm_, env.weights.ReadAll(*t));
+    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_b_proj(), "q_b_proj"));
+    DUCK_ASSIGN_OR_RETURN(op.q_b_, env.weights.Matrix(*t));
+  } else {
+    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_proj(), "q_proj"));
+    DUCK_ASSIGN_OR_RETURN(op.q_, env.weights.Matrix(*t));
+  }
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa"));
+  DUCK_ASSIGN_OR_RETURN(op.kv_a_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_a_layernorm(), "kv_a_layernorm"));
+  DUCK_ASSIGN_OR_RETURN(op.kv_a_norm_, env.weights.ReadAll(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.o_proj(), "o_proj"));
+  DUCK_ASSIGN_OR_RETURN(op.o_, env.weights.Matrix(*t));
+  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_b_proj(), "kv_b_proj"));
+  (void)t;
+  return absl::OkStatus();
+}
+
+/// kv_b_proj as W_UV rows (kernel operand) and W_UK transposed, per head
+/// [kv_lora][nope] in fp32, for q~ = W_UK[h]^T q_nope.
+absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
+                     const MlaShape &sh, MlaAttention &op) {
+  const pl::TensorDef *t = p.kv_b_proj();
+  DUCK_ASSIGN_OR_RETURN(op.kv_b_, env.weights.Matrix(*t));
+  if (op.kv_b_.rows != (uint64_t)sh.heads * sh.kvb() ||
+      op.kv_b_.cols != sh.kv_lora)
+    return absl::OkStatus(); // CheckShapes names the mismatch
+  std::vector<float> all;
+  DUCK_ASSIGN_OR_RETURN(all, env.weights.ReadAll(*t));
+  op.w_uk_t_.assign((uint64_t)sh.heads * sh.kv_lora * sh.nope, 0.0f);
+  for (uint32_t h = 0; h < sh.heads; ++h)
+    for (uint32_t j = 0; j < sh.nope; ++j)
+      for (uint32_t r = 0; r < sh.kv_lora; ++r)
+        op.w_uk_t_[((uint64_t)h * sh.kv_lora + r) * sh.nope + j] =
+            all[((uint64_t)h * sh.kvb() + j) * sh.kv_lora + r];
+  return absl::OkStatus();
+}
+
+} // namespace
 
 HostOpOr CreateMlaAttention(const OpEnv &env) {
-  (void)env;
-  return absl::UnimplementedError(
-      "this runtime does not run DeepSeek MLA attention yet (the plan "
-      "compiles; duckrun supports Qwen3 and Qwen3-MoE)");
+  const pl::MlaAttentionOpDef *p = env.def.params_as_MlaAttentionOpDef();
+  MlaShape sh{env.hidden,         p->heads(),           p->q_lora_rank(),
+              p->kv_lora_rank(),  p->qk_nope_head_dim(), p->qk_rope_head_dim(),
+              p->v_head_dim(),    (float)p->norm_eps()};
+  if (!sh.heads || !sh.kv_lora || !sh.nope || !sh.v || !sh.rope ||
+      sh.rope % 2)
+    return env.Error("bad MLA shape: ", sh.heads, " heads, kv_lora_rank ",
+                     sh.kv_lora, ", head dims ", sh.nope, "/", sh.rope, "/",
+                     sh.v);
+  if (const pl::RopeScalingDef *rs = p->rope_scaling())
+    if (rs->factor() > 1.0 && (!rs->type() || rs->type()->str() != "yarn" ||
+                               rs->original_max_position_embeddings() == 0))
+      return env.Error("rope_scaling '", rs->type() ? rs->type()->str() : "",
+                       "' is not supported (YaRN with "
+                       "original_max_position_embeddings only)");
+  if (p->indexer_topk() && env.max_seq > p->indexer_topk())
+    return env.Error(
+        "DeepSeek-V3.2's lightning indexer is not implemented yet; with at "
+        "most index_topk = ", p->indexer_topk(),
+        " tokens it keeps every token and dense MLA is exact: run with "
+        "--max-seq ", p->indexer_topk(), " or less (asked for ", env.max_seq,
+        ")");
+  auto op = std::make_unique<MlaAttention>(sh, env.pool);
+  if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
+    return s;
+  if (absl::Status s = LoadKvB(env, *p, sh, *op); !s.ok())
+    return s;
+  if (absl::Status s = CheckShapes(env, sh, *op); !s.ok())
+    return s;
+  SetRope(*p, *op);
+  op->Allocate(env.max_rows, env.max_seq);
+  return op;
 }
 
 } // namespace duck::runtime::ops

@@ -288,6 +288,7 @@ public:
   /// Model-wide values the per-kind tables repeat (attention norm eps and
   /// RoPE base), set before buildOps.
   double normEps = 0, ropeTheta = 0;
+  DictionaryAttr cfg; ///< the model's config (duck.model's `config`)
   fb::FlatBufferBuilder fbb{1 << 16};
   std::vector<fb::Offset<pl::OpDef>> ops;
   uint32_t numValues = 0;
@@ -298,6 +299,12 @@ private:
   Expected<pl::DuckStepDef> duckStep(Operation *ffn, int64_t layer);
   Expected<fb::Offset<void>> attentionParams(AttentionOp a,
                                              pl::OpParams *type);
+  Expected<fb::Offset<void>> mlaParams(AttentionOp a);
+  fb::Offset<pl::RopeScalingDef> ropeScaling();
+  uint32_t cfgInt(StringRef k) const {
+    auto v = cfg.getAs<IntegerAttr>(k);
+    return v ? (uint32_t)v.getInt() : 0;
+  }
   Expected<fb::Offset<void>> moeParams(MoeOp m);
   Expected<fb::Offset<void>> opParams(Operation &op, pl::OpParams *type);
   fb::Offset<pl::OpDef> makeOp(int32_t layer,
@@ -436,23 +443,66 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
                a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta)
         .Union();
   }
-  std::vector<fb::Offset<pl::TensorDef>> weights;
-  for (NamedAttribute w : a.getWeights()) {
-    auto x = tensor(w.getName().getValue(), cast<WeightAttr>(w.getValue()));
+  *type = pl::OpParams::MlaAttentionOpDef;
+  return mlaParams(a);
+}
+
+Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
+  auto opt = [&](StringRef r) {
+    return optionalTensor(r, a.getWeights().getAs<WeightAttr>(r));
+  };
+  fb::Offset<pl::TensorDef> t[8];
+  const char *roles[8] = {"q_a_proj",           "q_a_layernorm",
+                          "q_b_proj",           "q_proj",
+                          "kv_a_proj_with_mqa", "kv_a_layernorm",
+                          "kv_b_proj",          "o_proj"};
+  for (int i = 0; i < 8; ++i) {
+    auto x = opt(roles[i]);
     if (!x)
       return x.takeError();
-    weights.push_back(*x);
+    t[i] = *x;
   }
-  if (auto idx = a.getIndexer())
+  std::vector<fb::Offset<pl::TensorDef>> indexer;
+  uint32_t idxHeads = 0, idxDim = 0, idxTopk = 0;
+  if (auto idx = a.getIndexer()) {
     for (NamedAttribute w : *idx)
       if (auto wa = dyn_cast<WeightAttr>(w.getValue())) {
         auto x = tensor(("indexer." + w.getName().getValue()).str(), wa);
         if (!x)
           return x.takeError();
-        weights.push_back(*x);
+        indexer.push_back(*x);
       }
-  *type = pl::OpParams::MlaAttentionOpDef;
-  return pl::CreateMlaAttentionOpDefDirect(fbb, &weights).Union();
+    auto geti = [&](StringRef k) -> uint32_t {
+      auto v = idx->getAs<IntegerAttr>(k);
+      return v ? (uint32_t)v.getInt() : 0;
+    };
+    idxHeads = geti("n_heads");
+    idxDim = geti("head_dim");
+    idxTopk = geti("topk");
+  }
+  auto rope = ropeScaling();
+  return pl::CreateMlaAttentionOpDefDirect(
+             fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+             a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
+             cfgInt("qk_nope_head_dim"), cfgInt("qk_rope_head_dim"),
+             cfgInt("v_head_dim"), normEps, ropeTheta, rope,
+             indexer.empty() ? nullptr : &indexer, idxHeads, idxDim, idxTopk)
+      .Union();
+}
+
+fb::Offset<pl::RopeScalingDef> PlanBuilder::ropeScaling() {
+  auto type = cfg.getAs<StringAttr>("rope_scaling_type");
+  if (!type)
+    return {};
+  auto f = [&](StringRef k, double dflt) {
+    auto v = cfg.getAs<FloatAttr>(k);
+    return v ? v.getValueAsDouble() : dflt;
+  };
+  return pl::CreateRopeScalingDefDirect(
+      fbb, type.getValue().str().c_str(), f("rope_scaling_factor", 1.0),
+      cfgInt("rope_original_max_position_embeddings"),
+      f("rope_beta_fast", 32.0), f("rope_beta_slow", 1.0),
+      f("rope_mscale", 1.0), f("rope_mscale_all_dim", 0.0));
 }
 
 Expected<fb::Offset<void>> PlanBuilder::moeParams(MoeOp m) {
@@ -645,6 +695,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       return a.getValueAsDouble();
     return 0;
   };
+  pb.cfg = cfg;
   pb.normEps = getf("rms_norm_eps");
   pb.ropeTheta = getf("rope_theta");
   if (Error e = pb.buildOps(model))
