@@ -3,7 +3,8 @@
 # Qwen3-MoE checkpoint (FP8 with 128x128 block scales), prints its fp9
 # conversion report, compiles it for a 2-duck cluster, checks the compiled
 # weight images against the checkpoint, and generates text with duckrun on a
-# local embedded cluster (2 duckd processes on 127.0.0.1).
+# local embedded cluster (2 duckd processes on 127.0.0.1); then the same for
+# a tiny FP8 DeepSeek-V3.2 checkpoint.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DUCK_BUILD_DIR:-$ROOT/build}"
@@ -45,5 +46,18 @@ step "again: the weights are now a cache hit on every duck"
 "$BIN/duckrun" "$WORK/plan" --cores-per-duck "$CORES" --chat \
   --prompt "Hello, ducks!" --max-tokens 16 \
   --temperature 0.8 --top-p 0.95 --seed 7
+
+step "DeepSeek-V3.2: a tiny FP8 checkpoint (MLA, lightning indexer, 16 experts + 1 shared)"
+"$BIN/duck-mkmodel" --preset tiny-deepseek --dtype fp8 --seed 1 -o "$WORK/tiny-deepseek-v32"
+"$BIN/duckc" describe "$WORK/tiny-deepseek-v32"
+"$BIN/duckc" compile "$WORK/tiny-deepseek-v32" --tp 2 --cores-per-duck "$CORES" \
+  -o "$WORK/plan-deepseek" --progress
+"$BIN/duckc" verify-plan "$WORK/plan-deepseek" "$WORK/tiny-deepseek-v32"
+
+step "generate with DeepSeek-V3.2 on 2 ducks, then again from the weight cache"
+"$BIN/duckrun" "$WORK/plan-deepseek" --cores-per-duck "$CORES" \
+  --prompt "The duck compiler turns a model into" --max-tokens 24
+"$BIN/duckrun" "$WORK/plan-deepseek" --cores-per-duck "$CORES" \
+  --prompt "Hello, ducks!" --max-tokens 16 --temperature 0.8 --seed 7
 
 printf '\nmain job: done (outputs in %s)\n' "$WORK"

@@ -39,8 +39,7 @@ Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
 /// once: nothing is allocated while a chunk runs.
 absl::Status Engine::Prepare() {
   const pl::PlanDef &d = plan_->def();
-  values_ = std::make_unique<ops::ValueArena>();
-  values_->Init(d.num_values(), (uint64_t)opts_.prefill_chunk * hidden_);
+  std::vector<uint64_t> widths(d.num_values(), hidden_);
   ops::WeightReader weights(*plan_);
   for (const pl::OpDef *def : *d.ops()) {
     ops::HostOpFactory create = ops::FindHostOp(def->params_type());
@@ -57,8 +56,12 @@ absl::Status Engine::Prepare() {
     if (def->inputs())
       (*op)->inputs.assign(def->inputs()->begin(), def->inputs()->end());
     (*op)->result = def->result();
+    if (uint64_t w = (*op)->OutWidth())
+      widths[def->result()] = w;
     ops_.push_back(std::move(*op));
   }
+  values_ = std::make_unique<ops::ValueArena>();
+  values_->Init(widths, opts_.prefill_chunk);
   return absl::OkStatus();
 }
 

@@ -83,9 +83,9 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
     add({p->q_a_proj(), p->q_a_layernorm(), p->q_b_proj(), p->q_proj(),
          p->kv_a_proj_with_mqa(), p->kv_a_layernorm(), p->kv_b_proj(),
          p->o_proj()});
-    if (p->indexer_weights())
-      for (const pl::TensorDef *t : *p->indexer_weights())
-        add({t});
+  } else if (auto *p = op.params_as_IndexerOpDef()) {
+    add({p->q_a_proj(), p->q_a_layernorm(), p->wq_b(), p->wk(), p->k_norm(),
+         p->k_norm_bias(), p->weights_proj()});
   } else if (auto *p = op.params_as_MoeFfnOpDef())
     add({p->router_weight(), p->correction_bias()});
   else if (auto *p = op.params_as_LmHeadOpDef())

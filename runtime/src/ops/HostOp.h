@@ -38,17 +38,23 @@ private:
 };
 
 /// Activations: one buffer of max_rows x width floats for every plan
-/// value, allocated once when the engine is built.
+/// value (width: what the op writing it declares), allocated once when the
+/// engine is built.
 class ValueArena {
 public:
-  void Init(uint32_t num_values, uint64_t floats_per_value) {
-    stride_ = floats_per_value;
-    data_.assign((uint64_t)num_values * floats_per_value, 0.0f);
+  void Init(const std::vector<uint64_t> &widths, uint32_t max_rows) {
+    offsets_.clear();
+    uint64_t at = 0;
+    for (uint64_t w : widths) {
+      offsets_.push_back(at);
+      at += w * max_rows;
+    }
+    data_.assign(at, 0.0f);
   }
-  float *Get(uint32_t id) { return data_.data() + (uint64_t)id * stride_; }
+  float *Get(uint32_t id) { return data_.data() + offsets_[id]; }
 
 private:
-  uint64_t stride_ = 0;
+  std::vector<uint64_t> offsets_;
   std::vector<float> data_;
 };
 
@@ -93,6 +99,8 @@ class HostOp {
 public:
   virtual ~HostOp() = default;
   virtual absl::Status Run(const Step &step) = 0;
+  /// Floats a row of the value this op writes (0: the hidden size).
+  virtual uint64_t OutWidth() const { return 0; }
 
   /// Set by the engine from the plan (checked in range at load).
   std::vector<uint32_t> inputs;
@@ -120,6 +128,7 @@ HostOpOr CreateMlaAttention(const OpEnv &env);
 HostOpOr CreateDenseFfn(const OpEnv &env);
 HostOpOr CreateMoeFfn(const OpEnv &env);
 HostOpOr CreateLmHead(const OpEnv &env);
+HostOpOr CreateIndexer(const OpEnv &env);
 
 } // namespace duck::runtime::ops
 

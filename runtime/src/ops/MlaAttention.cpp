@@ -8,11 +8,11 @@
 // back through W_UV. RoPE is interleaved (adjacent pairs) with YaRN-
 // corrected frequencies, and the softmax scale carries YaRN's mscale^2.
 //
-// DeepSeek-V3.2's lightning indexer is not run yet: with at most
-// index_topk visible tokens it selects every causal token, so dense MLA is
-// exact, and Create refuses a KV cache longer than index_topk.
+// DeepSeek-V3.2: a second input, the layer's IndexerOpDef selection
+// (Indexer.cpp), limits every row to the positions it lists.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
+#include "Rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,20 +36,16 @@ float Dot(const float *a, const float *b, uint64_t n) {
   return s;
 }
 
-/// YaRN's attention scale factor (HF yarn_get_mscale).
-double YarnMscale(double factor, double mscale) {
-  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
-
 class MlaAttention final : public HostOp {
 public:
   MlaAttention(const MlaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
   std::vector<float> q_a_norm_, kv_a_norm_;
-  std::vector<float> w_uk_t_;   // [heads][kv_lora][nope]: W_UK transposed
-  std::vector<float> inv_freq_; // rope / 2 YaRN-corrected frequencies
-  float cos_sin_scale_ = 1.0f, softmax_scale_ = 1.0f;
+  std::vector<float> w_uk_t_; // [heads][kv_lora][nope]: W_UK transposed
+  YarnRope rope_;
+  float softmax_scale_ = 1.0f;
+  bool indexed_ = false; // a second input lists each row's positions
 
   void Allocate(uint32_t maxRows, uint32_t maxSeq) {
     cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
@@ -61,7 +57,10 @@ public:
     olat_.assign(sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
     scores_.assign(maxSeq, 0.0f);
+    pos_.assign(maxSeq, 0);
   }
+
+  uint32_t topk_ = 0; // floats a row of the selection input
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
@@ -78,56 +77,50 @@ public:
     }
     MatMul(*pool_, kv_a_, x, n, kva_.data());
     for (uint32_t t = 0; t < n; ++t)
-      Row(t, s.pos + t);
+      Row(t, s.pos + t, indexed_ ? In(s, 1) + (uint64_t)t * topk_ : nullptr);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
 
 private:
-  /// Rotates adjacent pairs (x[2i], x[2i+1]) by pos * inv_freq[i].
-  void RopeInterleaved(float *x, uint64_t pos) const {
-    for (uint32_t i = 0; i < sh_.rope / 2; ++i) {
-      const double a = (double)pos * inv_freq_[i];
-      const float c = (float)std::cos(a) * cos_sin_scale_,
-                  sn = (float)std::sin(a) * cos_sin_scale_;
-      const float x0 = x[2 * i], x1 = x[2 * i + 1];
-      x[2 * i] = x0 * c - x1 * sn;
-      x[2 * i + 1] = x0 * sn + x1 * c;
-    }
-  }
-
   /// Row t of the chunk at position p: latent and rope key into the cache,
   /// then every head attends over positions 0..p.
-  void Row(uint32_t t, uint64_t p) {
+  void Row(uint32_t t, uint64_t p, const float *sel) {
     float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.data() + p * sh_.cache();
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
-    RopeInterleaved(slot + sh_.kv_lora, p);
+    rope_.Interleaved(slot + sh_.kv_lora, p);
     for (uint32_t h = 0; h < sh_.heads; ++h) {
       float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
-      RopeInterleaved(q + sh_.nope, p);
-      Head(h, q, p + 1, attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
+      rope_.Interleaved(q + sh_.nope, p);
+      Head(h, q, p + 1, sel,
+           attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
     }
   }
 
-  /// One head over `len` cached tokens, absorbed form.
-  void Head(uint32_t h, const float *q, uint64_t len, float *out) {
+  /// One head over the cached tokens 0..len-1, or over the positions
+  /// `sel` lists (the indexer's, -1 ends the list), absorbed form.
+  void Head(uint32_t h, const float *q, uint64_t len, const float *sel,
+            float *out) {
     const float *wuk = w_uk_t_.data() + (uint64_t)h * sh_.kv_lora * sh_.nope;
     for (uint32_t r = 0; r < sh_.kv_lora; ++r)
       qt_[r] = Dot(wuk + (uint64_t)r * sh_.nope, q, sh_.nope);
-    for (uint64_t t = 0; t < len; ++t) {
-      const float *c = cache_.data() + t * sh_.cache();
-      scores_[t] = (Dot(qt_.data(), c, sh_.kv_lora) +
+    uint64_t n = 0;
+    for (; sel ? n < topk_ && sel[n] >= 0 : n < len; ++n)
+      pos_[n] = sel ? (uint64_t)sel[n] : n;
+    for (uint64_t i = 0; i < n; ++i) {
+      const float *c = cache_.data() + pos_[i] * sh_.cache();
+      scores_[i] = (Dot(qt_.data(), c, sh_.kv_lora) +
                     Dot(q + sh_.nope, c + sh_.kv_lora, sh_.rope)) *
                    softmax_scale_;
     }
-    Softmax(scores_.data(), len);
+    Softmax(scores_.data(), n);
     std::fill(olat_.begin(), olat_.end(), 0.0f);
-    for (uint64_t t = 0; t < len; ++t) {
-      const float *c = cache_.data() + t * sh_.cache();
+    for (uint64_t i = 0; i < n; ++i) {
+      const float *c = cache_.data() + pos_[i] * sh_.cache();
       for (uint32_t r = 0; r < sh_.kv_lora; ++r)
-        olat_[r] += scores_[t] * c[r];
+        olat_[r] += scores_[i] * c[r];
     }
     // MatVecRows writes y[r] at the row's own index.
     const uint64_t row0 = (uint64_t)h * sh_.kvb() + sh_.nope;
@@ -139,41 +132,8 @@ private:
   ThreadPool *pool_;
   std::vector<float> cq_, q_buf_, kva_, attn_, cache_, qt_, olat_, uv_,
       scores_;
+  std::vector<uint64_t> pos_;
 };
-
-/// DS3 precompute_freqs_cis with YaRN, applied at every length (as HF and
-/// vLLM do); cos/sin scaled by mscale(mscale) / mscale(mscale_all_dim).
-void SetRope(const pl::MlaAttentionOpDef &p, MlaAttention &op) {
-  const uint32_t dim = p.qk_rope_head_dim();
-  const double base = p.rope_theta();
-  op.inv_freq_.resize(dim / 2);
-  for (uint32_t i = 0; i < dim / 2; ++i)
-    op.inv_freq_[i] = std::pow(base, -2.0 * i / dim);
-  double scale = 1.0 / std::sqrt((double)(p.qk_nope_head_dim() + dim));
-  const pl::RopeScalingDef *rs = p.rope_scaling();
-  if (rs && rs->factor() > 1.0) {
-    const double orig = rs->original_max_position_embeddings();
-    auto corr = [&](double rot) {
-      return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base));
-    };
-    double lo = std::max(std::floor(corr(rs->beta_fast())), 0.0);
-    double hi = std::min(std::ceil(corr(rs->beta_slow())), dim - 1.0);
-    if (lo == hi)
-      hi += 0.001;
-    for (uint32_t i = 0; i < dim / 2; ++i) {
-      double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
-      op.inv_freq_[i] = op.inv_freq_[i] / rs->factor() * ramp +
-                        op.inv_freq_[i] * (1 - ramp);
-    }
-    if (rs->mscale_all_dim() > 0) {
-      double m = YarnMscale(rs->factor(), rs->mscale_all_dim());
-      scale *= m * m;
-    }
-    op.cos_sin_scale_ = (float)(YarnMscale(rs->factor(), rs->mscale()) /
-                                YarnMscale(rs->factor(), rs->mscale_all_dim()));
-  }
-  op.softmax_scale_ = (float)scale;
-}
 
 absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
                          const MlaAttention &op) {
@@ -260,13 +220,6 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
       return env.Error("rope_scaling '", rs->type() ? rs->type()->str() : "",
                        "' is not supported (YaRN with "
                        "original_max_position_embeddings only)");
-  if (p->indexer_topk() && env.max_seq > p->indexer_topk())
-    return env.Error(
-        "DeepSeek-V3.2's lightning indexer is not implemented yet; with at "
-        "most index_topk = ", p->indexer_topk(),
-        " tokens it keeps every token and dense MLA is exact: run with "
-        "--max-seq ", p->indexer_topk(), " or less (asked for ", env.max_seq,
-        ")");
   auto op = std::make_unique<MlaAttention>(sh, env.pool);
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
     return s;
@@ -274,7 +227,19 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
     return s;
   if (absl::Status s = CheckShapes(env, sh, *op); !s.ok())
     return s;
-  SetRope(*p, *op);
+  op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());
+  op->softmax_scale_ =
+      (float)(op->rope_.attn_scale / std::sqrt((double)sh.qk()));
+  if (env.def.inputs() && env.def.inputs()->size() == 2) {
+    // The selection's width is its indexer's topk (the engine sized it).
+    const uint32_t sel = env.def.inputs()->Get(1);
+    for (const pl::OpDef *d : *env.plan.def().ops())
+      if (d->result() == sel && d->params_as_IndexerOpDef())
+        op->topk_ = d->params_as_IndexerOpDef()->topk();
+    if (!op->topk_)
+      return env.Error("second input is not an indexer's selection");
+    op->indexed_ = true;
+  }
   op->Allocate(env.max_rows, env.max_seq);
   return op;
 }

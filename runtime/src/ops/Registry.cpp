@@ -21,6 +21,8 @@ HostOpFactory FindHostOp(pl::OpParams kind) {
     return CreateMoeFfn;
   case pl::OpParams::LmHeadOpDef:
     return CreateLmHead;
+  case pl::OpParams::IndexerOpDef:
+    return CreateIndexer;
   case pl::OpParams::NONE:
     break;
   }

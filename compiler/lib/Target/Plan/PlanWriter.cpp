@@ -300,6 +300,7 @@ private:
   Expected<fb::Offset<void>> attentionParams(AttentionOp a,
                                              pl::OpParams *type);
   Expected<fb::Offset<void>> mlaParams(AttentionOp a);
+  Expected<uint32_t> indexerOp(AttentionOp a, uint32_t input);
   fb::Offset<pl::RopeScalingDef> ropeScaling();
   uint32_t cfgInt(StringRef k) const {
     auto v = cfg.getAs<IntegerAttr>(k);
@@ -462,32 +463,58 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
       return x.takeError();
     t[i] = *x;
   }
-  std::vector<fb::Offset<pl::TensorDef>> indexer;
-  uint32_t idxHeads = 0, idxDim = 0, idxTopk = 0;
-  if (auto idx = a.getIndexer()) {
-    for (NamedAttribute w : *idx)
-      if (auto wa = dyn_cast<WeightAttr>(w.getValue())) {
-        auto x = tensor(("indexer." + w.getName().getValue()).str(), wa);
-        if (!x)
-          return x.takeError();
-        indexer.push_back(*x);
-      }
-    auto geti = [&](StringRef k) -> uint32_t {
-      auto v = idx->getAs<IntegerAttr>(k);
-      return v ? (uint32_t)v.getInt() : 0;
-    };
-    idxHeads = geti("n_heads");
-    idxDim = geti("head_dim");
-    idxTopk = geti("topk");
-  }
   auto rope = ropeScaling();
-  return pl::CreateMlaAttentionOpDefDirect(
+  return pl::CreateMlaAttentionOpDef(
              fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
              a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
              cfgInt("qk_nope_head_dim"), cfgInt("qk_rope_head_dim"),
-             cfgInt("v_head_dim"), normEps, ropeTheta, rope,
-             indexer.empty() ? nullptr : &indexer, idxHeads, idxDim, idxTopk)
+             cfgInt("v_head_dim"), normEps, ropeTheta, rope)
       .Union();
+}
+
+/// DeepSeek-V3.2: the layer's indexer as its own op, reading the
+/// attention's input and writing a fresh value (its selection), which
+/// becomes the MLA op's second input.
+Expected<uint32_t> PlanBuilder::indexerOp(AttentionOp a, uint32_t input) {
+  DictionaryAttr idx = *a.getIndexer();
+  auto need = [&](DictionaryAttr d, StringRef r,
+                  StringRef role) -> Expected<fb::Offset<pl::TensorDef>> {
+    auto w = d.getAs<WeightAttr>(r);
+    if (!w)
+      return err("indexer of layer " + llvm::Twine(a.getLayer()) +
+                 " has no '" + r + "' weight");
+    return tensor(role, w);
+  };
+  struct Role {
+    DictionaryAttr dict;
+    StringRef key, role;
+  } roles[7] = {{a.getWeights(), "q_a_proj", "q_a_proj"},
+                {a.getWeights(), "q_a_layernorm", "q_a_layernorm"},
+                {idx, "wq_b", "indexer.wq_b"},
+                {idx, "wk", "indexer.wk"},
+                {idx, "k_norm", "indexer.k_norm"},
+                {idx, "k_norm_bias", "indexer.k_norm_bias"},
+                {idx, "weights_proj", "indexer.weights_proj"}};
+  fb::Offset<pl::TensorDef> t[7];
+  for (int i = 0; i < 7; ++i) {
+    auto x = need(roles[i].dict, roles[i].key, roles[i].role);
+    if (!x)
+      return x.takeError();
+    t[i] = *x;
+  }
+  auto geti = [&](StringRef k) -> uint32_t {
+    auto v = idx.getAs<IntegerAttr>(k);
+    return v ? (uint32_t)v.getInt() : 0;
+  };
+  auto rope = ropeScaling();
+  auto params = pl::CreateIndexerOpDef(
+      fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], geti("n_heads"),
+      geti("head_dim"), geti("topk"), cfgInt("qk_rope_head_dim"), normEps,
+      ropeTheta, rope);
+  uint32_t result = numValues++;
+  ops.push_back(makeOp((int32_t)a.getLayer(), {input}, result,
+                       pl::OpParams::IndexerOpDef, params.Union()));
+  return result;
 }
 
 fb::Offset<pl::RopeScalingDef> PlanBuilder::ropeScaling() {
@@ -584,6 +611,12 @@ Error PlanBuilder::buildOps(ModelOp model) {
     int32_t layer = -1;
     if (auto a = op.getAttrOfType<IntegerAttr>("layer"))
       layer = (int32_t)a.getInt();
+    if (auto a = dyn_cast<AttentionOp>(op); a && a.getIndexer()) {
+      auto sel = indexerOp(a, inputs.at(0));
+      if (!sel)
+        return sel.takeError();
+      inputs.push_back(*sel);
+    }
     pl::OpParams type = pl::OpParams::NONE;
     auto params = opParams(op, &type);
     if (!params)
