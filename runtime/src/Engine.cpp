@@ -18,6 +18,13 @@ Engine::~Engine() = default;
 
 uint32_t Engine::vocab() const { return plan_->def().model()->vocab(); }
 
+uint64_t Engine::kv_bytes_per_token() const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->KvBytesPerToken();
+  return n;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>>
 Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
                const EngineOptions &opts) {

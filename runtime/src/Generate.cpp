@@ -389,6 +389,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["judge_gap_us_p99"] = percentile(gaps, 0.99);
   sj["judge_ratio_p50"] = percentile(ratios, 0.5);
   sj["judge_ratio_p99"] = percentile(ratios, 0.99);
+  sj["kv_bytes_per_token"] = (*engine)->kv_bytes_per_token();
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
   sj["ducks"] = tp;
@@ -421,6 +422,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     for (size_t r = 0; r < gps.size(); ++r)
       per.push_back(absl::StrFormat("duck %zu %.2f", r, gps[r]));
     err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
+    err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
+                           (*engine)->kv_bytes_per_token() / 1024.0);
   }
   (void)(*client)->Close();
   if (local)

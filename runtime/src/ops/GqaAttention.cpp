@@ -36,6 +36,8 @@ public:
     scores_.assign(maxSeq, 0.0f);
   }
 
+  uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
+
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();

@@ -101,6 +101,8 @@ public:
   virtual absl::Status Run(const Step &step) = 0;
   /// Floats a row of the value this op writes (0: the hidden size).
   virtual uint64_t OutWidth() const { return 0; }
+  /// Bytes of cache this op keeps for every token of the sequence.
+  virtual uint64_t KvBytesPerToken() const { return 0; }
 
   /// Set by the engine from the plan (checked in range at load).
   std::vector<uint32_t> inputs;

@@ -62,6 +62,8 @@ public:
 
   uint32_t topk_ = 0; // floats a row of the selection input
 
+  uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
+
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();

@@ -64,6 +64,9 @@ public:
   uint32_t position() const { return pos_; }
   uint32_t max_seq() const { return opts_.max_seq; }
   uint32_t vocab() const;
+  /// Host cache bytes a token of the sequence takes over all layers (fp32
+  /// keys and values; DeepSeek: the MLA latent, rope key and indexer key).
+  uint64_t kv_bytes_per_token() const;
   void Reset() { pos_ = 0; }
 
 private:
