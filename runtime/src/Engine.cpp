@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -66,6 +67,7 @@ absl::Status Engine::Prepare() {
     if (uint64_t w = (*op)->OutWidth())
       widths[def->result()] = w;
     ops_.push_back(std::move(*op));
+    kinds_.push_back(def->params_type());
   }
   values_ = std::make_unique<ops::ValueArena>();
   values_->Init(widths, opts_.prefill_chunk);
@@ -110,9 +112,18 @@ absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
 absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
                               std::vector<float> *out_logits) {
   ops::Step step{tokens, pos_, prefill, values_.get(), out_logits};
-  for (auto &op : ops_)
-    if (absl::Status s = op->Run(step); !s.ok())
+  // Time by op kind, one clock read an op (a few tens of ns).
+  OpTimes &times = prefill ? prefill_times_ : decode_times_;
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (absl::Status s = ops_[i]->Run(step); !s.ok())
       return s;
+    auto t1 = std::chrono::steady_clock::now();
+    times.seconds[(size_t)kinds_[i]] +=
+        std::chrono::duration<double>(t1 - t0).count();
+    t0 = t1;
+  }
+  times.tokens += tokens.size();
   pos_ += tokens.size();
   return absl::OkStatus();
 }

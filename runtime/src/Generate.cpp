@@ -390,6 +390,21 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["judge_ratio_p50"] = percentile(ratios, 0.5);
   sj["judge_ratio_p99"] = percentile(ratios, 0.99);
   sj["kv_bytes_per_token"] = (*engine)->kv_bytes_per_token();
+  // Where a decoded token's time goes, by op kind (FFN kinds: routing on
+  // the host plus the wait for the ducks).
+  const Engine::OpTimes &dt = (*engine)->decode_times();
+  std::vector<std::string> byOp;
+  nlohmann::json opMs = nlohmann::json::object();
+  for (size_t k = 1; k < dt.seconds.size() && dt.tokens; ++k) {
+    std::string name = pl::EnumNameOpParams((pl::OpParams)k);
+    name = name.substr(0, name.size() - 5); // drop "OpDef"
+    if (dt.seconds[k] == 0)
+      continue;
+    double ms = 1e3 * dt.seconds[k] / dt.tokens;
+    opMs[name] = ms;
+    byOp.push_back(absl::StrFormat("%s %.3f", name, ms));
+  }
+  sj["decode_ms_per_token_by_op"] = opMs;
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
   sj["ducks"] = tp;
@@ -424,6 +439,9 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
     err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
                            (*engine)->kv_bytes_per_token() / 1024.0);
+    if (!byOp.empty())
+      err << "duckrun: decode ms a token by op: " << absl::StrJoin(byOp, ", ")
+          << "\n";
   }
   (void)(*client)->Close();
   if (local)

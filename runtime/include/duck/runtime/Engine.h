@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -64,6 +65,14 @@ public:
   uint32_t position() const { return pos_; }
   uint32_t max_seq() const { return opts_.max_seq; }
   uint32_t vocab() const;
+  /// Wall time spent in each op kind (indexed by plan::OpParams), over the
+  /// tokens run so far; FFN kinds include the wait for the ducks.
+  struct OpTimes {
+    std::array<double, (size_t)::duck::plan::OpParams::MAX + 1> seconds{};
+    uint64_t tokens = 0;
+  };
+  const OpTimes &decode_times() const { return decode_times_; }
+  const OpTimes &prefill_times() const { return prefill_times_; }
   /// Host cache bytes a token of the sequence takes over all layers (fp32
   /// keys and values; DeepSeek: the MLA latent, rope key and indexer key).
   uint64_t kv_bytes_per_token() const;
@@ -81,6 +90,8 @@ private:
   std::unique_ptr<ThreadPool> pool_;
   std::vector<std::unique_ptr<ops::HostOp>> ops_;
   std::unique_ptr<ops::ValueArena> values_;
+  std::vector<::duck::plan::OpParams> kinds_; // of ops_
+  OpTimes decode_times_, prefill_times_;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;
 };
