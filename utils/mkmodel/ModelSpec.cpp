@@ -189,6 +189,22 @@ static ModelSpec makeTinyDeepseek() {
   return s;
 }
 
+// Dims that are not multiples of 128 (partial FP8 tiles everywhere:
+// hidden 320, kv_a_proj_with_mqa 96 + 32 rows) and an indexer that keeps
+// 16 tokens, so it drops tokens on any longer prompt.
+static ModelSpec makeTinyDeepseekRagged() {
+  ModelSpec s = makeTinyDeepseek();
+  s.preset = "tiny-deepseek-ragged";
+  s.hidden = 320;
+  s.layers = 4;
+  s.intermediate = 864;
+  s.moe_intermediate = 192;
+  s.q_lora = 160;
+  s.kv_lora = 96;
+  s.index_topk = 16;
+  return s;
+}
+
 static ModelSpec makeQwen3_0_6B() {
   ModelSpec s;
   s.family = Family::Qwen3;
@@ -229,6 +245,9 @@ static const PresetInfo kPresets[] = {
     {"tiny-deepseek",
      "DeepSeek-V3.2 (MLA + indexer; --family deepseek_v3 drops the indexer)",
      makeTinyDeepseek},
+    {"tiny-deepseek-ragged",
+     "DeepSeek-V3.2 with dims that are not multiples of 128, indexer top 16",
+     makeTinyDeepseekRagged},
     {"qwen3-0.6b-shape", "the real Qwen3-0.6B shapes (~1.2 GB in bf16)",
      makeQwen3_0_6B},
     {"qwen3-30b-a3b-shape",
