@@ -96,6 +96,22 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+/// Milliseconds a token by op kind (as JSON, and "Kind ms" strings).
+nlohmann::json OpBreakdown(const Engine::OpTimes &t,
+                           std::vector<std::string> *out_text) {
+  nlohmann::json j = nlohmann::json::object();
+  for (size_t k = 1; k < t.seconds.size() && t.tokens; ++k) {
+    if (t.seconds[k] == 0)
+      continue;
+    std::string name = pl::EnumNameOpParams((pl::OpParams)k);
+    name = name.substr(0, name.size() - 5); // drop "OpDef"
+    const double ms = 1e3 * t.seconds[k] / t.tokens;
+    j[name] = ms;
+    out_text->push_back(absl::StrFormat("%s %.3f", name, ms));
+  }
+  return j;
+}
+
 } // namespace
 
 void InstallInterruptHandlers() {
@@ -392,19 +408,11 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["kv_bytes_per_token"] = (*engine)->kv_bytes_per_token();
   // Where a decoded token's time goes, by op kind (FFN kinds: routing on
   // the host plus the wait for the ducks).
-  const Engine::OpTimes &dt = (*engine)->decode_times();
-  std::vector<std::string> byOp;
-  nlohmann::json opMs = nlohmann::json::object();
-  for (size_t k = 1; k < dt.seconds.size() && dt.tokens; ++k) {
-    std::string name = pl::EnumNameOpParams((pl::OpParams)k);
-    name = name.substr(0, name.size() - 5); // drop "OpDef"
-    if (dt.seconds[k] == 0)
-      continue;
-    double ms = 1e3 * dt.seconds[k] / dt.tokens;
-    opMs[name] = ms;
-    byOp.push_back(absl::StrFormat("%s %.3f", name, ms));
-  }
-  sj["decode_ms_per_token_by_op"] = opMs;
+  std::vector<std::string> byOp, byOpPrefill;
+  sj["decode_ms_per_token_by_op"] =
+      OpBreakdown((*engine)->decode_times(), &byOp);
+  sj["prefill_ms_per_token_by_op"] =
+      OpBreakdown((*engine)->prefill_times(), &byOpPrefill);
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
   sj["ducks"] = tp;
@@ -442,6 +450,9 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     if (!byOp.empty())
       err << "duckrun: decode ms a token by op: " << absl::StrJoin(byOp, ", ")
           << "\n";
+    if (!byOpPrefill.empty())
+      err << "duckrun: prefill ms a token by op: "
+          << absl::StrJoin(byOpPrefill, ", ") << "\n";
   }
   (void)(*client)->Close();
   if (local)

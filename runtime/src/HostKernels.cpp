@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 
 namespace duck::runtime {
@@ -34,29 +36,38 @@ static void part(uint64_t n, unsigned parts, unsigned i, uint64_t *b,
   *e = *b + base + (i < extra ? 1 : 0);
 }
 
+static uint64_t nowNs() {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void ThreadPool::Loop(unsigned index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(uint64_t, uint64_t)> *job;
-    uint64_t n;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || generation_ != seen; });
-      if (stop_)
-        return;
-      seen = generation_;
-      job = job_;
-      n = n_;
+    // Spin a while for the next job, then sleep. The caller bumps
+    // generation_ before it reads sleepers_, and a sleeper counts itself
+    // under mu_ before it re-checks generation_ (both seq_cst), so a job is
+    // either seen here or notified.
+    const uint64_t start = nowNs();
+    for (uint32_t i = 0; generation_.load() == seen && !stop_.load(); ++i) {
+      _mm_pause();
+      if (i % 256 == 255 && nowNs() - start > kSpinNs) {
+        std::unique_lock<std::mutex> l(mu_);
+        ++sleepers_;
+        cv_.wait(l, [&] { return stop_.load() || generation_.load() != seen; });
+        --sleepers_;
+        break;
+      }
     }
+    if (stop_.load())
+      return;
+    seen = generation_.load();
     uint64_t b, e;
-    part(n, size(), index, &b, &e);
+    part(n_, size(), index, &b, &e);
     if (b < e)
-      (*job)(b, e);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (--pending_ == 0)
-        done_cv_.notify_one();
-    }
+      (*job_)(b, e);
+    pending_.fetch_sub(1);
   }
 }
 
@@ -66,20 +77,23 @@ void ThreadPool::ParallelFor(uint64_t n,
     fn(0, n);
     return;
   }
-  {
+  job_ = &fn;
+  n_ = n;
+  pending_.store((unsigned)workers_.size());
+  generation_.fetch_add(1);
+  if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> l(mu_);
-    job_ = &fn;
-    n_ = n;
-    pending_ = (unsigned)workers_.size();
-    ++generation_;
+    cv_.notify_all();
   }
-  cv_.notify_all();
   uint64_t b, e;
   part(n, size(), 0, &b, &e);
   if (b < e)
     fn(b, e);
-  std::unique_lock<std::mutex> l(mu_);
-  done_cv_.wait(l, [&] { return pending_ == 0; });
+  for (uint32_t i = 0; pending_.load() != 0; ++i)
+    if (i % 1024 == 1023)
+      std::this_thread::yield();
+    else
+      _mm_pause();
 }
 
 //===----------------------------------------------------------------------===//
@@ -161,13 +175,18 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y) {
   // Rows outer so each weight row is read once for all tokens.
   if (w.is_fp9) {
+    if (n == 1) {
+      MatVec(pool, w, x, y);
+      return;
+    }
+    // The duck GEMM: tiles of tokens share one weight decode, and every
+    // token's result is bit-identical to the GEMV (prefill == decode).
     pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-      for (uint64_t t = 0; t < n; ++t) {
-        std::vector<float> yt(e - b);
-        MatVecRows(w, x + t * w.cols, yt.data() - b, b, e);
-        for (uint64_t r = b; r < e; ++r)
-          y[t * w.rows + r] = yt[r - b];
-      }
+      std::vector<float> xs(n * w.cols + 8);
+      float *aligned = reinterpret_cast<float *>(
+          (reinterpret_cast<uintptr_t>(xs.data()) + 31) & ~uintptr_t(31));
+      duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
+                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e, aligned);
     });
     return;
   }

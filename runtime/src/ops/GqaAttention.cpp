@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace duck::runtime::ops {
@@ -27,6 +28,12 @@ public:
   std::vector<float> qn_, kn_;
 
   void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+    // RoPE: frequencies once; cos/sin once a position, shared by the heads.
+    inv_freq_.resize(sh_.dim / 2);
+    for (uint32_t i = 0; i < sh_.dim / 2; ++i)
+      inv_freq_[i] = std::pow(sh_.theta, -2.0 * (double)i / (double)sh_.dim);
+    cos_.assign(sh_.dim / 2, 0.0f);
+    sin_.assign(sh_.dim / 2, 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
@@ -56,15 +63,20 @@ private:
   void Attend(uint32_t t, uint64_t p) {
     float *q = q_buf_.data() + t * sh_.q();
     float *k = k_buf_.data() + t * sh_.kv();
+    for (uint32_t i = 0; i < sh_.dim / 2; ++i) {
+      const double a = (double)p * inv_freq_[i];
+      cos_[i] = (float)std::cos(a);
+      sin_[i] = (float)std::sin(a);
+    }
     for (uint32_t h = 0; h < sh_.heads; ++h) {
       float *qh = q + (uint64_t)h * sh_.dim;
       RmsNorm(qh, qn_.data(), sh_.dim, sh_.eps, qh);
-      RopeNeox(qh, sh_.dim, p, sh_.theta);
+      Rope(qh);
     }
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
       float *kh = k + (uint64_t)h * sh_.dim;
       RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
-      RopeNeox(kh, sh_.dim, p, sh_.theta);
+      Rope(kh);
     }
     std::memcpy(kcache_.data() + p * sh_.kv(), k, sh_.kv() * 4);
     std::memcpy(vcache_.data() + p * sh_.kv(), v_buf_.data() + t * sh_.kv(),
@@ -74,8 +86,20 @@ private:
               scores_.data());
   }
 
+  /// NeoX RoPE of one head with this position's table: pairs (i, i + D/2).
+  void Rope(float *h) const {
+    const uint32_t half = sh_.dim / 2;
+    for (uint32_t i = 0; i < half; ++i) {
+      const float x0 = h[i], x1 = h[i + half];
+      h[i] = x0 * cos_[i] - x1 * sin_[i];
+      h[i + half] = x1 * cos_[i] + x0 * sin_[i];
+    }
+  }
+
   GqaShape sh_;
   ThreadPool *pool_;
+  std::vector<double> inv_freq_;
+  std::vector<float> cos_, sin_;
   std::vector<float> q_buf_, k_buf_, v_buf_, attn_, kcache_, vcache_, scores_;
 };
 

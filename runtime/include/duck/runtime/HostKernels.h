@@ -10,6 +10,7 @@
 
 #include "duck_rt/kernels.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -27,17 +28,25 @@ public:
   unsigned size() const { return (unsigned)workers_.size() + 1; }
   /// Runs fn(begin, end) over [0, n) split into size() contiguous parts;
   /// the caller runs part 0. Returns when all parts are done.
+  ///
+  /// A step calls this a few times a layer, so waking the workers must cost
+  /// microseconds: idle workers spin (with `pause`) for kSpinNs after their
+  /// last job before they sleep on a condition variable, and the caller
+  /// waits for the parts by spinning on a counter.
   void ParallelFor(uint64_t n, const std::function<void(uint64_t, uint64_t)> &fn);
+
+  static constexpr uint64_t kSpinNs = 50000;
 
 private:
   void Loop(unsigned index);
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
+  std::condition_variable cv_;
   const std::function<void(uint64_t, uint64_t)> *job_ = nullptr;
-  uint64_t n_ = 0, generation_ = 0;
-  unsigned pending_ = 0;
-  bool stop_ = false;
+  uint64_t n_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<unsigned> pending_{0}, sleepers_{0};
+  std::atomic<bool> stop_{false};
 };
 
 /// A host weight matrix [rows, cols], row-major: bf16 (mapped straight
