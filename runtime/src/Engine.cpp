@@ -19,6 +19,13 @@ Engine::~Engine() = default;
 
 uint32_t Engine::vocab() const { return plan_->def().model()->vocab(); }
 
+uint64_t Engine::host_weight_bytes_per_token() const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->WeightBytesPerToken();
+  return n;
+}
+
 uint64_t Engine::kv_bytes_per_token() const {
   uint64_t n = 0;
   for (const auto &op : ops_)

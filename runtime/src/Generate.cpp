@@ -1,6 +1,8 @@
 //===- Generate.cpp - duckrun: plan + cluster + tokenizer -> text ---------===//
 #include "duck/runtime/Generate.h"
 
+#include "duck/runtime/Breakdown.h"
+
 #include "duck/runtime/ClusterRunner.h"
 #include "duck/runtime/LocalCluster.h"
 #include "duck/runtime/Tokenizer.h"
@@ -53,6 +55,7 @@ absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
 struct ClusterFile {
   std::vector<DuckEndpoint> ducks;
   std::string token;
+  double bandwidth_gbs = 0; // the ducks' read bandwidth, if given
 };
 
 absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
@@ -67,6 +70,8 @@ absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
   ClusterFile c;
   if (j.contains("token") && j["token"].is_string())
     c.token = j["token"].get<std::string>();
+  if (j.contains("bandwidth_gbs") && j["bandwidth_gbs"].is_number())
+    c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
   if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
     return absl::InvalidArgumentError(absl::StrCat(
         "cluster file '", path, "' needs a non-empty \"ducks\" array of "
@@ -94,6 +99,37 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t i = std::min(v.size() - 1, (size_t)(p * (v.size() - 1) + 0.5));
   return v[i];
+}
+
+std::string CacheBase() {
+  const char *cache = std::getenv("XDG_CACHE_HOME");
+  const char *home = std::getenv("HOME");
+  return absl::StrCat(
+      cache ? cache : absl::StrCat(home ? home : "/tmp", "/.cache"), "/duck");
+}
+
+/// This machine's read bandwidth with `threads` threads: measured once
+/// (~0.2 s) and kept in the cache directory.
+double HostReadBandwidthGbs(unsigned threads) {
+  const std::string path =
+      absl::StrCat(CacheBase(), "/host-read-bw-", threads, "threads");
+  {
+    std::ifstream in(path);
+    double gbs = 0;
+    if (in >> gbs && gbs > 0)
+      return gbs;
+  }
+  ThreadPool pool(threads);
+  const double gbs = MeasureReadBandwidthGbs(pool);
+  std::error_code ec;
+  std::filesystem::create_directories(CacheBase(), ec);
+  std::ofstream out(path + ".tmp");
+  out << gbs << "\n";
+  if (out.good()) {
+    out.close();
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  return gbs;
 }
 
 /// Milliseconds a token by op kind (as JSON, and "Kind ms" strings).
@@ -170,6 +206,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
 
   // Ducks: a cluster file, or a local embedded cluster of tp ducks.
   const uint32_t tp = def.tp();
+  double duckReadGbs = 0; // the cluster file's; 0: the host's (one box)
   std::unique_ptr<LocalCluster> local;
   DuckClientOptions co;
   co.persistent = o.persistent;
@@ -183,6 +220,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
           o.cluster_file, "' lists ", c->ducks.size()));
     co.ducks = c->ducks;
     co.token = c->token;
+    duckReadGbs = c->bandwidth_gbs;
   } else {
     LocalClusterOptions lc;
     lc.ducks = tp;
@@ -193,11 +231,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     for (const pl::DuckDef *d : *def.ducks())
       maxImage = std::max<uint64_t>(maxImage, d->image_bytes());
     lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
-    const char *cache = std::getenv("XDG_CACHE_HOME");
-    const char *home = std::getenv("HOME");
-    lc.cache_dir = absl::StrCat(cache ? cache : absl::StrCat(home ? home : "/tmp",
-                                                             "/.cache"),
-                                "/duck/duckrun");
+    lc.cache_dir = absl::StrCat(CacheBase(), "/duckrun");
     lc.name_prefix = "duck";
     // The daemons' logs go to files, so they do not mix with the output.
     lc.log_dir = lc.cache_dir + "/logs";
@@ -408,6 +442,24 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["kv_bytes_per_token"] = (*engine)->kv_bytes_per_token();
   // Where a decoded token's time goes, by op kind (FFN kinds: routing on
   // the host plus the wait for the ducks).
+  const double hostReadGbs = tokenTimes.empty() ? 0 : HostReadBandwidthGbs(eo.threads);
+  const DecodeBreakdown bd = ComputeDecodeBreakdown(
+      **plan, **engine, rs, tpotMs, hostReadGbs,
+      duckReadGbs > 0 ? duckReadGbs : hostReadGbs, local != nullptr);
+  sj["decode_breakdown_ms"] = {
+      {"host_attention", bd.host_attention_ms},
+      {"host_norms_router", bd.host_norms_router_ms},
+      {"lm_head", bd.lm_head_ms},
+      {"duck_kernel", bd.duck_kernel_ms},
+      {"dispatch_gap", bd.dispatch_gap_ms},
+      {"other", bd.other_ms}};
+  sj["host_bytes_per_token"] = bd.host_bytes;
+  sj["duck_bytes_per_token"] = bd.duck_bytes_total;
+  sj["duck_bytes_per_token_max"] = bd.duck_bytes_max;
+  sj["host_read_gb_s"] = bd.host_read_gbs;
+  sj["duck_read_gb_s"] = bd.duck_read_gbs;
+  sj["decode_bound_ms"] = bd.bound_ms;
+  sj["decode_bound_fraction"] = bd.decode_bound_fraction;
   std::vector<std::string> byOp, byOpPrefill;
   sj["decode_ms_per_token_by_op"] =
       OpBreakdown((*engine)->decode_times(), &byOp);
@@ -447,6 +499,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
     err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
                            (*engine)->kv_bytes_per_token() / 1024.0);
+    if (!tokenTimes.empty())
+      err << FormatDecodeBreakdown(bd);
     if (!byOp.empty())
       err << "duckrun: decode ms a token by op: " << absl::StrJoin(byOp, ", ")
           << "\n";

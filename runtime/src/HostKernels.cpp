@@ -143,6 +143,34 @@ static float dotF32(const float *w, const float *x, uint64_t n) {
   return s;
 }
 
+uint64_t MatrixBytes(const HostMatrix &w) {
+  if (w.is_fp9)
+    return w.fp9_store.size() * 8;
+  return w.rows * w.cols * (w.bf16 ? 2 : 4);
+}
+
+double MeasureReadBandwidthGbs(ThreadPool &pool) {
+  const uint64_t n = (256ull << 20) / 32; // 256-bit lanes
+  std::vector<__m256i> buf(n, _mm256_set1_epi32(1));
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    std::atomic<uint64_t> sink{0};
+    auto t0 = std::chrono::steady_clock::now();
+    pool.ParallelFor(n, [&](uint64_t b, uint64_t e) {
+      __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+      for (uint64_t i = b; i + 1 < e; i += 2) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256(&buf[i]));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256(&buf[i + 1]));
+      }
+      sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+    });
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                   .count();
+    best = std::max(best, n * 32.0 / s / 1e9);
+  }
+  return best;
+}
+
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1) {
   if (w.is_fp9) {

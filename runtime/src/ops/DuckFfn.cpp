@@ -42,6 +42,8 @@ public:
   HostMatrix gate_;
   std::vector<float> bias_;
 
+  uint64_t WeightBytesPerToken() const override { return MatrixBytes(gate_); }
+
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     for (uint32_t t = 0; t < s.rows(); ++t) {

@@ -11,6 +11,10 @@ public:
   Embedding(HostMatrix table, uint32_t hidden)
       : table_(std::move(table)), hidden_(hidden) {}
 
+  uint64_t WeightBytesPerToken() const override {
+    return (uint64_t)hidden_ * (table_.bf16 ? 2 : 4);
+  }
+
   absl::Status Run(const Step &s) override {
     float *out = Out(s);
     for (uint32_t t = 0; t < s.rows(); ++t) {

@@ -44,6 +44,10 @@ public:
   }
 
   uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
+  uint64_t WeightBytesPerToken() const override {
+    return MatrixBytes(q_) + MatrixBytes(k_) + MatrixBytes(v_) +
+           MatrixBytes(o_);
+  }
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);

@@ -103,6 +103,8 @@ public:
   virtual uint64_t OutWidth() const { return 0; }
   /// Bytes of cache this op keeps for every token of the sequence.
   virtual uint64_t KvBytesPerToken() const { return 0; }
+  /// Weight bytes one decoded token streams through this op on the host.
+  virtual uint64_t WeightBytesPerToken() const { return 0; }
 
   /// Set by the engine from the plan (checked in range at load).
   std::vector<uint32_t> inputs;

@@ -38,6 +38,10 @@ public:
   uint64_t OutWidth() const override { return sh_.topk; }
   void SetQLora(uint32_t q) { sh_.q_lora = q; }
   uint64_t KvBytesPerToken() const override { return (uint64_t)sh_.dim * 4; }
+  uint64_t WeightBytesPerToken() const override {
+    return MatrixBytes(q_a_) + MatrixBytes(wq_b_) + MatrixBytes(wk_) +
+           MatrixBytes(wproj_);
+  }
 
   void Allocate(uint32_t maxRows, uint32_t maxSeq) {
     cq_.assign((uint64_t)maxRows * sh_.q_lora, 0.0f);

@@ -9,6 +9,8 @@ public:
   LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, bool all)
       : w_(std::move(w)), pool_(pool), hidden_(hidden), all_(all) {}
 
+  uint64_t WeightBytesPerToken() const override { return MatrixBytes(w_); }
+
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint64_t V = w_.rows;

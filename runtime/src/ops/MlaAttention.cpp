@@ -63,6 +63,11 @@ public:
   uint32_t topk_ = 0; // floats a row of the selection input
 
   uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
+  uint64_t WeightBytesPerToken() const override {
+    return MatrixBytes(q_a_) + MatrixBytes(q_b_) + MatrixBytes(q_) +
+           MatrixBytes(kv_a_) + MatrixBytes(kv_b_) + MatrixBytes(o_) +
+           w_uk_t_.size() * 4;
+  }
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);

@@ -76,6 +76,8 @@ public:
   /// Host cache bytes a token of the sequence takes over all layers (fp32
   /// keys and values; DeepSeek: the MLA latent, rope key and indexer key).
   uint64_t kv_bytes_per_token() const;
+  /// Weight bytes the host streams for one decoded token.
+  uint64_t host_weight_bytes_per_token() const;
   void Reset() { pos_ = 0; }
 
 private:

@@ -62,6 +62,14 @@ struct HostMatrix {
   std::vector<uint64_t> fp9_store; // backing store of the fp9 planes
 };
 
+/// Bytes of the matrix as the kernels read it (fp9 planes and scales,
+/// bf16 or fp32).
+uint64_t MatrixBytes(const HostMatrix &w);
+
+/// Streaming read bandwidth of this machine in GB/s: the best of a few
+/// passes over a 256 MiB buffer with every thread of the pool (~0.2 s).
+double MeasureReadBandwidthGbs(ThreadPool &pool);
+
 /// y[r] = W[r] . x for rows [r0, r1).
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1);

@@ -1,0 +1,54 @@
+# Checks duckrun's --summary-json against its plan (duck-plan-dump JSON):
+# the decode breakdown adds up to the TPOT, the bound fraction is a
+# fraction, the ducks' bytes a token are the plan's (dense slots whole;
+# MoE slots by top_k + shared of their experts), and the KV bytes a token
+# are the attention ops' caches. Exits 1 on the first failed check.
+import json
+import sys
+
+summary, plan = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+bd = summary["decode_breakdown_ms"]
+total = sum(bd.values())
+tpot = summary["tpot_ms"]
+if abs(total - tpot) > 0.05 * tpot + 0.05:
+    fail("breakdown %s sums to %.3f ms, TPOT is %.3f" % (bd, total, tpot))
+if not 0 < summary["decode_bound_fraction"] <= 1.0:
+    fail("decode_bound_fraction %r" % summary["decode_bound_fraction"])
+moe = {op["layer"]: op["params"] for op in plan["ops"]
+       if op["params_type"] == "MoeFfnOpDef"}
+want = 0.0
+for duck in plan["ducks"]:
+    for s in duck["slots"]:
+        if not s.get("moe", False):
+            want += s["bytes"]
+            continue
+        p = moe[s["layer"]]
+        E, b, e = p["num_experts"], s["expert_begin"], s["expert_end"]
+        routed = max(0, min(e, E) - b)
+        shared = max(0, e - max(b, E))
+        want += s["bytes"] * (p["top_k"] * routed / E + shared) / (e - b)
+got = summary["duck_bytes_per_token"]
+if abs(got - want) > 1e-6 * want:
+    fail("duck bytes a token %r, plan says %r" % (got, want))
+kv = 0
+for op in plan["ops"]:
+    p = op.get("params", {})
+    if op["params_type"] == "GqaAttentionOpDef":
+        kv += 2 * p["kv_heads"] * p["head_dim"] * 4
+    elif op["params_type"] == "MlaAttentionOpDef":
+        kv += (p["kv_lora_rank"] + p["qk_rope_head_dim"]) * 4
+    elif op["params_type"] == "IndexerOpDef":
+        kv += p["head_dim"] * 4
+if summary["kv_bytes_per_token"] != kv:
+    fail("kv bytes a token %r, plan says %r" % (summary["kv_bytes_per_token"], kv))
+if summary["host_bytes_per_token"] <= 0 or summary["host_read_gb_s"] <= 0:
+    fail("no host bytes or bandwidth")
+print("summary ok: breakdown %.3f of %.3f ms, bound fraction %.3f, duck bytes %d"
+      % (total, tpot, summary["decode_bound_fraction"], got))
