@@ -386,8 +386,13 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     if (gInterrupted.load())
       return absl::CancelledError("interrupted");
     generated.push_back(next);
+    // Text or ids go out as they are made: an error later loses nothing
+    // already produced.
     if (stream && o.stream) {
       out << stream->Push(next);
+      out.flush();
+    } else if (!text && o.stream) {
+      out << (generated.size() > 1 ? " " : "") << next;
       out.flush();
     }
     if (o.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end())
@@ -411,7 +416,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     out << stream->Flush();
   if (text && !o.stream)
     out << tok->Decode(generated);
-  if (!text)
+  if (!text && !o.stream)
     out << absl::StrJoin(generated, " ");
   out << "\n";
   out.flush();

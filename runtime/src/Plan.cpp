@@ -1,6 +1,8 @@
 //===- Plan.cpp - a compiled plan, loaded and verified --------------------===//
 #include "duck/runtime/Plan.h"
 
+#include "plan_trailer.h"
+
 #include "duck_rt/abi.h"
 
 #include "absl/strings/str_cat.h"
@@ -104,15 +106,31 @@ LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
         "'", dir, "' is not a plan directory: ", f.status().message()));
   p->plan_file_ = std::move(*f);
   const uint8_t *buf = p->plan_file_->data();
-  uint64_t size = p->plan_file_->size();
-  if (size < 8 || !pl::PlanDefBufferHasIdentifier(buf))
+  const uint64_t fileSize = p->plan_file_->size();
+  if (fileSize < 8 || !pl::PlanDefBufferHasIdentifier(buf))
     return absl::InvalidArgumentError(absl::StrCat(
         "'", path, "' is not a Duck plan (no 'DKPL' file identifier)"));
+  // The FlatBuffer, then (from duckc) the 16-byte checksum trailer.
+  const bool trailer =
+      fileSize >= 8 + DUCK_PLAN_TRAILER_BYTES &&
+      std::memcmp(buf + fileSize - DUCK_PLAN_TRAILER_BYTES,
+                  DUCK_PLAN_TRAILER_MAGIC, 4) == 0;
+  const uint64_t size = trailer ? fileSize - DUCK_PLAN_TRAILER_BYTES : fileSize;
   flatbuffers::Verifier v(buf, size);
   if (!pl::VerifyPlanDefBuffer(v))
     return absl::DataLossError(absl::StrCat(
         "'", path, "' is corrupt or truncated (FlatBuffers verifier failed)"));
   p->def_ = pl::GetPlanDef(buf);
+  if (p->def_->version() == kPlanVersion) {
+    uint64_t planSize = 0;
+    if (!trailer)
+      return absl::DataLossError(absl::StrCat(
+          "'", path, "' has no checksum trailer (truncated, or not written by "
+          "duckc); recompile the model"));
+    if (!duck_plan_trailer_ok(buf, fileSize, &planSize))
+      return absl::DataLossError(absl::StrCat(
+          "'", path, "' is corrupt: its checksum does not match its bytes"));
+  }
   if (absl::Status s = p->Check(options); !s.ok())
     return s;
   return p;

@@ -2,6 +2,7 @@
 // FlatBuffers verifier and the identifier/version checks.
 #include "duck/plan/plan_generated.h"
 #include "duck_plan_schema_text.h"
+#include "plan_trailer.h"
 
 #include "flatbuffers/idl.h"
 #include "flatbuffers/util.h"
@@ -50,8 +51,16 @@ int main(int argc, char **argv) {
                  path.c_str());
     return 1;
   }
+  uint64_t planSize = 0;
+  if (!duck_plan_trailer_ok(buf.data(), buf.size(), &planSize)) {
+    std::fprintf(stderr,
+                 "duck-plan-dump: error: '%s' is corrupt or not written by "
+                 "duckc (its checksum trailer is missing or does not match)\n",
+                 path.c_str());
+    return 1;
+  }
   flatbuffers::Verifier v(reinterpret_cast<const uint8_t *>(buf.data()),
-                          buf.size());
+                          planSize);
   if (!duck::plan::VerifyPlanDefBuffer(v)) {
     std::fprintf(stderr,
                  "duck-plan-dump: error: '%s' is corrupt or truncated (the "

@@ -4,6 +4,7 @@
 #include "duck/Target/Plan/PlanWriter.h"
 #include "duck/Import/WeightSource.h"
 #include "duck/plan/plan_generated.h"
+#include "plan_trailer.h"
 #include "duck_rt/abi.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -105,7 +106,11 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
                planBuf.getError().message());
   const uint8_t *pb =
       reinterpret_cast<const uint8_t *>((*planBuf)->getBufferStart());
-  flatbuffers::Verifier fv(pb, (*planBuf)->getBufferSize());
+  uint64_t planSize = 0;
+  if (!duck_plan_trailer_ok(pb, (*planBuf)->getBufferSize(), &planSize))
+    return err("'" + planPath + "' is corrupt or not written by duckc (its "
+               "checksum trailer is missing or does not match)");
+  flatbuffers::Verifier fv(pb, planSize);
   if (!pl::PlanDefBufferHasIdentifier(pb) || !pl::VerifyPlanDefBuffer(fv))
     return err("'" + planPath + "' is not a valid Duck plan");
   const pl::PlanDef *plan = pl::GetPlanDef(pb);

@@ -5,6 +5,7 @@
 #include "duck/Dialect/Duck/IR/DuckOps.h"
 #include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck/plan/plan_generated.h"
+#include "plan_trailer.h"
 #include "duck_rt/abi.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -776,6 +777,9 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
     return err("cannot create '" + planPath + "': " + ec.message());
   out.write(reinterpret_cast<const char *>(pb.fbb.GetBufferPointer()),
             pb.fbb.GetSize());
+  uint8_t trailer[DUCK_PLAN_TRAILER_BYTES];
+  duck_plan_trailer(pb.fbb.GetBufferPointer(), pb.fbb.GetSize(), trailer);
+  out.write(reinterpret_cast<const char *>(trailer), sizeof trailer);
   out.close();
   if (out.has_error())
     return err("write of '" + planPath + "' failed");
