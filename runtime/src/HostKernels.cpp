@@ -107,7 +107,7 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-static float dotBf16(const uint16_t *w, const float *x, uint64_t n) {
+float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -129,7 +129,7 @@ static float dotBf16(const uint16_t *w, const float *x, uint64_t n) {
   return s;
 }
 
-static float dotF32(const float *w, const float *x, uint64_t n) {
+float DotF32(const float *w, const float *x, uint64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -185,8 +185,8 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
     return;
   }
   for (uint64_t r = r0; r < r1; ++r)
-    y[r] = w.bf16 ? dotBf16(w.bf16 + r * w.cols, x, w.cols)
-                  : dotF32(w.f32 + r * w.cols, x, w.cols);
+    y[r] = w.bf16 ? DotBf16(w.bf16 + r * w.cols, x, w.cols)
+                  : DotF32(w.f32 + r * w.cols, x, w.cols);
 }
 
 void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
@@ -222,8 +222,8 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
     for (uint64_t r = b; r < e; ++r)
       for (uint64_t t = 0; t < n; ++t)
         y[t * w.rows + r] =
-            w.bf16 ? dotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols)
-                   : dotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols);
+            w.bf16 ? DotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols)
+                   : DotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols);
   });
 }
 
@@ -275,7 +275,7 @@ void AttendOne(const float *q, const float *kc, const float *vc, uint64_t len,
     const uint64_t kvh = h / group;
     const float *qh = q + h * dim;
     for (uint64_t t = 0; t < len; ++t)
-      scores[t] = dotF32(kc + (t * kvHeads + kvh) * dim, qh, dim) * scale;
+      scores[t] = DotF32(kc + (t * kvHeads + kvh) * dim, qh, dim) * scale;
     Softmax(scores, len);
     float *o = out + h * dim;
     std::fill(o, o + dim, 0.0f);

@@ -29,20 +29,16 @@ struct MlaShape {
   uint64_t cache() const { return (uint64_t)kv_lora + rope; }
 };
 
-float Dot(const float *a, const float *b, uint64_t n) {
-  float s = 0;
-  for (uint64_t i = 0; i < n; ++i)
-    s += a[i] * b[i];
-  return s;
-}
-
 class MlaAttention final : public HostOp {
 public:
   MlaAttention(const MlaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
   std::vector<float> q_a_norm_, kv_a_norm_;
-  std::vector<float> w_uk_t_; // [heads][kv_lora][nope]: W_UK transposed
+  // W_UK transposed, [heads * kv_lora, nope]: bf16 when every value is
+  // exact in bf16 (FP8 with power-of-two scales), else fp32.
+  HostMatrix w_uk_;
+  std::vector<uint16_t> w_uk_bf16_;
   YarnRope rope_;
   float softmax_scale_ = 1.0f;
   bool indexed_ = false; // a second input lists each row's positions
@@ -53,11 +49,15 @@ public:
     kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
     cache_.assign((uint64_t)maxSeq * sh_.cache(), 0.0f);
-    qt_.assign(sh_.kv_lora, 0.0f);
-    olat_.assign(sh_.kv_lora, 0.0f);
+    qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
-    scores_.assign(maxSeq, 0.0f);
-    pos_.assign(maxSeq, 0);
+    // One scratch a pool thread: the heads run in parallel.
+    scratch_.resize(pool_->size());
+    for (HeadScratch &h : scratch_) {
+      h.olat.assign(sh_.kv_lora, 0.0f);
+      h.scores.assign(maxSeq, 0.0f);
+      h.pos.assign(maxSeq, 0);
+    }
   }
 
   uint32_t topk_ = 0; // floats a row of the selection input
@@ -66,7 +66,7 @@ public:
   uint64_t WeightBytesPerToken() const override {
     return MatrixBytes(q_a_) + MatrixBytes(q_b_) + MatrixBytes(q_) +
            MatrixBytes(kv_a_) + MatrixBytes(kv_b_) + MatrixBytes(o_) +
-           w_uk_t_.size() * 4;
+           MatrixBytes(w_uk_);
   }
 
   absl::Status Run(const Step &s) override {
@@ -90,56 +90,65 @@ public:
   }
 
 private:
+  struct HeadScratch {
+    std::vector<float> olat, scores;
+    std::vector<uint64_t> pos;
+  };
+
   /// Row t of the chunk at position p: latent and rope key into the cache,
-  /// then every head attends over positions 0..p.
+  /// then the heads, split over the pool's threads, attend over 0..p.
   void Row(uint32_t t, uint64_t p, const float *sel) {
     float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.data() + p * sh_.cache();
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
-    for (uint32_t h = 0; h < sh_.heads; ++h) {
-      float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
-      rope_.Interleaved(q + sh_.nope, p);
-      Head(h, q, p + 1, sel,
-           attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
-    }
+    const uint64_t T = scratch_.size();
+    pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i)
+        for (uint64_t h = i * sh_.heads / T; h < (i + 1) * sh_.heads / T; ++h) {
+          float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
+          rope_.Interleaved(q + sh_.nope, p);
+          Head((uint32_t)h, q, p + 1, sel, scratch_[i],
+               attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
+        }
+    });
   }
 
   /// One head over the cached tokens 0..len-1, or over the positions
   /// `sel` lists (the indexer's, -1 ends the list), absorbed form.
   void Head(uint32_t h, const float *q, uint64_t len, const float *sel,
-            float *out) {
-    const float *wuk = w_uk_t_.data() + (uint64_t)h * sh_.kv_lora * sh_.nope;
-    for (uint32_t r = 0; r < sh_.kv_lora; ++r)
-      qt_[r] = Dot(wuk + (uint64_t)r * sh_.nope, q, sh_.nope);
+            HeadScratch &sc, float *out) {
+    const uint64_t R = sh_.kv_lora;
+    MatVecRows(w_uk_, q, qt_.data(), h * R, (h + 1) * R);
+    const float *qt = qt_.data() + h * R;
     uint64_t n = 0;
     for (; sel ? n < topk_ && sel[n] >= 0 : n < len; ++n)
-      pos_[n] = sel ? (uint64_t)sel[n] : n;
+      sc.pos[n] = sel ? (uint64_t)sel[n] : n;
     for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache_.data() + pos_[i] * sh_.cache();
-      scores_[i] = (Dot(qt_.data(), c, sh_.kv_lora) +
-                    Dot(q + sh_.nope, c + sh_.kv_lora, sh_.rope)) *
-                   softmax_scale_;
+      const float *c = cache_.data() + sc.pos[i] * sh_.cache();
+      sc.scores[i] = (DotF32(qt, c, R) + DotF32(q + sh_.nope, c + R, sh_.rope)) *
+                     softmax_scale_;
     }
-    Softmax(scores_.data(), n);
-    std::fill(olat_.begin(), olat_.end(), 0.0f);
+    Softmax(sc.scores.data(), n);
+    float *olat = sc.olat.data();
+    std::fill(olat, olat + R, 0.0f);
     for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache_.data() + pos_[i] * sh_.cache();
-      for (uint32_t r = 0; r < sh_.kv_lora; ++r)
-        olat_[r] += scores_[i] * c[r];
+      const float *c = cache_.data() + sc.pos[i] * sh_.cache();
+      const float w = sc.scores[i];
+      for (uint64_t r = 0; r < R; ++r)
+        olat[r] += w * c[r];
     }
     // MatVecRows writes y[r] at the row's own index.
     const uint64_t row0 = (uint64_t)h * sh_.kvb() + sh_.nope;
-    MatVecRows(kv_b_, olat_.data(), uv_.data(), row0, row0 + sh_.v);
+    MatVecRows(kv_b_, olat, uv_.data(), row0, row0 + sh_.v);
     std::memcpy(out, uv_.data() + row0, sh_.v * 4);
   }
 
   MlaShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_buf_, kva_, attn_, cache_, qt_, olat_, uv_,
-      scores_;
-  std::vector<uint64_t> pos_;
+  std::vector<float> cq_, q_buf_, kva_, attn_, cache_, qt_, uv_;
+  std::vector<HeadScratch> scratch_;
 };
 
 absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
@@ -200,12 +209,33 @@ absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
     return absl::OkStatus(); // CheckShapes names the mismatch
   std::vector<float> all;
   DUCK_ASSIGN_OR_RETURN(all, env.weights.ReadAll(*t));
-  op.w_uk_t_.assign((uint64_t)sh.heads * sh.kv_lora * sh.nope, 0.0f);
+  std::vector<float> &ukt = op.w_uk_.owned;
+  ukt.assign((uint64_t)sh.heads * sh.kv_lora * sh.nope, 0.0f);
   for (uint32_t h = 0; h < sh.heads; ++h)
     for (uint32_t j = 0; j < sh.nope; ++j)
       for (uint32_t r = 0; r < sh.kv_lora; ++r)
-        op.w_uk_t_[((uint64_t)h * sh.kv_lora + r) * sh.nope + j] =
+        ukt[((uint64_t)h * sh.kv_lora + r) * sh.nope + j] =
             all[((uint64_t)h * sh.kvb() + j) * sh.kv_lora + r];
+  op.w_uk_.rows = (uint64_t)sh.heads * sh.kv_lora;
+  op.w_uk_.cols = sh.nope;
+  // Half the bytes when bf16 holds every value exactly.
+  bool exact = true;
+  op.w_uk_bf16_.resize(ukt.size());
+  for (size_t i = 0; i < ukt.size() && exact; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &ukt[i], 4);
+    op.w_uk_bf16_[i] = (uint16_t)(u >> 16);
+    exact = (u & 0xFFFF) == 0;
+  }
+  if (exact) {
+    op.w_uk_.bf16 = op.w_uk_bf16_.data();
+    ukt.clear();
+    ukt.shrink_to_fit();
+  } else {
+    op.w_uk_bf16_.clear();
+    op.w_uk_bf16_.shrink_to_fit();
+    op.w_uk_.f32 = ukt.data();
+  }
   return absl::OkStatus();
 }
 

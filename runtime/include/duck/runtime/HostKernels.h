@@ -62,6 +62,10 @@ struct HostMatrix {
   std::vector<uint64_t> fp9_store; // backing store of the fp9 planes
 };
 
+/// Dot products with AVX2 (8 lanes, two accumulators).
+float DotF32(const float *w, const float *x, uint64_t n);
+float DotBf16(const uint16_t *w, const float *x, uint64_t n);
+
 /// Bytes of the matrix as the kernels read it (fp9 planes and scales,
 /// bf16 or fp32).
 uint64_t MatrixBytes(const HostMatrix &w);
