@@ -38,8 +38,8 @@ std::vector<double> DuckBytesPerToken(const LoadedPlan &plan) {
 
 DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
                                        const Engine &engine,
-                                       const RunnerStats &stats,
-                                       double tpot_ms, double host_read_gbs,
+                                       const RunnerStats &stats, double tpot_ms,
+                                       double host_read_gbs,
                                        double duck_read_gbs, bool one_box) {
   DecodeBreakdown b;
   b.tpot_ms = tpot_ms;
@@ -63,13 +63,12 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
   // host around the wait for the ducks.
   const double ffnHost = ms(pl::OpParams::DenseFfnOpDef) +
                          ms(pl::OpParams::MoeFfnOpDef) - waitUs / 1e3 / steps;
-  b.host_norms_router_ms = ms(pl::OpParams::RmsNormOpDef) +
-                           ms(pl::OpParams::AddOpDef) +
-                           ms(pl::OpParams::EmbeddingOpDef) +
-                           std::max(0.0, ffnHost);
-  b.other_ms = std::max(0.0, tpot_ms - b.host_attention_ms -
-                                 b.host_norms_router_ms - b.lm_head_ms -
-                                 b.duck_kernel_ms - b.dispatch_gap_ms);
+  b.host_norms_router_ms =
+      ms(pl::OpParams::RmsNormOpDef) + ms(pl::OpParams::AddOpDef) +
+      ms(pl::OpParams::EmbeddingOpDef) + std::max(0.0, ffnHost);
+  b.other_ms =
+      std::max(0.0, tpot_ms - b.host_attention_ms - b.host_norms_router_ms -
+                        b.lm_head_ms - b.duck_kernel_ms - b.dispatch_gap_ms);
   b.host_bytes = (double)engine.host_weight_bytes_per_token();
   for (double x : DuckBytesPerToken(plan)) {
     b.duck_bytes_total += x;

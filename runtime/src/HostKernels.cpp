@@ -151,16 +151,17 @@ uint64_t MatrixBytes(const HostMatrix &w) {
 
 double MeasureReadBandwidthGbs(ThreadPool &pool) {
   const uint64_t n = (256ull << 20) / 32; // 256-bit lanes
-  std::vector<__m256i> buf(n, _mm256_set1_epi32(1));
+  std::vector<uint64_t> buf(4 * n, 1);
   double best = 0;
   for (int pass = 0; pass < 4; ++pass) {
     std::atomic<uint64_t> sink{0};
     auto t0 = std::chrono::steady_clock::now();
     pool.ParallelFor(n, [&](uint64_t b, uint64_t e) {
       __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+      const auto *p = reinterpret_cast<const __m256i *>(buf.data());
       for (uint64_t i = b; i + 1 < e; i += 2) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256(&buf[i]));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256(&buf[i + 1]));
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
       }
       sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
     });

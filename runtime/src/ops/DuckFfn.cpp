@@ -55,8 +55,7 @@ public:
     float *out = Out(s);
     std::fill(out, out + (uint64_t)s.rows() * hidden_, 0.0f);
     return runner_->Run(s.prefill ? step_.prefill_mode() : step_.decode_mode(),
-                        step_.slot(), s.rows(), perRow_, slots_.data(), x,
-                        out);
+                        step_.slot(), s.rows(), perRow_, slots_.data(), x, out);
   }
 
 private:
@@ -102,9 +101,8 @@ HostOpOr CreateMoeFfn(const OpEnv &env) {
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->router_weight(), "router"));
   DUCK_ASSIGN_OR_RETURN(op->gate_, env.weights.Matrix(*t));
   if (op->gate_.rows != rc.experts || op->gate_.cols != env.hidden)
-    return env.Error("router weight is ", op->gate_.rows, "x",
-                     op->gate_.cols, ", expected ", rc.experts, "x",
-                     env.hidden);
+    return env.Error("router weight is ", op->gate_.rows, "x", op->gate_.cols,
+                     ", expected ", rc.experts, "x", env.hidden);
   if (const pl::TensorDef *b = p->correction_bias()) {
     DUCK_ASSIGN_OR_RETURN(op->bias_, env.weights.ReadAll(*b));
     if (op->bias_.size() != rc.experts)

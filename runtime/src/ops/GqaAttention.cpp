@@ -85,9 +85,8 @@ private:
     std::memcpy(kcache_.data() + p * sh_.kv(), k, sh_.kv() * 4);
     std::memcpy(vcache_.data() + p * sh_.kv(), v_buf_.data() + t * sh_.kv(),
                 sh_.kv() * 4);
-    AttendOne(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads,
-              sh_.kv_heads, sh_.dim, attn_.data() + t * sh_.q(),
-              scores_.data());
+    AttendOne(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads, sh_.kv_heads,
+              sh_.dim, attn_.data() + t * sh_.q(), scores_.data());
   }
 
   /// NeoX RoPE of one head with this position's table: pairs (i, i + D/2).
@@ -111,33 +110,26 @@ private:
 
 HostOpOr CreateGqaAttention(const OpEnv &env) {
   const pl::GqaAttentionOpDef *p = env.def.params_as_GqaAttentionOpDef();
-  GqaShape sh{p->heads(), p->kv_heads(), p->head_dim(), env.hidden,
-              (float)p->norm_eps(), p->rope_theta()};
+  GqaShape sh{p->heads(), p->kv_heads(),        p->head_dim(),
+              env.hidden, (float)p->norm_eps(), p->rope_theta()};
   if (sh.heads == 0 || sh.kv_heads == 0 || sh.dim == 0 ||
       sh.heads % sh.kv_heads != 0 || sh.dim % 2 != 0)
-    return env.Error("bad attention shape: ", sh.heads, " heads, ",
-                     sh.kv_heads, " kv heads of ", sh.dim);
+    return env.Error("bad attention shape: ", sh.heads, " heads, ", sh.kv_heads,
+                     " kv heads of ", sh.dim);
   auto op = std::make_unique<GqaAttention>(sh, env.pool);
-  const pl::TensorDef *t;
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->q_proj(), "q_proj"));
-  DUCK_ASSIGN_OR_RETURN(op->q_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->k_proj(), "k_proj"));
-  DUCK_ASSIGN_OR_RETURN(op->k_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->v_proj(), "v_proj"));
-  DUCK_ASSIGN_OR_RETURN(op->v_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->o_proj(), "o_proj"));
-  DUCK_ASSIGN_OR_RETURN(op->o_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->q_norm(), "q_norm"));
-  DUCK_ASSIGN_OR_RETURN(op->qn_, env.weights.ReadAll(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p->k_norm(), "k_norm"));
-  DUCK_ASSIGN_OR_RETURN(op->kn_, env.weights.ReadAll(*t));
+  DUCK_RETURN_IF_ERROR(env.Load(p->q_proj(), "q_proj", &op->q_));
+  DUCK_RETURN_IF_ERROR(env.Load(p->k_proj(), "k_proj", &op->k_));
+  DUCK_RETURN_IF_ERROR(env.Load(p->v_proj(), "v_proj", &op->v_));
+  DUCK_RETURN_IF_ERROR(env.Load(p->o_proj(), "o_proj", &op->o_));
+  DUCK_RETURN_IF_ERROR(env.Load(p->q_norm(), "q_norm", &op->qn_));
+  DUCK_RETURN_IF_ERROR(env.Load(p->k_norm(), "k_norm", &op->kn_));
   if (op->q_.rows != sh.q() || op->q_.cols != sh.hidden ||
       op->k_.rows != sh.kv() || op->v_.rows != sh.kv() ||
       op->o_.rows != sh.hidden || op->o_.cols != sh.q() ||
       op->qn_.size() != sh.dim || op->kn_.size() != sh.dim)
-    return env.Error("attention weights do not match ", sh.heads,
-                     " heads, ", sh.kv_heads, " kv heads of ", sh.dim,
-                     " and hidden size ", sh.hidden);
+    return env.Error("attention weights do not match ", sh.heads, " heads, ",
+                     sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
+                     sh.hidden);
   op->Allocate(env.max_rows, env.max_seq);
   return op;
 }

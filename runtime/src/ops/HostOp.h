@@ -1,4 +1,5 @@
-//===- HostOp.h - one op of a plan's host program ----------------*- C++ -*-===//
+//===- HostOp.h - one op of a plan's host program ----------------*- C++
+//-*-===//
 //
 // Every op kind of the plan (a table of the schema's OpParams union) has one
 // file in this directory with a Create function: it reads its own table,
@@ -83,13 +84,34 @@ struct OpEnv {
       return Error("no '", role, "' tensor");
     return t;
   }
+  /// A required tensor as a kernel matrix, or as fp32 values.
+  absl::Status Load(const pl::TensorDef *t, const char *role,
+                    HostMatrix *out) const {
+    if (!t)
+      return Error("no '", role, "' tensor");
+    auto m = weights.Matrix(*t);
+    if (!m.ok())
+      return m.status();
+    *out = std::move(*m);
+    return absl::OkStatus();
+  }
+  absl::Status Load(const pl::TensorDef *t, const char *role,
+                    std::vector<float> *out) const {
+    if (!t)
+      return Error("no '", role, "' tensor");
+    auto v = weights.ReadAll(*t);
+    if (!v.ok())
+      return v.status();
+    *out = std::move(*v);
+    return absl::OkStatus();
+  }
 };
 
 /// What Run gets: one chunk of tokens.
 struct Step {
   absl::Span<const int32_t> tokens;
-  uint32_t pos;     // position of tokens[0]
-  bool prefill;     // duck prefill modes (5/6) rather than decode
+  uint32_t pos; // position of tokens[0]
+  bool prefill; // duck prefill modes (5/6) rather than decode
   ValueArena *values;
   std::vector<float> *logits;
   uint32_t rows() const { return (uint32_t)tokens.size(); }
@@ -135,6 +157,13 @@ HostOpOr CreateLmHead(const OpEnv &env);
 HostOpOr CreateIndexer(const OpEnv &env);
 
 } // namespace duck::runtime::ops
+
+/// Returns the status of `expr` if it is an error.
+#define DUCK_RETURN_IF_ERROR(expr)                                             \
+  do {                                                                         \
+    if (absl::Status _duck_s = (expr); !_duck_s.ok())                          \
+      return _duck_s;                                                          \
+  } while (0)
 
 /// Assigns the value of a StatusOr expression or returns its error.
 #define DUCK_ASSIGN_OR_RETURN(lhs, expr)                                       \

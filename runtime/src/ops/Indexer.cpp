@@ -90,8 +90,8 @@ private:
     rope_.HalfSplit(k, p);
     float *q = q_.data() + (uint64_t)t * sh_.heads * sh_.dim;
     const float *w = w_.data() + (uint64_t)t * sh_.heads;
-    const float wScale = 1.0f / std::sqrt((float)sh_.heads) /
-                         std::sqrt((float)sh_.dim);
+    const float wScale =
+        1.0f / std::sqrt((float)sh_.heads) / std::sqrt((float)sh_.dim);
     for (uint32_t h = 0; h < sh_.heads; ++h)
       rope_.HalfSplit(q + (uint64_t)h * sh_.dim, p);
     for (uint64_t j = 0; j <= p; ++j) {
@@ -133,21 +133,16 @@ private:
 
 absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
                          Indexer &op) {
-  const pl::TensorDef *t;
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_proj(), "q_a_proj"));
-  DUCK_ASSIGN_OR_RETURN(op.q_a_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_layernorm(), "q_a_layernorm"));
-  DUCK_ASSIGN_OR_RETURN(op.q_a_norm_, env.weights.ReadAll(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.wq_b(), "indexer.wq_b"));
-  DUCK_ASSIGN_OR_RETURN(op.wq_b_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.wk(), "indexer.wk"));
-  DUCK_ASSIGN_OR_RETURN(op.wk_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.k_norm(), "indexer.k_norm"));
-  DUCK_ASSIGN_OR_RETURN(op.k_w_, env.weights.ReadAll(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.k_norm_bias(), "indexer.k_norm_bias"));
-  DUCK_ASSIGN_OR_RETURN(op.k_b_, env.weights.ReadAll(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.weights_proj(), "indexer.weights_proj"));
-  DUCK_ASSIGN_OR_RETURN(op.wproj_, env.weights.Matrix(*t));
+  DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
+  DUCK_RETURN_IF_ERROR(
+      env.Load(p.q_a_layernorm(), "q_a_layernorm", &op.q_a_norm_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.wq_b(), "indexer.wq_b", &op.wq_b_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.wk(), "indexer.wk", &op.wk_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.k_norm(), "indexer.k_norm", &op.k_w_));
+  DUCK_RETURN_IF_ERROR(
+      env.Load(p.k_norm_bias(), "indexer.k_norm_bias", &op.k_b_));
+  DUCK_RETURN_IF_ERROR(
+      env.Load(p.weights_proj(), "indexer.weights_proj", &op.wproj_));
   return absl::OkStatus();
 }
 
@@ -155,8 +150,9 @@ absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
 
 HostOpOr CreateIndexer(const OpEnv &env) {
   const pl::IndexerOpDef *p = env.def.params_as_IndexerOpDef();
-  IndexerShape sh{env.hidden, 0,         p->heads(),           p->head_dim(),
-                  p->topk(),  p->qk_rope_head_dim(), (float)p->norm_eps()};
+  IndexerShape sh{env.hidden,          0,         p->heads(),
+                  p->head_dim(),       p->topk(), p->qk_rope_head_dim(),
+                  (float)p->norm_eps()};
   if (!sh.heads || !sh.dim || !sh.topk || sh.rope > sh.dim || sh.rope % 2)
     return env.Error("bad indexer shape: ", sh.heads, " heads of ", sh.dim,
                      ", top ", sh.topk, ", rope dims ", sh.rope);
@@ -168,7 +164,8 @@ HostOpOr CreateIndexer(const OpEnv &env) {
   auto is = [](const HostMatrix &m, uint64_t r, uint64_t c) {
     return m.rows == r && m.cols == c;
   };
-  if (!is(op->q_a_, sh.q_lora, sh.hidden) || op->q_a_norm_.size() != sh.q_lora ||
+  if (!is(op->q_a_, sh.q_lora, sh.hidden) ||
+      op->q_a_norm_.size() != sh.q_lora ||
       !is(op->wq_b_, (uint64_t)sh.heads * sh.dim, sh.q_lora) ||
       !is(op->wk_, sh.dim, sh.hidden) || op->k_w_.size() != sh.dim ||
       op->k_b_.size() != sh.dim || !is(op->wproj_, sh.heads, sh.hidden))

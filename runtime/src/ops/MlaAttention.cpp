@@ -127,8 +127,9 @@ private:
       sc.pos[n] = sel ? (uint64_t)sel[n] : n;
     for (uint64_t i = 0; i < n; ++i) {
       const float *c = cache_.data() + sc.pos[i] * sh_.cache();
-      sc.scores[i] = (DotF32(qt, c, R) + DotF32(q + sh_.nope, c + R, sh_.rope)) *
-                     softmax_scale_;
+      sc.scores[i] =
+          (DotF32(qt, c, R) + DotF32(q + sh_.nope, c + R, sh_.rope)) *
+          softmax_scale_;
     }
     Softmax(sc.scores.data(), n);
     float *olat = sc.olat.data();
@@ -175,31 +176,24 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
 
 absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
                          MlaAttention &op) {
-  const pl::TensorDef *t;
   if (p.q_lora_rank()) {
-    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_proj(), "q_a_proj"));
-    DUCK_ASSIGN_OR_RETURN(op.q_a_, env.weights.Matrix(*t));
-    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_a_layernorm(), "q_a_layernorm"));
-    DUCK_ASSIGN_OR_RETURN(op.q_a_norm_, env.weights.ReadAll(*t));
-    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_b_proj(), "q_b_proj"));
-    DUCK_ASSIGN_OR_RETURN(op.q_b_, env.weights.Matrix(*t));
+    DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
+    DUCK_RETURN_IF_ERROR(
+        env.Load(p.q_a_layernorm(), "q_a_layernorm", &op.q_a_norm_));
+    DUCK_RETURN_IF_ERROR(env.Load(p.q_b_proj(), "q_b_proj", &op.q_b_));
   } else {
-    DUCK_ASSIGN_OR_RETURN(t, env.Need(p.q_proj(), "q_proj"));
-    DUCK_ASSIGN_OR_RETURN(op.q_, env.weights.Matrix(*t));
+    DUCK_RETURN_IF_ERROR(env.Load(p.q_proj(), "q_proj", &op.q_));
   }
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa"));
-  DUCK_ASSIGN_OR_RETURN(op.kv_a_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_a_layernorm(), "kv_a_layernorm"));
-  DUCK_ASSIGN_OR_RETURN(op.kv_a_norm_, env.weights.ReadAll(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.o_proj(), "o_proj"));
-  DUCK_ASSIGN_OR_RETURN(op.o_, env.weights.Matrix(*t));
-  DUCK_ASSIGN_OR_RETURN(t, env.Need(p.kv_b_proj(), "kv_b_proj"));
-  (void)t;
-  return absl::OkStatus();
+  DUCK_RETURN_IF_ERROR(
+      env.Load(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa", &op.kv_a_));
+  DUCK_RETURN_IF_ERROR(
+      env.Load(p.kv_a_layernorm(), "kv_a_layernorm", &op.kv_a_norm_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.o_proj(), "o_proj", &op.o_));
+  return env.Need(p.kv_b_proj(), "kv_b_proj").status();
 }
 
 /// kv_b_proj as W_UV rows (kernel operand) and W_UK transposed, per head
-/// [kv_lora][nope] in fp32, for q~ = W_UK[h]^T q_nope.
+/// [kv_lora][nope] (bf16 when exact, else fp32), for q~ = W_UK[h]^T q_nope.
 absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
                      const MlaShape &sh, MlaAttention &op) {
   const pl::TensorDef *t = p.kv_b_proj();
@@ -243,11 +237,15 @@ absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
 
 HostOpOr CreateMlaAttention(const OpEnv &env) {
   const pl::MlaAttentionOpDef *p = env.def.params_as_MlaAttentionOpDef();
-  MlaShape sh{env.hidden,         p->heads(),           p->q_lora_rank(),
-              p->kv_lora_rank(),  p->qk_nope_head_dim(), p->qk_rope_head_dim(),
-              p->v_head_dim(),    (float)p->norm_eps()};
-  if (!sh.heads || !sh.kv_lora || !sh.nope || !sh.v || !sh.rope ||
-      sh.rope % 2)
+  MlaShape sh{env.hidden,
+              p->heads(),
+              p->q_lora_rank(),
+              p->kv_lora_rank(),
+              p->qk_nope_head_dim(),
+              p->qk_rope_head_dim(),
+              p->v_head_dim(),
+              (float)p->norm_eps()};
+  if (!sh.heads || !sh.kv_lora || !sh.nope || !sh.v || !sh.rope || sh.rope % 2)
     return env.Error("bad MLA shape: ", sh.heads, " heads, kv_lora_rank ",
                      sh.kv_lora, ", head dims ", sh.nope, "/", sh.rope, "/",
                      sh.v);

@@ -1,4 +1,5 @@
-//===- Rope.h - DeepSeek's RoPE frequencies (YaRN) ---------------*- C++ -*-===//
+//===- Rope.h - DeepSeek's RoPE frequencies (YaRN) ---------------*- C++
+//-*-===//
 #ifndef DUCK_RUNTIME_OPS_ROPE_H
 #define DUCK_RUNTIME_OPS_ROPE_H
 

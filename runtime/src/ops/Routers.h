@@ -1,4 +1,5 @@
-//===- Routers.h - MoE routers: scores to (expert, weight) slots -*- C++ -*-===//
+//===- Routers.h - MoE routers: scores to (expert, weight) slots -*- C++
+//-*-===//
 //
 // The host half of a MoE layer (MATH.md sections 2 and 3): router logits
 // in, top_k routed slots plus one weight-1 slot per shared expert out.
@@ -15,7 +16,7 @@
 namespace duck::runtime::ops {
 
 struct RouterConfig {
-  bool sigmoid = false;          // DeepSeek scoring; else softmax (Qwen3)
+  bool sigmoid = false; // DeepSeek scoring; else softmax (Qwen3)
   uint32_t experts = 0, top_k = 0, shared = 0;
   bool norm_topk_prob = false;
   uint32_t n_group = 1, topk_group = 1; // sigmoid: group-limited top-k

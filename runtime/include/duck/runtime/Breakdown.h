@@ -37,8 +37,8 @@ std::vector<double> DuckBytesPerToken(const LoadedPlan &plan);
 /// bandwidths in GB/s; `one_box` when the ducks run on the host's machine.
 DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
                                        const Engine &engine,
-                                       const RunnerStats &stats,
-                                       double tpot_ms, double host_read_gbs,
+                                       const RunnerStats &stats, double tpot_ms,
+                                       double host_read_gbs,
                                        double duck_read_gbs, bool one_box);
 
 /// One line for the summary.
