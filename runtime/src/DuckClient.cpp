@@ -36,11 +36,14 @@ std::string DuckEndpoint::ToString() const {
 absl::StatusOr<DuckEndpoint> ParseDuckEndpoint(absl::string_view text) {
   size_t colon = text.rfind(':');
   uint32_t port = 0;
-  if (colon == absl::string_view::npos ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &port) || port == 0 ||
-      port > 65535)
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port))
     return absl::InvalidArgumentError(
         absl::StrCat("duck endpoint '", text, "' is not host:port"));
+  if (port == 0 || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("duck endpoint '", text, "': port ", port,
+                     " is outside 1-65535"));
   DuckEndpoint ep;
   ep.host = std::string(text.substr(0, colon));
   ep.port = uint16_t(port);

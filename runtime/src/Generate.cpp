@@ -64,7 +64,10 @@ absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
     return bytes.status();
   nlohmann::json j = nlohmann::json::parse(bytes->begin(), bytes->end(),
                                            nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not valid JSON"));
+  if (!j.is_object())
     return absl::InvalidArgumentError(
         absl::StrCat("cluster file '", path, "' is not a JSON object"));
   ClusterFile c;
@@ -225,6 +228,10 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     LocalClusterOptions lc;
     lc.ducks = tp;
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    if (o.cores_per_duck > hw)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cores-per-duck ", o.cores_per_duck, " is more than this "
+          "machine's ", hw, " cores (a local duck runs one worker a core)"));
     lc.cores = o.cores_per_duck ? o.cores_per_duck : std::max(1u, hw / tp);
     lc.pin = (uint64_t)lc.cores * tp <= hw;
     uint64_t maxImage = 0;

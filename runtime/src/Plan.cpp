@@ -121,22 +121,24 @@ LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
     return absl::DataLossError(absl::StrCat(
         "'", path, "' is corrupt or truncated (FlatBuffers verifier failed)"));
   p->def_ = pl::GetPlanDef(buf);
-  if (p->def_->version() == kPlanVersion) {
-    uint64_t planSize = 0;
-    if (!trailer)
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "' has no checksum trailer (truncated, or not written by "
-          "duckc); recompile the model"));
-    if (!duck_plan_trailer_ok(buf, fileSize, &planSize))
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "' is corrupt: its checksum does not match its bytes"));
-  }
+  // Versions first (a plan of another version may predate the trailer),
+  // then the checksum, then the semantic checks.
+  if (absl::Status s = p->CheckVersions(); !s.ok())
+    return s;
+  uint64_t planSize = 0;
+  if (!trailer)
+    return absl::DataLossError(absl::StrCat(
+        "'", path, "' has no checksum trailer (truncated, or not written by "
+        "duckc); recompile the model"));
+  if (!duck_plan_trailer_ok(buf, fileSize, &planSize))
+    return absl::DataLossError(absl::StrCat(
+        "'", path, "' is corrupt: its checksum does not match its bytes"));
   if (absl::Status s = p->Check(options); !s.ok())
     return s;
   return p;
 }
 
-absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
+absl::Status LoadedPlan::CheckVersions() const {
   const pl::PlanDef &d = *def_;
   auto bad = [&](auto &&...parts) {
     return absl::InvalidArgumentError(
@@ -149,8 +151,17 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     return bad("duck ABI ", d.abi_version(), " but this runtime speaks ",
                DUCK_ABI_VERSION, "; recompile the model");
   if (d.fp9_version() != DUCK_FP9_FORMAT_VERSION)
-    return bad("fp9 format ", d.fp9_version(), ", expected ",
-               DUCK_FP9_FORMAT_VERSION);
+    return bad("fp9 format ", d.fp9_version(), " but this runtime reads ",
+               DUCK_FP9_FORMAT_VERSION, "; recompile the model");
+  return absl::OkStatus();
+}
+
+absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
+  const pl::PlanDef &d = *def_;
+  auto bad = [&](auto &&...parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan '", dir_, "': ", parts...));
+  };
   if (!d.model() || !d.ops() || d.ops()->size() == 0 || !d.ducks() ||
       !d.files())
     return bad("missing model, ops, ducks or files");

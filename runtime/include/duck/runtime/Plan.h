@@ -68,6 +68,7 @@ public:
 
 private:
   LoadedPlan() = default;
+  absl::Status CheckVersions() const;
   absl::Status Check(const PlanLoadOptions &options);
 
   std::string dir_, checkpoint_dir_;
