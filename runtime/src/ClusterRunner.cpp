@@ -31,8 +31,21 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
   const size_t ducks = client_->size();
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
   StepMetrics metrics;
-  if (absl::Status s = client_->Step(ibs, &outputs_, &metrics); !s.ok())
-    return s;
+  if (before_step_)
+    before_step_(steps_);
+  ++steps_;
+  for (;;) {
+    absl::Status s = client_->Step(ibs, &outputs_, &metrics);
+    if (s.ok())
+      break;
+    if (!recover_)
+      return s;
+    auto client = recover_(s);
+    if (!client.ok())
+      return client.status();
+    client_ = *client;
+    ++recoveries_;
+  }
   (n_tokens > 1 ? stats_.prefill_steps : stats_.decode_steps)
       .push_back(metrics);
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 #include <nlohmann/json.hpp>
 
@@ -133,6 +134,76 @@ double HostReadBandwidthGbs(unsigned threads) {
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
   return gbs;
+}
+
+/// After a failed step: restarts the local ducks that died (all of them
+/// when none did: one is hung), then connects, prepares through the weight
+/// cache and opens the ELF again, retrying with backoff until `budget`
+/// has passed.
+absl::StatusOr<std::unique_ptr<DuckClient>>
+RecoverDucks(const absl::Status &why, DuckClientOptions &co,
+             LocalCluster *local, const std::vector<std::string> &images,
+             const std::vector<uint8_t> &elf, absl::Duration budget, bool quiet,
+             std::ostream &err) {
+  if (!quiet)
+    err << "\nduckrun: " << why.message() << "; bringing the ducks back\n";
+  const absl::Time start = absl::Now(), deadline = start + budget;
+  absl::Duration wait = absl::Milliseconds(100);
+  absl::Status last = why;
+  for (int attempt = 1;; ++attempt) {
+    if (local) {
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < local->endpoints().size(); ++i)
+        if (local->Exited(i))
+          dead.push_back(i);
+      if (dead.empty()) // a hung duck: restart them all
+        for (size_t i = 0; i < local->endpoints().size(); ++i)
+          dead.push_back(i);
+      for (size_t i : dead)
+        if (absl::Status s = local->Restart(i); !s.ok())
+          last = s;
+      co.ducks = local->endpoints();
+    }
+    auto client = DuckClient::Create(co);
+    absl::StatusOr<PrepareReport> prep =
+        client.ok() ? (*client)->Prepare(images) : client.status();
+    absl::Status open = prep.ok() ? (*client)->Open(elf) : prep.status();
+    if (open.ok()) {
+      uint64_t uploaded = 0;
+      for (uint64_t b : prep->bytes_uploaded)
+        uploaded += b;
+      if (!quiet)
+        err << absl::StrFormat(
+            "duckrun: ducks back after %.2f s (attempt %d, %llu bytes "
+            "uploaded); resending the step\n",
+            absl::ToDoubleSeconds(absl::Now() - start), attempt,
+            (unsigned long long)uploaded);
+      return std::move(*client);
+    }
+    last = open;
+    if (absl::Now() + wait > deadline)
+      return absl::UnavailableError(absl::StrCat(
+          "gave up after ", absl::ToDoubleSeconds(absl::Now() - start),
+          " s of trying to bring the ducks back (", attempt,
+          " attempts): ", last.message()));
+    absl::SleepFor(wait);
+    wait = std::min(wait * 2, absl::Seconds(2));
+  }
+}
+
+/// DUCK_TEST_KILL_DUCK="STEP:DUCK": SIGKILL local duck DUCK before duck
+/// step STEP (fault injection for the tests).
+std::function<void(uint64_t)> KillDuckAt(const char *spec,
+                                         LocalCluster *local) {
+  uint64_t step = 0, duck = 0;
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &step) ||
+      !absl::SimpleAtoi(parts[1], &duck))
+    return nullptr;
+  return [=](uint64_t index) {
+    if (index == step)
+      (void)local->Kill(duck, SIGKILL);
+  };
 }
 
 /// Milliseconds a token by op kind (as JSON, and "Kind ms" strings).
@@ -279,9 +350,10 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
                                              maxK, maxExperts, cores);
   co.ib_limit = 4096 + (uint64_t)chunk * (maxK * 8 + model.hidden() * 4 + 64);
   co.ob_limit = co.ib_limit;
-  auto client = DuckClient::Create(co);
-  if (!client.ok())
-    return client.status();
+  auto created = DuckClient::Create(co);
+  if (!created.ok())
+    return created.status();
+  std::unique_ptr<DuckClient> client = std::move(*created);
 
   // Weights through the cache.
   std::vector<std::string> images;
@@ -299,7 +371,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
           p.bytes_per_second / 1e6, p.eta_seconds);
       err.flush();
     };
-  auto prep = (*client)->Prepare(images, po);
+  auto prep = client->Prepare(images, po);
   if (!prep.ok())
     return prep.status();
   if (gInterrupted.load())
@@ -323,10 +395,27 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   if (!elf.ok())
     return absl::NotFoundError(absl::StrCat(
         "cannot read the duck ELF '", elfPath, "' (set DUCK_ELF)"));
-  if (absl::Status s = (*client)->Open(*elf); !s.ok())
+  if (absl::Status s = client->Open(*elf); !s.ok())
     return s;
 
-  ClusterFfnRunner runner(**plan, client->get());
+  ClusterFfnRunner runner(**plan, client.get());
+  // A duck that dies, hangs or drops its connection mid-generation is
+  // brought back (a local duck is restarted; its weight cache file makes
+  // the new prepare a hit) and the step is sent again.
+  if (o.recover_seconds > 0)
+    runner.SetRecover([&](const absl::Status &why)
+                          -> absl::StatusOr<DuckClient *> {
+    client.reset(); // close the old connections first: no duck stays busy
+    auto fresh = RecoverDucks(why, co, local.get(), images, *elf,
+                              absl::Seconds(o.recover_seconds), o.quiet, err);
+    if (!fresh.ok())
+      return fresh.status();
+    client = std::move(*fresh);
+    return client.get();
+  });
+  if (local)
+    if (const char *k = std::getenv("DUCK_TEST_KILL_DUCK"))
+      runner.SetBeforeStep(KillDuckAt(k, local.get()));
   EngineOptions eo;
   eo.max_seq = maxSeq;
   eo.threads = o.threads ? o.threads
@@ -480,7 +569,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
   sj["ducks"] = tp;
-  sj["persistent"] = (*client)->persistent();
+  sj["persistent"] = client->persistent();
+  sj["recoveries"] = runner.recoveries();
   std::vector<double> gps;
   for (size_t r = 0; r < rs.params.size(); ++r)
     gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
@@ -504,7 +594,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
         "p99 %.3f (%zu decode steps, %s)\n",
         percentile(gaps, 0.5), percentile(gaps, 0.99), percentile(ratios, 0.5),
         percentile(ratios, 0.99), rs.decode_steps.size(),
-        (*client)->persistent() ? "persistent" : "per-step run");
+        client->persistent() ? "persistent" : "per-step run");
     std::vector<std::string> per;
     for (size_t r = 0; r < gps.size(); ++r)
       per.push_back(absl::StrFormat("duck %zu %.2f", r, gps[r]));
@@ -520,7 +610,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       err << "duckrun: prefill ms a token by op: "
           << absl::StrJoin(byOpPrefill, ", ") << "\n";
   }
-  (void)(*client)->Close();
+  (void)client->Close();
   if (local)
     (void)local->Stop();
   return absl::OkStatus();

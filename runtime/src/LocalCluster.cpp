@@ -284,6 +284,17 @@ absl::Status LocalCluster::Kill(size_t duck, int sig) {
   return absl::OkStatus();
 }
 
+bool LocalCluster::Exited(size_t duck) {
+  if (duck >= pids_.size() || pids_[duck] <= 0)
+    return true;
+  int status = 0;
+  if (::waitpid(pids_[duck], &status, WNOHANG) == pids_[duck]) {
+    pids_[duck] = -1;
+    return true;
+  }
+  return false;
+}
+
 absl::Status LocalCluster::Restart(size_t duck) {
   if (duck >= pids_.size())
     return absl::NotFoundError("no such duck");

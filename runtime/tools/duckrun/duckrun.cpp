@@ -56,6 +56,12 @@ ABSL_FLAG(std::string, logits_out, "",
           "Write the logits of every prompt position, then of every "
           "generated token, here (raw float32, vocab floats a row)");
 
+ABSL_FLAG(uint32_t, recover_seconds, 60,
+          "When a duck dies, hangs or drops its connection mid-run: restart "
+          "it (local ducks) or reconnect, prepare through the weight cache "
+          "and resend the step, for at most this many seconds (0: give up "
+          "at once)");
+
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "Runs a compiled Duck plan.\n\n"
@@ -119,6 +125,7 @@ int main(int argc, char **argv) {
   o.print_ids = absl::GetFlag(FLAGS_print_ids);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
+  o.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
   duck::runtime::InstallInterruptHandlers();
   absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);
   if (!s.ok()) {

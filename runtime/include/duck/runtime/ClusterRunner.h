@@ -12,6 +12,8 @@
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/Engine.h"
 
+#include <functional>
+
 #include <vector>
 
 namespace duck::runtime {
@@ -31,9 +33,25 @@ public:
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
 
+  /// Called when a step fails (a duck died, hung or dropped its
+  /// connection): brings the ducks back and returns the client to use, or
+  /// the error to give up with. The step is then sent again; steps are
+  /// idempotent because the KV state lives on the host.
+  using Recover =
+      std::function<absl::StatusOr<DuckClient *>(const absl::Status &why)>;
+  void SetRecover(Recover recover) { recover_ = std::move(recover); }
+  /// Fault injection for tests: called once before step `index` is sent.
+  void SetBeforeStep(std::function<void(uint64_t index)> f) {
+    before_step_ = std::move(f);
+  }
+  uint64_t recoveries() const { return recoveries_; }
+
 private:
   const LoadedPlan &plan_;
   DuckClient *client_;
+  Recover recover_;
+  std::function<void(uint64_t)> before_step_;
+  uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
   std::vector<uint8_t> ib_;
   std::vector<DuckOutput> outputs_;

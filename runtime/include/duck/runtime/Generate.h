@@ -36,6 +36,7 @@ struct GenerateOptions {
   std::string logits_out;        // every position's logits (f32 rows)
   bool stop_at_eos = true;
   bool print_ids = false;        // print token ids instead of text
+  uint32_t recover_seconds = 60; // bring failed ducks back for this long
 };
 
 /// Runs a whole duckrun: load + verify the plan, bring up the ducks,

@@ -64,6 +64,8 @@ public:
   absl::Status Kill(size_t duck, int sig);
   /// Starts duck i again (same name and cache file, a new port).
   absl::Status Restart(size_t duck);
+  /// True when duck i's process has exited (it is reaped then).
+  bool Exited(size_t duck);
 
 private:
   LocalCluster() = default;
