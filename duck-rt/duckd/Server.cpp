@@ -749,7 +749,10 @@ void Server::OnPrepareBegin(const duckd_frame_header &h) {
   Log(absl::StrCat("prepare_begin: cache ", kNames[res->result],
                    (r.flags & DUCKD_PREPARE_INVALIDATE) ? " (invalidated)" : "",
                    ", ", res->reply.finished_slots, "/",
-                   res->reply.slot_count, " slots finished"));
+                   res->reply.slot_count, " slots finished",
+                   res->damaged ? absl::StrCat(", ", res->damaged,
+                                               " damaged part(s) unfinished")
+                                : ""));
   Reply(h.type, h.request_id,
         {{&res->reply, sizeof res->reply},
          {res->bitmap.data(), res->bitmap.size()}});

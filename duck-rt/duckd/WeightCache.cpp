@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
@@ -232,11 +234,46 @@ WeightCache::Begin(const duck_image_header &image, bool invalidate) {
   const duckd_cache_header *h = hdr();
   if (!invalidate && h->valid &&
       std::memcmp(&h->image, &image, sizeof image) == 0) {
+    uint32_t damaged = 0;
+    if (verified_generation_ != generation_) {
+      damaged = VerifyFinished();
+      verified_generation_ = generation_;
+    }
     const bool all = h->head_finished && h->finished_slots == image.slot_count;
-    return MakeResult(all ? DUCKD_CACHE_HIT : DUCKD_CACHE_PARTIAL);
+    Result r = MakeResult(all ? DUCKD_CACHE_HIT : DUCKD_CACHE_PARTIAL);
+    r.damaged = damaged;
+    return r;
   }
   Reset(&image);
   return MakeResult(DUCKD_CACHE_MISS);
+}
+
+uint32_t WeightCache::VerifyFinished() {
+  duckd_cache_header *h = hdr();
+  uint32_t bad = 0;
+  if (h->head_finished &&
+      XXH3_64bits(image(), TableEnd()) != h->head_checksum) {
+    // The slot table itself is suspect: nothing it names can be trusted.
+    h->head_finished = 0;
+    for (uint32_t s = 0; s < h->image.slot_count; ++s)
+      bad += h->slots[s].finished ? 1 : 0, h->slots[s].finished = 0;
+    h->finished_slots = 0;
+    Commit();
+    return bad + 1;
+  }
+  if (!h->head_finished)
+    return 0;
+  const duck_slot_entry *t = Table(image(), h->image);
+  for (uint32_t s = 0; s < h->image.slot_count; ++s)
+    if (h->slots[s].finished &&
+        XXH3_64bits(image() + t[s].offset, t[s].bytes) != h->slots[s].checksum) {
+      h->slots[s].finished = 0;
+      --h->finished_slots;
+      ++bad;
+    }
+  if (bad)
+    Commit();
+  return bad;
 }
 
 absl::StatusOr<uint8_t *> WeightCache::BeginWrite(uint64_t offset,

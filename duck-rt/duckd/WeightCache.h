@@ -91,9 +91,13 @@ public:
     duckd_cache_result result = DUCKD_CACHE_MISS;
     duckd_prepare_reply reply{};
     std::vector<uint8_t> bitmap;
+    uint32_t damaged = 0; // finished parts whose bytes no longer verified
   };
   /// Starts a cache session for `image`: hit, partial (resume) or miss
-  /// (reset to the new identity with nothing finished).
+  /// (reset to the new identity with nothing finished). Before it trusts
+  /// the finished parts of a matching image the first time (after duckd
+  /// starts, or after any write), it re-hashes them and unfinishes those
+  /// whose bytes changed, so a damaged slot is uploaded again, alone.
   absl::StatusOr<Result> Begin(const duck_image_header &image, bool invalidate);
   /// Where `bytes` at image `offset` go; clears (and syncs) the flags of
   /// every finished part they overlap before returning.
@@ -112,11 +116,15 @@ private:
   void SyncData(uint64_t offset, uint64_t bytes);
   uint64_t TableEnd() const;
   Result MakeResult(duckd_cache_result r) const;
+  /// Re-hashes the finished head and slots; returns how many failed (they
+  /// are unfinished, durably).
+  uint32_t VerifyFinished();
 
   int fd_ = -1;
   uint8_t *map_ = nullptr;
   uint64_t capacity_ = 0;
   uint64_t generation_ = 0;
+  uint64_t verified_generation_ = ~0ull; // the image state last re-hashed
   bool sync_ = true;
 };
 
