@@ -225,10 +225,51 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
                  t.scale()->shape()->Get(0), "x", t.scale()->shape()->Get(1));
     return absl::OkStatus();
   };
+  // FFN ops: the slot every duck runs exists, is this layer's and of the
+  // op's kind, and the modes are the ones the duck ELF has for that kind.
+  auto CheckFfnOp = [&](const pl::OpDef &op, uint32_t i) -> absl::Status {
+    const pl::DenseFfnOpDef *dense = op.params_as_DenseFfnOpDef();
+    const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
+    if (!dense && !moe)
+      return absl::OkStatus();
+    const pl::DuckStepDef *step = dense ? dense->step() : moe->step();
+    if (!step)
+      return bad("ops[", i, "] (layer ", op.layer(), ") has no duck step");
+    const bool modesOk =
+        dense ? step->decode_mode() == 0 && step->prefill_mode() == 5
+              : (step->decode_mode() == 1 || step->decode_mode() == 4) &&
+                    step->prefill_mode() == 6;
+    if (!modesOk)
+      return bad("ops[", i, "] (layer ", op.layer(), ") has modes ",
+                 step->decode_mode(), "/", step->prefill_mode(),
+                 ", not a ", dense ? "dense (0/5)" : "MoE (1 or 4/6)",
+                 " pair");
+    if (moe && (!pl::EnumNameRouter(moe->router())[0] || moe->top_k() == 0 ||
+                moe->top_k() > moe->num_experts()))
+      return bad("ops[", i, "] (layer ", op.layer(), ") has router ",
+                 (int)moe->router(), " with top ", moe->top_k(), " of ",
+                 moe->num_experts(), " experts");
+    for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
+      const auto *slots = d.ducks()->Get(r)->slots();
+      if (!slots || step->slot() >= slots->size())
+        return bad("ops[", i, "] (layer ", op.layer(), ") runs slot ",
+                   step->slot(), " but duck ", r, " has ",
+                   slots ? slots->size() : 0, " slots");
+      const pl::SlotDef *sd = slots->Get(step->slot());
+      if ((int64_t)sd->layer() != op.layer() || sd->moe() != (moe != nullptr))
+        return bad("ops[", i, "] (layer ", op.layer(), ") runs slot ",
+                   step->slot(), " of duck ", r, ", which holds ",
+                   sd->moe() ? "the MoE" : "the dense", " layer ", sd->layer());
+    }
+    return absl::OkStatus();
+  };
   // Ops: value ids, tensors in bounds.
   auto checkTensor = [&](const pl::TensorDef *t, uint32_t op) -> absl::Status {
     if (!t || !t->name() || !t->shape())
       return bad("ops[", op, "] has an incomplete tensor");
+    if (!pl::EnumNameDType(t->dtype())[0])
+      return bad("ops[", op, "] tensor '", t->name()->str(), "' has dtype ",
+                 (int)t->dtype(), ", not one of the plan's");
     if (t->file() >= files_.size())
       return bad("ops[", op, "] tensor '", t->name()->str(), "' names file ",
                  t->file(), " of ", files_.size());
@@ -247,6 +288,8 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
   };
   for (uint32_t i = 0; i < d.ops()->size(); ++i) {
     const pl::OpDef *op = d.ops()->Get(i);
+    if (absl::Status s = CheckFfnOp(*op, i); !s.ok())
+      return s;
     if (op->result() >= d.num_values())
       return bad("ops[", i, "] writes value ", op->result(), " of ",
                  d.num_values());

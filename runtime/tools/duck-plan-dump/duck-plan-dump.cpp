@@ -14,11 +14,54 @@
 static int usage() {
   std::fprintf(stderr,
                "usage: duck-plan-dump <plan-dir | model.duckplan> [--summary]\n"
+               "       duck-plan-dump --reseal <model.duckplan>\n"
                "\n"
-               "Verifies the plan (FlatBuffers verifier, file identifier "
-               "'DKPL', plan version) and prints it as JSON; --summary prints\n"
-               "one line per duck instead.\n");
+               "Verifies the plan (checksum trailer, FlatBuffers verifier, "
+               "file identifier\n'DKPL', plan version) and prints it as "
+               "JSON; --summary prints one line per\nduck instead.\n"
+               "\n"
+               "--reseal writes a fresh checksum trailer after the FlatBuffer "
+               "of a plan edited\nby hand (for example through its JSON and "
+               "flatc -b), so the runtime's own\nchecks, not the checksum, "
+               "judge it.\n");
   return 2;
+}
+
+/// Rewrites `path` as its FlatBuffer (an old trailer dropped) plus a new
+/// trailer, through a temporary file and a rename.
+static int reseal(const std::string &path) {
+  std::string buf;
+  if (!flatbuffers::LoadFile(path.c_str(), true, &buf)) {
+    std::fprintf(stderr, "duck-plan-dump: error: cannot read '%s'\n",
+                 path.c_str());
+    return 1;
+  }
+  uint64_t size = buf.size();
+  if (size >= DUCK_PLAN_TRAILER_BYTES &&
+      std::memcmp(buf.data() + size - DUCK_PLAN_TRAILER_BYTES,
+                  DUCK_PLAN_TRAILER_MAGIC, 4) == 0)
+    size -= DUCK_PLAN_TRAILER_BYTES;
+  flatbuffers::Verifier v(reinterpret_cast<const uint8_t *>(buf.data()), size);
+  if (!duck::plan::PlanDefBufferHasIdentifier(buf.data()) ||
+      !duck::plan::VerifyPlanDefBuffer(v)) {
+    std::fprintf(stderr,
+                 "duck-plan-dump: error: '%s' is not a well-formed Duck plan\n",
+                 path.c_str());
+    return 1;
+  }
+  uint8_t trailer[DUCK_PLAN_TRAILER_BYTES];
+  duck_plan_trailer(buf.data(), size, trailer);
+  std::string out = buf.substr(0, size);
+  out.append(reinterpret_cast<const char *>(trailer), sizeof trailer);
+  const std::string tmp = path + ".reseal-tmp";
+  if (!flatbuffers::SaveFile(tmp.c_str(), out, true) ||
+      std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "duck-plan-dump: error: cannot write '%s'\n",
+                 path.c_str());
+    std::remove(tmp.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -29,6 +72,8 @@ int main(int argc, char **argv) {
       summary = true;
     else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
       return usage(), 0;
+    else if (!std::strcmp(argv[i], "--reseal"))
+      return i + 2 == argc ? reseal(argv[i + 1]) : usage();
     else if (path.empty())
       path = argv[i];
     else
