@@ -270,9 +270,15 @@ void Softmax(float *v, uint64_t n) {
 void AttendOne(const float *q, const float *kc, const float *vc, uint64_t len,
                uint64_t heads, uint64_t kvHeads, uint64_t dim, float *out,
                float *scores) {
+  AttendHeads(q, kc, vc, len, heads, kvHeads, dim, 0, heads, out, scores);
+}
+
+void AttendHeads(const float *q, const float *kc, const float *vc,
+                 uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
+                 uint64_t h0, uint64_t h1, float *out, float *scores) {
   const uint64_t group = heads / kvHeads;
   const float scale = 1.0f / std::sqrt((float)dim);
-  for (uint64_t h = 0; h < heads; ++h) {
+  for (uint64_t h = h0; h < h1; ++h) {
     const uint64_t kvh = h / group;
     const float *qh = q + h * dim;
     for (uint64_t t = 0; t < len; ++t)

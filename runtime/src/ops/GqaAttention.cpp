@@ -40,7 +40,7 @@ public:
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
     kcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
     vcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
-    scores_.assign(maxSeq, 0.0f);
+    scores_.assign((uint64_t)maxSeq * pool_->size(), 0.0f);
   }
 
   uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
@@ -85,8 +85,15 @@ private:
     std::memcpy(kcache_.data() + p * sh_.kv(), k, sh_.kv() * 4);
     std::memcpy(vcache_.data() + p * sh_.kv(), v_buf_.data() + t * sh_.kv(),
                 sh_.kv() * 4);
-    AttendOne(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads, sh_.kv_heads,
-              sh_.dim, attn_.data() + t * sh_.q(), scores_.data());
+    // The heads split over the pool's threads, a score buffer each.
+    const uint64_t T = pool_->size(), seq = scores_.size() / T;
+    pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i)
+        AttendHeads(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads,
+                    sh_.kv_heads, sh_.dim, i * sh_.heads / T,
+                    (i + 1) * sh_.heads / T, attn_.data() + t * sh_.q(),
+                    scores_.data() + i * seq);
+    });
   }
 
   /// NeoX RoPE of one head with this position's table: pairs (i, i + D/2).

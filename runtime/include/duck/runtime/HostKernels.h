@@ -95,6 +95,10 @@ void RopeNeox(float *head, uint64_t dim, int64_t pos, double theta);
 void AttendOne(const float *q, const float *kcache, const float *vcache,
                uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
                float *out, float *scores);
+/// AttendOne for query heads [h0, h1) only (the pool splits the heads).
+void AttendHeads(const float *q, const float *kc, const float *vc,
+                 uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
+                 uint64_t h0, uint64_t h1, float *out, float *scores);
 
 /// Softmax in place over n values.
 void Softmax(float *v, uint64_t n);
