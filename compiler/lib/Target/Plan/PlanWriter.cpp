@@ -18,6 +18,8 @@
 
 #include <xxhash.h>
 
+#include <future>
+
 #include <cstring>
 
 using namespace mlir;
@@ -69,7 +71,39 @@ public:
               std::string &out_key);
 
 private:
+  /// One matrix packed on a helper thread while the previous one is
+  /// written and hashed (the image bytes stay in order).
+  struct PackJob {
+    std::vector<uint64_t> storage;
+    uint64_t bytes = 0;
+    duck_fp9_status status = DUCK_FP9_OK;
+    duck_fp9_error_at at{};
+    std::string name;
+    int64_t layer = 0;
+    const void *data() const {
+      return reinterpret_cast<const void *>(
+          (reinterpret_cast<uintptr_t>(storage.data()) + 63) / 64 * 64);
+    }
+  };
+  /// Writes the matrix packed in the background, if any.
+  Error flushPacked() {
+    if (!inflight.valid())
+      return Error::success();
+    PackJob job = inflight.get();
+    if (job.status != DUCK_FP9_OK)
+      return err(llvm::formatv("tensor '{0}' (duck {1}, layer {2}): {3} at row "
+                               "{4}, column {5}",
+                               job.name, rank, job.layer,
+                               duck_fp9_status_str(job.status), job.at.row,
+                               job.at.col));
+    return writeRaw(job.data(), job.bytes);
+  }
   Error writeBytes(const void *p, uint64_t n) {
+    if (Error e = flushPacked())
+      return e;
+    return writeRaw(p, n);
+  }
+  Error writeRaw(const void *p, uint64_t n) {
     os->write(static_cast<const char *>(p), n);
     XXH3_64bits_update(slotHash, p, n);
     pos += n;
@@ -78,6 +112,8 @@ private:
                            : Error::success();
   }
   Error padTo(uint64_t target) {
+    if (Error e = flushPacked()) // `pos` must count the packed matrix
+      return e;
     static const char zeros[4096] = {};
     while (pos < target) {
       uint64_t n = std::min<uint64_t>(sizeof zeros, target - pos);
@@ -102,7 +138,7 @@ private:
   XXH3_state_t *slotHash = nullptr;
   uint64_t pos = 0, lastReport = 0, total = 0;
   int64_t rank = 0;
-  std::vector<uint64_t> buffer; // 64-byte aligned pack scratch
+  std::future<PackJob> inflight;
   llvm::StringMap<WeightSource> sources; // cache: one FFN's tensors
 };
 
@@ -127,17 +163,24 @@ Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
     return err(llvm::formatv("tensor '{0}': slice starting at row {1} does not "
                              "line up with its {2}-row scale tiles",
                              name, row0, desc.scale_rows));
-  buffer.assign(lay.total_bytes / 8 + 8, 0);
-  void *out = reinterpret_cast<void *>(
-      (reinterpret_cast<uintptr_t>(buffer.data()) + 63) / 64 * 64);
-  duck_fp9_error_at at{};
-  duck_fp9_status st = duck_fp9_pack(&src, &desc, out, &at);
-  if (st != DUCK_FP9_OK)
-    return err(llvm::formatv("tensor '{0}' (duck {1}, layer {2}): {3} at row "
-                             "{4}, column {5}",
-                             name, rank, ffnShapeOf(shard).layer,
-                             duck_fp9_status_str(st), at.row, at.col));
-  return writeBytes(out, lay.total_bytes);
+  // Pack this matrix on a helper thread and write the previous one
+  // meanwhile. `src` points into `sources`, which lives until the slot
+  // ends; the slot's last padTo writes this job before it is cleared.
+  std::future<PackJob> next = std::async(
+      std::launch::async, [src, desc, bytes = lay.total_bytes, name,
+                           layer = ffnShapeOf(shard).layer] {
+        PackJob job;
+        job.storage.assign(bytes / 8 + 8, 0);
+        job.bytes = bytes;
+        job.name = name;
+        job.layer = layer;
+        job.status = duck_fp9_pack(&src, &desc, const_cast<void *>(job.data()),
+                                   &job.at);
+        return job;
+      });
+  Error e = flushPacked();
+  inflight = std::move(next);
+  return e;
 }
 
 Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
