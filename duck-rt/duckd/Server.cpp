@@ -335,6 +335,19 @@ void Server::Accept() {
   const std::string peer = absl::StrCat(ip, ":", ntohs(sa.sin_port));
   TuneSocket(fd);
   if (conn_.fd >= 0) {
+    // A connection that never said hello, or an idle one without a
+    // session, yields the duck; a working host keeps it.
+    const absl::Time now = absl::Now();
+    if (!conn_.hello && now - conn_.since >= opt_.hello_timeout)
+      Drop(absl::StrCat("no hello within ",
+                        absl::FormatDuration(opt_.hello_timeout),
+                        "; the duck goes to ", peer));
+    else if (!session_ && now - conn_.last_request >= opt_.idle_timeout)
+      Drop(absl::StrCat("idle for ",
+                        absl::FormatDuration(now - conn_.last_request),
+                        " without a session; the duck goes to ", peer));
+  }
+  if (conn_.fd >= 0) {
     const std::string msg =
         session_ ? absl::StrCat("busy: serving session ", session_id_,
                                 " from ", conn_.peer)
@@ -351,6 +364,7 @@ void Server::Accept() {
   conn_ = Conn{};
   conn_.fd = fd;
   conn_.peer = peer;
+  conn_.since = conn_.last_request = absl::Now();
   Log(absl::StrCat("host ", peer, " connected"));
 }
 
@@ -416,6 +430,7 @@ bool Server::ReadPayload(const duckd_frame_header &h) {
 void Server::OnReadable() {
   duckd_frame_header h{};
   const int fd = conn_.fd;
+  conn_.last_request = absl::Now();
   // A frame, once started, must arrive within io_timeout.
   uint8_t first;
   ssize_t n = ::recv(fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -37,6 +37,11 @@ struct ServerOptions {
   uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
   uint64_t max_scratch = 16ull << 30;
   absl::Duration io_timeout = absl::Seconds(10); // a frame in flight
+  /// One host at a time; a newcomer takes the duck from a connection that
+  /// has not said hello within hello_timeout, or that has no session open
+  /// and has sent nothing for idle_timeout (else it is refused as busy).
+  absl::Duration hello_timeout = absl::Seconds(5);
+  absl::Duration idle_timeout = absl::Seconds(30);
   absl::Duration step_timeout = absl::Seconds(120);
   ElfLimits elf_limits;
 };
@@ -110,6 +115,7 @@ private:
     bool hello = false;
     bool hangup = false; // seen while a session worker held it
     uint64_t requests = 0;
+    absl::Time since, last_request; // accepted; last frame read
   } conn_;
   std::unique_ptr<Worker> session_;
   uint64_t session_id_ = 0, next_session_id_ = 1;

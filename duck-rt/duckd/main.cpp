@@ -41,6 +41,12 @@ ABSL_FLAG(int, step_timeout_ms, 120000,
           "a step running longer is killed and reported");
 ABSL_FLAG(int, io_timeout_ms, 10000,
           "a frame must arrive completely within this time once started");
+ABSL_FLAG(int, hello_timeout_ms, 5000,
+          "a connection that has not said hello by then gives the duck to "
+          "the next host that connects");
+ABSL_FLAG(int, idle_timeout_ms, 30000,
+          "a host with no session open that has sent nothing for this long "
+          "gives the duck to the next host that connects");
 ABSL_FLAG(std::string, check_elf, "",
           "only validate this duck ELF with duckd's loader and exit");
 
@@ -119,6 +125,9 @@ int main(int argc, char **argv) {
   o.spin_ns = uint64_t(std::max(0, absl::GetFlag(FLAGS_spin_us))) * 1000;
   o.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   o.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
+  o.hello_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_hello_timeout_ms));
+  o.idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_idle_timeout_ms));
 
   auto server = duck::duckd::Server::Create(o);
   if (!server.ok()) {

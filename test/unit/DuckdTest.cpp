@@ -10,6 +10,7 @@
 #include "duckd/Wire.h"
 
 #include <gtest/gtest.h>
+#include <thread>
 
 #include <arpa/inet.h>
 #include <chrono>
@@ -570,6 +571,38 @@ TEST(Duckd, SecondHostIsRefusedAsBusy) {
   first->reset();
   second = DuckClient::Create(ClientOptions(**cluster));
   EXPECT_TRUE(second.ok()) << second.status();
+}
+
+// A connection that never says hello, or a host idle without a session,
+// gives the duck to the next host after its timeout instead of holding it
+// busy; a host that is working keeps it (the test above).
+TEST(Duckd, SilentOrIdleHostYieldsTheDuck) {
+  LocalClusterOptions lo = ClusterOptions(1, 1);
+  lo.extra_args.push_back("--hello_timeout_ms=300");
+  lo.extra_args.push_back("--idle_timeout_ms=600");
+  auto cluster = LocalCluster::Start(lo);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // A raw TCP connection that says nothing.
+  int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((*cluster)->endpoints()[0].port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr *>(&sa), sizeof sa), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto early = DuckClient::Create(ClientOptions(**cluster));
+  EXPECT_FALSE(early.ok()) << "a silent connection within its hello timeout";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto second = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(second.ok()) << second.status();
+  // The second host said hello but opens no session: after the idle
+  // timeout a third host takes the duck and the second's connection ends.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto third = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_FALSE((*second)->Refresh().ok());
+  EXPECT_TRUE((*third)->Refresh().ok());
+  ::close(silent);
 }
 
 // --token is checked at hello; a non-loopback --bind without a token is
