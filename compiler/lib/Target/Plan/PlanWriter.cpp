@@ -138,8 +138,10 @@ private:
   XXH3_state_t *slotHash = nullptr;
   uint64_t pos = 0, lastReport = 0, total = 0;
   int64_t rank = 0;
-  std::future<PackJob> inflight;
   llvm::StringMap<WeightSource> sources; // cache: one FFN's tensors
+  // Declared after `sources`, so it is destroyed (waiting for a pack that
+  // reads them) before they are, also when a write fails midway.
+  std::future<PackJob> inflight;
 };
 
 Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
