@@ -317,6 +317,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
 
   PlanWriteOptions wo;
   wo.coresPerDuck = opts.cluster.coresPerDuck;
+  wo.lmHeadFp9 = opts.lmHead == "fp9";
   bool tty = llvm::sys::Process::StandardErrIsDisplayed();
   auto start = std::chrono::steady_clock::now();
   uint64_t doneBefore = 0, grand = stats->totalBytes;
@@ -353,9 +354,10 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                "': " + ec.message());
   }
   out << llvm::formatv("wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-                       "tp {5}, multiple_of {6}\n",
+                       "tp {5}, multiple_of {6}, LM head {7} on the host\n",
                        opts.outDir, kPlanFileName, stats->tp,
                        stats->totalBytes, gib(stats->totalBytes), stats->tp,
-                       stats->multipleOf);
+                       stats->multipleOf,
+                       wo.lmHeadFp9 ? "fp9" : "as in the checkpoint");
   return Error::success();
 }

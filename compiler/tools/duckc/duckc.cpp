@@ -132,6 +132,13 @@ cl::opt<bool> compileDryRun("dry-run",
 cl::opt<bool> compileForce("force",
                            cl::desc("Replace a non-empty output directory"),
                            cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileLmHead(
+    "lm-head",
+    cl::desc("LM head on the host: 'checkpoint' keeps the checkpoint's "
+             "dtype (bf16: exact); 'fp9' quantises it (per-row, 128-block "
+             "scales): 1.125 bytes a weight instead of 2, logits move by a "
+             "few percent"),
+    cl::init("checkpoint"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<bool> compileProgress("progress",
                               cl::desc("Show progress even when stderr is "
                                        "not a terminal"),
@@ -184,6 +191,11 @@ Error runCompile() {
   o.dryRun = compileDryRun;
   o.force = compileForce;
   o.progress = compileProgress;
+  if (compileLmHead != "checkpoint" && compileLmHead != "fp9")
+    return createStringError(inconvertibleErrorCode(),
+                             "--lm-head must be checkpoint or fp9, got '" +
+                                 compileLmHead + "'");
+  o.lmHead = compileLmHead;
   return mlir::duck::compileModel(o, outs(), errs());
 }
 

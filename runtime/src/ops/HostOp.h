@@ -33,6 +33,9 @@ public:
   explicit WeightReader(const LoadedPlan &plan) : plan_(plan) {}
   absl::StatusOr<std::vector<float>> ReadAll(const pl::TensorDef &t) const;
   absl::StatusOr<HostMatrix> Matrix(const pl::TensorDef &t) const;
+  /// A BF16/F16/F32 matrix quantised to fp9 (a scale per row and K-block,
+  /// amax-based): 1.125 bytes a weight, lossy.
+  absl::StatusOr<HostMatrix> QuantizedFp9(const pl::TensorDef &t) const;
 
 private:
   const LoadedPlan &plan_;

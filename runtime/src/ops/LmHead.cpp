@@ -44,6 +44,9 @@ HostOpOr CreateLmHead(const OpEnv &env) {
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->weight(), "weight"));
   HostMatrix m;
   DUCK_ASSIGN_OR_RETURN(m, env.weights.Matrix(*t));
+  if (p->fp9() && !m.is_fp9) { // duckc --lm-head fp9: accuracy for bytes
+    DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedFp9(*t));
+  }
   if (m.cols != env.hidden)
     return env.Error("LM head width ", m.cols, " is not the hidden size ",
                      env.hidden);

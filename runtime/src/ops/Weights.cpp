@@ -60,6 +60,52 @@ WeightReader::ReadAll(const pl::TensorDef &t) const {
   return out;
 }
 
+absl::StatusOr<HostMatrix>
+WeightReader::QuantizedFp9(const pl::TensorDef &t) const {
+  if (t.shape()->size() != 2)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "' is not a matrix"));
+  HostMatrix m;
+  m.rows = t.shape()->Get(0);
+  m.cols = t.shape()->Get(1);
+  duck_fp9_source src{};
+  switch (t.dtype()) {
+  case pl::DType::BF16: src.type = DUCK_FP9_SRC_BF16; break;
+  case pl::DType::F16: src.type = DUCK_FP9_SRC_F16; break;
+  case pl::DType::F32: src.type = DUCK_FP9_SRC_F32; break;
+  default:
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host tensor '", t.name()->str(), "' cannot be quantised to fp9"));
+  }
+  const uint32_t block = m.cols % 128 == 0 ? 128 : m.cols % 64 == 0 ? 64 : 32;
+  if (m.cols % block)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "' has ", m.cols,
+                     " columns, not a multiple of 32 (fp9 blocks)"));
+  src.data = plan_.TensorData(t);
+  src.src_rows = m.rows;
+  src.src_cols = m.cols;
+  // One scale per 128-row tile and K-block: the GEMV pre-scales its input
+  // once a tile, so per-row scales would cost a pre-scale a row.
+  duck_fp9_desc desc{(uint32_t)m.rows, (uint32_t)m.cols, block, 128, 0};
+  duck_fp9_layout lay;
+  if (duck_fp9_compute_layout(&desc, &lay) != DUCK_FP9_OK)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "': bad fp9 shape"));
+  m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
+  void *base = reinterpret_cast<void *>(
+      (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) & ~uintptr_t(63));
+  duck_fp9_error_at at{};
+  if (duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
+      st != DUCK_FP9_OK)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
+        " at row ", at.row, ", column ", at.col));
+  m.fp9 = duck_fp9_matrix_view(&desc, base);
+  m.is_fp9 = true;
+  return m;
+}
+
 absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
   if (t.shape()->size() != 2)
     return absl::InvalidArgumentError(

@@ -47,6 +47,9 @@ struct CompileOptions {
   bool dryRun = false;
   bool force = false;
   bool progress = false;
+  /// The LM head on the host: "checkpoint" (its own dtype) or "fp9"
+  /// (quantised: fewer bytes a token, logits move by a few percent).
+  std::string lmHead = "checkpoint";
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.
