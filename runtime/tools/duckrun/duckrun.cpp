@@ -62,6 +62,11 @@ ABSL_FLAG(uint32_t, recover_seconds, 60,
           "and resend the step, for at most this many seconds (0: give up "
           "at once)");
 
+ABSL_FLAG(int32_t, reply_spin_us, 0,
+          "Spin this long (microseconds) for a step's replies before "
+          "sleeping: saves the host's wake-up on every step but holds a "
+          "core (for remote ducks; on one box it gains nothing)");
+
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "Runs a compiled Duck plan.\n\n"
@@ -126,6 +131,7 @@ int main(int argc, char **argv) {
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
   o.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
+  o.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
   duck::runtime::InstallInterruptHandlers();
   absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);
   if (!s.ok()) {

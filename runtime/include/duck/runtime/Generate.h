@@ -37,6 +37,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   bool print_ids = false;        // print token ids instead of text
   uint32_t recover_seconds = 60; // bring failed ducks back for this long
+  int32_t reply_spin_us = 0;     // spin this long for step replies
 };
 
 /// Runs a whole duckrun: load + verify the plan, bring up the ducks,
