@@ -8,7 +8,7 @@ from lit.llvm import llvm_config
 config.name = "Duck"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
 config.suffixes = [".test", ".mlir", ".json"]
-config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py", "unit", "oracle", "CMakeLists.txt"]
+config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py", "unit", "oracle", "fuzz", "CMakeLists.txt"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.duck_obj_root, "test")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds, runs every
-# test (GoogleTest unit tests through CTest, then the lit suite) and ends
-# with one summary line "tests: N passed, M failed".
+# test (GoogleTest unit tests through CTest, the lit suite, then a short
+# libFuzzer smoke run of every parser harness) and ends with one summary
+# line "tests: N passed, M failed".
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DUCK_BUILD_DIR:-$ROOT/build}"
@@ -34,10 +35,17 @@ done
 lit_passed=${lit_passed:-0}
 if [ "$lit_passed" -eq 0 ] && [ "$lit_failed" -eq 0 ]; then lit_failed=1; fi
 
-passed=$((unit_total - unit_failed + lit_passed))
-failed=$((unit_failed + lit_failed))
+echo "== fuzz smoke run (libFuzzer, ${DUCK_FUZZ_SECONDS:-5} s a harness) =="
+bash "$ROOT/utils/run-fuzz.sh" 2>&1 | tee "$LOG/fuzz.log"
+fuzz_passed=$(sed -nE 's/^fuzz: ([0-9]+) passed, ([0-9]+) failed$/\1/p' "$LOG/fuzz.log" | tail -1)
+fuzz_failed=$(sed -nE 's/^fuzz: ([0-9]+) passed, ([0-9]+) failed$/\2/p' "$LOG/fuzz.log" | tail -1)
+fuzz_passed=${fuzz_passed:-0}; fuzz_failed=${fuzz_failed:-1}
+
+passed=$((unit_total - unit_failed + lit_passed + fuzz_passed))
+failed=$((unit_failed + lit_failed + fuzz_failed))
 echo "== summary =="
 echo "unit: $((unit_total - unit_failed)) passed, $unit_failed failed"
 echo "lit: $lit_passed passed, $lit_failed failed"
+echo "fuzz: $fuzz_passed passed, $fuzz_failed failed"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -956,6 +956,9 @@ Tokenizer::CreateFromJson(std::string_view json, std::string_view source) {
   } catch (const Json::parse_error &e) {
     return absl::InvalidArgumentError(absl::StrCat(
         AbslView(source), ": malformed JSON at byte ", e.byte, ": ", e.what()));
+  } catch (const Json::exception &e) { // e.g. a number too large for a double
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(source), ": unreadable JSON: ", e.what()));
   }
   auto impl = std::make_unique<Impl>();
   try {

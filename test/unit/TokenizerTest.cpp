@@ -585,6 +585,17 @@ TEST(TokenizerLoadErrorTest, MalformedJsonGivesByteOffset) {
       << message;
 }
 
+// Found by fuzz-tokenizer: a number too large for a double made the JSON
+// parser throw out_of_range, which ended the process.
+TEST(TokenizerLoadErrorTest, HugeNumberIsAnErrorNotACrash) {
+  auto tokenizer = Tokenizer::CreateFromJson(
+      R"({"model": {"type": "BPE", "dropout": 666666666E6666600000000000}})",
+      "huge.json");
+  ASSERT_FALSE(tokenizer.ok());
+  const std::string message(tokenizer.status().message());
+  EXPECT_EQ(message.rfind("huge.json: unreadable JSON: ", 0), 0u) << message;
+}
+
 TEST(TokenizerLoadErrorTest, UnsupportedPiecesAreNamed) {
   struct Case {
     const char *expected;
