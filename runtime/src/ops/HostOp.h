@@ -90,19 +90,20 @@ struct OpEnv {
   /// A required tensor as a kernel matrix, or as fp32 values.
   absl::Status Load(const pl::TensorDef *t, const char *role,
                     HostMatrix *out) const {
-    if (!t)
-      return Error("no '", role, "' tensor");
-    auto m = weights.Matrix(*t);
-    if (!m.ok())
-      return m.status();
-    *out = std::move(*m);
-    return absl::OkStatus();
+    return Store(t, role, out, [&] { return weights.Matrix(*t); });
   }
   absl::Status Load(const pl::TensorDef *t, const char *role,
                     std::vector<float> *out) const {
+    return Store(t, role, out, [&] { return weights.ReadAll(*t); });
+  }
+
+private:
+  template <typename T, typename Read>
+  absl::Status Store(const pl::TensorDef *t, const char *role, T *out,
+                     Read read) const {
     if (!t)
       return Error("no '", role, "' tensor");
-    auto v = weights.ReadAll(*t);
+    auto v = read();
     if (!v.ok())
       return v.status();
     *out = std::move(*v);

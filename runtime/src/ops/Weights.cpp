@@ -21,6 +21,26 @@ void DequantFp8(const uint8_t *p, const pl::TensorDef &t,
           duck_e4m3_to_f32(p[r * cols + c]) * scale[(r / br) * scols + c / bc];
 }
 
+/// Packs `src` as `desc` into `m` (64-byte aligned planes it owns) and
+/// makes `m` an fp9 matrix; errors name the tensor and the element.
+absl::Status PackInto(const duck_fp9_source &src, const duck_fp9_desc &desc,
+                      const duck_fp9_layout &lay, const pl::TensorDef &t,
+                      HostMatrix *m) {
+  m->fp9_store.assign(lay.total_bytes / 8 + 8, 0);
+  void *base = reinterpret_cast<void *>(
+      (reinterpret_cast<uintptr_t>(m->fp9_store.data()) + 63) &
+      ~uintptr_t(63));
+  duck_fp9_error_at at{};
+  if (duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
+      st != DUCK_FP9_OK)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
+        " at row ", at.row, ", column ", at.col));
+  m->fp9 = duck_fp9_matrix_view(&desc, base);
+  m->is_fp9 = true;
+  return absl::OkStatus();
+}
+
 } // namespace
 
 absl::StatusOr<std::vector<float>>
@@ -92,17 +112,8 @@ WeightReader::QuantizedFp9(const pl::TensorDef &t) const {
   if (duck_fp9_compute_layout(&desc, &lay) != DUCK_FP9_OK)
     return absl::InvalidArgumentError(
         absl::StrCat("host tensor '", t.name()->str(), "': bad fp9 shape"));
-  m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
-  void *base = reinterpret_cast<void *>(
-      (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) & ~uintptr_t(63));
-  duck_fp9_error_at at{};
-  if (duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
-      st != DUCK_FP9_OK)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
-        " at row ", at.row, ", column ", at.col));
-  m.fp9 = duck_fp9_matrix_view(&desc, base);
-  m.is_fp9 = true;
+  if (absl::Status s = PackInto(src, desc, lay, t, &m); !s.ok())
+    return s;
   return m;
 }
 
@@ -141,18 +152,8 @@ absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
     duck_fp9_layout lay;
     if (tileCols % block == 0 &&
         duck_fp9_compute_layout(&desc, &lay) == DUCK_FP9_OK) {
-      m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
-      void *base = reinterpret_cast<void *>(
-          (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) &
-          ~uintptr_t(63));
-      duck_fp9_error_at at{};
-      duck_fp9_status st = duck_fp9_pack(&src, &desc, base, &at);
-      if (st != DUCK_FP9_OK)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "host tensor '", t.name()->str(), "': ", duck_fp9_status_str(st),
-            " at row ", at.row, ", column ", at.col));
-      m.fp9 = duck_fp9_matrix_view(&desc, base);
-      m.is_fp9 = true;
+      if (absl::Status s = PackInto(src, desc, lay, t, &m); !s.ok())
+        return s;
       return m;
     }
   }
