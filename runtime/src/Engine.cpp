@@ -41,6 +41,8 @@ Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
   e->runner_ = runner;
   e->opts_ = opts;
   e->opts_.prefill_chunk = std::max(1u, opts.prefill_chunk);
+  e->opts_.max_seqs = std::max(1u, opts.max_seqs);
+  e->opts_.max_rows = std::max(opts.max_rows, e->opts_.prefill_chunk);
   e->hidden_ = plan.def().model()->hidden();
   if (opts.max_seq == 0)
     return absl::InvalidArgumentError("--max-seq must be at least 1");
@@ -62,9 +64,9 @@ absl::Status Engine::Prepare() {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan op of layer ", def->layer(), " has no parameters this runtime "
           "knows (a plan from another duckc?); recompile the model"));
-    ops::OpEnv env{*plan_,        *def,     weights,
-                   runner_,       pool_.get(), hidden_,
-                   opts_.prefill_chunk, opts_.max_seq, opts_.all_logits};
+    ops::OpEnv env{*plan_,         *def,           weights,
+                   runner_,        pool_.get(),    hidden_,
+                   opts_.max_rows, opts_.max_seq,  opts_.max_seqs};
     auto op = create(env);
     if (!op.ok())
       return op.status();
@@ -77,7 +79,11 @@ absl::Status Engine::Prepare() {
     kinds_.push_back(def->params_type());
   }
   values_ = std::make_unique<ops::ValueArena>();
-  values_->Init(widths, opts_.prefill_chunk);
+  values_->Init(widths, opts_.max_rows);
+  row_tokens_.reserve(opts_.max_rows);
+  row_pos_.reserve(opts_.max_rows);
+  row_seq_.reserve(opts_.max_rows);
+  logit_rows_.reserve(opts_.max_rows);
   return absl::OkStatus();
 }
 
@@ -118,7 +124,65 @@ absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
 
 absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
                               std::vector<float> *out_logits) {
-  ops::Step step{tokens, pos_, prefill, values_.get(), out_logits};
+  if (!opts_.all_logits)
+    out_logits->clear(); // the last row's logits only
+  row_tokens_.assign(tokens.begin(), tokens.end());
+  row_seq_.assign(tokens.size(), 0);
+  row_pos_.clear();
+  logit_rows_.clear();
+  for (uint32_t i = 0; i < tokens.size(); ++i) {
+    row_pos_.push_back(pos_ + i);
+    if (opts_.all_logits || i + 1 == tokens.size())
+      logit_rows_.push_back(i);
+  }
+  DUCK_RETURN_IF_ERROR(RunRows(prefill, out_logits));
+  pos_ += tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
+                              std::vector<float> *out_logits) {
+  row_tokens_.clear();
+  row_pos_.clear();
+  row_seq_.clear();
+  logit_rows_.clear();
+  uint64_t rows = 0;
+  for (const SeqChunk &c : chunks)
+    rows += c.tokens.size();
+  if (rows == 0)
+    return absl::InvalidArgumentError("a batched step with no tokens");
+  if (rows > opts_.max_rows)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batched step of ", rows, " rows; the engine takes ",
+        opts_.max_rows));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SeqChunk &c = chunks[i];
+    if (c.seq >= opts_.max_seqs)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", c.seq, " of a batched step; the engine has ",
+          opts_.max_seqs));
+    if ((uint64_t)c.pos + c.tokens.size() > opts_.max_seq)
+      return absl::OutOfRangeError(absl::StrCat(
+          "sequence of ", c.pos + c.tokens.size(),
+          " tokens exceeds --max-seq ", opts_.max_seq));
+    for (size_t j = 0; j < i; ++j)
+      if (chunks[j].seq == c.seq)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", c.seq, " appears twice in one batched step"));
+    for (uint32_t t = 0; t < c.tokens.size(); ++t) {
+      if (c.logits && (opts_.all_logits || t + 1 == c.tokens.size()))
+        logit_rows_.push_back((uint32_t)row_tokens_.size());
+      row_tokens_.push_back(c.tokens[t]);
+      row_pos_.push_back(c.pos + t);
+      row_seq_.push_back(c.seq);
+    }
+  }
+  return RunRows(rows > 1, out_logits);
+}
+
+absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
+  ops::Step step{row_tokens_, row_pos_,  row_seq_,    logit_rows_,
+                 prefill,     values_.get(), out_logits};
   // Time by op kind, one clock read an op (a few tens of ns).
   OpTimes &times = prefill ? prefill_times_ : decode_times_;
   auto t0 = std::chrono::steady_clock::now();
@@ -130,8 +194,7 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
         std::chrono::duration<double>(t1 - t0).count();
     t0 = t1;
   }
-  times.tokens += tokens.size();
-  pos_ += tokens.size();
+  times.tokens += row_tokens_.size();
   return absl::OkStatus();
 }
 

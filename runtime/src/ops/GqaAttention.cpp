@@ -27,7 +27,7 @@ public:
   HostMatrix q_, k_, v_, o_;
   std::vector<float> qn_, kn_;
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     // RoPE: frequencies once; cos/sin once a position, shared by the heads.
     inv_freq_.resize(sh_.dim / 2);
     for (uint32_t i = 0; i < sh_.dim / 2; ++i)
@@ -38,8 +38,8 @@ public:
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
-    kcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
-    vcache_.assign((uint64_t)maxSeq * sh_.kv(), 0.0f);
+    kcache_.Init(sh_.kv(), maxSeq, maxSeqs);
+    vcache_.Init(sh_.kv(), maxSeq, maxSeqs);
     scores_.assign((uint64_t)maxSeq * pool_->size(), 0.0f);
   }
 
@@ -56,15 +56,15 @@ public:
     MatMul(*pool_, k_, x, n, k_buf_.data());
     MatMul(*pool_, v_, x, n, v_buf_.data());
     for (uint32_t t = 0; t < n; ++t)
-      Attend(t, s.pos + t);
+      Attend(t, s.seq[t], s.pos[t]);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
 
 private:
-  /// Row t of the chunk at position p: norm and rotate, append k/v to the
-  /// cache, attend over positions 0..p.
-  void Attend(uint32_t t, uint64_t p) {
+  /// Row t of the step, position p of sequence `seq`: norm and rotate,
+  /// append k/v to the sequence's cache, attend over positions 0..p.
+  void Attend(uint32_t t, uint32_t seq, uint64_t p) {
     float *q = q_buf_.data() + t * sh_.q();
     float *k = k_buf_.data() + t * sh_.kv();
     for (uint32_t i = 0; i < sh_.dim / 2; ++i) {
@@ -82,17 +82,17 @@ private:
       RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
       Rope(kh);
     }
-    std::memcpy(kcache_.data() + p * sh_.kv(), k, sh_.kv() * 4);
-    std::memcpy(vcache_.data() + p * sh_.kv(), v_buf_.data() + t * sh_.kv(),
+    std::memcpy(kcache_.At(seq, p), k, sh_.kv() * 4);
+    std::memcpy(vcache_.At(seq, p), v_buf_.data() + t * sh_.kv(),
                 sh_.kv() * 4);
     // The heads split over the pool's threads, a score buffer each.
-    const uint64_t T = pool_->size(), seq = scores_.size() / T;
+    const uint64_t T = pool_->size(), room = scores_.size() / T;
     pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i)
-        AttendHeads(q, kcache_.data(), vcache_.data(), p + 1, sh_.heads,
+        AttendHeads(q, kcache_.Base(seq), vcache_.Base(seq), p + 1, sh_.heads,
                     sh_.kv_heads, sh_.dim, i * sh_.heads / T,
                     (i + 1) * sh_.heads / T, attn_.data() + t * sh_.q(),
-                    scores_.data() + i * seq);
+                    scores_.data() + i * room);
     });
   }
 
@@ -110,7 +110,8 @@ private:
   ThreadPool *pool_;
   std::vector<double> inv_freq_;
   std::vector<float> cos_, sin_;
-  std::vector<float> q_buf_, k_buf_, v_buf_, attn_, kcache_, vcache_, scores_;
+  std::vector<float> q_buf_, k_buf_, v_buf_, attn_, scores_;
+  SeqCache kcache_, vcache_;
 };
 
 } // namespace
@@ -137,7 +138,7 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
                      sh.hidden);
-  op->Allocate(env.max_rows, env.max_seq);
+  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
   return op;
 }
 

@@ -70,9 +70,9 @@ struct OpEnv {
   FfnRunner *runner;
   ThreadPool *pool;
   uint32_t hidden;
-  uint32_t max_rows; // tokens in the largest chunk
-  uint32_t max_seq;  // KV cache length
-  bool all_logits;   // LM head on every row, not just the last
+  uint32_t max_rows; // rows in the largest step
+  uint32_t max_seq;  // KV cache length of a sequence
+  uint32_t max_seqs; // sequences with a KV cache each (batched decode)
 
   /// An error that names the op (kind and layer).
   template <typename... Parts> absl::Status Error(const Parts &...parts) const {
@@ -111,14 +111,40 @@ private:
   }
 };
 
-/// What Run gets: one chunk of tokens.
+/// What Run gets: the rows of one step. Rows may belong to different
+/// sequences (batched decode, a prompt chunk joining running streams); a
+/// row's result depends only on its own token and its sequence's cache.
 struct Step {
-  absl::Span<const int32_t> tokens;
-  uint32_t pos; // position of tokens[0]
+  absl::Span<const int32_t> tokens; // every row's token
+  absl::Span<const uint32_t> pos;   // every row's position in its sequence
+  absl::Span<const uint32_t> seq;   // every row's sequence (cache slot)
+  absl::Span<const uint32_t> logit_rows; // rows the LM head projects
   bool prefill; // duck prefill modes (5/6) rather than decode
   ValueArena *values;
-  std::vector<float> *logits;
+  std::vector<float> *logits; // logit_rows.size() rows are appended
   uint32_t rows() const { return (uint32_t)tokens.size(); }
+};
+
+/// A per-sequence cache of `width` floats a position, for every sequence
+/// slot; taken once at Create.
+class SeqCache {
+public:
+  void Init(uint64_t width, uint32_t max_seq, uint32_t max_seqs) {
+    width_ = width;
+    max_seq_ = max_seq;
+    data_.assign(width * max_seq * max_seqs, 0.0f);
+  }
+  /// The first position of sequence `seq`.
+  float *Base(uint32_t seq) { return data_.data() + Offset(seq, 0); }
+  float *At(uint32_t seq, uint64_t p) { return data_.data() + Offset(seq, p); }
+
+private:
+  uint64_t Offset(uint32_t seq, uint64_t p) const {
+    return ((uint64_t)seq * max_seq_ + p) * width_;
+  }
+  uint64_t width_ = 0;
+  uint32_t max_seq_ = 0;
+  std::vector<float> data_;
 };
 
 class HostOp {

@@ -43,12 +43,12 @@ public:
            MatrixBytes(wproj_);
   }
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     cq_.assign((uint64_t)maxRows * sh_.q_lora, 0.0f);
     q_.assign((uint64_t)maxRows * sh_.heads * sh_.dim, 0.0f);
     k_.assign((uint64_t)maxRows * sh_.dim, 0.0f);
     w_.assign((uint64_t)maxRows * sh_.heads, 0.0f);
-    kcache_.assign((uint64_t)maxSeq * sh_.dim, 0.0f);
+    kcache_.Init(sh_.dim, maxSeq, maxSeqs);
     score_.assign(maxSeq, 0.0f);
     order_.assign(maxSeq, 0);
   }
@@ -65,7 +65,7 @@ public:
     MatMul(*pool_, wk_, x, n, k_.data());
     MatMul(*pool_, wproj_, x, n, w_.data());
     for (uint32_t t = 0; t < n; ++t)
-      Row(t, s.pos + t, Out(s) + (uint64_t)t * sh_.topk);
+      Row(t, s.seq[t], s.pos[t], Out(s) + (uint64_t)t * sh_.topk);
     return absl::OkStatus();
   }
 
@@ -83,8 +83,8 @@ private:
       k[i] = (float)(k[i] - mean) * inv * k_w_[i] + k_b_[i];
   }
 
-  void Row(uint32_t t, uint64_t p, float *out) {
-    float *k = kcache_.data() + p * sh_.dim;
+  void Row(uint32_t t, uint32_t seq, uint64_t p, float *out) {
+    float *k = kcache_.At(seq, p);
     std::memcpy(k, k_.data() + (uint64_t)t * sh_.dim, sh_.dim * 4);
     LayerNorm(k);
     rope_.HalfSplit(k, p);
@@ -95,7 +95,7 @@ private:
     for (uint32_t h = 0; h < sh_.heads; ++h)
       rope_.HalfSplit(q + (uint64_t)h * sh_.dim, p);
     for (uint64_t j = 0; j <= p; ++j) {
-      const float *kj = kcache_.data() + j * sh_.dim;
+      const float *kj = kcache_.At(seq, j);
       float sum = 0;
       for (uint32_t h = 0; h < sh_.heads; ++h) {
         const float *qh = q + (uint64_t)h * sh_.dim;
@@ -127,7 +127,8 @@ private:
 
   IndexerShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_, k_, w_, kcache_, score_;
+  std::vector<float> cq_, q_, k_, w_, score_;
+  SeqCache kcache_;
   std::vector<uint64_t> order_;
 };
 
@@ -172,7 +173,7 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     return env.Error("indexer weights do not match ", sh.heads, " heads of ",
                      sh.dim, " and hidden size ", sh.hidden);
   op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());
-  op->Allocate(env.max_rows, env.max_seq);
+  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
   return op;
 }
 

@@ -1,31 +1,39 @@
 //===- LmHead.cpp - the final projection to the vocabulary ----------------===//
 #include "HostOp.h"
 
+#include <algorithm>
+
 namespace duck::runtime::ops {
 namespace {
 
 class LmHead final : public HostOp {
 public:
-  LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, bool all)
-      : w_(std::move(w)), pool_(pool), hidden_(hidden), all_(all) {}
+  LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, uint32_t maxRows)
+      : w_(std::move(w)), pool_(pool), hidden_(hidden),
+        gathered_((uint64_t)maxRows * hidden) {}
 
   uint64_t WeightBytesPerToken() const override { return MatrixBytes(w_); }
 
+  /// The rows the step asks for (the last of each sequence that samples,
+  /// or every row for --logits-out), appended in order. Several rows go
+  /// through one GEMM, so a batch streams the head's weights once; every
+  /// row's logits are bit-identical to its own GEMV.
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
-    const uint64_t V = w_.rows;
-    if (all_) { // every row's logits, appended (tests and --logits-out)
-      const size_t at = s.logits->size();
-      s.logits->resize(at + s.rows() * V);
-      for (uint32_t t = 0; t < s.rows(); ++t)
-        MatVec(*pool_, w_, x + (uint64_t)t * hidden_,
-               s.logits->data() + at + t * V);
+    const uint64_t V = w_.rows, n = s.logit_rows.size();
+    if (n == 0)
+      return absl::OkStatus();
+    const size_t at = s.logits->size();
+    s.logits->resize(at + n * V); // keeps its capacity between steps
+    float *y = s.logits->data() + at;
+    if (n == 1) {
+      MatVec(*pool_, w_, x + (uint64_t)s.logit_rows[0] * hidden_, y);
       return absl::OkStatus();
     }
-    // Sampling needs only the last row; the vector keeps its capacity.
-    s.logits->resize(V);
-    MatVec(*pool_, w_, x + (uint64_t)(s.rows() - 1) * hidden_,
-           s.logits->data());
+    for (uint64_t i = 0; i < n; ++i)
+      std::copy_n(x + (uint64_t)s.logit_rows[i] * hidden_, hidden_,
+                  gathered_.data() + i * hidden_);
+    MatMul(*pool_, w_, gathered_.data(), n, y);
     return absl::OkStatus();
   }
 
@@ -33,7 +41,7 @@ private:
   HostMatrix w_;
   ThreadPool *pool_;
   uint32_t hidden_;
-  bool all_;
+  std::vector<float> gathered_;
 };
 
 } // namespace
@@ -54,7 +62,7 @@ HostOpOr CreateLmHead(const OpEnv &env) {
     return env.Error("LM head of ", m.rows, " rows for a vocabulary of ",
                      env.plan.def().model()->vocab());
   return std::make_unique<LmHead>(std::move(m), env.pool, env.hidden,
-                                  env.all_logits);
+                                  env.max_rows);
 }
 
 } // namespace duck::runtime::ops

@@ -43,12 +43,12 @@ public:
   float softmax_scale_ = 1.0f;
   bool indexed_ = false; // a second input lists each row's positions
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq) {
+  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.heads * sh_.qk(), 0.0f);
     kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
-    cache_.assign((uint64_t)maxSeq * sh_.cache(), 0.0f);
+    cache_.Init(sh_.cache(), maxSeq, maxSeqs);
     qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
     // One scratch a pool thread: the heads run in parallel.
@@ -84,7 +84,8 @@ public:
     }
     MatMul(*pool_, kv_a_, x, n, kva_.data());
     for (uint32_t t = 0; t < n; ++t)
-      Row(t, s.pos + t, indexed_ ? In(s, 1) + (uint64_t)t * topk_ : nullptr);
+      Row(t, s.seq[t], s.pos[t],
+          indexed_ ? In(s, 1) + (uint64_t)t * topk_ : nullptr);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
@@ -95,11 +96,13 @@ private:
     std::vector<uint64_t> pos;
   };
 
-  /// Row t of the chunk at position p: latent and rope key into the cache,
-  /// then the heads, split over the pool's threads, attend over 0..p.
-  void Row(uint32_t t, uint64_t p, const float *sel) {
+  /// Row t of the step, position p of sequence `seq`: latent and rope key
+  /// into the sequence's cache, then the heads, split over the pool's
+  /// threads, attend over 0..p.
+  void Row(uint32_t t, uint32_t seq, uint64_t p, const float *sel) {
     float *kv = kva_.data() + t * sh_.cache();
-    float *slot = cache_.data() + p * sh_.cache();
+    float *slot = cache_.At(seq, p);
+    const float *cache = cache_.Base(seq);
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
@@ -109,7 +112,7 @@ private:
         for (uint64_t h = i * sh_.heads / T; h < (i + 1) * sh_.heads / T; ++h) {
           float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
           rope_.Interleaved(q + sh_.nope, p);
-          Head((uint32_t)h, q, p + 1, sel, scratch_[i],
+          Head((uint32_t)h, q, cache, p + 1, sel, scratch_[i],
                attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
         }
     });
@@ -117,8 +120,8 @@ private:
 
   /// One head over the cached tokens 0..len-1, or over the positions
   /// `sel` lists (the indexer's, -1 ends the list), absorbed form.
-  void Head(uint32_t h, const float *q, uint64_t len, const float *sel,
-            HeadScratch &sc, float *out) {
+  void Head(uint32_t h, const float *q, const float *cache, uint64_t len,
+            const float *sel, HeadScratch &sc, float *out) {
     const uint64_t R = sh_.kv_lora;
     MatVecRows(w_uk_, q, qt_.data(), h * R, (h + 1) * R);
     const float *qt = qt_.data() + h * R;
@@ -126,7 +129,7 @@ private:
     for (; sel ? n < topk_ && sel[n] >= 0 : n < len; ++n)
       sc.pos[n] = sel ? (uint64_t)sel[n] : n;
     for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache_.data() + sc.pos[i] * sh_.cache();
+      const float *c = cache + sc.pos[i] * sh_.cache();
       sc.scores[i] =
           (DotF32(qt, c, R) + DotF32(q + sh_.nope, c + R, sh_.rope)) *
           softmax_scale_;
@@ -135,7 +138,7 @@ private:
     float *olat = sc.olat.data();
     std::fill(olat, olat + R, 0.0f);
     for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache_.data() + sc.pos[i] * sh_.cache();
+      const float *c = cache + sc.pos[i] * sh_.cache();
       const float w = sc.scores[i];
       for (uint64_t r = 0; r < R; ++r)
         olat[r] += w * c[r];
@@ -148,7 +151,8 @@ private:
 
   MlaShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_buf_, kva_, attn_, cache_, qt_, uv_;
+  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_;
+  SeqCache cache_;
   std::vector<HeadScratch> scratch_;
 };
 
@@ -275,7 +279,7 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
       return env.Error("second input is not an indexer's selection");
     op->indexed_ = true;
   }
-  op->Allocate(env.max_rows, env.max_seq);
+  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
   return op;
 }
 

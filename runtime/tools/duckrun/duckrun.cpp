@@ -10,6 +10,8 @@
 #include "absl/strings/str_split.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <iostream>
 #include <string>
 #include <iterator>
@@ -66,6 +68,20 @@ ABSL_FLAG(int32_t, reply_spin_us, 0,
           "Spin this long (microseconds) for a step's replies before "
           "sleeping: saves the host's wake-up on every step but holds a "
           "core (for remote ducks; on one box it gains nothing)");
+
+namespace {
+std::atomic<bool> gInterrupted{false};
+void onSignal(int) { gInterrupted.store(true); }
+
+/// SIGINT/SIGTERM set the flag; the run stops cleanly between steps.
+void installInterruptHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+} // namespace
 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
@@ -132,7 +148,8 @@ int main(int argc, char **argv) {
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
   o.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
   o.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
-  duck::runtime::InstallInterruptHandlers();
+  installInterruptHandlers();
+  o.cancel = &gInterrupted;
   absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);
   if (!s.ok()) {
     std::cerr << "duckrun: error: " << s.message() << "\n";

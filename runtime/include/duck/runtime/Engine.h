@@ -39,10 +39,22 @@ public:
 };
 
 struct EngineOptions {
-  uint32_t max_seq = 4096;     // KV cache length
+  uint32_t max_seq = 4096;     // KV cache length of a sequence
   uint32_t threads = 1;        // host threads (the pool includes the caller)
   uint32_t prefill_chunk = 32; // prompt tokens per duck step
   bool all_logits = false;     // LM head on every token, not just the last
+  uint32_t max_seqs = 1;       // sequences with their own KV cache
+  uint32_t max_rows = 0;       // rows a step may carry; 0: prefill_chunk
+};
+
+/// One sequence's rows in a batched step: `tokens` at positions
+/// pos..pos+n-1 of sequence `seq`.
+struct SeqChunk {
+  uint32_t seq = 0;
+  uint32_t pos = 0;
+  absl::Span<const int32_t> tokens;
+  bool logits = false; // the LM head on its last row (every row with
+                       // EngineOptions::all_logits)
 };
 
 class Engine {
@@ -62,8 +74,21 @@ public:
   absl::Status ForwardDecodeOnly(absl::Span<const int32_t> tokens,
                                  std::vector<float> *out_logits);
 
+  /// One step over the rows of several sequences (each at most once, at
+  /// most max_rows rows in all): their tokens go through every op together,
+  /// so the ducks see one step, and each sequence's rows attend over its
+  /// own cache. The logits of every chunk that asks for them are appended
+  /// to `out_logits` (vocab floats a row, in order). A row's result does
+  /// not depend on what else is in the step (the kernels' contract), so a
+  /// batched sequence gets exactly what it would alone.
+  absl::Status RunBatch(absl::Span<const SeqChunk> chunks,
+                        std::vector<float> *out_logits);
+
+  /// Position of sequence 0, the one Forward runs.
   uint32_t position() const { return pos_; }
   uint32_t max_seq() const { return opts_.max_seq; }
+  uint32_t max_seqs() const { return opts_.max_seqs; }
+  uint32_t max_rows() const { return opts_.max_rows; }
   uint32_t vocab() const;
   /// Wall time spent in each op kind (indexed by plan::OpParams), over the
   /// tokens run so far; FFN kinds include the wait for the ducks.
@@ -85,6 +110,7 @@ private:
   absl::Status Prepare();
   absl::Status RunChunk(absl::Span<const int32_t> tokens, bool prefill,
                         std::vector<float> *out_logits);
+  absl::Status RunRows(bool prefill, std::vector<float> *out_logits);
 
   const LoadedPlan *plan_ = nullptr;
   FfnRunner *runner_ = nullptr;
@@ -93,6 +119,9 @@ private:
   std::vector<std::unique_ptr<ops::HostOp>> ops_;
   std::unique_ptr<ops::ValueArena> values_;
   std::vector<::duck::plan::OpParams> kinds_; // of ops_
+  // The rows of the step being run (capacity max_rows, kept).
+  std::vector<int32_t> row_tokens_;
+  std::vector<uint32_t> row_pos_, row_seq_, logit_rows_;
   OpTimes decode_times_, prefill_times_;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 
+#include <atomic>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ struct GenerateOptions {
   bool print_ids = false;        // print token ids instead of text
   uint32_t recover_seconds = 60; // bring failed ducks back for this long
   int32_t reply_spin_us = 0;     // spin this long for step replies
+  /// Set by the caller (duckrun's signal handler) to stop between steps.
+  const std::atomic<bool> *cancel = nullptr;
 };
 
 /// Runs a whole duckrun: load + verify the plan, bring up the ducks,
@@ -46,9 +49,6 @@ struct GenerateOptions {
 /// on every path.
 absl::Status Generate(const GenerateOptions &opts, std::ostream &out,
                       std::ostream &err);
-
-/// Installs SIGINT/SIGTERM handlers that make Generate stop cleanly.
-void InstallInterruptHandlers();
 
 } // namespace duck::runtime
 

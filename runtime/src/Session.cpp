@@ -1,0 +1,424 @@
+//===- Session.cpp - a plan, its ducks and an engine, ready to run --------===//
+#include "duck/runtime/Session.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <thread>
+
+/// Assigns the value of a StatusOr expression or returns its error.
+#define DUCK_RUNTIME_ASSIGN(lhs, expr)                                         \
+  do {                                                                         \
+    auto _duck_v = (expr);                                                     \
+    if (!_duck_v.ok())                                                         \
+      return _duck_v.status();                                                 \
+    lhs = std::move(*_duck_v);                                                 \
+  } while (0)
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+namespace {
+
+absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
+}
+
+/// The cluster file duckrun reads (the same file duckc compile reads).
+struct ClusterFile {
+  std::vector<DuckEndpoint> ducks;
+  std::string token;
+  double bandwidth_gbs = 0; // the ducks' read bandwidth, if given
+};
+
+absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
+  auto bytes = readFile(path);
+  if (!bytes.ok())
+    return bytes.status();
+  nlohmann::json j = nlohmann::json::parse(bytes->begin(), bytes->end(),
+                                           nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not valid JSON"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not a JSON object"));
+  ClusterFile c;
+  if (j.contains("token") && j["token"].is_string())
+    c.token = j["token"].get<std::string>();
+  if (j.contains("bandwidth_gbs") && j["bandwidth_gbs"].is_number())
+    c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
+  if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster file '", path, "' needs a non-empty \"ducks\" array of "
+        "{\"host\": ..., \"port\": ...}"));
+  for (size_t i = 0; i < j["ducks"].size(); ++i) {
+    const nlohmann::json &d = j["ducks"][i];
+    if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
+        !d.contains("port") || !d["port"].is_number_integer())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': ducks[", i,
+          "] needs \"host\" (string) and \"port\" (integer)"));
+    auto ep = ParseDuckEndpoint(absl::StrCat(d["host"].get<std::string>(), ":",
+                                             d["port"].get<int>()));
+    if (!ep.ok())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': ducks[", i, "]: ", ep.status().message()));
+    c.ducks.push_back(*ep);
+  }
+  return c;
+}
+
+/// After a failed step: restarts the local ducks that died (all of them
+/// when none did: one is hung), then connects, prepares through the weight
+/// cache and opens the ELF again, retrying with backoff until `budget`
+/// has passed.
+absl::StatusOr<std::unique_ptr<DuckClient>>
+RecoverDucks(const absl::Status &why, DuckClientOptions &co,
+             LocalCluster *local, const std::vector<std::string> &images,
+             const std::vector<uint8_t> &elf, absl::Duration budget, bool quiet,
+             std::ostream &err) {
+  if (!quiet)
+    err << "\nduckrun: " << why.message() << "; bringing the ducks back\n";
+  const absl::Time start = absl::Now(), deadline = start + budget;
+  absl::Duration wait = absl::Milliseconds(100);
+  absl::Status last = why;
+  for (int attempt = 1;; ++attempt) {
+    if (local) {
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < local->endpoints().size(); ++i)
+        if (local->Exited(i))
+          dead.push_back(i);
+      if (dead.empty()) // a hung duck: restart them all
+        for (size_t i = 0; i < local->endpoints().size(); ++i)
+          dead.push_back(i);
+      for (size_t i : dead)
+        if (absl::Status s = local->Restart(i); !s.ok())
+          last = s;
+      co.ducks = local->endpoints();
+    }
+    auto client = DuckClient::Create(co);
+    absl::StatusOr<PrepareReport> prep =
+        client.ok() ? (*client)->Prepare(images) : client.status();
+    absl::Status open = prep.ok() ? (*client)->Open(elf) : prep.status();
+    if (open.ok()) {
+      uint64_t uploaded = 0;
+      for (uint64_t b : prep->bytes_uploaded)
+        uploaded += b;
+      if (!quiet)
+        err << absl::StrFormat(
+            "duckrun: ducks back after %.2f s (attempt %d, %llu bytes "
+            "uploaded); resending the step\n",
+            absl::ToDoubleSeconds(absl::Now() - start), attempt,
+            (unsigned long long)uploaded);
+      return std::move(*client);
+    }
+    last = open;
+    if (absl::Now() + wait > deadline)
+      return absl::UnavailableError(absl::StrCat(
+          "gave up after ", absl::ToDoubleSeconds(absl::Now() - start),
+          " s of trying to bring the ducks back (", attempt,
+          " attempts): ", last.message()));
+    absl::SleepFor(wait);
+    wait = std::min(wait * 2, absl::Seconds(2));
+  }
+}
+
+/// DUCK_TEST_KILL_DUCK="STEP:DUCK": SIGKILL local duck DUCK before duck
+/// step STEP (fault injection for the tests).
+std::function<void(uint64_t)> KillDuckAt(const char *spec,
+                                         LocalCluster *local) {
+  uint64_t step = 0, duck = 0;
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &step) ||
+      !absl::SimpleAtoi(parts[1], &duck))
+    return nullptr;
+  return [=](uint64_t index) {
+    if (index == step)
+      (void)local->Kill(duck, SIGKILL);
+  };
+}
+
+} // namespace
+
+std::string CacheBase() {
+  const char *cache = std::getenv("XDG_CACHE_HOME");
+  const char *home = std::getenv("HOME");
+  return absl::StrCat(
+      cache ? cache : absl::StrCat(home ? home : "/tmp", "/.cache"), "/duck");
+}
+
+/// This machine's read bandwidth with `threads` threads: measured once
+/// (~0.2 s) and kept in the cache directory.
+double HostReadBandwidthGbs(unsigned threads) {
+  const std::string path =
+      absl::StrCat(CacheBase(), "/host-read-bw-", threads, "threads");
+  {
+    std::ifstream in(path);
+    double gbs = 0;
+    if (in >> gbs && gbs > 0)
+      return gbs;
+  }
+  ThreadPool pool(threads);
+  const double gbs = MeasureReadBandwidthGbs(pool);
+  std::error_code ec;
+  std::filesystem::create_directories(CacheBase(), ec);
+  std::ofstream out(path + ".tmp");
+  out << gbs << "\n";
+  if (out.good()) {
+    out.close();
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  return gbs;
+}
+
+
+absl::StatusOr<std::unique_ptr<Session>>
+Session::Create(const SessionOptions &o, std::ostream &log) {
+  auto s = Load(o);
+  if (!s.ok())
+    return s.status();
+  if (absl::Status st = (*s)->Start(log); !st.ok())
+    return st; // the destructor stops what was started
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Session>>
+Session::Load(const SessionOptions &o) {
+  std::unique_ptr<Session> s(new Session());
+  s->opts_ = o;
+  PlanLoadOptions lo;
+  lo.verify_weight_checksums = o.verify_weights;
+  DUCK_RUNTIME_ASSIGN(s->plan_, LoadedPlan::Load(o.plan_dir, lo));
+  const pl::PlanDef &def = s->plan_->def();
+  const std::filesystem::path dir =
+      std::filesystem::path(o.plan_dir).lexically_normal();
+  s->name_ = dir.filename().string();
+  if (s->name_.empty()) // "plan/"
+    s->name_ = dir.parent_path().filename().string();
+  std::string tokPath =
+      o.tokenizer_path.empty() ? s->plan_->TokenizerPath() : o.tokenizer_path;
+  if (!tokPath.empty()) {
+    DUCK_RUNTIME_ASSIGN(s->tok_, Tokenizer::Create(tokPath));
+  } else if (o.need_tokenizer) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no tokenizer.json next to the checkpoint (",
+        def.checkpoint_dir() ? def.checkpoint_dir()->str() : "?",
+        "); pass --tokenizer FILE or --prompt-ids"));
+  }
+  const pl::ModelDef &model = *def.model();
+  s->max_seq_ = o.max_seq ? o.max_seq
+                          : std::min<uint32_t>(model.max_position()
+                                                   ? model.max_position()
+                                                   : 4096,
+                                               4096);
+  return s;
+}
+
+Session::~Session() { Close(); }
+
+void Session::Close() {
+  engine_.reset();
+  runner_.reset();
+  if (client_)
+    (void)client_->Close();
+  client_.reset();
+  if (local_)
+    (void)local_->Stop();
+  local_.reset();
+}
+
+uint32_t Session::ducks() const { return plan_->def().tp(); }
+
+absl::StatusOr<std::vector<int32_t>> Session::Encode(const std::string &text,
+                                                     bool special) const {
+  if (!tok_)
+    return absl::FailedPreconditionError(
+        "this plan has no tokenizer (pass --tokenizer FILE)");
+  return tok_->Encode(text, special);
+}
+
+std::vector<int32_t> Session::StopTokens(bool chat) const {
+  std::vector<int32_t> eos;
+  if (model().eos_tokens())
+    eos.assign(model().eos_tokens()->begin(), model().eos_tokens()->end());
+  if (tok_ && chat)
+    if (int32_t id = tok_->TokenId("<|im_end|>"); id >= 0)
+      eos.push_back(id);
+  return eos;
+}
+
+absl::Status Session::Start(std::ostream &log) {
+  const SessionOptions &o = opts_;
+  auto cancelled = [&] { return o.cancel && o.cancel->load(); };
+  const pl::PlanDef &def = plan_->def();
+
+  // Ducks: a cluster file, or a local embedded cluster of tp ducks.
+  const uint32_t tp = def.tp();
+  co_.persistent = o.persistent;
+  if (!o.cluster_file.empty()) {
+    auto c = loadCluster(o.cluster_file);
+    if (!c.ok())
+      return c.status();
+    if (c->ducks.size() != tp)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the plan was compiled for ", tp, " ducks but cluster file '",
+          o.cluster_file, "' lists ", c->ducks.size()));
+    co_.ducks = c->ducks;
+    co_.token = c->token;
+    duck_read_gbs_ = c->bandwidth_gbs;
+  } else {
+    LocalClusterOptions lc;
+    lc.ducks = tp;
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    if (o.cores_per_duck > hw)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cores-per-duck ", o.cores_per_duck, " is more than this "
+          "machine's ", hw, " cores (a local duck runs one worker a core)"));
+    lc.cores = o.cores_per_duck ? o.cores_per_duck : std::max(1u, hw / tp);
+    lc.pin = (uint64_t)lc.cores * tp <= hw;
+    uint64_t maxImage = 0;
+    for (const pl::DuckDef *d : *def.ducks())
+      maxImage = std::max<uint64_t>(maxImage, d->image_bytes());
+    lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
+    lc.cache_dir = absl::StrCat(CacheBase(), "/duckrun");
+    lc.name_prefix = "duck";
+    // The daemons' logs go to files, so they do not mix with the output.
+    lc.log_dir = lc.cache_dir + "/logs";
+    std::error_code ec;
+    std::filesystem::create_directories(lc.log_dir, ec);
+    if (ec)
+      return absl::InternalError(absl::StrCat(
+          "cannot create the duck cache directory '", lc.log_dir,
+          "': ", ec.message()));
+    lc.duckd_path = o.duckd_path;
+    if (!o.quiet)
+      log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
+                             tp, lc.cores);
+    DUCK_RUNTIME_ASSIGN(local_, LocalCluster::Start(lc));
+    co_.ducks = local_->endpoints();
+    co_.cores = lc.cores;
+  }
+
+  // Scratch and buffer sizes for the largest step: a prompt chunk plus,
+  // when several sequences decode together, a row for each of them.
+  const uint32_t chunk = std::max(1u, o.prefill_chunk);
+  const uint32_t seqs = std::max(1u, o.max_seqs);
+  const uint32_t rows = seqs > 1 ? chunk + seqs : chunk;
+  uint64_t maxInter = 0, maxExperts = 1, maxK = 0;
+  for (const pl::DuckDef *d : *def.ducks())
+    for (const pl::SlotDef *s : *d->slots()) {
+      maxInter = std::max<uint64_t>(maxInter, s->inter_end() - s->inter_begin());
+      maxExperts = std::max<uint64_t>(maxExperts, s->expert_end());
+    }
+  for (const pl::OpDef *op : *def.ops())
+    if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef()) {
+      maxK = std::max<uint64_t>(maxK, moe->top_k() + moe->num_shared());
+      maxExperts = std::max<uint64_t>(maxExperts,
+                                      moe->num_experts() + moe->num_shared());
+    }
+  uint32_t cores = co_.cores ? co_.cores : 64;
+  co_.scratch_bytes = duck_step_scratch_bytes(model().hidden(), maxInter, rows,
+                                              maxK, maxExperts, cores);
+  co_.ib_limit =
+      4096 + (uint64_t)rows * (maxK * 8 + model().hidden() * 4 + 64);
+  co_.ob_limit = co_.ib_limit;
+  // Spinning for a step's replies saves the host's wake-up (duck-bench
+  // judge, one duck, loopback: gap p50 63 -> 11 us) but holds a core; on
+  // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
+  co_.reply_spin = absl::Microseconds(std::max(0, o.reply_spin_us));
+  DUCK_RUNTIME_ASSIGN(client_, DuckClient::Create(co_));
+
+  // Weights through the cache.
+  for (uint32_t r = 0; r < tp; ++r)
+    images_.push_back(plan_->ImagePath(r));
+  PrepareOptions po;
+  po.invalidate = o.invalidate_cache;
+  if (!o.quiet)
+    po.progress = [&](const PrepareProgress &p) {
+      if (p.bytes_total == 0)
+        return; // every duck is a cache hit: nothing to upload
+      log << absl::StrFormat(
+          "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
+          p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
+          p.bytes_per_second / 1e6, p.eta_seconds);
+      log.flush();
+    };
+  auto prep = client_->Prepare(images_, po);
+  if (!prep.ok())
+    return prep.status();
+  if (cancelled())
+    return absl::CancelledError("interrupted");
+  if (!o.quiet) {
+    std::vector<std::string> what;
+    for (size_t r = 0; r < prep->result.size(); ++r)
+      what.push_back(absl::StrCat(
+          "duck ", r, " ",
+          prep->result[r] == DUCKD_CACHE_HIT ? "hit"
+          : prep->result[r] == DUCKD_CACHE_MISS ? "miss"
+                                                : "partial",
+          prep->bytes_uploaded[r] ? absl::StrCat(" (", prep->bytes_uploaded[r],
+                                                 " bytes)")
+                                  : ""));
+    log << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
+                           absl::StrJoin(what, ", "), prep->seconds);
+  }
+  const std::string elfPath = DefaultElfPath();
+  auto elf = readFile(elfPath);
+  if (!elf.ok())
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read the duck ELF '", elfPath, "' (set DUCK_ELF)"));
+  elf_ = std::move(*elf);
+  if (absl::Status st = client_->Open(elf_); !st.ok())
+    return st;
+
+  runner_ = std::make_unique<ClusterFfnRunner>(*plan_, client_.get());
+  // A duck that dies, hangs or drops its connection mid-generation is
+  // brought back (a local duck is restarted; its weight cache file makes
+  // the new prepare a hit) and the step is sent again.
+  if (o.recover_seconds > 0) {
+    const absl::Duration budget = absl::Seconds(o.recover_seconds);
+    const bool quiet = o.quiet;
+    runner_->SetRecover([this, budget, quiet, &log](const absl::Status &why)
+                            -> absl::StatusOr<DuckClient *> {
+      client_.reset(); // close the old connections first: no duck stays busy
+      auto fresh = RecoverDucks(why, co_, local_.get(), images_, elf_, budget,
+                                quiet, log);
+      if (!fresh.ok())
+        return fresh.status();
+      client_ = std::move(*fresh);
+      return client_.get();
+    });
+  }
+  if (local_)
+    if (const char *k = std::getenv("DUCK_TEST_KILL_DUCK"))
+      runner_->SetBeforeStep(KillDuckAt(k, local_.get()));
+  EngineOptions eo;
+  eo.max_seq = max_seq_;
+  threads_ = o.threads ? o.threads
+                       : std::max(1u, std::thread::hardware_concurrency());
+  eo.threads = threads_;
+  eo.prefill_chunk = chunk;
+  eo.all_logits = o.all_logits;
+  eo.max_seqs = seqs;
+  eo.max_rows = rows;
+  DUCK_RUNTIME_ASSIGN(engine_, Engine::Create(*plan_, runner_.get(), eo));
+  return absl::OkStatus();
+}
+
+} // namespace duck::runtime
