@@ -8,7 +8,7 @@ from lit.llvm import llvm_config
 config.name = "Duck"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
 config.suffixes = [".test", ".mlir", ".json"]
-config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py", "unit", "oracle", "fuzz", "CMakeLists.txt"]
+config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py", "unit", "oracle", "fuzz", "serve", "CMakeLists.txt"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.duck_obj_root, "test")
 
@@ -46,3 +46,15 @@ config.substitutions.append(("%check-ids", _np_python + " " + os.path.join(_e2e,
 
 tools = ["duckc", "duck-mkmodel", "duck-opt", "duck-bench", "duck-plan-dump", "duckrun"]
 llvm_config.add_tool_substitutions(tools, [config.duck_tools_dir])
+
+# duckrun serve: the server driver (test/serve/serve.py) and the official
+# openai npm client (utils/fetch-openai-client.sh installs it once).
+_serve = os.path.join(config.test_source_root, "serve")
+config.substitutions.append(("%serve", sys.executable + " " + os.path.join(_serve, "serve.py")))
+config.substitutions.append(("%openai-client", "node " + os.path.join(_serve, "openai-client.cjs")))
+config.substitutions.append(("%fetch-openai-client", "bash " + os.path.join(config.duck_src_root, "utils", "fetch-openai-client.sh")))
+# The npm cache outlives the tests (one download, then none).
+config.environment["DUCK_NPM_CACHE"] = os.environ.get(
+    "DUCK_NPM_CACHE",
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                 os.path.join(os.path.expanduser("~"), ".cache"), "duck", "npm"))

@@ -15,7 +15,9 @@ ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
 }
 
 void ClusterFfnRunner::ResetStats() {
+  const size_t keep = stats_.max_steps;
   stats_ = RunnerStats();
+  stats_.max_steps = keep;
   stats_.params.assign(client_->size(), 0.0);
   stats_.kernel_ns.assign(client_->size(), 0.0);
 }
@@ -46,8 +48,11 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
     client_ = *client;
     ++recoveries_;
   }
-  (n_tokens > 1 ? stats_.prefill_steps : stats_.decode_steps)
-      .push_back(metrics);
+  std::vector<StepMetrics> &kept =
+      n_tokens > 1 ? stats_.prefill_steps : stats_.decode_steps;
+  if (stats_.max_steps && kept.size() >= 2 * stats_.max_steps)
+    kept.erase(kept.begin(), kept.begin() + stats_.max_steps);
+  kept.push_back(metrics);
 
   // Partial outputs, added in rank order.
   const uint64_t want = sizeof(duck_ob_header) + xBytes;

@@ -171,8 +171,15 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     if (interrupted())
       return absl::CancelledError("interrupted");
     generated.push_back(next);
+    const bool end =
+        o.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end();
     // Text or ids go out as they are made: an error later loses nothing
-    // already produced.
+    // already produced. The token that ends the text is not text (ids
+    // mode shows it).
+    if (end && text) {
+      generated.pop_back();
+      break;
+    }
     if (stream && o.stream) {
       out << stream->Push(next);
       out.flush();
@@ -180,7 +187,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       out << (generated.size() > 1 ? " " : "") << next;
       out.flush();
     }
-    if (o.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end())
+    if (end)
       break;
     if (generated.size() >= o.max_tokens ||
         engine.position() + 1 > maxSeq)

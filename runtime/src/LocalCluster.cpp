@@ -14,6 +14,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
+#include <fstream>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -232,9 +233,19 @@ absl::Status LocalCluster::StartOne(size_t i) {
     ::kill(pid, SIGKILL);
     WaitExit(pid, absl::Seconds(5));
     pids_[i] = -1;
-    return absl::UnavailableError(
-        absl::StrCat("duckd ", name, " (", duckd_,
-                     ") did not report its port; stdout: '", text, "'"));
+    // Its log's last line usually says why (a weights file in use by
+    // another local cluster sharing the cache directory, ...).
+    std::string why;
+    if (!logPath.empty()) {
+      std::ifstream log(logPath);
+      for (std::string line; std::getline(log, line);)
+        if (!line.empty())
+          why = line;
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "duckd ", name, " (", duckd_, ") did not start",
+        why.empty() ? absl::StrCat("; stdout: '", text, "'")
+                    : absl::StrCat(": ", why, " (log: ", logPath, ")")));
   }
   endpoints_[i].host = host;
   endpoints_[i].port = port;

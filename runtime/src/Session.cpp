@@ -388,6 +388,7 @@ absl::Status Session::Start(std::ostream &log) {
     return st;
 
   runner_ = std::make_unique<ClusterFfnRunner>(*plan_, client_.get());
+  runner_->KeepSteps(o.keep_steps);
   // A duck that dies, hangs or drops its connection mid-generation is
   // brought back (a local duck is restarted; its weight cache file makes
   // the new prepare a hit) and the step is sent again.

@@ -1,6 +1,7 @@
 // duckrun: runs a compiled Duck plan: brings up the ducks, prepares their
 // weights through the cache, and generates text.
 #include "duck/runtime/Generate.h"
+#include "duck/runtime/Serve.h"
 #include "duck_rt/tool_flags.h"
 
 #include "absl/flags/flag.h"
@@ -69,6 +70,24 @@ ABSL_FLAG(int32_t, reply_spin_us, 0,
           "sleeping: saves the host's wake-up on every step but holds a "
           "core (for remote ducks; on one box it gains nothing)");
 
+// duckrun serve.
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "serve: address to listen on (loopback unless told otherwise)");
+ABSL_FLAG(int32_t, port, 8080, "serve: TCP port (0: any free port, printed)");
+ABSL_FLAG(uint32_t, parallel, 4,
+          "serve: sequences decoded together in every duck step");
+ABSL_FLAG(uint32_t, queue, 64,
+          "serve: requests waiting for a sequence slot before new ones get "
+          "429");
+ABSL_FLAG(std::string, api_key, "",
+          "serve: require 'Authorization: Bearer KEY' (default: "
+          "$DUCK_API_KEY, else no key)");
+ABSL_FLAG(uint64_t, max_request_bytes, 1 << 20,
+          "serve: larger request bodies get 413");
+ABSL_FLAG(uint32_t, shutdown_grace_seconds, 10,
+          "serve: on SIGINT/SIGTERM, let running requests finish this long "
+          "before cancelling them");
+
 namespace {
 std::atomic<bool> gInterrupted{false};
 void onSignal(int) { gInterrupted.store(true); }
@@ -81,6 +100,65 @@ void installInterruptHandlers() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
+
+/// The session flags both modes share.
+duck::runtime::SessionOptions sessionFlags(const char *plan) {
+  duck::runtime::SessionOptions so;
+  so.plan_dir = plan;
+  so.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  so.cluster_file = absl::GetFlag(FLAGS_cluster);
+  so.cores_per_duck = absl::GetFlag(FLAGS_cores_per_duck);
+  so.duckd_path = absl::GetFlag(FLAGS_duckd);
+  so.persistent = absl::GetFlag(FLAGS_persistent);
+  so.invalidate_cache = absl::GetFlag(FLAGS_invalidate_cache);
+  so.verify_weights = absl::GetFlag(FLAGS_verify_weights);
+  so.threads = absl::GetFlag(FLAGS_threads);
+  so.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  so.max_seq = absl::GetFlag(FLAGS_max_seq);
+  so.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
+  so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
+  so.quiet = absl::GetFlag(FLAGS_quiet);
+  return so;
+}
+
+int serveMain(const std::vector<char *> &args) {
+  if (args.size() != 3) {
+    std::cerr << "duckrun: error: usage: duckrun serve <plan-dir> [--port N] "
+                 "[--parallel N] ... (see --help)\n";
+    return 2;
+  }
+  duck::runtime::ServeOptions so;
+  so.session = sessionFlags(args[2]);
+  so.host = absl::GetFlag(FLAGS_host);
+  so.port = absl::GetFlag(FLAGS_port);
+  if (so.port < 0 || so.port > 65535) {
+    std::cerr << "duckrun: error: --port " << so.port
+              << " is not a TCP port (0-65535)\n";
+    return 2;
+  }
+  so.parallel = absl::GetFlag(FLAGS_parallel);
+  if (so.parallel == 0 || so.parallel > 256) {
+    std::cerr << "duckrun: error: --parallel must be 1 to 256\n";
+    return 2;
+  }
+  so.queue_limit = absl::GetFlag(FLAGS_queue);
+  so.api_key = absl::GetFlag(FLAGS_api_key);
+  if (so.api_key.empty())
+    if (const char *k = std::getenv("DUCK_API_KEY"))
+      so.api_key = k;
+  so.max_body_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  so.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  installInterruptHandlers();
+  so.stop = &gInterrupted;
+  so.session.cancel = &gInterrupted;
+  absl::Status s = duck::runtime::Serve(so, std::cerr);
+  if (!s.ok()) {
+    std::cerr << "duckrun serve: error: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -88,7 +166,16 @@ int main(int argc, char **argv) {
       "Runs a compiled Duck plan.\n\n"
       "  duckrun <plan-dir> --prompt \"...\" [--chat] [--max-tokens N]\n"
       "          [--temperature T --top-k K --top-p P --seed S]\n"
-      "          [--cluster FILE | --cores-per-duck C] [--summary-json F]\n\n"
+      "          [--cluster FILE | --cores-per-duck C] [--summary-json F]\n"
+      "  duckrun serve <plan-dir> [--host 127.0.0.1] [--port 8080]\n"
+      "          [--parallel N] [--api-key KEY] [--cluster FILE ...]\n\n"
+      "serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, "
+      "/v1/completions, streaming or not; GET /v1/models, /health, "
+      "/metrics). Up to --parallel requests decode together, one row each "
+      "in every duck step; a request gets the same tokens as the one-shot "
+      "run with the same prompt and sampling settings. Listens at once "
+      "(/health is 503 until the ducks are prepared) and stops on "
+      "SIGINT/SIGTERM after letting running requests finish.\n\n"
       "With no --cluster, starts as many local duckd's as the plan has ducks "
       "(on 127.0.0.1) and stops them at exit, also on Ctrl-C. Weights go "
       "through each duck's cache: a second run of the same plan uploads "
@@ -96,6 +183,8 @@ int main(int argc, char **argv) {
       "may be spelled with '-' or '_' (--max-tokens, --max_tokens).");
   duck::ToolFlags flags(argc, argv);
   const std::vector<char *> &args = flags.positional();
+  if (args.size() >= 2 && std::string(args[1]) == "serve")
+    return serveMain(args);
   if (args.size() != 2) {
     std::cerr << "duckrun: error: expected exactly one plan directory (see "
                  "--help)\n";

@@ -20,6 +20,9 @@ namespace duck::runtime {
 
 struct RunnerStats {
   std::vector<StepMetrics> decode_steps, prefill_steps;
+  /// 0: keep every step's metrics (one run); else keep between
+  /// max_steps and 2 x max_steps of the newest (a server).
+  size_t max_steps = 0;
   /// Per duck: fp9 weights processed and ns spent in the ELF (max core).
   std::vector<double> params, kernel_ns;
 };
@@ -32,6 +35,8 @@ public:
                    const float *x, float *out) override;
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
+  /// Bounds the per-step metrics kept (RunnerStats::max_steps).
+  void KeepSteps(size_t n) { stats_.max_steps = n; }
 
   /// Called when a step fails (a duck died, hung or dropped its
   /// connection): brings the ducks back and returns the client to use, or

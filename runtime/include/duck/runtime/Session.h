@@ -45,6 +45,7 @@ struct SessionOptions {
   bool all_logits = false;     // logits of every row (--logits-out)
   uint32_t recover_seconds = 60;
   int32_t reply_spin_us = 0;
+  size_t keep_steps = 0;       // per-step metrics kept; 0: all (one run)
   bool quiet = false;          // no progress on the log stream
   /// Set by the caller (a signal handler, a server shutting down) to stop
   /// a long prepare; checked between its stages.

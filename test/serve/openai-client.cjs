@@ -1,0 +1,256 @@
+// Drives `duckrun serve` with the official OpenAI Node client (npm package
+// openai 4.x, fetched by utils/fetch-openai-client.sh) and prints stable
+// lines for FileCheck.
+//
+//   node openai-client.cjs <openai-package-dir> <base-url> <api-key> <scenario> [arg]
+//
+// Scenarios:
+//   models         print `model <id>` for each listed model
+//   chat           one non-streaming chat completion, checked field by field
+//   stream         one streaming chat completion (with the usage chunk),
+//                  checked chunk by chunk, then compared with the same
+//                  request non-streamed (greedy, so the texts must agree)
+//   completions    one legacy text completion
+//   badkey         expects 401 (OpenAI.AuthenticationError) for <api-key>
+//   concurrent N   N streaming chat completions at once, prompts
+//                  "Count to 1" .. "Count to N"; prints
+//                  `stream <i> <JSON-escaped text>` for each, by i
+//
+// The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
+// Any failed expectation or thrown error: a message on stderr naming the
+// scenario, and exit status 1.
+'use strict';
+
+const [pkgDir, baseURL, apiKey, scenario, arg] = process.argv.slice(2);
+if (!pkgDir || !baseURL || !apiKey || !scenario) {
+  process.stderr.write(
+    'usage: node openai-client.cjs <openai-package-dir> <base-url> <api-key> <scenario> [arg]\n');
+  process.exit(2);
+}
+
+const OpenAI = require(pkgDir);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
+
+class Failed extends Error {}
+
+function expect(cond, what) {
+  if (!cond) throw new Failed(what);
+}
+
+function show(v) {
+  return JSON.stringify(v);
+}
+
+function out(line) {
+  process.stdout.write(line + '\n');
+}
+
+async function pickModel() {
+  if (process.env.DUCK_SERVE_MODEL) return process.env.DUCK_SERVE_MODEL;
+  const page = await client.models.list();
+  expect(page.data.length > 0, 'the server lists no model');
+  return page.data[0].id;
+}
+
+function checkUsage(usage, maxTokens, what) {
+  expect(usage && typeof usage === 'object', `${what}: no usage (${show(usage)})`);
+  expect(Number.isInteger(usage.prompt_tokens) && usage.prompt_tokens > 0,
+         `${what}: usage.prompt_tokens is ${show(usage.prompt_tokens)}, expected > 0`);
+  expect(Number.isInteger(usage.completion_tokens) && usage.completion_tokens >= 1 &&
+           usage.completion_tokens <= maxTokens,
+         `${what}: usage.completion_tokens is ${show(usage.completion_tokens)}, expected 1..${maxTokens}`);
+  expect(usage.total_tokens === usage.prompt_tokens + usage.completion_tokens,
+         `${what}: usage.total_tokens is ${show(usage.total_tokens)}, expected ` +
+           `${usage.prompt_tokens} + ${usage.completion_tokens}`);
+}
+
+function checkFinish(reason, what) {
+  expect(reason === 'stop' || reason === 'length',
+         `${what}: finish_reason is ${show(reason)}, expected "stop" or "length"`);
+}
+
+// One non-streaming chat completion; returns the checked response.
+async function chatOnce(model, content, maxTokens, what) {
+  const r = await client.chat.completions.create({
+    model,
+    messages: [{ role: 'user', content }],
+    max_tokens: maxTokens,
+    temperature: 0,
+  });
+  expect(r.object === 'chat.completion', `${what}: object is ${show(r.object)}, expected "chat.completion"`);
+  expect(Array.isArray(r.choices) && r.choices.length === 1,
+         `${what}: ${show(r.choices && r.choices.length)} choices, expected 1`);
+  const c = r.choices[0];
+  expect(c.message && c.message.role === 'assistant',
+         `${what}: message.role is ${show(c.message && c.message.role)}, expected "assistant"`);
+  expect(typeof c.message.content === 'string',
+         `${what}: message.content is ${show(c.message.content)}, expected a string`);
+  checkFinish(c.finish_reason, what);
+  checkUsage(r.usage, maxTokens, what);
+  return r;
+}
+
+// One streaming chat completion with the usage chunk; returns
+// { chunks, text, finish, usage } after checking every chunk.
+async function streamOnce(model, content, maxTokens, what) {
+  const stream = await client.chat.completions.create({
+    model,
+    messages: [{ role: 'user', content }],
+    max_tokens: maxTokens,
+    temperature: 0,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  expect(chunks.length >= 2, `${what}: ${chunks.length} chunks, expected at least 2`);
+
+  let id = null;
+  let sawRole = false;
+  let finish = null;
+  let finishes = 0;
+  let text = '';
+  chunks.forEach((chunk, n) => {
+    const at = `${what}: chunk ${n}`;
+    const last = n === chunks.length - 1;
+    expect(chunk.object === 'chat.completion.chunk',
+           `${at}: object is ${show(chunk.object)}, expected "chat.completion.chunk"`);
+    expect(typeof chunk.id === 'string' && chunk.id.length > 0, `${at}: no id`);
+    if (id === null) id = chunk.id;
+    expect(chunk.id === id, `${at}: id ${show(chunk.id)} differs from the first chunk's ${show(id)}`);
+    expect(Array.isArray(chunk.choices), `${at}: choices is ${show(chunk.choices)}, expected an array`);
+    if (last) {
+      expect(chunk.choices.length === 0,
+             `${at} (last): choices is ${show(chunk.choices)}, expected [] on the usage chunk`);
+      return;
+    }
+    expect(chunk.usage === undefined || chunk.usage === null,
+           `${at}: usage ${show(chunk.usage)} before the last chunk`);
+    expect(chunk.choices.length === 1, `${at}: ${chunk.choices.length} choices, expected 1`);
+    const choice = chunk.choices[0];
+    expect(choice.index === 0, `${at}: choice index ${show(choice.index)}, expected 0`);
+    const delta = choice.delta || {};
+    if (!sawRole) {
+      expect(delta.role === 'assistant',
+             `${at} (first with choices): delta.role is ${show(delta.role)}, expected "assistant"`);
+      sawRole = true;
+    }
+    if (delta.content !== undefined && delta.content !== null) {
+      expect(typeof delta.content === 'string', `${at}: delta.content is ${show(delta.content)}`);
+      expect(finishes === 0, `${at}: content after the finish_reason chunk`);
+      text += delta.content;
+    }
+    if (choice.finish_reason !== undefined && choice.finish_reason !== null) {
+      finishes++;
+      finish = choice.finish_reason;
+    }
+  });
+  expect(sawRole, `${what}: no chunk with choices`);
+  expect(finishes === 1, `${what}: ${finishes} chunks with a finish_reason, expected exactly 1`);
+  checkFinish(finish, what);
+  const usage = chunks[chunks.length - 1].usage;
+  checkUsage(usage, maxTokens, `${what}: last chunk`);
+  return { chunks: chunks.length, text, finish, usage };
+}
+
+const scenarios = {
+  async models() {
+    const page = await client.models.list();
+    expect(Array.isArray(page.data), `data is ${show(page.data)}, expected an array`);
+    for await (const m of page) {
+      expect(m.object === 'model', `model ${show(m.id)}: object is ${show(m.object)}, expected "model"`);
+      out(`model ${m.id}`);
+    }
+  },
+
+  async chat() {
+    const model = await pickModel();
+    const r = await chatOnce(model, 'Hello', 8, 'chat');
+    const c = r.choices[0];
+    out(`chat finish=${c.finish_reason} completion_tokens=${r.usage.completion_tokens} ` +
+        `content_len=${c.message.content.length}`);
+    out('chat ok');
+  },
+
+  async stream() {
+    const model = await pickModel();
+    const s = await streamOnce(model, 'Hello', 8, 'stream');
+    out(`stream chunks=${s.chunks} finish=${s.finish} completion_tokens=${s.usage.completion_tokens}`);
+    out('stream ok');
+    const r = await chatOnce(model, 'Hello', 8, 'stream (non-streamed)');
+    const full = r.choices[0].message.content;
+    expect(full === s.text, `streamed text ${show(s.text)} differs from non-streamed ${show(full)}`);
+    expect(r.choices[0].finish_reason === s.finish,
+           `streamed finish_reason ${s.finish} differs from non-streamed ${r.choices[0].finish_reason}`);
+    expect(r.usage.completion_tokens === s.usage.completion_tokens,
+           `streamed completion_tokens ${s.usage.completion_tokens} differ from non-streamed ` +
+             `${r.usage.completion_tokens}`);
+    out('stream matches non-stream');
+  },
+
+  async completions() {
+    const model = await pickModel();
+    const r = await client.completions.create({ model, prompt: 'The', max_tokens: 6, temperature: 0 });
+    expect(r.object === 'text_completion', `object is ${show(r.object)}, expected "text_completion"`);
+    expect(Array.isArray(r.choices) && r.choices.length === 1,
+           `${show(r.choices && r.choices.length)} choices, expected 1`);
+    const c = r.choices[0];
+    expect(typeof c.text === 'string', `choices[0].text is ${show(c.text)}, expected a string`);
+    checkFinish(c.finish_reason, 'completions');
+    checkUsage(r.usage, 6, 'completions');
+    out(`completions finish=${c.finish_reason} completion_tokens=${r.usage.completion_tokens}`);
+    out('completions ok');
+  },
+
+  async badkey() {
+    // Both a listing and a generation must be refused; the model name does
+    // not matter since the key is checked first.
+    const model = process.env.DUCK_SERVE_MODEL || 'any';
+    const calls = [
+      ['models.list', () => client.models.list()],
+      ['chat.completions.create', () => client.chat.completions.create({
+         model, messages: [{ role: 'user', content: 'Hello' }], max_tokens: 1 })],
+    ];
+    for (const [name, call] of calls) {
+      let err = null;
+      try {
+        await call();
+      } catch (e) {
+        err = e;
+      }
+      expect(err !== null, `${name} succeeded with a wrong key`);
+      if (!(err instanceof OpenAI.AuthenticationError)) throw err;
+      expect(err.status === 401, `${name}: status ${err.status}, expected 401`);
+    }
+    out('badkey status=401');
+  },
+
+  async concurrent() {
+    const n = Number(arg);
+    expect(Number.isInteger(n) && n >= 1, `N is ${show(arg)}, expected a positive integer`);
+    const model = await pickModel();
+    const is = Array.from({ length: n }, (_, k) => k + 1);
+    const results = await Promise.all(
+      is.map((i) => streamOnce(model, `Count to ${i}`, 16, `concurrent stream ${i}`)));
+    is.forEach((i, k) => out(`stream ${i} ${JSON.stringify(results[k].text)}`));
+    out('concurrent ok');
+  },
+};
+
+async function main() {
+  const run = scenarios[scenario];
+  if (!run) throw new Failed(`unknown scenario (one of: ${Object.keys(scenarios).join(', ')})`);
+  await run();
+}
+
+main().then(
+  () => {
+    process.exitCode = 0;
+  },
+  (e) => {
+    const what = e instanceof Failed ? e.message
+      : e instanceof OpenAI.APIError ? `${e.constructor.name} (status ${e.status}): ${e.message}`
+      : (e && e.stack) || String(e);
+    process.stderr.write(`openai-client ${scenario}: ${what}\n`);
+    process.exitCode = 1;
+  });

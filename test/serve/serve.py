@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Drives `duckrun serve` in the lit tests (loopback only).
+
+  serve.py start DIR -- duckrun serve PLAN --port 0 ...
+      Starts the server in the background (its log: DIR/server.log), waits
+      for it to listen and for /health to say 200, writes DIR/url and
+      DIR/pid. A watchdog stops it after --timeout seconds, so a failing
+      test never leaves it running.
+  serve.py stop DIR
+      SIGTERM, then waits for a clean exit ("duckrun serve: stopped").
+  serve.py cli-expect N -- duckrun PLAN ...
+      Runs the one-shot CLI with --prompt "Count to i" (i = 1..N) and prints
+      `stream <i> <JSON text>` lines, the format of openai-client.cjs.
+  serve.py check-stop URL KEY
+      A stop string cut from a greedy answer ends the answer just before it,
+      with finish_reason "stop", streaming and not.
+  serve.py check-disconnect URL KEY
+      A client that drops a stream mid-way frees its slot.
+  serve.py check-queue-full URL KEY N
+      N concurrent long streams on a server with a small --parallel and
+      --queue: some get 429, the rest are served or dropped, and every slot
+      is free again afterwards.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+
+def die(msg):
+    print(f"serve.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def split_url(url):
+    u = urllib.parse.urlsplit(url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
+        die(f"refusing a non-loopback URL {url}")
+    return u.hostname, u.port
+
+
+def request(url, method, path, body=None, key=None, timeout=120):
+    host, port = split_url(url)
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    c.request(method, path, body=json.dumps(body) if body is not None else None,
+              headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def start(argv):
+    d, cmd = argv[0], argv[argv.index("--") + 1:]
+    timeout = 600
+    log = open(os.path.join(d, "server.log"), "wb")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    dog = subprocess.Popen(
+        ["sh", "-c", f"sleep {timeout}; kill -TERM {p.pid} 2>/dev/null"],
+        start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    open(os.path.join(d, "watchdog"), "w").write(str(dog.pid))
+    url = None
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if p.poll() is not None:
+            break
+        text = open(os.path.join(d, "server.log"), errors="replace").read()
+        m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", text)
+        if m:
+            url = m.group(1)
+            try:
+                status, _ = request(url, "GET", "/health", timeout=5)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+        time.sleep(0.1)
+    else:
+        p.terminate()
+    text = open(os.path.join(d, "server.log"), errors="replace").read()
+    if p.poll() is not None or url is None:
+        die(f"the server did not come up; its log:\n{text}")
+    open(os.path.join(d, "url"), "w").write(url)
+    open(os.path.join(d, "pid"), "w").write(str(p.pid))
+    print(f"serving at {url}")
+
+
+def stop(argv):
+    d = argv[0]
+    pid = int(open(os.path.join(d, "pid")).read())
+    try:
+        os.killpg(int(open(os.path.join(d, "watchdog")).read()), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+            # A zombie of ours? (start's Popen is gone, so it is reaped by init.)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            break
+    else:
+        die(f"the server (pid {pid}) did not stop within 60 s of SIGTERM")
+    text = open(os.path.join(d, "server.log"), errors="replace").read()
+    if "duckrun serve: stopped" not in text:
+        die(f"the server did not stop cleanly; its log:\n{text}")
+    print("stopped cleanly")
+
+
+def cli_expect(argv):
+    n, cmd = int(argv[0]), argv[argv.index("--") + 1:]
+    for i in range(1, n + 1):
+        out = subprocess.run(cmd + ["--prompt", f"Count to {i}"],
+                             check=True, capture_output=True).stdout
+        text = out.decode("utf-8")
+        if text.endswith("\n"):
+            text = text[:-1]
+        print(f"stream {i} {json.dumps(text, ensure_ascii=False)}")
+
+
+def chat_body(content, **kw):
+    b = {"model": "any", "messages": [{"role": "user", "content": content}],
+         "temperature": 0}
+    b.update(kw)
+    return b
+
+
+def read_stream(url, key, body):
+    """Content and finish_reason of a streamed chat answer."""
+    host, port = split_url(url)
+    c = http.client.HTTPConnection(host, port, timeout=120)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body),
+              headers={"Authorization": f"Bearer {key}",
+                       "Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        die(f"stream: HTTP {r.status}: {r.read()!r}")
+    text, finish = "", None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ch = json.loads(line[6:])
+        for choice in ch["choices"]:
+            text += choice["delta"].get("content", "")
+            finish = choice["finish_reason"] or finish
+    c.close()
+    return text, finish
+
+
+def check_stop(argv):
+    url, key = argv
+    full = json.loads(request(url, "POST", "/v1/chat/completions",
+                              chat_body("Tell me more", max_tokens=24),
+                              key)[1])["choices"][0]["message"]["content"]
+    if len(full) < 12:
+        die(f"the greedy answer is too short to cut: {full!r}")
+    stop = full[6:9]
+    want = full[:full.index(stop)]
+    r = json.loads(request(url, "POST", "/v1/chat/completions",
+                           chat_body("Tell me more", max_tokens=24,
+                                     stop=[stop, "\x00never"]), key)[1])
+    got, finish = r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"]
+    if got != want or finish != "stop":
+        die(f"stop {stop!r}: got {got!r} ({finish}), want {want!r} (stop)")
+    got, finish = read_stream(url, key, chat_body("Tell me more", max_tokens=24,
+                                                  stop=stop, stream=True))
+    if got != want or finish != "stop":
+        die(f"stream, stop {stop!r}: got {got!r} ({finish}), want {want!r}")
+    print(f"stop string cuts the answer (finish_reason stop, "
+          f"{len(want)} of {len(full)} bytes kept)")
+
+
+def metric(url, name):
+    text = request(url, "GET", "/metrics")[1].decode()
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def wait_idle(url, seconds=20):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if metric(url, "duck_active_sequences") == 0 and \
+                metric(url, "duck_queue_depth") == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def open_stream(url, key, body):
+    host, port = split_url(url)
+    s = socket.create_connection((host, port), timeout=120)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Authorization: Bearer " + key.encode() + b"\r\n"
+              b"Content-Type: application/json\r\nContent-Length: " +
+              str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def check_disconnect(argv):
+    url, key = argv
+    s = open_stream(url, key, chat_body("Go on", max_tokens=3000, stream=True,
+                                        ignore_eos=True))
+    got = b""
+    while got.count(b"data: ") < 3:
+        chunk = s.recv(4096)
+        if not chunk:
+            die(f"the stream ended early: {got!r}")
+        got += chunk
+    if metric(url, "duck_active_sequences") != 1:
+        die("the stream is not running")
+    s.close()
+    if not wait_idle(url):
+        die("the dropped stream still holds its slot after 20 s")
+    print("a dropped stream frees its slot")
+
+
+def check_queue_full(argv):
+    url, key, n = argv[0], argv[1], int(argv[2])
+    statuses = []
+    lock = threading.Lock()
+
+    def one(i):
+        s = open_stream(url, key, chat_body(f"Stream {i}", max_tokens=1500,
+                                            stream=True, ignore_eos=True))
+        head = s.recv(64)
+        m = re.match(rb"HTTP/1.1 (\d+)", head)
+        with lock:
+            statuses.append(int(m.group(1)) if m else 0)
+        time.sleep(1.0)
+        s.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    busy = statuses.count(429)
+    if busy == 0 or statuses.count(200) == 0 or busy + statuses.count(200) != n:
+        die(f"statuses {sorted(statuses)}: want some 200 and some 429")
+    if not wait_idle(url):
+        die("slots still taken after the clients left")
+    print(f"queue full: {busy} of {n} requests got 429; every slot free again")
+
+
+def main():
+    if len(sys.argv) < 2:
+        die("usage: see the docstring")
+    cmd, argv = sys.argv[1], sys.argv[2:]
+    {"start": start, "stop": stop, "cli-expect": cli_expect,
+     "check-stop": check_stop, "check-disconnect": check_disconnect,
+     "check-queue-full": check_queue_full}.get(
+        cmd, lambda _: die(f"unknown command {cmd}"))(argv)
+
+
+if __name__ == "__main__":
+    main()
