@@ -157,32 +157,32 @@ bool Batcher::Deliver(Seq &s, int32_t token) {
 }
 
 void Batcher::Step() {
-  // Every decoding sequence gives a row; the oldest sequence still in
-  // prefill gives one chunk (cut where Engine::Forward cuts it).
+  // Every decoding sequence gives a row; sequences still in prefill fill
+  // up to prefill_chunk more rows, oldest first. Where a prompt is cut
+  // does not change its rows' results, only how long the running streams
+  // wait for this step.
   chunks_.clear();
   sampling_.clear();
-  Seq *filling = nullptr;
-  for (auto &s : active_) {
+  for (auto &s : active_)
     if (s->next >= 0) {
       chunks_.push_back({s->slot, s->pos,
                          absl::MakeConstSpan(&s->next, 1), true});
       sampling_.push_back(s.get());
-    } else if (!filling) {
-      filling = s.get();
     }
-  }
+  const size_t decodeRows = chunks_.size();
   uint32_t prefillRows = 0;
-  if (filling) {
-    const uint32_t left = (uint32_t)filling->req.prompt.size() - filling->pos;
-    prefillRows = std::min(left, opts_.prefill_chunk);
-    const bool last = prefillRows == left;
+  for (auto &s : active_) {
+    if (s->next >= 0 || prefillRows >= opts_.prefill_chunk)
+      continue;
+    const uint32_t left = (uint32_t)s->req.prompt.size() - s->pos;
+    const uint32_t n = std::min(left, opts_.prefill_chunk - prefillRows);
+    const bool last = n == left;
     chunks_.push_back(
-        {filling->slot, filling->pos,
-         absl::MakeConstSpan(filling->req.prompt)
-             .subspan(filling->pos, prefillRows),
+        {s->slot, s->pos, absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n),
          last});
     if (last)
-      sampling_.push_back(filling);
+      sampling_.push_back(s.get());
+    prefillRows += n;
   }
   if (chunks_.empty())
     return;
@@ -215,9 +215,8 @@ void Batcher::Step() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
-  stats_.max_decode_rows = std::max(
-      stats_.max_decode_rows,
-      (uint32_t)(chunks_.size() - (filling ? 1 : 0)));
+  stats_.max_decode_rows =
+      std::max(stats_.max_decode_rows, (uint32_t)decodeRows);
   for (const SeqChunk &c : chunks_)
     stats_.rows += c.tokens.size();
   stats_.prompt_tokens += prefillRows;

@@ -2,14 +2,15 @@
 //
 // Many generations share one engine: up to `parallel` sequences are active,
 // each with its own KV cache slot and sampler. Every step carries one row
-// for each decoding sequence plus at most one prompt chunk of a sequence
-// still in prefill (so a long prompt never stalls the running streams for
-// more than one chunk), and the ducks run all of them in one step. New
-// requests join at the next step; finished or cancelled ones leave and free
-// their slot. A prompt is cut into chunks at the same boundaries as
-// Engine::Forward, and every row's result is independent of the others in
-// its step, so a sequence gets exactly the tokens the one-shot CLI gives
-// for the same prompt and sampling settings.
+// for each decoding sequence plus up to prefill_chunk prompt rows of the
+// sequences still in prefill, oldest first (so prompts never stall the
+// running streams for more than a chunk's worth), and the ducks run all of
+// them in one step. New requests join at the next step; finished or
+// cancelled ones leave and free their slot. Every row's result depends only
+// on its token and its sequence's cache, not on what else is in the step
+// or where a prompt was cut (the kernels' contract: GEMM rows are
+// bit-identical to the GEMV), so a sequence gets exactly the tokens the
+// one-shot CLI gives for the same prompt and sampling settings.
 //
 // Submit and Cancel are thread-safe; Run is the loop and owns the engine.
 // The callbacks run on Run's thread between steps: keep them short.
