@@ -878,7 +878,7 @@ void KernelsBench::runPrefill() {
         r.hidden = m.hidden;
         r.inter = m.inter;
         r.tokens = n;
-        r.tiles = (n + DUCK_N_TILE - 1) / DUCK_N_TILE;
+        r.tiles = duck_gemm_tiles(n);
         r.avgTileBatch = (double)n / r.tiles;
         r.timeS = t.callSeconds;
         r.bestTimeS = t.bestCallSeconds;

@@ -239,9 +239,8 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y) {
   // Rows outer so each weight row is read once for all tokens.
   if (w.is_fp9) {
-    // Below four tokens the GEMVs are faster than the GEMM's shared decode
-    // on AVX2 (measured: 2 tokens, 1.5x the GEMVs' time); same bits.
-    if (n < 4) {
+    // One token: the GEMV (same bits as a GEMM row).
+    if (n < 2) {
       for (uint64_t t = 0; t < n; ++t)
         MatVec(pool, w, x + t * w.cols, y + t * w.rows);
       return;

@@ -48,11 +48,27 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
                duck_decode_path path);
 
 /// Batched GEMM for prefill: y[t][r - row_begin] (row stride y_ld) for
-/// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), tiles of
-/// DUCK_N_TILE tokens sharing one weight decode. Each token's result is
-/// bit-identical to duck_gemv on that token alone. `xs` holds
-/// n_tokens * m->k floats (32-byte aligned).
-enum { DUCK_N_TILE = 2 };
+/// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), in chunks of
+/// DUCK_GEMM_TOKEN_CHUNK tokens (their pre-scaled inputs stay in L1/L2);
+/// within a chunk, tiles of up to DUCK_N_TILE tokens share one weight
+/// decode (threes, then twos, so a single token is left only when the
+/// chunk has one). Each token's result is bit-identical to duck_gemv on
+/// that token alone. `xs` holds n_tokens * m->k floats (32-byte aligned).
+enum { DUCK_N_TILE = 3, DUCK_GEMM_TOKEN_CHUNK = 8 };
+
+/// Weight decodes a row of duck_gemm makes for n tokens (its tiles).
+static inline uint32_t duck_gemm_tiles(uint32_t n) {
+  const uint32_t chunk = DUCK_GEMM_TOKEN_CHUNK;
+  uint32_t tiles = 0;
+  for (uint32_t c = 0; c < n; c += chunk) {
+    uint32_t m = n - c < chunk ? n - c : chunk;
+    uint32_t t = 0;
+    for (; m - t >= 3 && m - t != 4; t += 3)
+      ++tiles;
+    tiles += (m - t) / 2 + (m - t) % 2;
+  }
+  return tiles;
+}
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs);
