@@ -565,6 +565,7 @@ WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {
   wc.weights_map_bytes = cache_->mapping_bytes();
   wc.image = cache_->image();
   wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd()};
+  wc.sandbox = opt_.sandbox;
   wc.elf_limits = opt_.elf_limits;
   return wc;
 }

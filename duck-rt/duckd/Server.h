@@ -44,6 +44,7 @@ struct ServerOptions {
   absl::Duration idle_timeout = absl::Seconds(30);
   absl::Duration step_timeout = absl::Seconds(120);
   ElfLimits elf_limits;
+  bool sandbox = true; // workers run under seccomp and rlimits (Sandbox.h)
 };
 
 class Server {

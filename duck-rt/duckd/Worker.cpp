@@ -2,6 +2,7 @@
 // server, the one-shot call path, crash and timeout handling.
 #include "Worker.h"
 
+#include "Sandbox.h"
 #include "Wire.h"
 
 #include "absl/strings/str_cat.h"
@@ -99,7 +100,9 @@ void Notify(int efd) {
 
 std::string SignalName(int sig) {
   const char *abbrev = sigabbrev_np(sig);
-  return absl::StrCat("SIG", abbrev ? abbrev : "?", " (signal ", sig, ")");
+  return absl::StrCat("SIG", abbrev ? abbrev : "?", " (signal ", sig, ")",
+                      sig == SIGSYS ? ": a system call the sandbox forbids"
+                                    : "");
 }
 
 /// Waits until `word` moves away from `seen`: spins (yielding now and then)
@@ -540,6 +543,14 @@ void ServeConnection(WorkerSide *w) {
   std::vector<std::thread> threads;
   for (uint32_t c = 1; c < cfg.cores; ++c)
     threads.emplace_back(CoreLoop, &w, c);
+  // From here on the uploaded code runs: confine every thread.
+  if (cfg.sandbox) {
+    SandboxOptions so;
+    so.keep_fds = {efd, cfg.conn_fd};
+    so.allow_exec_mappings = !cfg.persistent; // one-shot: an ELF a call
+    if (absl::Status s = EnterSandbox(so); !s.ok())
+      fail(absl::StrCat("sandbox: ", s.message()));
+  }
   ctl->ready.store(kReadyOk, std::memory_order_seq_cst);
   Notify(efd);
   if (cfg.persistent)

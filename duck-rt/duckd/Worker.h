@@ -57,6 +57,7 @@ struct WorkerConfig {
   uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
   absl::Duration io_timeout = absl::Seconds(10);
   std::string log_prefix; // "duckd[port]"
+  bool sandbox = true;    // seccomp + rlimits once set up (Sandbox.h)
 };
 
 struct StepOutcome {

@@ -47,6 +47,10 @@ ABSL_FLAG(int, hello_timeout_ms, 5000,
 ABSL_FLAG(int, idle_timeout_ms, 30000,
           "a host with no session open that has sent nothing for this long "
           "gives the duck to the next host that connects");
+ABSL_FLAG(bool, sandbox, true,
+          "run the ELF's worker under a seccomp filter (only the system calls "
+          "a step needs: no open, socket, fork or exec) and rlimits; "
+          "--nosandbox for debugging and profiling only");
 ABSL_FLAG(std::string, check_elf, "",
           "only validate this duck ELF with duckd's loader and exit");
 
@@ -124,6 +128,7 @@ int main(int argc, char **argv) {
   o.yield = absl::GetFlag(FLAGS_yield);
   o.spin_ns = uint64_t(std::max(0, absl::GetFlag(FLAGS_spin_us))) * 1000;
   o.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  o.sandbox = absl::GetFlag(FLAGS_sandbox);
   o.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
   o.hello_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_hello_timeout_ms));

@@ -504,10 +504,41 @@ enum {
   kModeTestCrash = 100, // the last core faults after the job is published
   kModeTestHang = 101,  // core 0 never returns
   kModeTestScribble = 102, // leaves barrier, board and cache mid-state
+  kModeTestOpen = 103,     // core 0 opens a file (raw openat)
+  kModeTestSocket = 104,   // core 0 opens a socket
+  kModeTestFork = 105,     // core 0 forks
 };
+
+/// A raw system call: what hostile code would do (duckd's sandbox must
+/// stop it).
+long rawSyscall(long nr, long a, long b, long c) {
+  long ret;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "a"(nr), "D"(a), "S"(b), "d"(c)
+               : "rcx", "r11", "memory");
+  return ret;
+}
 
 int testMode(duck_info *info, uint32_t mode) {
   const uint32_t core = info->smp_cpu_index, cores = info->smp_cpu_count;
+  if (mode >= kModeTestOpen) {
+    if (core != 0)
+      return DUCK_STATUS_OK;
+    static const char path[] = "/etc/hostname";
+    long r = 0;
+    if (mode == kModeTestOpen)
+      r = rawSyscall(257 /* openat */, -100 /* AT_FDCWD */, (long)path, 0);
+    else if (mode == kModeTestSocket)
+      r = rawSyscall(41 /* socket */, 2 /* AF_INET */, 1 /* STREAM */, 0);
+    else if (mode == kModeTestFork) {
+      r = rawSyscall(57 /* fork */, 0, 0, 0);
+      if (r == 0)
+        rawSyscall(60 /* exit */, 0, 0, 0); // the child, if it ran
+    }
+    // Reached only without a sandbox: say what the call gave.
+    return r >= 0 ? DUCK_STATUS_OK : DUCK_STATUS_BAD_MODE;
+  }
   if (mode == kModeTestCrash) {
     if (core == cores - 1) {
       volatile uintptr_t bad = 16; // a store to the zero page: SIGSEGV
@@ -590,7 +621,7 @@ int step(duck_info *info, bool persistent) {
     return finish(DUCK_STATUS_BAD_INPUT);
   }
 #ifdef DUCK_ELF_TEST_HOOKS
-  if (ih.mode >= 100 && ih.mode <= 102)
+  if (ih.mode >= 100 && ih.mode <= 105)
     return finish(testMode(info, ih.mode));
 #endif
   if (ih.mode >= DUCK_MODE_COUNT) {

@@ -458,6 +458,46 @@ TEST(Duckd, CrashingElfClosesOnlyTheSession) {
   EXPECT_EQ(out[0].ob, first[0].ob);
 }
 
+// The worker runs the uploaded ELF under seccomp: code that opens a file or
+// a socket, or forks, is killed with SIGSYS before the call does anything;
+// the step is an error naming the signal, the daemon goes on serving, and a
+// new session gives the same bits as before. Session and one-shot workers.
+TEST(Duckd, SandboxStopsForbiddenSystemCalls) {
+  auto cluster = LocalCluster::Start(ClusterOptions(1, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestImage a(71, 1, 0, (*cluster)->cache_dir());
+  auto client = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Prepare({a.path}).ok());
+  const auto elf = ReadFile(DUCK_TEST_ELF_PATH);
+  ASSERT_TRUE((*client)->Open(elf).ok());
+  std::vector<DuckOutput> first, out;
+  ASSERT_TRUE(StepMoe(**client, &first).ok());
+  for (uint32_t mode : {103u, 104u, 105u}) { // open, socket, fork
+    auto bad = MakeIb(mode, 0, 0, 0, {}, {});
+    std::vector<absl::Span<const uint8_t>> ibs = {bad};
+    absl::Status s = (*client)->Step(ibs, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << "mode " << mode << s;
+    EXPECT_NE(s.message().find("SIGSYS"), std::string::npos) << s;
+    ASSERT_TRUE((*client)->Open(elf).ok());
+    ASSERT_TRUE(StepMoe(**client, &out).ok());
+    EXPECT_EQ(out[0].ob, first[0].ob);
+  }
+  client->reset();
+  DuckClientOptions o = ClientOptions(**cluster);
+  o.persistent = false;
+  auto runner = DuckClient::Create(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Open(elf).ok());
+  auto open = MakeIb(103, 0, 0, 0, {}, {});
+  std::vector<absl::Span<const uint8_t>> ibs = {open};
+  absl::Status s = (*runner)->Step(ibs, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("SIGSYS"), std::string::npos) << s;
+  ASSERT_TRUE(StepMoe(**runner, &out).ok());
+  EXPECT_EQ(out[0].ob, first[0].ob);
+}
+
 // A hung step (the ELF never returns) is a clear error naming the duck after
 // the client's step timeout, not a hang; duckd notices the host leaving,
 // kills the worker and serves the next host.
