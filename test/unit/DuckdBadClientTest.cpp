@@ -441,3 +441,53 @@ TEST_F(DuckdBadClient, DisconnectMidStep) {
 }
 
 } // namespace
+
+// The frame-level bad input the list names: an unknown message type, flags
+// a host may not send, a hello whose token length disagrees with its
+// payload, and a prepare write whose offset + length wraps around 2^64.
+// Each is an error reply naming the problem; the daemon keeps serving.
+TEST_F(DuckdBadClient, UnknownTypeFlagsTokenLengthAndWrappingOffset) {
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    r.SendFrame(uint16_t(DUCKD_MSG_COUNT + 3), {});
+    const std::string m = r.ExpectError(DUCKD_ERR_BAD_FRAME);
+    EXPECT_NE(m.find("type"), std::string::npos) << m;
+  }
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    duckd_hello_request h{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, 0, 0};
+    r.SendFrame(DUCKD_MSG_HELLO, {{&h, sizeof h}}, DUCKD_FLAG_REPLY);
+    const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("flags"), std::string::npos) << m;
+  }
+  {
+    Raw r(ep_);
+    duckd_hello_request h{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, 200, 0};
+    const char token[8] = "short";
+    r.SendFrame(DUCKD_MSG_HELLO, {{&h, sizeof h}, {token, sizeof token}});
+    const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("token"), std::string::npos) << m;
+  }
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    duck::duckd::SyntheticSpec spec;
+    spec.slots = {duck::duckd::SyntheticSlot{}};
+    auto img = duck::duckd::BuildSyntheticImage(spec);
+    ASSERT_TRUE(img.ok());
+    duckd_prepare_begin_request b{};
+    std::memcpy(&b.image, img->data(), sizeof b.image);
+    r.SendFrame(DUCKD_MSG_PREPARE_BEGIN, {{&b, sizeof b}});
+    auto f = r.Recv();
+    ASSERT_TRUE(f.ok());
+    ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+    duckd_prepare_write_request w{~0ull - 16, 64};
+    std::vector<uint8_t> data(64, 1);
+    r.SendFrame(DUCKD_MSG_PREPARE_WRITE, {{&w, sizeof w}, {data.data(), 64}});
+    const std::string m = r.ExpectError(DUCKD_ERR_CACHE);
+    EXPECT_NE(m.find("outside the image"), std::string::npos) << m;
+  }
+  ExpectServing();
+}
