@@ -17,6 +17,7 @@ llvm_config.with_environment("PATH", config.duck_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 config.substitutions.append(("%duck_src", config.duck_src_root))
+config.substitutions.append(("%duck_bin", config.duck_tools_dir))
 config.substitutions.append(("%models", os.path.join(config.duck_src_root, "models")))
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
@@ -58,3 +59,24 @@ config.environment["DUCK_NPM_CACHE"] = os.environ.get(
     "DUCK_NPM_CACHE",
     os.path.join(os.environ.get("XDG_CACHE_HOME") or
                  os.path.join(os.path.expanduser("~"), ".cache"), "duck", "npm"))
+
+# Network namespaces (root, iproute2, and a kernel and container that
+# allow them: probed with a throwaway namespace and veth pair): ducks on
+# veth pairs.
+def _netns_works():
+    import shutil
+    import subprocess
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("ip"):
+        return False
+    name = "duckprobe%d" % (os.getpid() % 100000)
+    run = lambda *c: subprocess.run(c, capture_output=True).returncode == 0
+    try:
+        return (run("ip", "netns", "add", name) and
+                run("ip", "link", "add", name + "a", "type", "veth", "peer",
+                    "name", name + "b"))
+    finally:
+        run("ip", "link", "del", name + "a")
+        run("ip", "netns", "del", name)
+
+if _netns_works():
+    config.available_features.add("netns")

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Ducks on a real (virtual) network: each duckd in its own network
+namespace, joined to the host by a veth pair, listening off loopback with
+a token. Runs a generation through a cluster file and checks its ids
+against the local run; with `tc netem` (when the kernel has it) adds
+200 us of delay and 1 % loss; then takes one duck's link down for 2 s in
+the middle of a generation and checks it completes with the same ids.
+
+  duck-netns.test.py --duckd D --duckrun R --plan P --ids "1,2,3" \
+      --tokens N --expect FILE --work DIR
+
+Needs root (network namespaces); everything it creates is removed on
+every path. Prints one line a check.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+PREFIX = f"duckt{os.getpid() % 10000}"
+
+
+def sh(*cmd, check=True, ns=None, **kw):
+    if ns:
+        cmd = ("ip", "netns", "exec", ns) + cmd
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
+
+
+def setup(n, netem):
+    """n namespaces, veth pairs 10.77.i.1 (host) <-> 10.77.i.2 (duck)."""
+    for i in range(n):
+        ns, host, duck = f"{PREFIX}n{i}", f"{PREFIX}h{i}", f"{PREFIX}d{i}"
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host, "type", "veth", "peer", "name", duck)
+        sh("ip", "link", "set", duck, "netns", ns)
+        sh("ip", "addr", "add", f"10.77.{i}.1/24", "dev", host)
+        sh("ip", "link", "set", host, "up")
+        sh("ip", "addr", "add", f"10.77.{i}.2/24", "dev", duck, ns=ns)
+        sh("ip", "link", "set", duck, "up", ns=ns)
+        sh("ip", "link", "set", "lo", "up", ns=ns)
+        if netem:
+            for dev, where in ((host, None), (duck, ns)):
+                sh("tc", "qdisc", "add", "dev", dev, "root", "netem", "delay",
+                   "200us", "loss", "1%", ns=where)
+
+
+def teardown(n):
+    for i in range(n):
+        sh("ip", "netns", "del", f"{PREFIX}n{i}", check=False)
+        sh("ip", "link", "del", f"{PREFIX}h{i}", check=False)
+
+
+def netem_available():
+    """Whether this kernel has the netem qdisc (a throwaway veth pair)."""
+    a, b = f"{PREFIX}ta", f"{PREFIX}tb"
+    try:
+        sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+        return sh("tc", "qdisc", "add", "dev", a, "root", "netem", "delay",
+                  "200us", check=False).returncode == 0
+    finally:
+        sh("ip", "link", "del", a, check=False)
+
+
+def run(args, cluster, label):
+    r = subprocess.run(
+        [args.duckrun, args.plan, "--cluster", cluster, "--prompt-ids",
+         args.ids, "--max-tokens", str(args.tokens), "--ignore-eos",
+         "--print-ids", "--quiet"], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        sys.exit(f"duck-netns: {label}: duckrun failed:\n{r.stderr}")
+    return r.stdout
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for f in ("duckd", "duckrun", "plan", "ids", "expect", "work"):
+        p.add_argument("--" + f, required=True)
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--ducks", type=int, default=2)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("duck-netns: skipped (needs root for network namespaces)")
+        return
+    want = open(args.expect).read()
+    netem = netem_available()
+    procs = []
+    try:
+        setup(args.ducks, netem)
+        token = "netns-test-token"
+        for i in range(args.ducks):
+            cache = os.path.join(args.work, f"cache{i}")
+            os.makedirs(cache, exist_ok=True)
+            log = open(os.path.join(args.work, f"duckd{i}.log"), "w")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{PREFIX}n{i}", args.duckd,
+                 "--bind", f"10.77.{i}.2", "--port", "7411", "--token", token,
+                 "--cache_dir", cache, "--name", f"net{i}", "--cores", "1",
+                 "--weights_size", "64M"],
+                stdout=log, stderr=log))
+        cluster = os.path.join(args.work, "cluster.json")
+        with open(cluster, "w") as f:
+            json.dump({"ducks": [{"host": f"10.77.{i}.2", "port": 7411}
+                                 for i in range(args.ducks)],
+                       "token": token}, f)
+        time.sleep(0.5)
+        got = run(args, cluster, "veth")
+        if got != want:
+            sys.exit(f"duck-netns: ids over veth differ:\n{got}\nwant\n{want}")
+        print("ids over veth pairs equal the local run"
+              + (" (200 us delay, 1 % loss)" if netem else
+                 " (netem unavailable in this kernel: no delay or loss)"))
+
+        # A link down for 2 s in the middle of a generation.
+        def flap():
+            time.sleep(0.3)
+            sh("ip", "link", "set", f"{PREFIX}h1", "down")
+            time.sleep(2)
+            sh("ip", "link", "set", f"{PREFIX}h1", "up")
+        t = threading.Thread(target=flap)
+        t.start()
+        start = time.time()
+        got = run(args, cluster, "link flap")
+        elapsed = time.time() - start
+        t.join()
+        if elapsed < 2.0:
+            sys.exit(f"duck-netns: the generation took {elapsed:.1f} s: the "
+                     "2 s link flap missed it (a longer generation needed)")
+        if got != want:
+            sys.exit(f"duck-netns: ids after the link flap differ:\n{got}")
+        print(f"a duck's link down for 2 s: the generation completes with the "
+              f"same ids ({elapsed:.1f} s)")
+    finally:
+        for pr in procs:
+            pr.terminate()
+        for pr in procs:
+            try:
+                pr.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+        teardown(args.ducks)
+
+
+if __name__ == "__main__":
+    main()
