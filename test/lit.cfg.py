@@ -18,6 +18,7 @@ llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 config.substitutions.append(("%duck_src", config.duck_src_root))
 config.substitutions.append(("%duck_bin", config.duck_tools_dir))
+config.substitutions.append(("%duck_obj", config.duck_obj_root))
 config.substitutions.append(("%models", os.path.join(config.duck_src_root, "models")))
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))

@@ -47,6 +47,9 @@ ABSL_FLAG(int, hello_timeout_ms, 5000,
 ABSL_FLAG(int, idle_timeout_ms, 30000,
           "a host with no session open that has sent nothing for this long "
           "gives the duck to the next host that connects");
+ABSL_FLAG(std::string, token_file, "",
+          "read the token from this file (its first line; e.g. a systemd "
+          "credential, $CREDENTIALS_DIRECTORY/token) instead of --token");
 ABSL_FLAG(bool, sandbox, true,
           "run the ELF's worker under a seccomp filter (only the system calls "
           "a step needs: no open, socket, fork or exec) and rlimits; "
@@ -111,6 +114,15 @@ int main(int argc, char **argv) {
   o.port = absl::GetFlag(FLAGS_port);
   o.bind = absl::GetFlag(FLAGS_bind);
   o.token = absl::GetFlag(FLAGS_token);
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    std::ifstream in(file);
+    if (!in || !std::getline(in, o.token) || o.token.empty()) {
+      std::fprintf(stderr,
+                   "duckd: --token-file %s: cannot read a token from it\n",
+                   file.c_str());
+      return 2;
+    }
+  }
   if (o.token.empty())
     if (const char *t = std::getenv("DUCKD_TOKEN"))
       o.token = t;
