@@ -334,6 +334,13 @@ void Server::Accept() {
   ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
   const std::string peer = absl::StrCat(ip, ":", ntohs(sa.sin_port));
   TuneSocket(fd);
+  if (conn_.fd >= 0 && !session_) {
+    // A host that already left (its close not yet seen: a health check's
+    // connect-and-close, a client that gave up) does not hold the duck.
+    char c;
+    if (::recv(conn_.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+      Drop(absl::StrCat("the host left; the duck goes to ", peer));
+  }
   if (conn_.fd >= 0) {
     // A connection that never said hello, or an idle one without a
     // session, yields the duck; a working host keeps it.

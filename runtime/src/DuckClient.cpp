@@ -115,6 +115,13 @@ struct Conn {
 } // namespace
 
 struct DuckClient::Impl {
+  /// The connections close with the Impl, also when Create fails halfway
+  /// (a duck that answered must not stay held by a client that gave up).
+  ~Impl() {
+    for (Conn &c : conns)
+      if (c.fd >= 0)
+        ::close(c.fd);
+  }
   DuckClientOptions opt;
   std::vector<Conn> conns;
   std::vector<DuckHello> hellos;
@@ -517,9 +524,7 @@ DuckClient::DuckClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DuckClient::~DuckClient() {
   if (impl_->opened)
     (void)Close();
-  for (Conn &c : impl_->conns)
-    if (c.fd >= 0)
-      ::close(c.fd);
+  // ~Impl closes the connections.
 }
 
 absl::StatusOr<std::unique_ptr<DuckClient>>

@@ -10,7 +10,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
 #include <csignal>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +48,7 @@ absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
 /// The cluster file duckrun reads (the same file duckc compile reads).
 struct ClusterFile {
   std::vector<DuckEndpoint> ducks;
+  std::vector<DuckEndpoint> spares; // take a failed duck's place
   std::string token;
   double bandwidth_gbs = 0; // the ducks' read bandwidth, if given
 };
@@ -67,30 +74,80 @@ absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cluster file '", path, "' needs a non-empty \"ducks\" array of "
         "{\"host\": ..., \"port\": ...}"));
-  for (size_t i = 0; i < j["ducks"].size(); ++i) {
-    const nlohmann::json &d = j["ducks"][i];
-    if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
-        !d.contains("port") || !d["port"].is_number_integer())
+  auto endpoints = [&](const char *key, std::vector<DuckEndpoint> *out)
+      -> absl::Status {
+    for (size_t i = 0; i < j[key].size(); ++i) {
+      const nlohmann::json &d = j[key][i];
+      if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
+          !d.contains("port") || !d["port"].is_number_integer())
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster file '", path, "': ", key, "[", i,
+            "] needs \"host\" (string) and \"port\" (integer)"));
+      auto ep = ParseDuckEndpoint(absl::StrCat(
+          d["host"].get<std::string>(), ":", d["port"].get<int>()));
+      if (!ep.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster file '", path, "': ", key, "[", i,
+                         "]: ", ep.status().message()));
+      out->push_back(*ep);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = endpoints("ducks", &c.ducks); !st.ok())
+    return st;
+  if (j.contains("spares")) {
+    if (!j["spares"].is_array())
       return absl::InvalidArgumentError(absl::StrCat(
-          "cluster file '", path, "': ducks[", i,
-          "] needs \"host\" (string) and \"port\" (integer)"));
-    auto ep = ParseDuckEndpoint(absl::StrCat(d["host"].get<std::string>(), ":",
-                                             d["port"].get<int>()));
-    if (!ep.ok())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cluster file '", path, "': ducks[", i, "]: ", ep.status().message()));
-    c.ducks.push_back(*ep);
+          "cluster file '", path, "': \"spares\" must be an array of "
+          "{\"host\": ..., \"port\": ...}"));
+    if (absl::Status st = endpoints("spares", &c.spares); !st.ok())
+      return st;
   }
   return c;
 }
 
+/// A duck of a cluster file that stays unreachable this long is replaced
+/// by the next spare (when the file lists any).
+constexpr absl::Duration kSpareAfter = absl::Seconds(3);
+
+/// Whether anything accepts a TCP connection at `ep` within `timeout`: a
+/// duckd that answers, even "busy", is alive; a refused or unanswered
+/// connect is a duck that is gone.
+bool TcpReachable(const DuckEndpoint &ep, absl::Duration timeout) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(ep.port);
+  if (::inet_pton(AF_INET, ep.host == "localhost" ? "127.0.0.1"
+                                                  : ep.host.c_str(),
+                  &sa.sin_addr) != 1) {
+    ::close(fd);
+    return false;
+  }
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    ok = ::poll(&p, 1, (int)absl::ToInt64Milliseconds(timeout)) == 1 &&
+         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
 /// After a failed step: restarts the local ducks that died (all of them
-/// when none did: one is hung), then connects, prepares through the weight
-/// cache and opens the ELF again, retrying with backoff until `budget`
-/// has passed.
+/// when none did: one is hung); with a cluster file, a duck that stays
+/// unreachable for kSpareAfter gives its place to the next spare (which
+/// gets that duck's weight image). Then connects, prepares through the
+/// weight cache and opens the ELF again, retrying with backoff until
+/// `budget` has passed.
 absl::StatusOr<std::unique_ptr<DuckClient>>
 RecoverDucks(const absl::Status &why, DuckClientOptions &co,
-             LocalCluster *local, const std::vector<std::string> &images,
+             LocalCluster *local, std::vector<DuckEndpoint> *spares,
+             const std::vector<std::string> &images,
              const std::vector<uint8_t> &elf, absl::Duration budget, bool quiet,
              std::ostream &err) {
   if (!quiet)
@@ -98,7 +155,28 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
   const absl::Time start = absl::Now(), deadline = start + budget;
   absl::Duration wait = absl::Milliseconds(100);
   absl::Status last = why;
+  std::vector<absl::Time> downSince(co.ducks.size(), absl::InfiniteFuture());
   for (int attempt = 1;; ++attempt) {
+    if (!local && spares && !spares->empty()) {
+      for (size_t r = 0; r < co.ducks.size() && !spares->empty(); ++r) {
+        if (TcpReachable(co.ducks[r], absl::Seconds(1))) {
+          downSince[r] = absl::InfiniteFuture();
+          continue;
+        }
+        const absl::Time now = absl::Now();
+        if (downSince[r] == absl::InfiniteFuture())
+          downSince[r] = now;
+        if (now - downSince[r] < kSpareAfter)
+          continue;
+        if (!quiet)
+          err << "duckrun: duck " << r << " (" << co.ducks[r].ToString()
+              << ") is still unreachable; spare " << spares->front().ToString()
+              << " takes its place\n";
+        co.ducks[r] = spares->front();
+        spares->erase(spares->begin());
+        downSince[r] = absl::InfiniteFuture();
+      }
+    }
     if (local) {
       std::vector<size_t> dead;
       for (size_t i = 0; i < local->endpoints().size(); ++i)
@@ -280,6 +358,7 @@ absl::Status Session::Start(std::ostream &log) {
           "the plan was compiled for ", tp, " ducks but cluster file '",
           o.cluster_file, "' lists ", c->ducks.size()));
     co_.ducks = c->ducks;
+    spares_ = c->spares;
     co_.token = c->token;
     duck_read_gbs_ = c->bandwidth_gbs;
   } else {
@@ -398,8 +477,8 @@ absl::Status Session::Start(std::ostream &log) {
     runner_->SetRecover([this, budget, quiet, &log](const absl::Status &why)
                             -> absl::StatusOr<DuckClient *> {
       client_.reset(); // close the old connections first: no duck stays busy
-      auto fresh = RecoverDucks(why, co_, local_.get(), images_, elf_, budget,
-                                quiet, log);
+      auto fresh = RecoverDucks(why, co_, local_.get(), &spares_, images_,
+                                elf_, budget, quiet, log);
       if (!fresh.ok())
         return fresh.status();
       client_ = std::move(*fresh);

@@ -105,6 +105,7 @@ private:
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<LocalCluster> local_;
   DuckClientOptions co_;
+  std::vector<DuckEndpoint> spares_; // the cluster file's, not yet used
   std::unique_ptr<DuckClient> client_;
   std::vector<std::string> images_;
   std::vector<uint8_t> elf_;
