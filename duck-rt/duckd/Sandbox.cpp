@@ -23,14 +23,37 @@ namespace {
 // write), the clocks, logs on stderr, and threads ending. Memory: freeing
 // and growing the heap, never executable unless asked.
 const char *const kAlways[] = {
-    "read",          "write",         "readv",          "writev",
-    "recvfrom",      "recvmsg",       "sendto",         "sendmsg",
-    "poll",          "ppoll",         "futex",          "sched_yield",
-    "nanosleep",     "clock_nanosleep", "clock_gettime", "gettimeofday",
-    "getpid",        "gettid",        "getcpu",         "exit",
-    "exit_group",    "rt_sigreturn",  "rt_sigprocmask", "restart_syscall",
-    "madvise",       "munmap",        "brk",            "close",
-    "rseq",          "set_robust_list", "sched_getaffinity",
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "recvfrom",
+    "recvmsg",
+    "sendto",
+    "sendmsg",
+    "poll",
+    "ppoll",
+    "futex",
+    "sched_yield",
+    "nanosleep",
+    "clock_nanosleep",
+    "clock_gettime",
+    "gettimeofday",
+    "getpid",
+    "gettid",
+    "getcpu",
+    "exit",
+    "exit_group",
+    "rt_sigreturn",
+    "rt_sigprocmask",
+    "restart_syscall",
+    "madvise",
+    "munmap",
+    "brk",
+    "close",
+    "rseq",
+    "set_robust_list",
+    "sched_getaffinity",
 };
 const char *const kMappings[] = {"mmap", "mprotect"};
 
@@ -110,9 +133,9 @@ absl::Status EnterSandbox(const SandboxOptions &o) {
       return fail(absl::StrCat("allow ", name), rc);
   }
   // Pinning a core thread to its CPU (itself only).
-  if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW,
-                                SCMP_SYS(sched_setaffinity), 1,
-                                SCMP_A0(SCMP_CMP_EQ, 0));
+  if (int rc =
+          seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(sched_setaffinity), 1,
+                           SCMP_A0(SCMP_CMP_EQ, 0));
       rc < 0)
     return fail("allow sched_setaffinity", rc);
   for (const char *name : kMappings) {

@@ -20,7 +20,7 @@
 namespace duck::duckd {
 
 struct SandboxOptions {
-  std::vector<int> keep_fds;      // stay open (stderr is always kept)
+  std::vector<int> keep_fds;        // stay open (stderr is always kept)
   bool allow_exec_mappings = false; // one-shot workers load an ELF a call
   uint64_t extra_address_space = 1ull << 30; // beyond what is mapped now
 };

@@ -26,10 +26,10 @@ Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
   opts_.parallel = std::max(1u, std::min(opts.parallel, engine.max_seqs()));
   opts_.prefill_chunk = std::max(1u, opts.prefill_chunk);
   // A step is every decoding row plus one prompt chunk.
-  opts_.prefill_chunk = std::min(
-      opts_.prefill_chunk,
-      engine.max_rows() > opts_.parallel ? engine.max_rows() - opts_.parallel
-                                         : 1u);
+  opts_.prefill_chunk =
+      std::min(opts_.prefill_chunk, engine.max_rows() > opts_.parallel
+                                        ? engine.max_rows() - opts_.parallel
+                                        : 1u);
   for (uint32_t s = opts_.parallel; s-- > 0;)
     free_slots_.push_back(s); // slot 0 is taken first
 }
@@ -38,9 +38,9 @@ absl::StatusOr<uint64_t> Batcher::Submit(GenRequest r) {
   if (r.prompt.empty())
     return absl::InvalidArgumentError("the prompt is empty");
   if (r.prompt.size() + 1 > engine_.max_seq())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt has ", r.prompt.size(),
-        " tokens; this server's context is ", engine_.max_seq()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt has ", r.prompt.size(),
+                     " tokens; this server's context is ", engine_.max_seq()));
   auto s = std::make_unique<Seq>();
   s->req = std::move(r);
   s->sampler = std::make_unique<Sampler>(s->req.sampler);
@@ -165,8 +165,8 @@ void Batcher::Step() {
   sampling_.clear();
   for (auto &s : active_)
     if (s->next >= 0) {
-      chunks_.push_back({s->slot, s->pos,
-                         absl::MakeConstSpan(&s->next, 1), true});
+      chunks_.push_back(
+          {s->slot, s->pos, absl::MakeConstSpan(&s->next, 1), true});
       sampling_.push_back(s.get());
     }
   const size_t decodeRows = chunks_.size();
@@ -177,9 +177,9 @@ void Batcher::Step() {
     const uint32_t left = (uint32_t)s->req.prompt.size() - s->pos;
     const uint32_t n = std::min(left, opts_.prefill_chunk - prefillRows);
     const bool last = n == left;
-    chunks_.push_back(
-        {s->slot, s->pos, absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n),
-         last});
+    chunks_.push_back({s->slot, s->pos,
+                       absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n),
+                       last});
     if (last)
       sampling_.push_back(s.get());
     prefillRows += n;

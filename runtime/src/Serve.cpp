@@ -39,6 +39,12 @@ double now() {
       .count();
 }
 
+/// JSON text; bytes that are not UTF-8 (a model can emit any bytes) become
+/// U+FFFD instead of an exception.
+std::string Dump(const json &j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 /// An OpenAI-shaped error.
 void SetError(httplib::Response &res, int status, const std::string &message,
               const char *type, const char *param = nullptr,
@@ -48,7 +54,7 @@ void SetError(httplib::Response &res, int status, const std::string &message,
             {"param", param ? json(param) : json(nullptr)},
             {"code", code ? json(code) : json(nullptr)}};
   res.status = status;
-  res.set_content(json{{"error", e}}.dump(), "application/json");
+  res.set_content(Dump(json{{"error", e}}), "application/json");
 }
 
 /// A request field's problem, reported as 400 with the field's name.
@@ -66,8 +72,8 @@ public:
   explicit Histogram(std::vector<double> bounds)
       : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void Add(double v) {
-    size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) -
-               bounds_.begin();
+    size_t i =
+        std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
     ++counts_[i];
     sum_ += v;
     ++n_;
@@ -116,13 +122,13 @@ struct Metrics {
 struct Job {
   std::mutex mu;
   std::condition_variable cv;
-  std::string text;        // all text so far, stop strings cut off
-  size_t ready = 0;        // text[0, ready) may be sent (no partial stop)
+  std::string text; // all text so far, stop strings cut off
+  size_t ready = 0; // text[0, ready) may be sent (no partial stop)
   bool done = false;
   FinishReason why = FinishReason::kLength;
   absl::Status error;
   uint32_t prompt_tokens = 0, completion_tokens = 0;
-  uint64_t id = 0; // the batcher's
+  uint64_t id = 0;          // the batcher's
   bool stop_string = false; // a stop string cut the text
   double t_submit = 0, t_first = 0, t_last = 0;
 
@@ -133,7 +139,8 @@ struct Job {
 
 /// The longest suffix of `text` that is a proper prefix of a stop string:
 /// held back until the next token shows whether the stop matches.
-size_t HeldBack(const std::string &text, const std::vector<std::string> &stops) {
+size_t HeldBack(const std::string &text,
+                const std::vector<std::string> &stops) {
   size_t hold = 0;
   for (const std::string &s : stops)
     for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
@@ -240,8 +247,8 @@ std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
       return std::nullopt;
     if (!b[k].is_number_integer() || b[k].get<int64_t>() < lo ||
         b[k].get<int64_t>() > hi)
-      return FieldError{k, absl::StrCat("'", k, "' must be an integer in [",
-                                        lo, ", ", hi, "]")};
+      return FieldError{k, absl::StrCat("'", k, "' must be an integer in [", lo,
+                                        ", ", hi, "]")};
     *out = b[k].get<int64_t>();
     return std::nullopt;
   };
@@ -324,8 +331,7 @@ private:
   void Routes();
   bool Authorized(const httplib::Request &req, httplib::Response &res);
   bool Ready(httplib::Response &res);
-  void Generate(const httplib::Request &req, httplib::Response &res,
-                bool chat);
+  void Generate(const httplib::Request &req, httplib::Response &res, bool chat);
   void Models(httplib::Response &res);
   void MetricsText(httplib::Response &res);
   void AfterStep();
@@ -373,7 +379,7 @@ void Server::Models(httplib::Response &res) {
             {"object", "model"},
             {"created", created_},
             {"owned_by", "duck"}};
-  res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+  res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}),
                   "application/json");
 }
 
@@ -406,14 +412,14 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
         content = ContentText(m["content"]);
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
           !content)
-        return bad({"messages", absl::StrCat(
-                                    "messages[", i,
-                                    "] needs a 'role' and a text 'content'")});
+        return bad({"messages",
+                    absl::StrCat("messages[", i,
+                                 "] needs a 'role' and a text 'content'")});
       const std::string role = m["role"].get<std::string>();
       if (role != "system" && role != "user" && role != "assistant" &&
           role != "developer" && role != "tool")
-        return bad({"messages", absl::StrCat("messages[", i, "]: unknown role '",
-                                             role, "'")});
+        return bad({"messages", absl::StrCat("messages[", i,
+                                             "]: unknown role '", role, "'")});
       // The Qwen3 chat template (developer speaks as system).
       absl::StrAppend(&text, "<|im_start|>",
                       role == "developer" ? "system" : role, "\n", *content,
@@ -429,8 +435,9 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
       text = pr[0].get<std::string>();
     } else if (pr.is_array() && !pr.empty() &&
-               std::all_of(pr.begin(), pr.end(),
-                           [](const json &x) { return x.is_number_integer(); })) {
+               std::all_of(pr.begin(), pr.end(), [](const json &x) {
+                 return x.is_number_integer();
+               })) {
       for (const json &x : pr) {
         const int64_t id = x.get<int64_t>();
         if (id < 0 || id >= (int64_t)ses_->model().vocab())
@@ -515,7 +522,8 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     job->cv.wait(lock, [&] { return job->done; });
     lock.unlock();
     record();
-    if (job->why == FinishReason::kError || job->why == FinishReason::kCancelled) {
+    if (job->why == FinishReason::kError ||
+        job->why == FinishReason::kCancelled) {
       SetError(res, 500,
                job->why == FinishReason::kError
                    ? std::string(job->error.message())
@@ -536,7 +544,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
               {"model", model},
               {"choices", json::array({choice})},
               {"usage", usage()}};
-    res.set_content(r.dump(), "application/json");
+    res.set_content(Dump(r), "application/json");
     return;
   }
 
@@ -560,65 +568,72 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
               {"created", created},
               {"model", model},
               {"choices", json::array({choice})}};
-    return absl::StrCat("data: ", c.dump(), "\n\n");
+    return absl::StrCat("data: ", Dump(c), "\n\n");
   };
   Batcher *batcher = batcher_.get();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [=](size_t, httplib::DataSink &sink) {
-        std::unique_lock<std::mutex> lock(job->mu);
-        job->cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
-          return job->done || job->ready > st->sent;
-        });
-        std::string out;
-        if (st->first && chat)
-          out += chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
-        st->first = false;
-        if (job->ready > st->sent) {
-          std::string piece = job->text.substr(st->sent, job->ready - st->sent);
-          st->sent = job->ready;
-          out += chunk(chat ? json{{"content", piece}} : json(piece), nullptr);
-        }
-        const bool done = job->done;
-        lock.unlock();
-        if (done) {
-          if (job->why == FinishReason::kError ||
-              job->why == FinishReason::kCancelled) {
-            json e = {{"error",
-                       {{"message", job->why == FinishReason::kError
-                                        ? std::string(job->error.message())
-                                        : "the request was cancelled"},
-                        {"type", "server_error"}}}};
-            out += absl::StrCat("data: ", e.dump(), "\n\n");
-          } else {
-            out += chunk(chat ? json::object() : json(""),
-                         FinishReasonName(job->why));
-            if (includeUsage) {
-              json u = {{"id", rid},
-                        {"object", chat ? "chat.completion.chunk"
-                                        : "text_completion"},
-                        {"created", created},
-                        {"model", model},
-                        {"choices", json::array()},
-                        {"usage", usage()}};
-              out += absl::StrCat("data: ", u.dump(), "\n\n");
-            }
+      [=](size_t, httplib::DataSink &sink) -> bool {
+        // Nothing may escape into the library's writer thread.
+        try {
+          std::unique_lock<std::mutex> lock(job->mu);
+          job->cv.wait_for(lock, std::chrono::milliseconds(200),
+                           [&] { return job->done || job->ready > st->sent; });
+          std::string out;
+          if (st->first && chat)
+            out += chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+          st->first = false;
+          if (job->ready > st->sent) {
+            std::string piece =
+                job->text.substr(st->sent, job->ready - st->sent);
+            st->sent = job->ready;
+            out +=
+                chunk(chat ? json{{"content", piece}} : json(piece), nullptr);
           }
-          out += "data: [DONE]\n\n";
-        }
-        // A client that went away frees its slot.
-        if (!sink.is_writable() ||
-            (!out.empty() && !sink.write(out.data(), out.size()))) {
+          const bool done = job->done;
+          lock.unlock();
+          if (done) {
+            if (job->why == FinishReason::kError ||
+                job->why == FinishReason::kCancelled) {
+              json e = {{"error",
+                         {{"message", job->why == FinishReason::kError
+                                          ? std::string(job->error.message())
+                                          : "the request was cancelled"},
+                          {"type", "server_error"}}}};
+              out += absl::StrCat("data: ", Dump(e), "\n\n");
+            } else {
+              out += chunk(chat ? json::object() : json(""),
+                           FinishReasonName(job->why));
+              if (includeUsage) {
+                json u = {{"id", rid},
+                          {"object",
+                           chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created},
+                          {"model", model},
+                          {"choices", json::array()},
+                          {"usage", usage()}};
+                out += absl::StrCat("data: ", Dump(u), "\n\n");
+              }
+            }
+            out += "data: [DONE]\n\n";
+          }
+          // A client that went away frees its slot.
+          if (!sink.is_writable() ||
+              (!out.empty() && !sink.write(out.data(), out.size()))) {
+            batcher->Cancel(job->id);
+            return false;
+          }
+          if (done) {
+            st->finished = true;
+            record();
+            sink.done();
+          }
+          return true;
+        } catch (const std::exception &) {
           batcher->Cancel(job->id);
           return false;
         }
-        if (done) {
-          st->finished = true;
-          record();
-          sink.done();
-        }
-        return true;
       },
       [=](bool) {
         if (!st->finished)
@@ -651,8 +666,7 @@ void Server::AfterStep() {
 
 void Server::MetricsText(httplib::Response &res) {
   std::string out;
-  const BatcherStats bs =
-      batcher_ ? batcher_->Stats() : BatcherStats();
+  const BatcherStats bs = batcher_ ? batcher_->Stats() : BatcherStats();
   std::lock_guard<std::mutex> lock(metrics_.mu);
   out += "# HELP duck_requests_total Generation requests by endpoint and "
          "status.\n# TYPE duck_requests_total counter\n";
@@ -670,20 +684,25 @@ void Server::MetricsText(httplib::Response &res) {
         (double)bs.prompt_tokens, "counter");
   gauge("duck_generated_tokens_total", "Tokens generated.",
         (double)bs.generated_tokens, "counter");
-  gauge("duck_steps_total", "Engine steps (each one step on the ducks per "
-        "FFN layer).", (double)bs.steps, "counter");
+  gauge("duck_steps_total",
+        "Engine steps (each one step on the ducks per "
+        "FFN layer).",
+        (double)bs.steps, "counter");
   gauge("duck_step_rows_total", "Rows carried by the steps.", (double)bs.rows,
         "counter");
-  gauge("duck_queue_depth", "Requests waiting for a sequence slot.",
-        bs.queued);
+  gauge("duck_queue_depth", "Requests waiting for a sequence slot.", bs.queued);
   gauge("duck_active_sequences", "Sequences prefilling or decoding.",
         bs.active);
-  gauge("duck_batch_decode_rows_max", "Most sequences decoded together in "
-        "one step so far.", bs.max_decode_rows);
+  gauge("duck_batch_decode_rows_max",
+        "Most sequences decoded together in "
+        "one step so far.",
+        bs.max_decode_rows);
   gauge("duck_ready", "1 when the ducks are prepared and serving.",
         state_.load() == State::kReady ? 1 : 0);
-  gauge("duck_judge_gap_us", "Median dispatch gap of the recent duck steps "
-        "(microseconds).", metrics_.judge_gap_us_p50);
+  gauge("duck_judge_gap_us",
+        "Median dispatch gap of the recent duck steps "
+        "(microseconds).",
+        metrics_.judge_gap_us_p50);
   out += "# HELP duck_kernel_gparam_per_second fp9 weights a second in each "
          "duck's kernels (billions).\n# TYPE duck_kernel_gparam_per_second "
          "gauge\n";
@@ -698,16 +717,16 @@ void Server::MetricsText(httplib::Response &res) {
 }
 
 void Server::Routes() {
-  http_.Get("/health", [this](const httplib::Request &,
-                              httplib::Response &res) {
-    const State s = state_.load();
-    res.status = s == State::kReady ? 200 : 503;
-    res.set_content(json{{"status", s == State::kReady       ? "ok"
-                                    : s == State::kPreparing ? "preparing"
-                                                             : "stopping"}}
-                        .dump(),
-                    "application/json");
-  });
+  http_.Get(
+      "/health", [this](const httplib::Request &, httplib::Response &res) {
+        const State s = state_.load();
+        res.status = s == State::kReady ? 200 : 503;
+        res.set_content(json{{"status", s == State::kReady       ? "ok"
+                                        : s == State::kPreparing ? "preparing"
+                                                                 : "stopping"}}
+                            .dump(),
+                        "application/json");
+      });
   http_.Get("/metrics", [this](const httplib::Request &,
                                httplib::Response &res) { MetricsText(res); });
   http_.Get("/v1/models",
@@ -738,11 +757,10 @@ void Server::Routes() {
     else
       SetError(res, res.status, "bad request", "invalid_request_error");
   });
-  http_.set_exception_handler([](const httplib::Request &,
-                                 httplib::Response &res,
-                                 std::exception_ptr) {
-    SetError(res, 500, "internal error", "server_error");
-  });
+  http_.set_exception_handler(
+      [](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
+        SetError(res, 500, "internal error", "server_error");
+      });
 }
 
 absl::Status Server::Run() {
@@ -778,9 +796,9 @@ absl::Status Server::Run() {
   else if (!http_.bind_to_port(o_.host, o_.port))
     port = -1;
   if (port <= 0)
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", o_.host, ":", o_.port,
-        " (taken, or not an address of this machine)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o_.host, ":", o_.port,
+                     " (taken, or not an address of this machine)"));
   if (fd >= 0)
     ::listen(fd, 512); // the library's backlog of 5 drops bursts of clients
   {

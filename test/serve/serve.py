@@ -16,6 +16,9 @@
       with finish_reason "stop", streaming and not.
   serve.py check-disconnect URL KEY
       A client that drops a stream mid-way frees its slot.
+  serve.py check-bad-clients URL KEY
+      Garbage, truncated, stalled and oversized requests, invalid UTF-8 and
+      deeply nested JSON; the server answers the next request.
   serve.py check-queue-full URL KEY N
       N concurrent long streams on a server with a small --parallel and
       --queue: some get 429, the rest are served or dropped, and every slot
@@ -258,13 +261,73 @@ def check_queue_full(argv):
     print(f"queue full: {busy} of {n} requests got 429; every slot free again")
 
 
+def check_bad_clients(argv):
+    """Garbage, truncated and stalled requests, a huge header, invalid
+    UTF-8 and deeply nested JSON: each gets an error or a closed
+    connection, and the server goes on serving."""
+    url, key = argv
+    host, port = split_url(url)
+
+    def raw(data, read=True, close=True):
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(data)
+        out = b""
+        if read:
+            try:
+                while True:
+                    c = s.recv(65536)
+                    if not c:
+                        break
+                    out += c
+                    if b"\r\n\r\n" in out and len(out) > 200:
+                        break
+            except socket.timeout:
+                pass
+        if close:
+            s.close()
+        return out, s
+
+    def status(resp):
+        m = re.match(rb"HTTP/1.1 (\d+)", resp)
+        return int(m.group(1)) if m else None
+
+    auth = b"Authorization: Bearer " + key.encode() + b"\r\n"
+    raw(b"\x00\xff garbage \x01\x02\r\n\r\n")
+    raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", read=False)
+    _, stalled = raw(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{",
+                     read=False, close=False)
+    big, _ = raw(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n")
+    bad_utf8 = b'{"messages":[{"role":"user","content":"\xff\xfe"}],"max_tokens":2}'
+    r1, _ = raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                b"Content-Length: " + str(len(bad_utf8)).encode() + b"\r\n\r\n" + bad_utf8)
+    nested = b"[" * 30000 + b"]" * 30000  # under --max-request-bytes
+    r2, _ = raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                b"Content-Length: " + str(len(nested)).encode() + b"\r\n\r\n" + nested)
+    raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+        b"Content-Length: 5000\r\n\r\n{\"messages\":", read=False)
+    stalled.close()
+    if status(r1) != 400 or status(r2) != 400:
+        die(f"invalid UTF-8 / nested JSON: statuses {status(r1)}, {status(r2)}")
+    if status(big) not in (400, 413, 431, None):
+        die(f"a 100 kB header got {status(big)}")
+    st, body = request(url, "GET", "/health")
+    if st != 200:
+        die(f"the server stopped serving: /health {st} {body!r}")
+    st, body = request(url, "POST", "/v1/chat/completions",
+                      chat_body("still there?", max_tokens=2), key)
+    if st != 200:
+        die(f"the server stopped serving: {st} {body!r}")
+    print("bad clients: errors or closed connections; the server serves on")
+
+
 def main():
     if len(sys.argv) < 2:
         die("usage: see the docstring")
     cmd, argv = sys.argv[1], sys.argv[2:]
     {"start": start, "stop": stop, "cli-expect": cli_expect,
      "check-stop": check_stop, "check-disconnect": check_disconnect,
-     "check-queue-full": check_queue_full}.get(
+     "check-queue-full": check_queue_full,
+     "check-bad-clients": check_bad_clients}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

@@ -1,4 +1,5 @@
-//===- Batcher.h - continuous batching of sequences over the ducks -*- C++ -*-===//
+//===- Batcher.h - continuous batching of sequences over the ducks -*- C++
+//-*-===//
 //
 // Many generations share one engine: up to `parallel` sequences are active,
 // each with its own KV cache slot and sampler. Every step carries one row
@@ -55,7 +56,7 @@ struct GenRequest {
 };
 
 struct BatcherOptions {
-  uint32_t parallel = 1;    // sequences active at once (engine max_seqs)
+  uint32_t parallel = 1;     // sequences active at once (engine max_seqs)
   uint32_t queue_limit = 64; // waiting requests before Submit refuses
   uint32_t prefill_chunk = 32;
 };
@@ -112,12 +113,12 @@ private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Seq>> queue_;   // guarded by mu_
-  std::vector<uint64_t> cancels_;             // guarded by mu_
-  bool stop_ = false;                         // guarded by mu_
-  BatcherStats stats_;                        // guarded by mu_
-  uint64_t next_id_ = 1;                      // guarded by mu_
-  std::vector<std::unique_ptr<Seq>> active_;  // Run's thread only
-  std::vector<uint32_t> free_slots_;          // guarded by mu_
+  std::vector<uint64_t> cancels_;            // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  BatcherStats stats_;                       // guarded by mu_
+  uint64_t next_id_ = 1;                     // guarded by mu_
+  std::vector<std::unique_ptr<Seq>> active_; // Run's thread only
+  std::vector<uint32_t> free_slots_;         // guarded by mu_
   std::vector<SeqChunk> chunks_;
   std::vector<Seq *> sampling_;
   std::vector<float> logits_;

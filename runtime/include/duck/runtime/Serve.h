@@ -1,4 +1,5 @@
-//===- Serve.h - duckrun serve: an OpenAI-compatible HTTP server -*- C++ -*-===//
+//===- Serve.h - duckrun serve: an OpenAI-compatible HTTP server -*- C++
+//-*-===//
 //
 // POST /v1/chat/completions and /v1/completions (streaming as server-sent
 // events), GET /v1/models, /health and /metrics, over one Session whose
@@ -22,12 +23,12 @@
 namespace duck::runtime {
 
 struct ServeOptions {
-  SessionOptions session;       // max_seqs is set from parallel
+  SessionOptions session; // max_seqs is set from parallel
   std::string host = "127.0.0.1";
-  int port = 8080;              // 0: any free port (printed)
-  uint32_t parallel = 4;        // sequences decoded together
-  uint32_t queue_limit = 64;    // requests waiting for a slot; then 429
-  std::string api_key;          // "": no key needed
+  int port = 8080;                   // 0: any free port (printed)
+  uint32_t parallel = 4;             // sequences decoded together
+  uint32_t queue_limit = 64;         // requests waiting for a slot; then 429
+  std::string api_key;               // "": no key needed
   uint64_t max_body_bytes = 1 << 20; // larger requests get 413
   uint32_t shutdown_grace_seconds = 10;
   /// Set by the caller (SIGINT/SIGTERM) to stop serving.

@@ -1,4 +1,5 @@
-//===- Session.h - a plan, its ducks and an engine, ready to run -*- C++ -*-===//
+//===- Session.h - a plan, its ducks and an engine, ready to run -*- C++
+//-*-===//
 //
 // What duckrun and duckrun serve share: load and verify the plan, read the
 // tokenizer, start local ducks or connect to a cluster, prepare the weights
@@ -45,8 +46,8 @@ struct SessionOptions {
   bool all_logits = false;     // logits of every row (--logits-out)
   uint32_t recover_seconds = 60;
   int32_t reply_spin_us = 0;
-  size_t keep_steps = 0;       // per-step metrics kept; 0: all (one run)
-  bool quiet = false;          // no progress on the log stream
+  size_t keep_steps = 0; // per-step metrics kept; 0: all (one run)
+  bool quiet = false;    // no progress on the log stream
   /// Set by the caller (a signal handler, a server shutting down) to stop
   /// a long prepare; checked between its stages.
   const std::atomic<bool> *cancel = nullptr;
