@@ -20,6 +20,10 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #ifndef DUCK_VERSION
 #define DUCK_VERSION "unknown"
 #endif
@@ -82,10 +86,19 @@ cl::opt<std::string> compileCluster(
     cl::desc("Cluster description (JSON): the ducks' cores and memory, and "
              "the cost model; --tp/--cores-per-duck override it"),
     cl::value_desc("file"), cl::sub(compileCmd), cl::cat(duckcCategory));
-cl::opt<int64_t> compileTp("tp", cl::desc("Number of ducks (tensor parallel "
-                                          "size); default 1"),
-                           cl::init(0), cl::sub(compileCmd),
-                           cl::cat(duckcCategory));
+cl::opt<std::string> compileTp(
+    "tp",
+    cl::desc("Number of ducks (tensor parallel size), or auto: try every "
+             "legal tp up to the cluster file's ducks, multiple_of and "
+             "strategy with the cost model and keep the fastest that fits "
+             "(--explain shows the table); default 1"),
+    cl::value_desc("N|auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<bool> compileExplain(
+    "explain",
+    cl::desc("Print the candidates the cost model compared (predicted TPOT, "
+             "its parts, the largest shard against a duck's memory) and why "
+             "the winner won"),
+    cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileMultipleOf(
     "multiple-of",
     cl::desc("down_proj K-block: 128, 64, 32, or auto (largest that fits tp)"),
@@ -144,6 +157,147 @@ cl::opt<bool> compileProgress("progress",
                                        "not a terminal"),
                               cl::sub(compileCmd), cl::cat(duckcCategory));
 
+/// One candidate partition and what the cost model predicts for it.
+struct Candidate {
+  int64_t tp = 1;
+  std::string multipleOf, strategy;
+  bool ok = false;
+  std::string why; // the compiler's refusal when not ok
+  double tokS = 0, streamMs = 0, dispatchMs = 0;
+  uint64_t maxShardBytes = 0;
+};
+
+/// Lays out one candidate (dry run, stats only) and reads the prediction.
+Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
+                   const std::string &mo, const std::string &strategy) {
+  Candidate c;
+  c.tp = tp;
+  c.multipleOf = mo;
+  c.strategy = strategy;
+  o.cluster.tp = tp;
+  if (!o.cluster.memoryBytes.empty())
+    o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
+  o.multipleOf = mo;
+  o.strategy = strategy;
+  o.emit = mlir::duck::CompileOptions::Emit::Stats;
+  o.dryRun = true;
+  o.progress = false;
+  std::string text, log;
+  raw_string_ostream os(text), ls(log);
+  if (Error e = mlir::duck::compileModel(o, os, ls)) {
+    c.why = toString(std::move(e));
+    return c;
+  }
+  Expected<json::Value> v = json::parse(os.str());
+  const json::Object *j = v ? v->getAsObject() : nullptr;
+  if (!j) {
+    if (!v)
+      consumeError(v.takeError());
+    c.why = "no stats";
+    return c;
+  }
+  c.ok = true;
+  c.tokS = j->getNumber("estimated_decode_tok_s").value_or(0);
+  c.streamMs = j->getNumber("stream_ms_per_token").value_or(0);
+  c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
+  if (const json::Array *a = j->getArray("per_duck_bytes"))
+    for (const json::Value &b : *a)
+      c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes,
+                                           b.getAsInteger().value_or(0));
+  return c;
+}
+
+/// --tp auto / --explain: every legal (tp, multiple_of, strategy) the flags
+/// leave open, predicted with the cost model (fp9 bytes a token per duck
+/// over its bandwidth, plus the dispatch cost of every FFN step; host work
+/// not counted); the fastest that fits wins, ties going to fewer ducks and
+/// then the larger K-block.
+Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
+                               bool autoTp, bool autoMo, bool autoStrategy,
+                               raw_ostream &out) {
+  std::vector<int64_t> tps;
+  if (autoTp)
+    for (int64_t t = 1; t <= base.cluster.tp; ++t)
+      tps.push_back(t);
+  else
+    tps.push_back(base.cluster.tp);
+  std::vector<std::string> mos =
+      autoMo ? std::vector<std::string>{"128", "64", "32"}
+             : std::vector<std::string>{base.multipleOf};
+  std::vector<std::string> strategies =
+      autoStrategy ? std::vector<std::string>{"intermediate", "experts"}
+                   : std::vector<std::string>{base.strategy};
+  std::vector<Candidate> all;
+  for (int64_t t : tps)
+    for (const std::string &mo : mos)
+      for (const std::string &st : strategies)
+        all.push_back(evaluate(base, t, mo, st));
+  const Candidate *best = nullptr;
+  for (const Candidate &c : all) {
+    if (!c.ok)
+      continue;
+    auto better = [&](const Candidate &a, const Candidate &b) {
+      if (a.tokS != b.tokS)
+        return a.tokS > b.tokS * (1 + 1e-9);
+      if (a.tp != b.tp)
+        return a.tp < b.tp;
+      return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
+    };
+    if (!best || better(c, *best))
+      best = &c;
+  }
+  if (compileExplain) {
+    const uint64_t mem = base.cluster.memoryBytes.empty()
+                             ? 0
+                             : *std::min_element(base.cluster.memoryBytes.begin(),
+                                                 base.cluster.memoryBytes.end());
+    out << formatv("cost model: {0:F1} GB/s a duck, {1:F0} us a step; host "
+                   "work not counted{2}\n",
+                   base.cluster.cost.bandwidthGbs,
+                   base.cluster.cost.stepOverheadUs,
+                   mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0)
+                               .str()
+                       : std::string());
+    out << "  tp  multiple_of  strategy      TPOT ms  stream ms  dispatch ms  "
+           "tok/s    largest shard\n";
+    for (const Candidate &c : all) {
+      if (!c.ok) {
+        StringRef why = StringRef(c.why).split('\n').first;
+        out << formatv("{0,4}  {1,11}  {2,-12}  not legal: {3}\n", c.tp,
+                       c.multipleOf, c.strategy, why);
+        continue;
+      }
+      out << formatv("{0,4}  {1,11}  {2,-12}  {3,7:F3}  {4,9:F3}  {5,11:F3}  "
+                     "{6,7:F2}  {7,10:F3} GiB{8}\n",
+                     c.tp, c.multipleOf, c.strategy, 1e3 / c.tokS, c.streamMs,
+                     c.dispatchMs, c.tokS, c.maxShardBytes / 1073741824.0,
+                     &c == best ? "  <- chosen" : "");
+    }
+  }
+  if (!best)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "no candidate partition is legal for this model and cluster" +
+            (all.empty() ? std::string()
+                         : ": e.g. tp " + std::to_string(all.back().tp) +
+                               ", multiple_of " + all.back().multipleOf +
+                               ": " + all.back().why));
+  if (compileExplain) {
+    int better = 0;
+    for (const Candidate &c : all)
+      better += c.ok && &c != best;
+    out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}: predicted "
+                   "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
+                   "dispatch {6:F3}); the fastest of {7} legal candidates"
+                   "{8}\n",
+                   best->tp, best->multipleOf, best->strategy, best->tokS,
+                   1e3 / best->tokS, best->streamMs, best->dispatchMs,
+                   better + 1,
+                   autoTp ? ", ties going to fewer ducks" : "");
+  }
+  return *best;
+}
+
 Error runCompile() {
   mlir::duck::CompileOptions o;
   o.modelDir = compileDir;
@@ -154,14 +308,22 @@ Error runCompile() {
       return c.takeError();
     o.cluster = *c;
   }
-  if (compileTp.getNumOccurrences()) {
-    if (compileTp < 1)
+  const bool autoTp = compileTp == "auto";
+  if (compileTp.getNumOccurrences() && !autoTp) {
+    int64_t tp = 0;
+    if (StringRef(compileTp).getAsInteger(10, tp) || tp < 1)
       return createStringError(inconvertibleErrorCode(),
-                               "--tp must be at least 1");
-    o.cluster.tp = compileTp;
+                               "--tp must be a number of ducks (at least 1) "
+                               "or auto, got '" +
+                                   compileTp + "'");
+    o.cluster.tp = tp;
     if (!o.cluster.memoryBytes.empty())
-      o.cluster.memoryBytes.resize(compileTp, o.cluster.memoryBytes.back());
+      o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
   }
+  if (autoTp && compileCluster.empty())
+    return createStringError(inconvertibleErrorCode(),
+                             "--tp auto chooses among the ducks of a cluster "
+                             "file: pass --cluster FILE");
   if (compileCores.getNumOccurrences()) {
     if (compileCores < 1)
       return createStringError(inconvertibleErrorCode(),
@@ -196,6 +358,19 @@ Error runCompile() {
                              "--lm-head must be checkpoint or fp9, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
+  if (autoTp || compileExplain) {
+    Expected<Candidate> winner =
+        choosePlan(o, autoTp, compileMultipleOf.getNumOccurrences() == 0 ||
+                                  compileMultipleOf == "auto",
+                   compileStrategy.getNumOccurrences() == 0, outs());
+    if (!winner)
+      return winner.takeError();
+    o.cluster.tp = winner->tp;
+    if (!o.cluster.memoryBytes.empty())
+      o.cluster.memoryBytes.resize(winner->tp, o.cluster.memoryBytes.back());
+    o.multipleOf = winner->multipleOf;
+    o.strategy = winner->strategy;
+  }
   return mlir::duck::compileModel(o, outs(), errs());
 }
 
