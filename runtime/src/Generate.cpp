@@ -71,23 +71,9 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
                       std::ostream &err) {
   const double tStart = now();
   auto interrupted = [&] { return o.cancel && o.cancel->load(); };
-  SessionOptions so;
-  so.plan_dir = o.plan_dir;
-  so.tokenizer_path = o.tokenizer_path;
+  SessionOptions so = o.session;
   so.need_tokenizer = o.prompt_ids.empty();
-  so.cluster_file = o.cluster_file;
-  so.cores_per_duck = o.cores_per_duck;
-  so.duckd_path = o.duckd_path;
-  so.persistent = o.persistent;
-  so.invalidate_cache = o.invalidate_cache;
-  so.verify_weights = o.verify_weights;
-  so.threads = o.threads;
-  so.prefill_chunk = o.prefill_chunk;
-  so.max_seq = o.max_seq;
   so.all_logits = !o.logits_out.empty();
-  so.recover_seconds = o.recover_seconds;
-  so.reply_spin_us = o.reply_spin_us;
-  so.quiet = o.quiet;
   so.cancel = o.cancel;
 
   // The prompt is checked before any duck starts: the plan and tokenizer
@@ -115,7 +101,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     return absl::OutOfRangeError(absl::StrCat(
         "the prompt has ", prompt.size(), " tokens but --max-seq is ", maxSeq,
         "; shorten the prompt or raise --max-seq"));
-  const uint32_t chunk = std::max(1u, o.prefill_chunk);
+  const uint32_t chunk = std::max(1u, so.prefill_chunk);
   if (absl::Status s = ses.Start(err); !s.ok())
     return s;
   Engine &engine = ses.engine();
@@ -281,7 +267,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       return absl::InternalError(
           absl::StrCat("cannot write '", o.summary_json, "'"));
   }
-  if (!o.quiet) {
+  if (!so.quiet) {
     err << absl::StrFormat(
         "duckrun: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
         "decode %.2f tok/s, TPOT %.2f ms\n",

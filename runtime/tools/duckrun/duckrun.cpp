@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   duck::runtime::GenerateOptions o;
-  o.plan_dir = args[1];
+  o.session = sessionFlags(args[1]);
   o.prompt = absl::GetFlag(FLAGS_prompt);
   o.chat = absl::GetFlag(FLAGS_chat);
   std::string ids = absl::GetFlag(FLAGS_prompt_ids);
@@ -219,24 +219,11 @@ int main(int argc, char **argv) {
   o.sampler.top_k = absl::GetFlag(FLAGS_top_k);
   o.sampler.top_p = (float)absl::GetFlag(FLAGS_top_p);
   o.sampler.seed = absl::GetFlag(FLAGS_seed);
-  o.max_seq = absl::GetFlag(FLAGS_max_seq);
-  o.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
-  o.cluster_file = absl::GetFlag(FLAGS_cluster);
-  o.cores_per_duck = absl::GetFlag(FLAGS_cores_per_duck);
-  o.duckd_path = absl::GetFlag(FLAGS_duckd);
-  o.persistent = absl::GetFlag(FLAGS_persistent);
-  o.invalidate_cache = absl::GetFlag(FLAGS_invalidate_cache);
-  o.verify_weights = absl::GetFlag(FLAGS_verify_weights);
   o.decode_only = absl::GetFlag(FLAGS_decode_only);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
-  o.quiet = absl::GetFlag(FLAGS_quiet);
   o.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
   o.print_ids = absl::GetFlag(FLAGS_print_ids);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
-  o.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
-  o.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
   installInterruptHandlers();
   o.cancel = &gInterrupted;
   absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);
