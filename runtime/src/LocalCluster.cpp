@@ -183,6 +183,8 @@ absl::Status LocalCluster::StartOne(size_t i) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent)
       ::_exit(1);
+    // Its own process group, with its worker: Signal() reaches both.
+    ::setpgid(0, 0);
     ::dup2(out[1], STDOUT_FILENO);
     if (!logPath.empty()) {
       int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -264,8 +266,10 @@ absl::Status LocalCluster::StartOne(size_t i) {
 
 absl::Status LocalCluster::Stop() {
   for (pid_t pid : pids_)
-    if (pid > 0)
+    if (pid > 0) {
       ::kill(pid, SIGTERM);
+      ::kill(-pid, SIGCONT); // a stopped (hung) duck must run to exit
+    }
   const absl::Time deadline = absl::Now() + opt_.stop_timeout;
   absl::Status s;
   for (pid_t &pid : pids_) {
@@ -287,12 +291,18 @@ absl::Status LocalCluster::Kill(size_t duck, int sig) {
   if (duck >= pids_.size() || pids_[duck] <= 0)
     return absl::NotFoundError("no such running duck");
   ::kill(pids_[duck], sig);
+  ::kill(-pids_[duck], SIGCONT); // a stopped (hung) duck must run to exit
   if (!WaitExit(pids_[duck], absl::Seconds(10))) {
     ::kill(pids_[duck], SIGKILL);
     WaitExit(pids_[duck], absl::Seconds(5));
   }
   pids_[duck] = -1;
   return absl::OkStatus();
+}
+
+void LocalCluster::Signal(size_t duck, int sig) {
+  if (duck < pids_.size() && pids_[duck] > 0)
+    ::kill(-pids_[duck], sig); // duckd and its worker
 }
 
 bool LocalCluster::Exited(size_t duck) {

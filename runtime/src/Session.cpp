@@ -219,17 +219,24 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
   }
 }
 
-/// DUCK_TEST_KILL_DUCK="STEP:DUCK": SIGKILL local duck DUCK before duck
-/// step STEP (fault injection for the tests).
+/// DUCK_TEST_KILL_DUCK="STEP:DUCK[:STOP]": before duck step STEP, SIGKILL
+/// local duck DUCK, or with STOP freeze it (SIGSTOP: a hung duck) (fault
+/// injection for the tests).
 std::function<void(uint64_t)> KillDuckAt(const char *spec,
                                          LocalCluster *local) {
   uint64_t step = 0, duck = 0;
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &step) ||
+  if (parts.size() < 2 || parts.size() > 3 ||
+      !absl::SimpleAtoi(parts[0], &step) ||
       !absl::SimpleAtoi(parts[1], &duck))
     return nullptr;
+  const bool stop = parts.size() == 3 && parts[2] == "STOP";
   return [=](uint64_t index) {
-    if (index == step)
+    if (index != step)
+      return;
+    if (stop)
+      local->Signal(duck, SIGSTOP);
+    else
       (void)local->Kill(duck, SIGKILL);
   };
 }
@@ -423,6 +430,7 @@ absl::Status Session::Start(std::ostream &log) {
   // judge, one duck, loopback: gap p50 63 -> 11 us) but holds a core; on
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
   co_.reply_spin = absl::Microseconds(std::max(0, o.reply_spin_us));
+  co_.step_timeout = absl::Milliseconds(std::max(1u, o.step_timeout_ms));
   DUCK_RUNTIME_ASSIGN(client_, DuckClient::Create(co_));
 
   // Weights through the cache.

@@ -65,6 +65,11 @@ ABSL_FLAG(uint32_t, recover_seconds, 60,
           "and resend the step, for at most this many seconds (0: give up "
           "at once)");
 
+ABSL_FLAG(uint32_t, step_timeout_ms, 30000,
+          "A duck step not answered within this many milliseconds counts as "
+          "a hung duck: it is restarted (local) or reconnected and the step "
+          "sent again (see --recover-seconds)");
+
 ABSL_FLAG(int32_t, reply_spin_us, 0,
           "Spin this long (microseconds) for a step's replies before "
           "sleeping: saves the host's wake-up on every step but holds a "
@@ -116,6 +121,7 @@ duck::runtime::SessionOptions sessionFlags(const char *plan) {
   so.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   so.max_seq = absl::GetFlag(FLAGS_max_seq);
   so.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
+  so.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
   so.quiet = absl::GetFlag(FLAGS_quiet);
   return so;

@@ -62,6 +62,9 @@ public:
   absl::Status Stop();
   /// Sends `sig` to duck i and reaps it (tests: crash a duck).
   absl::Status Kill(size_t duck, int sig);
+  /// Sends `sig` to a running duck and returns at once (fault injection:
+  /// SIGSTOP makes a hung duck).
+  void Signal(size_t duck, int sig);
   /// Starts duck i again (same name and cache file, a new port).
   absl::Status Restart(size_t duck);
   /// True when duck i's process has exited (it is reaped then).

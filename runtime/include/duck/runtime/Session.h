@@ -45,6 +45,7 @@ struct SessionOptions {
   uint32_t max_seqs = 1;       // sequences decoded together, a cache each
   bool all_logits = false;     // logits of every row (--logits-out)
   uint32_t recover_seconds = 60;
+  uint32_t step_timeout_ms = 30000; // a step unanswered this long: hung
   int32_t reply_spin_us = 0;
   size_t keep_steps = 0; // per-step metrics kept; 0: all (one run)
   bool quiet = false;    // no progress on the log stream
