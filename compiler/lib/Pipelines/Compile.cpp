@@ -108,11 +108,20 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return Error::success();
   };
   double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
+  double gps = 0, hostMs = 0;
   if (Error e = num(*o, "bandwidth_gbs", bw))
     return e;
   if (Error e = num(*o, "step_overhead_us", ov))
     return e;
-  c.cost = {bw, ov};
+  if (Error e = num(*o, "fp9_gparam_s", gps))
+    return e;
+  if (Error e = num(*o, "host_ms_per_token", hostMs))
+    return e;
+  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0)
+    return err("cluster file '" + path + "': bandwidth_gbs must be positive "
+               "and step_overhead_us, fp9_gparam_s, host_ms_per_token not "
+               "negative");
+  c.cost = {bw, ov, gps, hostMs};
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");

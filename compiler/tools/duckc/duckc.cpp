@@ -163,7 +163,7 @@ struct Candidate {
   std::string multipleOf, strategy;
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
-  double tokS = 0, streamMs = 0, dispatchMs = 0;
+  double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0;
   uint64_t maxShardBytes = 0;
 };
 
@@ -200,6 +200,7 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.tokS = j->getNumber("estimated_decode_tok_s").value_or(0);
   c.streamMs = j->getNumber("stream_ms_per_token").value_or(0);
   c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
+  c.hostMs = j->getNumber("host_ms_per_token").value_or(0);
   if (const json::Array *a = j->getArray("per_duck_bytes"))
     for (const json::Value &b : *a)
       c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes,
@@ -251,13 +252,19 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                              ? 0
                              : *std::min_element(base.cluster.memoryBytes.begin(),
                                                  base.cluster.memoryBytes.end());
-    out << formatv("cost model: {0:F1} GB/s a duck, {1:F0} us a step; host "
-                   "work not counted{2}\n",
-                   base.cluster.cost.bandwidthGbs,
-                   base.cluster.cost.stepOverheadUs,
-                   mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0)
-                               .str()
-                       : std::string());
+    const mlir::duck::ClusterModel &cm = base.cluster.cost;
+    out << formatv(
+        "cost model: {0}, {1:F0} us a step; {2}{3}\n",
+        cm.fp9GparamS > 0
+            ? formatv("{0:F2} Gparam/s a duck (measured)", cm.fp9GparamS).str()
+            : formatv("{0:F1} GB/s a duck", cm.bandwidthGbs).str(),
+        cm.stepOverheadUs,
+        cm.hostMsPerToken > 0
+            ? formatv("host {0:F3} ms a token (measured)", cm.hostMsPerToken)
+                  .str()
+            : std::string("host work not counted"),
+        mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
+            : std::string());
     out << "  tp  multiple_of  strategy      TPOT ms  stream ms  dispatch ms  "
            "tok/s    largest shard\n";
     for (const Candidate &c : all) {
@@ -288,12 +295,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
       better += c.ok && &c != best;
     out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}: predicted "
                    "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
-                   "dispatch {6:F3}); the fastest of {7} legal candidates"
+                   "dispatch {6:F3}{9}); the fastest of {7} legal candidates"
                    "{8}\n",
                    best->tp, best->multipleOf, best->strategy, best->tokS,
                    1e3 / best->tokS, best->streamMs, best->dispatchMs,
-                   better + 1,
-                   autoTp ? ", ties going to fewer ducks" : "");
+                   better + 1, autoTp ? ", ties going to fewer ducks" : "",
+                   best->hostMs > 0
+                       ? formatv(" + host {0:F3}", best->hostMs).str()
+                       : std::string());
   }
   return *best;
 }

@@ -2,6 +2,7 @@
 #include "duck/Dialect/Duck/Transforms/Layout.h"
 
 #include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
 
 using namespace mlir;
@@ -127,12 +128,19 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       d.bytesPerToken += active * lay->expertBytes;
     }
   });
-  double maxBytes = 0;
-  for (auto &d : st.ducks)
+  // The slowest duck sets the pace: its weights at the measured kernel
+  // rate when known, else its bytes at the streaming bandwidth.
+  double maxBytes = 0, maxParams = 0;
+  for (auto &d : st.ducks) {
     maxBytes = std::max(maxBytes, d.bytesPerToken);
-  st.streamMsPerToken = maxBytes / (c.bandwidthGbs * 1e9) * 1e3;
+    maxParams = std::max(maxParams, d.paramsPerToken);
+  }
+  st.streamMsPerToken = c.fp9GparamS > 0
+                            ? maxParams / (c.fp9GparamS * 1e9) * 1e3
+                            : maxBytes / (c.bandwidthGbs * 1e9) * 1e3;
   st.dispatchMsPerToken = st.ffnLayers * c.stepOverheadUs / 1e3;
-  double ms = st.streamMsPerToken + st.dispatchMsPerToken;
+  st.hostMsPerToken = c.hostMsPerToken;
+  double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
   return st;
 }
@@ -164,11 +172,23 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        d.paramsPerToken);
   os << "total prepare traffic: " << s.totalBytes << " bytes ("
      << human(s.totalBytes) << ")\n";
-  os << llvm::format("estimated decode: %.2f tok/s (fp9 stream %.3f ms + "
-                     "dispatch %.3f ms per token at %.1f GB/s per duck, "
-                     "%.0f us per step; host work not counted)\n",
-                     s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
-                     c.bandwidthGbs, c.stepOverheadUs);
+  if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
+    const std::string rate =
+        c.fp9GparamS > 0
+            ? llvm::formatv("{0:F2} Gparam/s per duck", c.fp9GparamS).str()
+            : llvm::formatv("{0:F1} GB/s per duck", c.bandwidthGbs).str();
+    os << llvm::format("estimated decode: %.2f tok/s (ducks %.3f ms + "
+                       "dispatch %.3f ms + host %.3f ms per token; %s, "
+                       "%.0f us per step)\n",
+                       s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
+                       s.hostMsPerToken, rate.c_str(), c.stepOverheadUs);
+  }
+  else
+    os << llvm::format("estimated decode: %.2f tok/s (fp9 stream %.3f ms + "
+                       "dispatch %.3f ms per token at %.1f GB/s per duck, "
+                       "%.0f us per step; host work not counted)\n",
+                       s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
+                       c.bandwidthGbs, c.stepOverheadUs);
 }
 
 llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
@@ -190,6 +210,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"estimated_decode_tok_s", s.tokS},
       {"stream_ms_per_token", s.streamMsPerToken},
       {"dispatch_ms_per_token", s.dispatchMsPerToken},
+      {"host_ms_per_token", s.hostMsPerToken},
+      {"fp9_gparam_s", c.fp9GparamS},
       {"bandwidth_gbs", c.bandwidthGbs},
       {"step_overhead_us", c.stepOverheadUs},
   };

@@ -55,6 +55,13 @@ uint64_t imagePrologueBytes(uint64_t slotCount);
 struct ClusterModel {
   double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
   double stepOverheadUs = 80.0; // dispatch per FFN step
+  /// Measured fp9 kernel rate of one duck (duck-bench kernels, all its
+  /// cores); when set, a duck's time is its weights / this rate rather
+  /// than its bytes / bandwidth.
+  double fp9GparamS = 0;
+  /// Measured host time a decoded token (attention, norms, router, LM
+  /// head: duckrun's breakdown); the same for every partition.
+  double hostMsPerToken = 0;
 };
 
 struct DuckStats {
@@ -70,6 +77,7 @@ struct ModuleStats {
   std::vector<DuckStats> ducks;
   uint64_t totalBytes = 0;
   double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
+  double hostMsPerToken = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).
