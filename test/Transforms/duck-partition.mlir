@@ -10,6 +10,9 @@
 // RUN: duck-opt %t/moe-intermediate.mlir --duck-partition="tp=2 multiple-of=64" | FileCheck %t/moe-intermediate.mlir
 // RUN: duck-opt %t/moe-experts.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts" | FileCheck %t/moe-experts.mlir
 // RUN: duck-opt %t/moe-experts-auto.mlir --duck-partition="tp=4 strategy=experts" | FileCheck %t/moe-experts-auto.mlir
+// RUN: duck-opt %t/shares.mlir --duck-partition="tp=4 multiple-of=32 shares=2,2,1,1" | FileCheck %t/shares.mlir
+// RUN: duck-opt %t/shares.mlir --duck-partition="tp=3 multiple-of=32 shares=100,1,1" | FileCheck %t/shares.mlir --check-prefix=FLOOR
+// RUN: not duck-opt %t/shares.mlir --duck-partition="tp=2 shares=1,0" 2>&1 | FileCheck %t/shares.mlir --check-prefix=BAD
 // RUN: duck-opt %t/repartition.mlir --duck-partition="tp=2 multiple-of=64" --duck-partition="tp=4 multiple-of=32" | FileCheck %t/repartition.mlir
 // RUN: duck-opt %t/err-tp-max.mlir --duck-partition="tp=8 multiple-of=128" -verify-diagnostics
 // RUN: duck-opt %t/err-tp-max-32.mlir --duck-partition="tp=4 multiple-of=32" -verify-diagnostics
@@ -217,6 +220,27 @@ duck.model @experts_auto attributes {family = "qwen3_moe", config = {}} {
       gate = #duck.experts<"g{e}", bf16, [128, 64], count = 4>, up = #duck.experts<"u{e}", bf16, [128, 64], count = 4>,
       down = #duck.experts<"d{e}", bf16, [64, 128], count = 4>} : tensor<?x64xf32>
   duck.return %e : tensor<?x64xf32>
+}
+
+//--- shares.mlir
+// shares: 256 neurons = 8 blocks of 32 in proportion 2:2:1:1 (ideal 2.67,
+// 2.67, 1.33, 1.33): 3, 3, 1, 1 blocks. A duck never gets none (100:1:1:
+// 6, 1, 1); shares must be positive, one a duck.
+// CHECK-LABEL: duck.model @shares
+// CHECK:           duck.fp9_ffn {{{.*}}inter_begin = 0 : i64, inter_end = 96 : i64, rank = 0 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 96 : i64, inter_end = 192 : i64, rank = 1 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 192 : i64, inter_end = 224 : i64, rank = 2 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 224 : i64, inter_end = 256 : i64, rank = 3 : i64}
+// FLOOR:           duck.fp9_ffn {{{.*}}inter_begin = 0 : i64, inter_end = 192 : i64, rank = 0 : i64}
+// FLOOR-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 192 : i64, inter_end = 224 : i64, rank = 1 : i64}
+// FLOOR-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 224 : i64, inter_end = 256 : i64, rank = 2 : i64}
+// BAD: duck-partition: shares needs 2 positive values (one a duck), got 2
+duck.model @shares attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x64xf32>):
+  %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 256 : i64,
+      gate = #duck.weight<"g", bf16, [256, 64]>, up = #duck.weight<"u", bf16, [256, 64]>,
+      down = #duck.weight<"d", bf16, [64, 256]>} : tensor<?x64xf32>
+  duck.return %m : tensor<?x64xf32>
 }
 
 //--- repartition.mlir

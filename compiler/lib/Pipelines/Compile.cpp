@@ -121,7 +121,10 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return err("cluster file '" + path + "': bandwidth_gbs must be positive "
                "and step_overhead_us, fp9_gparam_s, host_ms_per_token not "
                "negative");
-  c.cost = {bw, ov, gps, hostMs};
+  c.cost.bandwidthGbs = bw;
+  c.cost.stepOverheadUs = ov;
+  c.cost.fp9GparamS = gps;
+  c.cost.hostMsPerToken = hostMs;
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");
@@ -144,8 +147,24 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
                                  path, i));
       minCores = minCores ? std::min<int64_t>(minCores, cores) : cores;
       c.memoryBytes.push_back((uint64_t)(mem * (1ull << 30)));
+      double rate = 0;
+      if (Error e = num(*d, "fp9_gparam_s", rate))
+        return e;
+      if (rate < 0)
+        return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
+                                 "fp9_gparam_s must not be negative",
+                                 path, i));
+      c.cost.duckGparamS.push_back(rate);
     }
     c.coresPerDuck = minCores;
+    // Per-duck rates: all or none.
+    const auto &rates = c.cost.duckGparamS;
+    const size_t given = llvm::count_if(rates, [](double v) { return v > 0; });
+    if (given == 0)
+      c.cost.duckGparamS.clear();
+    else if (given != rates.size())
+      return err("cluster file '" + path + "': give fp9_gparam_s for every "
+                 "duck or for none");
     if (llvm::all_of(c.memoryBytes, [](uint64_t m) { return m == 0; }))
       c.memoryBytes.clear();
     return c;
@@ -176,6 +195,15 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.tp = opts.cluster.tp;
   p.multipleOf = opts.multipleOf;
   p.strategy = opts.strategy;
+  // Unequal ducks: slices in proportion to their measured rates.
+  // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
+  const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
+  std::vector<double> mine;
+  if ((int64_t)rates.size() >= opts.cluster.tp && opts.cluster.tp > 0) {
+    mine.assign(rates.begin(), rates.begin() + opts.cluster.tp);
+    if (llvm::any_of(mine, [&](double v) { return v != mine.front(); }))
+      p.shares = mine;
+  }
   pm.addPass(createDuckPartition(p));
   if (stopAfter == "partition")
     return;

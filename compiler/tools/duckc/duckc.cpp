@@ -255,7 +255,16 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     const mlir::duck::ClusterModel &cm = base.cluster.cost;
     out << formatv(
         "cost model: {0}, {1:F0} us a step; {2}{3}\n",
-        cm.fp9GparamS > 0
+        !cm.duckGparamS.empty()
+            ? "fp9 Gparam/s by duck (measured) " +
+                  [&] {
+                    std::string r;
+                    for (double v : cm.duckGparamS)
+                      r += (r.empty() ? "" : "/") + formatv("{0:F1}", v).str();
+                    return r;
+                  }() +
+                  " (slices in proportion)"
+        : cm.fp9GparamS > 0
             ? formatv("{0:F2} Gparam/s a duck (measured)", cm.fp9GparamS).str()
             : formatv("{0:F1} GB/s a duck", cm.bandwidthGbs).str(),
         cm.stepOverheadUs,

@@ -130,14 +130,17 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
   });
   // The slowest duck sets the pace: its weights at the measured kernel
   // rate when known, else its bytes at the streaming bandwidth.
-  double maxBytes = 0, maxParams = 0;
-  for (auto &d : st.ducks) {
-    maxBytes = std::max(maxBytes, d.bytesPerToken);
-    maxParams = std::max(maxParams, d.paramsPerToken);
+  double slowestMs = 0;
+  for (size_t r = 0; r < st.ducks.size(); ++r) {
+    const DuckStats &d = st.ducks[r];
+    const double rate =
+        r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
+    slowestMs = std::max(slowestMs,
+                         rate > 0 ? d.paramsPerToken / (rate * 1e9) * 1e3
+                                  : d.bytesPerToken /
+                                        (c.bandwidthGbs * 1e9) * 1e3);
   }
-  st.streamMsPerToken = c.fp9GparamS > 0
-                            ? maxParams / (c.fp9GparamS * 1e9) * 1e3
-                            : maxBytes / (c.bandwidthGbs * 1e9) * 1e3;
+  st.streamMsPerToken = slowestMs;
   st.dispatchMsPerToken = st.ffnLayers * c.stepOverheadUs / 1e3;
   st.hostMsPerToken = c.hostMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;

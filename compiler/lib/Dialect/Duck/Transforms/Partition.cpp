@@ -42,6 +42,47 @@ struct DuckPartitionPass
     : public mlir::duck::impl::DuckPartitionBase<DuckPartitionPass> {
   using Base::Base;
 
+  /// Whole blocks a duck: equal (the first blocks % tp one more), or in
+  /// proportion to the shares: each duck the whole part of its ideal
+  /// count (at least one), then the blocks left over to the largest
+  /// remainders (blocks taken back, when the minimum of one overshoots,
+  /// from the most over-served).
+  SmallVector<int64_t> blockCounts(int64_t blocks) const {
+    SmallVector<int64_t> counts(tp, 0);
+    if (shares.empty()) {
+      for (int64_t r = 0; r < tp; ++r)
+        counts[r] = blocks / tp + (r < blocks % tp ? 1 : 0);
+      return counts;
+    }
+    double total = 0;
+    for (double v : shares)
+      total += v;
+    SmallVector<double> ideal(tp);
+    int64_t sum = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      ideal[r] = blocks * shares[r] / total;
+      counts[r] = std::max<int64_t>(1, (int64_t)ideal[r]);
+      sum += counts[r];
+    }
+    auto pick = [&](bool add) {
+      int64_t best = -1;
+      for (int64_t r = 0; r < tp; ++r) {
+        if (!add && counts[r] <= 1)
+          continue;
+        const double gap = ideal[r] - counts[r];
+        if (best < 0 || (add ? gap > ideal[best] - counts[best]
+                             : gap < ideal[best] - counts[best]))
+          best = r;
+      }
+      return best;
+    };
+    for (; sum < blocks; ++sum)
+      ++counts[pick(/*add=*/true)];
+    for (; sum > blocks; --sum)
+      --counts[pick(/*add=*/false)];
+    return counts;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     // Diagnostics take pass options by value: cast them, or an
@@ -55,6 +96,14 @@ struct DuckPartitionPass
     if (!strat) {
       module.emitError() << "duck-partition: unknown strategy '" << strategy
                          << "' (expected intermediate or experts)";
+      return signalPassFailure();
+    }
+    if (!shares.empty() &&
+        ((int64_t)shares.size() != tp ||
+         llvm::any_of(shares, [](double v) { return !(v > 0); }))) {
+      module.emitError() << "duck-partition: shares needs " << (int64_t)tp
+                         << " positive values (one a duck), got "
+                         << shares.size();
       return signalPassFailure();
     }
     SmallVector<FfnInfo> ffns;
@@ -155,18 +204,17 @@ struct DuckPartitionPass
       Block *body = new Block();
       region.push_back(body);
       b.setInsertionPointToEnd(body);
+      SmallVector<int64_t> counts = blockCounts(blocks);
+      int64_t first = 0;
       for (int64_t r = 0; r < tp; ++r) {
         int64_t ib = 0, ie = f.inter, eb = 0, ee = f.experts;
         if (byExperts) {
           eb = r * f.experts / tp;
           ee = (r + 1) * f.experts / tp;
         } else {
-          // Whole blocks, the first (blocks % tp) ducks one block more.
-          int64_t base = blocks / tp, extra = blocks % tp;
-          int64_t first = r * base + std::min(r, extra);
-          int64_t count = base + (r < extra ? 1 : 0);
           ib = first * mo;
-          ie = (first + count) * mo;
+          ie = (first + counts[r]) * mo;
+          first += counts[r];
         }
         b.create<Fp9FfnOp>(f.op->getLoc(), b.getI64IntegerAttr(r),
                            b.getI64IntegerAttr(ib), b.getI64IntegerAttr(ie),

@@ -17,7 +17,9 @@ namespace {
 struct DuckStatsPass : public mlir::duck::impl::DuckStatsBase<DuckStatsPass> {
   using Base::Base;
   void runOnOperation() override {
-    ClusterModel c{bandwidthGbs, stepOverheadUs};
+    ClusterModel c;
+    c.bandwidthGbs = bandwidthGbs;
+    c.stepOverheadUs = stepOverheadUs;
     auto st = computeStats(getOperation(), c);
     if (failed(st))
       return signalPassFailure();

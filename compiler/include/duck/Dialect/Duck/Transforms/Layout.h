@@ -62,6 +62,8 @@ struct ClusterModel {
   /// Measured host time a decoded token (attention, norms, router, LM
   /// head: duckrun's breakdown); the same for every partition.
   double hostMsPerToken = 0;
+  /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
+  std::vector<double> duckGparamS;
 };
 
 struct DuckStats {

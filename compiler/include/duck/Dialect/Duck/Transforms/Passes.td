@@ -43,6 +43,10 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
            "down_proj K-block: 128, 64, 32 or auto">,
     Option<"strategy", "strategy", "std::string", /*default=*/"\"intermediate\"",
            "intermediate (tensor parallel) or experts (expert placement)">,
+    ListOption<"shares", "shares", "double",
+           "relative speed of each duck (tp values): an intermediate split "
+           "gives each duck whole blocks in proportion (at least one each), "
+           "so unequal ducks finish together; default: equal">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
