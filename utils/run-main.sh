@@ -60,4 +60,26 @@ step "generate with DeepSeek-V3.2 on 2 ducks, then again from the weight cache"
 "$BIN/duckrun" "$WORK/plan-deepseek" --cores-per-duck "$CORES" \
   --prompt "Hello, ducks!" --max-tokens 16 --temperature 0.8 --seed 7
 
+step "serve: duckrun serve on 127.0.0.1, one chat request with curl (OpenAI API)"
+SERVE_LOG="$WORK/serve.log"
+"$BIN/duckrun" serve "$WORK/plan" --cores-per-duck "$CORES" --port 0 \
+  --parallel 4 --quiet > "$SERVE_LOG" 2>&1 &
+SERVE_PID=$!
+trap 'kill $SERVE_PID 2>/dev/null || true' EXIT
+URL=""
+for _ in $(seq 600); do
+  URL=$(sed -nE 's/.*listening on (http:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$SERVE_LOG")
+  if [ -n "$URL" ] && curl -sf "$URL/health" > /dev/null; then break; fi
+  kill -0 $SERVE_PID 2>/dev/null || { cat "$SERVE_LOG"; exit 1; }
+  sleep 0.1
+done
+echo "curl $URL/v1/chat/completions"
+curl -sf "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "Hello, ducks!"}], "max_tokens": 12}'
+echo
+kill -TERM $SERVE_PID
+wait $SERVE_PID
+trap - EXIT
+tail -1 "$SERVE_LOG"
+
 printf '\nmain job: done (outputs in %s)\n' "$WORK"
