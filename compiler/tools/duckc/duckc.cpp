@@ -498,14 +498,19 @@ options of one subcommand.
       against the names and shapes the config implies (FP8 weights need a
       '<name>_scale_inv' of the right shape).
 
-  compile <model-dir> -o <out-dir> [--tp N] [--multiple-of 128|64|32|auto]
-          [--cores-per-duck C] [--strategy intermediate|experts]
-          [--cluster FILE] [--emit=plan|mlir|stats] [--dry-run]
+  compile <model-dir> -o <out-dir> [--tp N|auto] [--explain]
+          [--multiple-of 128|64|32|auto] [--cores-per-duck C]
+          [--strategy intermediate|experts] [--cluster FILE]
+          [--emit=plan|mlir|stats] [--dry-run]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
       duck-<rank>.weights (fp9, exactly each duck's weight buffer). With
       --dry-run only config.json is needed: prints the per-duck table, the
       per-layer kernels and a decode estimate. --emit=stats prints JSON.
+      --tp auto (with --cluster) tries every legal tp, multiple_of and
+      strategy with the cost model and keeps the fastest that fits;
+      --explain prints the candidates. Ducks rated differently in the
+      cluster file (fp9_gparam_s each) get slices in proportion.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8
