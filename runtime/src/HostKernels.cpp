@@ -207,17 +207,27 @@ double MeasureReadBandwidthGbs(ThreadPool &pool) {
   return best;
 }
 
+namespace {
+/// The fp9 kernels' scratch (pre-scaled inputs), 32-byte aligned: one
+/// buffer a thread that only grows, so a step allocates nothing once the
+/// largest matrix has been seen.
+float *KernelScratch(uint64_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats + 8)
+    buf.resize(floats + 8);
+  return reinterpret_cast<float *>(
+      (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));
+}
+} // namespace
+
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1) {
   if (w.is_fp9) {
     if (r0 >= r1)
       return;
-    // Pre-scaled input and its negation (the kernels' scratch), 32-aligned.
-    std::vector<float> xs(2 * w.cols + 8);
-    float *aligned = reinterpret_cast<float *>(
-        (reinterpret_cast<uintptr_t>(xs.data()) + 31) & ~uintptr_t(31));
-    duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1, aligned,
-              DUCK_DECODE_SHIFT);
+    // Pre-scaled input and its negation (the kernels' scratch).
+    duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+              KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
     return;
   }
   for (uint64_t r = r0; r < r1; ++r)
@@ -248,11 +258,9 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
     // The duck GEMM: tiles of tokens share one weight decode, and every
     // token's result is bit-identical to the GEMV (prefill == decode).
     pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-      std::vector<float> xs(n * w.cols + 8);
-      float *aligned = reinterpret_cast<float *>(
-          (reinterpret_cast<uintptr_t>(xs.data()) + 31) & ~uintptr_t(31));
       duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e, aligned);
+                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+                KernelScratch(n * w.cols));
     });
     return;
   }
