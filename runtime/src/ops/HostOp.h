@@ -126,17 +126,19 @@ struct Step {
 };
 
 /// A per-sequence cache of `width` floats a position, for every sequence
-/// slot; taken once at Create.
+/// slot; reserved once at Create but not written, so the memory a server
+/// with many slots uses grows with the positions its sequences reach (a
+/// position is always written before it is read).
 class SeqCache {
 public:
   void Init(uint64_t width, uint32_t max_seq, uint32_t max_seqs) {
     width_ = width;
     max_seq_ = max_seq;
-    data_.assign(width * max_seq * max_seqs, 0.0f);
+    data_.reset(new float[width * max_seq * max_seqs]); // not zeroed
   }
   /// The first position of sequence `seq`.
-  float *Base(uint32_t seq) { return data_.data() + Offset(seq, 0); }
-  float *At(uint32_t seq, uint64_t p) { return data_.data() + Offset(seq, p); }
+  float *Base(uint32_t seq) { return data_.get() + Offset(seq, 0); }
+  float *At(uint32_t seq, uint64_t p) { return data_.get() + Offset(seq, p); }
 
 private:
   uint64_t Offset(uint32_t seq, uint64_t p) const {
@@ -144,7 +146,7 @@ private:
   }
   uint64_t width_ = 0;
   uint32_t max_seq_ = 0;
-  std::vector<float> data_;
+  std::unique_ptr<float[]> data_;
 };
 
 class HostOp {
