@@ -100,7 +100,7 @@ absl::Status Engine::Forward(absl::Span<const int32_t> tokens,
     out_logits->clear();
   for (size_t i = 0; i < tokens.size(); i += chunk) {
     size_t n = std::min<size_t>(chunk, tokens.size() - i);
-    if (absl::Status s = RunChunk(tokens.subspan(i, n), n > 1, out_logits);
+    if (absl::Status s = RunChunk(tokens.subspan(i, n), out_logits);
         !s.ok())
       return s;
   }
@@ -116,26 +116,18 @@ absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
   if (opts_.all_logits)
     out_logits->clear();
   for (size_t i = 0; i < tokens.size(); ++i)
-    if (absl::Status s = RunChunk(tokens.subspan(i, 1), false, out_logits);
+    if (absl::Status s = RunChunk(tokens.subspan(i, 1), out_logits);
         !s.ok())
       return s;
   return absl::OkStatus();
 }
 
-absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens, bool prefill,
+absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
                               std::vector<float> *out_logits) {
   if (!opts_.all_logits)
     out_logits->clear(); // the last row's logits only
-  row_tokens_.assign(tokens.begin(), tokens.end());
-  row_seq_.assign(tokens.size(), 0);
-  row_pos_.clear();
-  logit_rows_.clear();
-  for (uint32_t i = 0; i < tokens.size(); ++i) {
-    row_pos_.push_back(pos_ + i);
-    if (opts_.all_logits || i + 1 == tokens.size())
-      logit_rows_.push_back(i);
-  }
-  DUCK_RETURN_IF_ERROR(RunRows(prefill, out_logits));
+  const SeqChunk chunk{0, pos_, tokens, /*logits=*/true};
+  DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
   pos_ += tokens.size();
   return absl::OkStatus();
 }

@@ -107,32 +107,12 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-  uint64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
-    __m256 lo = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
-    a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) {
-    uint32_t b = (uint32_t)w[i] << 16;
-    float f;
-    __builtin_memcpy(&f, &b, 4);
-    s += f * x[i];
-  }
-  return s;
-}
 
 namespace {
-/// DotBf16 of one weight row against T tokens (x_ld floats apart): the row
-/// is widened once for all of them, and each token's sum is accumulated in
-/// DotBf16's order, so out[t] has exactly DotBf16(w, x_t)'s bits.
+/// One bf16 weight row against T tokens (x_ld floats apart): the row is
+/// widened once for all of them; each token's sum has the same order (two
+/// accumulators, then the tail), so a token's result does not depend on
+/// T. DotBf16 is T = 1.
 template <int T>
 void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
                    uint64_t n, float *out, uint64_t out_ld) {
@@ -163,6 +143,12 @@ void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
   }
 }
 } // namespace
+
+float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
+  float s;
+  DotBf16Tokens<1>(w, x, 0, n, &s, 0);
+  return s;
+}
 
 float DotF32(const float *w, const float *x, uint64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;

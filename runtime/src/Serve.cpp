@@ -347,6 +347,7 @@ private:
   Metrics metrics_;
   int64_t created_ = 0;
   std::vector<int32_t> eos_, eos_chat_;
+  uint64_t steps_seen_ = 0; // AfterStep, on the batcher's thread
 };
 
 bool Server::Authorized(const httplib::Request &req, httplib::Response &res) {
@@ -643,8 +644,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
 
 void Server::AfterStep() {
   // Every 32 steps: the judge gap and the ducks' kernel rates.
-  static thread_local uint64_t n = 0;
-  if (++n % 32 != 0)
+  if (++steps_seen_ % 32 != 0)
     return;
   const RunnerStats &rs = ses_->runner().stats();
   std::vector<double> gaps;

@@ -1,5 +1,6 @@
 //===- Session.cpp - a plan, its ducks and an engine, ready to run --------===//
 #include "duck/runtime/Session.h"
+#include "duck/runtime/StatusMacros.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,14 +24,6 @@
 #include <thread>
 #include <unistd.h>
 
-/// Assigns the value of a StatusOr expression or returns its error.
-#define DUCK_RUNTIME_ASSIGN(lhs, expr)                                         \
-  do {                                                                         \
-    auto _duck_v = (expr);                                                     \
-    if (!_duck_v.ok())                                                         \
-      return _duck_v.status();                                                 \
-    lhs = std::move(*_duck_v);                                                 \
-  } while (0)
 
 namespace duck::runtime {
 namespace pl = ::duck::plan;
@@ -290,7 +283,7 @@ Session::Load(const SessionOptions &o) {
   s->opts_ = o;
   PlanLoadOptions lo;
   lo.verify_weight_checksums = o.verify_weights;
-  DUCK_RUNTIME_ASSIGN(s->plan_, LoadedPlan::Load(o.plan_dir, lo));
+  DUCK_ASSIGN_OR_RETURN(s->plan_, LoadedPlan::Load(o.plan_dir, lo));
   const pl::PlanDef &def = s->plan_->def();
   const std::filesystem::path dir =
       std::filesystem::path(o.plan_dir).lexically_normal();
@@ -300,7 +293,7 @@ Session::Load(const SessionOptions &o) {
   std::string tokPath =
       o.tokenizer_path.empty() ? s->plan_->TokenizerPath() : o.tokenizer_path;
   if (!tokPath.empty()) {
-    DUCK_RUNTIME_ASSIGN(s->tok_, Tokenizer::Create(tokPath));
+    DUCK_ASSIGN_OR_RETURN(s->tok_, Tokenizer::Create(tokPath));
   } else if (o.need_tokenizer) {
     return absl::FailedPreconditionError(
         absl::StrCat("no tokenizer.json next to the checkpoint (",
@@ -398,7 +391,7 @@ absl::Status Session::Start(std::ostream &log) {
     if (!o.quiet)
       log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
                              tp, lc.cores);
-    DUCK_RUNTIME_ASSIGN(local_, LocalCluster::Start(lc));
+    DUCK_ASSIGN_OR_RETURN(local_, LocalCluster::Start(lc));
     co_.ducks = local_->endpoints();
     co_.cores = lc.cores;
   }
@@ -431,7 +424,7 @@ absl::Status Session::Start(std::ostream &log) {
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
   co_.reply_spin = absl::Microseconds(std::max(0, o.reply_spin_us));
   co_.step_timeout = absl::Milliseconds(std::max(1u, o.step_timeout_ms));
-  DUCK_RUNTIME_ASSIGN(client_, DuckClient::Create(co_));
+  DUCK_ASSIGN_OR_RETURN(client_, DuckClient::Create(co_));
 
   // Weights through the cache.
   for (uint32_t r = 0; r < tp; ++r)
@@ -507,7 +500,7 @@ absl::Status Session::Start(std::ostream &log) {
   eo.all_logits = o.all_logits;
   eo.max_seqs = seqs;
   eo.max_rows = rows;
-  DUCK_RUNTIME_ASSIGN(engine_, Engine::Create(*plan_, runner_.get(), eo));
+  DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));
   return absl::OkStatus();
 }
 

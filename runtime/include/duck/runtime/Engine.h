@@ -108,7 +108,8 @@ public:
 private:
   Engine();
   absl::Status Prepare();
-  absl::Status RunChunk(absl::Span<const int32_t> tokens, bool prefill,
+  /// Sequence 0's next tokens (Forward), one batched step.
+  absl::Status RunChunk(absl::Span<const int32_t> tokens,
                         std::vector<float> *out_logits);
   absl::Status RunRows(bool prefill, std::vector<float> *out_logits);
 
