@@ -9,7 +9,7 @@
 #
 #   utils/bench-costmodel.sh [--build DIR] [--models q06,q30] [--tokens N]
 #
-# Needs the plans and checkpoints of utils/bench-e2e.sh (DIR/bench-e2e).
+# Needs the plans and checkpoints of duck-bench e2e (DIR/bench-e2e).
 set -euo pipefail
 BUILD=build; MODELS=q06,q30; TOKENS=32
 while [ $# -gt 0 ]; do
@@ -27,9 +27,10 @@ ids() { python3 -c "import sys; print(','.join(str((int(sys.argv[1]) + 37 * i) %
 
 printf '| shape | predicted TPOT ms (ducks + dispatch + host) | measured TPOT ms | predicted / measured |\n|---|---|---|---|\n'
 for m in ${MODELS//,/ }; do
-  plan="$DIR/$m-plan"; ckpt="$DIR/$m"
-  [ -d "$plan" ] && [ -d "$ckpt" ] || { echo "bench-costmodel: no $plan or $ckpt (run utils/bench-e2e.sh first)" >&2; exit 1; }
   cores=$(nproc)
+  ckpt="$DIR/$m"; [ "$m" = q30 ] && ckpt="$DIR/q30-l2-v1024"
+  plan="$ckpt-1x$cores-plan"
+  [ -d "$plan" ] && [ -d "$ckpt" ] || { echo "bench-costmodel: no $plan or $ckpt (run duck-bench e2e first)" >&2; exit 1; }
   "$BIN/duckrun" "$plan" --prompt-ids "$(ids 1)" --max-tokens "$TOKENS" --ignore-eos --print-ids --quiet --cores-per-duck "$cores" --summary-json "$WORK/$m-calib.json" > /dev/null
   python3 - "$WORK/$m-calib.json" "$WORK/$m-cluster.json" "$cores" <<'EOF'
 import json, sys

@@ -15,22 +15,25 @@ namespace duck::bench {
 namespace {
 
 /// `duck-bench e2e`: the end-to-end benchmark is a pipeline of tools
-/// (duck-mkmodel, duckc, duckrun), driven by utils/bench-e2e.sh; run it
-/// against the build this duck-bench belongs to.
+/// (duck-mkmodel, duckc, duckrun, optionally llama.cpp's llama-bench),
+/// driven by utils/bench-e2e.py; run it against the build this duck-bench
+/// belongs to. Debian's python3 is preferred: the project's bootstrap puts
+/// numpy and matplotlib there.
 int runE2e(int argc, char **argv) {
   std::string bin = runtime::ExecutableDir();
   std::string build = bin.substr(0, bin.rfind('/'));
   setenv("DUCK_BUILD_DIR", build.c_str(), 1);
-  std::string script = DUCK_SOURCE_DIR "/utils/bench-e2e.sh";
+  std::string script = DUCK_SOURCE_DIR "/utils/bench-e2e.py";
+  std::string python =
+      access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
   std::vector<char *> args;
-  std::string bash = "bash";
-  args.push_back(bash.data());
+  args.push_back(python.data());
   args.push_back(script.data());
   for (int i = 1; i < argc; ++i)
     args.push_back(argv[i]);
   args.push_back(nullptr);
-  execvp("bash", args.data());
-  std::perror("duck-bench e2e: cannot run utils/bench-e2e.sh");
+  execvp(python.c_str(), args.data());
+  std::perror("duck-bench e2e: cannot run utils/bench-e2e.py");
   return 1;
 }
 
@@ -41,7 +44,7 @@ const Subcommand kSubcommands[] = {
      duckBenchJudge},
     {"cache", "start-up with a warm weight cache vs a full prepare",
      duckBenchCache},
-    {"e2e", "decode tok/s of Qwen3-0.6B / 30B-A3B shapes vs read bandwidth",
+    {"e2e", "decode/prefill end to end vs read bandwidth (and llama.cpp)",
      runE2e},
 };
 

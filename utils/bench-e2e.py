@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""duck-bench e2e: decode and prefill end to end, optionally beside llama.cpp.
+
+Shapes (random FP8 checkpoints written by duck-mkmodel, 128x128 block scales):
+  q06  Qwen3-0.6B: 28 layers, hidden 1024, vocab 151936, tied embeddings
+  q30  Qwen3-30B-A3B truncated to --moe-layers layers (default 2), 128
+       experts top-8 at 768, vocab --moe-vocab (default 1024)
+  ds   DeepSeek-V3.2 at real dims, one dense + one MoE layer, vocab 8192
+       (about 12 GB of FP8; not in the default set)
+
+Each shape is compiled for every --arrangements entry DUCKSxCORES (default
+1xN and Nx1 on an N-core machine: one duck with every core, or one duck a
+core) and run on the local cluster with a --prompt-token prompt and --tokens
+generated tokens. duckrun's summary gives decode tok/s, TPOT, prefill tok/s,
+the per-token breakdown (host attention, host norms/router, LM head, duck
+kernel, dispatch gap, other), the weight bytes a token and
+decode_bound_fraction (the token rate those bytes allow at the read
+bandwidth measured on this machine in the same run).
+
+With --llama-bench PATH (a llama.cpp build's llama-bench, with llama-quantize
+beside it), every shape but ds is also written as a GGUF of the very same
+weights (utils/hf-to-gguf.py with that checkout's gguf-py), quantised to
+Q8_0 with llama-quantize, and `llama-bench -p P -n T` runs at N threads and
+at 1 thread, alternated with the duckrun runs for --rounds rounds. The
+ratio printed is duckrun's best arrangement over llama.cpp at N threads
+(the same cores), per round, then the median.
+
+Writes WORK/e2e.json (every run) and WORK/e2e.png (the decode breakdown;
+needs matplotlib, Debian's python3-matplotlib). WORK is BUILD/bench-e2e.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LABEL = {"q06": "Qwen3-0.6B shape", "q30": "Qwen3-30B-A3B shape", "ds": "DeepSeek-V3.2 shape"}
+PARTS = ["host_attention", "host_norms_router", "lm_head", "duck_kernel", "dispatch_gap", "other"]
+
+
+def fail(msg):
+    print(f"bench-e2e: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def log(msg):
+    print(f"== {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    try:
+        return subprocess.run(cmd, check=True, **kw)
+    except subprocess.CalledProcessError as e:
+        fail(f"{' '.join(cmd[:3])} ... failed with exit code {e.returncode}")
+
+
+def mkmodel_args(name, a):
+    if name == "q06":
+        return ["--preset", "qwen3-0.6b-shape"]
+    if name == "q30":
+        return ["--preset", "qwen3-30b-a3b-shape", "--layers", str(a.moe_layers), "--vocab", str(a.moe_vocab)]
+    if name == "ds":
+        return ["--preset", "tiny-deepseek", "--family", "deepseek_v32", "--hidden", "7168", "--layers", "2",
+                "--dense-layers", "1", "--heads", "128", "--intermediate", "18432", "--moe-intermediate", "2048",
+                "--experts", "256", "--top-k", "8", "--shared-experts", "1", "--n-group", "8", "--topk-group", "4",
+                "--q-lora", "1536", "--kv-lora", "512", "--qk-nope", "128", "--qk-rope", "64", "--v-head", "128",
+                "--index-heads", "64", "--index-head-dim", "128", "--index-topk", "2048", "--vocab", "8192",
+                "--max-pos", "163840"]
+    fail(f"unknown model {name} (q06, q30, ds)")
+
+
+def parse_arrangements(text):
+    out = []
+    for item in text.split(","):
+        try:
+            d, c = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            fail(f"--arrangements: {item!r} is not DUCKSxCORES (e.g. 1x2)")
+        if d < 1 or c < 1:
+            fail(f"--arrangements: {item!r} needs at least one duck and one core")
+        out.append((d, c))
+    return out
+
+
+def main():
+    n = os.cpu_count() or 1
+    ap = argparse.ArgumentParser(prog="duck-bench e2e", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="q06,q30", help="comma list of q06, q30, ds (default q06,q30)")
+    ap.add_argument("--arrangements", default=f"1x{n},{n}x1" if n > 1 else "1x1",
+                    help=f"comma list of DUCKSxCORES (default 1x{n},{n}x1)")
+    ap.add_argument("--tokens", type=int, default=64, help="generated tokens a run (default 64)")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt tokens a run (default 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
+    ap.add_argument("--moe-layers", type=int, default=2, help="layers of the q30 shape (default 2)")
+    ap.add_argument("--moe-vocab", type=int, default=1024, help="vocab of the q30 shape (default 1024)")
+    ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench: run it beside duckrun")
+    ap.add_argument("--build", default=os.environ.get("DUCK_BUILD_DIR", os.path.join(ROOT, "build")),
+                    help="Duck build directory (default $DUCK_BUILD_DIR or ./build)")
+    ap.add_argument("--json", help="results file (default WORK/e2e.json)")
+    ap.add_argument("--plot", help="breakdown plot (default WORK/e2e.png)")
+    a = ap.parse_args()
+    if a.tokens < 2 or a.prompt_tokens < 1 or a.rounds < 1:
+        fail("--tokens must be >= 2, --prompt-tokens and --rounds >= 1")
+    models = a.models.split(",")
+    for m in models:
+        mkmodel_args(m, a)
+    arrangements = parse_arrangements(a.arrangements)
+    bin_ = os.path.join(a.build, "bin")
+    for t in ("duck-mkmodel", "duckc", "duckrun", "duck-bench"):
+        if not os.access(os.path.join(bin_, t), os.X_OK):
+            fail(f"{bin_}/{t} is missing; build first (utils/build.sh)")
+    work = os.path.join(a.build, "bench-e2e")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"))
+
+    llama = None
+    if a.llama_bench:
+        bench = os.path.abspath(a.llama_bench)
+        quant = os.path.join(os.path.dirname(bench), "llama-quantize")
+        if not os.access(bench, os.X_OK):
+            fail(f"--llama-bench {bench}: not an executable")
+        if not os.access(quant, os.X_OK):
+            fail(f"{quant}: missing (llama-quantize must sit beside llama-bench)")
+        src = os.path.dirname(os.path.abspath(bench))
+        while src != "/" and not os.path.isdir(os.path.join(src, "gguf-py")):
+            src = os.path.dirname(src)
+        if src == "/":
+            fail(f"no gguf-py found above {bench} (it must be inside a llama.cpp checkout)")
+        llama = {"bench": bench, "quantize": quant, "gguf_py": os.path.join(src, "gguf-py")}
+
+    log("machine read bandwidth (duck-bench kernels --filter read-bw)")
+    bw_file = os.path.join(work, "bw.json")
+    run([os.path.join(bin_, "duck-bench"), "kernels", "--cores", str(n), "--filter", "read-bw", "--json",
+         "--json-file", bw_file], stdout=subprocess.DEVNULL)
+    read_bw = {r["cores"]: r["read_bw_gb_s"] for r in json.load(open(bw_file)).get("read_bw", [])}
+
+    prompt = ",".join(str(1 + (37 * i) % 1000) for i in range(a.prompt_tokens))
+    plans = {}
+    for m in models:
+        ckpt = os.path.join(work, m if m != "q30" else f"q30-l{a.moe_layers}-v{a.moe_vocab}")
+        if not os.path.isdir(ckpt):
+            log(f"{LABEL[m]}: writing the checkpoint")
+            run([os.path.join(bin_, "duck-mkmodel"), *mkmodel_args(m, a), "--dtype", "fp8", "-q", "-o", ckpt])
+        for d, c in arrangements:
+            plan = f"{ckpt}-{d}x{c}-plan"
+            log(f"{LABEL[m]}: compiling for {d} duck(s) x {c} core(s)")
+            run([os.path.join(bin_, "duckc"), "compile", ckpt, "--tp", str(d), "--cores-per-duck", str(c),
+                 "--force", "-o", plan], stdout=subprocess.DEVNULL)
+            # Warm-up: fills the weight cache and the page cache.
+            run([os.path.join(bin_, "duckrun"), plan, "--prompt-ids", prompt, "--max-tokens", "4", "--ignore-eos",
+                 "--quiet", "--cores-per-duck", str(c)], stdout=subprocess.DEVNULL, env=env)
+            plans[(m, d, c)] = plan
+        if llama and m != "ds":
+            q8 = os.path.join(work, "gguf", os.path.basename(ckpt) + "-q8_0.gguf")
+            if not os.path.exists(q8):
+                os.makedirs(os.path.dirname(q8), exist_ok=True)
+                f16 = q8.replace("-q8_0.gguf", "-f16.gguf")
+                log(f"{LABEL[m]}: writing the same weights as GGUF for llama.cpp")
+                py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+                run([py, os.path.join(ROOT, "utils", "hf-to-gguf.py"), ckpt, f16, "--gguf-py", llama["gguf_py"]])
+                run([llama["quantize"], f16, q8 + ".tmp", "Q8_0"], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+                os.replace(q8 + ".tmp", q8)
+                os.unlink(f16)
+            llama[m] = q8
+
+    runs = []
+    for r in range(a.rounds):
+        for m in models:
+            for d, c in arrangements:
+                log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, duckrun {d}x{c}")
+                sj = os.path.join(work, f"run-{m}-{d}x{c}-{r}.json")
+                run([os.path.join(bin_, "duckrun"), plans[(m, d, c)], "--prompt-ids", prompt, "--max-tokens",
+                     str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--summary-json", sj],
+                    stdout=subprocess.DEVNULL, env=env)
+                s = json.load(open(sj))
+                runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c,
+                             "decode_tok_s": s["decode_tok_s"], "tpot_ms": s["tpot_ms"],
+                             "prefill_tok_s": s["prefill_tok_s"], "breakdown_ms": s["decode_breakdown_ms"],
+                             "host_bytes_per_token": s["host_bytes_per_token"],
+                             "duck_bytes_per_token": s["duck_bytes_per_token"],
+                             "decode_bound_fraction": s["decode_bound_fraction"],
+                             "judge_gap_us_p50": s["judge_gap_us_p50"]})
+            if llama and m in llama:
+                for threads in sorted({n, 1}, reverse=True):
+                    log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, llama-bench -t {threads}")
+                    out = run([llama["bench"], "-m", llama[m], "-p", str(a.prompt_tokens), "-n", str(a.tokens),
+                               "-t", str(threads), "-r", "1", "-o", "json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL).stdout
+                    rec = {"round": r, "model": m, "runner": "llama.cpp Q8_0", "threads": threads}
+                    for t in json.loads(out):
+                        if t.get("n_gen", 0) > 0:
+                            rec["decode_tok_s"] = t["avg_ts"]
+                        elif t.get("n_prompt", 0) > 0:
+                            rec["prefill_tok_s"] = t["avg_ts"]
+                    runs.append(rec)
+
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": n, "read_bw_gb_s": read_bw,
+              "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "runs": runs}
+    json_path = a.json or os.path.join(work, "e2e.json")
+    with open(json_path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(json_path + ".tmp", json_path)
+    report(result, models, arrangements, n)
+    plot(result, models, arrangements, a.plot or os.path.join(work, "e2e.png"))
+    print(f"\nresults: {json_path}")
+
+
+def span(vals, fmt="{:.2f}"):
+    vals = sorted(vals)
+    if not vals:
+        return "-"
+    return fmt.format(vals[0]) if len(vals) == 1 or fmt.format(vals[0]) == fmt.format(vals[-1]) \
+        else f"{fmt.format(vals[0])}-{fmt.format(vals[-1])}"
+
+
+def report(res, models, arrangements, n):
+    runs = res["runs"]
+    print(f"read bandwidth: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
+          f"{res['tokens']} generated; ranges over {1 + max(r['round'] for r in runs)} round(s)")
+    for m in models:
+        print(f"\n{LABEL[m]}")
+        print(f"  {'runner':<24}{'decode tok/s':>16}{'TPOT ms':>16}{'prefill tok/s':>16}{'bound frac':>12}")
+        for d, c in arrangements:
+            rs = [r for r in runs if r["model"] == m and r["runner"] == "duckrun" and (r["ducks"], r["cores"]) == (d, c)]
+            print(f"  {f'duckrun {d} duck x {c} core':<24}{span([r['decode_tok_s'] for r in rs]):>16}"
+                  f"{span([r['tpot_ms'] for r in rs]):>16}{span([r['prefill_tok_s'] for r in rs]):>16}"
+                  f"{span([r['decode_bound_fraction'] for r in rs], '{:.3f}'):>12}")
+            b = {k: statistics.median(r["breakdown_ms"].get(k, 0) for r in rs) for k in PARTS}
+            print("    ms a token: " + ", ".join(f"{k} {v:.2f}" for k, v in b.items()))
+        for threads in sorted({n, 1}, reverse=True):
+            rs = [r for r in runs if r["model"] == m and r["runner"] != "duckrun" and r["threads"] == threads]
+            if rs:
+                print(f"  {f'llama.cpp Q8_0 -t {threads}':<24}{span([r['decode_tok_s'] for r in rs]):>16}"
+                      f"{span([1e3 / r['decode_tok_s'] for r in rs]):>16}{span([r['prefill_tok_s'] for r in rs]):>16}")
+        peer = {r["round"]: r for r in runs if r["model"] == m and r["runner"] != "duckrun" and r["threads"] == n}
+        if peer:
+            for key, what in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+                ratios = []
+                for rnd, p in peer.items():
+                    ours = [r[key] for r in runs if r["model"] == m and r["runner"] == "duckrun"
+                            and r["round"] == rnd and r["ducks"] * r["cores"] <= n]
+                    if ours and p.get(key):
+                        ratios.append(max(ours) / p[key])
+                if ratios:
+                    print(f"  {what}: duckrun (best arrangement on {n} cores) / llama.cpp -t {n}: "
+                          f"median {statistics.median(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+
+
+def plot(res, models, arrangements, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench-e2e: no matplotlib (Debian's python3-matplotlib); no plot written", file=sys.stderr)
+        return
+    runs = res["runs"]
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.5), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        labels, bottoms = [], []
+        bars = {k: [] for k in PARTS}
+        for d, c in arrangements:
+            rs = [r for r in runs if r["model"] == m and r["runner"] == "duckrun" and (r["ducks"], r["cores"]) == (d, c)]
+            labels.append(f"duck {d}x{c}")
+            for k in PARTS:
+                bars[k].append(statistics.median(r["breakdown_ms"].get(k, 0) for r in rs))
+        bottoms = [0.0] * len(labels)
+        for k in PARTS:
+            ax.bar(labels, bars[k], bottom=bottoms, label=k)
+            bottoms = [b + v for b, v in zip(bottoms, bars[k])]
+        peers = sorted({r["threads"] for r in runs if r["model"] == m and r["runner"] != "duckrun"}, reverse=True)
+        for t in peers:
+            rs = [1e3 / r["decode_tok_s"] for r in runs if r["model"] == m and r["runner"] != "duckrun"
+                  and r["threads"] == t]
+            ax.bar([f"llama -t {t}"], [statistics.median(rs)], color="grey")
+        ax.set_title(LABEL[m])
+        ax.set_ylabel("decode ms a token")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"duck-bench e2e, {res['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
