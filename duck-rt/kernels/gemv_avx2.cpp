@@ -102,9 +102,10 @@ inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
   out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
 }
 
-/// Pre-scales x for one row tile: xs = x[k] * scale[k / BLOCK] * factor and
-/// xn = -xs (the blend source for negative weights). PERMUTED stores each
-/// 32-chunk in the shift path's order: position 8q + j holds element 4j + q.
+/// Pre-scales x for one row tile: xs = x[k] * scale[k / BLOCK] * factor.
+/// PERMUTED (the shift path, which flips the weights' signs itself) stores
+/// each 32-chunk in its order: position 8q + j holds element 4j + q. The
+/// F16C path blends with xn = -xs, so it gets that copy as well.
 template <uint32_t BLOCK, bool PERMUTED>
 void prescale(const float *x, const float *scale, uint32_t k, float factor,
               float *xs, float *xn) {
@@ -114,10 +115,7 @@ void prescale(const float *x, const float *scale, uint32_t k, float factor,
     if constexpr (PERMUTED) {
       for (uint32_t c = b * BLOCK; c < (b + 1) * BLOCK; c += 32)
         for (uint32_t i = 0; i < 32; ++i) {
-          const float v = x[c + i] * sf;
-          const uint32_t p = c + (i & 3) * 8 + (i >> 2);
-          xs[p] = v;
-          xn[p] = -v;
+          xs[c + (i & 3) * 8 + (i >> 2)] = x[c + i] * sf;
         }
     } else {
       __m256 sv = _mm256_set1_ps(sf);
@@ -143,38 +141,36 @@ void prescaleAny(uint32_t block, const float *x, const float *scale,
   }
 }
 
-/// Accumulates 32 weights of one row into acc0..acc3 (shift path, sign
-/// applied by blending the pre-scaled input with its negation).
-#define DUCK_ACC32(mag, word, xs, xn, acc0, acc1, acc2, acc3)                  \
+/// Accumulates 32 weights of one row into acc0..acc3 (shift path). The
+/// sign flips the decoded weight (an AND and an XOR) rather than choosing
+/// between the pre-scaled input and its negation with a blend: the product
+/// has the same bits either way, and a variable blend costs up to three
+/// uops and a second load on recent cores.
+#define DUCK_ACC32(mag, word, xs, acc0, acc1, acc2, acc3)                      \
   do {                                                                         \
     const Chunk32 d_ = decodeChunk((mag), (word));                             \
+    const __m256 nz_ = _mm256_set1_ps(-0.0f);                                  \
     acc0 = _mm256_fmadd_ps(                                                    \
-        d_.w[0],                                                               \
-        _mm256_blendv_ps(_mm256_load_ps(xs), _mm256_load_ps(xn), d_.s[0]),     \
-        acc0);                                                                 \
-    acc1 = _mm256_fmadd_ps(d_.w[1],                                            \
-                           _mm256_blendv_ps(_mm256_load_ps((xs) + 8),          \
-                                            _mm256_load_ps((xn) + 8), d_.s[1]),\
-                           acc1);                                              \
-    acc2 = _mm256_fmadd_ps(d_.w[2],                                            \
-                           _mm256_blendv_ps(_mm256_load_ps((xs) + 16),         \
-                                            _mm256_load_ps((xn) + 16),         \
-                                            d_.s[2]),                          \
-                           acc2);                                              \
-    acc3 = _mm256_fmadd_ps(d_.w[3],                                            \
-                           _mm256_blendv_ps(_mm256_load_ps((xs) + 24),         \
-                                            _mm256_load_ps((xn) + 24),         \
-                                            d_.s[3]),                          \
-                           acc3);                                              \
+        _mm256_xor_ps(d_.w[0], _mm256_and_ps(d_.s[0], nz_)),                   \
+        _mm256_load_ps(xs), acc0);                                             \
+    acc1 = _mm256_fmadd_ps(                                                    \
+        _mm256_xor_ps(d_.w[1], _mm256_and_ps(d_.s[1], nz_)),                   \
+        _mm256_load_ps((xs) + 8), acc1);                                       \
+    acc2 = _mm256_fmadd_ps(                                                    \
+        _mm256_xor_ps(d_.w[2], _mm256_and_ps(d_.s[2], nz_)),                   \
+        _mm256_load_ps((xs) + 16), acc2);                                      \
+    acc3 = _mm256_fmadd_ps(                                                    \
+        _mm256_xor_ps(d_.w[3], _mm256_and_ps(d_.s[3], nz_)),                   \
+        _mm256_load_ps((xs) + 24), acc3);                                      \
   } while (0)
 
 /// One row, shift path.
 inline float dotRowShift(const uint8_t *mag, const uint32_t *sign,
-                         const float *xs, const float *xn, uint32_t k) {
+                         const float *xs, uint32_t k) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   for (uint32_t c = 0; c < k; c += 32) {
     _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
-    DUCK_ACC32(mag + c, sign[c / 32], xs + c, xn + c, acc0, acc1, acc2, acc3);
+    DUCK_ACC32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
   }
   return reduceRow(acc0, acc1, acc2, acc3);
 }
@@ -212,12 +208,12 @@ inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
 
 /// One row's accumulators summed, before the horizontal reduction.
 template <uint32_t K>
-inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                     const float *xn) {
+inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign,
+                     const float *xs) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
 #pragma GCC unroll 4
   for (uint32_t c = 0; c < K; c += 32)
-    DUCK_ACC32(mag + c, sign[c / 32], xs + c, xn + c, acc0, acc1, acc2, acc3);
+    DUCK_ACC32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
   return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
 }
 
@@ -226,7 +222,7 @@ inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign, const float *xs,
 /// rows of a tile, and the next tile is prefetched. K == 128 uses two rows
 /// because four would need more than the 16 ymm registers.
 template <uint32_t K>
-void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
+void exactRows(const duck_fp9_matrix *m, const float *xs,
                uint32_t r0, uint32_t r1, float *y) {
   constexpr uint32_t W = K / 32;
   constexpr uint32_t R = K <= 64 ? 4 : 2;
@@ -242,20 +238,20 @@ void exactRows(const duck_fp9_matrix *m, const float *xs, const float *xn,
     _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 192),
                  _MM_HINT_T0);
     if constexpr (R == 4) {
-      __m256 v0 = rowSum<K>(mag, sign, xs, xn);
-      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn);
-      __m256 v2 = rowSum<K>(mag + 2 * K, sign + 2 * W, xs, xn);
-      __m256 v3 = rowSum<K>(mag + 3 * K, sign + 3 * W, xs, xn);
+      __m256 v0 = rowSum<K>(mag, sign, xs);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs);
+      __m256 v2 = rowSum<K>(mag + 2 * K, sign + 2 * W, xs);
+      __m256 v3 = rowSum<K>(mag + 3 * K, sign + 3 * W, xs);
       _mm_storeu_ps(y + (r - r0), reduceFourRows(v0, v1, v2, v3));
     } else {
-      __m256 v0 = rowSum<K>(mag, sign, xs, xn);
-      __m256 v1 = rowSum<K>(mag + K, sign + W, xs, xn);
+      __m256 v0 = rowSum<K>(mag, sign, xs);
+      __m256 v1 = rowSum<K>(mag + K, sign + W, xs);
       reduceTwoRows(v0, v1, y + (r - r0));
     }
   }
   for (; r < r1; ++r)
     y[r - r0] = dotRowShift(m->mag + (uint64_t)r * K, m->sign + (uint64_t)r * W,
-                            xs, xn, K);
+                            xs, K);
 }
 
 /// One weight row against T tokens (a tile of up to DUCK_N_TILE): the row is decoded once and the sign flips the weight, so each
@@ -343,11 +339,11 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
                         factor, xs, xn);
     float *out = y + (r - row_begin);
     if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT32) {
-      exactRows<32>(m, xs, xn, r, end, out);
+      exactRows<32>(m, xs, r, end, out);
     } else if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT64) {
-      exactRows<64>(m, xs, xn, r, end, out);
+      exactRows<64>(m, xs, r, end, out);
     } else if (path == DUCK_DECODE_SHIFT && m->kernel == DUCK_KERNEL_EXACT128) {
-      exactRows<128>(m, xs, xn, r, end, out);
+      exactRows<128>(m, xs, r, end, out);
     } else if (path == DUCK_DECODE_F16C) {
       for (uint32_t i = r; i < end; ++i)
         out[i - r] = dotRowF16c(m->mag + (uint64_t)i * k,
@@ -355,7 +351,7 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
     } else {
       for (uint32_t i = r; i < end; ++i)
         out[i - r] = dotRowShift(m->mag + (uint64_t)i * k,
-                                 m->sign + (uint64_t)i * (k / 32), xs, xn, k);
+                                 m->sign + (uint64_t)i * (k / 32), xs, k);
     }
     r = end;
   }
