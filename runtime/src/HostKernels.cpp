@@ -144,6 +144,77 @@ void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
 }
 } // namespace
 
+namespace {
+/// One int8 weight row against T tokens: each group of 8 weights is
+/// widened and scaled once for all of them; a token's sum has the same
+/// order whatever T is (two accumulators, even and odd groups).
+template <int T>
+void DotI8Tokens(const int8_t *w, const float *scale, const float *x,
+                 uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
+  __m256 a0[T], a1[T];
+  for (int t = 0; t < T; ++t)
+    a0[t] = a1[t] = _mm256_setzero_ps();
+  for (uint64_t b = 0; b < n / kInt8Block; ++b) {
+    const int8_t *p = w + b * kInt8Block;
+    _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
+    const __m256 s = _mm256_broadcast_ss(scale + b);
+    for (int h = 0; h < 4; ++h) {
+      const __m256 wv = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+              reinterpret_cast<const __m128i *>(p + 8 * h)))),
+          s);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_loadu_ps(x + t * x_ld + b * kInt8Block + 8 * h);
+        if (h % 2 == 0)
+          a0[t] = _mm256_fmadd_ps(wv, xv, a0[t]);
+        else
+          a1[t] = _mm256_fmadd_ps(wv, xv, a1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    out[t * out_ld] = hsum(_mm256_add_ps(a0[t], a1[t]));
+}
+
+float DotI8(const HostMatrix &w, uint64_t r, const float *x) {
+  float s;
+  DotI8Tokens<1>(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x,
+                 0, w.cols, &s, 0);
+  return s;
+}
+} // namespace
+
+HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
+                        const std::function<void(uint64_t, float *)> &row) {
+  HostMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  const uint64_t blocks = cols / kInt8Block;
+  m.i8_store.resize(rows * cols);
+  m.i8_scale_store.resize(rows * blocks);
+  pool.ParallelFor(rows, [&](uint64_t b, uint64_t e) {
+    std::vector<float> buf(cols);
+    for (uint64_t r = b; r < e; ++r) {
+      row(r, buf.data());
+      for (uint64_t k = 0; k < blocks; ++k) {
+        const float *v = buf.data() + k * kInt8Block;
+        float amax = 0.0f;
+        for (uint64_t i = 0; i < kInt8Block; ++i)
+          amax = std::max(amax, std::fabs(v[i]));
+        const float scale = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t *q = m.i8_store.data() + r * cols + k * kInt8Block;
+        for (uint64_t i = 0; i < kInt8Block; ++i)
+          q[i] = (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
+        m.i8_scale_store[r * blocks + k] = scale;
+      }
+    }
+  });
+  m.i8 = m.i8_store.data();
+  m.i8_scale = m.i8_scale_store.data();
+  return m;
+}
+
 float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
   float s;
   DotBf16Tokens<1>(w, x, 0, n, &s, 0);
@@ -167,6 +238,8 @@ float DotF32(const float *w, const float *x, uint64_t n) {
 uint64_t MatrixBytes(const HostMatrix &w) {
   if (w.is_fp9)
     return w.fp9_store.size() * 8;
+  if (w.i8)
+    return w.rows * w.cols + w.rows * (w.cols / kInt8Block) * 4;
   return w.rows * w.cols * (w.bf16 ? 2 : 4);
 }
 
@@ -216,6 +289,11 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
               KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
     return;
   }
+  if (w.i8) {
+    for (uint64_t r = r0; r < r1; ++r)
+      y[r] = DotI8(w, r, x);
+    return;
+  }
   for (uint64_t r = r0; r < r1; ++r)
     y[r] = w.bf16 ? DotBf16(w.bf16 + r * w.cols, x, w.cols)
                   : DotF32(w.f32 + r * w.cols, x, w.cols);
@@ -247,6 +325,22 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
       duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
                 (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
                 KernelScratch(n * w.cols));
+    });
+    return;
+  }
+  if (w.i8) {
+    // Four tokens a pass: each group of weights is widened once for them.
+    const uint64_t blocks = w.cols / kInt8Block;
+    pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
+      for (uint64_t r = b; r < e; ++r) {
+        uint64_t t = 0;
+        for (; t + 4 <= n; t += 4)
+          DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
+                         x + t * w.cols, w.cols, w.cols, y + t * w.rows + r,
+                         w.rows);
+        for (; t < n; ++t)
+          y[t * w.rows + r] = DotI8(w, r, x + t * w.cols);
+      }
     });
     return;
   }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -40,6 +41,63 @@ TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
           ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * rows, rows * 4))
               << "cols " << cols << ", tokens " << n << ", token " << t;
         }
+      }
+    }
+  }
+}
+
+/// int8 matrices (duckc --lm-head int8): every weight within half a step
+/// of its block's scale, an all-zero block stays zero, the GEMV within
+/// float rounding of the exact product of the quantised weights, and the
+/// batching contract as for bf16.
+TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint64_t rows = 53, cols = 1024;
+  std::vector<float> src(rows * cols);
+  for (auto &v : src)
+    v = d(rng);
+  std::fill_n(src.begin() + 5 * cols + 64, 32, 0.0f); // an all-zero block
+  src[7 * cols + 3] = 1e4f;                            // an outlier
+  for (unsigned threads : {1u, 2u}) {
+    ThreadPool pool(threads);
+    HostMatrix m = QuantizeInt8(pool, rows, cols, [&](uint64_t r, float *b) {
+      std::memcpy(b, src.data() + r * cols, cols * 4);
+    });
+    ASSERT_EQ(MatrixBytes(m), rows * cols + rows * cols / 32 * 4);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) {
+        const float scale = m.i8_scale[r * cols / 32 + c / 32];
+        const float q = m.i8[r * cols + c];
+        ASSERT_LE(std::fabs(q * scale - src[r * cols + c]), 0.5f * scale * 1.0001f)
+            << "row " << r << ", col " << c;
+        ASSERT_LE(std::fabs(q), 127.0f);
+      }
+    EXPECT_EQ(m.i8_scale[5 * cols / 32 + 2], 0.0f);
+    EXPECT_EQ(m.i8[7 * cols + 3], 127);
+
+    std::vector<float> x(cols), y(rows);
+    for (auto &v : x)
+      v = d(rng);
+    MatVec(pool, m, x.data(), y.data());
+    for (uint64_t r = 0; r < rows; ++r) {
+      double exact = 0, mag = 0;
+      for (uint64_t c = 0; c < cols; ++c) {
+        const double w = (double)m.i8[r * cols + c] * m.i8_scale[r * cols / 32 + c / 32];
+        exact += w * x[c];
+        mag += std::fabs(w * x[c]);
+      }
+      ASSERT_NEAR(y[r], exact, 1e-5 * mag) << "row " << r;
+    }
+    for (uint64_t n : {1u, 2u, 3u, 4u, 5u, 8u, 9u}) {
+      std::vector<float> xs(n * cols), ys(n * rows), one(rows);
+      for (auto &v : xs)
+        v = d(rng);
+      MatMul(pool, m, xs.data(), n, ys.data());
+      for (uint64_t t = 0; t < n; ++t) {
+        MatVec(pool, m, xs.data() + t * cols, one.data());
+        ASSERT_EQ(0, std::memcmp(one.data(), ys.data() + t * rows, rows * 4))
+            << "tokens " << n << ", token " << t;
       }
     }
   }

@@ -355,6 +355,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   PlanWriteOptions wo;
   wo.coresPerDuck = opts.cluster.coresPerDuck;
   wo.lmHeadFp9 = opts.lmHead == "fp9";
+  wo.lmHeadInt8 = opts.lmHead == "int8";
   bool tty = llvm::sys::Process::StandardErrIsDisplayed();
   auto start = std::chrono::steady_clock::now();
   uint64_t doneBefore = 0, grand = stats->totalBytes;
@@ -395,6 +396,8 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                        opts.outDir, kPlanFileName, stats->tp,
                        stats->totalBytes, gib(stats->totalBytes), stats->tp,
                        stats->multipleOf,
-                       wo.lmHeadFp9 ? "fp9" : "as in the checkpoint");
+                       wo.lmHeadFp9    ? "fp9"
+                       : wo.lmHeadInt8 ? "int8"
+                                       : "as in the checkpoint");
   return Error::success();
 }

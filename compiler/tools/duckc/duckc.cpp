@@ -148,9 +148,10 @@ cl::opt<bool> compileForce("force",
 cl::opt<std::string> compileLmHead(
     "lm-head",
     cl::desc("LM head on the host: 'checkpoint' keeps the checkpoint's "
-             "dtype (bf16: exact); 'fp9' quantises it (per-row, 128-block "
-             "scales): 1.125 bytes a weight instead of 2, logits move by a "
-             "few percent"),
+             "dtype (bf16: exact); 'int8' quantises it at load (a scale per "
+             "32 weights of a row): 1.125 bytes a weight instead of 2, "
+             "logits move by about 0.5%; 'fp9' (a scale per 128 x 128 "
+             "tile): the same bytes, logits move by a few percent"),
     cl::init("checkpoint"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<bool> compileProgress("progress",
                               cl::desc("Show progress even when stderr is "
@@ -371,9 +372,10 @@ Error runCompile() {
   o.dryRun = compileDryRun;
   o.force = compileForce;
   o.progress = compileProgress;
-  if (compileLmHead != "checkpoint" && compileLmHead != "fp9")
+  if (compileLmHead != "checkpoint" && compileLmHead != "fp9" &&
+      compileLmHead != "int8")
     return createStringError(inconvertibleErrorCode(),
-                             "--lm-head must be checkpoint or fp9, got '" +
+                             "--lm-head must be checkpoint, int8 or fp9, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
   if (autoTp || compileExplain) {

@@ -37,6 +37,10 @@ public:
   /// A BF16/F16/F32 matrix quantised to fp9 (a scale per row and K-block,
   /// amax-based): 1.125 bytes a weight, lossy.
   absl::StatusOr<HostMatrix> QuantizedFp9(const pl::TensorDef &t) const;
+  /// A matrix quantised to int8 (a scale per 32 weights of a row); any
+  /// dtype ReadAll takes, one row at a time, rows split over `pool`.
+  absl::StatusOr<HostMatrix> QuantizedInt8(const pl::TensorDef &t,
+                                           ThreadPool &pool) const;
 
 private:
   const LoadedPlan &plan_;

@@ -52,7 +52,9 @@ HostOpOr CreateLmHead(const OpEnv &env) {
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->weight(), "weight"));
   HostMatrix m;
   DUCK_ASSIGN_OR_RETURN(m, env.weights.Matrix(*t));
-  if (p->fp9() && !m.is_fp9) { // duckc --lm-head fp9: accuracy for bytes
+  if (p->int8()) { // duckc --lm-head int8: a little accuracy for bytes
+    DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedInt8(*t, *env.pool));
+  } else if (p->fp9() && !m.is_fp9) { // duckc --lm-head fp9: more of it
     DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedFp9(*t));
   }
   if (m.cols != env.hidden)

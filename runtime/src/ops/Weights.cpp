@@ -117,6 +117,44 @@ WeightReader::QuantizedFp9(const pl::TensorDef &t) const {
   return m;
 }
 
+absl::StatusOr<HostMatrix>
+WeightReader::QuantizedInt8(const pl::TensorDef &t, ThreadPool &pool) const {
+  if (t.shape()->size() != 2)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "' is not a matrix"));
+  const uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
+  if (cols % kInt8Block)
+    return absl::InvalidArgumentError(
+        absl::StrCat("host tensor '", t.name()->str(), "' has ", cols,
+                     " columns, not a multiple of ", kInt8Block,
+                     " (int8 blocks)"));
+  const uint8_t *p = plan_.TensorData(t);
+  const pl::DType dt = t.dtype();
+  if (dt == pl::DType::F8_E4M3) { // already 8-bit: dequantise, then requantise
+    auto all = ReadAll(t);
+    if (!all.ok())
+      return all.status();
+    const float *f = all->data();
+    return QuantizeInt8(pool, rows, cols, [&](uint64_t r, float *buf) {
+      std::memcpy(buf, f + r * cols, cols * 4);
+    });
+  }
+  if (dt != pl::DType::BF16 && dt != pl::DType::F16 && dt != pl::DType::F32)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host tensor '", t.name()->str(), "' cannot be quantised to int8"));
+  return QuantizeInt8(pool, rows, cols, [&](uint64_t r, float *buf) {
+    if (dt == pl::DType::F32) {
+      std::memcpy(buf, p + r * cols * 4, cols * 4);
+      return;
+    }
+    for (uint64_t c = 0; c < cols; ++c) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * (r * cols + c), 2);
+      buf[c] = dt == pl::DType::BF16 ? duck_bf16_to_f32(h) : duck_f16_to_f32(h);
+    }
+  });
+}
+
 absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
   if (t.shape()->size() != 2)
     return absl::InvalidArgumentError(

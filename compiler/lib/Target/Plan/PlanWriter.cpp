@@ -335,7 +335,7 @@ public:
   /// RoPE base), set before buildOps.
   double normEps = 0, ropeTheta = 0;
   DictionaryAttr cfg; ///< the model's config (duck.model's `config`)
-  bool lmHeadFp9 = false;
+  bool lmHeadFp9 = false, lmHeadInt8 = false;
   fb::FlatBufferBuilder fbb{1 << 16};
   std::vector<fb::Offset<pl::OpDef>> ops;
   uint32_t numValues = 0;
@@ -642,7 +642,7 @@ Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
     if (!w)
       return w.takeError();
     *type = pl::OpParams::LmHeadOpDef;
-    return pl::CreateLmHeadOpDef(fbb, *w, lmHeadFp9).Union();
+    return pl::CreateLmHeadOpDef(fbb, *w, lmHeadFp9, lmHeadInt8).Union();
   }
   return err("op '" + op.getName().getStringRef() + "' has no plan form");
 }
@@ -777,6 +777,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   };
   pb.cfg = cfg;
   pb.lmHeadFp9 = opts.lmHeadFp9;
+  pb.lmHeadInt8 = opts.lmHeadInt8;
   pb.normEps = getf("rms_norm_eps");
   pb.ropeTheta = getf("rope_theta");
   if (Error e = pb.buildOps(model))

@@ -23,7 +23,8 @@ constexpr const char *kPlanFileName = "model.duckplan";
 
 struct PlanWriteOptions {
   int64_t coresPerDuck = 1;
-  bool lmHeadFp9 = false; // LmHeadOpDef.fp9
+  bool lmHeadFp9 = false;  // LmHeadOpDef.fp9
+  bool lmHeadInt8 = false; // LmHeadOpDef.int8
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
 };
