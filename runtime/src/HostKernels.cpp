@@ -398,31 +398,103 @@ void Softmax(float *v, uint64_t n) {
     v[i] *= inv;
 }
 
-void AttendOne(const float *q, const float *kc, const float *vc, uint64_t len,
-               uint64_t heads, uint64_t kvHeads, uint64_t dim, float *out,
-               float *scores) {
-  AttendHeads(q, kc, vc, len, heads, kvHeads, dim, 0, heads, out, scores);
+namespace {
+/// e^x for x <= 0 (softmax after subtracting the maximum), 8 lanes:
+/// 2^n * p(r), r = x - n ln2 in two parts, degree-6 polynomial; relative
+/// error below 2e-7 down to -87, and 0 below.
+inline __m256 ExpNonPositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(
+      _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/// Softmax of attention scores in place (ExpNonPositive; the sum in
+/// double).
+void SoftmaxScores(float *v, uint64_t n) {
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mv);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i)
+    m = std::max(m, v[i]);
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(v + i), mb));
+    _mm256_storeu_ps(v + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  _mm256_storeu_ps(lanes, acc);
+  double s = 0;
+  for (float l : lanes)
+    s += l;
+  for (; i < n; ++i) {
+    v[i] = std::exp(v[i] - m);
+    s += v[i];
+  }
+  const __m256 inv = _mm256_set1_ps((float)(1.0 / s));
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+  for (; i < n; ++i)
+    v[i] *= (float)(1.0 / s);
+}
+} // namespace
+
 void AttendHeads(const float *q, const float *kc, const float *vc,
-                 uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
-                 uint64_t h0, uint64_t h1, float *out, float *scores) {
-  const uint64_t group = heads / kvHeads;
+                 uint64_t kvStride, uint64_t len, uint64_t heads,
+                 uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                 float *out) {
+  const uint64_t group = kvHeads ? heads / kvHeads : 1, vec = dim / 8 * 8;
+  thread_local std::vector<float> buf;
+  if (buf.size() < len * std::min(group, h1 - h0))
+    buf.resize(len * std::min(group, h1 - h0));
+  float *scores = buf.data();
   const float scale = 1.0f / std::sqrt((float)dim);
-  for (uint64_t h = h0; h < h1; ++h) {
+  for (uint64_t h = h0; h < h1;) {
+    // The query heads [h, hEnd) of this range share kv head kvh.
     const uint64_t kvh = h / group;
-    const float *qh = q + h * dim;
-    for (uint64_t t = 0; t < len; ++t)
-      scores[t] = DotF32(kc + (t * kvHeads + kvh) * dim, qh, dim) * scale;
-    Softmax(scores, len);
-    float *o = out + h * dim;
-    std::fill(o, o + dim, 0.0f);
+    const uint64_t hEnd = std::min(h1, (kvh + 1) * group), G = hEnd - h;
     for (uint64_t t = 0; t < len; ++t) {
-      const float *vr = vc + (t * kvHeads + kvh) * dim;
-      const float p = scores[t];
-      for (uint64_t d = 0; d < dim; ++d)
-        o[d] += p * vr[d];
+      const float *kr = kc + kvh * kvStride + t * dim;
+      for (uint64_t g = 0; g < G; ++g)
+        scores[g * len + t] = DotF32(kr, q + (h + g) * dim, dim) * scale;
     }
+    for (uint64_t g = 0; g < G; ++g) {
+      SoftmaxScores(scores + g * len, len);
+      std::fill(out + (h + g) * dim, out + (h + g + 1) * dim, 0.0f);
+    }
+    for (uint64_t t = 0; t < len; ++t) {
+      const float *vr = vc + kvh * kvStride + t * dim;
+      for (uint64_t g = 0; g < G; ++g) {
+        float *o = out + (h + g) * dim;
+        const float p = scores[g * len + t];
+        const __m256 pb = _mm256_set1_ps(p);
+        for (uint64_t d = 0; d < vec; d += 8)
+          _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pb, _mm256_loadu_ps(vr + d),
+                                                  _mm256_loadu_ps(o + d)));
+        for (uint64_t d = vec; d < dim; ++d)
+          o[d] += p * vr[d];
+      }
+    }
+    h = hEnd;
   }
 }
 

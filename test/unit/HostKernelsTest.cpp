@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace duck::runtime {
@@ -98,6 +100,56 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
         MatVec(pool, m, xs.data() + t * cols, one.data());
         ASSERT_EQ(0, std::memcmp(one.data(), ys.data() + t * rows, rows * 4))
             << "tokens " << n << ", token " << t;
+      }
+    }
+  }
+}
+
+/// Vectorised GQA attention against a double-precision softmax-weighted
+/// sum, over head ranges that split a kv head's group or not, a head
+/// width with a scalar tail, and lengths with a tail of the 8-wide loops.
+TEST(HostKernels, AttendHeadsMatchesDoubleReference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (uint64_t dim : {128u, 20u}) {
+    const uint64_t heads = 8, kvHeads = 2, group = heads / kvHeads;
+    for (uint64_t len : {1u, 7u, 64u, 301u}) {
+      const uint64_t stride = 320 * dim; // room for 320 positions a head
+      std::vector<float> q(heads * dim), kc(kvHeads * stride), vc(kvHeads * stride);
+      for (auto *v : {&q, &kc, &vc})
+        for (auto &f : *v)
+          f = 3.0f * d(rng);
+      for (auto [h0, h1] : {std::pair<uint64_t, uint64_t>{0, 8}, {1, 6}, {4, 5}}) {
+        std::vector<float> out(heads * dim, -7.0f);
+        AttendHeads(q.data(), kc.data(), vc.data(), stride, len, heads, kvHeads,
+                    dim, h0, h1, out.data());
+        for (uint64_t h = 0; h < heads; ++h) {
+          const float *kh = kc.data() + h / group * stride;
+          const float *vh = vc.data() + h / group * stride;
+          std::vector<double> sc(len);
+          double mx = -1e300, sum = 0;
+          for (uint64_t t = 0; t < len; ++t) {
+            double dot = 0;
+            for (uint64_t i = 0; i < dim; ++i)
+              dot += (double)q[h * dim + i] * kh[t * dim + i];
+            sc[t] = dot / std::sqrt((double)dim);
+            mx = std::max(mx, sc[t]);
+          }
+          for (auto &v : sc)
+            sum += (v = std::exp(v - mx));
+          for (uint64_t i = 0; i < dim; ++i) {
+            double ref = 0, mag = 0;
+            for (uint64_t t = 0; t < len; ++t) {
+              ref += sc[t] / sum * vh[t * dim + i];
+              mag += std::fabs(sc[t] / sum * vh[t * dim + i]);
+            }
+            if (h < h0 || h >= h1)
+              ASSERT_EQ(out[h * dim + i], -7.0f) << "head " << h << " outside the range";
+            else
+              ASSERT_NEAR(out[h * dim + i], ref, 2e-5 * (mag + 1e-3))
+                  << "dim " << dim << ", len " << len << ", head " << h << ", i " << i;
+          }
+        }
       }
     }
   }

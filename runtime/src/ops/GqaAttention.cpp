@@ -38,9 +38,11 @@ public:
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
-    kcache_.Init(sh_.kv(), maxSeq, maxSeqs);
-    vcache_.Init(sh_.kv(), maxSeq, maxSeqs);
-    scores_.assign((uint64_t)maxSeq * pool_->size(), 0.0f);
+    // Head-major: a kv head's positions are contiguous ([max_seq][dim]),
+    // so attention streams them instead of striding over the other heads.
+    max_seq_ = maxSeq;
+    kcache_.Init(sh_.dim, maxSeq * sh_.kv_heads, maxSeqs);
+    vcache_.Init(sh_.dim, maxSeq * sh_.kv_heads, maxSeqs);
   }
 
   uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
@@ -82,17 +84,22 @@ private:
       RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
       Rope(kh);
     }
-    std::memcpy(kcache_.At(seq, p), k, sh_.kv() * 4);
-    std::memcpy(vcache_.At(seq, p), v_buf_.data() + t * sh_.kv(),
-                sh_.kv() * 4);
-    // The heads split over the pool's threads, a score buffer each.
-    const uint64_t T = pool_->size(), room = scores_.size() / T;
+    const float *v = v_buf_.data() + t * sh_.kv();
+    for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
+      std::memcpy(kcache_.At(seq, h * max_seq_ + p), k + h * sh_.dim,
+                  sh_.dim * 4);
+      std::memcpy(vcache_.At(seq, h * max_seq_ + p), v + h * sh_.dim,
+                  sh_.dim * 4);
+    }
+    // The heads split over the pool's threads, along kv heads when there
+    // are enough of them (a group's query heads then share its K/V reads).
+    const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
+    const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
     pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i)
-        AttendHeads(q, kcache_.Base(seq), vcache_.Base(seq), p + 1, sh_.heads,
-                    sh_.kv_heads, sh_.dim, i * sh_.heads / T,
-                    (i + 1) * sh_.heads / T, attn_.data() + t * sh_.q(),
-                    scores_.data() + i * room);
+        AttendHeads(q, kcache_.Base(seq), vcache_.Base(seq),
+                    (uint64_t)max_seq_ * sh_.dim, p + 1, H, KV, sh_.dim, i * units / T * unit, (i + 1) * units / T * unit,
+                    attn_.data() + t * sh_.q());
     });
   }
 
@@ -108,9 +115,10 @@ private:
 
   GqaShape sh_;
   ThreadPool *pool_;
+  uint64_t max_seq_ = 0;
   std::vector<double> inv_freq_;
   std::vector<float> cos_, sin_;
-  std::vector<float> q_buf_, k_buf_, v_buf_, attn_, scores_;
+  std::vector<float> q_buf_, k_buf_, v_buf_, attn_;
   SeqCache kcache_, vcache_;
 };
 

@@ -105,15 +105,18 @@ void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y);
 void RopeNeox(float *head, uint64_t dim, int64_t pos, double theta);
 
 /// Causal GQA attention of one query token over cached keys/values
-/// [0, len): q [heads][dim], k/v caches [len][kv_heads][dim], out
-/// [heads][dim]. `scores` holds len floats.
-void AttendOne(const float *q, const float *kcache, const float *vcache,
-               uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
-               float *out, float *scores);
-/// AttendOne for query heads [h0, h1) only (the pool splits the heads).
+/// [0, len), for query heads [h0, h1) (the pool splits the heads): q
+/// [heads][dim], out [heads][dim]; the k/v caches are head-major, kv head
+/// h's positions contiguous ([len][dim]) from kc + h * kvStride, so a
+/// head's keys stream from consecutive memory.
+/// The query heads of one kv head are done together, so each cached key
+/// and value row is read once for the group; AVX2 throughout (the softmax
+/// with a polynomial exp, relative error below 2e-7). The scores live in
+/// a buffer of the calling thread that only grows.
 void AttendHeads(const float *q, const float *kc, const float *vc,
-                 uint64_t len, uint64_t heads, uint64_t kvHeads, uint64_t dim,
-                 uint64_t h0, uint64_t h1, float *out, float *scores);
+                 uint64_t kvStride, uint64_t len, uint64_t heads,
+                 uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                 float *out);
 
 /// Softmax in place over n values.
 void Softmax(float *v, uint64_t n);
