@@ -17,6 +17,10 @@ kernel, dispatch gap, other), the weight bytes a token and
 decode_bound_fraction (the token rate those bytes allow at the read
 bandwidth measured on this machine in the same run).
 
+--lm-head LIST runs each arrangement once for each duckc --lm-head choice
+(checkpoint: the head as the checkpoint has it; int8 or fp9: quantised on
+the host at load, 1.125 bytes a weight).
+
 With --llama-bench PATH (a llama.cpp build's llama-bench, with llama-quantize
 beside it), every shape but ds is also written as a GGUF of the very same
 weights (utils/hf-to-gguf.py with that checkout's gguf-py), quantised to
@@ -96,6 +100,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens a run (default 64)")
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt tokens a run (default 64)")
     ap.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
+    ap.add_argument("--lm-head", default="checkpoint",
+                    help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9; default checkpoint)")
     ap.add_argument("--moe-layers", type=int, default=2, help="layers of the q30 shape (default 2)")
     ap.add_argument("--moe-vocab", type=int, default=1024, help="vocab of the q30 shape (default 1024)")
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench: run it beside duckrun")
@@ -110,6 +116,11 @@ def main():
     for m in models:
         mkmodel_args(m, a)
     arrangements = parse_arrangements(a.arrangements)
+    heads = a.lm_head.split(",")
+    for h in heads:
+        if h not in ("checkpoint", "int8", "fp9"):
+            fail(f"--lm-head: {h!r} is not checkpoint, int8 or fp9")
+    configs = [(d, c, h) for h in heads for d, c in arrangements]
     bin_ = os.path.join(a.build, "bin")
     for t in ("duck-mkmodel", "duckc", "duckrun", "duck-bench"):
         if not os.access(os.path.join(bin_, t), os.X_OK):
@@ -146,15 +157,15 @@ def main():
         if not os.path.isdir(ckpt):
             log(f"{LABEL[m]}: writing the checkpoint")
             run([os.path.join(bin_, "duck-mkmodel"), *mkmodel_args(m, a), "--dtype", "fp8", "-q", "-o", ckpt])
-        for d, c in arrangements:
-            plan = f"{ckpt}-{d}x{c}-plan"
-            log(f"{LABEL[m]}: compiling for {d} duck(s) x {c} core(s)")
+        for d, c, h in configs:
+            plan = f"{ckpt}-{d}x{c}" + ("" if h == "checkpoint" else f"-{h}head") + "-plan"
+            log(f"{LABEL[m]}: compiling for {d} duck(s) x {c} core(s), LM head {h}")
             run([os.path.join(bin_, "duckc"), "compile", ckpt, "--tp", str(d), "--cores-per-duck", str(c),
-                 "--force", "-o", plan], stdout=subprocess.DEVNULL)
+                 "--lm-head", h, "--force", "-o", plan], stdout=subprocess.DEVNULL)
             # Warm-up: fills the weight cache and the page cache.
             run([os.path.join(bin_, "duckrun"), plan, "--prompt-ids", prompt, "--max-tokens", "4", "--ignore-eos",
                  "--quiet", "--cores-per-duck", str(c)], stdout=subprocess.DEVNULL, env=env)
-            plans[(m, d, c)] = plan
+            plans[(m, d, c, h)] = plan
         if llama and m != "ds":
             q8 = os.path.join(work, "gguf", os.path.basename(ckpt) + "-q8_0.gguf")
             if not os.path.exists(q8):
@@ -172,14 +183,14 @@ def main():
     runs = []
     for r in range(a.rounds):
         for m in models:
-            for d, c in arrangements:
-                log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, duckrun {d}x{c}")
-                sj = os.path.join(work, f"run-{m}-{d}x{c}-{r}.json")
-                run([os.path.join(bin_, "duckrun"), plans[(m, d, c)], "--prompt-ids", prompt, "--max-tokens",
+            for d, c, h in configs:
+                log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, duckrun {d}x{c}, LM head {h}")
+                sj = os.path.join(work, f"run-{m}-{d}x{c}-{h}-{r}.json")
+                run([os.path.join(bin_, "duckrun"), plans[(m, d, c, h)], "--prompt-ids", prompt, "--max-tokens",
                      str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--summary-json", sj],
                     stdout=subprocess.DEVNULL, env=env)
                 s = json.load(open(sj))
-                runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c,
+                runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c, "lm_head": h,
                              "decode_tok_s": s["decode_tok_s"], "tpot_ms": s["tpot_ms"],
                              "prefill_tok_s": s["prefill_tok_s"], "breakdown_ms": s["decode_breakdown_ms"],
                              "host_bytes_per_token": s["host_bytes_per_token"],
@@ -206,8 +217,8 @@ def main():
     with open(json_path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
     os.replace(json_path + ".tmp", json_path)
-    report(result, models, arrangements, n)
-    plot(result, models, arrangements, a.plot or os.path.join(work, "e2e.png"))
+    report(result, models, configs, n)
+    plot(result, models, configs, a.plot or os.path.join(work, "e2e.png"))
     print(f"\nresults: {json_path}")
 
 
@@ -219,16 +230,25 @@ def span(vals, fmt="{:.2f}"):
         else f"{fmt.format(vals[0])}-{fmt.format(vals[-1])}"
 
 
-def report(res, models, arrangements, n):
+def config_label(d, c, h):
+    return f"duckrun {d} duck x {c} core" + ("" if h == "checkpoint" else f", {h} head")
+
+
+def matches(r, m, d, c, h):
+    return (r["model"] == m and r["runner"] == "duckrun" and (r["ducks"], r["cores"]) == (d, c)
+            and r.get("lm_head", "checkpoint") == h)
+
+
+def report(res, models, configs, n):
     runs = res["runs"]
     print(f"read bandwidth: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
           f"{res['tokens']} generated; ranges over {1 + max(r['round'] for r in runs)} round(s)")
     for m in models:
         print(f"\n{LABEL[m]}")
-        print(f"  {'runner':<24}{'decode tok/s':>16}{'TPOT ms':>16}{'prefill tok/s':>16}{'bound frac':>12}")
-        for d, c in arrangements:
-            rs = [r for r in runs if r["model"] == m and r["runner"] == "duckrun" and (r["ducks"], r["cores"]) == (d, c)]
-            print(f"  {f'duckrun {d} duck x {c} core':<24}{span([r['decode_tok_s'] for r in rs]):>16}"
+        print(f"  {'runner':<38}{'decode tok/s':>16}{'TPOT ms':>16}{'prefill tok/s':>16}{'bound frac':>12}")
+        for d, c, h in configs:
+            rs = [r for r in runs if matches(r, m, d, c, h)]
+            print(f"  {config_label(d, c, h):<38}{span([r['decode_tok_s'] for r in rs]):>16}"
                   f"{span([r['tpot_ms'] for r in rs]):>16}{span([r['prefill_tok_s'] for r in rs]):>16}"
                   f"{span([r['decode_bound_fraction'] for r in rs], '{:.3f}'):>12}")
             b = {k: statistics.median(r["breakdown_ms"].get(k, 0) for r in rs) for k in PARTS}
@@ -236,23 +256,24 @@ def report(res, models, arrangements, n):
         for threads in sorted({n, 1}, reverse=True):
             rs = [r for r in runs if r["model"] == m and r["runner"] != "duckrun" and r["threads"] == threads]
             if rs:
-                print(f"  {f'llama.cpp Q8_0 -t {threads}':<24}{span([r['decode_tok_s'] for r in rs]):>16}"
+                print(f"  {f'llama.cpp Q8_0 -t {threads}':<38}{span([r['decode_tok_s'] for r in rs]):>16}"
                       f"{span([1e3 / r['decode_tok_s'] for r in rs]):>16}{span([r['prefill_tok_s'] for r in rs]):>16}")
         peer = {r["round"]: r for r in runs if r["model"] == m and r["runner"] != "duckrun" and r["threads"] == n}
-        if peer:
+        for h in sorted({h for _, _, h in configs}, key=lambda h: h != "checkpoint") if peer else []:
             for key, what in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
                 ratios = []
                 for rnd, p in peer.items():
                     ours = [r[key] for r in runs if r["model"] == m and r["runner"] == "duckrun"
-                            and r["round"] == rnd and r["ducks"] * r["cores"] <= n]
+                            and r.get("lm_head", "checkpoint") == h and r["round"] == rnd
+                            and r["ducks"] * r["cores"] <= n]
                     if ours and p.get(key):
                         ratios.append(max(ours) / p[key])
                 if ratios:
-                    print(f"  {what}: duckrun (best arrangement on {n} cores) / llama.cpp -t {n}: "
+                    print(f"  {what}, LM head {h}: duckrun (best arrangement on {n} cores) / llama.cpp -t {n}: "
                           f"median {statistics.median(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
-def plot(res, models, arrangements, path):
+def plot(res, models, configs, path):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -265,9 +286,9 @@ def plot(res, models, arrangements, path):
     for ax, m in zip(axes[0], models):
         labels, bottoms = [], []
         bars = {k: [] for k in PARTS}
-        for d, c in arrangements:
-            rs = [r for r in runs if r["model"] == m and r["runner"] == "duckrun" and (r["ducks"], r["cores"]) == (d, c)]
-            labels.append(f"duck {d}x{c}")
+        for d, c, h in configs:
+            rs = [r for r in runs if matches(r, m, d, c, h)]
+            labels.append(f"duck {d}x{c}" + ("" if h == "checkpoint" else f"\n{h} head"))
             for k in PARTS:
                 bars[k].append(statistics.median(r["breakdown_ms"].get(k, 0) for r in rs))
         bottoms = [0.0] * len(labels)
