@@ -267,15 +267,15 @@ double MeasureReadBandwidthGbs(ThreadPool &pool) {
 }
 
 namespace {
-/// The fp9 kernels' scratch (pre-scaled inputs), 32-byte aligned: one
+/// The fp9 kernels' scratch (pre-scaled inputs), 64-byte aligned: one
 /// buffer a thread that only grows, so a step allocates nothing once the
 /// largest matrix has been seen.
 float *KernelScratch(uint64_t floats) {
   thread_local std::vector<float> buf;
-  if (buf.size() < floats + 8)
-    buf.resize(floats + 8);
+  if (buf.size() < floats + 16)
+    buf.resize(floats + 16);
   return reinterpret_cast<float *>(
-      (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));
+      (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
 }
 } // namespace
 
@@ -284,9 +284,13 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
   if (w.is_fp9) {
     if (r0 >= r1)
       return;
-    // Pre-scaled input and its negation (the kernels' scratch).
-    duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
-              KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+    // The pre-scaled input (the kernels' scratch).
+    if (HostHasAvx512())
+      Fp9GemvAvx512(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                    KernelScratch(w.cols));
+    else
+      duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
     return;
   }
   if (w.i8) {

@@ -105,6 +105,55 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
   }
 }
 
+/// The host's AVX-512 fp9 GEMV has duck_gemv's bits (the AVX2 shift path
+/// the ducks and the host's GEMM run), for every kernel class (K of 32, 64,
+/// 128 and general), block, row phase and row range.
+TEST(HostKernels, Fp9GemvAvx512HasTheAvx2KernelsBits) {
+  if (!HostHasAvx512())
+    GTEST_SKIP() << "this CPU has no AVX-512F/DQ: the AVX2 kernel is the "
+                    "only host path here";
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  struct Shape { uint32_t k, block, phase; };
+  for (Shape sh : {Shape{32, 32, 0}, Shape{64, 64, 3}, Shape{128, 128, 0},
+                   Shape{96, 32, 100}, Shape{1024, 128, 0}, Shape{1056, 32, 37},
+                   Shape{2048, 64, 127}}) {
+    const uint32_t rows = 300;
+    // The packed slice starts at source row `phase` (its row phase).
+    std::vector<float> w((uint64_t)(sh.phase + rows) * sh.k);
+    for (auto &v : w)
+      v = d(rng) * (rng() % 7 == 0 ? 30.0f : 1.0f);
+    duck_fp9_desc desc{rows, sh.k, sh.block, 128, sh.phase};
+    duck_fp9_layout lay;
+    ASSERT_EQ(duck_fp9_compute_layout(&desc, &lay), DUCK_FP9_OK);
+    std::vector<uint64_t> store(lay.total_bytes / 8 + 8);
+    void *base = reinterpret_cast<void *>(
+        (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t(63));
+    duck_fp9_source src{};
+    src.type = DUCK_FP9_SRC_F32;
+    src.data = w.data();
+    src.src_rows = sh.phase + rows;
+    src.src_cols = sh.k;
+    src.row0 = sh.phase;
+    ASSERT_EQ(duck_fp9_pack(&src, &desc, base, nullptr), DUCK_FP9_OK);
+    const duck_fp9_matrix m = duck_fp9_matrix_view(&desc, base);
+    std::vector<float> x(sh.k);
+    for (auto &v : x)
+      v = d(rng);
+    std::vector<float> s2(2 * sh.k + 16), s5(sh.k + 32);
+    float *xs2 = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(s2.data()) + 31) & ~uintptr_t(31));
+    float *xs5 = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(s5.data()) + 63) & ~uintptr_t(63));
+    for (auto [b, e] : {std::pair<uint32_t, uint32_t>{0, rows}, {5, 200}, {130, 131}}) {
+      std::vector<float> ya(e - b), yb(e - b, -1.0f);
+      duck_gemv(&m, x.data(), ya.data(), b, e, xs2, DUCK_DECODE_SHIFT);
+      Fp9GemvAvx512(&m, x.data(), yb.data(), b, e, xs5);
+      ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * 4))
+          << "K " << sh.k << ", block " << sh.block << ", phase " << sh.phase
+          << ", rows [" << b << ", " << e << ")";
+    }
+  }
+}
+
 /// Vectorised GQA attention against a double-precision softmax-weighted
 /// sum, over head ranges that split a kv head's group or not, a head
 /// width with a scalar tail, and lengths with a tail of the 8-wide loops.

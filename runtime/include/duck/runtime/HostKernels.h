@@ -89,6 +89,14 @@ uint64_t MatrixBytes(const HostMatrix &w);
 /// passes over a 256 MiB buffer with every thread of the pool (~0.2 s).
 double MeasureReadBandwidthGbs(ThreadPool &pool);
 
+/// True when fp9 host matrices are read with the AVX-512 GEMV (the CPU has
+/// AVX-512F/DQ and DUCK_HOST_ISA is not "avx2").
+bool HostHasAvx512();
+/// duck_gemv's shift path with AVX-512: the same bits (HostFp9Avx512.cpp).
+/// `xs` is k floats, 64-byte aligned.
+void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
+                   uint32_t row_begin, uint32_t row_end, float *xs);
+
 /// y[r] = W[r] . x for rows [r0, r1).
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1);

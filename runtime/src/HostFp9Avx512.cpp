@@ -1,0 +1,136 @@
+//===- HostFp9Avx512.cpp - the host's fp9 GEMV with AVX-512 ---------------===//
+//
+// Host matrices (attention projections, an fp9 LM head, MLA) are read with
+// this GEMV when the host CPU has AVX-512F (ducks stay AVX2: duck-rt's
+// gemv_avx2.cpp). It does the very arithmetic of the AVX2 shift path, lane
+// for lane, so its results are bit-identical to duck_gemv and duck_gemm
+// (and prefill still equals decode):
+//
+//  - the AVX2 kernel keeps four accumulators acc[q] whose lane j takes
+//    weight 32c + 4j + q; here one zmm holds acc[0] | acc[1] and another
+//    acc[2] | acc[3], each lane doing the same FMA on the same operands;
+//  - a weight is decoded by the same shift and mask (a rotate whose
+//    wrapped bits fall outside the mask), its sign flipped by the same
+//    XOR (one ternary-logic op instead of an AND and an XOR);
+//  - the row ends with (acc0 + acc1) + (acc2 + acc3) and the same
+//    horizontal pattern.
+//
+// Per 32 weights that is about 11 vector uops against the AVX2 kernel's
+// 26, so the host's share of a token is read at memory speed instead of
+// being bound by the decode.
+//===----------------------------------------------------------------------===//
+#include "duck/runtime/HostKernels.h"
+
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace duck::runtime {
+namespace {
+
+constexpr float kShiftXFactor = 0x1p102f; // 2^DUCK_FP9_SHIFT_X_LOG2
+constexpr float kAccFactor = 8.0f;        // 2^DUCK_FP9_ACC_LOG2
+static_assert(DUCK_FP9_SHIFT_X_LOG2 == 102 && DUCK_FP9_ACC_LOG2 == 3,
+              "constants out of sync with duck_rt/fp9.h");
+
+/// The input of one row tile, pre-scaled per K-block and stored in the
+/// shift path's order (position 8q + j of a 32-chunk holds element 4j + q):
+/// x * (scale * 2^102), as the AVX2 kernel computes it.
+void Prescale(const float *x, const float *scale, uint32_t k, uint32_t block,
+              float *xs) {
+  // Output lane p of a 32-chunk reads input element 4 (p % 8) + p / 8.
+  alignas(64) int32_t lo[16], hi[16];
+  for (int p = 0; p < 16; ++p) {
+    lo[p] = 4 * (p % 8) + p / 8;
+    hi[p] = 4 * ((p + 16) % 8) + (p + 16) / 8;
+  }
+  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+  for (uint32_t b = 0; b < k / block; ++b) {
+    const __m512 sf = _mm512_set1_ps(scale[b] * kShiftXFactor);
+    for (uint32_t c = b * block; c < (b + 1) * block; c += 32) {
+      const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + c), sf);
+      const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(x + c + 16), sf);
+      _mm512_store_ps(xs + c, _mm512_permutex2var_ps(a, ilo, d));
+      _mm512_store_ps(xs + c + 16, _mm512_permutex2var_ps(a, ihi, d));
+    }
+  }
+}
+
+inline __m512i Lanes(int32_t a, int32_t stepA, int32_t b, int32_t stepB) {
+  return _mm512_setr_epi32(a, a - stepA, a - 2 * stepA, a - 3 * stepA,
+                           a - 4 * stepA, a - 5 * stepA, a - 6 * stepA,
+                           a - 7 * stepA, b, b - stepB, b - 2 * stepB,
+                           b - 3 * stepB, b - 4 * stepB, b - 5 * stepB,
+                           b - 6 * stepB, b - 7 * stepB);
+}
+
+/// One row: see the file comment.
+inline float DotRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
+                    uint32_t k) {
+  // Rotations that bring byte q of each dword to bits 27..20 (q = 0, 1 in
+  // the first zmm; 2, 3 in the second).
+  const __m512i rotA = Lanes(20, 0, 12, 0), rotB = Lanes(4, 0, 28, 0);
+  // Shifts that bring sign bit 4j + q of the word to bit 31.
+  const __m512i sgnA = Lanes(31, 4, 30, 4), sgnB = Lanes(29, 4, 28, 4);
+  const __m512i magMask = _mm512_set1_epi32(0x0FF00000);
+  const __m512i signBit = _mm512_set1_epi32((int32_t)0x80000000u);
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01;
+  for (uint32_t c = 0; c < k; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+    const __m512i v = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c)));
+    const __m512i w = _mm512_set1_epi32((int32_t)sign[c / 32]);
+    __m512i mA = _mm512_and_si512(_mm512_rolv_epi32(v, rotA), magMask);
+    __m512i mB = _mm512_and_si512(_mm512_rolv_epi32(v, rotB), magMask);
+    // m ^ (shifted sign & bit 31): truth table 0x78 = a ^ (b & c).
+    mA = _mm512_ternarylogic_epi32(mA, _mm512_sllv_epi32(w, sgnA), signBit, 0x78);
+    mB = _mm512_ternarylogic_epi32(mB, _mm512_sllv_epi32(w, sgnB), signBit, 0x78);
+    a01 = _mm512_fmadd_ps(_mm512_castsi512_ps(mA), _mm512_load_ps(xs + c), a01);
+    a23 = _mm512_fmadd_ps(_mm512_castsi512_ps(mB), _mm512_load_ps(xs + c + 16),
+                          a23);
+  }
+  // (acc0 + acc1) + (acc2 + acc3), then the AVX2 kernel's horizontal sum.
+  const __m256 s01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
+                                   _mm512_extractf32x8_ps(a01, 1));
+  const __m256 s23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
+                                   _mm512_extractf32x8_ps(a23, 1));
+  const __m256 v = _mm256_add_ps(s01, s23);
+  __m256 h = _mm256_hadd_ps(v, v);
+  h = _mm256_hadd_ps(h, h);
+  const __m128 r =
+      _mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  return _mm_cvtss_f32(r) * kAccFactor;
+}
+
+} // namespace
+
+bool HostHasAvx512() {
+  static const bool has = [] {
+    const char *isa = std::getenv("DUCK_HOST_ISA");
+    if (isa && std::strcmp(isa, "avx2") == 0)
+      return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+}
+
+void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
+                   uint32_t row_begin, uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  for (uint32_t r = row_begin; r < row_end;) {
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;
+    if (end > row_end)
+      end = row_end;
+    Prescale(x, m->scale + (uint64_t)tile * bpr, k, m->block, xs);
+    for (uint32_t i = r; i < end; ++i)
+      y[i - row_begin] = DotRow(m->mag + (uint64_t)i * k,
+                                m->sign + (uint64_t)i * (k / 32), xs, k);
+    r = end;
+  }
+}
+
+} // namespace duck::runtime
