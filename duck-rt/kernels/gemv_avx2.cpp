@@ -102,6 +102,28 @@ inline void reduceTwoRows(__m256 r0, __m256 r1, float *out) {
   out[1] = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
 }
 
+/// One 32-chunk pre-scaled into the shift path's order: out[8q + j] =
+/// x[4j + q] * sf (a 8x4 -> 4x8 transpose in registers: unpack, shuffle,
+/// lane permute).
+inline void prescaleChunk32(const float *x, __m256 sf, float *out) {
+  const __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(x), sf);
+  const __m256 r1 = _mm256_mul_ps(_mm256_loadu_ps(x + 8), sf);
+  const __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(x + 16), sf);
+  const __m256 r3 = _mm256_mul_ps(_mm256_loadu_ps(x + 24), sf);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  // u_q = [x_q x_{8+q} x_{16+q} x_{24+q} | x_{4+q} x_{12+q} x_{20+q} x_{28+q}]
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_store_ps(out, _mm256_permutevar8x32_ps(u0, order));
+  _mm256_store_ps(out + 8, _mm256_permutevar8x32_ps(u1, order));
+  _mm256_store_ps(out + 16, _mm256_permutevar8x32_ps(u2, order));
+  _mm256_store_ps(out + 24, _mm256_permutevar8x32_ps(u3, order));
+}
+
 /// Pre-scales x for one row tile: xs = x[k] * scale[k / BLOCK] * factor.
 /// PERMUTED (the shift path, which flips the weights' signs itself) stores
 /// each 32-chunk in its order: position 8q + j holds element 4j + q. The
@@ -113,10 +135,9 @@ void prescale(const float *x, const float *scale, uint32_t k, float factor,
   for (uint32_t b = 0; b < k / BLOCK; ++b) {
     const float sf = scale[b] * factor;
     if constexpr (PERMUTED) {
+      const __m256 sv = _mm256_set1_ps(sf);
       for (uint32_t c = b * BLOCK; c < (b + 1) * BLOCK; c += 32)
-        for (uint32_t i = 0; i < 32; ++i) {
-          xs[c + (i & 3) * 8 + (i >> 2)] = x[c + i] * sf;
-        }
+        prescaleChunk32(x + c, sv, xs + c);
     } else {
       __m256 sv = _mm256_set1_ps(sf);
       for (uint32_t i = b * BLOCK; i < (b + 1) * BLOCK; i += 8) {
@@ -290,6 +311,77 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
     y[(uint64_t)t * y_ld] = reduceRow(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
 }
 
+/// One pass of gemmRowsGroups over chunks [c0, c1) of a row: group Q
+/// (lane j = weight 32c + 4j + Q) against T tokens; acc[t] is token t's
+/// accumulator for that group, carried in memory from the previous
+/// segment (canonical order: c ascending).
+template <int Q, int T>
+inline void gemmGroupSegment(const uint8_t *mag, const uint32_t *sign,
+                             const float *xs, uint32_t k, uint32_t c0,
+                             uint32_t c1, __m256 *accMem) {
+  const __m256 negZero = _mm256_set1_ps(-0.0f);
+  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
+  // Sign bit 4j + Q of the word to bit 31 of lane j.
+  const __m256i sgn = _mm256_setr_epi32(31 - Q, 27 - Q, 23 - Q, 19 - Q,
+                                        15 - Q, 11 - Q, 7 - Q, 3 - Q);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t)
+    acc[t] = accMem[t];
+  for (uint32_t c = c0; c < c1; c += 32) {
+    if (Q == 0) // the first pass streams the row; the others find it in L1
+      _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
+    const __m256i bits = Q == 3 ? _mm256_srli_epi32(v, 4)
+                                : _mm256_slli_epi32(v, 20 - 8 * Q);
+    __m256 w = _mm256_castsi256_ps(_mm256_and_si256(bits, mask));
+    const __m256i s = _mm256_sllv_epi32(_mm256_set1_epi32((int)sign[c / 32]), sgn);
+    w = _mm256_xor_ps(w, _mm256_and_ps(_mm256_castsi256_ps(s), negZero));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(
+          w, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * Q), acc[t]);
+  }
+  for (int t = 0; t < T; ++t)
+    accMem[t] = acc[t];
+}
+
+/// Rows [i0, i1) (at most kGroupRows) against T tokens (4 to 8): each
+/// weight is decoded one accumulator group at a time (four passes over a
+/// row segment, the first from memory, the rest from L1; about 5 ALU ops
+/// a group for T FMAs, where gemmRow decodes all four groups for at most
+/// 3 tokens, since the four accumulators a token needs fill the
+/// registers). K goes in segments whose T pre-scaled inputs fit L1, every
+/// row of the block taking a segment before the next. Each accumulator
+/// sees the same operations in the same order as in gemmRow and duck_gemv,
+/// so every token's result has the same bits.
+constexpr uint32_t kGroupRows = 8;
+constexpr uint32_t kGroupSegment = 1024; // K a segment: 8 tokens x 4 KiB
+
+template <int T>
+void gemmRowsGroups(const uint8_t *mag, const uint32_t *sign, uint32_t i0,
+                    uint32_t i1, const float *xs, uint32_t k, float *y,
+                    uint32_t y_ld) {
+  __m256 acc[kGroupRows][4][T];
+  for (uint32_t i = 0; i < i1 - i0; ++i)
+    for (int q = 0; q < 4; ++q)
+      for (int t = 0; t < T; ++t)
+        acc[i][q][t] = _mm256_setzero_ps();
+  for (uint32_t c0 = 0; c0 < k; c0 += kGroupSegment) {
+    const uint32_t c1 = k - c0 < kGroupSegment ? k : c0 + kGroupSegment;
+    for (uint32_t i = i0; i < i1; ++i) {
+      const uint8_t *m = mag + (uint64_t)i * k;
+      const uint32_t *s = sign + (uint64_t)i * (k / 32);
+      gemmGroupSegment<0, T>(m, s, xs, k, c0, c1, acc[i - i0][0]);
+      gemmGroupSegment<1, T>(m, s, xs, k, c0, c1, acc[i - i0][1]);
+      gemmGroupSegment<2, T>(m, s, xs, k, c0, c1, acc[i - i0][2]);
+      gemmGroupSegment<3, T>(m, s, xs, k, c0, c1, acc[i - i0][3]);
+    }
+  }
+  for (uint32_t i = 0; i < i1 - i0; ++i)
+    for (int t = 0; t < T; ++t)
+      y[(uint64_t)t * y_ld + i] =
+          reduceRow(acc[i][0][t], acc[i][1][t], acc[i][2][t], acc[i][3][t]);
+}
+
 inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
   // First local row of the next scale tile after row r.
   uint32_t t = (r + m->row_phase) / m->scale_rows;
@@ -362,6 +454,7 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// (16 tokens a chunk measured ~10% slower a token: their inputs spill
 /// L1 once K is 1024).
 constexpr uint32_t kGemmTokenChunk = DUCK_GEMM_TOKEN_CHUNK;
+static_assert(kGemmTokenChunk <= 8, "gemmChunk's tiles go up to 8 tokens");
 
 static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
@@ -395,19 +488,34 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const float *xt = x + (uint64_t)t * x_ld;
       float *st = xs + (uint64_t)t * k;
       for (uint32_t b = 0; b < bpr; ++b) {
-        const float sf = scale[b] * kShiftXFactor;
+        const __m256 sf = _mm256_set1_ps(scale[b] * kShiftXFactor);
         for (uint32_t c = b * m->block; c < (b + 1) * m->block; c += 32)
-          for (uint32_t i = 0; i < 32; ++i)
-            st[c + (i & 3) * 8 + (i >> 2)] = xt[c + i] * sf;
+          prescaleChunk32(xt + c, sf, st + c);
       }
+    }
+    // Four or more tokens: blocks of rows, one tile of all the tokens.
+    if (n_tokens >= 4) {
+      for (uint32_t i0 = r; i0 < end; i0 += kGroupRows) {
+        const uint32_t i1 = end - i0 < kGroupRows ? end : i0 + kGroupRows;
+        float *yi = y + (i0 - row_begin);
+        switch (n_tokens) {
+        case 4: gemmRowsGroups<4>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
+        case 5: gemmRowsGroups<5>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
+        case 6: gemmRowsGroups<6>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
+        case 7: gemmRowsGroups<7>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
+        default: gemmRowsGroups<8>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
+        }
+      }
+      r = end;
+      continue;
     }
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
-      // Tiles of three tokens (12 accumulators: the most the register
-      // file holds beside the decode), then twos, so that no single token
-      // is left over unless there was only one (4 = 2 + 2, 7 = 3 + 2 + 2).
+      // Fewer: tiles of three tokens (12 accumulators: the most the
+      // register file holds beside the decode), then twos, so that no
+      // single token is left over unless there was only one.
       uint32_t t = 0;
       for (; n_tokens - t >= 3 && n_tokens - t != 4; t += 3)
         gemmRow<3>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,

@@ -183,7 +183,7 @@ TEST(Kernels, GemmEqualsGemvPerToken) {
   std::mt19937 rng(13);
   for (const Shape &s : kShapes) {
     TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
-    for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 7u, 37u}) {
+    for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
       auto x = randomVector(tokens * s.k, rng);
       Aligned<float> xs(tokens * s.k);
       std::vector<float> y(tokens * s.rows);

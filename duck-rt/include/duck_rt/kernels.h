@@ -49,11 +49,13 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 
 /// Batched GEMM for prefill: y[t][r - row_begin] (row stride y_ld) for
 /// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), in chunks of
-/// DUCK_GEMM_TOKEN_CHUNK tokens (their pre-scaled inputs stay in L1/L2);
-/// within a chunk, tiles of up to DUCK_N_TILE tokens share one weight
-/// decode (threes, then twos, so a single token is left only when the
-/// chunk has one). Each token's result is bit-identical to duck_gemv on
-/// that token alone. `xs` holds n_tokens * m->k floats (32-byte aligned).
+/// DUCK_GEMM_TOKEN_CHUNK tokens (their pre-scaled inputs stay in L1/L2).
+/// A chunk of 4 or more tokens is one tile: each weight is decoded once
+/// for all of them, one accumulator group at a time. Smaller chunks go in
+/// tiles of up to DUCK_N_TILE tokens (threes, then twos, so a single token
+/// is left only when the chunk has one). Each token's result is
+/// bit-identical to duck_gemv on that token alone. `xs` holds n_tokens *
+/// m->k floats (32-byte aligned).
 enum { DUCK_N_TILE = 3, DUCK_GEMM_TOKEN_CHUNK = 8 };
 
 /// Weight decodes a row of duck_gemm makes for n tokens (its tiles).
@@ -62,6 +64,10 @@ static inline uint32_t duck_gemm_tiles(uint32_t n) {
   uint32_t tiles = 0;
   for (uint32_t c = 0; c < n; c += chunk) {
     uint32_t m = n - c < chunk ? n - c : chunk;
+    if (m >= 4) {
+      ++tiles;
+      continue;
+    }
     uint32_t t = 0;
     for (; m - t >= 3 && m - t != 4; t += 3)
       ++tiles;
