@@ -65,32 +65,28 @@ inline __m512i Lanes(int32_t a, int32_t stepA, int32_t b, int32_t stepB) {
                            b - 6 * stepB, b - 7 * stepB);
 }
 
-/// One row: see the file comment.
-inline float DotRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                    uint32_t k) {
-  // Rotations that bring byte q of each dword to bits 27..20 (q = 0, 1 in
-  // the first zmm; 2, 3 in the second).
+/// The decode of one 32-chunk into the two zmm of the file comment.
+struct Decoder {
   const __m512i rotA = Lanes(20, 0, 12, 0), rotB = Lanes(4, 0, 28, 0);
-  // Shifts that bring sign bit 4j + q of the word to bit 31.
   const __m512i sgnA = Lanes(31, 4, 30, 4), sgnB = Lanes(29, 4, 28, 4);
   const __m512i magMask = _mm512_set1_epi32(0x0FF00000);
   const __m512i signBit = _mm512_set1_epi32((int32_t)0x80000000u);
-  __m512 a01 = _mm512_setzero_ps(), a23 = a01;
-  for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+  inline void Decode(const uint8_t *mag, uint32_t word, __m512 *wA,
+                     __m512 *wB) const {
     const __m512i v = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c)));
-    const __m512i w = _mm512_set1_epi32((int32_t)sign[c / 32]);
-    __m512i mA = _mm512_and_si512(_mm512_rolv_epi32(v, rotA), magMask);
-    __m512i mB = _mm512_and_si512(_mm512_rolv_epi32(v, rotB), magMask);
-    // m ^ (shifted sign & bit 31): truth table 0x78 = a ^ (b & c).
-    mA = _mm512_ternarylogic_epi32(mA, _mm512_sllv_epi32(w, sgnA), signBit, 0x78);
-    mB = _mm512_ternarylogic_epi32(mB, _mm512_sllv_epi32(w, sgnB), signBit, 0x78);
-    a01 = _mm512_fmadd_ps(_mm512_castsi512_ps(mA), _mm512_load_ps(xs + c), a01);
-    a23 = _mm512_fmadd_ps(_mm512_castsi512_ps(mB), _mm512_load_ps(xs + c + 16),
-                          a23);
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)));
+    const __m512i w = _mm512_set1_epi32((int32_t)word);
+    const __m512i mA = _mm512_and_si512(_mm512_rolv_epi32(v, rotA), magMask);
+    const __m512i mB = _mm512_and_si512(_mm512_rolv_epi32(v, rotB), magMask);
+    *wA = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        mA, _mm512_sllv_epi32(w, sgnA), signBit, 0x78));
+    *wB = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        mB, _mm512_sllv_epi32(w, sgnB), signBit, 0x78));
   }
-  // (acc0 + acc1) + (acc2 + acc3), then the AVX2 kernel's horizontal sum.
+};
+
+/// The AVX2 kernel's reduction of one row's accumulators.
+inline float Reduce(__m512 a01, __m512 a23) {
   const __m256 s01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
                                    _mm512_extractf32x8_ps(a01, 1));
   const __m256 s23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
@@ -103,7 +99,100 @@ inline float DotRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
   return _mm_cvtss_f32(r) * kAccFactor;
 }
 
+/// GEMM rows [i0, i1) (at most kRows) against T tokens whose pre-scaled
+/// inputs are k apart in xs: each chunk is decoded once for all T; K goes
+/// in segments whose inputs stay in L1 while the rows of the block take
+/// them, the accumulators carried in memory between segments (the order
+/// of every accumulator's operations stays the GEMV's).
+constexpr uint32_t kRows = 8, kSegment = 1024;
+
+template <int T>
+void GemmRows(const duck_fp9_matrix *m, uint32_t i0, uint32_t i1,
+              const float *xs, float *y, uint32_t y_ld) {
+  const uint32_t k = m->k;
+  const Decoder dec;
+  __m512 acc[kRows][2][T];
+  for (uint32_t i = 0; i < i1 - i0; ++i)
+    for (int t = 0; t < T; ++t)
+      acc[i][0][t] = acc[i][1][t] = _mm512_setzero_ps();
+  for (uint32_t c0 = 0; c0 < k; c0 += kSegment) {
+    const uint32_t c1 = k - c0 < kSegment ? k : c0 + kSegment;
+    for (uint32_t i = i0; i < i1; ++i) {
+      const uint8_t *mag = m->mag + (uint64_t)i * k;
+      const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
+      __m512 a01[T], a23[T];
+      for (int t = 0; t < T; ++t) {
+        a01[t] = acc[i - i0][0][t];
+        a23[t] = acc[i - i0][1][t];
+      }
+      for (uint32_t c = c0; c < c1; c += 32) {
+        _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096),
+                     _MM_HINT_T0);
+        __m512 wA, wB;
+        dec.Decode(mag + c, sign[c / 32], &wA, &wB);
+        for (int t = 0; t < T; ++t) {
+          a01[t] = _mm512_fmadd_ps(wA, _mm512_load_ps(xs + (uint64_t)t * k + c),
+                                   a01[t]);
+          a23[t] = _mm512_fmadd_ps(
+              wB, _mm512_load_ps(xs + (uint64_t)t * k + c + 16), a23[t]);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        acc[i - i0][0][t] = a01[t];
+        acc[i - i0][1][t] = a23[t];
+      }
+    }
+  }
+  for (uint32_t i = 0; i < i1 - i0; ++i)
+    for (int t = 0; t < T; ++t)
+      y[(uint64_t)t * y_ld + i] = Reduce(acc[i][0][t], acc[i][1][t]);
+}
+
+/// One row: see the file comment.
+inline float DotRow(const Decoder &dec, const uint8_t *mag,
+                    const uint32_t *sign, const float *xs, uint32_t k) {
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01;
+  for (uint32_t c = 0; c < k; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+    __m512 wA, wB;
+    dec.Decode(mag + c, sign[c / 32], &wA, &wB);
+    a01 = _mm512_fmadd_ps(wA, _mm512_load_ps(xs + c), a01);
+    a23 = _mm512_fmadd_ps(wB, _mm512_load_ps(xs + c + 16), a23);
+  }
+  return Reduce(a01, a23);
+}
+
+using GemmRowsFn = void (*)(const duck_fp9_matrix *, uint32_t, uint32_t,
+                           const float *, float *, uint32_t);
+constexpr GemmRowsFn kGemmRows[] = {GemmRows<1>, GemmRows<2>, GemmRows<3>,
+                                    GemmRows<4>, GemmRows<5>, GemmRows<6>,
+                                    GemmRows<7>, GemmRows<8>};
+
 } // namespace
+
+void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                   uint32_t n_tokens, float *y, uint32_t y_ld,
+                   uint32_t row_begin, uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  for (uint32_t t0 = 0; t0 < n_tokens; t0 += 8) {
+    const uint32_t n = n_tokens - t0 < 8 ? n_tokens - t0 : 8;
+    for (uint32_t r = row_begin; r < row_end;) {
+      const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+      uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;
+      if (end > row_end)
+        end = row_end;
+      for (uint32_t t = 0; t < n; ++t)
+        Prescale(x + (uint64_t)(t0 + t) * x_ld, m->scale + (uint64_t)tile * bpr,
+                 k, m->block, xs + (uint64_t)t * k);
+      for (uint32_t i0 = r; i0 < end; i0 += kRows) {
+        const uint32_t i1 = end - i0 < kRows ? end : i0 + kRows;
+        kGemmRows[n - 1](m, i0, i1, xs,
+                         y + (uint64_t)t0 * y_ld + (i0 - row_begin), y_ld);
+      }
+      r = end;
+    }
+  }
+}
 
 bool HostHasAvx512() {
   static const bool has = [] {
@@ -126,8 +215,9 @@ void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
     if (end > row_end)
       end = row_end;
     Prescale(x, m->scale + (uint64_t)tile * bpr, k, m->block, xs);
+    const Decoder dec;
     for (uint32_t i = r; i < end; ++i)
-      y[i - row_begin] = DotRow(m->mag + (uint64_t)i * k,
+      y[i - row_begin] = DotRow(dec, m->mag + (uint64_t)i * k,
                                 m->sign + (uint64_t)i * (k / 32), xs, k);
     r = end;
   }

@@ -325,10 +325,16 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
     }
     // The duck GEMM: tiles of tokens share one weight decode, and every
     // token's result is bit-identical to the GEMV (prefill == decode).
+    const bool avx512 = HostHasAvx512();
     pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-      duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
-                KernelScratch(n * w.cols));
+      if (avx512)
+        Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
+                      (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+                      KernelScratch(std::min<uint64_t>(n, 8) * w.cols));
+      else
+        duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
+                  (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+                  KernelScratch(n * w.cols));
     });
     return;
   }

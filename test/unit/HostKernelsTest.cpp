@@ -108,7 +108,7 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
 /// The host's AVX-512 fp9 GEMV has duck_gemv's bits (the AVX2 shift path
 /// the ducks and the host's GEMM run), for every kernel class (K of 32, 64,
 /// 128 and general), block, row phase and row range.
-TEST(HostKernels, Fp9GemvAvx512HasTheAvx2KernelsBits) {
+TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
   if (!HostHasAvx512())
     GTEST_SKIP() << "this CPU has no AVX-512F/DQ: the AVX2 kernel is the "
                     "only host path here";
@@ -150,6 +150,28 @@ TEST(HostKernels, Fp9GemvAvx512HasTheAvx2KernelsBits) {
       ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * 4))
           << "K " << sh.k << ", block " << sh.block << ", phase " << sh.phase
           << ", rows [" << b << ", " << e << ")";
+    }
+    // The GEMM: every token of 1..9 and 19 has the GEMV's bits.
+    for (uint32_t n : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 19u}) {
+      std::vector<float> xt((uint64_t)n * sh.k);
+      for (auto &v : xt)
+        v = d(rng);
+      std::vector<float> sg(8 * sh.k + 16), yg((uint64_t)n * rows), one(rows);
+      float *xsg = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(sg.data()) + 63) & ~uintptr_t(63));
+      Fp9GemmAvx512(&m, xt.data(), sh.k, n, yg.data(), rows, 0, rows, xsg);
+      for (uint32_t t = 0; t < n; ++t) {
+        duck_gemv(&m, xt.data() + (uint64_t)t * sh.k, one.data(), 0, rows, xs2,
+                  DUCK_DECODE_SHIFT);
+        ASSERT_EQ(0, std::memcmp(one.data(), yg.data() + (uint64_t)t * rows, rows * 4))
+            << "GEMM, K " << sh.k << ", " << n << " tokens, token " << t;
+      }
+      // Rows [5, 200) only (a thread's share), output rows 195 apart.
+      std::vector<float> part((uint64_t)n * 195);
+      Fp9GemmAvx512(&m, xt.data(), sh.k, n, part.data(), 195, 5, 200, xsg);
+      for (uint32_t t = 0; t < n; ++t)
+        ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
+                                 part.data() + (uint64_t)t * 195, 195 * 4))
+            << "GEMM rows [5, 200), K " << sh.k << ", token " << t;
     }
   }
 }
