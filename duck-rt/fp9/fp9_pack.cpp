@@ -2,6 +2,10 @@
 // Freestanding-clean: no libc calls, no allocation.
 #include "duck_rt/fp9_pack.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -51,6 +55,44 @@ float loadSource(const duck_fp9_source *src, uint64_t row, uint64_t col) {
     return duck_e4m3_to_f32(static_cast<const uint8_t *>(src->data)[i]);
   }
   return 0.0f;
+}
+
+/// 32 E4M3 bytes to fp9: magnitude codes into mag[0..31], the sign bits
+/// as one word (bit i = weight i). False if one is NaN (nothing useful is
+/// written then). The same codes as duck_fp9_from_e4m3: a normal's code
+/// is its low 7 bits + 120 (exponent + 15), a subnormal's comes from
+/// `sub` (its mantissa's code).
+inline bool packE4m3x32(const uint8_t *src, uint8_t *mag, uint32_t *word,
+                        const uint8_t sub[8]) {
+#ifdef __AVX2__
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src));
+  const __m256i v = _mm256_and_si256(b, _mm256_set1_epi8(0x7F));
+  if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(0x7F))))
+    return false;
+  const __m256i lut = _mm256_setr_epi8(
+      (char)sub[0], (char)sub[1], (char)sub[2], (char)sub[3], (char)sub[4],
+      (char)sub[5], (char)sub[6], (char)sub[7], 0, 0, 0, 0, 0, 0, 0, 0,
+      (char)sub[0], (char)sub[1], (char)sub[2], (char)sub[3], (char)sub[4],
+      (char)sub[5], (char)sub[6], (char)sub[7], 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i normal = _mm256_add_epi8(v, _mm256_set1_epi8(120));
+  const __m256i isSub = _mm256_cmpgt_epi8(_mm256_set1_epi8(8), v);
+  _mm256_storeu_si256(
+      reinterpret_cast<__m256i *>(mag),
+      _mm256_blendv_epi8(normal, _mm256_shuffle_epi8(lut, v), isSub));
+  *word = (uint32_t)_mm256_movemask_epi8(b);
+  return true;
+#else
+  uint32_t w = 0;
+  for (uint32_t i = 0; i < 32; ++i) {
+    if (duck_e4m3_is_nan(src[i]))
+      return false;
+    const uint32_t v = src[i] & 0x7Fu;
+    mag[i] = v >= 8 ? (uint8_t)(v + 120) : sub[v];
+    w |= (uint32_t)(src[i] >> 7) << i;
+  }
+  *word = w;
+  return true;
+#endif
 }
 
 struct Planes {
@@ -124,6 +166,11 @@ duck_fp9_status duck_fp9_pack(const duck_fp9_source *src,
   const uint32_t words = d->k / 32;
   const uint64_t tilesPerRow =
       fp8 ? (src->src_cols + src->tile_cols - 1) / src->tile_cols : 0;
+  uint8_t sub[8]; // codes of the E4M3 subnormals (mantissa 0..7)
+  for (uint32_t m = 0; m < 8; ++m) {
+    uint32_t ignored;
+    sub[m] = duck_fp9_from_e4m3((uint8_t)m, &ignored);
+  }
 
   for (uint32_t t = 0; t < l.scale_tiles; ++t) {
     // Local rows of tile t: [rBegin, rEnd).
@@ -173,6 +220,17 @@ duck_fp9_status duck_fp9_pack(const duck_fp9_source *src,
         uint64_t gr = src->row0 + r;
         uint8_t *mag = p.mag + (uint64_t)r * d->k + (uint64_t)b * d->block;
         uint32_t *sign = p.sign + (uint64_t)r * words;
+        if (fp8) { // 32 at a time (a block is whole sign words); exact
+          const uint8_t *row =
+              static_cast<const uint8_t *>(src->data) + gr * src->src_cols + c0;
+          bool ok = true;
+          for (uint32_t c = 0; c < d->block && ok; c += 32)
+            ok = packE4m3x32(row + c, mag + c, &sign[(b * d->block + c) / 32],
+                             sub);
+          if (ok)
+            continue;
+          // A NaN: the element-wise loop below finds and reports it.
+        }
         for (uint32_t c = 0; c < d->block; ++c) {
           uint32_t lc = b * d->block + c; // local column
           uint32_t s;
