@@ -3,8 +3,9 @@
 // duck-bench is one executable with subcommands (`duck-bench kernels ...`).
 // A subcommand is a function taking the arguments after the tool name
 // (argv[0] is the subcommand's own name) and returning the exit code. To add
-// one, declare its entry point here and append it to kSubcommands in
-// Driver.cpp.
+// one, declare its entry point here (or, for one that needs the host
+// runtime, in runtime/tools/duck-bench/BenchSubcommands.h) and append it to
+// kSubcommands in runtime/tools/duck-bench/Driver.cpp.
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,10 +22,6 @@ struct Subcommand {
 
 /// `duck-bench kernels`: the kernel harness (KernelsBench.cpp).
 int runKernels(int argc, char **argv);
-
-/// The whole tool: dispatches argv[1] to a subcommand, prints the list on
-/// --help or on an unknown name.
-int benchMain(int argc, char **argv);
 
 } // namespace duck::bench
 

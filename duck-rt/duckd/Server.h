@@ -8,7 +8,7 @@
 
 #include "ElfLoader.h"
 #include "WeightCache.h"
-#include "Wire.h"
+#include "duck_rt/wire.h"
 #include "Worker.h"
 
 #include "absl/status/statusor.h"

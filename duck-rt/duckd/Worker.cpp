@@ -3,7 +3,7 @@
 #include "Worker.h"
 
 #include "Sandbox.h"
-#include "Wire.h"
+#include "duck_rt/wire.h"
 
 #include "absl/strings/str_cat.h"
 

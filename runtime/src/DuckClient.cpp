@@ -7,7 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/DuckClient.h"
 
-#include "duckd/Wire.h"
+#include "duck_rt/wire.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -1,7 +1,7 @@
 //===- LocalCluster.cpp - N duckd processes on this machine ---------------===//
 #include "duck/runtime/LocalCluster.h"
 
-#include "duckd/Wire.h"
+#include "duck_rt/wire.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

@@ -1,5 +1,5 @@
 // libFuzzer: duckd's frame decoding: a frame header, then an error payload.
-#include "Wire.h"
+#include "duck_rt/wire.h"
 
 #include <cstring>
 

@@ -4,7 +4,7 @@
 // closed connection, leaves a log line, and the daemon keeps serving.
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/LocalCluster.h"
-#include "duckd/Wire.h"
+#include "duck_rt/wire.h"
 
 #include "SyntheticImage.h"
 

@@ -7,7 +7,7 @@
 
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/LocalCluster.h"
-#include "duckd/Wire.h"
+#include "duck_rt/wire.h"
 
 #include <gtest/gtest.h>
 #include <thread>

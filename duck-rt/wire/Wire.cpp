@@ -1,5 +1,5 @@
 // Frame encoding, validation and blocking socket I/O of the duckd protocol.
-#include "Wire.h"
+#include "duck_rt/wire.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,8 +1,8 @@
 // Frame encoding, validation and blocking socket I/O of the duckd wire
 // protocol (duck_rt/duckd_protocol.h), shared by duckd, the host client and
 // the tests.
-#ifndef DUCK_RT_DUCKD_WIRE_H
-#define DUCK_RT_DUCKD_WIRE_H
+#ifndef DUCK_RT_WIRE_H
+#define DUCK_RT_WIRE_H
 
 #include "duck_rt/duckd_protocol.h"
 
@@ -93,4 +93,4 @@ void TuneSocket(int fd);
 
 } // namespace duck::duckd
 
-#endif // DUCK_RT_DUCKD_WIRE_H
+#endif // DUCK_RT_WIRE_H

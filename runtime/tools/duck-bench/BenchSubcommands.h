@@ -14,4 +14,10 @@
 int duckBenchJudge(int argc, char **argv);
 int duckBenchCache(int argc, char **argv);
 
+namespace duck::bench {
+/// The whole tool: dispatches argv[1] to a subcommand, prints the list on
+/// --help or on an unknown name.
+int benchMain(int argc, char **argv);
+} // namespace duck::bench
+
 #endif // DUCK_BENCH_BENCHSUBCOMMANDS_H
