@@ -601,6 +601,25 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
     r.add("weights", ("bytes_" + dtypeName(dtype)).str(),
           static_cast<int64_t>(bytes), humanBytes(bytes));
   r.add("weights", "fp8_weights", static_cast<int64_t>(check->fp8_weights));
+  // The LM head stays on the host and is read whole for every decoded
+  // token; duckc compile --lm-head int8 (or fp9) reads 1.125 bytes a weight.
+  if (TensorRef head = ckpt.find(d.tie_word_embeddings
+                                     ? "model.embed_tokens.weight"
+                                     : "lm_head.weight")) {
+    const uint64_t n = (uint64_t)d.vocab_size * (uint64_t)d.hidden_size;
+    const uint64_t asIs = head.info->dtype == DType::F8_E4M3
+                              ? n + n / 8 // fp9 on the host
+                              : head.info->byte_size;
+    r.add("weights", "lm_head",
+          formatv("{0} [{1}, {2}]{3}, on the host", dtypeName(head.info->dtype),
+                  d.vocab_size, d.hidden_size,
+                  d.tie_word_embeddings ? " (the tied embedding)" : "")
+              .str());
+    r.add("weights", "lm_head_bytes_per_token", static_cast<int64_t>(asIs),
+          (humanBytes(asIs) + "; with --lm-head int8 or fp9: " +
+           std::to_string(n + n / 8) + " " + humanBytes(n + n / 8))
+              .c_str());
+  }
 
   r.add("check", "check", "ok");
   r.add("check", "expected_tensors", static_cast<int64_t>(check->expected));
