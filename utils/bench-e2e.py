@@ -300,6 +300,7 @@ def plot(res, models, configs, path):
             rs = [1e3 / r["decode_tok_s"] for r in runs if r["model"] == m and r["runner"] != "duckrun"
                   and r["threads"] == t]
             ax.bar([f"llama -t {t}"], [statistics.median(rs)], color="grey")
+        ax.tick_params(axis="x", labelsize=8, labelrotation=30)
         ax.set_title(LABEL[m])
         ax.set_ylabel("decode ms a token")
     axes[0][0].legend(fontsize=8)
