@@ -513,19 +513,13 @@ static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
-      // Fewer: tiles of three tokens (12 accumulators: the most the
-      // register file holds beside the decode), then twos, so that no
-      // single token is left over unless there was only one.
-      uint32_t t = 0;
-      for (; n_tokens - t >= 3 && n_tokens - t != 4; t += 3)
-        gemmRow<3>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,
-                   y_ld);
-      for (; t + 2 <= n_tokens; t += 2)
-        gemmRow<2>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,
-                   y_ld);
-      if (t < n_tokens)
-        gemmRow<1>(mag, sign, xs + (uint64_t)t * k, k, yi + (uint64_t)t * y_ld,
-                   y_ld);
+      // Fewer: one tile with all four groups decoded at once (at most 12
+      // accumulators, what the register file holds beside the decode).
+      switch (n_tokens) {
+      case 3: gemmRow<3>(mag, sign, xs, k, yi, y_ld); break;
+      case 2: gemmRow<2>(mag, sign, xs, k, yi, y_ld); break;
+      default: gemmRow<1>(mag, sign, xs, k, yi, y_ld); break;
+      }
     }
     r = end;
   }

@@ -42,7 +42,7 @@ duck_fp9_matrix duck_fp9_matrix_view(const duck_fp9_desc *desc,
 
 /// y[r - row_begin] = sum_k W[r][k] * x[k] for rows [row_begin, row_end).
 /// `xs` is scratch of 2 * m->k floats (32-byte aligned): the pre-scaled input
-/// and its negation.
+/// (and, for the F16C path, its negation).
 void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
                uint32_t row_begin, uint32_t row_end, float *xs,
                duck_decode_path path);
@@ -50,30 +50,17 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// Batched GEMM for prefill: y[t][r - row_begin] (row stride y_ld) for
 /// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), in chunks of
 /// DUCK_GEMM_TOKEN_CHUNK tokens (their pre-scaled inputs stay in L1/L2).
-/// A chunk of 4 or more tokens is one tile: each weight is decoded once
-/// for all of them, one accumulator group at a time. Smaller chunks go in
-/// tiles of up to DUCK_N_TILE tokens (threes, then twos, so a single token
-/// is left only when the chunk has one). Each token's result is
+/// Every chunk is one tile: each weight is decoded once for all its tokens
+/// (one accumulator group at a time from 4 tokens on; all four groups at
+/// once below, at most DUCK_N_TILE tokens). Each token's result is
 /// bit-identical to duck_gemv on that token alone. `xs` holds n_tokens *
 /// m->k floats (32-byte aligned).
 enum { DUCK_N_TILE = 3, DUCK_GEMM_TOKEN_CHUNK = 8 };
 
-/// Weight decodes a row of duck_gemm makes for n tokens (its tiles).
+/// Weight decodes a row of duck_gemm makes for n tokens (its tiles: one a
+/// chunk).
 static inline uint32_t duck_gemm_tiles(uint32_t n) {
-  const uint32_t chunk = DUCK_GEMM_TOKEN_CHUNK;
-  uint32_t tiles = 0;
-  for (uint32_t c = 0; c < n; c += chunk) {
-    uint32_t m = n - c < chunk ? n - c : chunk;
-    if (m >= 4) {
-      ++tiles;
-      continue;
-    }
-    uint32_t t = 0;
-    for (; m - t >= 3 && m - t != 4; t += 3)
-      ++tiles;
-    tiles += (m - t) / 2 + (m - t) % 2;
-  }
-  return tiles;
+  return (n + DUCK_GEMM_TOKEN_CHUNK - 1) / DUCK_GEMM_TOKEN_CHUNK;
 }
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
