@@ -22,33 +22,12 @@ DIR="${1:-${DUCK_NPM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/duck/npm}}"
 PREFIX="$DIR/openai-client"
 PKG_DIR="$PREFIX/node_modules/openai"
 
-die() { echo "fetch-openai-client: $*" >&2; exit 1; }
-
-installed_version() {
-  [ -f "$PKG_DIR/package.json" ] || return 0
-  sed -nE 's/^  "version": "([^"]+)".*/\1/p' "$PKG_DIR/package.json" | head -1
-}
+. "$(dirname "${BASH_SOURCE[0]}")/npm-fetch.sh"
 
 is_present() {
   [ -f "$PKG_DIR/index.js" ] &&
-    [ "$(installed_version)" = "$OPENAI_PKG_VERSION" ]
+    [ "$(npm_installed_version "$PREFIX" openai)" = "$OPENAI_PKG_VERSION" ]
 }
 
-if ! is_present; then
-  command -v npm >/dev/null 2>&1 || die "npm is not installed (needed once to fetch openai)"
-  mkdir -p "$PREFIX" || die "cannot create $PREFIX"
-  # Concurrent callers (ctest -j) serialise on a lock; the second one finds
-  # the package installed by the first.
-  exec 9>"$PREFIX/.fetch.lock"
-  flock 9
-  if ! is_present; then
-    echo "fetch-openai-client: npm install openai@$OPENAI_PKG_VERSION into $PREFIX" >&2
-    npm install --prefix "$PREFIX" --no-audit --no-fund --no-save --loglevel=error \
-      "openai@$OPENAI_PKG_VERSION" >&2 ||
-      die "npm install failed (no network or no npm registry?); the serve tests need it once"
-    is_present || die "npm install finished but $PKG_DIR (version $OPENAI_PKG_VERSION) is missing"
-  fi
-  flock -u 9
-fi
-
+npm_fetch fetch-openai-client "$PREFIX" "the serve tests" "openai@$OPENAI_PKG_VERSION"
 echo "$PKG_DIR"

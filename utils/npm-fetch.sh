@@ -1,0 +1,34 @@
+# Sourced by the utils/fetch-*.sh scripts: the pinned npm installs they
+# share. The caller defines `is_present` (true when its pinned packages are
+# installed) before calling npm_fetch.
+
+# npm_installed_version PREFIX PKG: the version of PKG installed under
+# PREFIX, or nothing.
+npm_installed_version() {
+  local json="$1/node_modules/$2/package.json"
+  [ -f "$json" ] || return 0
+  sed -nE 's/^  "version": "([^"]+)".*/\1/p' "$json" | head -1
+}
+
+# npm_fetch NAME PREFIX NEEDED_BY PKG@VERSION...: installs the packages into
+# PREFIX unless is_present says they are there. Concurrent callers (ctest
+# -j) serialise on a lock; the second one finds what the first installed.
+# Errors go to stderr as "NAME: ..." and exit 1.
+npm_fetch() {
+  local name="$1" prefix="$2" needed_by="$3"
+  shift 3
+  is_present && return 0
+  command -v npm >/dev/null 2>&1 ||
+    { echo "$name: npm is not installed (needed once to fetch $1)" >&2; exit 1; }
+  mkdir -p "$prefix" || { echo "$name: cannot create $prefix" >&2; exit 1; }
+  exec 9>"$prefix/.fetch.lock"
+  flock 9
+  if ! is_present; then
+    echo "$name: npm install $* into $prefix" >&2
+    npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error "$@" >&2 ||
+      { echo "$name: npm install failed (no network or no npm registry?); $needed_by need it once" >&2; exit 1; }
+    is_present ||
+      { echo "$name: npm install finished but $* is not in $prefix" >&2; exit 1; }
+  fi
+  flock -u 9
+}
