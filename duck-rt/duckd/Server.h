@@ -85,9 +85,17 @@ private:
              std::initializer_list<Part> parts);
   void ReplyError(uint16_t type, uint32_t request_id, duckd_error_code code,
                   const std::string &message);
+  /// Reads and discards `bytes` of the frame being read (they count
+  /// towards its check).
   absl::Status Drain(uint64_t bytes);
-  /// Reads a whole payload into buf_ and verifies its checksum; on a
-  /// mismatch replies BAD_FRAME and returns false.
+  /// Ends the check of the frame being read (check_). A checksum mismatch
+  /// gets a bad_frame reply; a tag that fails on an authenticated
+  /// connection gets an unauthorized reply and the connection is dropped.
+  /// False in both cases: the frame must not be acted on.
+  bool Verify(const duckd_frame_header &h);
+  /// Drain(bytes), then Verify; a cut-off frame drops the connection.
+  bool DrainAndVerify(const duckd_frame_header &h, uint64_t bytes);
+  /// Reads a whole payload into buf_ and verifies it.
   bool ReadPayload(const duckd_frame_header &h);
 
   void OnHello(const duckd_frame_header &h);
@@ -114,6 +122,11 @@ private:
     int fd = -1;
     std::string peer;
     bool hello = false;
+    /// The host has shown it holds the token: a hello without one, or a
+    /// keyed frame after hello whose tag verified (a replayed hello alone
+    /// does not hold the duck past the hello timeout).
+    bool proven = false;
+    FrameKeys keys; // the connection's frame authentication
     bool hangup = false; // seen while a session worker held it
     uint64_t requests = 0;
     absl::Time since, last_request; // accepted; last frame read
@@ -122,7 +135,7 @@ private:
   uint64_t session_id_ = 0, next_session_id_ = 1;
   std::unique_ptr<Worker> run_worker_;
   std::vector<uint8_t> buf_;
-  StreamingChecksum sum_;
+  FrameCheck check_; // of the frame being read
 };
 
 } // namespace duck::duckd

@@ -60,6 +60,7 @@ struct Control {
   uint32_t handback_kind = Handback::kNone;
   duckd_frame_header handback_header{};
   char handback_message[512] = {};
+  FrameKeys keys; // the connection's, while the worker holds it
   alignas(64) std::atomic<uint32_t> in_step{0};
   uint32_t step_request_id = 0;
   uint64_t step_number = 0;
@@ -155,6 +156,7 @@ struct WorkerSide {
   std::unique_ptr<LoadedElf> persistent;
   std::unique_ptr<LoadedElf> oneShot; // core 0 owns it during a run call
   uint64_t local_seq = 0;             // session workers: calls so far
+  std::unique_ptr<FrameCheck> check;  // session workers: of each step
 
   duck_info InfoFor(uint32_t core) const {
     duck_info info{};
@@ -304,7 +306,7 @@ bool PeekHeader(int fd, uint64_t spin_ns, duckd_frame_header *h) {
 /// Session worker, core 0: serves one STEP frame whose header is read.
 /// Returns false when the connection is no longer usable (handed back).
 bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
-               StreamingChecksum &sum, const duckd_step_request *preread) {
+               FrameCheck &check, const duckd_step_request *preread) {
   const WorkerConfig &cfg = *w->cfg;
   Control *ctl = w->ctl;
   const int fd = cfg.conn_fd;
@@ -316,11 +318,26 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
     Part part{payload.data(), payload.size()};
     absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP,
                                 DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
-                                h.request_id, {&part, 1}, deadline);
+                                h.request_id, {&part, 1}, deadline,
+                                &ctl->keys);
     if (!s.ok())
       HandBack(w, Handback::kDrop, nullptr,
                absl::StrCat("error reply failed: ", s.message()));
     return s.ok();
+  };
+  // The frame's check covers every byte read; nothing is acted on (not
+  // even answered with a complaint) before it has passed.
+  check.Begin(h, &ctl->keys);
+  auto verified = [&]() {
+    absl::Status s = check.Finish();
+    if (s.ok())
+      return true;
+    const bool auth = s.code() == absl::StatusCode::kPermissionDenied;
+    if (reply_error(auth ? DUCKD_ERR_UNAUTHORIZED : DUCKD_ERR_BAD_FRAME,
+                    std::string(s.message())) &&
+        auth)
+      HandBack(w, Handback::kDrop, nullptr, std::string(s.message()));
+    return false;
   };
   auto drain = [&](uint64_t n) {
     uint8_t tmp[16384];
@@ -328,6 +345,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
       size_t k = std::min<uint64_t>(n, sizeof tmp);
       if (!ReadFull(fd, tmp, k, deadline).ok())
         return false;
+      check.Update(tmp, k);
       n -= k;
     }
     return true;
@@ -340,12 +358,15 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
       HandBack(w, Handback::kDrop, nullptr, "truncated step");
       return false;
     }
+    if (!verified())
+      return ctl->owner.load() == kOwnerWorker;
     return reply_error(DUCKD_ERR_BAD_REQUEST, "step shorter than its header");
   } else if (absl::Status s = ReadFull(fd, &r, sizeof r, deadline); !s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("truncated step: ", s.message()));
     return false;
   }
+  check.Update(&r, sizeof r);
   const uint64_t rest = h.payload_bytes - sizeof r;
   std::string bad;
   duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
@@ -361,10 +382,14 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                        cfg.ib_limit);
   }
   if (!bad.empty()) {
-    if (!preread && !drain(rest)) {
+    if (preread) {
+      check.Update(w->ib, rest);
+    } else if (!drain(rest)) {
       HandBack(w, Handback::kDrop, nullptr, "truncated step");
       return false;
     }
+    if (!verified())
+      return ctl->owner.load() == kOwnerWorker;
     return reply_error(code, bad);
   }
   // The IB goes straight from the socket into the ELF's input buffer.
@@ -375,11 +400,9 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
              absl::StrCat("truncated step: ", s.message()));
     return false;
   }
-  sum.Reset();
-  sum.Update(&r, sizeof r);
-  sum.Update(w->ib, rest);
-  if (sum.Digest() != h.payload_checksum)
-    return reply_error(DUCKD_ERR_BAD_FRAME, "payload checksum mismatch");
+  check.Update(w->ib, rest);
+  if (!verified())
+    return ctl->owner.load() == kOwnerWorker;
 
   // Run the call on every core.
   const uint64_t start = NowNs();
@@ -424,7 +447,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   }
   absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP, DUCKD_FLAG_REPLY,
                               h.request_id, absl::MakeConstSpan(parts, n),
-                              deadline);
+                              deadline, &ctl->keys);
   if (!s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("step reply failed: ", s.message()));
@@ -440,7 +463,7 @@ void ServeConnection(WorkerSide *w) {
   Control *ctl = w->ctl;
   Pin(cfg.cpus.empty() ? -1 : cfg.cpus[0]);
   duck_info info = w->InfoFor(0);
-  StreamingChecksum sum;
+  FrameCheck &check = *w->check; // made before the sandbox
   const int fd = cfg.conn_fd;
   for (;;) {
     // Wait until duckd lends the connection.
@@ -472,7 +495,7 @@ void ServeConnection(WorkerSide *w) {
                    absl::StrCat("truncated step: ", s.message()));
           break;
         }
-        holding = ServeStep(w, h, info, sum, &r);
+        holding = ServeStep(w, h, info, check, &r);
         continue;
       }
       absl::Status s = ReadFull(fd, &h, sizeof h, deadline);
@@ -485,7 +508,7 @@ void ServeConnection(WorkerSide *w) {
         HandBack(w, Handback::kFrame, &h, "");
         break;
       }
-      holding = ServeStep(w, h, info, sum, nullptr);
+      holding = ServeStep(w, h, info, check, nullptr);
     }
   }
 }
@@ -539,6 +562,10 @@ void ServeConnection(WorkerSide *w) {
       fail(std::string(loaded.status().message()));
     w.persistent = std::move(*loaded);
     w.step = w.persistent->step();
+  }
+  if (cfg.persistent) { // frames are checked and sealed from the sandbox
+    w.check = std::make_unique<FrameCheck>();
+    WarmUpFrameAuth(w.check.get());
   }
   std::vector<std::thread> threads;
   for (uint32_t c = 1; c < cfg.cores; ++c)
@@ -677,7 +704,9 @@ std::string Worker::Reap(bool kill_first) {
   return how;
 }
 
-void Worker::Lend(uint64_t weights_bytes, uint64_t weights_generation) {
+void Worker::Lend(uint64_t weights_bytes, uint64_t weights_generation,
+                  const FrameKeys &keys) {
+  ctl_->keys = keys;
   ctl_->weights_bytes = weights_bytes;
   ctl_->weights_generation = weights_generation;
   ctl_->handback_kind = Handback::kNone;
@@ -699,9 +728,12 @@ Handback Worker::TakeBack() {
   h.kind = static_cast<Handback::Kind>(ctl_->handback_kind);
   h.header = ctl_->handback_header;
   h.message = ctl_->handback_message;
+  h.keys = ctl_->keys;
   ctl_->handback_kind = Handback::kNone;
   return h;
 }
+
+FrameKeys Worker::keys() const { return ctl_->keys; }
 
 bool Worker::in_step() const {
   return ctl_->in_step.load(std::memory_order_seq_cst) != 0;

@@ -23,6 +23,7 @@
 #include "ElfLoader.h"
 
 #include "duck_rt/duckd_protocol.h"
+#include "duck_rt/wire.h"
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -73,6 +74,7 @@ struct Handback {
   enum Kind { kNone, kFrame, kDrop } kind = kNone;
   duckd_frame_header header{}; // kFrame: read, not yet validated
   std::string message;         // kDrop: why the connection is unusable
+  FrameKeys keys;              // the connection's, as the worker left them
 };
 
 class Worker {
@@ -104,7 +106,13 @@ public:
 
   // --- session workers (serve steps on the connection) --------------------
   /// Lends the connection to the worker, with the weight state it must use.
-  void Lend(uint64_t weights_bytes, uint64_t weights_generation);
+  /// The worker seals and checks its frames with `keys` (and advances
+  /// their counters) until it hands the connection back.
+  void Lend(uint64_t weights_bytes, uint64_t weights_generation,
+            const FrameKeys &keys);
+  /// The connection's keys as the worker has them now (after its death:
+  /// as it left them).
+  FrameKeys keys() const;
   bool lent() const;
   /// After event_fd() became readable: what the worker handed back (kNone
   /// while it still holds the connection).

@@ -19,7 +19,9 @@ ABSL_FLAG(int, port, 7411, "TCP port; 0 picks a free one (printed on stdout)");
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "IPv4 address to listen on; non-loopback needs --token");
 ABSL_FLAG(std::string, token, "",
-          "secret a host must present at hello (default: $DUCKD_TOKEN)");
+          "secret shared with the host: it authenticates hello and every "
+          "frame after it, and never crosses the wire (default: "
+          "$DUCKD_TOKEN)");
 ABSL_FLAG(std::string, name, "",
           "name of this duck (cache file duckd-<name>.weights; default: port)");
 ABSL_FLAG(std::string, cache_dir, "",

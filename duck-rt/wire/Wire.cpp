@@ -3,9 +3,16 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <sys/random.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -65,9 +72,229 @@ uint64_t StreamingChecksum::Digest() const {
                    : XXH3_64bits_digest(static_cast<XXH3_state_t *>(state_));
 }
 
+namespace {
+
+// The header bytes a tag covers: everything before the check field.
+constexpr size_t kSealedHeaderBytes = offsetof(duckd_frame_header,
+                                               payload_checksum);
+
+/// OpenSSL's HMAC, fetched once per process.
+EVP_MAC *HmacMethod() {
+  static EVP_MAC *mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  return mac;
+}
+
+/// An HMAC-SHA256 context (EVP_MAC_CTX) with the digest chosen.
+EVP_MAC_CTX *NewHmac() {
+  EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(HmacMethod());
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+      OSSL_PARAM_construct_end()};
+  if (!ctx || !EVP_MAC_CTX_set_params(ctx, params)) {
+    std::fprintf(stderr, "duck wire: OpenSSL has no HMAC-SHA256\n");
+    std::abort();
+  }
+  return ctx;
+}
+
+/// Starts a tag: key, then role || seq || the sealed header bytes.
+void BeginTag(EVP_MAC_CTX *ctx, const uint8_t *key, uint8_t role,
+              uint64_t seq, const duckd_frame_header &h) {
+  EVP_MAC_init(ctx, key, kKeyBytes, nullptr);
+  uint8_t prefix[1 + 8 + kSealedHeaderBytes];
+  prefix[0] = role;
+  for (int i = 0; i < 8; ++i)
+    prefix[1 + i] = uint8_t(seq >> (8 * i));
+  std::memcpy(prefix + 9, &h, kSealedHeaderBytes);
+  EVP_MAC_update(ctx, prefix, sizeof prefix);
+}
+
+uint64_t FinishTag(EVP_MAC_CTX *ctx) {
+  uint8_t out[32];
+  size_t len = 0;
+  EVP_MAC_final(ctx, out, &len, sizeof out);
+  uint64_t tag = 0;
+  for (int i = 7; i >= 0; --i)
+    tag = (tag << 8) | out[i];
+  return tag;
+}
+
+/// HMAC-SHA256(key, label || nonces...) as a frame key.
+void DeriveKey(absl::string_view token, absl::string_view label,
+               const uint8_t *a, const uint8_t *b, uint8_t *out) {
+  EVP_MAC_CTX *ctx = NewHmac();
+  EVP_MAC_init(ctx, reinterpret_cast<const uint8_t *>(token.data()),
+               token.size(), nullptr);
+  EVP_MAC_update(ctx, reinterpret_cast<const uint8_t *>(label.data()),
+                 label.size());
+  EVP_MAC_update(ctx, a, kNonceBytes);
+  if (b)
+    EVP_MAC_update(ctx, b, kNonceBytes);
+  size_t len = 0;
+  EVP_MAC_final(ctx, out, &len, kKeyBytes);
+  EVP_MAC_CTX_free(ctx);
+}
+
+uint8_t Peer(uint8_t role) {
+  return role == kRoleHost ? kRoleDuck : kRoleHost;
+}
+
+} // namespace
+
+FrameKeys HelloKeys(absl::string_view token, const uint8_t *host_nonce,
+                    uint8_t role) {
+  FrameKeys k;
+  DeriveKey(token, "duckd hello", host_nonce, nullptr, k.key);
+  k.keyed = 1;
+  k.role = role;
+  return k;
+}
+
+FrameKeys ConnectionKeys(absl::string_view token, const uint8_t *host_nonce,
+                         const uint8_t *duck_nonce, uint8_t role) {
+  FrameKeys k;
+  DeriveKey(token, "duckd frames", host_nonce, duck_nonce, k.key);
+  k.keyed = 1;
+  k.role = role;
+  k.send_seq = k.recv_seq = 1;
+  return k;
+}
+
+absl::Status RandomNonce(uint8_t *out) {
+  size_t got = 0;
+  while (got < kNonceBytes) {
+    ssize_t n = ::getrandom(out + got, kNonceBytes - got, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return absl::InternalError(
+          absl::StrCat("getrandom: ", std::strerror(errno)));
+    got += size_t(n);
+  }
+  return absl::OkStatus();
+}
+
+void WarmUpFrameAuth(FrameCheck *given) {
+  uint8_t nonce[kNonceBytes] = {};
+  FrameKeys k = ConnectionKeys("warm-up", nonce, nonce, kRoleDuck);
+  const uint8_t byte = 0;
+  Part p{&byte, 1};
+  duckd_frame_header h = MakeHeader(DUCKD_MSG_NOTICE, 0, 0, {&p, 1}, &k);
+  FrameCheck own;
+  FrameCheck &check = given ? *given : own;
+  k.role = kRoleHost; // check the frame as its receiver
+  k.recv_seq = k.send_seq - 1;
+  check.Begin(h, &k);
+  check.Update(&byte, 1);
+  if (!check.Finish().ok()) {
+    std::fprintf(stderr, "duck wire: HMAC-SHA256 self-check failed\n");
+    std::abort();
+  }
+}
+
+absl::StatusOr<HostHello> BeginHello(absl::string_view token) {
+  if (token.size() > DUCKD_MAX_TOKEN_BYTES)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token of ", token.size(), " bytes; at most ", DUCKD_MAX_TOKEN_BYTES));
+  HostHello hello;
+  hello.request.abi_version = DUCK_ABI_VERSION;
+  hello.request.protocol_version = DUCKD_PROTOCOL_VERSION;
+  hello.token = std::string(token);
+  if (!token.empty()) {
+    if (absl::Status s = RandomNonce(hello.request.nonce); !s.ok())
+      return s;
+    hello.request.auth = DUCKD_AUTH_HMAC_SHA256;
+    hello.keys = HelloKeys(token, hello.request.nonce, kRoleHost);
+  }
+  return hello;
+}
+
+absl::Status FinishHello(const HostHello &hello, const duckd_frame_header &h,
+                         absl::Span<const uint8_t> payload, FrameKeys *keys) {
+  if ((h.flags & DUCKD_FLAG_ERROR) || h.type != DUCKD_MSG_HELLO)
+    return CheckPayload(h, payload, nullptr);
+  duckd_hello_reply rep;
+  if (payload.size() < sizeof rep)
+    return absl::InvalidArgumentError("hello reply shorter than its header");
+  std::memcpy(&rep, payload.data(), sizeof rep);
+  if (hello.token.empty()) {
+    if (rep.auth != DUCKD_AUTH_NONE)
+      return absl::PermissionDeniedError(
+          "duckd authenticates its frames but the host has no token");
+    *keys = FrameKeys{};
+    return CheckPayload(h, payload, nullptr);
+  }
+  if (rep.auth != DUCKD_AUTH_HMAC_SHA256)
+    return absl::PermissionDeniedError(
+        "duckd answered without authentication, but the host has a token: "
+        "start duckd with the same --token");
+  FrameKeys k = ConnectionKeys(hello.token, hello.request.nonce, rep.nonce,
+                               kRoleHost);
+  k.recv_seq = 0; // the reply is the duck's first frame
+  if (absl::Status s = CheckPayload(h, payload, &k); !s.ok())
+    return s;
+  *keys = k;
+  return absl::OkStatus();
+}
+
+FrameCheck::FrameCheck() : mac_(nullptr) {}
+FrameCheck::~FrameCheck() {
+  if (mac_)
+    EVP_MAC_CTX_free(static_cast<EVP_MAC_CTX *>(mac_));
+}
+
+void FrameCheck::Begin(const duckd_frame_header &h, FrameKeys *keys) {
+  expect_ = h.payload_checksum;
+  keys_ = keys && keys->keyed ? keys : nullptr;
+  if (!keys_) {
+    sum_.Reset();
+    return;
+  }
+  if (!mac_)
+    mac_ = NewHmac();
+  BeginTag(static_cast<EVP_MAC_CTX *>(mac_), keys_->key, Peer(keys_->role),
+           keys_->recv_seq, h);
+}
+
+void FrameCheck::Update(const void *data, size_t bytes) {
+  if (!keys_)
+    sum_.Update(data, bytes);
+  else if (bytes)
+    EVP_MAC_update(static_cast<EVP_MAC_CTX *>(mac_),
+                   static_cast<const uint8_t *>(data), bytes);
+}
+
+absl::Status FrameCheck::Finish() {
+  if (!keys_)
+    return sum_.Digest() == expect_
+               ? absl::OkStatus()
+               : absl::DataLossError("payload checksum mismatch");
+  const uint64_t seq = keys_->recv_seq++;
+  if (FinishTag(static_cast<EVP_MAC_CTX *>(mac_)) == expect_)
+    return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "frame authentication failed (frame ", seq,
+      " of the connection: altered, replayed, out of order, or sealed with "
+      "another token)"));
+}
+
+absl::Status CheckPayload(const duckd_frame_header &h,
+                          absl::Span<const uint8_t> payload, FrameKeys *keys) {
+  if (!keys || !keys->keyed)
+    return Checksum(payload.data(), payload.size()) == h.payload_checksum
+               ? absl::OkStatus()
+               : absl::DataLossError("payload checksum mismatch");
+  thread_local FrameCheck check;
+  check.Begin(h, keys);
+  check.Update(payload.data(), payload.size());
+  return check.Finish();
+}
+
 duckd_frame_header MakeHeader(uint16_t type, uint32_t flags,
                               uint32_t request_id,
-                              absl::Span<const Part> payload) {
+                              absl::Span<const Part> payload,
+                              FrameKeys *keys) {
   duckd_frame_header h{};
   h.magic = DUCKD_FRAME_MAGIC;
   h.version = DUCKD_PROTOCOL_VERSION;
@@ -78,7 +305,19 @@ duckd_frame_header MakeHeader(uint16_t type, uint32_t flags,
   for (const Part &p : payload)
     total += p.bytes;
   h.payload_bytes = total;
-  if (payload.size() == 1) {
+  if (keys && keys->keyed) {
+    struct Hmac {
+      EVP_MAC_CTX *ctx = NewHmac();
+      ~Hmac() { EVP_MAC_CTX_free(ctx); }
+    };
+    thread_local Hmac hmac; // no allocation per frame
+    EVP_MAC_CTX *ctx = hmac.ctx;
+    BeginTag(ctx, keys->key, keys->role, keys->send_seq++, h);
+    for (const Part &p : payload)
+      if (p.bytes)
+        EVP_MAC_update(ctx, static_cast<const uint8_t *>(p.data), p.bytes);
+    h.payload_checksum = FinishTag(ctx);
+  } else if (payload.size() == 1) {
     h.payload_checksum = Checksum(payload[0].data, payload[0].bytes);
   } else {
     thread_local StreamingChecksum sum; // no allocation per frame
@@ -303,8 +542,8 @@ absl::Status WriteFull(int fd, absl::Span<const Part> parts,
 
 absl::Status WriteFrame(int fd, uint16_t type, uint32_t flags,
                         uint32_t request_id, absl::Span<const Part> payload,
-                        absl::Time deadline) {
-  duckd_frame_header h = MakeHeader(type, flags, request_id, payload);
+                        absl::Time deadline, FrameKeys *keys) {
+  duckd_frame_header h = MakeHeader(type, flags, request_id, payload, keys);
   Part small[16];
   std::vector<Part> big;
   Part *parts = small;
@@ -318,8 +557,9 @@ absl::Status WriteFrame(int fd, uint16_t type, uint32_t flags,
                    deadline);
 }
 
-absl::StatusOr<Frame> ReadFrame(int fd, uint64_t max_payload,
-                                absl::Time deadline) {
+namespace {
+absl::StatusOr<Frame> ReadUnchecked(int fd, uint64_t max_payload,
+                                    absl::Time deadline) {
   Frame f;
   if (absl::Status s = ReadFull(fd, &f.header, sizeof f.header, deadline);
       !s.ok())
@@ -331,9 +571,29 @@ absl::StatusOr<Frame> ReadFrame(int fd, uint64_t max_payload,
                                 deadline);
       !s.ok())
     return s;
-  if (Checksum(f.payload.data(), f.payload.size()) !=
-      f.header.payload_checksum)
-    return absl::DataLossError("payload checksum mismatch");
+  return f;
+}
+} // namespace
+
+absl::StatusOr<Frame> ReadHelloReply(int fd, const HostHello &hello,
+                                     uint64_t max_payload, absl::Time deadline,
+                                     FrameKeys *keys) {
+  auto f = ReadUnchecked(fd, max_payload, deadline);
+  if (!f.ok())
+    return f;
+  if (absl::Status s = FinishHello(hello, f->header, f->payload, keys);
+      !s.ok())
+    return s;
+  return f;
+}
+
+absl::StatusOr<Frame> ReadFrame(int fd, uint64_t max_payload,
+                                absl::Time deadline, FrameKeys *keys) {
+  auto f = ReadUnchecked(fd, max_payload, deadline);
+  if (!f.ok())
+    return f;
+  if (absl::Status s = CheckPayload(f->header, f->payload, keys); !s.ok())
+    return s;
   return f;
 }
 

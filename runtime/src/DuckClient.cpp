@@ -110,6 +110,9 @@ struct Conn {
   absl::Span<const uint8_t> Payload() const { return {payload.data(), plen}; }
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t session_id = 0;
+  duckd::FrameKeys keys;   // frame authentication (docs/protocol.md)
+  duckd::HostHello hello;  // the hello in flight, if any
+  bool awaiting_hello = false;
 };
 
 } // namespace
@@ -146,6 +149,8 @@ struct DuckClient::Impl {
     c.expect.clear();
     c.rh_got = c.p_got = 0;
     c.session_id = 0;
+    c.keys = duckd::FrameKeys{};
+    c.awaiting_hello = false;
   }
 
   absl::Status Usable(size_t d) const {
@@ -165,7 +170,7 @@ struct DuckClient::Impl {
     f.owned = std::move(owned);
     f.parts = std::move(parts);
     const uint32_t id = c.next_id++;
-    f.header = duckd::MakeHeader(type, 0, id, f.parts);
+    f.header = duckd::MakeHeader(type, 0, id, f.parts, &c.keys);
     f.total = sizeof f.header + f.header.payload_bytes;
     f.recycle = recycle;
     c.out.push_back(std::move(f));
@@ -288,8 +293,16 @@ struct DuckClient::Impl {
       c.p_got += size_t(r);
       c.bytes_received += uint64_t(r);
     }
-    if (duckd::Checksum(c.payload.data(), c.plen) != c.rh.payload_checksum)
-      return absl::DataLossError("reply payload checksum mismatch");
+    if (c.awaiting_hello) {
+      c.awaiting_hello = false;
+      if (absl::Status s =
+              duckd::FinishHello(c.hello, c.rh, c.Payload(), &c.keys);
+          !s.ok())
+        return s;
+    } else if (absl::Status s = duckd::CheckPayload(c.rh, c.Payload(), &c.keys);
+               !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("reply: ", s.message()));
+    }
     return true;
   }
 
@@ -478,13 +491,16 @@ struct DuckClient::Impl {
     for (size_t d : ducks) {
       if (absl::Status s = Usable(d); !s.ok())
         return s;
-      duckd_hello_request r{};
-      r.abi_version = DUCK_ABI_VERSION;
-      r.protocol_version = DUCKD_PROTOCOL_VERSION;
-      r.token_bytes = uint32_t(opt.token.size());
-      std::vector<uint8_t> owned(sizeof r + opt.token.size());
-      std::memcpy(owned.data(), &r, sizeof r);
-      std::memcpy(owned.data() + sizeof r, opt.token.data(), opt.token.size());
+      // A hello (re)starts the connection's authentication.
+      auto hello = duckd::BeginHello(opt.token);
+      if (!hello.ok())
+        return hello.status();
+      Conn &c = conns[d];
+      c.hello = *hello;
+      c.keys = hello->keys;
+      c.awaiting_hello = true;
+      std::vector<uint8_t> owned(sizeof c.hello.request);
+      std::memcpy(owned.data(), &c.hello.request, owned.size());
       Part p{owned.data(), owned.size()};
       Queue(d, DUCKD_MSG_HELLO, std::move(owned), {p});
     }

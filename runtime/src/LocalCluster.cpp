@@ -98,14 +98,17 @@ absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
     return absl::UnavailableError(std::strerror(e));
   }
   duckd::TuneSocket(fd);
-  duckd_hello_request r{};
-  r.abi_version = DUCK_ABI_VERSION;
-  r.protocol_version = DUCKD_PROTOCOL_VERSION;
-  r.token_bytes = uint32_t(token.size());
-  duckd::Part p[2] = {{&r, sizeof r}, {token.data(), token.size()}};
-  absl::Status s = duckd::WriteFrame(fd, DUCKD_MSG_HELLO, 0, 1, p, deadline);
+  auto hello = duckd::BeginHello(token);
+  if (!hello.ok()) {
+    ::close(fd);
+    return hello.status();
+  }
+  duckd::Part p{&hello->request, sizeof hello->request};
+  absl::Status s = duckd::WriteFrame(fd, DUCKD_MSG_HELLO, 0, 1, {&p, 1},
+                                     deadline, &hello->keys);
   if (s.ok()) {
-    auto f = duckd::ReadFrame(fd, 1 << 20, deadline);
+    duckd::FrameKeys keys;
+    auto f = duckd::ReadHelloReply(fd, *hello, 1 << 20, deadline, &keys);
     if (!f.ok())
       s = f.status();
     else if (f->header.flags & DUCKD_FLAG_ERROR) {

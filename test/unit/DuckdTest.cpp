@@ -14,11 +14,13 @@
 
 #include <arpa/inet.h>
 #include <chrono>
+#include <cstddef>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -299,7 +301,7 @@ TEST(Duckd, WeightCacheHitMissInvalidateRestart) {
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa), 0);
     const absl::Time dl = absl::Now() + absl::Seconds(5);
-    duckd_hello_request hr{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, 0, 0};
+    duckd_hello_request hr{DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, DUCKD_AUTH_NONE, 0, {}};
     duck::duckd::Part hp{&hr, sizeof hr};
     ASSERT_TRUE(duck::duckd::WriteFrame(fd, DUCKD_MSG_HELLO, 0, 1, {&hp, 1}, dl).ok());
     ASSERT_TRUE(duck::duckd::ReadFrame(fd, 1 << 20, dl).ok());
@@ -645,6 +647,207 @@ TEST(Duckd, SilentOrIdleHostYieldsTheDuck) {
   ::close(silent);
 }
 
+namespace auth {
+
+using duck::duckd::FrameKeys;
+using duck::duckd::Part;
+
+int ConnectTo(const duck::runtime::DuckEndpoint &ep) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(ep.port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa), 0);
+  return fd;
+}
+
+/// The bytes of one frame as it goes on the wire.
+std::string FrameBytes(uint16_t type, uint32_t id, const void *payload,
+                       size_t bytes, FrameKeys *keys) {
+  Part p{payload, bytes};
+  duckd_frame_header h = duck::duckd::MakeHeader(type, 0, id, {&p, 1}, keys);
+  std::string out(reinterpret_cast<const char *>(&h), sizeof h);
+  out.append(static_cast<const char *>(payload), bytes);
+  return out;
+}
+
+void Send(int fd, const std::string &bytes) {
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            ssize_t(bytes.size()));
+}
+
+/// True when the peer closes within 3 s.
+bool Closed(int fd) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char c;
+      ssize_t n = ::recv(fd, &c, 1, 0);
+      if (n == 0 || (n < 0 && errno == ECONNRESET))
+        return true;
+    }
+  }
+  return false;
+}
+
+/// An authenticated connection: hello sealed with the token, the reply
+/// checked, the keys of the frames to come.
+struct Connection {
+  int fd = -1;
+  FrameKeys keys;
+  std::string hello_bytes; // what went on the wire, for replays
+  Connection(const duck::runtime::DuckEndpoint &ep, const std::string &token) {
+    fd = ConnectTo(ep);
+    auto hello = duck::duckd::BeginHello(token);
+    EXPECT_TRUE(hello.ok());
+    FrameKeys hk = hello->keys;
+    hello_bytes = FrameBytes(DUCKD_MSG_HELLO, 1, &hello->request,
+                             sizeof hello->request, &hk);
+    Send(fd, hello_bytes);
+    auto reply = duck::duckd::ReadHelloReply(
+        fd, *hello, 1 << 20, absl::Now() + absl::Seconds(5), &keys);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    EXPECT_TRUE(keys.keyed);
+  }
+  ~Connection() { ::close(fd); }
+  /// Reads one sealed error reply; returns its code and message.
+  std::pair<uint32_t, std::string> Error() {
+    auto f = duck::duckd::ReadFrame(fd, 1 << 20,
+                                    absl::Now() + absl::Seconds(5), &keys);
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (!f.ok())
+      return {0, ""};
+    EXPECT_TRUE(f->header.flags & DUCKD_FLAG_ERROR);
+    auto e = duck::duckd::DecodeError(f->payload);
+    EXPECT_TRUE(e.ok());
+    return e.ok() ? std::make_pair(uint32_t(e->code), e->message)
+                  : std::make_pair(0u, std::string());
+  }
+};
+
+} // namespace auth
+
+// With a token every frame carries a tag (HMAC-SHA256 keyed from the token
+// and both sides' nonces) and the token itself never crosses the wire. A
+// whole session (prepare over the wire, a persistent ELF session, one-shot
+// runs) is bit-identical; a frame replayed, altered, unsealed, reflected or
+// sealed with another token's key is refused and ends the connection; a
+// replayed hello holds the duck no longer than the hello timeout.
+TEST(Duckd, EveryFrameIsAuthenticated) {
+  LocalClusterOptions lo = ClusterOptions(2, 1);
+  lo.token = "s3cret-token";
+  lo.extra_args.push_back("--hello_timeout_ms=400");
+  auto cluster = LocalCluster::Start(lo);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string dir = (*cluster)->cache_dir();
+  std::vector<TestImage> images = {TestImage(41, 2, 0, dir),
+                                   TestImage(42, 2, 1, dir)};
+  const std::vector<std::string> paths = {images[0].path, images[1].path};
+  const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
+  DuckClientOptions o = ClientOptions(**cluster);
+  o.token = lo.token;
+  for (bool persistent : {true, false}) {
+    o.persistent = persistent;
+    auto client = DuckClient::Create(o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto rep = (*client)->Prepare(paths);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    ASSERT_TRUE((*client)->Open(elf).ok());
+    RunEveryMode(**client, images, persistent ? "sealed session" : "sealed run");
+    ASSERT_TRUE((*client)->Refresh().ok()); // a second hello, new keys
+    RunEveryMode(**client, images, "after a second hello");
+  }
+
+  const duck::runtime::DuckEndpoint ep = (*cluster)->endpoints()[0];
+  duckd_close_request close{12345};
+  {
+    auth::Connection c(ep, lo.token);
+    EXPECT_EQ(c.hello_bytes.find(lo.token), std::string::npos);
+    // A sealed request gets a sealed answer.
+    const std::string frame =
+        auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close, &c.keys);
+    auth::Send(c.fd, frame);
+    EXPECT_EQ(c.Error().first, uint32_t(DUCKD_ERR_NO_SESSION));
+    // The very same bytes again: a replay.
+    auth::Send(c.fd, frame);
+    auto [code, message] = c.Error();
+    EXPECT_EQ(code, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_NE(message.find("frame authentication failed"), std::string::npos)
+        << message;
+    EXPECT_TRUE(auth::Closed(c.fd));
+  }
+  {
+    auth::Connection c(ep, lo.token);
+    std::string frame =
+        auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close, &c.keys);
+    frame.back() ^= 1; // altered in flight
+    auth::Send(c.fd, frame);
+    EXPECT_EQ(c.Error().first, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_TRUE(auth::Closed(c.fd));
+  }
+  {
+    auth::Connection c(ep, lo.token);
+    auth::FrameKeys header = c.keys; // an altered header field (the request id)
+    std::string frame =
+        auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close, &header);
+    frame[offsetof(duckd_frame_header, request_id)] ^= 4;
+    auth::Send(c.fd, frame);
+    EXPECT_EQ(c.Error().first, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_TRUE(auth::Closed(c.fd));
+  }
+  {
+    auth::Connection c(ep, lo.token);
+    auth::Send(c.fd, auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close,
+                                      nullptr)); // plain checksum only
+    EXPECT_EQ(c.Error().first, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_TRUE(auth::Closed(c.fd));
+  }
+  {
+    auth::Connection c(ep, lo.token);
+    auth::FrameKeys reflected = c.keys; // sealed as if duckd had sent it
+    reflected.role = duck::duckd::kRoleDuck;
+    auth::Send(c.fd, auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close,
+                                      &reflected));
+    EXPECT_EQ(c.Error().first, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_TRUE(auth::Closed(c.fd));
+  }
+  {
+    // Another connection's keys: same token, other nonces.
+    auth::Connection a(ep, lo.token);
+    auth::FrameKeys stolen = a.keys;
+    ::close(a.fd);
+    a.fd = -1;
+    auth::Connection b(ep, lo.token);
+    auth::Send(b.fd, auth::FrameBytes(DUCKD_MSG_CLOSE, 2, &close, sizeof close,
+                                      &stolen));
+    EXPECT_EQ(b.Error().first, uint32_t(DUCKD_ERR_UNAUTHORIZED));
+    EXPECT_TRUE(auth::Closed(b.fd));
+  }
+  {
+    // A hello replayed from a recording: duckd answers it (it cannot tell),
+    // but the answer's key needs the token, so nothing after it verifies;
+    // nor does it hold the duck past the hello timeout.
+    std::string recorded;
+    {
+      auth::Connection c(ep, lo.token);
+      recorded = c.hello_bytes;
+    }
+    int fd = auth::ConnectTo(ep);
+    auth::Send(fd, recorded);
+    auto reply = duck::duckd::ReadFrame(fd, 1 << 20,
+                                        absl::Now() + absl::Seconds(5));
+    EXPECT_FALSE(reply.ok()) << "a reply the replayer can verify";
+    auto held = DuckClient::Create(o);
+    EXPECT_FALSE(held.ok()) << "the duck is busy within the hello timeout";
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto next = DuckClient::Create(o);
+    EXPECT_TRUE(next.ok()) << next.status();
+    ::close(fd);
+  }
+}
+
 // --token is checked at hello; a non-loopback --bind without a token is
 // refused at start-up.
 TEST(Duckd, TokenIsCheckedAtHello) {
@@ -656,13 +859,26 @@ TEST(Duckd, TokenIsCheckedAtHello) {
   auto client = DuckClient::Create(o);
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_NE(client.status().message().find("wrong token"), std::string::npos)
+  EXPECT_NE(client.status().message().find("has a token"), std::string::npos)
       << client.status();
   o.token = "s3cre7";
-  EXPECT_FALSE(DuckClient::Create(o).ok());
+  client = DuckClient::Create(o);
+  ASSERT_FALSE(client.ok());
+  EXPECT_NE(client.status().message().find("wrong token"), std::string::npos)
+      << client.status();
   o.token = "s3cret";
   client = DuckClient::Create(o);
   EXPECT_TRUE(client.ok()) << client.status();
+  // A host with a token refuses a duck without one (it could not prove
+  // itself), and says what to do.
+  auto open = LocalCluster::Start(ClusterOptions(1, 1));
+  ASSERT_TRUE(open.ok()) << open.status();
+  DuckClientOptions withToken = ClientOptions(**open);
+  withToken.token = "s3cret";
+  client = DuckClient::Create(withToken);
+  ASSERT_FALSE(client.ok());
+  EXPECT_NE(client.status().message().find("same --token"), std::string::npos)
+      << client.status();
 
   FILE *p = popen(DUCKD_PATH " --port=0 --bind=0.0.0.0 2>&1", "r");
   ASSERT_NE(p, nullptr);

@@ -4,9 +4,11 @@
 // are pinned with static asserts at the bottom.
 //
 // A frame is a fixed 32-byte header followed by `payload_bytes` bytes. The
-// header carries the XXH3-64 of the payload; a receiver validates the header
+// header carries a check of the payload: its XXH3-64, or on a connection
+// whose hello authenticated, a 64-bit HMAC-SHA256 tag keyed from the token
+// and both sides' nonces (duck_rt/wire.h). A receiver validates the header
 // (magic, version, known type, length limit) before reading the payload and
-// the checksum before using it.
+// the check before using it.
 #ifndef DUCK_RT_DUCKD_PROTOCOL_H
 #define DUCK_RT_DUCKD_PROTOCOL_H
 
@@ -18,12 +20,19 @@ extern "C" {
 
 #define DUCKD_FRAME_MAGIC 0x50574B44u /* "DKWP" little-endian */
 enum {
-  DUCKD_PROTOCOL_VERSION = 1,
+  DUCKD_PROTOCOL_VERSION = 2, // 2: authenticated frames, no token on the wire
   DUCKD_DEFAULT_MAX_PAYLOAD = 256 << 20,
   DUCKD_MAX_CORES = 64,
   DUCKD_NAME_BYTES = 64,
   DUCKD_MAX_TOKEN_BYTES = 256,
+  DUCKD_NONCE_BYTES = 16,
 };
+
+/// How a connection's frames are checked (hello's `auth`).
+typedef enum duckd_auth {
+  DUCKD_AUTH_NONE = 0,        // XXH3-64 of the payload
+  DUCKD_AUTH_HMAC_SHA256 = 1, // a tag keyed from the token (wire.h)
+} duckd_auth;
 
 /// Message types; a reply carries the request's type. Append only.
 typedef enum duckd_msg_type {
@@ -51,7 +60,8 @@ typedef struct duckd_frame_header {
   uint32_t flags;   // duckd_frame_flags
   uint32_t request_id; // chosen by the host, echoed in the reply
   uint64_t payload_bytes;
-  uint64_t payload_checksum; // XXH3-64 (seed 0) of the payload bytes
+  uint64_t payload_checksum; // XXH3-64 (seed 0) of the payload, or the
+                             // frame's tag on an authenticated connection
 } duckd_frame_header;
 
 /// Error codes of an error reply. Append only.
@@ -79,11 +89,14 @@ typedef struct duckd_error {
 
 /* hello: first call of every connection. ------------------------------- */
 
+/// With a token, the hello frame is sealed with HMAC-SHA256(token, "duckd
+/// hello" || nonce): the token itself never crosses the wire.
 typedef struct duckd_hello_request {
   uint32_t abi_version;      // DUCK_ABI_VERSION the host was built with
   uint32_t protocol_version; // DUCKD_PROTOCOL_VERSION
-  uint32_t token_bytes;      // followed by the token (<= 256 bytes)
+  uint32_t auth;             // duckd_auth
   uint32_t reserved;
+  uint8_t nonce[DUCKD_NONCE_BYTES]; // the host's, fresh for every hello
 } duckd_hello_request;
 
 typedef struct duckd_hello_reply {
@@ -101,8 +114,9 @@ typedef struct duckd_hello_reply {
   uint32_t cache_valid;   // 1 when `image` names a cached image
   uint32_t head_finished; // the image header + slot table verified
   uint32_t finished_slots; // count; the bitmap follows the reply
-  uint32_t reserved;
+  uint32_t auth;           // duckd_auth of the connection from here on
   char name[DUCKD_NAME_BYTES]; // --name or the port, NUL-padded
+  uint8_t nonce[DUCKD_NONCE_BYTES]; // duckd's, fresh for every hello
   // followed by a finish bitmap of ceil(image.slot_count / 8) bytes
 } duckd_hello_reply;
 
@@ -200,8 +214,8 @@ typedef struct duckd_close_request {
 
 static_assert(sizeof(duckd_frame_header) == 32, "duckd_frame_header is wire");
 static_assert(sizeof(duckd_error) == 8, "duckd_error is wire");
-static_assert(sizeof(duckd_hello_request) == 16, "duckd_hello_request is wire");
-static_assert(sizeof(duckd_hello_reply) == 216, "duckd_hello_reply is wire");
+static_assert(sizeof(duckd_hello_request) == 32, "duckd_hello_request is wire");
+static_assert(sizeof(duckd_hello_reply) == 232, "duckd_hello_reply is wire");
 static_assert(sizeof(duckd_open_request) == 40, "duckd_open_request is wire");
 static_assert(sizeof(duckd_open_reply) == 24, "duckd_open_reply is wire");
 static_assert(sizeof(duckd_step_request) == 16, "duckd_step_request is wire");

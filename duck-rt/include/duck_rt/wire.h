@@ -42,9 +42,89 @@ struct Part {
   size_t bytes;
 };
 
+/// Frame authentication of one connection (docs/protocol.md, "Frame
+/// authentication"). Unkeyed, a frame's check field is the XXH3-64 of its
+/// payload. Keyed, it is the first 8 bytes (little-endian) of
+///   HMAC-SHA256(key, role || seq (u64 LE) || header bytes 0-23 || payload)
+/// where role is the sender's ('H' host, 'D' duck) and seq counts the
+/// sender's frames on the connection: a frame that is altered, replayed,
+/// reordered, dropped or reflected back fails. Plain data, so a duckd worker
+/// can hold it in shared memory while it serves the connection.
+enum : uint8_t { kRoleHost = 'H', kRoleDuck = 'D' };
+constexpr size_t kNonceBytes = DUCKD_NONCE_BYTES;
+constexpr size_t kKeyBytes = 32;
+struct FrameKeys {
+  uint8_t key[kKeyBytes] = {};
+  uint64_t send_seq = 0, recv_seq = 0;
+  uint8_t keyed = 0; // 0: frames carry the plain checksum
+  uint8_t role = 0;  // kRoleHost or kRoleDuck: who this side is
+};
+
+/// The key a host's hello is sealed with (seq 0): HMAC-SHA256(token,
+/// "duckd hello" || host_nonce). Proves the token without sending it.
+FrameKeys HelloKeys(absl::string_view token, const uint8_t *host_nonce,
+                    uint8_t role);
+/// The connection's key after hello: HMAC-SHA256(token, "duckd frames" ||
+/// host_nonce || duck_nonce); both sides' hello frames were seq 0, so the
+/// counters start at 1.
+FrameKeys ConnectionKeys(absl::string_view token, const uint8_t *host_nonce,
+                         const uint8_t *duck_nonce, uint8_t role);
+/// kNonceBytes from the kernel's random source.
+absl::Status RandomNonce(uint8_t *out);
+class FrameCheck;
+/// Fetches and exercises the HMAC implementation once (on this thread, and
+/// with `check` if given), so that a process about to confine itself (the
+/// duckd worker's sandbox) has loaded all it needs: later frames make no
+/// system call of their own.
+void WarmUpFrameAuth(FrameCheck *check = nullptr);
+
+/// The host's half of hello: the request (with a fresh nonce) and the keys
+/// its frame is sealed with (unkeyed without a token).
+struct HostHello {
+  duckd_hello_request request{};
+  FrameKeys keys;
+  std::string token;
+};
+absl::StatusOr<HostHello> BeginHello(absl::string_view token);
+/// Checks duckd's answer to `hello`. An error reply or notice is checked
+/// against its plain checksum (duckd cannot seal a refusal for a host it
+/// could not authenticate) and leaves *keys alone: the caller reports it.
+/// A hello reply from a duck that authenticated gives the connection's
+/// keys; one without authentication is refused when the host has a token.
+absl::Status FinishHello(const HostHello &hello, const duckd_frame_header &h,
+                         absl::Span<const uint8_t> payload, FrameKeys *keys);
+
+/// A frame's header; with keys that are keyed, sealed with keys->send_seq
+/// (which advances).
 duckd_frame_header MakeHeader(uint16_t type, uint32_t flags,
                               uint32_t request_id,
-                              absl::Span<const Part> payload);
+                              absl::Span<const Part> payload,
+                              FrameKeys *keys = nullptr);
+
+/// Checks a received payload as its bytes arrive: the plain checksum, or
+/// with keyed keys the tag at keys->recv_seq (which advances at Finish).
+class FrameCheck {
+public:
+  FrameCheck();
+  ~FrameCheck();
+  FrameCheck(const FrameCheck &) = delete;
+  FrameCheck &operator=(const FrameCheck &) = delete;
+  void Begin(const duckd_frame_header &h, FrameKeys *keys);
+  void Update(const void *data, size_t bytes);
+  /// OK, DataLoss ("payload checksum mismatch") or PermissionDenied
+  /// ("frame authentication failed ...").
+  absl::Status Finish();
+
+private:
+  StreamingChecksum sum_;
+  void *mac_; // EVP_MAC_CTX
+  FrameKeys *keys_ = nullptr;
+  uint64_t expect_ = 0;
+};
+
+/// FrameCheck over a whole payload held in memory.
+absl::Status CheckPayload(const duckd_frame_header &h,
+                          absl::Span<const uint8_t> payload, FrameKeys *keys);
 
 /// Checks everything a receiver can check before reading the payload.
 absl::Status ValidateHeader(const duckd_frame_header &h, uint64_t max_payload);
@@ -78,15 +158,21 @@ absl::Status WriteFull(int fd, absl::Span<const Part> parts,
 /// Writes one frame (header + parts) as a unit.
 absl::Status WriteFrame(int fd, uint16_t type, uint32_t flags,
                         uint32_t request_id, absl::Span<const Part> payload,
-                        absl::Time deadline);
+                        absl::Time deadline, FrameKeys *keys = nullptr);
 
-/// A whole received frame (header validated, checksum verified).
+/// A whole received frame (header validated, check verified).
 struct Frame {
   duckd_frame_header header{};
   std::vector<uint8_t> payload;
 };
 absl::StatusOr<Frame> ReadFrame(int fd, uint64_t max_payload,
-                                absl::Time deadline);
+                                absl::Time deadline,
+                                FrameKeys *keys = nullptr);
+
+/// Reads duckd's answer to `hello` and checks it (FinishHello).
+absl::StatusOr<Frame> ReadHelloReply(int fd, const HostHello &hello,
+                                     uint64_t max_payload, absl::Time deadline,
+                                     FrameKeys *keys);
 
 /// Sets TCP_NODELAY and close-on-exec on a connected socket.
 void TuneSocket(int fd);

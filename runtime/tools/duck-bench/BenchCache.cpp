@@ -30,6 +30,7 @@ struct CacheOptions {
   uint64_t size = 1ull << 30;
   uint32_t cores = 1;
   std::string duckd, elf, dir;
+  std::string token; // set: every frame authenticated (HMAC-SHA256)
   bool sync = true, json = false;
 };
 
@@ -74,10 +75,11 @@ absl::StatusOr<Startup> StartOnce(const duck::runtime::LocalCluster &c,
                                   const std::string &image,
                                   const std::vector<uint8_t> &elf,
                                   bool invalidate, uint32_t hidden,
-                                  uint32_t experts) {
+                                  uint32_t experts, const std::string &token) {
   const double t0 = nowSeconds();
   duck::runtime::DuckClientOptions o;
   o.ducks = c.endpoints();
+  o.token = token;
   o.read_environment = false;
   o.scratch_bytes = 64 << 20;
   o.call_timeout = absl::Minutes(10);
@@ -138,13 +140,15 @@ int duckBenchCache(int argc, char **argv) {
       o.elf = v;
     else if (const char *v = val("--dir"))
       o.dir = v;
+    else if (const char *v = val("--token"))
+      o.token = v;
     else
       ok = false;
     if (!ok || o.cores == 0) {
       std::fprintf(stderr,
                    "usage: duck-bench cache [--size=1G] [--cores=1] "
                    "[--dir=DIR] [--no-sync] [--duckd=PATH] [--elf=PATH] "
-                   "[--json]\n");
+                   "[--token=SECRET (authenticate every frame)] [--json]\n");
       return 2;
     }
   }
@@ -209,6 +213,7 @@ int duckBenchCache(int argc, char **argv) {
   co.name_prefix = "bench-cache";
   co.weights_size = (imageBytes + (1 << 20)) / 4096 * 4096;
   co.sync = o.sync;
+  co.token = o.token;
   auto cluster = duck::runtime::LocalCluster::Start(co);
   if (!cluster.ok()) {
     std::fprintf(stderr, "duck-bench cache: %s\n",
@@ -216,17 +221,17 @@ int duckBenchCache(int argc, char **argv) {
     return 1;
   }
   auto miss = StartOnce(**cluster, image, elf, /*invalidate=*/true, spec.hidden,
-                        slot.experts);
+                        slot.experts, o.token);
   auto hit = miss.ok() ? StartOnce(**cluster, image, elf, false, spec.hidden,
-                                   slot.experts)
+                                   slot.experts, o.token)
                        : miss;
   absl::StatusOr<Startup> restart = hit;
   if (hit.ok()) {
     if (absl::Status s = (*cluster)->Restart(0); !s.ok())
       restart = s;
     else
-      restart =
-          StartOnce(**cluster, image, elf, false, spec.hidden, slot.experts);
+      restart = StartOnce(**cluster, image, elf, false, spec.hidden,
+                          slot.experts, o.token);
   }
   (void)(*cluster)->Stop();
   ::unlink(image.c_str());
@@ -248,6 +253,7 @@ int duckBenchCache(int argc, char **argv) {
                             .integer("slots", nSlots)
                             .integer("cores", o.cores)
                             .boolean("sync", o.sync)
+                            .boolean("authenticated", !o.token.empty())
                             .num("build_s", buildSeconds)
                             .num("miss_s", miss->seconds)
                             .integer("miss_uploaded", int64_t(miss->uploaded))

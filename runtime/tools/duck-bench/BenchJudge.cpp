@@ -44,6 +44,7 @@ struct JudgeOptions {
   uint32_t reply_spin_us = 0; // host side: spin for the replies this long
   uint32_t step_mode = DUCK_MODE_MOE_DECODE_SMP; // 3: a near-empty step
   std::string duckd, elf;
+  std::string token; // set: every frame authenticated (HMAC-SHA256)
   bool json = false;
 };
 
@@ -68,6 +69,7 @@ void PrintUsage() {
                "  [--run-steps=500] [--warmup=100] [--spin-us=200]\n"
                "  [--step-mode=4 (3: MoE prepare, a near-empty step)]\n"
                "  [--reply-spin-us=0 (host spins for the replies)]\n"
+               "  [--token=SECRET (authenticate every frame)]\n"
                "  [--duckd=PATH] [--elf=PATH] [--json]\n");
 }
 
@@ -119,6 +121,8 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
       o->duckd = v;
     else if (const char *v = val("--elf"))
       o->elf = v;
+    else if (const char *v = val("--token"))
+      o->token = v;
     else
       return false;
   }
@@ -228,6 +232,7 @@ int duckBenchJudge(int argc, char **argv) {
     co.weights_size = 64ull << 20;
     co.sync = false;
     co.extra_args = {"--spin_us=" + std::to_string(o.spin_us)};
+    co.token = o.token;
     auto cluster = duck::runtime::LocalCluster::Start(co);
     if (!cluster.ok()) {
       std::fprintf(stderr, "duck-bench judge: %s\n",
@@ -267,6 +272,7 @@ int duckBenchJudge(int argc, char **argv) {
       copt.ob_limit = 1 << 20;
       copt.scratch_bytes = 16 << 20;
       copt.reply_spin = absl::Microseconds(o.reply_spin_us);
+      copt.token = o.token;
       auto client = duck::runtime::DuckClient::Create(copt);
       if (!client.ok()) {
         std::fprintf(stderr, "duck-bench judge: %s\n",
