@@ -172,7 +172,8 @@ MachineInfo detectMachine() {
   return m;
 }
 
-bool parseUintList(const std::string &text, std::vector<uint32_t> &out) {
+bool parseUintList(const std::string &text, std::vector<uint32_t> &out,
+                   uint32_t max) {
   out.clear();
   std::stringstream ss(text);
   std::string item;
@@ -183,7 +184,7 @@ bool parseUintList(const std::string &text, std::vector<uint32_t> &out) {
     char *end = nullptr;
     unsigned long a = std::strtoul(item.c_str(), &end, 10);
     if (dash == std::string::npos) {
-      if (*end != '\0' || a == 0 || a > 4096)
+      if (*end != '\0' || a == 0 || a > max)
         return false;
       out.push_back((uint32_t)a);
       continue;
@@ -191,7 +192,7 @@ bool parseUintList(const std::string &text, std::vector<uint32_t> &out) {
     if (end != item.c_str() + dash)
       return false;
     unsigned long b = std::strtoul(item.c_str() + dash + 1, &end, 10);
-    if (*end != '\0' || a == 0 || b < a || b > 4096)
+    if (*end != '\0' || a == 0 || b < a || b > max)
       return false;
     for (unsigned long v = a; v <= b; ++v)
       out.push_back((uint32_t)v);

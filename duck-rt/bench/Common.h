@@ -78,8 +78,10 @@ MachineInfo detectMachine();
 std::string loadAverageNow();
 
 /// Parses "1,2,4" and ranges such as "1-4" (or "1-4,8") into positive
-/// integers. Returns false on anything else.
-bool parseUintList(const std::string &text, std::vector<uint32_t> &out);
+/// integers of at most `max` (counts of cores or tokens by default).
+/// Returns false on anything else.
+bool parseUintList(const std::string &text, std::vector<uint32_t> &out,
+                   uint32_t max = 4096);
 
 /// Median of a non-empty sample (copied, not reordered in place).
 double median(std::vector<double> v);

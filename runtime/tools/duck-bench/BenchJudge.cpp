@@ -88,7 +88,7 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
       if (!parseUintList(v, o->ducks))
         return false;
     } else if (const char *v = val("--ib")) {
-      if (!parseUintList(v, o->ib))
+      if (!parseUintList(v, o->ib, DUCKD_DEFAULT_MAX_PAYLOAD / 2)) // bytes
         return false;
     } else if (const char *v = val("--modes")) {
       o->modes.clear();
