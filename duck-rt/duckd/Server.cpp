@@ -1,7 +1,10 @@
 // duckd's connection handling and request dispatch (Server.h).
 #include "Server.h"
 
+#include "Measure.h"
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -517,6 +520,7 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_PREPARE_WRITE: OnPrepareWrite(h); break;
     case DUCKD_MSG_PREPARE_FINISH: OnPrepareFinish(h); break;
     case DUCKD_MSG_CLOSE: OnClose(h); break;
+    case DUCKD_MSG_MEASURE: OnMeasure(h); break;
     default: break; // ValidateHeader refused every other type
     }
   }
@@ -930,6 +934,73 @@ void Server::OnClose(const duckd_frame_header &h) {
   }
   CloseSession("closed by the host");
   Reply(h.type, h.request_id, {});
+}
+
+void Server::OnMeasure(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_measure_request r{};
+  if (buf_.size() != sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "measure has the wrong size");
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  duckd_measure_reply rep{};
+  if (r.flags & DUCKD_MEASURE_PING) {
+    // Busy, not asleep: the host's wait is what a step's would be.
+    const absl::Time until =
+        absl::Now() + absl::Microseconds(std::min(r.busy_us, 100000u));
+    while (absl::Now() < until) {
+    }
+    Reply(h.type, h.request_id, {{&rep, sizeof rep}});
+    return;
+  }
+  const uint32_t cores = r.cores ? r.cores : opt_.cores;
+  const uint64_t arena = r.arena_bytes ? r.arena_bytes : 256ull << 20;
+  const uint32_t millis = r.millis ? r.millis : 150;
+  std::string bad;
+  if (r.flags & ~uint32_t(DUCKD_MEASURE_PING))
+    bad = absl::StrCat("measure: unknown flags 0x", absl::Hex(r.flags));
+  else if (cores > opt_.cores)
+    bad = absl::StrCat("measure: ", cores, " cores asked, duckd has ",
+                       opt_.cores);
+  else if (arena < (16ull << 20) || arena > opt_.max_scratch)
+    bad = absl::StrCat("measure: arena of ", arena,
+                       " bytes; it must be within [16 MiB, ", opt_.max_scratch,
+                       "]");
+  else if (millis > 10000)
+    bad = absl::StrCat("measure: ", millis,
+                       " ms a measurement; at most 10000");
+  if (!bad.empty()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST, bad);
+    return;
+  }
+  bench::DuckMeasureOptions mo;
+  mo.cores = cores;
+  if (opt_.pin)
+    for (uint32_t c = 0; c < cores; ++c)
+      mo.cpus.push_back(cpus_[(opt_.cpu_offset + c) % cpus_.size()]);
+  mo.arena_bytes = arena;
+  mo.seconds = millis / 1000.0;
+  const absl::Time start = absl::Now();
+  const bench::DuckRates rates = bench::measureDuck(mo);
+  rep.cores = cores;
+  rep.kernels = DUCK_KERNEL_COUNT;
+  rep.read_gbs = rates.read_gbs;
+  for (uint32_t k = 0; k < DUCK_KERNEL_COUNT && k < DUCKD_MEASURE_KERNELS;
+       ++k) {
+    rep.gparam_s[k] = rates.gparam_s[k];
+    rep.rows[k] = rates.rows[k];
+    rep.k[k] = rates.k[k];
+  }
+  rep.other_load = rates.other_load;
+  rep.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  Log(absl::StrFormat("measure: %u cores, read %.1f GB/s, general128 %.2f "
+                      "Gparam/s (%.1f s)",
+                      cores, rep.read_gbs,
+                      rep.gparam_s[DUCK_KERNEL_GENERAL128], rep.seconds));
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }
 
 } // namespace duck::duckd

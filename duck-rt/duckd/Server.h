@@ -106,6 +106,7 @@ private:
   void OnPrepareWrite(const duckd_frame_header &h);
   void OnPrepareFinish(const duckd_frame_header &h);
   void OnClose(const duckd_frame_header &h);
+  void OnMeasure(const duckd_frame_header &h);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,
                     uint64_t elf_bytes);
   WorkerConfig BaseWorkerConfig(uint32_t cores) const;

@@ -385,6 +385,7 @@ const char *MessageTypeName(uint16_t type) {
   case DUCKD_MSG_PREPARE_FINISH: return "prepare_finish";
   case DUCKD_MSG_CLOSE: return "close";
   case DUCKD_MSG_NOTICE: return "notice";
+  case DUCKD_MSG_MEASURE: return "measure";
   default: return "unknown";
   }
 }

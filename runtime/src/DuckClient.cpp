@@ -737,6 +737,133 @@ absl::Status DuckClient::Close() {
   return s;
 }
 
+absl::StatusOr<std::vector<DuckRates>>
+DuckClient::Measure(const MeasureOptions &options) {
+  Impl &m = *impl_;
+  std::vector<DuckRates> out(m.conns.size());
+  auto request = [&](uint32_t flags) {
+    duckd_measure_request r{};
+    r.cores = options.cores;
+    r.flags = flags;
+    r.arena_bytes = options.arena_bytes;
+    r.millis = options.millis;
+    r.busy_us = flags & DUCKD_MEASURE_PING ? options.busy_us : 0;
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    return owned;
+  };
+  auto measure = [&](const std::vector<size_t> &ducks) -> absl::Status {
+    for (size_t d : ducks) {
+      if (absl::Status s = m.Usable(d); !s.ok())
+        return s;
+      std::vector<uint8_t> owned = request(0);
+      Part p{owned.data(), owned.size()};
+      m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+    }
+    return m.Pump(
+        ducks, m.opt.call_timeout, "measure",
+        [&](size_t d, const duckd_frame_header &,
+            absl::Span<const uint8_t> pl) -> absl::Status {
+          duckd_measure_reply rep;
+          if (pl.size() != sizeof rep)
+            return absl::InternalError("measure reply of the wrong size");
+          std::memcpy(&rep, pl.data(), sizeof rep);
+          DuckRates &r = out[d];
+          r.cores = rep.cores;
+          r.read_gbs = rep.read_gbs;
+          for (uint32_t k = 0; k < DUCK_KERNEL_COUNT && k < rep.kernels; ++k) {
+            r.gparam_s[k] = rep.gparam_s[k];
+            r.rows[k] = rep.rows[k];
+            r.k[k] = rep.k[k];
+          }
+          r.other_load = rep.other_load;
+          r.seconds = rep.seconds;
+          return absl::OkStatus();
+        });
+  };
+  std::vector<size_t> all;
+  for (size_t d = 0; d < m.conns.size(); ++d)
+    all.push_back(d);
+  if (options.one_at_a_time) {
+    for (size_t d : all)
+      if (absl::Status s = measure({d}); !s.ok())
+        return s;
+  } else if (absl::Status s = measure(all); !s.ok()) {
+    return s;
+  }
+  // Round trips, one in flight at a time, each duck in turn: `make`
+  // queues one request; its reply, whatever it says, ends the trip.
+  auto time = [&](size_t d, const char *what,
+                  const std::function<void()> &make, double *p50,
+                  double *p90) -> absl::Status {
+    std::vector<double> us;
+    for (uint32_t i = 0; i < options.pings; ++i) {
+      const uint64_t t0 = NowNs();
+      make();
+      if (absl::Status s = m.Pump({d}, m.opt.call_timeout, what,
+                                  [](size_t, const duckd_frame_header &,
+                                     absl::Span<const uint8_t>) {
+                                    return absl::OkStatus();
+                                  });
+          !s.ok())
+        return s;
+      us.push_back(double(NowNs() - t0) / 1e3);
+    }
+    if (!us.empty()) {
+      std::sort(us.begin(), us.end());
+      *p50 = us[us.size() / 2];
+      *p90 = us[std::min(us.size() - 1, us.size() * 9 / 10)];
+    }
+    return absl::OkStatus();
+  };
+  for (size_t d : all)
+    if (absl::Status s = time(
+            d, "ping",
+            [&] {
+              std::vector<uint8_t> owned = request(DUCKD_MEASURE_PING);
+              Part p{owned.data(), owned.size()};
+              m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+            },
+            &out[d].rtt_us_p50, &out[d].rtt_us_p90);
+        !s.ok())
+      return s;
+  for (DuckRates &r : out) {
+    r.rtt_us_p50 = std::max(0.0, r.rtt_us_p50 - options.busy_us);
+    r.rtt_us_p90 = std::max(0.0, r.rtt_us_p90 - options.busy_us);
+  }
+  if (options.elf.empty() || !m.opt.persistent)
+    return out;
+  // Empty steps: a header-only IB (a dense prepare of slot 0). Whatever
+  // status the ELF returns (a duck without weights says BAD_WEIGHTS), the
+  // step went host -> duckd -> worker -> ELF and back.
+  if (absl::Status s = Open(options.elf); !s.ok())
+    return s;
+  duck_ib_header ib{};
+  ib.magic = DUCK_IB_MAGIC;
+  ib.abi_version = DUCK_ABI_VERSION;
+  ib.mode = DUCK_MODE_DENSE_PREPARE;
+  ib.x_offset = duck_ib_x_offset(0);
+  std::vector<uint8_t> ibBytes(ib.x_offset, 0);
+  std::memcpy(ibBytes.data(), &ib, sizeof ib);
+  for (size_t d : all)
+    if (absl::Status s = time(
+            d, "empty step",
+            [&] {
+              duckd_step_request r{m.conns[d].session_id, ibBytes.size()};
+              std::vector<uint8_t> owned(sizeof r);
+              std::memcpy(owned.data(), &r, sizeof r);
+              std::vector<Part> parts = {{owned.data(), owned.size()},
+                                         {ibBytes.data(), ibBytes.size()}};
+              m.Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+            },
+            &out[d].step_us_p50, &out[d].step_us_p90);
+        !s.ok())
+      return s;
+  if (absl::Status s = Close(); !s.ok())
+    return s;
+  return out;
+}
+
 namespace {
 
 /// A weight image file as the compiler writes it, opened for streaming.

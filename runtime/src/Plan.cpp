@@ -9,6 +9,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -358,6 +359,35 @@ std::string LoadedPlan::ImagePath(uint32_t rank) const {
 
 const uint8_t *LoadedPlan::TensorData(const pl::TensorDef &t) const {
   return files_[t.file()]->data() + t.offset();
+}
+
+uint64_t LoadedPlan::MapHostTensors() const {
+  const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+  uint64_t mapped = 0;
+  auto populate = [&](const pl::TensorDef *t) {
+    if (!t || t->file() >= files_.size() || t->bytes() == 0)
+      return;
+    const MappedFile &f = *files_[t->file()];
+    if (t->offset() >= f.size())
+      return;
+    const uint64_t end = std::min<uint64_t>(f.size(), t->offset() + t->bytes());
+    const uint64_t begin = t->offset() / page * page;
+    void *at = const_cast<uint8_t *>(f.data()) + begin;
+    // MADV_POPULATE_READ (Linux 5.14) maps the pages; older kernels only
+    // read ahead, which is what WILLNEED does.
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+    if (madvise(at, end - begin, MADV_POPULATE_READ) != 0)
+      (void)madvise(at, end - begin, MADV_WILLNEED);
+    mapped += end - begin;
+  };
+  for (const pl::OpDef *op : *def_->ops())
+    for (const pl::TensorDef *t : OpTensors(*op)) {
+      populate(t);
+      populate(t->scale());
+    }
+  return mapped;
 }
 
 std::string LoadedPlan::TokenizerPath() const {

@@ -345,6 +345,16 @@ absl::Status Session::Start(std::ostream &log) {
   const SessionOptions &o = opts_;
   auto cancelled = [&] { return o.cancel && o.cancel->load(); };
   const pl::PlanDef &def = plan_->def();
+  // The host's weights are mapped in while the ducks start and prepare
+  // (page faults the first prompt would otherwise take, one a page).
+  std::thread mapper([this] { plan_->MapHostTensors(); });
+  struct Join {
+    std::thread &t;
+    ~Join() {
+      if (t.joinable())
+        t.join();
+    }
+  } joinMapper{mapper};
 
   // Ducks: a cluster file, or a local embedded cluster of tp ducks.
   const uint32_t tp = def.tp();
@@ -500,6 +510,7 @@ absl::Status Session::Start(std::ostream &log) {
   eo.all_logits = o.all_logits;
   eo.max_seqs = seqs;
   eo.max_rows = rows;
+  mapper.join();
   DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));
   return absl::OkStatus();
 }

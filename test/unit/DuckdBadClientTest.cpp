@@ -495,3 +495,32 @@ TEST_F(DuckdBadClient, UnknownTypeFlagsTokenLengthAndWrappingOffset) {
   }
   ExpectServing();
 }
+
+// measure: sizes and limits are checked before anything runs; a ping is
+// answered at once.
+TEST_F(DuckdBadClient, MeasureRequestsOutOfRange) {
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    auto expect = [&](duckd_measure_request q, const char *what) {
+      r.SendFrame(DUCKD_MSG_MEASURE, {{&q, sizeof q}});
+      const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+      EXPECT_NE(m.find(what), std::string::npos) << m;
+    };
+    expect({99, 0, 0, 0, 0}, "99 cores asked");
+    expect({0, 0, 1 << 20, 0, 0}, "arena of 1048576 bytes");
+    expect({0, 4, 0, 0, 0}, "unknown flags 0x4");
+    expect({0, 0, 0, 60000, 0}, "at most 10000");
+    const uint32_t shortOne = 0;
+    r.SendFrame(DUCKD_MSG_MEASURE, {{&shortOne, sizeof shortOne}});
+    EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("wrong size"),
+              std::string::npos);
+    duckd_measure_request ping{0, DUCKD_MEASURE_PING, 0, 0, 0};
+    r.SendFrame(DUCKD_MSG_MEASURE, {{&ping, sizeof ping}});
+    auto f = r.Recv();
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+    EXPECT_EQ(f->payload.size(), sizeof(duckd_measure_reply));
+  }
+  ExpectServing();
+}

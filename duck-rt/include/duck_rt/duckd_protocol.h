@@ -45,7 +45,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_PREPARE_FINISH = 7,
   DUCKD_MSG_CLOSE = 8,
   DUCKD_MSG_NOTICE = 9, // unsolicited, from duckd (e.g. "busy"), then close
-  DUCKD_MSG_COUNT = 10,
+  DUCKD_MSG_MEASURE = 10, // the duck's own rates, for the cost model
+  DUCKD_MSG_COUNT = 11,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -209,6 +210,36 @@ typedef struct duckd_close_request {
   uint64_t session_id;
 } duckd_close_request;
 
+/* measure: the duck's read bandwidth and fp9 GEMV rates. --------------- */
+
+typedef enum duckd_measure_flags {
+  DUCKD_MEASURE_PING = 1u << 0, // answer at once (a round-trip probe)
+} duckd_measure_flags;
+
+enum { DUCKD_MEASURE_KERNELS = 8 }; // room for duck_kernel_id values
+
+typedef struct duckd_measure_request {
+  uint32_t cores;       // 0: all of duckd's
+  uint32_t flags;       // duckd_measure_flags
+  uint64_t arena_bytes; // memory the cold copies cycle through (0: 256 MiB)
+  uint32_t millis;      // budget of each measurement (0: 150)
+  uint32_t busy_us;     // PING: duckd stays busy this long (at most 100000)
+                        // before it answers, as a duck computing a step
+} duckd_measure_request;
+
+/// Rates measured with the duck's kernels on memory of duckd's own (the
+/// weight cache is not touched); zeros for PING.
+typedef struct duckd_measure_reply {
+  uint32_t cores;
+  uint32_t kernels;  // entries of gparam_s that are filled (duck_kernel_id)
+  double read_gbs;   // streaming read over `cores`
+  double gparam_s[DUCKD_MEASURE_KERNELS]; // cold fp9 GEMV by duck_kernel_id
+  uint32_t rows[DUCKD_MEASURE_KERNELS], k[DUCKD_MEASURE_KERNELS]; // shapes
+  double other_load; // cores' worth other processes used meanwhile (NaN:
+                     // unknown)
+  double seconds;    // how long it took
+} duckd_measure_reply;
+
 #ifdef __cplusplus
 } // extern "C"
 
@@ -229,6 +260,9 @@ static_assert(sizeof(duckd_prepare_write_request) == 16,
 static_assert(sizeof(duckd_prepare_write_reply) == 16,
               "duckd_prepare_write_reply is wire");
 static_assert(sizeof(duckd_close_request) == 8, "duckd_close_request is wire");
+static_assert(sizeof(duckd_measure_request) == 24,
+              "duckd_measure_request is wire");
+static_assert(sizeof(duckd_measure_reply) == 160, "duckd_measure_reply is wire");
 #endif
 
 #endif // DUCK_RT_DUCKD_PROTOCOL_H

@@ -12,6 +12,7 @@
 #define DUCK_RUNTIME_DUCKCLIENT_H
 
 #include "duck_rt/duckd_protocol.h"
+#include "duck_rt/kernel_select.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -112,6 +113,35 @@ struct PrepareReport {
   double seconds = 0;
 };
 
+struct MeasureOptions {
+  uint32_t cores = 0;              // per duck; 0: all of its cores
+  uint64_t arena_bytes = 256 << 20; // cold copies cycle through this
+  uint32_t millis = 150;           // budget of each measurement
+  /// One duck after another (ducks that share a machine must not measure
+  /// at once); false: all at once (ducks on machines of their own).
+  bool one_at_a_time = true;
+  uint32_t pings = 200; // round trips timed a duck
+  /// Pings keep duckd busy this long before it answers (a step's compute
+  /// time; the host's wake-up after a long wait is part of the gap).
+  uint32_t busy_us = 0;
+  /// The duck ELF: when given, a session is opened on every duck and
+  /// `pings` header-only steps are timed too (the dispatch path of a real
+  /// step: duckd's hand-off to its worker, the ELF's entry and exit); the
+  /// session is closed afterwards.
+  std::vector<uint8_t> elf;
+};
+/// One duck's rates (duckd's `measure`) and round trip.
+struct DuckRates {
+  uint32_t cores = 0;
+  double read_gbs = 0;
+  double gparam_s[DUCK_KERNEL_COUNT] = {}; // cold fp9 GEMV by duck_kernel_id
+  uint32_t rows[DUCK_KERNEL_COUNT] = {}, k[DUCK_KERNEL_COUNT] = {};
+  double other_load = 0;            // cores busy elsewhere meanwhile
+  double seconds = 0;               // the duck's time measuring
+  double rtt_us_p50 = 0, rtt_us_p90 = 0; // a ping's round trip, less busy_us
+  double step_us_p50 = 0, step_us_p90 = 0; // an empty step's (with an ELF)
+};
+
 class DuckClient {
 public:
   /// Connects to every duck and says hello (abi, token).
@@ -148,6 +178,11 @@ public:
 
   /// Re-reads hello from every duck (cache state after a prepare).
   absl::Status Refresh();
+  /// Asks every duck for its read bandwidth and fp9 GEMV rates (measured
+  /// on memory of its own: its weight cache is untouched) and times
+  /// `pings` round trips to it. For the compiler's cost model.
+  absl::StatusOr<std::vector<DuckRates>>
+  Measure(const MeasureOptions &options = {});
 
 private:
   struct Impl;

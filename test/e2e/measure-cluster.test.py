@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""duckc measure-cluster against two duckd's started here (loopback, with a
+token): runs a generation first so the ducks' weight caches hold the plan,
+measures, checks the cluster file, compiles with it, and checks that the
+next generation is a cache hit with the same ids.
+
+  measure-cluster.test.py --duckd D --duckc C --duckrun R --model M \
+      --plan P --work DIR
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+TOKEN = "measure-cluster-test-token"
+
+
+def start_duckd(duckd, work, name, cpu):
+    log = open(os.path.join(work, f"{name}.log"), "w")
+    p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
+                          "--cpu_offset", str(cpu), "--token", TOKEN,
+                          "--cache_dir", os.path.join(work, name),
+                          "--weights_size", "64M"],
+                         stdout=subprocess.PIPE, stderr=log, text=True)
+    line = p.stdout.readline()
+    m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
+    if not m:
+        sys.exit(f"measure-cluster: {name} did not start: {line!r}")
+    return p, {"host": m.group(1), "port": int(m.group(2))}
+
+
+def run(cmd, check=True):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        sys.exit(f"measure-cluster: {' '.join(cmd)} failed ({r.returncode}):\n"
+                 f"{r.stdout}{r.stderr}")
+    return r
+
+
+def main():
+    a = argparse.ArgumentParser()
+    for f in ("duckd", "duckc", "duckrun", "model", "plan", "work"):
+        a.add_argument("--" + f, required=True)
+    args = a.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    procs = []
+    try:
+        eps = []
+        for i, name in enumerate(("d0", "d1")):
+            p, ep = start_duckd(args.duckd, args.work, name, i)
+            procs.append(p)
+            eps.append(ep)
+        cluster = os.path.join(args.work, "cluster.json")
+        json.dump({"ducks": eps, "token": TOKEN, "host_ms_per_token": 2.0},
+                  open(cluster, "w"))
+        gen = [args.duckrun, args.plan, "--cluster", cluster, "--prompt-ids",
+               "5,6,7,8", "--max-tokens", "24", "--ignore-eos", "--print-ids"]
+        before = run(gen)
+
+        r = run([args.duckc, "measure-cluster", cluster, "--millis", "40",
+                 "--arena-mib", "64"])
+        print(r.stdout, end="")
+        c = json.load(open(cluster))
+        classes = ("general128", "general64", "general32", "exact128",
+                   "exact64", "exact32")
+        for i, d in enumerate(c["ducks"]):
+            for key in ("cores", "read_gbs", "fp9_gparam_s", "rtt_us",
+                        "empty_step_us", "memory_gib"):
+                if not (isinstance(d.get(key), (int, float)) and d[key] > 0):
+                    sys.exit(f"measure-cluster: ducks[{i}].{key} = "
+                             f"{d.get(key)!r}")
+            if d["host"] != eps[i]["host"] or d["port"] != eps[i]["port"]:
+                sys.exit(f"measure-cluster: ducks[{i}] lost its endpoint")
+            rates = d["fp9_gparam_s_by_kernel"]
+            if sorted(rates) != sorted(classes) or min(rates.values()) <= 0:
+                sys.exit(f"measure-cluster: ducks[{i}] kernel rates {rates}")
+        if c.get("token") != TOKEN or c.get("host_ms_per_token") != 2.0:
+            sys.exit("measure-cluster: the file lost fields it had")
+        if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0):
+            sys.exit(f"measure-cluster: cluster figures {c}")
+        print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
+              f"{len(classes)} kernel classes, rtt_us, empty_step_us; token "
+              "and host_ms_per_token kept")
+
+        r = run([args.duckc, "compile", args.model, "--cluster", cluster,
+                 "--tp", "auto", "--explain", "--dry-run"])
+        print(r.stdout.splitlines()[0])
+
+        after = run(gen)
+        hit = re.search(r"weight cache: (.*) \(", after.stderr)
+        same = "ids equal" if after.stdout == before.stdout else "ids DIFFER"
+        print(f"after measuring: weight cache: "
+              f"{hit.group(1) if hit else after.stderr.strip()}; {same}")
+
+        bad = os.path.join(args.work, "bad.json")
+        json.dump({"ducks": [eps[0], {"port": 7}]}, open(bad, "w"))
+        r = run([args.duckc, "measure-cluster", bad], check=False)
+        print("bad:", r.stderr.strip().splitlines()[-1], f"(exit {r.returncode})")
+        gone = os.path.join(args.work, "gone.json")
+        json.dump({"ducks": [{"host": "127.0.0.1", "port": 1}]}, open(gone, "w"))
+        r = run([args.duckc, "measure-cluster", gone], check=False)
+        print("unreachable:", r.stderr.strip().splitlines()[-1],
+              f"(exit {r.returncode})")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()
