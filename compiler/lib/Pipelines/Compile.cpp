@@ -1,5 +1,6 @@
 //===- Compile.cpp - the duckc compile pipeline ---------------------------===//
 #include "duck/Pipelines/Compile.h"
+#include "duck_rt/kernel_select.h"
 
 #include "duck/Dialect/Duck/Transforms/Passes.h"
 #include "duck/Import/ImportModel.h"
@@ -155,7 +156,36 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
                                  "fp9_gparam_s must not be negative",
                                  path, i));
       c.cost.duckGparamS.push_back(rate);
+      // fp9_gparam_s_by_kernel: {"general128": 10.6, ...} (measure-cluster).
+      std::vector<double> byClass(DUCK_KERNEL_COUNT, 0.0);
+      if (const llvm::json::Value *v = d->get("fp9_gparam_s_by_kernel")) {
+        const llvm::json::Object *k = v->getAsObject();
+        if (!k)
+          return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
+                                   "fp9_gparam_s_by_kernel must be an object "
+                                   "of kernel class: Gparam/s",
+                                   path, i));
+        for (const auto &kv : *k) {
+          int id = -1;
+          for (int c2 = 0; c2 < DUCK_KERNEL_COUNT; ++c2)
+            if (kv.first == duck_kernel_name(duck_kernel_id(c2)))
+              id = c2;
+          std::optional<double> g = kv.second.getAsNumber();
+          if (id < 0 || !g || *g < 0)
+            return err(llvm::formatv(
+                "cluster file '{0}': ducks[{1}].fp9_gparam_s_by_kernel: "
+                "'{2}' must be a kernel class (general128, general64, "
+                "general32, exact128, exact64, exact32) with a rate >= 0",
+                path, i, kv.first.str()));
+          byClass[id] = *g;
+        }
+      }
+      c.cost.duckKernelGparamS.push_back(std::move(byClass));
     }
+    if (llvm::all_of(c.cost.duckKernelGparamS, [](const auto &v) {
+          return llvm::all_of(v, [](double g) { return g == 0; });
+        }))
+      c.cost.duckKernelGparamS.clear();
     c.coresPerDuck = minCores;
     // Per-duck rates: all or none.
     const auto &rates = c.cost.duckGparamS;

@@ -272,7 +272,11 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                       r += (r.empty() ? "" : "/") + formatv("{0:F1}", v).str();
                     return r;
                   }() +
-                  " (slices in proportion)"
+                  " (slices in proportion" +
+                  (cm.duckKernelGparamS.empty()
+                       ? std::string(")")
+                       : std::string("; each kernel class timed at its own "
+                                     "measured rate)"))
         : cm.fp9GparamS > 0
             ? formatv("{0:F2} Gparam/s a duck (measured)", cm.fp9GparamS).str()
             : formatv("{0:F1} GB/s a duck", cm.bandwidthGbs).str(),

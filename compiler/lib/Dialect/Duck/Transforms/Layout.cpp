@@ -1,5 +1,6 @@
 //===- Layout.cpp - weight-buffer layout and cluster statistics -----------===//
 #include "duck/Dialect/Duck/Transforms/Layout.h"
+#include "duck_rt/kernel_select.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -66,6 +67,100 @@ uint64_t mlir::duck::imagePrologueBytes(uint64_t slotCount) {
                        DUCK_IMAGE_ALIGN);
 }
 
+namespace {
+
+/// The experts one shard holds on its duck ([begin, end) of the layer's
+/// ids; routed ones below num_experts, shared ones after) and the time
+/// one of them takes there.
+struct HeldExperts {
+  size_t rank;
+  int64_t begin, end;
+  double seconds;
+};
+
+/// The expected time of a layer's step: its slowest duck's. A dense layer
+/// or a MoE layer whose ducks each hold a slice of every expert is
+/// deterministic; with whole experts placed on ducks (strategy experts) a
+/// token's top_k experts fall unevenly, and the expectation of the maximum
+/// is taken over every combination of top_k experts when there are at most
+/// 20000, else over 4096 uniform draws (a fixed seed: the same plan always
+/// gets the same prediction). Routing is taken as uniform; a real model's
+/// skew makes expert placement slower still.
+double expectedSlowest(const std::vector<HeldExperts> &held, bool moe,
+                       int64_t topK, int64_t numExperts) {
+  size_t ducks = 0;
+  bool sliced = true;
+  for (const HeldExperts &h : held) {
+    ducks = std::max(ducks, h.rank + 1);
+    if (moe && (h.begin > 0 || h.end < numExperts))
+      sliced = false;
+  }
+  std::vector<double> t(ducks, 0.0);
+  auto sharedHeld = [&](const HeldExperts &h) {
+    return std::max<int64_t>(0, h.end - std::max(h.begin, numExperts));
+  };
+  if (!moe || sliced) {
+    for (const HeldExperts &h : held)
+      t[h.rank] += h.seconds * double(moe ? topK + sharedHeld(h) : 1);
+    return ducks ? *std::max_element(t.begin(), t.end()) : 0.0;
+  }
+  // One draw of the token's routed experts: the slowest duck's time.
+  auto slowest = [&](const std::vector<int64_t> &chosen) {
+    std::fill(t.begin(), t.end(), 0.0);
+    for (const HeldExperts &h : held) {
+      int64_t n = sharedHeld(h);
+      for (int64_t e : chosen)
+        n += e >= h.begin && e < h.end;
+      t[h.rank] += h.seconds * double(n);
+    }
+    return *std::max_element(t.begin(), t.end());
+  };
+  const int64_t k = std::min(topK, numExperts);
+  std::vector<int64_t> chosen;
+  // Few combinations (C(E, k) <= 20000): every one, exactly.
+  double combos = 1;
+  for (int64_t i = 0; i < k; ++i)
+    combos = combos * double(numExperts - i) / double(i + 1);
+  if (combos <= 20000) {
+    for (int64_t i = 0; i < k; ++i)
+      chosen.push_back(i);
+    double sum = 0;
+    for (;;) {
+      sum += slowest(chosen);
+      int64_t i = k - 1;
+      while (i >= 0 && chosen[i] == numExperts - k + i)
+        --i;
+      if (i < 0)
+        break;
+      ++chosen[i];
+      for (int64_t j = i + 1; j < k; ++j)
+        chosen[j] = chosen[j - 1] + 1;
+    }
+    return sum / combos;
+  }
+  constexpr int kDraws = 4096;
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  double sum = 0;
+  for (int d = 0; d < kDraws; ++d) {
+    chosen.clear();
+    while ((int64_t)chosen.size() < k) {
+      const int64_t e = int64_t(next() % uint64_t(numExperts));
+      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end())
+        chosen.push_back(e);
+    }
+    sum += slowest(chosen);
+  }
+  return sum / kDraws;
+}
+
+} // namespace
+
 FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                                                 const ClusterModel &c) {
   ModuleStats st;
@@ -85,6 +180,30 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     st.totalBytes += st.ducks[r].bytes;
   }
   int64_t scaleRows = scaleRowsOf(module);
+  // One expert's (or a dense slice's) time on its duck: each matrix at its
+  // kernel class's measured rate, else the duck's rate, else its bytes at
+  // the streaming bandwidth.
+  auto expertSeconds = [&](Fp9FfnOp shard, const SlotLayout &lay) {
+    const size_t r = shard.getRank();
+    const double duckRate =
+        r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
+    const std::vector<double> *byClass =
+        r < c.duckKernelGparamS.size() ? &c.duckKernelGparamS[r] : nullptr;
+    ShardDescs ds = shardDescs(shard, scaleRows);
+    double seconds = 0;
+    for (const duck_fp9_desc &m : {ds.gate, ds.up, ds.down}) {
+      const duck_kernel_id id = duck_select_kernel(m.k, m.block);
+      const double rate = byClass && (size_t)id < byClass->size() &&
+                                  (*byClass)[id] > 0
+                              ? (*byClass)[id]
+                              : duckRate;
+      if (rate <= 0)
+        return double(lay.expertBytes) / (c.bandwidthGbs * 1e9);
+      seconds += double(m.rows) * m.k / (rate * 1e9);
+    }
+    return seconds;
+  };
+  double layerMsSum = 0;
   module.walk([&](Operation *op) {
     if (!isa<MlpOp, MoeOp>(op))
       return;
@@ -99,11 +218,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       st.strategy = stringifyStrategy(s.getValue()).str();
     // Experts a token activates on a duck, on average.
     double activeRouted = 1, totalRouted = 1, shared = 0;
+    const bool s0moe = isa<MoeOp>(op);
+    int64_t topK = 1, numExperts = 1;
     if (auto moe = dyn_cast<MoeOp>(op)) {
-      activeRouted = moe.getTopK();
-      totalRouted = moe.getNumExperts();
+      activeRouted = topK = moe.getTopK();
+      totalRouted = numExperts = moe.getNumExperts();
       shared = moe.getNumShared();
     }
+    std::vector<HeldExperts> held;
     for (Operation &child : op->getRegion(0).getOps()) {
       auto shard = cast<Fp9FfnOp>(child);
       FfnShape s = ffnShapeOf(shard);
@@ -126,21 +248,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       DuckStats &d = st.ducks[shard.getRank()];
       d.paramsPerToken += active * 3.0 * s.hidden * shard.getLocalInter();
       d.bytesPerToken += active * lay->expertBytes;
+      held.push_back({(size_t)shard.getRank(),
+                      s.moe ? (int64_t)shard.getExpertBegin() : 0,
+                      s.moe ? (int64_t)shard.getExpertEnd() : 1,
+                      expertSeconds(shard, *lay)});
     }
+    layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
   });
-  // The slowest duck sets the pace: its weights at the measured kernel
-  // rate when known, else its bytes at the streaming bandwidth.
-  double slowestMs = 0;
-  for (size_t r = 0; r < st.ducks.size(); ++r) {
-    const DuckStats &d = st.ducks[r];
-    const double rate =
-        r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
-    slowestMs = std::max(slowestMs,
-                         rate > 0 ? d.paramsPerToken / (rate * 1e9) * 1e3
-                                  : d.bytesPerToken /
-                                        (c.bandwidthGbs * 1e9) * 1e3);
-  }
-  st.streamMsPerToken = slowestMs;
+  st.streamMsPerToken = layerMsSum;
   st.dispatchMsPerToken = st.ffnLayers * c.stepOverheadUs / 1e3;
   st.hostMsPerToken = c.hostMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;

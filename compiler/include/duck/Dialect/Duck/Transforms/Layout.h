@@ -64,6 +64,11 @@ struct ClusterModel {
   double hostMsPerToken = 0;
   /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
   std::vector<double> duckGparamS;
+  /// Per duck (rank order), the measured rate of each kernel class, by
+  /// duck_kernel_id (0: not measured; `duckc measure-cluster`'s
+  /// fp9_gparam_s_by_kernel). When a duck has them, each of its matrices
+  /// is timed at its own class's rate.
+  std::vector<std::vector<double>> duckKernelGparamS;
 };
 
 struct DuckStats {
@@ -78,6 +83,8 @@ struct ModuleStats {
   std::string strategy;
   std::vector<DuckStats> ducks;
   uint64_t totalBytes = 0;
+  /// The sum over FFN layers of each layer's slowest duck (expected, for
+  /// expert placement: top_k experts fall unevenly over the ducks).
   double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
   double hostMsPerToken = 0;
 };
