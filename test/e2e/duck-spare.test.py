@@ -11,25 +11,13 @@ equal an undisturbed run.
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-
-def start_duckd(duckd, work, name):
-    log = open(os.path.join(work, f"{name}.log"), "w")
-    p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
-                          "--cache_dir", os.path.join(work, name),
-                          "--weights_size", "64M"],
-                         stdout=subprocess.PIPE, stderr=log, text=True)
-    line = p.stdout.readline()
-    m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
-    if not m:
-        sys.exit(f"duck-spare: {name} did not start: {line!r}")
-    return p, {"host": m.group(1), "port": int(m.group(2))}
+from duckd_proc import start_duckd
 
 
 def main():

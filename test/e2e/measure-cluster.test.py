@@ -14,21 +14,9 @@ import re
 import subprocess
 import sys
 
+from duckd_proc import start_duckd
+
 TOKEN = "measure-cluster-test-token"
-
-
-def start_duckd(duckd, work, name, cpu):
-    log = open(os.path.join(work, f"{name}.log"), "w")
-    p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
-                          "--cpu_offset", str(cpu), "--token", TOKEN,
-                          "--cache_dir", os.path.join(work, name),
-                          "--weights_size", "64M"],
-                         stdout=subprocess.PIPE, stderr=log, text=True)
-    line = p.stdout.readline()
-    m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
-    if not m:
-        sys.exit(f"measure-cluster: {name} did not start: {line!r}")
-    return p, {"host": m.group(1), "port": int(m.group(2))}
 
 
 def run(cmd, check=True):
@@ -49,7 +37,8 @@ def main():
     try:
         eps = []
         for i, name in enumerate(("d0", "d1")):
-            p, ep = start_duckd(args.duckd, args.work, name, i)
+            p, ep = start_duckd(args.duckd, args.work, name,
+                                "--cpu_offset", str(i), "--token", TOKEN)
             procs.append(p)
             eps.append(ep)
         cluster = os.path.join(args.work, "cluster.json")

@@ -1,0 +1,22 @@
+"""Starting a duckd for the e2e drivers: on loopback, port 0, its log in the
+work directory, its address read from the line it prints when it listens."""
+import os
+import re
+import subprocess
+import sys
+
+
+def start_duckd(duckd, work, name, *extra):
+    """Returns (the process, {"host", "port"}); exits naming `name` if the
+    daemon does not come up."""
+    log = open(os.path.join(work, f"{name}.log"), "w")
+    p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
+                          "--cache_dir", os.path.join(work, name),
+                          "--weights_size", "64M", *extra],
+                         stdout=subprocess.PIPE, stderr=log, text=True)
+    line = p.stdout.readline()
+    m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
+    if not m:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: duckd {name} did not "
+                 f"start: {line!r}")
+    return p, {"host": m.group(1), "port": int(m.group(2))}
