@@ -25,8 +25,18 @@ npm_fetch() {
   flock 9
   if ! is_present; then
     echo "$name: npm install $* into $prefix" >&2
-    npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error "$@" >&2 ||
-      { echo "$name: npm install failed (no network or no npm registry?); $needed_by need it once" >&2; exit 1; }
+    # Bounded: a registry that stops answering fails the fetch (and the
+    # tests that need it) with a message instead of hanging the run.
+    local limit="${DUCK_NPM_TIMEOUT:-300}" rc=0
+    timeout "$limit" npm install --prefix "$prefix" --no-audit --no-fund --no-save \
+      --loglevel=error --fetch-timeout=60000 --fetch-retries=2 "$@" >&2 || rc=$?
+    if [ "$rc" -eq 124 ]; then
+      echo "$name: npm install did not finish within $limit s (DUCK_NPM_TIMEOUT); $needed_by need it once" >&2
+      exit 1
+    elif [ "$rc" -ne 0 ]; then
+      echo "$name: npm install failed (no network or no npm registry?); $needed_by need it once" >&2
+      exit 1
+    fi
     is_present ||
       { echo "$name: npm install finished but $* is not in $prefix" >&2; exit 1; }
   fi

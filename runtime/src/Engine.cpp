@@ -88,7 +88,7 @@ absl::Status Engine::Prepare() {
 }
 
 absl::Status Engine::Forward(absl::Span<const int32_t> tokens,
-                             std::vector<float> *out_logits) {
+                             std::vector<float> *out_logits, bool logits) {
   if (tokens.empty())
     return absl::InvalidArgumentError("no tokens to run");
   if ((uint64_t)pos_ + tokens.size() > opts_.max_seq)
@@ -100,7 +100,9 @@ absl::Status Engine::Forward(absl::Span<const int32_t> tokens,
     out_logits->clear();
   for (size_t i = 0; i < tokens.size(); i += chunk) {
     size_t n = std::min<size_t>(chunk, tokens.size() - i);
-    if (absl::Status s = RunChunk(tokens.subspan(i, n), out_logits);
+    // Only the last chunk's last row is anyone's (all_logits: every row).
+    const bool want = opts_.all_logits || (logits && i + n == tokens.size());
+    if (absl::Status s = RunChunk(tokens.subspan(i, n), out_logits, want);
         !s.ok())
       return s;
   }
@@ -123,10 +125,10 @@ absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
 }
 
 absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
-                              std::vector<float> *out_logits) {
+                              std::vector<float> *out_logits, bool logits) {
   if (!opts_.all_logits)
     out_logits->clear(); // the last row's logits only
-  const SeqChunk chunk{0, pos_, tokens, /*logits=*/true};
+  const SeqChunk chunk{0, pos_, tokens, logits};
   DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
   pos_ += tokens.size();
   return absl::OkStatus();

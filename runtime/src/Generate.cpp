@@ -134,9 +134,12 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       return absl::CancelledError("interrupted");
     auto part = absl::MakeConstSpan(prompt).subspan(
         i, std::min<size_t>(chunk, prompt.size() - i));
+    // The LM head runs for the prompt's last token only (every token's
+    // with --logits-out): a leading chunk's logits are nobody's.
+    const bool last = i + part.size() == prompt.size();
     absl::Status st = o.decode_only
                           ? engine.ForwardDecodeOnly(part, &logits)
-                          : engine.Forward(part, &logits);
+                          : engine.Forward(part, &logits, last);
     if (!st.ok())
       return st;
     keepLogits(logits);

@@ -67,9 +67,11 @@ public:
   /// n > 1, in chunks), appending to the KV cache; writes the logits of the
   /// last token into out_logits (vocab floats). With
   /// EngineOptions::all_logits, out_logits gets every token's logits
-  /// instead (n rows of vocab floats, in order).
+  /// instead (n rows of vocab floats, in order). `logits` false: the
+  /// caller needs no logits from these tokens (a prompt's leading chunks)
+  /// and none are computed (out_logits is left empty), unless all_logits.
   absl::Status Forward(absl::Span<const int32_t> tokens,
-                       std::vector<float> *out_logits);
+                       std::vector<float> *out_logits, bool logits = true);
   /// Like Forward, one token at a time through the decode modes only.
   absl::Status ForwardDecodeOnly(absl::Span<const int32_t> tokens,
                                  std::vector<float> *out_logits);
@@ -110,7 +112,7 @@ private:
   absl::Status Prepare();
   /// Sequence 0's next tokens (Forward), one batched step.
   absl::Status RunChunk(absl::Span<const int32_t> tokens,
-                        std::vector<float> *out_logits);
+                        std::vector<float> *out_logits, bool logits = true);
   absl::Status RunRows(bool prefill, std::vector<float> *out_logits);
 
   const LoadedPlan *plan_ = nullptr;
