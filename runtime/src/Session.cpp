@@ -301,6 +301,11 @@ Session::Load(const SessionOptions &o) {
                      "); pass --tokenizer FILE or --prompt-ids"));
   }
   const pl::ModelDef &model = *def.model();
+  if (o.max_seq && model.max_position() && o.max_seq > model.max_position())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-seq ", o.max_seq, " is beyond the ", model.max_position(),
+        " positions the model was made for (config.json's "
+        "max_position_embeddings)"));
   s->max_seq_ =
       o.max_seq ? o.max_seq
                 : std::min<uint32_t>(
@@ -340,6 +345,44 @@ std::vector<int32_t> Session::StopTokens(bool chat) const {
       eos.push_back(id);
   return eos;
 }
+
+absl::Status CheckKvFits(uint64_t kv_bytes_per_token, uint32_t max_seq,
+                         uint32_t seqs, uint64_t available) {
+  const double gib = double(1ull << 30);
+  const uint64_t perSeq = (uint64_t)max_seq * kv_bytes_per_token;
+  const uint64_t worst = perSeq * seqs;
+  if (available == 0 || worst <= available)
+    return absl::OkStatus();
+  const uint64_t fit = perSeq ? available / perSeq : 0;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the KV cache needs up to %.2f GiB (%u sequence(s) x %u tokens x %.1f "
+      "KiB a token) but this machine has %.2f GiB available; lower "
+      "--max-seq or --parallel (%s), or pass --kv-overcommit to start "
+      "anyway (memory then grows with the positions sequences reach)",
+      double(worst) / gib, seqs, max_seq, double(kv_bytes_per_token) / 1024.0,
+      double(available) / gib,
+      fit ? absl::StrFormat("%llu sequence(s) of %u tokens fit",
+                            (unsigned long long)fit, max_seq)
+          : absl::StrFormat("one sequence fits %llu tokens",
+                            (unsigned long long)(available /
+                                                 kv_bytes_per_token))));
+}
+
+namespace {
+/// /proc/meminfo's MemAvailable, in bytes (0 when unknown).
+uint64_t MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:")
+      return kib * 1024;
+  }
+  return 0;
+}
+} // namespace
 
 absl::Status Session::Start(std::ostream &log) {
   const SessionOptions &o = opts_;
@@ -512,6 +555,12 @@ absl::Status Session::Start(std::ostream &log) {
   eo.max_rows = rows;
   mapper.join();
   DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));
+  // Every sequence's cache is reserved at full length and filled as its
+  // positions grow: refuse up front what the machine could never hold,
+  // rather than meet the OOM killer when sequences grow long.
+  if (!o.kv_overcommit)
+    DUCK_RETURN_IF_ERROR(CheckKvFits(engine_->kv_bytes_per_token(), max_seq_,
+                                     seqs, MemAvailableBytes()));
   return absl::OkStatus();
 }
 

@@ -27,7 +27,7 @@ public:
   HostMatrix q_, k_, v_, o_;
   std::vector<float> qn_, kn_;
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     // RoPE: frequencies once; cos/sin once a position, shared by the heads.
     inv_freq_.resize(sh_.dim / 2);
     for (uint32_t i = 0; i < sh_.dim / 2; ++i)
@@ -41,8 +41,9 @@ public:
     // Head-major: a kv head's positions are contiguous ([max_seq][dim]),
     // so attention streams them instead of striding over the other heads.
     max_seq_ = maxSeq;
-    kcache_.Init(sh_.dim, maxSeq * sh_.kv_heads, maxSeqs);
-    vcache_.Init(sh_.dim, maxSeq * sh_.kv_heads, maxSeqs);
+    DUCK_RETURN_IF_ERROR(
+        kcache_.Init(sh_.dim, (uint64_t)maxSeq * sh_.kv_heads, maxSeqs));
+    return vcache_.Init(sh_.dim, (uint64_t)maxSeq * sh_.kv_heads, maxSeqs);
   }
 
   uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
@@ -146,7 +147,7 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
                      sh.hidden);
-  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
+  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
   return op;
 }
 

@@ -20,7 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <memory>
+#include <sys/mman.h>
 #include <vector>
 
 namespace duck::runtime::ops {
@@ -136,22 +140,45 @@ struct Step {
 /// position is always written before it is read).
 class SeqCache {
 public:
-  void Init(uint64_t width, uint32_t max_seq, uint32_t max_seqs) {
+  SeqCache() = default;
+  SeqCache(const SeqCache &) = delete;
+  SeqCache &operator=(const SeqCache &) = delete;
+  ~SeqCache() {
+    if (data_)
+      munmap(data_, bytes_);
+  }
+  /// Reserves max_seqs caches of `rows` rows of `width` floats. Address
+  /// space only (MAP_NORESERVE): pages are taken as positions are written,
+  /// so a long --max-seq costs nothing until sequences grow (the session
+  /// checks the worst case against the machine's memory up front).
+  absl::Status Init(uint64_t width, uint64_t rows, uint32_t max_seqs) {
     width_ = width;
-    max_seq_ = max_seq;
-    data_.reset(new float[width * max_seq * max_seqs]); // not zeroed
+    rows_ = rows;
+    const uint64_t floats = width * rows * max_seqs;
+    if (rows && floats / rows / max_seqs != width)
+      return absl::ResourceExhaustedError("KV cache size overflows");
+    bytes_ = std::max<uint64_t>(4096, floats * sizeof(float));
+    void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      data_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot reserve ", bytes_ >> 20, " MiB of address space for the "
+          "KV cache: ", std::strerror(errno), "; lower --max-seq"));
+    }
+    data_ = static_cast<float *>(p);
+    return absl::OkStatus();
   }
   /// The first position of sequence `seq`.
-  float *Base(uint32_t seq) { return data_.get() + Offset(seq, 0); }
-  float *At(uint32_t seq, uint64_t p) { return data_.get() + Offset(seq, p); }
+  float *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
+  float *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
 
 private:
   uint64_t Offset(uint32_t seq, uint64_t p) const {
-    return ((uint64_t)seq * max_seq_ + p) * width_;
+    return ((uint64_t)seq * rows_ + p) * width_;
   }
-  uint64_t width_ = 0;
-  uint32_t max_seq_ = 0;
-  std::unique_ptr<float[]> data_;
+  uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
+  float *data_ = nullptr;
 };
 
 class HostOp {

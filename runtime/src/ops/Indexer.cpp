@@ -43,14 +43,15 @@ public:
            MatrixBytes(wproj_);
   }
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     cq_.assign((uint64_t)maxRows * sh_.q_lora, 0.0f);
     q_.assign((uint64_t)maxRows * sh_.heads * sh_.dim, 0.0f);
     k_.assign((uint64_t)maxRows * sh_.dim, 0.0f);
     w_.assign((uint64_t)maxRows * sh_.heads, 0.0f);
-    kcache_.Init(sh_.dim, maxSeq, maxSeqs);
+    DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, maxSeq, maxSeqs));
     score_.assign(maxSeq, 0.0f);
     order_.assign(maxSeq, 0);
+    return absl::OkStatus();
   }
 
   absl::Status Run(const Step &s) override {
@@ -173,7 +174,7 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     return env.Error("indexer weights do not match ", sh.heads, " heads of ",
                      sh.dim, " and hidden size ", sh.hidden);
   op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());
-  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
+  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
   return op;
 }
 

@@ -43,12 +43,12 @@ public:
   float softmax_scale_ = 1.0f;
   bool indexed_ = false; // a second input lists each row's positions
 
-  void Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.heads * sh_.qk(), 0.0f);
     kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
-    cache_.Init(sh_.cache(), maxSeq, maxSeqs);
+    DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
     qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
     // One scratch a pool thread: the heads run in parallel.
@@ -58,6 +58,7 @@ public:
       h.scores.assign(maxSeq, 0.0f);
       h.pos.assign(maxSeq, 0);
     }
+    return absl::OkStatus();
   }
 
   uint32_t topk_ = 0; // floats a row of the selection input
@@ -279,7 +280,7 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
       return env.Error("second input is not an indexer's selection");
     op->indexed_ = true;
   }
-  op->Allocate(env.max_rows, env.max_seq, env.max_seqs);
+  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
   return op;
 }
 

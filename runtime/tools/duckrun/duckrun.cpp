@@ -29,6 +29,10 @@ ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy");
 ABSL_FLAG(uint32_t, top_k, 0, "Sample from the k most likely tokens (0: off)");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling threshold (1: off)");
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
+ABSL_FLAG(bool, kv_overcommit, false,
+          "Start even when every sequence's KV cache at --max-seq (times "
+          "serve's --parallel) would not fit in the memory available; it is "
+          "reserved, not filled, so memory grows with the positions reached");
 ABSL_FLAG(uint32_t, max_seq, 0,
           "KV cache length (prompt + generated); default min(model, 4096)");
 ABSL_FLAG(std::string, tokenizer, "",
@@ -126,6 +130,7 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
   if (so.prefill_chunk == 0)
     so.prefill_chunk = chunk;
   so.max_seq = absl::GetFlag(FLAGS_max_seq);
+  so.kv_overcommit = absl::GetFlag(FLAGS_kv_overcommit);
   so.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
   so.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);

@@ -43,6 +43,9 @@ struct SessionOptions {
   uint32_t prefill_chunk = 32; // prompt tokens a sequence puts in one step
   uint32_t max_seq = 0;        // 0: min(model max positions, 4096)
   uint32_t max_seqs = 1;       // sequences decoded together, a cache each
+  /// Start even when max_seqs full-length KV caches would not fit in the
+  /// memory this machine has available (they are reserved, not filled).
+  bool kv_overcommit = false;
   bool all_logits = false;     // logits of every row (--logits-out)
   uint32_t recover_seconds = 60;
   uint32_t step_timeout_ms = 30000; // a step unanswered this long: hung
@@ -53,6 +56,11 @@ struct SessionOptions {
   /// a long prepare; checked between its stages.
   const std::atomic<bool> *cancel = nullptr;
 };
+
+/// OK when `seqs` caches of `max_seq` tokens fit in `available` bytes
+/// (0: unknown, always OK); else an error saying what fits and what to do.
+absl::Status CheckKvFits(uint64_t kv_bytes_per_token, uint32_t max_seq,
+                         uint32_t seqs, uint64_t available);
 
 class Session {
 public:
