@@ -2,6 +2,8 @@
 
 #include "Weights.h"
 
+#include "duck_rt/slot_layout.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -116,13 +118,18 @@ uint64_t FfnLayout::weightBytes() const {
 }
 
 FfnLayout ffnLayout(uint32_t hidden, uint32_t inter, uint32_t block) {
+  // One expert of a weight-image slot, laid out as the compiler lays it
+  // out (duck_rt/slot_layout.h).
+  const duck_slot_shape shape{hidden, inter, block, kTile, 0, 1, 1};
+  duck_slot_layout sl{};
+  (void)duck_compute_slot_layout(&shape, &sl);
   FfnLayout f;
-  f.gate = fp9Desc(inter, hidden, block);
-  f.up = f.gate;
-  f.down = fp9Desc(hidden, inter, block);
-  f.upOffset = alignUp(fp9ImageBytes(f.gate), 64);
-  f.downOffset = f.upOffset + alignUp(fp9ImageBytes(f.up), 64);
-  f.bytes = f.downOffset + alignUp(fp9ImageBytes(f.down), 64);
+  f.gate = sl.gate;
+  f.up = sl.up;
+  f.down = sl.down;
+  f.upOffset = sl.up_offset;
+  f.downOffset = sl.down_offset;
+  f.bytes = sl.expert_bytes;
   return f;
 }
 

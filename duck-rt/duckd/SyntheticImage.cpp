@@ -1,6 +1,8 @@
 // Synthetic weight images and IBs for tests and benchmarks (SyntheticImage.h).
 #include "SyntheticImage.h"
 
+#include "duck_rt/slot_layout.h"
+
 #include "absl/strings/str_cat.h"
 
 #include <xxhash.h>
@@ -31,27 +33,32 @@ struct Rng {
 struct Layout {
   duck_fp9_desc gate{}, up{}, down{};
   duck_fp9_layout lg{}, lu{}, ld{};
-  uint64_t table_bytes = 0, expert_bytes = 0, total = 0;
+  uint64_t table_bytes = 0, up_offset = 0, down_offset = 0, expert_bytes = 0,
+           total = 0;
   uint32_t experts = 0, held = 0;
 };
 
+/// The slot's layout: the same duck_compute_slot_layout the compiler uses.
 Layout LayoutOf(const SyntheticSpec &spec, const SyntheticSlot &s) {
   Layout l;
-  l.gate = {s.inter, spec.hidden, spec.block, 128, 0};
-  l.up = l.gate;
-  l.down = {spec.hidden, s.inter, spec.block, 128, 0};
-  duck_fp9_compute_layout(&l.gate, &l.lg);
-  duck_fp9_compute_layout(&l.up, &l.lu);
-  duck_fp9_compute_layout(&l.down, &l.ld);
   l.experts = s.kind == DUCK_SLOT_DENSE ? 1 : s.experts;
-  l.held = 0;
   for (uint32_t e = 0; e < l.experts; ++e)
     l.held += (s.present.empty() || s.present[e]) ? 1 : 0;
-  l.table_bytes = AlignUp(sizeof(duck_slot_header) +
-                              uint64_t(l.experts) * sizeof(duck_ffn_desc),
-                          DUCK_FP9_PLANE_ALIGN);
-  l.expert_bytes = l.lg.total_bytes + l.lu.total_bytes + l.ld.total_bytes;
-  l.total = AlignUp(l.table_bytes + l.held * l.expert_bytes, DUCK_IMAGE_ALIGN);
+  const duck_slot_shape shape{spec.hidden, s.inter, spec.block, 128, 0,
+                              l.experts, l.held};
+  duck_slot_layout sl{};
+  (void)duck_compute_slot_layout(&shape, &sl); // shapes checked by the spec
+  l.gate = sl.gate;
+  l.up = sl.up;
+  l.down = sl.down;
+  l.lg = sl.gate_layout;
+  l.lu = sl.up_layout;
+  l.ld = sl.down_layout;
+  l.table_bytes = sl.table_bytes;
+  l.up_offset = sl.up_offset;
+  l.down_offset = sl.down_offset;
+  l.expert_bytes = sl.expert_bytes;
+  l.total = sl.total_bytes;
   return l;
 }
 
@@ -132,8 +139,8 @@ absl::Status BuildSlot(const SyntheticSpec &spec, const SyntheticSlot &s,
     duck_ffn_desc &d = descs[e];
     d.present = 1;
     d.gate = {pos, l.gate, gk, 0};
-    d.up = {pos + l.lg.total_bytes, l.up, gk, 0};
-    d.down = {pos + l.lg.total_bytes + l.lu.total_bytes, l.down, dk, 0};
+    d.up = {pos + l.up_offset, l.up, gk, 0};
+    d.down = {pos + l.down_offset, l.down, dk, 0};
     if (absl::Status st = FillMatrix(l.gate, l.lg, spec.pack, rng,
                                      out + d.gate.offset);
         !st.ok())

@@ -1,5 +1,6 @@
 // Tests of the fp9 packed matrix layout and the packers (duck_rt/fp9_pack.h).
 #include "duck_rt/fp9_pack.h"
+#include "duck_rt/slot_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -291,3 +292,32 @@ TEST(Fp9Pack, ReportsNaNScaleAndSliceErrors) {
 }
 
 } // namespace
+
+// A slot's layout (duck_rt/slot_layout.h, the one the compiler, duckd's
+// synthetic images and the benchmarks share): the expert's matrices back
+// to back, the descriptor table and the slot aligned as the ABI says.
+TEST(SlotLayout, IsItsPartsAligned) {
+  const duck_slot_shape shape{7168, 256, 128, 128, 64, 257, 9};
+  duck_slot_layout l{};
+  ASSERT_EQ(duck_compute_slot_layout(&shape, &l), DUCK_FP9_OK);
+  EXPECT_EQ(l.gate.rows, 256u);
+  EXPECT_EQ(l.gate.k, 7168u);
+  EXPECT_EQ(l.gate.row_phase, 64u);
+  EXPECT_EQ(l.down.rows, 7168u);
+  EXPECT_EQ(l.down.k, 256u);
+  EXPECT_EQ(l.down.row_phase, 0u);
+  duck_fp9_layout g{}, d{};
+  ASSERT_EQ(duck_fp9_compute_layout(&l.gate, &g), DUCK_FP9_OK);
+  ASSERT_EQ(duck_fp9_compute_layout(&l.down, &d), DUCK_FP9_OK);
+  EXPECT_EQ(l.up_offset, g.total_bytes);
+  EXPECT_EQ(l.down_offset, 2 * g.total_bytes);
+  EXPECT_EQ(l.expert_bytes, 2 * g.total_bytes + d.total_bytes);
+  const uint64_t table = sizeof(duck_slot_header) + 257 * sizeof(duck_ffn_desc);
+  EXPECT_EQ(l.table_bytes, (table + 63) / 64 * 64);
+  EXPECT_EQ(l.total_bytes % DUCK_IMAGE_ALIGN, 0u);
+  EXPECT_GE(l.total_bytes, l.table_bytes + 9 * l.expert_bytes);
+  EXPECT_LT(l.total_bytes, l.table_bytes + 9 * l.expert_bytes + DUCK_IMAGE_ALIGN);
+  EXPECT_EQ(duck_slot_expert_offset(&l, 2), l.table_bytes + 2 * l.expert_bytes);
+  const duck_slot_shape bad{7168, 256, 100, 128, 0, 1, 1}; // no such block
+  EXPECT_NE(duck_compute_slot_layout(&bad, &l), DUCK_FP9_OK);
+}

@@ -1,6 +1,7 @@
 //===- Layout.cpp - weight-buffer layout and cluster statistics -----------===//
 #include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck_rt/kernel_select.h"
+#include "duck_rt/slot_layout.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -25,39 +26,41 @@ FfnShape mlir::duck::ffnShapeOf(Fp9FfnOp shard) {
           (int64_t)moe.getInter(), moe.getTotalExperts(), true};
 }
 
-ShardDescs mlir::duck::shardDescs(Fp9FfnOp shard, int64_t scaleRows) {
+/// The shard's slot in duck-rt's terms (duck_rt/slot_layout.h).
+static duck_slot_shape slotShapeOf(Fp9FfnOp shard, int64_t scaleRows) {
   FfnShape s = ffnShapeOf(shard);
-  uint32_t local = (uint32_t)shard.getLocalInter();
-  uint32_t block = (uint32_t)shard.getBlock();
-  uint32_t sr = (uint32_t)scaleRows;
-  duck_fp9_desc gate{local, (uint32_t)s.hidden, block, sr,
-                     (uint32_t)(shard.getInterBegin() % scaleRows)};
-  duck_fp9_desc down{(uint32_t)s.hidden, local, block, sr, 0};
+  return duck_slot_shape{(uint32_t)s.hidden,
+                         (uint32_t)shard.getLocalInter(),
+                         (uint32_t)shard.getBlock(),
+                         (uint32_t)scaleRows,
+                         (uint32_t)(shard.getInterBegin() % scaleRows),
+                         (uint32_t)s.experts,
+                         (uint32_t)shard.getLocalExperts()};
+}
+
+ShardDescs mlir::duck::shardDescs(Fp9FfnOp shard, int64_t scaleRows) {
+  const duck_slot_shape sh = slotShapeOf(shard, scaleRows);
+  duck_fp9_desc gate{sh.local_inter, sh.hidden, sh.block, sh.scale_rows,
+                     sh.row_phase};
+  duck_fp9_desc down{sh.hidden, sh.local_inter, sh.block, sh.scale_rows, 0};
   return {gate, gate, down};
 }
 
 FailureOr<SlotLayout> mlir::duck::slotLayout(Fp9FfnOp shard,
                                              int64_t scaleRows) {
-  FfnShape s = ffnShapeOf(shard);
-  ShardDescs d = shardDescs(shard, scaleRows);
-  duck_fp9_layout g, u, dn;
-  if (duck_fp9_compute_layout(&d.gate, &g) != DUCK_FP9_OK ||
-      duck_fp9_compute_layout(&d.up, &u) != DUCK_FP9_OK ||
-      duck_fp9_compute_layout(&d.down, &dn) != DUCK_FP9_OK) {
+  const duck_slot_shape sh = slotShapeOf(shard, scaleRows);
+  duck_slot_layout sl;
+  if (duck_compute_slot_layout(&sh, &sl) != DUCK_FP9_OK) {
     shard.emitOpError("has no valid fp9 layout (block/shape mismatch)");
     return failure();
   }
   SlotLayout l;
-  l.tableBytes = llvm::alignTo(sizeof(duck_slot_header) +
-                                   (uint64_t)s.experts * sizeof(duck_ffn_desc),
-                               DUCK_FP9_PLANE_ALIGN);
+  l.tableBytes = sl.table_bytes;
   l.gateOffset = 0;
-  l.upOffset = g.total_bytes;
-  l.downOffset = g.total_bytes + u.total_bytes;
-  l.expertBytes = g.total_bytes + u.total_bytes + dn.total_bytes;
-  l.totalBytes = llvm::alignTo(
-      l.tableBytes + (uint64_t)shard.getLocalExperts() * l.expertBytes,
-      DUCK_IMAGE_ALIGN);
+  l.upOffset = sl.up_offset;
+  l.downOffset = sl.down_offset;
+  l.expertBytes = sl.expert_bytes;
+  l.totalBytes = sl.total_bytes;
   return l;
 }
 

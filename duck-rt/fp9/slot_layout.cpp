@@ -1,0 +1,31 @@
+// A weight-image slot's byte layout (duck_rt/slot_layout.h).
+#include "duck_rt/slot_layout.h"
+
+namespace {
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+} // namespace
+
+extern "C" duck_fp9_status
+duck_compute_slot_layout(const duck_slot_shape *s, duck_slot_layout *out) {
+  duck_slot_layout l = {};
+  l.gate = duck_fp9_desc{s->local_inter, s->hidden, s->block, s->scale_rows,
+                         s->row_phase};
+  l.up = l.gate;
+  l.down = duck_fp9_desc{s->hidden, s->local_inter, s->block, s->scale_rows,
+                         0};
+  duck_fp9_status st;
+  if ((st = duck_fp9_compute_layout(&l.gate, &l.gate_layout)) != DUCK_FP9_OK ||
+      (st = duck_fp9_compute_layout(&l.up, &l.up_layout)) != DUCK_FP9_OK ||
+      (st = duck_fp9_compute_layout(&l.down, &l.down_layout)) != DUCK_FP9_OK)
+    return st;
+  l.table_bytes = alignUp(sizeof(duck_slot_header) +
+                              (uint64_t)s->n_experts * sizeof(duck_ffn_desc),
+                          DUCK_FP9_PLANE_ALIGN);
+  l.up_offset = l.gate_layout.total_bytes;
+  l.down_offset = l.up_offset + l.up_layout.total_bytes;
+  l.expert_bytes = l.down_offset + l.down_layout.total_bytes;
+  l.total_bytes = alignUp(l.table_bytes + (uint64_t)s->held * l.expert_bytes,
+                          DUCK_IMAGE_ALIGN);
+  *out = l;
+  return DUCK_FP9_OK;
+}
