@@ -433,28 +433,8 @@ absl::Status WaitFd(int fd, short events, absl::Time deadline) {
 } // namespace
 
 absl::Status ReadFull(int fd, void *data, size_t bytes, absl::Time deadline) {
-  auto *p = static_cast<uint8_t *>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t n = ::recv(fd, p + done, bytes - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0)
-      return absl::UnavailableError(
-          absl::StrCat("connection closed by peer after ", done, " of ",
-                       bytes, " bytes"));
-    if (errno == EINTR)
-      continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return absl::UnavailableError(
-          absl::StrCat("recv: ", std::strerror(errno)));
-    if (absl::Status s = WaitFd(fd, POLLIN, deadline); !s.ok())
-      return absl::DeadlineExceededError(absl::StrCat(
-          "read timed out after ", done, " of ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  const MutablePart part{data, bytes};
+  return ReadFullV(fd, {&part, 1}, deadline);
 }
 
 absl::Status ReadFullV(int fd, absl::Span<const MutablePart> parts,

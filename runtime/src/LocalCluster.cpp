@@ -40,6 +40,17 @@ std::string DefaultElfPath() {
   return ExecutableDir() + "/../lib/duck.elf";
 }
 
+absl::StatusOr<std::vector<uint8_t>> ReadDuckElf(const std::string &path) {
+  const std::string p = path.empty() ? DefaultElfPath() : path;
+  std::ifstream in(p, std::ios::binary);
+  std::vector<uint8_t> elf((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+  if (elf.empty())
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the duck ELF '", p, "' (set DUCK_ELF)"));
+  return elf;
+}
+
 namespace {
 
 std::string FindDuckd(const std::string &given) {

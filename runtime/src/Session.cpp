@@ -513,12 +513,7 @@ absl::Status Session::Start(std::ostream &log) {
     log << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
                            absl::StrJoin(what, ", "), prep->seconds);
   }
-  const std::string elfPath = DefaultElfPath();
-  auto elf = readFile(elfPath);
-  if (!elf.ok())
-    return absl::NotFoundError(absl::StrCat("cannot read the duck ELF '",
-                                            elfPath, "' (set DUCK_ELF)"));
-  elf_ = std::move(*elf);
+  DUCK_ASSIGN_OR_RETURN(elf_, ReadDuckElf());
   if (absl::Status st = client_->Open(elf_); !st.ok())
     return st;
 

@@ -571,13 +571,12 @@ Error runMeasureCluster() {
   mo.one_at_a_time = !measureAllAtOnce;
   mo.busy_us = measureBusyUs;
   // With the duck ELF at hand, empty steps time the real dispatch path.
-  const std::string elfPath = duck::runtime::DefaultElfPath();
-  if (auto elf = MemoryBuffer::getFile(elfPath, /*IsText=*/false))
-    mo.elf.assign((*elf)->getBufferStart(), (*elf)->getBufferEnd());
+  if (auto elf = duck::runtime::ReadDuckElf(); elf.ok())
+    mo.elf = std::move(*elf);
   else
-    errs() << "duckc: no duck ELF at '" << elfPath
-           << "' (set DUCK_ELF): step_overhead_us is the round trip of a "
-              "ping, without the hand-off to the duck's worker\n";
+    errs() << "duckc: " << std::string(elf.status().message())
+           << ": step_overhead_us is the round trip of a ping, without the "
+              "hand-off to the duck's worker\n";
   errs() << formatv("duckc: measuring {0} duck(s){1}\n", ducks->size(),
                     mo.one_at_a_time ? ", one after another" : ", all at once");
   auto rates = (*client)->Measure(mo);

@@ -152,15 +152,13 @@ int duckBenchCache(int argc, char **argv) {
       return 2;
     }
   }
-  if (o.elf.empty())
-    o.elf = duck::runtime::DefaultElfPath();
-  std::ifstream ef(o.elf, std::ios::binary);
-  const std::vector<uint8_t> elf((std::istreambuf_iterator<char>(ef)),
-                                 std::istreambuf_iterator<char>());
-  if (elf.empty()) {
-    std::fprintf(stderr, "duck-bench cache: cannot read %s\n", o.elf.c_str());
+  auto elfRead = duck::runtime::ReadDuckElf(o.elf);
+  if (!elfRead.ok()) {
+    std::fprintf(stderr, "duck-bench cache: %s (or --elf)\n",
+                 std::string(elfRead.status().message()).c_str());
     return 1;
   }
+  const std::vector<uint8_t> elf = std::move(*elfRead);
 
   // The weight set: MoE slots of about 64 MiB (hidden 4096, inter 256).
   duck::duckd::SyntheticSpec spec;

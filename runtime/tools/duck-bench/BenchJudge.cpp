@@ -195,18 +195,13 @@ int duckBenchJudge(int argc, char **argv) {
     PrintUsage();
     return 2;
   }
-  if (o.elf.empty())
-    o.elf = duck::runtime::DefaultElfPath();
-  std::ifstream ef(o.elf, std::ios::binary);
-  const std::vector<uint8_t> elf((std::istreambuf_iterator<char>(ef)),
-                                 std::istreambuf_iterator<char>());
-  if (elf.empty()) {
-    std::fprintf(stderr,
-                 "duck-bench judge: cannot read the duck ELF %s "
-                 "(--elf or $DUCK_ELF)\n",
-                 o.elf.c_str());
+  auto elfRead = duck::runtime::ReadDuckElf(o.elf);
+  if (!elfRead.ok()) {
+    std::fprintf(stderr, "duck-bench judge: %s (or --elf)\n",
+                 std::string(elfRead.status().message()).c_str());
     return 1;
   }
+  const std::vector<uint8_t> elf = std::move(*elfRead);
   const MachineInfo machine = detectMachine();
 
   // Raw floor first, per size.

@@ -87,6 +87,9 @@ std::string ExecutableDir();
 /// The duck ELF a host tool loads: $DUCK_ELF, else ../lib/duck.elf next to
 /// the executable (the build tree's layout).
 std::string DefaultElfPath();
+/// The bytes of the duck ELF at `path` (DefaultElfPath() when empty); an
+/// empty or unreadable file is NotFound, naming the path and DUCK_ELF.
+absl::StatusOr<std::vector<uint8_t>> ReadDuckElf(const std::string &path = "");
 
 /// Connects, says hello and disconnects: OK when duckd answers.
 absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
