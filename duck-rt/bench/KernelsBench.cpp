@@ -277,6 +277,7 @@ const ModelCase kModels[] = {
     {"Qwen3-30B-A3B tp24", 2048, 32, 32, 128, false, false},
     {"Qwen3-235B-A22B tp12", 4096, 128, 128, 128, false, true},
     {"Qwen3-235B-A22B tp24", 4096, 64, 64, 128, false, false},
+    {"Qwen3-0.6B dense", 1024, 3072, 128, 0, false, true},
 };
 
 const ModelCase kQuickModels[] = {
@@ -681,6 +682,8 @@ void KernelsBench::runTarget() {
 
 void KernelsBench::runMoe() {
   for (const ModelCase &m : models_) {
+    if (m.experts == 0) // a dense model
+      continue;
     const FfnLayout ffn = ffnLayout(m.hidden, m.inter, m.block);
     const std::string kernel =
         std::string(kernelName(duck_select_kernel(m.hidden, m.block))) + "+" +

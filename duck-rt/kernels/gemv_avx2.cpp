@@ -311,75 +311,135 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
     y[(uint64_t)t * y_ld] = reduceRow(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
 }
 
-/// One pass of gemmRowsGroups over chunks [c0, c1) of a row: group Q
-/// (lane j = weight 32c + 4j + Q) against T tokens; acc[t] is token t's
-/// accumulator for that group, carried in memory from the previous
-/// segment (canonical order: c ascending).
-template <int Q, int T>
-inline void gemmGroupSegment(const uint8_t *mag, const uint32_t *sign,
-                             const float *xs, uint32_t k, uint32_t c0,
-                             uint32_t c1, __m256 *accMem) {
+/// Columns [c0, c1) of rows [i, i + R) decoded into `panel` (R x (c1 - c0)
+/// floats, row r at r * (c1 - c0)): each 32-chunk in the shift path's
+/// permuted order (position 8q + j holds weight 4j + q), as fp32 bits with
+/// the weight's sign applied: exactly the operand gemmRow and duck_gemv
+/// multiply.
+template <int R>
+inline void decodePanel(const uint8_t *mag, const uint32_t *sign, uint32_t k,
+                        uint32_t c0, uint32_t c1, float *panel) {
   const __m256 negZero = _mm256_set1_ps(-0.0f);
-  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
-  // Sign bit 4j + Q of the word to bit 31 of lane j.
-  const __m256i sgn = _mm256_setr_epi32(31 - Q, 27 - Q, 23 - Q, 19 - Q,
-                                        15 - Q, 11 - Q, 7 - Q, 3 - Q);
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t)
-    acc[t] = accMem[t];
-  for (uint32_t c = c0; c < c1; c += 32) {
-    if (Q == 0) // the first pass streams the row; the others find it in L1
-      _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
-    const __m256i bits = Q == 3 ? _mm256_srli_epi32(v, 4)
-                                : _mm256_slli_epi32(v, 20 - 8 * Q);
-    __m256 w = _mm256_castsi256_ps(_mm256_and_si256(bits, mask));
-    const __m256i s = _mm256_sllv_epi32(_mm256_set1_epi32((int)sign[c / 32]), sgn);
-    w = _mm256_xor_ps(w, _mm256_and_ps(_mm256_castsi256_ps(s), negZero));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(
-          w, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * Q), acc[t]);
-  }
-  for (int t = 0; t < T; ++t)
-    accMem[t] = acc[t];
-}
-
-/// Rows [i0, i1) (at most kGroupRows) against T tokens (4 to 8): each
-/// weight is decoded one accumulator group at a time (four passes over a
-/// row segment, the first from memory, the rest from L1; about 5 ALU ops
-/// a group for T FMAs, where gemmRow decodes all four groups for at most
-/// 3 tokens, since the four accumulators a token needs fill the
-/// registers). K goes in segments whose T pre-scaled inputs fit L1, every
-/// row of the block taking a segment before the next. Each accumulator
-/// sees the same operations in the same order as in gemmRow and duck_gemv,
-/// so every token's result has the same bits.
-constexpr uint32_t kGroupRows = 8;
-constexpr uint32_t kGroupSegment = 1024; // K a segment: 8 tokens x 4 KiB
-
-template <int T>
-void gemmRowsGroups(const uint8_t *mag, const uint32_t *sign, uint32_t i0,
-                    uint32_t i1, const float *xs, uint32_t k, float *y,
-                    uint32_t y_ld) {
-  __m256 acc[kGroupRows][4][T];
-  for (uint32_t i = 0; i < i1 - i0; ++i)
-    for (int q = 0; q < 4; ++q)
-      for (int t = 0; t < T; ++t)
-        acc[i][q][t] = _mm256_setzero_ps();
-  for (uint32_t c0 = 0; c0 < k; c0 += kGroupSegment) {
-    const uint32_t c1 = k - c0 < kGroupSegment ? k : c0 + kGroupSegment;
-    for (uint32_t i = i0; i < i1; ++i) {
-      const uint8_t *m = mag + (uint64_t)i * k;
-      const uint32_t *s = sign + (uint64_t)i * (k / 32);
-      gemmGroupSegment<0, T>(m, s, xs, k, c0, c1, acc[i - i0][0]);
-      gemmGroupSegment<1, T>(m, s, xs, k, c0, c1, acc[i - i0][1]);
-      gemmGroupSegment<2, T>(m, s, xs, k, c0, c1, acc[i - i0][2]);
-      gemmGroupSegment<3, T>(m, s, xs, k, c0, c1, acc[i - i0][3]);
+  for (int r = 0; r < R; ++r) {
+    const uint8_t *m = mag + (uint64_t)r * k;
+    const uint32_t *s = sign + (uint64_t)r * (k / 32);
+    float *p = panel + (uint64_t)r * (c1 - c0) - c0;
+    for (uint32_t c = c0; c < c1; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
+      const Chunk32 d = decodeChunk(m + c, s[c / 32]);
+      for (int q = 0; q < 4; ++q)
+        _mm256_store_ps(p + c + 8 * q,
+                        _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero)));
     }
   }
-  for (uint32_t i = 0; i < i1 - i0; ++i)
+}
+
+/// One accumulator group q of R decoded rows (a panel of `len` columns,
+/// rows len apart) against T tokens (inputs k apart): acc[r][t] takes, for
+/// every 32-chunk in order, the FMA duck_gemv's accumulator q of row r
+/// takes for token t. One group at a time, a chunk's R weights and T inputs
+/// (7 loads for 3 x 4) feed 12 FMAs, and the 12 accumulators, 3 weights and
+/// one input fill the 16 registers: the FMA ports, not the loads, set the
+/// pace (all four groups at once fit only 3 row-token pairs, 16 loads for
+/// 12 FMAs).
+template <int R, int T>
+inline void panelGroup(const float *panel, uint32_t len, const float *x,
+                       uint32_t k, __m256 (&acc)[R][T]) {
+  const float *p = panel, *end = panel + len, *xp = x;
+  for (; p < end; p += 32, xp += 32) {
+    __m256 w[R];
+    for (int r = 0; r < R; ++r)
+      w[r] = _mm256_load_ps(p + (uint64_t)r * len);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_load_ps(xp + (uint64_t)t * k);
+      for (int r = 0; r < R; ++r)
+        acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+    }
+  }
+}
+
+/// Token t's results for R rows: y[0..R) from each row's four group sums.
+template <int R>
+inline void storeRows(const __m256 (&g)[4][R], float *yt) {
+  __m256 v[R];
+  for (int r = 0; r < R; ++r)
+    v[r] = _mm256_add_ps(_mm256_add_ps(g[0][r], g[1][r]),
+                         _mm256_add_ps(g[2][r], g[3][r]));
+  if constexpr (R == 3) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, reduceFourRows(v[0], v[1], v[2], v[2]));
+    yt[0] = o[0];
+    yt[1] = o[1];
+    yt[2] = o[2];
+  } else if constexpr (R == 2) {
+    reduceTwoRows(v[0], v[1], yt);
+  } else {
+    yt[0] = _mm_cvtss_f32(reduceFourRows(v[0], v[0], v[0], v[0]));
+  }
+}
+
+/// K a panel segment: 3 rows of it (12 KiB) and 4 tokens' inputs (16 KiB)
+/// stay in L1 through the four group passes.
+constexpr uint32_t kPanelSegment = 1024;
+
+/// One segment [c0, c1) of R panel rows against tokens [t0, t0 + T): the
+/// four group passes, each continuing its accumulators from `mem` (unless
+/// `first`), then either the results (`last`) or the accumulators back.
+template <int R, int T>
+void panelTokens(const float *panel, uint32_t len, const float *xs, uint32_t k,
+                 uint32_t c0, bool first, bool last, __m256 *mem, float *y,
+                 uint32_t y_ld) {
+  __m256 sums[T][4][R];
+  for (int q = 0; q < 4; ++q) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = first ? _mm256_setzero_ps() : mem[(t * 4 + q) * R + r];
+    panelGroup<R, T>(panel + 8 * q, len, xs + c0 + 8 * q, k, acc);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        if (last)
+          sums[t][q][r] = acc[r][t];
+        else
+          mem[(t * 4 + q) * R + r] = acc[r][t];
+      }
+  }
+  if (last)
     for (int t = 0; t < T; ++t)
-      y[(uint64_t)t * y_ld + i] =
-          reduceRow(acc[i][0][t], acc[i][1][t], acc[i][2][t], acc[i][3][t]);
+      storeRows<R>(sums[t], y + (uint64_t)t * y_ld);
+}
+
+template <int R>
+void panelTokensAny(uint32_t T, const float *panel, uint32_t len,
+                    const float *xs, uint32_t k, uint32_t c0, bool first,
+                    bool last, __m256 *mem, float *y, uint32_t y_ld) {
+  switch (T) {
+  case 4: return panelTokens<R, 4>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  case 3: return panelTokens<R, 3>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  case 2: return panelTokens<R, 2>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  default: return panelTokens<R, 1>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  }
+}
+
+/// Rows [i, i + R) of one scale tile against all n tokens: each segment of
+/// the rows is decoded once into the panel (L1), then the tokens' pre-scaled
+/// inputs (xs, k apart) pass it four at a time. Each weight is read from
+/// memory once a step and decoded once for all n tokens. With K beyond one
+/// segment, the accumulators wait in `accMem` (n x 4 x R vectors) between
+/// segments: stored and reloaded exactly, the FMA chains are unchanged.
+template <int R>
+void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
+                   uint32_t k, uint32_t n, float *panel, __m256 *accMem,
+                   float *y, uint32_t y_ld) {
+  for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
+    const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
+    decodePanel<R>(mag, sign, k, c0, c1, panel);
+    for (uint32_t t = 0; t < n; t += 4)
+      panelTokensAny<R>(n - t < 4 ? n - t : 4, panel, c1 - c0,
+                        xs + (uint64_t)t * k, k, c0, c0 == 0, c1 == k,
+                        accMem + (uint64_t)t * 4 * R, y + (uint64_t)t * y_ld,
+                        y_ld);
+  }
 }
 
 inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
@@ -449,78 +509,93 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
   }
 }
 
-/// Token chunk of one GEMM pass: the pre-scaled inputs of a chunk (8 x K
-/// floats) stay in L1/L2 while every row of the weight tile streams past
-/// (16 tokens a chunk measured ~10% slower a token: their inputs spill
-/// L1 once K is 1024).
-constexpr uint32_t kGemmTokenChunk = DUCK_GEMM_TOKEN_CHUNK;
-static_assert(kGemmTokenChunk <= 8, "gemmChunk's tiles go up to 8 tokens");
-
-static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs);
+static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs);
 
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs) {
-  for (uint32_t t = 0; t < n_tokens; t += kGemmTokenChunk) {
-    uint32_t n = n_tokens - t < kGemmTokenChunk ? n_tokens - t : kGemmTokenChunk;
-    gemmChunk(m, x + (uint64_t)t * x_ld, x_ld, n, y + (uint64_t)t * y_ld, y_ld,
-              row_begin, row_end, xs);
+  if (n_tokens >= DUCK_GEMM_PANEL_MIN)
+    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+  else if (n_tokens > 0)
+    gemmFew(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+}
+
+/// Pre-scales every token's input for one scale tile in the shift path's
+/// permuted order (no negated copy: the GEMM flips the weight's sign, which
+/// gives the same product bits as flipping x).
+static void prescaleTokens(const duck_fp9_matrix *m, const float *scale,
+                           const float *x, uint32_t x_ld, uint32_t n,
+                           float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  for (uint32_t t = 0; t < n; ++t) {
+    const float *xt = x + (uint64_t)t * x_ld;
+    float *st = xs + (uint64_t)t * k;
+    for (uint32_t b = 0; b < bpr; ++b) {
+      const __m256 sf = _mm256_set1_ps(scale[b] * kShiftXFactor);
+      for (uint32_t c = b * m->block; c < (b + 1) * m->block; c += 32)
+        prescaleChunk32(xt + c, sf, st + c);
+    }
   }
 }
 
-static void gemmChunk(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
-                      uint32_t n_tokens, float *y, uint32_t y_ld,
-                      uint32_t row_begin, uint32_t row_end, float *xs) {
+/// Fewer tokens than a panel pays for: each row decoded in registers for
+/// all of them at once (gemmRow's tiles of 1 to 3 tokens).
+static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
   uint32_t r = row_begin;
   while (r < row_end) {
     uint32_t end = tileEnd(m, r);
     if (end > row_end)
       end = row_end;
-    uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    const float *scale = m->scale + (uint64_t)tile * bpr;
-    // Pre-scale every token in the shift path's permuted order (no negated
-    // copy: GEMM flips the weight's sign, which gives the same product bits
-    // as flipping x, so results equal duck_gemv's).
-    for (uint32_t t = 0; t < n_tokens; ++t) {
-      const float *xt = x + (uint64_t)t * x_ld;
-      float *st = xs + (uint64_t)t * k;
-      for (uint32_t b = 0; b < bpr; ++b) {
-        const __m256 sf = _mm256_set1_ps(scale[b] * kShiftXFactor);
-        for (uint32_t c = b * m->block; c < (b + 1) * m->block; c += 32)
-          prescaleChunk32(xt + c, sf, st + c);
-      }
-    }
-    // Four or more tokens: blocks of rows, one tile of all the tokens.
-    if (n_tokens >= 4) {
-      for (uint32_t i0 = r; i0 < end; i0 += kGroupRows) {
-        const uint32_t i1 = end - i0 < kGroupRows ? end : i0 + kGroupRows;
-        float *yi = y + (i0 - row_begin);
-        switch (n_tokens) {
-        case 4: gemmRowsGroups<4>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
-        case 5: gemmRowsGroups<5>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
-        case 6: gemmRowsGroups<6>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
-        case 7: gemmRowsGroups<7>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
-        default: gemmRowsGroups<8>(m->mag, m->sign, i0, i1, xs, k, yi, y_ld); break;
-        }
-      }
-      r = end;
-      continue;
-    }
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
-      // Fewer: one tile with all four groups decoded at once (at most 12
-      // accumulators, what the register file holds beside the decode).
       switch (n_tokens) {
       case 3: gemmRow<3>(mag, sign, xs, k, yi, y_ld); break;
       case 2: gemmRow<2>(mag, sign, xs, k, yi, y_ld); break;
       default: gemmRow<1>(mag, sign, xs, k, yi, y_ld); break;
       }
     }
+    r = end;
+  }
+}
+
+static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                      uint32_t n_tokens, float *y, uint32_t y_ld,
+                      uint32_t row_begin, uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  // The second half of xs: the panel (3 rows of a segment) and, when K
+  // takes more than one segment, the tokens' accumulators between
+  // segments; both fit n_tokens * k floats for n_tokens >= 4.
+  float *panel = xs + (uint64_t)n_tokens * k;
+  __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * kPanelSegment);
+  uint32_t r = row_begin;
+  while (r < row_end) {
+    uint32_t end = tileEnd(m, r);
+    if (end > row_end)
+      end = row_end;
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
+    uint32_t i = r;
+    for (; i + 3 <= end; i += 3)
+      gemmPanelRows<3>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
+                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
+    if (end - i == 2)
+      gemmPanelRows<2>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
+                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
+    else if (end - i == 1)
+      gemmPanelRows<1>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
+                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
     r = end;
   }
 }

@@ -323,9 +323,13 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
         MatVec(pool, w, x + t * w.cols, y + t * w.rows);
       return;
     }
-    // The duck GEMM: tiles of tokens share one weight decode, and every
-    // token's result is bit-identical to the GEMV (prefill == decode).
-    const bool avx512 = HostHasAvx512();
+    // The duck GEMM: every token's result is bit-identical to the GEMV
+    // (prefill == decode). From DUCK_GEMM_PANEL_MIN tokens on it is bound by
+    // FMAs, not by the decode, and this is the AVX2 kernel even where
+    // AVX-512 is there: it decodes once into a panel, and two 256-bit FMA
+    // ports outrun the one 512-bit port of such hosts (50 against 40
+    // GMAC/s a core measured here).
+    const bool avx512 = HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN;
     pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
       if (avx512)
         Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
@@ -334,7 +338,7 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
       else
         duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
                   (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
-                  KernelScratch(n * w.cols));
+                  KernelScratch(2 * n * w.cols));
     });
     return;
   }

@@ -113,6 +113,8 @@ const Shape kShapes[] = {
     {300, 64, 32, 0},    // K == 64 with 32-blocks: general32
     {70, 32, 32, 60},    // exact32 (Qwen3-30B-A3B down at tp24), odd rows
     {3, 2048, 128, 0},
+    {7, 1056, 32, 3},    // K a GEMM panel segment and one chunk more
+    {7, 1056, 32, 3},    // K a GEMM panel segment and one chunk more
 };
 
 TEST(Kernels, SelectionRule) {
@@ -185,7 +187,7 @@ TEST(Kernels, GemmEqualsGemvPerToken) {
     TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
     for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
       auto x = randomVector(tokens * s.k, rng);
-      Aligned<float> xs(tokens * s.k);
+      Aligned<float> xs(2 * tokens * s.k);
       std::vector<float> y(tokens * s.rows);
       duck_gemm(&m.view, x.data(), s.k, tokens, y.data(), s.rows, 0, s.rows,
                 xs.get());

@@ -48,20 +48,18 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
                duck_decode_path path);
 
 /// Batched GEMM for prefill: y[t][r - row_begin] (row stride y_ld) for
-/// tokens t < n_tokens with inputs x[t][k] (row stride x_ld), in chunks of
-/// DUCK_GEMM_TOKEN_CHUNK tokens (their pre-scaled inputs stay in L1/L2).
-/// Every chunk is one tile: each weight is decoded once for all its tokens
-/// (one accumulator group at a time from 4 tokens on; all four groups at
-/// once below, at most DUCK_N_TILE tokens). Each token's result is
-/// bit-identical to duck_gemv on that token alone. `xs` holds n_tokens *
-/// m->k floats (32-byte aligned).
-enum { DUCK_N_TILE = 3, DUCK_GEMM_TOKEN_CHUNK = 8 };
+/// tokens t < n_tokens with inputs x[t][k] (row stride x_ld). From
+/// DUCK_GEMM_PANEL_MIN tokens on, every weight is read and decoded once for
+/// all the tokens: rows are decoded three at a time into a panel in L1 (K
+/// in segments of 1024) and every token's pre-scaled input streams past
+/// them; below it, each row is decoded in registers for its 1 to 3 tokens.
+/// Each token's result is bit-identical to duck_gemv on that token alone.
+/// `xs` holds 2 * n_tokens * m->k floats (32-byte aligned): the pre-scaled
+/// inputs, then the panel and the accumulators between K segments.
+enum { DUCK_N_TILE = 3, DUCK_GEMM_PANEL_MIN = 4 };
 
-/// Weight decodes a row of duck_gemm makes for n tokens (its tiles: one a
-/// chunk).
-static inline uint32_t duck_gemm_tiles(uint32_t n) {
-  return (n + DUCK_GEMM_TOKEN_CHUNK - 1) / DUCK_GEMM_TOKEN_CHUNK;
-}
+/// Weight decodes a row of duck_gemm makes for n tokens (one for any n).
+static inline uint32_t duck_gemm_tiles(uint32_t n) { return n ? 1 : 0; }
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs);
