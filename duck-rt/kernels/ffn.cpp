@@ -286,10 +286,13 @@ void duck_moe_prefill(const duck_smp_ctx *smp, uint32_t core,
   }
   duck_smp_sync(smp);
 
-  if (core == 0) {
+  {
     // Each token adds its experts' outputs in ascending expert order (the
-    // order MoE decode uses), so prefill matches decode bit for bit.
-    for (uint32_t t = 0; t < n_tokens; ++t) {
+    // order MoE decode uses), so prefill matches decode bit for bit; the
+    // tokens are split over the cores.
+    uint32_t tb, te;
+    duck_smp_split(n_tokens, smp->cores, core, &tb, &te);
+    for (uint32_t t = tb; t < te; ++t) {
       const duck_expert_slot *ts = slots + (uint64_t)t * top_k;
       uint32_t order[64];
       uint32_t n = top_k < 64 ? top_k : 64;
