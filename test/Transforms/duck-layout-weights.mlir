@@ -13,7 +13,7 @@
 // RUN: duck-opt %t/two-layers.mlir --duck-partition="tp=2 multiple-of=64" --duck-select-kernels --duck-assign-modes --duck-layout-weights | FileCheck %t/two-layers.mlir
 // RUN: duck-opt %t/uneven.mlir --duck-partition="tp=3 multiple-of=64" --duck-select-kernels --duck-assign-modes --duck-layout-weights | FileCheck %t/uneven.mlir
 // RUN: duck-opt %t/experts.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts" --duck-select-kernels --duck-assign-modes --duck-layout-weights | FileCheck %t/experts.mlir
-// RUN: duck-opt %t/unpartitioned.mlir --duck-layout-weights | FileCheck %t/unpartitioned.mlir
+// RUN: not duck-opt %t/unpartitioned.mlir --duck-layout-weights 2>&1 | FileCheck %t/unpartitioned.mlir
 //
 // The model key: stable for the same input, different per rank, and changed
 // by tp, by the block and by the model id.
@@ -44,7 +44,7 @@
 //   gate, up, down [64, 64]: 4096 + 512 (at 4096) + 4 (at 4608) -> 4672
 //   slot: 1088 (32 + 8*128 = 1056, aligned to 64) + 8*3*4672 = 113216 -> 114688
 // Image: 8192 + 28672 + 114688 = 151552 bytes a duck.
-// CHECK:       module attributes {duck.image_bytes = [151552, 151552], duck.model_key = ["{{[0-9a-f]{32}"}}, "{{[0-9a-f]{32}"}}], duck.slot_count = [2, 2]}
+// CHECK:       module attributes {duck.image_bytes = [151552, 151552], duck.model_key = ["{{[0-9a-f]{32}"}}, "{{[0-9a-f]{32}"}}], duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate, tp_max = 2>, duck.slot_count = [2, 2]}
 // CHECK-LABEL: duck.model @two_layers
 // CHECK:         duck.mlp
 // CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, bytes = 28672 : i64, {{.*}}offset = 8192 : i64, {{.*}}rank = 0 : i64, slot = 0 : i64,
@@ -107,10 +107,8 @@ duck.model @experts attributes {family = "qwen3_moe", config = {}} {
 }
 
 //--- unpartitioned.mlir
-// Nothing on the ducks: no images, the IR is otherwise unchanged.
-// CHECK:       module attributes {duck.image_bytes = [], duck.model_key = [], duck.slot_count = []}
-// CHECK-LABEL: duck.model @host_only
-// CHECK-NOT:     duck.fp9_ffn
+// Layout reads tp from the partition: without one it says what to run.
+// CHECK: error: duck-layout-weights needs a partitioned module (a duck.partition = #duck.partition<...> attribute): run duck-partition first
 duck.model @host_only attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):
   %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 64 : i64,
@@ -159,6 +157,7 @@ duck.model @no_kernels attributes {family = "qwen3", config = {}} {
 
 //--- no-modes.mlir
 // Layout needs the modes too: kernels alone are not enough.
+module attributes {duck.partition = #duck.partition<tp = 1, multiple_of = 64, strategy = intermediate, tp_max = 1>} {
 duck.model @no_modes attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):
   %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 64 : i64,
@@ -171,4 +170,5 @@ duck.model @no_modes attributes {family = "qwen3", config = {}} {
                   down_kernel = #duck.kernel<exact64, "K == 64 == block: one block a row">}
   }
   duck.return %m : tensor<?x64xf32>
+}
 }

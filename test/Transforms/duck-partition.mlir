@@ -125,6 +125,8 @@ duck.model @auto_64 attributes {family = "qwen3", config = {}} {
 
 // multiple-of=auto picks one block for the whole model: the 192-neuron
 // layer rules out 128, so the 256-neuron layer gets 64 too.
+// The module's partition records the block and the smallest tp_max.
+// CHECK:       module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate, tp_max = 3>}
 // CHECK-LABEL: duck.model @auto_common
 // CHECK:         duck.mlp {{.*}}inter = 256 : i64, layer = 0 : i64, multiple_of = 64 : i64, {{.*}}tp_max = 4 : i64
 // CHECK:         duck.mlp {{.*}}inter = 192 : i64, layer = 1 : i64, multiple_of = 64 : i64, {{.*}}tp_max = 3 : i64
@@ -178,7 +180,9 @@ duck.model @moe_tp attributes {family = "deepseek_v3", config = {}} {
 //--- moe-experts.mlir
 // strategy=experts: duck r holds whole experts [r*E/tp, (r+1)*E/tp) of the
 // MoE (E = 3 routed + 1 shared = 4, tp_max = E); the dense layer of the same
-// model is still split along the intermediate dimension.
+// model is still split along the intermediate dimension. The partition
+// records the strategy the plan will: experts.
+// CHECK:       module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = experts, tp_max = 2>}
 // CHECK-LABEL: duck.model @experts
 // CHECK:         duck.mlp
 // CHECK-SAME:      strategy = #duck.strategy<intermediate>, tp = 2 : i64, tp_max = 2 : i64
@@ -225,7 +229,8 @@ duck.model @experts_auto attributes {family = "qwen3_moe", config = {}} {
 //--- shares.mlir
 // shares: 256 neurons = 8 blocks of 32 in proportion 2:2:1:1 (ideal 2.67,
 // 2.67, 1.33, 1.33): 3, 3, 1, 1 blocks. A duck never gets none (100:1:1:
-// 6, 1, 1); shares must be positive, one a duck.
+// 6, 1, 1); shares must be positive, one a duck. The partition keeps them.
+// CHECK:       module attributes {duck.partition = #duck.partition<tp = 4, multiple_of = 32, strategy = intermediate, tp_max = 8, shares = [2.000000e+00, 2.000000e+00, 1.000000e+00, 1.000000e+00]>}
 // CHECK-LABEL: duck.model @shares
 // CHECK:           duck.fp9_ffn {{{.*}}inter_begin = 0 : i64, inter_end = 96 : i64, rank = 0 : i64}
 // CHECK-NEXT:      duck.fp9_ffn {{{.*}}inter_begin = 96 : i64, inter_end = 192 : i64, rank = 1 : i64}
@@ -245,6 +250,7 @@ duck.model @shares attributes {family = "qwen3", config = {}} {
 
 //--- repartition.mlir
 // Partitioning again replaces the shards and the partition attributes.
+// CHECK:       module attributes {duck.partition = #duck.partition<tp = 4, multiple_of = 32, strategy = intermediate, tp_max = 4>}
 // CHECK-LABEL: duck.model @again
 // CHECK:         multiple_of = 32 : i64, {{.*}}tp = 4 : i64, tp_max = 4 : i64{{.*}} shards {
 // CHECK-NEXT:      duck.fp9_ffn {block = 32 : i64, {{.*}}rank = 0 : i64}

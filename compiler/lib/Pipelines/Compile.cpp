@@ -250,6 +250,53 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   pm.addPass(createDuckLayoutWeights(l));
 }
 
+namespace {
+/// duck-compile's options: duckc compile's partition, cluster and layout
+/// flags.
+struct CompilePipelineOptions
+    : public PassPipelineOptions<CompilePipelineOptions> {
+  Option<int64_t> tp{*this, "tp", llvm::cl::desc("ducks"), llvm::cl::init(1)};
+  Option<std::string> multipleOf{
+      *this, "multiple-of",
+      llvm::cl::desc("neurons a block: 128, 64, 32 or auto"),
+      llvm::cl::init("auto")};
+  Option<std::string> strategy{
+      *this, "strategy",
+      llvm::cl::desc("MoE layers: intermediate (split every expert) or "
+                     "experts (whole experts a duck)"),
+      llvm::cl::init("intermediate")};
+  Option<int64_t> coresPerDuck{*this, "cores-per-duck",
+                               llvm::cl::desc("cores of each duck"),
+                               llvm::cl::init(1)};
+  ListOption<double> rates{
+      *this, "duck-gparam-s",
+      llvm::cl::desc("each duck's measured fp9 rate (unequal ducks get "
+                     "proportional slices), as in a cluster file")};
+  Option<std::string> modelId{*this, "model-id",
+                              llvm::cl::desc("the model's id in image keys"),
+                              llvm::cl::init("")};
+  Option<std::string> stopAfter{
+      *this, "stop-after",
+      llvm::cl::desc("partition, kernels, modes or layout (default)"),
+      llvm::cl::init("layout")};
+};
+} // namespace
+
+void mlir::duck::registerDuckCompilePipeline() {
+  PassPipelineRegistration<CompilePipelineOptions>(
+      "duck-compile",
+      "duckc compile's pipeline: partition, kernels, modes, layout",
+      [](OpPassManager &pm, const CompilePipelineOptions &p) {
+        CompileOptions o;
+        o.cluster.tp = p.tp;
+        o.cluster.coresPerDuck = p.coresPerDuck;
+        o.cluster.cost.duckGparamS.assign(p.rates.begin(), p.rates.end());
+        o.multipleOf = p.multipleOf;
+        o.strategy = p.strategy;
+        buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
+      });
+}
+
 static llvm::json::Array kernelTable(ModuleOp module) {
   llvm::json::Array rows;
   module.walk([&](Operation *op) {

@@ -735,3 +735,33 @@ duck.model @shard_outside attributes {family = "qwen3", config = {}} {
   duck.fp9_ffn {rank = 0 : i64, inter_begin = 0 : i64, inter_end = 64 : i64, expert_begin = 0 : i64, expert_end = 1 : i64, block = 64 : i64}
   duck.return
 }
+
+// -----
+
+// #duck.partition: tp is at least 1.
+// expected-error @+1 {{partition: tp must be at least 1, got 0}}
+module attributes {duck.partition = #duck.partition<tp = 0, multiple_of = 64, strategy = intermediate, tp_max = 1>} {}
+
+// -----
+
+// #duck.partition: multiple_of is one of the kernel blocks.
+// expected-error @+1 {{partition: multiple_of must be 128, 64 or 32, got 48}}
+module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 48, strategy = intermediate, tp_max = 2>} {}
+
+// -----
+
+// #duck.partition: tp_max is not negative.
+// expected-error @+1 {{partition: tp_max must not be negative, got -1}}
+module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate, tp_max = -1>} {}
+
+// -----
+
+// #duck.partition: one share a duck.
+// expected-error @+1 {{partition: shares has 1 values for tp = 2}}
+module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate, tp_max = 2, shares = [1.0]>} {}
+
+// -----
+
+// #duck.partition: shares are positive.
+// expected-error @+1 {{partition: every share must be positive}}
+module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = experts, tp_max = 2, shares = [1.0, 0.0]>} {}

@@ -263,3 +263,14 @@ duck.model @no_outputs attributes {family = "qwen3", config = {}} {
 ^bb0(%tokens: tensor<4xi32>):
   duck.return
 }
+
+// -----
+
+// #duck.partition round-trips, with and without shares.
+// CHECK: module attributes {duck.partition = #duck.partition<tp = 4, multiple_of = 32, strategy = experts, tp_max = 8, shares = [2.000000e+00, 1.000000e+00, 1.000000e+00, 5.000000e-01]>}
+module attributes {duck.partition = #duck.partition<tp = 4, multiple_of = 32, strategy = experts, tp_max = 8, shares = [2.0, 1.0, 1.0, 0.5]>} {}
+
+// -----
+
+// CHECK: module attributes {duck.partition = #duck.partition<tp = 1, multiple_of = 128, strategy = intermediate, tp_max = 6>}
+module attributes {duck.partition = #duck.partition<tp = 1, multiple_of = 128, strategy = intermediate, tp_max = 6>} {}

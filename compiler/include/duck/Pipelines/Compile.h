@@ -60,6 +60,11 @@ void buildCompilePipeline(OpPassManager &pm, const CompileOptions &opts,
 
 /// Runs `duckc compile`. Text output (MLIR, stats, the dry-run table) goes
 /// to `out`; progress and notes to `log`.
+/// Registers the compile pipeline with the pass registry as `duck-compile`
+/// (duck-opt --duck-compile="tp=2 multiple-of=64 ..."): the very passes and
+/// options `duckc compile` runs, from an imported module to a laid-out one.
+void registerDuckCompilePipeline();
+
 llvm::Error compileModel(const CompileOptions &opts, llvm::raw_ostream &out,
                          llvm::raw_ostream &log);
 

@@ -282,7 +282,8 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   ih.format_version = DUCK_IMAGE_FORMAT_VERSION;
   ih.abi_version = DUCK_ABI_VERSION;
   ih.fp9_version = DUCK_FP9_FORMAT_VERSION;
-  ih.tp_size = (uint32_t)module->getAttrOfType<ArrayAttr>("duck.image_bytes").size();
+  ih.tp_size = (uint32_t)module->getAttrOfType<PartitionAttr>(kPartitionAttrName)
+                    .getTp();
   ih.tp_rank = (uint32_t)r;
   ih.slot_count = (uint32_t)shards.size();
   // The model key: the layout's key (everything that changes the layout)
@@ -710,7 +711,14 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   module.walk([&](ModelOp m) { model = m; });
   if (!model)
     return err("internal: module has no duck.model");
-  const int64_t tp = images.size();
+  auto part = module->getAttrOfType<PartitionAttr>(kPartitionAttrName);
+  if (!part)
+    return err("internal: module is not partitioned (run duck-partition)");
+  const int64_t tp = part.getTp();
+  if ((int64_t)images.size() != tp || (int64_t)keys.size() != tp)
+    return err(llvm::formatv("internal: {0} images laid out for tp = {1}",
+                             images.size(), tp)
+                   .str());
   int64_t scaleRows = scaleRowsOf(module);
 
   // Shards per rank in slot order.
@@ -799,15 +807,8 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       geti("q_lora_rank"), geti("kv_lora_rank"), geti("qk_nope_head_dim"),
       geti("qk_rope_head_dim"), geti("v_head_dim"));
   auto fileDefs = pb.files();
-  int64_t multipleOf = 0;
-  uint8_t strategy = 0;
-  module.walk([&](Operation *op) {
-    if (auto a = op->getAttrOfType<IntegerAttr>("multiple_of"))
-      multipleOf = a.getInt();
-    if (auto s = op->getAttrOfType<StrategyAttr>("strategy"))
-      if (s.getValue() == Strategy::experts)
-        strategy = 1;
-  });
+  const int64_t multipleOf = part.getMultipleOf();
+  const uint8_t strategy = part.getStrategy() == Strategy::experts ? 1 : 0;
   llvm::SmallString<256> absDir(ckpt.directory());
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;

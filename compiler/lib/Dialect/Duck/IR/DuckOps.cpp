@@ -54,6 +54,28 @@ ExpertWeightsAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return verifyShape(emitError, shape, dtype);
 }
 
+LogicalResult
+PartitionAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t tp,
+                      int64_t multipleOf, Strategy strategy, int64_t tpMax,
+                      DenseF64ArrayAttr shares) {
+  if (tp < 1)
+    return emitError() << "partition: tp must be at least 1, got " << tp;
+  if (multipleOf != 128 && multipleOf != 64 && multipleOf != 32)
+    return emitError() << "partition: multiple_of must be 128, 64 or 32, got "
+                       << multipleOf;
+  if (tpMax < 0)
+    return emitError() << "partition: tp_max must not be negative, got "
+                       << tpMax;
+  if (shares) {
+    if ((int64_t)shares.size() != tp)
+      return emitError() << "partition: shares has " << shares.size()
+                         << " values for tp = " << tp;
+    if (llvm::any_of(shares.asArrayRef(), [](double v) { return !(v > 0); }))
+      return emitError() << "partition: every share must be positive";
+  }
+  return success();
+}
+
 static std::string substituteExpert(StringRef pattern, int64_t e) {
   auto pos = pattern.find("{e}");
   return (pattern.substr(0, pos) + Twine(e) + pattern.substr(pos + 3)).str();

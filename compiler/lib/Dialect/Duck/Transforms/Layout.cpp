@@ -164,6 +164,17 @@ double expectedSlowest(const std::vector<HeldExperts> &held, bool moe,
 
 } // namespace
 
+FailureOr<PartitionAttr> mlir::duck::partitionOf(ModuleOp module,
+                                                  llvm::StringRef who) {
+  if (auto p = module->getAttrOfType<PartitionAttr>(kPartitionAttrName))
+    return p;
+  module.emitError() << who << " needs a partitioned module (a "
+                     << kPartitionAttrName
+                     << " = #duck.partition<...> attribute): run "
+                        "duck-partition first";
+  return failure();
+}
+
 FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                                                 const ClusterModel &c) {
   ModuleStats st;
@@ -174,7 +185,18 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                      "duck-layout-weights first");
     return failure();
   }
-  st.tp = bytesAttr.size();
+  FailureOr<PartitionAttr> part = partitionOf(module, "duck-stats");
+  if (failed(part))
+    return failure();
+  st.tp = part->getTp();
+  st.multipleOf = part->getMultipleOf();
+  st.tpMax = part->getTpMax();
+  st.strategy = stringifyStrategy(part->getStrategy()).str();
+  if ((int64_t)bytesAttr.size() != st.tp || (int64_t)slotsAttr.size() != st.tp) {
+    module.emitError() << "duck-stats: the layout has " << bytesAttr.size()
+                       << " images for a partition of tp = " << st.tp;
+    return failure();
+  }
   st.ducks.resize(st.tp);
   for (int64_t r = 0; r < st.tp; ++r) {
     st.ducks[r].rank = r;
@@ -211,14 +233,6 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (!isa<MlpOp, MoeOp>(op))
       return;
     ++st.ffnLayers;
-    auto mo = op->getAttrOfType<IntegerAttr>("multiple_of");
-    auto tpMax = op->getAttrOfType<IntegerAttr>("tp_max");
-    if (mo)
-      st.multipleOf = mo.getInt();
-    if (tpMax && (st.tpMax == 0 || tpMax.getInt() < st.tpMax))
-      st.tpMax = tpMax.getInt();
-    if (auto s = op->getAttrOfType<StrategyAttr>("strategy"))
-      st.strategy = stringifyStrategy(s.getValue()).str();
     // Experts a token activates on a duck, on average.
     double activeRouted = 1, totalRouted = 1, shared = 0;
     const bool s0moe = isa<MoeOp>(op);

@@ -34,9 +34,14 @@ struct DuckLayoutWeightsPass
     ModuleOp module = getOperation();
     Builder b(&getContext());
     int64_t scaleRows = scaleRowsOf(module);
+    FailureOr<PartitionAttr> part = partitionOf(module, "duck-layout-weights");
+    if (failed(part))
+      return signalPassFailure();
+    const int64_t tp = part->getTp();
 
-    // Shards per rank, in layer (program) order.
-    SmallVector<SmallVector<Fp9FfnOp>> perRank;
+    // Shards per rank, in layer (program) order: one image a duck, tp of
+    // them, whatever shards a duck holds.
+    SmallVector<SmallVector<Fp9FfnOp>> perRank(tp);
     bool ok = true;
     module.walk([&](Fp9FfnOp shard) {
       if (!shard.getGateKernel() || !shard.getDownKernel() ||
@@ -47,8 +52,12 @@ struct DuckLayoutWeightsPass
         return;
       }
       int64_t r = shard.getRank();
-      if ((int64_t)perRank.size() <= r)
-        perRank.resize(r + 1);
+      if (r < 0 || r >= tp) {
+        shard.emitOpError() << "rank " << r << " is outside the partition's "
+                            << tp << " ducks";
+        ok = false;
+        return;
+      }
       perRank[r].push_back(shard);
     });
     if (!ok)
@@ -61,7 +70,7 @@ struct DuckLayoutWeightsPass
       llvm::raw_string_ostream cs(canon);
       cs << "duck-image-v" << DUCK_IMAGE_FORMAT_VERSION << "|fp9-v"
          << DUCK_FP9_FORMAT_VERSION << "|abi-v" << DUCK_ABI_VERSION
-         << "|model=" << modelId << "|tp=" << perRank.size() << "|rank=" << r
+         << "|model=" << modelId << "|tp=" << tp << "|rank=" << r
          << "|scale_rows=" << scaleRows;
       for (auto [i, shard] : llvm::enumerate(perRank[r])) {
         auto lay = slotLayout(shard, scaleRows);

@@ -1,4 +1,5 @@
 //===- Partition.cpp - duck-partition -------------------------------------===//
+#include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck/Dialect/Duck/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -153,6 +154,8 @@ struct DuckPartitionPass
     }
 
     MLIRContext *ctx = module.getContext();
+    int64_t tpMaxAll = 0;
+    bool anyByExperts = false;
     for (const FfnInfo &f : ffns) {
       if (f.inter % mo != 0) {
         std::string hint = smallerBlockHint(f.inter, mo);
@@ -192,6 +195,8 @@ struct DuckPartitionPass
         return signalPassFailure();
       }
 
+      tpMaxAll = tpMaxAll == 0 ? tpMax : std::min(tpMaxAll, tpMax);
+      anyByExperts |= byExperts;
       OpBuilder b(ctx);
       f.op->setAttr("tp", b.getI64IntegerAttr(tp));
       f.op->setAttr("multiple_of", b.getI64IntegerAttr(mo));
@@ -223,6 +228,18 @@ struct DuckPartitionPass
                            nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
       }
     }
+    // The partition, once, for every later pass and the plan writer.
+    module->setAttr(
+        kPartitionAttrName,
+        PartitionAttr::get(ctx, tp, mo,
+                           anyByExperts ? Strategy::experts
+                                        : Strategy::intermediate,
+                           tpMaxAll,
+                           shares.empty()
+                               ? DenseF64ArrayAttr()
+                               : DenseF64ArrayAttr::get(
+                                     ctx, SmallVector<double>(shares.begin(),
+                                                              shares.end()))));
   }
 };
 

@@ -93,4 +93,30 @@ def Duck_KernelAttr : Duck_Attr<"Kernel", "kernel"> {
   let assemblyFormat = "`<` $kind `,` $reason `>`";
 }
 
+def Duck_PartitionAttr : Duck_Attr<"Partition", "partition"> {
+  let summary = "how the module's FFN work is cut over the ducks";
+  let description = [{
+    `#duck.partition<tp = 4, multiple_of = 64, strategy = intermediate,
+    tp_max = 12>`, with `shares = array<f64: ...>` (one positive value a
+    duck) when the ducks are unequal. Set once on the module by
+    `duck-partition` as `duck.partition`; every later pass and the plan
+    writer read tp, multiple_of and the strategy from it. `strategy` is the
+    one the plan records: experts when some MoE layer is placed by whole
+    experts (dense layers are always split by intermediate); `tp_max` is
+    the smallest tp_max over the layers.
+  }];
+  let parameters = (ins
+    "int64_t":$tp,
+    "int64_t":$multiple_of,
+    EnumParameter<Duck_Strategy>:$strategy,
+    "int64_t":$tp_max,
+    OptionalParameter<"::mlir::DenseF64ArrayAttr", "per-duck shares">:$shares
+  );
+  let assemblyFormat = [{
+    `<` `tp` `=` $tp `,` `multiple_of` `=` $multiple_of `,` `strategy` `=`
+    $strategy `,` `tp_max` `=` $tp_max (`,` `shares` `=` $shares^)? `>`
+  }];
+  let genVerifyDecl = 1;
+}
+
 #endif // DUCK_ATTRS_TD

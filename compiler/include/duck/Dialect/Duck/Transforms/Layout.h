@@ -20,6 +20,13 @@ namespace mlir::duck {
 /// Rows of the source sharing one block scale (FP8 tile rows, else 128).
 int64_t scaleRowsOf(ModuleOp module);
 
+/// The module attribute duck-partition sets (#duck.partition).
+inline constexpr llvm::StringLiteral kPartitionAttrName = "duck.partition";
+
+/// The module's partition; an error naming `who` when duck-partition has
+/// not run.
+FailureOr<PartitionAttr> partitionOf(ModuleOp module, llvm::StringRef who);
+
 /// The hidden size, total experts and FFN kind of the op owning `shard`.
 struct FfnShape {
   int64_t layer, hidden, inter, experts;
