@@ -82,6 +82,7 @@ struct Job {
   uint64_t seq;
   int32_t status;
   uint32_t mode, cores, n_tokens, top_k, hidden, inter, n_experts;
+  uint32_t out_width; // floats a token in the OB: hidden, or a head's rows
   const duck_ffn_weights *experts;
   const float *x;
   float *out;
@@ -255,7 +256,7 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   const uint8_t *base = info->weights + e.offset;
   const auto *sh = reinterpret_cast<const duck_slot_header *>(base);
   if (sh->magic != DUCK_SLOT_MAGIC || sh->kind != e.kind ||
-      sh->kind > DUCK_SLOT_MOE || sh->layer != e.layer ||
+      sh->kind > DUCK_SLOT_HEAD || sh->layer != e.layer ||
       sh->hidden != h->hidden) {
     log << "weights: slot " << slot << " header does not match its table row";
     log.end();
@@ -270,7 +271,7 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   if ((sh->block != 32 && sh->block != 64 && sh->block != 128) ||
       sh->inter == 0 || sh->inter > DUCK_STEP_MAX_DIM || sh->n_experts == 0 ||
       sh->n_experts > DUCK_STEP_MAX_EXPERTS ||
-      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1)) {
+      (sh->kind != DUCK_SLOT_MOE && sh->n_experts != 1)) {
     log << "weights: slot " << slot << " bad shape (inter " << sh->inter
         << ", experts " << sh->n_experts << ", block " << sh->block << ")";
     log.end();
@@ -296,7 +297,7 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   for (uint32_t x = 0; x < sh->n_experts; ++x) {
     const duck_ffn_desc &d = descs[x];
     duck_ffn_weights &w = views[x];
-    if (d.present > 1 || (sh->kind == DUCK_SLOT_DENSE && d.present != 1)) {
+    if (d.present > 1 || (sh->kind != DUCK_SLOT_MOE && d.present != 1)) {
       log << "weights: slot " << slot << " expert " << x << " bad present flag";
       log.end();
       return nullptr;
@@ -309,6 +310,23 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
       w.gate.k = w.up.k = hidden;
       w.down.rows = hidden;
       w.down.k = inter;
+      continue;
+    }
+    if (sh->kind == DUCK_SLOT_HEAD) {
+      // One matrix, [rows, hidden] in `gate`; up and down stay empty.
+      const duck_matrix_ref none{};
+      if (__builtin_memcmp(&d.up, &none, sizeof none) != 0 ||
+          __builtin_memcmp(&d.down, &none, sizeof none) != 0) {
+        log << "weights: head slot " << slot << " has an up or down matrix";
+        log.end();
+        return nullptr;
+      }
+      if (!checkMatrix(d.gate, inter, hidden, block, descEnd, e.bytes, "head",
+                       x, log))
+        return nullptr;
+      w = duck_ffn_weights{};
+      w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
+      ++present;
       continue;
     }
     if (!checkMatrix(d.gate, inter, hidden, block, descEnd, e.bytes, "gate", x,
@@ -377,15 +395,18 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
                        ih.mode == DUCK_MODE_MOE_PREPARE;
   const bool moe = isMoeMode(ih.mode) || ih.mode == DUCK_MODE_MOE_PREPARE;
+  const bool head = ih.mode == DUCK_MODE_HEAD;
   int32_t st;
-  const CachedSlot *c = attachSlot(info, ih.slot,
-                                   moe ? DUCK_SLOT_MOE : DUCK_SLOT_DENSE,
-                                   use_cache && !prepare, log, &st);
+  const CachedSlot *c = attachSlot(
+      info, ih.slot,
+      head ? DUCK_SLOT_HEAD : moe ? DUCK_SLOT_MOE : DUCK_SLOT_DENSE,
+      use_cache && !prepare, log, &st);
   if (!c)
     return st;
   j.hidden = c->hidden;
   j.inter = c->inter;
   j.n_experts = c->n_experts;
+  j.out_width = head ? c->inter : c->hidden;
   j.experts = g_state.views + c->view_base;
   if (prepare)
     return DUCK_STATUS_OK;
@@ -415,15 +436,17 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
     return DUCK_STATUS_BAD_INPUT;
   }
   j.x = reinterpret_cast<const float *>(info->ib + ih.x_offset);
-  if (info->ob_limit < sizeof(duck_ob_header) + xBytes) {
+  const uint64_t outBytes = (uint64_t)ih.n_tokens * j.out_width * 4;
+  if (info->ob_limit < sizeof(duck_ob_header) + outBytes) {
     log << "ob: " << info->ob_limit << " bytes, need "
-        << (uint64_t)(sizeof(duck_ob_header) + xBytes);
+        << (uint64_t)(sizeof(duck_ob_header) + outBytes);
     log.end();
     return DUCK_STATUS_OB_TOO_SMALL;
   }
   j.out = reinterpret_cast<float *>(info->ob + sizeof(duck_ob_header));
 
-  if (!duck_step_layout_of(j.hidden, j.inter, j.n_tokens, j.top_k,
+  // A head needs only the per-core GEMM scratch (2 x tokens x hidden).
+  if (!duck_step_layout_of(j.hidden, head ? 0 : j.inter, j.n_tokens, j.top_k,
                            j.n_experts, cores, &j.layout) ||
       !info->scratch || info->scratch_size < j.layout.total_bytes ||
       (uintptr_t)info->scratch % DUCK_STEP_SCRATCH_ALIGN != 0) {
@@ -493,6 +516,21 @@ void runJob(const Job &j, uint32_t core) {
     duck_moe_prefill(&smp, core, j.experts, j.n_experts, slots, j.top_k, j.x,
                      j.n_tokens, j.out, pairs, work, coreScratch);
     break;
+  case DUCK_MODE_HEAD: {
+    // Rows split over the cores; every row's logit is its duck_gemv's.
+    uint32_t b, e;
+    duck_smp_split(j.inter, j.cores, core, &b, &e);
+    if (b < e) {
+      if (j.n_tokens == 1)
+        duck_gemv(&j.experts[0].gate, j.x, j.out + b, b, e, coreScratch,
+                  DUCK_DECODE_SHIFT);
+      else
+        duck_gemm(&j.experts[0].gate, j.x, j.hidden, j.n_tokens, j.out + b,
+                  j.inter, b, e, coreScratch);
+    }
+    duck_smp_sync(&smp);
+    break;
+  }
   default:
     break;
   }
@@ -672,8 +710,9 @@ int step(duck_info *info, bool persistent) {
     duck_job_retire(&g_state.board, info->step_seq);
   const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
                        ih.mode == DUCK_MODE_MOE_PREPARE;
-  writeOb(info, j.status, prepare ? 0 : j.n_tokens, j.hidden,
-          prepare ? 0 : (uint64_t)j.n_tokens * j.hidden * 4);
+  writeOb(info, j.status, prepare ? 0 : j.n_tokens,
+          j.out_width ? j.out_width : j.hidden,
+          prepare ? 0 : (uint64_t)j.n_tokens * j.out_width * 4);
   return finish(j.status);
 }
 

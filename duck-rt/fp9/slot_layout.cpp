@@ -29,3 +29,20 @@ duck_compute_slot_layout(const duck_slot_shape *s, duck_slot_layout *out) {
   *out = l;
   return DUCK_FP9_OK;
 }
+
+extern "C" duck_fp9_status
+duck_compute_head_slot_layout(uint32_t rows, uint32_t hidden, uint32_t block,
+                              uint32_t scale_rows, uint32_t row_phase,
+                              duck_head_slot_layout *out) {
+  duck_head_slot_layout l = {};
+  l.matrix = duck_fp9_desc{rows, hidden, block, scale_rows, row_phase};
+  const duck_fp9_status st = duck_fp9_compute_layout(&l.matrix, &l.matrix_layout);
+  if (st != DUCK_FP9_OK)
+    return st;
+  l.table_bytes = alignUp(sizeof(duck_slot_header) + sizeof(duck_ffn_desc),
+                          DUCK_FP9_PLANE_ALIGN);
+  l.total_bytes =
+      alignUp(l.table_bytes + l.matrix_layout.total_bytes, DUCK_IMAGE_ALIGN);
+  *out = l;
+  return DUCK_FP9_OK;
+}

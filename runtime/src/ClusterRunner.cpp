@@ -1,6 +1,8 @@
 //===- ClusterRunner.cpp - FFN steps on a cluster of ducks ----------------===//
 #include "duck/runtime/ClusterRunner.h"
 
+#include "duck/runtime/StatusMacros.h"
+
 #include "absl/strings/str_cat.h"
 
 #include <cstring>
@@ -22,14 +24,7 @@ void ClusterFfnRunner::ResetStats() {
   stats_.kernel_ns.assign(client_->size(), 0.0);
 }
 
-absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
-                                   uint32_t n_tokens, uint32_t top_k,
-                                   const duck_expert_slot *slots,
-                                   const float *x, float *out) {
-  const uint64_t xBytes = (uint64_t)n_tokens * hidden_ * 4;
-  ib_.resize(duck_ib_bytes(n_tokens, top_k, hidden_));
-  duck_ib_write(ib_.data(), mode, slot, n_tokens, top_k, slots, x, hidden_);
-
+absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept) {
   const size_t ducks = client_->size();
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
   StepMetrics metrics;
@@ -48,31 +43,58 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
     client_ = *client;
     ++recoveries_;
   }
-  std::vector<StepMetrics> &kept =
-      n_tokens > 1 ? stats_.prefill_steps : stats_.decode_steps;
   if (stats_.max_steps && kept.size() >= 2 * stats_.max_steps)
     kept.erase(kept.begin(), kept.begin() + stats_.max_steps);
   kept.push_back(metrics);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float *>
+ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
+                         uint32_t n_tokens, uint32_t width) {
+  const uint64_t bytes = (uint64_t)n_tokens * width * 4;
+  const DuckOutput &o = outputs_[r];
+  const std::string who = client_->endpoint(r).ToString();
+  if (o.ob.size() < sizeof(duck_ob_header))
+    return absl::DataLossError(
+        absl::StrCat("duck ", r, " (", who, ") sent a truncated output"));
+  duck_ob_header oh;
+  std::memcpy(&oh, o.ob.data(), sizeof oh);
+  if (oh.magic != DUCK_OB_MAGIC || oh.status != DUCK_STATUS_OK ||
+      oh.n_tokens != n_tokens || oh.hidden != width ||
+      oh.out_offset + bytes > o.ob.size())
+    return absl::DataLossError(absl::StrCat(
+        "duck ", r, " (", who, ") answered step (mode ", mode, ", slot ",
+        slot, ") with status ", oh.status, ", ", oh.n_tokens, " tokens of ",
+        oh.hidden, " (expected ", n_tokens, " of ", width, ", ",
+        sizeof(duck_ob_header) + bytes, " bytes)", o.log.empty() ? "" : ": ",
+        o.log));
+  return reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+}
+
+void ClusterFfnRunner::Account(size_t r, double params) {
+  uint64_t maxNs = 0;
+  for (uint64_t ns : outputs_[r].kernel_ns)
+    maxNs = std::max(maxNs, ns);
+  stats_.params[r] += params;
+  stats_.kernel_ns[r] += maxNs;
+}
+
+absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
+                                   uint32_t n_tokens, uint32_t top_k,
+                                   const duck_expert_slot *slots,
+                                   const float *x, float *out) {
+  ib_.resize(duck_ib_bytes(n_tokens, top_k, hidden_));
+  duck_ib_write(ib_.data(), mode, slot, n_tokens, top_k, slots, x, hidden_);
+  if (absl::Status s = SendStep(n_tokens > 1 ? stats_.prefill_steps
+                                             : stats_.decode_steps);
+      !s.ok())
+    return s;
 
   // Partial outputs, added in rank order.
-  const uint64_t want = sizeof(duck_ob_header) + xBytes;
-  for (size_t r = 0; r < ducks; ++r) {
-    const DuckOutput &o = outputs_[r];
-    const std::string who = client_->endpoint(r).ToString();
-    if (o.ob.size() < sizeof(duck_ob_header))
-      return absl::DataLossError(
-          absl::StrCat("duck ", r, " (", who, ") sent a truncated output"));
-    duck_ob_header oh;
-    std::memcpy(&oh, o.ob.data(), sizeof oh);
-    if (oh.magic != DUCK_OB_MAGIC || oh.status != DUCK_STATUS_OK ||
-        oh.n_tokens != n_tokens || oh.hidden != hidden_ ||
-        oh.out_offset + xBytes > o.ob.size())
-      return absl::DataLossError(absl::StrCat(
-          "duck ", r, " (", who, ") answered step (mode ", mode, ", slot ",
-          slot, ") with status ", oh.status, ", ", oh.n_tokens, " tokens of ",
-          oh.hidden, " (expected ", n_tokens, " of ", hidden_, ", ", want,
-          " bytes)", o.log.empty() ? "" : ": ", o.log));
-    const float *p = reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+  for (size_t r = 0; r < client_->size(); ++r) {
+    const float *p;
+    DUCK_ASSIGN_OR_RETURN(p, Output(r, mode, slot, n_tokens, hidden_));
     for (uint64_t i = 0; i < (uint64_t)n_tokens * hidden_; ++i)
       out[i] += p[i];
 
@@ -88,11 +110,28 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
           held.insert(slots[i].expert);
       experts = held.size();
     }
-    uint64_t maxNs = 0;
-    for (uint64_t ns : o.kernel_ns)
-      maxNs = std::max(maxNs, ns);
-    stats_.params[r] += perExpert * experts;
-    stats_.kernel_ns[r] += maxNs;
+    Account(r, perExpert * experts);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterFfnRunner::RunHead(uint32_t slot, uint32_t n_tokens,
+                                       const float *x, float *out,
+                                       uint64_t vocab) {
+  ib_.resize(duck_ib_bytes(n_tokens, 0, hidden_));
+  duck_ib_write(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
+                hidden_);
+  if (absl::Status s = SendStep(stats_.head_steps); !s.ok())
+    return s;
+  // Each duck's rows into their place in every token's logits.
+  for (size_t r = 0; r < client_->size(); ++r) {
+    const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
+    const uint32_t b = sd->inter_begin(), rows = sd->inter_end() - b;
+    const float *p;
+    DUCK_ASSIGN_OR_RETURN(p, Output(r, DUCK_MODE_HEAD, slot, n_tokens, rows));
+    for (uint64_t t = 0; t < n_tokens; ++t)
+      std::memcpy(out + t * vocab + b, p + t * rows, (uint64_t)rows * 4);
+    Account(r, (double)rows * hidden_);
   }
   return absl::OkStatus();
 }

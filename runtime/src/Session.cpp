@@ -454,11 +454,15 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t chunk = std::max(1u, o.prefill_chunk);
   const uint32_t seqs = std::max(1u, o.max_seqs);
   const uint32_t rows = seqs > 1 ? chunk + seqs : chunk;
-  uint64_t maxInter = 0, maxExperts = 1, maxK = 0;
+  uint64_t maxInter = 0, maxExperts = 1, maxK = 0, maxHeadRows = 0;
   for (const pl::DuckDef *d : *def.ducks())
     for (const pl::SlotDef *s : *d->slots()) {
-      maxInter =
-          std::max<uint64_t>(maxInter, s->inter_end() - s->inter_begin());
+      const uint64_t n = s->inter_end() - s->inter_begin();
+      if (s->head()) { // a head slot's rows are vocabulary rows
+        maxHeadRows = std::max(maxHeadRows, n);
+        continue;
+      }
+      maxInter = std::max(maxInter, n);
       maxExperts = std::max<uint64_t>(maxExperts, s->expert_end());
     }
   for (const pl::OpDef *op : *def.ops())
@@ -471,7 +475,9 @@ absl::Status Session::Start(std::ostream &log) {
   co_.scratch_bytes = duck_step_scratch_bytes(model().hidden(), maxInter, rows,
                                               maxK, maxExperts, cores);
   co_.ib_limit = 4096 + (uint64_t)rows * (maxK * 8 + model().hidden() * 4 + 64);
-  co_.ob_limit = co_.ib_limit;
+  // A head slot answers with logits: rows x its vocabulary rows.
+  co_.ob_limit = std::max<uint64_t>(co_.ib_limit,
+                                    4096 + (uint64_t)rows * maxHeadRows * 4);
   // Spinning for a step's replies saves the host's wake-up (duck-bench
   // judge, one duck, loopback: gap p50 63 -> 11 us) but holds a core; on
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.

@@ -13,6 +13,10 @@
 // RUN: duck-opt %t/shares.mlir --duck-partition="tp=4 multiple-of=32 shares=2,2,1,1" | FileCheck %t/shares.mlir
 // RUN: duck-opt %t/shares.mlir --duck-partition="tp=3 multiple-of=32 shares=100,1,1" | FileCheck %t/shares.mlir --check-prefix=FLOOR
 // RUN: not duck-opt %t/shares.mlir --duck-partition="tp=2 shares=1,0" 2>&1 | FileCheck %t/shares.mlir --check-prefix=BAD
+// RUN: duck-opt %t/head.mlir --duck-partition="tp=3 multiple-of=64 lm-head=ducks shares=2,1,1" | FileCheck %t/head.mlir
+// RUN: duck-opt %t/head.mlir --duck-partition="tp=3 multiple-of=64 lm-head=ducks" --duck-partition="tp=3 multiple-of=64" | FileCheck %t/head.mlir --check-prefix=BACK
+// RUN: not duck-opt %t/head.mlir --duck-partition="tp=6 multiple-of=32 lm-head=ducks" 2>&1 | FileCheck %t/head.mlir --check-prefix=FEW
+// RUN: not duck-opt %t/head.mlir --duck-partition="lm-head=gpu" 2>&1 | FileCheck %t/head.mlir --check-prefix=BADHEAD
 // RUN: duck-opt %t/repartition.mlir --duck-partition="tp=2 multiple-of=64" --duck-partition="tp=4 multiple-of=32" | FileCheck %t/repartition.mlir
 // RUN: duck-opt %t/err-tp-max.mlir --duck-partition="tp=8 multiple-of=128" -verify-diagnostics
 // RUN: duck-opt %t/err-tp-max-32.mlir --duck-partition="tp=4 multiple-of=32" -verify-diagnostics
@@ -360,4 +364,21 @@ duck.model @no_ducks attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):
   duck.return
 }
+}
+
+//--- head.mlir
+// lm-head=ducks: the head's 520 rows are 5 tiles of 128 (the last partial),
+// split like the FFN blocks: in proportion 2:1:1 that is 3, 1, 1 tiles;
+// the K-block divides hidden 64. Partitioning again for the host drops it.
+// CHECK:       duck.lm_head {{.*}}duck_block = 64 : i64, duck_rows = array<i64: 0, 384, 512, 520>
+// BACK-NOT:    duck_rows
+// FEW:         error: 'duck.lm_head' op the LM head's 520 rows are 5 tiles of 128: too few for 6 ducks (use --lm-head on the host)
+// BADHEAD:     duck-partition: lm-head must be host or ducks, got 'gpu'
+duck.model @head attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x64xf32>):
+  %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 384 : i64,
+      gate = #duck.weight<"g", bf16, [384, 64]>, up = #duck.weight<"u", bf16, [384, 64]>,
+      down = #duck.weight<"d", bf16, [64, 384]>} : tensor<?x64xf32>
+  %h = duck.lm_head %m {weight = #duck.weight<"h", bf16, [520, 64]>} : tensor<?x64xf32> -> tensor<?x520xf32>
+  duck.return %h : tensor<?x520xf32>
 }

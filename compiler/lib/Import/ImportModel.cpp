@@ -346,7 +346,8 @@ OwningOpRef<ModuleOp> Importer::run() {
     return {};
   auto logitsTy =
       RankedTensorType::get({ShapedType::kDynamic, desc.vocab_size}, b.getF32Type());
-  Value logits = builder.create<LmHeadOp>(configLoc, logitsTy, x, head);
+  Value logits = builder.create<LmHeadOp>(configLoc, logitsTy, x, head, nullptr,
+                                          nullptr, nullptr, nullptr, nullptr);
   builder.create<ReturnOp>(configLoc, ValueRange{logits});
   if (failed(mlir::verify(*module)))
     return {};

@@ -225,6 +225,7 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.tp = opts.cluster.tp;
   p.multipleOf = opts.multipleOf;
   p.strategy = opts.strategy;
+  p.lmHead = opts.lmHead == "ducks" ? "ducks" : "host";
   // Unequal ducks: slices in proportion to their measured rates.
   // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
   const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
@@ -275,6 +276,11 @@ struct CompilePipelineOptions
   Option<std::string> modelId{*this, "model-id",
                               llvm::cl::desc("the model's id in image keys"),
                               llvm::cl::init("")};
+  Option<std::string> lmHead{
+      *this, "lm-head",
+      llvm::cl::desc("host (default) or ducks: the LM head's rows over the "
+                     "ducks"),
+      llvm::cl::init("host")};
   Option<std::string> stopAfter{
       *this, "stop-after",
       llvm::cl::desc("partition, kernels, modes or layout (default)"),
@@ -293,6 +299,7 @@ void mlir::duck::registerDuckCompilePipeline() {
         o.cluster.cost.duckGparamS.assign(p.rates.begin(), p.rates.end());
         o.multipleOf = p.multipleOf;
         o.strategy = p.strategy;
+        o.lmHead = p.lmHead;
         buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
       });
 }
@@ -469,12 +476,13 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                "': " + ec.message());
   }
   out << llvm::formatv("wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-                       "tp {5}, multiple_of {6}, LM head {7} on the host\n",
+                       "tp {5}, multiple_of {6}, LM head {7}\n",
                        opts.outDir, kPlanFileName, stats->tp,
                        stats->totalBytes, gib(stats->totalBytes), stats->tp,
                        stats->multipleOf,
-                       wo.lmHeadFp9    ? "fp9"
-                       : wo.lmHeadInt8 ? "int8"
-                                       : "as in the checkpoint");
+                       stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
+                       : wo.lmHeadFp9       ? "fp9 on the host"
+                       : wo.lmHeadInt8      ? "int8 on the host"
+                                       : "as in the checkpoint, on the host");
   return Error::success();
 }

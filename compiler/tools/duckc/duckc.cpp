@@ -155,11 +155,16 @@ cl::opt<bool> compileForce("force",
                            cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileLmHead(
     "lm-head",
-    cl::desc("LM head on the host: 'checkpoint' keeps the checkpoint's "
-             "dtype (bf16: exact); 'int8' quantises it at load (a scale per "
-             "32 weights of a row): 1.125 bytes a weight instead of 2, "
-             "logits move by about 0.5%; 'fp9' (a scale per 128 x 128 "
-             "tile): the same bytes, logits move by a few percent"),
+    cl::desc("Where the LM head runs and in what format. On the host: "
+             "'checkpoint' keeps the checkpoint's dtype (bf16: exact); "
+             "'int8' quantises it at load (a scale per 32 weights of a "
+             "row): 1.125 bytes a weight instead of 2, logits move by about "
+             "0.5%; 'fp9' (a scale per 128 x 128 tile): the same bytes, "
+             "logits move by a few percent. 'ducks': fp9 as 'fp9', its "
+             "vocabulary rows split over the ducks in whole 128-row tiles "
+             "(in proportion to their measured rates); each duck returns "
+             "the logits of its rows, bit for bit what 'fp9' gives, and the "
+             "host reads none of the head"),
     cl::init("checkpoint"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<bool> compileProgress("progress",
                               cl::desc("Show progress even when stderr is "
@@ -385,9 +390,10 @@ Error runCompile() {
   o.force = compileForce;
   o.progress = compileProgress;
   if (compileLmHead != "checkpoint" && compileLmHead != "fp9" &&
-      compileLmHead != "int8")
+      compileLmHead != "int8" && compileLmHead != "ducks")
     return createStringError(inconvertibleErrorCode(),
-                             "--lm-head must be checkpoint, int8 or fp9, got '" +
+                             "--lm-head must be checkpoint, int8, fp9 or "
+                             "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
   if (autoTp || compileExplain) {

@@ -30,7 +30,8 @@ typedef enum duck_mode {
   DUCK_MODE_MOE_DECODE_SMP = 4, // MoE forward, all cores
   DUCK_MODE_DENSE_PREFILL = 5, // batched GEMM
   DUCK_MODE_MOE_PREFILL = 6,  // MoE prefill
-  DUCK_MODE_COUNT = 7,
+  DUCK_MODE_HEAD = 7,         // LM head rows: logits slice (GEMV or GEMM)
+  DUCK_MODE_COUNT = 8,
 } duck_mode;
 
 /// Everything a call of the ELF sees. duckd fills one per core per call;
@@ -101,6 +102,10 @@ typedef int (*duck_entry_fn)(duck_info *info);
  *   [duck_slot_header][duck_ffn_desc x n_experts][packed fp9 matrices...]
  * Offsets inside a slot are relative to the slot's start. An expert this
  * duck does not hold (expert placement) has all offsets 0 and present = 0.
+ * A HEAD slot holds the LM head's vocabulary rows on this duck: one
+ * descriptor, present, whose `gate` is the [rows, hidden] matrix (rows in
+ * the header's `inter`, `layer` = the model's layer count); its `up` and
+ * `down` are empty (all zero).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */
@@ -131,6 +136,7 @@ typedef struct duck_image_header {
 typedef enum duck_slot_kind {
   DUCK_SLOT_DENSE = 0,
   DUCK_SLOT_MOE = 1,
+  DUCK_SLOT_HEAD = 2, // LM head rows (mode DUCK_MODE_HEAD)
 } duck_slot_kind;
 
 /// One row of the slot table.
@@ -174,6 +180,8 @@ typedef struct duck_slot_header {
  * IB: [duck_ib_header][slots: duck_expert_slot[n_tokens * top_k]]
  *     [x: float[n_tokens][hidden]]  (x at header.x_offset, 32-byte aligned)
  * OB: [duck_ob_header][out: float[n_tokens][hidden]] (out at 64 bytes)
+ * DUCK_MODE_HEAD: top_k = 0; out is float[n_tokens][rows], the logits of
+ * the head rows this duck holds (duck_ob_header.hidden = rows).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IB_MAGIC 0x50545344u /* "DSTP" */

@@ -38,6 +38,20 @@ typedef struct duck_slot_layout {
 duck_fp9_status duck_compute_slot_layout(const duck_slot_shape *shape,
                                          duck_slot_layout *out);
 
+/// A HEAD slot (abi.h): the table (header + one descriptor), then the
+/// [rows, hidden] head matrix at `table_bytes`.
+typedef struct duck_head_slot_layout {
+  duck_fp9_desc matrix;
+  duck_fp9_layout matrix_layout;
+  uint64_t table_bytes, total_bytes; // total DUCK_IMAGE_ALIGN'ed
+} duck_head_slot_layout;
+
+duck_fp9_status duck_compute_head_slot_layout(uint32_t rows, uint32_t hidden,
+                                              uint32_t block,
+                                              uint32_t scale_rows,
+                                              uint32_t row_phase,
+                                              duck_head_slot_layout *out);
+
 /// Offset of a slot's `held_index`-th stored expert from the slot's start.
 static inline uint64_t duck_slot_expert_offset(const duck_slot_layout *l,
                                                uint64_t held_index) {

@@ -11,8 +11,15 @@ public:
   LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, uint32_t maxRows)
       : w_(std::move(w)), pool_(pool), hidden_(hidden),
         gathered_((uint64_t)maxRows * hidden) {}
+  /// On the ducks: each holds whole tiles of the vocabulary in `slot`.
+  LmHead(FfnRunner *runner, uint32_t slot, uint64_t vocab, uint32_t hidden,
+         uint32_t maxRows)
+      : runner_(runner), slot_(slot), vocab_(vocab), hidden_(hidden),
+        gathered_((uint64_t)maxRows * hidden) {}
 
-  uint64_t WeightBytesPerToken() const override { return MatrixBytes(w_); }
+  uint64_t WeightBytesPerToken() const override {
+    return runner_ ? 0 : MatrixBytes(w_);
+  }
 
   /// The rows the step asks for (the last of each sequence that samples,
   /// or every row for --logits-out), appended in order. Several rows go
@@ -20,12 +27,18 @@ public:
   /// row's logits are bit-identical to its own GEMV.
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
-    const uint64_t V = w_.rows, n = s.logit_rows.size();
+    const uint64_t V = runner_ ? vocab_ : w_.rows, n = s.logit_rows.size();
     if (n == 0)
       return absl::OkStatus();
     const size_t at = s.logits->size();
     s.logits->resize(at + n * V); // keeps its capacity between steps
     float *y = s.logits->data() + at;
+    if (runner_) {
+      for (uint64_t i = 0; i < n; ++i)
+        std::copy_n(x + (uint64_t)s.logit_rows[i] * hidden_, hidden_,
+                    gathered_.data() + i * hidden_);
+      return runner_->RunHead(slot_, (uint32_t)n, gathered_.data(), y, V);
+    }
     if (n == 1) {
       MatVec(*pool_, w_, x + (uint64_t)s.logit_rows[0] * hidden_, y);
       return absl::OkStatus();
@@ -39,15 +52,52 @@ public:
 
 private:
   HostMatrix w_;
-  ThreadPool *pool_;
+  ThreadPool *pool_ = nullptr;
+  FfnRunner *runner_ = nullptr;
+  uint32_t slot_ = 0;
+  uint64_t vocab_ = 0;
   uint32_t hidden_;
   std::vector<float> gathered_;
 };
 
 } // namespace
 
+/// Checks that the ducks' head slots tile the vocabulary: slot `slot` of
+/// every duck is a head slot and their row ranges follow each other from 0
+/// to `vocab`, in rank order.
+absl::Status CheckHeadSlots(const OpEnv &env, uint32_t slot, uint64_t vocab) {
+  uint64_t next = 0;
+  const auto *ducks = env.plan.def().ducks();
+  for (uint32_t r = 0; r < ducks->size(); ++r) {
+    const auto *slots = ducks->Get(r)->slots();
+    if (!slots || slot >= slots->size() || !slots->Get(slot)->head())
+      return env.Error("LM head on the ducks: duck ", r, " has no head slot ",
+                       slot);
+    const pl::SlotDef *sd = slots->Get(slot);
+    if (sd->inter_begin() != next || sd->inter_end() <= sd->inter_begin() ||
+        sd->inter_end() > vocab)
+      return env.Error("LM head on the ducks: duck ", r, " holds rows [",
+                       sd->inter_begin(), ", ", sd->inter_end(),
+                       "), expected rows from ", next, " of ", vocab);
+    next = sd->inter_end();
+  }
+  if (next != vocab)
+    return env.Error("LM head on the ducks: the ducks hold ", next, " of ",
+                     vocab, " rows");
+  return absl::OkStatus();
+}
+
 HostOpOr CreateLmHead(const OpEnv &env) {
   const pl::LmHeadOpDef *p = env.def.params_as_LmHeadOpDef();
+  const uint64_t vocab = env.plan.def().model()->vocab();
+  if (p->on_ducks()) {
+    if (!env.runner)
+      return env.Error("LM head on the ducks, but no ducks to run it");
+    if (absl::Status s = CheckHeadSlots(env, p->duck_slot(), vocab); !s.ok())
+      return s;
+    return std::make_unique<LmHead>(env.runner, p->duck_slot(), vocab,
+                                    env.hidden, env.max_rows);
+  }
   const pl::TensorDef *t;
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->weight(), "weight"));
   HostMatrix m;

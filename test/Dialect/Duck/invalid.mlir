@@ -765,3 +765,43 @@ module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, st
 // #duck.partition: shares are positive.
 // expected-error @+1 {{partition: every share must be positive}}
 module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = experts, tp_max = 2, shares = [1.0, 0.0]>} {}
+
+// -----
+
+// duck.lm_head on the ducks: the row boundaries run from 0 to the vocab.
+duck.model @head_rows_end attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{duck_rows must run from 0 to the vocab 512 in tp + 1 boundaries}}
+  %m = duck.lm_head %x {weight = #duck.weight<"h", bf16, [512, 32]>, duck_rows = array<i64: 0, 256, 500>, duck_block = 32 : i64} : tensor<?x32xf32> -> tensor<?x512xf32>
+  duck.return %m : tensor<?x512xf32>
+}
+
+// -----
+
+// duck.lm_head on the ducks: every duck gets rows.
+duck.model @head_rows_empty attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{duck_rows must increase: duck 1 gets no rows}}
+  %m = duck.lm_head %x {weight = #duck.weight<"h", bf16, [512, 32]>, duck_rows = array<i64: 0, 256, 256, 512>, duck_block = 32 : i64} : tensor<?x32xf32> -> tensor<?x512xf32>
+  duck.return %m : tensor<?x512xf32>
+}
+
+// -----
+
+// duck.lm_head on the ducks: a block that divides the hidden size.
+duck.model @head_block attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{duck_block must be 32, 64 or 128 and divide the hidden size 32}}
+  %m = duck.lm_head %x {weight = #duck.weight<"h", bf16, [512, 32]>, duck_rows = array<i64: 0, 512>, duck_block = 64 : i64} : tensor<?x32xf32> -> tensor<?x512xf32>
+  duck.return %m : tensor<?x512xf32>
+}
+
+// -----
+
+// duck.lm_head on the ducks: one offset a duck.
+duck.model @head_offsets attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{duck_offsets needs 2 values, one a duck}}
+  %m = duck.lm_head %x {weight = #duck.weight<"h", bf16, [512, 32]>, duck_rows = array<i64: 0, 256, 512>, duck_block = 32 : i64, duck_offsets = array<i64: 8192>} : tensor<?x32xf32> -> tensor<?x512xf32>
+  duck.return %m : tensor<?x512xf32>
+}

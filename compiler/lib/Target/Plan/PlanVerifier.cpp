@@ -181,6 +181,23 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
             routed = moe->num_experts();
             width = moe->inter();
           }
+      // A head slot: the LM head tensor's rows [inter_begin, inter_end).
+      std::string headName;
+      if (sh.kind == DUCK_SLOT_HEAD) {
+        if (!sd->head() || sh.n_experts != 1)
+          return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
+                                   "does not call one",
+                                   rank, si));
+        if (const auto *ops = plan->ops())
+          for (const pl::OpDef *op : *ops)
+            if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
+                h && h->on_ducks() && h->weight() && h->weight()->name())
+              headName = h->weight()->name()->str();
+        if (headName.empty())
+          return err(llvm::formatv("duck {0} slot {1}: a head slot, but the "
+                                   "plan's LM head is not on the ducks",
+                                   rank, si));
+      }
       for (unsigned ex = 0; ex < sh.n_experts; ++ex) {
         const duck_ffn_desc &d = descs[ex];
         if (!d.present)
@@ -191,9 +208,14 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
           const duck_matrix_ref *ref;
           const std::string *name;
           bool down;
-        } roles[] = {{&d.gate, &names.gate, false},
-                     {&d.up, &names.up, false},
-                     {&d.down, &names.down, true}};
+        };
+        std::vector<Role> roles = {{&d.gate, &names.gate, false},
+                                   {&d.up, &names.up, false},
+                                   {&d.down, &names.down, true}};
+        if (sh.kind == DUCK_SLOT_HEAD) {
+          roles = {{&d.gate, &headName, false}};
+          names.base = 0;
+        }
         for (const Role &r : roles) {
           auto src = CheckpointMatrix::open(ckpt, *r.name);
           if (!src)

@@ -7,6 +7,7 @@
 #include "duck/plan/plan_generated.h"
 #include "plan_trailer.h"
 #include "duck_rt/abi.h"
+#include "duck_rt/slot_layout.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/ScopeExit.h"
@@ -65,8 +66,11 @@ public:
       : ckpt(ckpt), scaleRows(scaleRows), opts(opts) {}
 
   /// Writes the image of `rank`; fills checksums into `out_entries`.
+  /// `head` (may be null) puts the LM head's rows of this duck in a last
+  /// slot, with slot-table layer `headLayer`.
   Error write(ModuleOp module, int64_t rank, ArrayRef<Fp9FfnOp> shards,
-              StringRef path, uint64_t totalBytes, StringRef layoutKey,
+              LmHeadOp head, int64_t headLayer, StringRef path,
+              uint64_t totalBytes, StringRef layoutKey,
               std::vector<duck_slot_entry> &out_entries,
               std::string &out_key);
 
@@ -128,8 +132,10 @@ private:
       opts.progress(rank, pos, total);
     }
   }
-  Error packMatrix(Fp9FfnOp shard, const std::string &name, int64_t row0,
+  Error packMatrix(int64_t layer, const std::string &name, int64_t row0,
                    int64_t col0, const duck_fp9_desc &desc);
+  Error writeHeadSlot(LmHeadOp head, int64_t headLayer,
+                      std::vector<duck_slot_entry> &entries);
 
   const Checkpoint &ckpt;
   int64_t scaleRows;
@@ -144,7 +150,7 @@ private:
   std::future<PackJob> inflight;
 };
 
-Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
+Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
                               int64_t row0, int64_t col0,
                               const duck_fp9_desc &desc) {
   auto it = sources.find(name);
@@ -169,8 +175,7 @@ Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
   // meanwhile. `src` points into `sources`, which lives until the slot
   // ends; the slot's last padTo writes this job before it is cleared.
   std::future<PackJob> next = std::async(
-      std::launch::async, [src, desc, bytes = lay.total_bytes, name,
-                           layer = ffnShapeOf(shard).layer] {
+      std::launch::async, [src, desc, bytes = lay.total_bytes, name, layer] {
         PackJob job;
         job.storage.assign(bytes / 8 + 8, 0);
         job.bytes = bytes;
@@ -185,9 +190,62 @@ Error ImageWriter::packMatrix(Fp9FfnOp shard, const std::string &name,
   return e;
 }
 
+/// The head slot (abi.h): header, one descriptor whose `gate` is the
+/// [rows, hidden] matrix, then the rows packed as the host's fp9 head is.
+Error ImageWriter::writeHeadSlot(LmHeadOp head, int64_t headLayer,
+                                 std::vector<duck_slot_entry> &entries) {
+  const uint64_t offset = (*head.getDuckOffsets())[rank];
+  if (pos != offset)
+    return err(llvm::formatv("internal: head slot of duck {0} expected at "
+                             "offset {1}, writer at {2}",
+                             rank, offset, pos));
+  XXH3_64bits_reset(slotHash);
+  sources.clear();
+  ArrayRef<int64_t> rows = *head.getDuckRows();
+  const int64_t hidden = head.getWeight().getShape()[1];
+  const uint32_t block = (uint32_t)*head.getDuckBlock();
+  duck_head_slot_layout hl;
+  if (duck_compute_head_slot_layout((uint32_t)(rows[rank + 1] - rows[rank]),
+                                    (uint32_t)hidden, block,
+                                    (uint32_t)scaleRows, 0,
+                                    &hl) != DUCK_FP9_OK)
+    return err("invalid LM head slot layout");
+  duck_slot_header h{};
+  h.magic = DUCK_SLOT_MAGIC;
+  h.kind = DUCK_SLOT_HEAD;
+  h.layer = (uint32_t)headLayer;
+  h.hidden = (uint32_t)hidden;
+  h.inter = hl.matrix.rows;
+  h.n_experts = 1;
+  h.block = block;
+  duck_ffn_desc t{};
+  t.present = 1;
+  t.gate = {hl.table_bytes, hl.matrix,
+            (uint32_t)duck_select_kernel((uint32_t)hidden, block), 0};
+  if (Error e = writeBytes(&h, sizeof h))
+    return e;
+  if (Error e = writeBytes(&t, sizeof t))
+    return e;
+  if (Error e = padTo(offset + hl.table_bytes))
+    return e;
+  if (Error e = packMatrix(headLayer, head.getWeight().getName().str(),
+                           rows[rank], 0, hl.matrix))
+    return e;
+  if (Error e = padTo(offset + hl.total_bytes))
+    return e;
+  duck_slot_entry entry{};
+  entry.offset = offset;
+  entry.bytes = hl.total_bytes;
+  entry.checksum = XXH3_64bits_digest(slotHash);
+  entry.layer = (uint32_t)headLayer;
+  entry.kind = DUCK_SLOT_HEAD;
+  entries.push_back(entry);
+  return Error::success();
+}
+
 Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
-                         StringRef path, uint64_t totalBytes,
-                         StringRef layoutKey,
+                         LmHeadOp head, int64_t headLayer, StringRef path,
+                         uint64_t totalBytes, StringRef layoutKey,
                          std::vector<duck_slot_entry> &entries,
                          std::string &keyHex) {
   rank = r;
@@ -204,7 +262,7 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   XXH3_64bits_reset(slotHash);
 
   // Prologue placeholder; rewritten once the checksums are known.
-  uint64_t prologue = imagePrologueBytes(shards.size());
+  uint64_t prologue = imagePrologueBytes(shards.size() + (head ? 1 : 0));
   if (Error e = padTo(prologue))
     return e;
   entries.clear();
@@ -253,11 +311,11 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
          ++e) {
       ExpertTensorNames n = namesOf(shard, e);
       int64_t ib = shard.getInterBegin() + n.base;
-      if (Error x = packMatrix(shard, n.gate, ib, 0, d.gate))
+      if (Error x = packMatrix(fs.layer, n.gate, ib, 0, d.gate))
         return x;
-      if (Error x = packMatrix(shard, n.up, ib, 0, d.up))
+      if (Error x = packMatrix(fs.layer, n.up, ib, 0, d.up))
         return x;
-      if (Error x = packMatrix(shard, n.down, 0, ib, d.down))
+      if (Error x = packMatrix(fs.layer, n.down, 0, ib, d.down))
         return x;
     }
     if (Error e = padTo(offset + lay->totalBytes))
@@ -270,6 +328,9 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
     entry.kind = h.kind;
     entries.push_back(entry);
   }
+  if (head)
+    if (Error e = writeHeadSlot(head, headLayer, entries))
+      return e;
   if (pos != totalBytes)
     return err(llvm::formatv("internal: duck {0} image is {1} bytes, layout "
                              "said {2}",
@@ -285,7 +346,7 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   ih.tp_size = (uint32_t)module->getAttrOfType<PartitionAttr>(kPartitionAttrName)
                     .getTp();
   ih.tp_rank = (uint32_t)r;
-  ih.slot_count = (uint32_t)shards.size();
+  ih.slot_count = (uint32_t)entries.size();
   // The model key: the layout's key (everything that changes the layout)
   // combined with every slot's checksum, so a duck's cache can only hit on
   // an image with the very same bytes.
@@ -303,7 +364,9 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   keyHex = llvm::formatv("{0:x-16}{1:x-16}", key.high64, key.low64).str();
   ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
   ih.total_bytes = totalBytes;
-  ih.hidden = shards.empty() ? 0 : (uint32_t)ffnShapeOf(shards[0]).hidden;
+  ih.hidden = !shards.empty() ? (uint32_t)ffnShapeOf(shards[0]).hidden
+              : head        ? (uint32_t)head.getWeight().getShape()[1]
+                            : 0;
   ih.header_checksum = 0;
   ih.header_checksum = XXH3_64bits(&ih, sizeof ih);
   std::memcpy(pro.data(), &ih, sizeof ih);
@@ -337,6 +400,7 @@ public:
   double normEps = 0, ropeTheta = 0;
   DictionaryAttr cfg; ///< the model's config (duck.model's `config`)
   bool lmHeadFp9 = false, lmHeadInt8 = false;
+  LmHeadOp head; ///< the LM head when it is on the ducks
   fb::FlatBufferBuilder fbb{1 << 16};
   std::vector<fb::Offset<pl::OpDef>> ops;
   uint32_t numValues = 0;
@@ -643,7 +707,11 @@ Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
     if (!w)
       return w.takeError();
     *type = pl::OpParams::LmHeadOpDef;
-    return pl::CreateLmHeadOpDef(fbb, *w, lmHeadFp9, lmHeadInt8).Union();
+    const bool onDucks = head && h == head;
+    return pl::CreateLmHeadOpDef(fbb, *w, lmHeadFp9 && !onDucks,
+                                 lmHeadInt8 && !onDucks, onDucks,
+                                 onDucks ? (uint32_t)*h.getDuckSlot() : 0)
+        .Union();
   }
   return err("op '" + op.getName().getStringRef() + "' has no plan form");
 }
@@ -729,7 +797,19 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       return *a.getSlot() < *b.getSlot();
     });
 
+  LmHeadOp head;
+  module.walk([&](LmHeadOp op) {
+    if (op.getDuckRows() && op.getDuckSlot() && op.getDuckOffsets())
+      head = op;
+  });
+  const int64_t headLayer = [&] {
+    if (auto a = model.getConfig().getAs<IntegerAttr>("num_layers"))
+      return a.getInt();
+    return (int64_t)0;
+  }();
+
   PlanBuilder pb(ckpt);
+  pb.head = head;
   ImageWriter iw(ckpt, scaleRows, opts);
   std::vector<fb::Offset<pl::DuckDef>> ducks;
   for (int64_t r = 0; r < tp; ++r) {
@@ -740,8 +820,8 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
     uint64_t total = cast<IntegerAttr>(images[r]).getInt();
     StringRef layoutKey = cast<StringAttr>(keys[r]).getValue();
     std::string key;
-    if (Error e = iw.write(module, r, perRank[r], path, total, layoutKey,
-                           entries, key))
+    if (Error e = iw.write(module, r, perRank[r], head, headLayer, path, total,
+                           layoutKey, entries, key))
       return e;
     std::vector<fb::Offset<pl::SlotDef>> slots;
     for (auto [i, shard] : llvm::enumerate(perRank[r])) {
@@ -767,6 +847,24 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
           shard.getExpertBegin(), shard.getExpertEnd(), shard.getBlock(),
           (uint8_t)shard.getGateKernel()->getKind(),
           (uint8_t)shard.getDownKernel()->getKind(), &mats));
+    }
+    if (head) {
+      const duck_slot_entry &en = entries.back();
+      ArrayRef<int64_t> rows = *head.getDuckRows();
+      const uint32_t hidden = (uint32_t)head.getWeight().getShape()[1];
+      const uint32_t block = (uint32_t)*head.getDuckBlock();
+      const auto k = (uint8_t)duck_select_kernel(hidden, block);
+      duck_head_slot_layout hl;
+      (void)duck_compute_head_slot_layout((uint32_t)(rows[r + 1] - rows[r]),
+                                          hidden, block, (uint32_t)scaleRows,
+                                          0, &hl);
+      std::vector<fb::Offset<pl::MatrixDef>> mats = {pl::CreateMatrixDef(
+          pb.fbb, 0, 0, en.offset + hl.table_bytes, hl.matrix.rows, hidden,
+          block, k)};
+      slots.push_back(pl::CreateSlotDefDirect(
+          pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
+          (uint32_t)rows[r], (uint32_t)rows[r + 1], 0, 1, block, k, k, &mats,
+          /*head=*/true));
     }
     ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
                                             key.c_str(), &slots));

@@ -19,7 +19,9 @@
 namespace duck::runtime {
 
 struct RunnerStats {
-  std::vector<StepMetrics> decode_steps, prefill_steps;
+  /// FFN steps (the LM head's steps, when it is on the ducks, are timed
+  /// as the LM head op and kept apart).
+  std::vector<StepMetrics> decode_steps, prefill_steps, head_steps;
   /// 0: keep every step's metrics (one run); else keep between
   /// max_steps and 2 x max_steps of the newest (a server).
   size_t max_steps = 0;
@@ -33,6 +35,8 @@ public:
   absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                    uint32_t top_k, const duck_expert_slot *slots,
                    const float *x, float *out) override;
+  absl::Status RunHead(uint32_t slot, uint32_t n_tokens, const float *x,
+                       float *out, uint64_t vocab) override;
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
   /// Bounds the per-step metrics kept (RunnerStats::max_steps).
@@ -52,6 +56,15 @@ public:
   uint64_t recoveries() const { return recoveries_; }
 
 private:
+  /// Sends ib_ to every duck (recovering as set), keeps the step's
+  /// metrics in `kept`.
+  absl::Status SendStep(std::vector<StepMetrics> &kept);
+  /// Duck r's output floats after a checked OB header (width per token).
+  absl::StatusOr<const float *> Output(size_t r, uint32_t mode, uint32_t slot,
+                                       uint32_t n_tokens, uint32_t width);
+  /// Per-duck throughput bookkeeping: `params` weights processed.
+  void Account(size_t r, double params);
+
   const LoadedPlan &plan_;
   DuckClient *client_;
   Recover recover_;

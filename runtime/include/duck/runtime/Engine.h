@@ -36,6 +36,13 @@ public:
   virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                            uint32_t top_k, const duck_expert_slot *slots,
                            const float *x, float *out) = 0;
+  /// The LM head on the ducks (a head slot on each): out[t][v] for the
+  /// whole vocabulary, each duck's rows where its slot says.
+  virtual absl::Status RunHead(uint32_t slot, uint32_t n_tokens,
+                               const float *x, float *out, uint64_t vocab) {
+    (void)slot, (void)n_tokens, (void)x, (void)out, (void)vocab;
+    return absl::UnimplementedError("this runner has no LM head on the ducks");
+  }
 };
 
 struct EngineOptions {

@@ -193,6 +193,27 @@ LogicalResult LmHeadOp::verify() {
   if (hiddenOf(getResult()) != s[0])
     return emitOpError() << "result width " << hiddenOf(getResult())
                          << " does not match vocab " << s[0];
+  std::optional<ArrayRef<int64_t>> rows = getDuckRows();
+  if (!rows)
+    return success();
+  if (rows->size() < 2 || rows->front() != 0 || rows->back() != s[0])
+    return emitOpError() << "duck_rows must run from 0 to the vocab " << s[0]
+                         << " in tp + 1 boundaries";
+  for (size_t i = 1; i < rows->size(); ++i)
+    if ((*rows)[i] <= (*rows)[i - 1])
+      return emitOpError() << "duck_rows must increase: duck " << i - 1
+                           << " gets no rows";
+  std::optional<int64_t> block = getDuckBlock();
+  if (!block || (*block != 32 && *block != 64 && *block != 128) ||
+      s[1] % *block != 0)
+    return emitOpError() << "duck_block must be 32, 64 or 128 and divide "
+                            "the hidden size "
+                         << s[1];
+  const size_t tp = rows->size() - 1;
+  for (auto [name, a] : {std::pair{"duck_offsets", getDuckOffsets()},
+                         std::pair{"duck_bytes", getDuckBytes()}})
+    if (a && a->size() != tp)
+      return emitOpError() << name << " needs " << tp << " values, one a duck";
   return success();
 }
 

@@ -272,8 +272,37 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     }
     layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
   });
-  st.streamMsPerToken = layerMsSum;
-  st.dispatchMsPerToken = st.ffnLayers * c.stepOverheadUs / 1e3;
+  // The LM head on the ducks: one more step a token, its slowest duck.
+  module.walk([&](LmHeadOp head) {
+    std::optional<ArrayRef<int64_t>> rows = head.getDuckRows();
+    if (!rows || (int64_t)rows->size() != st.tp + 1)
+      return;
+    const int64_t hidden = head.getWeight().getShape()[1];
+    const duck_kernel_id id =
+        duck_select_kernel((uint32_t)hidden, (uint32_t)*head.getDuckBlock());
+    std::optional<ArrayRef<int64_t>> bytes = head.getDuckBytes();
+    double slowest = 0;
+    for (int64_t r = 0; r < st.tp; ++r) {
+      const double params = double((*rows)[r + 1] - (*rows)[r]) * hidden;
+      st.ducks[r].paramsPerToken += params;
+      double rate = (size_t)r < c.duckGparamS.size() ? c.duckGparamS[r]
+                                                     : c.fp9GparamS;
+      if ((size_t)r < c.duckKernelGparamS.size() &&
+          (size_t)id < c.duckKernelGparamS[r].size() &&
+          c.duckKernelGparamS[r][id] > 0)
+        rate = c.duckKernelGparamS[r][id];
+      const double sec =
+          rate > 0 ? params / (rate * 1e9)
+          : bytes  ? double((*bytes)[r]) / (c.bandwidthGbs * 1e9)
+                   : params * 1.125 / (c.bandwidthGbs * 1e9);
+      slowest = std::max(slowest, sec);
+    }
+    st.lmHeadOnDucks = true;
+    st.lmHeadMsPerToken = 1e3 * slowest;
+  });
+  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken;
+  st.dispatchMsPerToken =
+      (st.ffnLayers + (st.lmHeadOnDucks ? 1 : 0)) * c.stepOverheadUs / 1e3;
   st.hostMsPerToken = c.hostMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
@@ -307,6 +336,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        d.paramsPerToken);
   os << "total prepare traffic: " << s.totalBytes << " bytes ("
      << human(s.totalBytes) << ")\n";
+  if (s.lmHeadOnDucks)
+    os << llvm::format("LM head: on the ducks (vocabulary rows split), "
+                       "%.3f ms a token on the slowest duck (in the ducks' "
+                       "time below)\n",
+                       s.lmHeadMsPerToken);
   if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
     const std::string rate =
         c.fp9GparamS > 0
@@ -339,6 +373,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"tp_max", s.tpMax},
       {"strategy", s.strategy},
       {"ffn_layers", s.ffnLayers},
+      {"lm_head_on_ducks", s.lmHeadOnDucks},
+      {"lm_head_ms_per_token", s.lmHeadMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
       {"per_duck_params_per_token", std::move(perDuckParams)},
       {"total_bytes", (int64_t)s.totalBytes},

@@ -1,6 +1,7 @@
 //===- LayoutWeights.cpp - duck-layout-weights ----------------------------===//
 #include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck/Dialect/Duck/Transforms/Passes.h"
+#include "duck_rt/slot_layout.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/Format.h"
@@ -63,9 +64,32 @@ struct DuckLayoutWeightsPass
     if (!ok)
       return signalPassFailure();
 
+    // The LM head on the ducks: one more slot on each, after the FFNs.
+    LmHeadOp head;
+    module.walk([&](LmHeadOp op) {
+      if (op.getDuckRows())
+        head = op;
+    });
+    if (head) {
+      if ((int64_t)head.getDuckRows()->size() != tp + 1) {
+        head.emitOpError() << "duck_rows has " << head.getDuckRows()->size()
+                           << " boundaries for " << tp << " ducks";
+        return signalPassFailure();
+      }
+      for (auto &v : perRank)
+        if (v.size() != perRank.front().size()) {
+          head.emitOpError("the ducks hold different slot counts, so the "
+                           "head slot would have no one index");
+          return signalPassFailure();
+        }
+    }
+    const int64_t headSlot = perRank.empty() ? 0 : perRank.front().size();
+    SmallVector<int64_t> headOffsets, headBytes;
+
     SmallVector<Attribute> images, slots, keys;
     for (size_t r = 0; r < perRank.size(); ++r) {
-      uint64_t offset = imagePrologueBytes(perRank[r].size());
+      uint64_t offset =
+          imagePrologueBytes(perRank[r].size() + (head ? 1 : 0));
       std::string canon;
       llvm::raw_string_ostream cs(canon);
       cs << "duck-image-v" << DUCK_IMAGE_FORMAT_VERSION << "|fp9-v"
@@ -95,9 +119,35 @@ struct DuckLayoutWeightsPass
           cs << cast<MoeOp>(p).getGate().getDtype();
         offset += lay->totalBytes;
       }
+      if (head) {
+        ArrayRef<int64_t> rows = *head.getDuckRows();
+        ArrayRef<int64_t> shape = head.getWeight().getShape();
+        duck_head_slot_layout hl;
+        if (duck_compute_head_slot_layout(
+                (uint32_t)(rows[r + 1] - rows[r]), (uint32_t)shape[1],
+                (uint32_t)*head.getDuckBlock(), (uint32_t)scaleRows, 0,
+                &hl) != DUCK_FP9_OK) {
+          head.emitOpError() << "duck " << r << ": the head rows have no fp9 "
+                                "layout";
+          return signalPassFailure();
+        }
+        headOffsets.push_back(offset);
+        headBytes.push_back(hl.total_bytes);
+        cs << "|slot" << headSlot << ":head,rows=" << rows[r] << "-"
+           << rows[r + 1] << "/" << shape[0] << ",hidden=" << shape[1]
+           << ",block=" << *head.getDuckBlock()
+           << ",dtype=" << head.getWeight().getDtype();
+        offset += hl.total_bytes;
+      }
       images.push_back(b.getI64IntegerAttr(offset));
-      slots.push_back(b.getI64IntegerAttr(perRank[r].size()));
+      slots.push_back(
+          b.getI64IntegerAttr(perRank[r].size() + (head ? 1 : 0)));
       keys.push_back(b.getStringAttr(keyHex(canon)));
+    }
+    if (head) {
+      head.setDuckSlotAttr(b.getI64IntegerAttr(headSlot));
+      head.setDuckOffsetsAttr(b.getDenseI64ArrayAttr(headOffsets));
+      head.setDuckBytesAttr(b.getDenseI64ArrayAttr(headBytes));
     }
     module->setAttr("duck.image_bytes", b.getArrayAttr(images));
     module->setAttr("duck.slot_count", b.getArrayAttr(slots));

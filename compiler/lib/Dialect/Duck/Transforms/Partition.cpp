@@ -84,8 +84,61 @@ struct DuckPartitionPass
     return counts;
   }
 
+  /// lm-head=ducks: the head's vocabulary rows over the ducks in whole
+  /// scale tiles (so each duck packs exactly the tiles the host's fp9 head
+  /// would, and the logits keep their bits), in proportion to the shares.
+  LogicalResult placeLmHead(ModuleOp module) {
+    const bool onDucks = lmHead == "ducks";
+    LogicalResult result = success();
+    module.walk([&](LmHeadOp op) {
+      for (StringRef a : {"duck_rows", "duck_block", "duck_slot",
+                          "duck_offsets", "duck_bytes"})
+        op->removeAttr(a);
+      if (!onDucks)
+        return;
+      ArrayRef<int64_t> shape = op.getWeight().getShape();
+      const int64_t vocab = shape[0], hidden = shape[1];
+      const int64_t tile = scaleRowsOf(module);
+      const int64_t tiles = (vocab + tile - 1) / tile;
+      if (tiles < tp) {
+        op.emitOpError() << "the LM head's " << vocab << " rows are " << tiles
+                         << " tiles of " << tile << ": too few for "
+                         << (int64_t)tp << " ducks (use --lm-head on the host)";
+        result = failure();
+        return;
+      }
+      const int64_t block = hidden % 128 == 0  ? 128
+                            : hidden % 64 == 0 ? 64
+                            : hidden % 32 == 0 ? 32
+                                               : 0;
+      if (!block) {
+        op.emitOpError() << "hidden size " << hidden
+                         << " is not a multiple of 32: no fp9 block for the "
+                            "LM head on the ducks";
+        result = failure();
+        return;
+      }
+      SmallVector<int64_t> rows = {0};
+      int64_t first = 0;
+      for (int64_t c : blockCounts(tiles)) {
+        first += c;
+        rows.push_back(std::min(first * tile, vocab));
+      }
+      Builder b(module.getContext());
+      op.setDuckRowsAttr(b.getDenseI64ArrayAttr(rows));
+      op.setDuckBlockAttr(b.getI64IntegerAttr(block));
+    });
+    return result;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (lmHead != "host" && lmHead != "ducks") {
+      module.emitError() << "duck-partition: lm-head must be host or ducks, "
+                            "got '"
+                         << lmHead << "'";
+      return signalPassFailure();
+    }
     // Diagnostics take pass options by value: cast them, or an
     // Option<int64_t> converts to `char` and prints as a control byte.
     if (tp < 1) {
@@ -228,6 +281,8 @@ struct DuckPartitionPass
                            nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
       }
     }
+    if (failed(placeLmHead(module)))
+      return signalPassFailure();
     // The partition, once, for every later pass and the plan writer.
     module->setAttr(
         kPartitionAttrName,

@@ -146,8 +146,20 @@ def Duck_MoeOp : Duck_FfnOp<"moe"> {
 }
 
 def Duck_LmHeadOp : Duck_Op<"lm_head", [Pure]> {
-  let summary = "final projection to vocabulary logits (host)";
-  let arguments = (ins Duck_Activation:$input, Duck_WeightAttr:$weight);
+  let summary = "final projection to vocabulary logits (host or ducks)";
+  let description = [{
+    On the host unless `duck-partition` (lm-head=ducks) splits its rows
+    over the ducks: `duck_rows` holds the tp + 1 row boundaries (whole
+    scale tiles, rank order), `duck_block` the K-block; `duck-layout-weights`
+    adds the head slot's index (`duck_slot`, the same on every duck) and
+    each duck's `duck_offsets` / `duck_bytes`.
+  }];
+  let arguments = (ins Duck_Activation:$input, Duck_WeightAttr:$weight,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_rows,
+                       OptionalAttr<I64Attr>:$duck_block,
+                       OptionalAttr<I64Attr>:$duck_slot,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_offsets,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_bytes);
   let results = (outs Duck_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;

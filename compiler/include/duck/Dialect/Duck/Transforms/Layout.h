@@ -94,6 +94,10 @@ struct ModuleStats {
   /// expert placement: top_k experts fall unevenly over the ducks).
   double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
   double hostMsPerToken = 0;
+  /// The LM head on the ducks (lm-head=ducks): its slowest duck a token,
+  /// included in streamMsPerToken (and one more step in the dispatch).
+  bool lmHeadOnDucks = false;
+  double lmHeadMsPerToken = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).

@@ -47,6 +47,9 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
            "relative speed of each duck (tp values): an intermediate split "
            "gives each duck whole blocks in proportion (at least one each), "
            "so unequal ducks finish together; default: equal">,
+    Option<"lmHead", "lm-head", "std::string", /*default=*/"\"host\"",
+           "host, or ducks: the LM head's vocabulary rows split over the "
+           "ducks in whole scale tiles (in proportion to the shares)">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
