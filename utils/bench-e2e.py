@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt tokens a run (default 64)")
     ap.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
     ap.add_argument("--lm-head", default="checkpoint",
-                    help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9; default checkpoint)")
+                    help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9, ducks; default checkpoint)")
     ap.add_argument("--moe-layers", type=int, default=2, help="layers of the q30 shape (default 2)")
     ap.add_argument("--moe-vocab", type=int, default=1024, help="vocab of the q30 shape (default 1024)")
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench: run it beside duckrun")
@@ -118,8 +118,8 @@ def main():
     arrangements = parse_arrangements(a.arrangements)
     heads = a.lm_head.split(",")
     for h in heads:
-        if h not in ("checkpoint", "int8", "fp9"):
-            fail(f"--lm-head: {h!r} is not checkpoint, int8 or fp9")
+        if h not in ("checkpoint", "int8", "fp9", "ducks"):
+            fail(f"--lm-head: {h!r} is not checkpoint, int8, fp9 or ducks")
     configs = [(d, c, h) for h in heads for d, c in arrangements]
     bin_ = os.path.join(a.build, "bin")
     for t in ("duck-mkmodel", "duckc", "duckrun", "duck-bench"):
