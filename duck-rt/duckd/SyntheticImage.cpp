@@ -41,6 +41,18 @@ struct Layout {
 /// The slot's layout: the same duck_compute_slot_layout the compiler uses.
 Layout LayoutOf(const SyntheticSpec &spec, const SyntheticSlot &s) {
   Layout l;
+  if (s.kind == DUCK_SLOT_HEAD) { // one [inter rows, hidden] matrix
+    duck_head_slot_layout hl{};
+    (void)duck_compute_head_slot_layout(s.inter, spec.hidden, spec.block, 128,
+                                        0, &hl);
+    l.experts = l.held = 1;
+    l.gate = hl.matrix;
+    l.lg = hl.matrix_layout;
+    l.table_bytes = hl.table_bytes;
+    l.expert_bytes = hl.matrix_layout.total_bytes;
+    l.total = hl.total_bytes;
+    return l;
+  }
   l.experts = s.kind == DUCK_SLOT_DENSE ? 1 : s.experts;
   for (uint32_t e = 0; e < l.experts; ++e)
     l.held += (s.present.empty() || s.present[e]) ? 1 : 0;
@@ -131,6 +143,12 @@ absl::Status BuildSlot(const SyntheticSpec &spec, const SyntheticSlot &s,
   std::memcpy(out, &h, sizeof h);
   auto *descs = reinterpret_cast<duck_ffn_desc *>(out + sizeof h);
   uint64_t pos = l.table_bytes;
+  if (s.kind == DUCK_SLOT_HEAD) { // `gate` holds the head rows
+    descs[0].present = 1;
+    descs[0].gate = {pos, l.gate, duck_select_kernel(l.gate.k, l.gate.block),
+                     0};
+    return FillMatrix(l.gate, l.lg, spec.pack, rng, out + pos);
+  }
   const uint32_t gk = duck_select_kernel(l.gate.k, l.gate.block);
   const uint32_t dk = duck_select_kernel(l.down.k, l.down.block);
   for (uint32_t e = 0; e < l.experts; ++e) {
@@ -268,6 +286,8 @@ std::vector<duck_ffn_weights> SlotViews(const uint8_t *image, uint32_t slot) {
     }
     w[x].gate = duck_fp9_matrix_view(&descs[x].gate.desc,
                                      base + descs[x].gate.offset);
+    if (h.kind == DUCK_SLOT_HEAD)
+      continue; // up and down are empty
     w[x].up = duck_fp9_matrix_view(&descs[x].up.desc, base + descs[x].up.offset);
     w[x].down = duck_fp9_matrix_view(&descs[x].down.desc,
                                      base + descs[x].down.offset);

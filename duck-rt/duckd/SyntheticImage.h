@@ -20,7 +20,7 @@ namespace duck::duckd {
 struct SyntheticSlot {
   duck_slot_kind kind = DUCK_SLOT_DENSE;
   uint32_t layer = 0;
-  uint32_t inter = 128;
+  uint32_t inter = 128; // a HEAD slot: its vocabulary rows
   uint32_t experts = 1;      // MoE: routed experts of the slot
   std::vector<bool> present; // MoE: which experts this duck holds (all)
 };

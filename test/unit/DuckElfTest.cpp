@@ -172,6 +172,62 @@ TEST(DuckElf, EveryModeMatchesTheKernels) {
   }
 }
 
+// Mode HEAD on a head slot gives each row's logit exactly as duck_gemv
+// (one token) and duck_gemm (a batch) give it, on 1 and 3 cores; a head
+// slot with a second matrix, and either slot kind under the other's mode,
+// are refused with a status.
+TEST(DuckElf, HeadModeMatchesTheKernels) {
+  SyntheticSpec spec = TestSpec();
+  spec.slots = {SyntheticSlot{DUCK_SLOT_DENSE, 0, 128, 1, {}},
+                SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}}};
+  auto image = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const duck_fp9_matrix head = SlotViews(image->data(), 1)[0].gate;
+  ASSERT_EQ(head.rows, 200u);
+  for (uint32_t cores : {1u, 3u}) {
+    ElfRunner r(DUCK_ELF_PATH, *image, cores);
+    ASSERT_TRUE(r.elf);
+    uint64_t seed = 7;
+    for (uint32_t tokens : {1u, 2u, 6u}) {
+      auto x = RandomX(tokens * kHidden, ++seed);
+      ASSERT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, tokens, 0, {}, x)),
+                DUCK_STATUS_OK)
+          << r.logs[0];
+      EXPECT_EQ(r.Header().hidden, 200u);
+      EXPECT_EQ(r.ob_size, 64 + uint64_t(tokens) * 200 * 4);
+      std::vector<float> want(tokens * 200);
+      Aligned xs(2 * tokens * kHidden * 4);
+      if (tokens == 1)
+        duck_gemv(&head, x.data(), want.data(), 0, 200,
+                  reinterpret_cast<float *>(xs.p), DUCK_DECODE_SHIFT);
+      else
+        duck_gemm(&head, x.data(), kHidden, tokens, want.data(), 200, 0, 200,
+                  reinterpret_cast<float *>(xs.p));
+      ExpectBitIdentical(r.Out(), want, "head");
+    }
+    EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 0, 1, 0, {}, RandomX(kHidden, 1))),
+              DUCK_STATUS_BAD_INPUT);
+    EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_DENSE_DECODE, 1, 1, 0, {},
+                            RandomX(kHidden, 1))),
+              DUCK_STATUS_BAD_INPUT);
+  }
+  // A head slot whose `up` is not empty.
+  std::vector<uint8_t> bad = *image;
+  duck_image_header ih;
+  std::memcpy(&ih, bad.data(), sizeof ih);
+  duck_slot_entry e;
+  std::memcpy(&e, bad.data() + ih.slot_table_offset + sizeof e, sizeof e);
+  auto *d = reinterpret_cast<duck_ffn_desc *>(bad.data() + e.offset +
+                                              sizeof(duck_slot_header));
+  d->up.desc.rows = 1;
+  ElfRunner r(DUCK_ELF_PATH, bad, 1);
+  ASSERT_TRUE(r.elf);
+  EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, 1, 0, {}, RandomX(kHidden, 2))),
+            DUCK_STATUS_BAD_WEIGHTS);
+  EXPECT_NE(r.logs[0].find("has an up or down matrix"), std::string::npos)
+      << r.logs[0];
+}
+
 /// An IB with one field changed.
 std::vector<uint8_t> WithHeader(std::vector<uint8_t> ib,
                                 void (*edit)(duck_ib_header &)) {
