@@ -49,7 +49,7 @@ def main():
         before = run(gen)
 
         r = run([args.duckc, "measure-cluster", cluster, "--millis", "40",
-                 "--arena-mib", "64"])
+                 "--arena-mib", "64", "--host"])
         print(r.stdout, end="")
         c = json.load(open(cluster))
         classes = ("general128", "general64", "general32", "exact128",
@@ -67,7 +67,8 @@ def main():
                 sys.exit(f"measure-cluster: ducks[{i}] kernel rates {rates}")
         if c.get("token") != TOKEN or c.get("host_ms_per_token") != 2.0:
             sys.exit("measure-cluster: the file lost fields it had")
-        if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0):
+        if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0 and
+                c.get("host_read_gbs", 0) > 0):
             sys.exit(f"measure-cluster: cluster figures {c}")
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
               f"{len(classes)} kernel classes, rtt_us, empty_step_us; token "

@@ -109,7 +109,7 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return Error::success();
   };
   double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
-  double gps = 0, hostMs = 0;
+  double gps = 0, hostMs = 0, hostGbs = 0;
   if (Error e = num(*o, "bandwidth_gbs", bw))
     return e;
   if (Error e = num(*o, "step_overhead_us", ov))
@@ -118,14 +118,17 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return e;
   if (Error e = num(*o, "host_ms_per_token", hostMs))
     return e;
-  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0)
+  if (Error e = num(*o, "host_read_gbs", hostGbs))
+    return e;
+  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0 || hostGbs < 0)
     return err("cluster file '" + path + "': bandwidth_gbs must be positive "
-               "and step_overhead_us, fp9_gparam_s, host_ms_per_token not "
-               "negative");
+               "and step_overhead_us, fp9_gparam_s, host_ms_per_token, "
+               "host_read_gbs not negative");
   c.cost.bandwidthGbs = bw;
   c.cost.stepOverheadUs = ov;
   c.cost.fp9GparamS = gps;
   c.cost.hostMsPerToken = hostMs;
+  c.cost.hostReadGbs = hostGbs;
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");
@@ -372,7 +375,11 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
     out << "\n";
     return Error::success();
   }
-  auto stats = computeStats(*module, opts.cluster.cost);
+  ClusterModel cost = opts.cluster.cost;
+  // A host head quantised at load reads 1.125 bytes a weight.
+  cost.hostHeadBytesPerWeight =
+      opts.lmHead == "fp9" || opts.lmHead == "int8" ? 1.125 : 0;
+  auto stats = computeStats(*module, cost);
   if (failed(stats))
     return diags.takeError("statistics failed");
 
@@ -389,7 +396,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   }
 
   if (opts.emit == CompileOptions::Emit::Stats) {
-    llvm::json::Object o = statsToJson(*stats, opts.cluster.cost);
+    llvm::json::Object o = statsToJson(*stats, cost);
     o["ffn"] = kernelTable(*module);
     o["cores_per_duck"] = opts.cluster.coresPerDuck;
     out << llvm::formatv("{0:2}", llvm::json::Value(std::move(o))) << "\n";
@@ -397,7 +404,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   }
   if (opts.dryRun) {
     out << "model: " << opts.modelDir << "\n";
-    printStatsText(*stats, opts.cluster.cost, out);
+    printStatsText(*stats, cost, out);
     out << "layer  kind   inter  local  experts  gate        up          down\n";
     for (const llvm::json::Value &row : kernelTable(*module)) {
       const llvm::json::Object &o = *row.getAsObject();

@@ -10,6 +10,7 @@
 #include "duck/Import/Fp9Report.h"
 #include "duck/Pipelines/Compile.h"
 #include "duck/Target/Plan/PlanVerifier.h"
+#include "Measure.h" // duck-rt/bench: the duck's own rates, here the host's
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/LocalCluster.h"
 
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -174,7 +176,7 @@ cl::opt<bool> compileProgress("progress",
 /// One candidate partition and what the cost model predicts for it.
 struct Candidate {
   int64_t tp = 1;
-  std::string multipleOf, strategy;
+  std::string multipleOf, strategy, lmHead;
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0;
@@ -183,11 +185,14 @@ struct Candidate {
 
 /// Lays out one candidate (dry run, stats only) and reads the prediction.
 Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
-                   const std::string &mo, const std::string &strategy) {
+                   const std::string &mo, const std::string &strategy,
+                   const std::string &lmHead) {
   Candidate c;
   c.tp = tp;
   c.multipleOf = mo;
   c.strategy = strategy;
+  c.lmHead = lmHead;
+  o.lmHead = lmHead;
   o.cluster.tp = tp;
   if (!o.cluster.memoryBytes.empty())
     o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
@@ -242,11 +247,20 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
   std::vector<std::string> strategies =
       autoStrategy ? std::vector<std::string>{"intermediate", "experts"}
                    : std::vector<std::string>{base.strategy};
+  // The LM head's place: when the flag leaves it open and the cluster file
+  // gives the host's bandwidth (the host head's cost), the checkpoint's
+  // head on the host or fp9 on the ducks.
+  const bool autoHead = compileLmHead.getNumOccurrences() == 0 &&
+                        base.cluster.cost.hostReadGbs > 0;
+  std::vector<std::string> heads =
+      autoHead ? std::vector<std::string>{base.lmHead, "ducks"}
+               : std::vector<std::string>{base.lmHead};
   std::vector<Candidate> all;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
-        all.push_back(evaluate(base, t, mo, st));
+        for (const std::string &h : heads)
+          all.push_back(evaluate(base, t, mo, st, h));
   const Candidate *best = nullptr;
   for (const Candidate &c : all) {
     if (!c.ok)
@@ -256,7 +270,9 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tokS > b.tokS * (1 + 1e-9);
       if (a.tp != b.tp)
         return a.tp < b.tp;
-      return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
+      if (a.multipleOf != b.multipleOf)
+        return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
+      return a.lmHead != "ducks" && b.lmHead == "ducks"; // the host's head
     };
     if (!best || better(c, *best))
       best = &c;
@@ -286,25 +302,40 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
             ? formatv("{0:F2} Gparam/s a duck (measured)", cm.fp9GparamS).str()
             : formatv("{0:F1} GB/s a duck", cm.bandwidthGbs).str(),
         cm.stepOverheadUs,
-        cm.hostMsPerToken > 0
-            ? formatv("host {0:F3} ms a token (measured)", cm.hostMsPerToken)
-                  .str()
-            : std::string("host work not counted"),
+        (cm.hostMsPerToken > 0
+             ? formatv("host {0:F3} ms a token (measured)", cm.hostMsPerToken)
+                   .str()
+             : std::string("host work not counted")) +
+            (cm.hostReadGbs > 0
+                 ? formatv(" + an LM head on the host at {0:F1} GB/s",
+                           cm.hostReadGbs)
+                       .str()
+                 : std::string()),
         mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
             : std::string());
-    out << "  tp  multiple_of  strategy      TPOT ms  stream ms  dispatch ms  "
-           "tok/s    largest shard\n";
+    // With the head's place open, a column says where it goes and the
+    // host's time (the host head's share included) is shown.
+    out << "  tp  multiple_of  strategy    "
+        << (autoHead ? "  LM head      host ms" : "")
+        << "  TPOT ms  stream ms  dispatch ms  tok/s    largest shard\n";
     for (const Candidate &c : all) {
+      const std::string head =
+          autoHead ? formatv("  {0,-9}", c.lmHead == "ducks" ? "ducks"
+                                                              : "host").str()
+                   : std::string();
       if (!c.ok) {
         StringRef why = StringRef(c.why).split('\n').first;
-        out << formatv("{0,4}  {1,11}  {2,-12}  not legal: {3}\n", c.tp,
-                       c.multipleOf, c.strategy, why);
+        out << formatv("{0,4}  {1,11}  {2,-12}{3}  not legal: {4}\n", c.tp,
+                       c.multipleOf, c.strategy, head, why);
         continue;
       }
-      out << formatv("{0,4}  {1,11}  {2,-12}  {3,7:F3}  {4,9:F3}  {5,11:F3}  "
-                     "{6,7:F2}  {7,10:F3} GiB{8}\n",
-                     c.tp, c.multipleOf, c.strategy, 1e3 / c.tokS, c.streamMs,
-                     c.dispatchMs, c.tokS, c.maxShardBytes / 1073741824.0,
+      const std::string host =
+          autoHead ? formatv("  {0,9:F3}", c.hostMs).str() : std::string();
+      out << formatv("{0,4}  {1,11}  {2,-12}{3}{4}  {5,7:F3}  {6,9:F3}  "
+                     "{7,11:F3}  {8,7:F2}  {9,10:F3} GiB{10}\n",
+                     c.tp, c.multipleOf, c.strategy, head, host, 1e3 / c.tokS,
+                     c.streamMs, c.dispatchMs, c.tokS,
+                     c.maxShardBytes / 1073741824.0,
                      &c == best ? "  <- chosen" : "");
     }
   }
@@ -320,7 +351,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     int better = 0;
     for (const Candidate &c : all)
       better += c.ok && &c != best;
-    out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}: predicted "
+    out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}{10}: "
+                   "predicted "
                    "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
                    "dispatch {6:F3}{9}); the fastest of {7} legal candidates"
                    "{8}\n",
@@ -329,7 +361,11 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                    better + 1, autoTp ? ", ties going to fewer ducks" : "",
                    best->hostMs > 0
                        ? formatv(" + host {0:F3}", best->hostMs).str()
-                       : std::string());
+                       : std::string(),
+                   autoHead ? (best->lmHead == "ducks"
+                                   ? ", LM head on the ducks"
+                                   : ", LM head on the host")
+                            : "");
   }
   return *best;
 }
@@ -408,6 +444,7 @@ Error runCompile() {
       o.cluster.memoryBytes.resize(winner->tp, o.cluster.memoryBytes.back());
     o.multipleOf = winner->multipleOf;
     o.strategy = winner->strategy;
+    o.lmHead = winner->lmHead;
   }
   return mlir::duck::compileModel(o, outs(), errs());
 }
@@ -531,6 +568,14 @@ cl::opt<double> measureSameWithin(
              "equal ducks unequally); 0 keeps every duck's own"),
     cl::init(0.10), cl::sub(measureCmd), cl::cat(duckcCategory));
 
+cl::opt<bool> measureHost(
+    "host",
+    cl::desc("Also measure this machine's read bandwidth, all its cores, as "
+             "the host's (host_read_gbs: the cost of an LM head on the host, "
+             "so the compiler can choose where it goes); run measure-cluster "
+             "on the host for this"),
+    cl::sub(measureCmd), cl::cat(duckcCategory));
+
 Error runMeasureCluster() {
   using duck::runtime::DuckEndpoint;
   auto fail = [&](const Twine &msg) {
@@ -639,6 +684,15 @@ Error runMeasureCluster() {
   }
   (*root)["bandwidth_gbs"] = minRead;
   (*root)["step_overhead_us"] = maxRtt;
+  if (measureHost) {
+    duck::bench::DuckMeasureOptions ho;
+    ho.cores = std::max(1u, std::thread::hardware_concurrency());
+    ho.seconds = measureMillis / 1e3;
+    const double gbs = duck::bench::measureDuck(ho).read_gbs;
+    (*root)["host_read_gbs"] = gbs;
+    outs() << formatv("host (this machine, {0} cores): read {1:f1} GB/s\n",
+                      ho.cores, gbs);
+  }
   char date[32];
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -756,7 +810,9 @@ options of one subcommand.
       "step_overhead_us" (the largest gap: a ping that kept the duck busy
       --busy-us (500) as a step would, less that time, or an empty step)
       into the file, for 'compile --cluster'. Ducks measure one after
-      another unless --all-at-once.
+      another unless --all-at-once. --host (run it on the host) also writes
+      this machine's read bandwidth as "host_read_gbs": with it, 'compile
+      --tp auto' without --lm-head also chooses where the LM head goes.
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.

@@ -300,10 +300,26 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     st.lmHeadOnDucks = true;
     st.lmHeadMsPerToken = 1e3 * slowest;
   });
+  // The LM head on the host: its bytes at the host's bandwidth.
+  if (!st.lmHeadOnDucks && c.hostReadGbs > 0)
+    module.walk([&](LmHeadOp head) {
+      ArrayRef<int64_t> shape = head.getWeight().getShape();
+      const double params = double(shape[0]) * shape[1];
+      double perWeight = c.hostHeadBytesPerWeight;
+      if (perWeight <= 0) {
+        // As the host reads it: FP8 (with block scales) becomes fp9.
+        Type t = head.getWeight().getDtype();
+        perWeight = head.getWeight().getScale() ? 1.125
+                    : t.isIntOrFloat()          ? t.getIntOrFloatBitWidth() / 8.0
+                                                : 2.0;
+      }
+      st.hostLmHeadMsPerToken =
+          1e3 * params * perWeight / (c.hostReadGbs * 1e9);
+    });
   st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken;
   st.dispatchMsPerToken =
       (st.ffnLayers + (st.lmHeadOnDucks ? 1 : 0)) * c.stepOverheadUs / 1e3;
-  st.hostMsPerToken = c.hostMsPerToken;
+  st.hostMsPerToken = c.hostMsPerToken + st.hostLmHeadMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
   return st;
@@ -341,6 +357,10 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "%.3f ms a token on the slowest duck (in the ducks' "
                        "time below)\n",
                        s.lmHeadMsPerToken);
+  else if (c.hostReadGbs > 0)
+    os << llvm::format("LM head: on the host, %.3f ms a token at %.1f GB/s "
+                       "(in the host's time below)\n",
+                       s.hostLmHeadMsPerToken, c.hostReadGbs);
   if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
     const std::string rate =
         c.fp9GparamS > 0
@@ -375,6 +395,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"ffn_layers", s.ffnLayers},
       {"lm_head_on_ducks", s.lmHeadOnDucks},
       {"lm_head_ms_per_token", s.lmHeadMsPerToken},
+      {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
       {"per_duck_params_per_token", std::move(perDuckParams)},
       {"total_bytes", (int64_t)s.totalBytes},

@@ -66,9 +66,17 @@ struct ClusterModel {
   /// cores); when set, a duck's time is its weights / this rate rather
   /// than its bytes / bandwidth.
   double fp9GparamS = 0;
-  /// Measured host time a decoded token (attention, norms, router, LM
-  /// head: duckrun's breakdown); the same for every partition.
+  /// Measured host time a decoded token (attention, norms, router, and the
+  /// LM head unless hostReadGbs is given: duckrun's breakdown); the same
+  /// for every partition.
   double hostMsPerToken = 0;
+  /// The host's read bandwidth (cluster file `host_read_gbs`): when set, an
+  /// LM head on the host costs its bytes at this rate, on top of
+  /// hostMsPerToken, so the head's placement can be chosen.
+  double hostReadGbs = 0;
+  /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
+  /// the checkpoint's dtype).
+  double hostHeadBytesPerWeight = 0;
   /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
   std::vector<double> duckGparamS;
   /// Per duck (rank order), the measured rate of each kernel class, by
@@ -98,6 +106,9 @@ struct ModuleStats {
   /// included in streamMsPerToken (and one more step in the dispatch).
   bool lmHeadOnDucks = false;
   double lmHeadMsPerToken = 0;
+  /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
+  /// the host's bandwidth, included in hostMsPerToken.
+  double hostLmHeadMsPerToken = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).
