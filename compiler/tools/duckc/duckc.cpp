@@ -302,15 +302,20 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
             ? formatv("{0:F2} Gparam/s a duck (measured)", cm.fp9GparamS).str()
             : formatv("{0:F1} GB/s a duck", cm.bandwidthGbs).str(),
         cm.stepOverheadUs,
-        (cm.hostMsPerToken > 0
-             ? formatv("host {0:F3} ms a token (measured)", cm.hostMsPerToken)
-                   .str()
-             : std::string("host work not counted")) +
-            (cm.hostReadGbs > 0
-                 ? formatv(" + an LM head on the host at {0:F1} GB/s",
-                           cm.hostReadGbs)
-                       .str()
-                 : std::string()),
+        cm.hostMsPerToken > 0
+            ? formatv("host {0:F3} ms a token (measured)", cm.hostMsPerToken)
+                      .str() +
+                  (cm.hostReadGbs > 0
+                       ? formatv(" + an LM head on the host at {0:F1} GB/s",
+                                 cm.hostReadGbs)
+                             .str()
+                       : std::string())
+        : cm.hostReadGbs > 0
+            ? formatv("host weights (attention, routers, an LM head on the "
+                      "host) at {0:F1} GB/s",
+                      cm.hostReadGbs)
+                  .str()
+            : std::string("host work not counted"),
         mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
             : std::string());
     // With the head's place open, a column says where it goes and the

@@ -300,6 +300,36 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     st.lmHeadOnDucks = true;
     st.lmHeadMsPerToken = 1e3 * slowest;
   });
+  // The host's own weights a token (attention, MLA and its indexer, the
+  // MoE routers) as the runtime reads them: FP8 as fp9, the rest as stored.
+  auto hostBytesOf = [](WeightAttr w) {
+    double params = 1;
+    for (int64_t d : w.getShape())
+      params *= double(d);
+    Type t = w.getDtype();
+    return params * (w.getScale()          ? 1.125
+                     : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
+                                          : 2.0);
+  };
+  double hostWeightBytes = 0;
+  auto addDict = [&](DictionaryAttr d) {
+    if (d)
+      for (NamedAttribute nv : d)
+        if (auto w = dyn_cast<WeightAttr>(nv.getValue()))
+          hostWeightBytes += hostBytesOf(w);
+  };
+  module.walk([&](Operation *op) {
+    if (auto a = dyn_cast<AttentionOp>(op)) {
+      addDict(a.getWeights());
+      addDict(a.getIndexerAttr());
+    } else if (auto m = dyn_cast<MoeOp>(op)) {
+      hostWeightBytes += hostBytesOf(m.getRouterWeight());
+    }
+  });
+  st.hostWeightBytesPerToken = hostWeightBytes;
+  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
+    st.hostOpsMsPerToken = 1e3 * hostWeightBytes / (c.hostReadGbs * 1e9);
+
   // The LM head on the host: its bytes at the host's bandwidth.
   if (!st.lmHeadOnDucks && c.hostReadGbs > 0)
     module.walk([&](LmHeadOp head) {
@@ -319,7 +349,11 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
   st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken;
   st.dispatchMsPerToken =
       (st.ffnLayers + (st.lmHeadOnDucks ? 1 : 0)) * c.stepOverheadUs / 1e3;
-  st.hostMsPerToken = c.hostMsPerToken + st.hostLmHeadMsPerToken;
+  // The host's time: measured (host_ms_per_token), else its weights at
+  // its bandwidth; plus a host LM head's bytes when the bandwidth is known.
+  st.hostMsPerToken = (c.hostMsPerToken > 0 ? c.hostMsPerToken
+                                            : st.hostOpsMsPerToken) +
+                      st.hostLmHeadMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
   return st;
@@ -361,6 +395,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
     os << llvm::format("LM head: on the host, %.3f ms a token at %.1f GB/s "
                        "(in the host's time below)\n",
                        s.hostLmHeadMsPerToken, c.hostReadGbs);
+  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
+    os << llvm::format("host weights (attention, routers): %.1f MB a token, "
+                       "%.3f ms at %.1f GB/s (in the host's time below)\n",
+                       s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
+                       c.hostReadGbs);
   if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
     const std::string rate =
         c.fp9GparamS > 0
@@ -396,6 +435,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"lm_head_on_ducks", s.lmHeadOnDucks},
       {"lm_head_ms_per_token", s.lmHeadMsPerToken},
       {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},
+      {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
+      {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
       {"per_duck_params_per_token", std::move(perDuckParams)},
       {"total_bytes", (int64_t)s.totalBytes},

@@ -72,7 +72,9 @@ struct ClusterModel {
   double hostMsPerToken = 0;
   /// The host's read bandwidth (cluster file `host_read_gbs`): when set, an
   /// LM head on the host costs its bytes at this rate, on top of
-  /// hostMsPerToken, so the head's placement can be chosen.
+  /// hostMsPerToken, so the head's placement can be chosen; without a
+  /// measured hostMsPerToken the host's other weights (attention, routers)
+  /// are timed at this rate too.
   double hostReadGbs = 0;
   /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
   /// the checkpoint's dtype).
@@ -109,6 +111,10 @@ struct ModuleStats {
   /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
   /// the host's bandwidth, included in hostMsPerToken.
   double hostLmHeadMsPerToken = 0;
+  /// The host's own weights a token (attention, MLA, indexer, routers) as
+  /// the runtime reads them, and, with hostReadGbs but no measured
+  /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
+  double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).
