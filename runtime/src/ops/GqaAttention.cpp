@@ -58,16 +58,33 @@ public:
     MatMul(*pool_, q_, x, n, q_buf_.data());
     MatMul(*pool_, k_, x, n, k_buf_.data());
     MatMul(*pool_, v_, x, n, v_buf_.data());
+    // Every row's k/v goes into its sequence's cache first (a row attends
+    // only to positions up to its own, all written by then), then one
+    // parallel pass attends every row: a single hand-off to the pool a
+    // step instead of one a row.
     for (uint32_t t = 0; t < n; ++t)
-      Attend(t, s.seq[t], s.pos[t]);
+      NormRopeStore(t, s.seq[t], s.pos[t]);
+    // The heads split along kv heads when there are enough of them (a
+    // group's query heads then share its K/V reads).
+    const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
+    const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
+    pool_->ParallelFor((uint64_t)n * units, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) {
+        const uint64_t t = i / units, u = i % units;
+        AttendHeads(q_buf_.data() + t * sh_.q(), kcache_.Base(s.seq[t]),
+                    vcache_.Base(s.seq[t]), (uint64_t)max_seq_ * sh_.dim,
+                    s.pos[t] + 1, H, KV, sh_.dim, u * unit, (u + 1) * unit,
+                    attn_.data() + t * sh_.q());
+      }
+    });
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
 
 private:
-  /// Row t of the step, position p of sequence `seq`: norm and rotate,
-  /// append k/v to the sequence's cache, attend over positions 0..p.
-  void Attend(uint32_t t, uint32_t seq, uint64_t p) {
+  /// Row t of the step, position p of sequence `seq`: norm and rotate q
+  /// and k, append k/v to the sequence's cache.
+  void NormRopeStore(uint32_t t, uint32_t seq, uint64_t p) {
     float *q = q_buf_.data() + t * sh_.q();
     float *k = k_buf_.data() + t * sh_.kv();
     for (uint32_t i = 0; i < sh_.dim / 2; ++i) {
@@ -92,16 +109,6 @@ private:
       std::memcpy(vcache_.At(seq, h * max_seq_ + p), v + h * sh_.dim,
                   sh_.dim * 4);
     }
-    // The heads split over the pool's threads, along kv heads when there
-    // are enough of them (a group's query heads then share its K/V reads).
-    const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
-    const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
-    pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
-      for (uint64_t i = b; i < e; ++i)
-        AttendHeads(q, kcache_.Base(seq), vcache_.Base(seq),
-                    (uint64_t)max_seq_ * sh_.dim, p + 1, H, KV, sh_.dim, i * units / T * unit, (i + 1) * units / T * unit,
-                    attn_.data() + t * sh_.q());
-    });
   }
 
   /// NeoX RoPE of one head with this position's table: pairs (i, i + D/2).
