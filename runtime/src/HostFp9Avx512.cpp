@@ -1,4 +1,4 @@
-//===- HostFp9Avx512.cpp - the host's fp9 GEMV with AVX-512 ---------------===//
+//===- HostFp9Avx512.cpp - the host's fp9 and bf16 GEMV with AVX-512 -----===//
 //
 // Host matrices (attention projections, an fp9 LM head, MLA) are read with
 // this GEMV when the host CPU has AVX-512F (ducks stay AVX2: duck-rt's
@@ -192,6 +192,58 @@ void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       r = end;
     }
   }
+}
+
+namespace {
+/// DotBf16's final sum, op for op: (a0 + a1), then its horizontal sum
+/// (low + high half, two hadds), then the scalar tail.
+inline float FinishBf16(__m512 acc, const uint16_t *w, const float *x,
+                        uint64_t i, uint64_t n) {
+  const __m256 v = _mm256_add_ps(_mm512_extractf32x8_ps(acc, 0),
+                                 _mm512_extractf32x8_ps(acc, 1));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_hadd_ps(h, h);
+  h = _mm_hadd_ps(h, h);
+  float s = _mm_cvtss_f32(h);
+  for (uint64_t j = i; j < n; ++j) {
+    const uint32_t b = (uint32_t)w[j] << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    s += f * x[j];
+  }
+  return s;
+}
+
+/// 16 bf16 weights widened to fp32: lane j is weight i + j, so lanes 0-7
+/// are the AVX2 kernel's `lo` and 8-15 its `hi`.
+inline __m512 WidenBf16(const uint16_t *w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w))),
+      16));
+}
+} // namespace
+
+float DotBf16Avx512(const uint16_t *w, const float *x, uint64_t n) {
+  __m512 acc = _mm512_setzero_ps(); // a0 | a1 of the AVX2 kernel
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    acc = _mm512_fmadd_ps(WidenBf16(w + i), _mm512_loadu_ps(x + i), acc);
+  return FinishBf16(acc, w, x, i, n);
+}
+
+void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
+                     uint64_t n, float *out, uint64_t out_ld) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps(), _mm512_setzero_ps()};
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 wv = WidenBf16(w + i);
+    for (int t = 0; t < 4; ++t)
+      acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + t * x_ld + i), acc[t]);
+  }
+  for (int t = 0; t < 4; ++t)
+    out[t * out_ld] = FinishBf16(acc[t], w, x + t * x_ld, i, n);
 }
 
 bool HostHasAvx512() {

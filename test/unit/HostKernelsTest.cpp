@@ -108,6 +108,35 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
 /// The host's AVX-512 fp9 GEMV has duck_gemv's bits (the AVX2 shift path
 /// the ducks and the host's GEMM run), for every kernel class (K of 32, 64,
 /// 128 and general), block, row phase and row range.
+// The AVX-512 bf16 dot products keep DotBf16's bits: one row, and four
+// tokens against one row, with lengths that leave a scalar tail.
+TEST(HostKernels, Bf16Avx512HasTheAvx2Bits) {
+  if (!HostHasAvx512())
+    GTEST_SKIP() << "this CPU has no AVX-512F/DQ";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (uint64_t n : {16u, 48u, 1000u, 1024u, 1037u}) {
+    std::vector<uint16_t> w(n);
+    for (auto &v : w) {
+      float f = d(rng);
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      v = uint16_t(b >> 16);
+    }
+    std::vector<float> x(4 * n);
+    for (auto &v : x)
+      v = d(rng);
+    float four[4];
+    DotBf16x4Avx512(w.data(), x.data(), n, n, four, 1);
+    for (int t = 0; t < 4; ++t) {
+      const float a = DotBf16(w.data(), x.data() + t * n, n);
+      const float b = DotBf16Avx512(w.data(), x.data() + t * n, n);
+      ASSERT_EQ(0, std::memcmp(&a, &b, 4)) << "n " << n << " token " << t;
+      ASSERT_EQ(0, std::memcmp(&a, &four[t], 4)) << "n " << n << " token " << t;
+    }
+  }
+}
+
 TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
   if (!HostHasAvx512())
     GTEST_SKIP() << "this CPU has no AVX-512F/DQ: the AVX2 kernel is the "

@@ -80,6 +80,11 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
 /// Dot products with AVX2 (8 lanes, two accumulators).
 float DotF32(const float *w, const float *x, uint64_t n);
 float DotBf16(const uint16_t *w, const float *x, uint64_t n);
+/// DotBf16 with AVX-512 (one zmm holds its two accumulators): the same
+/// bits; and four tokens (x_ld floats apart) against one row.
+float DotBf16Avx512(const uint16_t *w, const float *x, uint64_t n);
+void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
+                     uint64_t n, float *out, uint64_t out_ld);
 
 /// Bytes of the matrix as the kernels read it (fp9 planes and scales,
 /// bf16 or fp32).
