@@ -164,9 +164,11 @@ inline float DotRow(const Decoder &dec, const uint8_t *mag,
 
 using GemmRowsFn = void (*)(const duck_fp9_matrix *, uint32_t, uint32_t,
                            const float *, float *, uint32_t);
-constexpr GemmRowsFn kGemmRows[] = {GemmRows<1>, GemmRows<2>, GemmRows<3>,
-                                    GemmRows<4>, GemmRows<5>, GemmRows<6>,
-                                    GemmRows<7>, GemmRows<8>};
+/// Tokens a tile: the host calls this GEMM below DUCK_GEMM_PANEL_MIN
+/// tokens only (from there the AVX2 panel GEMM is FMA-bound and faster).
+constexpr uint32_t kTileTokens = 3;
+constexpr GemmRowsFn kGemmRows[kTileTokens] = {GemmRows<1>, GemmRows<2>,
+                                               GemmRows<3>};
 
 } // namespace
 
@@ -174,8 +176,9 @@ void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,
                    uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
-  for (uint32_t t0 = 0; t0 < n_tokens; t0 += 8) {
-    const uint32_t n = n_tokens - t0 < 8 ? n_tokens - t0 : 8;
+  for (uint32_t t0 = 0; t0 < n_tokens; t0 += kTileTokens) {
+    const uint32_t n =
+        n_tokens - t0 < kTileTokens ? n_tokens - t0 : kTileTokens;
     for (uint32_t r = row_begin; r < row_end;) {
       const uint32_t tile = (r + m->row_phase) / m->scale_rows;
       uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;

@@ -339,7 +339,7 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
       if (avx512)
         Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
                       (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
-                      KernelScratch(std::min<uint64_t>(n, 8) * w.cols));
+                      KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
       else
         duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
                   (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,

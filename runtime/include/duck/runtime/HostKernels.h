@@ -101,9 +101,9 @@ bool HostHasAvx512();
 /// `xs` is k floats, 64-byte aligned.
 void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
                    uint32_t row_begin, uint32_t row_end, float *xs);
-/// duck_gemm with AVX-512, tiles of up to 8 tokens: every token's result
-/// has the GEMV's bits. `xs` is min(n_tokens, 8) * k floats, 64-byte
-/// aligned.
+/// duck_gemm with AVX-512, tiles of up to 3 tokens (the host uses it below
+/// DUCK_GEMM_PANEL_MIN tokens): every token's result has the GEMV's bits.
+/// `xs` is min(n_tokens, 3) * k floats, 64-byte aligned.
 void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,
                    uint32_t row_begin, uint32_t row_end, float *xs);
