@@ -557,19 +557,30 @@ static void prescaleTokens(const duck_fp9_matrix *m, const float *scale,
   }
 }
 
+/// Rows [row_begin, row_end) one scale tile at a time: every token's input
+/// pre-scaled for the tile into xs, then rows(first, end) of the tile.
+extern "C++" template <typename Rows>
+inline void eachScaleTile(const duck_fp9_matrix *m, const float *x,
+                          uint32_t x_ld, uint32_t n_tokens, uint32_t row_begin,
+                          uint32_t row_end, float *xs, Rows rows) {
+  const uint32_t bpr = m->k / m->block;
+  for (uint32_t r = row_begin; r < row_end;) {
+    const uint32_t end = tileEnd(m, r) < row_end ? tileEnd(m, r) : row_end;
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
+    rows(r, end);
+    r = end;
+  }
+}
+
 /// Fewer tokens than a panel pays for: each row decoded in registers for
 /// all of them at once (gemmRow's tiles of 1 to 3 tokens).
 static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t n_tokens, float *y, uint32_t y_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs) {
-  const uint32_t k = m->k, bpr = k / m->block;
-  uint32_t r = row_begin;
-  while (r < row_end) {
-    uint32_t end = tileEnd(m, r);
-    if (end > row_end)
-      end = row_end;
-    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
+  const uint32_t k = m->k;
+  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs,
+                [&](uint32_t r, uint32_t end) {
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
@@ -580,38 +591,31 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       default: gemmRow<1>(mag, sign, xs, k, yi, y_ld); break;
       }
     }
-    r = end;
-  }
+  });
 }
 
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs) {
-  const uint32_t k = m->k, bpr = k / m->block;
+  const uint32_t k = m->k;
   // The second half of xs: the panel (3 rows of a segment) and, when K
   // takes more than one segment, the tokens' accumulators between
   // segments; both fit n_tokens * k floats for n_tokens >= 4.
   float *panel = xs + (uint64_t)n_tokens * k;
   __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * kPanelSegment);
-  uint32_t r = row_begin;
-  while (r < row_end) {
-    uint32_t end = tileEnd(m, r);
-    if (end > row_end)
-      end = row_end;
-    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
-    uint32_t i = r;
-    for (; i + 3 <= end; i += 3)
-      gemmPanelRows<3>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
-                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
-    if (end - i == 2)
-      gemmPanelRows<2>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
-                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
-    else if (end - i == 1)
-      gemmPanelRows<1>(m->mag + (uint64_t)i * k, m->sign + (uint64_t)i * (k / 32),
-                       xs, k, n_tokens, panel, accMem, y + (i - row_begin), y_ld);
-    r = end;
-  }
+  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs,
+                [&](uint32_t r, uint32_t end) {
+    for (uint32_t i = r; i < end; i += 3) {
+      const uint8_t *mag = m->mag + (uint64_t)i * k;
+      const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
+      float *yi = y + (i - row_begin);
+      switch (end - i < 3 ? end - i : 3) {
+      case 3: gemmPanelRows<3>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
+      case 2: gemmPanelRows<2>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
+      default: gemmPanelRows<1>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
+      }
+    }
+  });
 }
 
 } // extern "C"
