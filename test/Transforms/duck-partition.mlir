@@ -10,6 +10,8 @@
 // RUN: duck-opt %t/moe-intermediate.mlir --duck-partition="tp=2 multiple-of=64" | FileCheck %t/moe-intermediate.mlir
 // RUN: duck-opt %t/moe-experts.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts" | FileCheck %t/moe-experts.mlir
 // RUN: duck-opt %t/moe-experts-auto.mlir --duck-partition="tp=4 strategy=experts" | FileCheck %t/moe-experts-auto.mlir
+// RUN: duck-opt %t/experts-uneven.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts" | FileCheck %t/experts-uneven.mlir
+// RUN: duck-opt %t/experts-uneven.mlir --duck-partition="tp=3 multiple-of=64 strategy=experts shares=3,1,1" | FileCheck %t/experts-uneven.mlir --check-prefix=SHARES
 // RUN: duck-opt %t/shares.mlir --duck-partition="tp=4 multiple-of=32 shares=2,2,1,1" | FileCheck %t/shares.mlir
 // RUN: duck-opt %t/shares.mlir --duck-partition="tp=3 multiple-of=32 shares=100,1,1" | FileCheck %t/shares.mlir --check-prefix=FLOOR
 // RUN: not duck-opt %t/shares.mlir --duck-partition="tp=2 shares=1,0" 2>&1 | FileCheck %t/shares.mlir --check-prefix=BAD
@@ -22,7 +24,7 @@
 // RUN: duck-opt %t/err-tp-max-32.mlir --duck-partition="tp=4 multiple-of=32" -verify-diagnostics
 // RUN: duck-opt %t/err-not-multiple.mlir --duck-partition="tp=1 multiple-of=64" -verify-diagnostics
 // RUN: duck-opt %t/err-auto.mlir --duck-partition="tp=4" -verify-diagnostics
-// RUN: duck-opt %t/err-experts.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts" -verify-diagnostics
+// RUN: duck-opt %t/err-experts.mlir --duck-partition="tp=6 multiple-of=64 strategy=experts" -verify-diagnostics
 // RUN: duck-opt %t/err-strategy.mlir --duck-partition="strategy=experts_by_id" -verify-diagnostics
 // RUN: duck-opt %t/err-multiple-of.mlir --duck-partition="multiple-of=48" -verify-diagnostics
 // RUN: duck-opt %t/err-tp0.mlir --duck-partition="tp=0" -verify-diagnostics
@@ -182,7 +184,7 @@ duck.model @moe_tp attributes {family = "deepseek_v3", config = {}} {
 }
 
 //--- moe-experts.mlir
-// strategy=experts: duck r holds whole experts [r*E/tp, (r+1)*E/tp) of the
+// strategy=experts: each duck holds a run of whole experts of the
 // MoE (E = 3 routed + 1 shared = 4, tp_max = E); the dense layer of the same
 // model is still split along the intermediate dimension. The partition
 // records the strategy the plan will: experts.
@@ -227,6 +229,31 @@ duck.model @experts_auto attributes {family = "qwen3_moe", config = {}} {
       router = #duck.router_kind<softmax>, norm_topk_prob = true, router_weight = #duck.weight<"r", bf16, [4, 64]>,
       gate = #duck.experts<"g{e}", bf16, [128, 64], count = 4>, up = #duck.experts<"u{e}", bf16, [128, 64], count = 4>,
       down = #duck.experts<"d{e}", bf16, [64, 128], count = 4>} : tensor<?x64xf32>
+  duck.return %e : tensor<?x64xf32>
+}
+
+//--- experts-uneven.mlir
+// Whole experts that tp does not divide: 8 routed + 1 shared = 9 over 2
+// ducks are 5 + 4, the extra on the first duck, so the duck that holds the
+// always-active shared expert (id 8) holds fewer routed ones. With shares
+// 3:1:1 the runs are proportional (ideal 5.4, 1.8, 1.8: 5, 2, 2).
+// CHECK-LABEL: duck.model @experts_uneven
+// CHECK:         duck.moe
+// CHECK-SAME:      strategy = #duck.strategy<experts>, {{.*}}tp = 2 : i64, tp_max = 9 : i64
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 5 : i64, {{.*}}rank = 0 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 5 : i64, expert_end = 9 : i64, {{.*}}rank = 1 : i64}
+// SHARES:        duck.moe
+// SHARES-NEXT:     duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 5 : i64, {{.*}}rank = 0 : i64}
+// SHARES-NEXT:     duck.fp9_ffn {block = 64 : i64, expert_begin = 5 : i64, expert_end = 7 : i64, {{.*}}rank = 1 : i64}
+// SHARES-NEXT:     duck.fp9_ffn {block = 64 : i64, expert_begin = 7 : i64, expert_end = 9 : i64, {{.*}}rank = 2 : i64}
+duck.model @experts_uneven attributes {family = "deepseek_v3", config = {}} {
+^bb0(%x: tensor<?x64xf32>):
+  %e = duck.moe %x {layer = 3 : i64, hidden = 64 : i64, inter = 64 : i64, num_experts = 8 : i64, top_k = 2 : i64,
+      router = #duck.router_kind<sigmoid>, norm_topk_prob = true, router_weight = #duck.weight<"r", bf16, [8, 64]>,
+      gate = #duck.experts<"g{e}", bf16, [64, 64], count = 8>, up = #duck.experts<"u{e}", bf16, [64, 64], count = 8>,
+      down = #duck.experts<"d{e}", bf16, [64, 64], count = 8>, num_shared = 1 : i64,
+      shared_gate = #duck.weight<"sg", bf16, [64, 64]>, shared_up = #duck.weight<"su", bf16, [64, 64]>,
+      shared_down = #duck.weight<"sd", bf16, [64, 64]>} : tensor<?x64xf32>
   duck.return %e : tensor<?x64xf32>
 }
 
@@ -322,11 +349,11 @@ duck.model @auto_fails attributes {family = "qwen3", config = {}} {
 }
 
 //--- err-experts.mlir
-// strategy=experts needs tp to divide the expert count, shared experts
-// included: 4 routed + 1 shared = 5 experts do not go whole onto 2 ducks.
-duck.model @experts_uneven attributes {family = "deepseek_v3", config = {}} {
+// strategy=experts needs at least one expert a duck, shared experts
+// included: 4 routed + 1 shared = 5 experts cannot cover 6 ducks.
+duck.model @experts_too_few attributes {family = "deepseek_v3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):
-  // expected-error @+1 {{layer 3: 5 experts cannot be placed whole on tp = 2 ducks (expert placement needs tp to divide the expert count, shared experts included); use strategy=intermediate or a tp that divides 5}}
+  // expected-error @+1 {{layer 3: 5 experts (shared ones included) cannot be placed whole on tp = 6 ducks: each duck needs at least one; use strategy=intermediate or tp <= 5}}
   %e = duck.moe %x {layer = 3 : i64, hidden = 64 : i64, inter = 64 : i64, num_experts = 4 : i64, top_k = 2 : i64,
       router = #duck.router_kind<sigmoid>, norm_topk_prob = true, router_weight = #duck.weight<"r", bf16, [4, 64]>,
       gate = #duck.experts<"g{e}", bf16, [64, 64], count = 4>, up = #duck.experts<"u{e}", bf16, [64, 64], count = 4>,

@@ -237,17 +237,16 @@ struct DuckPartitionPass
           diag << " (smaller blocks: " << hint << ")";
         return signalPassFailure();
       }
-      if (byExperts && f.experts % tp != 0) {
+      if (byExperts && f.experts < tp) {
         f.op->emitOpError()
             << "layer " << f.layer << ": " << f.experts
-            << " experts cannot be placed whole on tp = " << (int64_t)tp
-            << " ducks (expert placement needs tp to divide the expert count, "
-               "shared experts included); use strategy=intermediate or a tp "
-               "that divides "
+            << " experts (shared ones included) cannot be placed whole on tp = "
+            << (int64_t)tp
+            << " ducks: each duck needs at least one; use "
+               "strategy=intermediate or tp <= "
             << f.experts;
         return signalPassFailure();
       }
-
       tpMaxAll = tpMaxAll == 0 ? tpMax : std::min(tpMaxAll, tpMax);
       anyByExperts |= byExperts;
       OpBuilder b(ctx);
@@ -262,18 +261,22 @@ struct DuckPartitionPass
       Block *body = new Block();
       region.push_back(body);
       b.setInsertionPointToEnd(body);
-      SmallVector<int64_t> counts = blockCounts(blocks);
+      // Whole experts are apportioned like blocks: equal shares give the
+      // first experts % tp ducks one more, so the last duck, which holds
+      // the always-active shared experts (ids after the routed ones), holds
+      // the fewest routed ones.
+      SmallVector<int64_t> counts = blockCounts(byExperts ? f.experts : blocks);
       int64_t first = 0;
       for (int64_t r = 0; r < tp; ++r) {
         int64_t ib = 0, ie = f.inter, eb = 0, ee = f.experts;
         if (byExperts) {
-          eb = r * f.experts / tp;
-          ee = (r + 1) * f.experts / tp;
+          eb = first;
+          ee = first + counts[r];
         } else {
           ib = first * mo;
           ie = (first + counts[r]) * mo;
-          first += counts[r];
         }
+        first += counts[r];
         b.create<Fp9FfnOp>(f.op->getLoc(), b.getI64IntegerAttr(r),
                            b.getI64IntegerAttr(ib), b.getI64IntegerAttr(ie),
                            b.getI64IntegerAttr(eb), b.getI64IntegerAttr(ee),

@@ -19,10 +19,14 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
     largest tp that would work, when `tp > tp_max`, and when the intermediate
     size is not a multiple of `multiple_of`.
 
-    `strategy = experts` places whole experts: duck r holds experts
-    `[r*E/tp, (r+1)*E/tp)` of every MoE layer (E counts shared experts too);
-    refused when E is not a multiple of tp. Dense layers are still split
-    along the intermediate dimension.
+    `strategy = experts` places whole experts: each duck holds a
+    contiguous run of every MoE layer's E experts (E counts the shared
+    experts, numbered after the routed ones), apportioned like blocks: equal
+    shares give the first `E % tp` ducks one more (so the last duck, which
+    holds the always-active shared experts, holds the fewest routed ones);
+    `shares` give runs in proportion, at least one expert a duck. Refused
+    when `tp > E`. Dense layers are still split along the intermediate
+    dimension.
 
     ```mlir
     // before
@@ -45,8 +49,9 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
            "intermediate (tensor parallel) or experts (expert placement)">,
     ListOption<"shares", "shares", "double",
            "relative speed of each duck (tp values): an intermediate split "
-           "gives each duck whole blocks in proportion (at least one each), "
-           "so unequal ducks finish together; default: equal">,
+           "gives each duck whole blocks in proportion, expert placement "
+           "whole experts (at least one each), so unequal ducks finish "
+           "together; default: equal">,
     Option<"lmHead", "lm-head", "std::string", /*default=*/"\"host\"",
            "host, or ducks: the LM head's vocabulary rows split over the "
            "ducks in whole scale tiles (in proportion to the shares)">,
