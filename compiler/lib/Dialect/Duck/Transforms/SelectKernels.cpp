@@ -12,6 +12,24 @@ namespace mlir::duck {
 using namespace mlir;
 using namespace mlir::duck;
 
+// The dialect's kernel enum is the duck's duck_kernel_id, value for value:
+// plans store it, and the ELF checks each matrix's stored id against the
+// same rule (duck_select_kernel) rather than choosing again.
+static_assert(static_cast<uint32_t>(KernelKind::general128) ==
+              DUCK_KERNEL_GENERAL128);
+static_assert(static_cast<uint32_t>(KernelKind::general64) ==
+              DUCK_KERNEL_GENERAL64);
+static_assert(static_cast<uint32_t>(KernelKind::general32) ==
+              DUCK_KERNEL_GENERAL32);
+static_assert(static_cast<uint32_t>(KernelKind::exact64) ==
+              DUCK_KERNEL_EXACT64);
+static_assert(static_cast<uint32_t>(KernelKind::exact128) ==
+              DUCK_KERNEL_EXACT128);
+static_assert(static_cast<uint32_t>(KernelKind::exact32) ==
+              DUCK_KERNEL_EXACT32);
+static_assert(DUCK_KERNEL_COUNT == 6,
+              "a new duck_kernel_id needs its KernelKind case (DuckAttrs.td)");
+
 namespace {
 
 KernelAttr select(MLIRContext *ctx, int64_t k, int64_t block) {
