@@ -311,6 +311,37 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     }
   }
 
+  // Step limits: the compiler's word for how big a duck step can get; the
+  // runtime sizes the ducks' scratch and buffers from it, so every slot
+  // and MoE op must keep within it.
+  const pl::StepLimitsDef *lim = d.step_limits();
+  if (!lim)
+    return bad("has no step limits");
+  for (const pl::OpDef *op : *d.ops())
+    if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef())
+      if (moe->num_experts() + moe->num_shared() > lim->max_experts() ||
+          moe->top_k() + moe->num_shared() > lim->max_active())
+        return bad("layer ", op->layer(), " routes top ", moe->top_k(), " + ",
+                   moe->num_shared(), " shared of ", moe->num_experts(),
+                   " experts, beyond the step limits (", lim->max_active(),
+                   " of ", lim->max_experts(), ")");
+  for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
+    const auto *slots = d.ducks()->Get(r)->slots();
+    for (uint32_t i = 0; slots && i < slots->size(); ++i) {
+      const pl::SlotDef *sd = slots->Get(i);
+      const uint64_t n = (uint64_t)sd->inter_end() - sd->inter_begin();
+      if (sd->inter_end() < sd->inter_begin() ||
+          n > (sd->head() ? lim->max_head_rows() : lim->max_inter()) ||
+          sd->expert_end() > lim->max_experts())
+        return bad("duck ", r, " slot ", i, " (", sd->head() ? "head rows" : "intermediate",
+                   " [", sd->inter_begin(), ", ", sd->inter_end(),
+                   "), experts to ", sd->expert_end(),
+                   ") exceeds the step limits (", lim->max_inter(),
+                   " intermediate, ", lim->max_head_rows(), " head rows, ",
+                   lim->max_experts(), " experts)");
+    }
+  }
+
   // Weight images.
   for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
     const pl::DuckDef *dk = d.ducks()->Get(r);

@@ -454,23 +454,11 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t chunk = std::max(1u, o.prefill_chunk);
   const uint32_t seqs = std::max(1u, o.max_seqs);
   const uint32_t rows = seqs > 1 ? chunk + seqs : chunk;
-  uint64_t maxInter = 0, maxExperts = 1, maxK = 0, maxHeadRows = 0;
-  for (const pl::DuckDef *d : *def.ducks())
-    for (const pl::SlotDef *s : *d->slots()) {
-      const uint64_t n = s->inter_end() - s->inter_begin();
-      if (s->head()) { // a head slot's rows are vocabulary rows
-        maxHeadRows = std::max(maxHeadRows, n);
-        continue;
-      }
-      maxInter = std::max(maxInter, n);
-      maxExperts = std::max<uint64_t>(maxExperts, s->expert_end());
-    }
-  for (const pl::OpDef *op : *def.ops())
-    if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef()) {
-      maxK = std::max<uint64_t>(maxK, moe->top_k() + moe->num_shared());
-      maxExperts = std::max<uint64_t>(maxExperts,
-                                      moe->num_experts() + moe->num_shared());
-    }
+  // The plan states the widest slot, expert count and active experts a
+  // step can have (checked against its slots when it was loaded).
+  const pl::StepLimitsDef &lim = *def.step_limits();
+  const uint64_t maxInter = lim.max_inter(), maxExperts = lim.max_experts(),
+                 maxK = lim.max_active(), maxHeadRows = lim.max_head_rows();
   uint32_t cores = co_.cores ? co_.cores : 64;
   co_.scratch_bytes = duck_step_scratch_bytes(model().hidden(), maxInter, rows,
                                               maxK, maxExperts, cores);

@@ -810,6 +810,12 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
 
   PlanBuilder pb(ckpt);
   pb.head = head;
+  // The largest step any slot makes, per row (PlanDef.step_limits).
+  uint32_t maxInter = 0, maxExperts = 1, maxActive = 1, maxHeadRows = 0;
+  module.walk([&](MoeOp m) {
+    maxExperts = std::max<uint32_t>(maxExperts, m.getTotalExperts());
+    maxActive = std::max<uint32_t>(maxActive, m.getTopK() + m.getNumShared());
+  });
   ImageWriter iw(ckpt, scaleRows, opts);
   std::vector<fb::Offset<pl::DuckDef>> ducks;
   for (int64_t r = 0; r < tp; ++r) {
@@ -841,6 +847,8 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
         mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 2, base + lay->downOffset,
                                            d.down.rows, d.down.k, d.down.block, dk));
       }
+      maxInter = std::max<uint32_t>(
+          maxInter, shard.getInterEnd() - shard.getInterBegin());
       slots.push_back(pl::CreateSlotDefDirect(
           pb.fbb, en.layer, en.kind == DUCK_SLOT_MOE, en.offset, en.bytes,
           en.checksum, shard.getInterBegin(), shard.getInterEnd(),
@@ -861,6 +869,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       std::vector<fb::Offset<pl::MatrixDef>> mats = {pl::CreateMatrixDef(
           pb.fbb, 0, 0, en.offset + hl.table_bytes, hl.matrix.rows, hidden,
           block, k)};
+      maxHeadRows = std::max<uint32_t>(maxHeadRows, rows[r + 1] - rows[r]);
       slots.push_back(pl::CreateSlotDefDirect(
           pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
           (uint32_t)rows[r], (uint32_t)rows[r + 1], 0, 1, block, k, k, &mats,
@@ -910,10 +919,12 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   llvm::SmallString<256> absDir(ckpt.directory());
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;
+  auto limits = pl::CreateStepLimitsDef(pb.fbb, maxInter, maxExperts,
+                                       maxActive, maxHeadRows);
   auto root = pl::CreatePlanDefDirect(
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
       compiler.c_str(), absDir.c_str(), &fileDefs, modelDef, tp, multipleOf,
-      opts.coresPerDuck, strategy, &pb.ops, &ducks, pb.numValues);
+      opts.coresPerDuck, strategy, &pb.ops, &ducks, pb.numValues, limits);
   pl::FinishPlanDefBuffer(pb.fbb, root);
 
   llvm::SmallString<256> planPath(dir);
