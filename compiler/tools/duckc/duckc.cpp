@@ -115,8 +115,9 @@ cl::opt<std::string> compileMultipleOf(
     cl::init("auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileStrategy(
     "strategy",
-    cl::desc("intermediate (split every FFN over all ducks) or experts "
-             "(whole experts per duck)"),
+    cl::desc("intermediate (split every FFN over all ducks), experts "
+             "(whole experts per duck), or auto (the cost model's choice; "
+             "what --tp auto does when --strategy is not given)"),
     cl::init("intermediate"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int64_t> compileCores("cores-per-duck",
                               cl::desc("Cores of each duck (> 1 selects the "
@@ -437,11 +438,19 @@ Error runCompile() {
                              "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
-  if (autoTp || compileExplain) {
+  if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
+      compileStrategy != "auto")
+    return createStringError(inconvertibleErrorCode(),
+                             "--strategy must be intermediate, experts or "
+                             "auto, got '" +
+                                 compileStrategy + "'");
+  const bool autoStrategy = compileStrategy == "auto";
+  if (autoTp || compileExplain || autoStrategy) {
     Expected<Candidate> winner =
         choosePlan(o, autoTp, compileMultipleOf.getNumOccurrences() == 0 ||
                                   compileMultipleOf == "auto",
-                   compileStrategy.getNumOccurrences() == 0, outs());
+                   compileStrategy.getNumOccurrences() == 0 || autoStrategy,
+                   outs());
     if (!winner)
       return winner.takeError();
     o.cluster.tp = winner->tp;
