@@ -18,7 +18,9 @@ static int usage() {
                "\n"
                "Verifies the plan (checksum trailer, FlatBuffers verifier, "
                "file identifier\n'DKPL', plan version) and prints it as "
-               "JSON; --summary prints one line per\nduck instead.\n"
+               "JSON; --summary prints the plan's\nsettings, its step limits and a line "
+               "per duck (with the experts it holds\nof each MoE layer) "
+               "instead.\n"
                "\n"
                "--reseal writes a fresh checksum trailer after the FlatBuffer "
                "of a plan edited\nby hand (for example through its JSON and "
@@ -123,20 +125,39 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (summary) {
-    std::printf("plan: version %u, model %s, tp %u, multiple_of %u, %u ops\n",
+    std::printf("plan: version %u, model %s, tp %u, multiple_of %u, "
+                "strategy %s, %u ops\n",
                 plan->version(),
                 plan->model() && plan->model()->name()
                     ? plan->model()->name()->c_str()
                     : "?",
                 plan->tp(), plan->multiple_of(),
+                plan->strategy() == 1 ? "experts" : "intermediate",
                 plan->ops() ? plan->ops()->size() : 0);
+    if (const duck::plan::StepLimitsDef *l = plan->step_limits())
+      std::printf("step limits: intermediate %u, experts %u (%u a token), "
+                  "head rows %u\n",
+                  l->max_inter(), l->max_experts(), l->max_active(),
+                  l->max_head_rows());
     if (plan->ducks())
-      for (const duck::plan::DuckDef *d : *plan->ducks())
-        std::printf("duck %u: %s, %llu bytes, %u slots, key %s\n", d->rank(),
-                    d->image() ? d->image()->c_str() : "?",
+      for (const duck::plan::DuckDef *d : *plan->ducks()) {
+        // Where a MoE layer's experts went: the first MoE slot's range
+        // (every MoE layer is placed alike).
+        std::string experts;
+        if (d->slots())
+          for (const duck::plan::SlotDef *sd : *d->slots())
+            if (sd->moe()) {
+              experts = ", experts [" + std::to_string(sd->expert_begin()) +
+                        ", " + std::to_string(sd->expert_end()) + ")";
+              break;
+            }
+        std::printf("duck %u: %s, %llu bytes, %u slots, key %s%s\n",
+                    d->rank(), d->image() ? d->image()->c_str() : "?",
                     (unsigned long long)d->image_bytes(),
                     d->slots() ? d->slots()->size() : 0,
-                    d->model_key() ? d->model_key()->c_str() : "?");
+                    d->model_key() ? d->model_key()->c_str() : "?",
+                    experts.c_str());
+      }
     return 0;
   }
   flatbuffers::IDLOptions opts;
