@@ -255,9 +255,13 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   }
   const uint8_t *base = info->weights + e.offset;
   const auto *sh = reinterpret_cast<const duck_slot_header *>(base);
+  // A head slot's K is its own (an o_proj's is heads x v_head_dim); every
+  // FFN slot's is the model's hidden size.
   if (sh->magic != DUCK_SLOT_MAGIC || sh->kind != e.kind ||
       sh->kind > DUCK_SLOT_HEAD || sh->layer != e.layer ||
-      sh->hidden != h->hidden) {
+      (sh->kind == DUCK_SLOT_HEAD
+           ? sh->hidden == 0 || sh->hidden > DUCK_STEP_MAX_DIM
+           : sh->hidden != h->hidden)) {
     log << "weights: slot " << slot << " header does not match its table row";
     log.end();
     return nullptr;

@@ -56,9 +56,19 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
     kernelUs += m.duck_max_us;
     gapUs += m.judge_gap_us;
   }
+  // o_proj on the ducks: its steps wait inside the attention ops; their
+  // kernel and gap are the ducks', not the host's.
+  double attnWaitUs = 0;
+  for (const StepMetrics &m : stats.attn_decode_steps) {
+    attnWaitUs += m.judge_wait_us;
+    kernelUs += m.duck_max_us;
+    gapUs += m.judge_gap_us;
+  }
   const double steps = t.tokens ? (double)t.tokens : 1;
   b.duck_kernel_ms = kernelUs / 1e3 / steps;
   b.dispatch_gap_ms = gapUs / 1e3 / steps;
+  b.host_attention_ms =
+      std::max(0.0, b.host_attention_ms - attnWaitUs / 1e3 / steps);
   // FFN ops: routing, step encoding and the partials' sum happen on the
   // host around the wait for the ducks.
   const double ffnHost = ms(pl::OpParams::DenseFfnOpDef) +

@@ -115,23 +115,30 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
   return absl::OkStatus();
 }
 
-absl::Status ClusterFfnRunner::RunHead(uint32_t slot, uint32_t n_tokens,
-                                       const float *x, float *out,
-                                       uint64_t vocab) {
-  ib_.resize(duck_ib_bytes(n_tokens, 0, hidden_));
-  duck_ib_write(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
-                hidden_);
-  if (absl::Status s = SendStep(stats_.head_steps); !s.ok())
+absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
+                                       const float *x, uint32_t k, float *out,
+                                       uint64_t width) {
+  ib_.resize(duck_ib_bytes(n_tokens, 0, k));
+  duck_ib_write(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x, k);
+  // The LM head's steps apart from an attention's (their op times differ).
+  bool head = false;
+  for (const pl::OpDef *op : *plan_.def().ops())
+    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
+      head = head || (h->on_ducks() && h->duck_slot() == slot);
+  if (absl::Status s = SendStep(head             ? stats_.head_steps
+                                : n_tokens > 1 ? stats_.attn_prefill_steps
+                                               : stats_.attn_decode_steps);
+      !s.ok())
     return s;
-  // Each duck's rows into their place in every token's logits.
+  // Each duck's rows into their place in every token's output.
   for (size_t r = 0; r < client_->size(); ++r) {
     const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
     const uint32_t b = sd->inter_begin(), rows = sd->inter_end() - b;
     const float *p;
     DUCK_ASSIGN_OR_RETURN(p, Output(r, DUCK_MODE_HEAD, slot, n_tokens, rows));
     for (uint64_t t = 0; t < n_tokens; ++t)
-      std::memcpy(out + t * vocab + b, p + t * rows, (uint64_t)rows * 4);
-    Account(r, (double)rows * hidden_);
+      std::memcpy(out + t * width + b, p + t * rows, (uint64_t)rows * 4);
+    Account(r, (double)rows * k);
   }
   return absl::OkStatus();
 }

@@ -80,12 +80,14 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
   else if (auto *p = op.params_as_RmsNormOpDef())
     add({p->weight()});
   else if (auto *p = op.params_as_GqaAttentionOpDef())
-    add({p->q_proj(), p->k_proj(), p->v_proj(), p->o_proj(), p->q_norm(),
+    // An o_proj on the ducks is never read by the host.
+    add({p->q_proj(), p->k_proj(), p->v_proj(),
+         p->o_proj_on_ducks() ? nullptr : p->o_proj(), p->q_norm(),
          p->k_norm()});
   else if (auto *p = op.params_as_MlaAttentionOpDef()) {
     add({p->q_a_proj(), p->q_a_layernorm(), p->q_b_proj(), p->q_proj(),
          p->kv_a_proj_with_mqa(), p->kv_a_layernorm(), p->kv_b_proj(),
-         p->o_proj()});
+         p->o_proj_on_ducks() ? nullptr : p->o_proj()});
   } else if (auto *p = op.params_as_IndexerOpDef()) {
     add({p->q_a_proj(), p->q_a_layernorm(), p->wq_b(), p->wk(), p->k_norm(),
          p->k_norm_bias(), p->weights_proj()});
@@ -330,6 +332,12 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     for (uint32_t i = 0; slots && i < slots->size(); ++i) {
       const pl::SlotDef *sd = slots->Get(i);
       const uint64_t n = (uint64_t)sd->inter_end() - sd->inter_begin();
+      if (sd->head() && sd->matrices() && sd->matrices()->size() == 1 &&
+          sd->matrices()->Get(0)->k() > std::max(d.model()->hidden(),
+                                                 lim->max_k()))
+        return bad("duck ", r, " slot ", i, " reads rows ",
+                   sd->matrices()->Get(0)->k(),
+                   " wide, beyond the step limits (", lim->max_k(), ")");
       if (sd->inter_end() < sd->inter_begin() ||
           n > (sd->head() ? lim->max_head_rows() : lim->max_inter()) ||
           sd->expert_end() > lim->max_experts())

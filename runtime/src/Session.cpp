@@ -459,10 +459,12 @@ absl::Status Session::Start(std::ostream &log) {
   const pl::StepLimitsDef &lim = *def.step_limits();
   const uint64_t maxInter = lim.max_inter(), maxExperts = lim.max_experts(),
                  maxK = lim.max_active(), maxHeadRows = lim.max_head_rows();
+  // A head slot's input can be wider than hidden (an o_proj's).
+  const uint32_t width = std::max(model().hidden(), lim.max_k());
   uint32_t cores = co_.cores ? co_.cores : 64;
-  co_.scratch_bytes = duck_step_scratch_bytes(model().hidden(), maxInter, rows,
-                                              maxK, maxExperts, cores);
-  co_.ib_limit = 4096 + (uint64_t)rows * (maxK * 8 + model().hidden() * 4 + 64);
+  co_.scratch_bytes = duck_step_scratch_bytes(width, maxInter, rows, maxK,
+                                              maxExperts, cores);
+  co_.ib_limit = 4096 + (uint64_t)rows * (maxK * 8 + width * 4 + 64);
   // A head slot answers with logits: rows x its vocabulary rows.
   co_.ob_limit = std::max<uint64_t>(co_.ib_limit,
                                     4096 + (uint64_t)rows * maxHeadRows * 4);

@@ -231,7 +231,9 @@ Value Importer::attention(Value x, int64_t layer) {
       b.getI64IntegerAttr(desc.num_attention_heads),
       b.getI64IntegerAttr(desc.num_kv_heads), b.getI64IntegerAttr(desc.head_dim),
       b.getDictionaryAttr(w),
-      idx.empty() ? DictionaryAttr() : b.getDictionaryAttr(idx));
+      idx.empty() ? DictionaryAttr() : b.getDictionaryAttr(idx),
+      /*duck_rows=*/nullptr, /*duck_block=*/nullptr, /*duck_slot=*/nullptr,
+      /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr);
   return op.getResult();
 }
 

@@ -229,6 +229,7 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.multipleOf = opts.multipleOf;
   p.strategy = opts.strategy;
   p.lmHead = opts.lmHead == "ducks" ? "ducks" : "host";
+  p.oProj = opts.oProj;
   // Unequal ducks: slices in proportion to their measured rates.
   // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
   const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
@@ -284,6 +285,11 @@ struct CompilePipelineOptions
       llvm::cl::desc("host (default) or ducks: the LM head's rows over the "
                      "ducks"),
       llvm::cl::init("host")};
+  Option<std::string> oProj{
+      *this, "o-proj",
+      llvm::cl::desc("host (default) or ducks: every attention's o_proj "
+                     "rows over the ducks"),
+      llvm::cl::init("host")};
   Option<std::string> stopAfter{
       *this, "stop-after",
       llvm::cl::desc("partition, kernels, modes or layout (default)"),
@@ -303,6 +309,7 @@ void mlir::duck::registerDuckCompilePipeline() {
         o.multipleOf = p.multipleOf;
         o.strategy = p.strategy;
         o.lmHead = p.lmHead;
+        o.oProj = p.oProj;
         buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
       });
 }
@@ -483,13 +490,16 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                "': " + ec.message());
   }
   out << llvm::formatv("wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-                       "tp {5}, multiple_of {6}, LM head {7}\n",
+                       "tp {5}, multiple_of {6}, LM head {7}{8}\n",
                        opts.outDir, kPlanFileName, stats->tp,
                        stats->totalBytes, gib(stats->totalBytes), stats->tp,
                        stats->multipleOf,
                        stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
                        : wo.lmHeadFp9       ? "fp9 on the host"
                        : wo.lmHeadInt8      ? "int8 on the host"
-                                       : "as in the checkpoint, on the host");
+                                       : "as in the checkpoint, on the host",
+                       stats->oProjOnDucks
+                           ? ", attention o_proj in fp9 on the ducks"
+                           : "");
   return Error::success();
 }

@@ -156,6 +156,14 @@ cl::opt<bool> compileDryRun("dry-run",
 cl::opt<bool> compileForce("force",
                            cl::desc("Replace a non-empty output directory"),
                            cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileOProj(
+    "o-proj",
+    cl::desc("Where every attention's output projection runs: 'host' "
+             "(default), or 'ducks': its rows split over the ducks in whole "
+             "128-row tiles (in proportion to their measured rates), in fp9 "
+             "(exact for FP8 checkpoints); one more duck step a layer, and "
+             "the host reads none of it (DeepSeek-V3.2: 7 GB a token)"),
+    cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileLmHead(
     "lm-head",
     cl::desc("Where the LM head runs and in what format. On the host: "
@@ -438,6 +446,11 @@ Error runCompile() {
                              "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
+  if (compileOProj != "host" && compileOProj != "ducks")
+    return createStringError(inconvertibleErrorCode(),
+                             "--o-proj must be host or ducks, got '" +
+                                 compileOProj + "'");
+  o.oProj = compileOProj;
   if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
       compileStrategy != "auto")
     return createStringError(inconvertibleErrorCode(),

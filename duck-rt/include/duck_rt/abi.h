@@ -102,10 +102,12 @@ typedef int (*duck_entry_fn)(duck_info *info);
  *   [duck_slot_header][duck_ffn_desc x n_experts][packed fp9 matrices...]
  * Offsets inside a slot are relative to the slot's start. An expert this
  * duck does not hold (expert placement) has all offsets 0 and present = 0.
- * A HEAD slot holds the LM head's vocabulary rows on this duck: one
- * descriptor, present, whose `gate` is the [rows, hidden] matrix (rows in
- * the header's `inter`, `layer` = the model's layer count); its `up` and
- * `down` are empty (all zero).
+ * A HEAD slot holds this duck's rows of one matrix: one descriptor,
+ * present, whose `gate` is the [rows, K] matrix (rows in the header's
+ * `inter`, K in its `hidden`); its `up` and `down` are empty (all zero).
+ * The LM head's vocabulary rows (K = hidden, `layer` = the model's layer
+ * count) or an attention's o_proj output rows (K = heads x v_head_dim,
+ * `layer` = the attention's layer).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */
@@ -180,8 +182,9 @@ typedef struct duck_slot_header {
  * IB: [duck_ib_header][slots: duck_expert_slot[n_tokens * top_k]]
  *     [x: float[n_tokens][hidden]]  (x at header.x_offset, 32-byte aligned)
  * OB: [duck_ob_header][out: float[n_tokens][hidden]] (out at 64 bytes)
- * DUCK_MODE_HEAD: top_k = 0; out is float[n_tokens][rows], the logits of
- * the head rows this duck holds (duck_ob_header.hidden = rows).
+ * DUCK_MODE_HEAD: top_k = 0; x is float[n_tokens][K] (the slot's K);
+ * out is float[n_tokens][rows], the results of the rows this duck holds
+ * (duck_ob_header.hidden = rows).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IB_MAGIC 0x50545344u /* "DSTP" */

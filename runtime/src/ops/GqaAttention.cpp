@@ -26,6 +26,9 @@ public:
 
   HostMatrix q_, k_, v_, o_;
   std::vector<float> qn_, kn_;
+  // duckc --o-proj ducks: o_proj's rows run in head slot o_slot_.
+  FfnRunner *o_runner_ = nullptr;
+  uint32_t o_slot_ = 0;
 
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     // RoPE: frequencies once; cos/sin once a position, shared by the heads.
@@ -77,6 +80,9 @@ public:
                     attn_.data() + t * sh_.q());
       }
     });
+    if (o_runner_)
+      return o_runner_->RunRows(o_slot_, n, attn_.data(), (uint32_t)sh_.q(),
+                                Out(s), sh_.hidden);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
@@ -144,12 +150,21 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
   DUCK_RETURN_IF_ERROR(env.Load(p->q_proj(), "q_proj", &op->q_));
   DUCK_RETURN_IF_ERROR(env.Load(p->k_proj(), "k_proj", &op->k_));
   DUCK_RETURN_IF_ERROR(env.Load(p->v_proj(), "v_proj", &op->v_));
-  DUCK_RETURN_IF_ERROR(env.Load(p->o_proj(), "o_proj", &op->o_));
+  if (p->o_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("o_proj on the ducks, but no ducks to run it");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p->o_proj_slot(), sh.hidden,
+                                       sh.q(), "o_proj"));
+    op->o_runner_ = env.runner;
+    op->o_slot_ = p->o_proj_slot();
+  } else {
+    DUCK_RETURN_IF_ERROR(env.Load(p->o_proj(), "o_proj", &op->o_));
+  }
   DUCK_RETURN_IF_ERROR(env.Load(p->q_norm(), "q_norm", &op->qn_));
   DUCK_RETURN_IF_ERROR(env.Load(p->k_norm(), "k_norm", &op->kn_));
   if (op->q_.rows != sh.q() || op->q_.cols != sh.hidden ||
       op->k_.rows != sh.kv() || op->v_.rows != sh.kv() ||
-      op->o_.rows != sh.hidden || op->o_.cols != sh.q() ||
+      (!op->o_runner_ && (op->o_.rows != sh.hidden || op->o_.cols != sh.q())) ||
       op->qn_.size() != sh.dim || op->kn_.size() != sh.dim)
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",

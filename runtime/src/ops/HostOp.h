@@ -120,6 +120,12 @@ private:
   }
 };
 
+/// Checks that head slot `slot` of the ducks tiles a matrix of `rows`
+/// rows, `k` wide, in rank order (the LM head, an o_proj on the ducks);
+/// `what` names it in the error.
+absl::Status CheckRowSlots(const OpEnv &env, uint32_t slot, uint64_t rows,
+                           uint64_t k, const char *what);
+
 /// What Run gets: the rows of one step. Rows may belong to different
 /// sequences (batched decode, a prompt chunk joining running streams); a
 /// row's result depends only on its own token and its sequence's cache.

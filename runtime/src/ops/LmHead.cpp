@@ -37,7 +37,8 @@ public:
       for (uint64_t i = 0; i < n; ++i)
         std::copy_n(x + (uint64_t)s.logit_rows[i] * hidden_, hidden_,
                     gathered_.data() + i * hidden_);
-      return runner_->RunHead(slot_, (uint32_t)n, gathered_.data(), y, V);
+      return runner_->RunRows(slot_, (uint32_t)n, gathered_.data(), hidden_,
+                              y, V);
     }
     if (n == 1) {
       MatVec(*pool_, w_, x + (uint64_t)s.logit_rows[0] * hidden_, y);
@@ -62,28 +63,30 @@ private:
 
 } // namespace
 
-/// Checks that the ducks' head slots tile the vocabulary: slot `slot` of
-/// every duck is a head slot and their row ranges follow each other from 0
-/// to `vocab`, in rank order.
-absl::Status CheckHeadSlots(const OpEnv &env, uint32_t slot, uint64_t vocab) {
+absl::Status CheckRowSlots(const OpEnv &env, uint32_t slot, uint64_t rows,
+                           uint64_t k, const char *what) {
   uint64_t next = 0;
   const auto *ducks = env.plan.def().ducks();
   for (uint32_t r = 0; r < ducks->size(); ++r) {
     const auto *slots = ducks->Get(r)->slots();
     if (!slots || slot >= slots->size() || !slots->Get(slot)->head())
-      return env.Error("LM head on the ducks: duck ", r, " has no head slot ",
+      return env.Error(what, " on the ducks: duck ", r, " has no head slot ",
                        slot);
     const pl::SlotDef *sd = slots->Get(slot);
     if (sd->inter_begin() != next || sd->inter_end() <= sd->inter_begin() ||
-        sd->inter_end() > vocab)
-      return env.Error("LM head on the ducks: duck ", r, " holds rows [",
+        sd->inter_end() > rows)
+      return env.Error(what, " on the ducks: duck ", r, " holds rows [",
                        sd->inter_begin(), ", ", sd->inter_end(),
-                       "), expected rows from ", next, " of ", vocab);
+                       "), expected rows from ", next, " of ", rows);
+    if (!sd->matrices() || sd->matrices()->size() != 1 ||
+        sd->matrices()->Get(0)->k() != k)
+      return env.Error(what, " on the ducks: duck ", r, " slot ", slot,
+                       " is not one matrix ", k, " wide");
     next = sd->inter_end();
   }
-  if (next != vocab)
-    return env.Error("LM head on the ducks: the ducks hold ", next, " of ",
-                     vocab, " rows");
+  if (next != rows)
+    return env.Error(what, " on the ducks: the ducks hold ", next, " of ",
+                     rows, " rows");
   return absl::OkStatus();
 }
 
@@ -93,7 +96,9 @@ HostOpOr CreateLmHead(const OpEnv &env) {
   if (p->on_ducks()) {
     if (!env.runner)
       return env.Error("LM head on the ducks, but no ducks to run it");
-    if (absl::Status s = CheckHeadSlots(env, p->duck_slot(), vocab); !s.ok())
+    if (absl::Status s =
+            CheckRowSlots(env, p->duck_slot(), vocab, env.hidden, "LM head");
+        !s.ok())
       return s;
     return std::make_unique<LmHead>(env.runner, p->duck_slot(), vocab,
                                     env.hidden, env.max_rows);

@@ -35,6 +35,9 @@ public:
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
   std::vector<float> q_a_norm_, kv_a_norm_;
+  // duckc --o-proj ducks: o_proj's rows run in head slot o_slot_.
+  FfnRunner *o_runner_ = nullptr;
+  uint32_t o_slot_ = 0;
   // W_UK transposed, [heads * kv_lora, nope]: bf16 when every value is
   // exact in bf16 (FP8 with power-of-two scales), else fp32.
   HostMatrix w_uk_;
@@ -87,6 +90,10 @@ public:
     for (uint32_t t = 0; t < n; ++t)
       Row(t, s.seq[t], s.pos[t],
           indexed_ ? In(s, 1) + (uint64_t)t * topk_ : nullptr);
+    if (o_runner_)
+      return o_runner_->RunRows(o_slot_, n, attn_.data(),
+                                (uint32_t)((uint64_t)sh_.heads * sh_.v), Out(s),
+                                sh_.hidden);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
@@ -170,7 +177,7 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
   ok = ok && is(op.kv_a_, sh.cache(), sh.hidden) &&
        op.kv_a_norm_.size() == sh.kv_lora &&
        is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora) &&
-       is(op.o_, sh.hidden, (uint64_t)sh.heads * sh.v);
+       (op.o_runner_ || is(op.o_, sh.hidden, (uint64_t)sh.heads * sh.v));
   if (!ok)
     return env.Error("MLA weights do not match ", sh.heads, " heads, ",
                      "q_lora_rank ", sh.q_lora, ", kv_lora_rank ", sh.kv_lora,
@@ -193,7 +200,17 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
       env.Load(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa", &op.kv_a_));
   DUCK_RETURN_IF_ERROR(
       env.Load(p.kv_a_layernorm(), "kv_a_layernorm", &op.kv_a_norm_));
-  DUCK_RETURN_IF_ERROR(env.Load(p.o_proj(), "o_proj", &op.o_));
+  if (p.o_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("o_proj on the ducks, but no ducks to run it");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p.o_proj_slot(), env.hidden,
+                                       (uint64_t)p.heads() * p.v_head_dim(),
+                                       "o_proj"));
+    op.o_runner_ = env.runner;
+    op.o_slot_ = p.o_proj_slot();
+  } else {
+    DUCK_RETURN_IF_ERROR(env.Load(p.o_proj(), "o_proj", &op.o_));
+  }
   return env.Need(p.kv_b_proj(), "kv_b_proj").status();
 }
 

@@ -51,6 +51,9 @@ struct CompileOptions {
   /// scale per 32 weights: 1.125 bytes a weight, logits move by ~0.5%) or
   /// "fp9" (the same bytes, logits move by a few percent).
   std::string lmHead = "checkpoint";
+  /// Every attention's output projection: "host" (default) or "ducks"
+  /// (its rows split over the ducks in fp9, one more duck step a layer).
+  std::string oProj = "host";
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.

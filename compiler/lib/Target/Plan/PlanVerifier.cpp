@@ -181,21 +181,33 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
             routed = moe->num_experts();
             width = moe->inter();
           }
-      // A head slot: the LM head tensor's rows [inter_begin, inter_end).
+      // A head slot: rows [inter_begin, inter_end) of the tensor of the op
+      // that runs it (the LM head, or an attention's o_proj).
       std::string headName;
       if (sh.kind == DUCK_SLOT_HEAD) {
         if (!sd->head() || sh.n_experts != 1)
           return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
                                    "does not call one",
                                    rank, si));
+        auto named = [&](const pl::TensorDef *t) {
+          if (t && t->name())
+            headName = t->name()->str();
+        };
         if (const auto *ops = plan->ops())
-          for (const pl::OpDef *op : *ops)
+          for (const pl::OpDef *op : *ops) {
             if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
-                h && h->on_ducks() && h->weight() && h->weight()->name())
-              headName = h->weight()->name()->str();
+                h && h->on_ducks() && h->duck_slot() == si)
+              named(h->weight());
+            if (const auto *g = op->params_as_GqaAttentionOpDef();
+                g && g->o_proj_on_ducks() && g->o_proj_slot() == si)
+              named(g->o_proj());
+            if (const auto *m = op->params_as_MlaAttentionOpDef();
+                m && m->o_proj_on_ducks() && m->o_proj_slot() == si)
+              named(m->o_proj());
+          }
         if (headName.empty())
-          return err(llvm::formatv("duck {0} slot {1}: a head slot, but the "
-                                   "plan's LM head is not on the ducks",
+          return err(llvm::formatv("duck {0} slot {1}: a head slot that no "
+                                   "op of the plan runs on the ducks",
                                    rank, si));
       }
       for (unsigned ex = 0; ex < sh.n_experts; ++ex) {

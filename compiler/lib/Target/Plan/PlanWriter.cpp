@@ -66,10 +66,10 @@ public:
       : ckpt(ckpt), scaleRows(scaleRows), opts(opts) {}
 
   /// Writes the image of `rank`; fills checksums into `out_entries`.
-  /// `head` (may be null) puts the LM head's rows of this duck in a last
-  /// slot, with slot-table layer `headLayer`.
+  /// `rowMats` (o_projs, the LM head) put this duck's rows of each in one
+  /// more slot after the FFNs; the head's slot-table layer is `numLayers`.
   Error write(ModuleOp module, int64_t rank, ArrayRef<Fp9FfnOp> shards,
-              LmHeadOp head, int64_t headLayer, StringRef path,
+              ArrayRef<RowMatrix> rowMats, int64_t numLayers, StringRef path,
               uint64_t totalBytes, StringRef layoutKey,
               std::vector<duck_slot_entry> &out_entries,
               std::string &out_key);
@@ -134,8 +134,8 @@ private:
   }
   Error packMatrix(int64_t layer, const std::string &name, int64_t row0,
                    int64_t col0, const duck_fp9_desc &desc);
-  Error writeHeadSlot(LmHeadOp head, int64_t headLayer,
-                      std::vector<duck_slot_entry> &entries);
+  Error writeRowSlot(const RowMatrix &m, int64_t numLayers,
+                     std::vector<duck_slot_entry> &entries);
 
   const Checkpoint &ckpt;
   int64_t scaleRows;
@@ -190,26 +190,30 @@ Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
   return e;
 }
 
-/// The head slot (abi.h): header, one descriptor whose `gate` is the
-/// [rows, hidden] matrix, then the rows packed as the host's fp9 head is.
-Error ImageWriter::writeHeadSlot(LmHeadOp head, int64_t headLayer,
-                                 std::vector<duck_slot_entry> &entries) {
-  const uint64_t offset = (*head.getDuckOffsets())[rank];
+/// A head slot (abi.h): header, one descriptor whose `gate` is the
+/// [rows, K] matrix, then the rows packed as the host's fp9 copy would be:
+/// the LM head's vocabulary rows or an o_proj's output rows.
+Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
+                                std::vector<duck_slot_entry> &entries) {
+  auto offsets = m.op->getAttrOfType<DenseI64ArrayAttr>("duck_offsets");
+  if (!offsets || (int64_t)offsets.size() <= rank)
+    return err("internal: a row-split matrix without its duck offsets");
+  const uint64_t offset = offsets[rank];
   if (pos != offset)
-    return err(llvm::formatv("internal: head slot of duck {0} expected at "
-                             "offset {1}, writer at {2}",
-                             rank, offset, pos));
+    return err(llvm::formatv("internal: {0} slot of duck {1} expected at "
+                             "offset {2}, writer at {3}",
+                             m.head ? "head" : "o_proj", rank, offset, pos));
   XXH3_64bits_reset(slotHash);
   sources.clear();
-  ArrayRef<int64_t> rows = *head.getDuckRows();
-  const int64_t hidden = head.getWeight().getShape()[1];
-  const uint32_t block = (uint32_t)*head.getDuckBlock();
+  const int64_t hidden = m.k(), headLayer = m.layer(numLayers);
+  const uint32_t block = (uint32_t)m.block;
   duck_head_slot_layout hl;
-  if (duck_compute_head_slot_layout((uint32_t)(rows[rank + 1] - rows[rank]),
+  if (duck_compute_head_slot_layout((uint32_t)m.rowsOf(rank),
                                     (uint32_t)hidden, block,
                                     (uint32_t)scaleRows, 0,
                                     &hl) != DUCK_FP9_OK)
-    return err("invalid LM head slot layout");
+    return err(m.head ? "invalid LM head slot layout"
+                      : "invalid o_proj slot layout");
   duck_slot_header h{};
   h.magic = DUCK_SLOT_MAGIC;
   h.kind = DUCK_SLOT_HEAD;
@@ -228,8 +232,8 @@ Error ImageWriter::writeHeadSlot(LmHeadOp head, int64_t headLayer,
     return e;
   if (Error e = padTo(offset + hl.table_bytes))
     return e;
-  if (Error e = packMatrix(headLayer, head.getWeight().getName().str(),
-                           rows[rank], 0, hl.matrix))
+  if (Error e = packMatrix(headLayer, m.weight.getName().str(),
+                           m.rows[rank], 0, hl.matrix))
     return e;
   if (Error e = padTo(offset + hl.total_bytes))
     return e;
@@ -244,7 +248,8 @@ Error ImageWriter::writeHeadSlot(LmHeadOp head, int64_t headLayer,
 }
 
 Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
-                         LmHeadOp head, int64_t headLayer, StringRef path,
+                         ArrayRef<RowMatrix> rowMats, int64_t numLayers,
+                         StringRef path,
                          uint64_t totalBytes, StringRef layoutKey,
                          std::vector<duck_slot_entry> &entries,
                          std::string &keyHex) {
@@ -262,7 +267,7 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   XXH3_64bits_reset(slotHash);
 
   // Prologue placeholder; rewritten once the checksums are known.
-  uint64_t prologue = imagePrologueBytes(shards.size() + (head ? 1 : 0));
+  uint64_t prologue = imagePrologueBytes(shards.size() + rowMats.size());
   if (Error e = padTo(prologue))
     return e;
   entries.clear();
@@ -328,8 +333,8 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
     entry.kind = h.kind;
     entries.push_back(entry);
   }
-  if (head)
-    if (Error e = writeHeadSlot(head, headLayer, entries))
+  for (const RowMatrix &m : rowMats)
+    if (Error e = writeRowSlot(m, numLayers, entries))
       return e;
   if (pos != totalBytes)
     return err(llvm::formatv("internal: duck {0} image is {1} bytes, layout "
@@ -364,9 +369,12 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
   keyHex = llvm::formatv("{0:x-16}{1:x-16}", key.high64, key.low64).str();
   ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
   ih.total_bytes = totalBytes;
-  ih.hidden = !shards.empty() ? (uint32_t)ffnShapeOf(shards[0]).hidden
-              : head        ? (uint32_t)head.getWeight().getShape()[1]
-                            : 0;
+  // The model's hidden size: the FFNs' (the LM head's K; an o_proj's K is
+  // its heads x v_head_dim, which its own slot header carries).
+  ih.hidden = !shards.empty() ? (uint32_t)ffnShapeOf(shards[0]).hidden : 0;
+  for (const RowMatrix &m : rowMats)
+    if (!ih.hidden && m.head)
+      ih.hidden = (uint32_t)m.k();
   ih.header_checksum = 0;
   ih.header_checksum = XXH3_64bits(&ih, sizeof ih);
   std::memcpy(pro.data(), &ih, sizeof ih);
@@ -553,7 +561,8 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
     *type = pl::OpParams::GqaAttentionOpDef;
     return pl::CreateGqaAttentionOpDef(
                fbb, t[0], t[1], t[2], t[3], t[4], t[5], a.getNumHeads(),
-               a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta)
+               a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta,
+               a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0))
         .Union();
   }
   *type = pl::OpParams::MlaAttentionOpDef;
@@ -580,7 +589,8 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
              fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
              a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
              cfgInt("qk_nope_head_dim"), cfgInt("qk_rope_head_dim"),
-             cfgInt("v_head_dim"), normEps, ropeTheta, rope)
+             cfgInt("v_head_dim"), normEps, ropeTheta, rope,
+             a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0))
       .Union();
 }
 
@@ -807,11 +817,13 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       return a.getInt();
     return (int64_t)0;
   }();
+  const SmallVector<RowMatrix> rowMats = rowMatricesOf(module);
 
   PlanBuilder pb(ckpt);
   pb.head = head;
   // The largest step any slot makes, per row (PlanDef.step_limits).
-  uint32_t maxInter = 0, maxExperts = 1, maxActive = 1, maxHeadRows = 0;
+  uint32_t maxInter = 0, maxExperts = 1, maxActive = 1, maxHeadRows = 0,
+           maxK = 0;
   module.walk([&](MoeOp m) {
     maxExperts = std::max<uint32_t>(maxExperts, m.getTotalExperts());
     maxActive = std::max<uint32_t>(maxActive, m.getTopK() + m.getNumShared());
@@ -826,8 +838,8 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
     uint64_t total = cast<IntegerAttr>(images[r]).getInt();
     StringRef layoutKey = cast<StringAttr>(keys[r]).getValue();
     std::string key;
-    if (Error e = iw.write(module, r, perRank[r], head, headLayer, path, total,
-                           layoutKey, entries, key))
+    if (Error e = iw.write(module, r, perRank[r], rowMats, headLayer, path,
+                           total, layoutKey, entries, key))
       return e;
     std::vector<fb::Offset<pl::SlotDef>> slots;
     for (auto [i, shard] : llvm::enumerate(perRank[r])) {
@@ -856,24 +868,23 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
           (uint8_t)shard.getGateKernel()->getKind(),
           (uint8_t)shard.getDownKernel()->getKind(), &mats));
     }
-    if (head) {
-      const duck_slot_entry &en = entries.back();
-      ArrayRef<int64_t> rows = *head.getDuckRows();
-      const uint32_t hidden = (uint32_t)head.getWeight().getShape()[1];
-      const uint32_t block = (uint32_t)*head.getDuckBlock();
+    for (auto [i, m] : llvm::enumerate(rowMats)) {
+      const duck_slot_entry &en = entries[perRank[r].size() + i];
+      const uint32_t hidden = (uint32_t)m.k();
+      const uint32_t block = (uint32_t)m.block;
       const auto k = (uint8_t)duck_select_kernel(hidden, block);
       duck_head_slot_layout hl;
-      (void)duck_compute_head_slot_layout((uint32_t)(rows[r + 1] - rows[r]),
-                                          hidden, block, (uint32_t)scaleRows,
-                                          0, &hl);
+      (void)duck_compute_head_slot_layout((uint32_t)m.rowsOf(r), hidden, block,
+                                          (uint32_t)scaleRows, 0, &hl);
       std::vector<fb::Offset<pl::MatrixDef>> mats = {pl::CreateMatrixDef(
           pb.fbb, 0, 0, en.offset + hl.table_bytes, hl.matrix.rows, hidden,
           block, k)};
-      maxHeadRows = std::max<uint32_t>(maxHeadRows, rows[r + 1] - rows[r]);
+      maxHeadRows = std::max<uint32_t>(maxHeadRows, m.rowsOf(r));
+      maxK = std::max(maxK, hidden);
       slots.push_back(pl::CreateSlotDefDirect(
           pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
-          (uint32_t)rows[r], (uint32_t)rows[r + 1], 0, 1, block, k, k, &mats,
-          /*head=*/true));
+          (uint32_t)m.rows[r], (uint32_t)m.rows[r + 1], 0, 1, block, k, k,
+          &mats, /*head=*/true));
     }
     ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
                                             key.c_str(), &slots));
@@ -920,7 +931,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;
   auto limits = pl::CreateStepLimitsDef(pb.fbb, maxInter, maxExperts,
-                                       maxActive, maxHeadRows);
+                                       maxActive, maxHeadRows, maxK);
   auto root = pl::CreatePlanDefDirect(
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
       compiler.c_str(), absDir.c_str(), &fileDefs, modelDef, tp, multipleOf,

@@ -20,8 +20,10 @@ namespace duck::runtime {
 
 struct RunnerStats {
   /// FFN steps (the LM head's steps, when it is on the ducks, are timed
-  /// as the LM head op and kept apart).
-  std::vector<StepMetrics> decode_steps, prefill_steps, head_steps;
+  /// as the LM head op and kept apart; so are the attention o_proj steps
+  /// of duckc --o-proj ducks, decode ones in attn_decode_steps).
+  std::vector<StepMetrics> decode_steps, prefill_steps, head_steps,
+      attn_decode_steps, attn_prefill_steps;
   /// 0: keep every step's metrics (one run); else keep between
   /// max_steps and 2 x max_steps of the newest (a server).
   size_t max_steps = 0;
@@ -35,8 +37,8 @@ public:
   absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                    uint32_t top_k, const duck_expert_slot *slots,
                    const float *x, float *out) override;
-  absl::Status RunHead(uint32_t slot, uint32_t n_tokens, const float *x,
-                       float *out, uint64_t vocab) override;
+  absl::Status RunRows(uint32_t slot, uint32_t n_tokens, const float *x,
+                       uint32_t k, float *out, uint64_t width) override;
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
   /// Bounds the per-step metrics kept (RunnerStats::max_steps).

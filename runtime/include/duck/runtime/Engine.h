@@ -36,12 +36,15 @@ public:
   virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                            uint32_t top_k, const duck_expert_slot *slots,
                            const float *x, float *out) = 0;
-  /// The LM head on the ducks (a head slot on each): out[t][v] for the
-  /// whole vocabulary, each duck's rows where its slot says.
-  virtual absl::Status RunHead(uint32_t slot, uint32_t n_tokens,
-                               const float *x, float *out, uint64_t vocab) {
-    (void)slot, (void)n_tokens, (void)x, (void)out, (void)vocab;
-    return absl::UnimplementedError("this runner has no LM head on the ducks");
+  /// A matrix whose rows are split over the ducks (a head slot on each:
+  /// the LM head, an o_proj): out[t][i] for all `width` rows, each duck's
+  /// where its slot says; x is n_tokens x k floats.
+  virtual absl::Status RunRows(uint32_t slot, uint32_t n_tokens,
+                               const float *x, uint32_t k, float *out,
+                               uint64_t width) {
+    (void)slot, (void)n_tokens, (void)x, (void)k, (void)out, (void)width;
+    return absl::UnimplementedError(
+        "this runner has no row-split matrices on the ducks");
   }
 };
 

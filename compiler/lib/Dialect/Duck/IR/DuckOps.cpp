@@ -158,6 +158,40 @@ LogicalResult RmsNormOp::verify() {
   return success();
 }
 
+/// A matrix whose rows are split over the ducks (the LM head, an o_proj):
+/// `duck_rows` runs from 0 to `rows` in increasing tp + 1 boundaries, the
+/// block divides K, and the per-duck attrs have one value a duck.
+static LogicalResult verifyDuckRows(Operation *op, StringRef what,
+                                    int64_t rows, int64_t k,
+                                    std::optional<ArrayRef<int64_t>> duckRows,
+                                    std::optional<int64_t> block,
+                                    std::optional<ArrayRef<int64_t>> offsets,
+                                    std::optional<ArrayRef<int64_t>> bytes) {
+  if (!duckRows)
+    return success();
+  if (duckRows->size() < 2 || duckRows->front() != 0 ||
+      duckRows->back() != rows)
+    return op->emitOpError() << "duck_rows must run from 0 to the " << what
+                             << " " << rows << " in tp + 1 boundaries";
+  for (size_t i = 1; i < duckRows->size(); ++i)
+    if ((*duckRows)[i] <= (*duckRows)[i - 1])
+      return op->emitOpError() << "duck_rows must increase: duck " << i - 1
+                               << " gets no rows";
+  if (!block || (*block != 32 && *block != 64 && *block != 128) ||
+      k % *block != 0)
+    return op->emitOpError() << "duck_block must be 32, 64 or 128 and divide "
+                                "the "
+                             << (what == "vocab" ? "hidden size" : "input width")
+                             << " " << k;
+  const size_t tp = duckRows->size() - 1;
+  for (auto [name, a] :
+       {std::pair{"duck_offsets", offsets}, std::pair{"duck_bytes", bytes}})
+    if (a && a->size() != tp)
+      return op->emitOpError() << name << " needs " << tp
+                               << " values, one a duck";
+  return success();
+}
+
 LogicalResult AttentionOp::verify() {
   if (getKind() != "gqa" && getKind() != "mla")
     return emitOpError() << "attention kind must be \"gqa\" or \"mla\", got \""
@@ -181,7 +215,12 @@ LogicalResult AttentionOp::verify() {
     if (!getWeights().get(role))
       return emitOpError() << "attention is missing its '" << role
                            << "' weight";
-  return success();
+  ArrayRef<int64_t> o = getOProj().getShape();
+  if (getDuckRows() && o.size() != 2)
+    return emitOpError("o_proj must be a matrix to go on the ducks");
+  return verifyDuckRows(*this, "o_proj rows", o.empty() ? 0 : o[0],
+                        o.size() == 2 ? o[1] : 0, getDuckRows(),
+                        getDuckBlock(), getDuckOffsets(), getDuckBytes());
 }
 
 LogicalResult LmHeadOp::verify() {
@@ -193,28 +232,8 @@ LogicalResult LmHeadOp::verify() {
   if (hiddenOf(getResult()) != s[0])
     return emitOpError() << "result width " << hiddenOf(getResult())
                          << " does not match vocab " << s[0];
-  std::optional<ArrayRef<int64_t>> rows = getDuckRows();
-  if (!rows)
-    return success();
-  if (rows->size() < 2 || rows->front() != 0 || rows->back() != s[0])
-    return emitOpError() << "duck_rows must run from 0 to the vocab " << s[0]
-                         << " in tp + 1 boundaries";
-  for (size_t i = 1; i < rows->size(); ++i)
-    if ((*rows)[i] <= (*rows)[i - 1])
-      return emitOpError() << "duck_rows must increase: duck " << i - 1
-                           << " gets no rows";
-  std::optional<int64_t> block = getDuckBlock();
-  if (!block || (*block != 32 && *block != 64 && *block != 128) ||
-      s[1] % *block != 0)
-    return emitOpError() << "duck_block must be 32, 64 or 128 and divide "
-                            "the hidden size "
-                         << s[1];
-  const size_t tp = rows->size() - 1;
-  for (auto [name, a] : {std::pair{"duck_offsets", getDuckOffsets()},
-                         std::pair{"duck_bytes", getDuckBytes()}})
-    if (a && a->size() != tp)
-      return emitOpError() << name << " needs " << tp << " values, one a duck";
-  return success();
+  return verifyDuckRows(*this, "vocab", s[0], s[1], getDuckRows(),
+                        getDuckBlock(), getDuckOffsets(), getDuckBytes());
 }
 
 /// Rules shared by mlp and moe: shard ranks, ranges and partition attrs.

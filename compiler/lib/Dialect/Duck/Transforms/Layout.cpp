@@ -70,6 +70,27 @@ uint64_t mlir::duck::imagePrologueBytes(uint64_t slotCount) {
                        DUCK_IMAGE_ALIGN);
 }
 
+int64_t mlir::duck::RowMatrix::layer(int64_t numLayers) const {
+  if (auto a = dyn_cast<AttentionOp>(op))
+    return (int64_t)a.getLayer();
+  return numLayers;
+}
+
+SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
+  SmallVector<RowMatrix> out;
+  module.walk([&](AttentionOp a) {
+    if (a.getDuckRows() && a.getDuckBlock())
+      out.push_back({a, a.getOProj(), *a.getDuckRows(), (int64_t)*a.getDuckBlock(),
+                     /*head=*/false});
+  });
+  module.walk([&](LmHeadOp h) {
+    if (h.getDuckRows() && h.getDuckBlock())
+      out.push_back({h, h.getWeight(), *h.getDuckRows(), (int64_t)*h.getDuckBlock(),
+                     /*head=*/true});
+  });
+  return out;
+}
+
 namespace {
 
 /// The experts one shard holds on its duck ([begin, end) of the layer's
@@ -272,18 +293,20 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     }
     layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
   });
-  // The LM head on the ducks: one more step a token, its slowest duck.
-  module.walk([&](LmHeadOp head) {
-    std::optional<ArrayRef<int64_t>> rows = head.getDuckRows();
-    if (!rows || (int64_t)rows->size() != st.tp + 1)
-      return;
-    const int64_t hidden = head.getWeight().getShape()[1];
+  // Row-split matrices on the ducks (o_projs, the LM head): one more step
+  // each, its slowest duck.
+  for (const RowMatrix &m : rowMatricesOf(module)) {
+    if ((int64_t)m.rows.size() != st.tp + 1)
+      continue;
+    const int64_t hidden = m.k();
     const duck_kernel_id id =
-        duck_select_kernel((uint32_t)hidden, (uint32_t)*head.getDuckBlock());
-    std::optional<ArrayRef<int64_t>> bytes = head.getDuckBytes();
+        duck_select_kernel((uint32_t)hidden, (uint32_t)m.block);
+    std::optional<ArrayRef<int64_t>> bytes;
+    if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>("duck_bytes"))
+      bytes = a.asArrayRef();
     double slowest = 0;
     for (int64_t r = 0; r < st.tp; ++r) {
-      const double params = double((*rows)[r + 1] - (*rows)[r]) * hidden;
+      const double params = double(m.rowsOf(r)) * hidden;
       st.ducks[r].paramsPerToken += params;
       double rate = (size_t)r < c.duckGparamS.size() ? c.duckGparamS[r]
                                                      : c.fp9GparamS;
@@ -297,9 +320,15 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                    : params * 1.125 / (c.bandwidthGbs * 1e9);
       slowest = std::max(slowest, sec);
     }
-    st.lmHeadOnDucks = true;
-    st.lmHeadMsPerToken = 1e3 * slowest;
-  });
+    if (m.head) {
+      st.lmHeadOnDucks = true;
+      st.lmHeadMsPerToken = 1e3 * slowest;
+    } else {
+      st.oProjOnDucks = true;
+      st.oProjMsPerToken += 1e3 * slowest;
+      ++st.oProjSteps;
+    }
+  }
   // The host's own weights a token (attention, MLA and its indexer, the
   // MoE routers) as the runtime reads them: FP8 as fp9, the rest as stored.
   auto hostBytesOf = [](WeightAttr w) {
@@ -322,6 +351,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
+      if (a.getDuckRows()) // its o_proj is on the ducks
+        hostWeightBytes -= hostBytesOf(a.getOProj());
     } else if (auto m = dyn_cast<MoeOp>(op)) {
       hostWeightBytes += hostBytesOf(m.getRouterWeight());
     }
@@ -346,9 +377,10 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       st.hostLmHeadMsPerToken =
           1e3 * params * perWeight / (c.hostReadGbs * 1e9);
     });
-  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken;
-  st.dispatchMsPerToken =
-      (st.ffnLayers + (st.lmHeadOnDucks ? 1 : 0)) * c.stepOverheadUs / 1e3;
+  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken + st.oProjMsPerToken;
+  st.dispatchMsPerToken = (st.ffnLayers + st.oProjSteps +
+                           (st.lmHeadOnDucks ? 1 : 0)) *
+                          c.stepOverheadUs / 1e3;
   // The host's time: measured (host_ms_per_token), else its weights at
   // its bandwidth; plus a host LM head's bytes when the bandwidth is known.
   st.hostMsPerToken = (c.hostMsPerToken > 0 ? c.hostMsPerToken
@@ -395,6 +427,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
     os << llvm::format("LM head: on the host, %.3f ms a token at %.1f GB/s "
                        "(in the host's time below)\n",
                        s.hostLmHeadMsPerToken, c.hostReadGbs);
+  if (s.oProjOnDucks)
+    os << llvm::format("attention o_proj: on the ducks (rows split), %.3f ms "
+                       "a token on the slowest ducks over %lld steps (in the "
+                       "ducks' time below)\n",
+                       s.oProjMsPerToken, (long long)s.oProjSteps);
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
@@ -435,6 +472,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"lm_head_on_ducks", s.lmHeadOnDucks},
       {"lm_head_ms_per_token", s.lmHeadMsPerToken},
       {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},
+      {"o_proj_on_ducks", s.oProjOnDucks},
+      {"o_proj_ms_per_token", s.oProjMsPerToken},
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},

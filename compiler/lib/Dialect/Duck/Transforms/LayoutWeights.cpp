@@ -64,32 +64,29 @@ struct DuckLayoutWeightsPass
     if (!ok)
       return signalPassFailure();
 
-    // The LM head on the ducks: one more slot on each, after the FFNs.
-    LmHeadOp head;
-    module.walk([&](LmHeadOp op) {
-      if (op.getDuckRows())
-        head = op;
-    });
-    if (head) {
-      if ((int64_t)head.getDuckRows()->size() != tp + 1) {
-        head.emitOpError() << "duck_rows has " << head.getDuckRows()->size()
-                           << " boundaries for " << tp << " ducks";
+    // Row-split matrices (o_projs, the LM head): one more slot each on
+    // every duck, after the FFNs, at the same index on all of them.
+    SmallVector<RowMatrix> rowMats = rowMatricesOf(module);
+    for (const RowMatrix &m : rowMats) {
+      if ((int64_t)m.rows.size() != tp + 1) {
+        m.op->emitOpError() << "duck_rows has " << m.rows.size()
+                            << " boundaries for " << tp << " ducks";
         return signalPassFailure();
       }
       for (auto &v : perRank)
         if (v.size() != perRank.front().size()) {
-          head.emitOpError("the ducks hold different slot counts, so the "
-                           "head slot would have no one index");
+          m.op->emitOpError("the ducks hold different slot counts, so a "
+                            "row-split matrix's slot would have no one index");
           return signalPassFailure();
         }
     }
-    const int64_t headSlot = perRank.empty() ? 0 : perRank.front().size();
-    SmallVector<int64_t> headOffsets, headBytes;
+    const int64_t firstRowSlot = perRank.empty() ? 0 : perRank.front().size();
+    SmallVector<SmallVector<int64_t>> rowOffsets(rowMats.size()),
+        rowBytes(rowMats.size());
 
     SmallVector<Attribute> images, slots, keys;
     for (size_t r = 0; r < perRank.size(); ++r) {
-      uint64_t offset =
-          imagePrologueBytes(perRank[r].size() + (head ? 1 : 0));
+      uint64_t offset = imagePrologueBytes(perRank[r].size() + rowMats.size());
       std::string canon;
       llvm::raw_string_ostream cs(canon);
       cs << "duck-image-v" << DUCK_IMAGE_FORMAT_VERSION << "|fp9-v"
@@ -119,35 +116,36 @@ struct DuckLayoutWeightsPass
           cs << cast<MoeOp>(p).getGate().getDtype();
         offset += lay->totalBytes;
       }
-      if (head) {
-        ArrayRef<int64_t> rows = *head.getDuckRows();
-        ArrayRef<int64_t> shape = head.getWeight().getShape();
+      for (auto [i, m] : llvm::enumerate(rowMats)) {
         duck_head_slot_layout hl;
         if (duck_compute_head_slot_layout(
-                (uint32_t)(rows[r + 1] - rows[r]), (uint32_t)shape[1],
-                (uint32_t)*head.getDuckBlock(), (uint32_t)scaleRows, 0,
-                &hl) != DUCK_FP9_OK) {
-          head.emitOpError() << "duck " << r << ": the head rows have no fp9 "
-                                "layout";
+                (uint32_t)m.rowsOf(r), (uint32_t)m.k(), (uint32_t)m.block,
+                (uint32_t)scaleRows, 0, &hl) != DUCK_FP9_OK) {
+          m.op->emitOpError() << "duck " << r << ": the " 
+                              << (m.head ? "head" : "o_proj")
+                              << " rows have no fp9 layout";
           return signalPassFailure();
         }
-        headOffsets.push_back(offset);
-        headBytes.push_back(hl.total_bytes);
-        cs << "|slot" << headSlot << ":head,rows=" << rows[r] << "-"
-           << rows[r + 1] << "/" << shape[0] << ",hidden=" << shape[1]
-           << ",block=" << *head.getDuckBlock()
-           << ",dtype=" << head.getWeight().getDtype();
+        rowOffsets[i].push_back(offset);
+        rowBytes[i].push_back(hl.total_bytes);
+        const int64_t rowsTotal = m.weight.getShape()[0];
+        cs << "|slot" << firstRowSlot + (int64_t)i << ":"
+           << (m.head ? "head" : "o_proj") << ",rows=" << m.rows[r] << "-"
+           << m.rows[r + 1] << "/" << rowsTotal << ",k=" << m.k()
+           << ",block=" << m.block << ",dtype=" << m.weight.getDtype();
+        if (!m.head)
+          cs << ",layer=" << cast<AttentionOp>(m.op).getLayer();
         offset += hl.total_bytes;
       }
       images.push_back(b.getI64IntegerAttr(offset));
-      slots.push_back(
-          b.getI64IntegerAttr(perRank[r].size() + (head ? 1 : 0)));
+      slots.push_back(b.getI64IntegerAttr(perRank[r].size() + rowMats.size()));
       keys.push_back(b.getStringAttr(keyHex(canon)));
     }
-    if (head) {
-      head.setDuckSlotAttr(b.getI64IntegerAttr(headSlot));
-      head.setDuckOffsetsAttr(b.getDenseI64ArrayAttr(headOffsets));
-      head.setDuckBytesAttr(b.getDenseI64ArrayAttr(headBytes));
+    for (auto [i, m] : llvm::enumerate(rowMats)) {
+      m.op->setAttr("duck_slot",
+                    b.getI64IntegerAttr(firstRowSlot + (int64_t)i));
+      m.op->setAttr("duck_offsets", b.getDenseI64ArrayAttr(rowOffsets[i]));
+      m.op->setAttr("duck_bytes", b.getDenseI64ArrayAttr(rowBytes[i]));
     }
     module->setAttr("duck.image_bytes", b.getArrayAttr(images));
     module->setAttr("duck.slot_count", b.getArrayAttr(slots));

@@ -84,55 +84,85 @@ struct DuckPartitionPass
     return counts;
   }
 
-  /// lm-head=ducks: the head's vocabulary rows over the ducks in whole
-  /// scale tiles (so each duck packs exactly the tiles the host's fp9 head
-  /// would, and the logits keep their bits), in proportion to the shares.
-  LogicalResult placeLmHead(ModuleOp module) {
-    const bool onDucks = lmHead == "ducks";
+  /// A matrix's rows over the ducks in whole scale tiles (so each duck
+  /// packs exactly the tiles the host's fp9 copy would, and the results
+  /// keep their bits), in proportion to the shares: sets `duck_rows` and
+  /// `duck_block` on `op`. `what` and `hostFlag` name it in errors.
+  LogicalResult placeRows(ModuleOp module, Operation *op, WeightAttr w,
+                          StringRef what, StringRef hostFlag) {
+    for (StringRef a : {"duck_rows", "duck_block", "duck_slot",
+                        "duck_offsets", "duck_bytes"})
+      op->removeAttr(a);
+    ArrayRef<int64_t> shape = w.getShape();
+    const int64_t n = shape[0], k = shape[1];
+    const int64_t tile = scaleRowsOf(module);
+    const int64_t tiles = (n + tile - 1) / tile;
+    if (tiles < tp)
+      return op->emitOpError()
+             << "the " << what << "'s " << n << " rows are " << tiles
+             << " tiles of " << tile << ": too few for " << (int64_t)tp
+             << " ducks (use " << hostFlag << ")";
+    const int64_t block = k % 128 == 0  ? 128
+                          : k % 64 == 0 ? 64
+                          : k % 32 == 0 ? 32
+                                        : 0;
+    if (!block)
+      return op->emitOpError() << "the " << what << "'s width " << k
+                               << " is not a multiple of 32: no fp9 block "
+                                  "for it on the ducks";
+    SmallVector<int64_t> rows = {0};
+    int64_t first = 0;
+    for (int64_t c : blockCounts(tiles)) {
+      first += c;
+      rows.push_back(std::min(first * tile, n));
+    }
+    Builder b(module.getContext());
+    op->setAttr("duck_rows", b.getDenseI64ArrayAttr(rows));
+    op->setAttr("duck_block", b.getI64IntegerAttr(block));
+    return success();
+  }
+
+  /// lm-head=ducks: the head's vocabulary rows; o-proj=ducks: every
+  /// attention's output projection rows (hidden of them).
+  LogicalResult placeRowMatrices(ModuleOp module) {
     LogicalResult result = success();
     module.walk([&](LmHeadOp op) {
+      op->removeAttr("duck_rows");
+      if (lmHead == "ducks" &&
+          failed(placeRows(module, op, op.getWeight(), "LM head",
+                           "--lm-head on the host")))
+        result = failure();
+      if (lmHead != "ducks")
+        for (StringRef a : {"duck_block", "duck_slot", "duck_offsets",
+                            "duck_bytes"})
+          op->removeAttr(a);
+    });
+    // Every layer's o_proj has the same shape: the first error is enough.
+    module.walk([&](AttentionOp op) {
+      if (oProj == "ducks") {
+        if (failed(placeRows(module, op, op.getOProj(), "o_proj",
+                             "--o-proj host"))) {
+          result = failure();
+          return WalkResult::interrupt();
+        }
+        return WalkResult::advance();
+      }
       for (StringRef a : {"duck_rows", "duck_block", "duck_slot",
                           "duck_offsets", "duck_bytes"})
         op->removeAttr(a);
-      if (!onDucks)
-        return;
-      ArrayRef<int64_t> shape = op.getWeight().getShape();
-      const int64_t vocab = shape[0], hidden = shape[1];
-      const int64_t tile = scaleRowsOf(module);
-      const int64_t tiles = (vocab + tile - 1) / tile;
-      if (tiles < tp) {
-        op.emitOpError() << "the LM head's " << vocab << " rows are " << tiles
-                         << " tiles of " << tile << ": too few for "
-                         << (int64_t)tp << " ducks (use --lm-head on the host)";
-        result = failure();
-        return;
-      }
-      const int64_t block = hidden % 128 == 0  ? 128
-                            : hidden % 64 == 0 ? 64
-                            : hidden % 32 == 0 ? 32
-                                               : 0;
-      if (!block) {
-        op.emitOpError() << "hidden size " << hidden
-                         << " is not a multiple of 32: no fp9 block for the "
-                            "LM head on the ducks";
-        result = failure();
-        return;
-      }
-      SmallVector<int64_t> rows = {0};
-      int64_t first = 0;
-      for (int64_t c : blockCounts(tiles)) {
-        first += c;
-        rows.push_back(std::min(first * tile, vocab));
-      }
-      Builder b(module.getContext());
-      op.setDuckRowsAttr(b.getDenseI64ArrayAttr(rows));
-      op.setDuckBlockAttr(b.getI64IntegerAttr(block));
+      return WalkResult::advance();
     });
     return result;
   }
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (oProj != "host" && oProj != "ducks") {
+      module.emitError() << "duck-partition: o-proj must be host or ducks, "
+                            "got '"
+                         << oProj << "'";
+      return signalPassFailure();
+    }
     if (lmHead != "host" && lmHead != "ducks") {
       module.emitError() << "duck-partition: lm-head must be host or ducks, "
                             "got '"
@@ -284,7 +314,7 @@ struct DuckPartitionPass
                            nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
       }
     }
-    if (failed(placeLmHead(module)))
+    if (failed(placeRowMatrices(module)))
       return signalPassFailure();
     // The partition, once, for every later pass and the plan writer.
     module->setAttr(

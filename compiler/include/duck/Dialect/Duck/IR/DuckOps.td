@@ -69,14 +69,31 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
     and NeoX RoPE. `kind = "mla"`: DeepSeek multi-head latent attention;
     DeepSeek-V3.2's lightning indexer is described by `indexer`. `weights`
     maps a role (q_proj, k_norm, kv_b_proj, ...) to its checkpoint tensor.
+
+    The output projection (`o_proj`, [hidden, heads x v_head_dim]) runs on
+    the host unless `duck-partition` (o-proj=ducks) splits its rows over
+    the ducks, as it does the LM head's: `duck_rows` (tp + 1 boundaries,
+    whole scale tiles), `duck_block` (K-block), then `duck-layout-weights`
+    adds `duck_slot` (the same on every duck), `duck_offsets`, `duck_bytes`.
   }];
   let arguments = (ins Duck_Activation:$input, I64Attr:$layer, StrAttr:$kind,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads,
                        I64Attr:$head_dim, DictionaryAttr:$weights,
-                       OptionalAttr<DictionaryAttr>:$indexer);
+                       OptionalAttr<DictionaryAttr>:$indexer,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_rows,
+                       OptionalAttr<I64Attr>:$duck_block,
+                       OptionalAttr<I64Attr>:$duck_slot,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_offsets,
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_bytes);
   let results = (outs Duck_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The o_proj weight (every attention kind has one).
+    WeightAttr getOProj() {
+      return ::llvm::cast<WeightAttr>(getWeights().get("o_proj"));
+    }
+  }];
 }
 
 def Duck_AddOp : Duck_Op<"add", [Pure, SameOperandsAndResultType, Commutative]> {

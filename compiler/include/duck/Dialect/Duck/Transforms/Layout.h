@@ -58,6 +58,23 @@ FailureOr<SlotLayout> slotLayout(Fp9FfnOp shard, int64_t scaleRows);
 /// Bytes of the image header plus the slot table, aligned.
 uint64_t imagePrologueBytes(uint64_t slotCount);
 
+/// A matrix whose rows duck-partition split over the ducks (abi.h head
+/// slot: one [rows, K] matrix a duck): an attention's o_proj (o-proj=ducks)
+/// or the LM head (lm-head=ducks). Its slot follows the FFN slots, at the
+/// same index on every duck: o_projs in program order, then the head.
+struct RowMatrix {
+  Operation *op;
+  WeightAttr weight;        // [rows, K]
+  ArrayRef<int64_t> rows;   // tp + 1 boundaries (duck_rows)
+  int64_t block;            // K-block (duck_block)
+  bool head;                // the LM head (else an attention's o_proj)
+  /// Slot-table layer: the attention's layer, or `numLayers` for the head.
+  int64_t layer(int64_t numLayers) const;
+  int64_t k() const { return weight.getShape()[1]; }
+  int64_t rowsOf(int64_t rank) const { return rows[rank + 1] - rows[rank]; }
+};
+SmallVector<RowMatrix> rowMatricesOf(ModuleOp module);
+
 /// Cluster shape and cost model.
 struct ClusterModel {
   double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
@@ -108,6 +125,12 @@ struct ModuleStats {
   /// included in streamMsPerToken (and one more step in the dispatch).
   bool lmHeadOnDucks = false;
   double lmHeadMsPerToken = 0;
+  /// Attention output projections on the ducks (o-proj=ducks): the sum
+  /// over layers of each one's slowest duck, in streamMsPerToken (one more
+  /// step a layer in the dispatch); the host then reads none of them.
+  bool oProjOnDucks = false;
+  double oProjMsPerToken = 0;
+  int64_t oProjSteps = 0;
   /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
   /// the host's bandwidth, included in hostMsPerToken.
   double hostLmHeadMsPerToken = 0;

@@ -55,6 +55,10 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
     Option<"lmHead", "lm-head", "std::string", /*default=*/"\"host\"",
            "host, or ducks: the LM head's vocabulary rows split over the "
            "ducks in whole scale tiles (in proportion to the shares)">,
+    Option<"oProj", "o-proj", "std::string", /*default=*/"\"host\"",
+           "host, or ducks: every attention's output projection rows split "
+           "over the ducks in whole scale tiles (in proportion to the "
+           "shares)">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
