@@ -19,6 +19,10 @@
 // RUN: duck-opt %t/head.mlir --duck-partition="tp=3 multiple-of=64 lm-head=ducks" --duck-partition="tp=3 multiple-of=64" | FileCheck %t/head.mlir --check-prefix=BACK
 // RUN: not duck-opt %t/head.mlir --duck-partition="tp=6 multiple-of=32 lm-head=ducks" 2>&1 | FileCheck %t/head.mlir --check-prefix=FEW
 // RUN: not duck-opt %t/head.mlir --duck-partition="lm-head=gpu" 2>&1 | FileCheck %t/head.mlir --check-prefix=BADHEAD
+// RUN: duck-opt %t/o-proj.mlir --duck-partition="tp=2 multiple-of=64 o-proj=ducks" | FileCheck %t/o-proj.mlir
+// RUN: duck-opt %t/o-proj.mlir --duck-partition="tp=2 multiple-of=64 o-proj=ducks" --duck-partition="tp=2 multiple-of=64" | FileCheck %t/o-proj.mlir --check-prefix=BACK
+// RUN: not duck-opt %t/o-proj.mlir --duck-partition="tp=3 multiple-of=64 o-proj=ducks" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=FEW
+// RUN: not duck-opt %t/o-proj.mlir --duck-partition="o-proj=gpu" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=BADO
 // RUN: duck-opt %t/repartition.mlir --duck-partition="tp=2 multiple-of=64" --duck-partition="tp=4 multiple-of=32" | FileCheck %t/repartition.mlir
 // RUN: duck-opt %t/err-tp-max.mlir --duck-partition="tp=8 multiple-of=128" -verify-diagnostics
 // RUN: duck-opt %t/err-tp-max-32.mlir --duck-partition="tp=4 multiple-of=32" -verify-diagnostics
@@ -277,6 +281,25 @@ duck.model @shares attributes {family = "qwen3", config = {}} {
       gate = #duck.weight<"g", bf16, [256, 64]>, up = #duck.weight<"u", bf16, [256, 64]>,
       down = #duck.weight<"d", bf16, [64, 256]>} : tensor<?x64xf32>
   duck.return %m : tensor<?x64xf32>
+}
+
+//--- o-proj.mlir
+// o-proj=ducks: the attention's o_proj (256 rows = 2 tiles of 128, K 128)
+// goes one tile a duck; partitioning again for the host drops it; 3 ducks
+// are too many for 2 tiles.
+// CHECK:       duck.attention {{.*}}duck_block = 128 : i64, duck_rows = array<i64: 0, 128, 256>
+// BACK-NOT:    duck_rows
+// FEW:         error: 'duck.attention' op the o_proj's 256 rows are 2 tiles of 128: too few for 3 ducks (use --o-proj host)
+// BADO:        duck-partition: o-proj must be host or ducks, got 'gpu'
+duck.model @oproj attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x256xf32>):
+  %a = duck.attention %x {layer = 0 : i64, kind = "gqa", num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 32 : i64,
+      weights = {q_proj = #duck.weight<"q", bf16, [128, 256]>, k_proj = #duck.weight<"k", bf16, [64, 256]>,
+                 v_proj = #duck.weight<"v", bf16, [64, 256]>, o_proj = #duck.weight<"o", bf16, [256, 128]>}} : tensor<?x256xf32>
+  %m = duck.mlp %a {layer = 0 : i64, hidden = 256 : i64, inter = 256 : i64,
+      gate = #duck.weight<"g", bf16, [256, 256]>, up = #duck.weight<"u", bf16, [256, 256]>,
+      down = #duck.weight<"d", bf16, [256, 256]>} : tensor<?x256xf32>
+  duck.return %m : tensor<?x256xf32>
 }
 
 //--- repartition.mlir

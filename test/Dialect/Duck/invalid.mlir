@@ -805,3 +805,14 @@ duck.model @head_offsets attributes {family = "qwen3", config = {}} {
   %m = duck.lm_head %x {weight = #duck.weight<"h", bf16, [512, 32]>, duck_rows = array<i64: 0, 256, 512>, duck_block = 32 : i64, duck_offsets = array<i64: 8192>} : tensor<?x32xf32> -> tensor<?x512xf32>
   duck.return %m : tensor<?x512xf32>
 }
+
+// -----
+
+// duck.attention: an o_proj on the ducks runs its rows from 0 to o_proj's
+// rows (the same rules as the LM head's).
+duck.model @oproj_rows attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{duck_rows must run from 0 to the o_proj rows 32 in tp + 1 boundaries}}
+  %m = duck.attention %x {layer = 0 : i64, kind = "gqa", num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 8 : i64, weights = {q_proj = #duck.weight<"q", bf16, [32, 32]>, k_proj = #duck.weight<"k", bf16, [16, 32]>, v_proj = #duck.weight<"v", bf16, [16, 32]>, o_proj = #duck.weight<"o", bf16, [32, 32]>}, duck_rows = array<i64: 0, 16, 40>, duck_block = 32 : i64} : tensor<?x32xf32>
+  duck.return %m : tensor<?x32xf32>
+}
