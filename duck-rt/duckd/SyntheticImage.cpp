@@ -43,8 +43,8 @@ Layout LayoutOf(const SyntheticSpec &spec, const SyntheticSlot &s) {
   Layout l;
   if (s.kind == DUCK_SLOT_HEAD) { // one [inter rows, hidden] matrix
     duck_head_slot_layout hl{};
-    (void)duck_compute_head_slot_layout(s.inter, spec.hidden, spec.block, 128,
-                                        0, &hl);
+    (void)duck_compute_head_slot_layout(s.inter, s.k ? s.k : spec.hidden,
+                                        spec.block, 128, 0, &hl);
     l.experts = l.held = 1;
     l.gate = hl.matrix;
     l.lg = hl.matrix_layout;
@@ -136,7 +136,7 @@ absl::Status BuildSlot(const SyntheticSpec &spec, const SyntheticSlot &s,
   h.magic = DUCK_SLOT_MAGIC;
   h.kind = s.kind;
   h.layer = s.layer;
-  h.hidden = spec.hidden;
+  h.hidden = s.kind == DUCK_SLOT_HEAD && s.k ? s.k : spec.hidden;
   h.inter = s.inter;
   h.n_experts = l.experts;
   h.block = spec.block;

@@ -23,6 +23,8 @@ struct SyntheticSlot {
   uint32_t inter = 128; // a HEAD slot: its vocabulary rows
   uint32_t experts = 1;      // MoE: routed experts of the slot
   std::vector<bool> present; // MoE: which experts this duck holds (all)
+  uint32_t k = 0; // a HEAD slot: its K (0: the spec's hidden; an o_proj's
+                  // is heads x v_head_dim)
 };
 
 struct SyntheticSpec {

@@ -211,6 +211,35 @@ TEST(DuckElf, HeadModeMatchesTheKernels) {
                             RandomX(kHidden, 1))),
               DUCK_STATUS_BAD_INPUT);
   }
+  // A head slot wider than the model's hidden size (an o_proj: K = heads
+  // x v_head_dim): x is K wide, the rows the same GEMV's.
+  {
+    SyntheticSpec wide = TestSpec();
+    SyntheticSlot o{DUCK_SLOT_HEAD, 0, 96, 1, {}};
+    o.k = 3 * kHidden;
+    wide.slots = {SyntheticSlot{DUCK_SLOT_DENSE, 0, 128, 1, {}}, o};
+    auto img = duck::duckd::BuildSyntheticImage(wide);
+    ASSERT_TRUE(img.ok()) << img.status();
+    const duck_fp9_matrix m = SlotViews(img->data(), 1)[0].gate;
+    ASSERT_EQ(m.k, 3 * kHidden);
+    ElfRunner r(DUCK_ELF_PATH, *img, 2);
+    ASSERT_TRUE(r.elf);
+    for (uint32_t tokens : {1u, 5u}) {
+      auto x = RandomX(tokens * m.k, 40 + tokens);
+      ASSERT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, tokens, 0, {}, x)),
+                DUCK_STATUS_OK)
+          << r.logs[0];
+      std::vector<float> want(tokens * 96);
+      Aligned xs(2 * tokens * m.k * 4);
+      if (tokens == 1)
+        duck_gemv(&m, x.data(), want.data(), 0, 96,
+                  reinterpret_cast<float *>(xs.p), DUCK_DECODE_SHIFT);
+      else
+        duck_gemm(&m, x.data(), m.k, tokens, want.data(), 96, 0, 96,
+                  reinterpret_cast<float *>(xs.p));
+      ExpectBitIdentical(r.Out(), want, "wide head");
+    }
+  }
   // A head slot whose `up` is not empty.
   std::vector<uint8_t> bad = *image;
   duck_image_header ih;
