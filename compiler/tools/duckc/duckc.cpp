@@ -185,7 +185,7 @@ cl::opt<bool> compileProgress("progress",
 /// One candidate partition and what the cost model predicts for it.
 struct Candidate {
   int64_t tp = 1;
-  std::string multipleOf, strategy, lmHead;
+  std::string multipleOf, strategy, lmHead, oProj = "host";
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0;
@@ -195,13 +195,15 @@ struct Candidate {
 /// Lays out one candidate (dry run, stats only) and reads the prediction.
 Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
                    const std::string &mo, const std::string &strategy,
-                   const std::string &lmHead) {
+                   const std::string &lmHead, const std::string &oProj) {
   Candidate c;
   c.tp = tp;
   c.multipleOf = mo;
   c.strategy = strategy;
   c.lmHead = lmHead;
+  c.oProj = oProj;
   o.lmHead = lmHead;
+  o.oProj = oProj;
   o.cluster.tp = tp;
   if (!o.cluster.memoryBytes.empty())
     o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
@@ -264,12 +266,20 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
   std::vector<std::string> heads =
       autoHead ? std::vector<std::string>{base.lmHead, "ducks"}
                : std::vector<std::string>{base.lmHead};
+  // The attention o_projs' place likewise (their bytes at the host's
+  // bandwidth, or one more duck step a layer).
+  const bool autoOProj = compileOProj.getNumOccurrences() == 0 &&
+                         base.cluster.cost.hostReadGbs > 0;
+  std::vector<std::string> oProjs =
+      autoOProj ? std::vector<std::string>{"host", "ducks"}
+                : std::vector<std::string>{base.oProj};
   std::vector<Candidate> all;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
         for (const std::string &h : heads)
-          all.push_back(evaluate(base, t, mo, st, h));
+          for (const std::string &op : oProjs)
+            all.push_back(evaluate(base, t, mo, st, h, op));
   const Candidate *best = nullptr;
   for (const Candidate &c : all) {
     if (!c.ok)
@@ -281,6 +291,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tp < b.tp;
       if (a.multipleOf != b.multipleOf)
         return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
+      if (a.oProj != b.oProj)
+        return a.oProj == "host"; // fewer steps
       return a.lmHead != "ducks" && b.lmHead == "ducks"; // the host's head
     };
     if (!best || better(c, *best))
@@ -329,14 +341,16 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
             : std::string());
     // With the head's place open, a column says where it goes and the
     // host's time (the host head's share included) is shown.
-    out << "  tp  multiple_of  strategy    "
-        << (autoHead ? "  LM head      host ms" : "")
+    const bool hostCol = autoHead || autoOProj;
+    out << "  tp  multiple_of  strategy    " << (autoHead ? "  LM head  " : "")
+        << (autoOProj ? "  o_proj   " : "") << (hostCol ? "    host ms" : "")
         << "  TPOT ms  stream ms  dispatch ms  tok/s    largest shard\n";
     for (const Candidate &c : all) {
       const std::string head =
-          autoHead ? formatv("  {0,-9}", c.lmHead == "ducks" ? "ducks"
-                                                              : "host").str()
-                   : std::string();
+          (autoHead ? formatv("  {0,-9}", c.lmHead == "ducks" ? "ducks"
+                                                               : "host").str()
+                    : std::string()) +
+          (autoOProj ? formatv("  {0,-7}", c.oProj).str() : std::string());
       if (!c.ok) {
         StringRef why = StringRef(c.why).split('\n').first;
         out << formatv("{0,4}  {1,11}  {2,-12}{3}  not legal: {4}\n", c.tp,
@@ -344,7 +358,7 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         continue;
       }
       const std::string host =
-          autoHead ? formatv("  {0,9:F3}", c.hostMs).str() : std::string();
+          hostCol ? formatv("  {0,9:F3}", c.hostMs).str() : std::string();
       out << formatv("{0,4}  {1,11}  {2,-12}{3}{4}  {5,7:F3}  {6,9:F3}  "
                      "{7,11:F3}  {8,7:F2}  {9,10:F3} GiB{10}\n",
                      c.tp, c.multipleOf, c.strategy, head, host, 1e3 / c.tokS,
@@ -376,10 +390,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                    best->hostMs > 0
                        ? formatv(" + host {0:F3}", best->hostMs).str()
                        : std::string(),
-                   autoHead ? (best->lmHead == "ducks"
-                                   ? ", LM head on the ducks"
-                                   : ", LM head on the host")
-                            : "");
+                   std::string(autoHead ? (best->lmHead == "ducks"
+                                               ? ", LM head on the ducks"
+                                               : ", LM head on the host")
+                                        : "") +
+                       (autoOProj ? (best->oProj == "ducks"
+                                         ? ", o_proj on the ducks"
+                                         : ", o_proj on the host")
+                                  : ""));
   }
   return *best;
 }
@@ -472,6 +490,7 @@ Error runCompile() {
     o.multipleOf = winner->multipleOf;
     o.strategy = winner->strategy;
     o.lmHead = winner->lmHead;
+    o.oProj = winner->oProj;
   }
   return mlir::duck::compileModel(o, outs(), errs());
 }

@@ -340,7 +340,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                      : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
                                           : 2.0);
   };
-  double hostWeightBytes = 0;
+  double hostWeightBytes = 0, oProjHostBytes = 0;
   auto addDict = [&](DictionaryAttr d) {
     if (d)
       for (NamedAttribute nv : d)
@@ -351,8 +351,10 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
-      if (a.getDuckRows()) // its o_proj is on the ducks
+      if (a.getDuckRows()) { // its o_proj is on the ducks
         hostWeightBytes -= hostBytesOf(a.getOProj());
+        oProjHostBytes += hostBytesOf(a.getOProj());
+      }
     } else if (auto m = dyn_cast<MoeOp>(op)) {
       hostWeightBytes += hostBytesOf(m.getRouterWeight());
     }
@@ -383,7 +385,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                           c.stepOverheadUs / 1e3;
   // The host's time: measured (host_ms_per_token), else its weights at
   // its bandwidth; plus a host LM head's bytes when the bandwidth is known.
-  st.hostMsPerToken = (c.hostMsPerToken > 0 ? c.hostMsPerToken
+  // A measured host time includes the o_projs; on the ducks their bytes
+  // at the host's bandwidth come off it (when that bandwidth is known).
+  const double measuredHost =
+      c.hostMsPerToken > 0 && c.hostReadGbs > 0
+          ? std::max(0.0, c.hostMsPerToken -
+                              1e3 * oProjHostBytes / (c.hostReadGbs * 1e9))
+          : c.hostMsPerToken;
+  st.hostMsPerToken = (c.hostMsPerToken > 0 ? measuredHost
                                             : st.hostOpsMsPerToken) +
                       st.hostLmHeadMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
