@@ -81,12 +81,14 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
     add({p->weight()});
   else if (auto *p = op.params_as_GqaAttentionOpDef())
     // An o_proj on the ducks is never read by the host.
-    add({p->q_proj(), p->k_proj(), p->v_proj(),
-         p->o_proj_on_ducks() ? nullptr : p->o_proj(), p->q_norm(),
-         p->k_norm()});
+    add({p->q_proj_on_ducks() ? nullptr : p->q_proj(), p->k_proj(),
+         p->v_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj(),
+         p->q_norm(), p->k_norm()});
   else if (auto *p = op.params_as_MlaAttentionOpDef()) {
-    add({p->q_a_proj(), p->q_a_layernorm(), p->q_b_proj(), p->q_proj(),
-         p->kv_a_proj_with_mqa(), p->kv_a_layernorm(), p->kv_b_proj(),
+    const bool q = p->q_proj_on_ducks();
+    add({p->q_a_proj(), p->q_a_layernorm(), q ? nullptr : p->q_b_proj(),
+         q ? nullptr : p->q_proj(), p->kv_a_proj_with_mqa(),
+         p->kv_a_layernorm(), p->kv_b_proj(),
          p->o_proj_on_ducks() ? nullptr : p->o_proj()});
   } else if (auto *p = op.params_as_IndexerOpDef()) {
     add({p->q_a_proj(), p->q_a_layernorm(), p->wq_b(), p->wk(), p->k_norm(),

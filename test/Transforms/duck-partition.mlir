@@ -23,6 +23,9 @@
 // RUN: duck-opt %t/o-proj.mlir --duck-partition="tp=2 multiple-of=64 o-proj=ducks" --duck-partition="tp=2 multiple-of=64" | FileCheck %t/o-proj.mlir --check-prefix=BACK
 // RUN: not duck-opt %t/o-proj.mlir --duck-partition="tp=3 multiple-of=64 o-proj=ducks" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=FEW
 // RUN: not duck-opt %t/o-proj.mlir --duck-partition="o-proj=gpu" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=BADO
+// RUN: duck-opt %t/o-proj.mlir --duck-partition="tp=1 multiple-of=64 q-proj=ducks o-proj=ducks" | FileCheck %t/o-proj.mlir --check-prefix=QPROJ
+// RUN: not duck-opt %t/o-proj.mlir --duck-partition="tp=2 multiple-of=64 q-proj=ducks" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=QFEW
+// RUN: not duck-opt %t/o-proj.mlir --duck-partition="q-proj=gpu" 2>&1 | FileCheck %t/o-proj.mlir --check-prefix=BADQ
 // RUN: duck-opt %t/repartition.mlir --duck-partition="tp=2 multiple-of=64" --duck-partition="tp=4 multiple-of=32" | FileCheck %t/repartition.mlir
 // RUN: duck-opt %t/err-tp-max.mlir --duck-partition="tp=8 multiple-of=128" -verify-diagnostics
 // RUN: duck-opt %t/err-tp-max-32.mlir --duck-partition="tp=4 multiple-of=32" -verify-diagnostics
@@ -291,6 +294,10 @@ duck.model @shares attributes {family = "qwen3", config = {}} {
 // BACK-NOT:    duck_rows
 // FEW:         error: 'duck.attention' op the o_proj's 256 rows are 2 tiles of 128: too few for 3 ducks (use --o-proj host)
 // BADO:        duck-partition: o-proj must be host or ducks, got 'gpu'
+// q-proj=ducks: q_proj's 128 rows are one tile, for one duck.
+// QPROJ:       duck.attention {{.*}}duck_block = 128 : i64, duck_rows = array<i64: 0, 256>{{.*}}q_duck_block = 128 : i64, q_duck_rows = array<i64: 0, 128>
+// QFEW:        error: 'duck.attention' op the query projection's 128 rows are 1 tile of 128: too few for 2 ducks (use --q-proj host)
+// BADQ:        duck-partition: q-proj must be host or ducks, got 'gpu'
 duck.model @oproj attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x256xf32>):
   %a = duck.attention %x {layer = 0 : i64, kind = "gqa", num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 32 : i64,

@@ -233,7 +233,8 @@ Value Importer::attention(Value x, int64_t layer) {
       b.getDictionaryAttr(w),
       idx.empty() ? DictionaryAttr() : b.getDictionaryAttr(idx),
       /*duck_rows=*/nullptr, /*duck_block=*/nullptr, /*duck_slot=*/nullptr,
-      /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr);
+      /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr, nullptr, nullptr,
+      nullptr, nullptr, nullptr);
   return op.getResult();
 }
 

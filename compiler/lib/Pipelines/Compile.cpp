@@ -230,6 +230,7 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.strategy = opts.strategy;
   p.lmHead = opts.lmHead == "ducks" ? "ducks" : "host";
   p.oProj = opts.oProj;
+  p.qProj = opts.qProj;
   // Unequal ducks: slices in proportion to their measured rates.
   // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
   const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
@@ -290,6 +291,11 @@ struct CompilePipelineOptions
       llvm::cl::desc("host (default) or ducks: every attention's o_proj "
                      "rows over the ducks"),
       llvm::cl::init("host")};
+  Option<std::string> qProj{
+      *this, "q-proj",
+      llvm::cl::desc("host (default) or ducks: every attention's query "
+                     "projection rows over the ducks"),
+      llvm::cl::init("host")};
   Option<std::string> stopAfter{
       *this, "stop-after",
       llvm::cl::desc("partition, kernels, modes or layout (default)"),
@@ -310,6 +316,7 @@ void mlir::duck::registerDuckCompilePipeline() {
         o.strategy = p.strategy;
         o.lmHead = p.lmHead;
         o.oProj = p.oProj;
+        o.qProj = p.qProj;
         buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
       });
 }
@@ -498,8 +505,12 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                        : wo.lmHeadFp9       ? "fp9 on the host"
                        : wo.lmHeadInt8      ? "int8 on the host"
                                        : "as in the checkpoint, on the host",
-                       stats->oProjOnDucks
-                           ? ", attention o_proj in fp9 on the ducks"
-                           : "");
+                       std::string(stats->qProjOnDucks
+                                       ? ", attention query projection in "
+                                         "fp9 on the ducks"
+                                       : "") +
+                           (stats->oProjOnDucks
+                                ? ", attention o_proj in fp9 on the ducks"
+                                : ""));
   return Error::success();
 }

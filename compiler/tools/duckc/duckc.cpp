@@ -164,6 +164,14 @@ cl::opt<std::string> compileOProj(
              "(exact for FP8 checkpoints); one more duck step a layer, and "
              "the host reads none of it (DeepSeek-V3.2: 7 GB a token)"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileQProj(
+    "q-proj",
+    cl::desc("Where every attention's query projection runs (DeepSeek's "
+             "q_b_proj after the query LoRA, else q_proj): 'host' "
+             "(default), or 'ducks', as --o-proj: one more duck step a "
+             "layer, the host reads none of it (DeepSeek-V3.2: 2.6 GB a "
+             "token)"),
+    cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileLmHead(
     "lm-head",
     cl::desc("Where the LM head runs and in what format. On the host: "
@@ -469,6 +477,11 @@ Error runCompile() {
                              "--o-proj must be host or ducks, got '" +
                                  compileOProj + "'");
   o.oProj = compileOProj;
+  if (compileQProj != "host" && compileQProj != "ducks")
+    return createStringError(inconvertibleErrorCode(),
+                             "--q-proj must be host or ducks, got '" +
+                                 compileQProj + "'");
+  o.qProj = compileQProj;
   if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
       compileStrategy != "auto")
     return createStringError(inconvertibleErrorCode(),

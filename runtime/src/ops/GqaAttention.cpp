@@ -26,9 +26,9 @@ public:
 
   HostMatrix q_, k_, v_, o_;
   std::vector<float> qn_, kn_;
-  // duckc --o-proj ducks: o_proj's rows run in head slot o_slot_.
-  FfnRunner *o_runner_ = nullptr;
-  uint32_t o_slot_ = 0;
+  // duckc --o-proj / --q-proj ducks: those rows run in head slots.
+  FfnRunner *o_runner_ = nullptr, *q_runner_ = nullptr;
+  uint32_t o_slot_ = 0, q_slot_ = 0;
 
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     // RoPE: frequencies once; cos/sin once a position, shared by the heads.
@@ -58,7 +58,12 @@ public:
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
-    MatMul(*pool_, q_, x, n, q_buf_.data());
+    if (q_runner_) {
+      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
+                                              q_buf_.data(), sh_.q()));
+    } else {
+      MatMul(*pool_, q_, x, n, q_buf_.data());
+    }
     MatMul(*pool_, k_, x, n, k_buf_.data());
     MatMul(*pool_, v_, x, n, v_buf_.data());
     // Every row's k/v goes into its sequence's cache first (a row attends
@@ -147,7 +152,16 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("bad attention shape: ", sh.heads, " heads, ", sh.kv_heads,
                      " kv heads of ", sh.dim);
   auto op = std::make_unique<GqaAttention>(sh, env.pool);
-  DUCK_RETURN_IF_ERROR(env.Load(p->q_proj(), "q_proj", &op->q_));
+  if (p->q_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("q_proj on the ducks, but no ducks to run it");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p->q_proj_slot(), sh.q(),
+                                       sh.hidden, "q_proj"));
+    op->q_runner_ = env.runner;
+    op->q_slot_ = p->q_proj_slot();
+  } else {
+    DUCK_RETURN_IF_ERROR(env.Load(p->q_proj(), "q_proj", &op->q_));
+  }
   DUCK_RETURN_IF_ERROR(env.Load(p->k_proj(), "k_proj", &op->k_));
   DUCK_RETURN_IF_ERROR(env.Load(p->v_proj(), "v_proj", &op->v_));
   if (p->o_proj_on_ducks()) {
@@ -162,7 +176,7 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
   }
   DUCK_RETURN_IF_ERROR(env.Load(p->q_norm(), "q_norm", &op->qn_));
   DUCK_RETURN_IF_ERROR(env.Load(p->k_norm(), "k_norm", &op->kn_));
-  if (op->q_.rows != sh.q() || op->q_.cols != sh.hidden ||
+  if ((!op->q_runner_ && (op->q_.rows != sh.q() || op->q_.cols != sh.hidden)) ||
       op->k_.rows != sh.kv() || op->v_.rows != sh.kv() ||
       (!op->o_runner_ && (op->o_.rows != sh.hidden || op->o_.cols != sh.q())) ||
       op->qn_.size() != sh.dim || op->kn_.size() != sh.dim)

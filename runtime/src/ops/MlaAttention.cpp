@@ -35,9 +35,10 @@ public:
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
   std::vector<float> q_a_norm_, kv_a_norm_;
-  // duckc --o-proj ducks: o_proj's rows run in head slot o_slot_.
-  FfnRunner *o_runner_ = nullptr;
-  uint32_t o_slot_ = 0;
+  // duckc --o-proj / --q-proj ducks: those rows run in head slots (the
+  // query projection: q_b_proj with a query LoRA, else q_proj).
+  FfnRunner *o_runner_ = nullptr, *q_runner_ = nullptr;
+  uint32_t o_slot_ = 0, q_slot_ = 0;
   // W_UK transposed, [heads * kv_lora, nope]: bf16 when every value is
   // exact in bf16 (FP8 with power-of-two scales), else fp32.
   HostMatrix w_uk_;
@@ -76,13 +77,22 @@ public:
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
+    const uint64_t qRows = (uint64_t)sh_.heads * sh_.qk();
     if (sh_.q_lora) {
       MatMul(*pool_, q_a_, x, n, cq_.data());
       for (uint32_t t = 0; t < n; ++t) {
         float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
         RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
       }
-      MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
+      if (q_runner_)
+        DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, cq_.data(),
+                                                sh_.q_lora, q_buf_.data(),
+                                                qRows));
+      else
+        MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
+    } else if (q_runner_) {
+      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
+                                              q_buf_.data(), qRows));
     } else {
       MatMul(*pool_, q_, x, n, q_buf_.data());
     }
@@ -172,8 +182,8 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
   const uint64_t qRows = (uint64_t)sh.heads * sh.qk();
   bool ok = sh.q_lora ? is(op.q_a_, sh.q_lora, sh.hidden) &&
                             op.q_a_norm_.size() == sh.q_lora &&
-                            is(op.q_b_, qRows, sh.q_lora)
-                      : is(op.q_, qRows, sh.hidden);
+                            (op.q_runner_ || is(op.q_b_, qRows, sh.q_lora))
+                      : op.q_runner_ || is(op.q_, qRows, sh.hidden);
   ok = ok && is(op.kv_a_, sh.cache(), sh.hidden) &&
        op.kv_a_norm_.size() == sh.kv_lora &&
        is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora) &&
@@ -188,12 +198,25 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
 
 absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
                          MlaAttention &op) {
+  if (p.q_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("the query projection on the ducks, but no ducks to "
+                       "run it");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(
+        env, p.q_proj_slot(),
+        (uint64_t)p.heads() * (p.qk_nope_head_dim() + p.qk_rope_head_dim()),
+        p.q_lora_rank() ? p.q_lora_rank() : env.hidden,
+        p.q_lora_rank() ? "q_b_proj" : "q_proj"));
+    op.q_runner_ = env.runner;
+    op.q_slot_ = p.q_proj_slot();
+  }
   if (p.q_lora_rank()) {
     DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
     DUCK_RETURN_IF_ERROR(
         env.Load(p.q_a_layernorm(), "q_a_layernorm", &op.q_a_norm_));
-    DUCK_RETURN_IF_ERROR(env.Load(p.q_b_proj(), "q_b_proj", &op.q_b_));
-  } else {
+    if (!op.q_runner_)
+      DUCK_RETURN_IF_ERROR(env.Load(p.q_b_proj(), "q_b_proj", &op.q_b_));
+  } else if (!op.q_runner_) {
     DUCK_RETURN_IF_ERROR(env.Load(p.q_proj(), "q_proj", &op.q_));
   }
   DUCK_RETURN_IF_ERROR(

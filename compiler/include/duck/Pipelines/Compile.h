@@ -54,6 +54,9 @@ struct CompileOptions {
   /// Every attention's output projection: "host" (default) or "ducks"
   /// (its rows split over the ducks in fp9, one more duck step a layer).
   std::string oProj = "host";
+  /// Every attention's query projection (MLA's q_b_proj, or q_proj):
+  /// "host" (default) or "ducks", as oProj.
+  std::string qProj = "host";
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.

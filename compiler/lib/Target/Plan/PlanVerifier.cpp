@@ -198,12 +198,18 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
             if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
                 h && h->on_ducks() && h->duck_slot() == si)
               named(h->weight());
-            if (const auto *g = op->params_as_GqaAttentionOpDef();
-                g && g->o_proj_on_ducks() && g->o_proj_slot() == si)
-              named(g->o_proj());
-            if (const auto *m = op->params_as_MlaAttentionOpDef();
-                m && m->o_proj_on_ducks() && m->o_proj_slot() == si)
-              named(m->o_proj());
+            if (const auto *g = op->params_as_GqaAttentionOpDef()) {
+              if (g->o_proj_on_ducks() && g->o_proj_slot() == si)
+                named(g->o_proj());
+              if (g->q_proj_on_ducks() && g->q_proj_slot() == si)
+                named(g->q_proj());
+            }
+            if (const auto *m = op->params_as_MlaAttentionOpDef()) {
+              if (m->o_proj_on_ducks() && m->o_proj_slot() == si)
+                named(m->o_proj());
+              if (m->q_proj_on_ducks() && m->q_proj_slot() == si)
+                named(m->q_b_proj() ? m->q_b_proj() : m->q_proj());
+            }
           }
         if (headName.empty())
           return err(llvm::formatv("duck {0} slot {1}: a head slot that no "

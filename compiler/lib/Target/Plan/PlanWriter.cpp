@@ -195,14 +195,14 @@ Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
 /// the LM head's vocabulary rows or an o_proj's output rows.
 Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
                                 std::vector<duck_slot_entry> &entries) {
-  auto offsets = m.op->getAttrOfType<DenseI64ArrayAttr>("duck_offsets");
+  auto offsets = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_offsets"));
   if (!offsets || (int64_t)offsets.size() <= rank)
     return err("internal: a row-split matrix without its duck offsets");
   const uint64_t offset = offsets[rank];
   if (pos != offset)
     return err(llvm::formatv("internal: {0} slot of duck {1} expected at "
                              "offset {2}, writer at {3}",
-                             m.head ? "head" : "o_proj", rank, offset, pos));
+                             m.role(), rank, offset, pos));
   XXH3_64bits_reset(slotHash);
   sources.clear();
   const int64_t hidden = m.k(), headLayer = m.layer(numLayers);
@@ -212,8 +212,7 @@ Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
                                     (uint32_t)hidden, block,
                                     (uint32_t)scaleRows, 0,
                                     &hl) != DUCK_FP9_OK)
-    return err(m.head ? "invalid LM head slot layout"
-                      : "invalid o_proj slot layout");
+    return err("invalid " + m.role() + " slot layout");
   duck_slot_header h{};
   h.magic = DUCK_SLOT_MAGIC;
   h.kind = DUCK_SLOT_HEAD;
@@ -562,7 +561,8 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
     return pl::CreateGqaAttentionOpDef(
                fbb, t[0], t[1], t[2], t[3], t[4], t[5], a.getNumHeads(),
                a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta,
-               a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0))
+               a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
+               a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0))
         .Union();
   }
   *type = pl::OpParams::MlaAttentionOpDef;
@@ -590,7 +590,8 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
              a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
              cfgInt("qk_nope_head_dim"), cfgInt("qk_rope_head_dim"),
              cfgInt("v_head_dim"), normEps, ropeTheta, rope,
-             a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0))
+             a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
+             a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0))
       .Union();
 }
 

@@ -218,9 +218,19 @@ LogicalResult AttentionOp::verify() {
   ArrayRef<int64_t> o = getOProj().getShape();
   if (getDuckRows() && o.size() != 2)
     return emitOpError("o_proj must be a matrix to go on the ducks");
-  return verifyDuckRows(*this, "o_proj rows", o.empty() ? 0 : o[0],
-                        o.size() == 2 ? o[1] : 0, getDuckRows(),
-                        getDuckBlock(), getDuckOffsets(), getDuckBytes());
+  if (failed(verifyDuckRows(*this, "o_proj rows", o.empty() ? 0 : o[0],
+                            o.size() == 2 ? o[1] : 0, getDuckRows(),
+                            getDuckBlock(), getDuckOffsets(), getDuckBytes())))
+    return failure();
+  if (!getQDuckRows())
+    return success();
+  WeightAttr q = getQProj();
+  if (!q || q.getShape().size() != 2)
+    return emitOpError("the query projection must be a matrix to go on the "
+                       "ducks");
+  return verifyDuckRows(*this, "query projection rows", q.getShape()[0],
+                        q.getShape()[1], getQDuckRows(), getQDuckBlock(),
+                        getQDuckOffsets(), getQDuckBytes());
 }
 
 LogicalResult LmHeadOp::verify() {

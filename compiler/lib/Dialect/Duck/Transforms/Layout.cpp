@@ -79,14 +79,17 @@ int64_t mlir::duck::RowMatrix::layer(int64_t numLayers) const {
 SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
   SmallVector<RowMatrix> out;
   module.walk([&](AttentionOp a) {
+    if (a.getQDuckRows() && a.getQDuckBlock())
+      out.push_back({a, a.getQProj(), *a.getQDuckRows(),
+                     (int64_t)*a.getQDuckBlock(), /*head=*/false, "q_"});
     if (a.getDuckRows() && a.getDuckBlock())
-      out.push_back({a, a.getOProj(), *a.getDuckRows(), (int64_t)*a.getDuckBlock(),
-                     /*head=*/false});
+      out.push_back({a, a.getOProj(), *a.getDuckRows(),
+                     (int64_t)*a.getDuckBlock(), /*head=*/false, ""});
   });
   module.walk([&](LmHeadOp h) {
     if (h.getDuckRows() && h.getDuckBlock())
-      out.push_back({h, h.getWeight(), *h.getDuckRows(), (int64_t)*h.getDuckBlock(),
-                     /*head=*/true});
+      out.push_back({h, h.getWeight(), *h.getDuckRows(),
+                     (int64_t)*h.getDuckBlock(), /*head=*/true, ""});
   });
   return out;
 }
@@ -302,7 +305,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     const duck_kernel_id id =
         duck_select_kernel((uint32_t)hidden, (uint32_t)m.block);
     std::optional<ArrayRef<int64_t>> bytes;
-    if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>("duck_bytes"))
+    if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
       bytes = a.asArrayRef();
     double slowest = 0;
     for (int64_t r = 0; r < st.tp; ++r) {
@@ -323,10 +326,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (m.head) {
       st.lmHeadOnDucks = true;
       st.lmHeadMsPerToken = 1e3 * slowest;
-    } else {
+    } else if (m.prefix.empty()) {
       st.oProjOnDucks = true;
       st.oProjMsPerToken += 1e3 * slowest;
-      ++st.oProjSteps;
+      ++st.attnProjSteps;
+    } else {
+      st.qProjOnDucks = true;
+      st.qProjMsPerToken += 1e3 * slowest;
+      ++st.attnProjSteps;
     }
   }
   // The host's own weights a token (attention, MLA and its indexer, the
@@ -355,6 +362,10 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
         hostWeightBytes -= hostBytesOf(a.getOProj());
         oProjHostBytes += hostBytesOf(a.getOProj());
       }
+      if (a.getQDuckRows()) { // its query projection is on the ducks
+        hostWeightBytes -= hostBytesOf(a.getQProj());
+        oProjHostBytes += hostBytesOf(a.getQProj());
+      }
     } else if (auto m = dyn_cast<MoeOp>(op)) {
       hostWeightBytes += hostBytesOf(m.getRouterWeight());
     }
@@ -379,8 +390,9 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       st.hostLmHeadMsPerToken =
           1e3 * params * perWeight / (c.hostReadGbs * 1e9);
     });
-  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken + st.oProjMsPerToken;
-  st.dispatchMsPerToken = (st.ffnLayers + st.oProjSteps +
+  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken +
+                        st.oProjMsPerToken + st.qProjMsPerToken;
+  st.dispatchMsPerToken = (st.ffnLayers + st.attnProjSteps +
                            (st.lmHeadOnDucks ? 1 : 0)) *
                           c.stepOverheadUs / 1e3;
   // The host's time: measured (host_ms_per_token), else its weights at
@@ -438,9 +450,14 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.hostLmHeadMsPerToken, c.hostReadGbs);
   if (s.oProjOnDucks)
     os << llvm::format("attention o_proj: on the ducks (rows split), %.3f ms "
-                       "a token on the slowest ducks over %lld steps (in the "
+                       "a token on the slowest ducks (in the ducks' time "
+                       "below)\n",
+                       s.oProjMsPerToken);
+  if (s.qProjOnDucks)
+    os << llvm::format("attention query projection: on the ducks (rows "
+                       "split), %.3f ms a token on the slowest ducks (in the "
                        "ducks' time below)\n",
-                       s.oProjMsPerToken, (long long)s.oProjSteps);
+                       s.qProjMsPerToken);
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
@@ -483,6 +500,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},
       {"o_proj_on_ducks", s.oProjOnDucks},
       {"o_proj_ms_per_token", s.oProjMsPerToken},
+      {"q_proj_on_ducks", s.qProjOnDucks},
+      {"q_proj_ms_per_token", s.qProjMsPerToken},
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},

@@ -121,16 +121,15 @@ struct DuckLayoutWeightsPass
         if (duck_compute_head_slot_layout(
                 (uint32_t)m.rowsOf(r), (uint32_t)m.k(), (uint32_t)m.block,
                 (uint32_t)scaleRows, 0, &hl) != DUCK_FP9_OK) {
-          m.op->emitOpError() << "duck " << r << ": the " 
-                              << (m.head ? "head" : "o_proj")
+          m.op->emitOpError() << "duck " << r << ": the " << m.role()
                               << " rows have no fp9 layout";
           return signalPassFailure();
         }
         rowOffsets[i].push_back(offset);
         rowBytes[i].push_back(hl.total_bytes);
         const int64_t rowsTotal = m.weight.getShape()[0];
-        cs << "|slot" << firstRowSlot + (int64_t)i << ":"
-           << (m.head ? "head" : "o_proj") << ",rows=" << m.rows[r] << "-"
+        cs << "|slot" << firstRowSlot + (int64_t)i << ":" << m.role()
+           << ",rows=" << m.rows[r] << "-"
            << m.rows[r + 1] << "/" << rowsTotal << ",k=" << m.k()
            << ",block=" << m.block << ",dtype=" << m.weight.getDtype();
         if (!m.head)
@@ -142,10 +141,11 @@ struct DuckLayoutWeightsPass
       keys.push_back(b.getStringAttr(keyHex(canon)));
     }
     for (auto [i, m] : llvm::enumerate(rowMats)) {
-      m.op->setAttr("duck_slot",
+      m.op->setAttr(m.attr("duck_slot"),
                     b.getI64IntegerAttr(firstRowSlot + (int64_t)i));
-      m.op->setAttr("duck_offsets", b.getDenseI64ArrayAttr(rowOffsets[i]));
-      m.op->setAttr("duck_bytes", b.getDenseI64ArrayAttr(rowBytes[i]));
+      m.op->setAttr(m.attr("duck_offsets"),
+                    b.getDenseI64ArrayAttr(rowOffsets[i]));
+      m.op->setAttr(m.attr("duck_bytes"), b.getDenseI64ArrayAttr(rowBytes[i]));
     }
     module->setAttr("duck.image_bytes", b.getArrayAttr(images));
     module->setAttr("duck.slot_count", b.getArrayAttr(slots));

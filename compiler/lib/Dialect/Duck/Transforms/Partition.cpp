@@ -88,19 +88,26 @@ struct DuckPartitionPass
   /// packs exactly the tiles the host's fp9 copy would, and the results
   /// keep their bits), in proportion to the shares: sets `duck_rows` and
   /// `duck_block` on `op`. `what` and `hostFlag` name it in errors.
-  LogicalResult placeRows(ModuleOp module, Operation *op, WeightAttr w,
-                          StringRef what, StringRef hostFlag) {
+  static void dropRows(Operation *op, StringRef prefix) {
     for (StringRef a : {"duck_rows", "duck_block", "duck_slot",
                         "duck_offsets", "duck_bytes"})
-      op->removeAttr(a);
+      op->removeAttr((prefix + a).str());
+  }
+
+  LogicalResult placeRows(ModuleOp module, Operation *op, WeightAttr w,
+                          StringRef what, StringRef hostFlag,
+                          StringRef prefix = "") {
+    dropRows(op, prefix);
     ArrayRef<int64_t> shape = w.getShape();
     const int64_t n = shape[0], k = shape[1];
     const int64_t tile = scaleRowsOf(module);
     const int64_t tiles = (n + tile - 1) / tile;
     if (tiles < tp)
       return op->emitOpError()
-             << "the " << what << "'s " << n << " rows are " << tiles
-             << " tiles of " << tile << ": too few for " << (int64_t)tp
+             << "the " << what << "'s " << n << " rows "
+             << (tiles == 1 ? "are 1 tile" : "are " + std::to_string(tiles) +
+                                                 " tiles")
+             << " of " << tile << ": too few for " << (int64_t)tp
              << " ducks (use " << hostFlag << ")";
     const int64_t block = k % 128 == 0  ? 128
                           : k % 64 == 0 ? 64
@@ -117,8 +124,8 @@ struct DuckPartitionPass
       rows.push_back(std::min(first * tile, n));
     }
     Builder b(module.getContext());
-    op->setAttr("duck_rows", b.getDenseI64ArrayAttr(rows));
-    op->setAttr("duck_block", b.getI64IntegerAttr(block));
+    op->setAttr((prefix + "duck_rows").str(), b.getDenseI64ArrayAttr(rows));
+    op->setAttr((prefix + "duck_block").str(), b.getI64IntegerAttr(block));
     return success();
   }
 
@@ -137,19 +144,22 @@ struct DuckPartitionPass
                             "duck_bytes"})
           op->removeAttr(a);
     });
-    // Every layer's o_proj has the same shape: the first error is enough.
+    // Every layer's projections have the same shapes: the first error is
+    // enough.
     module.walk([&](AttentionOp op) {
-      if (oProj == "ducks") {
-        if (failed(placeRows(module, op, op.getOProj(), "o_proj",
-                             "--o-proj host"))) {
-          result = failure();
-          return WalkResult::interrupt();
-        }
-        return WalkResult::advance();
+      dropRows(op, "");
+      dropRows(op, "q_");
+      if (oProj == "ducks" && failed(placeRows(module, op, op.getOProj(),
+                                               "o_proj", "--o-proj host"))) {
+        result = failure();
+        return WalkResult::interrupt();
       }
-      for (StringRef a : {"duck_rows", "duck_block", "duck_slot",
-                          "duck_offsets", "duck_bytes"})
-        op->removeAttr(a);
+      if (qProj == "ducks" &&
+          failed(placeRows(module, op, op.getQProj(), "query projection",
+                           "--q-proj host", "q_"))) {
+        result = failure();
+        return WalkResult::interrupt();
+      }
       return WalkResult::advance();
     });
     return result;
@@ -157,6 +167,12 @@ struct DuckPartitionPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (qProj != "host" && qProj != "ducks") {
+      module.emitError() << "duck-partition: q-proj must be host or ducks, "
+                            "got '"
+                         << qProj << "'";
+      return signalPassFailure();
+    }
     if (oProj != "host" && oProj != "ducks") {
       module.emitError() << "duck-partition: o-proj must be host or ducks, "
                             "got '"

@@ -75,6 +75,8 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
     the ducks, as it does the LM head's: `duck_rows` (tp + 1 boundaries,
     whole scale tiles), `duck_block` (K-block), then `duck-layout-weights`
     adds `duck_slot` (the same on every duck), `duck_offsets`, `duck_bytes`.
+    The `q_duck_*` attributes do the same for the query projection
+    (q-proj=ducks): MLA's q_b_proj, or q_proj.
   }];
   let arguments = (ins Duck_Activation:$input, I64Attr:$layer, StrAttr:$kind,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads,
@@ -84,7 +86,12 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
                        OptionalAttr<I64Attr>:$duck_block,
                        OptionalAttr<I64Attr>:$duck_slot,
                        OptionalAttr<DenseI64ArrayAttr>:$duck_offsets,
-                       OptionalAttr<DenseI64ArrayAttr>:$duck_bytes);
+                       OptionalAttr<DenseI64ArrayAttr>:$duck_bytes,
+                       OptionalAttr<DenseI64ArrayAttr>:$q_duck_rows,
+                       OptionalAttr<I64Attr>:$q_duck_block,
+                       OptionalAttr<I64Attr>:$q_duck_slot,
+                       OptionalAttr<DenseI64ArrayAttr>:$q_duck_offsets,
+                       OptionalAttr<DenseI64ArrayAttr>:$q_duck_bytes);
   let results = (outs Duck_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
@@ -92,6 +99,13 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
     /// The o_proj weight (every attention kind has one).
     WeightAttr getOProj() {
       return ::llvm::cast<WeightAttr>(getWeights().get("o_proj"));
+    }
+    /// The query projection whose rows q-proj=ducks splits: MLA's q_b_proj
+    /// (after its LoRA) or q_proj (GQA, or MLA without a query LoRA).
+    WeightAttr getQProj() {
+      if (auto w = getWeights().getAs<WeightAttr>("q_b_proj"))
+        return w;
+      return getWeights().getAs<WeightAttr>("q_proj");
     }
   }];
 }

@@ -60,14 +60,25 @@ uint64_t imagePrologueBytes(uint64_t slotCount);
 
 /// A matrix whose rows duck-partition split over the ducks (abi.h head
 /// slot: one [rows, K] matrix a duck): an attention's o_proj (o-proj=ducks)
-/// or the LM head (lm-head=ducks). Its slot follows the FFN slots, at the
-/// same index on every duck: o_projs in program order, then the head.
+/// an attention's query projection (q-proj=ducks) or the LM head
+/// (lm-head=ducks). Its slot follows the FFN slots, at the same index on
+/// every duck: each attention's query then output projection in program
+/// order, then the head.
 struct RowMatrix {
   Operation *op;
   WeightAttr weight;        // [rows, K]
   ArrayRef<int64_t> rows;   // tp + 1 boundaries (duck_rows)
   int64_t block;            // K-block (duck_block)
-  bool head;                // the LM head (else an attention's o_proj)
+  bool head;                // the LM head (else an attention projection)
+  /// Its attributes' prefix on `op`: "" (o_proj, the head) or "q_" (an
+  /// attention's query projection).
+  llvm::StringRef prefix;
+  std::string attr(llvm::StringRef name) const {
+    return (prefix + name).str();
+  }
+  llvm::StringRef role() const {
+    return head ? "head" : prefix.empty() ? "o_proj" : "q_proj";
+  }
   /// Slot-table layer: the attention's layer, or `numLayers` for the head.
   int64_t layer(int64_t numLayers) const;
   int64_t k() const { return weight.getShape()[1]; }
@@ -130,7 +141,10 @@ struct ModuleStats {
   /// step a layer in the dispatch); the host then reads none of them.
   bool oProjOnDucks = false;
   double oProjMsPerToken = 0;
-  int64_t oProjSteps = 0;
+  /// The same for the query projections (q-proj=ducks).
+  bool qProjOnDucks = false;
+  double qProjMsPerToken = 0;
+  int64_t attnProjSteps = 0; ///< duck steps of both, a token
   /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
   /// the host's bandwidth, included in hostMsPerToken.
   double hostLmHeadMsPerToken = 0;

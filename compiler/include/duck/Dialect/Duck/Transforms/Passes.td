@@ -59,6 +59,9 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
            "host, or ducks: every attention's output projection rows split "
            "over the ducks in whole scale tiles (in proportion to the "
            "shares)">,
+    Option<"qProj", "q-proj", "std::string", /*default=*/"\"host\"",
+           "host, or ducks: every attention's query projection (MLA's "
+           "q_b_proj, or q_proj) rows split over the ducks likewise">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
