@@ -193,7 +193,12 @@ cl::opt<bool> compileProgress("progress",
 /// One candidate partition and what the cost model predicts for it.
 struct Candidate {
   int64_t tp = 1;
-  std::string multipleOf, strategy, lmHead, oProj = "host";
+  std::string multipleOf, strategy, lmHead, oProj = "host", qProj = "host";
+  /// Where the attention projections go, for --explain.
+  std::string attn() const {
+    return qProj == "ducks" ? (oProj == "ducks" ? "q+o" : "q")
+                            : (oProj == "ducks" ? "o" : "host");
+  }
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0;
@@ -203,15 +208,18 @@ struct Candidate {
 /// Lays out one candidate (dry run, stats only) and reads the prediction.
 Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
                    const std::string &mo, const std::string &strategy,
-                   const std::string &lmHead, const std::string &oProj) {
+                   const std::string &lmHead, const std::string &oProj,
+                   const std::string &qProj) {
   Candidate c;
   c.tp = tp;
   c.multipleOf = mo;
   c.strategy = strategy;
   c.lmHead = lmHead;
   c.oProj = oProj;
+  c.qProj = qProj;
   o.lmHead = lmHead;
   o.oProj = oProj;
+  o.qProj = qProj;
   o.cluster.tp = tp;
   if (!o.cluster.memoryBytes.empty())
     o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
@@ -274,20 +282,25 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
   std::vector<std::string> heads =
       autoHead ? std::vector<std::string>{base.lmHead, "ducks"}
                : std::vector<std::string>{base.lmHead};
-  // The attention o_projs' place likewise (their bytes at the host's
-  // bandwidth, or one more duck step a layer).
+  // The attention projections' place likewise (their bytes at the host's
+  // bandwidth, or one more duck step a layer each): all on the host, the
+  // o_projs on the ducks, or the query and output projections on them.
   const bool autoOProj = compileOProj.getNumOccurrences() == 0 &&
+                         compileQProj.getNumOccurrences() == 0 &&
                          base.cluster.cost.hostReadGbs > 0;
-  std::vector<std::string> oProjs =
-      autoOProj ? std::vector<std::string>{"host", "ducks"}
-                : std::vector<std::string>{base.oProj};
+  using QO = std::pair<std::string, std::string>;
+  std::vector<QO> oProjs =
+      autoOProj ? std::vector<QO>{{"host", "host"},
+                                  {"host", "ducks"},
+                                  {"ducks", "ducks"}}
+                : std::vector<QO>{{base.qProj, base.oProj}};
   std::vector<Candidate> all;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
         for (const std::string &h : heads)
-          for (const std::string &op : oProjs)
-            all.push_back(evaluate(base, t, mo, st, h, op));
+          for (const QO &qo : oProjs)
+            all.push_back(evaluate(base, t, mo, st, h, qo.second, qo.first));
   const Candidate *best = nullptr;
   for (const Candidate &c : all) {
     if (!c.ok)
@@ -299,8 +312,11 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tp < b.tp;
       if (a.multipleOf != b.multipleOf)
         return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
-      if (a.oProj != b.oProj)
-        return a.oProj == "host"; // fewer steps
+      auto steps = [](const Candidate &c) {
+        return (c.oProj == "ducks") + (c.qProj == "ducks");
+      };
+      if (steps(a) != steps(b))
+        return steps(a) < steps(b); // fewer steps
       return a.lmHead != "ducks" && b.lmHead == "ducks"; // the host's head
     };
     if (!best || better(c, *best))
@@ -351,14 +367,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     // host's time (the host head's share included) is shown.
     const bool hostCol = autoHead || autoOProj;
     out << "  tp  multiple_of  strategy    " << (autoHead ? "  LM head  " : "")
-        << (autoOProj ? "  o_proj   " : "") << (hostCol ? "    host ms" : "")
+        << (autoOProj ? "  attn proj" : "") << (hostCol ? "    host ms" : "")
         << "  TPOT ms  stream ms  dispatch ms  tok/s    largest shard\n";
     for (const Candidate &c : all) {
       const std::string head =
           (autoHead ? formatv("  {0,-9}", c.lmHead == "ducks" ? "ducks"
                                                                : "host").str()
                     : std::string()) +
-          (autoOProj ? formatv("  {0,-7}", c.oProj).str() : std::string());
+          (autoOProj ? formatv("  {0,-9}", c.attn()).str() : std::string());
       if (!c.ok) {
         StringRef why = StringRef(c.why).split('\n').first;
         out << formatv("{0,4}  {1,11}  {2,-12}{3}  not legal: {4}\n", c.tp,
@@ -402,10 +418,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                                                ? ", LM head on the ducks"
                                                : ", LM head on the host")
                                         : "") +
-                       (autoOProj ? (best->oProj == "ducks"
-                                         ? ", o_proj on the ducks"
-                                         : ", o_proj on the host")
-                                  : ""));
+                       (autoOProj
+                            ? (best->attn() == "q+o"
+                                   ? ", query and output projections on the "
+                                     "ducks"
+                               : best->attn() == "o"
+                                   ? ", o_proj on the ducks"
+                                   : ", attention projections on the host")
+                            : ""));
   }
   return *best;
 }
@@ -504,6 +524,7 @@ Error runCompile() {
     o.strategy = winner->strategy;
     o.lmHead = winner->lmHead;
     o.oProj = winner->oProj;
+    o.qProj = winner->qProj;
   }
   return mlir::duck::compileModel(o, outs(), errs());
 }
