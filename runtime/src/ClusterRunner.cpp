@@ -13,6 +13,10 @@ namespace pl = ::duck::plan;
 
 ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
     : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()) {
+  for (const pl::OpDef *op : *plan.def().ops())
+    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
+      if (h->on_ducks())
+        head_slot_ = (int64_t)h->duck_slot();
   ResetStats();
 }
 
@@ -121,10 +125,7 @@ absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
   ib_.resize(duck_ib_bytes(n_tokens, 0, k));
   duck_ib_write(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x, k);
   // The LM head's steps apart from an attention's (their op times differ).
-  bool head = false;
-  for (const pl::OpDef *op : *plan_.def().ops())
-    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
-      head = head || (h->on_ducks() && h->duck_slot() == slot);
+  const bool head = (int64_t)slot == head_slot_;
   if (absl::Status s = SendStep(head             ? stats_.head_steps
                                 : n_tokens > 1 ? stats_.attn_prefill_steps
                                                : stats_.attn_decode_steps);

@@ -73,6 +73,7 @@ private:
   std::function<void(uint64_t)> before_step_;
   uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
+  int64_t head_slot_ = -1; // the LM head's slot when it is on the ducks
   std::vector<uint8_t> ib_;
   std::vector<DuckOutput> outputs_;
   RunnerStats stats_;
