@@ -856,8 +856,9 @@ options of one subcommand.
 
   compile <model-dir> -o <out-dir> [--tp N|auto] [--explain]
           [--multiple-of 128|64|32|auto] [--cores-per-duck C]
-          [--strategy intermediate|experts] [--cluster FILE]
-          [--emit=plan|mlir|stats] [--dry-run]
+          [--strategy intermediate|experts|auto] [--cluster FILE]
+          [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
+          [--o-proj host|ducks] [--emit=plan|mlir|stats] [--dry-run]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
       duck-<rank>.weights (fp9, exactly each duck's weight buffer). With
@@ -866,7 +867,11 @@ options of one subcommand.
       --tp auto (with --cluster) tries every legal tp, multiple_of and
       strategy with the cost model and keeps the fastest that fits;
       --explain prints the candidates. Ducks rated differently in the
-      cluster file (fp9_gparam_s each) get slices in proportion.
+      cluster file (fp9_gparam_s each) get slices in proportion. The LM
+      head (--lm-head ducks) and every attention's query and output
+      projections (--q-proj / --o-proj ducks) can have their rows split
+      over the ducks too, so the host reads none of them; with the
+      cluster file's host_read_gbs and no such flag, --tp auto chooses.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8
@@ -892,7 +897,8 @@ options of one subcommand.
       into the file, for 'compile --cluster'. Ducks measure one after
       another unless --all-at-once. --host (run it on the host) also writes
       this machine's read bandwidth as "host_read_gbs": with it, 'compile
-      --tp auto' without --lm-head also chooses where the LM head goes.
+      --tp auto' without --lm-head also chooses where the LM head goes (and
+      without --q-proj / --o-proj, the attention projections).
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.
