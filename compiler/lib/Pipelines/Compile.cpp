@@ -109,7 +109,8 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return Error::success();
   };
   double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
-  double gps = 0, hostMs = 0, hostGbs = 0;
+  double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
+         chunk = 64;
   if (Error e = num(*o, "bandwidth_gbs", bw))
     return e;
   if (Error e = num(*o, "step_overhead_us", ov))
@@ -120,15 +121,26 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return e;
   if (Error e = num(*o, "host_read_gbs", hostGbs))
     return e;
-  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0 || hostGbs < 0)
-    return err("cluster file '" + path + "': bandwidth_gbs must be positive "
-               "and step_overhead_us, fp9_gparam_s, host_ms_per_token, "
-               "host_read_gbs not negative");
+  if (Error e = num(*o, "fp9_gemm_gmac_s", gemm))
+    return e;
+  if (Error e = num(*o, "host_prefill_ms_per_token", hostPrefill))
+    return e;
+  if (Error e = num(*o, "prefill_chunk", chunk))
+    return e;
+  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0 || hostGbs < 0 ||
+      gemm < 0 || hostPrefill < 0 || chunk < 1)
+    return err("cluster file '" + path + "': bandwidth_gbs must be positive, "
+               "prefill_chunk at least 1, and step_overhead_us, "
+               "fp9_gparam_s, host_ms_per_token, host_read_gbs, "
+               "fp9_gemm_gmac_s, host_prefill_ms_per_token not negative");
   c.cost.bandwidthGbs = bw;
   c.cost.stepOverheadUs = ov;
   c.cost.fp9GparamS = gps;
   c.cost.hostMsPerToken = hostMs;
   c.cost.hostReadGbs = hostGbs;
+  c.cost.gemmGmacS = gemm;
+  c.cost.hostPrefillMsPerToken = hostPrefill;
+  c.cost.prefillChunk = (int64_t)chunk;
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");

@@ -201,7 +201,7 @@ struct Candidate {
   }
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
-  double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0;
+  double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0, prefillTokS = 0;
   uint64_t maxShardBytes = 0;
 };
 
@@ -247,6 +247,7 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.streamMs = j->getNumber("stream_ms_per_token").value_or(0);
   c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
   c.hostMs = j->getNumber("host_ms_per_token").value_or(0);
+  c.prefillTokS = j->getNumber("estimated_prefill_tok_s").value_or(0);
   if (const json::Array *a = j->getArray("per_duck_bytes"))
     for (const json::Value &b : *a)
       c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes,
@@ -406,8 +407,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}{10}: "
                    "predicted "
                    "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
-                   "dispatch {6:F3}{9}); the fastest of {7} legal candidates"
-                   "{8}\n",
+                   "dispatch {6:F3}{9}){11}; the fastest of {7} legal "
+                   "candidates{8}\n",
                    best->tp, best->multipleOf, best->strategy, best->tokS,
                    1e3 / best->tokS, best->streamMs, best->dispatchMs,
                    better + 1, autoTp ? ", ties going to fewer ducks" : "",
@@ -425,7 +426,11 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                                : best->attn() == "o"
                                    ? ", o_proj on the ducks"
                                    : ", attention projections on the host")
-                            : ""));
+                            : ""),
+                   best->prefillTokS > 0
+                       ? formatv(", prefill {0:F1} tok/s", best->prefillTokS)
+                             .str()
+                       : std::string());
   }
   return *best;
 }

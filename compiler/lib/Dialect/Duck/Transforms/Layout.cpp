@@ -3,6 +3,8 @@
 #include "duck_rt/kernel_select.h"
 #include "duck_rt/slot_layout.h"
 
+#include <cmath>
+
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
@@ -252,7 +254,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     }
     return seconds;
   };
-  double layerMsSum = 0;
+  double layerMsSum = 0, prefillMsPerChunk = 0;
   module.walk([&](Operation *op) {
     if (!isa<MlpOp, MoeOp>(op))
       return;
@@ -267,12 +269,37 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       shared = moe.getNumShared();
     }
     std::vector<HeldExperts> held;
+    double prefillSlowest = 0;
     for (Operation &child : op->getRegion(0).getOps()) {
       auto shard = cast<Fp9FfnOp>(child);
       FfnShape s = ffnShapeOf(shard);
       auto lay = slotLayout(shard, scaleRows);
       if (failed(lay))
         continue;
+      if (c.gemmGmacS > 0) {
+        // A prompt chunk of C rows. The GEMM reads and decodes each weight
+        // some row needs once (at the duck's GEMV rate, else its bytes at
+        // the bandwidth), then does every row's FMAs with it (at the GEMM
+        // rate): so an expert that only a few rows of the chunk chose
+        // (MoE: C x top_k / E on average) pays its decode for few FMAs.
+        const double C = (double)c.prefillChunk;
+        const size_t r = shard.getRank();
+        const double gemv =
+            r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
+        const double perParam = gemv > 0 ? 1.0 / (gemv * 1e9)
+                                         : 1.125 / (c.bandwidthGbs * 1e9);
+        const double perMac = 1.0 / (c.gemmGmacS * 1e9);
+        const double perExpert = 3.0 * s.hidden * shard.getLocalInter();
+        double sec = 0;
+        for (int64_t e = (int64_t)shard.getExpertBegin();
+             e < (int64_t)shard.getExpertEnd(); ++e) {
+          const bool routed = s.moe && e < (int64_t)totalRouted;
+          const double p = routed ? activeRouted / totalRouted : 1.0;
+          sec += perExpert *
+                 ((1.0 - std::pow(1.0 - p, C)) * perParam + C * p * perMac);
+        }
+        prefillSlowest = std::max(prefillSlowest, sec);
+      }
       double active;
       if (!s.moe) {
         active = 1;
@@ -295,6 +322,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                       expertSeconds(shard, *lay)});
     }
     layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
+    prefillMsPerChunk += 1e3 * prefillSlowest + c.stepOverheadUs / 1e3;
   });
   // Row-split matrices on the ducks (o_projs, the LM head): one more step
   // each, its slowest duck.
@@ -322,6 +350,22 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
           : bytes  ? double((*bytes)[r]) / (c.bandwidthGbs * 1e9)
                    : params * 1.125 / (c.bandwidthGbs * 1e9);
       slowest = std::max(slowest, sec);
+    }
+    if (!m.head && c.gemmGmacS > 0) {
+      // In a prompt chunk every row goes through the projection: its
+      // slowest duck's FMAs at the GEMM rate, or its bytes once.
+      double worst = 0;
+      for (int64_t r = 0; r < st.tp; ++r) {
+        const double params = double(m.rowsOf(r)) * hidden;
+        const double gemv = (size_t)r < c.duckGparamS.size()
+                                ? c.duckGparamS[r]
+                                : c.fp9GparamS;
+        worst = std::max(
+            worst, params * (gemv > 0 ? 1.0 / (gemv * 1e9)
+                                      : 1.125 / (c.bandwidthGbs * 1e9)) +
+                       params * c.prefillChunk / (c.gemmGmacS * 1e9));
+      }
+      prefillMsPerChunk += 1e3 * worst + c.stepOverheadUs / 1e3;
     }
     if (m.head) {
       st.lmHeadOnDucks = true;
@@ -409,6 +453,11 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                       st.hostLmHeadMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
+  if (c.gemmGmacS > 0) {
+    st.prefillDucksMsPerToken = prefillMsPerChunk / c.prefillChunk;
+    const double pms = st.prefillDucksMsPerToken + c.hostPrefillMsPerToken;
+    st.prefillTokS = pms > 0 ? 1e3 / pms : 0;
+  }
   return st;
 }
 
@@ -463,6 +512,13 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
                        c.hostReadGbs);
+  if (c.gemmGmacS > 0)
+    os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
+                       "%.3f ms a prompt token, %lld-token chunks; fp9 GEMM "
+                       "%.1f GMAC/s per duck)\n",
+                       s.prefillTokS, s.prefillDucksMsPerToken,
+                       c.hostPrefillMsPerToken, (long long)c.prefillChunk,
+                       c.gemmGmacS);
   if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
     const std::string rate =
         c.fp9GparamS > 0
@@ -500,6 +556,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},
       {"o_proj_on_ducks", s.oProjOnDucks},
       {"o_proj_ms_per_token", s.oProjMsPerToken},
+      {"prefill_ducks_ms_per_token", s.prefillDucksMsPerToken},
+      {"estimated_prefill_tok_s", s.prefillTokS},
       {"q_proj_on_ducks", s.qProjOnDucks},
       {"q_proj_ms_per_token", s.qProjMsPerToken},
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},

@@ -107,6 +107,13 @@ struct ClusterModel {
   /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
   /// the checkpoint's dtype).
   double hostHeadBytesPerWeight = 0;
+  /// Prefill: a duck's fp9 GEMM rate (MACs a second / 1e9, all its cores,
+  /// at prompt-chunk sizes: `duck-bench kernels --filter prefill/`), the
+  /// rows a prompt step carries, and the host's time a prompt token
+  /// (duckrun's summary). Without gemmGmacS no prefill is predicted.
+  double gemmGmacS = 0;
+  int64_t prefillChunk = 64;
+  double hostPrefillMsPerToken = 0;
   /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
   std::vector<double> duckGparamS;
   /// Per duck (rank order), the measured rate of each kernel class, by
@@ -152,6 +159,10 @@ struct ModuleStats {
   /// the runtime reads them, and, with hostReadGbs but no measured
   /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
   double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
+  /// Prefill (ClusterModel::gemmGmacS set): each FFN layer's slowest duck
+  /// over a prompt chunk (and each projection on the ducks), plus a step
+  /// each, a prompt token; the token rate with the host's part added.
+  double prefillDucksMsPerToken = 0, prefillTokS = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).
