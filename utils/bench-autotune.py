@@ -10,7 +10,10 @@ gives the host's time a token (the one input the ducks cannot measure);
 then `duckc compile --tp auto` chooses, and the winner and the explicit
 alternatives (tp 1 on one duck, tp 2 with each multiple_of and strategy)
 are compiled and run in alternation. Prints each candidate's predicted and
-measured TPOT, and auto's measured TPOT over the best explicit one's.
+measured TPOT, and auto's measured TPOT over the best explicit one's. The
+prefill inputs go in too (a one-core duck's fp9 GEMM rate at 64 rows from
+`duck-bench kernels`, the host's time a prompt token from the calibration
+run), and each candidate's predicted and measured prompt rate is printed.
 
   utils/bench-autotune.py [--build DIR] [--models q06,q30] [--tokens N]
                           [--rounds R] [--json FILE]
@@ -27,6 +30,7 @@ import sys
 CKPT = {"q06": "q06", "q30": "q30-l2-v1024"}
 LINE = re.compile(r"TPOT ([0-9.]+) ms: fp9 stream ([0-9.]+) \+ dispatch "
                   r"([0-9.]+) \+ host ([0-9.]+)")
+PREFILL = re.compile(r"prefill ([0-9.]+) tok/s")
 
 
 def run(cmd, **kw):
@@ -82,6 +86,15 @@ def main():
         print(r.stdout, end="")
         measured = json.load(open(files[2]))
 
+        # A one-core duck's fp9 GEMM rate at 64 rows (the prefill input of
+        # the cost model; the measure request does not carry it).
+        r = run([os.path.join(bin_dir, "duck-bench"), "kernels", "--filter",
+                 "prefill/Qwen3-0.6B", "--json"])
+        gemm = [x["gflop_s"] / 2 for x in json.loads(r.stdout)["records"]
+                if x.get("tokens") == 64 and x.get("cores") == 1]
+        gemm_gmac_s = gemm[0] if gemm else 0
+        print(f"fp9 GEMM at 64 rows, one core: {gemm_gmac_s:.1f} GMAC/s")
+
         for m in args.models.split(","):
             ckpt = os.path.join(base, CKPT[m])
             if not os.path.isdir(ckpt):
@@ -113,9 +126,16 @@ def main():
             b = s["decode_breakdown_ms"]
             host = (b["host_attention"] + b["host_norms_router"] +
                     b["lm_head"] + b["other"])
+            # The host's time a prompt token: every op but the FFNs.
+            host_prefill = sum(v for k, v in
+                               s["prefill_ms_per_token_by_op"].items()
+                               if k not in ("DenseFfn", "MoeFfn"))
             for t in (1, 2):
                 c = json.load(open(files[t]))
                 c["host_ms_per_token"] = host
+                if gemm_gmac_s:
+                    c["fp9_gemm_gmac_s"] = gemm_gmac_s
+                    c["host_prefill_ms_per_token"] = host_prefill
                 json.dump(c, open(files[t], "w"))
 
             r = run([duckc, "compile", ckpt, "--cluster", files[2], "--tp",
@@ -130,17 +150,22 @@ def main():
                 candidates.append((2, 128, "experts"))
             if auto not in candidates:
                 candidates.append(auto)
-            pred = {}
+            pred, pred_pf = {}, {}
             for c in candidates:
                 r = run([duckc, "compile", ckpt, "--cluster", files[c[0]],
                          "--tp", str(c[0]), "--multiple-of", str(c[1]),
                          "--strategy", c[2], "--explain", "--dry-run"])
                 pred[c] = float(LINE.search(r.stdout).group(1))
+                pf = PREFILL.search(r.stdout)
+                pred_pf[c] = float(pf.group(1)) if pf else 0.0
                 plan_for(*c)
             meas = {c: [] for c in candidates}
+            meas_pf = {c: [] for c in candidates}
             for rnd in range(args.rounds):
                 for c in candidates:
-                    meas[c].append(tpot(plan_for(*c), c[0], 2 + rnd)["tpot_ms"])
+                    sj = tpot(plan_for(*c), c[0], 2 + rnd)
+                    meas[c].append(sj["tpot_ms"])
+                    meas_pf[c].append(sj["prefill_tok_s"])
             best = min(candidates, key=lambda c: statistics.median(meas[c]))
             print(f"\n{m}: host {host:.2f} ms a token (calibration run); "
                   f"auto chose tp {auto[0]}, multiple_of {auto[1]}, {auto[2]}")
@@ -153,6 +178,17 @@ def main():
                 print(f"| tp {c[0]}, {c[1]}, {c[2]}{tag} | {pred[c]:.2f} | "
                       f"{' / '.join(f'{v:.2f}' for v in meas[c])} | "
                       f"{pred[c] / med:.2f} |")
+            if gemm_gmac_s:
+                print(f"prefill (host {host_prefill:.2f} ms a prompt token "
+                      f"in the calibration run):")
+                print("| candidate | predicted tok/s | measured tok/s | "
+                      "predicted / measured |")
+                print("|---|---|---|---|")
+                for c in candidates:
+                    med = statistics.median(meas_pf[c])
+                    print(f"| tp {c[0]}, {c[1]}, {c[2]} | {pred_pf[c]:.1f} | "
+                          f"{' / '.join(f'{v:.1f}' for v in meas_pf[c])} | "
+                          f"{pred_pf[c] / med:.2f} |")
             ratio = statistics.median(meas[auto]) / statistics.median(meas[best])
             print(f"auto / best explicit measured TPOT: {ratio:.3f} "
                   f"(best: tp {best[0]}, {best[1]}, {best[2]}; target <= 1.05)")
@@ -161,7 +197,11 @@ def main():
                             "candidates": [{"tp": c[0], "multiple_of": c[1],
                                             "strategy": c[2],
                                             "predicted_ms": pred[c],
-                                            "measured_ms": meas[c]}
+                                            "measured_ms": meas[c],
+                                            "predicted_prefill_tok_s":
+                                                pred_pf[c],
+                                            "measured_prefill_tok_s":
+                                                meas_pf[c]}
                                            for c in candidates]})
     finally:
         for p in procs:
