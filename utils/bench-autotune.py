@@ -54,6 +54,19 @@ def start_duckd(bin_dir, work, name, cpu):
     return p, {"host": m.group(1), "port": int(m.group(2))}
 
 
+def table(candidates, auto, unit, pred, meas, digits):
+    """Each candidate's prediction beside its measured rounds (markdown)."""
+    print(f"| candidate | predicted {unit} | measured {unit} | "
+          "predicted / measured |")
+    print("|---|---|---|---|")
+    for c in candidates:
+        med = statistics.median(meas[c])
+        tag = " (auto)" if c == auto else ""
+        print(f"| tp {c[0]}, {c[1]}, {c[2]}{tag} | {pred[c]:.{digits}f} | "
+              f"{' / '.join(f'{v:.{digits}f}' for v in meas[c])} | "
+              f"{pred[c] / med:.2f} |")
+
+
 def ids(seed):
     return ",".join(str((seed + 37 * i) % 1000 + 10) for i in range(64))
 
@@ -169,26 +182,11 @@ def main():
             best = min(candidates, key=lambda c: statistics.median(meas[c]))
             print(f"\n{m}: host {host:.2f} ms a token (calibration run); "
                   f"auto chose tp {auto[0]}, multiple_of {auto[1]}, {auto[2]}")
-            print("| candidate | predicted TPOT ms | measured TPOT ms | "
-                  "predicted / measured |")
-            print("|---|---|---|---|")
-            for c in candidates:
-                med = statistics.median(meas[c])
-                tag = " (auto)" if c == auto else ""
-                print(f"| tp {c[0]}, {c[1]}, {c[2]}{tag} | {pred[c]:.2f} | "
-                      f"{' / '.join(f'{v:.2f}' for v in meas[c])} | "
-                      f"{pred[c] / med:.2f} |")
+            table(candidates, auto, "TPOT ms", pred, meas, 2)
             if gemm_gmac_s:
                 print(f"prefill (host {host_prefill:.2f} ms a prompt token "
                       f"in the calibration run):")
-                print("| candidate | predicted tok/s | measured tok/s | "
-                      "predicted / measured |")
-                print("|---|---|---|---|")
-                for c in candidates:
-                    med = statistics.median(meas_pf[c])
-                    print(f"| tp {c[0]}, {c[1]}, {c[2]} | {pred_pf[c]:.1f} | "
-                          f"{' / '.join(f'{v:.1f}' for v in meas_pf[c])} | "
-                          f"{pred_pf[c] / med:.2f} |")
+                table(candidates, auto, "tok/s", pred_pf, meas_pf, 1)
             ratio = statistics.median(meas[auto]) / statistics.median(meas[best])
             print(f"auto / best explicit measured TPOT: {ratio:.3f} "
                   f"(best: tp {best[0]}, {best[1]}, {best[2]}; target <= 1.05)")

@@ -1,30 +1,20 @@
 // Fused FFN paths on a duck: dense MLP and MoE, decode and prefill, on one
 // or many cores (modes 0, 1, 4, 5, 6 of the duck ELF).
 #include "duck_rt/kernels.h"
+#include "duck_rt/exp_avx2.h"
 
 #include <immintrin.h>
 
 namespace {
 
-/// exp(x) for 8 lanes without libc: 2^n * p(r), r = x - n ln2 (Cody-Waite),
-/// degree-6 polynomial; relative error below 2e-7 on [-87, 88].
+/// exp(x) for 8 lanes without libc: x clamped to [-87, 88], n rounded by
+/// floor(x / ln 2 + 0.5) (duck_exp8_reduced does the rest).
 inline __m256 exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)),
                     _mm256_set1_ps(88.0f));
   const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(
       x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return duck_exp8_reduced(x, n);
 }
 
 /// h = silu(g) * u for 8 lanes, flushed to zero below 2^-64 in magnitude.

@@ -1,5 +1,6 @@
 //===- HostKernels.cpp - the host's share of the forward pass -------------===//
 #include "duck/runtime/HostKernels.h"
+#include "duck_rt/exp_avx2.h"
 
 #include <immintrin.h>
 
@@ -427,9 +428,8 @@ void Softmax(float *v, uint64_t n) {
 }
 
 namespace {
-/// e^x for x <= 0 (softmax after subtracting the maximum), 8 lanes:
-/// 2^n * p(r), r = x - n ln2 in two parts, degree-6 polynomial; relative
-/// error below 2e-7 down to -87, and 0 below.
+/// e^x for x <= 0 (softmax after subtracting the maximum), 8 lanes: n
+/// rounded to nearest (duck_exp8_reduced does the rest); 0 below -87.
 inline __m256 ExpNonPositive(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
@@ -437,18 +437,7 @@ inline __m256 ExpNonPositive(__m256 x) {
   const __m256 n = _mm256_round_ps(
       _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  return _mm256_andnot_ps(under, duck_exp8_reduced(x, n));
 }
 
 /// Softmax of attention scores in place (ExpNonPositive; the sum in

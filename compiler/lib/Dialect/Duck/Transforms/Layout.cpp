@@ -391,7 +391,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                      : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
                                           : 2.0);
   };
-  double hostWeightBytes = 0, oProjHostBytes = 0;
+  double hostWeightBytes = 0, onDucksHostBytes = 0;
   auto addDict = [&](DictionaryAttr d) {
     if (d)
       for (NamedAttribute nv : d)
@@ -404,11 +404,11 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       addDict(a.getIndexerAttr());
       if (a.getDuckRows()) { // its o_proj is on the ducks
         hostWeightBytes -= hostBytesOf(a.getOProj());
-        oProjHostBytes += hostBytesOf(a.getOProj());
+        onDucksHostBytes += hostBytesOf(a.getOProj());
       }
       if (a.getQDuckRows()) { // its query projection is on the ducks
         hostWeightBytes -= hostBytesOf(a.getQProj());
-        oProjHostBytes += hostBytesOf(a.getQProj());
+        onDucksHostBytes += hostBytesOf(a.getQProj());
       }
     } else if (auto m = dyn_cast<MoeOp>(op)) {
       hostWeightBytes += hostBytesOf(m.getRouterWeight());
@@ -441,12 +441,12 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                           c.stepOverheadUs / 1e3;
   // The host's time: measured (host_ms_per_token), else its weights at
   // its bandwidth; plus a host LM head's bytes when the bandwidth is known.
-  // A measured host time includes the o_projs; on the ducks their bytes
-  // at the host's bandwidth come off it (when that bandwidth is known).
+  // A measured host time includes the attention projections; those on the
+  // ducks come off it, their bytes at the host's bandwidth (when known).
   const double measuredHost =
       c.hostMsPerToken > 0 && c.hostReadGbs > 0
           ? std::max(0.0, c.hostMsPerToken -
-                              1e3 * oProjHostBytes / (c.hostReadGbs * 1e9))
+                              1e3 * onDucksHostBytes / (c.hostReadGbs * 1e9))
           : c.hostMsPerToken;
   st.hostMsPerToken = (c.hostMsPerToken > 0 ? measuredHost
                                             : st.hostOpsMsPerToken) +

@@ -134,15 +134,11 @@ struct DuckPartitionPass
   LogicalResult placeRowMatrices(ModuleOp module) {
     LogicalResult result = success();
     module.walk([&](LmHeadOp op) {
-      op->removeAttr("duck_rows");
+      dropRows(op, "");
       if (lmHead == "ducks" &&
           failed(placeRows(module, op, op.getWeight(), "LM head",
                            "--lm-head on the host")))
         result = failure();
-      if (lmHead != "ducks")
-        for (StringRef a : {"duck_block", "duck_slot", "duck_offsets",
-                            "duck_bytes"})
-          op->removeAttr(a);
     });
     // Every layer's projections have the same shapes: the first error is
     // enough.
