@@ -36,21 +36,28 @@ struct Layout {
   uint64_t table_bytes = 0, up_offset = 0, down_offset = 0, expert_bytes = 0,
            total = 0;
   uint32_t experts = 0, held = 0;
+  // A HEAD slot: its matrices and their offsets in the slot.
+  std::vector<duck_fp9_desc> pieces;
+  std::vector<uint64_t> piece_offsets;
 };
 
 /// The slot's layout: the same duck_compute_slot_layout the compiler uses.
 Layout LayoutOf(const SyntheticSpec &spec, const SyntheticSlot &s) {
   Layout l;
-  if (s.kind == DUCK_SLOT_HEAD) { // one [inter rows, hidden] matrix
-    duck_head_slot_layout hl{};
-    (void)duck_compute_head_slot_layout(s.inter, s.k ? s.k : spec.hidden,
-                                        spec.block, 128, 0, &hl);
-    l.experts = l.held = 1;
-    l.gate = hl.matrix;
-    l.lg = hl.matrix_layout;
-    l.table_bytes = hl.table_bytes;
-    l.expert_bytes = hl.matrix_layout.total_bytes;
-    l.total = hl.total_bytes;
+  if (s.kind == DUCK_SLOT_HEAD) { // [rows, k] matrices, rows concatenated
+    std::vector<uint32_t> rows = s.pieces;
+    if (rows.empty())
+      rows.push_back(s.inter);
+    const std::vector<uint32_t> phase(rows.size(), 0);
+    l.pieces.resize(rows.size());
+    l.piece_offsets.resize(rows.size());
+    (void)duck_compute_head_slot_pieces(
+        (uint32_t)rows.size(), rows.data(), phase.data(),
+        s.k ? s.k : spec.hidden, spec.block, 128, l.pieces.data(),
+        l.piece_offsets.data(), &l.total);
+    l.experts = l.held = (uint32_t)rows.size();
+    l.gate = l.pieces[0];
+    l.table_bytes = l.piece_offsets[0];
     return l;
   }
   l.experts = s.kind == DUCK_SLOT_DENSE ? 1 : s.experts;
@@ -143,11 +150,20 @@ absl::Status BuildSlot(const SyntheticSpec &spec, const SyntheticSlot &s,
   std::memcpy(out, &h, sizeof h);
   auto *descs = reinterpret_cast<duck_ffn_desc *>(out + sizeof h);
   uint64_t pos = l.table_bytes;
-  if (s.kind == DUCK_SLOT_HEAD) { // `gate` holds the head rows
-    descs[0].present = 1;
-    descs[0].gate = {pos, l.gate, duck_select_kernel(l.gate.k, l.gate.block),
-                     0};
-    return FillMatrix(l.gate, l.lg, spec.pack, rng, out + pos);
+  if (s.kind == DUCK_SLOT_HEAD) { // each `gate` holds a matrix's rows
+    for (size_t i = 0; i < l.pieces.size(); ++i) {
+      const duck_fp9_desc &d = l.pieces[i];
+      duck_fp9_layout lay;
+      (void)duck_fp9_compute_layout(&d, &lay);
+      descs[i].present = 1;
+      descs[i].gate = {l.piece_offsets[i], d, duck_select_kernel(d.k, d.block),
+                       0};
+      if (absl::Status st = FillMatrix(d, lay, spec.pack, rng,
+                                       out + l.piece_offsets[i]);
+          !st.ok())
+        return st;
+    }
+    return absl::OkStatus();
   }
   const uint32_t gk = duck_select_kernel(l.gate.k, l.gate.block);
   const uint32_t dk = duck_select_kernel(l.down.k, l.down.block);

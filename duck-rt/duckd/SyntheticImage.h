@@ -25,6 +25,9 @@ struct SyntheticSlot {
   std::vector<bool> present; // MoE: which experts this duck holds (all)
   uint32_t k = 0; // a HEAD slot: its K (0: the spec's hidden; an o_proj's
                   // is heads x v_head_dim)
+  /// A HEAD slot of several matrices: each one's rows (summing to
+  /// `inter`); empty: one matrix.
+  std::vector<uint32_t> pieces = {};
 };
 
 struct SyntheticSpec {

@@ -275,7 +275,7 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   if ((sh->block != 32 && sh->block != 64 && sh->block != 128) ||
       sh->inter == 0 || sh->inter > DUCK_STEP_MAX_DIM || sh->n_experts == 0 ||
       sh->n_experts > DUCK_STEP_MAX_EXPERTS ||
-      (sh->kind != DUCK_SLOT_MOE && sh->n_experts != 1)) {
+      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1)) {
     log << "weights: slot " << slot << " bad shape (inter " << sh->inter
         << ", experts " << sh->n_experts << ", block " << sh->block << ")";
     log.end();
@@ -298,6 +298,7 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   duck_ffn_weights *views = g_state.views + g_state.views_used;
   const uint32_t hidden = sh->hidden, inter = sh->inter, block = sh->block;
   uint32_t present = 0;
+  uint64_t headRows = 0; // a head slot's matrices' rows, concatenated
   for (uint32_t x = 0; x < sh->n_experts; ++x) {
     const duck_ffn_desc &d = descs[x];
     duck_ffn_weights &w = views[x];
@@ -317,7 +318,8 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
       continue;
     }
     if (sh->kind == DUCK_SLOT_HEAD) {
-      // One matrix, [rows, hidden] in `gate`; up and down stay empty.
+      // A matrix [rows_x, hidden] in each descriptor's `gate` (up and down
+      // stay empty); their rows concatenate to the slot's `inter`.
       const duck_matrix_ref none{};
       if (__builtin_memcmp(&d.up, &none, sizeof none) != 0 ||
           __builtin_memcmp(&d.down, &none, sizeof none) != 0) {
@@ -325,9 +327,17 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
         log.end();
         return nullptr;
       }
-      if (!checkMatrix(d.gate, inter, hidden, block, descEnd, e.bytes, "head",
-                       x, log))
+      headRows += d.gate.desc.rows;
+      if (d.gate.desc.rows == 0 || headRows > inter ||
+          !checkMatrix(d.gate, d.gate.desc.rows, hidden, block, descEnd,
+                       e.bytes, "head", x, log)) {
+        if (d.gate.desc.rows == 0 || headRows > inter) {
+          log << "weights: head slot " << slot << " matrix " << x
+              << " has no rows or exceeds the slot's " << inter;
+          log.end();
+        }
         return nullptr;
+      }
       w = duck_ffn_weights{};
       w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
       ++present;
@@ -344,6 +354,12 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
     w.up = duck_fp9_matrix_view(&d.up.desc, base + d.up.offset);
     w.down = duck_fp9_matrix_view(&d.down.desc, base + d.down.offset);
     ++present;
+  }
+  if (sh->kind == DUCK_SLOT_HEAD && headRows != inter) {
+    log << "weights: head slot " << slot << " matrices hold " << headRows
+        << " rows, the header " << inter;
+    log.end();
+    return nullptr;
   }
   c.slot = slot;
   c.weights_addr = (uint64_t)(uintptr_t)info->weights;
@@ -521,16 +537,24 @@ void runJob(const Job &j, uint32_t core) {
                      j.n_tokens, j.out, pairs, work, coreScratch);
     break;
   case DUCK_MODE_HEAD: {
-    // Rows split over the cores; every row's logit is its duck_gemv's.
+    // The slot's rows (its matrices' rows, concatenated) split over the
+    // cores; every row's result is its duck_gemv's.
     uint32_t b, e;
     duck_smp_split(j.inter, j.cores, core, &b, &e);
-    if (b < e) {
-      if (j.n_tokens == 1)
-        duck_gemv(&j.experts[0].gate, j.x, j.out + b, b, e, coreScratch,
-                  DUCK_DECODE_SHIFT);
-      else
-        duck_gemm(&j.experts[0].gate, j.x, j.hidden, j.n_tokens, j.out + b,
-                  j.inter, b, e, coreScratch);
+    uint32_t row0 = 0; // the matrix's first row in the slot
+    for (uint32_t x = 0; x < j.n_experts && b < e; ++x) {
+      const duck_fp9_matrix &m = j.experts[x].gate;
+      const uint32_t lo = b > row0 ? b - row0 : 0;
+      const uint32_t hi = e - row0 < m.rows ? e - row0 : m.rows;
+      if (e > row0 && lo < hi) {
+        float *out = j.out + row0 + lo;
+        if (j.n_tokens == 1)
+          duck_gemv(&m, j.x, out, lo, hi, coreScratch, DUCK_DECODE_SHIFT);
+        else
+          duck_gemm(&m, j.x, j.hidden, j.n_tokens, out, j.inter, lo, hi,
+                    coreScratch);
+      }
+      row0 += m.rows;
     }
     duck_smp_sync(&smp);
     break;

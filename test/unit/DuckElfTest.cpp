@@ -173,9 +173,9 @@ TEST(DuckElf, EveryModeMatchesTheKernels) {
 }
 
 // Mode HEAD on a head slot gives each row's logit exactly as duck_gemv
-// (one token) and duck_gemm (a batch) give it, on 1 and 3 cores; a head
-// slot with a second matrix, and either slot kind under the other's mode,
-// are refused with a status.
+// (one token) and duck_gemm (a batch) give it, on 1 and 3 cores, also for
+// a head slot of several matrices; a malformed head slot, and either slot
+// kind under the other's mode, are refused with a status.
 TEST(DuckElf, HeadModeMatchesTheKernels) {
   SyntheticSpec spec = TestSpec();
   spec.slots = {SyntheticSlot{DUCK_SLOT_DENSE, 0, 128, 1, {}},
@@ -239,6 +239,57 @@ TEST(DuckElf, HeadModeMatchesTheKernels) {
                   reinterpret_cast<float *>(xs.p));
       ExpectBitIdentical(r.Out(), want, "wide head");
     }
+  }
+  // A head slot of three matrices (an attention's input projections, e.g.
+  // q, k and v): the rows concatenate, each row its matrix's GEMV, also
+  // where a core's share of the rows straddles two matrices.
+  {
+    SyntheticSpec multi = TestSpec();
+    SyntheticSlot qkv{DUCK_SLOT_HEAD, 0, 200, 1, {}};
+    qkv.pieces = {64, 8, 128};
+    multi.slots = {SyntheticSlot{DUCK_SLOT_DENSE, 0, 128, 1, {}}, qkv};
+    auto img = duck::duckd::BuildSyntheticImage(multi);
+    ASSERT_TRUE(img.ok()) << img.status();
+    const std::vector<duck_ffn_weights> views = SlotViews(img->data(), 1);
+    ASSERT_EQ(views.size(), 3u);
+    for (uint32_t cores : {1u, 3u}) {
+      ElfRunner r(DUCK_ELF_PATH, *img, cores);
+      ASSERT_TRUE(r.elf);
+      for (uint32_t tokens : {1u, 4u}) {
+        auto x = RandomX(tokens * kHidden, 60 + tokens + cores);
+        ASSERT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, tokens, 0, {}, x)),
+                  DUCK_STATUS_OK)
+            << r.logs[0];
+        EXPECT_EQ(r.Header().hidden, 200u);
+        std::vector<float> want(tokens * 200);
+        Aligned xs(2 * tokens * kHidden * 4);
+        uint32_t row0 = 0;
+        for (const duck_ffn_weights &w : views) {
+          const duck_fp9_matrix &m = w.gate;
+          if (tokens == 1)
+            duck_gemv(&m, x.data(), want.data() + row0, 0, m.rows,
+                      reinterpret_cast<float *>(xs.p), DUCK_DECODE_SHIFT);
+          else
+            duck_gemm(&m, x.data(), kHidden, tokens, want.data() + row0, 200,
+                      0, m.rows, reinterpret_cast<float *>(xs.p));
+          row0 += m.rows;
+        }
+        ExpectBitIdentical(r.Out(), want, "multi-matrix head");
+      }
+    }
+    // The header's rows must be the matrices' rows.
+    std::vector<uint8_t> off = *img;
+    duck_image_header oh;
+    std::memcpy(&oh, off.data(), sizeof oh);
+    duck_slot_entry oe;
+    std::memcpy(&oe, off.data() + oh.slot_table_offset + sizeof oe, sizeof oe);
+    reinterpret_cast<duck_slot_header *>(off.data() + oe.offset)->inter = 201;
+    ElfRunner r(DUCK_ELF_PATH, off, 1);
+    ASSERT_TRUE(r.elf);
+    EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, 1, 0, {}, RandomX(kHidden, 3))),
+              DUCK_STATUS_BAD_WEIGHTS);
+    EXPECT_NE(r.logs[0].find("matrices hold 200 rows"), std::string::npos)
+        << r.logs[0];
   }
   // A head slot whose `up` is not empty.
   std::vector<uint8_t> bad = *image;

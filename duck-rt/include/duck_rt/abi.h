@@ -102,12 +102,16 @@ typedef int (*duck_entry_fn)(duck_info *info);
  *   [duck_slot_header][duck_ffn_desc x n_experts][packed fp9 matrices...]
  * Offsets inside a slot are relative to the slot's start. An expert this
  * duck does not hold (expert placement) has all offsets 0 and present = 0.
- * A HEAD slot holds this duck's rows of one matrix: one descriptor,
- * present, whose `gate` is the [rows, K] matrix (rows in the header's
- * `inter`, K in its `hidden`); its `up` and `down` are empty (all zero).
- * The LM head's vocabulary rows (K = hidden, `layer` = the model's layer
- * count) or an attention's o_proj output rows (K = heads x v_head_dim,
- * `layer` = the attention's layer).
+ * A HEAD slot holds this duck's rows of one or more matrices of the same
+ * K: n_experts descriptors, each present, whose `gate` is a [rows_i, K]
+ * matrix; its `up` and `down` are empty (all zero). Their rows concatenate
+ * in descriptor order to the header's `inter` (K is its `hidden`), and so
+ * do the results of DUCK_MODE_HEAD. The LM head's vocabulary rows (K =
+ * hidden, `layer` = the model's layer count), an attention's o_proj or
+ * query projection rows (K = heads x v_head_dim, or the query LoRA rank),
+ * or its input projections (K = hidden: pieces of q_a_proj, kv_a_proj and
+ * the indexer's wk and weights_proj, or q/k/v_proj; `layer` = the
+ * attention's layer).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */

@@ -52,6 +52,16 @@ duck_fp9_status duck_compute_head_slot_layout(uint32_t rows, uint32_t hidden,
                                               uint32_t row_phase,
                                               duck_head_slot_layout *out);
 
+/// A HEAD slot of `count` matrices (abi.h; pieces of one or several
+/// [*, hidden] weights whose rows the slot concatenates in order): the
+/// table (header + `count` descriptors), then matrix i, shaped
+/// rows[i] x hidden with row_phase[i], at offsets[i] from the slot's start.
+/// `descs` and `offsets` take `count` entries each.
+duck_fp9_status duck_compute_head_slot_pieces(
+    uint32_t count, const uint32_t *rows, const uint32_t *row_phase,
+    uint32_t hidden, uint32_t block, uint32_t scale_rows, duck_fp9_desc *descs,
+    uint64_t *offsets, uint64_t *total_bytes);
+
 /// Offset of a slot's `held_index`-th stored expert from the slot's start.
 static inline uint64_t duck_slot_expert_offset(const duck_slot_layout *l,
                                                uint64_t held_index) {

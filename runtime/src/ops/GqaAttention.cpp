@@ -7,6 +7,10 @@
 #include "HostOp.h"
 
 #include <cmath>
+#include <chrono>
+#include <cstdio>
+static double g_t[5]; static long g_n; static struct P{~P(){fprintf(stderr,"GQA split ms/call*28: qkv %.3f nrs %.3f att %.3f o %.3f\n",g_t[0]/g_n*28,g_t[1]/g_n*28,g_t[2]/g_n*28,g_t[3]/g_n*28);}} g_p;
+static double nowms(){return std::chrono::duration<double,std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();}
 #include <cstring>
 
 namespace duck::runtime::ops {
@@ -58,6 +62,7 @@ public:
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
+    double T0=nowms();
     if (q_runner_) {
       DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
                                               q_buf_.data(), sh_.q()));
@@ -70,8 +75,10 @@ public:
     // only to positions up to its own, all written by then), then one
     // parallel pass attends every row: a single hand-off to the pool a
     // step instead of one a row.
+    double T1=nowms();
     for (uint32_t t = 0; t < n; ++t)
       NormRopeStore(t, s.seq[t], s.pos[t]);
+    double T2=nowms();
     // The heads split along kv heads when there are enough of them (a
     // group's query heads then share its K/V reads).
     const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
@@ -88,7 +95,10 @@ public:
     if (o_runner_)
       return o_runner_->RunRows(o_slot_, n, attn_.data(), (uint32_t)sh_.q(),
                                 Out(s), sh_.hidden);
+    double T3=nowms();
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
+    double T4=nowms();
+    if(n==1){g_t[0]+=T1-T0;g_t[1]+=T2-T1;g_t[2]+=T3-T2;g_t[3]+=T4-T3;g_n++;}
     return absl::OkStatus();
   }
 
