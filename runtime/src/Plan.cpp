@@ -79,19 +79,25 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
     add({p->weight()});
   else if (auto *p = op.params_as_RmsNormOpDef())
     add({p->weight()});
-  else if (auto *p = op.params_as_GqaAttentionOpDef())
-    // An o_proj on the ducks is never read by the host.
-    add({p->q_proj_on_ducks() ? nullptr : p->q_proj(), p->k_proj(),
-         p->v_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj(),
-         p->q_norm(), p->k_norm()});
-  else if (auto *p = op.params_as_MlaAttentionOpDef()) {
-    const bool q = p->q_proj_on_ducks();
-    add({p->q_a_proj(), p->q_a_layernorm(), q ? nullptr : p->q_b_proj(),
-         q ? nullptr : p->q_proj(), p->kv_a_proj_with_mqa(),
-         p->kv_a_layernorm(), p->kv_b_proj(),
-         p->o_proj_on_ducks() ? nullptr : p->o_proj()});
+  else if (auto *p = op.params_as_GqaAttentionOpDef()) {
+    // A projection on the ducks is never read by the host.
+    const bool in = p->in_proj_on_ducks();
+    add({p->q_proj_on_ducks() || in ? nullptr : p->q_proj(),
+         in ? nullptr : p->k_proj(), in ? nullptr : p->v_proj(),
+         p->o_proj_on_ducks() ? nullptr : p->o_proj(), p->q_norm(),
+         p->k_norm()});
+  } else if (auto *p = op.params_as_MlaAttentionOpDef()) {
+    // From its indexer: neither the query nor the kv_a projections.
+    const bool in = p->in_proj_on_ducks() || p->from_indexer();
+    const bool q = p->q_proj_on_ducks() || p->from_indexer();
+    add({in ? nullptr : p->q_a_proj(), p->from_indexer() ? nullptr : p->q_a_layernorm(),
+         q ? nullptr : p->q_b_proj(), q || in ? nullptr : p->q_proj(),
+         in ? nullptr : p->kv_a_proj_with_mqa(), p->kv_a_layernorm(),
+         p->kv_b_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj()});
   } else if (auto *p = op.params_as_IndexerOpDef()) {
-    add({p->q_a_proj(), p->q_a_layernorm(), p->wq_b(), p->wk(), p->k_norm(),
+    const bool d = p->on_ducks();
+    add({d ? nullptr : p->q_a_proj(), p->q_a_layernorm(),
+         d ? nullptr : p->wq_b(), d ? nullptr : p->wk(), p->k_norm(),
          p->k_norm_bias(), p->weights_proj()});
   } else if (auto *p = op.params_as_MoeFfnOpDef())
     add({p->router_weight(), p->correction_bias()});
@@ -334,12 +340,14 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     for (uint32_t i = 0; slots && i < slots->size(); ++i) {
       const pl::SlotDef *sd = slots->Get(i);
       const uint64_t n = (uint64_t)sd->inter_end() - sd->inter_begin();
-      if (sd->head() && sd->matrices() && sd->matrices()->size() == 1 &&
-          sd->matrices()->Get(0)->k() > std::max(d.model()->hidden(),
-                                                 lim->max_k()))
-        return bad("duck ", r, " slot ", i, " reads rows ",
-                   sd->matrices()->Get(0)->k(),
-                   " wide, beyond the step limits (", lim->max_k(), ")");
+      for (uint32_t m = 0; sd->head() && sd->matrices() &&
+                           m < sd->matrices()->size();
+           ++m)
+        if (sd->matrices()->Get(m)->k() >
+            std::max(d.model()->hidden(), lim->max_k()))
+          return bad("duck ", r, " slot ", i, " reads rows ",
+                     sd->matrices()->Get(m)->k(),
+                     " wide, beyond the step limits (", lim->max_k(), ")");
       if (sd->inter_end() < sd->inter_begin() ||
           n > (sd->head() ? lim->max_head_rows() : lim->max_inter()) ||
           sd->expert_end() > lim->max_experts())

@@ -233,8 +233,9 @@ Value Importer::attention(Value x, int64_t layer) {
       b.getDictionaryAttr(w),
       idx.empty() ? DictionaryAttr() : b.getDictionaryAttr(idx),
       /*duck_rows=*/nullptr, /*duck_block=*/nullptr, /*duck_slot=*/nullptr,
-      /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr, nullptr, nullptr,
-      nullptr, nullptr, nullptr);
+      /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr,
+      /*q_duck_*=*/nullptr, nullptr, nullptr, nullptr, nullptr,
+      /*in_duck_*=*/nullptr, nullptr, nullptr, nullptr, nullptr);
   return op.getResult();
 }
 

@@ -243,6 +243,7 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.lmHead = opts.lmHead == "ducks" ? "ducks" : "host";
   p.oProj = opts.oProj;
   p.qProj = opts.qProj;
+  p.inProj = opts.inProj;
   // Unequal ducks: slices in proportion to their measured rates.
   // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
   const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
@@ -308,6 +309,11 @@ struct CompilePipelineOptions
       llvm::cl::desc("host (default) or ducks: every attention's query "
                      "projection rows over the ducks"),
       llvm::cl::init("host")};
+  Option<std::string> inProj{
+      *this, "in-proj",
+      llvm::cl::desc("host (default) or ducks: every attention's input "
+                     "projections' rows over the ducks"),
+      llvm::cl::init("host")};
   Option<std::string> stopAfter{
       *this, "stop-after",
       llvm::cl::desc("partition, kernels, modes or layout (default)"),
@@ -329,6 +335,7 @@ void mlir::duck::registerDuckCompilePipeline() {
         o.lmHead = p.lmHead;
         o.oProj = p.oProj;
         o.qProj = p.qProj;
+        o.inProj = p.inProj;
         buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
       });
 }
@@ -517,7 +524,11 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                        : wo.lmHeadFp9       ? "fp9 on the host"
                        : wo.lmHeadInt8      ? "int8 on the host"
                                        : "as in the checkpoint, on the host",
-                       std::string(stats->qProjOnDucks
+                       std::string(stats->inProjOnDucks
+                                       ? ", attention input projections in "
+                                         "fp9 on the ducks"
+                                       : "") +
+                           (stats->qProjOnDucks
                                        ? ", attention query projection in "
                                          "fp9 on the ducks"
                                        : "") +

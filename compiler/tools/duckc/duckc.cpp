@@ -172,6 +172,16 @@ cl::opt<std::string> compileQProj(
              "layer, the host reads none of it (DeepSeek-V3.2: 2.6 GB a "
              "token)"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileInProj(
+    "in-proj",
+    cl::desc("Where every attention's input projections run: q_proj, "
+             "k_proj and v_proj (Qwen3); q_a_proj (or q_proj), "
+             "kv_a_proj_with_mqa and DeepSeek-V3.2's indexer wk (MLA). 'host' (default), or 'ducks': their rows "
+             "as one group split over the ducks as --o-proj does, one more "
+             "duck step a layer. With an indexer it needs --q-proj ducks "
+             "too, which then also carries the indexer's wq_b "
+             "(DeepSeek-V3.2: 2.2 GB a token off the host)"),
+    cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileLmHead(
     "lm-head",
     cl::desc("Where the LM head runs and in what format. On the host: "
@@ -193,11 +203,20 @@ cl::opt<bool> compileProgress("progress",
 /// One candidate partition and what the cost model predicts for it.
 struct Candidate {
   int64_t tp = 1;
-  std::string multipleOf, strategy, lmHead, oProj = "host", qProj = "host";
-  /// Where the attention projections go, for --explain.
+  std::string multipleOf, strategy, lmHead, oProj = "host", qProj = "host",
+                                            inProj = "host";
+  /// Where the attention projections go, for --explain: "host", or those
+  /// on the ducks ("in+q+o").
   std::string attn() const {
-    return qProj == "ducks" ? (oProj == "ducks" ? "q+o" : "q")
-                            : (oProj == "ducks" ? "o" : "host");
+    std::string s;
+    for (auto [flag, name] : {std::pair{&inProj, "in"}, std::pair{&qProj, "q"},
+                              std::pair{&oProj, "o"}})
+      if (*flag == "ducks")
+        s += (s.empty() ? "" : "+") + std::string(name);
+    return s.empty() ? "host" : s;
+  }
+  int steps() const {
+    return (oProj == "ducks") + (qProj == "ducks") + (inProj == "ducks");
   }
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
@@ -209,7 +228,7 @@ struct Candidate {
 Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
                    const std::string &mo, const std::string &strategy,
                    const std::string &lmHead, const std::string &oProj,
-                   const std::string &qProj) {
+                   const std::string &qProj, const std::string &inProj) {
   Candidate c;
   c.tp = tp;
   c.multipleOf = mo;
@@ -217,9 +236,11 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.lmHead = lmHead;
   c.oProj = oProj;
   c.qProj = qProj;
+  c.inProj = inProj;
   o.lmHead = lmHead;
   o.oProj = oProj;
   o.qProj = qProj;
+  o.inProj = inProj;
   o.cluster.tp = tp;
   if (!o.cluster.memoryBytes.empty())
     o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
@@ -285,23 +306,28 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                : std::vector<std::string>{base.lmHead};
   // The attention projections' place likewise (their bytes at the host's
   // bandwidth, or one more duck step a layer each): all on the host, the
-  // o_projs on the ducks, or the query and output projections on them.
+  // o_projs on the ducks, the query and output projections, or all of
+  // them with the input projections too.
   const bool autoOProj = compileOProj.getNumOccurrences() == 0 &&
                          compileQProj.getNumOccurrences() == 0 &&
+                         compileInProj.getNumOccurrences() == 0 &&
                          base.cluster.cost.hostReadGbs > 0;
-  using QO = std::pair<std::string, std::string>;
+  struct QO {
+    std::string in, q, o;
+  };
   std::vector<QO> oProjs =
-      autoOProj ? std::vector<QO>{{"host", "host"},
-                                  {"host", "ducks"},
-                                  {"ducks", "ducks"}}
-                : std::vector<QO>{{base.qProj, base.oProj}};
+      autoOProj ? std::vector<QO>{{"host", "host", "host"},
+                                  {"host", "host", "ducks"},
+                                  {"host", "ducks", "ducks"},
+                                  {"ducks", "ducks", "ducks"}}
+                : std::vector<QO>{{base.inProj, base.qProj, base.oProj}};
   std::vector<Candidate> all;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
         for (const std::string &h : heads)
           for (const QO &qo : oProjs)
-            all.push_back(evaluate(base, t, mo, st, h, qo.second, qo.first));
+            all.push_back(evaluate(base, t, mo, st, h, qo.o, qo.q, qo.in));
   const Candidate *best = nullptr;
   for (const Candidate &c : all) {
     if (!c.ok)
@@ -313,11 +339,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tp < b.tp;
       if (a.multipleOf != b.multipleOf)
         return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
-      auto steps = [](const Candidate &c) {
-        return (c.oProj == "ducks") + (c.qProj == "ducks");
-      };
-      if (steps(a) != steps(b))
-        return steps(a) < steps(b); // fewer steps
+      if (a.steps() != b.steps())
+        return a.steps() < b.steps(); // fewer steps
       return a.lmHead != "ducks" && b.lmHead == "ducks"; // the host's head
     };
     if (!best || better(c, *best))
@@ -420,7 +443,10 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                                                : ", LM head on the host")
                                         : "") +
                        (autoOProj
-                            ? (best->attn() == "q+o"
+                            ? (best->attn() == "in+q+o"
+                                   ? ", input, query and output projections "
+                                     "on the ducks"
+                               : best->attn() == "q+o"
                                    ? ", query and output projections on the "
                                      "ducks"
                                : best->attn() == "o"
@@ -507,6 +533,11 @@ Error runCompile() {
                              "--q-proj must be host or ducks, got '" +
                                  compileQProj + "'");
   o.qProj = compileQProj;
+  if (compileInProj != "host" && compileInProj != "ducks")
+    return make_error<StringError>(inconvertibleErrorCode(),
+                                   "--in-proj must be host or ducks, got '" +
+                                       compileInProj + "'");
+  o.inProj = compileInProj;
   if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
       compileStrategy != "auto")
     return createStringError(inconvertibleErrorCode(),
@@ -530,6 +561,7 @@ Error runCompile() {
     o.lmHead = winner->lmHead;
     o.oProj = winner->oProj;
     o.qProj = winner->qProj;
+    o.inProj = winner->inProj;
   }
   return mlir::duck::compileModel(o, outs(), errs());
 }
@@ -863,7 +895,8 @@ options of one subcommand.
           [--multiple-of 128|64|32|auto] [--cores-per-duck C]
           [--strategy intermediate|experts|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
-          [--o-proj host|ducks] [--emit=plan|mlir|stats] [--dry-run]
+          [--o-proj host|ducks] [--in-proj host|ducks]
+          [--emit=plan|mlir|stats] [--dry-run]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
       duck-<rank>.weights (fp9, exactly each duck's weight buffer). With
@@ -873,10 +906,11 @@ options of one subcommand.
       strategy with the cost model and keeps the fastest that fits;
       --explain prints the candidates. Ducks rated differently in the
       cluster file (fp9_gparam_s each) get slices in proportion. The LM
-      head (--lm-head ducks) and every attention's query and output
-      projections (--q-proj / --o-proj ducks) can have their rows split
-      over the ducks too, so the host reads none of them; with the
-      cluster file's host_read_gbs and no such flag, --tp auto chooses.
+      head (--lm-head ducks) and every attention's query, output and
+      input projections (--q-proj / --o-proj / --in-proj ducks) can have
+      their rows split over the ducks too, so the host reads none of them;
+      with the cluster file's host_read_gbs and no such flag, --tp auto
+      chooses.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8

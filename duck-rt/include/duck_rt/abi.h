@@ -110,8 +110,7 @@ typedef int (*duck_entry_fn)(duck_info *info);
  * hidden, `layer` = the model's layer count), an attention's o_proj or
  * query projection rows (K = heads x v_head_dim, or the query LoRA rank),
  * or its input projections (K = hidden: pieces of q_a_proj, kv_a_proj and
- * the indexer's wk and weights_proj, or q/k/v_proj; `layer` = the
- * attention's layer).
+ * the indexer's wk, or q/k/v_proj; `layer` = the attention's layer).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */

@@ -7,10 +7,6 @@
 #include "HostOp.h"
 
 #include <cmath>
-#include <chrono>
-#include <cstdio>
-static double g_t[5]; static long g_n; static struct P{~P(){fprintf(stderr,"GQA split ms/call*28: qkv %.3f nrs %.3f att %.3f o %.3f\n",g_t[0]/g_n*28,g_t[1]/g_n*28,g_t[2]/g_n*28,g_t[3]/g_n*28);}} g_p;
-static double nowms(){return std::chrono::duration<double,std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();}
 #include <cstring>
 
 namespace duck::runtime::ops {
@@ -33,6 +29,9 @@ public:
   // duckc --o-proj / --q-proj ducks: those rows run in head slots.
   FfnRunner *o_runner_ = nullptr, *q_runner_ = nullptr;
   uint32_t o_slot_ = 0, q_slot_ = 0;
+  // duckc --in-proj ducks: q, k and v in one step, rows [q | k | v].
+  FfnRunner *in_runner_ = nullptr;
+  uint32_t in_slot_ = 0;
 
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     // RoPE: frequencies once; cos/sin once a position, shared by the heads.
@@ -45,6 +44,8 @@ public:
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
+    if (in_runner_)
+      qkv_.assign((uint64_t)maxRows * (sh_.q() + 2 * sh_.kv()), 0.0f);
     // Head-major: a kv head's positions are contiguous ([max_seq][dim]),
     // so attention streams them instead of striding over the other heads.
     max_seq_ = maxSeq;
@@ -62,23 +63,33 @@ public:
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
-    double T0=nowms();
-    if (q_runner_) {
-      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
-                                              q_buf_.data(), sh_.q()));
+    if (in_runner_) {
+      const uint64_t w = sh_.q() + 2 * sh_.kv();
+      DUCK_RETURN_IF_ERROR(in_runner_->RunRows(in_slot_, n, x, sh_.hidden,
+                                               qkv_.data(), w));
+      for (uint32_t t = 0; t < n; ++t) {
+        const float *r = qkv_.data() + t * w;
+        std::memcpy(q_buf_.data() + t * sh_.q(), r, sh_.q() * 4);
+        std::memcpy(k_buf_.data() + t * sh_.kv(), r + sh_.q(), sh_.kv() * 4);
+        std::memcpy(v_buf_.data() + t * sh_.kv(), r + sh_.q() + sh_.kv(),
+                    sh_.kv() * 4);
+      }
     } else {
-      MatMul(*pool_, q_, x, n, q_buf_.data());
+      if (q_runner_) {
+        DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
+                                                q_buf_.data(), sh_.q()));
+      } else {
+        MatMul(*pool_, q_, x, n, q_buf_.data());
+      }
+      MatMul(*pool_, k_, x, n, k_buf_.data());
+      MatMul(*pool_, v_, x, n, v_buf_.data());
     }
-    MatMul(*pool_, k_, x, n, k_buf_.data());
-    MatMul(*pool_, v_, x, n, v_buf_.data());
     // Every row's k/v goes into its sequence's cache first (a row attends
     // only to positions up to its own, all written by then), then one
     // parallel pass attends every row: a single hand-off to the pool a
     // step instead of one a row.
-    double T1=nowms();
     for (uint32_t t = 0; t < n; ++t)
       NormRopeStore(t, s.seq[t], s.pos[t]);
-    double T2=nowms();
     // The heads split along kv heads when there are enough of them (a
     // group's query heads then share its K/V reads).
     const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
@@ -95,10 +106,7 @@ public:
     if (o_runner_)
       return o_runner_->RunRows(o_slot_, n, attn_.data(), (uint32_t)sh_.q(),
                                 Out(s), sh_.hidden);
-    double T3=nowms();
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
-    double T4=nowms();
-    if(n==1){g_t[0]+=T1-T0;g_t[1]+=T2-T1;g_t[2]+=T3-T2;g_t[3]+=T4-T3;g_n++;}
     return absl::OkStatus();
   }
 
@@ -147,7 +155,7 @@ private:
   uint64_t max_seq_ = 0;
   std::vector<double> inv_freq_;
   std::vector<float> cos_, sin_;
-  std::vector<float> q_buf_, k_buf_, v_buf_, attn_;
+  std::vector<float> q_buf_, k_buf_, v_buf_, attn_, qkv_;
   SeqCache kcache_, vcache_;
 };
 
@@ -162,7 +170,18 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("bad attention shape: ", sh.heads, " heads, ", sh.kv_heads,
                      " kv heads of ", sh.dim);
   auto op = std::make_unique<GqaAttention>(sh, env.pool);
-  if (p->q_proj_on_ducks()) {
+  if (p->in_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("q/k/v_proj on the ducks, but no ducks to run them");
+    if (p->q_proj_on_ducks())
+      return env.Error("q_proj both on its own and among the input "
+                       "projections on the ducks");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p->in_proj_slot(),
+                                       sh.q() + 2 * sh.kv(), sh.hidden,
+                                       "q/k/v_proj"));
+    op->in_runner_ = env.runner;
+    op->in_slot_ = p->in_proj_slot();
+  } else if (p->q_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("q_proj on the ducks, but no ducks to run it");
     DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p->q_proj_slot(), sh.q(),
@@ -172,8 +191,10 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
   } else {
     DUCK_RETURN_IF_ERROR(env.Load(p->q_proj(), "q_proj", &op->q_));
   }
-  DUCK_RETURN_IF_ERROR(env.Load(p->k_proj(), "k_proj", &op->k_));
-  DUCK_RETURN_IF_ERROR(env.Load(p->v_proj(), "v_proj", &op->v_));
+  if (!op->in_runner_) {
+    DUCK_RETURN_IF_ERROR(env.Load(p->k_proj(), "k_proj", &op->k_));
+    DUCK_RETURN_IF_ERROR(env.Load(p->v_proj(), "v_proj", &op->v_));
+  }
   if (p->o_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("o_proj on the ducks, but no ducks to run it");
@@ -186,8 +207,9 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
   }
   DUCK_RETURN_IF_ERROR(env.Load(p->q_norm(), "q_norm", &op->qn_));
   DUCK_RETURN_IF_ERROR(env.Load(p->k_norm(), "k_norm", &op->kn_));
-  if ((!op->q_runner_ && (op->q_.rows != sh.q() || op->q_.cols != sh.hidden)) ||
-      op->k_.rows != sh.kv() || op->v_.rows != sh.kv() ||
+  const bool hostQ = !op->q_runner_ && !op->in_runner_;
+  if ((hostQ && (op->q_.rows != sh.q() || op->q_.cols != sh.hidden)) ||
+      (!op->in_runner_ && (op->k_.rows != sh.kv() || op->v_.rows != sh.kv())) ||
       (!op->o_runner_ && (op->o_.rows != sh.hidden || op->o_.cols != sh.q())) ||
       op->qn_.size() != sh.dim || op->kn_.size() != sh.dim)
     return env.Error("attention weights do not match ", sh.heads, " heads, ",

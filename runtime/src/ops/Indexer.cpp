@@ -34,8 +34,16 @@ public:
   HostMatrix q_a_, wq_b_, wk_, wproj_;
   std::vector<float> q_a_norm_, k_w_, k_b_;
   YarnRope rope_;
+  // duckc --in-proj ducks: the layer's projections run on the ducks in two
+  // steps (IndexerOpDef.on_ducks), and each result row carries the MLA's
+  // queries (mla_q_ floats) and kv_a output (mla_kv_) after the selection.
+  FfnRunner *runner_ = nullptr;
+  uint32_t in_slot_ = 0, q_slot_ = 0;
+  uint64_t mla_q_ = 0, mla_kv_ = 0;
 
-  uint64_t OutWidth() const override { return sh_.topk; }
+  uint64_t OutWidth() const override {
+    return sh_.topk + (runner_ ? mla_q_ + mla_kv_ : 0);
+  }
   void SetQLora(uint32_t q) { sh_.q_lora = q; }
   uint64_t KvBytesPerToken() const override { return (uint64_t)sh_.dim * 4; }
   uint64_t WeightBytesPerToken() const override {
@@ -48,15 +56,25 @@ public:
     q_.assign((uint64_t)maxRows * sh_.heads * sh_.dim, 0.0f);
     k_.assign((uint64_t)maxRows * sh_.dim, 0.0f);
     w_.assign((uint64_t)maxRows * sh_.heads, 0.0f);
+    if (runner_) {
+      a_.assign((uint64_t)maxRows * InWidth(), 0.0f);
+      b_.assign((uint64_t)maxRows * QWidth(), 0.0f);
+    }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, maxSeq, maxSeqs));
     score_.assign(maxSeq, 0.0f);
     order_.assign(maxSeq, 0);
     return absl::OkStatus();
   }
 
+  /// Rows of the two duck steps: [q_a | kv_a | wk] and [q_b | wq_b].
+  uint64_t InWidth() const { return sh_.q_lora + mla_kv_ + sh_.dim; }
+  uint64_t QWidth() const { return mla_q_ + (uint64_t)sh_.heads * sh_.dim; }
+
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
+    if (runner_)
+      return RunOnDucks(s, x, n);
     MatMul(*pool_, q_a_, x, n, cq_.data());
     for (uint32_t t = 0; t < n; ++t) {
       float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
@@ -71,6 +89,37 @@ public:
   }
 
 private:
+  /// The projections on the ducks: each row's pieces go where the host's
+  /// own products would have put them, then the same selection; the MLA's
+  /// queries and kv_a output follow it in the result.
+  absl::Status RunOnDucks(const Step &s, const float *x, uint32_t n) {
+    const uint64_t wa = InWidth(), wb = QWidth(), hd = (uint64_t)sh_.heads * sh_.dim;
+    DUCK_RETURN_IF_ERROR(
+        runner_->RunRows(in_slot_, n, x, sh_.hidden, a_.data(), wa));
+    for (uint32_t t = 0; t < n; ++t) {
+      const float *a = a_.data() + t * wa;
+      float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
+      RmsNorm(a, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
+      std::memcpy(k_.data() + (uint64_t)t * sh_.dim,
+                  a + sh_.q_lora + mla_kv_, sh_.dim * 4);
+    }
+    // weights_proj (bf16) here, as without the ducks.
+    MatMul(*pool_, wproj_, x, n, w_.data());
+    DUCK_RETURN_IF_ERROR(
+        runner_->RunRows(q_slot_, n, cq_.data(), sh_.q_lora, b_.data(), wb));
+    const uint64_t ow = OutWidth();
+    for (uint32_t t = 0; t < n; ++t) {
+      const float *b = b_.data() + t * wb;
+      std::memcpy(q_.data() + t * hd, b + mla_q_, hd * 4);
+      float *out = Out(s) + t * ow;
+      Row(t, s.seq[t], s.pos[t], out);
+      std::memcpy(out + sh_.topk, b, mla_q_ * 4);
+      std::memcpy(out + sh_.topk + mla_q_, a_.data() + t * wa + sh_.q_lora,
+                  mla_kv_ * 4);
+    }
+    return absl::OkStatus();
+  }
+
   /// LayerNorm (weight and bias, eps 1e-6) of one key, in place.
   void LayerNorm(float *k) const {
     double mean = 0, var = 0;
@@ -128,23 +177,25 @@ private:
 
   IndexerShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_, k_, w_, score_;
+  std::vector<float> cq_, q_, k_, w_, score_, a_, b_;
   SeqCache kcache_;
   std::vector<uint64_t> order_;
 };
 
 absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
                          Indexer &op) {
-  DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
   DUCK_RETURN_IF_ERROR(
       env.Load(p.q_a_layernorm(), "q_a_layernorm", &op.q_a_norm_));
-  DUCK_RETURN_IF_ERROR(env.Load(p.wq_b(), "indexer.wq_b", &op.wq_b_));
-  DUCK_RETURN_IF_ERROR(env.Load(p.wk(), "indexer.wk", &op.wk_));
   DUCK_RETURN_IF_ERROR(env.Load(p.k_norm(), "indexer.k_norm", &op.k_w_));
   DUCK_RETURN_IF_ERROR(
       env.Load(p.k_norm_bias(), "indexer.k_norm_bias", &op.k_b_));
   DUCK_RETURN_IF_ERROR(
       env.Load(p.weights_proj(), "indexer.weights_proj", &op.wproj_));
+  if (p.on_ducks())
+    return absl::OkStatus(); // the other projections are the ducks'
+  DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.wq_b(), "indexer.wq_b", &op.wq_b_));
+  DUCK_RETURN_IF_ERROR(env.Load(p.wk(), "indexer.wk", &op.wk_));
   return absl::OkStatus();
 }
 
@@ -161,16 +212,35 @@ HostOpOr CreateIndexer(const OpEnv &env) {
   auto op = std::make_unique<Indexer>(sh, env.pool);
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
     return s;
-  sh.q_lora = (uint32_t)op->q_a_.rows;
+  sh.q_lora = (uint32_t)op->q_a_norm_.size();
   op->SetQLora(sh.q_lora);
   auto is = [](const HostMatrix &m, uint64_t r, uint64_t c) {
     return m.rows == r && m.cols == c;
   };
-  if (!is(op->q_a_, sh.q_lora, sh.hidden) ||
-      op->q_a_norm_.size() != sh.q_lora ||
-      !is(op->wq_b_, (uint64_t)sh.heads * sh.dim, sh.q_lora) ||
-      !is(op->wk_, sh.dim, sh.hidden) || op->k_w_.size() != sh.dim ||
-      op->k_b_.size() != sh.dim || !is(op->wproj_, sh.heads, sh.hidden))
+  if (p->on_ducks()) {
+    if (!env.runner)
+      return env.Error("the indexer's projections on the ducks, but no "
+                       "ducks to run them");
+    op->runner_ = env.runner;
+    op->in_slot_ = p->in_proj_slot();
+    op->q_slot_ = p->q_proj_slot();
+    op->mla_q_ = (uint64_t)p->mla_heads() * p->mla_qk_dim();
+    op->mla_kv_ = p->mla_kv_width();
+    if (!op->mla_q_ || !op->mla_kv_ || !sh.q_lora)
+      return env.Error("the indexer's projections on the ducks need the "
+                       "attention's query and kv_a widths");
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, op->in_slot_, op->InWidth(),
+                                       sh.hidden, "q_a/kv_a/indexer wk"));
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, op->q_slot_, op->QWidth(),
+                                       sh.q_lora, "q_b_proj/indexer wq_b"));
+  } else if (!is(op->q_a_, sh.q_lora, sh.hidden) ||
+             !is(op->wq_b_, (uint64_t)sh.heads * sh.dim, sh.q_lora) ||
+             !is(op->wk_, sh.dim, sh.hidden)) {
+    return env.Error("indexer weights do not match ", sh.heads, " heads of ",
+                     sh.dim, " and hidden size ", sh.hidden);
+  }
+  if (op->k_w_.size() != sh.dim || op->k_b_.size() != sh.dim ||
+      !is(op->wproj_, sh.heads, sh.hidden) || !sh.q_lora)
     return env.Error("indexer weights do not match ", sh.heads, " heads of ",
                      sh.dim, " and hidden size ", sh.hidden);
   op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());

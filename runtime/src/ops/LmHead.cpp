@@ -78,10 +78,12 @@ absl::Status CheckRowSlots(const OpEnv &env, uint32_t slot, uint64_t rows,
       return env.Error(what, " on the ducks: duck ", r, " holds rows [",
                        sd->inter_begin(), ", ", sd->inter_end(),
                        "), expected rows from ", next, " of ", rows);
-    if (!sd->matrices() || sd->matrices()->size() != 1 ||
-        sd->matrices()->Get(0)->k() != k)
+    bool wide = sd->matrices() && sd->matrices()->size() > 0;
+    for (uint32_t m = 0; wide && m < sd->matrices()->size(); ++m)
+      wide = sd->matrices()->Get(m)->k() == k;
+    if (!wide)
       return env.Error(what, " on the ducks: duck ", r, " slot ", slot,
-                       " is not one matrix ", k, " wide");
+                       " is not of matrices ", k, " wide");
     next = sd->inter_end();
   }
   if (next != rows)

@@ -39,6 +39,12 @@ public:
   // query projection: q_b_proj with a query LoRA, else q_proj).
   FfnRunner *o_runner_ = nullptr, *q_runner_ = nullptr;
   uint32_t o_slot_ = 0, q_slot_ = 0;
+  // duckc --in-proj ducks: rows [q_a_proj (or q_proj) | kv_a_proj] in one
+  // step; or, with an indexer, both projections come from it, after its
+  // selection in the second input (from_indexer_).
+  FfnRunner *in_runner_ = nullptr;
+  uint32_t in_slot_ = 0;
+  bool from_indexer_ = false;
   // W_UK transposed, [heads * kv_lora, nope]: bf16 when every value is
   // exact in bf16 (FP8 with power-of-two scales), else fp32.
   HostMatrix w_uk_;
@@ -52,6 +58,8 @@ public:
     q_buf_.assign((uint64_t)maxRows * sh_.heads * sh_.qk(), 0.0f);
     kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
+    if (in_runner_)
+      in_.assign((uint64_t)maxRows * InWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
     qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
@@ -65,7 +73,13 @@ public:
     return absl::OkStatus();
   }
 
-  uint32_t topk_ = 0; // floats a row of the selection input
+  uint32_t topk_ = 0;     // positions a row of the selection input
+  uint64_t sel_width_ = 0; // floats a row of that input
+  /// Rows of the input-projection step: [q_a_proj or q_proj | kv_a].
+  uint64_t InWidth() const {
+    return (sh_.q_lora ? sh_.q_lora : (uint64_t)sh_.heads * sh_.qk()) +
+           sh_.cache();
+  }
 
   uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
   uint64_t WeightBytesPerToken() const override {
@@ -78,28 +92,41 @@ public:
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
     const uint64_t qRows = (uint64_t)sh_.heads * sh_.qk();
-    if (sh_.q_lora) {
-      MatMul(*pool_, q_a_, x, n, cq_.data());
+    if (from_indexer_) {
+      // The indexer ran the projections: [selection | q | kv_a] a row.
+      const float *in = In(s, 1);
       for (uint32_t t = 0; t < n; ++t) {
-        float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
-        RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
+        const float *r = in + t * sel_width_ + topk_;
+        std::memcpy(q_buf_.data() + t * qRows, r, qRows * 4);
+        std::memcpy(kva_.data() + t * sh_.cache(), r + qRows,
+                    sh_.cache() * 4);
       }
-      if (q_runner_)
-        DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, cq_.data(),
-                                                sh_.q_lora, q_buf_.data(),
-                                                qRows));
-      else
-        MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
+    } else if (in_runner_) {
+      const uint64_t w = InWidth(), wq = w - sh_.cache();
+      DUCK_RETURN_IF_ERROR(
+          in_runner_->RunRows(in_slot_, n, x, sh_.hidden, in_.data(), w));
+      for (uint32_t t = 0; t < n; ++t) {
+        const float *r = in_.data() + t * w;
+        std::memcpy((sh_.q_lora ? cq_.data() : q_buf_.data()) + t * wq, r,
+                    wq * 4);
+        std::memcpy(kva_.data() + t * sh_.cache(), r + wq, sh_.cache() * 4);
+      }
+      if (sh_.q_lora)
+        DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
+    } else if (sh_.q_lora) {
+      MatMul(*pool_, q_a_, x, n, cq_.data());
+      DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
     } else if (q_runner_) {
       DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
                                               q_buf_.data(), qRows));
     } else {
       MatMul(*pool_, q_, x, n, q_buf_.data());
     }
-    MatMul(*pool_, kv_a_, x, n, kva_.data());
+    if (!from_indexer_ && !in_runner_)
+      MatMul(*pool_, kv_a_, x, n, kva_.data());
     for (uint32_t t = 0; t < n; ++t)
       Row(t, s.seq[t], s.pos[t],
-          indexed_ ? In(s, 1) + (uint64_t)t * topk_ : nullptr);
+          indexed_ ? In(s, 1) + (uint64_t)t * sel_width_ : nullptr);
     if (o_runner_)
       return o_runner_->RunRows(o_slot_, n, attn_.data(),
                                 (uint32_t)((uint64_t)sh_.heads * sh_.v), Out(s),
@@ -109,6 +136,20 @@ public:
   }
 
 private:
+  /// Queries from the query latent (q_a_proj's output, in cq_): normed in
+  /// place, then q_b_proj on the ducks or here.
+  absl::Status QueryFromLatent(uint32_t n, uint64_t qRows) {
+    for (uint32_t t = 0; t < n; ++t) {
+      float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
+      RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
+    }
+    if (q_runner_)
+      return q_runner_->RunRows(q_slot_, n, cq_.data(), sh_.q_lora,
+                                q_buf_.data(), qRows);
+    MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
+    return absl::OkStatus();
+  }
+
   struct HeadScratch {
     std::vector<float> olat, scores;
     std::vector<uint64_t> pos;
@@ -169,7 +210,7 @@ private:
 
   MlaShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_;
+  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_, in_;
   SeqCache cache_;
   std::vector<HeadScratch> scratch_;
 };
@@ -180,11 +221,13 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
     return m.rows == r && m.cols == c;
   };
   const uint64_t qRows = (uint64_t)sh.heads * sh.qk();
-  bool ok = sh.q_lora ? is(op.q_a_, sh.q_lora, sh.hidden) &&
-                            op.q_a_norm_.size() == sh.q_lora &&
-                            (op.q_runner_ || is(op.q_b_, qRows, sh.q_lora))
-                      : op.q_runner_ || is(op.q_, qRows, sh.hidden);
-  ok = ok && is(op.kv_a_, sh.cache(), sh.hidden) &&
+  const bool in = op.in_runner_ || op.from_indexer_;
+  bool ok = op.from_indexer_ ||
+            (sh.q_lora ? (in || is(op.q_a_, sh.q_lora, sh.hidden)) &&
+                             op.q_a_norm_.size() == sh.q_lora &&
+                             (op.q_runner_ || is(op.q_b_, qRows, sh.q_lora))
+                       : in || op.q_runner_ || is(op.q_, qRows, sh.hidden));
+  ok = ok && (in || is(op.kv_a_, sh.cache(), sh.hidden)) &&
        op.kv_a_norm_.size() == sh.kv_lora &&
        is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora) &&
        (op.o_runner_ || is(op.o_, sh.hidden, (uint64_t)sh.heads * sh.v));
@@ -198,6 +241,25 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
 
 absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
                          MlaAttention &op) {
+  if ((p.in_proj_on_ducks() || p.q_proj_on_ducks()) && p.from_indexer())
+    return env.Error("projections both from the indexer and on the ducks");
+  if (p.from_indexer()) {
+    op.from_indexer_ = true;
+    DUCK_RETURN_IF_ERROR(
+        env.Load(p.kv_a_layernorm(), "kv_a_layernorm", &op.kv_a_norm_));
+  } else if (p.in_proj_on_ducks()) {
+    if (!env.runner)
+      return env.Error("the input projections on the ducks, but no ducks to "
+                       "run them");
+    if (!p.q_lora_rank() && p.q_proj_on_ducks())
+      return env.Error("q_proj both on its own and among the input "
+                       "projections on the ducks");
+    op.in_runner_ = env.runner;
+    op.in_slot_ = p.in_proj_slot();
+    DUCK_RETURN_IF_ERROR(CheckRowSlots(
+        env, op.in_slot_, op.InWidth(), env.hidden,
+        p.q_lora_rank() ? "q_a_proj/kv_a_proj" : "q_proj/kv_a_proj"));
+  }
   if (p.q_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("the query projection on the ducks, but no ducks to "
@@ -210,19 +272,25 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
     op.q_runner_ = env.runner;
     op.q_slot_ = p.q_proj_slot();
   }
-  if (p.q_lora_rank()) {
-    DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
+  if (op.from_indexer_) {
+    // The queries and kv_a output arrive ready; kv_a_layernorm is loaded.
+  } else if (p.q_lora_rank()) {
+    if (!op.in_runner_)
+      DUCK_RETURN_IF_ERROR(env.Load(p.q_a_proj(), "q_a_proj", &op.q_a_));
     DUCK_RETURN_IF_ERROR(
         env.Load(p.q_a_layernorm(), "q_a_layernorm", &op.q_a_norm_));
     if (!op.q_runner_)
       DUCK_RETURN_IF_ERROR(env.Load(p.q_b_proj(), "q_b_proj", &op.q_b_));
-  } else if (!op.q_runner_) {
+  } else if (!op.q_runner_ && !op.in_runner_) {
     DUCK_RETURN_IF_ERROR(env.Load(p.q_proj(), "q_proj", &op.q_));
   }
-  DUCK_RETURN_IF_ERROR(
-      env.Load(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa", &op.kv_a_));
-  DUCK_RETURN_IF_ERROR(
-      env.Load(p.kv_a_layernorm(), "kv_a_layernorm", &op.kv_a_norm_));
+  if (!op.from_indexer_) {
+    if (!op.in_runner_)
+      DUCK_RETURN_IF_ERROR(
+          env.Load(p.kv_a_proj_with_mqa(), "kv_a_proj_with_mqa", &op.kv_a_));
+    DUCK_RETURN_IF_ERROR(
+        env.Load(p.kv_a_layernorm(), "kv_a_layernorm", &op.kv_a_norm_));
+  }
   if (p.o_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("o_proj on the ducks, but no ducks to run it");
@@ -313,13 +381,32 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
   if (env.def.inputs() && env.def.inputs()->size() == 2) {
     // The selection's width is its indexer's topk (the engine sized it).
     const uint32_t sel = env.def.inputs()->Get(1);
+    const pl::IndexerOpDef *ix = nullptr;
     for (const pl::OpDef *d : *env.plan.def().ops())
       if (d->result() == sel && d->params_as_IndexerOpDef())
-        op->topk_ = d->params_as_IndexerOpDef()->topk();
-    if (!op->topk_)
+        ix = d->params_as_IndexerOpDef();
+    if (!ix || !ix->topk())
       return env.Error("second input is not an indexer's selection");
+    op->topk_ = ix->topk();
+    op->sel_width_ = op->topk_;
+    if (ix->on_ducks() != op->from_indexer_)
+      return env.Error(op->from_indexer_
+                           ? "the indexer does not hand over the projections"
+                           : "the indexer hands over projections no one reads");
+    if (op->from_indexer_) {
+      if ((uint64_t)ix->mla_heads() * ix->mla_qk_dim() !=
+              (uint64_t)sh.heads * sh.qk() ||
+          ix->mla_kv_width() != sh.cache())
+        return env.Error("the indexer's queries and kv_a widths (",
+                         ix->mla_heads(), " x ", ix->mla_qk_dim(), ", ",
+                         ix->mla_kv_width(), ") do not match the attention");
+      op->sel_width_ += (uint64_t)sh.heads * sh.qk() + sh.cache();
+    }
     op->indexed_ = true;
   }
+  if (op->from_indexer_ && !op->indexed_)
+    return env.Error("the projections come from an indexer, but the op has "
+                     "no indexer input");
   DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
   return op;
 }

@@ -57,6 +57,9 @@ struct CompileOptions {
   /// Every attention's query projection (MLA's q_b_proj, or q_proj):
   /// "host" (default) or "ducks", as oProj.
   std::string qProj = "host";
+  /// Every attention's input projections (AttentionOp::getInProjs), one
+  /// group of rows: "host" (default) or "ducks", as oProj.
+  std::string inProj = "host";
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.

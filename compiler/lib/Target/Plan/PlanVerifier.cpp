@@ -25,6 +25,56 @@ static llvm::Error err(const llvm::Twine &msg) {
 }
 
 namespace {
+
+/// The tensors whose rows head slot `si` concatenates, as the op that runs
+/// it names them (empty: no op runs it).
+std::vector<const pl::TensorDef *> headSlotTensors(const pl::PlanDef &plan,
+                                                   uint32_t si) {
+  std::vector<const pl::TensorDef *> out;
+  if (!plan.ops())
+    return out;
+  // An indexer that runs its layer's projections takes the MLA's tensors.
+  auto mlaOf = [&](int layer) -> const pl::MlaAttentionOpDef * {
+    for (const pl::OpDef *op : *plan.ops())
+      if (const auto *m = op->params_as_MlaAttentionOpDef();
+          m && op->layer() == layer)
+        return m;
+    return nullptr;
+  };
+  for (const pl::OpDef *op : *plan.ops()) {
+    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
+        h && h->on_ducks() && h->duck_slot() == si)
+      out = {h->weight()};
+    if (const auto *g = op->params_as_GqaAttentionOpDef()) {
+      if (g->o_proj_on_ducks() && g->o_proj_slot() == si)
+        out = {g->o_proj()};
+      if (g->q_proj_on_ducks() && g->q_proj_slot() == si)
+        out = {g->q_proj()};
+      if (g->in_proj_on_ducks() && g->in_proj_slot() == si)
+        out = {g->q_proj(), g->k_proj(), g->v_proj()};
+    }
+    if (const auto *m = op->params_as_MlaAttentionOpDef()) {
+      const pl::TensorDef *q = m->q_a_proj() ? m->q_a_proj() : m->q_proj();
+      if (m->o_proj_on_ducks() && m->o_proj_slot() == si)
+        out = {m->o_proj()};
+      if (m->q_proj_on_ducks() && m->q_proj_slot() == si)
+        out = {m->q_b_proj() ? m->q_b_proj() : m->q_proj()};
+      if (m->in_proj_on_ducks() && m->in_proj_slot() == si)
+        out = {q, m->kv_a_proj_with_mqa()};
+    }
+    if (const auto *x = op->params_as_IndexerOpDef(); x && x->on_ducks()) {
+      const pl::MlaAttentionOpDef *m = mlaOf(op->layer());
+      if (m && x->in_proj_slot() == si)
+        out = {x->q_a_proj(), m->kv_a_proj_with_mqa(), x->wk()};
+      if (m && x->q_proj_slot() == si)
+        out = {m->q_b_proj(), x->wq_b()};
+    }
+  }
+  for (const pl::TensorDef *t : out)
+    if (!t)
+      return {};
+  return out;
+}
 /// Element (r, c) of a checkpoint matrix as the checkpoint itself defines
 /// it, written apart from the packer (whose scale indexing it checks): an
 /// FP8 byte by the E4M3 definition times the scale of the declared
@@ -181,41 +231,22 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
             routed = moe->num_experts();
             width = moe->inter();
           }
-      // A head slot: rows [inter_begin, inter_end) of the tensor of the op
-      // that runs it (the LM head, or an attention's o_proj).
-      std::string headName;
+      // A head slot: rows [inter_begin, inter_end) of the tensors of the op
+      // that runs it (the LM head, an attention's o_proj, query or input
+      // projections: rows concatenated in order), a descriptor a piece.
+      std::vector<const pl::TensorDef *> group;
       if (sh.kind == DUCK_SLOT_HEAD) {
-        if (!sd->head() || sh.n_experts != 1)
+        if (!sd->head())
           return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
                                    "does not call one",
                                    rank, si));
-        auto named = [&](const pl::TensorDef *t) {
-          if (t && t->name())
-            headName = t->name()->str();
-        };
-        if (const auto *ops = plan->ops())
-          for (const pl::OpDef *op : *ops) {
-            if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
-                h && h->on_ducks() && h->duck_slot() == si)
-              named(h->weight());
-            if (const auto *g = op->params_as_GqaAttentionOpDef()) {
-              if (g->o_proj_on_ducks() && g->o_proj_slot() == si)
-                named(g->o_proj());
-              if (g->q_proj_on_ducks() && g->q_proj_slot() == si)
-                named(g->q_proj());
-            }
-            if (const auto *m = op->params_as_MlaAttentionOpDef()) {
-              if (m->o_proj_on_ducks() && m->o_proj_slot() == si)
-                named(m->o_proj());
-              if (m->q_proj_on_ducks() && m->q_proj_slot() == si)
-                named(m->q_b_proj() ? m->q_b_proj() : m->q_proj());
-            }
-          }
-        if (headName.empty())
+        group = headSlotTensors(*plan, si);
+        if (group.empty())
           return err(llvm::formatv("duck {0} slot {1}: a head slot that no "
                                    "op of the plan runs on the ducks",
                                    rank, si));
       }
+      uint64_t headAt = sd->inter_begin(); // the next piece's first row
       for (unsigned ex = 0; ex < sh.n_experts; ++ex) {
         const duck_ffn_desc &d = descs[ex];
         if (!d.present)
@@ -230,9 +261,28 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
         std::vector<Role> roles = {{&d.gate, &names.gate, false},
                                    {&d.up, &names.up, false},
                                    {&d.down, &names.down, true}};
+        std::string headName;
         if (sh.kind == DUCK_SLOT_HEAD) {
+          // The tensor this piece's first row falls in, and its row there.
+          int64_t start = 0;
+          for (const pl::TensorDef *t : group) {
+            const int64_t n = t->shape() && t->shape()->size() == 2
+                                  ? (int64_t)t->shape()->Get(0)
+                                  : 0;
+            if ((int64_t)headAt < start + n) {
+              headName = t->name() ? t->name()->str() : "";
+              break;
+            }
+            start += n;
+          }
+          if (headName.empty())
+            return err(llvm::formatv("duck {0} slot {1}: head piece {2} at "
+                                     "row {3} is past its tensors' rows",
+                                     rank, si, ex, headAt));
           roles = {{&d.gate, &headName, false}};
-          names.base = 0;
+          // row0 below is inter_begin + base: this piece's row in its tensor.
+          names.base = (int64_t)headAt - start - (int64_t)sd->inter_begin();
+          headAt += d.gate.desc.rows;
         }
         for (const Role &r : roles) {
           auto src = CheckpointMatrix::open(ckpt, *r.name);

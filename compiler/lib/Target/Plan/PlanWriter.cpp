@@ -190,9 +190,10 @@ Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
   return e;
 }
 
-/// A head slot (abi.h): header, one descriptor whose `gate` is the
-/// [rows, K] matrix, then the rows packed as the host's fp9 copy would be:
-/// the LM head's vocabulary rows or an o_proj's output rows.
+/// A head slot (abi.h): header, a descriptor a piece whose `gate` is its
+/// [rows, K] matrix, then the pieces packed as the host's fp9 copy would
+/// be: the LM head's vocabulary rows, an o_proj's output rows, or a group
+/// of projections' rows (each piece a slice of one weight).
 Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
                                 std::vector<duck_slot_entry> &entries) {
   auto offsets = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_offsets"));
@@ -207,38 +208,39 @@ Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
   sources.clear();
   const int64_t hidden = m.k(), headLayer = m.layer(numLayers);
   const uint32_t block = (uint32_t)m.block;
-  duck_head_slot_layout hl;
-  if (duck_compute_head_slot_layout((uint32_t)m.rowsOf(rank),
-                                    (uint32_t)hidden, block,
-                                    (uint32_t)scaleRows, 0,
-                                    &hl) != DUCK_FP9_OK)
+  HeadSlotLayout hl;
+  if (headSlotLayout(m, rank, scaleRows, hl) != DUCK_FP9_OK)
     return err("invalid " + m.role() + " slot layout");
   duck_slot_header h{};
   h.magic = DUCK_SLOT_MAGIC;
   h.kind = DUCK_SLOT_HEAD;
   h.layer = (uint32_t)headLayer;
   h.hidden = (uint32_t)hidden;
-  h.inter = hl.matrix.rows;
-  h.n_experts = 1;
+  h.inter = (uint32_t)m.rowsOf(rank);
+  h.n_experts = (uint32_t)hl.pieces.size();
   h.block = block;
-  duck_ffn_desc t{};
-  t.present = 1;
-  t.gate = {hl.table_bytes, hl.matrix,
-            (uint32_t)duck_select_kernel((uint32_t)hidden, block), 0};
   if (Error e = writeBytes(&h, sizeof h))
     return e;
-  if (Error e = writeBytes(&t, sizeof t))
-    return e;
-  if (Error e = padTo(offset + hl.table_bytes))
-    return e;
-  if (Error e = packMatrix(headLayer, m.weight.getName().str(),
-                           m.rows[rank], 0, hl.matrix))
-    return e;
-  if (Error e = padTo(offset + hl.total_bytes))
+  for (size_t i = 0; i < hl.pieces.size(); ++i) {
+    duck_ffn_desc t{};
+    t.present = 1;
+    t.gate = {hl.offsets[i], hl.descs[i],
+              (uint32_t)duck_select_kernel((uint32_t)hidden, block), 0};
+    if (Error e = writeBytes(&t, sizeof t))
+      return e;
+  }
+  for (size_t i = 0; i < hl.pieces.size(); ++i) {
+    if (Error e = padTo(offset + hl.offsets[i]))
+      return e;
+    if (Error e = packMatrix(headLayer, hl.pieces[i].weight.getName().str(),
+                             hl.pieces[i].row0, 0, hl.descs[i]))
+      return e;
+  }
+  if (Error e = padTo(offset + hl.totalBytes))
     return e;
   duck_slot_entry entry{};
   entry.offset = offset;
-  entry.bytes = hl.total_bytes;
+  entry.bytes = hl.totalBytes;
   entry.checksum = XXH3_64bits_digest(slotHash);
   entry.layer = (uint32_t)headLayer;
   entry.kind = DUCK_SLOT_HEAD;
@@ -562,7 +564,8 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
                fbb, t[0], t[1], t[2], t[3], t[4], t[5], a.getNumHeads(),
                a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta,
                a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
-               a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0))
+               a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0),
+               a.getInDuckSlot().has_value(), a.getInDuckSlot().value_or(0))
         .Union();
   }
   *type = pl::OpParams::MlaAttentionOpDef;
@@ -585,13 +588,19 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
     t[i] = *x;
   }
   auto rope = ropeScaling();
+  // With an indexer and the input projections on the ducks, the indexer
+  // runs them and the query group, and hands this op their results.
+  const bool fromIndexer = a.getIndexer() && a.getInDuckSlot();
+  const bool q = a.getQDuckSlot() && !fromIndexer;
+  const bool in = a.getInDuckSlot() && !fromIndexer;
   return pl::CreateMlaAttentionOpDef(
              fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
              a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
              cfgInt("qk_nope_head_dim"), cfgInt("qk_rope_head_dim"),
              cfgInt("v_head_dim"), normEps, ropeTheta, rope,
-             a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
-             a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0))
+             a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0), q,
+             q ? *a.getQDuckSlot() : 0, in, in ? *a.getInDuckSlot() : 0,
+             fromIndexer)
       .Union();
 }
 
@@ -630,10 +639,14 @@ Expected<uint32_t> PlanBuilder::indexerOp(AttentionOp a, uint32_t input) {
     return v ? (uint32_t)v.getInt() : 0;
   };
   auto rope = ropeScaling();
+  const bool onDucks = a.getInDuckSlot() && a.getQDuckSlot();
   auto params = pl::CreateIndexerOpDef(
       fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], geti("n_heads"),
       geti("head_dim"), geti("topk"), cfgInt("qk_rope_head_dim"), normEps,
-      ropeTheta, rope);
+      ropeTheta, rope, onDucks, onDucks ? *a.getInDuckSlot() : 0,
+      onDucks ? *a.getQDuckSlot() : 0, (uint32_t)a.getNumHeads(),
+      cfgInt("qk_nope_head_dim") + cfgInt("qk_rope_head_dim"),
+      cfgInt("kv_lora_rank") + cfgInt("qk_rope_head_dim"));
   uint32_t result = numValues++;
   ops.push_back(makeOp((int32_t)a.getLayer(), {input}, result,
                        pl::OpParams::IndexerOpDef, params.Union()));
@@ -874,12 +887,14 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       const uint32_t hidden = (uint32_t)m.k();
       const uint32_t block = (uint32_t)m.block;
       const auto k = (uint8_t)duck_select_kernel(hidden, block);
-      duck_head_slot_layout hl;
-      (void)duck_compute_head_slot_layout((uint32_t)m.rowsOf(r), hidden, block,
-                                          (uint32_t)scaleRows, 0, &hl);
-      std::vector<fb::Offset<pl::MatrixDef>> mats = {pl::CreateMatrixDef(
-          pb.fbb, 0, 0, en.offset + hl.table_bytes, hl.matrix.rows, hidden,
-          block, k)};
+      HeadSlotLayout hl;
+      (void)headSlotLayout(m, r, scaleRows, hl); // written just above
+      std::vector<fb::Offset<pl::MatrixDef>> mats;
+      for (size_t x = 0; x < hl.descs.size(); ++x)
+        mats.push_back(pl::CreateMatrixDef(pb.fbb, (uint32_t)x, 0,
+                                           en.offset + hl.offsets[x],
+                                           hl.descs[x].rows, hidden, block,
+                                           k));
       maxHeadRows = std::max<uint32_t>(maxHeadRows, m.rowsOf(r));
       maxK = std::max(maxK, hidden);
       slots.push_back(pl::CreateSlotDefDirect(

@@ -222,15 +222,45 @@ LogicalResult AttentionOp::verify() {
                             o.size() == 2 ? o[1] : 0, getDuckRows(),
                             getDuckBlock(), getDuckOffsets(), getDuckBytes())))
     return failure();
+  // A group's rows concatenate; its matrices share K.
+  auto group = [&](ArrayRef<WeightAttr> ws, StringRef what, int64_t &rows,
+                   int64_t &k) -> LogicalResult {
+    rows = 0;
+    k = -1;
+    for (WeightAttr w : ws) {
+      if (!w || w.getShape().size() != 2 || (k >= 0 && w.getShape()[1] != k))
+        return emitOpError() << "the " << what
+                             << " must be matrices of one width to go on "
+                                "the ducks";
+      k = w.getShape()[1];
+      rows += w.getShape()[0];
+    }
+    return success();
+  };
+  int64_t rows = 0, k = 0;
+  if (getInDuckRows()) {
+    SmallVector<WeightAttr, 4> in = getInProjs();
+    if (in.empty() || failed(group(in, "input projections", rows, k)) ||
+        failed(verifyDuckRows(*this, "input projection rows", rows, k,
+                              getInDuckRows(), getInDuckBlock(),
+                              getInDuckOffsets(), getInDuckBytes())))
+      return failure();
+    // The indexer hands the MLA its queries from the query group's step.
+    if (getIndexerAttr() && !getQDuckRows())
+      return emitOpError("with an indexer, the input projections go to the "
+                         "ducks only with the query projections");
+    // GQA's q_proj (MLA's without a query LoRA) is one of them.
+    if (getQDuckRows() && !getWeights().get("q_b_proj"))
+      return emitOpError("the query projection is one of the input "
+                         "projections: it cannot also have its own rows");
+  }
   if (!getQDuckRows())
     return success();
-  WeightAttr q = getQProj();
-  if (!q || q.getShape().size() != 2)
-    return emitOpError("the query projection must be a matrix to go on the "
-                       "ducks");
-  return verifyDuckRows(*this, "query projection rows", q.getShape()[0],
-                        q.getShape()[1], getQDuckRows(), getQDuckBlock(),
-                        getQDuckOffsets(), getQDuckBytes());
+  if (failed(group(getQProjs(), "query projection", rows, k)))
+    return failure();
+  return verifyDuckRows(*this, "query projection rows", rows, k,
+                        getQDuckRows(), getQDuckBlock(), getQDuckOffsets(),
+                        getQDuckBytes());
 }
 
 LogicalResult LmHeadOp::verify() {

@@ -78,19 +78,61 @@ int64_t mlir::duck::RowMatrix::layer(int64_t numLayers) const {
   return numLayers;
 }
 
+int64_t mlir::duck::RowMatrix::totalRows() const {
+  int64_t n = 0;
+  for (WeightAttr w : weights)
+    n += w.getShape()[0];
+  return n;
+}
+
+SmallVector<RowMatrix::Piece, 4>
+mlir::duck::RowMatrix::piecesOf(int64_t rank) const {
+  SmallVector<Piece, 4> out;
+  const int64_t b = rows[rank], e = rows[rank + 1];
+  int64_t at = 0; // the weight's first row in the concatenation
+  for (WeightAttr w : weights) {
+    const int64_t n = w.getShape()[0];
+    const int64_t lo = std::max(b, at), hi = std::min(e, at + n);
+    if (lo < hi)
+      out.push_back({w, lo - at, hi - lo});
+    at += n;
+  }
+  return out;
+}
+
+duck_fp9_status mlir::duck::headSlotLayout(const RowMatrix &m, int64_t rank,
+                                           int64_t scaleRows,
+                                           HeadSlotLayout &out) {
+  out.pieces = m.piecesOf(rank);
+  SmallVector<uint32_t, 4> rows, phase;
+  for (const RowMatrix::Piece &p : out.pieces) {
+    rows.push_back((uint32_t)p.rows);
+    phase.push_back((uint32_t)(p.row0 % scaleRows));
+  }
+  out.descs.resize(rows.size());
+  out.offsets.resize(rows.size());
+  return duck_compute_head_slot_pieces(
+      (uint32_t)rows.size(), rows.data(), phase.data(), (uint32_t)m.k(),
+      (uint32_t)m.block, (uint32_t)scaleRows, out.descs.data(),
+      out.offsets.data(), &out.totalBytes);
+}
+
 SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
   SmallVector<RowMatrix> out;
   module.walk([&](AttentionOp a) {
+    if (a.getInDuckRows() && a.getInDuckBlock())
+      out.push_back({a, a.getInProjs(), *a.getInDuckRows(),
+                     (int64_t)*a.getInDuckBlock(), /*head=*/false, "in_"});
     if (a.getQDuckRows() && a.getQDuckBlock())
-      out.push_back({a, a.getQProj(), *a.getQDuckRows(),
+      out.push_back({a, a.getQProjs(), *a.getQDuckRows(),
                      (int64_t)*a.getQDuckBlock(), /*head=*/false, "q_"});
     if (a.getDuckRows() && a.getDuckBlock())
-      out.push_back({a, a.getOProj(), *a.getDuckRows(),
+      out.push_back({a, {a.getOProj()}, *a.getDuckRows(),
                      (int64_t)*a.getDuckBlock(), /*head=*/false, ""});
   });
   module.walk([&](LmHeadOp h) {
     if (h.getDuckRows() && h.getDuckBlock())
-      out.push_back({h, h.getWeight(), *h.getDuckRows(),
+      out.push_back({h, {h.getWeight()}, *h.getDuckRows(),
                      (int64_t)*h.getDuckBlock(), /*head=*/true, ""});
   });
   return out;
@@ -374,6 +416,10 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
       st.oProjOnDucks = true;
       st.oProjMsPerToken += 1e3 * slowest;
       ++st.attnProjSteps;
+    } else if (m.prefix == "in_") {
+      st.inProjOnDucks = true;
+      st.inProjMsPerToken += 1e3 * slowest;
+      ++st.attnProjSteps;
     } else {
       st.qProjOnDucks = true;
       st.qProjMsPerToken += 1e3 * slowest;
@@ -406,9 +452,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
         hostWeightBytes -= hostBytesOf(a.getOProj());
         onDucksHostBytes += hostBytesOf(a.getOProj());
       }
-      if (a.getQDuckRows()) { // its query projection is on the ducks
-        hostWeightBytes -= hostBytesOf(a.getQProj());
-        onDucksHostBytes += hostBytesOf(a.getQProj());
+      SmallVector<WeightAttr, 8> moved;
+      if (a.getQDuckRows()) // its query projection is on the ducks
+        llvm::append_range(moved, a.getQProjs());
+      if (a.getInDuckRows()) // and its input projections
+        llvm::append_range(moved, a.getInProjs());
+      for (WeightAttr w : moved) {
+        hostWeightBytes -= hostBytesOf(w);
+        onDucksHostBytes += hostBytesOf(w);
       }
     } else if (auto m = dyn_cast<MoeOp>(op)) {
       hostWeightBytes += hostBytesOf(m.getRouterWeight());
@@ -435,7 +486,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
           1e3 * params * perWeight / (c.hostReadGbs * 1e9);
     });
   st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken +
-                        st.oProjMsPerToken + st.qProjMsPerToken;
+                        st.oProjMsPerToken + st.qProjMsPerToken +
+                        st.inProjMsPerToken;
   st.dispatchMsPerToken = (st.ffnLayers + st.attnProjSteps +
                            (st.lmHeadOnDucks ? 1 : 0)) *
                           c.stepOverheadUs / 1e3;
@@ -507,6 +559,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "split), %.3f ms a token on the slowest ducks (in the "
                        "ducks' time below)\n",
                        s.qProjMsPerToken);
+  if (s.inProjOnDucks)
+    os << llvm::format("attention input projections: on the ducks (rows "
+                       "split), %.3f ms a token on the slowest ducks (in the "
+                       "ducks' time below)\n",
+                       s.inProjMsPerToken);
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
@@ -560,6 +617,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"estimated_prefill_tok_s", s.prefillTokS},
       {"q_proj_on_ducks", s.qProjOnDucks},
       {"q_proj_ms_per_token", s.qProjMsPerToken},
+      {"in_proj_on_ducks", s.inProjOnDucks},
+      {"in_proj_ms_per_token", s.inProjMsPerToken},
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},

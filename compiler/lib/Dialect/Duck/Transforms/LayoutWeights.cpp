@@ -117,24 +117,22 @@ struct DuckLayoutWeightsPass
         offset += lay->totalBytes;
       }
       for (auto [i, m] : llvm::enumerate(rowMats)) {
-        duck_head_slot_layout hl;
-        if (duck_compute_head_slot_layout(
-                (uint32_t)m.rowsOf(r), (uint32_t)m.k(), (uint32_t)m.block,
-                (uint32_t)scaleRows, 0, &hl) != DUCK_FP9_OK) {
+        HeadSlotLayout hl;
+        if (headSlotLayout(m, (int64_t)r, scaleRows, hl) != DUCK_FP9_OK) {
           m.op->emitOpError() << "duck " << r << ": the " << m.role()
                               << " rows have no fp9 layout";
           return signalPassFailure();
         }
         rowOffsets[i].push_back(offset);
-        rowBytes[i].push_back(hl.total_bytes);
-        const int64_t rowsTotal = m.weight.getShape()[0];
+        rowBytes[i].push_back(hl.totalBytes);
         cs << "|slot" << firstRowSlot + (int64_t)i << ":" << m.role()
-           << ",rows=" << m.rows[r] << "-"
-           << m.rows[r + 1] << "/" << rowsTotal << ",k=" << m.k()
-           << ",block=" << m.block << ",dtype=" << m.weight.getDtype();
+           << ",rows=" << m.rows[r] << "-" << m.rows[r + 1] << "/"
+           << m.totalRows() << ",k=" << m.k() << ",block=" << m.block;
+        for (WeightAttr w : m.weights)
+          cs << ",dtype=" << w.getDtype() << "x" << w.getShape()[0];
         if (!m.head)
           cs << ",layer=" << cast<AttentionOp>(m.op).getLayer();
-        offset += hl.total_bytes;
+        offset += hl.totalBytes;
       }
       images.push_back(b.getI64IntegerAttr(offset));
       slots.push_back(b.getI64IntegerAttr(perRank[r].size() + rowMats.size()));

@@ -94,14 +94,40 @@ struct DuckPartitionPass
       op->removeAttr((prefix + a).str());
   }
 
-  LogicalResult placeRows(ModuleOp module, Operation *op, WeightAttr w,
-                          StringRef what, StringRef hostFlag,
-                          StringRef prefix = "") {
+  LogicalResult placeRows(ModuleOp module, Operation *op,
+                          ArrayRef<WeightAttr> ws, StringRef what,
+                          StringRef hostFlag, StringRef prefix = "") {
     dropRows(op, prefix);
-    ArrayRef<int64_t> shape = w.getShape();
-    const int64_t n = shape[0], k = shape[1];
-    const int64_t tile = scaleRowsOf(module);
-    const int64_t tiles = (n + tile - 1) / tile;
+    // The units a duck gets whole: each matrix's scale tiles (a group's
+    // matrices, rows concatenated, keep their own tiles, so every duck
+    // packs exactly the tiles the host's fp9 copy would).
+    const int64_t scaleTile = scaleRowsOf(module);
+    const int64_t k = ws.front().getShape()[1];
+    SmallVector<int64_t> ends; // each unit's end in the concatenated rows
+    int64_t n = 0;
+    auto unitsOf = [&](int64_t tile) {
+      ends.clear();
+      n = 0;
+      for (WeightAttr w : ws) {
+        const int64_t rows = w.getShape()[0];
+        for (int64_t t = tile; t < rows + tile; t += tile)
+          ends.push_back(n + std::min(t, rows));
+        n += rows;
+      }
+    };
+    int64_t tile = scaleTile;
+    unitsOf(tile);
+    // FP8 weights keep their values and their tile's scale however their
+    // rows are sliced (fp9 takes the checkpoint's scale; a slice may start
+    // inside a tile), so a group with fewer tiles than ducks may be cut in
+    // halves or quarters of tiles (not below 32 rows); other dtypes' scales
+    // come from the slice's own rows, so their tiles stay whole.
+    const bool fp8 = llvm::all_of(ws, [](WeightAttr w) {
+      return (bool)w.getScale();
+    });
+    while (fp8 && (int64_t)ends.size() < tp && tile > 32)
+      unitsOf(tile /= 2);
+    const int64_t tiles = (int64_t)ends.size();
     if (tiles < tp)
       return op->emitOpError()
              << "the " << what << "'s " << n << " rows "
@@ -121,7 +147,7 @@ struct DuckPartitionPass
     int64_t first = 0;
     for (int64_t c : blockCounts(tiles)) {
       first += c;
-      rows.push_back(std::min(first * tile, n));
+      rows.push_back(ends[first - 1]);
     }
     Builder b(module.getContext());
     op->setAttr((prefix + "duck_rows").str(), b.getDenseI64ArrayAttr(rows));
@@ -136,7 +162,7 @@ struct DuckPartitionPass
     module.walk([&](LmHeadOp op) {
       dropRows(op, "");
       if (lmHead == "ducks" &&
-          failed(placeRows(module, op, op.getWeight(), "LM head",
+          failed(placeRows(module, op, {op.getWeight()}, "LM head",
                            "--lm-head on the host")))
         result = failure();
     });
@@ -145,13 +171,33 @@ struct DuckPartitionPass
     module.walk([&](AttentionOp op) {
       dropRows(op, "");
       dropRows(op, "q_");
-      if (oProj == "ducks" && failed(placeRows(module, op, op.getOProj(),
+      dropRows(op, "in_");
+      if (oProj == "ducks" && failed(placeRows(module, op, {op.getOProj()},
                                                "o_proj", "--o-proj host"))) {
         result = failure();
         return WalkResult::interrupt();
       }
-      if (qProj == "ducks" &&
-          failed(placeRows(module, op, op.getQProj(), "query projection",
+      // The input projections first: with an indexer the query group then
+      // takes its wq_b too. GQA's q_proj (MLA's without a query LoRA) is
+      // an input projection, so q-proj adds nothing there.
+      const bool in = inProj == "ducks";
+      if (in && op.getIndexerAttr() && qProj != "ducks") {
+        op.emitOpError("the input projections go to the ducks with an "
+                       "indexer only together with the query projections: "
+                       "the indexer hands the attention its queries (add "
+                       "--q-proj ducks)");
+        result = failure();
+        return WalkResult::interrupt();
+      }
+      if (in && failed(placeRows(module, op, op.getInProjs(),
+                                 "input projections", "--in-proj host",
+                                 "in_"))) {
+        result = failure();
+        return WalkResult::interrupt();
+      }
+      const bool qSeparate = !in || op.getWeights().get("q_b_proj");
+      if (qProj == "ducks" && qSeparate &&
+          failed(placeRows(module, op, op.getQProjs(), "query projection",
                            "--q-proj host", "q_"))) {
         result = failure();
         return WalkResult::interrupt();
@@ -167,6 +213,12 @@ struct DuckPartitionPass
       module.emitError() << "duck-partition: q-proj must be host or ducks, "
                             "got '"
                          << qProj << "'";
+      return signalPassFailure();
+    }
+    if (inProj != "host" && inProj != "ducks") {
+      module.emitError() << "duck-partition: in-proj must be host or ducks, "
+                            "got '"
+                         << inProj << "'";
       return signalPassFailure();
     }
     if (oProj != "host" && oProj != "ducks") {

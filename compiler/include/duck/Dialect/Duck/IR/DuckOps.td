@@ -76,7 +76,12 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
     whole scale tiles), `duck_block` (K-block), then `duck-layout-weights`
     adds `duck_slot` (the same on every duck), `duck_offsets`, `duck_bytes`.
     The `q_duck_*` attributes do the same for the query projection
-    (q-proj=ducks): MLA's q_b_proj, or q_proj.
+    (q-proj=ducks): MLA's q_b_proj, or q_proj. The `in_duck_*` attributes
+    (in-proj=ducks) do it for the projections of the attention's input,
+    whose rows one duck step computes together (`getInProjs`): GQA's
+    q_proj, k_proj, v_proj; MLA's q_a_proj (or q_proj), kv_a_proj_with_mqa
+    and, for DeepSeek-V3.2, the indexer's wk. With an
+    indexer the query group (`getQProjs`) then also holds its wq_b.
   }];
   let arguments = (ins Duck_Activation:$input, I64Attr:$layer, StrAttr:$kind,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads,
@@ -91,7 +96,12 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
                        OptionalAttr<I64Attr>:$q_duck_block,
                        OptionalAttr<I64Attr>:$q_duck_slot,
                        OptionalAttr<DenseI64ArrayAttr>:$q_duck_offsets,
-                       OptionalAttr<DenseI64ArrayAttr>:$q_duck_bytes);
+                       OptionalAttr<DenseI64ArrayAttr>:$q_duck_bytes,
+                       OptionalAttr<DenseI64ArrayAttr>:$in_duck_rows,
+                       OptionalAttr<I64Attr>:$in_duck_block,
+                       OptionalAttr<I64Attr>:$in_duck_slot,
+                       OptionalAttr<DenseI64ArrayAttr>:$in_duck_offsets,
+                       OptionalAttr<DenseI64ArrayAttr>:$in_duck_bytes);
   let results = (outs Duck_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
@@ -106,6 +116,38 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
       if (auto w = getWeights().getAs<WeightAttr>("q_b_proj"))
         return w;
       return getWeights().getAs<WeightAttr>("q_proj");
+    }
+    /// The weights whose rows in-proj=ducks splits as one group (rows
+    /// concatenated in this order, one duck step): every projection of the
+    /// attention's input.
+    ::llvm::SmallVector<WeightAttr, 4> getInProjs() {
+      ::llvm::SmallVector<WeightAttr, 4> out;
+      auto add = [&](::mlir::DictionaryAttr d, ::llvm::StringRef role) {
+        if (d)
+          if (auto w = d.getAs<WeightAttr>(role))
+            out.push_back(w);
+      };
+      if (getKind() == "gqa") {
+        for (const char *r : {"q_proj", "k_proj", "v_proj"})
+          add(getWeights(), r);
+        return out;
+      }
+      add(getWeights(), "q_a_proj");
+      add(getWeights(), "q_proj");
+      add(getWeights(), "kv_a_proj_with_mqa");
+      // The indexer's wk; its weights_proj stays on the host (bf16 in the
+      // checkpoint, kept exact for the selection).
+      add(getIndexerAttr(), "wk");
+      return out;
+    }
+    /// The query group (q-proj=ducks): the query projection, and with the
+    /// input projections on the ducks the indexer's wq_b (same input).
+    ::llvm::SmallVector<WeightAttr, 4> getQProjs() {
+      ::llvm::SmallVector<WeightAttr, 4> out{getQProj()};
+      if (getInDuckRows() && getIndexerAttr())
+        if (auto w = getIndexerAttr().getAs<WeightAttr>("wq_b"))
+          out.push_back(w);
+      return out;
     }
   }];
 }

@@ -58,33 +58,56 @@ FailureOr<SlotLayout> slotLayout(Fp9FfnOp shard, int64_t scaleRows);
 /// Bytes of the image header plus the slot table, aligned.
 uint64_t imagePrologueBytes(uint64_t slotCount);
 
-/// A matrix whose rows duck-partition split over the ducks (abi.h head
-/// slot: one [rows, K] matrix a duck): an attention's o_proj (o-proj=ducks)
-/// an attention's query projection (q-proj=ducks) or the LM head
+/// Matrices whose rows duck-partition split over the ducks (abi.h head
+/// slot: a duck's rows of one or more [rows_i, K] matrices, concatenated):
+/// an attention's input projections (in-proj=ducks), its query projection
+/// (q-proj=ducks), its o_proj (o-proj=ducks) or the LM head
 /// (lm-head=ducks). Its slot follows the FFN slots, at the same index on
-/// every duck: each attention's query then output projection in program
-/// order, then the head.
+/// every duck: each attention's input, query, then output projections in
+/// program order, then the head.
 struct RowMatrix {
   Operation *op;
-  WeightAttr weight;        // [rows, K]
-  ArrayRef<int64_t> rows;   // tp + 1 boundaries (duck_rows)
+  SmallVector<WeightAttr, 4> weights; // [rows_i, K] each, rows concatenated
+  ArrayRef<int64_t> rows;   // tp + 1 boundaries in the concatenated rows
   int64_t block;            // K-block (duck_block)
   bool head;                // the LM head (else an attention projection)
-  /// Its attributes' prefix on `op`: "" (o_proj, the head) or "q_" (an
-  /// attention's query projection).
+  /// Its attributes' prefix on `op`: "" (o_proj, the head), "q_" (an
+  /// attention's query projection) or "in_" (its input projections).
   llvm::StringRef prefix;
   std::string attr(llvm::StringRef name) const {
     return (prefix + name).str();
   }
   llvm::StringRef role() const {
-    return head ? "head" : prefix.empty() ? "o_proj" : "q_proj";
+    return head ? "head"
+           : prefix.empty() ? "o_proj"
+           : prefix == "q_" ? "q_proj"
+                            : "in_proj";
   }
   /// Slot-table layer: the attention's layer, or `numLayers` for the head.
   int64_t layer(int64_t numLayers) const;
-  int64_t k() const { return weight.getShape()[1]; }
+  int64_t k() const { return weights.front().getShape()[1]; }
+  int64_t totalRows() const;
   int64_t rowsOf(int64_t rank) const { return rows[rank + 1] - rows[rank]; }
+  /// A duck's rows as slices of the weights: rows [row0, row0 + rows) of
+  /// `weight`, in slot order.
+  struct Piece {
+    WeightAttr weight;
+    int64_t row0, rows;
+  };
+  SmallVector<Piece, 4> piecesOf(int64_t rank) const;
 };
 SmallVector<RowMatrix> rowMatricesOf(ModuleOp module);
+
+/// The head slot of duck `rank`'s rows of `m` (duck_compute_head_slot_pieces:
+/// one matrix a piece); DUCK_FP9_OK or the status of the first bad shape.
+struct HeadSlotLayout {
+  SmallVector<RowMatrix::Piece, 4> pieces;
+  SmallVector<duck_fp9_desc, 4> descs;
+  SmallVector<uint64_t, 4> offsets; // from the slot's start
+  uint64_t totalBytes = 0;
+};
+duck_fp9_status headSlotLayout(const RowMatrix &m, int64_t rank,
+                               int64_t scaleRows, HeadSlotLayout &out);
 
 /// Cluster shape and cost model.
 struct ClusterModel {
@@ -151,7 +174,10 @@ struct ModuleStats {
   /// The same for the query projections (q-proj=ducks).
   bool qProjOnDucks = false;
   double qProjMsPerToken = 0;
-  int64_t attnProjSteps = 0; ///< duck steps of both, a token
+  /// The same for the input projections (in-proj=ducks).
+  bool inProjOnDucks = false;
+  double inProjMsPerToken = 0;
+  int64_t attnProjSteps = 0; ///< duck steps of all three, a token
   /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
   /// the host's bandwidth, included in hostMsPerToken.
   double hostLmHeadMsPerToken = 0;

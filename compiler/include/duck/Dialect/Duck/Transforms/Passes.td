@@ -62,6 +62,11 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
     Option<"qProj", "q-proj", "std::string", /*default=*/"\"host\"",
            "host, or ducks: every attention's query projection (MLA's "
            "q_b_proj, or q_proj) rows split over the ducks likewise">,
+    Option<"inProj", "in-proj", "std::string", /*default=*/"\"host\"",
+           "host, or ducks: every attention's input projections (q/k/v_proj; "
+           "MLA's q_a_proj or q_proj, kv_a_proj_with_mqa and the indexer's "
+           "wk) as one group of rows over the ducks, one "
+           "step a layer">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
