@@ -313,14 +313,17 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                          compileInProj.getNumOccurrences() == 0 &&
                          base.cluster.cost.hostReadGbs > 0;
   struct QO {
-    std::string in, q, o;
+    const char *in, *q, *o; // `base`'s strings outlive the search
   };
-  std::vector<QO> oProjs =
-      autoOProj ? std::vector<QO>{{"host", "host", "host"},
-                                  {"host", "host", "ducks"},
-                                  {"host", "ducks", "ducks"},
-                                  {"ducks", "ducks", "ducks"}}
-                : std::vector<QO>{{base.inProj, base.qProj, base.oProj}};
+  std::vector<QO> oProjs;
+  if (autoOProj)
+    oProjs = {{"host", "host", "host"},
+              {"host", "host", "ducks"},
+              {"host", "ducks", "ducks"},
+              {"ducks", "ducks", "ducks"}};
+  else
+    oProjs.push_back(
+        {base.inProj.c_str(), base.qProj.c_str(), base.oProj.c_str()});
   std::vector<Candidate> all;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
