@@ -85,6 +85,42 @@ DuckRates measureDuck(const DuckMeasureOptions &o) {
     r.k[s.kernel] = s.k;
     noted(t);
   }
+
+  // A prompt chunk: the dense prefill of kGemmTokens rows through a
+  // Qwen3-0.6B-sized FFN (gate/up then down, every weight decoded once a
+  // chunk), cold, the cores sharing it as a duck's do.
+  {
+    constexpr uint32_t kHidden = 1024, kInter = 3072, kTokens = 64;
+    const FfnLayout ffn = ffnLayout(kHidden, kInter, 128);
+    Buffer image(ffn.bytes);
+    packRandomFfn(ffn, image.data(), 41);
+    ColdSet set = fillCopies(arena, image.data(), ffn.bytes);
+    std::vector<duck_ffn_weights> views;
+    for (uint64_t i = 0; i < set.copies; ++i)
+      views.push_back(ffnView(ffn, set.copy(i)));
+    Buffer xin((uint64_t)kTokens * kHidden * sizeof(float));
+    std::fill_n(xin.as<float>(), (uint64_t)kTokens * kHidden, 0.25f);
+    Buffer out((uint64_t)kTokens * kHidden * sizeof(float));
+    Buffer shared((uint64_t)kTokens * kInter * sizeof(float));
+    std::vector<Buffer> scratch;
+    for (uint32_t c = 0; c < cores; ++c)
+      scratch.emplace_back(
+          duck_ffn_scratch_floats(kHidden, kInter, kTokens) * sizeof(float));
+    duck_barrier inner;
+    duck_barrier_init(&inner, cores);
+    inner.yield = yieldThread;
+    const duck_smp_ctx smp{cores, &inner};
+    Timing t = measureOnCores(team, cores, [&](uint32_t core, uint64_t call) {
+      duck_mlp_prefill(&smp, core, &views[call % views.size()], xin.as<float>(),
+                       kTokens, out.as<float>(), shared.as<float>(),
+                       scratch[core].as<float>());
+    });
+    r.gemm_gmac_s = double(ffn.params()) * kTokens / t.callSeconds * 1e-9;
+    r.gemm_tokens = kTokens;
+    r.gemm_hidden = kHidden;
+    r.gemm_inter = kInter;
+    noted(t);
+  }
   return r;
 }
 

@@ -2,7 +2,8 @@
 //
 // What `duckc measure-cluster` asks every duckd for (the protocol's
 // `measure` request): the read bandwidth of the duck's cores and the cold
-// fp9 GEMV rate of each kernel class on them, measured with the kernels the
+// fp9 GEMV rate of each kernel class and the fp9 GEMM rate of a prompt
+// chunk (dense prefill) on them, measured with the kernels the
 // duck ELF runs (duck_gemv, the same source) on random weights in memory of
 // its own, so the duck's weight cache is not touched.
 //
@@ -31,12 +32,17 @@ struct DuckRates {
   double gparam_s[DUCK_KERNEL_COUNT] = {};
   /// The matrix each class was measured on.
   uint32_t rows[DUCK_KERNEL_COUNT] = {}, k[DUCK_KERNEL_COUNT] = {};
+  /// Cold dense prefill (duck_mlp_prefill, the fp9 GEMM) of gemm_tokens
+  /// rows on a [gemm_hidden, gemm_inter] FFN, all cores: multiply-adds a
+  /// second / 1e9 (the cost model's fp9_gemm_gmac_s).
+  double gemm_gmac_s = 0;
+  uint32_t gemm_tokens = 0, gemm_hidden = 0, gemm_inter = 0;
   /// Cores' worth of CPU other processes used meanwhile (the noisiest
   /// measurement's); NaN if unknown.
   double other_load = 0;
 };
 
-/// Runs the measurements; about 8 x `seconds` plus packing.
+/// Runs the measurements; about 9 x `seconds` plus packing.
 DuckRates measureDuck(const DuckMeasureOptions &options);
 
 } // namespace duck::bench

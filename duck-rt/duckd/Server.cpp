@@ -995,11 +995,16 @@ void Server::OnMeasure(const duckd_frame_header &h) {
     rep.k[k] = rates.k[k];
   }
   rep.other_load = rates.other_load;
+  rep.gemm_gmac_s = rates.gemm_gmac_s;
+  rep.gemm_tokens = rates.gemm_tokens;
+  rep.gemm_hidden = rates.gemm_hidden;
+  rep.gemm_inter = rates.gemm_inter;
   rep.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Log(absl::StrFormat("measure: %u cores, read %.1f GB/s, general128 %.2f "
-                      "Gparam/s (%.1f s)",
+                      "Gparam/s, GEMM %.1f GMAC/s (%.1f s)",
                       cores, rep.read_gbs,
-                      rep.gparam_s[DUCK_KERNEL_GENERAL128], rep.seconds));
+                      rep.gparam_s[DUCK_KERNEL_GENERAL128], rep.gemm_gmac_s,
+                      rep.seconds));
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }
 

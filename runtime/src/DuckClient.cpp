@@ -777,6 +777,8 @@ DuckClient::Measure(const MeasureOptions &options) {
             r.k[k] = rep.k[k];
           }
           r.other_load = rep.other_load;
+          r.gemm_gmac_s = rep.gemm_gmac_s;
+          r.gemm_tokens = rep.gemm_tokens;
           r.seconds = rep.seconds;
           return absl::OkStatus();
         });

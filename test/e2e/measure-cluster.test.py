@@ -56,7 +56,7 @@ def main():
                    "exact64", "exact32")
         for i, d in enumerate(c["ducks"]):
             for key in ("cores", "read_gbs", "fp9_gparam_s", "rtt_us",
-                        "empty_step_us", "memory_gib"):
+                        "empty_step_us", "memory_gib", "fp9_gemm_gmac_s"):
                 if not (isinstance(d.get(key), (int, float)) and d[key] > 0):
                     sys.exit(f"measure-cluster: ducks[{i}].{key} = "
                              f"{d.get(key)!r}")
@@ -68,11 +68,13 @@ def main():
         if c.get("token") != TOKEN or c.get("host_ms_per_token") != 2.0:
             sys.exit("measure-cluster: the file lost fields it had")
         if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0 and
-                c.get("host_read_gbs", 0) > 0):
+                c.get("host_read_gbs", 0) > 0 and
+                c.get("fp9_gemm_gmac_s") ==
+                min(d["fp9_gemm_gmac_s"] for d in c["ducks"])):
             sys.exit(f"measure-cluster: cluster figures {c}")
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
-              f"{len(classes)} kernel classes, rtt_us, empty_step_us; token "
-              "and host_ms_per_token kept")
+              f"{len(classes)} kernel classes, fp9_gemm_gmac_s, rtt_us, "
+              "empty_step_us; token and host_ms_per_token kept")
 
         r = run([args.duckc, "compile", args.model, "--cluster", cluster,
                  "--tp", "auto", "--explain", "--dry-run"])

@@ -771,8 +771,8 @@ Error runMeasureCluster() {
   outs() << "duck  endpoint               cores  read GB/s";
   for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
     outs() << formatv("  {0,10}", duck_kernel_name(duck_kernel_id(k)));
-  outs() << "  ping p50/p90 us  step p50/p90 us  busy elsewhere\n";
-  double minRead = 0, maxRtt = 0, maxLoad = 0;
+  outs() << "  GEMM GMAC/s  ping p50/p90 us  step p50/p90 us  busy elsewhere\n";
+  double minRead = 0, maxRtt = 0, maxLoad = 0, minGemm = 0;
   for (size_t i = 0; i < rates->size(); ++i) {
     const duck::runtime::DuckRates &r = (*rates)[i];
     json::Object &d = *(*ducks)[i].getAsObject();
@@ -787,6 +787,9 @@ Error runMeasureCluster() {
       if (r.gparam_s[k] > 0)
         byKernel[duck_kernel_name(duck_kernel_id(k))] = r.gparam_s[k];
     d["fp9_gparam_s_by_kernel"] = std::move(byKernel);
+    if (r.gemm_gmac_s > 0)
+      d["fp9_gemm_gmac_s"] = r.gemm_gmac_s;
+    minGemm = i ? std::min(minGemm, r.gemm_gmac_s) : r.gemm_gmac_s;
     d["rtt_us"] = r.rtt_us_p50;
     if (r.step_us_p50 > 0)
       d["empty_step_us"] = r.step_us_p50;
@@ -798,11 +801,15 @@ Error runMeasureCluster() {
                       co.ducks[i].ToString(), r.cores, r.read_gbs);
     for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
       outs() << formatv("  {0,10:f2}", r.gparam_s[k]);
-    outs() << formatv("  {0,7:f0}/{1,-7:f0}  {2,7:f0}/{3,-7:f0}  {4,6:f2} cores\n",
-                      r.rtt_us_p50, r.rtt_us_p90, r.step_us_p50,
-                      r.step_us_p90, r.other_load);
+    outs() << formatv("  {0,11:f1}  {1,7:f0}/{2,-7:f0}  {3,7:f0}/{4,-7:f0}  "
+                      "{5,6:f2} cores\n",
+                      r.gemm_gmac_s, r.rtt_us_p50, r.rtt_us_p90,
+                      r.step_us_p50, r.step_us_p90, r.other_load);
   }
   (*root)["bandwidth_gbs"] = minRead;
+  // The prompt rate's input (compile's cost model): the slowest duck's.
+  if (minGemm > 0)
+    (*root)["fp9_gemm_gmac_s"] = minGemm;
   (*root)["step_overhead_us"] = maxRtt;
   if (measureHost) {
     duck::bench::DuckMeasureOptions ho;
@@ -825,14 +832,15 @@ Error runMeasureCluster() {
       {"fp9_gparam_s", same ? "the mean of equal ducks" : "each duck's own"}};
   outs() << formatv("fp9_gparam_s: {0}; bandwidth_gbs {1:f1} (slowest "
                     "duck), step_overhead_us {2:f0} (the slowest duck's "
-                    "gap: ping after {3} us busy{4})\n",
+                    "gap: ping after {3} us busy{4}), fp9_gemm_gmac_s "
+                    "{5:f1} (slowest duck, 64-row prompt chunks)\n",
                     same ? formatv("{0:f2} for every duck (rates within "
                                    "{1:f0}% of their mean)",
                                    mean, measureSameWithin * 100)
                                .str()
                          : std::string("each duck's own"),
                     minRead, maxRtt, mo.busy_us,
-                    mo.elf.empty() ? "" : ", or empty step");
+                    mo.elf.empty() ? "" : ", or empty step", minGemm);
 
   const std::string out = measureOut.empty() ? measureFile : measureOut;
   const std::string tmp = formatv("{0}.tmp-{1}", out, (int64_t)::getpid());
@@ -931,9 +939,11 @@ options of one subcommand.
       memory of its own (its weight cache is untouched), and times 200
       round trips to it: pings, and empty steps through a session of the
       duck ELF (its dispatch path). Writes each duck's "cores", "read_gbs",
-      "fp9_gparam_s" (general128), "fp9_gparam_s_by_kernel", "rtt_us",
+      "fp9_gparam_s" (general128), "fp9_gparam_s_by_kernel",
+      "fp9_gemm_gmac_s" (a 64-row prompt chunk's dense prefill), "rtt_us",
       "empty_step_us" (and "memory_gib" from its weight buffer if absent),
-      and the cluster's "bandwidth_gbs" (slowest duck) and
+      and the cluster's "bandwidth_gbs" and "fp9_gemm_gmac_s" (slowest
+      duck) and
       "step_overhead_us" (the largest gap: a ping that kept the duck busy
       --busy-us (500) as a step would, less that time, or an empty step)
       into the file, for 'compile --cluster'. Ducks measure one after

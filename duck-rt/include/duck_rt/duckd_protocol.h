@@ -20,7 +20,8 @@ extern "C" {
 
 #define DUCKD_FRAME_MAGIC 0x50574B44u /* "DKWP" little-endian */
 enum {
-  DUCKD_PROTOCOL_VERSION = 2, // 2: authenticated frames, no token on the wire
+  DUCKD_PROTOCOL_VERSION = 3, // 2: authenticated frames, no token on the
+                              // wire; 3: measure replies the GEMM rate
   DUCKD_DEFAULT_MAX_PAYLOAD = 256 << 20,
   DUCKD_MAX_CORES = 64,
   DUCKD_NAME_BYTES = 64,
@@ -228,7 +229,9 @@ typedef struct duckd_measure_request {
 } duckd_measure_request;
 
 /// Rates measured with the duck's kernels on memory of duckd's own (the
-/// weight cache is not touched); zeros for PING.
+/// weight cache is not touched); zeros for PING. The GEMM rate (protocol
+/// 3) is a prompt chunk's: dense prefill of gemm_tokens rows through a
+/// [gemm_hidden, gemm_inter] FFN, multiply-adds a second / 1e9.
 typedef struct duckd_measure_reply {
   uint32_t cores;
   uint32_t kernels;  // entries of gparam_s that are filled (duck_kernel_id)
@@ -238,6 +241,8 @@ typedef struct duckd_measure_reply {
   double other_load; // cores' worth other processes used meanwhile (NaN:
                      // unknown)
   double seconds;    // how long it took
+  double gemm_gmac_s;
+  uint32_t gemm_tokens, gemm_hidden, gemm_inter, reserved;
 } duckd_measure_reply;
 
 #ifdef __cplusplus
@@ -262,7 +267,7 @@ static_assert(sizeof(duckd_prepare_write_reply) == 16,
 static_assert(sizeof(duckd_close_request) == 8, "duckd_close_request is wire");
 static_assert(sizeof(duckd_measure_request) == 24,
               "duckd_measure_request is wire");
-static_assert(sizeof(duckd_measure_reply) == 160, "duckd_measure_reply is wire");
+static_assert(sizeof(duckd_measure_reply) == 184, "duckd_measure_reply is wire");
 #endif
 
 #endif // DUCK_RT_DUCKD_PROTOCOL_H
