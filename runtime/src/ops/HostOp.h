@@ -45,6 +45,15 @@ public:
   /// dtype ReadAll takes, one row at a time, rows split over `pool`.
   absl::StatusOr<HostMatrix> QuantizedInt8(const pl::TensorDef &t,
                                            ThreadPool &pool) const;
+  /// An FP8 [heads * per_head, K] matrix's first `take` rows of every head,
+  /// each head transposed: [heads * K, take] in fp9, exact (every element
+  /// keeps its FP8 tile's scale). Needs K and per_head to be whole tiles
+  /// and take at most a tile's rows (a multiple of 32); otherwise
+  /// FailedPrecondition, and the caller keeps a float copy.
+  absl::StatusOr<HostMatrix> HeadsTransposedFp9(const pl::TensorDef &t,
+                                                uint32_t heads,
+                                                uint32_t per_head,
+                                                uint32_t take) const;
 
 private:
   const LoadedPlan &plan_;

@@ -83,9 +83,11 @@ public:
 
   uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
   uint64_t WeightBytesPerToken() const override {
+    // Of kv_b_proj only the W_UV rows (v of every head's nope + v) are
+    // read; W_UK is read in its own copy.
     return MatrixBytes(q_a_) + MatrixBytes(q_b_) + MatrixBytes(q_) +
-           MatrixBytes(kv_a_) + MatrixBytes(kv_b_) + MatrixBytes(o_) +
-           MatrixBytes(w_uk_);
+           MatrixBytes(kv_a_) + MatrixBytes(kv_b_) * sh_.v / sh_.kvb() +
+           MatrixBytes(o_) + MatrixBytes(w_uk_);
   }
 
   absl::Status Run(const Step &s) override {
@@ -306,7 +308,10 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
 }
 
 /// kv_b_proj as W_UV rows (kernel operand) and W_UK transposed, per head
-/// [kv_lora][nope] (bf16 when exact, else fp32), for q~ = W_UK[h]^T q_nope.
+/// [kv_lora][nope], for q~ = W_UK[h]^T q_nope: from FP8 in fp9 (exact,
+/// 1.125 bytes a weight) when its tiles transpose whole (DeepSeek's:
+/// kv_lora 512, 256 rows a head, 128 x 128 tiles), else bf16 when that is
+/// exact, else fp32.
 absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
                      const MlaShape &sh, MlaAttention &op) {
   const pl::TensorDef *t = p.kv_b_proj();
@@ -314,6 +319,14 @@ absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
   if (op.kv_b_.rows != (uint64_t)sh.heads * sh.kvb() ||
       op.kv_b_.cols != sh.kv_lora)
     return absl::OkStatus(); // CheckShapes names the mismatch
+  if (auto fp9 = env.weights.HeadsTransposedFp9(*t, sh.heads,
+                                                (uint32_t)sh.kvb(), sh.nope);
+      fp9.ok()) {
+    op.w_uk_ = std::move(*fp9);
+    return absl::OkStatus();
+  } else if (!absl::IsFailedPrecondition(fp9.status())) {
+    return fp9.status();
+  }
   std::vector<float> all;
   DUCK_ASSIGN_OR_RETURN(all, env.weights.ReadAll(*t));
   std::vector<float> &ukt = op.w_uk_.owned;

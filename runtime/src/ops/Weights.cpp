@@ -203,4 +203,54 @@ absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
   return m;
 }
 
+absl::StatusOr<HostMatrix>
+WeightReader::HeadsTransposedFp9(const pl::TensorDef &t, uint32_t heads,
+                                 uint32_t per_head, uint32_t take) const {
+  if (t.dtype() != pl::DType::F8_E4M3 || !t.scale() ||
+      t.shape()->size() != 2 || t.scale()->shape()->size() != 2)
+    return absl::FailedPreconditionError("not an FP8 matrix");
+  const uint64_t K = t.shape()->Get(1);
+  const uint32_t br = t.block_rows(), bc = t.block_cols();
+  const uint64_t scols = t.scale()->shape()->Get(1);
+  // A transposed tile is bc rows (one source column tile) by `take`
+  // columns (within one source row tile): every element's scale is the
+  // tile's.
+  const uint32_t block = take % 128 == 0 ? 128 : take % 64 == 0 ? 64 : 32;
+  if (!br || !bc || K % bc || per_head % br || take > br || take % 32 ||
+      (uint64_t)heads * per_head != (uint64_t)t.shape()->Get(0))
+    return absl::FailedPreconditionError("tiles do not transpose whole");
+  auto scale = ReadAll(*t.scale());
+  if (!scale.ok())
+    return scale.status();
+  const uint8_t *p = plan_.TensorData(t);
+  const uint64_t rows = (uint64_t)heads * K;
+  std::vector<uint8_t> ut(rows * take);
+  std::vector<float> st(rows / bc);
+  for (uint64_t h = 0; h < heads; ++h) {
+    for (uint64_t r = 0; r < K; ++r)
+      for (uint64_t j = 0; j < take; ++j)
+        ut[(h * K + r) * take + j] = p[(h * per_head + j) * K + r];
+    for (uint64_t r = 0; r < K; r += bc)
+      st[(h * K + r) / bc] = (*scale)[(h * per_head / br) * scols + r / bc];
+  }
+  duck_fp9_source src{};
+  src.type = DUCK_FP9_SRC_E4M3;
+  src.data = ut.data();
+  src.src_rows = rows;
+  src.src_cols = take;
+  src.scale_inv = st.data();
+  src.tile_rows = bc;
+  src.tile_cols = take;
+  const duck_fp9_desc desc{(uint32_t)rows, take, block, bc, 0};
+  duck_fp9_layout lay;
+  if (duck_fp9_compute_layout(&desc, &lay) != DUCK_FP9_OK)
+    return absl::FailedPreconditionError("no fp9 layout");
+  HostMatrix m;
+  m.rows = rows;
+  m.cols = take;
+  if (absl::Status s = PackInto(src, desc, lay, t, &m); !s.ok())
+    return s;
+  return m;
+}
+
 } // namespace duck::runtime::ops

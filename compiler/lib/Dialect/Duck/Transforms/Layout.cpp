@@ -457,6 +457,9 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
         llvm::append_range(moved, a.getQProjs());
       if (a.getInDuckRows()) // and its input projections
         llvm::append_range(moved, a.getInProjs());
+      else if (a.getIndexerAttr()) // the indexer reads q_a_proj again
+        if (auto qa = a.getWeights().getAs<WeightAttr>("q_a_proj"))
+          hostWeightBytes += hostBytesOf(qa);
       for (WeightAttr w : moved) {
         hostWeightBytes -= hostBytesOf(w);
         onDucksHostBytes += hostBytesOf(w);
