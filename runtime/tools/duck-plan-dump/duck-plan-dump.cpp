@@ -141,16 +141,35 @@ int main(int argc, char **argv) {
                   l->max_head_rows());
     if (plan->ducks())
       for (const duck::plan::DuckDef *d : *plan->ducks()) {
-        // Where a MoE layer's experts went: the first MoE slot's range
-        // (every MoE layer is placed alike).
+        // Where a MoE layer's experts went: the first MoE slot's range,
+        // and how many a layer when that differs between layers (whole
+        // experts with equal shares: the extra ones rotate).
         std::string experts;
+        const duck::plan::SlotDef *first = nullptr;
+        uint32_t lo = ~0u, hi = 0, layers = 0;
+        bool alike = true;
         if (d->slots())
-          for (const duck::plan::SlotDef *sd : *d->slots())
-            if (sd->moe()) {
-              experts = ", experts [" + std::to_string(sd->expert_begin()) +
-                        ", " + std::to_string(sd->expert_end()) + ")";
-              break;
-            }
+          for (const duck::plan::SlotDef *sd : *d->slots()) {
+            if (!sd->moe())
+              continue;
+            if (!first)
+              first = sd;
+            const uint32_t n = sd->expert_end() - sd->expert_begin();
+            lo = std::min(lo, n);
+            hi = std::max(hi, n);
+            ++layers;
+            alike = alike && sd->expert_begin() == first->expert_begin() &&
+                    sd->expert_end() == first->expert_end();
+          }
+        if (first) {
+          experts = ", experts [" + std::to_string(first->expert_begin()) +
+                    ", " + std::to_string(first->expert_end()) + ")";
+          if (!alike)
+            experts += " in layer " + std::to_string(first->layer()) + ", " +
+                       std::to_string(lo) + "-" + std::to_string(hi) +
+                       " a layer over " + std::to_string(layers) +
+                       " MoE layers";
+        }
         std::printf("duck %u: %s, %llu bytes, %u slots, key %s%s\n",
                     d->rank(), d->image() ? d->image()->c_str() : "?",
                     (unsigned long long)d->image_bytes(),
