@@ -69,6 +69,7 @@ def main():
             sys.exit("measure-cluster: the file lost fields it had")
         if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0 and
                 c.get("host_read_gbs", 0) > 0 and
+                c.get("host_gmac_s", 0) > 0 and
                 c.get("fp9_gemm_gmac_s") ==
                 min(d["fp9_gemm_gmac_s"] for d in c["ducks"])):
             sys.exit(f"measure-cluster: cluster figures {c}")

@@ -16,6 +16,7 @@
 #include "llvm/Support/Process.h"
 
 #include <chrono>
+#include <cstdio>
 #include <unistd.h>
 
 using namespace mlir;
@@ -110,7 +111,7 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
   };
   double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
-         chunk = 64;
+         chunk = 64, hostGmac = 0, context = 0;
   if (Error e = num(*o, "bandwidth_gbs", bw))
     return e;
   if (Error e = num(*o, "step_overhead_us", ov))
@@ -127,12 +128,29 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return e;
   if (Error e = num(*o, "prefill_chunk", chunk))
     return e;
-  if (bw <= 0 || ov < 0 || gps < 0 || hostMs < 0 || hostGbs < 0 ||
-      gemm < 0 || hostPrefill < 0 || chunk < 1)
-    return err("cluster file '" + path + "': bandwidth_gbs must be positive, "
-               "prefill_chunk at least 1, and step_overhead_us, "
-               "fp9_gparam_s, host_ms_per_token, host_read_gbs, "
-               "fp9_gemm_gmac_s, host_prefill_ms_per_token not negative");
+  if (Error e = num(*o, "host_gmac_s", hostGmac))
+    return e;
+  if (Error e = num(*o, "context_tokens", context))
+    return e;
+  if (bw <= 0)
+    return err("cluster file '" + path + "': bandwidth_gbs must be positive");
+  if (chunk < 1)
+    return err("cluster file '" + path + "': prefill_chunk must be at least 1");
+  for (auto [key, v] : {std::pair{"step_overhead_us", ov},
+                        {"fp9_gparam_s", gps},
+                        {"host_ms_per_token", hostMs},
+                        {"host_read_gbs", hostGbs},
+                        {"fp9_gemm_gmac_s", gemm},
+                        {"host_prefill_ms_per_token", hostPrefill},
+                        {"host_gmac_s", hostGmac},
+                        {"context_tokens", context}})
+    if (v < 0) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", v);
+      return err(llvm::formatv("cluster file '{0}': {1} must not be negative "
+                               "(got {2})",
+                               path, key, got));
+    }
   c.cost.bandwidthGbs = bw;
   c.cost.stepOverheadUs = ov;
   c.cost.fp9GparamS = gps;
@@ -141,6 +159,8 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
   c.cost.gemmGmacS = gemm;
   c.cost.hostPrefillMsPerToken = hostPrefill;
   c.cost.prefillChunk = (int64_t)chunk;
+  c.cost.hostGmacS = hostGmac;
+  c.cost.contextTokens = (int64_t)context;
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");

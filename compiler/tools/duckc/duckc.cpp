@@ -829,9 +829,13 @@ Error runMeasureCluster() {
     ho.cores = std::max(1u, std::thread::hardware_concurrency());
     ho.seconds = measureMillis / 1e3;
     const double gbs = duck::bench::measureDuck(ho).read_gbs;
+    const double gmac = duck::bench::measureAttentionGmacS(ho.cores,
+                                                           ho.seconds);
     (*root)["host_read_gbs"] = gbs;
-    outs() << formatv("host (this machine, {0} cores): read {1:f1} GB/s\n",
-                      ho.cores, gbs);
+    (*root)["host_gmac_s"] = gmac;
+    outs() << formatv("host (this machine, {0} cores): read {1:f1} GB/s, "
+                      "attention {2:f1} GMAC/s\n",
+                      ho.cores, gbs, gmac);
   }
   char date[32];
   std::time_t now = std::time(nullptr);
@@ -963,7 +967,10 @@ options of one subcommand.
       another unless --all-at-once. --host (run it on the host) also writes
       this machine's read bandwidth as "host_read_gbs": with it, 'compile
       --tp auto' without --lm-head also chooses where the LM head goes (and
-      without --q-proj / --o-proj, the attention projections).
+      without --q-proj / --o-proj / --in-proj, the attention projections);
+      and its rate on attention over a cache as "host_gmac_s": with
+      "context_tokens" (yours to set) in the file, compile adds a token's
+      attention over that much context to the host's time.
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.

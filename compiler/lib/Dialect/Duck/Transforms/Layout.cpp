@@ -469,6 +469,41 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     }
   });
   st.hostWeightBytesPerToken = hostWeightBytes;
+  // Attention over the cache at contextTokens, a decoded token: GQA scores
+  // and weighted sums (2 x heads x head_dim a position); MLA in the
+  // absorbed form (heads x (2 kv_lora + rope) a position), over at most
+  // index_topk positions with an indexer, whose own scores cost index_heads
+  // x index_dim a position.
+  if (c.hostGmacS > 0 && c.contextTokens > 0) {
+    const double L = double(c.contextTokens);
+    double macs = 0;
+    module.walk([&](AttentionOp a) {
+      const double heads = double(a.getNumHeads());
+      if (a.getKind() == "gqa") {
+        macs += 2 * heads * double(a.getHeadDim()) * L;
+        return;
+      }
+      auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
+      auto kva = a.getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
+      if (!kvb || !kva)
+        return;
+      const double kvLora = double(kvb.getShape()[1]);
+      const double rope = double(kva.getShape()[0]) - kvLora;
+      double attended = L;
+      if (DictionaryAttr idx = a.getIndexerAttr()) {
+        auto geti = [&](StringRef k) {
+          auto v = idx.getAs<IntegerAttr>(k);
+          return v ? double(v.getInt()) : 0.0;
+        };
+        macs += geti("n_heads") * geti("head_dim") * L;
+        if (geti("topk") > 0)
+          attended = std::min(L, geti("topk"));
+      }
+      macs += heads * (2 * kvLora + rope) * attended;
+    });
+    st.hostAttnGmacPerToken = macs / 1e9;
+    st.hostAttnMsPerToken = 1e3 * macs / (c.hostGmacS * 1e9);
+  }
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     st.hostOpsMsPerToken = 1e3 * hostWeightBytes / (c.hostReadGbs * 1e9);
 
@@ -505,6 +540,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
           : c.hostMsPerToken;
   st.hostMsPerToken = (c.hostMsPerToken > 0 ? measuredHost
                                             : st.hostOpsMsPerToken) +
+                      st.hostAttnMsPerToken +
                       st.hostLmHeadMsPerToken;
   double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
@@ -567,6 +603,12 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "split), %.3f ms a token on the slowest ducks (in the "
                        "ducks' time below)\n",
                        s.inProjMsPerToken);
+  if (s.hostAttnMsPerToken > 0)
+    os << llvm::format("host attention over %lld tokens of context: %.2f "
+                       "GMAC a token, %.3f ms at %.1f GMAC/s (in the host's "
+                       "time below)\n",
+                       (long long)c.contextTokens, s.hostAttnGmacPerToken,
+                       s.hostAttnMsPerToken, c.hostGmacS);
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
@@ -624,6 +666,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"in_proj_ms_per_token", s.inProjMsPerToken},
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
+      {"host_attention_gmac_per_token", s.hostAttnGmacPerToken},
+      {"host_attention_ms_per_token", s.hostAttnMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
       {"per_duck_params_per_token", std::move(perDuckParams)},
       {"total_bytes", (int64_t)s.totalBytes},

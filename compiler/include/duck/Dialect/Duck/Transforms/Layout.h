@@ -137,6 +137,14 @@ struct ClusterModel {
   double gemmGmacS = 0;
   int64_t prefillChunk = 64;
   double hostPrefillMsPerToken = 0;
+  /// Host attention over the cache: the host's fp32 multiply-add rate on
+  /// such work (MACs a second / 1e9, all its cores: `duckc measure-cluster
+  /// --host`) and the context a decoded token attends over; with both, a
+  /// token's attention MACs (scores and weighted sums over the cached
+  /// positions, DeepSeek-V3.2's indexer scores, and its selection capped at
+  /// index_topk) are added to the host's time. 0: not counted.
+  double hostGmacS = 0;
+  int64_t contextTokens = 0;
   /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
   std::vector<double> duckGparamS;
   /// Per duck (rank order), the measured rate of each kernel class, by
@@ -185,6 +193,9 @@ struct ModuleStats {
   /// the runtime reads them, and, with hostReadGbs but no measured
   /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
   double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
+  /// Host attention over contextTokens of cache (ClusterModel::hostGmacS):
+  /// MACs a token and their time, included in hostMsPerToken.
+  double hostAttnGmacPerToken = 0, hostAttnMsPerToken = 0;
   /// Prefill (ClusterModel::gemmGmacS set): each FFN layer's slowest duck
   /// over a prompt chunk (and each projection on the ducks), plus a step
   /// each, a prompt token; the token rate with the host's part added.
