@@ -205,19 +205,35 @@ struct Candidate {
   int64_t tp = 1;
   std::string multipleOf, strategy, lmHead, oProj = "host", qProj = "host",
                                             inProj = "host";
-  /// Where the attention projections go, for --explain: "host", or those
-  /// on the ducks ("in+q+o").
+  /// Where the attention projections went (the stats say: a GQA query
+  /// projection is one of its input projections, so in+q is in there).
+  bool inOn = false, qOn = false, oOn = false;
+  /// For --explain: "host", or those on the ducks ("in+q+o").
   std::string attn() const {
     std::string s;
-    for (auto [flag, name] : {std::pair{&inProj, "in"}, std::pair{&qProj, "q"},
-                              std::pair{&oProj, "o"}})
-      if (*flag == "ducks")
+    for (auto [on, name] : {std::pair{inOn, "in"}, std::pair{qOn, "q"},
+                            std::pair{oOn, "o"}})
+      if (on)
         s += (s.empty() ? "" : "+") + std::string(name);
     return s.empty() ? "host" : s;
   }
-  int steps() const {
-    return (oProj == "ducks") + (qProj == "ducks") + (inProj == "ducks");
+  /// The same in words, for the chosen line.
+  std::string attnWords() const {
+    if (!inOn && !qOn && !oOn)
+      return ", attention projections on the host";
+    if (!inOn && !qOn)
+      return ", o_proj on the ducks";
+    std::vector<std::string> w;
+    for (auto [on, name] : {std::pair{inOn, "input"}, std::pair{qOn, "query"},
+                            std::pair{oOn, "output"}})
+      if (on)
+        w.push_back(name);
+    std::string s = ", " + w[0];
+    for (size_t i = 1; i < w.size(); ++i)
+      s += (i + 1 == w.size() ? " and " : ", ") + w[i];
+    return s + " projections on the ducks";
   }
+  int steps() const { return inOn + qOn + oOn; }
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0, prefillTokS = 0;
@@ -269,6 +285,9 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
   c.hostMs = j->getNumber("host_ms_per_token").value_or(0);
   c.prefillTokS = j->getNumber("estimated_prefill_tok_s").value_or(0);
+  c.inOn = j->getBoolean("in_proj_on_ducks").value_or(false);
+  c.qOn = j->getBoolean("q_proj_on_ducks").value_or(false);
+  c.oOn = j->getBoolean("o_proj_on_ducks").value_or(false);
   if (const json::Array *a = j->getArray("per_duck_bytes"))
     for (const json::Value &b : *a)
       c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes,
@@ -317,12 +336,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     const char *in, *q, *o; // `base`'s strings outlive the search
   };
   std::vector<QO> oProjs;
-  if (autoOProj)
-    oProjs = {{"host", "host", "host"},
-              {"host", "host", "ducks"},
-              {"host", "ducks", "ducks"},
-              {"ducks", "ducks", "ducks"}};
-  else
+  if (autoOProj) {
+    static const QO kAuto[] = {{"host", "host", "host"},
+                               {"host", "host", "ducks"},
+                               {"host", "ducks", "ducks"},
+                               {"ducks", "ducks", "ducks"}};
+    for (const QO &qo : kAuto)
+      oProjs.push_back(qo);
+  } else
     oProjs.push_back(
         {base.inProj.c_str(), base.qProj.c_str(), base.oProj.c_str()});
   std::vector<Candidate> all;
@@ -458,17 +479,7 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                                                ? ", LM head on the ducks"
                                                : ", LM head on the host")
                                         : "") +
-                       (autoOProj
-                            ? (best->attn() == "in+q+o"
-                                   ? ", input, query and output projections "
-                                     "on the ducks"
-                               : best->attn() == "q+o"
-                                   ? ", query and output projections on the "
-                                     "ducks"
-                               : best->attn() == "o"
-                                   ? ", o_proj on the ducks"
-                                   : ", attention projections on the host")
-                            : ""),
+                       (autoOProj ? best->attnWords() : ""),
                    best->prefillTokS > 0
                        ? formatv(", prefill {0:F1} tok/s", best->prefillTokS)
                              .str()
