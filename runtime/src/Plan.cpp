@@ -90,7 +90,8 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
     // From its indexer: neither the query nor the kv_a projections.
     const bool in = p->in_proj_on_ducks() || p->from_indexer();
     const bool q = p->q_proj_on_ducks() || p->from_indexer();
-    add({in ? nullptr : p->q_a_proj(), p->from_indexer() ? nullptr : p->q_a_layernorm(),
+    add({in ? nullptr : p->q_a_proj(),
+         p->from_indexer() ? nullptr : p->q_a_layernorm(),
          q ? nullptr : p->q_b_proj(), q || in ? nullptr : p->q_proj(),
          in ? nullptr : p->kv_a_proj_with_mqa(), p->kv_a_layernorm(),
          p->kv_b_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj()});

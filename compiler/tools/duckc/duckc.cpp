@@ -160,8 +160,10 @@ cl::opt<std::string> compileOProj(
     "o-proj",
     cl::desc("Where every attention's output projection runs: 'host' "
              "(default), or 'ducks': its rows split over the ducks in whole "
-             "128-row tiles (in proportion to their measured rates), in fp9 "
-             "(exact for FP8 checkpoints); one more duck step a layer, and "
+             "128-row tiles (in proportion to their measured rates; FP8 "
+             "tiles in halves or quarters when they are fewer than the "
+             "ducks), in fp9 (exact for FP8 checkpoints); one more duck step "
+             "a layer, and "
              "the host reads none of it (DeepSeek-V3.2: 7 GB a token)"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileQProj(
@@ -176,11 +178,12 @@ cl::opt<std::string> compileInProj(
     "in-proj",
     cl::desc("Where every attention's input projections run: q_proj, "
              "k_proj and v_proj (Qwen3); q_a_proj (or q_proj), "
-             "kv_a_proj_with_mqa and DeepSeek-V3.2's indexer wk (MLA). 'host' (default), or 'ducks': their rows "
-             "as one group split over the ducks as --o-proj does, one more "
-             "duck step a layer. With an indexer it needs --q-proj ducks "
-             "too, which then also carries the indexer's wq_b "
-             "(DeepSeek-V3.2: 2.2 GB a token off the host)"),
+             "kv_a_proj_with_mqa and DeepSeek-V3.2's indexer wk (MLA). "
+             "'host' (default), or 'ducks': their rows as one group split "
+             "over the ducks as --o-proj does, one more duck step a layer. "
+             "With an indexer it needs --q-proj ducks too, which then also "
+             "carries the indexer's wq_b (DeepSeek-V3.2: 2.7 GB a token off "
+             "the host)"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileLmHead(
     "lm-head",

@@ -267,7 +267,8 @@ static_assert(sizeof(duckd_prepare_write_reply) == 16,
 static_assert(sizeof(duckd_close_request) == 8, "duckd_close_request is wire");
 static_assert(sizeof(duckd_measure_request) == 24,
               "duckd_measure_request is wire");
-static_assert(sizeof(duckd_measure_reply) == 184, "duckd_measure_reply is wire");
+static_assert(sizeof(duckd_measure_reply) == 184,
+              "duckd_measure_reply is wire");
 #endif
 
 #endif // DUCK_RT_DUCKD_PROTOCOL_H

@@ -93,7 +93,8 @@ private:
   /// own products would have put them, then the same selection; the MLA's
   /// queries and kv_a output follow it in the result.
   absl::Status RunOnDucks(const Step &s, const float *x, uint32_t n) {
-    const uint64_t wa = InWidth(), wb = QWidth(), hd = (uint64_t)sh_.heads * sh_.dim;
+    const uint64_t wa = InWidth(), wb = QWidth();
+    const uint64_t hd = (uint64_t)sh_.heads * sh_.dim;
     DUCK_RETURN_IF_ERROR(
         runner_->RunRows(in_slot_, n, x, sh_.hidden, a_.data(), wa));
     for (uint32_t t = 0; t < n; ++t) {
