@@ -172,6 +172,16 @@ TEST(DuckElf, EveryModeMatchesTheKernels) {
   }
 }
 
+/// The first byte of slot `slot` of an image (its header).
+uint8_t *SlotBytes(std::vector<uint8_t> &image, uint32_t slot) {
+  duck_image_header ih;
+  std::memcpy(&ih, image.data(), sizeof ih);
+  duck_slot_entry e;
+  std::memcpy(&e, image.data() + ih.slot_table_offset + slot * sizeof e,
+              sizeof e);
+  return image.data() + e.offset;
+}
+
 // Mode HEAD on a head slot gives each row's logit exactly as duck_gemv
 // (one token) and duck_gemm (a batch) give it, on 1 and 3 cores, also for
 // a head slot of several matrices; a malformed head slot, and either slot
@@ -279,11 +289,7 @@ TEST(DuckElf, HeadModeMatchesTheKernels) {
     }
     // The header's rows must be the matrices' rows.
     std::vector<uint8_t> off = *img;
-    duck_image_header oh;
-    std::memcpy(&oh, off.data(), sizeof oh);
-    duck_slot_entry oe;
-    std::memcpy(&oe, off.data() + oh.slot_table_offset + sizeof oe, sizeof oe);
-    reinterpret_cast<duck_slot_header *>(off.data() + oe.offset)->inter = 201;
+    reinterpret_cast<duck_slot_header *>(SlotBytes(off, 1))->inter = 201;
     ElfRunner r(DUCK_ELF_PATH, off, 1);
     ASSERT_TRUE(r.elf);
     EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, 1, 0, {}, RandomX(kHidden, 3))),
@@ -293,11 +299,7 @@ TEST(DuckElf, HeadModeMatchesTheKernels) {
   }
   // A head slot whose `up` is not empty.
   std::vector<uint8_t> bad = *image;
-  duck_image_header ih;
-  std::memcpy(&ih, bad.data(), sizeof ih);
-  duck_slot_entry e;
-  std::memcpy(&e, bad.data() + ih.slot_table_offset + sizeof e, sizeof e);
-  auto *d = reinterpret_cast<duck_ffn_desc *>(bad.data() + e.offset +
+  auto *d = reinterpret_cast<duck_ffn_desc *>(SlotBytes(bad, 1) +
                                               sizeof(duck_slot_header));
   d->up.desc.rows = 1;
   ElfRunner r(DUCK_ELF_PATH, bad, 1);

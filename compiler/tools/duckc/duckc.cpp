@@ -553,21 +553,16 @@ Error runCompile() {
                              "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
-  if (compileOProj != "host" && compileOProj != "ducks")
-    return createStringError(inconvertibleErrorCode(),
-                             "--o-proj must be host or ducks, got '" +
-                                 compileOProj + "'");
-  o.oProj = compileOProj;
-  if (compileQProj != "host" && compileQProj != "ducks")
-    return createStringError(inconvertibleErrorCode(),
-                             "--q-proj must be host or ducks, got '" +
-                                 compileQProj + "'");
-  o.qProj = compileQProj;
-  if (compileInProj != "host" && compileInProj != "ducks")
-    return make_error<StringError>(inconvertibleErrorCode(),
-                                   "--in-proj must be host or ducks, got '" +
-                                       compileInProj + "'");
-  o.inProj = compileInProj;
+  for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
+                           std::pair{&compileQProj, &o.qProj},
+                           std::pair{&compileInProj, &o.inProj}}) {
+    if (*flag != "host" && *flag != "ducks")
+      return createStringError(inconvertibleErrorCode(),
+                               "--" + flag->ArgStr.str() +
+                                   " must be host or ducks, got '" + *flag +
+                                   "'");
+    *out = *flag;
+  }
   if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
       compileStrategy != "auto")
     return createStringError(inconvertibleErrorCode(),

@@ -214,30 +214,16 @@ struct DuckPartitionPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (qProj != "host" && qProj != "ducks") {
-      module.emitError() << "duck-partition: q-proj must be host or ducks, "
-                            "got '"
-                         << qProj << "'";
-      return signalPassFailure();
-    }
-    if (inProj != "host" && inProj != "ducks") {
-      module.emitError() << "duck-partition: in-proj must be host or ducks, "
-                            "got '"
-                         << inProj << "'";
-      return signalPassFailure();
-    }
-    if (oProj != "host" && oProj != "ducks") {
-      module.emitError() << "duck-partition: o-proj must be host or ducks, "
-                            "got '"
-                         << oProj << "'";
-      return signalPassFailure();
-    }
-    if (lmHead != "host" && lmHead != "ducks") {
-      module.emitError() << "duck-partition: lm-head must be host or ducks, "
-                            "got '"
-                         << lmHead << "'";
-      return signalPassFailure();
-    }
+    for (auto [name, value] : {std::pair{"q-proj", &qProj},
+                               std::pair{"in-proj", &inProj},
+                               std::pair{"o-proj", &oProj},
+                               std::pair{"lm-head", &lmHead}})
+      if (*value != "host" && *value != "ducks") {
+        module.emitError() << "duck-partition: " << name
+                           << " must be host or ducks, got '"
+                           << std::string(*value) << "'";
+        return signalPassFailure();
+      }
     // Diagnostics take pass options by value: cast them, or an
     // Option<int64_t> converts to `char` and prints as a control byte.
     if (tp < 1) {
