@@ -17,7 +17,7 @@ namespace duck::runtime {
 
 ThreadPool::ThreadPool(unsigned threads) {
   for (unsigned i = 1; i < std::max(1u, threads); ++i)
-    workers_.emplace_back([this, i] { Loop(i); });
+    workers_.emplace_back([this] { Loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -30,20 +30,46 @@ ThreadPool::~ThreadPool() {
     t.join();
 }
 
-static void part(uint64_t n, unsigned parts, unsigned i, uint64_t *b,
-                 uint64_t *e) {
-  uint64_t base = n / parts, extra = n % parts;
-  *b = i * base + std::min<uint64_t>(i, extra);
-  *e = *b + base + (i < extra ? 1 : 0);
-}
-
 static uint64_t nowNs() {
   return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-void ThreadPool::Loop(unsigned index) {
+namespace {
+constexpr uint64_t kChunkBits = 16, kChunkMask = (1u << kChunkBits) - 1;
+uint64_t ClaimWord(uint64_t gen, uint64_t chunks, uint64_t next) {
+  return gen << 32 | chunks << kChunkBits | next;
+}
+} // namespace
+
+bool ThreadPool::Claim(uint64_t gen, uint64_t *begin, uint64_t *end) {
+  uint64_t v = claim_.load();
+  for (;;) {
+    const uint64_t chunks = (v >> kChunkBits) & kChunkMask,
+                   next = v & kChunkMask;
+    if ((v >> 32) != (gen & 0xffffffffu) || next >= chunks)
+      return false;
+    // Read before the claim: a successful claim means the job was still
+    // unfinished, so these are its fields (see job_).
+    const uint64_t n = n_.load(), chunk = chunk_.load();
+    if (claim_.compare_exchange_weak(v, v + 1)) {
+      *begin = next * chunk;
+      *end = std::min(n, *begin + chunk);
+      return true;
+    }
+  }
+}
+
+void ThreadPool::RunChunks(uint64_t gen) {
+  uint64_t b, e;
+  while (Claim(gen, &b, &e)) {
+    (*job_.load())(b, e);
+    done_.fetch_add(1);
+  }
+}
+
+void ThreadPool::Loop() {
   uint64_t seen = 0;
   for (;;) {
     // Spin a while for the next job, then sleep. The caller bumps
@@ -64,33 +90,38 @@ void ThreadPool::Loop(unsigned index) {
     if (stop_.load())
       return;
     seen = generation_.load();
-    uint64_t b, e;
-    part(n_, size(), index, &b, &e);
-    if (b < e)
-      (*job_)(b, e);
-    pending_.fetch_sub(1);
+    RunChunks(seen);
   }
 }
 
 void ThreadPool::ParallelFor(uint64_t n,
-                             const std::function<void(uint64_t, uint64_t)> &fn) {
+                             const std::function<void(uint64_t, uint64_t)> &fn,
+                             uint64_t align) {
   if (workers_.empty() || n < 2) {
     fn(0, n);
     return;
   }
-  job_ = &fn;
-  n_ = n;
-  pending_.store((unsigned)workers_.size());
-  generation_.fetch_add(1);
+  align = std::max<uint64_t>(1, align);
+  const uint64_t units = (n + align - 1) / align;
+  const uint64_t want =
+      std::min<uint64_t>({units, kChunksPerThread * size(), kChunkMask});
+  const uint64_t chunk = (units + want - 1) / want * align;
+  const uint64_t chunks = (n + chunk - 1) / chunk;
+  // The last job is done (every chunk finished), so nobody reads these.
+  job_.store(&fn);
+  n_.store(n);
+  chunk_.store(chunk);
+  done_.store(0);
+  const uint64_t gen = generation_.load() + 1;
+  claim_.store(ClaimWord(gen & 0xffffffffu, chunks, 0));
+  generation_.store(gen);
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> l(mu_);
     cv_.notify_all();
   }
-  uint64_t b, e;
-  part(n, size(), 0, &b, &e);
-  if (b < e)
-    fn(b, e);
-  for (uint32_t i = 0; pending_.load() != 0; ++i)
+  RunChunks(gen);
+  // Only chunks a worker claimed can still be running.
+  for (uint32_t i = 0; done_.load() != chunks; ++i)
     if (i % 1024 == 1023)
       std::this_thread::yield();
     else
@@ -268,6 +299,11 @@ double MeasureReadBandwidthGbs(ThreadPool &pool) {
 }
 
 namespace {
+/// Row chunks of a product start at multiples of 64 rows (as halves of
+/// 128-row tiles did before chunks): a row's bits never depend on the
+/// chunk, and a chunk re-scales its input at most once a tile.
+constexpr uint64_t kRowAlign = 64;
+
 /// The fp9 kernels' scratch (pre-scaled inputs), 64-byte aligned: one
 /// buffer a thread that only grows, so a step allocates nothing once the
 /// largest matrix has been seen.
@@ -314,9 +350,9 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
     MatVecRows(w, x, y, 0, w.rows);
     return;
   }
-  pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-    MatVecRows(w, x, y, b, e);
-  });
+  pool.ParallelFor(
+      w.rows, [&](uint64_t b, uint64_t e) { MatVecRows(w, x, y, b, e); },
+      kRowAlign);
 }
 
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
@@ -345,7 +381,7 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
         duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
                   (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
                   KernelScratch(2 * n * w.cols));
-    });
+    }, kRowAlign);
     return;
   }
   if (w.i8) {
@@ -361,7 +397,7 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
         for (; t < n; ++t)
           y[t * w.rows + r] = DotI8(w, r, x + t * w.cols);
       }
-    });
+    }, kRowAlign);
     return;
   }
   const bool avx512 = w.bf16 && HostHasAvx512();
@@ -385,7 +421,7 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
                                      w.cols)
                      : DotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols);
     }
-  });
+  }, kRowAlign);
 }
 
 //===----------------------------------------------------------------------===//

@@ -8,12 +8,45 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <atomic>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <utility>
 #include <vector>
 
 namespace duck::runtime {
 namespace {
+
+/// Chunks claimed by whoever comes first: every index runs exactly once,
+/// chunk bounds are multiples of `align` (but the last), and back-to-back
+/// jobs never mix, whether the workers spin or sleep between them.
+TEST(HostKernels, ParallelForRunsEveryIndexOnceInAlignedChunks) {
+  for (unsigned threads : {1u, 2u, 3u}) {
+    ThreadPool pool(threads);
+    for (int round = 0; round < 200; ++round) {
+      const uint64_t n = 1 + (uint64_t)round * 37 % 1000,
+                     align = round % 3 == 0 ? 64 : 1 + round % 5;
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<bool> misaligned{false};
+      pool.ParallelFor(
+          n,
+          [&](uint64_t b, uint64_t e) {
+            if (b % align != 0 || (e != n && e % align != 0) || b >= e)
+              misaligned = true;
+            for (uint64_t i = b; i < e; ++i)
+              hits[i].fetch_add(1);
+          },
+          align);
+      for (uint64_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[i].load(), 1)
+            << "threads " << threads << ", n " << n << ", index " << i;
+      ASSERT_FALSE(misaligned) << "threads " << threads << ", n " << n;
+      if (round % 50 == 49) // let the workers fall asleep
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
 
 TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
   std::mt19937 rng(7);

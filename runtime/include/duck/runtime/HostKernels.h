@@ -26,26 +26,47 @@ public:
   explicit ThreadPool(unsigned threads);
   ~ThreadPool();
   unsigned size() const { return (unsigned)workers_.size() + 1; }
-  /// Runs fn(begin, end) over [0, n) split into size() contiguous parts;
-  /// the caller runs part 0. Returns when all parts are done.
+  /// Runs fn(begin, end) over [0, n): the range is cut into up to
+  /// kChunksPerThread x size() chunks (their bounds multiples of `align`,
+  /// but the last), which the caller and the workers claim one at a time
+  /// until none is left. Returns when every chunk is done. Each index is
+  /// run exactly once, by one thread.
   ///
-  /// A step calls this a few times a layer, so waking the workers must cost
-  /// microseconds: idle workers spin (with `pause`) for kSpinNs after their
-  /// last job before they sleep on a condition variable, and the caller
-  /// waits for the parts by spinning on a counter.
-  void ParallelFor(uint64_t n, const std::function<void(uint64_t, uint64_t)> &fn);
+  /// A step calls this a few times a layer, between steps on the ducks
+  /// that take longer than a worker spins, so a worker is often asleep
+  /// when a job comes, and waking a sleeping thread costs 100-150 us on a
+  /// VM. The caller does not wait for it: it starts on the chunks at once,
+  /// a worker joins in when it wakes, and the caller waits only for
+  /// chunks a worker has claimed. Idle workers spin (`pause`, yielding now
+  /// and then) for kSpinNs after their last chunk before they sleep on a
+  /// condition variable.
+  void ParallelFor(uint64_t n, const std::function<void(uint64_t, uint64_t)> &fn,
+                   uint64_t align = 1);
 
   static constexpr uint64_t kSpinNs = 50000;
+  static constexpr uint64_t kChunksPerThread = 4;
 
 private:
-  void Loop(unsigned index);
+  void Loop();
+  /// Claims the next chunk of job `gen`; false when it has none left or a
+  /// newer job has started.
+  bool Claim(uint64_t gen, uint64_t *begin, uint64_t *end);
+  void RunChunks(uint64_t gen);
+
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  const std::function<void(uint64_t, uint64_t)> *job_ = nullptr;
-  uint64_t n_ = 0;
+  // The current job. Written only between jobs (when every chunk of the
+  // last one is done), before claim_ announces the new one.
+  std::atomic<const std::function<void(uint64_t, uint64_t)> *> job_{nullptr};
+  std::atomic<uint64_t> n_{0}, chunk_{0};
+  /// (job generation << 32) | (chunks << 16) | next chunk: everything a
+  /// claim checks in one word, so a worker that read a finished job's
+  /// fields can never claim a chunk of the next one.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<uint64_t> done_{0}; // chunks of the current job finished
   std::atomic<uint64_t> generation_{0};
-  std::atomic<unsigned> pending_{0}, sleepers_{0};
+  std::atomic<unsigned> sleepers_{0};
   std::atomic<bool> stop_{false};
 };
 
