@@ -355,14 +355,15 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
       kRowAlign);
 }
 
-void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
-            float *y) {
-  // Rows outer so each weight row is read once for all tokens.
+/// Rows [b, e) of y = W x for n tokens (y is [n, rows]): the products of
+/// MatMul and MatMulMany, which only cut the rows.
+static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
+                        float *y, uint64_t b, uint64_t e) {
   if (w.is_fp9) {
     // One token: the GEMV (same bits as a GEMM row).
     if (n < 2) {
       for (uint64_t t = 0; t < n; ++t)
-        MatVec(pool, w, x + t * w.cols, y + t * w.rows);
+        MatVecRows(w, x + t * w.cols, y + t * w.rows, b, e);
       return;
     }
     // The duck GEMM: every token's result is bit-identical to the GEMV
@@ -371,57 +372,81 @@ void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
     // AVX-512 is there: it decodes once into a panel, and two 256-bit FMA
     // ports outrun the one 512-bit port of such hosts (50 against 40
     // GMAC/s a core measured here).
-    const bool avx512 = HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN;
-    pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-      if (avx512)
-        Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                      (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
-                      KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
-      else
-        duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                  (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
-                  KernelScratch(2 * n * w.cols));
-    }, kRowAlign);
+    if (HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN)
+      Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
+                    (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+                    KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
+    else
+      duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
+                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+                KernelScratch(2 * n * w.cols));
     return;
   }
   if (w.i8) {
     // Four tokens a pass: each group of weights is widened once for them.
     const uint64_t blocks = w.cols / kInt8Block;
-    pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-      for (uint64_t r = b; r < e; ++r) {
-        uint64_t t = 0;
-        for (; t + 4 <= n; t += 4)
-          DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
-                         x + t * w.cols, w.cols, w.cols, y + t * w.rows + r,
-                         w.rows);
-        for (; t < n; ++t)
-          y[t * w.rows + r] = DotI8(w, r, x + t * w.cols);
-      }
-    }, kRowAlign);
+    for (uint64_t r = b; r < e; ++r) {
+      uint64_t t = 0;
+      for (; t + 4 <= n; t += 4)
+        DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
+                       x + t * w.cols, w.cols, w.cols, y + t * w.rows + r,
+                       w.rows);
+      for (; t < n; ++t)
+        y[t * w.rows + r] = DotI8(w, r, x + t * w.cols);
+    }
     return;
   }
   const bool avx512 = w.bf16 && HostHasAvx512();
-  pool.ParallelFor(w.rows, [&](uint64_t b, uint64_t e) {
-    for (uint64_t r = b; r < e; ++r) {
-      uint64_t t = 0;
-      if (w.bf16) // four tokens a pass: the row is widened once for them
-        for (; t + 4 <= n; t += 4) {
-          const uint16_t *row = w.bf16 + r * w.cols;
-          if (avx512)
-            DotBf16x4Avx512(row, x + t * w.cols, w.cols, w.cols,
-                            y + t * w.rows + r, w.rows);
-          else
-            DotBf16Tokens<4>(row, x + t * w.cols, w.cols, w.cols,
-                             y + t * w.rows + r, w.rows);
-        }
-      for (; t < n; ++t)
-        y[t * w.rows + r] =
-            !w.bf16  ? DotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols)
-            : avx512 ? DotBf16Avx512(w.bf16 + r * w.cols, x + t * w.cols,
-                                     w.cols)
-                     : DotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols);
+  for (uint64_t r = b; r < e; ++r) {
+    uint64_t t = 0;
+    if (w.bf16) // four tokens a pass: the row is widened once for them
+      for (; t + 4 <= n; t += 4) {
+        const uint16_t *row = w.bf16 + r * w.cols;
+        if (avx512)
+          DotBf16x4Avx512(row, x + t * w.cols, w.cols, w.cols,
+                          y + t * w.rows + r, w.rows);
+        else
+          DotBf16Tokens<4>(row, x + t * w.cols, w.cols, w.cols,
+                           y + t * w.rows + r, w.rows);
+      }
+    for (; t < n; ++t)
+      y[t * w.rows + r] =
+          !w.bf16  ? DotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols)
+          : avx512 ? DotBf16Avx512(w.bf16 + r * w.cols, x + t * w.cols,
+                                   w.cols)
+                   : DotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols);
+  }
+}
+
+void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
+            float *y) {
+  MatMulMany(pool, x, n, {{&w, y}});
+}
+
+void MatMulMany(ThreadPool &pool, const float *x, uint64_t n,
+                std::initializer_list<Product> products) {
+  // The matrices' rows one after another, each starting at a multiple of
+  // kRowAlign, so a chunk's piece of any matrix starts on one too.
+  uint64_t total = 0, weights = 0;
+  for (const Product &p : products) {
+    total += (p.w->rows + kRowAlign - 1) / kRowAlign * kRowAlign;
+    weights += p.w->rows * p.w->cols;
+  }
+  auto rows = [&](uint64_t b, uint64_t e) {
+    uint64_t at = 0;
+    for (const Product &p : products) {
+      const uint64_t lo = std::max(b, at), hi = std::min(e, at + p.w->rows);
+      if (lo < hi)
+        ProductRows(*p.w, x, n, p.y, lo - at, hi - at);
+      at += (p.w->rows + kRowAlign - 1) / kRowAlign * kRowAlign;
     }
-  }, kRowAlign);
+  };
+  // Rows outer so each weight row is read once for all tokens; a small
+  // product is not worth a hand-off.
+  if (n * weights < (1u << 16))
+    rows(0, total);
+  else
+    pool.ParallelFor(total, rows, kRowAlign);
 }
 
 //===----------------------------------------------------------------------===//
@@ -511,42 +536,126 @@ void SoftmaxScores(float *v, uint64_t n) {
 }
 } // namespace
 
+namespace {
+/// The four sums of a0..a3 in one vector: lane i = sum of the lanes of ai.
+inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+  const __m256 s = _mm256_hadd_ps(s01, s23);
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/// scores[t] = (k_t . q) * scale for t in [0, len): four keys a pass, so
+/// four independent FMA chains share each load of q.
+void ScoreKeys(const float *q, const float *kc, uint64_t len, uint64_t dim,
+               float scale, float *scores) {
+  const uint64_t vec = dim / 8 * 8;
+  const __m128 sc = _mm_set1_ps(scale);
+  uint64_t t = 0;
+  for (; t + 4 <= len; t += 4) {
+    const float *k0 = kc + t * dim, *k1 = k0 + dim, *k2 = k1 + dim,
+                *k3 = k2 + dim;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint64_t d = 0; d < vec; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + d), qd, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + d), qd, a1);
+      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + d), qd, a2);
+      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + d), qd, a3);
+    }
+    __m128 r = Hsum4(a0, a1, a2, a3);
+    if (vec < dim) {
+      alignas(16) float tail[4] = {0, 0, 0, 0};
+      for (uint64_t d = vec; d < dim; ++d) {
+        tail[0] += k0[d] * q[d];
+        tail[1] += k1[d] * q[d];
+        tail[2] += k2[d] * q[d];
+        tail[3] += k3[d] * q[d];
+      }
+      r = _mm_add_ps(r, _mm_load_ps(tail));
+    }
+    _mm_storeu_ps(scores + t, _mm_mul_ps(r, sc));
+  }
+  for (; t < len; ++t)
+    scores[t] = DotF32(kc + t * dim, q, dim) * scale;
+}
+
+/// out[g] = sum_t p[g][t] v_t for G heads (p rows `len` apart): the
+/// outputs stay in registers, 32 dims of two heads a pass (eight
+/// accumulators), so each value row is loaded once for both heads.
+void WeighValues(const float *p, uint64_t G, const float *vc, uint64_t len,
+                 uint64_t dim, float *out) {
+  const uint64_t vec = dim / 8 * 8;
+  for (uint64_t g = 0; g < G; g += 2) {
+    const bool two = g + 1 < G;
+    const float *p0 = p + g * len, *p1 = two ? p0 + len : p0;
+    float *o0 = out + g * dim, *o1 = two ? o0 + dim : o0;
+    uint64_t d = 0;
+    for (; d + 32 <= vec; d += 32) {
+      __m256 a[2][4];
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j)
+          a[h][j] = _mm256_setzero_ps();
+      for (uint64_t t = 0; t < len; ++t) {
+        const float *vr = vc + t * dim + d;
+        const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
+        for (int j = 0; j < 4; ++j) {
+          const __m256 v = _mm256_loadu_ps(vr + 8 * j);
+          a[0][j] = _mm256_fmadd_ps(b0, v, a[0][j]);
+          a[1][j] = _mm256_fmadd_ps(b1, v, a[1][j]);
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        _mm256_storeu_ps(o0 + d + 8 * j, a[0][j]);
+        if (two)
+          _mm256_storeu_ps(o1 + d + 8 * j, a[1][j]);
+      }
+    }
+    for (; d < vec; d += 8) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+      for (uint64_t t = 0; t < len; ++t) {
+        const __m256 v = _mm256_loadu_ps(vc + t * dim + d);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[t]), v, a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[t]), v, a1);
+      }
+      _mm256_storeu_ps(o0 + d, a0);
+      if (two)
+        _mm256_storeu_ps(o1 + d, a1);
+    }
+    for (; d < dim; ++d) {
+      float s0 = 0.0f, s1 = 0.0f;
+      for (uint64_t t = 0; t < len; ++t) {
+        s0 += p0[t] * vc[t * dim + d];
+        s1 += p1[t] * vc[t * dim + d];
+      }
+      o0[d] = s0;
+      if (two)
+        o1[d] = s1;
+    }
+  }
+}
+} // namespace
+
 void AttendHeads(const float *q, const float *kc, const float *vc,
                  uint64_t kvStride, uint64_t len, uint64_t heads,
                  uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
                  float *out) {
-  const uint64_t group = kvHeads ? heads / kvHeads : 1, vec = dim / 8 * 8;
+  const uint64_t group = kvHeads ? heads / kvHeads : 1;
   thread_local std::vector<float> buf;
   if (buf.size() < len * std::min(group, h1 - h0))
     buf.resize(len * std::min(group, h1 - h0));
   float *scores = buf.data();
   const float scale = 1.0f / std::sqrt((float)dim);
   for (uint64_t h = h0; h < h1;) {
-    // The query heads [h, hEnd) of this range share kv head kvh.
+    // The query heads [h, hEnd) of this range share kv head kvh; its keys
+    // and values are read once for them while they are in L1/L2.
     const uint64_t kvh = h / group;
     const uint64_t hEnd = std::min(h1, (kvh + 1) * group), G = hEnd - h;
-    for (uint64_t t = 0; t < len; ++t) {
-      const float *kr = kc + kvh * kvStride + t * dim;
-      for (uint64_t g = 0; g < G; ++g)
-        scores[g * len + t] = DotF32(kr, q + (h + g) * dim, dim) * scale;
-    }
     for (uint64_t g = 0; g < G; ++g) {
+      ScoreKeys(q + (h + g) * dim, kc + kvh * kvStride, len, dim, scale,
+                scores + g * len);
       SoftmaxScores(scores + g * len, len);
-      std::fill(out + (h + g) * dim, out + (h + g + 1) * dim, 0.0f);
     }
-    for (uint64_t t = 0; t < len; ++t) {
-      const float *vr = vc + kvh * kvStride + t * dim;
-      for (uint64_t g = 0; g < G; ++g) {
-        float *o = out + (h + g) * dim;
-        const float p = scores[g * len + t];
-        const __m256 pb = _mm256_set1_ps(p);
-        for (uint64_t d = 0; d < vec; d += 8)
-          _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pb, _mm256_loadu_ps(vr + d),
-                                                  _mm256_loadu_ps(o + d)));
-        for (uint64_t d = vec; d < dim; ++d)
-          o[d] += p * vr[d];
-      }
-    }
+    WeighValues(scores, G, vc + kvh * kvStride, len, dim, out + h * dim);
     h = hEnd;
   }
 }

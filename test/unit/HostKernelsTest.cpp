@@ -238,6 +238,75 @@ TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
   }
 }
 
+/// Products fused into one hand-off (q/k/v; MLA's q_a and kv_a) have the
+/// bits of their own MatMul, whatever the pool size, for matrices whose
+/// rows are not multiples of the chunk alignment and for bf16 and fp9.
+TEST(HostKernels, MatMulManyHasEachMatMulsBits) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint32_t k = 1024;
+  std::vector<HostMatrix> ms;
+  std::vector<std::vector<float>> src;
+  std::vector<std::vector<uint16_t>> bf16;
+  ms.reserve(4);
+  for (uint32_t rows : {300u, 64u, 130u}) { // fp9
+    src.emplace_back((uint64_t)rows * k);
+    for (auto &v : src.back())
+      v = d(rng);
+    duck_fp9_desc desc{rows, k, 128, 128, 0};
+    duck_fp9_layout lay;
+    ASSERT_EQ(duck_fp9_compute_layout(&desc, &lay), DUCK_FP9_OK);
+    HostMatrix m;
+    m.rows = rows;
+    m.cols = k;
+    m.is_fp9 = true;
+    m.fp9_store.assign(lay.total_bytes / 8 + 8, 0);
+    void *base = reinterpret_cast<void *>(
+        (reinterpret_cast<uintptr_t>(m.fp9_store.data()) + 63) & ~uintptr_t(63));
+    duck_fp9_source s{};
+    s.type = DUCK_FP9_SRC_F32;
+    s.data = src.back().data();
+    s.src_rows = rows;
+    s.src_cols = k;
+    ASSERT_EQ(duck_fp9_pack(&s, &desc, base, nullptr), DUCK_FP9_OK);
+    m.fp9 = duck_fp9_matrix_view(&desc, base);
+    ms.push_back(std::move(m));
+  }
+  { // bf16, 67 rows
+    bf16.emplace_back(67 * k);
+    for (auto &v : bf16.back())
+      v = (uint16_t)(0x3f00 + rng() % 0x200);
+    HostMatrix m;
+    m.rows = 67;
+    m.cols = k;
+    m.bf16 = bf16.back().data();
+    ms.push_back(std::move(m));
+  }
+  for (unsigned threads : {1u, 2u, 3u}) {
+    ThreadPool pool(threads);
+    for (uint64_t n : {1u, 2u, 5u}) {
+      std::vector<float> x(n * k);
+      for (auto &v : x)
+        v = d(rng);
+      std::vector<std::vector<float>> one(ms.size()), many(ms.size());
+      for (size_t i = 0; i < ms.size(); ++i) {
+        one[i].assign(n * ms[i].rows, 0.0f);
+        many[i].assign(n * ms[i].rows, -1.0f);
+        MatMul(pool, ms[i], x.data(), n, one[i].data());
+      }
+      MatMulMany(pool, x.data(), n,
+                 {{&ms[0], many[0].data()},
+                  {&ms[1], many[1].data()},
+                  {&ms[2], many[2].data()},
+                  {&ms[3], many[3].data()}});
+      for (size_t i = 0; i < ms.size(); ++i)
+        ASSERT_EQ(0, std::memcmp(one[i].data(), many[i].data(),
+                                 one[i].size() * 4))
+            << "matrix " << i << ", threads " << threads << ", tokens " << n;
+    }
+  }
+}
+
 /// Vectorised GQA attention against a double-precision softmax-weighted
 /// sum, over head ranges that split a kv head's group or not, a head
 /// width with a scalar tail, and lengths with a tail of the 8-wide loops.

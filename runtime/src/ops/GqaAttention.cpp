@@ -78,11 +78,14 @@ public:
       if (q_runner_) {
         DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
                                                 q_buf_.data(), sh_.q()));
+        MatMulMany(*pool_, x, n,
+                   {{&k_, k_buf_.data()}, {&v_, v_buf_.data()}});
       } else {
-        MatMul(*pool_, q_, x, n, q_buf_.data());
+        MatMulMany(*pool_, x, n,
+                   {{&q_, q_buf_.data()},
+                    {&k_, k_buf_.data()},
+                    {&v_, v_buf_.data()}});
       }
-      MatMul(*pool_, k_, x, n, k_buf_.data());
-      MatMul(*pool_, v_, x, n, v_buf_.data());
     }
     // Every row's k/v goes into its sequence's cache first (a row attends
     // only to positions up to its own, all written by then), then one

@@ -75,14 +75,14 @@ public:
     const uint32_t n = s.rows();
     if (runner_)
       return RunOnDucks(s, x, n);
-    MatMul(*pool_, q_a_, x, n, cq_.data());
+    // Every product of the input in one pass over the pool.
+    MatMulMany(*pool_, x, n,
+               {{&q_a_, cq_.data()}, {&wk_, k_.data()}, {&wproj_, w_.data()}});
     for (uint32_t t = 0; t < n; ++t) {
       float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
       RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
     }
     MatMul(*pool_, wq_b_, cq_.data(), n, q_.data());
-    MatMul(*pool_, wk_, x, n, k_.data());
-    MatMul(*pool_, wproj_, x, n, w_.data());
     for (uint32_t t = 0; t < n; ++t)
       Row(t, s.seq[t], s.pos[t], Out(s) + (uint64_t)t * sh_.topk);
     return absl::OkStatus();

@@ -116,16 +116,18 @@ public:
       if (sh_.q_lora)
         DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
     } else if (sh_.q_lora) {
-      MatMul(*pool_, q_a_, x, n, cq_.data());
+      // Both projections of the input in one pass over the pool.
+      MatMulMany(*pool_, x, n,
+                 {{&q_a_, cq_.data()}, {&kv_a_, kva_.data()}});
       DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
     } else if (q_runner_) {
       DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
                                               q_buf_.data(), qRows));
-    } else {
-      MatMul(*pool_, q_, x, n, q_buf_.data());
-    }
-    if (!from_indexer_ && !in_runner_)
       MatMul(*pool_, kv_a_, x, n, kva_.data());
+    } else {
+      MatMulMany(*pool_, x, n,
+                 {{&q_, q_buf_.data()}, {&kv_a_, kva_.data()}});
+    }
     for (uint32_t t = 0; t < n; ++t)
       Row(t, s.seq[t], s.pos[t],
           indexed_ ? In(s, 1) + (uint64_t)t * sel_width_ : nullptr);

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -137,6 +138,17 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y);
 /// Y[t] = W X[t] for n rows of X (row stride = cols), split across the pool.
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y);
+/// One product of MatMulMany: y = w x, y [n, w->rows].
+struct Product {
+  const HostMatrix *w;
+  float *y;
+};
+/// Several matrices of the same cols against the same n inputs in one
+/// hand-off to the pool: their rows are cut into chunks together, so
+/// q/k/v (or MLA's q_a and kv_a) stream as one matrix instead of three,
+/// with one start and one tail. Each product's bits are MatMul's.
+void MatMulMany(ThreadPool &pool, const float *x, uint64_t n,
+                std::initializer_list<Product> products);
 
 /// y = w * x / sqrt(mean(x^2) + eps), in place allowed.
 void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y);
