@@ -5,6 +5,8 @@
 // ping-pong of the same sizes. `duck-bench cache` (BenchCache.cpp): start-up
 // with a warm weight cache vs a full prepare. Both link duck_runtime_client
 // and duck_synthetic_image and start duckd processes (LocalCluster).
+// `duck-bench host` (BenchHost.cpp): the host's GEMV and attention kernels
+// against the read bandwidth of the same run.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_BENCH_BENCHSUBCOMMANDS_H
@@ -13,6 +15,7 @@
 /// argv[0] is the subcommand name; returns the exit code.
 int duckBenchJudge(int argc, char **argv);
 int duckBenchCache(int argc, char **argv);
+int duckBenchHost(int argc, char **argv);
 
 namespace duck::bench {
 /// The whole tool: dispatches argv[1] to a subcommand, prints the list on

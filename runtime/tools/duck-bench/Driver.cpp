@@ -44,6 +44,8 @@ const Subcommand kSubcommands[] = {
      duckBenchJudge},
     {"cache", "start-up with a warm weight cache vs a full prepare",
      duckBenchCache},
+    {"host", "the host's fp9 GEMV and attention vs read bandwidth, cold",
+     duckBenchHost},
     {"e2e", "decode/prefill end to end vs read bandwidth (and llama.cpp)",
      runE2e},
 };

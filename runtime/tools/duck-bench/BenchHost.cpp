@@ -1,0 +1,305 @@
+//===- BenchHost.cpp - duck-bench host: the host's kernels against memory -===//
+//
+// The host's share of a decoded token on this machine, each figure beside
+// the streaming read rate measured in the same run:
+//
+//  - fp9 GEMV through the host's thread pool (MatMulMany / MatVec, the
+//    AVX-512 kernel where the CPU has it) on the Qwen3-0.6B host matrices:
+//    q/k/v fused (2048 + 1024 + 1024 rows x 1024), o_proj (1024 x 2048),
+//    an fp9 LM head (151936 x 1024);
+//  - GQA attention over the KV cache (AttendHeads, 16 query / 8 kv heads of
+//    128, the pool splitting the kv heads) at several context lengths,
+//    with a plain read of the same cache bytes through the same pool as
+//    its floor.
+//
+// Everything is cold: copies of the weights (or layers of cache) are cycled
+// through a set of --cold-mib, so each call reads memory, not cache.
+//
+//===----------------------------------------------------------------------===//
+#include "BenchSubcommands.h"
+#include "Common.h"
+
+#include "duck/runtime/HostKernels.h"
+#include "duck_rt/kernel_select.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace duck::bench;
+using duck::runtime::HostMatrix;
+using duck::runtime::ThreadPool;
+
+namespace {
+
+struct HostOptions {
+  uint32_t threads = 0; // 0: every online core
+  uint64_t cold_mib = 0; // 0: four times the last-level cache, >= 1 GiB
+  std::vector<uint32_t> contexts = {128, 1024, 4096};
+  uint32_t reps = 5;
+  bool json = false;
+};
+
+void PrintUsage(FILE *out) {
+  std::fprintf(
+      out,
+      "usage: duck-bench host [--threads=N] [--cold-mib=4xLLC]\n"
+      "  [--contexts=128,1024,4096] [--reps=5] [--json]\n\n"
+      "Measures the host's kernels on this machine, cold (weights or KV\n"
+      "cache cycled through --cold-mib MiB, by default four times the\n"
+      "last-level cache and at least 1 GiB), against the streaming read\n"
+      "rate of the same run (a plain read of a cold set of that size over\n"
+      "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
+      "(q/k/v fused, o_proj, an fp9 LM head) and GQA attention (16/8 heads\n"
+      "of 128) over --contexts cached positions. A figure is the best of\n"
+      "--reps passes; GB/s counts the bytes a call must read.\n");
+}
+
+bool Parse(int argc, char **argv, HostOptions *o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&](const char *key) -> const char * {
+      size_t n = std::strlen(key);
+      return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
+                 ? argv[i] + n + 1
+                 : nullptr;
+    };
+    if (a == "--json")
+      o->json = true;
+    else if (const char *v = val("--threads"))
+      o->threads = uint32_t(std::atoi(v));
+    else if (const char *v = val("--cold-mib"))
+      o->cold_mib = uint64_t(std::atoll(v));
+    else if (const char *v = val("--reps"))
+      o->reps = uint32_t(std::atoi(v));
+    else if (const char *v = val("--contexts")) {
+      if (!parseUintList(v, o->contexts, 1u << 20))
+        return false;
+    } else
+      return false;
+  }
+  return (o->cold_mib == 0 || o->cold_mib >= 16) && o->reps >= 1;
+}
+
+/// `copies` fp9 matrices [rows, k] (block 128) with magnitudes of normal
+/// floats and mixed signs: the kernels' speed does not depend on values.
+struct Fp9Set {
+  Buffer planes;
+  std::vector<float> scale;
+  std::vector<HostMatrix> m;
+  uint64_t bytes = 0; // of one matrix: magnitudes + signs
+};
+
+Fp9Set MakeFp9(uint32_t rows, uint32_t k, uint64_t copies) {
+  Fp9Set s;
+  const uint64_t mag = (uint64_t)rows * k, sign = mag / 8;
+  s.bytes = mag + sign;
+  s.planes = Buffer(s.bytes * copies);
+  uint8_t *p = s.planes.data();
+  for (uint64_t i = 0; i < copies * s.bytes; ++i)
+    p[i] = (uint8_t)(0x60 + (i * 7) % 64);
+  s.scale.assign((uint64_t)(rows + 127) / 128 * (k / 128), 1.0f);
+  for (uint64_t c = 0; c < copies; ++c) {
+    HostMatrix h;
+    h.rows = rows;
+    h.cols = k;
+    h.is_fp9 = true;
+    h.fp9.mag = p + c * s.bytes;
+    h.fp9.sign = reinterpret_cast<const uint32_t *>(p + c * s.bytes + mag);
+    h.fp9.scale = s.scale.data();
+    h.fp9.rows = rows;
+    h.fp9.k = k;
+    h.fp9.block = 128;
+    h.fp9.scale_rows = 128;
+    h.fp9.row_phase = 0;
+    h.fp9.kernel = duck_select_kernel(k, 128);
+    s.m.push_back(h);
+  }
+  return s;
+}
+
+uint64_t CopiesFor(uint64_t bytes, uint64_t coldBytes) {
+  return std::max<uint64_t>(2, (coldBytes + bytes - 1) / bytes);
+}
+
+/// Best seconds a call of fn(copy) over `reps` passes of every copy.
+template <typename Fn>
+double BestPerCall(uint64_t copies, uint32_t reps, Fn fn) {
+  double best = 1e30;
+  for (uint32_t r = 0; r <= reps; ++r) { // the first pass warms up
+    const double t0 = nowSeconds();
+    for (uint64_t c = 0; c < copies; ++c)
+      fn(c);
+    if (r)
+      best = std::min(best, (nowSeconds() - t0) / (double)copies);
+  }
+  return best;
+}
+
+struct Result {
+  std::string what;
+  double bytes, seconds, floor_seconds; // floor: a plain read, or 0
+};
+
+} // namespace
+
+int duckBenchHost(int argc, char **argv) {
+  HostOptions o;
+  if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    PrintUsage(stdout);
+    return 0;
+  }
+  if (!Parse(argc, argv, &o)) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  const MachineInfo machine = detectMachine();
+  const unsigned threads =
+      o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  ThreadPool pool(threads);
+  const uint64_t cold =
+      o.cold_mib ? o.cold_mib << 20
+                 : std::max<uint64_t>(1ull << 30, 4 * machine.llcBytes);
+  std::fprintf(stderr, "duck-bench host: %u thread(s), %s, AVX-512 %s\n",
+               threads, machine.cpuModel.c_str(),
+               duck::runtime::HostHasAvx512() ? "yes" : "no");
+  // The reference: a plain read of a cold set of the same size.
+  double readGbs = 0;
+  {
+    Buffer set(cold);
+    std::memset(set.data(), 1, cold);
+    const uint64_t lanes = cold / 32;
+    std::atomic<uint64_t> sink{0};
+    const double s = BestPerCall(1, o.reps, [&](uint64_t) {
+      pool.ParallelFor(
+          lanes,
+          [&](uint64_t b, uint64_t e) {
+            const auto *p = set.as<const __m256i>();
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+            for (uint64_t i = b; i + 1 < e; i += 2) {
+              a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+              a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
+            }
+            sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+          },
+          2);
+    });
+    readGbs = (double)cold / s / 1e9;
+  }
+
+  std::vector<Result> results;
+  { // q/k/v fused: three matrices of one input, one hand-off.
+    const uint32_t k = 1024;
+    const uint64_t one = (2048 + 1024 + 1024) * (uint64_t)k * 9 / 8;
+    const uint64_t copies = CopiesFor(one, cold);
+    Fp9Set qs = MakeFp9(2048, k, copies), ks = MakeFp9(1024, k, copies),
+           vs = MakeFp9(1024, k, copies);
+    std::vector<float> x(k, 0.5f), yq(2048), yk(1024), yv(1024);
+    const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
+      duck::runtime::MatMulMany(pool, x.data(), 1,
+                                {{&qs.m[c], yq.data()},
+                                 {&ks.m[c], yk.data()},
+                                 {&vs.m[c], yv.data()}});
+    });
+    results.push_back({"gemv q/k/v 4096x1024 (0.6B)", (double)one, s, 0});
+  }
+  struct Shape {
+    const char *what;
+    uint32_t rows, k;
+  };
+  for (Shape sh : {Shape{"gemv o_proj 1024x2048 (0.6B)", 1024, 2048},
+                   Shape{"gemv LM head 151936x1024 (0.6B)", 151936, 1024}}) {
+    const uint64_t bytes = (uint64_t)sh.rows * sh.k * 9 / 8;
+    const uint64_t copies = CopiesFor(bytes, cold);
+    Fp9Set set = MakeFp9(sh.rows, sh.k, copies);
+    std::vector<float> x(sh.k, 0.5f), y(sh.rows);
+    const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
+      duck::runtime::MatVec(pool, set.m[c], x.data(), y.data());
+    });
+    results.push_back({sh.what, (double)set.bytes, s, 0});
+  }
+  // Attention: a layer's cache is [kv head][len][128] for k and for v.
+  const uint64_t H = 16, KV = 8, D = 128;
+  for (uint32_t len : o.contexts) {
+    const uint64_t layerFloats = KV * len * D, layerBytes = 2 * layerFloats * 4;
+    const uint64_t layers = CopiesFor(layerBytes, cold);
+    Buffer kc(layerFloats * 4 * layers), vc(layerFloats * 4 * layers);
+    for (uint64_t i = 0; i < layerFloats * layers; ++i) {
+      kc.as<float>()[i] = 0.001f * (float)(i % 97);
+      vc.as<float>()[i] = 0.002f * (float)(i % 89);
+    }
+    std::vector<float> q(H * D, 0.1f), out(H * D);
+    const uint64_t stride = (uint64_t)len * D;
+    const double s = BestPerCall(layers, o.reps, [&](uint64_t l) {
+      const float *k = kc.as<float>() + l * layerFloats,
+                  *v = vc.as<float>() + l * layerFloats;
+      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
+        duck::runtime::AttendHeads(q.data(), k, v, stride, len, H, KV, D,
+                                   b * (H / KV), e * (H / KV), out.data());
+      });
+    });
+    std::atomic<uint64_t> sink{0};
+    const double floor = BestPerCall(layers, o.reps, [&](uint64_t l) {
+      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+        for (const Buffer *buf : {&kc, &vc}) {
+          const auto *p = reinterpret_cast<const __m256i *>(
+              buf->as<float>() + l * layerFloats + b * stride);
+          for (uint64_t i = 0; i + 1 < (e - b) * stride / 8; i += 2) {
+            a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+            a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
+          }
+        }
+        sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+      });
+    });
+    results.push_back({format("attention 16/8 heads x 128, context %u", len),
+                       (double)layerBytes, s, floor});
+  }
+
+  if (o.json) {
+    std::string rows;
+    for (const Result &r : results) {
+      JsonObject j;
+      j.str("what", r.what)
+          .num("bytes", r.bytes)
+          .num("us", r.seconds * 1e6)
+          .num("gb_s", r.bytes / r.seconds / 1e9)
+          .num("bw_fraction", r.bytes / r.seconds / 1e9 / readGbs);
+      if (r.floor_seconds > 0)
+        j.num("plain_read_gb_s", r.bytes / r.floor_seconds / 1e9);
+      rows += (rows.empty() ? "" : ",") + j.text();
+    }
+    JsonObject top;
+    top.str("date", machine.date)
+        .str("cpu", machine.cpuModel)
+        .str("load_average", machine.loadAverage)
+        .integer("threads", threads)
+        .boolean("avx512", duck::runtime::HostHasAvx512())
+        .num("read_gb_s", readGbs)
+        .num("cold_bytes", (double)cold)
+        .raw("results", "[" + rows + "]");
+    std::printf("%s\n", top.text().c_str());
+    return 0;
+  }
+  std::printf("read bandwidth: %.1f GB/s (a plain read of %.0f MiB, %u "
+              "threads, %s; load %s)\n\n",
+              readGbs, (double)cold / (1 << 20), threads, machine.date.c_str(),
+              machine.loadAverage.c_str());
+  std::printf("%-44s %10s %9s %8s %10s\n", "kernel (cold)", "us a call",
+              "GB/s", "of read", "plain read");
+  for (const Result &r : results) {
+    const double gbs = r.bytes / r.seconds / 1e9;
+    std::printf("%-44s %10.1f %9.1f %8.2f %10s\n", r.what.c_str(),
+                r.seconds * 1e6, gbs, gbs / readGbs,
+                r.floor_seconds > 0
+                    ? format("%.1f", r.bytes / r.floor_seconds / 1e9).c_str()
+                    : "-");
+  }
+  return 0;
+}
