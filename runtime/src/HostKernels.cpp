@@ -550,17 +550,20 @@ inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-/// scores[g][t] = (k_t . q_g) * scale for t in [0, len) and the G (1 or
-/// 2) query heads at q (dim apart), scores rows `len` apart: four keys a
-/// pass, each key loaded once for both heads (eight FMA chains), the keys
-/// kAttendAhead positions on prefetched.
+/// scores[g][t] = (k_t . q_g) * scale for t in [t0, t1), t0 a multiple of
+/// 4, t1 <= len, for the G (1 or 2) query heads at q (dim apart), scores
+/// rows `ld` apart. Keys go four a pass (eight FMA chains for two heads,
+/// each key loaded once for both), the keys kAttendAhead positions on
+/// prefetched; the last len % 4 keys of a row, one at a time. So a score's
+/// bits depend only on its key, its query and the row's length, never on
+/// how a caller cuts [0, len) into ranges.
 template <int G>
-void ScoreKeys(const float *q, const float *kc, uint64_t len, uint64_t dim,
-               float scale, float *scores) {
+void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
+                uint64_t dim, float scale, float *scores, uint64_t ld) {
   const uint64_t vec = dim / 8 * 8;
   const __m128 sc = _mm_set1_ps(scale);
-  uint64_t t = 0;
-  for (; t + 4 <= len; t += 4) {
+  uint64_t t = t0;
+  for (; t + 4 <= t1; t += 4) {
     const float *k = kc + t * dim;
     __m256 a[G][4];
     for (int g = 0; g < G; ++g)
@@ -587,39 +590,47 @@ void ScoreKeys(const float *q, const float *kc, uint64_t len, uint64_t dim,
         alignas(16) float tail[4] = {0, 0, 0, 0};
         for (int j = 0; j < 4; ++j)
           for (uint64_t d = vec; d < dim; ++d)
-            tail[j] += k[j * dim + d] * q[g * dim + d];
+            tail[j] = std::fma(k[j * dim + d], q[g * dim + d], tail[j]);
         r = _mm_add_ps(r, _mm_load_ps(tail));
       }
-      _mm_storeu_ps(scores + g * len + t, _mm_mul_ps(r, sc));
+      _mm_storeu_ps(scores + g * ld + t, _mm_mul_ps(r, sc));
     }
   }
-  for (; t < len; ++t)
+  for (; t < t1; ++t)
     for (int g = 0; g < G; ++g)
-      scores[g * len + t] = DotF32(kc + t * dim, q + g * dim, dim) * scale;
+      scores[g * ld + t] = DotF32(kc + t * dim, q + g * dim, dim) * scale;
 }
 
-/// out[g] = sum_t p[g][t] v_t for G heads (p rows `len` apart): the
-/// outputs stay in registers, 32 dims of two heads a pass (eight
-/// accumulators), so each value row is loaded once for both heads.
-void WeighValues(const float *p, uint64_t G, const float *vc, uint64_t len,
-                 uint64_t dim, float *out) {
+/// out[g] += sum_t p[g][t] v_t over t in [t0, t1) for G heads (p rows `ld`
+/// apart, outputs dim apart; `first`: the outputs start from zero). Every
+/// output lane is one FMA chain over t in order, so cutting [0, len) into
+/// ranges does not change a bit; 32 dims of two heads a pass (eight
+/// accumulators), each value row loaded once for both heads.
+void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
+                uint64_t t0, uint64_t t1, uint64_t dim, float *out,
+                bool first) {
   const uint64_t vec = dim / 8 * 8;
+  auto start = [&](const float *o) {
+    return first ? _mm256_setzero_ps() : _mm256_loadu_ps(o);
+  };
   for (uint64_t g = 0; g < G; g += 2) {
     const bool two = g + 1 < G;
-    const float *p0 = p + g * len, *p1 = two ? p0 + len : p0;
+    const float *p0 = p + g * ld, *p1 = two ? p0 + ld : p0;
     float *o0 = out + g * dim, *o1 = two ? o0 + dim : o0;
     uint64_t d = 0;
     for (; d + 32 <= vec; d += 32) {
       __m256 a[2][4];
-      for (int h = 0; h < 2; ++h)
-        for (int j = 0; j < 4; ++j)
-          a[h][j] = _mm256_setzero_ps();
-      for (uint64_t t = 0; t < len; ++t) {
+      for (int j = 0; j < 4; ++j) {
+        a[0][j] = start(o0 + d + 8 * j);
+        a[1][j] = start(o1 + d + 8 * j);
+      }
+      for (uint64_t t = t0; t < t1; ++t) {
         const float *vr = vc + t * dim + d;
         _mm_prefetch(reinterpret_cast<const char *>(vr + kAttendAhead * dim),
                      _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(vr + kAttendAhead * dim + 16),
-                     _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char *>(vr + kAttendAhead * dim + 16),
+            _MM_HINT_T0);
         const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
         for (int j = 0; j < 4; ++j) {
           const __m256 v = _mm256_loadu_ps(vr + 8 * j);
@@ -634,8 +645,8 @@ void WeighValues(const float *p, uint64_t G, const float *vc, uint64_t len,
       }
     }
     for (; d < vec; d += 8) {
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-      for (uint64_t t = 0; t < len; ++t) {
+      __m256 a0 = start(o0 + d), a1 = start(o1 + d);
+      for (uint64_t t = t0; t < t1; ++t) {
         const __m256 v = _mm256_loadu_ps(vc + t * dim + d);
         a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[t]), v, a0);
         a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[t]), v, a1);
@@ -645,10 +656,10 @@ void WeighValues(const float *p, uint64_t G, const float *vc, uint64_t len,
         _mm256_storeu_ps(o1 + d, a1);
     }
     for (; d < dim; ++d) {
-      float s0 = 0.0f, s1 = 0.0f;
-      for (uint64_t t = 0; t < len; ++t) {
-        s0 += p0[t] * vc[t * dim + d];
-        s1 += p1[t] * vc[t * dim + d];
+      float s0 = first ? 0.0f : o0[d], s1 = first ? 0.0f : o1[d];
+      for (uint64_t t = t0; t < t1; ++t) {
+        s0 = std::fma(p0[t], vc[t * dim + d], s0);
+        s1 = std::fma(p1[t], vc[t * dim + d], s1);
       }
       o0[d] = s0;
       if (two)
@@ -656,34 +667,63 @@ void WeighValues(const float *p, uint64_t G, const float *vc, uint64_t len,
     }
   }
 }
+
+/// Positions of keys (or values) a block: a block stays in L1 while every
+/// row of a run takes it.
+constexpr uint64_t kAttendBlock = 64;
 } // namespace
 
 void AttendHeads(const float *q, const float *kc, const float *vc,
                  uint64_t kvStride, uint64_t len, uint64_t heads,
                  uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
                  float *out) {
+  AttendRows(q, 0, 1, len, kc, vc, kvStride, heads, kvHeads, dim, h0, h1, out,
+             0);
+}
+
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const float *kc, const float *vc, uint64_t kvStride,
+                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                uint64_t h1, float *out, uint64_t outStride) {
+  if (rows == 0 || h0 >= h1)
+    return;
   const uint64_t group = kvHeads ? heads / kvHeads : 1;
+  const uint64_t gmax = std::min(group, h1 - h0), ld = len0 + rows - 1;
   thread_local std::vector<float> buf;
-  if (buf.size() < len * std::min(group, h1 - h0))
-    buf.resize(len * std::min(group, h1 - h0));
-  float *scores = buf.data();
+  if (buf.size() < rows * gmax * ld)
+    buf.resize(rows * gmax * ld);
   const float scale = 1.0f / std::sqrt((float)dim);
   for (uint64_t h = h0; h < h1;) {
     // The query heads [h, hEnd) of this range share kv head kvh; its keys
-    // and values are read once for them while they are in L1/L2.
+    // and values are read once for them and for every row.
     const uint64_t kvh = h / group;
     const uint64_t hEnd = std::min(h1, (kvh + 1) * group), G = hEnd - h;
-    for (uint64_t g = 0; g < G; g += 2) {
-      if (g + 1 < G)
-        ScoreKeys<2>(q + (h + g) * dim, kc + kvh * kvStride, len, dim, scale,
-                     scores + g * len);
-      else
-        ScoreKeys<1>(q + (h + g) * dim, kc + kvh * kvStride, len, dim, scale,
-                     scores + g * len);
-    }
-    for (uint64_t g = 0; g < G; ++g)
-      SoftmaxScores(scores + g * len, len);
-    WeighValues(scores, G, vc + kvh * kvStride, len, dim, out + h * dim);
+    const float *K = kc + kvh * kvStride, *V = vc + kvh * kvStride;
+    auto scores = [&](uint64_t r) { return buf.data() + r * gmax * ld; };
+    for (uint64_t kb = 0; kb < ld; kb += kAttendBlock)
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t len = len0 + r, t1 = std::min(kb + kAttendBlock, len);
+        const float *qr = q + r * qStride + h * dim;
+        for (uint64_t g = 0; g < G && kb < len; g += 2) {
+          if (g + 1 < G)
+            ScoreRange<2>(qr + g * dim, K, kb, t1, dim, scale,
+                          scores(r) + g * ld, ld);
+          else
+            ScoreRange<1>(qr + g * dim, K, kb, t1, dim, scale,
+                          scores(r) + g * ld, ld);
+        }
+      }
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t g = 0; g < G; ++g)
+        SoftmaxScores(scores(r) + g * ld, len0 + r);
+    for (uint64_t vb = 0; vb < ld; vb += kAttendBlock)
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t len = len0 + r;
+        if (vb < len)
+          WeighRange(scores(r), ld, G, V, vb,
+                     std::min(vb + kAttendBlock, len), dim,
+                     out + r * outStride + h * dim, vb == 0);
+      }
     h = hEnd;
   }
 }

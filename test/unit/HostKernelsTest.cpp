@@ -307,6 +307,46 @@ TEST(HostKernels, MatMulManyHasEachMatMulsBits) {
   }
 }
 
+/// A prompt chunk attends as a run of rows (AttendRows, keys and values
+/// in blocks every row takes): each row has exactly the bits AttendHeads
+/// gives it alone, whatever the run's length and start, the head range,
+/// an odd group, or a head width with a tail.
+TEST(HostKernels, AttendRowsHasEachRowsAttendHeadsBits) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  struct Shape { uint64_t heads, kvHeads, dim; };
+  for (Shape sh : {Shape{4, 2, 128}, Shape{6, 2, 64}, Shape{3, 3, 36}}) {
+    const uint64_t stride = 200 * sh.dim, qw = sh.heads * sh.dim;
+    std::vector<float> kc(sh.kvHeads * stride), vc(sh.kvHeads * stride);
+    for (auto *v : {&kc, &vc})
+      for (auto &f : *v)
+        f = 2.0f * d(rng);
+    for (uint64_t len0 : {1u, 3u, 64u, 65u, 130u})
+      for (uint64_t rows : {1u, 5u, 64u, 70u}) {
+        std::vector<float> q(rows * qw);
+        for (auto &f : q)
+          f = 2.0f * d(rng);
+        for (auto [h0, h1] : {std::pair<uint64_t, uint64_t>{0, sh.heads},
+                              {1, sh.heads - 1}}) {
+          std::vector<float> many(rows * qw, -3.0f), one(qw, -3.0f);
+          AttendRows(q.data(), qw, rows, len0, kc.data(), vc.data(), stride,
+                     sh.heads, sh.kvHeads, sh.dim, h0, h1, many.data(), qw);
+          for (uint64_t r = 0; r < rows; ++r) {
+            AttendHeads(q.data() + r * qw, kc.data(), vc.data(), stride,
+                        len0 + r, sh.heads, sh.kvHeads, sh.dim, h0, h1,
+                        one.data());
+            ASSERT_EQ(0, std::memcmp(one.data() + h0 * sh.dim,
+                                     many.data() + r * qw + h0 * sh.dim,
+                                     (h1 - h0) * sh.dim * 4))
+                << "heads " << sh.heads << "/" << sh.kvHeads << ", dim "
+                << sh.dim << ", len0 " << len0 << ", rows " << rows
+                << ", row " << r << ", heads [" << h0 << ", " << h1 << ")";
+          }
+        }
+      }
+  }
+}
+
 /// Vectorised GQA attention against a double-precision softmax-weighted
 /// sum, over head ranges that split a kv head's group or not, a head
 /// width with a scalar tail, and lengths with a tail of the 8-wide loops.

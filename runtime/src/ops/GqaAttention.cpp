@@ -41,6 +41,7 @@ public:
     cos_.assign(sh_.dim / 2, 0.0f);
     sin_.assign(sh_.dim / 2, 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
+    runs_.reserve(maxRows + 1);
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
@@ -97,13 +98,23 @@ public:
     // group's query heads then share its K/V reads).
     const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
     const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
-    pool_->ParallelFor((uint64_t)n * units, [&](uint64_t b, uint64_t e) {
+    // Rows of one sequence at consecutive positions (a prompt chunk) attend
+    // as runs of up to kRunRows, which read the cache once for the run.
+    runs_.clear();
+    for (uint32_t t = 0; t < n; ++t)
+      if (t == 0 || t - runs_.back() == kRunRows || s.seq[t] != s.seq[t - 1] ||
+          s.pos[t] != s.pos[t - 1] + 1)
+        runs_.push_back(t);
+    runs_.push_back(n);
+    const uint64_t nRuns = runs_.size() - 1;
+    pool_->ParallelFor(nRuns * units, [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i) {
-        const uint64_t t = i / units, u = i % units;
-        AttendHeads(q_buf_.data() + t * sh_.q(), kcache_.Base(s.seq[t]),
-                    vcache_.Base(s.seq[t]), (uint64_t)max_seq_ * sh_.dim,
-                    s.pos[t] + 1, H, KV, sh_.dim, u * unit, (u + 1) * unit,
-                    attn_.data() + t * sh_.q());
+        const uint64_t u = i % units;
+        const uint32_t t = runs_[i / units], rows = runs_[i / units + 1] - t;
+        AttendRows(q_buf_.data() + t * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
+                   kcache_.Base(s.seq[t]), vcache_.Base(s.seq[t]),
+                   (uint64_t)max_seq_ * sh_.dim, H, KV, sh_.dim, u * unit,
+                   (u + 1) * unit, attn_.data() + t * sh_.q(), sh_.q());
       }
     });
     if (o_runner_)
@@ -153,8 +164,13 @@ private:
     }
   }
 
+  /// Rows of a prompt chunk attended together (bounds the scores buffer
+  /// a thread keeps: rows x group x context).
+  static constexpr uint32_t kRunRows = 64;
+
   GqaShape sh_;
   ThreadPool *pool_;
+  std::vector<uint32_t> runs_; // first row of each run, then n
   uint64_t max_seq_ = 0;
   std::vector<double> inv_freq_;
   std::vector<float> cos_, sin_;

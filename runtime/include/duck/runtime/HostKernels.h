@@ -169,6 +169,19 @@ void AttendHeads(const float *q, const float *kc, const float *vc,
                  uint64_t kvStride, uint64_t len, uint64_t heads,
                  uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
                  float *out);
+/// AttendHeads for a run of `rows` query rows of one sequence at
+/// consecutive positions (a prompt chunk): row r (q + r * qStride, out +
+/// r * outStride) attends over [0, len0 + r). Keys and values go in blocks
+/// of 64 positions that every row takes while they are in L1, so a chunk
+/// reads the cache once instead of once a row. Each row gets exactly the
+/// bits AttendHeads gives it alone: a score depends only on its key, its
+/// query and the row's length, and every output lane is one FMA chain over
+/// the positions in order (prefill == decode, and a row's result does not
+/// depend on the rows batched with it).
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const float *kc, const float *vc, uint64_t kvStride,
+                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                uint64_t h1, float *out, uint64_t outStride);
 
 /// Softmax in place over n values.
 void Softmax(float *v, uint64_t n);
