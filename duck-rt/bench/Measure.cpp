@@ -126,40 +126,4 @@ DuckRates measureDuck(const DuckMeasureOptions &o) {
   return r;
 }
 
-double measureAttentionGmacS(uint32_t cores, double seconds) {
-  cores = std::max(1u, cores);
-  constexpr uint32_t kWidth = 576, kPositions = 512; // DeepSeek's latent
-  TeamConfig team;
-  team.seconds = seconds;
-  team.batches = 5;
-  std::vector<Buffer> caches, outs;
-  for (uint32_t c = 0; c < cores; ++c) {
-    caches.emplace_back((uint64_t)kPositions * kWidth * sizeof(float));
-    std::fill_n(caches.back().as<float>(), (uint64_t)kPositions * kWidth,
-                0.25f);
-    outs.emplace_back(kPositions * sizeof(float));
-  }
-  Buffer q(kWidth * sizeof(float));
-  std::fill_n(q.as<float>(), kWidth, 0.5f);
-  Timing t = measureOnCores(team, cores, [&](uint32_t core, uint64_t) {
-    const float *kv = caches[core].as<float>();
-    float *out = outs[core].as<float>();
-    for (uint32_t p = 0; p < kPositions; ++p) {
-      const float *row = kv + (uint64_t)p * kWidth;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-      for (uint32_t i = 0; i < kWidth; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i),
-                             _mm256_loadu_ps(q.as<float>() + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i + 8),
-                             _mm256_loadu_ps(q.as<float>() + i + 8), a1);
-      }
-      __m256 s = _mm256_add_ps(a0, a1);
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s),
-                            _mm256_extractf128_ps(s, 1));
-      out[p] = _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(h, h), h));
-    }
-  });
-  return double(cores) * kPositions * kWidth / t.callSeconds * 1e-9;
-}
-
 } // namespace duck::bench

@@ -45,12 +45,6 @@ struct DuckRates {
 /// Runs the measurements; about 9 x `seconds` plus packing.
 DuckRates measureDuck(const DuckMeasureOptions &options);
 
-/// The fp32 multiply-add rate of attention over a cache (a query of 576
-/// floats against 512 cached positions a core, L2-resident, AVX2 FMA):
-/// MACs a second / 1e9 over `cores` (the host's attention input of the
-/// cost model, `host_gmac_s`).
-double measureAttentionGmacS(uint32_t cores, double seconds);
-
 } // namespace duck::bench
 
 #endif // DUCK_BENCH_MEASURE_H

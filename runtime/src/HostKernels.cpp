@@ -671,6 +671,9 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
 /// Positions of keys (or values) a block: a block stays in L1 while every
 /// row of a run takes it.
 constexpr uint64_t kAttendBlock = 64;
+/// Cached MLA rows a block (16 x 576 floats, 36 KiB: in L1 while every
+/// head takes them).
+constexpr uint64_t kMlaBlock = 16;
 } // namespace
 
 void AttendHeads(const float *q, const float *kc, const float *vc,
@@ -726,6 +729,192 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
       }
     h = hEnd;
   }
+}
+
+void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
+               const float *cache, const uint64_t *pos, uint64_t n,
+               uint64_t R, uint64_t rope, float scale, uint64_t heads,
+               float *olat) {
+  const uint64_t W = R + rope, Rv = R / 8 * 8, Pv = rope / 8 * 8;
+  thread_local std::vector<float> buf;
+  if (buf.size() < heads * n)
+    buf.resize(heads * n);
+  float *scores = buf.data();
+  const __m128 sc = _mm_set1_ps(scale);
+  // One dot of a head's [qt | q_pe] with a cached row, in four lanes'
+  // partial sums: the latent part, then the rope part, into the same
+  // eight-lane accumulator.
+  for (uint64_t b0 = 0; b0 < n; b0 += kMlaBlock) {
+    const uint64_t b1 = std::min(n, b0 + kMlaBlock);
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *qh = qt + h * R, *ph = qpe + h * qpeStride;
+      float *sh = scores + h * n;
+      uint64_t i = b0;
+      for (; i + 4 <= b1; i += 4) {
+        const float *c[4];
+        for (int j = 0; j < 4; ++j)
+          c[j] = cache + pos[i + j] * W;
+        __m256 a[4];
+        for (int j = 0; j < 4; ++j)
+          a[j] = _mm256_setzero_ps();
+        for (uint64_t d = 0; d < Rv; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(qh + d);
+          for (int j = 0; j < 4; ++j)
+            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(c[j] + d), qd, a[j]);
+        }
+        for (uint64_t d = 0; d < Pv; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(ph + d);
+          for (int j = 0; j < 4; ++j)
+            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(c[j] + R + d), qd, a[j]);
+        }
+        __m128 r = Hsum4(a[0], a[1], a[2], a[3]);
+        if (Rv < R || Pv < rope) {
+          alignas(16) float tail[4] = {0, 0, 0, 0};
+          for (int j = 0; j < 4; ++j) {
+            for (uint64_t d = Rv; d < R; ++d)
+              tail[j] = std::fma(c[j][d], qh[d], tail[j]);
+            for (uint64_t d = Pv; d < rope; ++d)
+              tail[j] = std::fma(c[j][R + d], ph[d], tail[j]);
+          }
+          r = _mm_add_ps(r, _mm_load_ps(tail));
+        }
+        _mm_storeu_ps(sh + i, _mm_mul_ps(r, sc));
+      }
+      for (; i < b1; ++i) { // the last n % 4 rows, one at a time
+        const float *c = cache + pos[i] * W;
+        __m256 a = _mm256_setzero_ps();
+        for (uint64_t d = 0; d < Rv; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + d), _mm256_loadu_ps(qh + d),
+                              a);
+        for (uint64_t d = 0; d < Pv; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + R + d),
+                              _mm256_loadu_ps(ph + d), a);
+        float s = hsum(a);
+        for (uint64_t d = Rv; d < R; ++d)
+          s = std::fma(c[d], qh[d], s);
+        for (uint64_t d = Pv; d < rope; ++d)
+          s = std::fma(c[R + d], ph[d], s);
+        sh[i] = s * scale;
+      }
+    }
+  }
+  for (uint64_t h = 0; h < heads; ++h)
+    SoftmaxScores(scores + h * n, n);
+  // olat[h] = sum_i p[h][i] c_i[0:R]: every lane one FMA chain over the
+  // positions in order, 64 latent floats of a head a pass (eight
+  // accumulators), the block's rows in L1 for every head.
+  for (uint64_t b0 = 0; b0 < n; b0 += kMlaBlock) {
+    const uint64_t b1 = std::min(n, b0 + kMlaBlock);
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *ph = scores + h * n;
+      float *o = olat + h * R;
+      uint64_t d = 0;
+      for (; d + 64 <= Rv; d += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j)
+          a[j] = b0 ? _mm256_loadu_ps(o + d + 8 * j) : _mm256_setzero_ps();
+        for (uint64_t i = b0; i < b1; ++i) {
+          const float *c = cache + pos[i] * W + d;
+          const __m256 w = _mm256_set1_ps(ph[i]);
+          for (int j = 0; j < 8; ++j)
+            a[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(c + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; ++j)
+          _mm256_storeu_ps(o + d + 8 * j, a[j]);
+      }
+      for (; d < Rv; d += 8) {
+        __m256 a = b0 ? _mm256_loadu_ps(o + d) : _mm256_setzero_ps();
+        for (uint64_t i = b0; i < b1; ++i)
+          a = _mm256_fmadd_ps(_mm256_set1_ps(ph[i]),
+                              _mm256_loadu_ps(cache + pos[i] * W + d), a);
+        _mm256_storeu_ps(o + d, a);
+      }
+      for (; d < R; ++d) {
+        float a = b0 ? o[d] : 0.0f;
+        for (uint64_t i = b0; i < b1; ++i)
+          a = std::fma(ph[i], cache[pos[i] * W + d], a);
+        o[d] = a;
+      }
+    }
+  }
+}
+
+void IndexScores(const float *q, const float *w, uint64_t heads,
+                 uint64_t dim, const float *keys, uint64_t j0, uint64_t j1,
+                 float *out) {
+  const uint64_t vec = dim / 8 * 8;
+  uint64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    const float *k = keys + j * dim;
+    __m128 sum = _mm_setzero_ps();
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *qh = q + h * dim;
+      __m256 a[4];
+      for (int i = 0; i < 4; ++i)
+        a[i] = _mm256_setzero_ps();
+      for (uint64_t d = 0; d < vec; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(qh + d);
+        for (int i = 0; i < 4; ++i)
+          a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k + i * dim + d), qd, a[i]);
+      }
+      __m128 r = Hsum4(a[0], a[1], a[2], a[3]);
+      if (vec < dim) {
+        alignas(16) float tail[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4; ++i)
+          for (uint64_t d = vec; d < dim; ++d)
+            tail[i] = std::fma(k[i * dim + d], qh[d], tail[i]);
+        r = _mm_add_ps(r, _mm_load_ps(tail));
+      }
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(w[h]),
+                                       _mm_max_ps(r, _mm_setzero_ps())));
+    }
+    _mm_storeu_ps(out + j, sum);
+  }
+  for (; j < j1; ++j) {
+    float sum = 0.0f;
+    for (uint64_t h = 0; h < heads; ++h)
+      sum += w[h] * std::max(DotF32(keys + j * dim, q + h * dim, dim), 0.0f);
+    out[j] = sum;
+  }
+}
+
+MlaTiming TimeMlaAttend(ThreadPool &pool, uint64_t positions,
+                        uint64_t coldBytes, uint32_t reps) {
+  constexpr uint64_t H = 128, R = 512, rope = 64, W = R + rope, qk = 192;
+  const uint64_t layer = positions * W;
+  const uint64_t layers =
+      std::max<uint64_t>(2, coldBytes / std::max<uint64_t>(1, layer * 4));
+  std::vector<float> cache(layer * layers);
+  for (uint64_t i = 0; i < cache.size(); ++i)
+    cache[i] = 0.001f * (float)(i % 101);
+  std::vector<float> qt(H * R, 0.01f), qpe(H * qk, 0.02f), olat(H * R);
+  std::vector<uint64_t> pos(positions);
+  for (uint64_t i = 0; i < positions; ++i)
+    pos[i] = i;
+  const uint64_t T = pool.size();
+  double best = 1e30;
+  for (uint32_t r = 0; r <= std::max(1u, reps); ++r) { // the first warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t l = 0; l < layers; ++l)
+      pool.ParallelFor(T, [&](uint64_t b, uint64_t e) {
+        for (uint64_t i = b; i < e; ++i) {
+          const uint64_t h0 = i * H / T, h1 = (i + 1) * H / T;
+          MlaAttend(qt.data() + h0 * R, qpe.data() + h0 * qk, qk,
+                    cache.data() + l * layer, pos.data(), positions, R, rope,
+                    0.1f, h1 - h0, olat.data() + h0 * R);
+        }
+      });
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    if (r)
+      best = std::min(best, s / (double)layers);
+  }
+  MlaTiming t;
+  t.seconds = best;
+  t.macs = (double)H * positions * (W + R);
+  t.cache_bytes = (double)layer * 4;
+  return t;
 }
 
 void TopK(const float *v, uint64_t n, uint64_t k, uint32_t *out) {

@@ -307,6 +307,93 @@ TEST(HostKernels, MatMulManyHasEachMatMulsBits) {
   }
 }
 
+/// Absorbed MLA attention (every head over the shared latent rows, in
+/// blocks) against a double-precision softmax-weighted sum, over a listed
+/// subset of positions in any order, latent and rope widths with a tail.
+TEST(HostKernels, MlaAttendMatchesDoubleReference) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  struct Shape { uint64_t R, rope; };
+  for (Shape sh : {Shape{512, 64}, Shape{36, 12}}) {
+    const uint64_t W = sh.R + sh.rope, heads = 3, qk = 40 + sh.rope;
+    const float scale = 0.125f;
+    std::vector<float> cache(120 * W);
+    for (auto &f : cache)
+      f = d(rng);
+    for (uint64_t n : {1u, 3u, 17u, 100u}) {
+      std::vector<uint64_t> pos(n);
+      for (uint64_t i = 0; i < n; ++i)
+        pos[i] = (i * 37 + 5) % 120; // distinct for n <= 120
+      std::vector<float> qt(heads * sh.R), q(heads * qk), olat(heads * sh.R);
+      for (auto *v : {&qt, &q})
+        for (auto &f : *v)
+          f = 0.2f * d(rng);
+      MlaAttend(qt.data(), q.data() + 40, qk, cache.data(), pos.data(), n,
+                sh.R, sh.rope, scale, heads, olat.data());
+      for (uint64_t h = 0; h < heads; ++h) {
+        std::vector<double> p(n);
+        double mx = -1e300, sum = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+          const float *c = cache.data() + pos[i] * W;
+          double dot = 0;
+          for (uint64_t j = 0; j < sh.R; ++j)
+            dot += (double)qt[h * sh.R + j] * c[j];
+          for (uint64_t j = 0; j < sh.rope; ++j)
+            dot += (double)q[h * qk + 40 + j] * c[sh.R + j];
+          p[i] = dot * scale;
+          mx = std::max(mx, p[i]);
+        }
+        for (auto &v : p)
+          sum += (v = std::exp(v - mx));
+        for (uint64_t j = 0; j < sh.R; ++j) {
+          double want = 0, mag = 0;
+          for (uint64_t i = 0; i < n; ++i) {
+            want += p[i] / sum * cache[pos[i] * W + j];
+            mag += p[i] / sum * std::fabs(cache[pos[i] * W + j]);
+          }
+          ASSERT_NEAR(olat[h * sh.R + j], want, 1e-5 * (1 + mag))
+              << "R " << sh.R << ", n " << n << ", head " << h << ", dim "
+              << j;
+        }
+      }
+    }
+  }
+}
+
+/// The V3.2 indexer's scores against double precision, and the same bits
+/// whichever 4-aligned chunks the pool cuts the positions into.
+TEST(HostKernels, IndexScoresMatchDoubleReferenceInAnyChunks) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (uint64_t dim : {128u, 20u}) {
+    const uint64_t heads = 5, n = 103;
+    std::vector<float> q(heads * dim), w(heads), keys(n * dim);
+    for (auto *v : {&q, &w, &keys})
+      for (auto &f : *v)
+        f = d(rng);
+    std::vector<float> whole(n), parts(n);
+    IndexScores(q.data(), w.data(), heads, dim, keys.data(), 0, n,
+                whole.data());
+    for (uint64_t j0 = 0; j0 < n; j0 += 12)
+      IndexScores(q.data(), w.data(), heads, dim, keys.data(), j0,
+                  std::min(n, j0 + 12), parts.data());
+    ASSERT_EQ(0, std::memcmp(whole.data(), parts.data(), n * 4)) << "dim " << dim;
+    for (uint64_t j = 0; j < n; ++j) {
+      double want = 0, mag = 0;
+      for (uint64_t h = 0; h < heads; ++h) {
+        double dot = 0, m = 0;
+        for (uint64_t i = 0; i < dim; ++i) {
+          dot += (double)q[h * dim + i] * keys[j * dim + i];
+          m += std::fabs((double)q[h * dim + i] * keys[j * dim + i]);
+        }
+        want += w[h] * std::max(dot, 0.0);
+        mag += std::fabs(w[h]) * m;
+      }
+      ASSERT_NEAR(whole[j], want, 1e-5 * (1 + mag)) << "dim " << dim << ", j " << j;
+    }
+  }
+}
+
 /// A prompt chunk attends as a run of rows (AttendRows, keys and values
 /// in blocks every row takes): each row has exactly the bits AttendHeads
 /// gives it alone, whatever the run's length and start, the head range,

@@ -62,6 +62,7 @@ public:
     }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, maxSeq, maxSeqs));
     score_.assign(maxSeq, 0.0f);
+    wh_.assign(sh_.heads, 0.0f);
     order_.assign(maxSeq, 0);
     return absl::OkStatus();
   }
@@ -143,20 +144,20 @@ private:
     const float *w = w_.data() + (uint64_t)t * sh_.heads;
     const float wScale =
         1.0f / std::sqrt((float)sh_.heads) / std::sqrt((float)sh_.dim);
-    for (uint32_t h = 0; h < sh_.heads; ++h)
+    for (uint32_t h = 0; h < sh_.heads; ++h) {
       rope_.HalfSplit(q + (uint64_t)h * sh_.dim, p);
-    for (uint64_t j = 0; j <= p; ++j) {
-      const float *kj = kcache_.At(seq, j);
-      float sum = 0;
-      for (uint32_t h = 0; h < sh_.heads; ++h) {
-        const float *qh = q + (uint64_t)h * sh_.dim;
-        float d = 0;
-        for (uint32_t i = 0; i < sh_.dim; ++i)
-          d += qh[i] * kj[i];
-        sum += w[h] * wScale * std::max(d, 0.0f);
-      }
-      score_[j] = sum;
+      wh_[h] = w[h] * wScale;
     }
+    // Positions in chunks of four over the pool (a score's bits do not
+    // depend on the chunk).
+    const float *keys = kcache_.Base(seq);
+    pool_->ParallelFor(
+        p + 1,
+        [&](uint64_t b, uint64_t e) {
+          IndexScores(q, wh_.data(), sh_.heads, sh_.dim, keys, b, e,
+                      score_.data());
+        },
+        4);
     Select(p + 1, out);
   }
 
@@ -179,6 +180,7 @@ private:
   IndexerShape sh_;
   ThreadPool *pool_;
   std::vector<float> cq_, q_, k_, w_, score_, a_, b_;
+  std::vector<float> wh_; // a row's head weights times the score scale
   SeqCache kcache_;
   std::vector<uint64_t> order_;
 };

@@ -62,14 +62,9 @@ public:
       in_.assign((uint64_t)maxRows * InWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
     qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
+    olat_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
     uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
-    // One scratch a pool thread: the heads run in parallel.
-    scratch_.resize(pool_->size());
-    for (HeadScratch &h : scratch_) {
-      h.olat.assign(sh_.kv_lora, 0.0f);
-      h.scores.assign(maxSeq, 0.0f);
-      h.pos.assign(maxSeq, 0);
-    }
+    pos_.assign(maxSeq, 0);
     return absl::OkStatus();
   }
 
@@ -154,14 +149,14 @@ private:
     return absl::OkStatus();
   }
 
-  struct HeadScratch {
-    std::vector<float> olat, scores;
-    std::vector<uint64_t> pos;
-  };
 
   /// Row t of the step, position p of sequence `seq`: latent and rope key
   /// into the sequence's cache, then the heads, split over the pool's
-  /// threads, attend over 0..p.
+  /// threads, attend over 0..p or over the positions `sel` lists (the
+  /// indexer's, -1 ends the list): each thread moves its heads' queries
+  /// into the latent space (W_UK), attends them together over the cache
+  /// (MlaAttend: the latent is every head's), and brings the outputs back
+  /// (W_UV).
   void Row(uint32_t t, uint32_t seq, uint64_t p, const float *sel) {
     float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.At(seq, p);
@@ -169,54 +164,39 @@ private:
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
-    const uint64_t T = scratch_.size();
-    pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
-      for (uint64_t i = b; i < e; ++i)
-        for (uint64_t h = i * sh_.heads / T; h < (i + 1) * sh_.heads / T; ++h) {
-          float *q = q_buf_.data() + (t * (uint64_t)sh_.heads + h) * sh_.qk();
-          rope_.Interleaved(q + sh_.nope, p);
-          Head((uint32_t)h, q, cache, p + 1, sel, scratch_[i],
-               attn_.data() + (t * (uint64_t)sh_.heads + h) * sh_.v);
-        }
-    });
-  }
-
-  /// One head over the cached tokens 0..len-1, or over the positions
-  /// `sel` lists (the indexer's, -1 ends the list), absorbed form.
-  void Head(uint32_t h, const float *q, const float *cache, uint64_t len,
-            const float *sel, HeadScratch &sc, float *out) {
-    const uint64_t R = sh_.kv_lora;
-    MatVecRows(w_uk_, q, qt_.data(), h * R, (h + 1) * R);
-    const float *qt = qt_.data() + h * R;
     uint64_t n = 0;
-    for (; sel ? n < topk_ && sel[n] >= 0 : n < len; ++n)
-      sc.pos[n] = sel ? (uint64_t)sel[n] : n;
-    for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache + sc.pos[i] * sh_.cache();
-      sc.scores[i] =
-          (DotF32(qt, c, R) + DotF32(q + sh_.nope, c + R, sh_.rope)) *
-          softmax_scale_;
-    }
-    Softmax(sc.scores.data(), n);
-    float *olat = sc.olat.data();
-    std::fill(olat, olat + R, 0.0f);
-    for (uint64_t i = 0; i < n; ++i) {
-      const float *c = cache + sc.pos[i] * sh_.cache();
-      const float w = sc.scores[i];
-      for (uint64_t r = 0; r < R; ++r)
-        olat[r] += w * c[r];
-    }
-    // MatVecRows writes y[r] at the row's own index.
-    const uint64_t row0 = (uint64_t)h * sh_.kvb() + sh_.nope;
-    MatVecRows(kv_b_, olat, uv_.data(), row0, row0 + sh_.v);
-    std::memcpy(out, uv_.data() + row0, sh_.v * 4);
+    for (; sel ? n < topk_ && sel[n] >= 0 : n < p + 1; ++n)
+      pos_[n] = sel ? (uint64_t)sel[n] : n;
+    const uint64_t T = pool_->size(), H = sh_.heads, R = sh_.kv_lora;
+    float *q0 = q_buf_.data() + t * H * sh_.qk();
+    pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) {
+        const uint64_t h0 = i * H / T, h1 = (i + 1) * H / T;
+        for (uint64_t h = h0; h < h1; ++h) {
+          float *q = q0 + h * sh_.qk();
+          rope_.Interleaved(q + sh_.nope, p);
+          MatVecRows(w_uk_, q, qt_.data(), h * R, (h + 1) * R);
+        }
+        MlaAttend(qt_.data() + h0 * R, q0 + h0 * sh_.qk() + sh_.nope,
+                  sh_.qk(), cache, pos_.data(), n, R, sh_.rope,
+                  softmax_scale_, h1 - h0, olat_.data() + h0 * R);
+        for (uint64_t h = h0; h < h1; ++h) {
+          // MatVecRows writes y[r] at the row's own index.
+          const uint64_t row0 = h * sh_.kvb() + sh_.nope;
+          MatVecRows(kv_b_, olat_.data() + h * R, uv_.data(), row0,
+                     row0 + sh_.v);
+          std::memcpy(attn_.data() + (t * H + h) * sh_.v, uv_.data() + row0,
+                      sh_.v * 4);
+        }
+      }
+    });
   }
 
   MlaShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_, in_;
+  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_, in_, olat_;
+  std::vector<uint64_t> pos_; // the positions a row attends
   SeqCache cache_;
-  std::vector<HeadScratch> scratch_;
 };
 
 absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,

@@ -10,7 +10,10 @@
 //  - GQA attention over the KV cache (AttendHeads, 16 query / 8 kv heads of
 //    128, the pool splitting the kv heads) at several context lengths,
 //    with a plain read of the same cache bytes through the same pool as
-//    its floor.
+//    its floor;
+//  - DeepSeek's absorbed MLA attention (MlaAttend: 128 heads over 2048
+//    cached latents of 576 floats), in multiply-adds a second: the rate
+//    the cost model's `host_gmac_s` stands for.
 //
 // Everything is cold: copies of the weights (or layers of cache) are cycled
 // through a set of --cold-mib, so each call reads memory, not cache.
@@ -26,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -43,26 +47,36 @@ struct HostOptions {
   std::vector<uint32_t> contexts = {128, 1024, 4096};
   uint32_t reps = 5;
   bool json = false;
+  // Sections: gemv, attention, mla (all by default). Without gemv and
+  // attention the plain-read reference is skipped too.
+  bool gemv = true, attention = true, mla = true;
 };
 
 void PrintUsage(FILE *out) {
   std::fprintf(
       out,
       "usage: duck-bench host [--threads=N] [--cold-mib=4xLLC]\n"
-      "  [--contexts=128,1024,4096] [--reps=5] [--json]\n\n"
+      "  [--contexts=128,1024,4096] [--reps=5] [--only=gemv,attention,mla]\n"
+      "  [--json]\n\n"
       "Measures the host's kernels on this machine, cold (weights or KV\n"
       "cache cycled through --cold-mib MiB, by default four times the\n"
       "last-level cache and at least 1 GiB), against the streaming read\n"
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
       "(q/k/v fused, o_proj, an fp9 LM head) and GQA attention (16/8 heads\n"
-      "of 128) over --contexts cached positions. A figure is the best of\n"
-      "--reps passes; GB/s counts the bytes a call must read.\n");
+      "of 128) over --contexts cached positions, and DeepSeek's absorbed\n"
+      "MLA attention (128 heads over 2048 cached latents) in GMAC/s, the\n"
+      "figure `duckc measure-cluster --host` records as host_gmac_s. A\n"
+      "figure is the best of --reps passes; GB/s counts the bytes a call\n"
+      "must read. --only runs some sections (without gemv and attention\n"
+      "the plain-read reference is skipped).\n");
 }
 
-bool Parse(int argc, char **argv, HostOptions *o) {
+/// Fills `o`; on a bad argument returns false with it in *bad.
+bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    *bad = a;
     auto val = [&](const char *key) -> const char * {
       size_t n = std::strlen(key);
       return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
@@ -77,12 +91,32 @@ bool Parse(int argc, char **argv, HostOptions *o) {
       o->cold_mib = uint64_t(std::atoll(v));
     else if (const char *v = val("--reps"))
       o->reps = uint32_t(std::atoi(v));
+    else if (const char *v = val("--only")) {
+      o->gemv = o->attention = o->mla = false;
+      std::string list = v;
+      for (size_t p = 0; p <= list.size();) {
+        size_t q = list.find(',', p);
+        if (q == std::string::npos)
+          q = list.size();
+        const std::string name = list.substr(p, q - p);
+        if (name == "gemv")
+          o->gemv = true;
+        else if (name == "attention")
+          o->attention = true;
+        else if (name == "mla")
+          o->mla = true;
+        else
+          return false;
+        p = q + 1;
+      }
+    }
     else if (const char *v = val("--contexts")) {
       if (!parseUintList(v, o->contexts, 1u << 20))
         return false;
     } else
       return false;
   }
+  *bad = o->reps < 1 ? "--reps below 1" : "--cold-mib below 16";
   return (o->cold_mib == 0 || o->cold_mib >= 16) && o->reps >= 1;
 }
 
@@ -144,6 +178,7 @@ double BestPerCall(uint64_t copies, uint32_t reps, Fn fn) {
 struct Result {
   std::string what;
   double bytes, seconds, floor_seconds; // floor: a plain read, or 0
+  double macs = 0;                      // multiply-adds a call (attention)
 };
 
 } // namespace
@@ -154,7 +189,9 @@ int duckBenchHost(int argc, char **argv) {
     PrintUsage(stdout);
     return 0;
   }
-  if (!Parse(argc, argv, &o)) {
+  std::string bad;
+  if (!Parse(argc, argv, &o, &bad)) {
+    std::fprintf(stderr, "duck-bench host: bad argument: %s\n\n", bad.c_str());
     PrintUsage(stderr);
     return 2;
   }
@@ -170,7 +207,7 @@ int duckBenchHost(int argc, char **argv) {
                duck::runtime::HostHasAvx512() ? "yes" : "no");
   // The reference: a plain read of a cold set of the same size.
   double readGbs = 0;
-  {
+  if (o.gemv || o.attention) {
     Buffer set(cold);
     std::memset(set.data(), 1, cold);
     const uint64_t lanes = cold / 32;
@@ -193,7 +230,7 @@ int duckBenchHost(int argc, char **argv) {
   }
 
   std::vector<Result> results;
-  { // q/k/v fused: three matrices of one input, one hand-off.
+  if (o.gemv) { // q/k/v fused: three matrices of one input, one hand-off.
     const uint32_t k = 1024;
     const uint64_t one = (2048 + 1024 + 1024) * (uint64_t)k * 9 / 8;
     const uint64_t copies = CopiesFor(one, cold);
@@ -214,6 +251,8 @@ int duckBenchHost(int argc, char **argv) {
   };
   for (Shape sh : {Shape{"gemv o_proj 1024x2048 (0.6B)", 1024, 2048},
                    Shape{"gemv LM head 151936x1024 (0.6B)", 151936, 1024}}) {
+    if (!o.gemv)
+      break;
     const uint64_t bytes = (uint64_t)sh.rows * sh.k * 9 / 8;
     const uint64_t copies = CopiesFor(bytes, cold);
     Fp9Set set = MakeFp9(sh.rows, sh.k, copies);
@@ -226,6 +265,8 @@ int duckBenchHost(int argc, char **argv) {
   // Attention: a layer's cache is [kv head][len][128] for k and for v.
   const uint64_t H = 16, KV = 8, D = 128;
   for (uint32_t len : o.contexts) {
+    if (!o.attention)
+      break;
     const uint64_t layerFloats = KV * len * D, layerBytes = 2 * layerFloats * 4;
     const uint64_t layers = CopiesFor(layerBytes, cold);
     Buffer kc(layerFloats * 4 * layers), vc(layerFloats * 4 * layers);
@@ -259,7 +300,16 @@ int duckBenchHost(int argc, char **argv) {
       });
     });
     results.push_back({format("attention 16/8 heads x 128, context %u", len),
-                       (double)layerBytes, s, floor});
+                       (double)layerBytes, s, floor,
+                       2.0 * H * len * D});
+  }
+  // DeepSeek's absorbed MLA: 128 heads over one latent cache of 512 + 64
+  // floats a position, the heads split over the pool as the runtime does.
+  if (o.mla) {
+    const duck::runtime::MlaTiming t =
+        duck::runtime::TimeMlaAttend(pool, 2048, cold, o.reps);
+    results.push_back({"MLA attention 128 heads, 2048 positions",
+                       t.cache_bytes, t.seconds, 0, t.macs});
   }
 
   if (o.json) {
@@ -270,9 +320,12 @@ int duckBenchHost(int argc, char **argv) {
           .num("bytes", r.bytes)
           .num("us", r.seconds * 1e6)
           .num("gb_s", r.bytes / r.seconds / 1e9)
-          .num("bw_fraction", r.bytes / r.seconds / 1e9 / readGbs);
+          .num("bw_fraction",
+               readGbs > 0 ? r.bytes / r.seconds / 1e9 / readGbs : NAN);
       if (r.floor_seconds > 0)
         j.num("plain_read_gb_s", r.bytes / r.floor_seconds / 1e9);
+      if (r.macs > 0)
+        j.num("gmac_s", r.macs / r.seconds / 1e9);
       rows += (rows.empty() ? "" : ",") + j.text();
     }
     JsonObject top;
@@ -281,25 +334,32 @@ int duckBenchHost(int argc, char **argv) {
         .str("load_average", machine.loadAverage)
         .integer("threads", threads)
         .boolean("avx512", duck::runtime::HostHasAvx512())
-        .num("read_gb_s", readGbs)
+        .num("read_gb_s", readGbs > 0 ? readGbs : NAN)
         .num("cold_bytes", (double)cold)
         .raw("results", "[" + rows + "]");
     std::printf("%s\n", top.text().c_str());
     return 0;
   }
-  std::printf("read bandwidth: %.1f GB/s (a plain read of %.0f MiB, %u "
-              "threads, %s; load %s)\n\n",
-              readGbs, (double)cold / (1 << 20), threads, machine.date.c_str(),
-              machine.loadAverage.c_str());
-  std::printf("%-44s %10s %9s %8s %10s\n", "kernel (cold)", "us a call",
-              "GB/s", "of read", "plain read");
+  if (readGbs > 0)
+    std::printf("read bandwidth: %.1f GB/s (a plain read of %.0f MiB, %u "
+                "threads, %s; load %s)\n\n",
+                readGbs, (double)cold / (1 << 20), threads,
+                machine.date.c_str(), machine.loadAverage.c_str());
+  else
+    std::printf("%u threads, %s; load %s\n\n", threads, machine.date.c_str(),
+                machine.loadAverage.c_str());
+  std::printf("%-44s %10s %9s %8s %10s %7s\n", "kernel (cold)", "us a call",
+              "GB/s", "of read", "plain read", "GMAC/s");
   for (const Result &r : results) {
     const double gbs = r.bytes / r.seconds / 1e9;
-    std::printf("%-44s %10.1f %9.1f %8.2f %10s\n", r.what.c_str(),
-                r.seconds * 1e6, gbs, gbs / readGbs,
+    std::printf("%-44s %10.1f %9.1f %8s %10s %7s\n", r.what.c_str(),
+                r.seconds * 1e6, gbs,
+                readGbs > 0 ? format("%.2f", gbs / readGbs).c_str() : "-",
                 r.floor_seconds > 0
                     ? format("%.1f", r.bytes / r.floor_seconds / 1e9).c_str()
-                    : "-");
+                    : "-",
+                r.macs > 0 ? format("%.1f", r.macs / r.seconds / 1e9).c_str()
+                           : "-");
   }
   return 0;
 }

@@ -183,6 +183,40 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
                 uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
                 uint64_t h1, float *out, uint64_t outStride);
 
+/// Absorbed MLA attention of one query row for `heads` heads over n cached
+/// rows (row pos[i] of `cache`, R + rope floats: the normalised latent,
+/// then the rope key): score = (qt_h . c[0:R] + qpe_h . c[R:]) * scale,
+/// p = softmax, olat_h = sum_i p_i c_i[0:R]. qt [heads][R]; a head's rope
+/// query at qpe + h * qpeStride; olat [heads][R]. The latent is shared by
+/// every head, so the rows go in blocks that all the heads take while
+/// they are in L1 (one read of the cache a row and call, not one a head).
+/// AVX2; a score's and an output's bits depend only on the row's inputs
+/// and n.
+void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
+               const float *cache, const uint64_t *pos, uint64_t n,
+               uint64_t R, uint64_t rope, float scale, uint64_t heads,
+               float *olat);
+
+/// DeepSeek-V3.2's indexer scores, out[j] = sum_h w[h] * relu(q_h . k_j)
+/// for positions j in [j0, j1) (j0 a multiple of 4), keys [n][dim]
+/// contiguous, q [heads][dim]: four keys a pass, the heads summed in
+/// order; a score's bits depend on its position and the row's length
+/// only, not on how [0, len) is cut (the pool splits it).
+void IndexScores(const float *q, const float *w, uint64_t heads,
+                 uint64_t dim, const float *keys, uint64_t j0, uint64_t j1,
+                 float *out);
+
+/// One call of MlaAttend for DeepSeek's shape (128 heads, kv_lora 512,
+/// rope 64) over `positions` cached rows, the heads split over the pool
+/// as the runtime splits them, timed cold (layers of cache cycled through
+/// coldBytes), best of `reps` passes: duck-bench host's MLA figure, and
+/// `duckc measure-cluster --host`'s host_gmac_s (macs / seconds).
+struct MlaTiming {
+  double seconds = 0, macs = 0, cache_bytes = 0;
+};
+MlaTiming TimeMlaAttend(ThreadPool &pool, uint64_t positions,
+                        uint64_t coldBytes, uint32_t reps);
+
 /// Softmax in place over n values.
 void Softmax(float *v, uint64_t n);
 
