@@ -473,14 +473,27 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
   // and weighted sums (2 x heads x head_dim a position); MLA in the
   // absorbed form (heads x (2 kv_lora + rope) a position), over at most
   // index_topk positions with an indexer, whose own scores cost index_heads
-  // x index_dim a position.
+  // x index_dim a position. An op takes the longer of its multiply-adds at
+  // host_gmac_s and, with host_read_gbs, its cache bytes at that bandwidth
+  // (the fp32 cache read once a token: GQA's k and v, every head's shared
+  // latent, the indexer's keys); GQA is bound by its reads, MLA by its
+  // multiply-adds.
   if (c.hostGmacS > 0 && c.contextTokens > 0) {
     const double L = double(c.contextTokens);
-    double macs = 0;
+    double macs = 0, bytes = 0, ms = 0;
+    auto add = [&](double m, double b) {
+      macs += m;
+      bytes += b;
+      double t = 1e3 * m / (c.hostGmacS * 1e9);
+      if (c.hostReadGbs > 0)
+        t = std::max(t, 1e3 * b / (c.hostReadGbs * 1e9));
+      ms += t;
+    };
     module.walk([&](AttentionOp a) {
       const double heads = double(a.getNumHeads());
       if (a.getKind() == "gqa") {
-        macs += 2 * heads * double(a.getHeadDim()) * L;
+        add(2 * heads * double(a.getHeadDim()) * L,
+            2 * double(a.getNumKvHeads()) * double(a.getHeadDim()) * 4 * L);
         return;
       }
       auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
@@ -495,14 +508,17 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
           auto v = idx.getAs<IntegerAttr>(k);
           return v ? double(v.getInt()) : 0.0;
         };
-        macs += geti("n_heads") * geti("head_dim") * L;
+        add(geti("n_heads") * geti("head_dim") * L,
+            geti("head_dim") * 4 * L);
         if (geti("topk") > 0)
           attended = std::min(L, geti("topk"));
       }
-      macs += heads * (2 * kvLora + rope) * attended;
+      add(heads * (2 * kvLora + rope) * attended,
+          (kvLora + rope) * 4 * attended);
     });
     st.hostAttnGmacPerToken = macs / 1e9;
-    st.hostAttnMsPerToken = 1e3 * macs / (c.hostGmacS * 1e9);
+    st.hostAttnCacheBytesPerToken = bytes;
+    st.hostAttnMsPerToken = ms;
   }
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     st.hostOpsMsPerToken = 1e3 * hostWeightBytes / (c.hostReadGbs * 1e9);
@@ -605,10 +621,17 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.inProjMsPerToken);
   if (s.hostAttnMsPerToken > 0)
     os << llvm::format("host attention over %lld tokens of context: %.2f "
-                       "GMAC a token, %.3f ms at %.1f GMAC/s (in the host's "
+                       "GMAC and %.1f MB of cache a token, %.3f ms (each "
+                       "op the slower of %.1f GMAC/s and %s; in the host's "
                        "time below)\n",
                        (long long)c.contextTokens, s.hostAttnGmacPerToken,
-                       s.hostAttnMsPerToken, c.hostGmacS);
+                       s.hostAttnCacheBytesPerToken / 1e6,
+                       s.hostAttnMsPerToken, c.hostGmacS,
+                       c.hostReadGbs > 0
+                           ? llvm::formatv("{0:f1} GB/s", c.hostReadGbs)
+                                 .str()
+                                 .c_str()
+                           : "no read bandwidth given");
   if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",

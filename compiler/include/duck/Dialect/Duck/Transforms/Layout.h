@@ -142,7 +142,8 @@ struct ClusterModel {
   /// --host`) and the context a decoded token attends over; with both, a
   /// token's attention MACs (scores and weighted sums over the cached
   /// positions, DeepSeek-V3.2's indexer scores, and its selection capped at
-  /// index_topk) are added to the host's time. 0: not counted.
+  /// index_topk) are added to the host's time, each op's no less than its
+  /// fp32 cache reads at hostReadGbs when that is given. 0: not counted.
   double hostGmacS = 0;
   int64_t contextTokens = 0;
   /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
@@ -193,9 +194,12 @@ struct ModuleStats {
   /// the runtime reads them, and, with hostReadGbs but no measured
   /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
   double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
-  /// Host attention over contextTokens of cache (ClusterModel::hostGmacS):
-  /// MACs a token and their time, included in hostMsPerToken.
+  /// Host attention over contextTokens of cache (ClusterModel::hostGmacS,
+  /// and hostReadGbs for the cache's reads): MACs and cache bytes a token
+  /// and their time (each op the slower of the two), included in
+  /// hostMsPerToken.
   double hostAttnGmacPerToken = 0, hostAttnMsPerToken = 0;
+  double hostAttnCacheBytesPerToken = 0;
   /// Prefill (ClusterModel::gemmGmacS set): each FFN layer's slowest duck
   /// over a prompt chunk (and each projection on the ducks), plus a step
   /// each, a prompt token; the token rate with the host's part added.
