@@ -355,15 +355,21 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
       kRowAlign);
 }
 
-/// Rows [b, e) of y = W x for n tokens (y is [n, rows]): the products of
-/// MatMul and MatMulMany, which only cut the rows.
-static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
-                        float *y, uint64_t b, uint64_t e) {
+void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld,
+                 uint64_t n, float *out, uint64_t out_ld, uint64_t b,
+                 uint64_t e) {
+  if (n == 0 || b >= e)
+    return;
   if (w.is_fp9) {
-    // One token: the GEMV (same bits as a GEMM row).
-    if (n < 2) {
-      for (uint64_t t = 0; t < n; ++t)
-        MatVecRows(w, x + t * w.cols, y + t * w.rows, b, e);
+    // One token: the GEMV (the pre-scaled input in the kernels' scratch;
+    // same bits as a GEMM row).
+    if (n == 1) {
+      if (HostHasAvx512())
+        Fp9GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                      KernelScratch(w.cols));
+      else
+        duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                  KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
       return;
     }
     // The duck GEMM: every token's result is bit-identical to the GEMV
@@ -373,12 +379,12 @@ static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
     // ports outrun the one 512-bit port of such hosts (50 against 40
     // GMAC/s a core measured here).
     if (HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN)
-      Fp9GemmAvx512(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                    (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+      Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                    (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
                     KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
     else
-      duck_gemm(&w.fp9, x, (uint32_t)w.cols, (uint32_t)n, y + b,
-                (uint32_t)w.rows, (uint32_t)b, (uint32_t)e,
+      duck_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
                 KernelScratch(2 * n * w.cols));
     return;
   }
@@ -389,33 +395,40 @@ static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
       uint64_t t = 0;
       for (; t + 4 <= n; t += 4)
         DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
-                       x + t * w.cols, w.cols, w.cols, y + t * w.rows + r,
-                       w.rows);
+                       x + t * x_ld, x_ld, w.cols, out + t * out_ld + (r - b),
+                       out_ld);
       for (; t < n; ++t)
-        y[t * w.rows + r] = DotI8(w, r, x + t * w.cols);
+        out[t * out_ld + (r - b)] = DotI8(w, r, x + t * x_ld);
     }
     return;
   }
   const bool avx512 = w.bf16 && HostHasAvx512();
   for (uint64_t r = b; r < e; ++r) {
     uint64_t t = 0;
+    float *o = out + (r - b);
     if (w.bf16) // four tokens a pass: the row is widened once for them
       for (; t + 4 <= n; t += 4) {
         const uint16_t *row = w.bf16 + r * w.cols;
         if (avx512)
-          DotBf16x4Avx512(row, x + t * w.cols, w.cols, w.cols,
-                          y + t * w.rows + r, w.rows);
+          DotBf16x4Avx512(row, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                          out_ld);
         else
-          DotBf16Tokens<4>(row, x + t * w.cols, w.cols, w.cols,
-                           y + t * w.rows + r, w.rows);
+          DotBf16Tokens<4>(row, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                           out_ld);
       }
     for (; t < n; ++t)
-      y[t * w.rows + r] =
-          !w.bf16  ? DotF32(w.f32 + r * w.cols, x + t * w.cols, w.cols)
-          : avx512 ? DotBf16Avx512(w.bf16 + r * w.cols, x + t * w.cols,
-                                   w.cols)
-                   : DotBf16(w.bf16 + r * w.cols, x + t * w.cols, w.cols);
+      o[t * out_ld] =
+          !w.bf16  ? DotF32(w.f32 + r * w.cols, x + t * x_ld, w.cols)
+          : avx512 ? DotBf16Avx512(w.bf16 + r * w.cols, x + t * x_ld, w.cols)
+                   : DotBf16(w.bf16 + r * w.cols, x + t * x_ld, w.cols);
   }
+}
+
+/// Rows [b, e) of y = W x for n tokens (y is [n, rows]): the products of
+/// MatMul and MatMulMany, which only cut the rows.
+static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
+                        float *y, uint64_t b, uint64_t e) {
+  RowsProduct(w, x, w.cols, n, y + b, w.rows, b, e);
 }
 
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,

@@ -61,10 +61,13 @@ public:
     if (in_runner_)
       in_.assign((uint64_t)maxRows * InWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
-    qt_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
-    olat_.assign((uint64_t)sh_.heads * sh_.kv_lora, 0.0f);
-    uv_.assign((uint64_t)sh_.heads * sh_.kvb(), 0.0f);
-    pos_.assign(maxSeq, 0);
+    qt_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
+    olat_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
+    iota_.resize(maxSeq);
+    for (uint64_t i = 0; i < maxSeq; ++i)
+      iota_[i] = i;
+    sel_pos_.assign((uint64_t)maxRows * topk_, 0);
+    count_.assign(maxRows, 0);
     return absl::OkStatus();
   }
 
@@ -123,9 +126,12 @@ public:
       MatMulMany(*pool_, x, n,
                  {{&q_, q_buf_.data()}, {&kv_a_, kva_.data()}});
     }
+    // Every row's latent goes into its sequence's cache first (a row
+    // attends only to positions up to its own, all written by then), then
+    // the heads of every row attend in one parallel pass.
     for (uint32_t t = 0; t < n; ++t)
-      Row(t, s.seq[t], s.pos[t],
-          indexed_ ? In(s, 1) + (uint64_t)t * sel_width_ : nullptr);
+      StoreLatent(t, s.seq[t], s.pos[t]);
+    Attend(s, n);
     if (o_runner_)
       return o_runner_->RunRows(o_slot_, n, attn_.data(),
                                 (uint32_t)((uint64_t)sh_.heads * sh_.v), Out(s),
@@ -150,43 +156,60 @@ private:
   }
 
 
-  /// Row t of the step, position p of sequence `seq`: latent and rope key
-  /// into the sequence's cache, then the heads, split over the pool's
-  /// threads, attend over 0..p or over the positions `sel` lists (the
-  /// indexer's, -1 ends the list): each thread moves its heads' queries
-  /// into the latent space (W_UK), attends them together over the cache
-  /// (MlaAttend: the latent is every head's), and brings the outputs back
-  /// (W_UV).
-  void Row(uint32_t t, uint32_t seq, uint64_t p, const float *sel) {
-    float *kv = kva_.data() + t * sh_.cache();
+  /// Row t of the step, position p of sequence `seq`: its normalised
+  /// latent and rope key into the sequence's cache.
+  void StoreLatent(uint32_t t, uint32_t seq, uint64_t p) {
+    const float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.At(seq, p);
-    const float *cache = cache_.Base(seq);
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
-    uint64_t n = 0;
-    for (; sel ? n < topk_ && sel[n] >= 0 : n < p + 1; ++n)
-      pos_[n] = sel ? (uint64_t)sel[n] : n;
-    const uint64_t T = pool_->size(), H = sh_.heads, R = sh_.kv_lora;
-    float *q0 = q_buf_.data() + t * H * sh_.qk();
+  }
+
+  /// Every row's heads over their positions (0..p, or the indexer's list
+  /// in the second input, -1 ending it), the heads split over the pool's
+  /// threads: a thread moves its heads' queries of every row into the
+  /// latent space (W_UK, one product a head for all the rows), attends each
+  /// row's heads together over its cache (MlaAttend: the latent is every
+  /// head's), and brings the outputs back (W_UV, likewise). A row's bits
+  /// are those it gets alone (the products' rows are the GEMV's).
+  void Attend(const Step &s, uint32_t n) {
+    const uint64_t H = sh_.heads, R = sh_.kv_lora, qk = sh_.qk(),
+                   T = pool_->size();
+    for (uint32_t t = 0; t < n; ++t) {
+      if (!indexed_) {
+        count_[t] = s.pos[t] + 1;
+        continue;
+      }
+      const float *sel = In(s, 1) + (uint64_t)t * sel_width_;
+      uint64_t *pos = sel_pos_.data() + (uint64_t)t * topk_, k = 0;
+      for (; k < topk_ && sel[k] >= 0; ++k)
+        pos[k] = (uint64_t)sel[k];
+      count_[t] = k;
+    }
     pool_->ParallelFor(T, [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i) {
         const uint64_t h0 = i * H / T, h1 = (i + 1) * H / T;
         for (uint64_t h = h0; h < h1; ++h) {
-          float *q = q0 + h * sh_.qk();
-          rope_.Interleaved(q + sh_.nope, p);
-          MatVecRows(w_uk_, q, qt_.data(), h * R, (h + 1) * R);
+          for (uint32_t t = 0; t < n; ++t)
+            rope_.Interleaved(q_buf_.data() + (t * H + h) * qk + sh_.nope,
+                              s.pos[t]);
+          RowsProduct(w_uk_, q_buf_.data() + h * qk, H * qk, n,
+                      qt_.data() + h * R, H * R, h * R, (h + 1) * R);
         }
-        MlaAttend(qt_.data() + h0 * R, q0 + h0 * sh_.qk() + sh_.nope,
-                  sh_.qk(), cache, pos_.data(), n, R, sh_.rope,
-                  softmax_scale_, h1 - h0, olat_.data() + h0 * R);
+        for (uint32_t t = 0; t < n; ++t)
+          MlaAttend(qt_.data() + (t * H + h0) * R,
+                    q_buf_.data() + (t * H + h0) * qk + sh_.nope, qk,
+                    cache_.Base(s.seq[t]),
+                    indexed_ ? sel_pos_.data() + (uint64_t)t * topk_
+                             : iota_.data(),
+                    count_[t], R, sh_.rope, softmax_scale_, h1 - h0,
+                    olat_.data() + (t * H + h0) * R);
         for (uint64_t h = h0; h < h1; ++h) {
-          // MatVecRows writes y[r] at the row's own index.
           const uint64_t row0 = h * sh_.kvb() + sh_.nope;
-          MatVecRows(kv_b_, olat_.data() + h * R, uv_.data(), row0,
-                     row0 + sh_.v);
-          std::memcpy(attn_.data() + (t * H + h) * sh_.v, uv_.data() + row0,
-                      sh_.v * 4);
+          RowsProduct(kv_b_, olat_.data() + h * R, H * R, n,
+                      attn_.data() + h * sh_.v, H * sh_.v, row0,
+                      row0 + sh_.v);
         }
       }
     });
@@ -194,8 +217,12 @@ private:
 
   MlaShape sh_;
   ThreadPool *pool_;
-  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, uv_, in_, olat_;
-  std::vector<uint64_t> pos_; // the positions a row attends
+  // qt_ and olat_: [rows][heads][kv_lora], a row's queries in the latent
+  // space and its latent outputs.
+  std::vector<float> cq_, q_buf_, kva_, attn_, qt_, in_, olat_;
+  std::vector<uint64_t> iota_;    // 0, 1, 2, ...: every position up to p
+  std::vector<uint64_t> sel_pos_; // [rows][topk]: the indexer's positions
+  std::vector<uint64_t> count_;   // positions a row attends
   SeqCache cache_;
 };
 

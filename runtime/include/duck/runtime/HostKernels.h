@@ -138,6 +138,12 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y);
 /// Y[t] = W X[t] for n rows of X (row stride = cols), split across the pool.
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y);
+/// Rows [b, e) of W against n inputs (token t at x + t * x_ld): row r of
+/// token t goes to out[t * out_ld + (r - b)]. One thread; the kernels of
+/// MatVec (n = 1) and MatMul, so a token's bits are MatVecRows'.
+void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld,
+                 uint64_t n, float *out, uint64_t out_ld, uint64_t b,
+                 uint64_t e);
 /// One product of MatMulMany: y = w x, y [n, w->rows].
 struct Product {
   const HostMatrix *w;
