@@ -24,8 +24,10 @@ the host at load, 1.125 bytes a weight).
 With --llama-bench PATH (a llama.cpp build's llama-bench, with llama-quantize
 beside it), every shape but ds is also written as a GGUF of the very same
 weights (utils/hf-to-gguf.py with that checkout's gguf-py), quantised to
-Q8_0 with llama-quantize, and `llama-bench -p P -n T` runs at N threads and
-at 1 thread, alternated with the duckrun runs for --rounds rounds. The
+Q8_0 with llama-quantize, and llama-bench runs at N threads and at 1 thread
+(`-p P -n 0` for the prompt, `-p 0 -n T -d P` for decoding after a context
+of the prompt's length, the depth duckrun decodes at), alternated with the
+duckrun runs for --rounds rounds. The
 ratio printed is duckrun's best arrangement over llama.cpp at N threads
 (the same cores), per round, then the median.
 
@@ -200,15 +202,19 @@ def main():
             if llama and m in llama:
                 for threads in sorted({n, 1}, reverse=True):
                     log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, llama-bench -t {threads}")
-                    out = run([llama["bench"], "-m", llama[m], "-p", str(a.prompt_tokens), "-n", str(a.tokens),
-                               "-t", str(threads), "-r", "1", "-o", "json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL).stdout
                     rec = {"round": r, "model": m, "runner": "llama.cpp Q8_0", "threads": threads}
-                    for t in json.loads(out):
-                        if t.get("n_gen", 0) > 0:
-                            rec["decode_tok_s"] = t["avg_ts"]
-                        elif t.get("n_prompt", 0) > 0:
-                            rec["prefill_tok_s"] = t["avg_ts"]
+                    # The prompt alone, then decoding after a context of the
+                    # prompt's length (-d), as duckrun decodes after its
+                    # prompt: both decode rates are at the same depth.
+                    for args in (["-p", str(a.prompt_tokens), "-n", "0"],
+                                 ["-p", "0", "-n", str(a.tokens), "-d", str(a.prompt_tokens)]):
+                        out = run([llama["bench"], "-m", llama[m], *args, "-t", str(threads), "-r", "1",
+                                   "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+                        for t in json.loads(out):
+                            if t.get("n_gen", 0) > 0:
+                                rec["decode_tok_s"] = t["avg_ts"]
+                            elif t.get("n_prompt", 0) > 0:
+                                rec["prefill_tok_s"] = t["avg_ts"]
                     runs.append(rec)
 
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": n, "read_bw_gb_s": read_bw,
