@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace duck::runtime {
 namespace pl = ::duck::plan;
@@ -39,6 +40,7 @@ std::vector<double> DuckBytesPerToken(const LoadedPlan &plan) {
 DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
                                        const Engine &engine,
                                        const RunnerStats &stats, double tpot_ms,
+                                       double mean_context,
                                        double host_read_gbs,
                                        double duck_read_gbs, bool one_box) {
   DecodeBreakdown b;
@@ -80,6 +82,9 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
       std::max(0.0, tpot_ms - b.host_attention_ms - b.host_norms_router_ms -
                         b.lm_head_ms - b.duck_kernel_ms - b.dispatch_gap_ms);
   b.host_bytes = (double)engine.host_weight_bytes_per_token();
+  b.mean_context = mean_context;
+  b.host_cache_bytes = (double)engine.cache_read_bytes_per_token(
+      (uint64_t)std::llround(std::max(0.0, mean_context)));
   for (double x : DuckBytesPerToken(plan)) {
     b.duck_bytes_total += x;
     b.duck_bytes_max = std::max(b.duck_bytes_max, x);
@@ -90,10 +95,12 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
   // One box: host and ducks take turns on one memory system. A cluster:
   // the host's bytes at its bandwidth, then the slowest duck's at theirs.
   if (host_read_gbs > 0 && duck_read_gbs > 0)
-    b.bound_ms = one_box
-                     ? (b.host_bytes + b.duck_bytes_total) / host_read_gbs / 1e6
-                     : b.host_bytes / host_read_gbs / 1e6 +
-                           b.duck_bytes_max / duck_read_gbs / 1e6;
+    b.bound_ms = one_box ? (b.host_bytes + b.host_cache_bytes +
+                            b.duck_bytes_total) /
+                               host_read_gbs / 1e6
+                         : (b.host_bytes + b.host_cache_bytes) /
+                                   host_read_gbs / 1e6 +
+                               b.duck_bytes_max / duck_read_gbs / 1e6;
   b.decode_bound_fraction = tpot_ms > 0 ? b.bound_ms / tpot_ms : 0;
   return b;
 }
@@ -102,11 +109,13 @@ std::string FormatDecodeBreakdown(const DecodeBreakdown &b) {
   return absl::StrFormat(
       "duckrun: decode ms a token: host attention %.2f, host norms/router "
       "%.2f, LM head %.2f, duck kernel %.2f, dispatch gap %.2f, other %.2f\n"
-      "duckrun: bytes a token: host %.1f MB, ducks %.1f MB; read bandwidth "
-      "%.1f GB/s%s; decode_bound_fraction %.3f (bound %.2f ms of %.2f)\n",
+      "duckrun: bytes a token: host %.1f MB, ducks %.1f MB, KV cache %.1f MB "
+      "(%.0f positions on average); read bandwidth %.1f GB/s%s; "
+      "decode_bound_fraction %.3f (bound %.2f ms of %.2f)\n",
       b.host_attention_ms, b.host_norms_router_ms, b.lm_head_ms,
       b.duck_kernel_ms, b.dispatch_gap_ms, b.other_ms, b.host_bytes / 1e6,
-      b.duck_bytes_total / 1e6, b.host_read_gbs,
+      b.duck_bytes_total / 1e6, b.host_cache_bytes / 1e6, b.mean_context,
+      b.host_read_gbs,
       b.one_box ? " (host and ducks share it)" : "", b.decode_bound_fraction,
       b.bound_ms, b.tpot_ms);
 }

@@ -26,6 +26,13 @@ uint64_t Engine::host_weight_bytes_per_token() const {
   return n;
 }
 
+uint64_t Engine::cache_read_bytes_per_token(uint64_t positions) const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->CacheReadBytes(positions);
+  return n;
+}
+
 uint64_t Engine::kv_bytes_per_token() const {
   uint64_t n = 0;
   for (const auto &op : ops_)

@@ -230,8 +230,14 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   // the host plus the wait for the ducks).
   const double hostReadGbs =
       tokenTimes.empty() ? 0 : HostReadBandwidthGbs(ses.threads());
+  // Decode step i (after the prompt) attends over prompt + i + 1
+  // positions; the tokens timed are the generated ones after the first.
+  const double meanContext =
+      generated.size() > 1
+          ? (double)prompt.size() + (double)generated.size() / 2.0
+          : (double)prompt.size();
   const DecodeBreakdown bd = ComputeDecodeBreakdown(
-      ses.plan(), engine, rs, tpotMs, hostReadGbs,
+      ses.plan(), engine, rs, tpotMs, meanContext, hostReadGbs,
       ses.duck_read_gbs() > 0 ? ses.duck_read_gbs() : hostReadGbs,
       ses.local());
   sj["decode_breakdown_ms"] = {
@@ -242,6 +248,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       {"dispatch_gap", bd.dispatch_gap_ms},
       {"other", bd.other_ms}};
   sj["host_bytes_per_token"] = bd.host_bytes;
+  sj["host_cache_bytes_per_token"] = bd.host_cache_bytes;
+  sj["mean_context"] = bd.mean_context;
   sj["duck_bytes_per_token"] = bd.duck_bytes_total;
   sj["duck_bytes_per_token_max"] = bd.duck_bytes_max;
   sj["host_read_gb_s"] = bd.host_read_gbs;

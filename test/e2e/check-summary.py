@@ -48,6 +48,17 @@ for op in plan["ops"]:
         kv += p["head_dim"] * 4
 if summary["kv_bytes_per_token"] != kv:
     fail("kv bytes a token %r, plan says %r" % (summary["kv_bytes_per_token"], kv))
+# The KV cache a decoded token reads: every position's, at the decode's
+# mean context (decode step i attends over prompt + i + 1 positions).
+want_ctx = summary["prompt_tokens"] + summary["generated_tokens"] / 2.0
+if summary["generated_tokens"] > 1 and abs(summary["mean_context"] - want_ctx) > 1e-9:
+    fail("mean context %r, want %r" % (summary["mean_context"], want_ctx))
+indexed = any(op["params_type"] == "IndexerOpDef" for op in plan["ops"])
+if not indexed and summary["generated_tokens"] > 1:
+    want_cache = kv * round(summary["mean_context"])
+    if summary["host_cache_bytes_per_token"] != want_cache:
+        fail("KV cache bytes a token %r, want %r"
+             % (summary["host_cache_bytes_per_token"], want_cache))
 if summary["host_bytes_per_token"] <= 0 or summary["host_read_gb_s"] <= 0:
     fail("no host bytes or bandwidth")
 print("summary ok: breakdown %.3f of %.3f ms, bound fraction %.3f, duck bytes %d"

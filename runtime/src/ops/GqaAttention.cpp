@@ -56,6 +56,9 @@ public:
   }
 
   uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
+  uint64_t CacheReadBytes(uint64_t positions) const override {
+    return KvBytesPerToken() * positions; // every position's k and v
+  }
   uint64_t WeightBytesPerToken() const override {
     return MatrixBytes(q_) + MatrixBytes(k_) + MatrixBytes(v_) +
            MatrixBytes(o_);

@@ -206,6 +206,12 @@ public:
   virtual uint64_t KvBytesPerToken() const { return 0; }
   /// Weight bytes one decoded token streams through this op on the host.
   virtual uint64_t WeightBytesPerToken() const { return 0; }
+  /// Cache bytes one decoded token reads through this op when it attends
+  /// over `positions` cached positions.
+  virtual uint64_t CacheReadBytes(uint64_t positions) const {
+    (void)positions;
+    return 0;
+  }
 
   /// Set by the engine from the plan (checked in range at load).
   std::vector<uint32_t> inputs;

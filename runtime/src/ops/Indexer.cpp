@@ -46,6 +46,9 @@ public:
   }
   void SetQLora(uint32_t q) { sh_.q_lora = q; }
   uint64_t KvBytesPerToken() const override { return (uint64_t)sh_.dim * 4; }
+  uint64_t CacheReadBytes(uint64_t positions) const override {
+    return KvBytesPerToken() * positions; // every position's key
+  }
   uint64_t WeightBytesPerToken() const override {
     return MatrixBytes(q_a_) + MatrixBytes(wq_b_) + MatrixBytes(wk_) +
            MatrixBytes(wproj_);

@@ -80,6 +80,12 @@ public:
   }
 
   uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
+  uint64_t CacheReadBytes(uint64_t positions) const override {
+    // Every head's shared latent, once a token (MlaAttend), over at most
+    // the indexer's selection.
+    return KvBytesPerToken() *
+           (indexed_ ? std::min<uint64_t>(positions, topk_) : positions);
+  }
   uint64_t WeightBytesPerToken() const override {
     // Of kv_b_proj only the W_UV rows (v of every head's nope + v) are
     // read; W_UK is read in its own copy.

@@ -22,6 +22,9 @@ struct DecodeBreakdown {
   double host_attention_ms = 0, host_norms_router_ms = 0, lm_head_ms = 0,
          duck_kernel_ms = 0, dispatch_gap_ms = 0, other_ms = 0;
   double host_bytes = 0, duck_bytes_total = 0, duck_bytes_max = 0;
+  /// The KV cache the host's attention reads a token at the decode's mean
+  /// context (counted in the bound with the weights).
+  double host_cache_bytes = 0, mean_context = 0;
   double host_read_gbs = 0, duck_read_gbs = 0;
   bool one_box = true; // host and ducks share one memory system
   double bound_ms = 0; // the TPOT the bytes allow at the read bandwidth
@@ -33,11 +36,13 @@ struct DecodeBreakdown {
 /// the routed experts, plus the shared ones).
 std::vector<double> DuckBytesPerToken(const LoadedPlan &plan);
 
-/// `tpot_ms` is the measured decode time a token. Host and duck read
+/// `tpot_ms` is the measured decode time a token and `mean_context` the
+/// positions a decoded token attended over, on average. Host and duck read
 /// bandwidths in GB/s; `one_box` when the ducks run on the host's machine.
 DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
                                        const Engine &engine,
                                        const RunnerStats &stats, double tpot_ms,
+                                       double mean_context,
                                        double host_read_gbs,
                                        double duck_read_gbs, bool one_box);
 

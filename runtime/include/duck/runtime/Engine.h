@@ -115,6 +115,9 @@ public:
   uint64_t kv_bytes_per_token() const;
   /// Weight bytes the host streams for one decoded token.
   uint64_t host_weight_bytes_per_token() const;
+  /// Cache bytes one decoded token reads on the host at `positions`
+  /// positions of context (the attention ops' KV caches).
+  uint64_t cache_read_bytes_per_token(uint64_t positions) const;
   void Reset() { pos_ = 0; }
 
 private:
