@@ -172,6 +172,25 @@ MachineInfo detectMachine() {
   return m;
 }
 
+const char *flagValue(const char *arg, const char *key) {
+  const size_t n = std::strlen(key);
+  return std::strncmp(arg, key, n) == 0 && arg[n] == '=' && arg[n + 1]
+             ? arg + n + 1
+             : nullptr;
+}
+
+std::vector<std::string> splitCommas(const std::string &text) {
+  std::vector<std::string> out;
+  for (size_t p = 0; p <= text.size();) {
+    size_t q = text.find(',', p);
+    if (q == std::string::npos)
+      q = text.size();
+    out.push_back(text.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
 bool parseUintList(const std::string &text, std::vector<uint32_t> &out,
                    uint32_t max) {
   out.clear();

@@ -83,6 +83,13 @@ std::string loadAverageNow();
 bool parseUintList(const std::string &text, std::vector<uint32_t> &out,
                    uint32_t max = 4096);
 
+/// The value of `arg` when it is `key=VALUE` (a pointer into arg), else
+/// null: the subcommands' `--name=value` options.
+const char *flagValue(const char *arg, const char *key);
+
+/// Splits "a,b,c" at the commas (an empty text gives one empty item).
+std::vector<std::string> splitCommas(const std::string &text);
+
 /// Median of a non-empty sample (copied, not reordered in place).
 double median(std::vector<double> v);
 

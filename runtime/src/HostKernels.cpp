@@ -563,6 +563,25 @@ inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
+/// a[j] += the eight-lane partial dot of q[0, n / 8 * 8) with rows[j] + off
+/// (the scores of MlaAttend and IndexScores, four rows at once).
+inline void Dot4Lanes(__m256 a[4], const float *q, const float *const rows[4],
+                      uint64_t off, uint64_t n) {
+  for (uint64_t d = 0; d + 8 <= n; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int j = 0; j < 4; ++j)
+      a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[j] + off + d), qd, a[j]);
+  }
+}
+
+/// tail[j] += the same dots' scalar rest, q[n / 8 * 8, n).
+inline void Dot4Tail(float tail[4], const float *q, const float *const rows[4],
+                     uint64_t off, uint64_t n) {
+  for (int j = 0; j < 4; ++j)
+    for (uint64_t d = n / 8 * 8; d < n; ++d)
+      tail[j] = std::fma(rows[j][off + d], q[d], tail[j]);
+}
+
 /// scores[g][t] = (k_t . q_g) * scale for t in [t0, t1), t0 a multiple of
 /// 4, t1 <= len, for the G (1 or 2) query heads at q (dim apart), scores
 /// rows `ld` apart. Keys go four a pass (eight FMA chains for two heads,
@@ -768,29 +787,15 @@ void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
         for (int j = 0; j < 4; ++j)
           c[j] = cache + pos[i + j] * W;
         __m256 a[4];
+        alignas(16) float tail[4] = {0, 0, 0, 0};
         for (int j = 0; j < 4; ++j)
           a[j] = _mm256_setzero_ps();
-        for (uint64_t d = 0; d < Rv; d += 8) {
-          const __m256 qd = _mm256_loadu_ps(qh + d);
-          for (int j = 0; j < 4; ++j)
-            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(c[j] + d), qd, a[j]);
-        }
-        for (uint64_t d = 0; d < Pv; d += 8) {
-          const __m256 qd = _mm256_loadu_ps(ph + d);
-          for (int j = 0; j < 4; ++j)
-            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(c[j] + R + d), qd, a[j]);
-        }
-        __m128 r = Hsum4(a[0], a[1], a[2], a[3]);
-        if (Rv < R || Pv < rope) {
-          alignas(16) float tail[4] = {0, 0, 0, 0};
-          for (int j = 0; j < 4; ++j) {
-            for (uint64_t d = Rv; d < R; ++d)
-              tail[j] = std::fma(c[j][d], qh[d], tail[j]);
-            for (uint64_t d = Pv; d < rope; ++d)
-              tail[j] = std::fma(c[j][R + d], ph[d], tail[j]);
-          }
-          r = _mm_add_ps(r, _mm_load_ps(tail));
-        }
+        Dot4Lanes(a, qh, c, 0, R);
+        Dot4Lanes(a, ph, c, R, rope);
+        Dot4Tail(tail, qh, c, 0, R);
+        Dot4Tail(tail, ph, c, R, rope);
+        const __m128 r = _mm_add_ps(Hsum4(a[0], a[1], a[2], a[3]),
+                                    _mm_load_ps(tail));
         _mm_storeu_ps(sh + i, _mm_mul_ps(r, sc));
       }
       for (; i < b1; ++i) { // the last n % 4 rows, one at a time
@@ -855,29 +860,21 @@ void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
 void IndexScores(const float *q, const float *w, uint64_t heads,
                  uint64_t dim, const float *keys, uint64_t j0, uint64_t j1,
                  float *out) {
-  const uint64_t vec = dim / 8 * 8;
   uint64_t j = j0;
   for (; j + 4 <= j1; j += 4) {
     const float *k = keys + j * dim;
     __m128 sum = _mm_setzero_ps();
+    const float *const rows[4] = {k, k + dim, k + 2 * dim, k + 3 * dim};
     for (uint64_t h = 0; h < heads; ++h) {
       const float *qh = q + h * dim;
       __m256 a[4];
+      alignas(16) float tail[4] = {0, 0, 0, 0};
       for (int i = 0; i < 4; ++i)
         a[i] = _mm256_setzero_ps();
-      for (uint64_t d = 0; d < vec; d += 8) {
-        const __m256 qd = _mm256_loadu_ps(qh + d);
-        for (int i = 0; i < 4; ++i)
-          a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k + i * dim + d), qd, a[i]);
-      }
-      __m128 r = Hsum4(a[0], a[1], a[2], a[3]);
-      if (vec < dim) {
-        alignas(16) float tail[4] = {0, 0, 0, 0};
-        for (int i = 0; i < 4; ++i)
-          for (uint64_t d = vec; d < dim; ++d)
-            tail[i] = std::fma(k[i * dim + d], qh[d], tail[i]);
-        r = _mm_add_ps(r, _mm_load_ps(tail));
-      }
+      Dot4Lanes(a, qh, rows, 0, dim);
+      Dot4Tail(tail, qh, rows, 0, dim);
+      const __m128 r = _mm_add_ps(Hsum4(a[0], a[1], a[2], a[3]),
+                                  _mm_load_ps(tail));
       sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(w[h]),
                                        _mm_max_ps(r, _mm_setzero_ps())));
     }

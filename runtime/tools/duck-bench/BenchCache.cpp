@@ -157,12 +157,7 @@ int duckBenchCache(int argc, char **argv) {
   CacheOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto val = [&](const char *key) -> const char * {
-      size_t n = std::strlen(key);
-      return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
-                 ? argv[i] + n + 1
-                 : nullptr;
-    };
+    auto val = [&](const char *key) { return flagValue(argv[i], key); };
     bool ok = true;
     if (a == "--json")
       o.json = true;

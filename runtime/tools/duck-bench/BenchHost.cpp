@@ -77,12 +77,7 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     *bad = a;
-    auto val = [&](const char *key) -> const char * {
-      size_t n = std::strlen(key);
-      return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
-                 ? argv[i] + n + 1
-                 : nullptr;
-    };
+    auto val = [&](const char *key) { return flagValue(argv[i], key); };
     if (a == "--json")
       o->json = true;
     else if (const char *v = val("--threads"))
@@ -93,12 +88,7 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
       o->reps = uint32_t(std::atoi(v));
     else if (const char *v = val("--only")) {
       o->gemv = o->attention = o->mla = false;
-      std::string list = v;
-      for (size_t p = 0; p <= list.size();) {
-        size_t q = list.find(',', p);
-        if (q == std::string::npos)
-          q = list.size();
-        const std::string name = list.substr(p, q - p);
+      for (const std::string &name : splitCommas(v)) {
         if (name == "gemv")
           o->gemv = true;
         else if (name == "attention")
@@ -107,10 +97,8 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
           o->mla = true;
         else
           return false;
-        p = q + 1;
       }
-    }
-    else if (const char *v = val("--contexts")) {
+    } else if (const char *v = val("--contexts")) {
       if (!parseUintList(v, o->contexts, 1u << 20))
         return false;
     } else

@@ -76,12 +76,7 @@ void PrintUsage() {
 bool Parse(int argc, char **argv, JudgeOptions *o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto val = [&](const char *key) -> const char * {
-      size_t n = std::strlen(key);
-      return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '='
-                 ? argv[i] + n + 1
-                 : nullptr;
-    };
+    auto val = [&](const char *key) { return flagValue(argv[i], key); };
     if (a == "--json")
       o->json = true;
     else if (const char *v = val("--ducks")) {
@@ -91,18 +86,10 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
       if (!parseUintList(v, o->ib, DUCKD_DEFAULT_MAX_PAYLOAD / 2)) // bytes
         return false;
     } else if (const char *v = val("--modes")) {
-      o->modes.clear();
-      std::string s = v;
-      for (size_t p = 0; p <= s.size();) {
-        size_t q = s.find(',', p);
-        if (q == std::string::npos)
-          q = s.size();
-        std::string m = s.substr(p, q - p);
+      o->modes = splitCommas(v);
+      for (const std::string &m : o->modes)
         if (m != "persistent" && m != "run")
           return false;
-        o->modes.push_back(m);
-        p = q + 1;
-      }
     } else if (const char *v = val("--cores"))
       o->cores = uint32_t(std::atoi(v));
     else if (const char *v = val("--steps"))
