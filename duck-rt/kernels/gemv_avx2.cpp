@@ -443,10 +443,13 @@ void panelTokensAny(uint32_t T, const float *panel, uint32_t len,
 template <int R>
 void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
                    uint32_t k, uint32_t n, float *panel, __m256 *accMem,
-                   float *y, uint32_t y_ld) {
+                   float *y, uint32_t y_ld, duck_panel_decode_fn decode) {
   for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
     const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
-    decodePanel<R>(mag, sign, k, c0, c1, panel);
+    if (decode)
+      decode(mag, sign, k, R, c0, c1, panel);
+    else
+      decodePanel<R>(mag, sign, k, c0, c1, panel);
     for (uint32_t t = 0; t < n; t += 4)
       panelTokensAny<R>(n - t < 4 ? n - t : 4, panel, c1 - c0,
                         xs + (uint64_t)t * k, k, c0,
@@ -528,15 +531,25 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs);
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
-                      uint32_t row_begin, uint32_t row_end, float *xs);
+                      uint32_t row_begin, uint32_t row_end, float *xs,
+                      duck_panel_decode_fn decode);
+
+void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
+                            uint32_t x_ld, uint32_t n_tokens, float *y,
+                            uint32_t y_ld, uint32_t row_begin,
+                            uint32_t row_end, float *xs,
+                            duck_panel_decode_fn decode) {
+  if (n_tokens >= DUCK_GEMM_PANEL_MIN)
+    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs, decode);
+  else if (n_tokens > 0)
+    gemmFew(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+}
 
 void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs) {
-  if (n_tokens >= DUCK_GEMM_PANEL_MIN)
-    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
-  else if (n_tokens > 0)
-    gemmFew(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+  duck_gemm_with_decoder(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs,
+                         nullptr);
 }
 
 /// Pre-scales every token's input for one scale tile in the shift path's
@@ -596,7 +609,8 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
 
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
-                      uint32_t row_begin, uint32_t row_end, float *xs) {
+                      uint32_t row_begin, uint32_t row_end, float *xs,
+                      duck_panel_decode_fn decode) {
   const uint32_t k = m->k;
   // The second half of xs: the panel (3 rows of a segment) and, when K
   // takes more than one segment, the tokens' accumulators between
@@ -610,9 +624,9 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
       switch (end - i < 3 ? end - i : 3) {
-      case 3: gemmPanelRows<3>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
-      case 2: gemmPanelRows<2>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
-      default: gemmPanelRows<1>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld); break;
+      case 3: gemmPanelRows<3>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      case 2: gemmPanelRows<2>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      default: gemmPanelRows<1>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
       }
     }
   });

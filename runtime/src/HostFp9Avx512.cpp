@@ -17,7 +17,9 @@
 //
 // Per 32 weights that is about 11 vector uops against the AVX2 kernel's
 // 26, so the host's share of a token is read at memory speed instead of
-// being bound by the decode.
+// being bound by the decode. From DUCK_GEMM_PANEL_MIN tokens on the host
+// runs the AVX2 panel GEMM (two 256-bit FMA ports outrun this CPU's one
+// 512-bit port) with this file's decode filling its panel.
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/HostKernels.h"
 
@@ -171,6 +173,25 @@ constexpr GemmRowsFn kGemmRows[kTileTokens] = {GemmRows<1>, GemmRows<2>,
                                                GemmRows<3>};
 
 } // namespace
+
+void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
+                          uint32_t k, uint32_t rows, uint32_t c0, uint32_t c1,
+                          float *panel) {
+  const Decoder dec;
+  const uint32_t len = c1 - c0;
+  for (uint32_t r = 0; r < rows; ++r) {
+    const uint8_t *m = mag + (uint64_t)r * k;
+    const uint32_t *s = sign + (uint64_t)r * (k / 32);
+    float *p = panel + (uint64_t)r * len - c0;
+    for (uint32_t c = c0; c < c1; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
+      __m512 wA, wB; // positions 0-15 (q = 0, 1) and 16-31 (q = 2, 3)
+      dec.Decode(m + c, s[c / 32], &wA, &wB);
+      _mm512_storeu_ps(p + c, wA);
+      _mm512_storeu_ps(p + c + 16, wB);
+    }
+  }
+}
 
 void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,

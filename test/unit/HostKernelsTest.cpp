@@ -234,6 +234,22 @@ TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
         ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
                                  part.data() + (uint64_t)t * 195, 195 * 4))
             << "GEMM rows [5, 200), K " << sh.k << ", token " << t;
+      if (n < DUCK_GEMM_PANEL_MIN)
+        continue;
+      // The panel GEMM with the AVX-512 panel decoder: the same bits, over
+      // all rows and over rows [5, 200) (panels of 3, then a tail).
+      std::vector<float> sp(2ull * n * sh.k + 16), yp((uint64_t)n * rows);
+      float *xsp = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(sp.data()) + 63) & ~uintptr_t(63));
+      duck_gemm_with_decoder(&m, xt.data(), sh.k, n, yp.data(), rows, 0, rows,
+                             xsp, Fp9DecodePanelAvx512);
+      ASSERT_EQ(0, std::memcmp(yp.data(), yg.data(), yp.size() * 4))
+          << "panel GEMM, K " << sh.k << ", " << n << " tokens";
+      duck_gemm_with_decoder(&m, xt.data(), sh.k, n, part.data(), 195, 5, 200,
+                             xsp, Fp9DecodePanelAvx512);
+      for (uint32_t t = 0; t < n; ++t)
+        ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
+                                 part.data() + (uint64_t)t * 195, 195 * 4))
+            << "panel GEMM rows [5, 200), K " << sh.k << ", token " << t;
     }
   }
 }

@@ -64,6 +64,25 @@ void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
                uint32_t row_end, float *xs);
 
+/// Fills duck_gemm's panel: columns [c0, c1) of `rows` consecutive rows
+/// (magnitudes k bytes a row from `mag`, sign words k / 32 a row from
+/// `sign`) into `panel`, row r at r * (c1 - c0) floats, each 32-chunk in
+/// the shift path's order (position 8q + j holds weight 4j + q) as the
+/// fp32 bits (m << 20) with the weight's sign: exact values, so any
+/// decoder that writes them gives duck_gemm's bits.
+typedef void (*duck_panel_decode_fn)(const uint8_t *mag, const uint32_t *sign,
+                                     uint32_t k, uint32_t rows, uint32_t c0,
+                                     uint32_t c1, float *panel);
+
+/// duck_gemm with another panel decoder (null: the AVX2 one), for hosts
+/// with a cheaper decode (the host's AVX-512); from DUCK_GEMM_PANEL_MIN
+/// tokens on the decode is a large part of a small batch's work.
+void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
+                            uint32_t x_ld, uint32_t n_tokens, float *y,
+                            uint32_t y_ld, uint32_t row_begin,
+                            uint32_t row_end, float *xs,
+                            duck_panel_decode_fn decode);
+
 /// One FFN (a dense MLP slice or one expert's slice): gate/up [inter, hidden],
 /// down [hidden, inter].
 typedef struct duck_ffn_weights {

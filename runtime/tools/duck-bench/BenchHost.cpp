@@ -7,6 +7,10 @@
 //    AVX-512 kernel where the CPU has it) on the Qwen3-0.6B host matrices:
 //    q/k/v fused (2048 + 1024 + 1024 rows x 1024), o_proj (1024 x 2048),
 //    an fp9 LM head (151936 x 1024);
+//  - the fp9 GEMM of a batched decode step (4, 8, 16 rows through the
+//    q/k/v matrix), its panel decoded with AVX2 and with AVX-512, in
+//    multiply-adds a second (compute-bound: a decoded weight serves only
+//    T rows);
 //  - GQA attention over the KV cache (AttendHeads, 16 query / 8 kv heads of
 //    128, the pool splitting the kv heads) at several context lengths,
 //    with a plain read of the same cache bytes through the same pool as
@@ -47,29 +51,32 @@ struct HostOptions {
   std::vector<uint32_t> contexts = {128, 1024, 4096};
   uint32_t reps = 5;
   bool json = false;
-  // Sections: gemv, attention, mla (all by default). Without gemv and
-  // attention the plain-read reference is skipped too.
-  bool gemv = true, attention = true, mla = true;
+  // Sections: gemv, gemm, attention, mla (all by default). Without gemv
+  // and attention the plain-read reference is skipped too.
+  bool gemv = true, gemm = true, attention = true, mla = true;
 };
 
 void PrintUsage(FILE *out) {
   std::fprintf(
       out,
       "usage: duck-bench host [--threads=N] [--cold-mib=4xLLC]\n"
-      "  [--contexts=128,1024,4096] [--reps=5] [--only=gemv,attention,mla]\n"
+      "  [--contexts=128,1024,4096] [--reps=5] [--only=gemv,gemm,attention,mla]\n"
       "  [--json]\n\n"
       "Measures the host's kernels on this machine, cold (weights or KV\n"
       "cache cycled through --cold-mib MiB, by default four times the\n"
       "last-level cache and at least 1 GiB), against the streaming read\n"
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
-      "(q/k/v fused, o_proj, an fp9 LM head) and GQA attention (16/8 heads\n"
-      "of 128) over --contexts cached positions, and DeepSeek's absorbed\n"
-      "MLA attention (128 heads over 2048 cached latents) in GMAC/s, the\n"
-      "figure `duckc measure-cluster --host` records as host_gmac_s. A\n"
-      "figure is the best of --reps passes; GB/s counts the bytes a call\n"
-      "must read. --only runs some sections (without gemv and attention\n"
-      "the plain-read reference is skipped).\n");
+      "(q/k/v fused, o_proj, an fp9 LM head); the fp9 GEMM of 4, 8 and 16\n"
+      "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
+      "its panel decoded with AVX2 and (where the CPU has it) AVX-512;\n"
+      "GQA attention (16/8 heads of 128) over --contexts cached\n"
+      "positions; and DeepSeek's absorbed MLA attention (128 heads over\n"
+      "2048 cached latents) in GMAC/s, the figure `duckc measure-cluster\n"
+      "--host` records as host_gmac_s. A figure is the best of --reps\n"
+      "passes; GB/s counts the bytes a call must read. --only runs some\n"
+      "sections (without gemv and attention the plain-read reference is\n"
+      "skipped).\n");
 }
 
 /// Fills `o`; on a bad argument returns false with it in *bad.
@@ -87,10 +94,12 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
     else if (const char *v = val("--reps"))
       o->reps = uint32_t(std::atoi(v));
     else if (const char *v = val("--only")) {
-      o->gemv = o->attention = o->mla = false;
+      o->gemv = o->gemm = o->attention = o->mla = false;
       for (const std::string &name : splitCommas(v)) {
         if (name == "gemv")
           o->gemv = true;
+        else if (name == "gemm")
+          o->gemm = true;
         else if (name == "attention")
           o->attention = true;
         else if (name == "mla")
@@ -249,6 +258,45 @@ int duckBenchHost(int argc, char **argv) {
       duck::runtime::MatVec(pool, set.m[c], x.data(), y.data());
     });
     results.push_back({sh.what, (double)set.bytes, s, 0});
+  }
+  // The GEMM of a batched decode step: T rows through the q/k/v matrix
+  // (4096 x 1024), the rows of the matrix split over the pool as the
+  // runtime does (64-row chunks); the panel decoded by each decoder.
+  if (o.gemm) {
+    const uint32_t rows = 4096, k = 1024;
+    const uint64_t bytes = (uint64_t)rows * k * 9 / 8;
+    const uint64_t copies = CopiesFor(bytes, cold);
+    Fp9Set set = MakeFp9(rows, k, copies);
+    struct Decoder {
+      const char *name;
+      duck_panel_decode_fn fn;
+    };
+    std::vector<Decoder> decoders = {{"AVX2", nullptr}};
+    if (duck::runtime::HostHasAvx512())
+      decoders.push_back({"AVX-512", duck::runtime::Fp9DecodePanelAvx512});
+    for (uint32_t T : {4u, 8u, 16u}) {
+      std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
+      for (const Decoder &d : decoders) {
+        const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
+          pool.ParallelFor(
+              rows,
+              [&](uint64_t b, uint64_t e) {
+                thread_local std::vector<float> scratch;
+                scratch.resize(2ull * T * k + 16);
+                float *xs = reinterpret_cast<float *>(
+                    (reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
+                    ~uintptr_t(63));
+                duck_gemm_with_decoder(&set.m[c].fp9, x.data(), k, T,
+                                       y.data() + b, rows, (uint32_t)b,
+                                       (uint32_t)e, xs, d.fn);
+              },
+              64);
+        });
+        results.push_back({format("gemm %u rows x 4096x1024, %s panel", T,
+                                  d.name),
+                           (double)set.bytes, s, 0, (double)T * rows * k});
+      }
+    }
   }
   // Attention: a layer's cache is [kv head][len][128] for k and for v.
   const uint64_t H = 16, KV = 8, D = 128;
