@@ -86,13 +86,13 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   const Tokenizer *tok = ses.tokenizer();
   std::vector<int32_t> prompt = o.prompt_ids;
   if (prompt.empty()) {
-    std::string text = o.prompt;
-    if (o.chat)
-      text = absl::StrCat("<|im_start|>user\n", o.prompt,
-                          "<|im_end|>\n<|im_start|>assistant\n");
-    auto ids = ses.Encode(text, /*special=*/o.chat);
+    const ChatMessage user[] = {{"user", o.prompt}};
+    auto ids = o.chat ? ses.EncodeChat(user) : ses.Encode(o.prompt, false);
     if (!ids.ok())
-      return ids.status();
+      return o.chat ? absl::Status(
+                          ids.status().code(),
+                          absl::StrCat("--chat: ", ids.status().message()))
+                    : ids.status();
     prompt = std::move(*ids);
   }
   if (prompt.empty())

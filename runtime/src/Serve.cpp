@@ -402,6 +402,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
   };
   // The prompt.
   std::string text;
+  std::vector<ChatMessage> messages;
   if (chat) {
     if (!b.contains("messages") || !b["messages"].is_array() ||
         b["messages"].empty())
@@ -416,17 +417,18 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
         return bad({"messages",
                     absl::StrCat("messages[", i,
                                  "] needs a 'role' and a text 'content'")});
-      const std::string role = m["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant" &&
-          role != "developer" && role != "tool")
-        return bad({"messages", absl::StrCat("messages[", i,
-                                             "]: unknown role '", role, "'")});
-      // The Qwen3 chat template (developer speaks as system).
-      absl::StrAppend(&text, "<|im_start|>",
-                      role == "developer" ? "system" : role, "\n", *content,
-                      "<|im_end|>\n");
+      messages.push_back({m["role"].get<std::string>(), *content});
     }
-    text += "<|im_start|>assistant\n";
+    // The model's own chat format (ChatTemplate.h); a message it cannot
+    // say is the client's error.
+    auto ids = ses_->EncodeChat(messages);
+    if (!ids.ok()) {
+      if (absl::IsInvalidArgument(ids.status()))
+        return bad({"messages", std::string(ids.status().message())});
+      SetError(res, 500, std::string(ids.status().message()), "server_error");
+      return;
+    }
+    p.prompt = std::move(*ids);
   } else {
     if (!b.contains("prompt"))
       return bad({"prompt", "'prompt' is required"});
@@ -451,8 +453,8 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
                             "array, or an array of token ids"});
     }
   }
-  if (p.prompt.empty()) {
-    auto ids = ses_->Encode(text, /*special=*/chat);
+  if (!chat && p.prompt.empty()) {
+    auto ids = ses_->Encode(text, /*special=*/false);
     if (!ids.ok()) {
       SetError(res, 500, std::string(ids.status().message()), "server_error");
       return;

@@ -294,6 +294,8 @@ Session::Load(const SessionOptions &o) {
       o.tokenizer_path.empty() ? s->plan_->TokenizerPath() : o.tokenizer_path;
   if (!tokPath.empty()) {
     DUCK_ASSIGN_OR_RETURN(s->tok_, Tokenizer::Create(tokPath));
+    s->chat_format_ = ChooseChatFormat(*s->tok_, s->model().family() ==
+                                                     pl::Family::DeepSeekV32);
   } else if (o.need_tokenizer) {
     return absl::FailedPreconditionError(
         absl::StrCat("no tokenizer.json next to the checkpoint (",
@@ -340,10 +342,20 @@ std::vector<int32_t> Session::StopTokens(bool chat) const {
   std::vector<int32_t> eos;
   if (model().eos_tokens())
     eos.assign(model().eos_tokens()->begin(), model().eos_tokens()->end());
-  if (tok_ && chat)
-    if (int32_t id = tok_->TokenId("<|im_end|>"); id >= 0)
+  if (tok_ && chat && chat_format_ != ChatFormat::kNone)
+    if (int32_t id = tok_->TokenId(ChatEndToken(chat_format_));
+        id >= 0 && std::find(eos.begin(), eos.end(), id) == eos.end())
       eos.push_back(id);
   return eos;
+}
+
+absl::StatusOr<std::vector<int32_t>>
+Session::EncodeChat(absl::Span<const ChatMessage> messages) const {
+  if (!tok_)
+    return absl::FailedPreconditionError(
+        "this plan has no tokenizer (pass --tokenizer FILE)");
+  DUCK_ASSIGN_OR_RETURN(std::string text, RenderChat(chat_format_, messages));
+  return tok_->Encode(text, /*allow_special=*/true);
 }
 
 absl::Status CheckKvFits(uint64_t kv_bytes_per_token, uint32_t max_seq,

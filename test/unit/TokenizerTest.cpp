@@ -4,6 +4,7 @@
 // rules and the load errors.
 
 #include "duck/runtime/Tokenizer.h"
+#include "duck/runtime/ChatTemplate.h"
 
 #include "gtest/gtest.h"
 #include <nlohmann/json.hpp>
@@ -665,6 +666,125 @@ TEST(TokenizerLoadErrorTest, BadRegexNamesOffset) {
                           0),
             0u)
       << message;
+}
+
+// ---------------------------------------------------------------------------
+// Chat formats (ChatTemplate.h): chosen from the tokenizer's special tokens,
+// written as the models' own templates.
+
+using duck::runtime::ChatFormat;
+using duck::runtime::ChatMessage;
+using duck::runtime::ChooseChatFormat;
+using duck::runtime::RenderChat;
+
+std::vector<ChatMessage> Chat(std::vector<ChatMessage> m) { return m; }
+
+Json WithSpecials(const std::vector<std::string> &tokens) {
+  Json json = MiniTokenizer({}, {});
+  json["added_tokens"] = Json::array();
+  for (size_t i = 0; i < tokens.size(); ++i)
+    json["added_tokens"].push_back({{"id", 300 + (int)i},
+                                    {"content", tokens[i]},
+                                    {"special", true},
+                                    {"normalized", false}});
+  return json;
+}
+
+TEST(ChatTemplateTest, FormatComesFromTheTokenizersSpecialTokens) {
+  auto chatml = MustCreate(WithSpecials({"<|im_start|>", "<|im_end|>"}));
+  auto deepseek = MustCreate(
+      WithSpecials({"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                    "<｜User｜>", "<｜Assistant｜>", "</think>"}));
+  auto plain = MustCreate(WithSpecials({"<s>"}));
+  ASSERT_TRUE(chatml && deepseek && plain);
+  EXPECT_EQ(ChooseChatFormat(*chatml, false), ChatFormat::kChatMl);
+  EXPECT_EQ(ChooseChatFormat(*chatml, true), ChatFormat::kChatMl);
+  EXPECT_EQ(ChooseChatFormat(*deepseek, false), ChatFormat::kDeepSeekV3);
+  EXPECT_EQ(ChooseChatFormat(*deepseek, true), ChatFormat::kDeepSeekV32);
+  EXPECT_EQ(ChooseChatFormat(*plain, true), ChatFormat::kNone);
+
+  // The DeepSeek markers become their ids when the prompt is encoded.
+  auto text = RenderChat(ChatFormat::kDeepSeekV32, Chat({{"user", "hi"}}));
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::vector<int32_t> ids = deepseek->Encode(*text);
+  EXPECT_EQ(ids, (std::vector<int32_t>{300, 302, 'h', 'i', 303, 304}));
+}
+
+TEST(ChatTemplateTest, ChatMlIsQwen3s) {
+  const std::vector<ChatMessage> chat = {{"system", "Be brief."},
+                                         {"user", "Hi"},
+                                         {"assistant", "Hello."},
+                                         {"developer", "No lists."},
+                                         {"user", "2+2?"}};
+  auto text = RenderChat(ChatFormat::kChatMl, chat);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                   "<|im_start|>user\nHi<|im_end|>\n"
+                   "<|im_start|>assistant\nHello.<|im_end|>\n"
+                   "<|im_start|>system\nNo lists.<|im_end|>\n"
+                   "<|im_start|>user\n2+2?<|im_end|>\n"
+                   "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, DeepSeekV3PutsTheSystemFirst) {
+  auto text = RenderChat(ChatFormat::kDeepSeekV3, Chat({{"system", "A."},
+                                                        {"user", "Hi"},
+                                                        {"assistant", "Hello."},
+                                                        {"system", "B."},
+                                                        {"user", "2+2?"}}));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<｜begin▁of▁sentence｜>A.\n\nB.<｜User｜>Hi"
+                   "<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
+                   "<｜User｜>2+2?<｜Assistant｜>");
+}
+
+TEST(ChatTemplateTest, DeepSeekV32IsItsEncodersChatMode) {
+  // The example of DeepSeek-V3.2's encoding_dsv32.py, in chat mode.
+  auto text = RenderChat(ChatFormat::kDeepSeekV32,
+                         Chat({{"system", "You are a helpful assistant."},
+                               {"user", "hello"},
+                               {"assistant", "Hello! I am DeepSeek."},
+                               {"user", "1+1=?"}}));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<｜begin▁of▁sentence｜>You are a helpful assistant."
+                   "<｜User｜>hello<｜Assistant｜></think>Hello! I am "
+                   "DeepSeek.<｜end▁of▁sentence｜><｜User｜>1+1=?"
+                   "<｜Assistant｜></think>");
+  auto dev = RenderChat(ChatFormat::kDeepSeekV32, Chat({{"developer", "Go."}}));
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ(*dev, "<｜begin▁of▁sentence｜><｜User｜>\n\n# The user's message "
+                  "is: Go.<｜Assistant｜></think>");
+}
+
+TEST(ChatTemplateTest, MessagesAFormatCannotSayAreNamed) {
+  auto unknown =
+      RenderChat(ChatFormat::kChatMl, Chat({{"user", "x"}, {"bot", "y"}}));
+  EXPECT_EQ(unknown.status().message(), "messages[1]: unknown role 'bot'");
+  auto tool = RenderChat(ChatFormat::kDeepSeekV32,
+                         Chat({{"user", "x"}, {"tool", "42"}}));
+  EXPECT_TRUE(absl::IsInvalidArgument(tool.status()));
+  EXPECT_NE(tool.status().message().find("messages[1]: role 'tool'"),
+            std::string::npos)
+      << tool.status();
+  auto dev = RenderChat(ChatFormat::kDeepSeekV3, Chat({{"developer", "x"}}));
+  EXPECT_NE(dev.status().message().find("messages[0]: role 'developer'"),
+            std::string::npos)
+      << dev.status();
+  auto answered = RenderChat(ChatFormat::kDeepSeekV3,
+                             Chat({{"user", "x"}, {"assistant", "y"}}));
+  EXPECT_NE(answered.status().message().find(
+                "messages[1]: DeepSeek-V3 answers a user message"),
+            std::string::npos)
+      << answered.status();
+  EXPECT_FALSE(
+      RenderChat(ChatFormat::kDeepSeekV32, Chat({{"system", "x"}})).ok());
+  EXPECT_TRUE(RenderChat(ChatFormat::kDeepSeekV32,
+                         Chat({{"user", "x"}, {"system", "y"}}))
+                  .ok());
+  auto none = RenderChat(ChatFormat::kNone, Chat({{"user", "x"}}));
+  EXPECT_NE(none.status().message().find("none of the chat formats"),
+            std::string::npos)
+      << none.status();
 }
 
 } // namespace

@@ -20,8 +20,12 @@
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text; '-' or no prompt with a "
                                    "non-terminal stdin reads stdin");
-ABSL_FLAG(bool, chat, false, "Wrap the prompt in the Qwen3 chat template "
-                             "(<|im_start|>user ... <|im_start|>assistant)");
+ABSL_FLAG(bool, chat, false,
+          "Send the prompt as a user message in the model's chat format, "
+          "chosen from its tokenizer's special tokens: ChatML for Qwen3 "
+          "(<|im_start|>user ... <|im_start|>assistant), DeepSeek's for "
+          "DeepSeek-V3 and V3.2 (<｜User｜> ... <｜Assistant｜>, V3.2 in its "
+          "chat mode)");
 ABSL_FLAG(std::string, prompt_ids, "",
           "Comma-separated token ids instead of text (no tokenizer needed)");
 ABSL_FLAG(uint32_t, max_tokens, 32, "Tokens to generate at most");

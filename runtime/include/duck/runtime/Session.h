@@ -12,6 +12,7 @@
 #ifndef DUCK_RUNTIME_SESSION_H
 #define DUCK_RUNTIME_SESSION_H
 
+#include "duck/runtime/ChatTemplate.h"
 #include "duck/runtime/ClusterRunner.h"
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/Engine.h"
@@ -99,9 +100,16 @@ public:
   /// as their ids (chat templates).
   absl::StatusOr<std::vector<int32_t>> Encode(const std::string &text,
                                               bool special) const;
-  /// The ids that end a generation: the model's EOS, plus <|im_end|> for
-  /// chat.
+  /// The ids that end a generation: the model's EOS, plus for a chat the
+  /// token that ends an assistant turn in its format (<|im_end|>, ...).
   std::vector<int32_t> StopTokens(bool chat) const;
+  /// How a chat is written as this model's prompt (from its tokenizer's
+  /// special tokens and the plan's family; kNone without a tokenizer).
+  ChatFormat chat_format() const { return chat_format_; }
+  /// The prompt ids of a chat (RenderChat, then Encode with special
+  /// tokens); errors name the message or say the model has no chat format.
+  absl::StatusOr<std::vector<int32_t>>
+  EncodeChat(absl::Span<const ChatMessage> messages) const;
 
   /// Closes the duck connections and stops local ducks (also done by the
   /// destructor).
@@ -113,6 +121,7 @@ private:
   SessionOptions opts_;
   std::unique_ptr<LoadedPlan> plan_;
   std::unique_ptr<Tokenizer> tok_;
+  ChatFormat chat_format_ = ChatFormat::kNone;
   std::unique_ptr<LocalCluster> local_;
   DuckClientOptions co_;
   std::vector<DuckEndpoint> spares_; // the cluster file's, not yet used

@@ -1,0 +1,71 @@
+//===- ChatTemplate.h - a chat as the model's prompt text -------*- C++ -*-===//
+//
+// `duckrun --chat` and the server's /v1/chat/completions turn messages into
+// the prompt the model was trained on. Which format that is comes from the
+// model's own tokenizer: ChatML (<|im_start|>role ... <|im_end|>) for
+// Qwen3, DeepSeek's (<｜User｜> ... <｜Assistant｜>) for DeepSeek-V3 and
+// V3.2, in V3.2's chat (non-thinking) mode. The text is then encoded with
+// special tokens allowed (Tokenizer::Encode), so the markers become their
+// token ids.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_CHATTEMPLATE_H
+#define DUCK_RUNTIME_CHATTEMPLATE_H
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+#include <string>
+#include <string_view>
+
+namespace duck::runtime {
+
+class Tokenizer;
+
+enum class ChatFormat {
+  kNone,        // the tokenizer has no markers of a format below
+  kChatMl,      // Qwen3 (and the test models' tokenizers)
+  kDeepSeekV3,  // DeepSeek-V3's template
+  kDeepSeekV32, // DeepSeek-V3.2's encoder, chat mode
+};
+
+struct ChatMessage {
+  std::string role; // system, user, assistant, developer or tool
+  std::string content;
+};
+
+/// ChatML when the tokenizer has <|im_start|> and <|im_end|>; DeepSeek's
+/// when it has <｜User｜> and <｜Assistant｜> (V3.2's encoding when
+/// `deepseek_v32`, the plan's family); kNone otherwise.
+ChatFormat ChooseChatFormat(const Tokenizer &tok, bool deepseek_v32);
+
+/// "ChatML", "DeepSeek-V3", "DeepSeek-V3.2 (chat mode)" or "none".
+std::string_view ChatFormatName(ChatFormat format);
+
+/// The prompt text of `messages`, ending where the assistant's reply
+/// starts:
+///  - ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" each (developer
+///    speaks as system), then "<|im_start|>assistant\n";
+///  - DeepSeek-V3: the begin-of-sentence token, the system messages
+///    (joined by a blank line), then "<｜User｜>{content}" for a user and
+///    "<｜Assistant｜>{content}<｜end▁of▁sentence｜>" for an assistant
+///    message, then "<｜Assistant｜>";
+///  - DeepSeek-V3.2: the begin-of-sentence token, then in order: a system
+///    message as is, a user message as "<｜User｜>{content}<｜Assistant｜>"
+///    and "</think>", an assistant message as
+///    "{content}<｜end▁of▁sentence｜>", a developer message as its encoder
+///    writes one ("<｜User｜>\n\n# The user's message is: {content}..."), so
+///    that the prompt ends in "<｜Assistant｜></think>".
+/// Errors (InvalidArgument) name the message: an unknown role, a role the
+/// format cannot say (tool messages need the tool calls Duck does not
+/// serve, in DeepSeek's formats), a DeepSeek chat without a user message,
+/// or kNone.
+absl::StatusOr<std::string> RenderChat(ChatFormat format,
+                                       absl::Span<const ChatMessage> messages);
+
+/// The token that ends an assistant turn ("<|im_end|>",
+/// "<｜end▁of▁sentence｜>"), "" for kNone: a chat stops there.
+std::string_view ChatEndToken(ChatFormat format);
+
+} // namespace duck::runtime
+
+#endif // DUCK_RUNTIME_CHATTEMPLATE_H
