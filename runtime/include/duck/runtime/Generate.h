@@ -21,7 +21,7 @@ struct GenerateOptions {
   SessionOptions session;
   std::string prompt;              // text (tokenised), or
   std::vector<int32_t> prompt_ids; // ids given directly
-  bool chat = false; // a user message in the model's chat format (ChatTemplate.h)
+  bool chat = false;               // a user message, in the chat format
   uint32_t max_tokens = 32;
   SamplerOptions sampler;
   bool decode_only = false;        // run the prompt through decode modes
