@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <nlohmann/json.hpp>
+
 namespace duck::runtime {
 namespace {
 
@@ -129,6 +131,38 @@ absl::StatusOr<std::string> RenderChat(ChatFormat format,
   if (format == ChatFormat::kChatMl)
     return ChatMl(messages);
   return DeepSeek(messages, format == ChatFormat::kDeepSeekV32);
+}
+
+absl::StatusOr<std::vector<int32_t>>
+PromptPrefixIds(std::string_view config_json, std::string_view source,
+                const Tokenizer &tok) {
+  using Json = nlohmann::json;
+  const std::string where(source.data(), source.size());
+  if (config_json.empty())
+    return std::vector<int32_t>{};
+  Json c;
+  try {
+    c = Json::parse(config_json.begin(), config_json.end());
+  } catch (const Json::exception &e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": malformed JSON: ", e.what()));
+  }
+  if (!c.is_object() || !c.contains("add_bos_token") ||
+      !c["add_bos_token"].is_boolean() || !c["add_bos_token"].get<bool>())
+    return std::vector<int32_t>{};
+  // bos_token: a string, or an AddedToken object with its "content".
+  const Json *bos = c.contains("bos_token") ? &c["bos_token"] : nullptr;
+  if (bos && bos->is_object() && bos->contains("content"))
+    bos = &(*bos)["content"];
+  if (!bos || !bos->is_string())
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": add_bos_token is true but bos_token names no token"));
+  const std::string name = bos->get<std::string>();
+  const int32_t id = tok.TokenId(name);
+  if (id < 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": bos_token '", name, "' is not a token of the tokenizer"));
+  return std::vector<int32_t>{id};
 }
 
 std::string_view ChatEndToken(ChatFormat format) {

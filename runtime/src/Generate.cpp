@@ -87,7 +87,7 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   std::vector<int32_t> prompt = o.prompt_ids;
   if (prompt.empty()) {
     const ChatMessage user[] = {{"user", o.prompt}};
-    auto ids = o.chat ? ses.EncodeChat(user) : ses.Encode(o.prompt, false);
+    auto ids = o.chat ? ses.EncodeChat(user) : ses.EncodePrompt(o.prompt);
     if (!ids.ok())
       return o.chat ? absl::Status(
                           ids.status().code(),

@@ -454,7 +454,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     }
   }
   if (!chat && p.prompt.empty()) {
-    auto ids = ses_->Encode(text, /*special=*/false);
+    auto ids = ses_->EncodePrompt(text);
     if (!ids.ok()) {
       SetError(res, 500, std::string(ids.status().message()), "server_error");
       return;

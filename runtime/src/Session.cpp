@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <ostream>
 #include <poll.h>
+#include <sstream>
 #include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
@@ -296,6 +297,18 @@ Session::Load(const SessionOptions &o) {
     DUCK_ASSIGN_OR_RETURN(s->tok_, Tokenizer::Create(tokPath));
     s->chat_format_ = ChooseChatFormat(*s->tok_, s->model().family() ==
                                                      pl::Family::DeepSeekV32);
+    // tokenizer_config.json beside it says whether a prompt starts with
+    // the BOS (DeepSeek's does; Qwen3's does not).
+    const std::filesystem::path cfg =
+        std::filesystem::path(tokPath).parent_path() / "tokenizer_config.json";
+    std::string cfgText;
+    if (std::ifstream in(cfg); in) {
+      std::ostringstream buf;
+      buf << in.rdbuf();
+      cfgText = buf.str();
+    }
+    DUCK_ASSIGN_OR_RETURN(s->prompt_prefix_,
+                          PromptPrefixIds(cfgText, cfg.string(), *s->tok_));
   } else if (o.need_tokenizer) {
     return absl::FailedPreconditionError(
         absl::StrCat("no tokenizer.json next to the checkpoint (",
@@ -330,12 +343,15 @@ void Session::Close() {
 
 uint32_t Session::ducks() const { return plan_->def().tp(); }
 
-absl::StatusOr<std::vector<int32_t>> Session::Encode(const std::string &text,
-                                                     bool special) const {
+absl::StatusOr<std::vector<int32_t>>
+Session::EncodePrompt(const std::string &text) const {
   if (!tok_)
     return absl::FailedPreconditionError(
         "this plan has no tokenizer (pass --tokenizer FILE)");
-  return tok_->Encode(text, special);
+  std::vector<int32_t> ids = prompt_prefix_;
+  const std::vector<int32_t> body = tok_->Encode(text, /*allow_special=*/false);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
 }
 
 std::vector<int32_t> Session::StopTokens(bool chat) const {

@@ -787,4 +787,38 @@ TEST(ChatTemplateTest, MessagesAFormatCannotSayAreNamed) {
       << none.status();
 }
 
+TEST(ChatTemplateTest, PromptPrefixIsTheBosWhenTheConfigAsksForIt) {
+  using duck::runtime::PromptPrefixIds;
+  auto tok = MustCreate(WithSpecials({"<｜begin▁of▁sentence｜>", "<s>"}));
+  ASSERT_TRUE(tok);
+  auto none = PromptPrefixIds("", "c.json", *tok);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  auto off = PromptPrefixIds(R"({"add_bos_token": false, "bos_token": "<s>"})",
+                             "c.json", *tok);
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->empty());
+  auto str = PromptPrefixIds(
+      R"({"add_bos_token": true, "bos_token": "<｜begin▁of▁sentence｜>"})",
+      "c.json", *tok);
+  ASSERT_TRUE(str.ok()) << str.status();
+  EXPECT_EQ(*str, std::vector<int32_t>{300});
+  auto obj = PromptPrefixIds(
+      R"({"add_bos_token": true, "bos_token": {"content": "<s>", "lstrip": false}})",
+      "c.json", *tok);
+  ASSERT_TRUE(obj.ok()) << obj.status();
+  EXPECT_EQ(*obj, std::vector<int32_t>{301});
+  auto missing = PromptPrefixIds(R"({"add_bos_token": true})", "c.json", *tok);
+  EXPECT_EQ(missing.status().message(),
+            "c.json: add_bos_token is true but bos_token names no token");
+  auto unknown = PromptPrefixIds(
+      R"({"add_bos_token": true, "bos_token": "<bos>"})", "c.json", *tok);
+  EXPECT_EQ(unknown.status().message(),
+            "c.json: bos_token '<bos>' is not a token of the tokenizer");
+  auto bad = PromptPrefixIds("{", "c.json", *tok);
+  EXPECT_NE(bad.status().message().find("c.json: malformed JSON"),
+            std::string::npos)
+      << bad.status();
+}
+
 } // namespace

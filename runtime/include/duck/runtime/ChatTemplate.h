@@ -14,8 +14,10 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace duck::runtime {
 
@@ -61,6 +63,16 @@ std::string_view ChatFormatName(ChatFormat format);
 /// or kNone.
 absl::StatusOr<std::string> RenderChat(ChatFormat format,
                                        absl::Span<const ChatMessage> messages);
+
+/// The ids a Hugging Face tokenizer puts before a plain-text prompt
+/// (a completion; a chat's format writes its own): the BOS token when
+/// tokenizer_config.json (`config_json`, read from `source`; "" when the
+/// checkpoint has none) sets add_bos_token, as DeepSeek's does; none
+/// otherwise (Qwen3). Errors name the file: bad JSON, or a BOS the
+/// tokenizer does not have.
+absl::StatusOr<std::vector<int32_t>>
+PromptPrefixIds(std::string_view config_json, std::string_view source,
+                const Tokenizer &tok);
 
 /// The token that ends an assistant turn ("<|im_end|>",
 /// "<｜end▁of▁sentence｜>"), "" for kNone: a chat stops there.

@@ -96,10 +96,11 @@ public:
   /// A name for the model: the plan directory's last component.
   const std::string &name() const { return name_; }
 
-  /// Token ids of a text; `special` lets <|im_start|> and the like through
-  /// as their ids (chat templates).
-  absl::StatusOr<std::vector<int32_t>> Encode(const std::string &text,
-                                              bool special) const;
+  /// Token ids of a plain-text prompt: the tokenizer's prefix (the BOS
+  /// when tokenizer_config.json asks for it, PromptPrefixIds), then the
+  /// text with special-token spellings encoded as ordinary text.
+  absl::StatusOr<std::vector<int32_t>>
+  EncodePrompt(const std::string &text) const;
   /// The ids that end a generation: the model's EOS, plus for a chat the
   /// token that ends an assistant turn in its format (<|im_end|>, ...).
   std::vector<int32_t> StopTokens(bool chat) const;
@@ -122,6 +123,7 @@ private:
   std::unique_ptr<LoadedPlan> plan_;
   std::unique_ptr<Tokenizer> tok_;
   ChatFormat chat_format_ = ChatFormat::kNone;
+  std::vector<int32_t> prompt_prefix_; // PromptPrefixIds
   std::unique_ptr<LocalCluster> local_;
   DuckClientOptions co_;
   std::vector<DuckEndpoint> spares_; // the cluster file's, not yet used
