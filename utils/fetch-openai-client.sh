@@ -7,7 +7,7 @@
 #   utils/fetch-openai-client.sh [cache-dir]
 #
 # cache-dir defaults to $DUCK_NPM_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/duck/npm
-# (shared with utils/fetch-qwen3-tokenizer.sh). The package goes under its own
+# (shared with utils/fetch-tokenizer.sh). The package goes under its own
 # prefix, cache-dir/openai-client, because `npm install --no-save` removes
 # every package of a prefix that it was not asked for: one prefix per script
 # keeps the two from deleting each other's packages.

