@@ -13,8 +13,8 @@ PACKAGES=(
 )
 
 # The tokenizer tests fetch the real Qwen3 and DeepSeek-V3 tokenizers with
-# npm (utils/fetch-tokenizer.sh); take Debian's
-# node and npm only when the machine has no npm of its own.
+# npm (utils/fetch-tokenizer.sh); take Debian's node and npm only when the
+# machine has no npm of its own.
 if ! command -v npm >/dev/null 2>&1; then
   PACKAGES+=(nodejs npm)
 fi
