@@ -88,6 +88,37 @@ DuckRates measureDuck(const DuckMeasureOptions &o) {
     noted(t);
   }
 
+  // One small matrix (a Qwen3-30B-A3B expert's gate, 768 x 2048), cold,
+  // against the large general128 matrix's rate: what a call costs beyond
+  // its weights (its streams' start and its tail).
+  if (r.gparam_s[DUCK_KERNEL_GENERAL128] > 0) {
+    constexpr uint32_t kRows = 768, kK = 2048;
+    const duck_fp9_desc desc = fp9Desc(kRows, kK, 128);
+    Buffer image(fp9ImageBytes(desc));
+    packRandomFp9(desc, image.data(), 23);
+    ColdSet set = fillCopies(arena, image.data(), fp9ImageBytes(desc));
+    std::vector<duck_fp9_matrix> views;
+    for (uint64_t i = 0; i < set.copies; ++i)
+      views.push_back(duck_fp9_matrix_view(&desc, set.copy(i)));
+    for (auto &v : xs)
+      v.assign(2 * (uint64_t)kK + 16, 0.0f);
+    Timing t = measureOnCores(team, cores, [&](uint32_t core, uint64_t call) {
+      uint32_t b, e;
+      duck_smp_split(kRows, cores, core, &b, &e);
+      float *scratch = reinterpret_cast<float *>(
+          (reinterpret_cast<uintptr_t>(xs[core].data()) + 31) & ~uintptr_t(31));
+      if (b < e)
+        duck_gemv(&views[call % views.size()], x.as<float>(), y.as<float>() + b,
+                  b, e, scratch, DUCK_DECODE_SHIFT);
+    });
+    const double atRate =
+        double(kRows) * kK / (r.gparam_s[DUCK_KERNEL_GENERAL128] * 1e9);
+    r.gemv_call_us = std::max(0.0, t.callSeconds - atRate) * 1e6;
+    r.gemv_call_rows = kRows;
+    r.gemv_call_k = kK;
+    noted(t);
+  }
+
   // A prompt chunk: the dense prefill of kGemmTokens rows through a
   // Qwen3-0.6B-sized FFN (gate/up then down, every weight decoded once a
   // chunk), cold, the cores sharing it as a duck's do.

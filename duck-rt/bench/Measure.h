@@ -37,12 +37,19 @@ struct DuckRates {
   /// second / 1e9 (the cost model's fp9_gemm_gmac_s).
   double gemm_gmac_s = 0;
   uint32_t gemm_tokens = 0, gemm_hidden = 0, gemm_inter = 0;
+  /// A cold GEMV call's fixed cost, all cores, microseconds: a small
+  /// general128 matrix (an expert's, gemv_call_rows x gemv_call_k) timed
+  /// against its weights at the general128 rate above. Small products
+  /// (experts, tensor-parallel slices) read slower than a large one by
+  /// about this much a call.
+  double gemv_call_us = 0;
+  uint32_t gemv_call_rows = 0, gemv_call_k = 0;
   /// Cores' worth of CPU other processes used meanwhile (the noisiest
   /// measurement's); NaN if unknown.
   double other_load = 0;
 };
 
-/// Runs the measurements; about 9 x `seconds` plus packing.
+/// Runs the measurements; about 10 x `seconds` plus packing.
 DuckRates measureDuck(const DuckMeasureOptions &options);
 
 } // namespace duck::bench

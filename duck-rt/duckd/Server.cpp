@@ -6,8 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -999,12 +1001,13 @@ void Server::OnMeasure(const duckd_frame_header &h) {
   rep.gemm_tokens = rates.gemm_tokens;
   rep.gemm_hidden = rates.gemm_hidden;
   rep.gemm_inter = rates.gemm_inter;
+  rep.gemv_call_ns = (uint32_t)std::lround(
+      std::min(rates.gemv_call_us * 1e3, 4e9)); // a word of nanoseconds
   rep.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Log(absl::StrFormat("measure: %u cores, read %.1f GB/s, general128 %.2f "
-                      "Gparam/s, GEMM %.1f GMAC/s (%.1f s)",
-                      cores, rep.read_gbs,
-                      rep.gparam_s[DUCK_KERNEL_GENERAL128], rep.gemm_gmac_s,
-                      rep.seconds));
+                      "Gparam/s (+%.1f us a call), GEMM %.1f GMAC/s (%.1f s)",
+                      cores, rep.read_gbs, rep.gparam_s[DUCK_KERNEL_GENERAL128],
+                      rates.gemv_call_us, rep.gemm_gmac_s, rep.seconds));
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }
 

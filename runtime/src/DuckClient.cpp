@@ -779,6 +779,7 @@ DuckClient::Measure(const MeasureOptions &options) {
           r.other_load = rep.other_load;
           r.gemm_gmac_s = rep.gemm_gmac_s;
           r.gemm_tokens = rep.gemm_tokens;
+          r.gemv_call_us = rep.gemv_call_ns / 1e3;
           r.seconds = rep.seconds;
           return absl::OkStatus();
         });

@@ -62,6 +62,11 @@ def main():
                              f"{d.get(key)!r}")
             if d["host"] != eps[i]["host"] or d["port"] != eps[i]["port"]:
                 sys.exit(f"measure-cluster: ducks[{i}] lost its endpoint")
+            # A small matrix's extra cost a call; left out when the cold
+            # set made it read no slower than the large one.
+            call = d.get("gemv_call_us", 0)
+            if not (isinstance(call, (int, float)) and 0 <= call < 1e5):
+                sys.exit(f"measure-cluster: ducks[{i}].gemv_call_us = {call!r}")
             rates = d["fp9_gparam_s_by_kernel"]
             if sorted(rates) != sorted(classes) or min(rates.values()) <= 0:
                 sys.exit(f"measure-cluster: ducks[{i}] kernel rates {rates}")
@@ -74,7 +79,8 @@ def main():
                 min(d["fp9_gemm_gmac_s"] for d in c["ducks"])):
             sys.exit(f"measure-cluster: cluster figures {c}")
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
-              f"{len(classes)} kernel classes, fp9_gemm_gmac_s, rtt_us, "
+              f"{len(classes)} kernel classes, fp9_gemm_gmac_s, "
+              "gemv_call_us (or none), rtt_us, "
               "empty_step_us; token and host_ms_per_token kept")
 
         r = run([args.duckc, "compile", args.model, "--cluster", cluster,

@@ -216,7 +216,17 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
         }
       }
       c.cost.duckKernelGparamS.push_back(std::move(byClass));
+      double callUs = 0;
+      if (Error e = num(*d, "gemv_call_us", callUs))
+        return e;
+      if (callUs < 0)
+        return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
+                                 "gemv_call_us must not be negative",
+                                 path, i));
+      c.cost.duckGemvCallUs.push_back(callUs);
     }
+    if (llvm::all_of(c.cost.duckGemvCallUs, [](double v) { return v == 0; }))
+      c.cost.duckGemvCallUs.clear();
     if (llvm::all_of(c.cost.duckKernelGparamS, [](const auto &v) {
           return llvm::all_of(v, [](double g) { return g == 0; });
         }))

@@ -391,8 +391,15 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                              : *std::min_element(base.cluster.memoryBytes.begin(),
                                                  base.cluster.memoryBytes.end());
     const mlir::duck::ClusterModel &cm = base.cluster.cost;
+    const std::string calls =
+        cm.duckGemvCallUs.empty()
+            ? std::string()
+            : formatv(", {0:F1} us more a GEMV call (the slowest duck's)",
+                      *std::max_element(cm.duckGemvCallUs.begin(),
+                                        cm.duckGemvCallUs.end()))
+                  .str();
     out << formatv(
-        "cost model: {0}, {1:F0} us a step; {2}{3}\n",
+        "cost model: {0}{4}, {1:F0} us a step; {2}{3}\n",
         !cm.duckGparamS.empty()
             ? "fp9 Gparam/s by duck (measured) " +
                   [&] {
@@ -425,7 +432,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                   .str()
             : std::string("host work not counted"),
         mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
-            : std::string());
+            : std::string(),
+        calls);
     // With the head's place open, a column says where it goes and the
     // host's time (the host head's share included) is shown.
     const bool hostCol = autoHead || autoOProj;
@@ -794,7 +802,8 @@ Error runMeasureCluster() {
   outs() << "duck  endpoint               cores  read GB/s";
   for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
     outs() << formatv("  {0,10}", duck_kernel_name(duck_kernel_id(k)));
-  outs() << "  GEMM GMAC/s  ping p50/p90 us  step p50/p90 us  busy elsewhere\n";
+  outs() << "  GEMM GMAC/s  call us  ping p50/p90 us  step p50/p90 us  busy "
+            "elsewhere\n";
   double minRead = 0, maxRtt = 0, maxLoad = 0, minGemm = 0;
   for (size_t i = 0; i < rates->size(); ++i) {
     const duck::runtime::DuckRates &r = (*rates)[i];
@@ -812,6 +821,8 @@ Error runMeasureCluster() {
     d["fp9_gparam_s_by_kernel"] = std::move(byKernel);
     if (r.gemm_gmac_s > 0)
       d["fp9_gemm_gmac_s"] = r.gemm_gmac_s;
+    if (r.gemv_call_us > 0)
+      d["gemv_call_us"] = r.gemv_call_us;
     minGemm = i ? std::min(minGemm, r.gemm_gmac_s) : r.gemm_gmac_s;
     d["rtt_us"] = r.rtt_us_p50;
     if (r.step_us_p50 > 0)
@@ -824,9 +835,9 @@ Error runMeasureCluster() {
                       co.ducks[i].ToString(), r.cores, r.read_gbs);
     for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
       outs() << formatv("  {0,10:f2}", r.gparam_s[k]);
-    outs() << formatv("  {0,11:f1}  {1,7:f0}/{2,-7:f0}  {3,7:f0}/{4,-7:f0}  "
-                      "{5,6:f2} cores\n",
-                      r.gemm_gmac_s, r.rtt_us_p50, r.rtt_us_p90,
+    outs() << formatv("  {0,11:f1}  {1,7:f1}  {2,7:f0}/{3,-7:f0}  "
+                      "{4,7:f0}/{5,-7:f0}  {6,6:f2} cores\n",
+                      r.gemm_gmac_s, r.gemv_call_us, r.rtt_us_p50, r.rtt_us_p90,
                       r.step_us_p50, r.step_us_p90, r.other_load);
   }
   (*root)["bandwidth_gbs"] = minRead;
@@ -971,7 +982,10 @@ options of one subcommand.
       round trips to it: pings, and empty steps through a session of the
       duck ELF (its dispatch path). Writes each duck's "cores", "read_gbs",
       "fp9_gparam_s" (general128), "fp9_gparam_s_by_kernel",
-      "fp9_gemm_gmac_s" (a 64-row prompt chunk's dense prefill), "rtt_us",
+      "fp9_gemm_gmac_s" (a 64-row prompt chunk's dense prefill),
+      "gemv_call_us" (what a small matrix's GEMV costs beyond its weights
+      at the general128 rate: the cost model adds it to every matrix a
+      duck runs in a step), "rtt_us",
       "empty_step_us" (and "memory_gib" from its weight buffer if absent),
       and the cluster's "bandwidth_gbs" and "fp9_gemm_gmac_s" (slowest
       duck) and

@@ -242,7 +242,11 @@ typedef struct duckd_measure_reply {
                      // unknown)
   double seconds;    // how long it took
   double gemm_gmac_s;
-  uint32_t gemm_tokens, gemm_hidden, gemm_inter, reserved;
+  uint32_t gemm_tokens, gemm_hidden, gemm_inter;
+  /// What one cold GEMV call costs beyond its weights at the general128
+  /// rate (the start of its streams, its tail), nanoseconds; 0: not
+  /// measured (duckds before it left this word zero).
+  uint32_t gemv_call_ns;
 } duckd_measure_reply;
 
 #ifdef __cplusplus

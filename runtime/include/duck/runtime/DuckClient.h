@@ -138,6 +138,7 @@ struct DuckRates {
   uint32_t rows[DUCK_KERNEL_COUNT] = {}, k[DUCK_KERNEL_COUNT] = {};
   double gemm_gmac_s = 0; // a prompt chunk's fp9 GEMM (dense prefill)
   uint32_t gemm_tokens = 0;
+  double gemv_call_us = 0; // a cold GEMV call's fixed cost (0: not given)
   double other_load = 0;            // cores busy elsewhere meanwhile
   double seconds = 0;               // the duck's time measuring
   double rtt_us_p50 = 0, rtt_us_p90 = 0; // a ping's round trip, less busy_us

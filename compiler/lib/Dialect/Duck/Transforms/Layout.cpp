@@ -273,9 +273,13 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     st.totalBytes += st.ducks[r].bytes;
   }
   int64_t scaleRows = scaleRowsOf(module);
+  // What a GEMV call costs a duck beyond its weights (0: not measured).
+  auto callSeconds = [&](size_t r) {
+    return r < c.duckGemvCallUs.size() ? c.duckGemvCallUs[r] * 1e-6 : 0.0;
+  };
   // One expert's (or a dense slice's) time on its duck: each matrix at its
   // kernel class's measured rate, else the duck's rate, else its bytes at
-  // the streaming bandwidth.
+  // the streaming bandwidth; plus each matrix's call cost.
   auto expertSeconds = [&](Fp9FfnOp shard, const SlotLayout &lay) {
     const size_t r = shard.getRank();
     const double duckRate =
@@ -291,8 +295,9 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                               ? (*byClass)[id]
                               : duckRate;
       if (rate <= 0)
-        return double(lay.expertBytes) / (c.bandwidthGbs * 1e9);
-      seconds += double(m.rows) * m.k / (rate * 1e9);
+        return double(lay.expertBytes) / (c.bandwidthGbs * 1e9) +
+               3 * callSeconds(r);
+      seconds += double(m.rows) * m.k / (rate * 1e9) + callSeconds(r);
     }
     return seconds;
   };
@@ -387,10 +392,10 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
           (size_t)id < c.duckKernelGparamS[r].size() &&
           c.duckKernelGparamS[r][id] > 0)
         rate = c.duckKernelGparamS[r][id];
-      const double sec =
-          rate > 0 ? params / (rate * 1e9)
-          : bytes  ? double((*bytes)[r]) / (c.bandwidthGbs * 1e9)
-                   : params * 1.125 / (c.bandwidthGbs * 1e9);
+      const double sec = (rate > 0 ? params / (rate * 1e9)
+                          : bytes ? double((*bytes)[r]) / (c.bandwidthGbs * 1e9)
+                                  : params * 1.125 / (c.bandwidthGbs * 1e9)) +
+                         callSeconds((size_t)r);
       slowest = std::max(slowest, sec);
     }
     if (!m.head && c.gemmGmacS > 0) {

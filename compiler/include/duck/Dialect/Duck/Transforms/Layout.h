@@ -153,6 +153,11 @@ struct ClusterModel {
   /// fp9_gparam_s_by_kernel). When a duck has them, each of its matrices
   /// is timed at its own class's rate.
   std::vector<std::vector<double>> duckKernelGparamS;
+  /// Per duck (rank order), what one GEMV call costs beyond its weights
+  /// at the rate (microseconds; `duckc measure-cluster`'s gemv_call_us):
+  /// added for every matrix the duck runs in a step (an expert's three,
+  /// a row-split matrix's one). Empty: not counted.
+  std::vector<double> duckGemvCallUs;
 };
 
 struct DuckStats {
