@@ -183,13 +183,19 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
                                  path, i));
       minCores = minCores ? std::min<int64_t>(minCores, cores) : cores;
       c.memoryBytes.push_back((uint64_t)(mem * (1ull << 30)));
+      // A per-duck figure that may be absent (0) but not negative.
+      auto duckNum = [&](StringRef key, double &out) -> Error {
+        if (Error e = num(*d, key, out))
+          return e;
+        if (out < 0)
+          return err(llvm::formatv("cluster file '{0}': ducks[{1}].{2} must "
+                                   "not be negative",
+                                   path, i, key));
+        return Error::success();
+      };
       double rate = 0;
-      if (Error e = num(*d, "fp9_gparam_s", rate))
+      if (Error e = duckNum("fp9_gparam_s", rate))
         return e;
-      if (rate < 0)
-        return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
-                                 "fp9_gparam_s must not be negative",
-                                 path, i));
       c.cost.duckGparamS.push_back(rate);
       // fp9_gparam_s_by_kernel: {"general128": 10.6, ...} (measure-cluster).
       std::vector<double> byClass(DUCK_KERNEL_COUNT, 0.0);
@@ -217,12 +223,8 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
       }
       c.cost.duckKernelGparamS.push_back(std::move(byClass));
       double callUs = 0;
-      if (Error e = num(*d, "gemv_call_us", callUs))
+      if (Error e = duckNum("gemv_call_us", callUs))
         return e;
-      if (callUs < 0)
-        return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
-                                 "gemv_call_us must not be negative",
-                                 path, i));
       c.cost.duckGemvCallUs.push_back(callUs);
     }
     if (llvm::all_of(c.cost.duckGemvCallUs, [](double v) { return v == 0; }))
