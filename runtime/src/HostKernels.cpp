@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cmath>
+#include <pthread.h>
+#include <sched.h>
+#include <thread>
 
 namespace duck::runtime {
 
@@ -18,6 +20,30 @@ namespace duck::runtime {
 ThreadPool::ThreadPool(unsigned threads) {
   for (unsigned i = 1; i < std::max(1u, threads); ++i)
     workers_.emplace_back([this] { Loop(); });
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (!workers_.empty() && sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set))
+        cpus_.push_back(c);
+  if (cpus_.size() < 2)
+    cpus_.clear(); // one CPU: nowhere else to go
+}
+
+void ThreadPool::AvoidCallerCpu() {
+  const int cpu = sched_getcpu();
+  if (cpus_.empty() || cpu < 0 || cpu == caller_cpu_)
+    return;
+  caller_cpu_ = cpu;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus_)
+    if (c != cpu)
+      CPU_SET(c, &set);
+  // Best effort: a worker that cannot move still runs, only maybe beside
+  // the caller.
+  for (std::thread &w : workers_)
+    pthread_setaffinity_np(w.native_handle(), sizeof set, &set);
 }
 
 ThreadPool::~ThreadPool() {
@@ -101,6 +127,7 @@ void ThreadPool::ParallelFor(uint64_t n,
     fn(0, n);
     return;
   }
+  AvoidCallerCpu();
   align = std::max<uint64_t>(1, align);
   const uint64_t units = (n + align - 1) / align;
   const uint64_t want =

@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -45,6 +48,42 @@ TEST(HostKernels, ParallelForRunsEveryIndexOnceInAlignedChunks) {
       if (round % 50 == 49) // let the workers fall asleep
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+  }
+}
+
+/// A worker never runs a chunk on the CPU the caller was on when the job
+/// started: the caller would otherwise run the whole job alone while the
+/// worker waits behind it.
+TEST(HostKernels, ParallelForKeepsWorkersOffTheCallersCpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(0, sched_getaffinity(0, sizeof set, &set));
+  const int cpus = CPU_COUNT(&set);
+  ThreadPool pool(3);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int round = 0; round < 100; ++round) {
+    std::mutex mu;
+    std::vector<int> workerCpus;
+    pool.ParallelFor(64, [&](uint64_t, uint64_t) {
+      // Long enough that the workers claim chunks too.
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      if (std::this_thread::get_id() != caller) {
+        std::lock_guard<std::mutex> l(mu);
+        workerCpus.push_back(sched_getcpu());
+      }
+    });
+    if (cpus < 2) {
+      EXPECT_EQ(pool.caller_cpu(), -1) << "one CPU: the workers stay put";
+      continue;
+    }
+    ASSERT_GE(pool.caller_cpu(), 0);
+    for (int c : workerCpus)
+      ASSERT_NE(c, pool.caller_cpu()) << "round " << round;
+    if (round % 10 == 9) // let the caller move now and then
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
