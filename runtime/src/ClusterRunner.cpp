@@ -36,7 +36,7 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept) {
     before_step_(steps_);
   ++steps_;
   for (;;) {
-    absl::Status s = client_->Step(ibs, &outputs_, &metrics);
+    absl::Status s = client_->Step(ibs, &outputs_, &metrics, after_send_);
     if (s.ok())
       break;
     if (!recover_)

@@ -610,7 +610,8 @@ absl::Status DuckClient::Open(absl::Span<const uint8_t> elf) {
 
 absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                               std::vector<DuckOutput> *out_outputs,
-                              StepMetrics *out_metrics) {
+                              StepMetrics *out_metrics,
+                              const std::function<void()> &after_send) {
   Impl &m = *impl_;
   if (ibs.size() != m.conns.size())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -658,6 +659,8 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
+  if (after_send)
+    after_send();
   std::string elfErrors;
   absl::Status s = m.Pump(
       ducks, m.opt.step_timeout, m.opt.persistent ? "step" : "run",

@@ -17,7 +17,7 @@ namespace duck::runtime {
 // ThreadPool
 //===----------------------------------------------------------------------===//
 
-ThreadPool::ThreadPool(unsigned threads) {
+ThreadPool::ThreadPool(unsigned threads, uint64_t spin_ns) : spin_ns_(spin_ns) {
   for (unsigned i = 1; i < std::max(1u, threads); ++i)
     workers_.emplace_back([this] { Loop(); });
   cpu_set_t set;
@@ -105,7 +105,8 @@ void ThreadPool::Loop() {
     const uint64_t start = nowNs();
     for (uint32_t i = 0; generation_.load() == seen && !stop_.load(); ++i) {
       _mm_pause();
-      if (i % 256 == 255 && nowNs() - start > kSpinNs) {
+      if (i % 256 == 255 &&
+          (park_.load() == seen || nowNs() - start > spin_ns_)) {
         std::unique_lock<std::mutex> l(mu_);
         ++sleepers_;
         cv_.wait(l, [&] { return stop_.load() || generation_.load() != seen; });

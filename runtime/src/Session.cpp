@@ -574,6 +574,8 @@ absl::Status Session::Start(std::ostream &log) {
   eo.max_rows = rows;
   mapper.join();
   DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));
+  // The host threads sleep while the ducks work (ThreadPool::Park).
+  runner_->SetAfterSend([pool = engine_->pool()] { pool->Park(); });
   // Every sequence's cache is reserved at full length and filled as its
   // positions grow: refuse up front what the machine could never hold,
   // rather than meet the OOM killer when sequences grow long.

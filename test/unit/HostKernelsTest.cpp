@@ -87,6 +87,36 @@ TEST(HostKernels, ParallelForKeepsWorkersOffTheCallersCpu) {
   }
 }
 
+/// Park() sends idle workers to sleep at once rather than after their
+/// spin (here 10 s, so without it they would still be spinning), and a
+/// parked pool still runs every chunk of the next job.
+TEST(HostKernels, ParkedWorkersSleepAtOnceAndWakeForTheNextJob) {
+  ThreadPool pool(3, /*spin_ns=*/10'000'000'000ull);
+  auto job = [&] {
+    std::vector<std::atomic<int>> hits(1000);
+    pool.ParallelFor(hits.size(), [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i)
+        hits[i].fetch_add(1);
+    });
+    for (auto &h : hits)
+      ASSERT_EQ(h.load(), 1);
+  };
+  auto sleepersAfter = [&](std::chrono::milliseconds wait) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    while (pool.sleepers() < 2 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return pool.sleepers();
+  };
+  job();
+  EXPECT_EQ(sleepersAfter(std::chrono::milliseconds(50)), 0u)
+      << "not parked: the workers spin";
+  for (int round = 0; round < 5; ++round) {
+    pool.Park();
+    EXPECT_EQ(sleepersAfter(std::chrono::seconds(5)), 2u) << "round " << round;
+    job();
+  }
+}
+
 TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);

@@ -56,6 +56,9 @@ public:
     before_step_ = std::move(f);
   }
   uint64_t recoveries() const { return recoveries_; }
+  /// Runs after each step is sent, before its replies are awaited
+  /// (duckrun parks its host threads there: ThreadPool::Park).
+  void SetAfterSend(std::function<void()> f) { after_send_ = std::move(f); }
 
 private:
   /// Sends ib_ to every duck (recovering as set), keeps the step's
@@ -71,6 +74,7 @@ private:
   DuckClient *client_;
   Recover recover_;
   std::function<void(uint64_t)> before_step_;
+  std::function<void()> after_send_;
   uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
   int64_t head_slot_ = -1; // the LM head's slot when it is on the ducks

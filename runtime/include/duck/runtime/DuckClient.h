@@ -166,9 +166,12 @@ public:
   /// Sends ibs[d] to duck d (all at once), waits for every OB. An ELF
   /// status other than OK, a crash or a timeout is an error naming the
   /// duck; `out_outputs` is filled for every duck that answered.
+  /// `after_send`, if set, runs once every duck has its step (or as much
+  /// of it as the sockets took at once) and before the wait for replies.
   absl::Status Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                     std::vector<DuckOutput> *out_outputs,
-                    StepMetrics *out_metrics = nullptr);
+                    StepMetrics *out_metrics = nullptr,
+                    const std::function<void()> &after_send = nullptr);
 
   /// Closes the sessions (kept connections stay usable for a new Open).
   absl::Status Close();

@@ -119,6 +119,8 @@ public:
   /// positions of context (the attention ops' KV caches).
   uint64_t cache_read_bytes_per_token(uint64_t positions) const;
   void Reset() { pos_ = 0; }
+  /// The host threads (attention, the LM head).
+  ThreadPool *pool() { return pool_.get(); }
 
 private:
   Engine();
