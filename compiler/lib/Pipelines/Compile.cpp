@@ -111,7 +111,7 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
   };
   double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
-         chunk = 64, hostGmac = 0, context = 0;
+         chunk = 64, hostGmac = 0, context = 0, hostLink = 0, duckLink = 0;
   if (Error e = num(*o, "bandwidth_gbs", bw))
     return e;
   if (Error e = num(*o, "step_overhead_us", ov))
@@ -132,6 +132,10 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     return e;
   if (Error e = num(*o, "context_tokens", context))
     return e;
+  if (Error e = num(*o, "host_link_gbps", hostLink))
+    return e;
+  if (Error e = num(*o, "duck_link_gbps", duckLink))
+    return e;
   if (bw <= 0)
     return err("cluster file '" + path + "': bandwidth_gbs must be positive");
   if (chunk < 1)
@@ -143,7 +147,9 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
                         {"fp9_gemm_gmac_s", gemm},
                         {"host_prefill_ms_per_token", hostPrefill},
                         {"host_gmac_s", hostGmac},
-                        {"context_tokens", context}})
+                        {"context_tokens", context},
+                        {"host_link_gbps", hostLink},
+                        {"duck_link_gbps", duckLink}})
     if (v < 0) {
       char got[32];
       std::snprintf(got, sizeof got, "%g", v);
@@ -161,6 +167,7 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
   c.cost.prefillChunk = (int64_t)chunk;
   c.cost.hostGmacS = hostGmac;
   c.cost.contextTokens = (int64_t)context;
+  c.cost.hostLinkGbps = hostLink;
   if (const llvm::json::Array *ducks = o->getArray("ducks")) {
     if (ducks->empty())
       return err("cluster file '" + path + "': 'ducks' is empty");
@@ -226,7 +233,13 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
       if (Error e = duckNum("gemv_call_us", callUs))
         return e;
       c.cost.duckGemvCallUs.push_back(callUs);
+      double link = duckLink;
+      if (Error e = duckNum("link_gbps", link))
+        return e;
+      c.cost.duckLinkGbps.push_back(link);
     }
+    if (llvm::all_of(c.cost.duckLinkGbps, [](double v) { return v == 0; }))
+      c.cost.duckLinkGbps.clear();
     if (llvm::all_of(c.cost.duckGemvCallUs, [](double v) { return v == 0; }))
       c.cost.duckGemvCallUs.clear();
     if (llvm::all_of(c.cost.duckKernelGparamS, [](const auto &v) {
@@ -260,6 +273,8 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
   c.coresPerDuck = cores;
   if (mem > 0)
     c.memoryBytes.assign(c.tp, (uint64_t)(mem * (1ull << 30)));
+  if (duckLink > 0)
+    c.cost.duckLinkGbps.assign(c.tp, duckLink);
   return c;
 }
 
@@ -441,6 +456,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
     return Error::success();
   }
   ClusterModel cost = opts.cluster.cost;
+  cost.coresPerDuck = opts.cluster.coresPerDuck;
   // A host head quantised at load reads 1.125 bytes a weight.
   cost.hostHeadBytesPerWeight =
       opts.lmHead == "fp9" || opts.lmHead == "int8" ? 1.125 : 0;

@@ -241,6 +241,7 @@ struct Candidate {
   bool ok = false;
   std::string why; // the compiler's refusal when not ok
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0, prefillTokS = 0;
+  double networkMs = 0; // 0: no link speed in the cluster file
   uint64_t maxShardBytes = 0;
 };
 
@@ -288,6 +289,7 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.streamMs = j->getNumber("stream_ms_per_token").value_or(0);
   c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
   c.hostMs = j->getNumber("host_ms_per_token").value_or(0);
+  c.networkMs = j->getNumber("network_ms_per_token").value_or(0);
   c.prefillTokS = j->getNumber("estimated_prefill_tok_s").value_or(0);
   c.inOn = j->getBoolean("in_proj_on_ducks").value_or(false);
   c.qOn = j->getBoolean("q_proj_on_ducks").value_or(false);
@@ -398,8 +400,18 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                       *std::max_element(cm.duckGemvCallUs.begin(),
                                         cm.duckGemvCallUs.end()))
                   .str();
+    std::string links;
+    if (cm.hostLinkGbps > 0)
+      links = formatv("; the host's link {0} Gb/s", cm.hostLinkGbps).str();
+    if (!cm.duckLinkGbps.empty()) {
+      auto [lo, hi] =
+          std::minmax_element(cm.duckLinkGbps.begin(), cm.duckLinkGbps.end());
+      links += (links.empty() ? "; " : ", ") +
+               (*lo == *hi ? formatv("{0} Gb/s a duck", *lo).str()
+                           : formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
+    }
     out << formatv(
-        "cost model: {0}{4}, {1:F0} us a step; {2}{3}\n",
+        "cost model: {0}{4}, {1:F0} us a step; {2}{3}{5}\n",
         !cm.duckGparamS.empty()
             ? "fp9 Gparam/s by duck (measured) " +
                   [&] {
@@ -433,13 +445,16 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
             : std::string("host work not counted"),
         mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
             : std::string(),
-        calls);
+        calls, links);
     // With the head's place open, a column says where it goes and the
     // host's time (the host head's share included) is shown.
     const bool hostCol = autoHead || autoOProj;
+    // With a link speed given, each candidate's time on the wire.
+    const bool netCol = cm.hostLinkGbps > 0 || !cm.duckLinkGbps.empty();
     out << "  tp  multiple_of  strategy    " << (autoHead ? "  LM head  " : "")
         << (autoOProj ? "  attn proj" : "") << (hostCol ? "    host ms" : "")
-        << "  TPOT ms  stream ms  dispatch ms  tok/s    largest shard\n";
+        << "  TPOT ms  stream ms  dispatch ms" << (netCol ? "  network ms" : "")
+        << "  tok/s    largest shard\n";
     for (const Candidate &c : all) {
       const std::string head =
           (autoHead ? formatv("  {0,-9}", c.lmHead == "ducks" ? "ducks"
@@ -454,12 +469,14 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
       }
       const std::string host =
           hostCol ? formatv("  {0,9:F3}", c.hostMs).str() : std::string();
+      const std::string net =
+          netCol ? formatv("  {0,10:F3}", c.networkMs).str() : std::string();
       out << formatv("{0,4}  {1,11}  {2,-12}{3}{4}  {5,7:F3}  {6,9:F3}  "
-                     "{7,11:F3}  {8,7:F2}  {9,10:F3} GiB{10}\n",
+                     "{7,11:F3}{11}  {8,7:F2}  {9,10:F3} GiB{10}\n",
                      c.tp, c.multipleOf, c.strategy, head, host, 1e3 / c.tokS,
                      c.streamMs, c.dispatchMs, c.tokS,
                      c.maxShardBytes / 1073741824.0,
-                     &c == best ? "  <- chosen" : "");
+                     &c == best ? "  <- chosen" : "", net);
     }
   }
   if (!best)
@@ -474,28 +491,29 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     int better = 0;
     for (const Candidate &c : all)
       better += c.ok && &c != best;
-    out << formatv("chosen: tp {0}, multiple_of {1}, strategy {2}{10}: "
-                   "predicted "
-                   "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
-                   "dispatch {6:F3}{9}){11}; the fastest of {7} legal "
-                   "candidates{8}\n",
-                   best->tp, best->multipleOf, best->strategy, best->tokS,
-                   1e3 / best->tokS, best->streamMs, best->dispatchMs,
-                   better + 1,
-                   ", predictions within 3 % of the fastest counting as "
-                   "ties (fewer ducks, then the larger K-block, win)",
-                   best->hostMs > 0
-                       ? formatv(" + host {0:F3}", best->hostMs).str()
-                       : std::string(),
-                   std::string(autoHead ? (best->lmHead == "ducks"
-                                               ? ", LM head on the ducks"
-                                               : ", LM head on the host")
-                                        : "") +
-                       (autoOProj ? best->attnWords() : ""),
-                   best->prefillTokS > 0
-                       ? formatv(", prefill {0:F1} tok/s", best->prefillTokS)
-                             .str()
-                       : std::string());
+    out << formatv(
+        "chosen: tp {0}, multiple_of {1}, strategy {2}{10}: "
+        "predicted "
+        "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
+        "dispatch {6:F3}{9}){11}; the fastest of {7} legal "
+        "candidates{8}\n",
+        best->tp, best->multipleOf, best->strategy, best->tokS,
+        1e3 / best->tokS, best->streamMs, best->dispatchMs, better + 1,
+        ", predictions within 3 % of the fastest counting as "
+        "ties (fewer ducks, then the larger K-block, win)",
+        (best->hostMs > 0 ? formatv(" + host {0:F3}", best->hostMs).str()
+                          : std::string()) +
+            (best->networkMs > 0
+                 ? formatv(" + network {0:F3}", best->networkMs).str()
+                 : std::string()),
+        std::string(autoHead
+                        ? (best->lmHead == "ducks" ? ", LM head on the ducks"
+                                                   : ", LM head on the host")
+                        : "") +
+            (autoOProj ? best->attnWords() : ""),
+        best->prefillTokS > 0
+            ? formatv(", prefill {0:F1} tok/s", best->prefillTokS).str()
+            : std::string());
   }
   return *best;
 }

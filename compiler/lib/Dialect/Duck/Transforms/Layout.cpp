@@ -1,5 +1,6 @@
 //===- Layout.cpp - weight-buffer layout and cluster statistics -----------===//
 #include "duck/Dialect/Duck/Transforms/Layout.h"
+#include "duck_rt/duckd_protocol.h"
 #include "duck_rt/kernel_select.h"
 #include "duck_rt/slot_layout.h"
 
@@ -302,6 +303,41 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     return seconds;
   };
   double layerMsSum = 0, prefillMsPerChunk = 0;
+  // One step on the wire: the same IB to every duck (frame header, step
+  // request, IB), then each duck's reply (frame header, step reply, a
+  // kernel time a core, OB: its header and `obFloats[r]` floats). The
+  // host's link carries every duck's frame in turn, a duck's link its
+  // own; the replies come once the ducks are done. Returns seconds and
+  // adds a decode step's bytes to the token's (`decode`).
+  std::vector<double> obFloats(st.tp, 0.0);
+  auto netSeconds = [&](uint64_t ibBytes, bool decode) {
+    const double in = double(sizeof(duckd_frame_header) +
+                             sizeof(duckd_step_request) + ibBytes);
+    double hostIn = 0, hostOut = 0, duckIn = 0, duckOut = 0;
+    for (int64_t r = 0; r < st.tp; ++r) {
+      const double out =
+          double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
+                 8 * std::max<int64_t>(1, c.coresPerDuck) +
+                 sizeof(duck_ob_header)) +
+          4 * obFloats[r];
+      hostIn += in;
+      hostOut += out;
+      const double link =
+          (size_t)r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0;
+      if (link > 0) {
+        duckIn = std::max(duckIn, in * 8 / (link * 1e9));
+        duckOut = std::max(duckOut, out * 8 / (link * 1e9));
+      }
+    }
+    if (decode) {
+      st.hostTxBytesPerToken += hostIn;
+      st.hostRxBytesPerToken += hostOut;
+    }
+    const double host = c.hostLinkGbps * 1e9 / 8;
+    return std::max(host > 0 ? hostIn / host : 0.0, duckIn) +
+           std::max(host > 0 ? hostOut / host : 0.0, duckOut);
+  };
+  double netMs = 0, prefillNetMs = 0;
   module.walk([&](Operation *op) {
     if (!isa<MlpOp, MoeOp>(op))
       return;
@@ -369,7 +405,27 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                       expertSeconds(shard, *lay)});
     }
     layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
-    prefillMsPerChunk += 1e3 * prefillSlowest + c.stepOverheadUs / 1e3;
+    // Every duck returns the whole hidden vector (its partial sums).
+    int64_t hidden = 0, slotsPerRow = 0;
+    if (auto moe = dyn_cast<MoeOp>(op)) {
+      hidden = moe.getHidden();
+      slotsPerRow = moe.getTopK() + moe.getNumShared();
+    } else {
+      hidden = cast<MlpOp>(op).getHidden();
+    }
+    std::fill(obFloats.begin(), obFloats.end(), double(hidden));
+    netMs += 1e3 * netSeconds(duck_ib_bytes(1, slotsPerRow, hidden), true);
+    double prefillNet = 0;
+    if (c.gemmGmacS > 0) {
+      for (double &f : obFloats)
+        f = double(hidden) * c.prefillChunk;
+      prefillNet = 1e3 * netSeconds(duck_ib_bytes((uint32_t)c.prefillChunk,
+                                                  slotsPerRow, hidden),
+                                    false);
+      prefillNetMs += prefillNet;
+    }
+    prefillMsPerChunk +=
+        1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
   });
   // Row-split matrices on the ducks (o_projs, the LM head): one more step
   // each, its slowest duck.
@@ -383,6 +439,9 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
       bytes = a.asArrayRef();
     double slowest = 0;
+    for (int64_t r = 0; r < st.tp; ++r)
+      obFloats[r] = double(m.rowsOf(r));
+    netMs += 1e3 * netSeconds(duck_ib_bytes(1, 0, (uint32_t)hidden), true);
     for (int64_t r = 0; r < st.tp; ++r) {
       const double params = double(m.rowsOf(r)) * hidden;
       st.ducks[r].paramsPerToken += params;
@@ -412,7 +471,14 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                                       : 1.125 / (c.bandwidthGbs * 1e9)) +
                        params * c.prefillChunk / (c.gemmGmacS * 1e9));
       }
-      prefillMsPerChunk += 1e3 * worst + c.stepOverheadUs / 1e3;
+      for (int64_t r = 0; r < st.tp; ++r)
+        obFloats[r] = double(m.rowsOf(r)) * c.prefillChunk;
+      const double prefillNet =
+          1e3 * netSeconds(duck_ib_bytes((uint32_t)c.prefillChunk, 0,
+                                         (uint32_t)hidden),
+                           false);
+      prefillNetMs += prefillNet;
+      prefillMsPerChunk += 1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
     }
     if (m.head) {
       st.lmHeadOnDucks = true;
@@ -563,9 +629,12 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                                             : st.hostOpsMsPerToken) +
                       st.hostAttnMsPerToken +
                       st.hostLmHeadMsPerToken;
-  double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken;
+  st.networkMsPerToken = netMs; // 0 without a link speed
+  double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken +
+              st.networkMsPerToken;
   st.tokS = ms > 0 ? 1e3 / ms : 0;
   if (c.gemmGmacS > 0) {
+    st.prefillNetworkMsPerToken = prefillNetMs / c.prefillChunk;
     st.prefillDucksMsPerToken = prefillMsPerChunk / c.prefillChunk;
     const double pms = st.prefillDucksMsPerToken + c.hostPrefillMsPerToken;
     st.prefillTokS = pms > 0 ? 1e3 / pms : 0;
@@ -642,6 +711,23 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
                        c.hostReadGbs);
+  if (s.networkMsPerToken > 0) {
+    std::string links;
+    if (c.hostLinkGbps > 0)
+      links = llvm::formatv("the host's link {0} Gb/s", c.hostLinkGbps).str();
+    if (!c.duckLinkGbps.empty()) {
+      auto [lo, hi] =
+          std::minmax_element(c.duckLinkGbps.begin(), c.duckLinkGbps.end());
+      links +=
+          (links.empty() ? "" : ", ") +
+          (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
+                      : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
+    }
+    os << llvm::format("network: %.2f MB out and %.2f MB in at the host a "
+                       "token, %.3f ms over %s (in the token's time below)\n",
+                       s.hostTxBytesPerToken / 1e6, s.hostRxBytesPerToken / 1e6,
+                       s.networkMsPerToken, links.c_str());
+  }
   if (c.gemmGmacS > 0)
     os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
                        "%.3f ms a prompt token, %lld-token chunks; fp9 GEMM "
@@ -649,23 +735,35 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.prefillTokS, s.prefillDucksMsPerToken,
                        c.hostPrefillMsPerToken, (long long)c.prefillChunk,
                        c.gemmGmacS);
-  if (c.hostMsPerToken > 0 || c.fp9GparamS > 0) {
+  // The host's part is counted when measured or timed from its bandwidth.
+  if (c.hostMsPerToken > 0 || c.fp9GparamS > 0 || s.hostMsPerToken > 0) {
     const std::string rate =
         c.fp9GparamS > 0
             ? llvm::formatv("{0:F2} Gparam/s per duck", c.fp9GparamS).str()
             : llvm::formatv("{0:F1} GB/s per duck", c.bandwidthGbs).str();
-    os << llvm::format("estimated decode: %.2f tok/s (ducks %.3f ms + "
-                       "dispatch %.3f ms + host %.3f ms per token; %s, "
-                       "%.0f us per step)\n",
-                       s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
-                       s.hostMsPerToken, rate.c_str(), c.stepOverheadUs);
-  }
-  else
-    os << llvm::format("estimated decode: %.2f tok/s (fp9 stream %.3f ms + "
-                       "dispatch %.3f ms per token at %.1f GB/s per duck, "
-                       "%.0f us per step; host work not counted)\n",
-                       s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
-                       c.bandwidthGbs, c.stepOverheadUs);
+    os << llvm::format(
+        "estimated decode: %.2f tok/s (ducks %.3f ms + "
+        "dispatch %.3f ms + host %.3f ms%s per token; %s, "
+        "%.0f us per step)\n",
+        s.tokS, s.streamMsPerToken, s.dispatchMsPerToken, s.hostMsPerToken,
+        s.networkMsPerToken > 0
+            ? llvm::formatv(" + network {0:F3} ms", s.networkMsPerToken)
+                  .str()
+                  .c_str()
+            : "",
+        rate.c_str(), c.stepOverheadUs);
+  } else
+    os << llvm::format(
+        "estimated decode: %.2f tok/s (fp9 stream %.3f ms + "
+        "dispatch %.3f ms%s per token at %.1f GB/s per duck, "
+        "%.0f us per step; host work not counted)\n",
+        s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
+        s.networkMsPerToken > 0
+            ? llvm::formatv(" + network {0:F3} ms", s.networkMsPerToken)
+                  .str()
+                  .c_str()
+            : "",
+        c.bandwidthGbs, c.stepOverheadUs);
 }
 
 llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
@@ -703,6 +801,10 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"stream_ms_per_token", s.streamMsPerToken},
       {"dispatch_ms_per_token", s.dispatchMsPerToken},
       {"host_ms_per_token", s.hostMsPerToken},
+      {"network_ms_per_token", s.networkMsPerToken},
+      {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
+      {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
+      {"host_rx_bytes_per_token", s.hostRxBytesPerToken},
       {"fp9_gparam_s", c.fp9GparamS},
       {"bandwidth_gbs", c.bandwidthGbs},
       {"step_overhead_us", c.stepOverheadUs},

@@ -158,6 +158,17 @@ struct ClusterModel {
   /// added for every matrix the duck runs in a step (an expert's three,
   /// a row-split matrix's one). Empty: not counted.
   std::vector<double> duckGemvCallUs;
+  /// The network: the host's link and each duck's (Gbit/s each way;
+  /// cluster file `host_link_gbps`, `ducks[i].link_gbps`, else
+  /// `duck_link_gbps`). A step sends every duck the same IB (x as fp32 for
+  /// every row, and a MoE step's routing) and gets each duck's OB back (its
+  /// partial sums, or its rows of a row-split matrix, fp32): the host's
+  /// link carries all of them one after another, a duck's link its own.
+  /// 0: not counted (loopback, or not known).
+  double hostLinkGbps = 0;
+  std::vector<double> duckLinkGbps; // rank order; empty: none known
+  /// Cores a duck: its step reply carries a kernel time for each.
+  int64_t coresPerDuck = 1;
 };
 
 struct DuckStats {
@@ -209,6 +220,13 @@ struct ModuleStats {
   /// over a prompt chunk (and each projection on the ducks), plus a step
   /// each, a prompt token; the token rate with the host's part added.
   double prefillDucksMsPerToken = 0, prefillTokS = 0;
+  /// The wire a decoded token: bytes the host sends (every step's frame to
+  /// every duck) and receives, and their time over the links
+  /// (ClusterModel::hostLinkGbps / duckLinkGbps; 0 when neither is given),
+  /// included in the token's time. Prefill's, a prompt token, is in
+  /// prefillDucksMsPerToken.
+  double hostTxBytesPerToken = 0, hostRxBytesPerToken = 0;
+  double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
 };
 
 /// Requires a laid-out module (duck-layout-weights ran).
