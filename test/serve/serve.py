@@ -217,7 +217,12 @@ def open_stream(url, key, body):
 
 def check_disconnect(argv):
     url, key = argv
-    s = open_stream(url, key, chat_body("Go on", max_tokens=3000, stream=True,
+    # The client leaves after three events of a 4000-token answer; the
+    # server must stop generating it and free its slot. Counted by the
+    # tokens generated meanwhile rather than by a look at the active
+    # sequences while it runs, which a loaded machine can make late.
+    before = metric(url, "duck_generated_tokens_total")
+    s = open_stream(url, key, chat_body("Go on", max_tokens=4000, stream=True,
                                         ignore_eos=True))
     got = b""
     while got.count(b"data: ") < 3:
@@ -225,11 +230,13 @@ def check_disconnect(argv):
         if not chunk:
             die(f"the stream ended early: {got!r}")
         got += chunk
-    if metric(url, "duck_active_sequences") != 1:
-        die("the stream is not running")
     s.close()
     if not wait_idle(url):
         die("the dropped stream still holds its slot after 20 s")
+    made = metric(url, "duck_generated_tokens_total") - before
+    if made >= 4000:
+        die(f"the answer ran to its end ({made:.0f} tokens) before the "
+            "client left: nothing was dropped")
     print("a dropped stream frees its slot")
 
 
@@ -237,15 +244,24 @@ def check_queue_full(argv):
     url, key, n = argv[0], argv[1], int(argv[2])
     statuses = []
     lock = threading.Lock()
+    # Every client holds its stream until all have their status, and the
+    # answers are long (4000 tokens, several seconds even for the tiny
+    # model at 8 rows a step): no stream can end, and free its slot,
+    # before the last request is in, however slowly a loaded machine
+    # runs the clients.
+    all_in = threading.Barrier(n)
 
     def one(i):
-        s = open_stream(url, key, chat_body(f"Stream {i}", max_tokens=1500,
+        s = open_stream(url, key, chat_body(f"Stream {i}", max_tokens=4000,
                                             stream=True, ignore_eos=True))
         head = s.recv(64)
         m = re.match(rb"HTTP/1.1 (\d+)", head)
         with lock:
             statuses.append(int(m.group(1)) if m else 0)
-        time.sleep(1.0)
+        try:
+            all_in.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            pass
         s.close()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
