@@ -400,16 +400,9 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                       *std::max_element(cm.duckGemvCallUs.begin(),
                                         cm.duckGemvCallUs.end()))
                   .str();
-    std::string links;
-    if (cm.hostLinkGbps > 0)
-      links = formatv("; the host's link {0} Gb/s", cm.hostLinkGbps).str();
-    if (!cm.duckLinkGbps.empty()) {
-      auto [lo, hi] =
-          std::minmax_element(cm.duckLinkGbps.begin(), cm.duckLinkGbps.end());
-      links += (links.empty() ? "; " : ", ") +
-               (*lo == *hi ? formatv("{0} Gb/s a duck", *lo).str()
-                           : formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
-    }
+    std::string links = mlir::duck::linksText(cm);
+    if (!links.empty())
+      links = "; " + links;
     out << formatv(
         "cost model: {0}{4}, {1:F0} us a step; {2}{3}{5}\n",
         !cm.duckGparamS.empty()

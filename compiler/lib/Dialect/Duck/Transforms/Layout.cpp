@@ -654,6 +654,21 @@ static std::string human(uint64_t bytes) {
   return s;
 }
 
+std::string mlir::duck::linksText(const ClusterModel &c) {
+  std::string links;
+  if (c.hostLinkGbps > 0)
+    links = llvm::formatv("the host's link {0} Gb/s", c.hostLinkGbps).str();
+  if (!c.duckLinkGbps.empty()) {
+    auto [lo, hi] =
+        std::minmax_element(c.duckLinkGbps.begin(), c.duckLinkGbps.end());
+    links +=
+        (links.empty() ? "" : ", ") +
+        (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
+                    : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
+  }
+  return links;
+}
+
 void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                                 llvm::raw_ostream &os) {
   os << "tp: " << s.tp << "\n";
@@ -712,17 +727,7 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
                        c.hostReadGbs);
   if (s.networkMsPerToken > 0) {
-    std::string links;
-    if (c.hostLinkGbps > 0)
-      links = llvm::formatv("the host's link {0} Gb/s", c.hostLinkGbps).str();
-    if (!c.duckLinkGbps.empty()) {
-      auto [lo, hi] =
-          std::minmax_element(c.duckLinkGbps.begin(), c.duckLinkGbps.end());
-      links +=
-          (links.empty() ? "" : ", ") +
-          (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
-                      : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
-    }
+    const std::string links = linksText(c);
     os << llvm::format("network: %.2f MB out and %.2f MB in at the host a "
                        "token, %.3f ms over %s (in the token's time below)\n",
                        s.hostTxBytesPerToken / 1e6, s.hostRxBytesPerToken / 1e6,

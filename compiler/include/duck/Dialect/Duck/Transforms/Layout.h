@@ -229,6 +229,10 @@ struct ModuleStats {
   double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
 };
 
+/// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
+/// 2.50 Gb/s a duck"); empty when none is given.
+std::string linksText(const ClusterModel &c);
+
 /// Requires a laid-out module (duck-layout-weights ran).
 FailureOr<ModuleStats> computeStats(ModuleOp module, const ClusterModel &c);
 void printStatsText(const ModuleStats &s, const ClusterModel &c,
