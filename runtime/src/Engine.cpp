@@ -71,9 +71,9 @@ absl::Status Engine::Prepare() {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan op of layer ", def->layer(), " has no parameters this runtime "
           "knows (a plan from another duckc?); recompile the model"));
-    ops::OpEnv env{*plan_,         *def,           weights,
-                   runner_,        pool_.get(),    hidden_,
-                   opts_.max_rows, opts_.max_seq,  opts_.max_seqs};
+    ops::OpEnv env{*plan_,         *def,        weights,        runner_,
+                   pool_.get(),    hidden_,     opts_.max_rows, opts_.max_seq,
+                   opts_.max_seqs, opts_.kv_f16};
     auto op = create(env);
     if (!op.ok())
       return op.status();

@@ -611,6 +611,30 @@ inline void Dot4Tail(float tail[4], const float *q, const float *const rows[4],
       tail[j] = std::fma(rows[j][off + d], q[d], tail[j]);
 }
 
+/// A cached key or value: fp32, or IEEE half (`--kv-cache f16`, F16C).
+inline __m256 Load8(const float *p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+}
+inline float Load1(const float *p) { return *p; }
+inline float Load1(const uint16_t *p) { return _cvtsh_ss(*p); }
+/// One key's dot with a query: the same operations in the same order for
+/// either key type (the tail as explicit FMAs), so a half cache gives the
+/// bits an fp32 cache of the same values gives.
+template <typename T>
+inline float DotKey(const T *k, const float *q, uint64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(Load8(k + i), _mm256_loadu_ps(q + i), a0);
+    a1 = _mm256_fmadd_ps(Load8(k + i + 8), _mm256_loadu_ps(q + i + 8), a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i)
+    s = std::fma(Load1(k + i), q[i], s);
+  return s;
+}
+
 /// scores[g][t] = (k_t . q_g) * scale for t in [t0, t1), t0 a multiple of
 /// 4, t1 <= len, for the G (1 or 2) query heads at q (dim apart), scores
 /// rows `ld` apart. Keys go four a pass (eight FMA chains for two heads,
@@ -618,14 +642,14 @@ inline void Dot4Tail(float tail[4], const float *q, const float *const rows[4],
 /// prefetched; the last len % 4 keys of a row, one at a time. So a score's
 /// bits depend only on its key, its query and the row's length, never on
 /// how a caller cuts [0, len) into ranges.
-template <int G>
-void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
+template <int G, typename T>
+void ScoreRange(const float *q, const T *kc, uint64_t t0, uint64_t t1,
                 uint64_t dim, float scale, float *scores, uint64_t ld) {
   const uint64_t vec = dim / 8 * 8;
   const __m128 sc = _mm_set1_ps(scale);
   uint64_t t = t0;
   for (; t + 4 <= t1; t += 4) {
-    const float *k = kc + t * dim;
+    const T *k = kc + t * dim;
     __m256 a[G][4];
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 4; ++j)
@@ -640,7 +664,7 @@ void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
       for (int g = 0; g < G; ++g)
         qd[g] = _mm256_loadu_ps(q + g * dim + d);
       for (int j = 0; j < 4; ++j) {
-        const __m256 kv = _mm256_loadu_ps(k + j * dim + d);
+        const __m256 kv = Load8(k + j * dim + d);
         for (int g = 0; g < G; ++g)
           a[g][j] = _mm256_fmadd_ps(kv, qd[g], a[g][j]);
       }
@@ -651,7 +675,7 @@ void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
         alignas(16) float tail[4] = {0, 0, 0, 0};
         for (int j = 0; j < 4; ++j)
           for (uint64_t d = vec; d < dim; ++d)
-            tail[j] = std::fma(k[j * dim + d], q[g * dim + d], tail[j]);
+            tail[j] = std::fma(Load1(k + j * dim + d), q[g * dim + d], tail[j]);
         r = _mm_add_ps(r, _mm_load_ps(tail));
       }
       _mm_storeu_ps(scores + g * ld + t, _mm_mul_ps(r, sc));
@@ -659,7 +683,7 @@ void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
   }
   for (; t < t1; ++t)
     for (int g = 0; g < G; ++g)
-      scores[g * ld + t] = DotF32(kc + t * dim, q + g * dim, dim) * scale;
+      scores[g * ld + t] = DotKey(kc + t * dim, q + g * dim, dim) * scale;
 }
 
 /// out[g] += sum_t p[g][t] v_t over t in [t0, t1) for G heads (p rows `ld`
@@ -667,7 +691,8 @@ void ScoreRange(const float *q, const float *kc, uint64_t t0, uint64_t t1,
 /// output lane is one FMA chain over t in order, so cutting [0, len) into
 /// ranges does not change a bit; 32 dims of two heads a pass (eight
 /// accumulators), each value row loaded once for both heads.
-void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
+template <typename T>
+void WeighRange(const float *p, uint64_t ld, uint64_t G, const T *vc,
                 uint64_t t0, uint64_t t1, uint64_t dim, float *out,
                 bool first) {
   const uint64_t vec = dim / 8 * 8;
@@ -686,7 +711,7 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
         a[1][j] = start(o1 + d + 8 * j);
       }
       for (uint64_t t = t0; t < t1; ++t) {
-        const float *vr = vc + t * dim + d;
+        const T *vr = vc + t * dim + d;
         _mm_prefetch(reinterpret_cast<const char *>(vr + kAttendAhead * dim),
                      _MM_HINT_T0);
         _mm_prefetch(
@@ -694,7 +719,7 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
             _MM_HINT_T0);
         const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
         for (int j = 0; j < 4; ++j) {
-          const __m256 v = _mm256_loadu_ps(vr + 8 * j);
+          const __m256 v = Load8(vr + 8 * j);
           a[0][j] = _mm256_fmadd_ps(b0, v, a[0][j]);
           a[1][j] = _mm256_fmadd_ps(b1, v, a[1][j]);
         }
@@ -708,7 +733,7 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
     for (; d < vec; d += 8) {
       __m256 a0 = start(o0 + d), a1 = start(o1 + d);
       for (uint64_t t = t0; t < t1; ++t) {
-        const __m256 v = _mm256_loadu_ps(vc + t * dim + d);
+        const __m256 v = Load8(vc + t * dim + d);
         a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[t]), v, a0);
         a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[t]), v, a1);
       }
@@ -719,8 +744,8 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const float *vc,
     for (; d < dim; ++d) {
       float s0 = first ? 0.0f : o0[d], s1 = first ? 0.0f : o1[d];
       for (uint64_t t = t0; t < t1; ++t) {
-        s0 = std::fma(p0[t], vc[t * dim + d], s0);
-        s1 = std::fma(p1[t], vc[t * dim + d], s1);
+        s0 = std::fma(p0[t], Load1(vc + t * dim + d), s0);
+        s1 = std::fma(p1[t], Load1(vc + t * dim + d), s1);
       }
       o0[d] = s0;
       if (two)
@@ -745,10 +770,12 @@ void AttendHeads(const float *q, const float *kc, const float *vc,
              0);
 }
 
-void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
-                const float *kc, const float *vc, uint64_t kvStride,
-                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                uint64_t h1, float *out, uint64_t outStride) {
+namespace {
+template <typename T>
+void AttendRowsOf(const float *q, uint64_t qStride, uint64_t rows,
+                  uint64_t len0, const T *kc, const T *vc, uint64_t kvStride,
+                  uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                  uint64_t h1, float *out, uint64_t outStride) {
   if (rows == 0 || h0 >= h1)
     return;
   const uint64_t group = kvHeads ? heads / kvHeads : 1;
@@ -762,7 +789,7 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
     // and values are read once for them and for every row.
     const uint64_t kvh = h / group;
     const uint64_t hEnd = std::min(h1, (kvh + 1) * group), G = hEnd - h;
-    const float *K = kc + kvh * kvStride, *V = vc + kvh * kvStride;
+    const T *K = kc + kvh * kvStride, *V = vc + kvh * kvStride;
     auto scores = [&](uint64_t r) { return buf.data() + r * gmax * ld; };
     for (uint64_t kb = 0; kb < ld; kb += kAttendBlock)
       for (uint64_t r = 0; r < rows; ++r) {
@@ -770,11 +797,11 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
         const float *qr = q + r * qStride + h * dim;
         for (uint64_t g = 0; g < G && kb < len; g += 2) {
           if (g + 1 < G)
-            ScoreRange<2>(qr + g * dim, K, kb, t1, dim, scale,
-                          scores(r) + g * ld, ld);
+            ScoreRange<2, T>(qr + g * dim, K, kb, t1, dim, scale,
+                             scores(r) + g * ld, ld);
           else
-            ScoreRange<1>(qr + g * dim, K, kb, t1, dim, scale,
-                          scores(r) + g * ld, ld);
+            ScoreRange<1, T>(qr + g * dim, K, kb, t1, dim, scale,
+                             scores(r) + g * ld, ld);
         }
       }
     for (uint64_t r = 0; r < rows; ++r)
@@ -790,6 +817,33 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
       }
     h = hEnd;
   }
+}
+} // namespace
+
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const float *kc, const float *vc, uint64_t kvStride,
+                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                uint64_t h1, float *out, uint64_t outStride) {
+  AttendRowsOf(q, qStride, rows, len0, kc, vc, kvStride, heads, kvHeads, dim,
+               h0, h1, out, outStride);
+}
+
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const uint16_t *kc, const uint16_t *vc, uint64_t kvStride,
+                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                uint64_t h1, float *out, uint64_t outStride) {
+  AttendRowsOf(q, qStride, rows, len0, kc, vc, kvStride, heads, kvHeads, dim,
+               h0, h1, out, outStride);
+}
+
+void ToHalf(const float *x, uint64_t n, uint16_t *out) {
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i *>(out + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i)
+    out[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,

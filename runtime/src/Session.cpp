@@ -571,6 +571,7 @@ absl::Status Session::Start(std::ostream &log) {
   eo.prefill_chunk = chunk;
   eo.all_logits = o.all_logits;
   eo.max_seqs = seqs;
+  eo.kv_f16 = o.kv_f16;
   eo.max_rows = rows;
   mapper.join();
   DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));

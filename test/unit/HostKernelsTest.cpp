@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <immintrin.h>
+
 #include <sched.h>
 
 #include <algorithm>
@@ -515,6 +517,54 @@ TEST(HostKernels, AttendRowsHasEachRowsAttendHeadsBits) {
                 << ", row " << r << ", heads [" << h0 << ", " << h1 << ")";
           }
         }
+      }
+  }
+}
+
+/// --kv-cache f16: ToHalf rounds as the hardware's scalar conversion does
+/// (to nearest even, overflow to infinity), and attention over a half cache
+/// gives exactly the bits of attention over an fp32 cache holding the same
+/// (rounded) values, for row runs, head ranges and a dim with a scalar tail.
+TEST(HostKernels, HalfCacheAttendsAsTheSameValuesInFp32) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x = {0.0f,     -0.0f, 1.0f,        -2.5f,   65504.0f,
+                          65520.0f, 1e-8f, 3.14159265f, 6.1e-5f, -1e5f};
+  for (int i = 0; i < 1000; ++i)
+    x.push_back(4.0f * d(rng));
+  std::vector<uint16_t> h(x.size());
+  ToHalf(x.data(), x.size(), h.data());
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(h[i], _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT)) << x[i];
+  EXPECT_EQ(h[2], 0x3C00); // 1.0
+  EXPECT_EQ(h[4], 0x7BFF); // 65504, the largest half
+  EXPECT_EQ(h[5], 0x7C00); // rounds past it: infinity
+  struct Shape {
+    uint64_t heads, kvHeads, dim;
+  };
+  for (Shape sh : {Shape{4, 2, 128}, Shape{3, 3, 36}}) {
+    const uint64_t stride = 140 * sh.dim, qw = sh.heads * sh.dim;
+    std::vector<float> kf(sh.kvHeads * stride), vf(sh.kvHeads * stride);
+    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+    for (auto [f, hv] : {std::pair{&kf, &kh}, {&vf, &vh}}) {
+      for (auto &v : *f)
+        v = 2.0f * d(rng);
+      ToHalf(f->data(), f->size(), hv->data());
+      for (size_t i = 0; i < f->size(); ++i)
+        (*f)[i] = _cvtsh_ss((*hv)[i]); // the values the half cache holds
+    }
+    for (uint64_t len0 : {1u, 65u, 130u})
+      for (uint64_t rows : {1u, 5u}) {
+        std::vector<float> q(rows * qw);
+        for (auto &f : q)
+          f = 2.0f * d(rng);
+        std::vector<float> a(rows * qw, -3.0f), b(rows * qw, -3.0f);
+        AttendRows(q.data(), qw, rows, len0, kf.data(), vf.data(), stride,
+                   sh.heads, sh.kvHeads, sh.dim, 1, sh.heads, a.data(), qw);
+        AttendRows(q.data(), qw, rows, len0, kh.data(), vh.data(), stride,
+                   sh.heads, sh.kvHeads, sh.dim, 1, sh.heads, b.data(), qw);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << "dim " << sh.dim << ", len0 " << len0 << ", rows " << rows;
       }
   }
 }

@@ -1,8 +1,9 @@
 //===- GqaAttention.cpp - Qwen3 grouped-query attention -------------------===//
 //
 // q/k/v projections, per-head q/k RMSNorm, NeoX RoPE, causal softmax over
-// the KV cache, o_proj (MATH.md section 1). The cache holds fp32 k and v
-// for max_seq positions; every buffer is taken at Create.
+// the KV cache, o_proj (MATH.md section 1). The cache holds k and v for
+// max_seq positions, fp32 or (--kv-cache f16) IEEE half; every buffer is
+// taken at Create.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
 
@@ -50,12 +51,19 @@ public:
     // Head-major: a kv head's positions are contiguous ([max_seq][dim]),
     // so attention streams them instead of striding over the other heads.
     max_seq_ = maxSeq;
-    DUCK_RETURN_IF_ERROR(
-        kcache_.Init(sh_.dim, (uint64_t)maxSeq * sh_.kv_heads, maxSeqs));
-    return vcache_.Init(sh_.dim, (uint64_t)maxSeq * sh_.kv_heads, maxSeqs);
+    const uint64_t rows = (uint64_t)maxSeq * sh_.kv_heads;
+    if (f16_) {
+      DUCK_RETURN_IF_ERROR(kcache16_.Init(sh_.dim, rows, maxSeqs));
+      return vcache16_.Init(sh_.dim, rows, maxSeqs);
+    }
+    DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, rows, maxSeqs));
+    return vcache_.Init(sh_.dim, rows, maxSeqs);
   }
+  bool f16_ = false; // --kv-cache f16
 
-  uint64_t KvBytesPerToken() const override { return 2 * sh_.kv() * 4; }
+  uint64_t KvBytesPerToken() const override {
+    return 2 * sh_.kv() * (f16_ ? 2 : 4);
+  }
   uint64_t CacheReadBytes(uint64_t positions) const override {
     return KvBytesPerToken() * positions; // every position's k and v
   }
@@ -114,10 +122,16 @@ public:
       for (uint64_t i = b; i < e; ++i) {
         const uint64_t u = i % units;
         const uint32_t t = runs_[i / units], rows = runs_[i / units + 1] - t;
-        AttendRows(q_buf_.data() + t * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
-                   kcache_.Base(s.seq[t]), vcache_.Base(s.seq[t]),
-                   (uint64_t)max_seq_ * sh_.dim, H, KV, sh_.dim, u * unit,
-                   (u + 1) * unit, attn_.data() + t * sh_.q(), sh_.q());
+        auto attend = [&](auto &kc, auto &vc) {
+          AttendRows(q_buf_.data() + t * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
+                     kc.Base(s.seq[t]), vc.Base(s.seq[t]),
+                     (uint64_t)max_seq_ * sh_.dim, H, KV, sh_.dim, u * unit,
+                     (u + 1) * unit, attn_.data() + t * sh_.q(), sh_.q());
+        };
+        if (f16_)
+          attend(kcache16_, vcache16_);
+        else
+          attend(kcache_, vcache_);
       }
     });
     if (o_runner_)
@@ -150,10 +164,14 @@ private:
     }
     const float *v = v_buf_.data() + t * sh_.kv();
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
-      std::memcpy(kcache_.At(seq, h * max_seq_ + p), k + h * sh_.dim,
-                  sh_.dim * 4);
-      std::memcpy(vcache_.At(seq, h * max_seq_ + p), v + h * sh_.dim,
-                  sh_.dim * 4);
+      const uint64_t row = h * max_seq_ + p;
+      if (f16_) {
+        ToHalf(k + h * sh_.dim, sh_.dim, kcache16_.At(seq, row));
+        ToHalf(v + h * sh_.dim, sh_.dim, vcache16_.At(seq, row));
+      } else {
+        std::memcpy(kcache_.At(seq, row), k + h * sh_.dim, sh_.dim * 4);
+        std::memcpy(vcache_.At(seq, row), v + h * sh_.dim, sh_.dim * 4);
+      }
     }
   }
 
@@ -179,6 +197,7 @@ private:
   std::vector<float> cos_, sin_;
   std::vector<float> q_buf_, k_buf_, v_buf_, attn_, qkv_;
   SeqCache kcache_, vcache_;
+  SeqCacheOf<uint16_t> kcache16_, vcache16_;
 };
 
 } // namespace
@@ -192,6 +211,7 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("bad attention shape: ", sh.heads, " heads, ", sh.kv_heads,
                      " kv heads of ", sh.dim);
   auto op = std::make_unique<GqaAttention>(sh, env.pool);
+  op->f16_ = env.kv_f16;
   if (p->in_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("q/k/v_proj on the ducks, but no ducks to run them");

@@ -91,6 +91,7 @@ struct OpEnv {
   uint32_t max_rows; // rows in the largest step
   uint32_t max_seq;  // KV cache length of a sequence
   uint32_t max_seqs; // sequences with a KV cache each (batched decode)
+  bool kv_f16 = false; // attention caches in IEEE half (--kv-cache f16)
 
   /// An error that names the op (kind and layer).
   template <typename... Parts> absl::Status Error(const Parts &...parts) const {
@@ -149,20 +150,21 @@ struct Step {
   uint32_t rows() const { return (uint32_t)tokens.size(); }
 };
 
-/// A per-sequence cache of `width` floats a position, for every sequence
-/// slot; reserved once at Create but not written, so the memory a server
-/// with many slots uses grows with the positions its sequences reach (a
-/// position is always written before it is read).
-class SeqCache {
+/// A per-sequence cache of `width` values (fp32, or IEEE half) a
+/// position, for every sequence slot; reserved once at Create but not
+/// written, so the memory a server with many slots uses grows with the
+/// positions its sequences reach (a position is always written before it
+/// is read).
+template <typename T> class SeqCacheOf {
 public:
-  SeqCache() = default;
-  SeqCache(const SeqCache &) = delete;
-  SeqCache &operator=(const SeqCache &) = delete;
-  ~SeqCache() {
+  SeqCacheOf() = default;
+  SeqCacheOf(const SeqCacheOf &) = delete;
+  SeqCacheOf &operator=(const SeqCacheOf &) = delete;
+  ~SeqCacheOf() {
     if (data_)
       munmap(data_, bytes_);
   }
-  /// Reserves max_seqs caches of `rows` rows of `width` floats. Address
+  /// Reserves max_seqs caches of `rows` rows of `width` values. Address
   /// space only (MAP_NORESERVE): pages are taken as positions are written,
   /// so a long --max-seq costs nothing until sequences grow (the session
   /// checks the worst case against the machine's memory up front).
@@ -172,7 +174,7 @@ public:
     const uint64_t floats = width * rows * max_seqs;
     if (rows && floats / rows / max_seqs != width)
       return absl::ResourceExhaustedError("KV cache size overflows");
-    bytes_ = std::max<uint64_t>(4096, floats * sizeof(float));
+    bytes_ = std::max<uint64_t>(4096, floats * sizeof(T));
     void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
@@ -181,20 +183,21 @@ public:
           "cannot reserve ", bytes_ >> 20, " MiB of address space for the "
           "KV cache: ", std::strerror(errno), "; lower --max-seq"));
     }
-    data_ = static_cast<float *>(p);
+    data_ = static_cast<T *>(p);
     return absl::OkStatus();
   }
   /// The first position of sequence `seq`.
-  float *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
-  float *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
+  T *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
+  T *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
 
 private:
   uint64_t Offset(uint32_t seq, uint64_t p) const {
     return ((uint64_t)seq * rows_ + p) * width_;
   }
   uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
-  float *data_ = nullptr;
+  T *data_ = nullptr;
 };
+using SeqCache = SeqCacheOf<float>;
 
 class HostOp {
 public:

@@ -208,6 +208,11 @@ absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
 } // namespace
 
 HostOpOr CreateIndexer(const OpEnv &env) {
+  if (env.kv_f16)
+    return absl::InvalidArgumentError(
+        "--kv-cache f16 is for grouped-query attention (Qwen3); this plan's "
+        "attention is DeepSeek's MLA, whose caches are kept in fp32 only: "
+        "use --kv-cache f32");
   const pl::IndexerOpDef *p = env.def.params_as_IndexerOpDef();
   IndexerShape sh{env.hidden,          0,         p->heads(),
                   p->head_dim(),       p->topk(), p->qk_rope_head_dim(),

@@ -377,6 +377,11 @@ absl::Status LoadKvB(const OpEnv &env, const pl::MlaAttentionOpDef &p,
 } // namespace
 
 HostOpOr CreateMlaAttention(const OpEnv &env) {
+  if (env.kv_f16)
+    return absl::InvalidArgumentError(
+        "--kv-cache f16 is for grouped-query attention (Qwen3); this plan's "
+        "attention is DeepSeek's MLA, whose caches are kept in fp32 only: "
+        "use --kv-cache f32");
   const pl::MlaAttentionOpDef *p = env.def.params_as_MlaAttentionOpDef();
   MlaShape sh{env.hidden,
               p->heads(),

@@ -13,9 +13,10 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
-#include <string>
 #include <iterator>
+#include <string>
 #include <unistd.h>
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text; '-' or no prompt with a "
@@ -37,6 +38,11 @@ ABSL_FLAG(bool, kv_overcommit, false,
           "Start even when every sequence's KV cache at --max-seq (times "
           "serve's --parallel) would not fit in the memory available; it is "
           "reserved, not filled, so memory grows with the positions reached");
+ABSL_FLAG(std::string, kv_cache, "f32",
+          "Element type of the attention's KV cache: f32 (exact), or f16 "
+          "(IEEE half: half the memory a position and half the bytes a "
+          "decoded token reads from it, values rounded to 11 significant "
+          "bits; grouped-query attention only)");
 ABSL_FLAG(uint32_t, max_seq, 0,
           "KV cache length (prompt + generated); default min(model, 4096)");
 ABSL_FLAG(std::string, tokenizer, "",
@@ -135,6 +141,13 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
     so.prefill_chunk = chunk;
   so.max_seq = absl::GetFlag(FLAGS_max_seq);
   so.kv_overcommit = absl::GetFlag(FLAGS_kv_overcommit);
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache);
+  if (kv != "f32" && kv != "f16") {
+    std::cerr << "duckrun: error: --kv-cache must be f32 or f16, got '" << kv
+              << "'\n";
+    std::exit(2);
+  }
+  so.kv_f16 = kv == "f16";
   so.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
   so.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);

@@ -55,6 +55,9 @@ struct EngineOptions {
   bool all_logits = false;     // LM head on every token, not just the last
   uint32_t max_seqs = 1;       // sequences with their own KV cache
   uint32_t max_rows = 0;       // rows a step may carry; 0: prefill_chunk
+  /// GQA's k/v cache in IEEE half (half the bytes a position to keep and
+  /// to read; values rounded to 11 significant bits); else fp32.
+  bool kv_f16 = false;
 };
 
 /// One sequence's rows in a batched step: `tokens` at positions

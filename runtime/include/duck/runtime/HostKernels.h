@@ -228,6 +228,15 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
                 const float *kc, const float *vc, uint64_t kvStride,
                 uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
                 uint64_t h1, float *out, uint64_t outStride);
+/// The same over a cache of IEEE half keys and values (`duckrun --kv-cache
+/// f16`): each converted to fp32 as it is read, then the same operations
+/// in the same order.
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const uint16_t *kc, const uint16_t *vc, uint64_t kvStride,
+                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
+                uint64_t h1, float *out, uint64_t outStride);
+/// out[i] = x[i] rounded to IEEE half (to nearest even).
+void ToHalf(const float *x, uint64_t n, uint16_t *out);
 
 /// Absorbed MLA attention of one query row for `heads` heads over n cached
 /// rows (row pos[i] of `cache`, R + rope floats: the normalised latent,

@@ -47,6 +47,8 @@ struct SessionOptions {
   /// Start even when max_seqs full-length KV caches would not fit in the
   /// memory this machine has available (they are reserved, not filled).
   bool kv_overcommit = false;
+  /// GQA's KV cache in IEEE half (EngineOptions::kv_f16).
+  bool kv_f16 = false;
   bool all_logits = false;     // logits of every row (--logits-out)
   uint32_t recover_seconds = 60;
   uint32_t step_timeout_ms = 30000; // a step unanswered this long: hung
