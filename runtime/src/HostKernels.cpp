@@ -770,12 +770,11 @@ void AttendHeads(const float *q, const float *kc, const float *vc,
              0);
 }
 
-namespace {
 template <typename T>
-void AttendRowsOf(const float *q, uint64_t qStride, uint64_t rows,
-                  uint64_t len0, const T *kc, const T *vc, uint64_t kvStride,
-                  uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                  uint64_t h1, float *out, uint64_t outStride) {
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const T *kc, const T *vc, uint64_t kvStride, uint64_t heads,
+                uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                float *out, uint64_t outStride) {
   if (rows == 0 || h0 >= h1)
     return;
   const uint64_t group = kvHeads ? heads / kvHeads : 1;
@@ -818,23 +817,15 @@ void AttendRowsOf(const float *q, uint64_t qStride, uint64_t rows,
     h = hEnd;
   }
 }
-} // namespace
 
-void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
-                const float *kc, const float *vc, uint64_t kvStride,
-                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                uint64_t h1, float *out, uint64_t outStride) {
-  AttendRowsOf(q, qStride, rows, len0, kc, vc, kvStride, heads, kvHeads, dim,
-               h0, h1, out, outStride);
-}
-
-void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
-                const uint16_t *kc, const uint16_t *vc, uint64_t kvStride,
-                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                uint64_t h1, float *out, uint64_t outStride) {
-  AttendRowsOf(q, qStride, rows, len0, kc, vc, kvStride, heads, kvHeads, dim,
-               h0, h1, out, outStride);
-}
+template void AttendRows<float>(const float *, uint64_t, uint64_t, uint64_t,
+                                const float *, const float *, uint64_t,
+                                uint64_t, uint64_t, uint64_t, uint64_t,
+                                uint64_t, float *, uint64_t);
+template void AttendRows<uint16_t>(const float *, uint64_t, uint64_t, uint64_t,
+                                   const uint16_t *, const uint16_t *, uint64_t,
+                                   uint64_t, uint64_t, uint64_t, uint64_t,
+                                   uint64_t, float *, uint64_t);
 
 void ToHalf(const float *x, uint64_t n, uint16_t *out) {
   uint64_t i = 0;

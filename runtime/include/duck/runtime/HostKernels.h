@@ -223,18 +223,23 @@ void AttendHeads(const float *q, const float *kc, const float *vc,
 /// bits AttendHeads gives it alone: a score depends only on its key, its
 /// query and the row's length, and every output lane is one FMA chain over
 /// the positions in order (prefill == decode, and a row's result does not
-/// depend on the rows batched with it).
+/// depend on the rows batched with it). T is float (an fp32 cache) or
+/// uint16_t (IEEE half, `duckrun --kv-cache f16`: each value converted to
+/// fp32 as it is read, then the same operations in the same order).
+template <typename T>
 void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
-                const float *kc, const float *vc, uint64_t kvStride,
-                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                uint64_t h1, float *out, uint64_t outStride);
-/// The same over a cache of IEEE half keys and values (`duckrun --kv-cache
-/// f16`): each converted to fp32 as it is read, then the same operations
-/// in the same order.
-void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
-                const uint16_t *kc, const uint16_t *vc, uint64_t kvStride,
-                uint64_t heads, uint64_t kvHeads, uint64_t dim, uint64_t h0,
-                uint64_t h1, float *out, uint64_t outStride);
+                const T *kc, const T *vc, uint64_t kvStride, uint64_t heads,
+                uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                float *out, uint64_t outStride);
+extern template void AttendRows<float>(const float *, uint64_t, uint64_t,
+                                       uint64_t, const float *, const float *,
+                                       uint64_t, uint64_t, uint64_t, uint64_t,
+                                       uint64_t, uint64_t, float *, uint64_t);
+extern template void AttendRows<uint16_t>(const float *, uint64_t, uint64_t,
+                                          uint64_t, const uint16_t *,
+                                          const uint16_t *, uint64_t, uint64_t,
+                                          uint64_t, uint64_t, uint64_t,
+                                          uint64_t, float *, uint64_t);
 /// out[i] = x[i] rounded to IEEE half (to nearest even).
 void ToHalf(const float *x, uint64_t n, uint16_t *out);
 
