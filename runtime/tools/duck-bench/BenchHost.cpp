@@ -60,7 +60,8 @@ void PrintUsage(FILE *out) {
   std::fprintf(
       out,
       "usage: duck-bench host [--threads=N] [--cold-mib=4xLLC]\n"
-      "  [--contexts=128,1024,4096] [--reps=5] [--only=gemv,gemm,attention,mla]\n"
+      "  [--contexts=128,1024,4096] [--reps=5] "
+      "[--only=gemv,gemm,attention,mla]\n"
       "  [--json]\n\n"
       "Measures the host's kernels on this machine, cold (weights or KV\n"
       "cache cycled through --cold-mib MiB, by default four times the\n"
@@ -71,7 +72,8 @@ void PrintUsage(FILE *out) {
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
       "its panel decoded with AVX2 and (where the CPU has it) AVX-512;\n"
       "GQA attention (16/8 heads of 128) over --contexts cached\n"
-      "positions; and DeepSeek's absorbed MLA attention (128 heads over\n"
+      "positions, from an fp32 cache and from an IEEE half one (duckrun\n"
+      "--kv-cache f16); and DeepSeek's absorbed MLA attention (128 heads over\n"
       "2048 cached latents) in GMAC/s, the figure `duckc measure-cluster\n"
       "--host` records as host_gmac_s. A figure is the best of --reps\n"
       "passes; GB/s counts the bytes a call must read. --only runs some\n"
@@ -338,6 +340,23 @@ int duckBenchHost(int argc, char **argv) {
     results.push_back({format("attention 16/8 heads x 128, context %u", len),
                        (double)layerBytes, s, floor,
                        2.0 * H * len * D});
+    // The same cache in IEEE half (duckrun --kv-cache f16): half the bytes.
+    Buffer kh(layerFloats * 2 * layers), vh(layerFloats * 2 * layers);
+    duck::runtime::ToHalf(kc.as<float>(), layerFloats * layers,
+                          kh.as<uint16_t>());
+    duck::runtime::ToHalf(vc.as<float>(), layerFloats * layers,
+                          vh.as<uint16_t>());
+    const double sh = BestPerCall(layers, o.reps, [&](uint64_t l) {
+      const uint16_t *k = kh.as<uint16_t>() + l * layerFloats,
+                     *v = vh.as<uint16_t>() + l * layerFloats;
+      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
+        duck::runtime::AttendRows(q.data(), 0, 1, len, k, v, stride, H, KV, D,
+                                  b * (H / KV), e * (H / KV), out.data(), 0);
+      });
+    });
+    results.push_back(
+        {format("attention 16/8 heads x 128, context %u, f16 cache", len),
+         (double)layerBytes / 2, sh, 0, 2.0 * H * len * D});
   }
   // DeepSeek's absorbed MLA: 128 heads over one latent cache of 512 + 64
   // floats a position, the heads split over the pool as the runtime does.
@@ -384,18 +403,17 @@ int duckBenchHost(int argc, char **argv) {
   else
     std::printf("%u threads, %s; load %s\n\n", threads, machine.date.c_str(),
                 machine.loadAverage.c_str());
-  std::printf("%-44s %10s %9s %8s %10s %7s\n", "kernel (cold)", "us a call",
+  std::printf("%-52s %10s %9s %8s %10s %7s\n", "kernel (cold)", "us a call",
               "GB/s", "of read", "plain read", "GMAC/s");
   for (const Result &r : results) {
     const double gbs = r.bytes / r.seconds / 1e9;
-    std::printf("%-44s %10.1f %9.1f %8s %10s %7s\n", r.what.c_str(),
-                r.seconds * 1e6, gbs,
-                readGbs > 0 ? format("%.2f", gbs / readGbs).c_str() : "-",
-                r.floor_seconds > 0
-                    ? format("%.1f", r.bytes / r.floor_seconds / 1e9).c_str()
-                    : "-",
-                r.macs > 0 ? format("%.1f", r.macs / r.seconds / 1e9).c_str()
-                           : "-");
+    std::printf(
+        "%-52s %10.1f %9.1f %8s %10s %7s\n", r.what.c_str(), r.seconds * 1e6,
+        gbs, readGbs > 0 ? format("%.2f", gbs / readGbs).c_str() : "-",
+        r.floor_seconds > 0
+            ? format("%.1f", r.bytes / r.floor_seconds / 1e9).c_str()
+            : "-",
+        r.macs > 0 ? format("%.1f", r.macs / r.seconds / 1e9).c_str() : "-");
   }
   return 0;
 }
