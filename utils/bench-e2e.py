@@ -104,6 +104,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
     ap.add_argument("--lm-head", default="checkpoint",
                     help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9, ducks; default checkpoint)")
+    ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
+                    help="duckrun --kv-cache (default f32; llama.cpp keeps an f16 cache by default)")
     ap.add_argument("--moe-layers", type=int, default=2, help="layers of the q30 shape (default 2)")
     ap.add_argument("--moe-vocab", type=int, default=1024, help="vocab of the q30 shape (default 1024)")
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench: run it beside duckrun")
@@ -189,10 +191,12 @@ def main():
                 log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, duckrun {d}x{c}, LM head {h}")
                 sj = os.path.join(work, f"run-{m}-{d}x{c}-{h}-{r}.json")
                 run([os.path.join(bin_, "duckrun"), plans[(m, d, c, h)], "--prompt-ids", prompt, "--max-tokens",
-                     str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--summary-json", sj],
+                     str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--kv-cache",
+                     a.kv_cache, "--summary-json", sj],
                     stdout=subprocess.DEVNULL, env=env)
                 s = json.load(open(sj))
                 runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c, "lm_head": h,
+                             "kv_cache": a.kv_cache,
                              "decode_tok_s": s["decode_tok_s"], "tpot_ms": s["tpot_ms"],
                              "prefill_tok_s": s["prefill_tok_s"], "breakdown_ms": s["decode_breakdown_ms"],
                              "host_bytes_per_token": s["host_bytes_per_token"],
@@ -218,7 +222,7 @@ def main():
                     runs.append(rec)
 
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": n, "read_bw_gb_s": read_bw,
-              "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "runs": runs}
+              "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "kv_cache": a.kv_cache, "runs": runs}
     json_path = a.json or os.path.join(work, "e2e.json")
     with open(json_path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
@@ -248,7 +252,8 @@ def matches(r, m, d, c, h):
 def report(res, models, configs, n):
     runs = res["runs"]
     print(f"read bandwidth: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
-          f"{res['tokens']} generated; ranges over {1 + max(r['round'] for r in runs)} round(s)")
+          f"{res['tokens']} generated; duckrun's KV cache {res.get('kv_cache', 'f32')}; "
+          f"ranges over {1 + max(r['round'] for r in runs)} round(s)")
     for m in models:
         print(f"\n{LABEL[m]}")
         print(f"  {'runner':<38}{'decode tok/s':>16}{'TPOT ms':>16}{'prefill tok/s':>16}{'bound frac':>12}")
