@@ -171,10 +171,10 @@ public:
   absl::Status Init(uint64_t width, uint64_t rows, uint32_t max_seqs) {
     width_ = width;
     rows_ = rows;
-    const uint64_t floats = width * rows * max_seqs;
-    if (rows && floats / rows / max_seqs != width)
+    const uint64_t values = width * rows * max_seqs;
+    if (rows && values / rows / max_seqs != width)
       return absl::ResourceExhaustedError("KV cache size overflows");
-    bytes_ = std::max<uint64_t>(4096, floats * sizeof(T));
+    bytes_ = std::max<uint64_t>(4096, values * sizeof(T));
     void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {

@@ -303,23 +303,25 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     return seconds;
   };
   double layerMsSum = 0, prefillMsPerChunk = 0;
-  // One step on the wire: the same IB to every duck (frame header, step
-  // request, IB), then each duck's reply (frame header, step reply, a
-  // kernel time a core, OB: its header and `obFloats[r]` floats). The
-  // host's link carries every duck's frame in turn, a duck's link its
-  // own; the replies come once the ducks are done. Returns seconds and
-  // adds a decode step's bytes to the token's (`decode`).
-  std::vector<double> obFloats(st.tp, 0.0);
-  auto netSeconds = [&](uint64_t ibBytes, bool decode) {
+  // One step of `rows` tokens on the wire: the same IB to every duck
+  // (frame header, step request, IB: `slots` routing slots and `k` floats
+  // a token), then each duck's reply (frame header, step reply, a kernel
+  // time a core, OB: its header and obWidth(r) floats a token). The host's
+  // link carries every duck's frame in turn, a duck's link its own; the
+  // replies come once the ducks are done. Returns seconds; a decode
+  // step's bytes are added to the token's.
+  auto netSeconds = [&](bool decode, uint32_t rows, uint32_t slots,
+                        uint64_t k, auto obWidth) {
     const double in = double(sizeof(duckd_frame_header) +
-                             sizeof(duckd_step_request) + ibBytes);
+                             sizeof(duckd_step_request) +
+                             duck_ib_bytes(rows, slots, (uint32_t)k));
     double hostIn = 0, hostOut = 0, duckIn = 0, duckOut = 0;
     for (int64_t r = 0; r < st.tp; ++r) {
       const double out =
           double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
                  8 * std::max<int64_t>(1, c.coresPerDuck) +
                  sizeof(duck_ob_header)) +
-          4 * obFloats[r];
+          4.0 * rows * double(obWidth(r));
       hostIn += in;
       hostOut += out;
       const double link =
@@ -413,15 +415,12 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     } else {
       hidden = cast<MlpOp>(op).getHidden();
     }
-    std::fill(obFloats.begin(), obFloats.end(), double(hidden));
-    netMs += 1e3 * netSeconds(duck_ib_bytes(1, slotsPerRow, hidden), true);
+    auto whole = [&](int64_t) { return hidden; };
+    netMs += 1e3 * netSeconds(true, 1, slotsPerRow, hidden, whole);
     double prefillNet = 0;
     if (c.gemmGmacS > 0) {
-      for (double &f : obFloats)
-        f = double(hidden) * c.prefillChunk;
-      prefillNet = 1e3 * netSeconds(duck_ib_bytes((uint32_t)c.prefillChunk,
-                                                  slotsPerRow, hidden),
-                                    false);
+      prefillNet = 1e3 * netSeconds(false, (uint32_t)c.prefillChunk,
+                                    slotsPerRow, hidden, whole);
       prefillNetMs += prefillNet;
     }
     prefillMsPerChunk +=
@@ -439,9 +438,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
       bytes = a.asArrayRef();
     double slowest = 0;
-    for (int64_t r = 0; r < st.tp; ++r)
-      obFloats[r] = double(m.rowsOf(r));
-    netMs += 1e3 * netSeconds(duck_ib_bytes(1, 0, (uint32_t)hidden), true);
+    auto ownRows = [&](int64_t r) { return m.rowsOf(r); };
+    netMs += 1e3 * netSeconds(true, 1, 0, hidden, ownRows);
     for (int64_t r = 0; r < st.tp; ++r) {
       const double params = double(m.rowsOf(r)) * hidden;
       st.ducks[r].paramsPerToken += params;
@@ -471,12 +469,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                                       : 1.125 / (c.bandwidthGbs * 1e9)) +
                        params * c.prefillChunk / (c.gemmGmacS * 1e9));
       }
-      for (int64_t r = 0; r < st.tp; ++r)
-        obFloats[r] = double(m.rowsOf(r)) * c.prefillChunk;
       const double prefillNet =
-          1e3 * netSeconds(duck_ib_bytes((uint32_t)c.prefillChunk, 0,
-                                         (uint32_t)hidden),
-                           false);
+          1e3 * netSeconds(false, (uint32_t)c.prefillChunk, 0, hidden, ownRows);
       prefillNetMs += prefillNet;
       prefillMsPerChunk += 1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
     }
