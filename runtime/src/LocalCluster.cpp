@@ -173,14 +173,16 @@ absl::Status LocalCluster::StartOne(size_t i) {
       absl::StrCat("--sync=", opt_.sync ? "true" : "false")};
   if (!opt_.token.empty())
     args.push_back(absl::StrCat("--token=", opt_.token));
-  // Every duck keeps duckd's spin (200 us): it saves the duck's wake-up
-  // for a step (one duck x 2 cores: 24.4 tok/s against 23.2). Several
-  // ducks on this box once ran better not spinning (two ducks x 1 core,
-  // Qwen3-0.6B shape: 20.1 tok/s spinning, 21.5 not), when the host's
-  // threads spun on after sending a step; now they sleep at once
-  // (ThreadPool::Park) and the ducks' spin gains there too (TPOT 37.6-38.2
-  // ms against 38.5-40.1, three alternated pairs; docs/perf.md). Extra
-  // args come later and win.
+  // Several ducks on this box: a duck whose workers spin for the next step
+  // holds a core the host, the other ducks and a server's HTTP threads
+  // need (two ducks x 1 core, Qwen3-0.6B shape: 20.1 tok/s spinning 200
+  // us, 21.5 not spinning; with the host's threads parked after a step,
+  // spinning gained 2-5 % in decode, but under load it starved a server's
+  // HTTP threads for seconds; docs/perf.md). One duck keeps duckd's
+  // default: its spin saves the wake-up (24.4 against 23.2). Extra args
+  // come later and win.
+  if (opt_.ducks > 1)
+    args.push_back("--spin_us=0");
   args.insert(args.end(), opt_.extra_args.begin(), opt_.extra_args.end());
   std::vector<char *> argv;
   for (std::string &a : args)
