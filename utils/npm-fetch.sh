@@ -27,9 +27,20 @@ npm_fetch() {
     echo "$name: npm install $* into $prefix" >&2
     # Bounded: a registry that stops answering fails the fetch (and the
     # tests that need it) with a message instead of hanging the run.
-    local limit="${DUCK_NPM_TIMEOUT:-300}" rc=0
-    timeout "$limit" npm install --prefix "$prefix" --no-audit --no-fund --no-save \
-      --loglevel=error --fetch-timeout=60000 --fetch-retries=2 "$@" >&2 || rc=$?
+    # A failed install is tried once more after a pause: npm does not retry
+    # some transient failures itself (a TLS error on the way to the
+    # registry, seen here once as SELF_SIGNED_CERT_IN_CHAIN).
+    local limit="${DUCK_NPM_TIMEOUT:-300}" rc=0 attempt
+    for attempt in 1 2; do
+      rc=0
+      timeout "$limit" npm install --prefix "$prefix" --no-audit --no-fund --no-save \
+        --loglevel=error --fetch-timeout=60000 --fetch-retries=2 "$@" >&2 || rc=$?
+      if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$attempt" -eq 2 ]; then
+        break
+      fi
+      echo "$name: npm install failed (exit $rc); trying once more in 10 s" >&2
+      sleep 10
+    done
     if [ "$rc" -eq 124 ]; then
       echo "$name: npm install did not finish within $limit s (DUCK_NPM_TIMEOUT); $needed_by need it once" >&2
       exit 1
