@@ -192,6 +192,11 @@ absl::Status LocalCluster::StartOne(size_t i) {
   if (!opt_.log_dir.empty())
     logPath = absl::StrCat(opt_.log_dir, "/duckd-", name, ".log");
 
+  // Only what this start writes to the log can say why it failed.
+  uint64_t logStart = 0;
+  if (struct stat st; !logPath.empty() && ::stat(logPath.c_str(), &st) == 0)
+    logStart = uint64_t(st.st_size);
+
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0)
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -219,6 +224,10 @@ absl::Status LocalCluster::StartOne(size_t i) {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execvp(argv[0], argv.data());
+    dprintf(STDERR_FILENO,
+            "cannot run '%s': %s (give its path with DUCKD=PATH, or put it "
+            "beside this program or on PATH)\n",
+            argv[0], std::strerror(errno));
     ::_exit(127);
   }
   ::close(out[1]);
@@ -264,6 +273,7 @@ absl::Status LocalCluster::StartOne(size_t i) {
     std::string why;
     if (!logPath.empty()) {
       std::ifstream log(logPath);
+      log.seekg(std::streamoff(logStart));
       for (std::string line; std::getline(log, line);)
         if (!line.empty())
           why = line;
