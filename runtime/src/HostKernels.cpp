@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <thread>
 
 namespace duck::runtime {
@@ -16,6 +19,38 @@ namespace duck::runtime {
 //===----------------------------------------------------------------------===//
 // ThreadPool
 //===----------------------------------------------------------------------===//
+
+void *HugePageAlloc(size_t bytes) {
+  if (bytes < kHugePageBytes) {
+    void *p = std::malloc(bytes ? bytes : 1);
+    if (!p)
+      throw std::bad_alloc();
+    return p;
+  }
+  // Map 2 MiB more than asked, keep the aligned part, return the rest.
+  const size_t len = (bytes + 4095) & ~size_t(4095);
+  void *m = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    throw std::bad_alloc();
+  uint8_t *raw = static_cast<uint8_t *>(m);
+  uint8_t *at = reinterpret_cast<uint8_t *>(
+      (reinterpret_cast<uintptr_t>(raw) + kHugePageBytes - 1) &
+      ~uintptr_t(kHugePageBytes - 1));
+  if (at > raw)
+    munmap(raw, size_t(at - raw));
+  if (const size_t tail = size_t(raw + len + kHugePageBytes - (at + len)))
+    munmap(at + len, tail);
+  (void)madvise(at, len, MADV_HUGEPAGE); // best effort: THP may be off
+  return at;
+}
+
+void HugePageFree(void *p, size_t bytes) {
+  if (bytes < kHugePageBytes)
+    std::free(p);
+  else if (p)
+    munmap(p, (bytes + 4095) & ~size_t(4095));
+}
 
 ThreadPool::ThreadPool(unsigned threads, uint64_t spin_ns) : spin_ns_(spin_ns) {
   for (unsigned i = 1; i < std::max(1u, threads); ++i)

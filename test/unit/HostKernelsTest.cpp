@@ -13,9 +13,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -117,6 +120,43 @@ TEST(HostKernels, ParkedWorkersSleepAtOnceAndWakeForTheNextJob) {
     EXPECT_EQ(sleepersAfter(std::chrono::seconds(5)), 2u) << "round " << round;
     job();
   }
+}
+
+/// The VmFlags line of the /proc/self/smaps entry that holds `p`.
+static std::string VmFlagsOf(const void *p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in = false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long lo, hi;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
+        line.find(':') > line.find('-')) {
+      in = a >= lo && a < hi;
+      continue;
+    }
+    if (in && line.rfind("VmFlags:", 0) == 0)
+      return line;
+  }
+  return "";
+}
+
+TEST(HostKernels, LargeWeightArraysAreHugePageMappings) {
+  // 2 MiB and up: its own 2 MiB-aligned mapping, advised for huge pages
+  // ("hg" in VmFlags) before any byte of it is touched.
+  HugePageVector<uint64_t> big(3 * kHugePageBytes / 8 + 5, 7);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes, 0u);
+  EXPECT_NE(VmFlagsOf(big.data()).find(" hg"), std::string::npos)
+      << VmFlagsOf(big.data());
+  EXPECT_EQ(big.back(), 7u);
+  big.resize(big.size() * 2, 9); // grows by a new mapping, keeps the values
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes, 0u);
+  EXPECT_EQ(big[10], 7u);
+  EXPECT_EQ(big.back(), 9u);
+  // Small ones come from malloc: no mapping of their own, no advice.
+  HugePageVector<int8_t> small(4096, 1);
+  EXPECT_EQ(VmFlagsOf(small.data()).find(" hg"), std::string::npos);
+  EXPECT_EQ(small[4095], 1);
 }
 
 TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {

@@ -21,6 +21,36 @@
 
 namespace duck::runtime {
 
+/// Backing store for the host's large weight arrays: an allocation of 2
+/// MiB or more is its own mapping, 2 MiB-aligned and advised for
+/// transparent huge pages (MADV_HUGEPAGE) before it is first touched;
+/// smaller ones come from malloc. A GEMV streams its matrix once a token,
+/// and with 4 KiB pages every 4 KiB of it is a TLB miss: the 0.6B shape's
+/// fp9 LM head took 7.3-7.5 ms a token in 4 KiB pages and 6.0-6.2 in
+/// 2 MiB ones (docs/perf.md). Where THP is off, the mapping gets ordinary
+/// pages and nothing else changes.
+void *HugePageAlloc(size_t bytes);
+void HugePageFree(void *p, size_t bytes);
+inline constexpr size_t kHugePageBytes = size_t(2) << 20;
+
+template <typename T> struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <typename U> HugePageAllocator(const HugePageAllocator<U> &) {}
+  T *allocate(size_t n) {
+    return static_cast<T *>(HugePageAlloc(n * sizeof(T)));
+  }
+  void deallocate(T *p, size_t n) { HugePageFree(p, n * sizeof(T)); }
+  template <typename U> bool operator==(const HugePageAllocator<U> &) const {
+    return true;
+  }
+  template <typename U> bool operator!=(const HugePageAllocator<U> &) const {
+    return false;
+  }
+};
+template <typename T>
+using HugePageVector = std::vector<T, HugePageAllocator<T>>;
+
 /// A fixed set of worker threads, created and owned explicitly by its user.
 class ThreadPool {
 public:
@@ -116,12 +146,12 @@ struct HostMatrix {
   bool is_fp9 = false;
   duck_fp9_matrix fp9{};
   std::vector<float> owned;       // backing store of f32 when converted
-  std::vector<uint64_t> fp9_store; // backing store of the fp9 planes
+  HugePageVector<uint64_t> fp9_store; // backing store of the fp9 planes
   /// int8 (duckc --lm-head int8): a weight is q * i8_scale[row, k / 32],
   /// q in [-127, 127]; quantised at load from a bf16/f16/f32 tensor.
   const int8_t *i8 = nullptr;
   const float *i8_scale = nullptr;
-  std::vector<int8_t> i8_store;
+  HugePageVector<int8_t> i8_store;
   std::vector<float> i8_scale_store;
 };
 
