@@ -853,11 +853,12 @@ void Server::OnPrepareBegin(const duckd_frame_header &h) {
   static const char *kNames[] = {"hit", "partial", "miss"};
   Log(absl::StrCat("prepare_begin: cache ", kNames[res->result],
                    (r.flags & DUCKD_PREPARE_INVALIDATE) ? " (invalidated)" : "",
-                   ", ", res->reply.finished_slots, "/",
-                   res->reply.slot_count, " slots finished",
+                   ", ", res->reply.finished_slots, "/", res->reply.slot_count,
+                   " slots finished",
                    res->damaged ? absl::StrCat(", ", res->damaged,
                                                " damaged part(s) unfinished")
-                                : ""));
+                                : "",
+                   res->result == DUCKD_CACHE_HIT ? PagesNote() : ""));
   Reply(h.type, h.request_id,
         {{&res->reply, sizeof res->reply},
          {res->bitmap.data(), res->bitmap.size()}});
@@ -903,6 +904,11 @@ void Server::OnPrepareWrite(const duckd_frame_header &h) {
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }
 
+std::string Server::PagesNote() const {
+  const std::string note = cache_->PagesNote();
+  return note.empty() ? note : absl::StrCat("; weights file: ", note);
+}
+
 void Server::OnPrepareFinish(const duckd_frame_header &h) {
   if (!ReadPayload(h))
     return;
@@ -913,7 +919,7 @@ void Server::OnPrepareFinish(const duckd_frame_header &h) {
     return;
   }
   Log(absl::StrCat("prepare_finish: ", res->reply.finished_slots, "/",
-                   res->reply.slot_count, " slots finished"));
+                   res->reply.slot_count, " slots finished", PagesNote()));
   Reply(h.type, h.request_id,
         {{&res->reply, sizeof res->reply},
          {res->bitmap.data(), res->bitmap.size()}});

@@ -105,6 +105,8 @@ private:
   void OnPrepareBegin(const duckd_frame_header &h);
   void OnPrepareWrite(const duckd_frame_header &h);
   void OnPrepareFinish(const duckd_frame_header &h);
+  /// "; weights file: ..." (WeightCache::PagesNote) for the prepare logs.
+  std::string PagesNote() const;
   void OnClose(const duckd_frame_header &h);
   void OnMeasure(const duckd_frame_header &h);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,

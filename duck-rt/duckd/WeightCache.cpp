@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <fstream>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -206,6 +208,35 @@ void WeightCache::SyncData(uint64_t offset, uint64_t bytes) {
 uint64_t WeightCache::TableEnd() const {
   const duck_image_header &h = hdr()->image;
   return h.slot_table_offset + uint64_t(h.slot_count) * sizeof(duck_slot_entry);
+}
+
+std::string WeightCache::PagesNote() const {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t start = reinterpret_cast<uintptr_t>(map_);
+  bool in = false, seen = false;
+  uint64_t rssKb = 0, pmdKb = 0;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    const size_t colon = line.find(':');
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
+        line.find('-') < colon) { // a mapping's first line
+      in = lo == start;
+      seen |= in;
+      continue;
+    }
+    if (!in)
+      continue;
+    unsigned long kb = 0;
+    if (std::sscanf(line.c_str(), "Rss: %lu kB", &kb) == 1)
+      rssKb = kb;
+    else if (std::sscanf(line.c_str(), "FilePmdMapped: %lu kB", &kb) == 1)
+      pmdKb = kb;
+  }
+  if (!seen)
+    return "";
+  return absl::StrCat(rssKb / 1024, " of ", mapping_bytes() >> 20,
+                      " MiB in memory, ", pmdKb / 1024,
+                      " MiB of them in 2 MiB pages");
 }
 
 uint64_t WeightCache::usable_bytes() const {

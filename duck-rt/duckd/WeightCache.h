@@ -86,6 +86,10 @@ public:
   /// Bytes the ELF may see: the image once its head verified, else 0.
   uint64_t usable_bytes() const;
   std::vector<uint8_t> FinishedBitmap() const;
+  /// How the mapping sits in memory, from /proc/self/smaps: "N of M MiB in
+  /// memory, K MiB of them in 2 MiB pages" (the kernels stream the image
+  /// 14-20 % slower from 4 KiB pages); empty if smaps cannot be read.
+  std::string PagesNote() const;
 
   struct Result {
     duckd_cache_result result = DUCKD_CACHE_MISS;
