@@ -229,8 +229,9 @@ std::string WeightCache::PagesNote() const {
     unsigned long kb = 0;
     if (std::sscanf(line.c_str(), "Rss: %lu kB", &kb) == 1)
       rssKb = kb;
-    else if (std::sscanf(line.c_str(), "FilePmdMapped: %lu kB", &kb) == 1)
-      pmdKb = kb;
+    else if (std::sscanf(line.c_str(), "FilePmdMapped: %lu kB", &kb) == 1 ||
+             std::sscanf(line.c_str(), "ShmemPmdMapped: %lu kB", &kb) == 1)
+      pmdKb += kb; // a file system's page cache, or tmpfs's
   }
   if (!seen)
     return "";
