@@ -442,11 +442,17 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
     log.end();
     return DUCK_STATUS_BAD_INPUT;
   }
+  if (ih.flags & ~(uint32_t)DUCK_IB_X_BF16) {
+    log << "ib: unknown flags " << ih.flags;
+    log.end();
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  const bool bf16 = (ih.flags & DUCK_IB_X_BF16) != 0;
   j.n_tokens = ih.n_tokens;
   j.top_k = ih.top_k;
   const uint64_t nSlots = (uint64_t)ih.n_tokens * ih.top_k;
   const uint64_t slotsEnd = sizeof(duck_ib_header) + nSlots * 8;
-  const uint64_t xBytes = (uint64_t)ih.n_tokens * j.hidden * 4;
+  const uint64_t xBytes = (uint64_t)ih.n_tokens * j.hidden * (bf16 ? 2 : 4);
   if (ih.x_offset % 32 != 0 || ih.x_offset < slotsEnd ||
       ih.x_offset > info->ib_size || xBytes > info->ib_size - ih.x_offset) {
     log << "ib: x at " << ih.x_offset << " (+" << xBytes
@@ -476,6 +482,15 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
     return DUCK_STATUS_SCRATCH_TOO_SMALL;
   }
   j.scratch = info->scratch;
+  if (bf16) {
+    // Widened once here: every kernel then reads fp32 x as from an fp32
+    // IB (the same bits as an fp32 IB of the bf16 values).
+    const auto *in = reinterpret_cast<const uint16_t *>(j.x);
+    float *x = reinterpret_cast<float *>(j.scratch + j.layout.x_offset);
+    for (uint64_t i = 0; i < (uint64_t)ih.n_tokens * j.hidden; ++i)
+      x[i] = duck_bf16_to_f32(in[i]);
+    j.x = x;
+  }
 
   if (moe) {
     // Copy the slots into scratch: ids beyond the slot are refused, experts

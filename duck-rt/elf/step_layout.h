@@ -29,12 +29,14 @@ enum {
 ///   pairs    float[tokens * top_k][hidden]  per-slot expert outputs
 ///   slots    duck_expert_slot[tokens * top_k]  sorted/remapped IB slots
 ///   work     uint32[duck_moe_prefill_work_words(...)]
+///   x        float[tokens][hidden]     x widened from a bf16 IB
 typedef struct duck_step_layout {
   uint64_t core_bytes;
   uint64_t shared_offset;
   uint64_t pairs_offset;
   uint64_t slots_offset;
   uint64_t work_offset;
+  uint64_t x_offset;
   uint64_t total_bytes;
 } duck_step_layout;
 
@@ -60,10 +62,11 @@ static inline int duck_step_layout_of(uint32_t hidden, uint32_t inter,
   out->slots_offset =
       out->pairs_offset + duck_step_align64(4 * t * top_k * (uint64_t)hidden);
   out->work_offset = out->slots_offset + duck_step_align64(8 * t * top_k);
-  out->total_bytes =
+  out->x_offset =
       out->work_offset +
       duck_step_align64(4 * duck_moe_prefill_work_words(
                                 (uint32_t)t, top_k, n_experts, (uint32_t)c));
+  out->total_bytes = out->x_offset + duck_step_align64(4 * t * hidden);
   return 1;
 }
 

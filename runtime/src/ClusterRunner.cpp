@@ -12,7 +12,8 @@ namespace duck::runtime {
 namespace pl = ::duck::plan;
 
 ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
-    : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()) {
+    : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()),
+      ib_flags_(plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) {
   for (const pl::OpDef *op : *plan.def().ops())
     if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
       if (h->on_ducks())
@@ -88,8 +89,10 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
                                    uint32_t n_tokens, uint32_t top_k,
                                    const duck_expert_slot *slots,
                                    const float *x, float *out) {
-  ib_.resize(duck_ib_bytes(n_tokens, top_k, hidden_));
-  duck_ib_write(ib_.data(), mode, slot, n_tokens, top_k, slots, x, hidden_);
+  ib_.resize(ib_flags_ ? duck_ib_bytes_bf16(n_tokens, top_k, hidden_)
+                       : duck_ib_bytes(n_tokens, top_k, hidden_));
+  duck_ib_write_flags(ib_.data(), mode, slot, n_tokens, top_k, slots, x,
+                      hidden_, ib_flags_);
   if (absl::Status s = SendStep(n_tokens > 1 ? stats_.prefill_steps
                                              : stats_.decode_steps);
       !s.ok())
@@ -122,8 +125,10 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
 absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
                                        const float *x, uint32_t k, float *out,
                                        uint64_t width) {
-  ib_.resize(duck_ib_bytes(n_tokens, 0, k));
-  duck_ib_write(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x, k);
+  ib_.resize(ib_flags_ ? duck_ib_bytes_bf16(n_tokens, 0, k)
+                       : duck_ib_bytes(n_tokens, 0, k));
+  duck_ib_write_flags(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
+                      k, ib_flags_);
   // The LM head's steps apart from an attention's (their op times differ).
   const bool head = (int64_t)slot == head_slot_;
   if (absl::Status s = SendStep(head             ? stats_.head_steps

@@ -31,7 +31,7 @@
 // JSON:      {"bandwidth_gbs":20,"dispatch_ms_per_token":0,"estimated_decode_tok_s":357961.05{{[0-9]*}},
 // JSON-SAME: "ffn_layers":2,"fp9_gparam_s":0,{{.*}}"host_ms_per_token":0,{{.*}}"lm_head_on_ducks":false,"multiple_of":64,"network_ms_per_token":0,"o_proj_ms_per_token":0,"o_proj_on_ducks":false,"per_duck_bytes":[151552,151552],"per_duck_params_per_token":[49152,49152],
 // JSON-SAME: "step_overhead_us":0,"strategy":"intermediate","stream_ms_per_token":0.002793{{[0-9]*}},
-// JSON-SAME: "total_bytes":303104,"tp":2,"tp_max":2}
+// JSON-SAME: "total_bytes":303104,"tp":2,"tp_max":2,"wire_activations":"f32"}
 // JSON-NEXT: module attributes
 duck.model @two_layers attributes {family = "qwen3_moe", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):

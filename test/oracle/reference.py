@@ -34,6 +34,14 @@ def rope_neox(x, pos, theta):
     return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
 
 
+def bf16(x):
+    """x rounded to bf16 (from fp32, to nearest even) and widened back."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) \
+        & np.uint32(0xFFFF0000)
+    return u.view(np.float32).astype(np.float64)
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -48,7 +56,11 @@ class Qwen3:
             self.w[name] = self.ck.get(name)
         return self.w[name]
 
+    ffn_in_bf16 = False  # --ffn-input-bf16: what the ducks get on the wire
+
     def mlp(self, pre, x):
+        if self.ffn_in_bf16:
+            x = bf16(x)
         g = x @ self.W(pre + "gate_proj.weight").T
         u = x @ self.W(pre + "up_proj.weight").T
         return (silu(g) * u) @ self.W(pre + "down_proj.weight").T
@@ -266,6 +278,9 @@ def main():
     p.add_argument("--prompt-ids", required=True)
     p.add_argument("--generate", type=int, default=0)
     p.add_argument("--logits-out")
+    p.add_argument("--ffn-input-bf16", action="store_true",
+                   help="round every FFN's and expert's input to bf16 "
+                   "(duckc --wire-activations bf16; the routers keep fp32)")
     a = p.parse_args()
     ck = Checkpoint(a.model)
     mt = ck.config.get("model_type")
@@ -275,6 +290,7 @@ def main():
         m = DeepSeek(ck)
     else:
         sys.exit("reference.py: model_type %r is not supported" % mt)
+    m.ffn_in_bf16 = a.ffn_input_bf16
     ids = [int(t) for t in a.prompt_ids.split(",")]
     gen = []
     rows = m.logits(ids)

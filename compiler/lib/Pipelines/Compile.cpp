@@ -528,6 +528,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   wo.coresPerDuck = opts.cluster.coresPerDuck;
   wo.lmHeadFp9 = opts.lmHead == "fp9";
   wo.lmHeadInt8 = opts.lmHead == "int8";
+  wo.wireBf16 = opts.cluster.cost.wireBf16;
   bool tty = llvm::sys::Process::StandardErrIsDisplayed();
   auto start = std::chrono::steady_clock::now();
   uint64_t doneBefore = 0, grand = stats->totalBytes;
@@ -563,25 +564,23 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
     return err("cannot move the plan into '" + opts.outDir +
                "': " + ec.message());
   }
-  out << llvm::formatv("wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-                       "tp {5}, multiple_of {6}, LM head {7}{8}\n",
-                       opts.outDir, kPlanFileName, stats->tp,
-                       stats->totalBytes, gib(stats->totalBytes), stats->tp,
-                       stats->multipleOf,
-                       stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
-                       : wo.lmHeadFp9       ? "fp9 on the host"
-                       : wo.lmHeadInt8      ? "int8 on the host"
-                                       : "as in the checkpoint, on the host",
-                       std::string(stats->inProjOnDucks
-                                       ? ", attention input projections in "
+  out << llvm::formatv(
+      "wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
+      "tp {5}, multiple_of {6}, LM head {7}{8}\n",
+      opts.outDir, kPlanFileName, stats->tp, stats->totalBytes,
+      gib(stats->totalBytes), stats->tp, stats->multipleOf,
+      stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
+      : wo.lmHeadFp9       ? "fp9 on the host"
+      : wo.lmHeadInt8      ? "int8 on the host"
+                           : "as in the checkpoint, on the host",
+      std::string(stats->inProjOnDucks ? ", attention input projections in "
                                          "fp9 on the ducks"
                                        : "") +
-                           (stats->qProjOnDucks
-                                       ? ", attention query projection in "
-                                         "fp9 on the ducks"
-                                       : "") +
-                           (stats->oProjOnDucks
-                                ? ", attention o_proj in fp9 on the ducks"
-                                : ""));
+          (stats->qProjOnDucks ? ", attention query projection in "
+                                 "fp9 on the ducks"
+                               : "") +
+          (stats->oProjOnDucks ? ", attention o_proj in fp9 on the ducks"
+                               : "") +
+          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""));
   return Error::success();
 }

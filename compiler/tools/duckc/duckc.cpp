@@ -199,6 +199,14 @@ cl::opt<std::string> compileLmHead(
              "the logits of its rows, bit for bit what 'fp9' gives, and the "
              "host reads none of the head"),
     cl::init("checkpoint"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileWire(
+    "wire-activations",
+    cl::desc("How a step's activations (x) travel to the ducks: 'f32' "
+             "(default: the host's values, bit for bit) or 'bf16': half the "
+             "bytes on the host's link (rounded to nearest even; every "
+             "duck then multiplies those rounded values, the logits move "
+             "by about 0.1-1%). The cost model's network time follows"),
+    cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<bool> compileProgress("progress",
                               cl::desc("Show progress even when stderr is "
                                        "not a terminal"),
@@ -573,6 +581,11 @@ Error runCompile() {
                              "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
+  if (compileWire != "f32" && compileWire != "bf16")
+    return createStringError(inconvertibleErrorCode(),
+                             "--wire-activations must be f32 or bf16, got '" +
+                                 compileWire + "'");
+  o.cluster.cost.wireBf16 = compileWire == "bf16";
   for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
                            std::pair{&compileQProj, &o.qProj},
                            std::pair{&compileInProj, &o.inProj}}) {

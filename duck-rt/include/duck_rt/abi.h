@@ -185,6 +185,9 @@ typedef struct duck_slot_header {
  * IB: [duck_ib_header][slots: duck_expert_slot[n_tokens * top_k]]
  *     [x: float[n_tokens][hidden]]  (x at header.x_offset, 32-byte aligned)
  * OB: [duck_ob_header][out: float[n_tokens][hidden]] (out at 64 bytes)
+ * With DUCK_IB_X_BF16 in header.flags, x is bf16 instead (uint16_t
+ * [n_tokens][hidden], the top half of each fp32): half the bytes on the
+ * wire; the ELF widens it to fp32 in its scratch before any kernel runs.
  * DUCK_MODE_HEAD: top_k = 0; x is float[n_tokens][K] (the slot's K);
  * out is float[n_tokens][rows], the results of the rows this duck holds
  * (duck_ob_header.hidden = rows).
@@ -201,8 +204,12 @@ typedef struct duck_ib_header {
   uint32_t n_tokens;
   uint32_t top_k; // MoE: slots per token (0 for dense)
   uint32_t x_offset;
-  uint32_t reserved;
+  uint32_t flags; // duck_ib_flags; unknown bits are refused (BAD_INPUT)
 } duck_ib_header;
+
+typedef enum duck_ib_flags {
+  DUCK_IB_X_BF16 = 1u, // x is bf16 (round to nearest even of the fp32)
+} duck_ib_flags;
 
 typedef struct duck_ob_header {
   uint32_t magic;
@@ -226,12 +233,48 @@ static inline uint64_t duck_ib_bytes(uint32_t n_tokens, uint32_t top_k,
          (uint64_t)n_tokens * hidden * sizeof(float);
 }
 
+/// duck_ib_bytes with x in bf16 (DUCK_IB_X_BF16).
+static inline uint64_t duck_ib_bytes_bf16(uint32_t n_tokens, uint32_t top_k,
+                                          uint32_t hidden) {
+  return duck_ib_x_offset((uint64_t)n_tokens * top_k) +
+         (uint64_t)n_tokens * hidden * sizeof(uint16_t);
+}
+
+/// fp32 -> bf16, round to nearest, ties to even (a NaN stays a quiet NaN);
+/// duck_bf16_to_f32 (fp9.h) widens it back exactly.
+static inline uint16_t duck_f32_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
+                                       uint32_t slot, uint32_t n_tokens,
+                                       uint32_t top_k,
+                                       const duck_expert_slot *slots,
+                                       const float *x, uint32_t hidden,
+                                       uint32_t flags);
+
 /// Encodes one step's IB into `ib` (duck_ib_bytes(...) bytes): the header,
 /// n_tokens * top_k slots (may be null when top_k is 0) and x.
 static inline void duck_ib_write(uint8_t *ib, uint32_t mode, uint32_t slot,
                                  uint32_t n_tokens, uint32_t top_k,
                                  const duck_expert_slot *slots, const float *x,
                                  uint32_t hidden) {
+  duck_ib_write_flags(ib, mode, slot, n_tokens, top_k, slots, x, hidden, 0);
+}
+
+/// duck_ib_write with header flags: DUCK_IB_X_BF16 writes x rounded to bf16
+/// (duck_ib_bytes_bf16(...) bytes in all).
+static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
+                                       uint32_t slot, uint32_t n_tokens,
+                                       uint32_t top_k,
+                                       const duck_expert_slot *slots,
+                                       const float *x, uint32_t hidden,
+                                       uint32_t flags) {
   duck_ib_header h;
   __builtin_memset(&h, 0, sizeof h);
   h.magic = DUCK_IB_MAGIC;
@@ -241,14 +284,20 @@ static inline void duck_ib_write(uint8_t *ib, uint32_t mode, uint32_t slot,
   h.n_tokens = n_tokens;
   h.top_k = top_k;
   h.x_offset = duck_ib_x_offset((uint64_t)n_tokens * top_k);
+  h.flags = flags;
   __builtin_memset(ib, 0, h.x_offset);
   __builtin_memcpy(ib, &h, sizeof h);
   if (top_k && slots)
     __builtin_memcpy(ib + sizeof h, slots,
                      (uint64_t)n_tokens * top_k * sizeof(duck_expert_slot));
-  if (x)
+  if (x && (flags & DUCK_IB_X_BF16)) {
+    uint16_t *o = (uint16_t *)(void *)(ib + h.x_offset);
+    for (uint64_t i = 0; i < (uint64_t)n_tokens * hidden; ++i)
+      o[i] = duck_f32_to_bf16(x[i]);
+  } else if (x) {
     __builtin_memcpy(ib + h.x_offset, x,
                      (uint64_t)n_tokens * hidden * sizeof(float));
+  }
 }
 
 /// Shared scratch an ELF step needs for a slot (bytes), for every mode:

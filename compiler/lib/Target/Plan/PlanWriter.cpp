@@ -949,9 +949,10 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   auto limits = pl::CreateStepLimitsDef(pb.fbb, maxInter, maxExperts,
                                        maxActive, maxHeadRows, maxK);
   auto root = pl::CreatePlanDefDirect(
-      pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION, DUCK_FP9_FORMAT_VERSION,
-      compiler.c_str(), absDir.c_str(), &fileDefs, modelDef, tp, multipleOf,
-      opts.coresPerDuck, strategy, &pb.ops, &ducks, pb.numValues, limits);
+      pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION,
+      DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,
+      modelDef, tp, multipleOf, opts.coresPerDuck, strategy, &pb.ops, &ducks,
+      pb.numValues, limits, opts.wireBf16);
   pl::FinishPlanDefBuffer(pb.fbb, root);
 
   llvm::SmallString<256> planPath(dir);

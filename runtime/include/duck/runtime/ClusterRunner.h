@@ -77,6 +77,7 @@ private:
   std::function<void()> after_send_;
   uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
+  uint32_t ib_flags_;      // DUCK_IB_X_BF16 when the plan says so
   int64_t head_slot_ = -1; // the LM head's slot when it is on the ducks
   std::vector<uint8_t> ib_;
   std::vector<DuckOutput> outputs_;

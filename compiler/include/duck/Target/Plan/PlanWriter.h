@@ -25,6 +25,7 @@ struct PlanWriteOptions {
   int64_t coresPerDuck = 1;
   bool lmHeadFp9 = false;  // LmHeadOpDef.fp9
   bool lmHeadInt8 = false; // LmHeadOpDef.int8
+  bool wireBf16 = false;   // PlanDef.wire_x_bf16
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
 };

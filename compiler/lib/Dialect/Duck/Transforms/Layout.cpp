@@ -310,11 +310,12 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
   // link carries every duck's frame in turn, a duck's link its own; the
   // replies come once the ducks are done. Returns seconds; a decode
   // step's bytes are added to the token's.
-  auto netSeconds = [&](bool decode, uint32_t rows, uint32_t slots,
-                        uint64_t k, auto obWidth) {
-    const double in = double(sizeof(duckd_frame_header) +
-                             sizeof(duckd_step_request) +
-                             duck_ib_bytes(rows, slots, (uint32_t)k));
+  auto netSeconds = [&](bool decode, uint32_t rows, uint32_t slots, uint64_t k,
+                        auto obWidth) {
+    const double in =
+        double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
+               (c.wireBf16 ? duck_ib_bytes_bf16(rows, slots, (uint32_t)k)
+                           : duck_ib_bytes(rows, slots, (uint32_t)k)));
     double hostIn = 0, hostOut = 0, duckIn = 0, duckOut = 0;
     for (int64_t r = 0; r < st.tp; ++r) {
       const double out =
@@ -804,6 +805,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
       {"host_rx_bytes_per_token", s.hostRxBytesPerToken},
+      {"wire_activations", c.wireBf16 ? "bf16" : "f32"},
       {"fp9_gparam_s", c.fp9GparamS},
       {"bandwidth_gbs", c.bandwidthGbs},
       {"step_overhead_us", c.stepOverheadUs},

@@ -167,6 +167,9 @@ struct ClusterModel {
   /// 0: not counted (loopback, or not known).
   double hostLinkGbps = 0;
   std::vector<double> duckLinkGbps; // rank order; empty: none known
+  /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
+  /// bytes of every IB's activations.
+  bool wireBf16 = false;
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;
 };
