@@ -134,6 +134,8 @@ int main(int argc, char **argv) {
                 plan->tp(), plan->multiple_of(),
                 plan->strategy() == 1 ? "experts" : "intermediate",
                 plan->ops() ? plan->ops()->size() : 0);
+    if (plan->wire_x_bf16())
+      std::printf("wire: activations to the ducks in bf16\n");
     if (const duck::plan::StepLimitsDef *l = plan->step_limits())
       std::printf("step limits: intermediate %u, experts %u (%u a token), "
                   "head rows %u\n",
