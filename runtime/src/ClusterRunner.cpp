@@ -89,8 +89,7 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
                                    uint32_t n_tokens, uint32_t top_k,
                                    const duck_expert_slot *slots,
                                    const float *x, float *out) {
-  ib_.resize(ib_flags_ ? duck_ib_bytes_bf16(n_tokens, top_k, hidden_)
-                       : duck_ib_bytes(n_tokens, top_k, hidden_));
+  ib_.resize(duck_ib_bytes_flags(n_tokens, top_k, hidden_, ib_flags_));
   duck_ib_write_flags(ib_.data(), mode, slot, n_tokens, top_k, slots, x,
                       hidden_, ib_flags_);
   if (absl::Status s = SendStep(n_tokens > 1 ? stats_.prefill_steps
@@ -125,8 +124,7 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
 absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
                                        const float *x, uint32_t k, float *out,
                                        uint64_t width) {
-  ib_.resize(ib_flags_ ? duck_ib_bytes_bf16(n_tokens, 0, k)
-                       : duck_ib_bytes(n_tokens, 0, k));
+  ib_.resize(duck_ib_bytes_flags(n_tokens, 0, k, ib_flags_));
   duck_ib_write_flags(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
                       k, ib_flags_);
   // The LM head's steps apart from an attention's (their op times differ).

@@ -199,7 +199,8 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
         rounded[i] = duck_bf16_to_f32(duck_f32_to_bf16(x[i]));
       EXPECT_EQ(rounded[0], 1.0f);
       EXPECT_EQ(rounded[1], 1.015625f);
-      std::vector<uint8_t> ib(duck_ib_bytes_bf16(c.tokens, c.top_k, kHidden));
+      std::vector<uint8_t> ib(
+          duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, DUCK_IB_X_BF16));
       duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
                           routing.data(), x.data(), kHidden, DUCK_IB_X_BF16);
       const std::string what =
@@ -221,7 +222,8 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
     EXPECT_NE(r.logs[0].find("ib: unknown flags 2"), std::string::npos)
         << r.logs[0];
     // A bf16 IB cut short of its x.
-    std::vector<uint8_t> cut(duck_ib_bytes_bf16(2, 0, kHidden));
+    std::vector<uint8_t> cut(
+        duck_ib_bytes_flags(2, 0, kHidden, DUCK_IB_X_BF16));
     duck_ib_write_flags(cut.data(), DUCK_MODE_DENSE_DECODE, 0, 2, 0, nullptr,
                         RandomX(2 * kHidden, 2).data(), kHidden,
                         DUCK_IB_X_BF16);

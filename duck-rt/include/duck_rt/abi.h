@@ -226,18 +226,18 @@ static inline uint32_t duck_ib_x_offset(uint64_t n_slots) {
                      n_slots * sizeof(duck_expert_slot) + 31) / 32 * 32);
 }
 
-/// Bytes of an IB for n_tokens x hidden floats and n_tokens * top_k slots.
-static inline uint64_t duck_ib_bytes(uint32_t n_tokens, uint32_t top_k,
-                                     uint32_t hidden) {
+/// Bytes of an IB for n_tokens x hidden activations (fp32, or bf16 with
+/// DUCK_IB_X_BF16 in `flags`) and n_tokens * top_k slots.
+static inline uint64_t duck_ib_bytes_flags(uint32_t n_tokens, uint32_t top_k,
+                                           uint32_t hidden, uint32_t flags) {
   return duck_ib_x_offset((uint64_t)n_tokens * top_k) +
-         (uint64_t)n_tokens * hidden * sizeof(float);
+         (uint64_t)n_tokens * hidden *
+             ((flags & DUCK_IB_X_BF16) ? sizeof(uint16_t) : sizeof(float));
 }
 
-/// duck_ib_bytes with x in bf16 (DUCK_IB_X_BF16).
-static inline uint64_t duck_ib_bytes_bf16(uint32_t n_tokens, uint32_t top_k,
-                                          uint32_t hidden) {
-  return duck_ib_x_offset((uint64_t)n_tokens * top_k) +
-         (uint64_t)n_tokens * hidden * sizeof(uint16_t);
+static inline uint64_t duck_ib_bytes(uint32_t n_tokens, uint32_t top_k,
+                                     uint32_t hidden) {
+  return duck_ib_bytes_flags(n_tokens, top_k, hidden, 0);
 }
 
 /// fp32 -> bf16, round to nearest, ties to even (a NaN stays a quiet NaN);
@@ -251,24 +251,9 @@ static inline uint16_t duck_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
-                                       uint32_t slot, uint32_t n_tokens,
-                                       uint32_t top_k,
-                                       const duck_expert_slot *slots,
-                                       const float *x, uint32_t hidden,
-                                       uint32_t flags);
-
-/// Encodes one step's IB into `ib` (duck_ib_bytes(...) bytes): the header,
-/// n_tokens * top_k slots (may be null when top_k is 0) and x.
-static inline void duck_ib_write(uint8_t *ib, uint32_t mode, uint32_t slot,
-                                 uint32_t n_tokens, uint32_t top_k,
-                                 const duck_expert_slot *slots, const float *x,
-                                 uint32_t hidden) {
-  duck_ib_write_flags(ib, mode, slot, n_tokens, top_k, slots, x, hidden, 0);
-}
-
-/// duck_ib_write with header flags: DUCK_IB_X_BF16 writes x rounded to bf16
-/// (duck_ib_bytes_bf16(...) bytes in all).
+/// Encodes one step's IB into `ib` (duck_ib_bytes_flags(...) bytes): the
+/// header, n_tokens * top_k slots (may be null when top_k is 0) and x,
+/// rounded to bf16 when `flags` has DUCK_IB_X_BF16.
 static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
                                        uint32_t slot, uint32_t n_tokens,
                                        uint32_t top_k,
@@ -298,6 +283,14 @@ static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
     __builtin_memcpy(ib + h.x_offset, x,
                      (uint64_t)n_tokens * hidden * sizeof(float));
   }
+}
+
+/// duck_ib_write_flags with fp32 x.
+static inline void duck_ib_write(uint8_t *ib, uint32_t mode, uint32_t slot,
+                                 uint32_t n_tokens, uint32_t top_k,
+                                 const duck_expert_slot *slots, const float *x,
+                                 uint32_t hidden) {
+  duck_ib_write_flags(ib, mode, slot, n_tokens, top_k, slots, x, hidden, 0);
 }
 
 /// Shared scratch an ELF step needs for a slot (bytes), for every mode:

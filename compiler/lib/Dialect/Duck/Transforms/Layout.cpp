@@ -314,8 +314,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                         auto obWidth) {
     const double in =
         double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
-               (c.wireBf16 ? duck_ib_bytes_bf16(rows, slots, (uint32_t)k)
-                           : duck_ib_bytes(rows, slots, (uint32_t)k)));
+               duck_ib_bytes_flags(rows, slots, (uint32_t)k,
+                                   c.wireBf16 ? DUCK_IB_X_BF16 : 0));
     double hostIn = 0, hostOut = 0, duckIn = 0, duckOut = 0;
     for (int64_t r = 0; r < st.tp; ++r) {
       const double out =
