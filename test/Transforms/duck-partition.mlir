@@ -33,6 +33,15 @@
 // RUN: duck-opt %t/err-auto.mlir --duck-partition="tp=4" -verify-diagnostics
 // RUN: duck-opt %t/err-experts.mlir --duck-partition="tp=6 multiple-of=64 strategy=experts" -verify-diagnostics
 // RUN: duck-opt %t/err-strategy.mlir --duck-partition="strategy=experts_by_id" -verify-diagnostics
+// RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=intermediate,experts:2" | FileCheck %t/mixed.mlir
+// RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts,intermediate:1-2,experts:2" | FileCheck %t/mixed.mlir
+// RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:1-2" | FileCheck %t/mixed.mlir --check-prefix=ALL
+// RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:1,intermediate" | FileCheck %t/mixed.mlir --check-prefix=NONE
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:0-1" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=DENSE
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:7-9" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=NOLAYER
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:2-1" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=RANGE
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:x" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=RANGE2
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=mixed" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=NOTMIXED
 // RUN: duck-opt %t/err-multiple-of.mlir --duck-partition="multiple-of=48" -verify-diagnostics
 // RUN: duck-opt %t/err-tp0.mlir --duck-partition="tp=0" -verify-diagnostics
 
@@ -219,6 +228,48 @@ duck.model @experts attributes {family = "deepseek_v3", config = {}} {
   duck.return %e : tensor<?x64xf32>
 }
 
+//--- mixed.mlir
+// A strategy by layer: the dense layer 0 is split, MoE layer 1 too, MoE
+// layer 2 places whole experts (E = 4 over 2 ducks: 2 each). The module's
+// partition says mixed; each layer's op says how it is cut. Later items
+// override earlier ones ("experts,intermediate:1-2,experts:2" is the
+// same cut); a range naming only some MoE layers leaves the others as
+// the bare item says (intermediate unless given).
+// CHECK:       module attributes {duck.partition = #duck.partition<tp = 2, multiple_of = 64, strategy = mixed, tp_max = 2>}
+// CHECK:         duck.mlp
+// CHECK-SAME:      strategy = #duck.strategy<intermediate>
+// CHECK:         duck.moe {{.*}}layer = 1
+// CHECK-SAME:      strategy = #duck.strategy<intermediate>, {{.*}}tp = 2 : i64, tp_max = 2 : i64
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 4 : i64, inter_begin = 0 : i64, inter_end = 64 : i64, rank = 0 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 4 : i64, inter_begin = 64 : i64, inter_end = 128 : i64, rank = 1 : i64}
+// CHECK:         duck.moe {{.*}}layer = 2
+// CHECK-SAME:      strategy = #duck.strategy<experts>, {{.*}}tp = 2 : i64, tp_max = 4 : i64
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 2 : i64, inter_begin = 0 : i64, inter_end = 128 : i64, rank = 0 : i64}
+// CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 2 : i64, expert_end = 4 : i64, inter_begin = 0 : i64, inter_end = 128 : i64, rank = 1 : i64}
+// Every MoE layer by experts is the experts partition; none, intermediate.
+// ALL: #duck.partition<tp = 2, multiple_of = 64, strategy = experts,
+// NONE: #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate,
+// DENSE: error: 'duck.mlp' op layer 0 is dense: only MoE layers can place whole experts (strategy 'experts:0-1')
+// NOLAYER: error: duck-partition: strategy 'experts:7-9' names layers 7-9, but the model's FFN layers are 0-2
+// RANGE: error: duck-partition: strategy 'experts:2-1': 'experts:2-1': layers are N or FIRST-LAST (0-based, FIRST <= LAST)
+// RANGE2: error: duck-partition: strategy 'experts:x': 'experts:x': layers are N or FIRST-LAST
+// NOTMIXED: error: duck-partition: strategy 'mixed': 'mixed' is not a strategy (expected intermediate, experts, or a list
+duck.model @mixed attributes {family = "qwen3_moe", config = {}} {
+^bb0(%x: tensor<?x64xf32>):
+  %m = duck.mlp %x {layer = 0 : i64, hidden = 64 : i64, inter = 128 : i64,
+      gate = #duck.weight<"g", bf16, [128, 64]>, up = #duck.weight<"u", bf16, [128, 64]>,
+      down = #duck.weight<"d", bf16, [64, 128]>} : tensor<?x64xf32>
+  %a = duck.moe %m {layer = 1 : i64, hidden = 64 : i64, inter = 128 : i64, num_experts = 4 : i64, top_k = 2 : i64,
+      router = #duck.router_kind<softmax>, norm_topk_prob = true, router_weight = #duck.weight<"r", bf16, [4, 64]>,
+      gate = #duck.experts<"g{e}", bf16, [128, 64], count = 4>, up = #duck.experts<"u{e}", bf16, [128, 64], count = 4>,
+      down = #duck.experts<"d{e}", bf16, [64, 128], count = 4>} : tensor<?x64xf32>
+  %b = duck.moe %a {layer = 2 : i64, hidden = 64 : i64, inter = 128 : i64, num_experts = 4 : i64, top_k = 2 : i64,
+      router = #duck.router_kind<softmax>, norm_topk_prob = true, router_weight = #duck.weight<"r2", bf16, [4, 64]>,
+      gate = #duck.experts<"h{e}", bf16, [128, 64], count = 4>, up = #duck.experts<"v{e}", bf16, [128, 64], count = 4>,
+      down = #duck.experts<"w{e}", bf16, [64, 128], count = 4>} : tensor<?x64xf32>
+  duck.return %b : tensor<?x64xf32>
+}
+
 //--- moe-experts-auto.mlir
 // strategy=experts with multiple-of=auto: a MoE placed by whole experts keeps
 // its full intermediate size on a duck, so tp = 4 does not push its block
@@ -395,7 +446,7 @@ duck.model @experts_too_few attributes {family = "deepseek_v3", config = {}} {
 
 //--- err-strategy.mlir
 // An unknown strategy option is refused at the module.
-// expected-error @+1 {{duck-partition: unknown strategy 'experts_by_id' (expected intermediate or experts)}}
+// expected-error @+1 {{duck-partition: strategy 'experts_by_id': 'experts_by_id' is not a strategy (expected intermediate, experts, or a list by MoE layer such as intermediate,experts:3-30)}}
 module {
 duck.model @bad_strategy attributes {family = "qwen3", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):

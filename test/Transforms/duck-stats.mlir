@@ -27,10 +27,13 @@
 // TEXT-NEXT: module attributes {duck.image_bytes = [151552, 151552], {{.*}}duck.slot_count = [2, 2]}
 //
 // The same in JSON, with 20 GB/s and no step overhead: 0.0027936 ms a
-// token, 357961.05 tok/s.
+// token, 357961.05 tok/s; by layer (what --strategy auto weighs), the
+// dense layer's 27840 bytes (1.392 us) and the MoE's two expert slices
+// (1.4016 us), and each duck's slot of each.
 // JSON:      {"bandwidth_gbs":20,"dispatch_ms_per_token":0,"estimated_decode_tok_s":357961.05{{[0-9]*}},
+// JSON-SAME: "ffn_layer_costs":[{"duck_bytes":[28672,28672],"layer":0,"moe":false,"ms_per_token":0.001392,"strategy":"intermediate"},{"duck_bytes":[114688,114688],"layer":1,"moe":true,"ms_per_token":0.0014016,"strategy":"intermediate"}],
 // JSON-SAME: "ffn_layers":2,"fp9_gparam_s":0,{{.*}}"host_ms_per_token":0,{{.*}}"lm_head_on_ducks":false,"multiple_of":64,"network_ms_per_token":0,"o_proj_ms_per_token":0,"o_proj_on_ducks":false,"per_duck_bytes":[151552,151552],"per_duck_params_per_token":[49152,49152],
-// JSON-SAME: "step_overhead_us":0,"strategy":"intermediate","stream_ms_per_token":0.002793{{[0-9]*}},
+// JSON-SAME: "step_overhead_us":0,"strategy":"intermediate","strategy_by_layer":"intermediate","stream_ms_per_token":0.002793{{[0-9]*}},
 // JSON-SAME: "total_bytes":303104,"tp":2,"tp_max":2,"wire_activations":"f32"}
 // JSON-NEXT: module attributes
 duck.model @two_layers attributes {family = "qwen3_moe", config = {}} {

@@ -30,7 +30,11 @@ Error err(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg);
 }
 
+/// "30.38 GiB", or "81.13 MiB" below a GiB (where two decimals of a GiB
+/// would say 0.08 for both sides of a 2 % shortfall).
 std::string gib(uint64_t bytes) {
+  if (bytes < (1ull << 30))
+    return llvm::formatv("{0:F2} MiB", bytes / double(1ull << 20)).str();
   return llvm::formatv("{0:F2} GiB", bytes / double(1ull << 30)).str();
 }
 
@@ -328,8 +332,9 @@ struct CompilePipelineOptions
       llvm::cl::init("auto")};
   Option<std::string> strategy{
       *this, "strategy",
-      llvm::cl::desc("MoE layers: intermediate (split every expert) or "
-                     "experts (whole experts a duck)"),
+      llvm::cl::desc("MoE layers: intermediate (split every expert), "
+                     "experts (whole experts a duck), or a list by layer "
+                     "(intermediate,experts:3-30)"),
       llvm::cl::init("intermediate")};
   Option<int64_t> coresPerDuck{*this, "cores-per-duck",
                                llvm::cl::desc("cores of each duck"),
@@ -414,6 +419,17 @@ static llvm::json::Array kernelTable(ModuleOp module) {
   return rows;
 }
 
+Error mlir::duck::checkDuckMemory(ArrayRef<uint64_t> need,
+                                  ArrayRef<uint64_t> have) {
+  for (size_t r = 0; r < need.size() && r < have.size(); ++r)
+    if (need[r] > have[r])
+      return err(llvm::formatv(
+          "duck {0} needs {1} ({2} bytes) for its weight image but has only "
+          "{3} ({4} bytes); use more ducks or ducks with more memory",
+          r, gib(need[r]), need[r], gib(have[r]), have[r]));
+  return Error::success();
+}
+
 Error mlir::duck::compileModel(const CompileOptions &opts,
                                llvm::raw_ostream &out, llvm::raw_ostream &log) {
   static const char *phases[] = {"import", "partition", "kernels", "modes",
@@ -465,15 +481,12 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
     return diags.takeError("statistics failed");
 
   // Every duck must hold its shard.
-  for (size_t r = 0; r < opts.cluster.memoryBytes.size() &&
-                     r < stats->ducks.size();
-       ++r) {
-    uint64_t need = stats->ducks[r].bytes, have = opts.cluster.memoryBytes[r];
-    if (need > have)
-      return err(llvm::formatv(
-          "duck {0} needs {1} ({2} bytes) for its weight image but has only "
-          "{3} ({4} bytes); use more ducks or ducks with more memory",
-          r, gib(need), need, gib(have), have));
+  {
+    std::vector<uint64_t> need;
+    for (const DuckStats &d : stats->ducks)
+      need.push_back(d.bytes);
+    if (Error e = checkDuckMemory(need, opts.cluster.memoryBytes))
+      return e;
   }
 
   if (opts.emit == CompileOptions::Emit::Stats) {
@@ -566,7 +579,7 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   }
   out << llvm::formatv(
       "wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-      "tp {5}, multiple_of {6}, LM head {7}{8}\n",
+      "tp {5}, multiple_of {6}{9}, LM head {7}{8}\n",
       opts.outDir, kPlanFileName, stats->tp, stats->totalBytes,
       gib(stats->totalBytes), stats->tp, stats->multipleOf,
       stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
@@ -581,6 +594,10 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                                : "") +
           (stats->oProjOnDucks ? ", attention o_proj in fp9 on the ducks"
                                : "") +
-          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""));
+          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""),
+      stats->strategy == "intermediate" ? std::string()
+      : stats->strategy == "mixed"
+          ? ", MoE layers by strategy " + strategySpecOf(*stats)
+          : ", whole experts a duck");
   return Error::success();
 }

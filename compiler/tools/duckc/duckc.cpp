@@ -6,11 +6,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Measure.h" // duck-rt/bench: the duck's own rates, here the host's
+#include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck/Import/Checkpoint.h"
 #include "duck/Import/Fp9Report.h"
 #include "duck/Pipelines/Compile.h"
 #include "duck/Target/Plan/PlanVerifier.h"
-#include "Measure.h" // duck-rt/bench: the duck's own rates, here the host's
 #include "duck/runtime/DuckClient.h"
 #include "duck/runtime/HostKernels.h"
 #include "duck/runtime/LocalCluster.h"
@@ -117,8 +118,10 @@ cl::opt<std::string> compileMultipleOf(
 cl::opt<std::string> compileStrategy(
     "strategy",
     cl::desc("intermediate (split every FFN over all ducks), experts "
-             "(whole experts per duck), or auto (the cost model's choice; "
-             "what --tp auto does when --strategy is not given)"),
+             "(whole experts per duck), a list by MoE layer "
+             "(intermediate,experts:3-30: later items override earlier "
+             "ones), or auto (the cost model's choice, layer by layer; what "
+             "--tp auto does when --strategy is not given)"),
     cl::init("intermediate"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int64_t> compileCores("cores-per-duck",
                               cl::desc("Cores of each duck (> 1 selects the "
@@ -251,6 +254,21 @@ struct Candidate {
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0, prefillTokS = 0;
   double networkMs = 0; // 0: no link speed in the cluster file
   uint64_t maxShardBytes = 0;
+  /// The cost model's figures, even when the shards do not fit (`ok`
+  /// false, `why` says which duck): what a per-layer mix is made from.
+  bool costed = false;
+  std::vector<uint64_t> duckBytes;
+  struct Layer {
+    int64_t layer;
+    bool moe;
+    mlir::duck::Strategy strategy;
+    double ms;
+    std::vector<uint64_t> duckBytes;
+  };
+  std::vector<Layer> layers;
+  /// A per-layer mix (--strategy auto): `strategy` is its spec.
+  bool mixed = false;
+  std::string strategyName() const { return mixed ? "mixed" : strategy; }
 };
 
 /// Lays out one candidate (dry run, stats only) and reads the prediction.
@@ -271,8 +289,11 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   o.qProj = qProj;
   o.inProj = inProj;
   o.cluster.tp = tp;
-  if (!o.cluster.memoryBytes.empty())
-    o.cluster.memoryBytes.resize(tp, o.cluster.memoryBytes.back());
+  // Memory is checked here, after the cost model has costed the candidate.
+  std::vector<uint64_t> memory = std::move(o.cluster.memoryBytes);
+  o.cluster.memoryBytes.clear();
+  if (!memory.empty())
+    memory.resize(tp, memory.back());
   o.multipleOf = mo;
   o.strategy = strategy;
   o.emit = mlir::duck::CompileOptions::Emit::Stats;
@@ -292,7 +313,7 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
     c.why = "no stats";
     return c;
   }
-  c.ok = true;
+  c.costed = true;
   c.tokS = j->getNumber("estimated_decode_tok_s").value_or(0);
   c.streamMs = j->getNumber("stream_ms_per_token").value_or(0);
   c.dispatchMs = j->getNumber("dispatch_ms_per_token").value_or(0);
@@ -303,10 +324,111 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.qOn = j->getBoolean("q_proj_on_ducks").value_or(false);
   c.oOn = j->getBoolean("o_proj_on_ducks").value_or(false);
   if (const json::Array *a = j->getArray("per_duck_bytes"))
-    for (const json::Value &b : *a)
-      c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes,
-                                           b.getAsInteger().value_or(0));
+    for (const json::Value &b : *a) {
+      c.duckBytes.push_back(b.getAsInteger().value_or(0));
+      c.maxShardBytes = std::max<uint64_t>(c.maxShardBytes, c.duckBytes.back());
+    }
+  if (const json::Array *a = j->getArray("ffn_layer_costs"))
+    for (const json::Value &v : *a) {
+      const json::Object *l = v.getAsObject();
+      if (!l)
+        continue;
+      Candidate::Layer rec{
+          l->getInteger("layer").value_or(0),
+          l->getBoolean("moe").value_or(false),
+          mlir::duck::symbolizeStrategy(l->getString("strategy").value_or(""))
+              .value_or(mlir::duck::Strategy::intermediate),
+          l->getNumber("ms_per_token").value_or(0),
+          {}};
+      if (const json::Array *b = l->getArray("duck_bytes"))
+        for (const json::Value &x : *b)
+          rec.duckBytes.push_back(x.getAsInteger().value_or(0));
+      c.layers.push_back(std::move(rec));
+    }
+  if (Error e = mlir::duck::checkDuckMemory(c.duckBytes, memory)) {
+    c.why = toString(std::move(e));
+    return c;
+  }
+  c.ok = true;
   return c;
+}
+
+/// --strategy auto, layer by layer: from a candidate's intermediate split
+/// and its whole-expert placement (same tp, block and projections), each
+/// MoE layer cut the way the cost model predicts faster (by more than
+/// 1 %; nearer is noise of the expected-maximum estimate); then, while
+/// some duck cannot hold its shard, the layer whose switch frees the most
+/// of the excess for the least time switches. Returns the spec of that
+/// mix, or "" when it is one of the two uniform cuts (or neither was
+/// costed).
+std::string mixStrategies(const Candidate &split, const Candidate &whole,
+                          const std::vector<uint64_t> &memory) {
+  using mlir::duck::Strategy;
+  if (!split.costed || !whole.costed ||
+      split.layers.size() != whole.layers.size() ||
+      split.duckBytes.size() != whole.duckBytes.size())
+    return "";
+  const size_t n = split.layers.size(), tp = split.duckBytes.size();
+  std::vector<bool> byExperts(n, false);
+  for (size_t i = 0; i < n; ++i)
+    byExperts[i] = split.layers[i].moe &&
+                   whole.layers[i].ms < split.layers[i].ms * (1 - 0.01);
+  // Each duck's bytes: everything but the MoE layers (the split's), plus
+  // each MoE layer as cut.
+  auto bytesOf = [&](const std::vector<bool> &x) {
+    std::vector<uint64_t> b = split.duckBytes;
+    for (size_t i = 0; i < n; ++i)
+      if (x[i])
+        for (size_t r = 0; r < tp && r < split.layers[i].duckBytes.size() &&
+                           r < whole.layers[i].duckBytes.size();
+             ++r)
+          b[r] += whole.layers[i].duckBytes[r] - split.layers[i].duckBytes[r];
+    return b;
+  };
+  auto excess = [&](const std::vector<uint64_t> &b) {
+    double e = 0;
+    for (size_t r = 0; r < tp && r < memory.size(); ++r)
+      e += b[r] > memory[r] ? double(b[r] - memory[r]) : 0.0;
+    return e;
+  };
+  for (double over = excess(bytesOf(byExperts)); over > 0;) {
+    size_t pick = n;
+    double pickGain = 0, pickCost = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!split.layers[i].moe)
+        continue;
+      std::vector<bool> x = byExperts;
+      x[i] = !x[i];
+      const double gain = over - excess(bytesOf(x));
+      if (gain <= 0)
+        continue;
+      const double cost =
+          std::max(0.0, (x[i] ? whole.layers[i].ms : split.layers[i].ms) -
+                            (x[i] ? split.layers[i].ms : whole.layers[i].ms));
+      // The most bytes freed a millisecond lost (free switches first).
+      if (pick == n || cost * pickGain < pickCost * gain) {
+        pick = i;
+        pickGain = gain;
+        pickCost = cost;
+      }
+    }
+    if (pick == n)
+      break; // nothing left to switch: the compile will say which duck
+    byExperts[pick] = !byExperts[pick];
+    over = excess(bytesOf(byExperts));
+  }
+  std::vector<std::pair<int64_t, Strategy>> moe;
+  size_t experts = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (split.layers[i].moe) {
+      moe.push_back({split.layers[i].layer, byExperts[i]
+                                                ? Strategy::experts
+                                                : Strategy::intermediate});
+      experts += byExperts[i];
+    }
+  if (experts == 0 || experts == moe.size())
+    return "";
+  return mlir::duck::strategySpecOf(moe);
 }
 
 /// --tp auto / --explain: every legal (tp, multiple_of, strategy) the flags
@@ -367,6 +489,36 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         for (const std::string &h : heads)
           for (const QO &qo : oProjs)
             all.push_back(evaluate(base, t, mo, st, h, qo.o, qo.q, qo.in));
+  // With the strategy open, each MoE layer its own way: after each
+  // intermediate / experts pair, the mix the cost model prefers (when it
+  // is neither).
+  if (autoStrategy) {
+    std::vector<Candidate> withMixes;
+    for (const Candidate &c : all) {
+      withMixes.push_back(c);
+      if (c.strategy != "experts")
+        continue;
+      auto twin = llvm::find_if(all, [&](const Candidate &o) {
+        return o.strategy == "intermediate" && o.tp == c.tp &&
+               o.multipleOf == c.multipleOf && o.lmHead == c.lmHead &&
+               o.oProj == c.oProj && o.qProj == c.qProj && o.inProj == c.inProj;
+      });
+      if (twin == all.end())
+        continue;
+      const Candidate &split = *twin;
+      std::vector<uint64_t> memory = base.cluster.memoryBytes;
+      if (!memory.empty())
+        memory.resize(c.tp, memory.back());
+      const std::string spec = mixStrategies(split, c, memory);
+      if (spec.empty())
+        continue;
+      Candidate m = evaluate(base, c.tp, c.multipleOf, spec, c.lmHead, c.oProj,
+                             c.qProj, c.inProj);
+      m.mixed = true;
+      withMixes.push_back(std::move(m));
+    }
+    all = std::move(withMixes);
+  }
   // Predictions closer than kTie to the fastest are within the noise of
   // the measured rates they come from (equal ducks measure 2-3 % apart,
   // and a kernel class's rate is measured on one shape): they tie, and
@@ -386,6 +538,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tp < b.tp;
       if (a.multipleOf != b.multipleOf)
         return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
+      if (a.mixed != b.mixed)
+        return !a.mixed; // one strategy for every layer
       if (a.steps() != b.steps())
         return a.steps() < b.steps(); // fewer steps
       if (a.lmHead != b.lmHead)
@@ -444,8 +598,10 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                       cm.hostReadGbs)
                   .str()
             : std::string("host work not counted"),
-        mem ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
-            : std::string(),
+        mem >= (1ull << 30)
+            ? formatv("; {0:F1} GiB a duck", mem / 1073741824.0).str()
+        : mem ? formatv("; {0:F1} MiB a duck", mem / 1048576.0).str()
+              : std::string(),
         calls, links);
     // With the head's place open, a column says where it goes and the
     // host's time (the host head's share included) is shown.
@@ -465,7 +621,9 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
       if (!c.ok) {
         StringRef why = StringRef(c.why).split('\n').first;
         out << formatv("{0,4}  {1,11}  {2,-12}{3}  not legal: {4}\n", c.tp,
-                       c.multipleOf, c.strategy, head, why);
+                       c.multipleOf, c.strategyName(), head, why);
+        if (c.mixed)
+          out << "        mixed: " << c.strategy << "\n";
         continue;
       }
       const std::string host =
@@ -474,10 +632,12 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
           netCol ? formatv("  {0,10:F3}", c.networkMs).str() : std::string();
       out << formatv("{0,4}  {1,11}  {2,-12}{3}{4}  {5,7:F3}  {6,9:F3}  "
                      "{7,11:F3}{11}  {8,7:F2}  {9,10:F3} GiB{10}\n",
-                     c.tp, c.multipleOf, c.strategy, head, host, 1e3 / c.tokS,
-                     c.streamMs, c.dispatchMs, c.tokS,
+                     c.tp, c.multipleOf, c.strategyName(), head, host,
+                     1e3 / c.tokS, c.streamMs, c.dispatchMs, c.tokS,
                      c.maxShardBytes / 1073741824.0,
                      &c == best ? "  <- chosen" : "", net);
+      if (c.mixed)
+        out << "        mixed: " << c.strategy << "\n";
     }
   }
   if (!best)
@@ -498,8 +658,10 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         "{3:F2} tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + "
         "dispatch {6:F3}{9}){11}; the fastest of {7} legal "
         "candidates{8}\n",
-        best->tp, best->multipleOf, best->strategy, best->tokS,
-        1e3 / best->tokS, best->streamMs, best->dispatchMs, better + 1,
+        best->tp, best->multipleOf,
+        best->mixed ? "mixed (" + best->strategy + ")" : best->strategy,
+        best->tokS, 1e3 / best->tokS, best->streamMs, best->dispatchMs,
+        better + 1,
         ", predictions within 3 % of the fastest counting as "
         "ties (fewer ducks, then the larger K-block, win)",
         (best->hostMs > 0 ? formatv(" + host {0:F3}", best->hostMs).str()
@@ -596,12 +758,15 @@ Error runCompile() {
                                    "'");
     *out = *flag;
   }
-  if (compileStrategy != "intermediate" && compileStrategy != "experts" &&
-      compileStrategy != "auto")
-    return createStringError(inconvertibleErrorCode(),
-                             "--strategy must be intermediate, experts or "
-                             "auto, got '" +
-                                 compileStrategy + "'");
+  if (compileStrategy != "auto")
+    if (Expected<mlir::duck::StrategySpec> spec =
+            mlir::duck::parseStrategySpec(compileStrategy);
+        !spec)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "--" + toString(spec.takeError()) +
+              " (expected intermediate, experts, auto, or a list by MoE "
+              "layer such as intermediate,experts:3-30)");
   const bool autoStrategy = compileStrategy == "auto";
   if (autoTp || compileExplain || autoStrategy) {
     Expected<Candidate> winner =
@@ -970,7 +1135,7 @@ options of one subcommand.
 
   compile <model-dir> -o <out-dir> [--tp N|auto] [--explain]
           [--multiple-of 128|64|32|auto] [--cores-per-duck C]
-          [--strategy intermediate|experts|auto] [--cluster FILE]
+          [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
           [--o-proj host|ducks] [--in-proj host|ducks]
           [--emit=plan|mlir|stats] [--dry-run]
@@ -981,7 +1146,12 @@ options of one subcommand.
       per-layer kernels and a decode estimate. --emit=stats prints JSON.
       --tp auto (with --cluster) tries every legal tp, multiple_of and
       strategy with the cost model and keeps the fastest that fits;
-      --explain prints the candidates. Ducks rated differently in the
+      --explain prints the candidates. --strategy takes one strategy for
+      every MoE layer or a list by layer (intermediate,experts:3-30: every
+      MoE layer split, but 3 to 30 whole experts a duck); with auto the
+      cost model weighs each MoE layer and, when a duck cannot hold its
+      shard, moves layers to the cut that fits for the least time (a
+      'mixed' candidate). Ducks rated differently in the
       cluster file (fp9_gparam_s each) get slices in proportion. The LM
       head (--lm-head ducks) and every attention's query, output and
       input projections (--q-proj / --o-proj / --in-proj ducks) can have

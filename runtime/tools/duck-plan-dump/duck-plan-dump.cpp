@@ -132,7 +132,9 @@ int main(int argc, char **argv) {
                     ? plan->model()->name()->c_str()
                     : "?",
                 plan->tp(), plan->multiple_of(),
-                plan->strategy() == 1 ? "experts" : "intermediate",
+                plan->strategy() == 2   ? "mixed (per MoE layer)"
+                : plan->strategy() == 1 ? "experts"
+                                        : "intermediate",
                 plan->ops() ? plan->ops()->size() : 0);
     if (plan->wire_x_bf16())
       std::printf("wire: activations to the ducks in bf16\n");

@@ -816,3 +816,27 @@ duck.model @oproj_rows attributes {family = "qwen3", config = {}} {
   %m = duck.attention %x {layer = 0 : i64, kind = "gqa", num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 8 : i64, weights = {q_proj = #duck.weight<"q", bf16, [32, 32]>, k_proj = #duck.weight<"k", bf16, [16, 32]>, v_proj = #duck.weight<"v", bf16, [16, 32]>, o_proj = #duck.weight<"o", bf16, [32, 32]>}, duck_rows = array<i64: 0, 16, 40>, duck_block = 32 : i64} : tensor<?x32xf32>
   duck.return %m : tensor<?x32xf32>
 }
+
+// -----
+
+// A layer is cut one way: mixed only describes a module's partition.
+duck.model @mlp_mixed attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{a layer's strategy is intermediate or experts; mixed only describes a module's partition}}
+  %m = duck.mlp %x {layer = 0 : i64, hidden = 32 : i64, inter = 64 : i64,
+      gate = #duck.weight<"g", bf16, [64, 32]>, up = #duck.weight<"u", bf16, [64, 32]>, down = #duck.weight<"d", bf16, [32, 64]>,
+      strategy = #duck.strategy<mixed>} : tensor<?x32xf32>
+  duck.return %m : tensor<?x32xf32>
+}
+
+// -----
+
+// A dense layer has no experts to place whole.
+duck.model @mlp_experts attributes {family = "qwen3", config = {}} {
+^bb0(%x: tensor<?x32xf32>):
+  // expected-error @+1 {{a dense layer has no experts to place: its strategy is intermediate}}
+  %m = duck.mlp %x {layer = 0 : i64, hidden = 32 : i64, inter = 64 : i64,
+      gate = #duck.weight<"g", bf16, [64, 32]>, up = #duck.weight<"u", bf16, [64, 32]>, down = #duck.weight<"d", bf16, [32, 64]>,
+      strategy = #duck.strategy<experts>} : tensor<?x32xf32>
+  duck.return %m : tensor<?x32xf32>
+}

@@ -77,6 +77,12 @@ void registerDuckCompilePipeline();
 llvm::Error compileModel(const CompileOptions &opts, llvm::raw_ostream &out,
                          llvm::raw_ostream &log);
 
+/// Every duck must hold its weight image: `need[r]` bytes against
+/// `have[r]` (ducks past the end of `have` are not limited). The error
+/// names the first duck that cannot.
+llvm::Error checkDuckMemory(llvm::ArrayRef<uint64_t> need,
+                            llvm::ArrayRef<uint64_t> have);
+
 } // namespace mlir::duck
 
 #endif

@@ -942,7 +942,11 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       geti("qk_rope_head_dim"), geti("v_head_dim"));
   auto fileDefs = pb.files();
   const int64_t multipleOf = part.getMultipleOf();
-  const uint8_t strategy = part.getStrategy() == Strategy::experts ? 1 : 0;
+  // The plan's byte is the enum's value: 0 intermediate, 1 experts, 2 mixed.
+  static_assert((int)Strategy::intermediate == 0 &&
+                    (int)Strategy::experts == 1 && (int)Strategy::mixed == 2,
+                "plan.fbs numbers the strategies");
+  const uint8_t strategy = (uint8_t)part.getStrategy();
   llvm::SmallString<256> absDir(ckpt.directory());
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;

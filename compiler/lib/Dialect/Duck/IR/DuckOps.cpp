@@ -277,9 +277,17 @@ LogicalResult LmHeadOp::verify() {
 }
 
 /// Rules shared by mlp and moe: shard ranks, ranges and partition attrs.
-static LogicalResult verifyShards(Operation *op, int64_t inter,
-                                  int64_t experts, std::optional<int64_t> tp,
-                                  std::optional<int64_t> multipleOf) {
+static LogicalResult verifyShards(Operation *op, int64_t inter, int64_t experts,
+                                  std::optional<int64_t> tp,
+                                  std::optional<int64_t> multipleOf,
+                                  std::optional<Strategy> strategy) {
+  // A layer is split one way; `mixed` only describes a module.
+  if (strategy == Strategy::mixed)
+    return op->emitOpError("a layer's strategy is intermediate or experts; "
+                           "mixed only describes a module's partition");
+  if (strategy == Strategy::experts && isa<MlpOp>(op))
+    return op->emitOpError("a dense layer has no experts to place: its "
+                           "strategy is intermediate");
   // Checked before the shards: a zero multiple_of would divide by zero.
   if (multipleOf && *multipleOf <= 0)
     return op->emitOpError() << "multiple_of must be positive, got "
@@ -333,7 +341,7 @@ LogicalResult MlpOp::verify() {
       failed(expectShape(*this, "up", getUp().getShape(), {i, h})) ||
       failed(expectShape(*this, "down", getDown().getShape(), {h, i})))
     return failure();
-  return verifyShards(*this, i, 1, getTp(), getMultipleOf());
+  return verifyShards(*this, i, 1, getTp(), getMultipleOf(), getStrategy());
 }
 
 LogicalResult MoeOp::verify() {
@@ -390,7 +398,8 @@ LogicalResult MoeOp::verify() {
        failed(expectShape(*this, "shared down", getSharedDown()->getShape(),
                           {h, shared * i}))))
     return failure();
-  return verifyShards(*this, i, getTotalExperts(), getTp(), getMultipleOf());
+  return verifyShards(*this, i, getTotalExperts(), getTp(), getMultipleOf(),
+                      getStrategy());
 }
 
 LogicalResult Fp9FfnOp::verify() {

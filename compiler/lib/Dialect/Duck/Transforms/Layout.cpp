@@ -356,6 +356,12 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     }
     std::vector<HeldExperts> held;
     double prefillSlowest = 0;
+    ModuleStats::FfnLayer rec;
+    rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
+    rec.moe = s0moe;
+    if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
+      rec.strategy = stringifyStrategy(sa.getValue()).str();
+    rec.duckBytes.assign(st.tp, 0);
     for (Operation &child : op->getRegion(0).getOps()) {
       auto shard = cast<Fp9FfnOp>(child);
       FfnShape s = ffnShapeOf(shard);
@@ -400,6 +406,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
         active = routedHeld * activeRouted / totalRouted + std::min(sharedHeld, shared);
       }
       DuckStats &d = st.ducks[shard.getRank()];
+      rec.duckBytes[shard.getRank()] += lay->totalBytes;
       d.paramsPerToken += active * 3.0 * s.hidden * shard.getLocalInter();
       d.bytesPerToken += active * lay->expertBytes;
       held.push_back({(size_t)shard.getRank(),
@@ -407,7 +414,9 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
                       s.moe ? (int64_t)shard.getExpertEnd() : 1,
                       expertSeconds(shard, *lay)});
     }
-    layerMsSum += 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
+    rec.ms = 1e3 * expectedSlowest(held, s0moe, topK, numExperts);
+    layerMsSum += rec.ms;
+    st.ffn.push_back(std::move(rec));
     // Every duck returns the whole hidden vector (its partial sums).
     int64_t hidden = 0, slotsPerRow = 0;
     if (auto moe = dyn_cast<MoeOp>(op)) {
@@ -664,12 +673,25 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
   return links;
 }
 
+std::string mlir::duck::strategySpecOf(const ModuleStats &s) {
+  std::vector<std::pair<int64_t, Strategy>> moe;
+  for (const ModuleStats::FfnLayer &l : s.ffn)
+    if (l.moe)
+      moe.push_back(
+          {l.layer,
+           symbolizeStrategy(l.strategy).value_or(Strategy::intermediate)});
+  return moe.empty() ? s.strategy : strategySpecOf(moe);
+}
+
 void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                                 llvm::raw_ostream &os) {
   os << "tp: " << s.tp << "\n";
   os << "multiple_of: " << s.multipleOf << "\n";
   os << "tp_max: " << s.tpMax << "\n";
-  os << "strategy: " << s.strategy << "\n";
+  os << "strategy: " << s.strategy;
+  if (s.strategy == "mixed")
+    os << " (" << strategySpecOf(s) << ")";
+  os << "\n";
   os << "ffn layers: " << s.ffnLayers << "\n";
   os << "duck    slots            bytes         size     params/token\n";
   for (const DuckStats &d : s.ducks)
@@ -768,16 +790,27 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
 
 llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
                                            const ClusterModel &c) {
-  llvm::json::Array perDuck, perDuckParams;
+  llvm::json::Array perDuck, perDuckParams, layers;
   for (const DuckStats &d : s.ducks) {
     perDuck.push_back((int64_t)d.bytes);
     perDuckParams.push_back(d.paramsPerToken);
+  }
+  for (const ModuleStats::FfnLayer &l : s.ffn) {
+    llvm::json::Array bytes;
+    for (uint64_t b : l.duckBytes)
+      bytes.push_back((int64_t)b);
+    layers.push_back(llvm::json::Object{{"layer", l.layer},
+                                        {"moe", l.moe},
+                                        {"strategy", l.strategy},
+                                        {"ms_per_token", l.ms},
+                                        {"duck_bytes", std::move(bytes)}});
   }
   return llvm::json::Object{
       {"tp", s.tp},
       {"multiple_of", s.multipleOf},
       {"tp_max", s.tpMax},
       {"strategy", s.strategy},
+      {"strategy_by_layer", strategySpecOf(s)},
       {"ffn_layers", s.ffnLayers},
       {"lm_head_on_ducks", s.lmHeadOnDucks},
       {"lm_head_ms_per_token", s.lmHeadMsPerToken},
@@ -795,6 +828,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"host_attention_gmac_per_token", s.hostAttnGmacPerToken},
       {"host_attention_ms_per_token", s.hostAttnMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
+      {"ffn_layer_costs", std::move(layers)},
       {"per_duck_params_per_token", std::move(perDuckParams)},
       {"total_bytes", (int64_t)s.totalBytes},
       {"estimated_decode_tok_s", s.tokS},

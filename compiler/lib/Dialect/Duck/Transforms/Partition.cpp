@@ -13,6 +13,69 @@ namespace mlir::duck {
 using namespace mlir;
 using namespace mlir::duck;
 
+llvm::Expected<StrategySpec>
+mlir::duck::parseStrategySpec(llvm::StringRef spec) {
+  auto fail = [&](const llvm::Twine &why) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "strategy '" + spec + "': " + why);
+  };
+  StrategySpec out;
+  if (spec.trim().empty())
+    return fail("empty (expected intermediate, experts or a per-layer list "
+                "such as intermediate,experts:3-30)");
+  llvm::SmallVector<llvm::StringRef> items;
+  spec.split(items, ',');
+  for (llvm::StringRef item : items) {
+    item = item.trim();
+    auto [name, layers] = item.split(':');
+    std::optional<Strategy> st = symbolizeStrategy(name.trim());
+    if (!st || *st == Strategy::mixed)
+      return fail("'" + name.trim() + "' is not a strategy");
+    if (!item.contains(':')) {
+      out.every = *st;
+      out.ranges.clear(); // a later bare item sets every layer again
+      continue;
+    }
+    auto [a, b] = layers.split('-');
+    int64_t first = 0, last = 0;
+    if (a.trim().getAsInteger(10, first) || first < 0 ||
+        (layers.contains('-') ? b.trim().getAsInteger(10, last)
+                              : (last = first, false)) ||
+        last < first)
+      return fail("'" + item + "': layers are N or FIRST-LAST (0-based, " +
+                  "FIRST <= LAST)");
+    out.ranges.push_back({first, last, *st});
+  }
+  return out;
+}
+
+std::string mlir::duck::strategySpecOf(
+    const std::vector<std::pair<int64_t, Strategy>> &layers) {
+  int64_t experts = 0;
+  for (const auto &l : layers)
+    experts += l.second == Strategy::experts;
+  const Strategy every = 2 * experts > (int64_t)layers.size()
+                             ? Strategy::experts
+                             : Strategy::intermediate;
+  std::string s = stringifyStrategy(every).str();
+  for (size_t i = 0; i < layers.size();) {
+    if (layers[i].second == every) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1].second == layers[i].second &&
+           layers[j + 1].first == layers[j].first + 1)
+      ++j;
+    s += "," + stringifyStrategy(layers[i].second).str() + ":" +
+         std::to_string(layers[i].first);
+    if (j > i)
+      s += "-" + std::to_string(layers[j].first);
+    i = j + 1;
+  }
+  return s;
+}
+
 namespace {
 
 struct FfnInfo {
@@ -231,10 +294,12 @@ struct DuckPartitionPass
                          << (int64_t)tp;
       return signalPassFailure();
     }
-    std::optional<Strategy> strat = symbolizeStrategy(strategy);
-    if (!strat) {
-      module.emitError() << "duck-partition: unknown strategy '" << strategy
-                         << "' (expected intermediate or experts)";
+    llvm::Expected<StrategySpec> spec = parseStrategySpec(strategy);
+    if (!spec) {
+      module.emitError() << "duck-partition: "
+                         << llvm::toString(spec.takeError())
+                         << " (expected intermediate, experts, or a list by "
+                            "MoE layer such as intermediate,experts:3-30)";
       return signalPassFailure();
     }
     if (!shares.empty() &&
@@ -251,10 +316,36 @@ struct DuckPartitionPass
         ffns.push_back(infoOf(op));
     });
 
+    // A range naming a dense layer as experts, or no layer at all, is a
+    // mistake in the spec.
+    for (const StrategySpec::Range &r : spec->ranges) {
+      bool any = false;
+      for (const FfnInfo &f : ffns) {
+        if (f.layer < r.first || f.layer > r.last)
+          continue;
+        any = true;
+        if (!f.moe && r.strategy == Strategy::experts) {
+          f.op->emitOpError()
+              << "layer " << f.layer
+              << " is dense: only MoE layers can place whole experts "
+                 "(strategy '"
+              << strategy << "')";
+          return signalPassFailure();
+        }
+      }
+      if (!any) {
+        module.emitError() << "duck-partition: strategy '" << strategy
+                           << "' names layers " << r.first << "-" << r.last
+                           << ", but the model's FFN layers are "
+                           << (ffns.empty() ? 0 : ffns.front().layer) << "-"
+                           << (ffns.empty() ? -1 : ffns.back().layer);
+        return signalPassFailure();
+      }
+    }
     // Layers placed by whole experts keep their full intermediate size on a
     // duck, so tp does not bound their block.
     auto splitsInter = [&](const FfnInfo &f) {
-      return !(f.moe && *strat == Strategy::experts);
+      return !(f.moe && spec->of(f.layer) == Strategy::experts);
     };
     int64_t mo = 0;
     if (multipleOf == "auto") {
@@ -293,7 +384,7 @@ struct DuckPartitionPass
 
     MLIRContext *ctx = module.getContext();
     int64_t tpMaxAll = 0;
-    bool anyByExperts = false;
+    bool anyByExperts = false, anySplitMoe = false;
     for (const FfnInfo &f : ffns) {
       if (f.inter % mo != 0) {
         std::string hint = smallerBlockHint(f.inter, mo);
@@ -334,6 +425,7 @@ struct DuckPartitionPass
       }
       tpMaxAll = tpMaxAll == 0 ? tpMax : std::min(tpMaxAll, tpMax);
       anyByExperts |= byExperts;
+      anySplitMoe |= f.moe && !byExperts;
       OpBuilder b(ctx);
       f.op->setAttr("tp", b.getI64IntegerAttr(tp));
       f.op->setAttr("multiple_of", b.getI64IntegerAttr(mo));
@@ -347,17 +439,21 @@ struct DuckPartitionPass
       region.push_back(body);
       b.setInsertionPointToEnd(body);
       // Whole experts are apportioned like blocks: equal shares give
-      // experts % tp ducks one more, never the last when it holds the
+      // units % tp ducks one more, never the last when it holds the
       // always-active shared experts (ids after the routed ones). Which
       // ducks take the extra ones rotates from layer to layer, so no duck
-      // holds an extra expert in every layer (DeepSeek-V3.2 at tp 32: duck
-      // 0 held 9 experts a layer to the others' 8, 12 % more memory).
-      SmallVector<int64_t> counts = blockCounts(byExperts ? f.experts : blocks);
-      const int64_t extra = f.experts % tp;
-      const int64_t takers = f.shared > 0 ? tp - 1 : tp;
-      if (byExperts && shares.empty() && extra > 0 && extra < takers) {
+      // holds an extra block or expert in every layer (DeepSeek-V3.2 at tp
+      // 32: duck 0 held 9 experts a layer to the others' 8, 12 % more
+      // memory; Qwen3-30B-A3B at tp 4, multiple_of 128: ducks 0 and 1 held
+      // 2 of every expert's 6 blocks, 10.1 GiB to the others' 5.1). A
+      // layer's slowest duck is the same either way.
+      const int64_t units = byExperts ? f.experts : blocks;
+      SmallVector<int64_t> counts = blockCounts(units);
+      const int64_t extra = units % tp;
+      const int64_t takers = byExperts && f.shared > 0 ? tp - 1 : tp;
+      if (shares.empty() && extra > 0 && extra < takers) {
         for (int64_t r = 0; r < tp; ++r)
-          counts[r] = f.experts / tp;
+          counts[r] = units / tp;
         for (int64_t k = 0; k < extra; ++k)
           ++counts[(f.layer * extra + k) % takers];
       }
@@ -384,15 +480,16 @@ struct DuckPartitionPass
     // The partition, once, for every later pass and the plan writer.
     module->setAttr(
         kPartitionAttrName,
-        PartitionAttr::get(ctx, tp, mo,
-                           anyByExperts ? Strategy::experts
-                                        : Strategy::intermediate,
-                           tpMaxAll,
-                           shares.empty()
-                               ? DenseF64ArrayAttr()
-                               : DenseF64ArrayAttr::get(
-                                     ctx, SmallVector<double>(shares.begin(),
-                                                              shares.end()))));
+        PartitionAttr::get(
+            ctx, tp, mo,
+            !anyByExperts ? Strategy::intermediate
+            : anySplitMoe ? Strategy::mixed
+                          : Strategy::experts,
+            tpMaxAll,
+            shares.empty()
+                ? DenseF64ArrayAttr()
+                : DenseF64ArrayAttr::get(
+                      ctx, SmallVector<double>(shares.begin(), shares.end()))));
   }
 };
 

@@ -28,7 +28,8 @@ def Duck_RouterKindAttr : EnumAttr<Duck_Dialect, Duck_RouterKind, "router_kind">
 }
 
 def Duck_Strategy : I32EnumAttr<"Strategy", "how FFN work is split over ducks", [
-    I32EnumAttrCase<"intermediate", 0>, I32EnumAttrCase<"experts", 1>]> {
+    I32EnumAttrCase<"intermediate", 0>, I32EnumAttrCase<"experts", 1>,
+    I32EnumAttrCase<"mixed", 2>]> {
   let cppNamespace = "::mlir::duck";
   let genSpecializedAttr = 0;
 }
@@ -101,9 +102,11 @@ def Duck_PartitionAttr : Duck_Attr<"Partition", "partition"> {
     duck) when the ducks are unequal. Set once on the module by
     `duck-partition` as `duck.partition`; every later pass and the plan
     writer read tp, multiple_of and the strategy from it. `strategy` is the
-    one the plan records: experts when some MoE layer is placed by whole
-    experts (dense layers are always split by intermediate); `tp_max` is
-    the smallest tp_max over the layers.
+    one the plan records: experts when every MoE layer is placed by whole
+    experts (dense layers are always split by intermediate), mixed when
+    some MoE layers are and others are split (each layer's own `strategy`
+    says which; `mixed` is never a layer's); `tp_max` is the smallest
+    tp_max over the layers.
   }];
   let parameters = (ins
     "int64_t":$tp,

@@ -27,6 +27,36 @@ inline constexpr llvm::StringLiteral kPartitionAttrName = "duck.partition";
 /// not run.
 FailureOr<PartitionAttr> partitionOf(ModuleOp module, llvm::StringRef who);
 
+/// How each MoE layer is split, from a strategy spec: `intermediate`,
+/// `experts`, or a comma-separated list of `STRATEGY` (every MoE layer) and
+/// `STRATEGY:FIRST-LAST` / `STRATEGY:LAYER` items (those layers), later
+/// items overriding earlier ones: "intermediate,experts:3-30". Dense layers
+/// are always split by intermediate; a range naming one with experts is an
+/// error of duck-partition's, which knows the layers.
+struct StrategySpec {
+  struct Range {
+    int64_t first, last;
+    Strategy strategy;
+  };
+  Strategy every = Strategy::intermediate;
+  std::vector<Range> ranges;
+  Strategy of(int64_t layer) const {
+    Strategy s = every;
+    for (const Range &r : ranges)
+      if (layer >= r.first && layer <= r.last)
+        s = r.strategy;
+    return s;
+  }
+};
+
+/// Parses a strategy spec; the error names the item that is wrong.
+llvm::Expected<StrategySpec> parseStrategySpec(llvm::StringRef spec);
+
+/// The spec of per-layer choices, shortest first: the strategy most layers
+/// take, then runs of the others ("experts,intermediate:0-11").
+std::string
+strategySpecOf(const std::vector<std::pair<int64_t, Strategy>> &layers);
+
 /// The hidden size, total experts and FFN kind of the op owning `shard`.
 struct FfnShape {
   int64_t layer, hidden, inter, experts;
@@ -230,11 +260,26 @@ struct ModuleStats {
   /// prefillDucksMsPerToken.
   double hostTxBytesPerToken = 0, hostRxBytesPerToken = 0;
   double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
+  /// Each FFN layer: its strategy, its part of streamMsPerToken (the
+  /// expected slowest duck), and the bytes of it each duck holds (its
+  /// slot). What --strategy auto weighs layer by layer.
+  struct FfnLayer {
+    int64_t layer = 0;
+    bool moe = false;
+    std::string strategy;
+    double ms = 0;
+    std::vector<uint64_t> duckBytes;
+  };
+  std::vector<FfnLayer> ffn;
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
 /// 2.50 Gb/s a duck"); empty when none is given.
 std::string linksText(const ClusterModel &c);
+
+/// The strategy spec that cuts the MoE layers as `s` says they are
+/// ("intermediate,experts:3-30"; the module's strategy when it has none).
+std::string strategySpecOf(const ModuleStats &s);
 
 /// Requires a laid-out module (duck-layout-weights ran).
 FailureOr<ModuleStats> computeStats(ModuleOp module, const ClusterModel &c);

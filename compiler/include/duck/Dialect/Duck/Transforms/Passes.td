@@ -28,6 +28,12 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
     when `tp > E`. Dense layers are still split along the intermediate
     dimension.
 
+    Each MoE layer can be cut its own way: `strategy =
+    intermediate,experts:3-30` splits every MoE layer but 3 to 30, which
+    place whole experts (layers are the checkpoint's, 0-based; later items
+    override earlier ones). The module's partition then says `mixed` and
+    each layer's op its own strategy.
+
     ```mlir
     // before
     %1 = duck.mlp %0 {layer = 0, hidden = 64, inter = 256, ...} : tensor<?x64xf32>
@@ -46,7 +52,9 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
     Option<"multipleOf", "multiple-of", "std::string", /*default=*/"\"auto\"",
            "down_proj K-block: 128, 64, 32 or auto">,
     Option<"strategy", "strategy", "std::string", /*default=*/"\"intermediate\"",
-           "intermediate (tensor parallel) or experts (expert placement)">,
+           "intermediate (tensor parallel), experts (expert placement), or "
+           "per MoE layer: a list of STRATEGY and STRATEGY:FIRST-LAST items, "
+           "later ones overriding (intermediate,experts:3-30)">,
     ListOption<"shares", "shares", "double",
            "relative speed of each duck (tp values): an intermediate split "
            "gives each duck whole blocks in proportion, expert placement "
