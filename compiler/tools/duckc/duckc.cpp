@@ -280,6 +280,8 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.tp = tp;
   c.multipleOf = mo;
   c.strategy = strategy;
+  // A list by layer (given, or a mix the search made) shows as "mixed".
+  c.mixed = strategy != "intermediate" && strategy != "experts";
   c.lmHead = lmHead;
   c.oProj = oProj;
   c.qProj = qProj;
