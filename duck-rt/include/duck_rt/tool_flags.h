@@ -27,6 +27,14 @@ public:
     };
     config.contains_help_flags = ours;
     config.contains_helpshort_flags = ours;
+    // --help heads the list "Flags from <tool>:", not with the source path
+    // of the build machine.
+    std::string tool = argc > 0 ? argv[0] : "this tool";
+    tool = tool.substr(tool.find_last_of('/') + 1);
+    // (absl filters on the name this returns: only ours are renamed.)
+    config.normalize_filename = [tool, ours](absl::string_view path) {
+      return ours(path) ? tool : std::string(path);
+    };
     absl::SetFlagsUsageConfig(config);
     std::vector<char *> fixed;
     for (std::string &a : storage_) {
