@@ -24,10 +24,14 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/Threading.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -361,8 +365,8 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
 /// 1 %; nearer is noise of the expected-maximum estimate); then, while
 /// some duck cannot hold its shard, the layer whose switch frees the most
 /// of the excess for the least time switches. Returns the spec of that
-/// mix, or "" when it is one of the two uniform cuts (or neither was
-/// costed).
+/// mix, or "" when it is one of the two uniform cuts, when no mix fits,
+/// or when either cut was not costed.
 std::string mixStrategies(const Candidate &split, const Candidate &whole,
                           const std::vector<uint64_t> &memory) {
   using mlir::duck::Strategy;
@@ -415,7 +419,7 @@ std::string mixStrategies(const Candidate &split, const Candidate &whole,
       }
     }
     if (pick == n)
-      break; // nothing left to switch: the compile will say which duck
+      return ""; // no mix fits either
     byExperts[pick] = !byExperts[pick];
     over = excess(bytesOf(byExperts));
   }
@@ -484,13 +488,84 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
   } else
     oProjs.push_back(
         {base.inProj.c_str(), base.qProj.c_str(), base.oProj.c_str()});
-  std::vector<Candidate> all;
+  // Each candidate is a dry-run layout of its own (DeepSeek-V3.2 with --tp
+  // auto over 32 ducks: 1536 of them, about a minute on one core), so they
+  // are laid out on every core, each thread taking the next; the results
+  // keep the search's order. Progress on a terminal or with --progress.
+  struct Job {
+    int64_t tp;
+    const std::string *mo, *strategy, *head;
+    QO qo;
+  };
+  std::vector<Job> jobs;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
         for (const std::string &h : heads)
           for (const QO &qo : oProjs)
-            all.push_back(evaluate(base, t, mo, st, h, qo.o, qo.q, qo.in));
+            jobs.push_back({t, &mo, &st, &h, qo});
+  std::vector<Candidate> all(jobs.size());
+  const bool tty = llvm::sys::Process::StandardErrIsDisplayed();
+  const bool showProgress = tty || compileProgress;
+  const size_t total = jobs.size();
+  const auto searchStart = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         searchStart)
+        .count();
+  };
+  // A candidate's layout grows with its ducks (measured on DeepSeek-V3.2:
+  // about 8 ducks' worth of fixed work, then one per duck): the ETA counts
+  // work in those units.
+  uint64_t work = 0;
+  for (const Job &j : jobs)
+    work += (uint64_t)j.tp + 8;
+  std::atomic<size_t> next{0}, finished{0};
+  std::atomic<uint64_t> worked{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < jobs.size();) {
+      const Job &j = jobs[i];
+      all[i] = evaluate(base, j.tp, *j.mo, *j.strategy, *j.head, j.qo.o, j.qo.q,
+                        j.qo.in);
+      worked += (uint64_t)j.tp + 8;
+      ++finished;
+    }
+  };
+  const unsigned threads = (unsigned)std::min<size_t>(
+      std::max(1u, llvm::hardware_concurrency().compute_thread_count()),
+      jobs.size());
+  // With more than one, every core lays out candidates and this thread
+  // only reports.
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; threads > 1 && i < threads; ++i)
+    pool.emplace_back(worker);
+  if (threads <= 1) {
+    worker();
+  } else {
+    double lastShown = -1;
+    while (finished.load() < jobs.size()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const double secs = elapsed();
+      const size_t done = finished.load();
+      if (showProgress && done > 0 && done < total && secs - lastShown >= 0.5) {
+        lastShown = secs;
+        const double w = double(worked.load());
+        errs() << formatv("{0}duckc: costing candidates: {1}/{2}, ETA {3:F0} "
+                          "s{4}",
+                          tty ? "\r" : "", done, total,
+                          secs / w * (double(work) - w), tty ? "   " : "\n");
+        errs().flush();
+      }
+    }
+  }
+  for (std::thread &t : pool)
+    t.join();
+  const bool shownDone = showProgress && elapsed() >= 0.5;
+  if (shownDone)
+    errs() << formatv("{0}duckc: costed {1} candidates in {2:F1} s on {3} "
+                      "thread(s){4}\n",
+                      tty ? "\r" : "", total, elapsed(), threads,
+                      tty ? std::string(30, ' ') : std::string());
   // With the strategy open, each MoE layer its own way: after each
   // intermediate / experts pair, the mix the cost model prefers (when it
   // is neither).
