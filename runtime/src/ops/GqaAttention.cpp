@@ -123,8 +123,8 @@ public:
     // worth (MatMulMany's rule: 2^16) runs on this thread alone.
     uint64_t macs = 0;
     for (uint64_t r = 0; r < nRuns; ++r)
-      macs += (uint64_t)(runs_[r + 1] - runs_[r]) * (s.pos[runs_[r]] + 1) *
-              2 * H * sh_.dim;
+      macs += (uint64_t)(runs_[r + 1] - runs_[r]) * (s.pos[runs_[r]] + 1) * 2 *
+              H * sh_.dim;
     auto attendUnits = [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i) {
         const uint64_t u = i % units;
