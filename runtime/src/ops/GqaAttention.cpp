@@ -118,14 +118,7 @@ public:
         runs_.push_back(t);
     runs_.push_back(n);
     const uint64_t nRuns = runs_.size() - 1;
-    // Scores and weighted sums, a multiply-add each per head, position and
-    // head dimension: a step whose attention is smaller than a hand-off is
-    // worth (MatMulMany's rule: 2^16) runs on this thread alone.
-    uint64_t macs = 0;
-    for (uint64_t r = 0; r < nRuns; ++r)
-      macs += (uint64_t)(runs_[r + 1] - runs_[r]) * (s.pos[runs_[r]] + 1) * 2 *
-              H * sh_.dim;
-    auto attendUnits = [&](uint64_t b, uint64_t e) {
+    pool_->ParallelFor(nRuns * units, [&](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i) {
         const uint64_t u = i % units;
         const uint32_t t = runs_[i / units], rows = runs_[i / units + 1] - t;
@@ -140,11 +133,7 @@ public:
         else
           attend(kcache_, vcache_);
       }
-    };
-    if (macs < (1u << 16))
-      attendUnits(0, nRuns * units);
-    else
-      pool_->ParallelFor(nRuns * units, attendUnits);
+    });
     if (o_runner_)
       return o_runner_->RunRows(o_slot_, n, attn_.data(), (uint32_t)sh_.q(),
                                 Out(s), sh_.hidden);
