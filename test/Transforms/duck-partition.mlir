@@ -40,7 +40,7 @@
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:0-1" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=DENSE
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:7-9" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=NOLAYER
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:2-1" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=RANGE
-// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:x" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=RANGE2
+// RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=intermediate,experts:x" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=RANGE2
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=mixed" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=NOTMIXED
 // RUN: duck-opt %t/err-multiple-of.mlir --duck-partition="multiple-of=48" -verify-diagnostics
 // RUN: duck-opt %t/err-tp0.mlir --duck-partition="tp=0" -verify-diagnostics
@@ -251,8 +251,8 @@ duck.model @experts attributes {family = "deepseek_v3", config = {}} {
 // NONE: #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate,
 // DENSE: error: 'duck.mlp' op layer 0 is dense: only MoE layers can place whole experts (strategy 'experts:0-1')
 // NOLAYER: error: duck-partition: strategy 'experts:7-9' names layers 7-9, but the model's FFN layers are 0-2
-// RANGE: error: duck-partition: strategy 'experts:2-1': 'experts:2-1': layers are N or FIRST-LAST (0-based, FIRST <= LAST)
-// RANGE2: error: duck-partition: strategy 'experts:x': 'experts:x': layers are N or FIRST-LAST
+// RANGE: error: duck-partition: strategy 'experts:2-1': layers are N or FIRST-LAST (0-based, FIRST <= LAST)
+// RANGE2: error: duck-partition: strategy 'intermediate,experts:x': 'experts:x': layers are N or FIRST-LAST
 // NOTMIXED: error: duck-partition: strategy 'mixed': 'mixed' is not a strategy (expected intermediate, experts, or a list
 duck.model @mixed attributes {family = "qwen3_moe", config = {}} {
 ^bb0(%x: tensor<?x64xf32>):

@@ -42,8 +42,9 @@ mlir::duck::parseStrategySpec(llvm::StringRef spec) {
         (layers.contains('-') ? b.trim().getAsInteger(10, last)
                               : (last = first, false)) ||
         last < first)
-      return fail("'" + item + "': layers are N or FIRST-LAST (0-based, " +
-                  "FIRST <= LAST)");
+      return fail(
+          (items.size() > 1 ? "'" + item.str() + "': " : std::string()) +
+          "layers are N or FIRST-LAST (0-based, FIRST <= LAST)");
     out.ranges.push_back({first, last, *st});
   }
   return out;
