@@ -36,6 +36,7 @@
 // RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=intermediate,experts:2" | FileCheck %t/mixed.mlir
 // RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts,intermediate:1-2,experts:2" | FileCheck %t/mixed.mlir
 // RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:1-2" | FileCheck %t/mixed.mlir --check-prefix=ALL
+// RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts,intermediate:1" --duck-select-kernels --duck-assign-modes --duck-layout-weights --duck-stats | FileCheck %t/mixed.mlir --check-prefix=SPEC
 // RUN: duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:1,intermediate" | FileCheck %t/mixed.mlir --check-prefix=NONE
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:0-1" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=DENSE
 // RUN: not duck-opt %t/mixed.mlir --duck-partition="tp=2 multiple-of=64 strategy=experts:7-9" 2>&1 | FileCheck %t/mixed.mlir --check-prefix=NOLAYER
@@ -246,6 +247,9 @@ duck.model @experts attributes {family = "deepseek_v3", config = {}} {
 // CHECK-SAME:      strategy = #duck.strategy<experts>, {{.*}}tp = 2 : i64, tp_max = 4 : i64
 // CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 0 : i64, expert_end = 2 : i64, inter_begin = 0 : i64, inter_end = 128 : i64, rank = 0 : i64}
 // CHECK-NEXT:      duck.fp9_ffn {block = 64 : i64, expert_begin = 2 : i64, expert_end = 4 : i64, inter_begin = 0 : i64, inter_end = 128 : i64, rank = 1 : i64}
+// The statistics name the cut by its shortest list: the strategy most MoE
+// layers take (intermediate on a tie), then the others' runs.
+// SPEC: strategy: mixed (intermediate,experts:2)
 // Every MoE layer by experts is the experts partition; none, intermediate.
 // ALL: #duck.partition<tp = 2, multiple_of = 64, strategy = experts,
 // NONE: #duck.partition<tp = 2, multiple_of = 64, strategy = intermediate,
