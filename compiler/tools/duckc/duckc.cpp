@@ -270,9 +270,12 @@ struct Candidate {
     std::vector<uint64_t> duckBytes;
   };
   std::vector<Layer> layers;
-  /// A per-layer mix (--strategy auto): `strategy` is its spec.
-  bool mixed = false;
-  std::string strategyName() const { return mixed ? "mixed" : strategy; }
+  /// A list by layer (given, or a mix the search made): `strategy` is its
+  /// spec, shown as "mixed".
+  bool mixed() const {
+    return strategy != "intermediate" && strategy != "experts";
+  }
+  std::string strategyName() const { return mixed() ? "mixed" : strategy; }
 };
 
 /// Lays out one candidate (dry run, stats only) and reads the prediction.
@@ -284,8 +287,6 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   c.tp = tp;
   c.multipleOf = mo;
   c.strategy = strategy;
-  // A list by layer (given, or a mix the search made) shows as "mixed".
-  c.mixed = strategy != "intermediate" && strategy != "experts";
   c.lmHead = lmHead;
   c.oProj = oProj;
   c.qProj = qProj;
@@ -589,10 +590,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
       const std::string spec = mixStrategies(split, c, memory);
       if (spec.empty())
         continue;
-      Candidate m = evaluate(base, c.tp, c.multipleOf, spec, c.lmHead, c.oProj,
-                             c.qProj, c.inProj);
-      m.mixed = true;
-      withMixes.push_back(std::move(m));
+      withMixes.push_back(evaluate(base, c.tp, c.multipleOf, spec, c.lmHead,
+                                   c.oProj, c.qProj, c.inProj));
     }
     all = std::move(withMixes);
   }
@@ -615,8 +614,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         return a.tp < b.tp;
       if (a.multipleOf != b.multipleOf)
         return std::stoi(a.multipleOf) > std::stoi(b.multipleOf);
-      if (a.mixed != b.mixed)
-        return !a.mixed; // one strategy for every layer
+      if (a.mixed() != b.mixed())
+        return !a.mixed(); // one strategy for every layer
       if (a.steps() != b.steps())
         return a.steps() < b.steps(); // fewer steps
       if (a.lmHead != b.lmHead)
@@ -699,7 +698,7 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         StringRef why = StringRef(c.why).split('\n').first;
         out << formatv("{0,4}  {1,11}  {2,-12}{3}  not legal: {4}\n", c.tp,
                        c.multipleOf, c.strategyName(), head, why);
-        if (c.mixed)
+        if (c.mixed())
           out << "        mixed: " << c.strategy << "\n";
         continue;
       }
@@ -713,7 +712,7 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                      1e3 / c.tokS, c.streamMs, c.dispatchMs, c.tokS,
                      c.maxShardBytes / 1073741824.0,
                      &c == best ? "  <- chosen" : "", net);
-      if (c.mixed)
+      if (c.mixed())
         out << "        mixed: " << c.strategy << "\n";
     }
   }
@@ -736,7 +735,7 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
         "dispatch {6:F3}{9}){11}; the fastest of {7} legal "
         "candidates{8}\n",
         best->tp, best->multipleOf,
-        best->mixed ? "mixed (" + best->strategy + ")" : best->strategy,
+        best->mixed() ? "mixed (" + best->strategy + ")" : best->strategy,
         best->tokS, 1e3 / best->tokS, best->streamMs, best->dispatchMs,
         better + 1,
         ", predictions within 3 % of the fastest counting as "

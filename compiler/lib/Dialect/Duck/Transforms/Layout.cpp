@@ -343,11 +343,11 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
            std::max(host > 0 ? hostOut / host : 0.0, duckOut);
   };
   double netMs = 0, prefillNetMs = 0;
-  std::map<std::tuple<
-               bool, int64_t, int64_t,
-               std::vector<std::vector<std::tuple<int64_t, int64_t, double>>>>,
-           double>
-      slowestMemo;
+  // Per duck (sorted, ducks sorted): routed and shared experts held, one
+  // expert's seconds; with the layer's kind, top_k and expert count.
+  using Holding =
+      std::vector<std::vector<std::tuple<int64_t, int64_t, double>>>;
+  std::map<std::tuple<bool, int64_t, int64_t, Holding>, double> slowestMemo;
   module.walk([&](Operation *op) {
     if (!isa<MlpOp, MoeOp>(op))
       return;
@@ -367,7 +367,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
     rec.moe = s0moe;
     if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
-      rec.strategy = stringifyStrategy(sa.getValue()).str();
+      rec.strategy = sa.getValue();
     rec.duckBytes.assign(st.tp, 0);
     for (Operation &child : op->getRegion(0).getOps()) {
       auto shard = cast<Fp9FfnOp>(child);
@@ -426,8 +426,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     // the same, the extra experts rotated, share one computation (and one
     // estimate). DeepSeek-V3.2's 58 MoE layers are 58 expert-placement
     // estimates of 4096 draws otherwise.
-    std::vector<std::vector<std::tuple<int64_t, int64_t, double>>> byRank(
-        st.tp);
+    Holding byRank(st.tp);
     for (const HeldExperts &h : held)
       if (h.rank < byRank.size())
         byRank[h.rank].emplace_back(
@@ -706,9 +705,7 @@ std::string mlir::duck::strategySpecOf(const ModuleStats &s) {
   std::vector<std::pair<int64_t, Strategy>> moe;
   for (const ModuleStats::FfnLayer &l : s.ffn)
     if (l.moe)
-      moe.push_back(
-          {l.layer,
-           symbolizeStrategy(l.strategy).value_or(Strategy::intermediate)});
+      moe.push_back({l.layer, l.strategy});
   return moe.empty() ? s.strategy : strategySpecOf(moe);
 }
 
@@ -828,11 +825,12 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
     llvm::json::Array bytes;
     for (uint64_t b : l.duckBytes)
       bytes.push_back((int64_t)b);
-    layers.push_back(llvm::json::Object{{"layer", l.layer},
-                                        {"moe", l.moe},
-                                        {"strategy", l.strategy},
-                                        {"ms_per_token", l.ms},
-                                        {"duck_bytes", std::move(bytes)}});
+    layers.push_back(
+        llvm::json::Object{{"layer", l.layer},
+                           {"moe", l.moe},
+                           {"strategy", stringifyStrategy(l.strategy)},
+                           {"ms_per_token", l.ms},
+                           {"duck_bytes", std::move(bytes)}});
   }
   return llvm::json::Object{
       {"tp", s.tp},

@@ -266,7 +266,7 @@ struct ModuleStats {
   struct FfnLayer {
     int64_t layer = 0;
     bool moe = false;
-    std::string strategy;
+    Strategy strategy = Strategy::intermediate;
     double ms = 0;
     std::vector<uint64_t> duckBytes;
   };
