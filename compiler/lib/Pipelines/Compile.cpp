@@ -430,8 +430,10 @@ Error mlir::duck::checkDuckMemory(ArrayRef<uint64_t> need,
   return Error::success();
 }
 
-Error mlir::duck::compileModel(const CompileOptions &opts,
-                               llvm::raw_ostream &out, llvm::raw_ostream &log) {
+namespace {
+/// What compileModel checks of its options before importing anything.
+Error checkCompileOptions(const CompileOptions &opts,
+                          const import::Checkpoint &ckpt) {
   static const char *phases[] = {"import", "partition", "kernels", "modes",
                                  "layout"};
   if (!llvm::is_contained(phases, opts.compileTo))
@@ -441,10 +443,6 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   if (opts.emit != CompileOptions::Emit::Mlir && opts.compileTo != "layout")
     return err("--compile-to stops early and only makes sense with "
                "--emit=mlir");
-  auto ckptOr = import::Checkpoint::open(opts.modelDir);
-  if (!ckptOr)
-    return ckptOr.takeError();
-  const import::Checkpoint &ckpt = **ckptOr;
   bool writes = opts.emit == CompileOptions::Emit::Plan && !opts.dryRun;
   if (writes && !ckpt.hasWeights())
     return err("'" + opts.modelDir +
@@ -453,14 +451,82 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
                "from the config alone)");
   if (writes && opts.outDir.empty())
     return err("no output directory: pass -o <out-dir> (or --dry-run)");
+  return Error::success();
+}
 
+/// compileModel after the import: the pipeline on `module`, then what
+/// `opts` asks for (MLIR, stats, the dry-run table, or the plan).
+Error compileImported(const CompileOptions &opts,
+                      const import::Checkpoint &ckpt, MLIRContext &ctx,
+                      OwningOpRef<ModuleOp> module, DiagnosticCollector &diags,
+                      llvm::raw_ostream &out, llvm::raw_ostream &log);
+} // namespace
+
+Error mlir::duck::compileModel(const CompileOptions &opts,
+                               llvm::raw_ostream &out, llvm::raw_ostream &log) {
+  auto ckptOr = import::Checkpoint::open(opts.modelDir);
+  if (!ckptOr)
+    return ckptOr.takeError();
+  const import::Checkpoint &ckpt = **ckptOr;
+  if (Error e = checkCompileOptions(opts, ckpt))
+    return e;
   MLIRContext ctx;
   ctx.getOrLoadDialect<DuckDialect>();
   DiagnosticCollector diags(ctx);
   OwningOpRef<ModuleOp> module = import::importModel(ctx, ckpt);
   if (!module)
     return diags.takeError("import of '" + opts.modelDir + "' failed");
+  return compileImported(opts, ckpt, ctx, std::move(module), diags, out, log);
+}
+
+struct ImportedModel::Impl {
+  std::unique_ptr<import::Checkpoint> ckpt;
+  MLIRContext ctx;
+  OwningOpRef<ModuleOp> module;
+  std::string modelDir;
+};
+
+ImportedModel::ImportedModel() : impl(std::make_unique<Impl>()) {}
+ImportedModel::~ImportedModel() = default;
+
+Expected<std::unique_ptr<ImportedModel>>
+ImportedModel::import(llvm::StringRef modelDir) {
+  auto ckptOr = import::Checkpoint::open(modelDir.str());
+  if (!ckptOr)
+    return ckptOr.takeError();
+  std::unique_ptr<ImportedModel> m(new ImportedModel());
+  Impl &i = *m->impl;
+  i.ckpt = std::move(*ckptOr);
+  i.modelDir = modelDir.str();
+  i.ctx.getOrLoadDialect<DuckDialect>();
+  DiagnosticCollector diags(i.ctx);
+  i.module = import::importModel(i.ctx, *i.ckpt);
+  if (!i.module)
+    return diags.takeError("import of '" + i.modelDir + "' failed");
+  return m;
+}
+
+Error ImportedModel::compile(const CompileOptions &opts, llvm::raw_ostream &out,
+                             llvm::raw_ostream &log) {
+  Impl &i = *impl;
+  if (opts.modelDir != i.modelDir)
+    return err("compile of '" + opts.modelDir + "' given the import of '" +
+               i.modelDir + "'");
+  if (Error e = checkCompileOptions(opts, *i.ckpt))
+    return e;
+  DiagnosticCollector diags(i.ctx);
+  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(i.module->getOperation()->clone()));
+  return compileImported(opts, *i.ckpt, i.ctx, std::move(copy), diags, out,
+                         log);
+}
+
+namespace {
+Error compileImported(const CompileOptions &opts,
+                      const import::Checkpoint &ckpt, MLIRContext &ctx,
+                      OwningOpRef<ModuleOp> module, DiagnosticCollector &diags,
+                      llvm::raw_ostream &out, llvm::raw_ostream &log) {
   PassManager pm(&ctx);
+  pm.enableVerifier(opts.verifyEachPass);
   buildCompilePipeline(pm, opts, import::checkpointIdentity(ckpt),
                        opts.compileTo);
   if (failed(pm.run(*module)))
@@ -601,3 +667,4 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
           : ", whole experts a duck");
   return Error::success();
 }
+} // namespace

@@ -278,8 +278,10 @@ struct Candidate {
   std::string strategyName() const { return mixed() ? "mixed" : strategy; }
 };
 
-/// Lays out one candidate (dry run, stats only) and reads the prediction.
-Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
+/// Lays out one candidate (dry run, stats only) and reads the prediction;
+/// from `imported` when given (the model imported once for the search).
+Candidate evaluate(mlir::duck::ImportedModel *imported,
+                   mlir::duck::CompileOptions o, int64_t tp,
                    const std::string &mo, const std::string &strategy,
                    const std::string &lmHead, const std::string &oProj,
                    const std::string &qProj, const std::string &inProj) {
@@ -306,9 +308,11 @@ Candidate evaluate(mlir::duck::CompileOptions o, int64_t tp,
   o.emit = mlir::duck::CompileOptions::Emit::Stats;
   o.dryRun = true;
   o.progress = false;
+  o.verifyEachPass = false;
   std::string text, log;
   raw_string_ostream os(text), ls(log);
-  if (Error e = mlir::duck::compileModel(o, os, ls)) {
+  if (Error e = imported ? imported->compile(o, os, ls)
+                         : mlir::duck::compileModel(o, os, ls)) {
     c.why = toString(std::move(e));
     return c;
   }
@@ -490,9 +494,9 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
     oProjs.push_back(
         {base.inProj.c_str(), base.qProj.c_str(), base.oProj.c_str()});
   // Each candidate is a dry-run layout of its own (DeepSeek-V3.2 with --tp
-  // auto over 32 ducks: 1536 of them, about a minute on one core), so they
-  // are laid out on every core, each thread taking the next; the results
-  // keep the search's order. Progress on a terminal or with --progress.
+  // auto over 32 ducks: 1536 of them, 7.7 s of CPU), so they are laid out
+  // on every core, each thread taking the next; the results keep the
+  // search's order. Progress on a terminal or with --progress.
   struct Job {
     int64_t tp;
     const std::string *mo, *strategy, *head;
@@ -515,20 +519,28 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
                                          searchStart)
         .count();
   };
-  // A candidate's layout grows with its ducks (measured on DeepSeek-V3.2:
-  // about 8 ducks' worth of fixed work, then one per duck): the ETA counts
-  // work in those units.
+  // A candidate's layout grows with its ducks (measured on DeepSeek-V3.2,
+  // the model imported once: about 24 ducks' worth of fixed work, then
+  // one per duck): the ETA counts work in those units.
   uint64_t work = 0;
   for (const Job &j : jobs)
-    work += (uint64_t)j.tp + 8;
+    work += (uint64_t)j.tp + 24;
   std::atomic<size_t> next{0}, finished{0};
   std::atomic<uint64_t> worked{0};
+  // Each thread imports the model once and lays its candidates out from
+  // copies (the import was most of a candidate's time); if the import
+  // fails, every candidate reports the error compileModel gives.
   auto worker = [&] {
+    std::unique_ptr<mlir::duck::ImportedModel> imported;
+    if (auto m = mlir::duck::ImportedModel::import(base.modelDir))
+      imported = std::move(*m);
+    else
+      consumeError(m.takeError());
     for (size_t i; (i = next++) < jobs.size();) {
       const Job &j = jobs[i];
-      all[i] = evaluate(base, j.tp, *j.mo, *j.strategy, *j.head, j.qo.o, j.qo.q,
-                        j.qo.in);
-      worked += (uint64_t)j.tp + 8;
+      all[i] = evaluate(imported.get(), base, j.tp, *j.mo, *j.strategy, *j.head,
+                        j.qo.o, j.qo.q, j.qo.in);
+      worked += (uint64_t)j.tp + 24;
       ++finished;
     }
   };
@@ -590,8 +602,8 @@ Expected<Candidate> choosePlan(const mlir::duck::CompileOptions &base,
       const std::string spec = mixStrategies(split, c, memory);
       if (spec.empty())
         continue;
-      withMixes.push_back(evaluate(base, c.tp, c.multipleOf, spec, c.lmHead,
-                                   c.oProj, c.qProj, c.inProj));
+      withMixes.push_back(evaluate(nullptr, base, c.tp, c.multipleOf, spec,
+                                   c.lmHead, c.oProj, c.qProj, c.inProj));
     }
     all = std::move(withMixes);
   }

@@ -13,6 +13,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -60,6 +61,10 @@ struct CompileOptions {
   /// Every attention's input projections (AttentionOp::getInProjs), one
   /// group of rows: "host" (default) or "ducks", as oProj.
   std::string inProj = "host";
+  /// Verify the module after every pass (MLIR's default). The --tp auto
+  /// search turns it off for its dry-run candidates (a third of their
+  /// time); the plan it then compiles is verified as any other.
+  bool verifyEachPass = true;
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.
@@ -76,6 +81,27 @@ void registerDuckCompilePipeline();
 
 llvm::Error compileModel(const CompileOptions &opts, llvm::raw_ostream &out,
                          llvm::raw_ostream &log);
+
+/// A checkpoint opened and imported once, to be compiled many times with
+/// different options (duckc --tp auto lays out every candidate from one
+/// import a thread: the import is most of a dry run's time). Not shared
+/// between threads: it owns its MLIR context.
+class ImportedModel {
+public:
+  static llvm::Expected<std::unique_ptr<ImportedModel>>
+  import(llvm::StringRef modelDir);
+  ~ImportedModel();
+
+  /// compileModel(opts, ...) on a copy of the imported module;
+  /// opts.modelDir must name the directory it was imported from.
+  llvm::Error compile(const CompileOptions &opts, llvm::raw_ostream &out,
+                      llvm::raw_ostream &log);
+
+private:
+  ImportedModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
 
 /// Every duck must hold its weight image: `need[r]` bytes against
 /// `have[r]` (ducks past the end of `have` are not limited). The error
