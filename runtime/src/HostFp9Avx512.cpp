@@ -17,9 +17,9 @@
 //
 // Per 32 weights that is about 11 vector uops against the AVX2 kernel's
 // 26, so the host's share of a token is read at memory speed instead of
-// being bound by the decode. From DUCK_GEMM_PANEL_MIN tokens on the host
-// runs the AVX2 panel GEMM (two 256-bit FMA ports outrun this CPU's one
-// 512-bit port) with this file's decode filling its panel.
+// being bound by the decode. From DUCK_GEMM_PANEL_MIN tokens on, the panel
+// GEMM: this file's decode fills the panel, and its multiply-adds are 512
+// bits wide, on the same lanes as the AVX2 panel's.
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/HostKernels.h"
 
@@ -215,6 +215,114 @@ void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       }
       r = end;
     }
+  }
+}
+
+namespace {
+/// The panel GEMM's tiles: kPanelRows decoded rows against up to
+/// kPanelTokens tokens a pass, two zmm accumulators a (row, token) pair
+/// (24 of the 32 registers, with 4 weights and an input beside them; 4 x 3
+/// measured a little faster than 3 x 4 and 6 x 2: each input loaded
+/// serves more rows).
+constexpr uint32_t kPanelRows = 4, kPanelTokens = 3, kPanelSegment = 1024;
+
+/// One pass of the panel: R decoded rows (`len` columns of segment c0, rows
+/// `len` apart) against T tokens (pre-scaled inputs k apart). Each
+/// accumulator takes its chunks in order, the GEMV's order, so each result
+/// has the GEMV's bits; between segments the accumulators wait in `mem`.
+template <int R, int T>
+void PanelPass(const float *panel, uint32_t len, const float *xs, uint32_t k,
+               uint32_t c0, bool first, bool last, __m512 *mem, float *y,
+               uint32_t y_ld) {
+  __m512 acc[R][T][2];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h)
+        acc[r][t][h] =
+            first ? _mm512_setzero_ps() : mem[(t * kPanelRows + r) * 2 + h];
+  for (uint32_t c = 0; c < len; c += 32)
+    for (int h = 0; h < 2; ++h) {
+      __m512 w[R];
+      for (int r = 0; r < R; ++r)
+        w[r] = _mm512_load_ps(panel + (uint64_t)r * len + c + 16 * h);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv =
+            _mm512_load_ps(xs + (uint64_t)t * k + c0 + c + 16 * h);
+        for (int r = 0; r < R; ++r)
+          acc[r][t][h] = _mm512_fmadd_ps(w[r], xv, acc[r][t][h]);
+      }
+    }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      if (last)
+        y[(uint64_t)t * y_ld + r] = Reduce(acc[r][t][0], acc[r][t][1]);
+      else
+        for (int h = 0; h < 2; ++h)
+          mem[(t * kPanelRows + r) * 2 + h] = acc[r][t][h];
+    }
+}
+
+template <int R>
+void PanelPassAny(uint32_t T, const float *panel, uint32_t len,
+                  const float *xs, uint32_t k, uint32_t c0, bool first,
+                  bool last, __m512 *mem, float *y, uint32_t y_ld) {
+  switch (T) {
+  case 3: return PanelPass<R, 3>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  case 2: return PanelPass<R, 2>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  default: return PanelPass<R, 1>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  }
+}
+} // namespace
+
+uint64_t Fp9GemmPanelAvx512ScratchFloats(uint32_t n_tokens, uint32_t k) {
+  const uint64_t segment = k < kPanelSegment ? k : kPanelSegment;
+  return (uint64_t)n_tokens * k + kPanelRows * segment +
+         (k > kPanelSegment ? (uint64_t)n_tokens * kPanelRows * 32 : 0);
+}
+
+void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
+                        uint32_t x_ld, uint32_t n_tokens, float *y,
+                        uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
+                        float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  // Scratch (Fp9GemmPanelAvx512ScratchFloats): the tokens' pre-scaled
+  // inputs (n x k), then the panel (kPanelRows x one segment), then, when
+  // K takes more than one segment, the accumulators between segments
+  // (n x kPanelRows x 2 zmm).
+  float *panel = xs + (uint64_t)n_tokens * k;
+  __m512 *mem = reinterpret_cast<__m512 *>(panel + kPanelRows * kPanelSegment);
+  for (uint32_t r = row_begin; r < row_end;) {
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;
+    if (end > row_end)
+      end = row_end;
+    for (uint32_t t = 0; t < n_tokens; ++t)
+      Prescale(x + (uint64_t)t * x_ld, m->scale + (uint64_t)tile * bpr, k,
+               m->block, xs + (uint64_t)t * k);
+    for (uint32_t i = r; i < end; i += kPanelRows) {
+      const uint32_t rows = end - i < kPanelRows ? end - i : kPanelRows;
+      const uint8_t *mag = m->mag + (uint64_t)i * k;
+      const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
+      for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
+        const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
+        Fp9DecodePanelAvx512(mag, sign, k, rows, c0, c1, panel);
+        for (uint32_t t = 0; t < n_tokens; t += kPanelTokens) {
+          const uint32_t T =
+              n_tokens - t < kPanelTokens ? n_tokens - t : kPanelTokens;
+          const float *xt = xs + (uint64_t)t * k;
+          __m512 *mt = mem + (uint64_t)t * kPanelRows * 2;
+          float *yt = y + (uint64_t)t * y_ld + (i - row_begin);
+          const bool first = c0 == 0, last = c1 == k;
+          switch (rows) {
+          case 4: PanelPassAny<4>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          case 3: PanelPassAny<3>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          case 2: PanelPassAny<2>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          default: PanelPassAny<1>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          }
+        }
+      }
+    }
+    r = end;
   }
 }
 

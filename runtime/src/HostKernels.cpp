@@ -436,15 +436,19 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld,
       return;
     }
     // The duck GEMM: every token's result is bit-identical to the GEMV
-    // (prefill == decode). From DUCK_GEMM_PANEL_MIN tokens on its FMAs are
-    // the AVX2 kernel's even where AVX-512 is there (two 256-bit FMA ports
-    // outrun the one 512-bit port of such hosts: 50 against 40 GMAC/s a
-    // core measured here), but AVX-512 decodes its panel: at a few tokens
-    // (a batched decode step) the decode is much of the work.
+    // (prefill == decode). Where AVX-512 is there, from DUCK_GEMM_PANEL_MIN
+    // tokens on the panel GEMM with 512-bit multiply-adds (AVX-512 decodes
+    // its panel too: at a few tokens the decode is much of the work).
     if (HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN)
       Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
                     (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
                     KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
+    else if (HostHasAvx512())
+      Fp9GemmPanelAvx512(
+          &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+          (uint32_t)b, (uint32_t)e,
+          KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n,
+                                                        (uint32_t)w.cols)));
     else
       duck_gemm_with_decoder(
           &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,

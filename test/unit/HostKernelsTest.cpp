@@ -361,6 +361,20 @@ TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
         ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
                                  part.data() + (uint64_t)t * 195, 195 * 4))
             << "panel GEMM rows [5, 200), K " << sh.k << ", token " << t;
+      // The panel GEMM with 512-bit multiply-adds: the same bits again.
+      std::vector<float> sz(Fp9GemmPanelAvx512ScratchFloats(n, sh.k) + 16);
+      xsp = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(sz.data()) + 63) & ~uintptr_t(63));
+      std::fill(yp.begin(), yp.end(), -1.0f);
+      Fp9GemmPanelAvx512(&m, xt.data(), sh.k, n, yp.data(), rows, 0, rows, xsp);
+      ASSERT_EQ(0, std::memcmp(yp.data(), yg.data(), yp.size() * 4))
+          << "AVX-512 panel GEMM, K " << sh.k << ", " << n << " tokens";
+      std::fill(part.begin(), part.end(), -1.0f);
+      Fp9GemmPanelAvx512(&m, xt.data(), sh.k, n, part.data(), 195, 5, 200, xsp);
+      for (uint32_t t = 0; t < n; ++t)
+        ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
+                                 part.data() + (uint64_t)t * 195, 195 * 4))
+            << "AVX-512 panel GEMM rows [5, 200), K " << sh.k << ", token "
+            << t;
     }
   }
 }

@@ -8,7 +8,8 @@
 //    q/k/v fused (2048 + 1024 + 1024 rows x 1024), o_proj (1024 x 2048),
 //    an fp9 LM head (151936 x 1024);
 //  - the fp9 GEMM of a batched decode step (4, 8, 16 rows through the
-//    q/k/v matrix), its panel decoded with AVX2 and with AVX-512, in
+//    q/k/v matrix), its panel decoded with AVX2 and with AVX-512 (and
+//    its multiply-adds 512 bits wide as well), in
 //    multiply-adds a second (compute-bound: a decoded weight serves only
 //    T rows);
 //  - GQA attention over the KV cache (AttendHeads, 16 query / 8 kv heads of
@@ -70,7 +71,8 @@ void PrintUsage(FILE *out) {
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
       "(q/k/v fused, o_proj, an fp9 LM head); the fp9 GEMM of 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
-      "its panel decoded with AVX2 and (where the CPU has it) AVX-512;\n"
+      "its panel decoded with AVX2 and (where the CPU has it) AVX-512,\n"
+      "and with 512-bit multiply-adds as well;\n"
       "GQA attention (16/8 heads of 128) over --contexts cached\n"
       "positions, from an fp32 cache and from an IEEE half one (duckrun\n"
       "--kv-cache f16); and DeepSeek's absorbed MLA attention (128 heads over\n"
@@ -272,10 +274,15 @@ int duckBenchHost(int argc, char **argv) {
     struct Decoder {
       const char *name;
       duck_panel_decode_fn fn;
+      bool wideFma; // Fp9GemmPanelAvx512: 512-bit multiply-adds too
     };
-    std::vector<Decoder> decoders = {{"AVX2", nullptr}};
-    if (duck::runtime::HostHasAvx512())
-      decoders.push_back({"AVX-512", duck::runtime::Fp9DecodePanelAvx512});
+    std::vector<Decoder> decoders = {{"AVX2", nullptr, false}};
+    if (duck::runtime::HostHasAvx512()) {
+      decoders.push_back(
+          {"AVX-512", duck::runtime::Fp9DecodePanelAvx512, false});
+      decoders.push_back({"AVX-512 with 512-bit FMAs",
+                          duck::runtime::Fp9DecodePanelAvx512, true});
+    }
     for (uint32_t T : {4u, 8u, 16u}) {
       std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
       for (const Decoder &d : decoders) {
@@ -284,13 +291,22 @@ int duckBenchHost(int argc, char **argv) {
               rows,
               [&](uint64_t b, uint64_t e) {
                 thread_local std::vector<float> scratch;
-                scratch.resize(2ull * T * k + 16);
+                scratch.resize(
+                    std::max<uint64_t>(
+                        2ull * T * k,
+                        duck::runtime::Fp9GemmPanelAvx512ScratchFloats(T, k)) +
+                    16);
                 float *xs = reinterpret_cast<float *>(
                     (reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
                     ~uintptr_t(63));
-                duck_gemm_with_decoder(&set.m[c].fp9, x.data(), k, T,
-                                       y.data() + b, rows, (uint32_t)b,
-                                       (uint32_t)e, xs, d.fn);
+                if (d.wideFma)
+                  duck::runtime::Fp9GemmPanelAvx512(
+                      &set.m[c].fp9, x.data(), k, T, y.data() + b, rows,
+                      (uint32_t)b, (uint32_t)e, xs);
+                else
+                  duck_gemm_with_decoder(&set.m[c].fp9, x.data(), k, T,
+                                         y.data() + b, rows, (uint32_t)b,
+                                         (uint32_t)e, xs, d.fn);
               },
               64);
         });

@@ -188,14 +188,24 @@ bool HostHasAvx512();
 /// `xs` is k floats, 64-byte aligned.
 void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
                    uint32_t row_begin, uint32_t row_end, float *xs);
-/// duck_gemm with AVX-512, tiles of up to 3 tokens (the host uses it below
-/// DUCK_GEMM_PANEL_MIN tokens): every token's result has the GEMV's bits.
-/// `xs` is min(n_tokens, 3) * k floats, 64-byte aligned.
 /// duck_gemm's panel decoder (duck_panel_decode_fn) with AVX-512: the
 /// same exact operands, about 11 vector uops a 32-chunk against 26.
 void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
                           uint32_t k, uint32_t rows, uint32_t c0, uint32_t c1,
                           float *panel);
+/// duck_gemm's panel GEMM with AVX-512: the panel decoded as above, its
+/// multiply-adds 512 bits wide (twice the AVX2 kernel's on CPUs with two
+/// 512-bit FMA units); every token's result has the GEMV's bits. For
+/// n_tokens >= DUCK_GEMM_PANEL_MIN; `xs` is
+/// Fp9GemmPanelAvx512ScratchFloats(n_tokens, k) floats, 64-byte aligned.
+uint64_t Fp9GemmPanelAvx512ScratchFloats(uint32_t n_tokens, uint32_t k);
+void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
+                        uint32_t x_ld, uint32_t n_tokens, float *y,
+                        uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
+                        float *xs);
+/// duck_gemm with AVX-512, tiles of up to 3 tokens (the host uses it below
+/// DUCK_GEMM_PANEL_MIN tokens): every token's result has the GEMV's bits.
+/// `xs` is min(n_tokens, 3) * k floats, 64-byte aligned.
 void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,
                    uint32_t row_begin, uint32_t row_end, float *xs);
