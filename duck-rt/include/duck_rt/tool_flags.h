@@ -1,16 +1,25 @@
 // Command-line parsing shared by Duck's host tools that use absl flags
 // (duckd, duckrun, duck-cluster): --max-tokens is accepted as well as absl's
-// --max_tokens, and --help lists the tool's own flags. Host-only C++.
+// --max_tokens, and --help lists the tool's own flags and exits 0 (absl's
+// own handling exits 1, which scripts read as a failure). Host-only C++.
 #ifndef DUCK_RT_TOOL_FLAGS_H
 #define DUCK_RT_TOOL_FLAGS_H
 
-#include "absl/flags/parse.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 
+#include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
+
+#ifndef DUCK_VERSION
+#define DUCK_VERSION "unknown"
+#endif
 
 namespace duck {
 
@@ -35,6 +44,11 @@ public:
     config.normalize_filename = [tool, ours](absl::string_view path) {
       return ours(path) ? tool : std::string(path);
     };
+    // --version: the tool and Duck's version (absl's default names the
+    // build type).
+    config.version_string = [tool] {
+      return tool + " (Duck) " DUCK_VERSION "\n";
+    };
     absl::SetFlagsUsageConfig(config);
     std::vector<char *> fixed;
     for (std::string &a : storage_) {
@@ -44,7 +58,17 @@ public:
             a[i] = '_';
       fixed.push_back(a.data());
     }
-    positional_ = absl::ParseCommandLine((int)fixed.size(), fixed.data());
+    // absl::ParseCommandLine, but a help request (--help, --helpfull, ...)
+    // is answered on stdout with exit status 0.
+    namespace fi = absl::flags_internal;
+    positional_ = fi::ParseCommandLineImpl(
+        (int)fixed.size(), fixed.data(), fi::ArgvListAction::kRemoveParsedArgs,
+        fi::UsageFlagsAction::kIgnoreUsage,
+        fi::OnUndefinedFlag::kAbortIfUndefined);
+    if (fi::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
+      std::cout.flush();
+      std::exit(0);
+    }
   }
   const std::vector<char *> &positional() const { return positional_; }
 
