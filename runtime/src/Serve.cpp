@@ -18,13 +18,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <ctime>
+#include <deque>
+#include <dirent.h>
 #include <map>
 #include <mutex>
+#include <netdb.h>
 #include <ostream>
+#include <poll.h>
 #include <sys/socket.h>
 #include <thread>
 
@@ -56,6 +62,171 @@ void SetError(httplib::Response &res, int status, const std::string &message,
   res.status = status;
   res.set_content(Dump(json{{"error", e}}), "application/json");
 }
+
+//===----------------------------------------------------------------------===//
+// Connections
+//===----------------------------------------------------------------------===//
+
+/// A socket address as the HTTP library reports it (numeric host, port).
+bool HostAndPort(const sockaddr_storage &a, socklen_t len, std::string *host,
+                 int *port) {
+  if (a.ss_family == AF_INET)
+    *port = ntohs(reinterpret_cast<const sockaddr_in *>(&a)->sin_port);
+  else if (a.ss_family == AF_INET6)
+    *port = ntohs(reinterpret_cast<const sockaddr_in6 *>(&a)->sin6_port);
+  else
+    return false;
+  char buf[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr *>(&a), len, buf, sizeof buf,
+                  nullptr, 0, NI_NUMERICHOST) != 0)
+    return false;
+  *host = buf;
+  return true;
+}
+
+/// The socket a request arrived on (the library hands handlers none): the
+/// open one with the request's two ends; -1 when there is none. It stays
+/// open while the request's handler runs.
+int ConnectionFd(const httplib::Request &req) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return -1;
+  int found = -1;
+  while (const dirent *e = readdir(d)) {
+    char *end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end || fd == dirfd(d))
+      continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    std::string lhost, phost;
+    int lport = -1, pport = -1;
+    if (getsockname((int)fd, reinterpret_cast<sockaddr *>(&local), &ll) != 0 ||
+        getpeername((int)fd, reinterpret_cast<sockaddr *>(&peer), &pl) != 0 ||
+        !HostAndPort(local, ll, &lhost, &lport) ||
+        !HostAndPort(peer, pl, &phost, &pport))
+      continue;
+    if (lport == req.local_port && pport == req.remote_port &&
+        lhost == req.local_addr && phost == req.remote_addr) {
+      found = (int)fd;
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+/// Ends a connection whose request body is left unread, once the answer is
+/// out (the library would take the rest for the next request, and it reads
+/// a line of any length): the answers that say 'Connection: close'.
+void StopReading(const httplib::Request &req) {
+  const int fd = ConnectionFd(req);
+  if (fd >= 0)
+    ::shutdown(fd, SHUT_RD);
+}
+
+/// True once the client closed its end (or the connection broke); bytes it
+/// sent ahead (a pipelined request) keep it alive.
+bool PeerGone(int fd) {
+  pollfd p = {fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0)
+    return false;
+  if (p.revents & (POLLERR | POLLNVAL))
+    return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 ||
+         (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/// Shuts every connection accepted on `port` (the library's threads
+/// blocked reading them wake up and end).
+void CutConnections(int port) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return;
+  while (const dirent *e = readdir(d)) {
+    char *end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end || fd == dirfd(d))
+      continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    std::string host;
+    int lport = -1;
+    if (getsockname((int)fd, reinterpret_cast<sockaddr *>(&local), &ll) == 0 &&
+        HostAndPort(local, ll, &host, &lport) && lport == port &&
+        getpeername((int)fd, reinterpret_cast<sockaddr *>(&peer), &pl) == 0)
+      ::shutdown((int)fd, SHUT_RDWR);
+  }
+  closedir(d);
+}
+
+/// The connection threads: made as connections come, up to a cap, rather
+/// than a fixed few, since a client that trickles its request in holds
+/// one as long as it likes (the library sets no deadline for a request's
+/// head; a fixed pool of them starved everyone else). At shutdown the
+/// connections still open after a grace period are cut.
+class ConnectionPool : public httplib::TaskQueue {
+public:
+  ConnectionPool(size_t max_threads, int port)
+      : max_(std::max<size_t>(1, max_threads)), port_(port) {}
+  ~ConnectionPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_)
+      threads_.emplace_back([this] { Work(); });
+    cv_.notify_one();
+  }
+
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopped_)
+      return;
+    stopped_ = true;
+    cv_.notify_all();
+    const bool idle = done_.wait_for(lock, std::chrono::seconds(2), [&] {
+      return busy_ == 0 && jobs_.empty();
+    });
+    lock.unlock();
+    if (!idle)
+      CutConnections(port_);
+    for (std::thread &t : threads_)
+      t.join();
+    threads_.clear();
+  }
+
+private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return stopped_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty())
+        return;
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+      lock.unlock();
+      fn();
+      lock.lock();
+      --busy_;
+      done_.notify_all();
+    }
+  }
+
+  const size_t max_;
+  const int port_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0, busy_ = 0;
+  bool stopped_ = false;
+};
 
 /// A request field's problem, reported as 400 with the field's name.
 struct FieldError {
@@ -311,8 +482,11 @@ std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
       p->include_usage = so["include_usage"].get<bool>();
     }
   }
-  if (b.contains("ignore_eos") && b["ignore_eos"].is_boolean())
+  if (b.contains("ignore_eos") && !b["ignore_eos"].is_null()) {
+    if (!b["ignore_eos"].is_boolean())
+      return FieldError{"ignore_eos", "'ignore_eos' must be true or false"};
     p->ignore_eos = b["ignore_eos"].get<bool>();
+  }
   return std::nullopt;
 }
 
@@ -331,7 +505,8 @@ private:
   void Routes();
   bool Authorized(const httplib::Request &req, httplib::Response &res);
   bool Ready(httplib::Response &res);
-  void Generate(const httplib::Request &req, httplib::Response &res, bool chat);
+  void Generate(const httplib::Request &req, httplib::Response &res,
+                const httplib::ContentReader &reader, bool chat);
   void Models(httplib::Response &res);
   void MetricsText(httplib::Response &res);
   void AfterStep();
@@ -385,11 +560,41 @@ void Server::Models(httplib::Response &res) {
 }
 
 void Server::Generate(const httplib::Request &req, httplib::Response &res,
-                      bool chat) {
-  const char *endpoint = chat ? "chat" : "completions";
+                      const httplib::ContentReader &reader, bool chat) {
+  // The body, read here so that --max-request-bytes bounds every framing
+  // (the library checks only a Content-Length; a chunked body, or one that
+  // runs to the end of the connection, it would read whole). Read before
+  // anything is refused: left unread it would be taken for the
+  // connection's next request.
+  std::string body;
+  bool tooLarge = false;
+  const bool read = reader([&](const char *data, size_t n) {
+    if (body.size() + n > o_.max_body_bytes) {
+      tooLarge = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (tooLarge || res.status == 413) {
+    res.set_header("Connection", "close");
+    SetError(res, 413, "the request body is too large", "invalid_request_error",
+             nullptr, "request_too_large");
+    return;
+  }
+  if (!read) {
+    res.set_header("Connection", "close");
+    if (res.status == 415)
+      SetError(res, 415, "the request body's Content-Encoding is not supported",
+               "invalid_request_error");
+    else
+      SetError(res, 400, "the request body could not be read",
+               "invalid_request_error");
+    return;
+  }
   if (!Authorized(req, res) || !Ready(res))
     return;
-  json b = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (b.is_discarded() || !b.is_object()) {
     SetError(res, 400, "the request body is not a JSON object",
              "invalid_request_error");
@@ -496,11 +701,9 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
                                                               : 503;
     SetError(res, status, std::string(id.status().message()),
              status == 400 ? "invalid_request_error" : "server_error");
-    metrics_.Count(endpoint, status);
     return;
   }
   job->id = *id;
-  metrics_.Count(endpoint, 200);
 
   const std::string rid =
       absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
@@ -521,17 +724,36 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
   };
 
   if (!p.stream) {
-    std::unique_lock<std::mutex> lock(job->mu);
-    job->cv.wait(lock, [&] { return job->done; });
-    lock.unlock();
+    // A client that went away frees its slot here too: its connection is
+    // watched while the answer is made.
+    int fd = ConnectionFd(req);
+    bool gone = false;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(job->mu);
+        if (job->cv.wait_for(lock, std::chrono::milliseconds(200),
+                             [&] { return job->done; }))
+          break;
+      }
+      if (fd >= 0 && PeerGone(fd)) {
+        batcher_->Cancel(job->id);
+        gone = true;
+        fd = -1;
+      }
+    }
     record();
-    if (job->why == FinishReason::kError ||
-        job->why == FinishReason::kCancelled) {
-      SetError(res, 500,
-               job->why == FinishReason::kError
-                   ? std::string(job->error.message())
-                   : "the request was cancelled (the server is shutting down)",
-               "server_error");
+    if (job->why == FinishReason::kError) {
+      SetError(res, 500, std::string(job->error.message()), "server_error");
+      return;
+    }
+    if (job->why == FinishReason::kCancelled) {
+      if (gone) // nobody reads this; it is counted as what it was
+        SetError(res, 499, "the client closed the connection",
+                 "invalid_request_error");
+      else
+        SetError(res, 503,
+                 "the request was cancelled (the server is shutting down)",
+                 "server_error", nullptr, "unavailable");
       return;
     }
     json choice = {{"index", 0},
@@ -603,7 +825,11 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
                          {{"message", job->why == FinishReason::kError
                                           ? std::string(job->error.message())
                                           : "the request was cancelled"},
-                          {"type", "server_error"}}}};
+                          {"type", "server_error"},
+                          {"param", nullptr},
+                          {"code", job->why == FinishReason::kError
+                                       ? json(nullptr)
+                                       : json("unavailable")}}}};
               out += absl::StrCat("data: ", Dump(e), "\n\n");
             } else {
               out += chunk(chat ? json::object() : json(""),
@@ -736,14 +962,48 @@ void Server::Routes() {
               if (Authorized(req, res))
                 Models(res);
             });
+  // Every generation request is counted, whatever its status (a stream's
+  // is 200: its status line goes out before the answer).
   http_.Post("/v1/chat/completions",
-             [this](const httplib::Request &req, httplib::Response &res) {
-               Generate(req, res, /*chat=*/true);
+             [this](const httplib::Request &req, httplib::Response &res,
+                    const httplib::ContentReader &reader) {
+               Generate(req, res, reader, /*chat=*/true);
+               metrics_.Count("chat", res.status == -1 ? 200 : res.status);
              });
-  http_.Post("/v1/completions",
-             [this](const httplib::Request &req, httplib::Response &res) {
-               Generate(req, res, /*chat=*/false);
-             });
+  http_.Post("/v1/completions", [this](const httplib::Request &req,
+                                       httplib::Response &res,
+                                       const httplib::ContentReader &reader) {
+    Generate(req, res, reader, /*chat=*/false);
+    metrics_.Count("completions", res.status == -1 ? 200 : res.status);
+  });
+  // Called once an answer is written.
+  http_.set_logger(
+      [](const httplib::Request &req, const httplib::Response &res) {
+        if (res.get_header_value("Connection") == "close")
+          StopReading(req);
+      });
+  // A body without a Content-Length on any other route the library would
+  // read whole before routing (no --max-request-bytes): refused unread.
+  http_.set_pre_routing_handler([](const httplib::Request &req,
+                                   httplib::Response &res) {
+    const bool generation =
+        req.method == "POST" &&
+        (req.path == "/v1/chat/completions" || req.path == "/v1/completions");
+    const bool hasBody =
+        req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+        (req.method == "DELETE" && req.has_header("Content-Length")) ||
+        req.has_header("Transfer-Encoding");
+    if (generation || !hasBody ||
+        (req.has_header("Content-Length") &&
+         !req.has_header("Transfer-Encoding")))
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    SetError(res, 411,
+             absl::StrCat("no route ", req.method, " ", req.path,
+                          " takes a body without a Content-Length"),
+             "invalid_request_error", nullptr, "length_required");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // Whatever the library answers on its own (404, 413, 400 for a bad
   // request line) gets an OpenAI-shaped body too.
   http_.set_error_handler([](const httplib::Request &req,
@@ -784,8 +1044,7 @@ absl::Status Server::Run() {
   // Listen first: /health says 503 while the ducks are prepared.
   Routes();
   http_.set_payload_max_length(o_.max_body_bytes);
-  const size_t threads = o_.parallel + o_.queue_limit + 8;
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const size_t threads = o_.parallel + o_.queue_limit + 1024;
   int fd = -1;
   http_.set_socket_options([&fd](int sock) {
     int yes = 1;
@@ -803,6 +1062,9 @@ absl::Status Server::Run() {
                      " (taken, or not an address of this machine)"));
   if (fd >= 0)
     ::listen(fd, 512); // the library's backlog of 5 drops bursts of clients
+  http_.new_task_queue = [threads, port] {
+    return new ConnectionPool(threads, port);
+  };
   {
     std::lock_guard<std::mutex> lock(log_mu_);
     log_ << "duckrun serve: listening on http://" << o_.host << ":" << port

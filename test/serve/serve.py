@@ -16,9 +16,15 @@
       with finish_reason "stop", streaming and not.
   serve.py check-disconnect URL KEY
       A client that drops a stream mid-way frees its slot.
+  serve.py check-drop-nonstream URL KEY
+      A client that drops a non-streaming request mid-way frees its slot.
   serve.py check-bad-clients URL KEY
-      Garbage, truncated, stalled and oversized requests, invalid UTF-8 and
-      deeply nested JSON; the server answers the next request.
+      Garbage, truncated, stalled and oversized requests (chunked or
+      without a Content-Length too), invalid UTF-8 and deeply nested JSON;
+      the server answers the next request.
+  serve.py check-slow-clients URL N
+      N connections that send half a request head and stall: the server
+      still answers /health at once.
   serve.py check-queue-full URL KEY N
       N concurrent long streams on a server with a small --parallel and
       --queue: some get 429, the rest are served or dropped, and every slot
@@ -245,6 +251,59 @@ def check_disconnect(argv):
         "the server saw their clients leave: nothing was dropped")
 
 
+def check_drop_nonstream(argv):
+    url, key = argv
+    # As check-disconnect, for an answer in one piece: the client leaves
+    # while the server makes it; nothing is written to the connection
+    # meanwhile, so the server must watch it to notice.
+    host, port = split_url(url)
+    for attempt in range(5):
+        before = metric(url, "duck_generated_tokens_total")
+        body = json.dumps(chat_body("Go on", max_tokens=4000,
+                                    ignore_eos=True)).encode()
+        s = socket.create_connection((host, port), timeout=120)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Authorization: Bearer " + key.encode() + b"\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.3)
+        s.close()
+        if not wait_idle(url):
+            die("the dropped request still holds its slot after 20 s")
+        made = metric(url, "duck_generated_tokens_total") - before
+        if made < 4000:
+            print("a dropped non-streaming request frees its slot")
+            return
+    die(f"five answers ran to their end ({made:.0f} tokens the last) before "
+        "the server saw their clients leave: nothing was dropped")
+
+
+def check_slow_clients(argv):
+    url, n = argv[0], int(argv[1])
+    # Each stalled client holds a connection thread as long as it likes
+    # (the HTTP library sets no deadline for a request head): more of them
+    # than a fixed pool holds must not starve everyone else.
+    host, port = split_url(url)
+    held = []
+    for _ in range(n):
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        held.append(s)
+    time.sleep(0.5)
+    t0 = time.time()
+    try:
+        st, body = request(url, "GET", "/health", timeout=5)
+    except OSError as e:
+        die(f"/health beside {n} stalled clients: {e}")
+    finally:
+        for s in held:
+            s.close()
+    if st != 200:
+        die(f"/health beside {n} stalled clients: status {st}")
+    print(f"{n} stalled clients: /health answered in "
+          f"{time.time() - t0:.1f} s")
+
+
 def queue_full_once(url, key, n):
     """Statuses of n streams opened at once, each held until all have
     theirs (4000-token answers: none can end, and free its slot, before
@@ -305,7 +364,10 @@ def check_bad_clients(argv):
 
     def raw(data, read=True, close=True):
         s = socket.create_connection((host, port), timeout=10)
-        s.sendall(data)
+        try:
+            s.sendall(data)
+        except OSError:  # refused unread: the answer may be there still
+            pass
         out = b""
         if read:
             try:
@@ -316,7 +378,7 @@ def check_bad_clients(argv):
                     out += c
                     if b"\r\n\r\n" in out and len(out) > 200:
                         break
-            except socket.timeout:
+            except OSError:
                 pass
         if close:
             s.close()
@@ -340,9 +402,23 @@ def check_bad_clients(argv):
                 b"Content-Length: " + str(len(nested)).encode() + b"\r\n\r\n" + nested)
     raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
         b"Content-Length: 5000\r\n\r\n{\"messages\":", read=False)
+    # --max-request-bytes holds for a chunked body, and for a body with no
+    # length at all; other routes refuse such bodies unread.
+    big = b'{"messages":"' + b"x" * 100000 + b'"}'
+    chunked = b"".join(b"%x\r\n" % len(big[i:i + 8192]) + big[i:i + 8192] +
+                       b"\r\n" for i in range(0, len(big), 8192)) + b"0\r\n\r\n"
+    r3, _ = raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+    r4, _ = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                b"Connection: close\r\n\r\n" + big)
+    r5, _ = raw(b"POST /v1/nothing HTTP/1.1\r\nHost: x\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
     stalled.close()
     if status(r1) != 400 or status(r2) != 400:
         die(f"invalid UTF-8 / nested JSON: statuses {status(r1)}, {status(r2)}")
+    if status(r3) != 413 or status(r4) != 413 or status(r5) != 411:
+        die(f"chunked / unframed bodies: statuses {status(r3)}, {status(r4)}, "
+            f"{status(r5)}; want 413, 413, 411")
     if status(big) not in (400, 413, 431, None):
         die(f"a 100 kB header got {status(big)}")
     st, body = request(url, "GET", "/health")
@@ -361,7 +437,9 @@ def main():
     cmd, argv = sys.argv[1], sys.argv[2:]
     {"start": start, "stop": stop, "cli-expect": cli_expect,
      "check-stop": check_stop, "check-disconnect": check_disconnect,
+     "check-drop-nonstream": check_drop_nonstream,
      "check-queue-full": check_queue_full,
+     "check-slow-clients": check_slow_clients,
      "check-bad-clients": check_bad_clients}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
