@@ -114,9 +114,17 @@ LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
   p->dir_ = dir;
   std::string path = dir + "/model.duckplan";
   auto f = MappedFile::Open(path);
-  if (!f.ok())
+  if (!f.ok()) {
+    // A checkpoint given where its plan belongs: say what to run.
+    struct stat st;
+    const bool model = ::stat((dir + "/config.json").c_str(), &st) == 0;
     return absl::NotFoundError(absl::StrCat(
-        "'", dir, "' is not a plan directory: ", f.status().message()));
+        "'", dir, "' is not a plan directory: ", f.status().message(),
+        model ? absl::StrCat(" (it holds a config.json: a model; compile it "
+                             "first with 'duckc compile ",
+                             dir, " -o <plan-dir>')")
+              : ""));
+  }
   p->plan_file_ = std::move(*f);
   const uint8_t *buf = p->plan_file_->data();
   const uint64_t fileSize = p->plan_file_->size();
