@@ -84,14 +84,12 @@ bool HostAndPort(const sockaddr_storage &a, socklen_t len, std::string *host,
   return true;
 }
 
-/// The socket a request arrived on (the library hands handlers none): the
-/// open one with the request's two ends; -1 when there is none. It stays
-/// open while the request's handler runs.
-int ConnectionFd(const httplib::Request &req) {
+/// Calls fn(fd, local host, local port, peer host, peer port) for each
+/// connected socket of this process until fn returns true.
+template <typename Fn> void ForEachConnection(Fn fn) {
   DIR *d = opendir("/proc/self/fd");
   if (!d)
-    return -1;
-  int found = -1;
+    return;
   while (const dirent *e = readdir(d)) {
     char *end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
@@ -106,13 +104,24 @@ int ConnectionFd(const httplib::Request &req) {
         !HostAndPort(local, ll, &lhost, &lport) ||
         !HostAndPort(peer, pl, &phost, &pport))
       continue;
-    if (lport == req.local_port && pport == req.remote_port &&
-        lhost == req.local_addr && phost == req.remote_addr) {
-      found = (int)fd;
+    if (fn((int)fd, lhost, lport, phost, pport))
       break;
-    }
   }
   closedir(d);
+}
+
+/// The socket a request arrived on (the library hands handlers none): the
+/// open one with the request's two ends; -1 when there is none. It stays
+/// open while the request's handler runs.
+int ConnectionFd(const httplib::Request &req) {
+  int found = -1;
+  ForEachConnection([&](int fd, const std::string &lhost, int lport,
+                        const std::string &phost, int pport) {
+    if (lport == req.local_port && pport == req.remote_port &&
+        lhost == req.local_addr && phost == req.remote_addr)
+      found = fd;
+    return found >= 0;
+  });
   return found;
 }
 
@@ -142,24 +151,12 @@ bool PeerGone(int fd) {
 /// Shuts every connection accepted on `port` (the library's threads
 /// blocked reading them wake up and end).
 void CutConnections(int port) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d)
-    return;
-  while (const dirent *e = readdir(d)) {
-    char *end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end || fd == dirfd(d))
-      continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    std::string host;
-    int lport = -1;
-    if (getsockname((int)fd, reinterpret_cast<sockaddr *>(&local), &ll) == 0 &&
-        HostAndPort(local, ll, &host, &lport) && lport == port &&
-        getpeername((int)fd, reinterpret_cast<sockaddr *>(&peer), &pl) == 0)
-      ::shutdown((int)fd, SHUT_RDWR);
-  }
-  closedir(d);
+  ForEachConnection([port](int fd, const std::string &, int lport,
+                           const std::string &, int) {
+    if (lport == port)
+      ::shutdown(fd, SHUT_RDWR);
+    return false;
+  });
 }
 
 /// The connection threads: made as connections come, up to a cap, rather
