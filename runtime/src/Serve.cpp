@@ -1076,6 +1076,13 @@ absl::Status Server::Run() {
 
   if (absl::Status s = ses_->Start(log_); !s.ok()) {
     stopHttp();
+    // Stopped while the ducks were prepared: a stop, not a failure.
+    if (absl::IsCancelled(s) && o_.stop && o_.stop->load()) {
+      ses_->Close();
+      log_ << "duckrun serve: stopped while preparing the ducks ("
+           << s.message() << ")" << std::endl;
+      return absl::OkStatus();
+    }
     return s;
   }
   BatcherOptions bo;

@@ -508,10 +508,13 @@ absl::Status Session::Start(std::ostream &log) {
     images_.push_back(plan_->ImagePath(r));
   PrepareOptions po;
   po.invalidate = o.invalidate_cache;
+  po.cancel = o.cancel;
+  bool shownProgress = false;
   if (!o.quiet)
     po.progress = [&](const PrepareProgress &p) {
       if (p.bytes_total == 0)
         return; // every duck is a cache hit: nothing to upload
+      shownProgress = true;
       log << absl::StrFormat(
           "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
           p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
@@ -519,8 +522,11 @@ absl::Status Session::Start(std::ostream &log) {
       log.flush();
     };
   auto prep = client_->Prepare(images_, po);
-  if (!prep.ok())
+  if (!prep.ok()) {
+    if (shownProgress)
+      log << "\n"; // end the progress line before the error
     return prep.status();
+  }
   if (cancelled())
     return absl::CancelledError("interrupted");
   if (!o.quiet) {

@@ -13,9 +13,10 @@
 #include <thread>
 
 #include <arpa/inet.h>
+#include <atomic>
 #include <chrono>
-#include <cstddef>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -329,6 +330,50 @@ TEST(Duckd, WeightCacheHitMissInvalidateRestart) {
 
 // duckd killed mid-upload: after a restart no slot of the new image is
 // marked finished (nor any of the old one), and a new prepare completes.
+/// A prepare whose caller asks it to stop (Ctrl-C, a server stopping)
+/// sends no more chunks, returns Cancelled, and leaves nothing marked
+/// finished: the next prepare uploads the whole image and steps work.
+TEST(Duckd, CancelledPrepareStopsAndTheNextOneUploadsAgain) {
+  auto cluster = LocalCluster::Start(ClusterOptions(1, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestImage a(41, 1, 0, (*cluster)->cache_dir());
+  {
+    auto client = DuckClient::Create(ClientOptions(**cluster));
+    ASSERT_TRUE(client.ok()) << client.status();
+    std::atomic<bool> stop{true};
+    duck::runtime::PrepareOptions po;
+    po.cancel = &stop;
+    uint64_t done = 0;
+    po.progress = [&](const duck::runtime::PrepareProgress &p) {
+      done = p.bytes_done;
+    };
+    auto rep = (*client)->Prepare({a.path}, po);
+    ASSERT_FALSE(rep.ok());
+    EXPECT_TRUE(absl::IsCancelled(rep.status())) << rep.status();
+    EXPECT_NE(rep.status().message().find("the next prepare starts it again"),
+              std::string::npos)
+        << rep.status();
+    EXPECT_EQ(done, 0u);
+  }
+  auto client = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_FALSE((*client)->hello(0).head_finished);
+  auto rep = (*client)->Prepare({a.path});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->bytes_uploaded[0], UploadBytes(a.bytes));
+  ASSERT_TRUE((*client)->Open(ReadFile(DUCK_ELF_PATH)).ok());
+  std::vector<DuckOutput> out;
+  auto x = RandomX(kHidden, 7);
+  auto routing = RandomRouting(1, 4, 8, 9);
+  auto ib = MakeIb(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x);
+  std::vector<absl::Span<const uint8_t>> ibs = {ib};
+  ASSERT_TRUE((*client)->Step(ibs, &out).ok());
+  ExpectBitIdentical(
+      OutOf(out[0]),
+      Reference(a.bytes).Run(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x),
+      "step after a cancelled prepare and a full one");
+}
+
 TEST(Duckd, CrashMidPrepareNeverLeavesAHalfSlotFinished) {
   auto cluster = LocalCluster::Start(ClusterOptions(1, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();

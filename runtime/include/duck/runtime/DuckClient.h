@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -105,6 +106,12 @@ struct PrepareOptions {
   bool invalidate = false;
   std::function<void(const PrepareProgress &)> progress;
   absl::Duration progress_interval = absl::Milliseconds(200);
+  /// Set by the caller (a signal, a server stopping) to stop the upload
+  /// between chunks: Prepare then returns Cancelled once the chunks in
+  /// flight are answered. Nothing it sent is marked finished (that takes
+  /// prepare_finish, which checksums the whole image), so the next prepare
+  /// sends it again.
+  const std::atomic<bool> *cancel = nullptr;
 };
 
 struct PrepareReport {
