@@ -2,10 +2,17 @@
 // (ImportedModel, what `duckc --tp auto` lays its candidates out from)
 // compiles exactly as compileModel does, as many times as asked.
 #include "duck/Pipelines/Compile.h"
+#include "Cli.h" // duck-mkmodel, for a checkpoint with weights
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
 
 #include "gtest/gtest.h"
 
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <vector>
 
 using mlir::duck::CompileOptions;
 using mlir::duck::ImportedModel;
@@ -95,6 +102,55 @@ TEST(ImportedModel, ImportErrorNamesTheDirectory) {
   ASSERT_FALSE(bool(m));
   const std::string e = llvm::toString(m.takeError());
   EXPECT_NE(e.find("no-such-model"), std::string::npos) << e;
+}
+
+/// duckc's Ctrl-C while a plan is written: the write stops, what was
+/// written is removed, and an existing output directory is left as it was.
+TEST(CompileModel, InterruptedWriteLeavesNothingBehind) {
+  llvm::SmallString<128> dir;
+  ASSERT_FALSE(llvm::sys::fs::createUniqueDirectory("duck-compile-test", dir));
+  const std::string model = (dir + "/model").str(), out = (dir + "/plan").str();
+  std::string mkOut, mkErr;
+  llvm::raw_string_ostream mo(mkOut), me(mkErr);
+  ASSERT_EQ(duck::mkmodel::runMkModel({"--preset", "tiny-qwen3", "-o", model},
+                                      mo, me, /*err_is_tty=*/false),
+            0)
+      << mkErr;
+  CompileOptions o;
+  o.modelDir = model;
+  o.outDir = out;
+  o.cluster.tp = 2;
+  std::atomic<bool> stop{true};
+  o.cancel = &stop;
+  std::string text, log;
+  llvm::raw_string_ostream os(text), ls(log);
+  llvm::Error e = mlir::duck::compileModel(o, os, ls);
+  ASSERT_TRUE(bool(e));
+  const std::string msg = llvm::toString(std::move(e));
+  EXPECT_NE(msg.find("interrupted"), std::string::npos) << msg;
+  auto entries = [&] {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+         it.increment(ec))
+      names.push_back(llvm::sys::path::filename(it->path()).str());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(entries(), std::vector<std::string>{"model"});
+  // Without the flag the same options write the plan.
+  stop.store(false);
+  ASSERT_FALSE(bool(mlir::duck::compileModel(o, os, ls)));
+  EXPECT_TRUE(llvm::sys::fs::exists(out + "/model.duckplan"));
+  // An interrupted --force leaves the plan that was there.
+  o.force = true;
+  stop.store(true);
+  e = mlir::duck::compileModel(o, os, ls);
+  ASSERT_TRUE(bool(e));
+  llvm::consumeError(std::move(e));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"model", "plan"}));
+  EXPECT_TRUE(llvm::sys::fs::exists(out + "/model.duckplan"));
+  llvm::sys::fs::remove_directories(dir);
 }
 
 } // namespace

@@ -608,6 +608,7 @@ Error compileImported(const CompileOptions &opts,
   wo.lmHeadFp9 = opts.lmHead == "fp9";
   wo.lmHeadInt8 = opts.lmHead == "int8";
   wo.wireBf16 = opts.cluster.cost.wireBf16;
+  wo.cancel = opts.cancel;
   bool tty = llvm::sys::Process::StandardErrIsDisplayed();
   auto start = std::chrono::steady_clock::now();
   uint64_t doneBefore = 0, grand = stats->totalBytes;
@@ -634,6 +635,11 @@ Error compileImported(const CompileOptions &opts,
   };
   if (Error e = writePlan(*module, ckpt, tmp, wo)) {
     cleanup();
+    if (opts.cancel && opts.cancel->load()) {
+      consumeError(std::move(e));
+      return err("interrupted: what was written is removed, and '" +
+                 opts.outDir + "' is as it was");
+    }
     return e;
   }
   if (exists)

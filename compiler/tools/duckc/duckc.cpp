@@ -25,6 +25,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/Signals.h"
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
@@ -876,6 +877,12 @@ Error runCompile() {
     o.qProj = winner->qProj;
     o.inProj = winner->inProj;
   }
+  // Ctrl-C or SIGTERM while the plan is written: the writer stops at its
+  // next chunk and compileModel removes what it wrote. (LLVM's handler
+  // calls this once and restores the defaults: a second Ctrl-C kills.)
+  static std::atomic<bool> interrupted{false};
+  llvm::sys::SetInterruptFunction([] { interrupted.store(true); });
+  o.cancel = &interrupted;
   return mlir::duck::compileModel(o, outs(), errs());
 }
 
@@ -1232,7 +1239,9 @@ options of one subcommand.
           [--dry-run] [--progress]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
-      duck-<rank>.weights (fp9, exactly each duck's weight buffer). With
+      duck-<rank>.weights (fp9, exactly each duck's weight buffer), into
+      a temporary directory renamed at the end: an error or Ctrl-C leaves
+      <out-dir> as it was. With
       --dry-run only config.json is needed: prints the per-duck table, the
       per-layer kernels and a decode estimate. --emit=stats prints JSON.
       --tp auto (with --cluster) tries every legal tp, multiple_of and

@@ -13,6 +13,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,9 @@ struct CompileOptions {
   /// search turns it off for its dry-run candidates (a third of their
   /// time); the plan it then compiles is verified as any other.
   bool verifyEachPass = true;
+  /// Set by the caller (duckc's Ctrl-C / SIGTERM) to stop writing a plan:
+  /// compileModel then removes what it wrote and fails with "interrupted".
+  const std::atomic<bool> *cancel = nullptr;
 };
 
 /// Adds the partition..layout passes for `opts` to `pm`.

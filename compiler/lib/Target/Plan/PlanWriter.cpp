@@ -108,6 +108,8 @@ private:
     return writeRaw(p, n);
   }
   Error writeRaw(const void *p, uint64_t n) {
+    if (opts.cancel && opts.cancel->load(std::memory_order_relaxed))
+      return err("interrupted");
     os->write(static_cast<const char *>(p), n);
     XXH3_64bits_update(slotHash, p, n);
     pos += n;

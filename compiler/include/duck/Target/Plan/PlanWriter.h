@@ -14,6 +14,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/Error.h"
 
+#include <atomic>
 #include <functional>
 #include <string>
 
@@ -28,6 +29,9 @@ struct PlanWriteOptions {
   bool wireBf16 = false;   // PlanDef.wire_x_bf16
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
+  /// Set by the caller (Ctrl-C) to stop: the write fails with
+  /// "interrupted" at its next chunk.
+  const std::atomic<bool> *cancel = nullptr;
 };
 
 /// Writes `model.duckplan` and `duck-<rank>.weights` into `dir` (which must
