@@ -21,6 +21,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -116,9 +117,20 @@ private:
 /// Files an interrupt deletes until the write is over, so that a stopped
 /// run does not leave gigabytes behind (LLVM removes regular files only;
 /// the empty temporary directory stays).
+/// Set by Ctrl-C / SIGTERM while a model is written (LLVM's handler calls
+/// the interrupt function once, after removing the registered files, and
+/// restores the defaults: a second signal kills). The writer stops at its
+/// next chunk, so the temporary directory goes too.
+std::atomic<bool> gInterrupted{false};
+
 class SignalCleanup {
 public:
+  SignalCleanup() {
+    gInterrupted.store(false);
+    llvm::sys::SetInterruptFunction([] { gInterrupted.store(true); });
+  }
   ~SignalCleanup() {
+    llvm::sys::SetInterruptFunction(nullptr);
     for (const std::string &path : paths_)
       llvm::sys::DontRemoveFileOnSignal(path);
   }
@@ -149,6 +161,8 @@ Error streamTensor(uint64_t seed, llvm::ArrayRef<PlannedTensor> plan,
   const PlannedTensor &t = plan[index];
   std::vector<uint8_t> bytes;
   auto emit = [&]() -> Error {
+    if (gInterrupted.load(std::memory_order_relaxed))
+      return makeError("interrupted: nothing was written");
     if (Error e = writer.writeTensorData(t.name, bytes))
       return e;
     progress.advance(bytes.size());
