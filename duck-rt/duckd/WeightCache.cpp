@@ -271,6 +271,7 @@ absl::StatusOr<WeightCache::Result>
 WeightCache::Begin(const duck_image_header &image, bool invalidate) {
   if (absl::Status s = CheckImageHeader(image, capacity_); !s.ok())
     return s;
+  written_.assign(image.slot_count, 0);
   const duckd_cache_header *h = hdr();
   if (!invalidate && h->valid &&
       std::memcmp(&h->image, &image, sizeof image) == 0) {
@@ -345,6 +346,17 @@ absl::StatusOr<uint8_t *> WeightCache::BeginWrite(uint64_t offset,
         }
     }
   }
+  // The slots this write lands in (by the table as it stands: a head
+  // written this session is validated by Finish before any slot counts).
+  if (offset + bytes > TableEnd()) {
+    const duck_slot_entry *t = Table(image(), h->image);
+    for (uint32_t s = 0; s < h->image.slot_count && s < written_.size(); ++s) {
+      const uint64_t lo = std::max(offset, t[s].offset),
+                     hi = std::min(offset + bytes, t[s].offset + t[s].bytes);
+      if (lo < hi)
+        written_[s] += hi - lo;
+    }
+  }
   ++generation_;
   if (changed)
     Commit(); // flags cleared durably before a byte changes
@@ -388,9 +400,15 @@ absl::StatusOr<WeightCache::Result> WeightCache::Finish() {
   }
   const duck_slot_entry *t = Table(image(), want);
   std::vector<uint32_t> good, bad;
+  uint32_t unwritten = 0;
   for (uint32_t s = 0; s < want.slot_count; ++s) {
     if (h->slots[s].finished && !newHead)
       continue;
+    if (s >= written_.size() || written_[s] < t[s].bytes) { // not sent whole
+      h->slots[s].finished = 0;
+      ++unwritten;
+      continue;
+    }
     if (Checksum(image() + t[s].offset, t[s].bytes) == t[s].checksum)
       good.push_back(s);
     else
@@ -410,6 +428,10 @@ absl::StatusOr<WeightCache::Result> WeightCache::Finish() {
     h->slots[s].checksum = t[s].checksum;
   }
   Commit();
+  if (bad.empty() && unwritten)
+    return absl::DataLossError(absl::StrCat(
+        unwritten, " slot(s) were not written whole in this session and "
+                   "stay unfinished"));
   if (!bad.empty()) {
     std::string list;
     for (size_t i = 0; i < bad.size() && i < 5; ++i)

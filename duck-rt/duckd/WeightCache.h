@@ -106,8 +106,10 @@ public:
   /// Where `bytes` at image `offset` go; clears (and syncs) the flags of
   /// every finished part they overlap before returning.
   absl::StatusOr<uint8_t *> BeginWrite(uint64_t offset, uint64_t bytes);
-  /// Verifies the head and every unfinished slot, syncs the data, then sets
-  /// the flags. Fails naming the first parts that did not verify.
+  /// Verifies the head and every unfinished slot this session wrote whole,
+  /// syncs the data, then sets the flags. Fails naming the first parts
+  /// that did not verify, or how many were not written whole (a host that
+  /// stopped an upload part way: the slots it sent whole are kept).
   absl::StatusOr<Result> Finish();
 
 private:
@@ -130,6 +132,11 @@ private:
   uint64_t generation_ = 0;
   uint64_t verified_generation_ = ~0ull; // the image state last re-hashed
   bool sync_ = true;
+  /// Bytes this cache session (since Begin) has written into each slot:
+  /// Finish checksums only the slots written whole (and the head), so a
+  /// host that stopped part way does not pay for reading what it never
+  /// sent.
+  std::vector<uint64_t> written_;
 };
 
 /// Checks an image header from a host (magic, versions, sizes, checksum).

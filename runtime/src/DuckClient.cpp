@@ -1089,14 +1089,22 @@ DuckClient::Prepare(absl::Span<const std::string> images,
           refill, /*idle=*/true);
       !s.ok())
     return s;
-  // No prepare_finish: it would checksum every slot of the image, the ones
-  // never sent too (11 s for a 1.3 GiB image here), so what was sent is
-  // not marked finished and the next prepare sends it again.
-  if (cancelled)
+  if (cancelled) {
+    // Each duck verifies the slots this session wrote to and keeps those
+    // that arrived whole, so the next prepare sends only the rest. Its
+    // answer is an error (the slots never sent stay unfinished): expected
+    // here, and the connections are closed after this.
+    for (size_t d : ducks)
+      m.Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
+    (void)m.Pump(ducks, m.opt.call_timeout, "prepare_finish",
+                 [](size_t, const duckd_frame_header &,
+                    absl::Span<const uint8_t>) { return absl::OkStatus(); });
     return absl::CancelledError(absl::StrFormat(
         "interrupted: the weight upload stopped at %.1f of %.1f MiB (the "
-        "next prepare starts it again)",
+        "ducks keep the slots that arrived whole; the next prepare sends "
+        "the rest)",
         prog.bytes_done / 1048576.0, prog.bytes_total / 1048576.0));
+  }
 
   // 4. Verify and mark finished (every duck that was not a hit).
   ducks.clear();

@@ -331,47 +331,82 @@ TEST(Duckd, WeightCacheHitMissInvalidateRestart) {
 // duckd killed mid-upload: after a restart no slot of the new image is
 // marked finished (nor any of the old one), and a new prepare completes.
 /// A prepare whose caller asks it to stop (Ctrl-C, a server stopping)
-/// sends no more chunks, returns Cancelled, and leaves nothing marked
-/// finished: the next prepare uploads the whole image and steps work.
-TEST(Duckd, CancelledPrepareStopsAndTheNextOneUploadsAgain) {
+/// sends no more chunks and returns Cancelled; each duck keeps the slots
+/// that arrived whole, so the next prepare sends only the rest, and steps
+/// are then bit-exact.
+TEST(Duckd, CancelledPrepareKeepsWholeSlotsAndTheNextOneSendsTheRest) {
   auto cluster = LocalCluster::Start(ClusterOptions(1, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TestImage a(41, 1, 0, (*cluster)->cache_dir());
-  {
+  const auto *table = reinterpret_cast<const duck_slot_entry *>(
+      a.bytes.data() + DUCK_IMAGE_HEADER_BYTES);
+  const auto *head =
+      reinterpret_cast<const duck_image_header *>(a.bytes.data());
+  ASSERT_GE(head->slot_count, 2u);
+  auto cancelledPrepare = [&](bool stopAtOnce) {
     auto client = DuckClient::Create(ClientOptions(**cluster));
     ASSERT_TRUE(client.ok()) << client.status();
-    std::atomic<bool> stop{true};
+    std::atomic<bool> stop{stopAtOnce};
     duck::runtime::PrepareOptions po;
     po.cancel = &stop;
-    uint64_t done = 0;
+    po.progress_interval = absl::ZeroDuration();
+    // Stopped once the first chunk (the head) is answered: the slot in
+    // flight beside it still arrives.
     po.progress = [&](const duck::runtime::PrepareProgress &p) {
-      done = p.bytes_done;
+      if (p.bytes_done > 0)
+        stop.store(true);
     };
     auto rep = (*client)->Prepare({a.path}, po);
     ASSERT_FALSE(rep.ok());
     EXPECT_TRUE(absl::IsCancelled(rep.status())) << rep.status();
-    EXPECT_NE(rep.status().message().find("the next prepare starts it again"),
+    EXPECT_NE(rep.status().message().find("the next prepare sends the rest"),
               std::string::npos)
         << rep.status();
-    EXPECT_EQ(done, 0u);
+  };
+  auto prepare = [&] {
+    auto client = DuckClient::Create(ClientOptions(**cluster));
+    EXPECT_TRUE(client.ok()) << client.status();
+    auto rep = (*client)->Prepare({a.path});
+    EXPECT_TRUE(rep.ok()) << rep.status();
+    EXPECT_TRUE((*client)->Open(ReadFile(DUCK_ELF_PATH)).ok());
+    std::vector<DuckOutput> out;
+    auto x = RandomX(kHidden, 7);
+    auto routing = RandomRouting(1, 4, 8, 9);
+    auto ib = MakeIb(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x);
+    std::vector<absl::Span<const uint8_t>> ibs = {ib};
+    EXPECT_TRUE((*client)->Step(ibs, &out).ok());
+    if (!out.empty())
+      ExpectBitIdentical(
+          OutOf(out[0]),
+          Reference(a.bytes).Run(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x),
+          "step after a cancelled prepare");
+    return std::make_pair(rep->result[0], rep->bytes_uploaded[0]);
+  };
+  // Stopped before anything was sent: the next prepare (the same image,
+  // nothing finished: partial) sends everything.
+  cancelledPrepare(true);
+  EXPECT_EQ(prepare(),
+            std::make_pair(DUCKD_CACHE_PARTIAL, UploadBytes(a.bytes)));
+  // Stopped once the head is answered (the chunks in flight beside it
+  // still arrive): the next prepare sends the slots that were not.
+  {
+    auto client = DuckClient::Create(ClientOptions(**cluster));
+    ASSERT_TRUE(client.ok());
+    duck::runtime::PrepareOptions po;
+    po.invalidate = true; // start again from nothing
+    std::atomic<bool> stop{true};
+    po.cancel = &stop;
+    ASSERT_FALSE((*client)->Prepare({a.path}, po).ok());
   }
-  auto client = DuckClient::Create(ClientOptions(**cluster));
-  ASSERT_TRUE(client.ok()) << client.status();
-  EXPECT_FALSE((*client)->hello(0).head_finished);
-  auto rep = (*client)->Prepare({a.path});
-  ASSERT_TRUE(rep.ok()) << rep.status();
-  EXPECT_EQ(rep->bytes_uploaded[0], UploadBytes(a.bytes));
-  ASSERT_TRUE((*client)->Open(ReadFile(DUCK_ELF_PATH)).ok());
-  std::vector<DuckOutput> out;
-  auto x = RandomX(kHidden, 7);
-  auto routing = RandomRouting(1, 4, 8, 9);
-  auto ib = MakeIb(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x);
-  std::vector<absl::Span<const uint8_t>> ibs = {ib};
-  ASSERT_TRUE((*client)->Step(ibs, &out).ok());
-  ExpectBitIdentical(
-      OutOf(out[0]),
-      Reference(a.bytes).Run(DUCK_MODE_MOE_DECODE_SMP, 1, 1, 4, routing, x),
-      "step after a cancelled prepare and a full one");
+  cancelledPrepare(false);
+  uint64_t slots = 0;
+  for (uint32_t s = 0; s < head->slot_count; ++s)
+    slots += table[s].bytes;
+  const auto [result, sent] = prepare();
+  EXPECT_EQ(result, DUCKD_CACHE_PARTIAL);
+  EXPECT_GT(sent, 0u);                   // some slots were not sent before
+  EXPECT_LT(sent, slots);                // and not all of them: some were kept
+  EXPECT_LT(sent, UploadBytes(a.bytes)); // nor the head
 }
 
 TEST(Duckd, CrashMidPrepareNeverLeavesAHalfSlotFinished) {

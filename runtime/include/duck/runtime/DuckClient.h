@@ -108,9 +108,8 @@ struct PrepareOptions {
   absl::Duration progress_interval = absl::Milliseconds(200);
   /// Set by the caller (a signal, a server stopping) to stop the upload
   /// between chunks: Prepare then returns Cancelled once the chunks in
-  /// flight are answered. Nothing it sent is marked finished (that takes
-  /// prepare_finish, which checksums the whole image), so the next prepare
-  /// sends it again.
+  /// flight are answered and each duck has kept the slots that arrived
+  /// whole, so the next prepare sends only the rest (a partial hit).
   const std::atomic<bool> *cancel = nullptr;
 };
 
