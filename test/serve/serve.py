@@ -230,8 +230,7 @@ def check_disconnect(argv):
     # HTTP thread next writes; on a loaded machine the tiny model can
     # finish the answer first, so up to five tries, one of which must
     # show the answer cut short.
-    for attempt in range(5):
-        before = metric(url, "duck_generated_tokens_total")
+    def drop():
         s = open_stream(url, key, chat_body("Go on", max_tokens=4000,
                                             stream=True, ignore_eos=True))
         got = b""
@@ -241,11 +240,20 @@ def check_disconnect(argv):
                 die(f"the stream ended early: {got!r}")
             got += chunk
         s.close()
+    dropped_frees_slot(url, drop, "stream")
+
+
+def dropped_frees_slot(url, drop, what):
+    """Up to five tries of drop() (a client that leaves a 4000-token answer
+    part way); one must show the answer cut short, its slot free again."""
+    for attempt in range(5):
+        before = metric(url, "duck_generated_tokens_total")
+        drop()
         if not wait_idle(url):
-            die("the dropped stream still holds its slot after 20 s")
+            die(f"the dropped {what} still holds its slot after 20 s")
         made = metric(url, "duck_generated_tokens_total") - before
         if made < 4000:
-            print("a dropped stream frees its slot")
+            print(f"a dropped {what} frees its slot")
             return
     die(f"five answers ran to their end ({made:.0f} tokens the last) before "
         "the server saw their clients leave: nothing was dropped")
@@ -257,8 +265,8 @@ def check_drop_nonstream(argv):
     # while the server makes it; nothing is written to the connection
     # meanwhile, so the server must watch it to notice.
     host, port = split_url(url)
-    for attempt in range(5):
-        before = metric(url, "duck_generated_tokens_total")
+
+    def drop():
         body = json.dumps(chat_body("Go on", max_tokens=4000,
                                     ignore_eos=True)).encode()
         s = socket.create_connection((host, port), timeout=120)
@@ -268,14 +276,7 @@ def check_drop_nonstream(argv):
                   str(len(body)).encode() + b"\r\n\r\n" + body)
         time.sleep(0.3)
         s.close()
-        if not wait_idle(url):
-            die("the dropped request still holds its slot after 20 s")
-        made = metric(url, "duck_generated_tokens_total") - before
-        if made < 4000:
-            print("a dropped non-streaming request frees its slot")
-            return
-    die(f"five answers ran to their end ({made:.0f} tokens the last) before "
-        "the server saw their clients leave: nothing was dropped")
+    dropped_frees_slot(url, drop, "non-streaming request")
 
 
 def check_slow_clients(argv):
