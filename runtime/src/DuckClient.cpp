@@ -1089,34 +1089,23 @@ DuckClient::Prepare(absl::Span<const std::string> images,
           refill, /*idle=*/true);
       !s.ok())
     return s;
-  if (cancelled) {
-    // Each duck verifies the slots this session wrote to and keeps those
-    // that arrived whole, so the next prepare sends only the rest. Its
-    // answer is an error (the slots never sent stay unfinished): expected
-    // here, and the connections are closed after this.
-    for (size_t d : ducks)
-      m.Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
-    (void)m.Pump(ducks, m.opt.call_timeout, "prepare_finish",
-                 [](size_t, const duckd_frame_header &,
-                    absl::Span<const uint8_t>) { return absl::OkStatus(); });
-    return absl::CancelledError(absl::StrFormat(
-        "interrupted: the weight upload stopped at %.1f of %.1f MiB (the "
-        "ducks keep the slots that arrived whole; the next prepare sends "
-        "the rest)",
-        prog.bytes_done / 1048576.0, prog.bytes_total / 1048576.0));
-  }
-
-  // 4. Verify and mark finished (every duck that was not a hit).
+  // 4. Verify and mark finished (every duck that was not a hit). After a
+  // cancel too: each duck keeps the slots that arrived whole, so the next
+  // prepare sends only the rest; its answer then says the others stay
+  // unfinished, which is expected (the connections are closed after).
   ducks.clear();
   for (size_t d = 0; d < n; ++d)
     if (report.result[d] != DUCKD_CACHE_HIT) {
       ducks.push_back(d);
       m.Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
     }
-  if (absl::Status s = m.Pump(
+  absl::Status finished =
+      m.Pump(
           ducks, m.opt.call_timeout, "prepare_finish",
           [&](size_t d, const duckd_frame_header &,
               absl::Span<const uint8_t> pl) -> absl::Status {
+            if (cancelled)
+              return absl::OkStatus();
             duckd_prepare_reply rep;
             if (pl.size() < sizeof rep)
               return absl::InternalError("short prepare_finish reply");
@@ -1127,8 +1116,14 @@ DuckClient::Prepare(absl::Span<const std::string> images,
                   " slots finished after the upload"));
             return absl::OkStatus();
           });
-      !s.ok())
-    return s;
+  if (cancelled)
+    return absl::CancelledError(absl::StrFormat(
+        "interrupted: the weight upload stopped at %.1f of %.1f MiB (the "
+        "ducks keep the slots that arrived whole; the next prepare sends "
+        "the rest)",
+        prog.bytes_done / 1048576.0, prog.bytes_total / 1048576.0));
+  if (!finished.ok())
+    return finished;
   report_progress(true);
   report.seconds = double(NowNs() - start) / 1e9;
   if (absl::Status s = m.Hello(); !s.ok())
