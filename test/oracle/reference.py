@@ -4,13 +4,23 @@ DeepSeek-V3.2, with numpy.
 Independent of Duck's code: it reads config.json and the safetensors itself
 (safetensors_np.py), takes the FP8 block size from
 quantization_config.weight_block_size, and follows
-shared/reference/MATH.md. No fp9, no ducks.
+shared/reference/MATH.md. No fp9, no ducks, unless --fp9-ducks asks.
 
   reference.py MODEL --prompt-ids 1,2,3 [--generate N] [--logits-out F]
+      [--teacher-ids FILE] [--fp9-ducks PLAN_DIR]
 
 prints the greedy continuation's ids; --logits-out writes the logits of
 every prompt position and then of every generated token but the last
 (raw float32, vocab floats a row), the rows `duckrun --logits-out` writes.
+
+--teacher-ids FILE (the ids duckrun printed) forces that continuation: the
+rows are the logits over the prompt plus those ids (all but the last), and
+the printed ids are the reference's own argmax at each of those positions,
+so one flipped argmax is reported as such and cannot derail the rows after
+it. --fp9-ducks PLAN_DIR replaces every float (bf16/f16/f32) matrix the plan
+puts on the ducks with its fp9 quantisation (docs/fp9.md's rule, computed
+here by fp9_np.py on the slice each duck holds: the plan gives only the
+slices and K-blocks); FP8 matrices convert exactly and are left as they are.
 """
 import argparse
 import sys
@@ -272,6 +282,51 @@ class DeepSeek(Qwen3):
         return o @ self.W(pre + "o_proj.weight").T
 
 
+def fp9_duck_weights(ck, plan_dir, plan_dump=None):
+    """{tensor name: float64 matrix} for every float matrix the plan puts
+    on the ducks, each duck's slice quantised to fp9 by docs/fp9.md's rule
+    (fp9_np.quantised_values): the values the ducks multiply. Which slice
+    of which tensor a duck holds comes from the plan (fp9_images.py's
+    reading of duck-plan-dump); the quantisation is this oracle's own."""
+    import shutil
+    import fp9_images
+    import fp9_np
+    from safetensors_np import bf16_to_f32
+    plan, _ = fp9_images.load_plan(
+        plan_dir, plan_dump or shutil.which("duck-plan-dump")
+        or "duck-plan-dump")
+    sr = fp9_images.scale_rows_of(ck)
+    ffn_ops = {op["params"]["step"]["slot"]: op for op in plan["ops"]
+               if op["params_type"] in ("DenseFfnOpDef", "MoeFfnOpDef")}
+    heads = fp9_images.head_groups(plan)
+    out, done = {}, {}
+    for duck in plan["ducks"]:
+        for si, slot in enumerate(duck["slots"]):
+            pieces = (fp9_images.head_pieces(slot, heads[si], ck)
+                      if slot["head"] else
+                      fp9_images.ffn_pieces(slot, ffn_ops.get(si), ck))
+            for i, name, row0, col0, _ in pieces:
+                dtype, arr = ck.tensors[name]
+                if dtype == "F8_E4M3":
+                    continue  # exact: ck.get(name) is what the ducks hold
+                m = slot["matrices"][i]
+                rows, k = m["rows"], m["k"]
+                src = arr[row0:row0 + rows, col0:col0 + k]
+                w = bf16_to_f32(src) if dtype == "BF16" \
+                    else src.astype(np.float32)
+                if name not in out:
+                    out[name] = ck.get(name).copy()
+                    done[name] = np.zeros(arr.shape, bool)
+                out[name][row0:row0 + rows, col0:col0 + k] = \
+                    fp9_np.quantised_values(w, m["block"], sr, row0 % sr)
+                done[name][row0:row0 + rows, col0:col0 + k] = True
+    for name, d in done.items():
+        if not d.all():
+            sys.exit("reference.py: the plan's ducks hold only part of %s"
+                     % name)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -281,6 +336,13 @@ def main():
     p.add_argument("--ffn-input-bf16", action="store_true",
                    help="round every FFN's and expert's input to bf16 "
                    "(duckc --wire-activations bf16; the routers keep fp32)")
+    p.add_argument("--teacher-ids",
+                   help="a file of generated ids (duckrun --print-ids): "
+                   "force them, print the reference's argmax at each")
+    p.add_argument("--fp9-ducks", metavar="PLAN_DIR",
+                   help="quantise the float matrices this plan puts on "
+                   "the ducks to fp9 as docs/fp9.md says")
+    p.add_argument("--plan-dump", help="duck-plan-dump (default: on PATH)")
     a = p.parse_args()
     ck = Checkpoint(a.model)
     mt = ck.config.get("model_type")
@@ -292,6 +354,18 @@ def main():
         sys.exit("reference.py: model_type %r is not supported" % mt)
     m.ffn_in_bf16 = a.ffn_input_bf16
     ids = [int(t) for t in a.prompt_ids.split(",")]
+    if a.fp9_ducks:
+        m.w.update(fp9_duck_weights(ck, a.fp9_ducks, a.plan_dump))
+    if a.teacher_ids:
+        forced = [int(t) for t in open(a.teacher_ids).read().split()]
+        if not forced:
+            sys.exit("reference.py: no ids in %s" % a.teacher_ids)
+        rows = m.logits(ids + forced[:-1])
+        if a.logits_out:
+            rows.astype("<f4").tofile(a.logits_out)
+        own = np.argmax(rows[len(ids) - 1:], axis=1)
+        print(" ".join(str(int(t)) for t in own))
+        return
     gen = []
     rows = m.logits(ids)
     for i in range(a.generate):
