@@ -60,6 +60,17 @@ _serve = os.path.join(config.test_source_root, "serve")
 config.substitutions.append(("%serve", sys.executable + " " + os.path.join(_serve, "serve.py")))
 config.substitutions.append(("%openai-client", "node " + os.path.join(_serve, "openai-client.cjs")))
 config.substitutions.append(("%fetch-openai-client", "bash " + os.path.join(config.duck_src_root, "utils", "fetch-openai-client.sh")))
+# The fetch scripts reach the npm registry as the caller does: behind a
+# TLS-intercepting proxy that takes its proxy and CA variables, which lit
+# would otherwise drop (utils/run-tests.sh also fetches before lit starts).
+for _var in ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR",
+             "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+             "NO_PROXY", "no_proxy", "DUCK_NPM_TIMEOUT"):
+    if _var in os.environ:
+        config.environment[_var] = os.environ[_var]
+for _var, _value in os.environ.items():
+    if _var.lower().startswith("npm_config_"):
+        config.environment[_var] = _value
 # The npm cache outlives the tests (one download, then none).
 config.environment["DUCK_NPM_CACHE"] = os.environ.get(
     "DUCK_NPM_CACHE",

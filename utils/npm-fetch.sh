@@ -29,23 +29,40 @@ npm_fetch() {
     # tests that need it) with a message instead of hanging the run.
     # A failed install is tried once more after a pause: npm does not retry
     # some transient failures itself (a TLS error on the way to the
-    # registry, seen here once as SELF_SIGNED_CERT_IN_CHAIN).
-    local limit="${DUCK_NPM_TIMEOUT:-300}" rc=0 attempt
+    # registry, seen here once as SELF_SIGNED_CERT_IN_CHAIN). A failure
+    # that stays names npm's error code, and for a certificate error the
+    # variable that fixes it.
+    local limit="${DUCK_NPM_TIMEOUT:-300}" rc=0 attempt out code
+    out="$(mktemp)"
     for attempt in 1 2; do
       rc=0
+      # --update-notifier=false: npm's own version check is one more request
+      # that, when the registry's certificate is not trusted, hangs npm
+      # until the time limit after the install itself has failed.
       timeout "$limit" npm install --prefix "$prefix" --no-audit --no-fund --no-save \
-        --loglevel=error --fetch-timeout=60000 --fetch-retries=2 "$@" >&2 || rc=$?
+        --update-notifier=false --loglevel=error --fetch-timeout=60000 \
+        --fetch-retries=2 "$@" >"$out" 2>&1 || rc=$?
+      cat "$out" >&2
+      code="$(sed -nE 's/^npm (error|ERR!) code (.*)$/\2/p' "$out" | head -1)"
       if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$attempt" -eq 2 ]; then
         break
       fi
       echo "$name: npm install failed (exit $rc); trying once more in 10 s" >&2
       sleep 10
     done
+    rm -f "$out"
     if [ "$rc" -eq 124 ]; then
       echo "$name: npm install did not finish within $limit s (DUCK_NPM_TIMEOUT); $needed_by need it once" >&2
       exit 1
     elif [ "$rc" -ne 0 ]; then
-      echo "$name: npm install failed (no network or no npm registry?); $needed_by need it once" >&2
+      case "$code" in
+        *CERT*|*SSL*|*TLS*)
+          echo "$name: npm install failed: $code: the registry's TLS certificate is not trusted (behind a TLS-intercepting proxy, give its CA in NODE_EXTRA_CA_CERTS); $needed_by need it once" >&2 ;;
+        "")
+          echo "$name: npm install failed (exit $rc; no network or no npm registry?); $needed_by need it once" >&2 ;;
+        *)
+          echo "$name: npm install failed: $code; $needed_by need it once" >&2 ;;
+      esac
       exit 1
     fi
     is_present ||

@@ -17,6 +17,14 @@ fi
 LOG="$BUILD/test-logs"
 mkdir -p "$LOG"
 
+# npm packages first, from this shell: lit runs its tests in a scrubbed
+# environment (no proxy or CA variables), so a fetch from inside a test
+# fails behind a TLS-intercepting proxy. A failed fetch counts as a failure
+# here, and the tests that need the package fail too, naming the reason.
+echo "== npm packages the tests need =="
+deps_failed=0
+bash "$ROOT/utils/fetch-test-deps.sh" 2>&1 | tee "$LOG/npm.log" || deps_failed=1
+
 echo "== unit tests (ctest) =="
 ctest --test-dir "$BUILD" -j"${DUCK_JOBS:-$(nproc)}" --output-on-failure \
   --timeout 600 2>&1 | tee "$LOG/ctest.log"
@@ -42,10 +50,11 @@ fuzz_failed=$(sed -nE 's/^fuzz: ([0-9]+) passed, ([0-9]+) failed$/\2/p' "$LOG/fu
 fuzz_passed=${fuzz_passed:-0}; fuzz_failed=${fuzz_failed:-1}
 
 passed=$((unit_total - unit_failed + lit_passed + fuzz_passed))
-failed=$((unit_failed + lit_failed + fuzz_failed))
+failed=$((unit_failed + lit_failed + fuzz_failed + deps_failed))
 echo "== summary =="
 echo "unit: $((unit_total - unit_failed)) passed, $unit_failed failed"
 echo "lit: $lit_passed passed, $lit_failed failed"
 echo "fuzz: $fuzz_passed passed, $fuzz_failed failed"
+[ "$deps_failed" -eq 0 ] || echo "npm: a package could not be fetched (see above)"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
