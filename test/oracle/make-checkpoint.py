@@ -33,6 +33,14 @@ p.add_argument("--dtype", choices=["fp8", "bf16"], default="fp8")
 p.add_argument("--block", default="128,128", help="FP8 block rows,cols")
 p.add_argument("--tie", action="store_true", help="tie the LM head")
 p.add_argument("--seed", type=int, default=1)
+p.add_argument("--max-position", type=int, default=0,
+               help="max_position_embeddings (default 4096; DeepSeek "
+               "163840)")
+p.add_argument("--rope-scaling", default="",
+               help="config.json's rope_scaling as JSON, e.g. "
+               "'{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+               "\"original_max_position_embeddings\": 1024}' (DeepSeek: "
+               "replaces its YaRN)")
 # DeepSeek (MLA, sigmoid group router, shared experts, V3.2 indexer).
 p.add_argument("--q-lora", type=int, default=96, help="0: q_proj, no LoRA")
 p.add_argument("--kv-lora", type=int, default=64)
@@ -94,6 +102,10 @@ if ds:
         cfg.update({"index_n_heads": a.index_heads,
                     "index_head_dim": a.index_dim,
                     "index_topk": a.index_topk})
+if a.max_position:
+    cfg["max_position_embeddings"] = a.max_position
+if a.rope_scaling:
+    cfg["rope_scaling"] = json.loads(a.rope_scaling)
 if a.dtype == "fp8":
     cfg["quantization_config"] = {
         "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",

@@ -34,14 +34,56 @@ def rmsnorm(x, w, eps):
     return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def rope_neox(x, pos, theta):
-    """x: [T, heads, D]; rotates pairs (i, i + D/2)."""
+def rope_neox(x, pos, theta, inv=None, scale=1.0):
+    """x: [T, heads, D]; rotates pairs (i, i + D/2) by pos * inv[i] (plain
+    RoPE's inverse frequencies unless given), cos and sin times `scale`."""
     D = x.shape[-1]
-    inv = theta ** (-2.0 * np.arange(D // 2) / D)
+    if inv is None:
+        inv = theta ** (-2.0 * np.arange(D // 2) / D)
     ang = pos[:, None] * inv[None, :]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    c, s = np.cos(ang)[:, None, :] * scale, np.sin(ang)[:, None, :] * scale
     x0, x1 = x[..., :D // 2], x[..., D // 2:]
     return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+
+def qwen3_rope(c, D):
+    """Qwen3's inverse frequencies and cos/sin factor for config.json's
+    rope_scaling: none or "default" is plain RoPE; "yarn" follows HF's
+    _compute_yarn_parameters (modeling_rope_utils.py) with the factor the
+    config gives (what vLLM and the Qwen3 model cards mean by it)."""
+    base = c.get("rope_theta", 1e6)
+    pos_freqs = base ** (np.arange(0, D, 2) / D)
+    inv = 1.0 / pos_freqs
+    rs = c.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind != "yarn":
+        sys.exit("reference.py: rope_scaling %r is not supported" % kind)
+    factor = rs["factor"]
+    orig = rs.get("original_max_position_embeddings") \
+        or c["max_position_embeddings"]
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * np.log(scale) + 1.0
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        ms, msa = rs.get("mscale"), rs.get("mscale_all_dim")
+        attention_factor = get_mscale(factor, ms) / get_mscale(factor, msa) \
+            if ms and msa else get_mscale(factor)
+    beta_fast = rs.get("beta_fast") or 32
+    beta_slow = rs.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return D * np.log(orig / (rotations * 2 * np.pi)) / (2 * np.log(base))
+    low = max(np.floor(correction_dim(beta_fast)), 0)
+    high = min(np.ceil(correction_dim(beta_slow)), D - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(D // 2) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp  # 1: the pretrained frequency, 0: divided
+    inv = inv / factor * (1 - extrapolation) + inv * extrapolation
+    return inv, attention_factor
 
 
 def bf16(x):
@@ -107,16 +149,26 @@ class Qwen3:
         q = (x @ self.W(pre + "q_proj.weight").T).reshape(T, Hq, D)
         k = (x @ self.W(pre + "k_proj.weight").T).reshape(T, Hkv, D)
         v = (x @ self.W(pre + "v_proj.weight").T).reshape(T, Hkv, D)
-        q = rope_neox(rmsnorm(q, self.W(pre + "q_norm.weight"), eps), pos, theta)
-        k = rope_neox(rmsnorm(k, self.W(pre + "k_norm.weight"), eps), pos, theta)
+        inv, scale = qwen3_rope(c, D)
+        q = rope_neox(rmsnorm(q, self.W(pre + "q_norm.weight"), eps), pos,
+                      theta, inv, scale)
+        k = rope_neox(rmsnorm(k, self.W(pre + "k_norm.weight"), eps), pos,
+                      theta, inv, scale)
         rep = Hq // Hkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
-        s = s + np.triu(np.full((T, T), -np.inf), 1)[None]
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        s /= s.sum(axis=-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", s, v).reshape(T, Hq * D)
-        return o @ self.W(pre + "o_proj.weight").T
+        qh, kh, vh = (np.ascontiguousarray(a.transpose(1, 0, 2))
+                      for a in (q, k, v))
+        # Query rows in chunks: [heads, T, T] float64 is 128 MiB a head at
+        # 4096 positions.
+        o = np.empty((T, Hq, D))
+        for t0 in range(0, T, 512):
+            t1 = min(T, t0 + 512)
+            s = qh[:, t0:t1] @ kh[:, :t1].transpose(0, 2, 1) / np.sqrt(D)
+            s = s + np.triu(np.full((t1 - t0, t1), -np.inf), t0 + 1)[None]
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            o[t0:t1] = (s @ vh[:, :t1]).transpose(1, 0, 2)
+        return o.reshape(T, Hq * D) @ self.W(pre + "o_proj.weight").T
 
     def logits(self, ids):
         """Logits of every position of `ids` (no cache: [T, vocab])."""

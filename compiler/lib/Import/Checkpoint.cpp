@@ -523,6 +523,10 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
       r.add("attention", "rope_mscale", *rs.mscale);
     if (rs.mscale_all_dim)
       r.add("attention", "rope_mscale_all_dim", *rs.mscale_all_dim);
+    // What GQA scales cos/sin by (DeepSeek's MLA uses mscale_all_dim on
+    // the softmax instead).
+    if (rs.isYarn() && d.isQwen())
+      r.add("attention", "rope_attention_factor", rs.yarnAttentionFactor());
   } else {
     r.add("attention", "rope_scaling", nullptr);
   }

@@ -172,6 +172,10 @@ DictionaryAttr Importer::configDict() {
     if (r.original_max_position_embeddings)
       i64("rope_original_max_position_embeddings",
           *r.original_max_position_embeddings);
+    // Resolved here, where the config's absent keys are still known (the
+    // plan's defaults cannot tell absent from 1).
+    if (r.isYarn())
+      f64("rope_attention_factor", r.yarnAttentionFactor());
   }
   if (desc.usesMla()) {
     i64("q_lora_rank", desc.q_lora_rank);

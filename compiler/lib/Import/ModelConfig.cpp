@@ -62,6 +62,17 @@ std::string supportedModelTypeList() {
   return out;
 }
 
+double RopeScaling::yarnAttentionFactor() const {
+  if (attention_factor)
+    return *attention_factor;
+  auto mscaleOf = [&](double m) {
+    return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+  };
+  if (mscale && mscale_all_dim && *mscale != 0 && *mscale_all_dim != 0)
+    return mscaleOf(*mscale) / mscaleOf(*mscale_all_dim);
+  return mscaleOf(1.0);
+}
+
 //===----------------------------------------------------------------------===//
 // Per-layer queries
 //===----------------------------------------------------------------------===//
@@ -253,14 +264,61 @@ void parseRopeScaling(FieldReader &top, ModelDesc &d) {
   }
   FieldReader r = top.nested(*obj, "rope_scaling");
   RopeScaling rs;
-  rs.type = r.has("type") ? r.optString("type") : r.optString("rope_type");
+  // HF reads "rope_type" and falls back to the legacy "type". A scaling
+  // Duck does not implement is refused: dropping it would run the model
+  // at long contexts with the wrong positions and no word said.
+  StringRef typeKey = r.has("rope_type") ? "rope_type" : "type";
+  if (!r.has(typeKey)) {
+    r.fail("field 'rope_scaling' names no 'rope_type' (supported: default, "
+           "yarn)");
+    return;
+  }
+  rs.type = r.asString(typeKey, r.optional(typeKey), "");
+  if (r.failed())
+    return;
+  if (rs.type != "default" && rs.type != "yarn") {
+    r.fail(r.fieldName(typeKey) + " '" + rs.type +
+           "' is not supported (supported: default, yarn)");
+    return;
+  }
   rs.factor = r.optDouble("factor", 1.0);
   rs.beta_fast = r.maybeDouble("beta_fast");
   rs.beta_slow = r.maybeDouble("beta_slow");
   rs.mscale = r.maybeDouble("mscale");
   rs.mscale_all_dim = r.maybeDouble("mscale_all_dim");
+  rs.attention_factor = r.maybeDouble("attention_factor");
   rs.original_max_position_embeddings =
       r.maybeInt("original_max_position_embeddings");
+  if (rs.isYarn() && !r.failed()) {
+    if (!r.has("factor"))
+      r.fail("missing required field 'rope_scaling.factor' (needed for "
+             "rope_type yarn)");
+    else if (!(rs.factor >= 1.0))
+      r.fail("field 'rope_scaling.factor' must be at least 1 for yarn, "
+             "found " +
+             formatv("{0}", rs.factor).str());
+    // The correction range divides by these and takes their logarithm.
+    for (auto [key, v] : {std::pair{"beta_fast", rs.beta_fast},
+                          std::pair{"beta_slow", rs.beta_slow},
+                          std::pair{"attention_factor", rs.attention_factor}})
+      if (!r.failed() && v && !(*v > 0))
+        r.fail("field '" + r.fieldName(key) + "' must be positive, found " +
+               formatv("{0}", *v).str());
+    // HF's default: the context the model was trained at.
+    if (!rs.original_max_position_embeddings && d.max_position_embeddings > 0)
+      rs.original_max_position_embeddings = d.max_position_embeddings;
+    if (!r.failed() && !rs.original_max_position_embeddings)
+      r.fail("rope_scaling (yarn) needs 'original_max_position_embeddings' "
+             "or a top-level 'max_position_embeddings'");
+    if (!r.failed())
+      r.checkPositive("original_max_position_embeddings",
+                      *rs.original_max_position_embeddings);
+    // HF's truncate=false (gpt-oss) keeps the correction range unrounded;
+    // Duck rounds it as every model it supports does.
+    if (!r.failed() && !r.optBool("truncate", true))
+      r.fail("field 'rope_scaling.truncate' false is not supported (the "
+             "YaRN correction range is always rounded)");
+  }
   d.rope_scaling = std::move(rs);
 }
 

@@ -1,11 +1,14 @@
 //===- GqaAttention.cpp - Qwen3 grouped-query attention -------------------===//
 //
-// q/k/v projections, per-head q/k RMSNorm, NeoX RoPE, causal softmax over
-// the KV cache, o_proj (MATH.md section 1). The cache holds k and v for
-// max_seq positions, fp32 or (--kv-cache f16) IEEE half; every buffer is
-// taken at Create.
+// q/k/v projections, per-head q/k RMSNorm, NeoX RoPE (YaRN frequencies
+// and cos/sin scale when config.json's rope_scaling asks for them, as
+// Qwen3's model cards do for 128k contexts), causal softmax over the KV
+// cache, o_proj (MATH.md section 1). The cache holds k and v for max_seq
+// positions, fp32 or (--kv-cache f16) IEEE half; every buffer is taken at
+// Create.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
+#include "Rope.h"
 
 #include <cmath>
 #include <cstring>
@@ -34,11 +37,23 @@ public:
   FfnRunner *in_runner_ = nullptr;
   uint32_t in_slot_ = 0;
 
-  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
-    // RoPE: frequencies once; cos/sin once a position, shared by the heads.
-    inv_freq_.resize(sh_.dim / 2);
-    for (uint32_t i = 0; i < sh_.dim / 2; ++i)
-      inv_freq_[i] = std::pow(sh_.theta, -2.0 * (double)i / (double)sh_.dim);
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs,
+                        const pl::RopeScalingDef *scaling) {
+    // RoPE: frequencies once (YaRN-blended with rope scaling; the same
+    // half-split pairs DeepSeek's indexer rotates); cos/sin once a
+    // position, shared by the heads.
+    const YarnRope rope = YarnRope::Make(sh_.dim, sh_.theta, scaling);
+    inv_freq_ = rope.inv_freq;
+    // HF's yarn attention_factor, which the compiler resolved; YarnRope's
+    // own cos/sin scale follows DeepSeek's mscale fields instead. Plain
+    // RoPE keeps 1 and so the exact bits it had before scaling existed.
+    if (scaling)
+      cos_sin_scale_ = scaling->attention_factor() > 0
+                           ? (float)scaling->attention_factor()
+                           : (float)(scaling->factor() <= 1.0
+                                         ? 1.0
+                                         : 0.1 * std::log(scaling->factor()) +
+                                               1.0);
     cos_.assign(sh_.dim / 2, 0.0f);
     sin_.assign(sh_.dim / 2, 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
@@ -149,8 +164,8 @@ private:
     float *k = k_buf_.data() + t * sh_.kv();
     for (uint32_t i = 0; i < sh_.dim / 2; ++i) {
       const double a = (double)p * inv_freq_[i];
-      cos_[i] = (float)std::cos(a);
-      sin_[i] = (float)std::sin(a);
+      cos_[i] = (float)std::cos(a) * cos_sin_scale_;
+      sin_[i] = (float)std::sin(a) * cos_sin_scale_;
     }
     for (uint32_t h = 0; h < sh_.heads; ++h) {
       float *qh = q + (uint64_t)h * sh_.dim;
@@ -194,6 +209,7 @@ private:
   std::vector<uint32_t> runs_; // first row of each run, then n
   uint64_t max_seq_ = 0;
   std::vector<double> inv_freq_;
+  float cos_sin_scale_ = 1.0f;
   std::vector<float> cos_, sin_;
   std::vector<float> q_buf_, k_buf_, v_buf_, attn_, qkv_;
   SeqCache kcache_, vcache_;
@@ -210,6 +226,17 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
       sh.heads % sh.kv_heads != 0 || sh.dim % 2 != 0)
     return env.Error("bad attention shape: ", sh.heads, " heads, ", sh.kv_heads,
                      " kv heads of ", sh.dim);
+  // Only YaRN reaches a plan (the compiler refuses other rope types and
+  // leaves "default" out); anything else would rotate wrongly unnoticed.
+  const pl::RopeScalingDef *rs = p->rope_scaling();
+  if (rs && (!rs->type() || rs->type()->str() != "yarn" ||
+             rs->original_max_position_embeddings() == 0 ||
+             !(rs->factor() >= 1.0) || !(rs->beta_fast() > 0) ||
+             !(rs->beta_slow() > 0) || rs->attention_factor() < 0))
+    return env.Error("rope_scaling '", rs->type() ? rs->type()->str() : "",
+                     "' with factor ", rs->factor(),
+                     " is not supported (YaRN with factor >= 1 and "
+                     "original_max_position_embeddings only)");
   auto op = std::make_unique<GqaAttention>(sh, env.pool);
   op->f16_ = env.kv_f16;
   if (p->in_proj_on_ducks()) {
@@ -257,7 +284,8 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
                      sh.hidden);
-  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
+  DUCK_RETURN_IF_ERROR(
+      op->Allocate(env.max_rows, env.max_seq, env.max_seqs, rs));
   return op;
 }
 

@@ -36,15 +36,27 @@ std::optional<ModelFamily> parseModelType(llvm::StringRef modelType);
 /// "qwen3, qwen3_moe, deepseek_v3, deepseek_v32" for messages.
 std::string supportedModelTypeList();
 
-/// "rope_scaling" (null in Qwen3; YaRN in DeepSeek).
+/// "rope_scaling" (null in Qwen3 unless a user turns YaRN on for long
+/// contexts; YaRN in DeepSeek). Only "default" (plain RoPE) and "yarn"
+/// pass parsing.
 struct RopeScaling {
-  std::string type; ///< "type" or "rope_type", e.g. "yarn"
+  std::string type; ///< "rope_type" or legacy "type": "default" or "yarn"
   double factor = 1.0;
   std::optional<double> beta_fast;
   std::optional<double> beta_slow;
   std::optional<double> mscale;
   std::optional<double> mscale_all_dim;
+  std::optional<double> attention_factor;
+  /// For "yarn", max_position_embeddings when the config leaves it out
+  /// (as HF does).
   std::optional<int64_t> original_max_position_embeddings;
+
+  bool isYarn() const { return type == "yarn"; }
+  /// What HF's yarn scales cos and sin by: "attention_factor" when given,
+  /// else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+  /// both are non-zero, else mscale(factor) = 0.1 ln(factor) + 1 (1 for
+  /// factor <= 1).
+  double yarnAttentionFactor() const;
 };
 
 /// "quantization_config". Only block FP8 (e4m3 weights, block scales) exists

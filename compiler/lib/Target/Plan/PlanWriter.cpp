@@ -21,6 +21,7 @@
 
 #include <future>
 
+#include <algorithm>
 #include <cstring>
 
 using namespace mlir;
@@ -561,13 +562,15 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
         return x.takeError();
       t[i] = *x;
     }
+    auto rope = ropeScaling();
     *type = pl::OpParams::GqaAttentionOpDef;
     return pl::CreateGqaAttentionOpDef(
                fbb, t[0], t[1], t[2], t[3], t[4], t[5], a.getNumHeads(),
                a.getNumKvHeads(), a.getHeadDim(), normEps, ropeTheta,
                a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
                a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0),
-               a.getInDuckSlot().has_value(), a.getInDuckSlot().value_or(0))
+               a.getInDuckSlot().has_value(), a.getInDuckSlot().value_or(0),
+               rope)
         .Union();
   }
   *type = pl::OpParams::MlaAttentionOpDef;
@@ -657,7 +660,8 @@ Expected<uint32_t> PlanBuilder::indexerOp(AttentionOp a, uint32_t input) {
 
 fb::Offset<pl::RopeScalingDef> PlanBuilder::ropeScaling() {
   auto type = cfg.getAs<StringAttr>("rope_scaling_type");
-  if (!type)
+  // "default" is plain RoPE, which an absent table already means.
+  if (!type || type.getValue() == "default")
     return {};
   auto f = [&](StringRef k, double dflt) {
     auto v = cfg.getAs<FloatAttr>(k);
@@ -667,7 +671,8 @@ fb::Offset<pl::RopeScalingDef> PlanBuilder::ropeScaling() {
       fbb, type.getValue().str().c_str(), f("rope_scaling_factor", 1.0),
       cfgInt("rope_original_max_position_embeddings"),
       f("rope_beta_fast", 32.0), f("rope_beta_slow", 1.0),
-      f("rope_mscale", 1.0), f("rope_mscale_all_dim", 0.0));
+      f("rope_mscale", 1.0), f("rope_mscale_all_dim", 0.0),
+      f("rope_attention_factor", 0.0));
 }
 
 Expected<fb::Offset<void>> PlanBuilder::moeParams(MoeOp m) {
@@ -933,12 +938,23 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   bool tie = false;
   if (auto a = cfg.getAs<BoolAttr>("tie_word_embeddings"))
     tie = a.getValue();
+  // YaRN stretches the context the model was trained at by its factor:
+  // Qwen3's model cards turn on 128k as 32768 x 4 and leave
+  // max_position_embeddings at 40960. The positions the runtime allows
+  // (--max-seq) take the larger, as vLLM's max_model_len does.
+  int64_t maxPosition = geti("max_position_embeddings");
+  if (auto t = cfg.getAs<StringAttr>("rope_scaling_type");
+      t && t.getValue() == "yarn")
+    maxPosition = std::max<int64_t>(
+        maxPosition,
+        (int64_t)(getf("rope_scaling_factor") *
+                  (double)geti("rope_original_max_position_embeddings")));
   auto modelDef = pl::CreateModelDefDirect(
       pb.fbb, model.getSymName().str().c_str(), planFamily(model.getFamily()),
       geti("hidden_size"), geti("num_layers"), geti("vocab_size"),
       geti("num_attention_heads"), geti("num_kv_heads"), geti("head_dim"),
       getf("rms_norm_eps"), getf("rope_theta"),
-      geti("max_position_embeddings"), tie,
+      (uint32_t)std::min<int64_t>(maxPosition, UINT32_MAX), tie,
       cfg.get("bos_token_id") ? geti("bos_token_id") : -1, &eos,
       geti("q_lora_rank"), geti("kv_lora_rank"), geti("qk_nope_head_dim"),
       geti("qk_rope_head_dim"), geti("v_head_dim"));
