@@ -50,7 +50,18 @@ p.add_argument("--v-dim", type=int, default=32)
 p.add_argument("--first-dense", type=int, default=1)
 p.add_argument("--groups", type=int, default=4)
 p.add_argument("--topk-groups", type=int, default=2)
-p.add_argument("--shared", type=int, default=1)
+p.add_argument("--shared", type=int, default=1,
+               help="n_shared_experts: one MLP of shared * moe-inter")
+p.add_argument("--mscale", default="1.0",
+               help="DeepSeek rope_scaling.mscale ('none': left out)")
+p.add_argument("--mscale-all-dim", default="1.0",
+               help="DeepSeek rope_scaling.mscale_all_dim ('none': left out)")
+p.add_argument("--no-norm-topk-prob", action="store_true",
+               help="norm_topk_prob false (Qwen3-MoE, DeepSeek)")
+p.add_argument("--shards", type=int, default=1,
+               help="N > 1: model-0000i-of-0000N.safetensors (tensors dealt "
+               "round-robin, a weight and its scale apart) and "
+               "model.safetensors.index.json")
 p.add_argument("--index-heads", type=int, default=4)
 p.add_argument("--index-dim", type=int, default=32)
 p.add_argument("--index-topk", type=int, default=16)
@@ -86,7 +97,7 @@ if ds:
         "num_key_value_heads": a.heads, "rope_theta": 10000.0,
         "max_position_embeddings": 163840,
         "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32,
-                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_slow": 1,
                          "original_max_position_embeddings": 4096},
         "q_lora_rank": a.q_lora or None, "kv_lora_rank": a.kv_lora,
         "qk_nope_head_dim": a.nope, "qk_rope_head_dim": a.rope,
@@ -98,6 +109,9 @@ if ds:
         "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "norm_topk_prob": True,
         "num_nextn_predict_layers": 0})
+    for key, v in (("mscale", a.mscale), ("mscale_all_dim", a.mscale_all_dim)):
+        if v != "none":
+            cfg["rope_scaling"][key] = float(v)
     if a.family == "deepseek_v32":
         cfg.update({"index_n_heads": a.index_heads,
                     "index_head_dim": a.index_dim,
@@ -106,6 +120,8 @@ if a.max_position:
     cfg["max_position_embeddings"] = a.max_position
 if a.rope_scaling:
     cfg["rope_scaling"] = json.loads(a.rope_scaling)
+if a.no_norm_topk_prob:
+    cfg["norm_topk_prob"] = False
 if a.dtype == "fp8":
     cfg["quantization_config"] = {
         "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -144,6 +160,10 @@ def mlp(prefix, inter):
 
 
 emb = rng.standard_normal((a.vocab, H)).astype(np.float32)
+if a.tie:
+    # As trained tied embeddings are: small beside the layers' outputs, so
+    # the head does not just give back the current token (1/sqrt(hidden)).
+    emb /= np.sqrt(H)
 tensors.append(("model.embed_tokens.weight", "BF16", f32_to_bf16(emb)))
 def f32(name, n, mean=0.0, spread=1.0):
     v = (mean + spread * rng.standard_normal(n)).astype(np.float32)
@@ -216,4 +236,17 @@ if not a.tie:
 os.makedirs(a.out, exist_ok=True)
 with open(os.path.join(a.out, "config.json"), "w") as f:
     json.dump(cfg, f, indent=1)
-write_safetensors(os.path.join(a.out, "model.safetensors"), tensors)
+if a.shards <= 1:
+    write_safetensors(os.path.join(a.out, "model.safetensors"), tensors)
+else:
+    names = ["model-%05d-of-%05d.safetensors" % (i + 1, a.shards)
+             for i in range(a.shards)]
+    weight_map = {}
+    for i, name in enumerate(names):
+        part = tensors[i::a.shards]
+        weight_map.update((t[0], name) for t in part)
+        write_safetensors(os.path.join(a.out, name), part)
+    total = sum(np.asarray(t[2]).nbytes for t in tensors)
+    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total},
+                   "weight_map": weight_map}, f, indent=1)
