@@ -271,6 +271,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
   sj["duck_kernel_gparam_s"] = gps;
   sj["total_s"] = now() - tStart;
+  if (absl::Status fault = ses.CheckTestFault(); !fault.ok())
+    return fault;
   if (!o.summary_json.empty()) {
     std::ofstream f(o.summary_json);
     f << sj.dump(2) << "\n";

@@ -2,6 +2,7 @@
 #include "duck/runtime/Session.h"
 #include "duck/runtime/StatusMacros.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -213,28 +214,90 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
   }
 }
 
-/// DUCK_TEST_KILL_DUCK="STEP:DUCK[:STOP]": before duck step STEP, SIGKILL
-/// local duck DUCK, or with STOP freeze it (SIGSTOP: a hung duck) (fault
-/// injection for the tests).
-std::function<void(uint64_t)> KillDuckAt(const char *spec,
-                                         LocalCluster *local) {
-  uint64_t step = 0, duck = 0;
+} // namespace
+
+/// DUCK_TEST_KILL_DUCK, fault injection for the tests: "STEP:DUCK[:STOP]"
+/// SIGKILLs local duck DUCK before duck step STEP (with STOP it freezes
+/// it instead: SIGSTOP, a hung duck); "STEP:pid=PID" SIGKILLs process PID
+/// (a cluster file's duckd that the test started itself). A test that
+/// asks for a fault must get it: a bad spec fails the start, and a kill
+/// that did not happen (the step never reached, the signal refused) fails
+/// the run (Session::CheckTestFault).
+struct Session::TestFault {
+  std::string spec;
+  uint64_t step = 0;
+  size_t duck = 0;
+  pid_t pid = 0; // > 0: kill this process, not a local duck
+  bool stop = false;
+  bool fired = false;
+  absl::Status error;
+};
+
+absl::Status Session::ArmTestFault(const char *spec) {
+  auto f = std::make_shared<TestFault>();
+  f->spec = spec;
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DUCK_TEST_KILL_DUCK='", spec, "': ", why,
+        " (expected STEP:DUCK, STEP:DUCK:STOP or STEP:pid=PID)"));
+  };
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   if (parts.size() < 2 || parts.size() > 3 ||
-      !absl::SimpleAtoi(parts[0], &step) ||
-      !absl::SimpleAtoi(parts[1], &duck))
-    return nullptr;
-  const bool stop = parts.size() == 3 && parts[2] == "STOP";
-  return [=](uint64_t index) {
-    if (index != step)
+      !absl::SimpleAtoi(parts[0], &f->step))
+    return bad("not a step and a target");
+  if (absl::StartsWith(parts[1], "pid=")) {
+    int pid = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1].substr(4), &pid) ||
+        pid <= 0)
+      return bad("bad pid");
+    f->pid = pid;
+  } else {
+    if (!absl::SimpleAtoi(parts[1], &f->duck))
+      return bad("bad duck index");
+    if (parts.size() == 3 && parts[2] != "STOP")
+      return bad(absl::StrCat("unknown action '", parts[2], "'"));
+    f->stop = parts.size() == 3;
+    if (!local_)
+      return bad("a duck index needs local ducks (a cluster file's duck is "
+                 "killed by pid)");
+    if (f->duck >= local_->endpoints().size())
+      return bad(absl::StrCat("there are ", local_->endpoints().size(),
+                              " local ducks"));
+  }
+  LocalCluster *local = local_.get();
+  runner_->SetBeforeStep([f, local](uint64_t index) {
+    if (index != f->step || f->fired)
       return;
-    if (stop)
-      local->Signal(duck, SIGSTOP);
-    else
-      (void)local->Kill(duck, SIGKILL);
-  };
+    f->fired = true;
+    if (f->pid > 0) {
+      if (::kill(f->pid, SIGKILL) != 0)
+        f->error = absl::ErrnoToStatus(errno, absl::StrCat("kill ", f->pid));
+    } else if (f->stop) {
+      local->Signal(f->duck, SIGSTOP);
+    } else {
+      f->error = local->Kill(f->duck, SIGKILL);
+    }
+  });
+  fault_ = std::move(f);
+  return absl::OkStatus();
 }
 
+absl::Status Session::CheckTestFault() const {
+  if (!fault_)
+    return absl::OkStatus();
+  if (!fault_->fired)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DUCK_TEST_KILL_DUCK='", fault_->spec, "': step ", fault_->step,
+        " was never reached (the run sent ", runner_->steps(),
+        " duck steps); nothing was killed"));
+  if (!fault_->error.ok())
+    return absl::InternalError(absl::StrCat("DUCK_TEST_KILL_DUCK='",
+                                            fault_->spec, "': the kill failed: ",
+                                            fault_->error.message()));
+  return absl::OkStatus();
+}
+
+namespace {
 } // namespace
 
 std::string CacheBase() {
@@ -566,9 +629,8 @@ absl::Status Session::Start(std::ostream &log) {
       return client_.get();
     });
   }
-  if (local_)
-    if (const char *k = std::getenv("DUCK_TEST_KILL_DUCK"))
-      runner_->SetBeforeStep(KillDuckAt(k, local_.get()));
+  if (const char *k = std::getenv("DUCK_TEST_KILL_DUCK"))
+    DUCK_RETURN_IF_ERROR(ArmTestFault(k));
   EngineOptions eo;
   eo.max_seq = max_seq_;
   threads_ =

@@ -56,6 +56,8 @@ public:
     before_step_ = std::move(f);
   }
   uint64_t recoveries() const { return recoveries_; }
+  /// Steps sent so far (each counted once, however often it was resent).
+  uint64_t steps() const { return steps_; }
   /// Runs after each step is sent, before its replies are awaited
   /// (duckrun parks its host threads there: ThreadPool::Park).
   void SetAfterSend(std::function<void()> f) { after_send_ = std::move(f); }

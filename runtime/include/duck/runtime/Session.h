@@ -118,8 +118,15 @@ public:
   /// destructor).
   void Close();
 
+  /// Whether the fault a test asked for (DUCK_TEST_KILL_DUCK) happened:
+  /// an error when its step was never reached or the kill failed; OK when
+  /// none was asked for.
+  absl::Status CheckTestFault() const;
+
 private:
   Session() = default;
+  struct TestFault;
+  absl::Status ArmTestFault(const char *spec);
 
   SessionOptions opts_;
   std::unique_ptr<LoadedPlan> plan_;
@@ -137,6 +144,7 @@ private:
   uint32_t max_seq_ = 0, threads_ = 1;
   double duck_read_gbs_ = 0;
   std::string name_;
+  std::shared_ptr<TestFault> fault_;
 };
 
 /// The user's cache directory for Duck ($XDG_CACHE_HOME/duck).
