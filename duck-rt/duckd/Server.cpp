@@ -145,6 +145,9 @@ Server::Create(const ServerOptions &options) {
   if (!cache.ok())
     return cache.status();
   s->cache_ = std::move(*cache);
+  Scrubber::Options so;
+  so.bytes_per_second = options.scrub_bytes_per_second;
+  s->scrub_ = std::make_unique<Scrubber>(s->cache_.get(), so);
   s->tsc_hz_ = CalibrateTsc();
   return s;
 }
@@ -179,8 +182,13 @@ void Server::StopWorkers() {
 }
 
 absl::Status Server::Serve() {
-  Log(absl::StrCat("listening on ", address(), ", ", opt_.cores,
-                   " cores, weights ", cache_path_, " (", cache_note_, ")"));
+  Log(absl::StrCat(
+      "listening on ", address(), ", ", opt_.cores, " cores, weights ",
+      cache_path_, " (", cache_note_, "), scrub ",
+      scrub_->enabled()
+          ? absl::StrFormat("%.0f MB/s",
+                            double(scrub_->bytes_per_second()) / 1e6)
+          : std::string("off")));
   std::vector<pollfd> p;
   for (;;) {
     p.clear();
@@ -209,12 +217,19 @@ absl::Status Server::Serve() {
                               : opt_.step_timeout;
       timeout = int(std::max<int64_t>(1, absl::ToInt64Milliseconds(left) + 1));
     }
+    if (const int scrubMs = ScrubTimeoutMs(absl::Now());
+        scrubMs >= 0 && (timeout < 0 || scrubMs < timeout))
+      timeout = scrubMs;
     int r = ::poll(p.data(), p.size(), timeout);
     if (r < 0) {
       if (errno == EINTR)
         continue;
       return absl::InternalError(Errno("poll"));
     }
+    // Nothing else to do: the scrub's turn, one chunk (every event is
+    // served first, and the loop checks for work again after each chunk).
+    if (r == 0 && ScrubMayRun() && absl::Now() >= scrub_->due())
+      ScrubChunk(absl::Now());
     if (p[0].revents & POLLIN) {
       signalfd_siginfo si;
       ssize_t n = ::read(signal_fd_, &si, sizeof si);
@@ -380,7 +395,62 @@ void Server::Drop(const std::string &why) {
   Log(absl::StrCat("host ", conn_.peer, ": ", why, "; connection closed"));
   ::close(conn_.fd);
   conn_ = Conn{};
+  preparing_ = false; // an upload cut off: what it wrote is unfinished
   StopWorkers();
+}
+
+bool Server::ScrubMayRun() const {
+  return scrub_->HasWork() && !preparing_ &&
+         !(session_ && session_->in_step());
+}
+
+int Server::ScrubTimeoutMs(absl::Time now) const {
+  if (!scrub_->HasWork() || preparing_)
+    return -1; // a prepare's frames, or its end, wake the loop anyway
+  // A session worker serves steps without duckd: while one runs, look
+  // again shortly (steps are milliseconds).
+  if (session_ && session_->in_step())
+    return 2;
+  const absl::Duration left = scrub_->due() - now;
+  if (left <= absl::ZeroDuration())
+    return 0;
+  return int(std::min<int64_t>(absl::ToInt64Microseconds(left) / 1000 + 1,
+                               1000));
+}
+
+void Server::ScrubChunk(absl::Time now) {
+  static const char *kKinds[] = {"dense", "moe", "head"};
+  if (std::optional<Scrubber::Damage> d = scrub_->Chunk(now)) {
+    const std::string what =
+        d->slot < 0
+            ? absl::StrCat("the image head (header and slot table, ",
+                           d->bytes, " bytes)")
+            : absl::StrCat("slot ", d->slot, " (layer ", d->layer, ", ",
+                           d->kind < 3 ? kKinds[d->kind] : "?", "; ",
+                           d->bytes, " bytes at image offset ", d->offset,
+                           ")");
+    Log(absl::StrCat(
+        "scrub: ", what, " is damaged: its bytes hash to 0x",
+        absl::Hex(d->got, absl::kZeroPad16), ", finished as 0x",
+        absl::Hex(d->want, absl::kZeroPad16), "; ",
+        d->slot < 0 ? "every slot is unfinished" : "it is unfinished",
+        " (", d->unfinished,
+        " part(s)): the next prepare uploads it again, and steps on it are "
+        "refused until then"));
+  }
+  if (scrub_->TakePassEnded()) {
+    const Scrubber::Stats &st = scrub_->stats();
+    // The first pass says the scrub works; later ones only when they
+    // found something (an idle duck passes every few seconds or minutes).
+    if (st.passes == 1 || st.last_pass_damaged)
+      Log(absl::StrFormat(
+          "scrub: pass %llu done in %.2f s (%llu damaged in it); %llu slots, "
+          "%.1f MiB hashed so far",
+          (unsigned long long)st.passes,
+          absl::ToDoubleSeconds(st.last_pass_took),
+          (unsigned long long)st.last_pass_damaged,
+          (unsigned long long)st.slots, double(st.bytes) / 1048576.0));
+  }
 }
 
 void Server::Reply(uint16_t type, uint32_t request_id,
@@ -523,6 +593,7 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_PREPARE_FINISH: OnPrepareFinish(h); break;
     case DUCKD_MSG_CLOSE: OnClose(h); break;
     case DUCKD_MSG_MEASURE: OnMeasure(h); break;
+    case DUCKD_MSG_STATS: OnStats(h); break;
     default: break; // ValidateHeader refused every other type
     }
   }
@@ -804,6 +875,13 @@ void Server::OnRun(const duckd_frame_header &h) {
     ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST, bad);
     return;
   }
+  if (std::string why =
+          DamagedSlotRefusal(cache_->mapping(),
+                             buf_.data() + sizeof r + r.elf_bytes, r.ib_bytes);
+      !why.empty()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE, absl::StrCat("run: ", why));
+    return;
+  }
   // One sandbox process serves every run whose sizes it can hold.
   const WorkerConfig *cur = run_worker_ ? &run_worker_->config() : nullptr;
   if (!cur || cur->cores != cores || cur->ib_limit < r.ib_bytes ||
@@ -842,6 +920,7 @@ void Server::OnPrepareBegin(const duckd_frame_header &h) {
   }
   std::memcpy(&r, buf_.data(), sizeof r);
   auto res = cache_->Begin(r.image, r.flags & DUCKD_PREPARE_INVALIDATE);
+  preparing_ = res.ok(); // the scrub waits for its finish
   if (!res.ok()) {
     ReplyError(h.type, h.request_id,
                res.status().code() == absl::StatusCode::kResourceExhausted
@@ -912,6 +991,7 @@ std::string Server::PagesNote() const {
 void Server::OnPrepareFinish(const duckd_frame_header &h) {
   if (!ReadPayload(h))
     return;
+  preparing_ = false;
   auto res = cache_->Finish();
   if (!res.ok()) {
     ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE,
@@ -1014,6 +1094,29 @@ void Server::OnMeasure(const duckd_frame_header &h) {
                       "Gparam/s (+%.1f us a call), GEMM %.1f GMAC/s (%.1f s)",
                       cores, rep.read_gbs, rep.gparam_s[DUCK_KERNEL_GENERAL128],
                       rates.gemv_call_us, rep.gemm_gmac_s, rep.seconds));
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}});
+}
+
+void Server::OnStats(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  if (!buf_.empty()) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "stats takes no payload");
+    return;
+  }
+  const Scrubber::Stats &st = scrub_->stats();
+  duckd_stats_reply rep{};
+  rep.scrub_bytes_per_second = scrub_->bytes_per_second();
+  rep.scrub_passes = st.passes;
+  rep.scrub_slots = st.slots;
+  rep.scrub_bytes = st.bytes;
+  rep.scrub_damaged = st.damaged;
+  rep.scrub_last_pass_unix_ms =
+      st.passes ? uint64_t(absl::ToUnixMillis(st.last_pass)) : 0;
+  rep.scrub_last_pass_ms = uint64_t(absl::ToInt64Milliseconds(st.last_pass_took));
+  rep.damaged_slots = cache_->DamagedSlots();
+  rep.finished_slots = cache_->header().finished_slots;
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
 }
 

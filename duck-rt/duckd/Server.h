@@ -7,6 +7,7 @@
 #define DUCK_RT_DUCKD_SERVER_H
 
 #include "ElfLoader.h"
+#include "Scrubber.h"
 #include "WeightCache.h"
 #include "duck_rt/wire.h"
 #include "Worker.h"
@@ -45,6 +46,10 @@ struct ServerOptions {
   absl::Duration step_timeout = absl::Seconds(120);
   ElfLimits elf_limits;
   bool sandbox = true; // workers run under seccomp and rlimits (Sandbox.h)
+  /// The memory scrub's rate (Scrubber.h), bytes a second; 0: off. 64 MB/s
+  /// goes over a 28 GB duck in 7-8 minutes for well under 1 % of its read
+  /// bandwidth.
+  uint64_t scrub_bytes_per_second = 64'000'000;
 };
 
 class Server {
@@ -109,6 +114,14 @@ private:
   std::string PagesNote() const;
   void OnClose(const duckd_frame_header &h);
   void OnMeasure(const duckd_frame_header &h);
+  void OnStats(const duckd_frame_header &h);
+  /// Whether the scrub may hash now: it has work, and the duck is idle (no
+  /// step inside the ELF, no prepare between its begin and finish).
+  bool ScrubMayRun() const;
+  /// Milliseconds until the scrub wants the loop back (-1: never).
+  int ScrubTimeoutMs(absl::Time now) const;
+  /// Hashes one chunk and logs what it found.
+  void ScrubChunk(absl::Time now);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,
                     uint64_t elf_bytes);
   WorkerConfig BaseWorkerConfig(uint32_t cores) const;
@@ -118,6 +131,8 @@ private:
   uint16_t port_ = 0;
   std::string cache_path_, cache_note_;
   std::unique_ptr<WeightCache> cache_;
+  std::unique_ptr<Scrubber> scrub_;
+  bool preparing_ = false; // between prepare_begin and its finish
   uint64_t tsc_hz_ = 0;
   std::vector<int> cpus_; // the affinity mask, in order
 

@@ -280,41 +280,96 @@ WeightCache::Begin(const duck_image_header &image, bool invalidate) {
       damaged = VerifyFinished();
       verified_generation_ = generation_;
     }
+    checked_ = true;
     const bool all = h->head_finished && h->finished_slots == image.slot_count;
     Result r = MakeResult(all ? DUCKD_CACHE_HIT : DUCKD_CACHE_PARTIAL);
     r.damaged = damaged;
     return r;
   }
   Reset(&image);
+  checked_ = true;
   return MakeResult(DUCKD_CACHE_MISS);
 }
 
 uint32_t WeightCache::VerifyFinished() {
   duckd_cache_header *h = hdr();
-  uint32_t bad = 0;
   if (h->head_finished &&
-      XXH3_64bits(image(), TableEnd()) != h->head_checksum) {
-    // The slot table itself is suspect: nothing it names can be trusted.
-    h->head_finished = 0;
-    for (uint32_t s = 0; s < h->image.slot_count; ++s)
-      bad += h->slots[s].finished ? 1 : 0, h->slots[s].finished = 0;
-    h->finished_slots = 0;
-    Commit();
-    return bad + 1;
-  }
+      XXH3_64bits(image(), TableEnd()) != h->head_checksum)
+    return MarkDamaged(-1); // the slot table itself is suspect
   if (!h->head_finished)
     return 0;
   const duck_slot_entry *t = Table(image(), h->image);
+  uint32_t bad = 0;
   for (uint32_t s = 0; s < h->image.slot_count; ++s)
     if (h->slots[s].finished &&
-        XXH3_64bits(image() + t[s].offset, t[s].bytes) != h->slots[s].checksum) {
-      h->slots[s].finished = 0;
-      --h->finished_slots;
-      ++bad;
-    }
-  if (bad)
-    Commit();
+        XXH3_64bits(image() + t[s].offset, t[s].bytes) != h->slots[s].checksum)
+      bad += MarkDamaged(s);
   return bad;
+}
+
+uint32_t WeightCache::MarkDamaged(int64_t slot) {
+  duckd_cache_header *h = hdr();
+  const uint32_t n = std::min<uint32_t>(h->image.slot_count, kSlotCapacity);
+  uint32_t unfinished = 0;
+  auto damage = [&](uint32_t s) {
+    if (!h->slots[s].finished)
+      return;
+    // Flag first: a step that reads the flags between the two stores sees
+    // a damaged slot refused, never an undamaged one running.
+    __atomic_store_n(&h->slots[s].damaged, 1u, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->slots[s].finished, 0u, __ATOMIC_RELEASE);
+    ++unfinished;
+  };
+  if (slot < 0) {
+    // The head names every slot: nothing it describes can be trusted.
+    if (h->head_finished) {
+      h->head_finished = 0;
+      ++unfinished;
+    }
+    for (uint32_t s = 0; s < n; ++s)
+      damage(s);
+  } else if (uint64_t(slot) < n) {
+    damage(uint32_t(slot));
+  }
+  if (unfinished)
+    Commit();
+  return unfinished;
+}
+
+uint32_t WeightCache::DamagedSlots() const {
+  const duckd_cache_header *h = hdr();
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < h->image.slot_count && s < kSlotCapacity; ++s)
+    n += h->slots[s].damaged ? 1 : 0;
+  return n;
+}
+
+std::string DamagedSlotRefusal(const uint8_t *mapping, const uint8_t *ib,
+                               uint64_t ib_bytes) {
+  duck_ib_header ih;
+  if (!mapping || ib_bytes < sizeof ih)
+    return "";
+  std::memcpy(&ih, ib, sizeof ih);
+  const auto *h = reinterpret_cast<const duckd_cache_header *>(mapping);
+  if (ih.magic != DUCK_IB_MAGIC || !h->valid ||
+      ih.slot >= std::min<uint32_t>(h->image.slot_count, kSlotCapacity) ||
+      !__atomic_load_n(&h->slots[ih.slot].damaged, __ATOMIC_ACQUIRE))
+    return "";
+  // The layer, from the slot table, only while the head still verifies
+  // (a damaged table could name any layer).
+  std::string layer;
+  const uint64_t row =
+      h->image.slot_table_offset + uint64_t(ih.slot) * sizeof(duck_slot_entry);
+  if (h->head_finished && InRange(row, sizeof(duck_slot_entry), h->capacity)) {
+    duck_slot_entry e;
+    std::memcpy(&e, mapping + DUCKD_CACHE_HEADER_BYTES + row, sizeof e);
+    layer = absl::StrCat(" (layer ", e.layer, ")");
+  }
+  return absl::StrCat(
+      "slot ", ih.slot, layer,
+      " of this duck's weight cache is damaged: its bytes no longer match "
+      "the checksum they were finished with; it is unfinished, and no step "
+      "runs on it until a prepare uploads it again");
 }
 
 absl::StatusOr<uint8_t *> WeightCache::BeginWrite(uint64_t offset,
@@ -426,6 +481,7 @@ absl::StatusOr<WeightCache::Result> WeightCache::Finish() {
   for (uint32_t s : good) {
     h->slots[s].finished = 1;
     h->slots[s].checksum = t[s].checksum;
+    h->slots[s].damaged = 0; // uploaded again and verified
   }
   Commit();
   if (bad.empty() && unwritten)

@@ -34,7 +34,12 @@ enum {
 typedef struct duckd_cache_slot {
   uint64_t checksum; // the verified XXH3-64 of the slot's bytes
   uint32_t finished;
-  uint32_t reserved;
+  /// 1: the slot was finished and its bytes were later found changed (by
+  /// the scrub or the re-hash before a prepare trusts the cache); it is
+  /// unfinished, and steps on it are refused until a prepare finishes it
+  /// again. (Was `reserved`, always 0: files written before read as "not
+  /// damaged", and older duckds ignore it.)
+  uint32_t damaged;
 } duckd_cache_slot;
 
 typedef struct duckd_cache_header {
@@ -112,6 +117,21 @@ public:
   /// stopped an upload part way: the slots it sent whole are kept).
   absl::StatusOr<Result> Finish();
 
+  /// True once a prepare_begin of this process has re-hashed (or reset)
+  /// the cache: from then on every finished part has verified in this
+  /// process, which is what the scrub keeps checking (before that, the
+  /// first prepare does the whole check itself).
+  bool checked() const { return checked_; }
+  /// Bytes [0, TableEnd()) of the image: the image header and slot table.
+  uint64_t HeadBytes() const { return TableEnd(); }
+  /// Marks a finished slot (or with slot -1, the head: then every finished
+  /// slot) damaged: unfinished and flagged in the metadata, durably, so
+  /// the next prepare uploads it again and no step runs on it meanwhile.
+  /// Returns how many parts it unfinished.
+  uint32_t MarkDamaged(int64_t slot);
+  /// Slots flagged damaged now (awaiting a prepare).
+  uint32_t DamagedSlots() const;
+
 private:
   WeightCache() = default;
   duckd_cache_header *hdr() const {
@@ -131,6 +151,7 @@ private:
   uint64_t capacity_ = 0;
   uint64_t generation_ = 0;
   uint64_t verified_generation_ = ~0ull; // the image state last re-hashed
+  bool checked_ = false;
   bool sync_ = true;
   /// Bytes this cache session (since Begin) has written into each slot:
   /// Finish checksums only the slots written whole (and the head), so a
@@ -143,6 +164,14 @@ private:
 absl::Status CheckImageHeader(const duck_image_header &h, uint64_t capacity);
 /// XXH3-64 of a duck_image_header with header_checksum zero.
 uint64_t ImageHeaderChecksum(const duck_image_header &h);
+
+/// Why a step with this IB must not run: its slot (duck_ib_header.slot) is
+/// flagged damaged in the cache metadata at `mapping` (the start of the
+/// weights file's mapping, as WeightCache::mapping()); empty when it may
+/// (no such slot, an IB the ELF will refuse anyway, or an undamaged slot).
+/// Read-only and lock-free: a session worker calls it before every step.
+std::string DamagedSlotRefusal(const uint8_t *mapping, const uint8_t *ib,
+                               uint64_t ib_bytes);
 
 } // namespace duck::duckd
 

@@ -3,6 +3,7 @@
 #include "Worker.h"
 
 #include "Sandbox.h"
+#include "WeightCache.h"
 #include "duck_rt/wire.h"
 
 #include "absl/strings/str_cat.h"
@@ -403,6 +404,11 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   check.Update(w->ib, rest);
   if (!verified())
     return ctl->owner.load() == kOwnerWorker;
+  // Never on a slot the scrub found damaged (the flag is in the cache
+  // metadata this worker maps read-only): the host re-prepares and resends.
+  if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, rest);
+      !why.empty())
+    return reply_error(DUCKD_ERR_CACHE, absl::StrCat("step: ", why));
 
   // Run the call on every core.
   const uint64_t start = NowNs();

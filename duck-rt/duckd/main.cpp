@@ -56,6 +56,11 @@ ABSL_FLAG(bool, sandbox, true,
           "run the ELF's worker under a seccomp filter (only the system calls "
           "a step needs: no open, socket, fork or exec) and rlimits; "
           "--nosandbox for debugging and profiling only");
+ABSL_FLAG(int, scrub_mbps, 64,
+          "MB/s at which the finished slots of the weight cache are hashed "
+          "again while the duck is idle (no step, no prepare), to find bytes "
+          "changed under a running duck: a damaged slot is logged, refused "
+          "to steps and re-uploaded by the next prepare; 0: off");
 ABSL_FLAG(std::string, check_elf, "",
           "only validate this duck ELF with duckd's loader and exit");
 
@@ -147,6 +152,12 @@ int main(int argc, char **argv) {
   o.hello_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_hello_timeout_ms));
   o.idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_idle_timeout_ms));
+  if (absl::GetFlag(FLAGS_scrub_mbps) < 0) {
+    std::fprintf(stderr, "duckd: --scrub-mbps must be 0 (off) or more\n");
+    return 2;
+  }
+  o.scrub_bytes_per_second =
+      uint64_t(absl::GetFlag(FLAGS_scrub_mbps)) * 1000000;
 
   auto server = duck::duckd::Server::Create(o);
   if (!server.ok()) {

@@ -386,6 +386,7 @@ const char *MessageTypeName(uint16_t type) {
   case DUCKD_MSG_CLOSE: return "close";
   case DUCKD_MSG_NOTICE: return "notice";
   case DUCKD_MSG_MEASURE: return "measure";
+  case DUCKD_MSG_STATS: return "stats";
   default: return "unknown";
   }
 }

@@ -871,6 +871,31 @@ DuckClient::Measure(const MeasureOptions &options) {
   return out;
 }
 
+absl::StatusOr<std::vector<duckd_stats_reply>> DuckClient::Stats() {
+  Impl &m = *impl_;
+  std::vector<duckd_stats_reply> out(m.conns.size());
+  std::vector<size_t> all;
+  for (size_t d = 0; d < m.conns.size(); ++d) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    m.Queue(d, DUCKD_MSG_STATS, {}, {});
+    all.push_back(d);
+  }
+  absl::Status s = m.Pump(
+      all, m.opt.call_timeout, "stats",
+      [&](size_t d, const duckd_frame_header &,
+          absl::Span<const uint8_t> pl) -> absl::Status {
+        // Fields are only appended: a longer reply starts with these.
+        if (pl.size() < sizeof(duckd_stats_reply))
+          return absl::InternalError("stats reply shorter than protocol 3's");
+        std::memcpy(&out[d], pl.data(), sizeof(duckd_stats_reply));
+        return absl::OkStatus();
+      });
+  if (!s.ok())
+    return s;
+  return out;
+}
+
 namespace {
 
 /// A weight image file as the compiler writes it, opened for streaming.

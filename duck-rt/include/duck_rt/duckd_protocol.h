@@ -47,7 +47,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_CLOSE = 8,
   DUCKD_MSG_NOTICE = 9, // unsolicited, from duckd (e.g. "busy"), then close
   DUCKD_MSG_MEASURE = 10, // the duck's own rates, for the cost model
-  DUCKD_MSG_COUNT = 11,
+  DUCKD_MSG_STATS = 11,   // the duck's counters (the weight scrub's)
+  DUCKD_MSG_COUNT = 12,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -249,9 +250,31 @@ typedef struct duckd_measure_reply {
   uint32_t gemv_call_ns;
 } duckd_measure_reply;
 
+/* stats: the duck's counters. ------------------------------------------ */
+
+/// Reply of `stats` (an empty request). Added within protocol 3: a host
+/// sends it only when asked, and a duckd from before it answers
+/// bad_frame "unknown message type 11" and closes the connection. Fields
+/// are only appended: a host reads the fields it knows from a longer reply.
+typedef struct duckd_stats_reply {
+  /// The memory scrub (duckd --scrub-mbps): the finished parts of the
+  /// weight cache hashed again while the duck is idle.
+  uint64_t scrub_bytes_per_second; // its rate; 0: the scrub is off
+  uint64_t scrub_passes;           // full passes over every finished part
+  uint64_t scrub_slots;            // slots hashed whole
+  uint64_t scrub_bytes;            // bytes hashed
+  uint64_t scrub_damaged;          // parts found damaged (then unfinished)
+  uint64_t scrub_last_pass_unix_ms; // when the last full pass ended; 0: none
+  uint64_t scrub_last_pass_ms;      // how long it took
+  uint32_t damaged_slots;  // slots flagged damaged now (until re-uploaded)
+  uint32_t finished_slots; // slots finished now
+  uint64_t reserved[4];
+} duckd_stats_reply;
+
 #ifdef __cplusplus
 } // extern "C"
 
+static_assert(sizeof(duckd_stats_reply) == 96, "duckd_stats_reply is wire");
 static_assert(sizeof(duckd_frame_header) == 32, "duckd_frame_header is wire");
 static_assert(sizeof(duckd_error) == 8, "duckd_error is wire");
 static_assert(sizeof(duckd_hello_request) == 32, "duckd_hello_request is wire");

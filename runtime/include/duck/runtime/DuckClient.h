@@ -195,6 +195,10 @@ public:
   /// `pings` round trips to it. For the compiler's cost model.
   absl::StatusOr<std::vector<DuckRates>>
   Measure(const MeasureOptions &options = {});
+  /// Asks every duck for its counters (`stats`: the weight scrub's). A
+  /// duckd older than the `stats` message answers bad_frame ("unknown
+  /// message type 11") and closes the connection.
+  absl::StatusOr<std::vector<duckd_stats_reply>> Stats();
 
 private:
   struct Impl;
