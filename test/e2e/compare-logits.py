@@ -1,9 +1,16 @@
-# Compares two raw float32 logits files, row by row when --vocab is given
-# (one row a position). Prints the worst row's max absolute difference
-# (absolute, and relative to that row's max |x| in the reference), the
-# worst relative L2 error and how many rows' argmax agree; exits 1 when any
-# row exceeds --rel-l2, --max-abs (relative) or --max-delta (absolute), or
-# when the files' sizes differ.
+"""Compares two raw float32 logits files row by row (duckrun's and the reference's).
+
+With --vocab each row is one position's logits. `duckrun --logits-out`
+writes every prompt position's row, then one row for every generated token
+that was fed back, i.e. all but the last generated token (runtime/src/
+Generate.cpp); `reference.py --logits-out` writes the same rows, and with
+--teacher-ids it computes them over the prompt plus duckrun's own ids, so
+row i of both files always has the same context. Prints the worst row's max
+absolute difference (absolute, and relative to that row's max |x| in the
+reference), the worst relative L2 error and how many rows' argmax agree;
+exits 1 when any row exceeds --rel-l2, --max-abs (relative) or --max-delta
+(absolute), or when the files' sizes differ.
+"""
 import argparse
 import sys
 
