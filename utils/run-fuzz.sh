@@ -37,7 +37,10 @@ mkdir -p "$WORK/seeds/plan" "$WORK/seeds/elf"
 if [ -x "$BUILD/bin/duck-mkmodel" ] && [ -x "$BUILD/bin/duckc" ]; then
   "$BUILD/bin/duck-mkmodel" --preset tiny-qwen3 --dtype fp8 -q -o "$WORK/model" &&
     "$BUILD/bin/duckc" compile "$WORK/model" --tp 2 -o "$WORK/plan" >/dev/null &&
-    cp "$WORK/plan/model.duckplan" "$WORK/seeds/plan/"
+    # Without its 16-byte trailer: fuzz-plan reseals every input, so
+    # mutations reach the semantic checks (fuzz_plan.cpp).
+    head -c -16 "$WORK/plan/model.duckplan" > "$WORK/seeds/plan/model.duckplan"
+  export DUCK_FUZZ_PLAN_SEED="$WORK/plan" DUCK_FUZZ_PLAN_MODEL="$WORK/model"
 fi
 [ -f "$BUILD/lib/duck.elf" ] && cp "$BUILD/lib/duck.elf" "$WORK/seeds/elf/"
 
