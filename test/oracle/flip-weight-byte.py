@@ -17,7 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp9_np  # noqa: E402
-from fp9_images import load_plan, scale_rows_of  # noqa: E402
+from fp9_images import (ffn_pieces, head_groups, head_pieces,  # noqa: E402
+                        load_plan, scale_rows_of)
 from safetensors_np import Checkpoint  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,11 +41,17 @@ plan, _ = load_plan(a.plan, a.plan_dump)
 duck = plan["ducks"][a.duck]
 slot = duck["slots"][a.slot]
 m = slot["matrices"][a.matrix]
-sr = scale_rows_of(Checkpoint(a.model or plan["checkpoint_dir"]))
-# The phase only changes the scale plane's size, which comes last; for a
-# scale flip the tile is counted from the slice's first row.
-phase = (slot["inter_begin"] % sr) if (not slot["head"] and m["role"] < 2) \
-    else 0
+ck = Checkpoint(a.model or plan["checkpoint_dir"])
+sr = scale_rows_of(ck)
+# The matrix's first source row sets its row phase: which scale row a
+# local row uses (the scale plane comes last, so only a scale flip needs it).
+if slot["head"]:
+    pieces = head_pieces(slot, head_groups(plan)[a.slot], ck)
+else:
+    ops = {op["params"]["step"]["slot"]: op for op in plan["ops"]
+           if op["params_type"] in ("DenseFfnOpDef", "MoeFfnOpDef")}
+    pieces = ffn_pieces(slot, ops.get(a.slot), ck)
+phase = [row0 for i, _, row0, _, _ in pieces if i == a.matrix][0] % sr
 lay = fp9_np.plane_layout(m["rows"], m["k"], m["block"], sr, phase)
 if a.plane == "magnitude":
     at, bit = m["offset"] + lay["mag"] + a.row * m["k"] + a.col, 0

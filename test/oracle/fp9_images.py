@@ -68,10 +68,13 @@ def scale_rows_of(ck):
 def ffn_pieces(slot, op, ck):
     """[(matrix index, tensor, row0, col0, row_phase_source_row)] of an FFN
     slot: gate/up rows [inter_begin, inter_end), down columns the same."""
+    if op is None:
+        raise Mismatch("FFN slot of layer %d: no FFN op names it"
+                       % slot["layer"])
     L = slot["layer"]
     pre = "model.layers.%d.mlp." % L
-    E = op["params"].get("num_experts", 0) if op else 0
-    n_shared = op["params"].get("num_shared", 0) if op else 0
+    E = op["params"].get("num_experts", 0)
+    n_shared = op["params"].get("num_shared", 0)
     ib = slot["inter_begin"]
     out = []
     for i, m in enumerate(slot["matrices"]):
