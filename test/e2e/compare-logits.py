@@ -1,4 +1,4 @@
-"""Compares two raw float32 logits files row by row (duckrun's and the reference's).
+"""Compares two raw float32 logits files (duckrun's, the reference's) row by row.
 
 With --vocab each row is one position's logits. `duckrun --logits-out`
 writes every prompt position's row, then one row for every generated token
