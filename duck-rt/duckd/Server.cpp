@@ -879,7 +879,7 @@ void Server::OnRun(const duckd_frame_header &h) {
           DamagedSlotRefusal(cache_->mapping(),
                              buf_.data() + sizeof r + r.elf_bytes, r.ib_bytes);
       !why.empty()) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE, absl::StrCat("run: ", why));
+    ReplyError(h.type, h.request_id, DUCKD_ERR_CACHE, why);
     return;
   }
   // One sandbox process serves every run whose sizes it can hold.
@@ -920,7 +920,9 @@ void Server::OnPrepareBegin(const duckd_frame_header &h) {
   }
   std::memcpy(&r, buf_.data(), sizeof r);
   auto res = cache_->Begin(r.image, r.flags & DUCKD_PREPARE_INVALIDATE);
-  preparing_ = res.ok(); // the scrub waits for its finish
+  // An upload follows (the scrub waits for its finish); a hit sends none,
+  // and no prepare_finish either.
+  preparing_ = res.ok() && res->result != DUCKD_CACHE_HIT;
   if (!res.ok()) {
     ReplyError(h.type, h.request_id,
                res.status().code() == absl::StatusCode::kResourceExhausted

@@ -408,7 +408,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   // metadata this worker maps read-only): the host re-prepares and resends.
   if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, rest);
       !why.empty())
-    return reply_error(DUCKD_ERR_CACHE, absl::StrCat("step: ", why));
+    return reply_error(DUCKD_ERR_CACHE, why);
 
   // Run the call on every core.
   const uint64_t start = NowNs();
