@@ -12,8 +12,8 @@
 //                  request non-streamed (greedy, so the texts must agree)
 //   completions    one legacy text completion
 //   badkey         expects 401 (OpenAI.AuthenticationError) for <api-key>
-//   concurrent N   N streaming chat completions at once, prompts
-//                  "Count to 1" .. "Count to N"; prints
+//   concurrent N   N streaming chat completions at once, the first N
+//                  prompts of prompts.json (their answers differ); prints
 //                  `stream <i> <JSON-escaped text>` for each, by i
 //
 // The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
@@ -229,9 +229,11 @@ const scenarios = {
     const n = Number(arg);
     expect(Number.isInteger(n) && n >= 1, `N is ${show(arg)}, expected a positive integer`);
     const model = await pickModel();
+    const prompts = require('./prompts.json');
+    expect(n <= prompts.length, `N is ${n}, prompts.json has ${prompts.length} prompts`);
     const is = Array.from({ length: n }, (_, k) => k + 1);
     const results = await Promise.all(
-      is.map((i) => streamOnce(model, `Count to ${i}`, 16, `concurrent stream ${i}`)));
+      is.map((i) => streamOnce(model, prompts[i - 1], 16, `concurrent stream ${i}`)));
     is.forEach((i, k) => out(`stream ${i} ${JSON.stringify(results[k].text)}`));
     out('concurrent ok');
   },

@@ -9,8 +9,11 @@
   serve.py stop DIR
       SIGTERM, then waits for a clean exit ("duckrun serve: stopped").
   serve.py cli-expect N -- duckrun PLAN ...
-      Runs the one-shot CLI with --prompt "Count to i" (i = 1..N) and prints
-      `stream <i> <JSON text>` lines, the format of openai-client.cjs.
+      Runs the one-shot CLI with the first N prompts of prompts.json and
+      prints `stream <i> <JSON text>` lines, the format of
+      openai-client.cjs. Fails when two answers are the same text: a
+      comparison of served and CLI answers means something only when a
+      swapped or broken prompt would show.
   serve.py check-stop URL KEY
       A stop string cut from a greedy answer ends the answer just before it,
       with finish_reason "stop", streaming and not.
@@ -132,12 +135,21 @@ def stop(argv):
 
 def cli_expect(argv):
     n, cmd = int(argv[0]), argv[argv.index("--") + 1:]
+    prompts = json.load(open(os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "prompts.json")))
+    if n > len(prompts):
+        die(f"cli-expect: {n} answers asked, prompts.json has {len(prompts)}")
+    seen = {}
     for i in range(1, n + 1):
-        out = subprocess.run(cmd + ["--prompt", f"Count to {i}"],
+        out = subprocess.run(cmd + ["--prompt", prompts[i - 1]],
                              check=True, capture_output=True).stdout
         text = out.decode("utf-8")
         if text.endswith("\n"):
             text = text[:-1]
+        if text in seen:
+            die(f"cli-expect: prompts {seen[text]} and {i} give the same "
+                f"answer {text!r}: the model cannot tell the streams apart")
+        seen[text] = i
         print(f"stream {i} {json.dumps(text, ensure_ascii=False)}")
 
 
