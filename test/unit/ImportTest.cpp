@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -589,6 +590,75 @@ TEST(ModelConfigErrors, AbsurdSizesAreRefused) {
           "vocab_size":8,"num_attention_heads":2,"intermediate_size":4})");
   EXPECT_EQ(msg, "config.json: field 'num_hidden_layers' (1000000) exceeds "
                  "the supported maximum 1024");
+}
+
+/// A tiny Qwen3 config with `ropeScaling` as its rope_scaling.
+std::string qwenWithRope(const std::string &ropeScaling) {
+  return R"({"model_type":"qwen3","hidden_size":8,"num_hidden_layers":2,
+             "vocab_size":8,"num_attention_heads":2,"intermediate_size":4,
+             "max_position_embeddings":40960,"rope_scaling":)" +
+         ropeScaling + "}";
+}
+
+TEST(ModelConfig, QwenYarnAsTheModelCardsSetIt) {
+  auto d = parseModelConfigText(
+      qwenWithRope(R"({"rope_type":"yarn","factor":4.0,
+                       "original_max_position_embeddings":32768})"),
+      "config.json");
+  ASSERT_TRUE(bool(d)) << llvm::toString(d.takeError());
+  ASSERT_TRUE(d->rope_scaling && d->rope_scaling->isYarn());
+  EXPECT_EQ(d->rope_scaling->original_max_position_embeddings, 32768);
+  // HF's default attention factor: 0.1 ln(factor) + 1.
+  EXPECT_DOUBLE_EQ(d->rope_scaling->yarnAttentionFactor(),
+                   0.1 * std::log(4.0) + 1.0);
+}
+
+TEST(ModelConfig, YarnAttentionFactorFollowsHf) {
+  RopeScaling rs;
+  rs.type = "yarn";
+  rs.factor = 40;
+  // Both mscales (DeepSeek's 1 and 1): their ratio.
+  rs.mscale = 1.0;
+  rs.mscale_all_dim = 1.0;
+  EXPECT_DOUBLE_EQ(rs.yarnAttentionFactor(), 1.0);
+  rs.mscale = 0.707;
+  EXPECT_DOUBLE_EQ(rs.yarnAttentionFactor(),
+                   (0.1 * 0.707 * std::log(40.0) + 1) /
+                       (0.1 * std::log(40.0) + 1));
+  // Only one of them: the default, as HF's `if mscale and mscale_all_dim`.
+  rs.mscale_all_dim.reset();
+  EXPECT_DOUBLE_EQ(rs.yarnAttentionFactor(), 0.1 * std::log(40.0) + 1);
+  // Given outright, it wins.
+  rs.attention_factor = 1.25;
+  EXPECT_DOUBLE_EQ(rs.yarnAttentionFactor(), 1.25);
+  // No scaling at factor 1.
+  rs.attention_factor.reset();
+  rs.factor = 1.0;
+  EXPECT_DOUBLE_EQ(rs.yarnAttentionFactor(), 1.0);
+}
+
+TEST(ModelConfig, YarnOriginalDefaultsToMaxPositions) {
+  auto d = parseModelConfigText(
+      qwenWithRope(R"({"type":"yarn","factor":2.0})"), "config.json");
+  ASSERT_TRUE(bool(d)) << llvm::toString(d.takeError());
+  EXPECT_EQ(d->rope_scaling->original_max_position_embeddings, 40960);
+}
+
+TEST(ModelConfigErrors, UnsupportedRopeTypeIsNamed) {
+  EXPECT_EQ(configError(qwenWithRope(R"({"rope_type":"dynamic",
+                                         "factor":2.0})")),
+            "config.json: rope_scaling.rope_type 'dynamic' is not supported "
+            "(supported: default, yarn)");
+  EXPECT_EQ(configError(qwenWithRope(R"({"type":"linear","factor":2.0})")),
+            "config.json: rope_scaling.type 'linear' is not supported "
+            "(supported: default, yarn)");
+  // rope_type wins over the legacy key, as in HF.
+  EXPECT_EQ(configError(qwenWithRope(R"({"rope_type":"llama3",
+                                         "type":"yarn","factor":8.0})")),
+            "config.json: rope_scaling.rope_type 'llama3' is not supported "
+            "(supported: default, yarn)");
+  EXPECT_EQ(configError(qwenWithRope(R"({"rope_type":"default"})")), "");
+  EXPECT_EQ(configError(qwenWithRope("null")), "");
 }
 
 //===----------------------------------------------------------------------===//
