@@ -118,8 +118,8 @@ private:
   /// Whether the scrub may hash now: it has work, and the duck is idle (no
   /// step inside the ELF, no prepare between its begin and finish).
   bool ScrubMayRun() const;
-  /// Milliseconds until the scrub wants the loop back (-1: never).
-  int ScrubTimeoutMs(absl::Time now) const;
+  /// How long until the scrub wants the loop back (infinite: never).
+  absl::Duration ScrubWait(absl::Time now) const;
   /// Hashes one chunk and logs what it found.
   void ScrubChunk(absl::Time now);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,
