@@ -154,19 +154,20 @@ TEST(DuckdScrub, DamagedSlotIsFoundRefusedAndUploadedAgain) {
     if (e.path().extension() == ".weights")
       weights = e.path().string();
   ASSERT_FALSE(weights.empty());
-  {
+  auto flip = [&](uint32_t slot) {
     int fd = ::open(weights.c_str(), O_RDWR | O_CLOEXEC);
     ASSERT_GE(fd, 0);
     for (uint64_t i = 0; i < 3; ++i) {
-      const off_t at = off_t(DUCKD_CACHE_HEADER_BYTES + table[1].offset + 700 +
-                             i * 1031);
+      const off_t at = off_t(DUCKD_CACHE_HEADER_BYTES + table[slot].offset +
+                             700 + i * 1031);
       uint8_t b = 0;
       ASSERT_EQ(::pread(fd, &b, 1, at), 1);
       b ^= 0x24;
       ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
     }
     ::close(fd);
-  }
+  };
+  flip(1);
   st = WaitStats(**client, absl::Seconds(20), [](const duckd_stats_reply &s) {
     return s.scrub_damaged >= 1;
   });
@@ -204,6 +205,26 @@ TEST(DuckdScrub, DamagedSlotIsFoundRefusedAndUploadedAgain) {
   st = (*(*client)->Stats())[0];
   EXPECT_EQ(st.damaged_slots, 0u);
   EXPECT_EQ(st.finished_slots, 3u);
+  client->reset();
+
+  // A host that stays connected after a cache hit (a hit sends no
+  // prepare_finish) does not hold the scrub off: damage to slot 0 is
+  // found while its session is open, and the step on it refused.
+  client = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(client.ok()) << client.status();
+  rep = (*client)->Prepare({imagePath});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->result[0], DUCKD_CACHE_HIT);
+  ASSERT_TRUE((*client)->Open(elf).ok());
+  ASSERT_TRUE(step(**client, denseIb, &got).ok());
+  flip(0);
+  st = WaitStats(**client, absl::Seconds(20), [](const duckd_stats_reply &s) {
+    return s.scrub_damaged >= 2;
+  });
+  ASSERT_EQ(st.scrub_damaged, 2u) << "no scrub while a host held the duck";
+  s = step(**client, denseIb, &got);
+  ASSERT_FALSE(s.ok()) << "a step ran on a damaged slot";
+  EXPECT_NE(s.message().find("slot 0 (layer 0)"), std::string::npos) << s;
 }
 
 TEST(DuckdScrub, ZeroTurnsItOff) {
