@@ -141,8 +141,9 @@ def main():
         # B. Mid-generation: the host paused between steps.
         since = os.path.getsize(log)
         p = run(args, cluster)
+        # Paused as soon as its session is open (1500 tokens take 0.4 s or
+        # more after it): any moment of the generation will do.
         wait_log(log, r"session \d+ opened", since, "session of the run")
-        time.sleep(0.2)
         p.send_signal(signal.SIGSTOP)
         time.sleep(0.1)  # a step in flight finishes: the ducks are idle
         if p.poll() is not None:
