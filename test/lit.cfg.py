@@ -45,6 +45,7 @@ config.substitutions.append(("%reference", _np_python + " " + os.path.join(_orac
 config.substitutions.append(("%mkcheckpoint", _np_python + " " + os.path.join(_oracle, "make-checkpoint.py")))
 config.substitutions.append(("%compare-logits", _np_python + " " + os.path.join(_e2e, "compare-logits.py")))
 config.substitutions.append(("%check-ids", _np_python + " " + os.path.join(_e2e, "check-ids.py")))
+config.substitutions.append(("%check-indexer", _np_python + " " + os.path.join(_oracle, "check-indexer.py")))
 # The oracle's own reader of the fp9 weight images (docs/fp9.md, plan.md):
 # checks every duck matrix against the checkpoint without Duck's importer.
 _plan_dump = os.path.join(config.duck_tools_dir, "duck-plan-dump")

@@ -11,13 +11,24 @@
 // position is kept in order, so the MLA op computes exactly dense MLA.
 // The Hadamard rotation and FP8 activation rounding of DeepSeek's code do
 // not change these values in exact arithmetic and are not reproduced.
+//
+// Debugging: with DUCK_DEBUG_INDEXER_DUMP=PREFIX in the environment, every
+// row that drops positions (p + 1 > topk) is appended to PREFIX.L<layer>
+// as int32 seq, int32 position, int32 len (p + 1), then len bits (LSB
+// first, ceil(len / 8) bytes) saying which positions were kept. Near-ties
+// in the scores may legitimately select differently from a float64
+// reference; test/oracle/check-indexer.py compares the selections as sets
+// and allows a swap only between positions whose scores are that close.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
 #include "Rope.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace duck::runtime::ops {
 namespace {
@@ -30,6 +41,26 @@ struct IndexerShape {
 class Indexer final : public HostOp {
 public:
   Indexer(const IndexerShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
+  ~Indexer() override {
+    if (dump_)
+      std::fclose(dump_);
+  }
+  Indexer(const Indexer &) = delete;
+  Indexer &operator=(const Indexer &) = delete;
+
+  /// DUCK_DEBUG_INDEXER_DUMP (see the file comment); off when unset.
+  absl::Status OpenDump(int32_t layer) {
+    const char *prefix = std::getenv("DUCK_DEBUG_INDEXER_DUMP");
+    if (!prefix || !*prefix)
+      return absl::OkStatus();
+    const std::string path =
+        std::string(prefix) + ".L" + std::to_string(layer);
+    dump_ = std::fopen(path.c_str(), "wb");
+    if (!dump_)
+      return absl::InvalidArgumentError(
+          "DUCK_DEBUG_INDEXER_DUMP: cannot write " + path);
+    return absl::OkStatus();
+  }
 
   HostMatrix q_a_, wq_b_, wk_, wproj_;
   std::vector<float> q_a_norm_, k_w_, k_b_;
@@ -89,6 +120,8 @@ public:
     MatMul(*pool_, wq_b_, cq_.data(), n, q_.data());
     for (uint32_t t = 0; t < n; ++t)
       Row(t, s.seq[t], s.pos[t], Out(s) + (uint64_t)t * sh_.topk);
+    if (dump_)
+      std::fflush(dump_);
     return absl::OkStatus();
   }
 
@@ -122,6 +155,8 @@ private:
       std::memcpy(out + sh_.topk + mla_q_, a_.data() + t * wa + sh_.q_lora,
                   mla_kv_ * 4);
     }
+    if (dump_)
+      std::fflush(dump_);
     return absl::OkStatus();
   }
 
@@ -162,6 +197,20 @@ private:
         },
         4);
     Select(p + 1, out);
+    if (dump_ && p + 1 > sh_.topk)
+      Dump(seq, p, out);
+  }
+
+  /// One row of the debug dump: which of positions 0..p were kept.
+  void Dump(uint32_t seq, uint64_t p, const float *out) {
+    const int32_t head[3] = {(int32_t)seq, (int32_t)p, (int32_t)(p + 1)};
+    dump_bits_.assign((p + 1 + 7) / 8, 0); // grows to max_seq / 8 once
+    for (uint32_t i = 0; i < sh_.topk; ++i) {
+      const uint64_t j = (uint64_t)out[i];
+      dump_bits_[j / 8] |= (uint8_t)(1u << (j % 8));
+    }
+    std::fwrite(head, sizeof head, 1, dump_);
+    std::fwrite(dump_bits_.data(), 1, dump_bits_.size(), dump_);
   }
 
   /// The topk best of positions 0..len-1, ascending, then -1s.
@@ -186,6 +235,8 @@ private:
   std::vector<float> wh_; // a row's head weights times the score scale
   SeqCache kcache_;
   std::vector<uint64_t> order_;
+  std::FILE *dump_ = nullptr;
+  std::vector<uint8_t> dump_bits_;
 };
 
 absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
@@ -256,6 +307,7 @@ HostOpOr CreateIndexer(const OpEnv &env) {
                      sh.dim, " and hidden size ", sh.hidden);
   op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());
   DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
+  DUCK_RETURN_IF_ERROR(op->OpenDump(env.def.layer()));
   return op;
 }
 
