@@ -942,19 +942,18 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   // Qwen3's model cards turn on 128k as 32768 x 4 and leave
   // max_position_embeddings at 40960. The positions the runtime allows
   // (--max-seq) take the larger, as vLLM's max_model_len does.
-  int64_t maxPosition = geti("max_position_embeddings");
+  double maxPosition = (double)geti("max_position_embeddings");
   if (auto t = cfg.getAs<StringAttr>("rope_scaling_type");
       t && t.getValue() == "yarn")
-    maxPosition = std::max<int64_t>(
-        maxPosition,
-        (int64_t)(getf("rope_scaling_factor") *
-                  (double)geti("rope_original_max_position_embeddings")));
+    maxPosition = std::max(
+        maxPosition, getf("rope_scaling_factor") *
+                         (double)geti("rope_original_max_position_embeddings"));
   auto modelDef = pl::CreateModelDefDirect(
       pb.fbb, model.getSymName().str().c_str(), planFamily(model.getFamily()),
       geti("hidden_size"), geti("num_layers"), geti("vocab_size"),
       geti("num_attention_heads"), geti("num_kv_heads"), geti("head_dim"),
       getf("rms_norm_eps"), getf("rope_theta"),
-      (uint32_t)std::min<int64_t>(maxPosition, UINT32_MAX), tie,
+      (uint32_t)std::min(maxPosition, (double)UINT32_MAX), tie,
       cfg.get("bos_token_id") ? geti("bos_token_id") : -1, &eos,
       geti("q_lora_rank"), geti("kv_lora_rank"), geti("qk_nope_head_dim"),
       geti("qk_rope_head_dim"), geti("v_head_dim"));
