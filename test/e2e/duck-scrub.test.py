@@ -17,9 +17,14 @@ duckd test hook.
      step in flight), bytes of duck 1's slot 0 flipped, the scrub's line
      awaited, duckrun continued: the next step on slot 0 is refused naming
      it, the host brings the ducks back (one slot uploaded) and resends.
+  C. The same with duckrun's own local ducks (no cluster file; their
+     caches under the XDG_CACHE_HOME --local DIR, which the run that made
+     --expect filled): the
+     host restarts them, the damaged flag survives the restart in the
+     cache's metadata, and the slot is uploaded alone.
 
   duck-scrub.test.py --duckd D --duckrun R --plan P --ids I --tokens N \
-      --expect FILE --work DIR
+      --expect FILE --work DIR --local DIR
 """
 import argparse
 import json
@@ -85,11 +90,16 @@ def wait_log(log, pattern, since, what):
 
 
 def run(args, cluster, quiet=False):
-    cmd = [args.duckrun, args.plan, "--cluster", cluster, "--prompt-ids",
-           args.ids, "--max-tokens", str(args.tokens), "--ignore-eos",
+    where = (["--cluster", cluster] if cluster else
+             ["--cores-per-duck", "1"])  # as the run that made --expect
+    cmd = [args.duckrun, args.plan, *where, "--prompt-ids", args.ids,
+           "--max-tokens", str(args.tokens), "--ignore-eos",
            "--print-ids"] + (["--quiet"] if quiet else [])
+    env = dict(os.environ)
+    if not cluster:
+        env["XDG_CACHE_HOME"] = args.local
     return subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finish(p, expect, what):
@@ -101,9 +111,35 @@ def finish(p, expect, what):
     return err
 
 
+def paused(args, expect, cluster, log, weights, slot):
+    """Damages `slot` of a duck while a run is paused mid-generation."""
+    since = os.path.getsize(log) if os.path.exists(log) else 0
+    p = run(args, cluster)
+    # Paused as soon as its session is open (1500 tokens take 0.4 s or
+    # more after it): any moment of the generation will do.
+    wait_log(log, r"session \d+ opened", since, "session of the run")
+    p.send_signal(signal.SIGSTOP)
+    time.sleep(0.1)  # a step in flight finishes: the ducks are idle
+    if p.poll() is not None:
+        fail("the run ended before it could be paused")
+    size = flip(weights, slot)
+    print(wait_log(log, rf"scrub: slot {slot} \(layer", since,
+                   f"scrub line for slot {slot}"))
+    p.send_signal(signal.SIGCONT)
+    err = finish(p, expect, "run damaged while paused")
+    for line in err.splitlines():
+        if "bringing the ducks back" in line or "ducks back" in line:
+            print(line.strip())
+    print(wait_log(log, rf"step -> cache: slot {slot} \(layer", since,
+                   f"step refused on slot {slot}"))
+    if f"{size} bytes uploaded" not in err:
+        fail(f"expected slot {slot}'s {size} bytes uploaded again:\n{err}")
+    print("ids equal the undisturbed run")
+
+
 def main():
     a = argparse.ArgumentParser()
-    for f in ("duckd", "duckrun", "plan", "ids", "expect", "work"):
+    for f in ("duckd", "duckrun", "plan", "ids", "expect", "work", "local"):
         a.add_argument("--" + f, required=True)
     a.add_argument("--tokens", type=int, default=1500)
     args = a.parse_args()
@@ -139,28 +175,13 @@ def main():
               f"{size}; ids equal the undisturbed run")
 
         # B. Mid-generation: the host paused between steps.
-        since = os.path.getsize(log)
-        p = run(args, cluster)
-        # Paused as soon as its session is open (1500 tokens take 0.4 s or
-        # more after it): any moment of the generation will do.
-        wait_log(log, r"session \d+ opened", since, "session of the run")
-        p.send_signal(signal.SIGSTOP)
-        time.sleep(0.1)  # a step in flight finishes: the ducks are idle
-        if p.poll() is not None:
-            fail("the run ended before it could be paused")
-        size = flip(weights, 0)
-        print(wait_log(log, r"scrub: slot 0 \(layer", since,
-                       "scrub line for slot 0"))
-        p.send_signal(signal.SIGCONT)
-        err = finish(p, expect, "run damaged while paused")
-        for line in err.splitlines():
-            if "bringing the ducks back" in line or "ducks back" in line:
-                print(line.strip())
-        print(wait_log(log, r"step -> cache: slot 0 \(layer", since,
-                       "step refused on slot 0"))
-        if f"{size} bytes uploaded" not in err:
-            fail(f"expected slot 0's {size} bytes uploaded again:\n{err}")
-        print("ids equal the undisturbed run")
+        paused(args, expect, cluster, log, weights, 0)
+        # C. duckrun's local ducks.
+        print("local ducks:")
+        local = os.path.join(args.local, "duck", "duckrun")
+        paused(args, expect, None,
+               os.path.join(local, "logs", "duckd-duck1.log"),
+               os.path.join(local, "duckd-duck1.weights"), 1)
     finally:
         for p in procs:
             if p.poll() is None:
