@@ -107,9 +107,12 @@ std::optional<Scrubber::Damage> Scrubber::Chunk(absl::Time now) {
   done_ += n;
   stats_.bytes += n;
   // The rate: each chunk pushes the next one back by its share of a
-  // second; an idle spell earns at most one chunk of catching up.
+  // second, a short one (the head, a small slot) as much as a whole one,
+  // so the loop wakes at most rate / chunk times a second (250 at 64
+  // MB/s) whatever the parts; an idle spell earns at most one chunk of
+  // catching up.
   const absl::Duration cost =
-      absl::Seconds(double(std::max<uint64_t>(n, 1)) /
+      absl::Seconds(double(options_.chunk_bytes) /
                     double(options_.bytes_per_second));
   due_ = std::max(due_, now - cost) + cost;
   if (done_ < d.bytes)
