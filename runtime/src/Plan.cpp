@@ -222,13 +222,22 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     files_.push_back(std::move(*mf));
   }
 
+  // A tensor's shape is a vector of int64. The FlatBuffers verifier (2.0)
+  // checks a vector's length word for 4-byte alignment only, so a damaged
+  // offset can leave the elements misaligned: refuse that before reading
+  // them (found by fuzz-plan).
+  auto shapeAligned = [](const pl::TensorDef &t) {
+    return reinterpret_cast<uintptr_t>(t.shape()->data()) %
+               alignof(int64_t) ==
+           0;
+  };
   // FP8: a 2-D weight with a declared block and a scale grid of exactly
   // ceil(rows / block_rows) x ceil(cols / block_cols).
   auto checkFp8Blocks = [&](const pl::TensorDef &t,
                             uint32_t op) -> absl::Status {
     const std::string name = t.name()->str();
     if (t.shape()->size() != 2 || !t.scale() || !t.scale()->shape() ||
-        t.scale()->shape()->size() != 2)
+        t.scale()->shape()->size() != 2 || !shapeAligned(*t.scale()))
       return bad("ops[", op, "] FP8 tensor '", name,
                  "' is not a 2-D matrix with a 2-D scale grid");
     if (t.block_rows() == 0 || t.block_cols() == 0)
@@ -288,6 +297,9 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
   auto checkTensor = [&](const pl::TensorDef *t, uint32_t op) -> absl::Status {
     if (!t || !t->name() || !t->shape())
       return bad("ops[", op, "] has an incomplete tensor");
+    if (!shapeAligned(*t))
+      return bad("ops[", op, "] tensor '", t->name()->str(),
+                 "' has a misaligned shape (a corrupt plan)");
     if (!pl::EnumNameDType(t->dtype())[0])
       return bad("ops[", op, "] tensor '", t->name()->str(), "' has dtype ",
                  (int)t->dtype(), ", not one of the plan's");
