@@ -135,8 +135,12 @@ private:
       opts.progress(rank, pos, total);
     }
   }
+  /// Packs a matrix and writes it (in the background), zero-padded to
+  /// `slotBytes` when its layout is shorter (an expert with fewer scale
+  /// tiles than the slot is sized for).
   Error packMatrix(int64_t layer, const std::string &name, int64_t row0,
-                   int64_t col0, const duck_fp9_desc &desc);
+                   int64_t col0, const duck_fp9_desc &desc,
+                   uint64_t slotBytes = 0);
   Error writeRowSlot(const RowMatrix &m, int64_t numLayers,
                      std::vector<duck_slot_entry> &entries);
 
@@ -155,7 +159,7 @@ private:
 
 Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
                               int64_t row0, int64_t col0,
-                              const duck_fp9_desc &desc) {
+                              const duck_fp9_desc &desc, uint64_t slotBytes) {
   auto it = sources.find(name);
   if (it == sources.end()) {
     Expected<WeightSource> s = openWeightSource(ckpt, name);
@@ -177,8 +181,11 @@ Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
   // Pack this matrix on a helper thread and write the previous one
   // meanwhile. `src` points into `sources`, which lives until the slot
   // ends; the slot's last padTo writes this job before it is cleared.
+  if (slotBytes && slotBytes < lay.total_bytes)
+    return err("tensor '" + name + "': packed matrix exceeds its slot");
   std::future<PackJob> next = std::async(
-      std::launch::async, [src, desc, bytes = lay.total_bytes, name, layer] {
+      std::launch::async,
+      [src, desc, bytes = std::max(lay.total_bytes, slotBytes), name, layer] {
         PackJob job;
         job.storage.assign(bytes / 8 + 8, 0);
         job.bytes = bytes;
@@ -288,7 +295,6 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
     auto lay = slotLayout(shard, scaleRows);
     if (failed(lay))
       return err("invalid slot layout");
-    ShardDescs d = shardDescs(shard, scaleRows);
 
     duck_slot_header h{};
     h.magic = DUCK_SLOT_MAGIC;
@@ -305,10 +311,13 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
          ++e) {
       uint64_t base = lay->expertOffset(e - shard.getExpertBegin());
       duck_ffn_desc &t = table[e];
+      // Each expert's own row phase (a shared expert's piece may start
+      // inside a scale tile); the sizes are the slot's.
+      const ShardDescs de = shardDescs(shard, scaleRows, e);
       t.present = 1;
-      t.gate = {base + lay->gateOffset, d.gate, gk, 0};
-      t.up = {base + lay->upOffset, d.up, gk, 0};
-      t.down = {base + lay->downOffset, d.down, dk, 0};
+      t.gate = {base + lay->gateOffset, de.gate, gk, 0};
+      t.up = {base + lay->upOffset, de.up, gk, 0};
+      t.down = {base + lay->downOffset, de.down, dk, 0};
     }
     if (Error e = writeBytes(&h, sizeof h))
       return e;
@@ -320,11 +329,15 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
          ++e) {
       ExpertTensorNames n = namesOf(shard, e);
       int64_t ib = shard.getInterBegin() + n.base;
-      if (Error x = packMatrix(fs.layer, n.gate, ib, 0, d.gate))
+      const ShardDescs de = shardDescs(shard, scaleRows, e);
+      if (Error x = packMatrix(fs.layer, n.gate, ib, 0, de.gate,
+                               lay->upOffset - lay->gateOffset))
         return x;
-      if (Error x = packMatrix(fs.layer, n.up, ib, 0, d.up))
+      if (Error x = packMatrix(fs.layer, n.up, ib, 0, de.up,
+                               lay->downOffset - lay->upOffset))
         return x;
-      if (Error x = packMatrix(fs.layer, n.down, 0, ib, d.down))
+      if (Error x = packMatrix(fs.layer, n.down, 0, ib, de.down,
+                               lay->expertBytes - lay->downOffset))
         return x;
     }
     if (Error e = padTo(offset + lay->totalBytes))

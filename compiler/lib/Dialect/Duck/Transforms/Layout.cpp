@@ -31,22 +31,49 @@ FfnShape mlir::duck::ffnShapeOf(Fp9FfnOp shard) {
           (int64_t)moe.getInter(), moe.getTotalExperts(), true};
 }
 
-/// The shard's slot in duck-rt's terms (duck_rt/slot_layout.h).
+uint32_t mlir::duck::expertRowPhase(Fp9FfnOp shard, int64_t e,
+                                    int64_t scaleRows) {
+  int64_t row0 = (int64_t)shard.getInterBegin();
+  if (auto moe = dyn_cast<MoeOp>(shard->getParentOp()))
+    if (e >= (int64_t)moe.getNumExperts())
+      row0 += (e - (int64_t)moe.getNumExperts()) * (int64_t)moe.getInter();
+  return (uint32_t)(row0 % scaleRows);
+}
+
+/// The shard's slot in duck-rt's terms (duck_rt/slot_layout.h). Every
+/// expert of a slot gets the same bytes, so the slot is laid out with the
+/// row phase of its held experts whose rows span the most scale tiles (the
+/// shared experts' pieces may start inside a tile when the expert
+/// intermediate is not a multiple of the tile); each expert's descriptor
+/// then carries its own phase (shardDescs with the expert).
 static duck_slot_shape slotShapeOf(Fp9FfnOp shard, int64_t scaleRows) {
   FfnShape s = ffnShapeOf(shard);
+  const int64_t inter = (int64_t)shard.getLocalInter();
+  auto tiles = [&](uint32_t phase) {
+    return (phase + inter + scaleRows - 1) / scaleRows;
+  };
+  uint32_t phase = expertRowPhase(shard, shard.getExpertBegin(), scaleRows);
+  for (int64_t e = (int64_t)shard.getExpertBegin() + 1;
+       e < (int64_t)shard.getExpertEnd(); ++e) {
+    const uint32_t p = expertRowPhase(shard, e, scaleRows);
+    if (tiles(p) > tiles(phase))
+      phase = p;
+  }
   return duck_slot_shape{(uint32_t)s.hidden,
-                         (uint32_t)shard.getLocalInter(),
+                         (uint32_t)inter,
                          (uint32_t)shard.getBlock(),
                          (uint32_t)scaleRows,
-                         (uint32_t)(shard.getInterBegin() % scaleRows),
+                         phase,
                          (uint32_t)s.experts,
                          (uint32_t)shard.getLocalExperts()};
 }
 
-ShardDescs mlir::duck::shardDescs(Fp9FfnOp shard, int64_t scaleRows) {
+ShardDescs mlir::duck::shardDescs(Fp9FfnOp shard, int64_t scaleRows,
+                                  std::optional<int64_t> expert) {
   const duck_slot_shape sh = slotShapeOf(shard, scaleRows);
   duck_fp9_desc gate{sh.local_inter, sh.hidden, sh.block, sh.scale_rows,
-                     sh.row_phase};
+                     expert ? expertRowPhase(shard, *expert, scaleRows)
+                            : sh.row_phase};
   duck_fp9_desc down{sh.hidden, sh.local_inter, sh.block, sh.scale_rows, 0};
   return {gate, gate, down};
 }

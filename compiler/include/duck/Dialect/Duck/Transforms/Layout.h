@@ -13,6 +13,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/JSON.h"
 
+#include <optional>
 #include <vector>
 
 namespace mlir::duck {
@@ -64,11 +65,20 @@ struct FfnShape {
 };
 FfnShape ffnShapeOf(Fp9FfnOp shard);
 
-/// Packed-matrix descriptors of one shard's gate/up/down for one expert.
+/// Where expert `e`'s gate/up rows start in their scale tiles: the
+/// shard's first intermediate row, plus for a shared expert (id >= the
+/// routed experts) its piece's start in the shared FFN, (id - routed) x
+/// inter, modulo scaleRows.
+uint32_t expertRowPhase(Fp9FfnOp shard, int64_t e, int64_t scaleRows);
+
+/// Packed-matrix descriptors of one shard's gate/up/down for one expert:
+/// `expert`'s own row phase when given, else the phase the slot's layout
+/// is sized for (the same byte sizes).
 struct ShardDescs {
   duck_fp9_desc gate, up, down;
 };
-ShardDescs shardDescs(Fp9FfnOp shard, int64_t scaleRows);
+ShardDescs shardDescs(Fp9FfnOp shard, int64_t scaleRows,
+                      std::optional<int64_t> expert = std::nullopt);
 
 /// Byte layout of one slot: header + descriptor table, then each present
 /// expert's gate, up, down matrices at 64-byte aligned offsets.
