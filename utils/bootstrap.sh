@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3-numpy python3-matplotlib clang-19 libclang-rt-19-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
   libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev libssl-dev
+  universal-ctags
 )
 
 # The tokenizer tests fetch the real Qwen3 and DeepSeek-V3 tokenizers with

@@ -3,7 +3,7 @@
 With --vocab each row is one position's logits. `duckrun --logits-out`
 writes every prompt position's row, then one row for every generated token
 that was fed back, i.e. all but the last generated token (runtime/src/
-Generate.cpp); `reference.py --logits-out` writes the same rows, and with
+session/Generate.cpp); `reference.py --logits-out` writes the same rows, and with
 --teacher-ids it computes them over the prompt plus duckrun's own ids, so
 row i of both files always has the same context. Prints the worst row's max
 absolute difference (absolute, and relative to that row's max |x| in the

@@ -1,6 +1,6 @@
 """Compares the DeepSeek-V3.2 indexer's selections in a duckrun debug dump
 (DUCK_DEBUG_INDEXER_DUMP=PREFIX: PREFIX.L<layer>, see
-runtime/src/ops/Indexer.cpp) with the float64 reference's, as sets.
+runtime/src/engine/ops/Indexer.cpp) with the float64 reference's, as sets.
 
   check-indexer.py MODEL --prompt-ids 1,2,3 --gen-ids FILE --dump PREFIX
       [--ulps N]

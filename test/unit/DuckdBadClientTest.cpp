@@ -2,8 +2,8 @@
 // wrong versions, bad checksums, calls out of order, bad ELFs, bad sizes and
 // clients that vanish or stall mid-frame. Each gets an error reply or a
 // closed connection, leaves a log line, and the daemon keeps serving.
-#include "duck/runtime/DuckClient.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 #include "duck_rt/wire.h"
 
 #include "SyntheticImage.h"

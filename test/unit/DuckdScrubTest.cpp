@@ -7,8 +7,8 @@
 #include "DuckTestUtil.h"
 #include "WeightCache.h"
 
-#include "duck/runtime/DuckClient.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 // and a hanging ELF, busy and token handling.
 #include "DuckTestUtil.h"
 
-#include "duck/runtime/DuckClient.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 #include "duck_rt/wire.h"
 
 #include <gtest/gtest.h>

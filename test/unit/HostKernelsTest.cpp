@@ -1,7 +1,7 @@
 // The host kernels' batching contract: a row of a many-token MatMul has
 // exactly the bits of that token's own MatVec, so a sequence batched with
 // others (duckrun serve) gets what it gets alone.
-#include "duck/runtime/HostKernels.h"
+#include "duck/runtime/engine/HostKernels.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The session's up-front checks that need no ducks.
-#include "duck/runtime/Session.h"
+#include "duck/runtime/session/Session.h"
 
 #include <gtest/gtest.h>
 

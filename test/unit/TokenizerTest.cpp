@@ -4,8 +4,8 @@
 // tokenizer.json files for the BPE rules and the load errors, and the chat
 // formats (ChatTemplate.h).
 
-#include "duck/runtime/Tokenizer.h"
-#include "duck/runtime/ChatTemplate.h"
+#include "duck/runtime/text/Tokenizer.h"
+#include "duck/runtime/text/ChatTemplate.h"
 
 #include "gtest/gtest.h"
 #include <nlohmann/json.hpp>

@@ -12,9 +12,9 @@
 #include "duck/Import/Fp9Report.h"
 #include "duck/Pipelines/Compile.h"
 #include "duck/Target/Plan/PlanVerifier.h"
-#include "duck/runtime/DuckClient.h"
-#include "duck/runtime/HostKernels.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/engine/HostKernels.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"

@@ -13,8 +13,8 @@
 #include "Common.h"
 
 #include "SyntheticImage.h"
-#include "duck/runtime/DuckClient.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -27,7 +27,7 @@
 #include "BenchSubcommands.h"
 #include "Common.h"
 
-#include "duck/runtime/HostKernels.h"
+#include "duck/runtime/engine/HostKernels.h"
 #include "duck_rt/kernel_select.h"
 
 #include <immintrin.h>

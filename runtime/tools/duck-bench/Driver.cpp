@@ -2,7 +2,7 @@
 
 #include "BenchSubcommands.h"
 #include "Subcommands.h"
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 
 #include <cstdio>
 #include <cstring>

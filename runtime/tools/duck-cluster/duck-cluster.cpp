@@ -1,6 +1,6 @@
 // duck-cluster: starts N duckd daemons on 127.0.0.1 (LocalCluster), prints
 // their endpoints and keeps them until SIGINT/SIGTERM, then stops them.
-#include "duck/runtime/LocalCluster.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 #include "duck_rt/tool_flags.h"
 
 #include "absl/flags/flag.h"

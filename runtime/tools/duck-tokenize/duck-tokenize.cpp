@@ -1,6 +1,6 @@
 // duck-tokenize: encodes text with a tokenizer.json and prints the ids, or
 // decodes ids back to text; for debugging prompts and generations.
-#include "duck/runtime/Tokenizer.h"
+#include "duck/runtime/text/Tokenizer.h"
 
 #include <cerrno>
 #include <chrono>

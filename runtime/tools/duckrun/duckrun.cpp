@@ -1,7 +1,7 @@
 // duckrun: runs a compiled Duck plan: brings up the ducks, prepares their
 // weights through the cache, and generates text.
-#include "duck/runtime/Generate.h"
-#include "duck/runtime/Serve.h"
+#include "duck/runtime/session/Generate.h"
+#include "duck/runtime/serve/Serve.h"
 #include "duck_rt/tool_flags.h"
 
 #include "absl/flags/flag.h"

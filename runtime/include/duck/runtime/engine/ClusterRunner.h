@@ -1,0 +1,91 @@
+//===- ClusterRunner.h - FFN steps on a cluster of ducks --------*- C++ -*-===//
+//
+// The FfnRunner of duckrun: encodes each FFN op as one step (IB per
+// duck_rt/abi.h), sends it to every duck at once through a DuckClient,
+// checks each OB and adds the partial outputs in rank order, so results do
+// not depend on which duck answers first. Keeps per-step judge metrics and
+// per-duck kernel throughput.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_CLUSTERRUNNER_H
+#define DUCK_RUNTIME_CLUSTERRUNNER_H
+
+#include "duck/runtime/cluster/DuckClient.h"
+#include "duck/runtime/engine/Engine.h"
+
+#include <functional>
+
+#include <vector>
+
+namespace duck::runtime {
+
+struct RunnerStats {
+  /// FFN steps (the LM head's steps, when it is on the ducks, are timed
+  /// as the LM head op and kept apart; so are the attention o_proj steps
+  /// of duckc --o-proj ducks, decode ones in attn_decode_steps).
+  std::vector<StepMetrics> decode_steps, prefill_steps, head_steps,
+      attn_decode_steps, attn_prefill_steps;
+  /// 0: keep every step's metrics (one run); else keep between
+  /// max_steps and 2 x max_steps of the newest (a server).
+  size_t max_steps = 0;
+  /// Per duck: fp9 weights processed and ns spent in the ELF (max core).
+  std::vector<double> params, kernel_ns;
+};
+
+class ClusterFfnRunner : public FfnRunner {
+public:
+  ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client);
+  absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                   uint32_t top_k, const duck_expert_slot *slots,
+                   const float *x, float *out) override;
+  absl::Status RunRows(uint32_t slot, uint32_t n_tokens, const float *x,
+                       uint32_t k, float *out, uint64_t width) override;
+  const RunnerStats &stats() const { return stats_; }
+  void ResetStats();
+  /// Bounds the per-step metrics kept (RunnerStats::max_steps).
+  void KeepSteps(size_t n) { stats_.max_steps = n; }
+
+  /// Called when a step fails (a duck died, hung or dropped its
+  /// connection): brings the ducks back and returns the client to use, or
+  /// the error to give up with. The step is then sent again; steps are
+  /// idempotent because the KV state lives on the host.
+  using Recover =
+      std::function<absl::StatusOr<DuckClient *>(const absl::Status &why)>;
+  void SetRecover(Recover recover) { recover_ = std::move(recover); }
+  /// Fault injection for tests: called once before step `index` is sent.
+  void SetBeforeStep(std::function<void(uint64_t index)> f) {
+    before_step_ = std::move(f);
+  }
+  uint64_t recoveries() const { return recoveries_; }
+  /// Steps sent so far (each counted once, however often it was resent).
+  uint64_t steps() const { return steps_; }
+  /// Runs after each step is sent, before its replies are awaited
+  /// (duckrun parks its host threads there: ThreadPool::Park).
+  void SetAfterSend(std::function<void()> f) { after_send_ = std::move(f); }
+
+private:
+  /// Sends ib_ to every duck (recovering as set), keeps the step's
+  /// metrics in `kept`.
+  absl::Status SendStep(std::vector<StepMetrics> &kept);
+  /// Duck r's output floats after a checked OB header (width per token).
+  absl::StatusOr<const float *> Output(size_t r, uint32_t mode, uint32_t slot,
+                                       uint32_t n_tokens, uint32_t width);
+  /// Per-duck throughput bookkeeping: `params` weights processed.
+  void Account(size_t r, double params);
+
+  const LoadedPlan &plan_;
+  DuckClient *client_;
+  Recover recover_;
+  std::function<void(uint64_t)> before_step_;
+  std::function<void()> after_send_;
+  uint64_t steps_ = 0, recoveries_ = 0;
+  uint32_t hidden_;
+  uint32_t ib_flags_;      // DUCK_IB_X_BF16 when the plan says so
+  int64_t head_slot_ = -1; // the LM head's slot when it is on the ducks
+  std::vector<uint8_t> ib_;
+  std::vector<DuckOutput> outputs_;
+  RunnerStats stats_;
+};
+
+} // namespace duck::runtime
+
+#endif

@@ -1,0 +1,172 @@
+//===- Engine.h - runs a plan's host program ---------------------*- C++ -*-===//
+//
+// The host side of a forward pass: embedding, norms, attention with a KV
+// cache, MoE routing and the LM head run here; every FFN op becomes one step
+// on the ducks through an FfnRunner. Prefill runs a whole chunk of prompt
+// tokens per op (duck modes 5/6), decode one token (modes 0/1/4). Each op
+// kind is a file under runtime/src/engine/ops/ (HostOp.h); the engine builds them
+// once from the plan and walks them for every chunk.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_ENGINE_H
+#define DUCK_RUNTIME_ENGINE_H
+
+#include "duck/runtime/engine/HostKernels.h"
+#include "duck/runtime/plan/Plan.h"
+#include "duck_rt/abi.h"
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+#include <array>
+#include <memory>
+#include <vector>
+
+namespace duck::runtime {
+namespace ops {
+class HostOp;
+class ValueArena;
+} // namespace ops
+
+/// Runs one FFN op on the ducks: out[t] = sum over ducks of their partial
+/// outputs for x[t], added in rank order.
+class FfnRunner {
+public:
+  virtual ~FfnRunner() = default;
+  /// `slots` holds n_tokens * top_k entries (MoE) or is empty (dense).
+  virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                           uint32_t top_k, const duck_expert_slot *slots,
+                           const float *x, float *out) = 0;
+  /// A matrix whose rows are split over the ducks (a head slot on each:
+  /// the LM head, an o_proj): out[t][i] for all `width` rows, each duck's
+  /// where its slot says; x is n_tokens x k floats.
+  virtual absl::Status RunRows(uint32_t slot, uint32_t n_tokens,
+                               const float *x, uint32_t k, float *out,
+                               uint64_t width) {
+    (void)slot, (void)n_tokens, (void)x, (void)k, (void)out, (void)width;
+    return absl::UnimplementedError(
+        "this runner has no row-split matrices on the ducks");
+  }
+};
+
+struct EngineOptions {
+  uint32_t max_seq = 4096;     // KV cache length of a sequence
+  uint32_t threads = 1;        // host threads (the pool includes the caller)
+  uint32_t prefill_chunk = 32; // prompt tokens per duck step
+  bool all_logits = false;     // LM head on every token, not just the last
+  uint32_t max_seqs = 1;       // sequences with their own KV cache
+  uint32_t max_rows = 0;       // rows a step may carry; 0: prefill_chunk
+  /// GQA's k/v cache in IEEE half (half the bytes a position to keep and
+  /// to read; values rounded to 11 significant bits); else fp32.
+  bool kv_f16 = false;
+};
+
+/// One sequence's rows in a batched step: `tokens` at positions
+/// pos..pos+n-1 of sequence `seq`.
+struct SeqChunk {
+  uint32_t seq = 0;
+  uint32_t pos = 0;
+  absl::Span<const int32_t> tokens;
+  bool logits = false; // the LM head on its last row (every row with
+                       // EngineOptions::all_logits)
+};
+
+class Engine {
+public:
+  static absl::StatusOr<std::unique_ptr<Engine>>
+  Create(const LoadedPlan &plan, FfnRunner *runner, const EngineOptions &opts);
+  ~Engine();
+
+  /// Runs `tokens` at positions position()..position()+n-1 (prefill when
+  /// n > 1, in chunks), appending to the KV cache; writes the logits of the
+  /// last token into out_logits (vocab floats). With
+  /// EngineOptions::all_logits, out_logits gets every token's logits
+  /// instead (n rows of vocab floats, in order). `logits` false: the
+  /// caller needs no logits from these tokens (a prompt's leading chunks)
+  /// and none are computed (out_logits is left empty), unless all_logits.
+  absl::Status Forward(absl::Span<const int32_t> tokens,
+                       std::vector<float> *out_logits, bool logits = true);
+  /// Like Forward, one token at a time through the decode modes only.
+  absl::Status ForwardDecodeOnly(absl::Span<const int32_t> tokens,
+                                 std::vector<float> *out_logits);
+
+  /// One step over the rows of several sequences (each at most once, at
+  /// most max_rows rows in all): their tokens go through every op together,
+  /// so the ducks see one step, and each sequence's rows attend over its
+  /// own cache. The logits of every chunk that asks for them are appended
+  /// to `out_logits` (vocab floats a row, in order). A row's result does
+  /// not depend on what else is in the step (the kernels' contract), so a
+  /// batched sequence gets exactly what it would alone.
+  absl::Status RunBatch(absl::Span<const SeqChunk> chunks,
+                        std::vector<float> *out_logits);
+
+  /// Position of sequence 0, the one Forward runs.
+  uint32_t position() const { return pos_; }
+  uint32_t max_seq() const { return opts_.max_seq; }
+  uint32_t max_seqs() const { return opts_.max_seqs; }
+  uint32_t max_rows() const { return opts_.max_rows; }
+  uint32_t vocab() const;
+  /// Wall time spent in each op kind (indexed by plan::OpParams), over the
+  /// tokens run so far; FFN kinds include the wait for the ducks.
+  struct OpTimes {
+    std::array<double, (size_t)::duck::plan::OpParams::MAX + 1> seconds{};
+    uint64_t tokens = 0;
+  };
+  const OpTimes &decode_times() const { return decode_times_; }
+  const OpTimes &prefill_times() const { return prefill_times_; }
+  /// Host cache bytes a token of the sequence takes over all layers (fp32
+  /// keys and values; DeepSeek: the MLA latent, rope key and indexer key).
+  uint64_t kv_bytes_per_token() const;
+  /// Weight bytes the host streams for one decoded token.
+  uint64_t host_weight_bytes_per_token() const;
+  /// Cache bytes one decoded token reads on the host at `positions`
+  /// positions of context (the attention ops' KV caches).
+  uint64_t cache_read_bytes_per_token(uint64_t positions) const;
+  void Reset() { pos_ = 0; }
+  /// The host threads (attention, the LM head).
+  ThreadPool *pool() { return pool_.get(); }
+
+private:
+  Engine();
+  absl::Status Prepare();
+  /// Sequence 0's next tokens (Forward), one batched step.
+  absl::Status RunChunk(absl::Span<const int32_t> tokens,
+                        std::vector<float> *out_logits, bool logits = true);
+  absl::Status RunRows(bool prefill, std::vector<float> *out_logits);
+
+  const LoadedPlan *plan_ = nullptr;
+  FfnRunner *runner_ = nullptr;
+  EngineOptions opts_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::unique_ptr<ops::HostOp>> ops_;
+  std::unique_ptr<ops::ValueArena> values_;
+  std::vector<::duck::plan::OpParams> kinds_; // of ops_
+  // The rows of the step being run (capacity max_rows, kept).
+  std::vector<int32_t> row_tokens_;
+  std::vector<uint32_t> row_pos_, row_seq_, logit_rows_;
+  OpTimes decode_times_, prefill_times_;
+  uint32_t pos_ = 0;
+  uint32_t hidden_ = 0;
+};
+
+/// Sampling of the next token from logits.
+struct SamplerOptions {
+  float temperature = 0.0f; // 0: greedy
+  uint32_t top_k = 0;       // 0: off
+  float top_p = 1.0f;       // 1: off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+public:
+  explicit Sampler(const SamplerOptions &o);
+  int32_t Sample(absl::Span<const float> logits);
+
+private:
+  SamplerOptions o_;
+  uint64_t state_;
+  std::vector<std::pair<float, int32_t>> buf_;
+};
+
+} // namespace duck::runtime
+
+#endif

@@ -1,0 +1,130 @@
+//===- Batcher.h - continuous batching of sequences over the ducks -*- C++
+//-*-===//
+//
+// Many generations share one engine: up to `parallel` sequences are active,
+// each with its own KV cache slot and sampler. Every step carries one row
+// for each decoding sequence plus up to prefill_chunk prompt rows of the
+// sequences still in prefill, oldest first (so prompts never stall the
+// running streams for more than a chunk's worth), and the ducks run all of
+// them in one step. New requests join at the next step; finished or
+// cancelled ones leave and free their slot. Every row's result depends only
+// on its token and its sequence's cache, not on what else is in the step
+// or where a prompt was cut (the kernels' contract: GEMM rows are
+// bit-identical to the GEMV), so a sequence gets exactly the tokens the
+// one-shot CLI gives for the same prompt and sampling settings.
+//
+// Submit and Cancel are thread-safe; Run is the loop and owns the engine.
+// The callbacks run on Run's thread between steps: keep them short.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_BATCHER_H
+#define DUCK_RUNTIME_BATCHER_H
+
+#include "duck/runtime/engine/Engine.h"
+
+#include "absl/status/statusor.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace duck::runtime {
+
+/// What a request's on_token says after seeing a token.
+enum class TokenVerdict {
+  kContinue, // keep generating
+  kStop,     // a stop string matched: finish with reason "stop"
+  kCancel,   // the client is gone: free the slot
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError };
+const char *FinishReasonName(FinishReason r);
+
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 16;
+  SamplerOptions sampler;
+  std::vector<int32_t> stop_ids; // end the generation (not passed on)
+  /// Each generated token, in order.
+  std::function<TokenVerdict(int32_t id)> on_token;
+  /// Once, at the end; `error` is set for kError.
+  std::function<void(FinishReason why, const absl::Status &error)> on_done;
+};
+
+struct BatcherOptions {
+  uint32_t parallel = 1;     // sequences active at once (engine max_seqs)
+  uint32_t queue_limit = 64; // waiting requests before Submit refuses
+  uint32_t prefill_chunk = 32;
+};
+
+/// A snapshot for /metrics and tests.
+struct BatcherStats {
+  uint64_t steps = 0, rows = 0, prompt_tokens = 0, generated_tokens = 0;
+  uint32_t active = 0, queued = 0;
+  uint32_t max_decode_rows = 0; // most sequences decoding in one step
+};
+
+class Batcher {
+public:
+  Batcher(Engine &engine, const BatcherOptions &opts);
+
+  /// Queues a request; its id (for Cancel). ResourceExhausted when the
+  /// queue is full, FailedPrecondition once Stop was called, InvalidArgument
+  /// for a prompt that does not fit the cache.
+  absl::StatusOr<uint64_t> Submit(GenRequest r);
+  /// Ends a queued or running request (on_done gets kCancelled) at the
+  /// next step. Unknown or finished ids are ignored.
+  void Cancel(uint64_t id);
+  /// Runs steps until Stop; sleeps while there is nothing to do.
+  void Run();
+  /// Makes Run return after cancelling every request still queued or
+  /// running.
+  void Stop();
+  /// True while requests are queued or running.
+  bool Busy() const;
+  BatcherStats Stats() const;
+  /// Called on Run's thread after every step (metrics snapshots).
+  void SetAfterStep(std::function<void()> f) { after_step_ = std::move(f); }
+
+private:
+  struct Seq {
+    uint64_t id = 0;
+    GenRequest req;
+    uint32_t slot = 0;
+    uint32_t pos = 0;       // tokens in the cache
+    uint32_t generated = 0; // tokens handed to on_token
+    int32_t next = -1;      // the token to feed next (decode)
+    std::unique_ptr<Sampler> sampler;
+  };
+
+  void Admit();
+  void Finish(Seq &s, FinishReason why, const absl::Status &error);
+  void Step();
+  /// After a sampled token: hand it on and decide whether the sequence
+  /// goes on; false when it has finished.
+  bool Deliver(Seq &s, int32_t token);
+
+  Engine &engine_;
+  BatcherOptions opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Seq>> queue_;   // guarded by mu_
+  std::vector<uint64_t> cancels_;            // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  BatcherStats stats_;                       // guarded by mu_
+  uint64_t next_id_ = 1;                     // guarded by mu_
+  std::vector<std::unique_ptr<Seq>> active_; // Run's thread only
+  std::vector<uint32_t> free_slots_;         // guarded by mu_
+  std::vector<SeqChunk> chunks_;
+  std::vector<Seq *> sampling_;
+  std::vector<float> logits_;
+  std::function<void()> after_step_;
+};
+
+} // namespace duck::runtime
+
+#endif

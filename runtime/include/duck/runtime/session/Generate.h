@@ -1,0 +1,46 @@
+//===- Generate.h - duckrun: plan + cluster + tokenizer -> text -*- C++ -*-===//
+#ifndef DUCK_RUNTIME_GENERATE_H
+#define DUCK_RUNTIME_GENERATE_H
+
+#include "duck/runtime/engine/Engine.h"
+#include "duck/runtime/session/Session.h"
+
+#include "absl/status/status.h"
+
+#include <atomic>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace duck::runtime {
+
+struct GenerateOptions {
+  /// The plan, the ducks and the engine (Session.h). Generate sets
+  /// need_tokenizer (not for prompt_ids), all_logits (for logits_out) and
+  /// cancel (from the field below).
+  SessionOptions session;
+  std::string prompt;              // text (tokenised), or
+  std::vector<int32_t> prompt_ids; // ids given directly
+  bool chat = false;               // a user message, in the chat format
+  uint32_t max_tokens = 32;
+  SamplerOptions sampler;
+  bool decode_only = false;        // run the prompt through decode modes
+  bool stream = true;              // print tokens as they come
+  std::string summary_json;        // write the summary here
+  std::string logits_out;          // every position's logits (f32 rows)
+  bool stop_at_eos = true;
+  bool print_ids = false;          // print token ids instead of text
+  /// Set by the caller (duckrun's signal handler) to stop between steps.
+  const std::atomic<bool> *cancel = nullptr;
+};
+
+/// Runs a whole duckrun: load + verify the plan, bring up the ducks,
+/// prepare weights through the cache, prefill, decode, print. Text goes to
+/// `out`, progress and the summary to `err`. Ducks it started are torn down
+/// on every path.
+absl::Status Generate(const GenerateOptions &opts, std::ostream &out,
+                      std::ostream &err);
+
+} // namespace duck::runtime
+
+#endif

@@ -1,0 +1,1159 @@
+//===- DuckClient.cpp - the host's connection to a cluster of ducks -------===//
+//
+// All ducks are driven from the calling thread: requests are queued per
+// connection and a poll(2) loop (Pump) writes and reads every connection
+// as it becomes ready, so a step reaches all ducks at once and the slowest
+// one decides the wait.
+//===----------------------------------------------------------------------===//
+#include "duck/runtime/cluster/DuckClient.h"
+
+#include "duck_rt/wire.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+namespace duck::runtime {
+
+using duckd::Part;
+
+std::string DuckEndpoint::ToString() const {
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<DuckEndpoint> ParseDuckEndpoint(absl::string_view text) {
+  size_t colon = text.rfind(':');
+  uint32_t port = 0;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port))
+    return absl::InvalidArgumentError(
+        absl::StrCat("duck endpoint '", text, "' is not host:port"));
+  if (port == 0 || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("duck endpoint '", text, "': port ", port,
+                     " is outside 1-65535"));
+  DuckEndpoint ep;
+  ep.host = std::string(text.substr(0, colon));
+  ep.port = uint16_t(port);
+  return ep;
+}
+
+namespace {
+
+const char *StatusName(int32_t s) {
+  switch (s) {
+  case DUCK_STATUS_OK: return "OK";
+  case DUCK_STATUS_BAD_ABI: return "BAD_ABI";
+  case DUCK_STATUS_BAD_INPUT: return "BAD_INPUT";
+  case DUCK_STATUS_BAD_WEIGHTS: return "BAD_WEIGHTS";
+  case DUCK_STATUS_OB_TOO_SMALL: return "OB_TOO_SMALL";
+  case DUCK_STATUS_SCRATCH_TOO_SMALL: return "SCRATCH_TOO_SMALL";
+  case DUCK_STATUS_BAD_MODE: return "BAD_MODE";
+  default: return "UNKNOWN";
+  }
+}
+
+absl::Status ErrorFor(uint32_t code, std::string message) {
+  switch (code) {
+  case DUCKD_ERR_BAD_ABI: return absl::FailedPreconditionError(message);
+  case DUCKD_ERR_UNAUTHORIZED: return absl::PermissionDeniedError(message);
+  case DUCKD_ERR_BUSY: return absl::UnavailableError(message);
+  case DUCKD_ERR_NO_SESSION: return absl::FailedPreconditionError(message);
+  case DUCKD_ERR_BAD_ELF: return absl::InvalidArgumentError(message);
+  case DUCKD_ERR_STEP_CRASHED: return absl::AbortedError(message);
+  case DUCKD_ERR_STEP_TIMEOUT: return absl::DeadlineExceededError(message);
+  case DUCKD_ERR_CACHE: return absl::DataLossError(message);
+  case DUCKD_ERR_TOO_LARGE: return absl::ResourceExhaustedError(message);
+  default: return absl::InternalError(message);
+  }
+}
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/// A frame waiting to be written (header + payload parts).
+struct OutFrame {
+  duckd_frame_header header{};
+  std::vector<uint8_t> owned;  // bytes this frame owns (prefix, chunk)
+  std::vector<Part> parts;     // the payload, in order
+  uint64_t total = 0, sent = 0;
+  std::vector<std::vector<uint8_t>> *recycle = nullptr; // gets `owned` back
+};
+
+/// One duck connection.
+struct Conn {
+  DuckEndpoint ep;
+  int fd = -1;
+  std::string broken; // why the connection is unusable, if it is
+  uint32_t next_id = 1;
+  std::deque<OutFrame> out;
+  std::deque<uint32_t> expect; // request ids awaiting replies, in order
+  duckd_frame_header rh{};
+  size_t rh_got = 0;
+  std::vector<uint8_t> payload = std::vector<uint8_t>(64 << 10); // capacity
+  size_t plen = 0, p_got = 0; // this frame's payload, bytes read
+  absl::Span<const uint8_t> Payload() const { return {payload.data(), plen}; }
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t session_id = 0;
+  duckd::FrameKeys keys;   // frame authentication (docs/protocol.md)
+  duckd::HostHello hello;  // the hello in flight, if any
+  bool awaiting_hello = false;
+};
+
+} // namespace
+
+struct DuckClient::Impl {
+  /// The connections close with the Impl, also when Create fails halfway
+  /// (a duck that answered must not stay held by a client that gave up).
+  ~Impl() {
+    for (Conn &c : conns)
+      if (c.fd >= 0)
+        ::close(c.fd);
+  }
+  DuckClientOptions opt;
+  std::vector<Conn> conns;
+  std::vector<DuckHello> hellos;
+  std::vector<uint8_t> elf; // one-shot mode: sent with every step
+  bool opened = false;
+
+  using ReplyFn = std::function<absl::Status(size_t, const duckd_frame_header &,
+                                             absl::Span<const uint8_t>)>;
+  using RefillFn = std::function<absl::Status(size_t)>;
+
+  std::string Name(size_t d) const {
+    return absl::StrCat("duck ", conns[d].ep.ToString());
+  }
+
+  void Break(size_t d, const std::string &why) {
+    Conn &c = conns[d];
+    if (c.fd >= 0)
+      ::close(c.fd);
+    c.fd = -1;
+    c.broken = why;
+    c.out.clear();
+    c.expect.clear();
+    c.rh_got = c.p_got = 0;
+    c.session_id = 0;
+    c.keys = duckd::FrameKeys{};
+    c.awaiting_hello = false;
+  }
+
+  absl::Status Usable(size_t d) const {
+    if (conns[d].fd < 0)
+      return absl::UnavailableError(absl::StrCat(
+          Name(d), ": connection closed earlier: ", conns[d].broken));
+    return absl::OkStatus();
+  }
+
+  /// Queues a request; the payload parts must stay valid until Pump ends
+  /// (or point into `owned`).
+  uint32_t Queue(size_t d, uint16_t type, std::vector<uint8_t> owned,
+                 std::vector<Part> parts,
+                 std::vector<std::vector<uint8_t>> *recycle = nullptr) {
+    Conn &c = conns[d];
+    OutFrame f;
+    f.owned = std::move(owned);
+    f.parts = std::move(parts);
+    const uint32_t id = c.next_id++;
+    f.header = duckd::MakeHeader(type, 0, id, f.parts, &c.keys);
+    f.total = sizeof f.header + f.header.payload_bytes;
+    f.recycle = recycle;
+    c.out.push_back(std::move(f));
+    c.expect.push_back(id);
+    return id;
+  }
+
+  /// Writes as much of the queue as the socket takes.
+  absl::Status SendSome(Conn &c) {
+    while (!c.out.empty()) {
+      OutFrame &f = c.out.front();
+      iovec iov[8];
+      int n = 0;
+      uint64_t skip = f.sent, pos = 0;
+      auto add = [&](const void *p, uint64_t bytes) {
+        if (n == 8 || pos + bytes <= skip) {
+          pos += bytes;
+          return;
+        }
+        uint64_t off = skip > pos ? skip - pos : 0;
+        iov[n++] = {const_cast<uint8_t *>(static_cast<const uint8_t *>(p)) +
+                        off,
+                    bytes - off};
+        pos += bytes;
+      };
+      add(&f.header, sizeof f.header);
+      for (const Part &p : f.parts)
+        if (p.bytes)
+          add(p.data, p.bytes);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = size_t(n);
+      ssize_t w = ::sendmsg(c.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR)
+          continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+          return absl::OkStatus();
+        return absl::UnavailableError(
+            absl::StrCat("send: ", std::strerror(errno)));
+      }
+      f.sent += uint64_t(w);
+      c.bytes_sent += uint64_t(w);
+      if (f.sent == f.total) {
+        if (f.recycle && !f.owned.empty())
+          f.recycle->push_back(std::move(f.owned));
+        c.out.pop_front();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  /// Reads what is available; true when a whole frame is in rh/payload.
+  absl::StatusOr<bool> RecvSome(Conn &c, bool block = false) {
+    auto fail = [](ssize_t r) -> absl::Status {
+      return r == 0 ? absl::UnavailableError("duckd closed the connection")
+                    : absl::UnavailableError(
+                          absl::StrCat("recv: ", std::strerror(errno)));
+    };
+    auto headerDone = [&]() -> absl::Status {
+      if (absl::Status s = duckd::ValidateHeader(c.rh, opt.max_payload);
+          !s.ok())
+        return s;
+      c.plen = c.rh.payload_bytes;
+      if (c.payload.size() < c.plen)
+        c.payload.resize(c.plen); // keeps what was read already
+      return absl::OkStatus();
+    };
+    if (c.rh_got == 0 && c.expect.size() == 1) {
+      // One reply in flight: nothing can follow it, so header and payload
+      // are read together, usually with a single syscall.
+      iovec iov[2] = {{&c.rh, sizeof c.rh},
+                      {c.payload.data(), c.payload.size()}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      ssize_t r = ::recvmsg(c.fd, &msg, block ? 0 : MSG_DONTWAIT);
+      if (r <= 0) {
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+          return false;
+        return fail(r);
+      }
+      c.bytes_received += uint64_t(r);
+      if (size_t(r) < sizeof c.rh) {
+        c.rh_got = size_t(r);
+      } else {
+        c.rh_got = sizeof c.rh;
+        const size_t got = size_t(r) - sizeof c.rh;
+        if (absl::Status s = headerDone(); !s.ok())
+          return s;
+        if (got > c.plen)
+          return absl::DataLossError("duckd sent more than one reply");
+        c.p_got = got;
+      }
+    }
+    while (c.rh_got < sizeof c.rh) {
+      ssize_t r = ::recv(c.fd, reinterpret_cast<uint8_t *>(&c.rh) + c.rh_got,
+                         sizeof c.rh - c.rh_got, MSG_DONTWAIT);
+      if (r <= 0) {
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+          return false;
+        return fail(r);
+      }
+      c.rh_got += size_t(r);
+      c.bytes_received += uint64_t(r);
+      if (c.rh_got == sizeof c.rh) {
+        if (absl::Status s = headerDone(); !s.ok())
+          return s;
+        c.p_got = 0;
+      }
+    }
+    while (c.p_got < c.plen) {
+      ssize_t r = ::recv(c.fd, c.payload.data() + c.p_got, c.plen - c.p_got,
+                         MSG_DONTWAIT);
+      if (r <= 0) {
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+          return false;
+        return fail(r);
+      }
+      c.p_got += size_t(r);
+      c.bytes_received += uint64_t(r);
+    }
+    if (c.awaiting_hello) {
+      c.awaiting_hello = false;
+      if (absl::Status s =
+              duckd::FinishHello(c.hello, c.rh, c.Payload(), &c.keys);
+          !s.ok())
+        return s;
+    } else if (absl::Status s = duckd::CheckPayload(c.rh, c.Payload(), &c.keys);
+               !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("reply: ", s.message()));
+    }
+    return true;
+  }
+
+  /// Drives every listed connection until all queued requests are answered.
+  /// With `idle`, the timeout restarts whenever bytes move (long uploads).
+  absl::Status Pump(const std::vector<size_t> &ducks, absl::Duration timeout,
+                    absl::string_view what, const ReplyFn &on_reply,
+                    const RefillFn &refill = nullptr, bool idle = false,
+                    absl::Duration spin = absl::ZeroDuration()) {
+    const uint64_t spinUntil = NowNs() + uint64_t(absl::ToInt64Nanoseconds(spin));
+    absl::Status first;
+    auto fail = [&](size_t d, absl::Status s, bool fatal) {
+      absl::Status named(s.code(), absl::StrCat(Name(d), ": ", what, ": ",
+                                                s.message()));
+      if (fatal)
+        Break(d, std::string(named.message()));
+      if (first.ok())
+        first = named;
+    };
+    const int64_t timeoutNs = absl::ToInt64Nanoseconds(timeout);
+    uint64_t deadline = NowNs() + uint64_t(timeoutNs);
+    // A whole frame is in conns[d].rh/payload: match it to its request.
+    auto handle = [&](size_t d) {
+      Conn &c = conns[d];
+      duckd_frame_header h = c.rh;
+      c.rh_got = 0;
+      if (h.type == DUCKD_MSG_NOTICE || !(h.flags & DUCKD_FLAG_REPLY) ||
+          c.expect.empty() || h.request_id != c.expect.front()) {
+        std::string why = "unexpected frame from duckd";
+        if (h.flags & DUCKD_FLAG_ERROR)
+          if (auto e = duckd::DecodeError(c.Payload()); e.ok())
+            why = e->message;
+        fail(d, absl::UnavailableError(why), true);
+        return;
+      }
+      c.expect.pop_front();
+      if (h.flags & DUCKD_FLAG_ERROR) {
+        auto e = duckd::DecodeError(c.Payload());
+        fail(d,
+             e.ok() ? ErrorFor(e->code, e->message)
+                    : absl::InternalError("malformed error reply"),
+             false);
+      } else if (absl::Status s = on_reply(d, h, c.Payload()); !s.ok()) {
+        fail(d, s, false);
+      }
+      if (refill && c.fd >= 0)
+        if (absl::Status s = refill(d); !s.ok())
+          fail(d, s, false);
+    };
+    std::vector<pollfd> pfds;
+    std::vector<size_t> who;
+    for (;;) {
+      pfds.clear();
+      who.clear();
+      for (size_t d : ducks) {
+        Conn &c = conns[d];
+        if (c.fd < 0)
+          continue;
+        if (!c.out.empty()) {
+          const uint64_t before = c.bytes_sent;
+          if (absl::Status s = SendSome(c); !s.ok()) {
+            fail(d, s, true);
+            continue;
+          }
+          if (idle && c.bytes_sent != before)
+            deadline = NowNs() + uint64_t(timeoutNs);
+        }
+        if (c.out.empty() && c.expect.empty())
+          continue;
+        short ev = (c.expect.empty() ? 0 : POLLIN) |
+                   (c.out.empty() ? 0 : POLLOUT);
+        pfds.push_back({c.fd, ev, 0});
+        who.push_back(d);
+      }
+      if (pfds.empty())
+        return first;
+      const uint64_t now = NowNs();
+      if (now >= deadline) {
+        for (size_t d : who)
+          fail(d,
+               absl::DeadlineExceededError(absl::StrCat(
+                   "no reply within ", absl::FormatDuration(timeout),
+                   "; connection closed")),
+               true);
+        return first;
+      }
+      const bool spinning = now < spinUntil;
+      if (!spinning && pfds.size() == 1 && pfds[0].events == POLLIN &&
+          conns[who[0]].rh_got == 0 && conns[who[0]].expect.size() == 1) {
+        // One reply awaited: wait for it in recvmsg itself (no poll), for
+        // at most the socket's 100 ms receive timeout per round.
+        const size_t d = who[0];
+        Conn &c = conns[d];
+        const uint64_t before = c.bytes_received;
+        absl::StatusOr<bool> got = RecvSome(c, /*block=*/true);
+        if (idle && c.bytes_received != before)
+          deadline = NowNs() + uint64_t(timeoutNs);
+        if (!got.ok())
+          fail(d, got.status(), true);
+        else if (*got)
+          handle(d);
+        continue; // partial or nothing yet: round again
+      }
+      const int ms = spinning ? 0
+                              : int(std::min<uint64_t>(
+                                    (deadline - now + 999999) / 1000000, 1000));
+      int r = ::poll(pfds.data(), pfds.size(), ms);
+      if (r < 0 && errno != EINTR)
+        return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+      if (r <= 0)
+        continue;
+      for (size_t i = 0; i < pfds.size(); ++i) {
+        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+          continue;
+        const size_t d = who[i];
+        Conn &c = conns[d];
+        while (c.fd >= 0 && !c.expect.empty()) {
+          const uint64_t before = c.bytes_received;
+          absl::StatusOr<bool> got = RecvSome(c);
+          if (idle && c.bytes_received != before)
+            deadline = NowNs() + uint64_t(timeoutNs);
+          if (!got.ok()) {
+            fail(d, got.status(), true);
+            break;
+          }
+          if (!*got)
+            break;
+          handle(d);
+        }
+      }
+    }
+  }
+
+  std::vector<size_t> All() const {
+    std::vector<size_t> v(conns.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = i;
+    return v;
+  }
+
+  absl::Status Connect(size_t d) {
+    Conn &c = conns[d];
+    std::string host = c.ep.host == "localhost" ? "127.0.0.1" : c.ep.host;
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(c.ep.port);
+    if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat(Name(d), ": not an IPv4 address"));
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    int r = ::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa);
+    if (r != 0 && errno != EINPROGRESS) {
+      int e = errno;
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat(Name(d), ": connect: ", std::strerror(e)));
+    }
+    if (r != 0) {
+      pollfd p{fd, POLLOUT, 0};
+      int n = ::poll(&p, 1, int(absl::ToInt64Milliseconds(opt.connect_timeout)));
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (n <= 0 || err) {
+        ::close(fd);
+        return absl::UnavailableError(absl::StrCat(
+            Name(d), ": connect: ",
+            n <= 0 ? "timed out" : std::strerror(err)));
+      }
+    }
+    duckd::TuneSocket(fd);
+    // Blocking from now on (every call passes MSG_DONTWAIT where it must
+    // not block); a blocking receive wakes at least every 100 ms.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    timeval tv{0, 100000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    c.fd = fd;
+    c.broken.clear();
+    return absl::OkStatus();
+  }
+
+  absl::Status Hello() {
+    std::vector<size_t> ducks = All();
+    for (size_t d : ducks) {
+      if (absl::Status s = Usable(d); !s.ok())
+        return s;
+      // A hello (re)starts the connection's authentication.
+      auto hello = duckd::BeginHello(opt.token);
+      if (!hello.ok())
+        return hello.status();
+      Conn &c = conns[d];
+      c.hello = *hello;
+      c.keys = hello->keys;
+      c.awaiting_hello = true;
+      std::vector<uint8_t> owned(sizeof c.hello.request);
+      std::memcpy(owned.data(), &c.hello.request, owned.size());
+      Part p{owned.data(), owned.size()};
+      Queue(d, DUCKD_MSG_HELLO, std::move(owned), {p});
+    }
+    hellos.resize(conns.size());
+    return Pump(ducks, opt.call_timeout, "hello",
+                [&](size_t d, const duckd_frame_header &,
+                    absl::Span<const uint8_t> pl) -> absl::Status {
+                  duckd_hello_reply rep;
+                  if (pl.size() < sizeof rep)
+                    return absl::InternalError("short hello reply");
+                  std::memcpy(&rep, pl.data(), sizeof rep);
+                  if (rep.abi_version != DUCK_ABI_VERSION)
+                    return absl::FailedPreconditionError(absl::StrCat(
+                        "duck abi ", rep.abi_version, ", host abi ",
+                        DUCK_ABI_VERSION));
+                  DuckHello &h = hellos[d];
+                  h.endpoint = conns[d].ep;
+                  h.name = std::string(rep.name, strnlen(rep.name,
+                                                         sizeof rep.name));
+                  h.cores = rep.cores;
+                  h.pid = rep.pid;
+                  h.memory_bytes = rep.memory_bytes;
+                  h.weights_capacity = rep.weights_capacity;
+                  h.tsc_hz = rep.tsc_hz;
+                  h.cache_valid = rep.cache_valid;
+                  h.head_finished = rep.head_finished;
+                  h.image = rep.image;
+                  h.finished_slots = rep.finished_slots;
+                  h.finished_bitmap.assign(pl.begin() + sizeof rep, pl.end());
+                  return absl::OkStatus();
+                });
+  }
+};
+
+DuckClient::DuckClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DuckClient::~DuckClient() {
+  if (impl_->opened)
+    (void)Close();
+  // ~Impl closes the connections.
+}
+
+absl::StatusOr<std::unique_ptr<DuckClient>>
+DuckClient::Create(const DuckClientOptions &options) {
+  if (options.ducks.empty())
+    return absl::InvalidArgumentError("no ducks given");
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  if (options.read_environment)
+    if (const char *p = std::getenv("DUCK_PERSISTENT"); p && std::string(p) == "0")
+      impl->opt.persistent = false;
+  impl->conns.resize(options.ducks.size());
+  for (size_t d = 0; d < options.ducks.size(); ++d) {
+    impl->conns[d].ep = options.ducks[d];
+    if (absl::Status s = impl->Connect(d); !s.ok())
+      return s;
+  }
+  if (absl::Status s = impl->Hello(); !s.ok())
+    return s;
+  return std::unique_ptr<DuckClient>(new DuckClient(std::move(impl)));
+}
+
+size_t DuckClient::size() const { return impl_->conns.size(); }
+bool DuckClient::persistent() const { return impl_->opt.persistent; }
+const DuckHello &DuckClient::hello(size_t duck) const {
+  return impl_->hellos[duck];
+}
+const DuckEndpoint &DuckClient::endpoint(size_t duck) const {
+  return impl_->conns[duck].ep;
+}
+
+absl::Status DuckClient::Refresh() { return impl_->Hello(); }
+
+absl::Status DuckClient::Open(absl::Span<const uint8_t> elf) {
+  Impl &m = *impl_;
+  m.elf.assign(elf.begin(), elf.end());
+  m.opened = true;
+  if (!m.opt.persistent)
+    return absl::OkStatus();
+  std::vector<size_t> ducks = m.All();
+  for (size_t d : ducks) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    duckd_open_request r{};
+    r.cores = m.opt.cores;
+    r.ib_limit = m.opt.ib_limit;
+    r.ob_limit = m.opt.ob_limit;
+    r.scratch_bytes = m.opt.scratch_bytes;
+    r.elf_bytes = m.elf.size();
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    std::vector<Part> parts = {{owned.data(), owned.size()},
+                               {m.elf.data(), m.elf.size()}};
+    m.Queue(d, DUCKD_MSG_OPEN, std::move(owned), std::move(parts));
+  }
+  return m.Pump(ducks, m.opt.call_timeout, "open",
+                [&](size_t d, const duckd_frame_header &,
+                    absl::Span<const uint8_t> pl) -> absl::Status {
+                  duckd_open_reply rep;
+                  if (pl.size() != sizeof rep)
+                    return absl::InternalError("bad open reply");
+                  std::memcpy(&rep, pl.data(), sizeof rep);
+                  m.conns[d].session_id = rep.session_id;
+                  return absl::OkStatus();
+                });
+}
+
+absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
+                              std::vector<DuckOutput> *out_outputs,
+                              StepMetrics *out_metrics,
+                              const std::function<void()> &after_send) {
+  Impl &m = *impl_;
+  if (ibs.size() != m.conns.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step needs one IB per duck: ", ibs.size(), " for ", m.conns.size()));
+  if (!m.opened)
+    return absl::FailedPreconditionError("step before open");
+  out_outputs->resize(m.conns.size());
+  std::vector<size_t> ducks = m.All();
+  uint64_t sent0 = 0, recv0 = 0;
+  for (size_t d : ducks) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    if (m.opt.persistent && !m.conns[d].session_id)
+      return absl::FailedPreconditionError(
+          absl::StrCat(m.Name(d), ": no open session (it was closed after an "
+                                  "earlier error); open again"));
+    sent0 += m.conns[d].bytes_sent;
+    recv0 += m.conns[d].bytes_received;
+  }
+  const uint64_t t0 = NowNs();
+  for (size_t d : ducks) {
+    std::vector<uint8_t> owned;
+    std::vector<Part> parts;
+    if (m.opt.persistent) {
+      duckd_step_request r{m.conns[d].session_id, ibs[d].size()};
+      owned.resize(sizeof r);
+      std::memcpy(owned.data(), &r, sizeof r);
+      parts = {{owned.data(), owned.size()}, {ibs[d].data(), ibs[d].size()}};
+      m.Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+    } else {
+      duckd_run_request r{};
+      r.cores = m.opt.cores;
+      r.ob_limit = m.opt.ob_limit;
+      r.scratch_bytes = m.opt.scratch_bytes;
+      r.elf_bytes = m.elf.size();
+      r.ib_bytes = ibs[d].size();
+      owned.resize(sizeof r);
+      std::memcpy(owned.data(), &r, sizeof r);
+      parts = {{owned.data(), owned.size()},
+               {m.elf.data(), m.elf.size()},
+               {ibs[d].data(), ibs[d].size()}};
+      m.Queue(d, DUCKD_MSG_RUN, std::move(owned), std::move(parts));
+    }
+    // Start writing at once: the first duck begins while the others queue.
+    if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
+      m.Break(d, std::string(s.message()));
+  }
+  if (after_send)
+    after_send();
+  std::string elfErrors;
+  absl::Status s = m.Pump(
+      ducks, m.opt.step_timeout, m.opt.persistent ? "step" : "run",
+      [&](size_t d, const duckd_frame_header &,
+          absl::Span<const uint8_t> pl) -> absl::Status {
+        duckd_step_reply rep;
+        if (pl.size() < sizeof rep)
+          return absl::InternalError("short step reply");
+        std::memcpy(&rep, pl.data(), sizeof rep);
+        const uint64_t need = sizeof rep + uint64_t(rep.cores) * 8 +
+                              rep.ob_bytes + rep.log_bytes;
+        if (rep.cores > DUCKD_MAX_CORES || need != pl.size())
+          return absl::InternalError("step reply sizes do not add up");
+        DuckOutput &o = (*out_outputs)[d];
+        o.status = rep.status;
+        o.worker_ns = rep.worker_ns;
+        o.kernel_ns.resize(rep.cores);
+        const uint8_t *p = pl.data() + sizeof rep;
+        std::memcpy(o.kernel_ns.data(), p, rep.cores * 8ull);
+        p += rep.cores * 8ull;
+        o.ob.assign(p, p + rep.ob_bytes);
+        p += rep.ob_bytes;
+        o.log.assign(reinterpret_cast<const char *>(p), rep.log_bytes);
+        if (rep.status != DUCK_STATUS_OK)
+          return absl::InvalidArgumentError(absl::StrCat(
+              "ELF status ", StatusName(rep.status), " (", rep.status, ")",
+              o.log.empty() ? "" : ": ", o.log));
+        return absl::OkStatus();
+      },
+      nullptr, false, m.opt.reply_spin);
+  const uint64_t t1 = NowNs();
+  if (out_metrics) {
+    StepMetrics &mt = *out_metrics;
+    mt = StepMetrics{};
+    mt.judge_wait_us = double(t1 - t0) / 1e3;
+    uint64_t maxNs = 0;
+    for (const DuckOutput &o : *out_outputs)
+      for (uint64_t k : o.kernel_ns)
+        maxNs = std::max(maxNs, k);
+    mt.duck_max_us = double(maxNs) / 1e3;
+    mt.judge_gap_us = mt.judge_wait_us - mt.duck_max_us;
+    mt.judge_ratio = maxNs ? mt.judge_wait_us / mt.duck_max_us : 0;
+    for (size_t d : ducks) {
+      mt.bytes_sent += m.conns[d].bytes_sent;
+      mt.bytes_received += m.conns[d].bytes_received;
+    }
+    mt.bytes_sent -= sent0;
+    mt.bytes_received -= recv0;
+  }
+  return s;
+}
+
+absl::Status DuckClient::Close() {
+  Impl &m = *impl_;
+  m.opened = false;
+  if (!m.opt.persistent)
+    return absl::OkStatus();
+  std::vector<size_t> ducks;
+  for (size_t d = 0; d < m.conns.size(); ++d) {
+    if (m.conns[d].fd < 0 || !m.conns[d].session_id)
+      continue;
+    duckd_close_request r{m.conns[d].session_id};
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    Part p{owned.data(), owned.size()};
+    m.Queue(d, DUCKD_MSG_CLOSE, std::move(owned), {p});
+    ducks.push_back(d);
+  }
+  absl::Status s = m.Pump(ducks, m.opt.call_timeout, "close",
+                          [&](size_t d, const duckd_frame_header &,
+                              absl::Span<const uint8_t>) -> absl::Status {
+                            m.conns[d].session_id = 0;
+                            return absl::OkStatus();
+                          });
+  for (size_t d : ducks)
+    m.conns[d].session_id = 0;
+  return s;
+}
+
+absl::StatusOr<std::vector<DuckRates>>
+DuckClient::Measure(const MeasureOptions &options) {
+  Impl &m = *impl_;
+  std::vector<DuckRates> out(m.conns.size());
+  auto request = [&](uint32_t flags) {
+    duckd_measure_request r{};
+    r.cores = options.cores;
+    r.flags = flags;
+    r.arena_bytes = options.arena_bytes;
+    r.millis = options.millis;
+    r.busy_us = flags & DUCKD_MEASURE_PING ? options.busy_us : 0;
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    return owned;
+  };
+  auto measure = [&](const std::vector<size_t> &ducks) -> absl::Status {
+    for (size_t d : ducks) {
+      if (absl::Status s = m.Usable(d); !s.ok())
+        return s;
+      std::vector<uint8_t> owned = request(0);
+      Part p{owned.data(), owned.size()};
+      m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+    }
+    return m.Pump(
+        ducks, m.opt.call_timeout, "measure",
+        [&](size_t d, const duckd_frame_header &,
+            absl::Span<const uint8_t> pl) -> absl::Status {
+          duckd_measure_reply rep;
+          if (pl.size() != sizeof rep)
+            return absl::InternalError("measure reply of the wrong size");
+          std::memcpy(&rep, pl.data(), sizeof rep);
+          DuckRates &r = out[d];
+          r.cores = rep.cores;
+          r.read_gbs = rep.read_gbs;
+          for (uint32_t k = 0; k < DUCK_KERNEL_COUNT && k < rep.kernels; ++k) {
+            r.gparam_s[k] = rep.gparam_s[k];
+            r.rows[k] = rep.rows[k];
+            r.k[k] = rep.k[k];
+          }
+          r.other_load = rep.other_load;
+          r.gemm_gmac_s = rep.gemm_gmac_s;
+          r.gemm_tokens = rep.gemm_tokens;
+          r.gemv_call_us = rep.gemv_call_ns / 1e3;
+          r.seconds = rep.seconds;
+          return absl::OkStatus();
+        });
+  };
+  std::vector<size_t> all;
+  for (size_t d = 0; d < m.conns.size(); ++d)
+    all.push_back(d);
+  if (options.one_at_a_time) {
+    for (size_t d : all)
+      if (absl::Status s = measure({d}); !s.ok())
+        return s;
+  } else if (absl::Status s = measure(all); !s.ok()) {
+    return s;
+  }
+  // Round trips, one in flight at a time, each duck in turn: `make`
+  // queues one request; its reply, whatever it says, ends the trip.
+  auto time = [&](size_t d, const char *what,
+                  const std::function<void()> &make, double *p50,
+                  double *p90) -> absl::Status {
+    std::vector<double> us;
+    for (uint32_t i = 0; i < options.pings; ++i) {
+      const uint64_t t0 = NowNs();
+      make();
+      if (absl::Status s = m.Pump({d}, m.opt.call_timeout, what,
+                                  [](size_t, const duckd_frame_header &,
+                                     absl::Span<const uint8_t>) {
+                                    return absl::OkStatus();
+                                  });
+          !s.ok())
+        return s;
+      us.push_back(double(NowNs() - t0) / 1e3);
+    }
+    if (!us.empty()) {
+      std::sort(us.begin(), us.end());
+      *p50 = us[us.size() / 2];
+      *p90 = us[std::min(us.size() - 1, us.size() * 9 / 10)];
+    }
+    return absl::OkStatus();
+  };
+  for (size_t d : all)
+    if (absl::Status s = time(
+            d, "ping",
+            [&] {
+              std::vector<uint8_t> owned = request(DUCKD_MEASURE_PING);
+              Part p{owned.data(), owned.size()};
+              m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+            },
+            &out[d].rtt_us_p50, &out[d].rtt_us_p90);
+        !s.ok())
+      return s;
+  for (DuckRates &r : out) {
+    r.rtt_us_p50 = std::max(0.0, r.rtt_us_p50 - options.busy_us);
+    r.rtt_us_p90 = std::max(0.0, r.rtt_us_p90 - options.busy_us);
+  }
+  if (options.elf.empty() || !m.opt.persistent)
+    return out;
+  // Empty steps: a header-only IB (a dense prepare of slot 0). Whatever
+  // status the ELF returns (a duck without weights says BAD_WEIGHTS), the
+  // step went host -> duckd -> worker -> ELF and back.
+  if (absl::Status s = Open(options.elf); !s.ok())
+    return s;
+  duck_ib_header ib{};
+  ib.magic = DUCK_IB_MAGIC;
+  ib.abi_version = DUCK_ABI_VERSION;
+  ib.mode = DUCK_MODE_DENSE_PREPARE;
+  ib.x_offset = duck_ib_x_offset(0);
+  std::vector<uint8_t> ibBytes(ib.x_offset, 0);
+  std::memcpy(ibBytes.data(), &ib, sizeof ib);
+  for (size_t d : all)
+    if (absl::Status s = time(
+            d, "empty step",
+            [&] {
+              duckd_step_request r{m.conns[d].session_id, ibBytes.size()};
+              std::vector<uint8_t> owned(sizeof r);
+              std::memcpy(owned.data(), &r, sizeof r);
+              std::vector<Part> parts = {{owned.data(), owned.size()},
+                                         {ibBytes.data(), ibBytes.size()}};
+              m.Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+            },
+            &out[d].step_us_p50, &out[d].step_us_p90);
+        !s.ok())
+      return s;
+  if (absl::Status s = Close(); !s.ok())
+    return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<duckd_stats_reply>> DuckClient::Stats() {
+  Impl &m = *impl_;
+  std::vector<duckd_stats_reply> out(m.conns.size());
+  std::vector<size_t> all;
+  for (size_t d = 0; d < m.conns.size(); ++d) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    m.Queue(d, DUCKD_MSG_STATS, {}, {});
+    all.push_back(d);
+  }
+  absl::Status s = m.Pump(
+      all, m.opt.call_timeout, "stats",
+      [&](size_t d, const duckd_frame_header &,
+          absl::Span<const uint8_t> pl) -> absl::Status {
+        // Fields are only appended: a longer reply starts with these.
+        if (pl.size() < sizeof(duckd_stats_reply))
+          return absl::InternalError("stats reply shorter than protocol 3's");
+        std::memcpy(&out[d], pl.data(), sizeof(duckd_stats_reply));
+        return absl::OkStatus();
+      });
+  if (!s.ok())
+    return s;
+  return out;
+}
+
+namespace {
+
+/// A weight image file as the compiler writes it, opened for streaming.
+struct ImageFile {
+  int fd = -1;
+  duck_image_header header{};
+  std::vector<duck_slot_entry> table;
+  ~ImageFile() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+};
+
+absl::Status ReadAt(int fd, void *dst, uint64_t bytes, uint64_t offset) {
+  auto *p = static_cast<uint8_t *>(dst);
+  while (bytes) {
+    ssize_t r = ::pread(fd, p, bytes, off_t(offset));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return absl::DataLossError(absl::StrCat(
+          "read at ", offset, ": ", r < 0 ? std::strerror(errno) : "end of file"));
+    p += r;
+    bytes -= uint64_t(r);
+    offset += uint64_t(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpenImage(const std::string &path, ImageFile *img) {
+  img->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (img->fd < 0)
+    return absl::NotFoundError(
+        absl::StrCat(path, ": ", std::strerror(errno)));
+  if (absl::Status s = ReadAt(img->fd, &img->header, sizeof img->header, 0);
+      !s.ok())
+    return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
+  const duck_image_header &h = img->header;
+  if (h.magic != DUCK_IMAGE_MAGIC)
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a duck weight image"));
+  const off_t size = ::lseek(img->fd, 0, SEEK_END);
+  if (size < 0 || uint64_t(size) != h.total_bytes)
+    return absl::DataLossError(absl::StrCat(
+        path, ": file has ", size, " bytes, its header says ", h.total_bytes));
+  if (h.slot_count > (1u << 20) ||
+      h.slot_table_offset + uint64_t(h.slot_count) * sizeof(duck_slot_entry) >
+          h.total_bytes)
+    return absl::DataLossError(absl::StrCat(path, ": slot table out of bounds"));
+  img->table.resize(h.slot_count);
+  return ReadAt(img->fd, img->table.data(),
+                img->table.size() * sizeof(duck_slot_entry),
+                h.slot_table_offset);
+}
+
+} // namespace
+
+absl::StatusOr<PrepareReport>
+DuckClient::Prepare(absl::Span<const std::string> images,
+                    const PrepareOptions &options) {
+  Impl &m = *impl_;
+  const size_t n = m.conns.size();
+  if (images.size() != n)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prepare needs one image per duck: ", images.size(), " for ", n));
+  const uint64_t start = NowNs();
+  std::vector<ImageFile> files(n);
+  for (size_t d = 0; d < n; ++d) {
+    if (absl::Status s = OpenImage(images[d], &files[d]); !s.ok())
+      return s;
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+  }
+
+  // 1. Cache sessions: hit, partial or miss per duck.
+  // DUCK_INVALIDATE=1: the host switch that forces a miss without code.
+  bool invalidate = options.invalidate;
+  if (m.opt.read_environment)
+    if (const char *e = std::getenv("DUCK_INVALIDATE"); e && std::string(e) == "1")
+      invalidate = true;
+  PrepareReport report;
+  report.result.assign(n, DUCKD_CACHE_MISS);
+  report.bytes_uploaded.assign(n, 0);
+  std::vector<duckd_prepare_reply> begin(n);
+  std::vector<std::vector<uint8_t>> bitmaps(n);
+  std::vector<size_t> ducks = m.All();
+  for (size_t d : ducks) {
+    duckd_prepare_begin_request r{};
+    r.flags = invalidate ? DUCKD_PREPARE_INVALIDATE : 0;
+    r.image = files[d].header;
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    Part p{owned.data(), owned.size()};
+    m.Queue(d, DUCKD_MSG_PREPARE_BEGIN, std::move(owned), {p});
+  }
+  if (absl::Status s = m.Pump(
+          ducks, m.opt.call_timeout, "prepare_begin",
+          [&](size_t d, const duckd_frame_header &,
+              absl::Span<const uint8_t> pl) -> absl::Status {
+            if (pl.size() < sizeof(duckd_prepare_reply))
+              return absl::InternalError("short prepare_begin reply");
+            std::memcpy(&begin[d], pl.data(), sizeof begin[d]);
+            bitmaps[d].assign(pl.begin() + sizeof(duckd_prepare_reply),
+                              pl.end());
+            report.result[d] = duckd_cache_result(begin[d].result);
+            return absl::OkStatus();
+          });
+      !s.ok())
+    return s;
+
+  // 2. What each duck lacks: the head, then every unfinished slot.
+  struct Range {
+    uint64_t offset, bytes;
+  };
+  struct Upload {
+    std::vector<Range> ranges;
+    size_t next = 0;
+    uint64_t pos = 0; // inside ranges[next]
+    int inflight = 0;
+    std::vector<std::vector<uint8_t>> pool;
+  };
+  std::vector<Upload> up(n);
+  PrepareProgress prog;
+  for (size_t d = 0; d < n; ++d) {
+    if (report.result[d] == DUCKD_CACHE_HIT)
+      continue;
+    const ImageFile &f = files[d];
+    const uint64_t tableEnd = f.header.slot_table_offset +
+                              uint64_t(f.header.slot_count) * sizeof(duck_slot_entry);
+    if (!begin[d].head_finished)
+      up[d].ranges.push_back({0, tableEnd});
+    for (uint32_t s = 0; s < f.header.slot_count; ++s) {
+      const bool done = s / 8 < bitmaps[d].size() &&
+                        (bitmaps[d][s / 8] >> (s % 8)) & 1;
+      if (!done && f.table[s].bytes)
+        up[d].ranges.push_back({f.table[s].offset, f.table[s].bytes});
+    }
+    for (const Range &r : up[d].ranges)
+      prog.bytes_total += r.bytes;
+  }
+
+  // 3. Stream chunks, two in flight per duck.
+  uint64_t lastReport = 0;
+  auto report_progress = [&](bool force) {
+    if (!options.progress)
+      return;
+    const uint64_t now = NowNs();
+    if (!force && now - lastReport <
+                      uint64_t(absl::ToInt64Nanoseconds(options.progress_interval)))
+      return;
+    lastReport = now;
+    prog.seconds = double(now - start) / 1e9;
+    prog.bytes_per_second =
+        prog.seconds > 0 ? double(prog.bytes_done) / prog.seconds : 0;
+    prog.eta_seconds =
+        prog.bytes_per_second > 0
+            ? double(prog.bytes_total - prog.bytes_done) / prog.bytes_per_second
+            : 0;
+    options.progress(prog);
+  };
+  bool cancelled = false;
+  auto refill = [&](size_t d) -> absl::Status {
+    Upload &u = up[d];
+    if (options.cancel && options.cancel->load())
+      cancelled = true; // no more chunks; those in flight are answered
+    while (!cancelled && u.inflight < 2 && u.next < u.ranges.size()) {
+      const Range &r = u.ranges[u.next];
+      const uint64_t bytes =
+          std::min<uint64_t>(m.opt.prepare_chunk_bytes, r.bytes - u.pos);
+      const uint64_t offset = r.offset + u.pos;
+      std::vector<uint8_t> buf;
+      if (!u.pool.empty()) {
+        buf = std::move(u.pool.back());
+        u.pool.pop_back();
+      }
+      buf.resize(sizeof(duckd_prepare_write_request) + bytes);
+      duckd_prepare_write_request w{offset, bytes};
+      std::memcpy(buf.data(), &w, sizeof w);
+      if (absl::Status s =
+              ReadAt(files[d].fd, buf.data() + sizeof w, bytes, offset);
+          !s.ok())
+        return absl::DataLossError(absl::StrCat(images[d], ": ", s.message()));
+      Part p{buf.data(), buf.size()};
+      m.Queue(d, DUCKD_MSG_PREPARE_WRITE, std::move(buf), {p}, &u.pool);
+      ++u.inflight;
+      u.pos += bytes;
+      if (u.pos == r.bytes) {
+        ++u.next;
+        u.pos = 0;
+      }
+    }
+    return absl::OkStatus();
+  };
+  ducks.clear();
+  for (size_t d = 0; d < n; ++d)
+    if (!up[d].ranges.empty()) {
+      ducks.push_back(d);
+      if (absl::Status s = refill(d); !s.ok())
+        return s;
+    }
+  report_progress(true);
+  if (absl::Status s = m.Pump(
+          ducks, m.opt.call_timeout, "prepare_write",
+          [&](size_t d, const duckd_frame_header &,
+              absl::Span<const uint8_t> pl) -> absl::Status {
+            duckd_prepare_write_reply rep;
+            if (pl.size() != sizeof rep)
+              return absl::InternalError("bad prepare_write reply");
+            std::memcpy(&rep, pl.data(), sizeof rep);
+            --up[d].inflight;
+            report.bytes_uploaded[d] += rep.bytes;
+            prog.bytes_done += rep.bytes;
+            report_progress(false);
+            return absl::OkStatus();
+          },
+          refill, /*idle=*/true);
+      !s.ok())
+    return s;
+  // 4. Verify and mark finished (every duck that was not a hit). After a
+  // cancel too: each duck keeps the slots that arrived whole, so the next
+  // prepare sends only the rest; its answer then says the others stay
+  // unfinished, which is expected (the connections are closed after).
+  ducks.clear();
+  for (size_t d = 0; d < n; ++d)
+    if (report.result[d] != DUCKD_CACHE_HIT) {
+      ducks.push_back(d);
+      m.Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
+    }
+  absl::Status finished =
+      m.Pump(
+          ducks, m.opt.call_timeout, "prepare_finish",
+          [&](size_t d, const duckd_frame_header &,
+              absl::Span<const uint8_t> pl) -> absl::Status {
+            if (cancelled)
+              return absl::OkStatus();
+            duckd_prepare_reply rep;
+            if (pl.size() < sizeof rep)
+              return absl::InternalError("short prepare_finish reply");
+            std::memcpy(&rep, pl.data(), sizeof rep);
+            if (!rep.head_finished || rep.finished_slots != rep.slot_count)
+              return absl::DataLossError(absl::StrCat(
+                  rep.finished_slots, "/", rep.slot_count,
+                  " slots finished after the upload"));
+            return absl::OkStatus();
+          });
+  if (cancelled)
+    return absl::CancelledError(absl::StrFormat(
+        "interrupted: the weight upload stopped at %.1f of %.1f MiB (the "
+        "ducks keep the slots that arrived whole; the next prepare sends "
+        "the rest)",
+        prog.bytes_done / 1048576.0, prog.bytes_total / 1048576.0));
+  if (!finished.ok())
+    return finished;
+  report_progress(true);
+  report.seconds = double(NowNs() - start) / 1e9;
+  if (absl::Status s = m.Hello(); !s.ok())
+    return s;
+  return report;
+}
+
+} // namespace duck::runtime

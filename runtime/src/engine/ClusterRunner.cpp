@@ -1,0 +1,150 @@
+//===- ClusterRunner.cpp - FFN steps on a cluster of ducks ----------------===//
+#include "duck/runtime/engine/ClusterRunner.h"
+
+#include "duck/runtime/StatusMacros.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <cstring>
+#include <set>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
+    : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()),
+      ib_flags_(plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) {
+  for (const pl::OpDef *op : *plan.def().ops())
+    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
+      if (h->on_ducks())
+        head_slot_ = (int64_t)h->duck_slot();
+  ResetStats();
+}
+
+void ClusterFfnRunner::ResetStats() {
+  const size_t keep = stats_.max_steps;
+  stats_ = RunnerStats();
+  stats_.max_steps = keep;
+  stats_.params.assign(client_->size(), 0.0);
+  stats_.kernel_ns.assign(client_->size(), 0.0);
+}
+
+absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept) {
+  const size_t ducks = client_->size();
+  std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
+  StepMetrics metrics;
+  if (before_step_)
+    before_step_(steps_);
+  ++steps_;
+  for (;;) {
+    absl::Status s = client_->Step(ibs, &outputs_, &metrics, after_send_);
+    if (s.ok())
+      break;
+    if (!recover_)
+      return s;
+    auto client = recover_(s);
+    if (!client.ok())
+      return client.status();
+    client_ = *client;
+    ++recoveries_;
+  }
+  if (stats_.max_steps && kept.size() >= 2 * stats_.max_steps)
+    kept.erase(kept.begin(), kept.begin() + stats_.max_steps);
+  kept.push_back(metrics);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float *>
+ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
+                         uint32_t n_tokens, uint32_t width) {
+  const uint64_t bytes = (uint64_t)n_tokens * width * 4;
+  const DuckOutput &o = outputs_[r];
+  const std::string who = client_->endpoint(r).ToString();
+  if (o.ob.size() < sizeof(duck_ob_header))
+    return absl::DataLossError(
+        absl::StrCat("duck ", r, " (", who, ") sent a truncated output"));
+  duck_ob_header oh;
+  std::memcpy(&oh, o.ob.data(), sizeof oh);
+  if (oh.magic != DUCK_OB_MAGIC || oh.status != DUCK_STATUS_OK ||
+      oh.n_tokens != n_tokens || oh.hidden != width ||
+      oh.out_offset + bytes > o.ob.size())
+    return absl::DataLossError(absl::StrCat(
+        "duck ", r, " (", who, ") answered step (mode ", mode, ", slot ",
+        slot, ") with status ", oh.status, ", ", oh.n_tokens, " tokens of ",
+        oh.hidden, " (expected ", n_tokens, " of ", width, ", ",
+        sizeof(duck_ob_header) + bytes, " bytes)", o.log.empty() ? "" : ": ",
+        o.log));
+  return reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+}
+
+void ClusterFfnRunner::Account(size_t r, double params) {
+  uint64_t maxNs = 0;
+  for (uint64_t ns : outputs_[r].kernel_ns)
+    maxNs = std::max(maxNs, ns);
+  stats_.params[r] += params;
+  stats_.kernel_ns[r] += maxNs;
+}
+
+absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
+                                   uint32_t n_tokens, uint32_t top_k,
+                                   const duck_expert_slot *slots,
+                                   const float *x, float *out) {
+  ib_.resize(duck_ib_bytes_flags(n_tokens, top_k, hidden_, ib_flags_));
+  duck_ib_write_flags(ib_.data(), mode, slot, n_tokens, top_k, slots, x,
+                      hidden_, ib_flags_);
+  if (absl::Status s = SendStep(n_tokens > 1 ? stats_.prefill_steps
+                                             : stats_.decode_steps);
+      !s.ok())
+    return s;
+
+  // Partial outputs, added in rank order.
+  for (size_t r = 0; r < client_->size(); ++r) {
+    const float *p;
+    DUCK_ASSIGN_OR_RETURN(p, Output(r, mode, slot, n_tokens, hidden_));
+    for (uint64_t i = 0; i < (uint64_t)n_tokens * hidden_; ++i)
+      out[i] += p[i];
+
+    // Throughput bookkeeping: weights this duck streamed for the step.
+    const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
+    double perExpert = 3.0 * hidden_ * (sd->inter_end() - sd->inter_begin());
+    double experts = 1;
+    if (sd->moe()) {
+      std::set<uint32_t> held;
+      for (uint64_t i = 0; i < (uint64_t)n_tokens * top_k; ++i)
+        if (slots[i].expert >= sd->expert_begin() &&
+            slots[i].expert < sd->expert_end())
+          held.insert(slots[i].expert);
+      experts = held.size();
+    }
+    Account(r, perExpert * experts);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
+                                       const float *x, uint32_t k, float *out,
+                                       uint64_t width) {
+  ib_.resize(duck_ib_bytes_flags(n_tokens, 0, k, ib_flags_));
+  duck_ib_write_flags(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
+                      k, ib_flags_);
+  // The LM head's steps apart from an attention's (their op times differ).
+  const bool head = (int64_t)slot == head_slot_;
+  if (absl::Status s = SendStep(head             ? stats_.head_steps
+                                : n_tokens > 1 ? stats_.attn_prefill_steps
+                                               : stats_.attn_decode_steps);
+      !s.ok())
+    return s;
+  // Each duck's rows into their place in every token's output.
+  for (size_t r = 0; r < client_->size(); ++r) {
+    const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
+    const uint32_t b = sd->inter_begin(), rows = sd->inter_end() - b;
+    const float *p;
+    DUCK_ASSIGN_OR_RETURN(p, Output(r, DUCK_MODE_HEAD, slot, n_tokens, rows));
+    for (uint64_t t = 0; t < n_tokens; ++t)
+      std::memcpy(out + t * width + b, p + t * rows, (uint64_t)rows * 4);
+    Account(r, (double)rows * k);
+  }
+  return absl::OkStatus();
+}
+
+} // namespace duck::runtime

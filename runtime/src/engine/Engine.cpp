@@ -1,0 +1,255 @@
+//===- Engine.cpp - runs a plan's host program ----------------------------===//
+#include "duck/runtime/engine/Engine.h"
+
+#include "ops/HostOp.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+Engine::Engine() = default;
+Engine::~Engine() = default;
+
+uint32_t Engine::vocab() const { return plan_->def().model()->vocab(); }
+
+uint64_t Engine::host_weight_bytes_per_token() const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->WeightBytesPerToken();
+  return n;
+}
+
+uint64_t Engine::cache_read_bytes_per_token(uint64_t positions) const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->CacheReadBytes(positions);
+  return n;
+}
+
+uint64_t Engine::kv_bytes_per_token() const {
+  uint64_t n = 0;
+  for (const auto &op : ops_)
+    n += op->KvBytesPerToken();
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>>
+Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
+               const EngineOptions &opts) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->plan_ = &plan;
+  e->runner_ = runner;
+  e->opts_ = opts;
+  e->opts_.prefill_chunk = std::max(1u, opts.prefill_chunk);
+  e->opts_.max_seqs = std::max(1u, opts.max_seqs);
+  e->opts_.max_rows = std::max(opts.max_rows, e->opts_.prefill_chunk);
+  e->hidden_ = plan.def().model()->hidden();
+  if (opts.max_seq == 0)
+    return absl::InvalidArgumentError("--max-seq must be at least 1");
+  e->pool_ = std::make_unique<ThreadPool>(std::max(1u, opts.threads));
+  if (absl::Status s = e->Prepare(); !s.ok())
+    return s;
+  return e;
+}
+
+/// Builds every op from its plan table and takes the activations' memory
+/// once: nothing is allocated while a chunk runs.
+absl::Status Engine::Prepare() {
+  const pl::PlanDef &d = plan_->def();
+  std::vector<uint64_t> widths(d.num_values(), hidden_);
+  ops::WeightReader weights(*plan_);
+  for (const pl::OpDef *def : *d.ops()) {
+    ops::HostOpFactory create = ops::FindHostOp(def->params_type());
+    if (!create)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan op of layer ", def->layer(), " has no parameters this runtime "
+          "knows (a plan from another duckc?); recompile the model"));
+    ops::OpEnv env{*plan_,         *def,        weights,        runner_,
+                   pool_.get(),    hidden_,     opts_.max_rows, opts_.max_seq,
+                   opts_.max_seqs, opts_.kv_f16};
+    auto op = create(env);
+    if (!op.ok())
+      return op.status();
+    if (def->inputs())
+      (*op)->inputs.assign(def->inputs()->begin(), def->inputs()->end());
+    (*op)->result = def->result();
+    if (uint64_t w = (*op)->OutWidth())
+      widths[def->result()] = w;
+    ops_.push_back(std::move(*op));
+    kinds_.push_back(def->params_type());
+  }
+  values_ = std::make_unique<ops::ValueArena>();
+  values_->Init(widths, opts_.max_rows);
+  row_tokens_.reserve(opts_.max_rows);
+  row_pos_.reserve(opts_.max_rows);
+  row_seq_.reserve(opts_.max_rows);
+  logit_rows_.reserve(opts_.max_rows);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Forward(absl::Span<const int32_t> tokens,
+                             std::vector<float> *out_logits, bool logits) {
+  if (tokens.empty())
+    return absl::InvalidArgumentError("no tokens to run");
+  if ((uint64_t)pos_ + tokens.size() > opts_.max_seq)
+    return absl::OutOfRangeError(absl::StrCat(
+        "sequence of ", pos_ + tokens.size(), " tokens exceeds --max-seq ",
+        opts_.max_seq));
+  const uint32_t chunk = std::max(1u, opts_.prefill_chunk);
+  if (opts_.all_logits)
+    out_logits->clear();
+  for (size_t i = 0; i < tokens.size(); i += chunk) {
+    size_t n = std::min<size_t>(chunk, tokens.size() - i);
+    // Only the last chunk's last row is anyone's (all_logits: every row).
+    const bool want = opts_.all_logits || (logits && i + n == tokens.size());
+    if (absl::Status s = RunChunk(tokens.subspan(i, n), out_logits, want);
+        !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ForwardDecodeOnly(absl::Span<const int32_t> tokens,
+                                       std::vector<float> *out_logits) {
+  if ((uint64_t)pos_ + tokens.size() > opts_.max_seq)
+    return absl::OutOfRangeError(absl::StrCat(
+        "sequence of ", pos_ + tokens.size(), " tokens exceeds --max-seq ",
+        opts_.max_seq));
+  if (opts_.all_logits)
+    out_logits->clear();
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (absl::Status s = RunChunk(tokens.subspan(i, 1), out_logits);
+        !s.ok())
+      return s;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
+                              std::vector<float> *out_logits, bool logits) {
+  if (!opts_.all_logits)
+    out_logits->clear(); // the last row's logits only
+  const SeqChunk chunk{0, pos_, tokens, logits};
+  DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
+  pos_ += tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
+                              std::vector<float> *out_logits) {
+  row_tokens_.clear();
+  row_pos_.clear();
+  row_seq_.clear();
+  logit_rows_.clear();
+  uint64_t rows = 0;
+  for (const SeqChunk &c : chunks)
+    rows += c.tokens.size();
+  if (rows == 0)
+    return absl::InvalidArgumentError("a batched step with no tokens");
+  if (rows > opts_.max_rows)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batched step of ", rows, " rows; the engine takes ",
+        opts_.max_rows));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SeqChunk &c = chunks[i];
+    if (c.seq >= opts_.max_seqs)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", c.seq, " of a batched step; the engine has ",
+          opts_.max_seqs));
+    if ((uint64_t)c.pos + c.tokens.size() > opts_.max_seq)
+      return absl::OutOfRangeError(absl::StrCat(
+          "sequence of ", c.pos + c.tokens.size(),
+          " tokens exceeds --max-seq ", opts_.max_seq));
+    for (size_t j = 0; j < i; ++j)
+      if (chunks[j].seq == c.seq)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", c.seq, " appears twice in one batched step"));
+    for (uint32_t t = 0; t < c.tokens.size(); ++t) {
+      if (c.logits && (opts_.all_logits || t + 1 == c.tokens.size()))
+        logit_rows_.push_back((uint32_t)row_tokens_.size());
+      row_tokens_.push_back(c.tokens[t]);
+      row_pos_.push_back(c.pos + t);
+      row_seq_.push_back(c.seq);
+    }
+  }
+  return RunRows(rows > 1, out_logits);
+}
+
+absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
+  ops::Step step{row_tokens_, row_pos_,  row_seq_,    logit_rows_,
+                 prefill,     values_.get(), out_logits};
+  // Time by op kind, one clock read an op (a few tens of ns).
+  OpTimes &times = prefill ? prefill_times_ : decode_times_;
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (absl::Status s = ops_[i]->Run(step); !s.ok())
+      return s;
+    auto t1 = std::chrono::steady_clock::now();
+    times.seconds[(size_t)kinds_[i]] +=
+        std::chrono::duration<double>(t1 - t0).count();
+    t0 = t1;
+  }
+  times.tokens += row_tokens_.size();
+  return absl::OkStatus();
+}
+
+//===----------------------------------------------------------------------===//
+// Sampler
+//===----------------------------------------------------------------------===//
+
+Sampler::Sampler(const SamplerOptions &o) : o_(o), state_(o.seed) {}
+
+int32_t Sampler::Sample(absl::Span<const float> logits) {
+  if (o_.temperature <= 0.0f) {
+    return (int32_t)(std::max_element(logits.begin(), logits.end()) -
+                     logits.begin());
+  }
+  buf_.clear();
+  for (size_t i = 0; i < logits.size(); ++i)
+    buf_.push_back({logits[i] / o_.temperature, (int32_t)i});
+  std::sort(buf_.begin(), buf_.end(),
+            [](auto &a, auto &b) { return a.first > b.first; });
+  size_t keep = buf_.size();
+  if (o_.top_k > 0)
+    keep = std::min<size_t>(keep, o_.top_k);
+  float mx = buf_[0].first;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    buf_[i].first = std::exp(buf_[i].first - mx);
+    sum += buf_[i].first;
+  }
+  if (o_.top_p < 1.0f) {
+    double acc = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += buf_[i].first / sum;
+      if (acc >= o_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i)
+      sum += buf_[i].first;
+  }
+  // splitmix64: reproducible across platforms for a given --seed.
+  state_ += 0x9E3779B97F4A7C15ull;
+  uint64_t z = state_;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  double u = (z >> 11) * 0x1.0p-53 * sum;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= buf_[i].first;
+    if (u <= 0)
+      return buf_[i].second;
+  }
+  return buf_[keep - 1].second;
+}
+
+} // namespace duck::runtime

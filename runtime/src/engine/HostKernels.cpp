@@ -1,0 +1,1056 @@
+//===- HostKernels.cpp - the host's share of the forward pass -------------===//
+#include "duck/runtime/engine/HostKernels.h"
+#include "duck_rt/exp_avx2.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <thread>
+
+namespace duck::runtime {
+
+//===----------------------------------------------------------------------===//
+// ThreadPool
+//===----------------------------------------------------------------------===//
+
+void *HugePageAlloc(size_t bytes) {
+  if (bytes < kHugePageBytes) {
+    void *p = std::malloc(bytes ? bytes : 1);
+    if (!p)
+      throw std::bad_alloc();
+    return p;
+  }
+  // Map 2 MiB more than asked, keep the aligned part, return the rest.
+  const size_t len = (bytes + 4095) & ~size_t(4095);
+  void *m = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    throw std::bad_alloc();
+  uint8_t *raw = static_cast<uint8_t *>(m);
+  uint8_t *at = reinterpret_cast<uint8_t *>(
+      (reinterpret_cast<uintptr_t>(raw) + kHugePageBytes - 1) &
+      ~uintptr_t(kHugePageBytes - 1));
+  if (at > raw)
+    munmap(raw, size_t(at - raw));
+  if (const size_t tail = size_t(raw + len + kHugePageBytes - (at + len)))
+    munmap(at + len, tail);
+  (void)madvise(at, len, MADV_HUGEPAGE); // best effort: THP may be off
+  return at;
+}
+
+void HugePageFree(void *p, size_t bytes) {
+  if (bytes < kHugePageBytes)
+    std::free(p);
+  else if (p)
+    munmap(p, (bytes + 4095) & ~size_t(4095));
+}
+
+ThreadPool::ThreadPool(unsigned threads, uint64_t spin_ns) : spin_ns_(spin_ns) {
+  for (unsigned i = 1; i < std::max(1u, threads); ++i)
+    workers_.emplace_back([this] { Loop(); });
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (!workers_.empty() && sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set))
+        cpus_.push_back(c);
+  if (cpus_.size() < 2)
+    cpus_.clear(); // one CPU: nowhere else to go
+}
+
+void ThreadPool::AvoidCallerCpu() {
+  const int cpu = sched_getcpu();
+  if (cpus_.empty() || cpu < 0 || cpu == caller_cpu_)
+    return;
+  caller_cpu_ = cpu;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus_)
+    if (c != cpu)
+      CPU_SET(c, &set);
+  // Best effort: a worker that cannot move still runs, only maybe beside
+  // the caller.
+  for (std::thread &w : workers_)
+    pthread_setaffinity_np(w.native_handle(), sizeof set, &set);
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto &t : workers_)
+    t.join();
+}
+
+static uint64_t nowNs() {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+constexpr uint64_t kChunkBits = 16, kChunkMask = (1u << kChunkBits) - 1;
+uint64_t ClaimWord(uint64_t gen, uint64_t chunks, uint64_t next) {
+  return gen << 32 | chunks << kChunkBits | next;
+}
+} // namespace
+
+bool ThreadPool::Claim(uint64_t gen, uint64_t *begin, uint64_t *end) {
+  uint64_t v = claim_.load();
+  for (;;) {
+    const uint64_t chunks = (v >> kChunkBits) & kChunkMask,
+                   next = v & kChunkMask;
+    if ((v >> 32) != (gen & 0xffffffffu) || next >= chunks)
+      return false;
+    // Read before the claim: a successful claim means the job was still
+    // unfinished, so these are its fields (see job_).
+    const uint64_t n = n_.load(), chunk = chunk_.load();
+    if (claim_.compare_exchange_weak(v, v + 1)) {
+      *begin = next * chunk;
+      *end = std::min(n, *begin + chunk);
+      return true;
+    }
+  }
+}
+
+void ThreadPool::RunChunks(uint64_t gen) {
+  uint64_t b, e;
+  while (Claim(gen, &b, &e)) {
+    (*job_.load())(b, e);
+    done_.fetch_add(1);
+  }
+}
+
+void ThreadPool::Loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a while for the next job, then sleep. The caller bumps
+    // generation_ before it reads sleepers_, and a sleeper counts itself
+    // under mu_ before it re-checks generation_ (both seq_cst), so a job is
+    // either seen here or notified.
+    const uint64_t start = nowNs();
+    for (uint32_t i = 0; generation_.load() == seen && !stop_.load(); ++i) {
+      _mm_pause();
+      if (i % 256 == 255 &&
+          (park_.load() == seen || nowNs() - start > spin_ns_)) {
+        std::unique_lock<std::mutex> l(mu_);
+        ++sleepers_;
+        cv_.wait(l, [&] { return stop_.load() || generation_.load() != seen; });
+        --sleepers_;
+        break;
+      }
+    }
+    if (stop_.load())
+      return;
+    seen = generation_.load();
+    RunChunks(seen);
+  }
+}
+
+void ThreadPool::ParallelFor(uint64_t n,
+                             const std::function<void(uint64_t, uint64_t)> &fn,
+                             uint64_t align) {
+  if (workers_.empty() || n < 2) {
+    fn(0, n);
+    return;
+  }
+  AvoidCallerCpu();
+  align = std::max<uint64_t>(1, align);
+  const uint64_t units = (n + align - 1) / align;
+  const uint64_t want =
+      std::min<uint64_t>({units, kChunksPerThread * size(), kChunkMask});
+  const uint64_t chunk = (units + want - 1) / want * align;
+  const uint64_t chunks = (n + chunk - 1) / chunk;
+  // The last job is done (every chunk finished), so nobody reads these.
+  job_.store(&fn);
+  n_.store(n);
+  chunk_.store(chunk);
+  done_.store(0);
+  const uint64_t gen = generation_.load() + 1;
+  claim_.store(ClaimWord(gen & 0xffffffffu, chunks, 0));
+  generation_.store(gen);
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    cv_.notify_all();
+  }
+  RunChunks(gen);
+  // Only chunks a worker claimed can still be running.
+  for (uint32_t i = 0; done_.load() != chunks; ++i)
+    if (i % 1024 == 1023)
+      std::this_thread::yield();
+    else
+      _mm_pause();
+}
+
+//===----------------------------------------------------------------------===//
+// Products
+//===----------------------------------------------------------------------===//
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+
+namespace {
+/// One bf16 weight row against T tokens (x_ld floats apart): the row is
+/// widened once for all of them; each token's sum has the same order (two
+/// accumulators, then the tail), so a token's result does not depend on
+/// T. DotBf16 is T = 1.
+template <int T>
+void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
+                   uint64_t n, float *out, uint64_t out_ld) {
+  __m256 a0[T], a1[T];
+  for (int t = 0; t < T; ++t)
+    a0[t] = a1[t] = _mm256_setzero_ps();
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+    __m256 lo = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+    for (int t = 0; t < T; ++t) {
+      a0[t] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + t * x_ld + i), a0[t]);
+      a1[t] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + t * x_ld + i + 8), a1[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float s = hsum(_mm256_add_ps(a0[t], a1[t]));
+    for (uint64_t j = i; j < n; ++j) {
+      uint32_t b = (uint32_t)w[j] << 16;
+      float f;
+      __builtin_memcpy(&f, &b, 4);
+      s += f * x[t * x_ld + j];
+    }
+    out[t * out_ld] = s;
+  }
+}
+} // namespace
+
+namespace {
+/// One int8 weight row against T tokens: each group of 8 weights is
+/// widened and scaled once for all of them; a token's sum has the same
+/// order whatever T is (two accumulators, even and odd groups).
+template <int T>
+void DotI8Tokens(const int8_t *w, const float *scale, const float *x,
+                 uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
+  __m256 a0[T], a1[T];
+  for (int t = 0; t < T; ++t)
+    a0[t] = a1[t] = _mm256_setzero_ps();
+  for (uint64_t b = 0; b < n / kInt8Block; ++b) {
+    const int8_t *p = w + b * kInt8Block;
+    _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
+    const __m256 s = _mm256_broadcast_ss(scale + b);
+    for (int h = 0; h < 4; ++h) {
+      const __m256 wv = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+              reinterpret_cast<const __m128i *>(p + 8 * h)))),
+          s);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_loadu_ps(x + t * x_ld + b * kInt8Block + 8 * h);
+        if (h % 2 == 0)
+          a0[t] = _mm256_fmadd_ps(wv, xv, a0[t]);
+        else
+          a1[t] = _mm256_fmadd_ps(wv, xv, a1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    out[t * out_ld] = hsum(_mm256_add_ps(a0[t], a1[t]));
+}
+
+float DotI8(const HostMatrix &w, uint64_t r, const float *x) {
+  float s;
+  DotI8Tokens<1>(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x,
+                 0, w.cols, &s, 0);
+  return s;
+}
+} // namespace
+
+HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
+                        const std::function<void(uint64_t, float *)> &row) {
+  HostMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  const uint64_t blocks = cols / kInt8Block;
+  m.i8_store.resize(rows * cols);
+  m.i8_scale_store.resize(rows * blocks);
+  pool.ParallelFor(rows, [&](uint64_t b, uint64_t e) {
+    std::vector<float> buf(cols);
+    for (uint64_t r = b; r < e; ++r) {
+      row(r, buf.data());
+      for (uint64_t k = 0; k < blocks; ++k) {
+        const float *v = buf.data() + k * kInt8Block;
+        float amax = 0.0f;
+        for (uint64_t i = 0; i < kInt8Block; ++i)
+          amax = std::max(amax, std::fabs(v[i]));
+        const float scale = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t *q = m.i8_store.data() + r * cols + k * kInt8Block;
+        for (uint64_t i = 0; i < kInt8Block; ++i)
+          q[i] = (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
+        m.i8_scale_store[r * blocks + k] = scale;
+      }
+    }
+  });
+  m.i8 = m.i8_store.data();
+  m.i8_scale = m.i8_scale_store.data();
+  return m;
+}
+
+float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
+  float s;
+  DotBf16Tokens<1>(w, x, 0, n, &s, 0);
+  return s;
+}
+
+float DotF32(const float *w, const float *x, uint64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8),
+                         a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i)
+    s += w[i] * x[i];
+  return s;
+}
+
+uint64_t MatrixBytes(const HostMatrix &w) {
+  if (w.is_fp9)
+    return w.fp9_store.size() * 8;
+  if (w.i8)
+    return w.rows * w.cols + w.rows * (w.cols / kInt8Block) * 4;
+  return w.rows * w.cols * (w.bf16 ? 2 : 4);
+}
+
+double MeasureReadBandwidthGbs(ThreadPool &pool) {
+  const uint64_t n = (256ull << 20) / 32; // 256-bit lanes
+  std::vector<uint64_t> buf(4 * n, 1);
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    std::atomic<uint64_t> sink{0};
+    auto t0 = std::chrono::steady_clock::now();
+    pool.ParallelFor(n, [&](uint64_t b, uint64_t e) {
+      __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+      const auto *p = reinterpret_cast<const __m256i *>(buf.data());
+      for (uint64_t i = b; i + 1 < e; i += 2) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
+      }
+      sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+    });
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                   .count();
+    best = std::max(best, n * 32.0 / s / 1e9);
+  }
+  return best;
+}
+
+namespace {
+/// Row chunks of a product start at multiples of 64 rows (as halves of
+/// 128-row tiles did before chunks): a row's bits never depend on the
+/// chunk, and a chunk re-scales its input at most once a tile.
+constexpr uint64_t kRowAlign = 64;
+
+/// The fp9 kernels' scratch (pre-scaled inputs), 64-byte aligned: one
+/// buffer a thread that only grows, so a step allocates nothing once the
+/// largest matrix has been seen.
+float *KernelScratch(uint64_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats + 16)
+    buf.resize(floats + 16);
+  return reinterpret_cast<float *>(
+      (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+}
+} // namespace
+
+void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
+                uint64_t r1) {
+  if (w.is_fp9) {
+    if (r0 >= r1)
+      return;
+    // The pre-scaled input (the kernels' scratch).
+    if (HostHasAvx512())
+      Fp9GemvAvx512(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                    KernelScratch(w.cols));
+    else
+      duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+    return;
+  }
+  if (w.i8) {
+    for (uint64_t r = r0; r < r1; ++r)
+      y[r] = DotI8(w, r, x);
+    return;
+  }
+  if (w.bf16 && HostHasAvx512()) { // the same bits, fewer uops a weight
+    for (uint64_t r = r0; r < r1; ++r)
+      y[r] = DotBf16Avx512(w.bf16 + r * w.cols, x, w.cols);
+    return;
+  }
+  for (uint64_t r = r0; r < r1; ++r)
+    y[r] = w.bf16 ? DotBf16(w.bf16 + r * w.cols, x, w.cols)
+                  : DotF32(w.f32 + r * w.cols, x, w.cols);
+}
+
+void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
+  if (w.rows * w.cols < (1u << 16)) {
+    MatVecRows(w, x, y, 0, w.rows);
+    return;
+  }
+  pool.ParallelFor(
+      w.rows, [&](uint64_t b, uint64_t e) { MatVecRows(w, x, y, b, e); },
+      kRowAlign);
+}
+
+void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld,
+                 uint64_t n, float *out, uint64_t out_ld, uint64_t b,
+                 uint64_t e) {
+  if (n == 0 || b >= e)
+    return;
+  if (w.is_fp9) {
+    // One token: the GEMV (the pre-scaled input in the kernels' scratch;
+    // same bits as a GEMM row).
+    if (n == 1) {
+      if (HostHasAvx512())
+        Fp9GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                      KernelScratch(w.cols));
+      else
+        duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                  KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+      return;
+    }
+    // The duck GEMM: every token's result is bit-identical to the GEMV
+    // (prefill == decode). Where AVX-512 is there, from DUCK_GEMM_PANEL_MIN
+    // tokens on the panel GEMM with 512-bit multiply-adds (AVX-512 decodes
+    // its panel too: at a few tokens the decode is much of the work).
+    if (HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN)
+      Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                    (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                    KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
+    else if (HostHasAvx512())
+      Fp9GemmPanelAvx512(
+          &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+          (uint32_t)b, (uint32_t)e,
+          KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n,
+                                                        (uint32_t)w.cols)));
+    else
+      duck_gemm_with_decoder(
+          &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+          (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols),
+          HostHasAvx512() ? Fp9DecodePanelAvx512 : nullptr);
+    return;
+  }
+  if (w.i8) {
+    // Four tokens a pass: each group of weights is widened once for them.
+    const uint64_t blocks = w.cols / kInt8Block;
+    for (uint64_t r = b; r < e; ++r) {
+      uint64_t t = 0;
+      for (; t + 4 <= n; t += 4)
+        DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
+                       x + t * x_ld, x_ld, w.cols, out + t * out_ld + (r - b),
+                       out_ld);
+      for (; t < n; ++t)
+        out[t * out_ld + (r - b)] = DotI8(w, r, x + t * x_ld);
+    }
+    return;
+  }
+  const bool avx512 = w.bf16 && HostHasAvx512();
+  for (uint64_t r = b; r < e; ++r) {
+    uint64_t t = 0;
+    float *o = out + (r - b);
+    if (w.bf16) // four tokens a pass: the row is widened once for them
+      for (; t + 4 <= n; t += 4) {
+        const uint16_t *row = w.bf16 + r * w.cols;
+        if (avx512)
+          DotBf16x4Avx512(row, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                          out_ld);
+        else
+          DotBf16Tokens<4>(row, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                           out_ld);
+      }
+    for (; t < n; ++t)
+      o[t * out_ld] =
+          !w.bf16  ? DotF32(w.f32 + r * w.cols, x + t * x_ld, w.cols)
+          : avx512 ? DotBf16Avx512(w.bf16 + r * w.cols, x + t * x_ld, w.cols)
+                   : DotBf16(w.bf16 + r * w.cols, x + t * x_ld, w.cols);
+  }
+}
+
+/// Rows [b, e) of y = W x for n tokens (y is [n, rows]): the products of
+/// MatMul and MatMulMany, which only cut the rows.
+static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
+                        float *y, uint64_t b, uint64_t e) {
+  RowsProduct(w, x, w.cols, n, y + b, w.rows, b, e);
+}
+
+void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
+            float *y) {
+  MatMulMany(pool, x, n, {{&w, y}});
+}
+
+void MatMulMany(ThreadPool &pool, const float *x, uint64_t n,
+                std::initializer_list<Product> products) {
+  // The matrices' rows one after another, each starting at a multiple of
+  // kRowAlign, so a chunk's piece of any matrix starts on one too.
+  uint64_t total = 0, weights = 0;
+  for (const Product &p : products) {
+    total += (p.w->rows + kRowAlign - 1) / kRowAlign * kRowAlign;
+    weights += p.w->rows * p.w->cols;
+  }
+  auto rows = [&](uint64_t b, uint64_t e) {
+    uint64_t at = 0;
+    for (const Product &p : products) {
+      const uint64_t lo = std::max(b, at), hi = std::min(e, at + p.w->rows);
+      if (lo < hi)
+        ProductRows(*p.w, x, n, p.y, lo - at, hi - at);
+      at += (p.w->rows + kRowAlign - 1) / kRowAlign * kRowAlign;
+    }
+  };
+  // Rows outer so each weight row is read once for all tokens; a small
+  // product is not worth a hand-off.
+  if (n * weights < (1u << 16))
+    rows(0, total);
+  else
+    pool.ParallelFor(total, rows, kRowAlign);
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y) {
+  double ss = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    ss += (double)x[i] * x[i];
+  float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+  for (uint64_t i = 0; i < n; ++i)
+    y[i] = w[i] * (x[i] * inv);
+}
+
+void RopeNeox(float *h, uint64_t dim, int64_t pos, double theta) {
+  uint64_t half = dim / 2;
+  for (uint64_t i = 0; i < half; ++i) {
+    double freq = std::pow(theta, -2.0 * (double)i / (double)dim);
+    double a = (double)pos * freq;
+    float c = (float)std::cos(a), s = (float)std::sin(a);
+    float x0 = h[i], x1 = h[i + half];
+    h[i] = x0 * c - x1 * s;
+    h[i + half] = x1 * c + x0 * s;
+  }
+}
+
+void Softmax(float *v, uint64_t n) {
+  float m = -INFINITY;
+  for (uint64_t i = 0; i < n; ++i)
+    m = std::max(m, v[i]);
+  double s = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - m);
+    s += v[i];
+  }
+  float inv = (float)(1.0 / s);
+  for (uint64_t i = 0; i < n; ++i)
+    v[i] *= inv;
+}
+
+namespace {
+/// e^x for x <= 0 (softmax after subtracting the maximum), 8 lanes: n
+/// rounded to nearest (duck_exp8_reduced does the rest); 0 below -87.
+inline __m256 ExpNonPositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(
+      _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_andnot_ps(under, duck_exp8_reduced(x, n));
+}
+
+/// Softmax of attention scores in place (ExpNonPositive; the sum in
+/// double).
+void SoftmaxScores(float *v, uint64_t n) {
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mv);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i)
+    m = std::max(m, v[i]);
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(v + i), mb));
+    _mm256_storeu_ps(v + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  _mm256_storeu_ps(lanes, acc);
+  double s = 0;
+  for (float l : lanes)
+    s += l;
+  for (; i < n; ++i) {
+    v[i] = std::exp(v[i] - m);
+    s += v[i];
+  }
+  const __m256 inv = _mm256_set1_ps((float)(1.0 / s));
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+  for (; i < n; ++i)
+    v[i] *= (float)(1.0 / s);
+}
+} // namespace
+
+namespace {
+/// How far ahead (in cached positions) the attention prefetches keys and
+/// values: at long contexts the cache streams from memory, and the hardware
+/// prefetcher alone keeps too few lines in flight (`duck-bench host`,
+/// context 2048, 2 threads: 0.97 ms a layer without, 0.69-0.74 with 8-32).
+constexpr uint64_t kAttendAhead = 16;
+
+/// The four sums of a0..a3 in one vector: lane i = sum of the lanes of ai.
+inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+  const __m256 s = _mm256_hadd_ps(s01, s23);
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/// a[j] += the eight-lane partial dot of q[0, n / 8 * 8) with rows[j] + off
+/// (the scores of MlaAttend and IndexScores, four rows at once).
+inline void Dot4Lanes(__m256 a[4], const float *q, const float *const rows[4],
+                      uint64_t off, uint64_t n) {
+  for (uint64_t d = 0; d + 8 <= n; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int j = 0; j < 4; ++j)
+      a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[j] + off + d), qd, a[j]);
+  }
+}
+
+/// tail[j] += the same dots' scalar rest, q[n / 8 * 8, n).
+inline void Dot4Tail(float tail[4], const float *q, const float *const rows[4],
+                     uint64_t off, uint64_t n) {
+  for (int j = 0; j < 4; ++j)
+    for (uint64_t d = n / 8 * 8; d < n; ++d)
+      tail[j] = std::fma(rows[j][off + d], q[d], tail[j]);
+}
+
+/// A cached key or value: fp32, or IEEE half (`--kv-cache f16`, F16C).
+inline __m256 Load8(const float *p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+}
+inline float Load1(const float *p) { return *p; }
+inline float Load1(const uint16_t *p) { return _cvtsh_ss(*p); }
+/// One key's dot with a query: the same operations in the same order for
+/// either key type (the tail as explicit FMAs), so a half cache gives the
+/// bits an fp32 cache of the same values gives.
+template <typename T>
+inline float DotKey(const T *k, const float *q, uint64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(Load8(k + i), _mm256_loadu_ps(q + i), a0);
+    a1 = _mm256_fmadd_ps(Load8(k + i + 8), _mm256_loadu_ps(q + i + 8), a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i)
+    s = std::fma(Load1(k + i), q[i], s);
+  return s;
+}
+
+/// scores[g][t] = (k_t . q_g) * scale for t in [t0, t1), t0 a multiple of
+/// 4, t1 <= len, for the G (1 or 2) query heads at q (dim apart), scores
+/// rows `ld` apart. Keys go four a pass (eight FMA chains for two heads,
+/// each key loaded once for both), the keys kAttendAhead positions on
+/// prefetched; the last len % 4 keys of a row, one at a time. So a score's
+/// bits depend only on its key, its query and the row's length, never on
+/// how a caller cuts [0, len) into ranges.
+template <int G, typename T>
+void ScoreRange(const float *q, const T *kc, uint64_t t0, uint64_t t1,
+                uint64_t dim, float scale, float *scores, uint64_t ld) {
+  const uint64_t vec = dim / 8 * 8;
+  const __m128 sc = _mm_set1_ps(scale);
+  uint64_t t = t0;
+  for (; t + 4 <= t1; t += 4) {
+    const T *k = kc + t * dim;
+    __m256 a[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 4; ++j)
+        a[g][j] = _mm256_setzero_ps();
+    for (uint64_t d = 0; d < vec; d += 8) {
+      if (d % 16 == 0) // a line of each key kAttendAhead positions on
+        for (int j = 0; j < 4; ++j)
+          _mm_prefetch(
+              reinterpret_cast<const char *>(k + (kAttendAhead + j) * dim + d),
+              _MM_HINT_T0);
+      __m256 qd[G];
+      for (int g = 0; g < G; ++g)
+        qd[g] = _mm256_loadu_ps(q + g * dim + d);
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = Load8(k + j * dim + d);
+        for (int g = 0; g < G; ++g)
+          a[g][j] = _mm256_fmadd_ps(kv, qd[g], a[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      __m128 r = Hsum4(a[g][0], a[g][1], a[g][2], a[g][3]);
+      if (vec < dim) {
+        alignas(16) float tail[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; ++j)
+          for (uint64_t d = vec; d < dim; ++d)
+            tail[j] = std::fma(Load1(k + j * dim + d), q[g * dim + d], tail[j]);
+        r = _mm_add_ps(r, _mm_load_ps(tail));
+      }
+      _mm_storeu_ps(scores + g * ld + t, _mm_mul_ps(r, sc));
+    }
+  }
+  for (; t < t1; ++t)
+    for (int g = 0; g < G; ++g)
+      scores[g * ld + t] = DotKey(kc + t * dim, q + g * dim, dim) * scale;
+}
+
+/// out[g] += sum_t p[g][t] v_t over t in [t0, t1) for G heads (p rows `ld`
+/// apart, outputs dim apart; `first`: the outputs start from zero). Every
+/// output lane is one FMA chain over t in order, so cutting [0, len) into
+/// ranges does not change a bit; 32 dims of two heads a pass (eight
+/// accumulators), each value row loaded once for both heads.
+template <typename T>
+void WeighRange(const float *p, uint64_t ld, uint64_t G, const T *vc,
+                uint64_t t0, uint64_t t1, uint64_t dim, float *out,
+                bool first) {
+  const uint64_t vec = dim / 8 * 8;
+  auto start = [&](const float *o) {
+    return first ? _mm256_setzero_ps() : _mm256_loadu_ps(o);
+  };
+  for (uint64_t g = 0; g < G; g += 2) {
+    const bool two = g + 1 < G;
+    const float *p0 = p + g * ld, *p1 = two ? p0 + ld : p0;
+    float *o0 = out + g * dim, *o1 = two ? o0 + dim : o0;
+    uint64_t d = 0;
+    for (; d + 32 <= vec; d += 32) {
+      __m256 a[2][4];
+      for (int j = 0; j < 4; ++j) {
+        a[0][j] = start(o0 + d + 8 * j);
+        a[1][j] = start(o1 + d + 8 * j);
+      }
+      for (uint64_t t = t0; t < t1; ++t) {
+        const T *vr = vc + t * dim + d;
+        _mm_prefetch(reinterpret_cast<const char *>(vr + kAttendAhead * dim),
+                     _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char *>(vr + kAttendAhead * dim + 16),
+            _MM_HINT_T0);
+        const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
+        for (int j = 0; j < 4; ++j) {
+          const __m256 v = Load8(vr + 8 * j);
+          a[0][j] = _mm256_fmadd_ps(b0, v, a[0][j]);
+          a[1][j] = _mm256_fmadd_ps(b1, v, a[1][j]);
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        _mm256_storeu_ps(o0 + d + 8 * j, a[0][j]);
+        if (two)
+          _mm256_storeu_ps(o1 + d + 8 * j, a[1][j]);
+      }
+    }
+    for (; d < vec; d += 8) {
+      __m256 a0 = start(o0 + d), a1 = start(o1 + d);
+      for (uint64_t t = t0; t < t1; ++t) {
+        const __m256 v = Load8(vc + t * dim + d);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[t]), v, a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[t]), v, a1);
+      }
+      _mm256_storeu_ps(o0 + d, a0);
+      if (two)
+        _mm256_storeu_ps(o1 + d, a1);
+    }
+    for (; d < dim; ++d) {
+      float s0 = first ? 0.0f : o0[d], s1 = first ? 0.0f : o1[d];
+      for (uint64_t t = t0; t < t1; ++t) {
+        s0 = std::fma(p0[t], Load1(vc + t * dim + d), s0);
+        s1 = std::fma(p1[t], Load1(vc + t * dim + d), s1);
+      }
+      o0[d] = s0;
+      if (two)
+        o1[d] = s1;
+    }
+  }
+}
+
+/// Positions of keys (or values) a block: a block stays in L1 while every
+/// row of a run takes it.
+constexpr uint64_t kAttendBlock = 64;
+/// Cached MLA rows a block (16 x 576 floats, 36 KiB: in L1 while every
+/// head takes them).
+constexpr uint64_t kMlaBlock = 16;
+} // namespace
+
+void AttendHeads(const float *q, const float *kc, const float *vc,
+                 uint64_t kvStride, uint64_t len, uint64_t heads,
+                 uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                 float *out) {
+  AttendRows(q, 0, 1, len, kc, vc, kvStride, heads, kvHeads, dim, h0, h1, out,
+             0);
+}
+
+template <typename T>
+void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
+                const T *kc, const T *vc, uint64_t kvStride, uint64_t heads,
+                uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
+                float *out, uint64_t outStride) {
+  if (rows == 0 || h0 >= h1)
+    return;
+  const uint64_t group = kvHeads ? heads / kvHeads : 1;
+  const uint64_t gmax = std::min(group, h1 - h0), ld = len0 + rows - 1;
+  thread_local std::vector<float> buf;
+  if (buf.size() < rows * gmax * ld)
+    buf.resize(rows * gmax * ld);
+  const float scale = 1.0f / std::sqrt((float)dim);
+  for (uint64_t h = h0; h < h1;) {
+    // The query heads [h, hEnd) of this range share kv head kvh; its keys
+    // and values are read once for them and for every row.
+    const uint64_t kvh = h / group;
+    const uint64_t hEnd = std::min(h1, (kvh + 1) * group), G = hEnd - h;
+    const T *K = kc + kvh * kvStride, *V = vc + kvh * kvStride;
+    auto scores = [&](uint64_t r) { return buf.data() + r * gmax * ld; };
+    for (uint64_t kb = 0; kb < ld; kb += kAttendBlock)
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t len = len0 + r, t1 = std::min(kb + kAttendBlock, len);
+        const float *qr = q + r * qStride + h * dim;
+        for (uint64_t g = 0; g < G && kb < len; g += 2) {
+          if (g + 1 < G)
+            ScoreRange<2, T>(qr + g * dim, K, kb, t1, dim, scale,
+                             scores(r) + g * ld, ld);
+          else
+            ScoreRange<1, T>(qr + g * dim, K, kb, t1, dim, scale,
+                             scores(r) + g * ld, ld);
+        }
+      }
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t g = 0; g < G; ++g)
+        SoftmaxScores(scores(r) + g * ld, len0 + r);
+    for (uint64_t vb = 0; vb < ld; vb += kAttendBlock)
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t len = len0 + r;
+        if (vb < len)
+          WeighRange(scores(r), ld, G, V, vb,
+                     std::min(vb + kAttendBlock, len), dim,
+                     out + r * outStride + h * dim, vb == 0);
+      }
+    h = hEnd;
+  }
+}
+
+template void AttendRows<float>(const float *, uint64_t, uint64_t, uint64_t,
+                                const float *, const float *, uint64_t,
+                                uint64_t, uint64_t, uint64_t, uint64_t,
+                                uint64_t, float *, uint64_t);
+template void AttendRows<uint16_t>(const float *, uint64_t, uint64_t, uint64_t,
+                                   const uint16_t *, const uint16_t *, uint64_t,
+                                   uint64_t, uint64_t, uint64_t, uint64_t,
+                                   uint64_t, float *, uint64_t);
+
+void ToHalf(const float *x, uint64_t n, uint16_t *out) {
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i *>(out + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i)
+    out[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
+               const float *cache, const uint64_t *pos, uint64_t n,
+               uint64_t R, uint64_t rope, float scale, uint64_t heads,
+               float *olat) {
+  const uint64_t W = R + rope, Rv = R / 8 * 8, Pv = rope / 8 * 8;
+  thread_local std::vector<float> buf;
+  if (buf.size() < heads * n)
+    buf.resize(heads * n);
+  float *scores = buf.data();
+  const __m128 sc = _mm_set1_ps(scale);
+  // One dot of a head's [qt | q_pe] with a cached row, in four lanes'
+  // partial sums: the latent part, then the rope part, into the same
+  // eight-lane accumulator.
+  for (uint64_t b0 = 0; b0 < n; b0 += kMlaBlock) {
+    const uint64_t b1 = std::min(n, b0 + kMlaBlock);
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *qh = qt + h * R, *ph = qpe + h * qpeStride;
+      float *sh = scores + h * n;
+      uint64_t i = b0;
+      for (; i + 4 <= b1; i += 4) {
+        const float *c[4];
+        for (int j = 0; j < 4; ++j)
+          c[j] = cache + pos[i + j] * W;
+        __m256 a[4];
+        alignas(16) float tail[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; ++j)
+          a[j] = _mm256_setzero_ps();
+        Dot4Lanes(a, qh, c, 0, R);
+        Dot4Lanes(a, ph, c, R, rope);
+        Dot4Tail(tail, qh, c, 0, R);
+        Dot4Tail(tail, ph, c, R, rope);
+        const __m128 r = _mm_add_ps(Hsum4(a[0], a[1], a[2], a[3]),
+                                    _mm_load_ps(tail));
+        _mm_storeu_ps(sh + i, _mm_mul_ps(r, sc));
+      }
+      for (; i < b1; ++i) { // the last n % 4 rows, one at a time
+        const float *c = cache + pos[i] * W;
+        __m256 a = _mm256_setzero_ps();
+        for (uint64_t d = 0; d < Rv; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + d), _mm256_loadu_ps(qh + d),
+                              a);
+        for (uint64_t d = 0; d < Pv; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + R + d),
+                              _mm256_loadu_ps(ph + d), a);
+        float s = hsum(a);
+        for (uint64_t d = Rv; d < R; ++d)
+          s = std::fma(c[d], qh[d], s);
+        for (uint64_t d = Pv; d < rope; ++d)
+          s = std::fma(c[R + d], ph[d], s);
+        sh[i] = s * scale;
+      }
+    }
+  }
+  for (uint64_t h = 0; h < heads; ++h)
+    SoftmaxScores(scores + h * n, n);
+  // olat[h] = sum_i p[h][i] c_i[0:R]: every lane one FMA chain over the
+  // positions in order, 64 latent floats of a head a pass (eight
+  // accumulators), the block's rows in L1 for every head.
+  for (uint64_t b0 = 0; b0 < n; b0 += kMlaBlock) {
+    const uint64_t b1 = std::min(n, b0 + kMlaBlock);
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *ph = scores + h * n;
+      float *o = olat + h * R;
+      uint64_t d = 0;
+      for (; d + 64 <= Rv; d += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j)
+          a[j] = b0 ? _mm256_loadu_ps(o + d + 8 * j) : _mm256_setzero_ps();
+        for (uint64_t i = b0; i < b1; ++i) {
+          const float *c = cache + pos[i] * W + d;
+          const __m256 w = _mm256_set1_ps(ph[i]);
+          for (int j = 0; j < 8; ++j)
+            a[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(c + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; ++j)
+          _mm256_storeu_ps(o + d + 8 * j, a[j]);
+      }
+      for (; d < Rv; d += 8) {
+        __m256 a = b0 ? _mm256_loadu_ps(o + d) : _mm256_setzero_ps();
+        for (uint64_t i = b0; i < b1; ++i)
+          a = _mm256_fmadd_ps(_mm256_set1_ps(ph[i]),
+                              _mm256_loadu_ps(cache + pos[i] * W + d), a);
+        _mm256_storeu_ps(o + d, a);
+      }
+      for (; d < R; ++d) {
+        float a = b0 ? o[d] : 0.0f;
+        for (uint64_t i = b0; i < b1; ++i)
+          a = std::fma(ph[i], cache[pos[i] * W + d], a);
+        o[d] = a;
+      }
+    }
+  }
+}
+
+void IndexScores(const float *q, const float *w, uint64_t heads,
+                 uint64_t dim, const float *keys, uint64_t j0, uint64_t j1,
+                 float *out) {
+  uint64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    const float *k = keys + j * dim;
+    __m128 sum = _mm_setzero_ps();
+    const float *const rows[4] = {k, k + dim, k + 2 * dim, k + 3 * dim};
+    for (uint64_t h = 0; h < heads; ++h) {
+      const float *qh = q + h * dim;
+      __m256 a[4];
+      alignas(16) float tail[4] = {0, 0, 0, 0};
+      for (int i = 0; i < 4; ++i)
+        a[i] = _mm256_setzero_ps();
+      Dot4Lanes(a, qh, rows, 0, dim);
+      Dot4Tail(tail, qh, rows, 0, dim);
+      const __m128 r = _mm_add_ps(Hsum4(a[0], a[1], a[2], a[3]),
+                                  _mm_load_ps(tail));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(w[h]),
+                                       _mm_max_ps(r, _mm_setzero_ps())));
+    }
+    _mm_storeu_ps(out + j, sum);
+  }
+  for (; j < j1; ++j) {
+    float sum = 0.0f;
+    for (uint64_t h = 0; h < heads; ++h)
+      sum += w[h] * std::max(DotF32(keys + j * dim, q + h * dim, dim), 0.0f);
+    out[j] = sum;
+  }
+}
+
+MlaTiming TimeMlaAttend(ThreadPool &pool, uint64_t positions,
+                        uint64_t coldBytes, uint32_t reps) {
+  constexpr uint64_t H = 128, R = 512, rope = 64, W = R + rope, qk = 192;
+  const uint64_t layer = positions * W;
+  const uint64_t layers =
+      std::max<uint64_t>(2, coldBytes / std::max<uint64_t>(1, layer * 4));
+  std::vector<float> cache(layer * layers);
+  for (uint64_t i = 0; i < cache.size(); ++i)
+    cache[i] = 0.001f * (float)(i % 101);
+  std::vector<float> qt(H * R, 0.01f), qpe(H * qk, 0.02f), olat(H * R);
+  std::vector<uint64_t> pos(positions);
+  for (uint64_t i = 0; i < positions; ++i)
+    pos[i] = i;
+  const uint64_t T = pool.size();
+  double best = 1e30;
+  for (uint32_t r = 0; r <= std::max(1u, reps); ++r) { // the first warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t l = 0; l < layers; ++l)
+      pool.ParallelFor(T, [&](uint64_t b, uint64_t e) {
+        for (uint64_t i = b; i < e; ++i) {
+          const uint64_t h0 = i * H / T, h1 = (i + 1) * H / T;
+          MlaAttend(qt.data() + h0 * R, qpe.data() + h0 * qk, qk,
+                    cache.data() + l * layer, pos.data(), positions, R, rope,
+                    0.1f, h1 - h0, olat.data() + h0 * R);
+        }
+      });
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    if (r)
+      best = std::min(best, s / (double)layers);
+  }
+  MlaTiming t;
+  t.seconds = best;
+  t.macs = (double)H * positions * (W + R);
+  t.cache_bytes = (double)layer * 4;
+  return t;
+}
+
+void TopK(const float *v, uint64_t n, uint64_t k, uint32_t *out) {
+  // Small k: repeated selection keeps ties in index order.
+  std::vector<bool> taken(n, false);
+  for (uint64_t j = 0; j < k; ++j) {
+    uint64_t best = n;
+    for (uint64_t i = 0; i < n; ++i)
+      if (!taken[i] && (best == n || v[i] > v[best]))
+        best = i;
+    taken[best] = true;
+    out[j] = (uint32_t)best;
+  }
+}
+
+} // namespace duck::runtime

@@ -1,0 +1,249 @@
+//===- HostOp.h - one op of a plan's host program ----------------*- C++
+//-*-===//
+//
+// Every op kind of the plan (a table of the schema's OpParams union) has one
+// file in this directory with a Create function: it reads its own table,
+// takes its weights and every buffer it will need once, and returns a
+// HostOp whose Run executes one chunk of tokens without allocating. The
+// Engine only walks the ops; adding an op is adding a schema table, a file
+// here and its line in Registry.cpp.
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_OPS_HOSTOP_H
+#define DUCK_RUNTIME_OPS_HOSTOP_H
+
+#include "duck/runtime/engine/Engine.h"
+#include "duck/runtime/engine/HostKernels.h"
+#include "duck/runtime/plan/Plan.h"
+#include "duck/runtime/StatusMacros.h"
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <sys/mman.h>
+#include <vector>
+
+namespace duck::runtime::ops {
+namespace pl = ::duck::plan;
+
+/// A plan's host tensors as the kernels want them: BF16 and F32 used in
+/// place, FP8 packed once to fp9 (exact) for the duck GEMV kernels, other
+/// types converted to fp32. FP8 uses the block the plan declares.
+class WeightReader {
+public:
+  explicit WeightReader(const LoadedPlan &plan) : plan_(plan) {}
+  absl::StatusOr<std::vector<float>> ReadAll(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> Matrix(const pl::TensorDef &t) const;
+  /// A BF16/F16/F32 matrix quantised to fp9 (a scale per row and K-block,
+  /// amax-based): 1.125 bytes a weight, lossy.
+  absl::StatusOr<HostMatrix> QuantizedFp9(const pl::TensorDef &t) const;
+  /// A matrix quantised to int8 (a scale per 32 weights of a row); any
+  /// dtype ReadAll takes, one row at a time, rows split over `pool`.
+  absl::StatusOr<HostMatrix> QuantizedInt8(const pl::TensorDef &t,
+                                           ThreadPool &pool) const;
+  /// An FP8 [heads * per_head, K] matrix's first `take` rows of every head,
+  /// each head transposed: [heads * K, take] in fp9, exact (every element
+  /// keeps its FP8 tile's scale). Needs K and per_head to be whole tiles
+  /// and take at most a tile's rows (a multiple of 32); otherwise
+  /// FailedPrecondition, and the caller keeps a float copy.
+  absl::StatusOr<HostMatrix> HeadsTransposedFp9(const pl::TensorDef &t,
+                                                uint32_t heads,
+                                                uint32_t per_head,
+                                                uint32_t take) const;
+
+private:
+  const LoadedPlan &plan_;
+};
+
+/// Activations: one buffer of max_rows x width floats for every plan
+/// value (width: what the op writing it declares), allocated once when the
+/// engine is built.
+class ValueArena {
+public:
+  void Init(const std::vector<uint64_t> &widths, uint32_t max_rows) {
+    offsets_.clear();
+    uint64_t at = 0;
+    for (uint64_t w : widths) {
+      offsets_.push_back(at);
+      at += w * max_rows;
+    }
+    data_.assign(at, 0.0f);
+  }
+  float *Get(uint32_t id) { return data_.data() + offsets_[id]; }
+
+private:
+  std::vector<uint64_t> offsets_;
+  std::vector<float> data_;
+};
+
+/// What an op's Create gets: its plan entry and the engine's resources.
+struct OpEnv {
+  const LoadedPlan &plan;
+  const pl::OpDef &def;
+  const WeightReader &weights;
+  FfnRunner *runner;
+  ThreadPool *pool;
+  uint32_t hidden;
+  uint32_t max_rows; // rows in the largest step
+  uint32_t max_seq;  // KV cache length of a sequence
+  uint32_t max_seqs; // sequences with a KV cache each (batched decode)
+  bool kv_f16 = false; // attention caches in IEEE half (--kv-cache f16)
+
+  /// An error that names the op (kind and layer).
+  template <typename... Parts> absl::Status Error(const Parts &...parts) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan op ", pl::EnumNameOpParams(def.params_type()),
+                     " (layer ", def.layer(), "): ", parts...));
+  }
+  /// A required tensor of the op's table.
+  absl::StatusOr<const pl::TensorDef *> Need(const pl::TensorDef *t,
+                                             const char *role) const {
+    if (!t)
+      return Error("no '", role, "' tensor");
+    return t;
+  }
+  /// A required tensor as a kernel matrix, or as fp32 values.
+  absl::Status Load(const pl::TensorDef *t, const char *role,
+                    HostMatrix *out) const {
+    return Store(t, role, out, [&] { return weights.Matrix(*t); });
+  }
+  absl::Status Load(const pl::TensorDef *t, const char *role,
+                    std::vector<float> *out) const {
+    return Store(t, role, out, [&] { return weights.ReadAll(*t); });
+  }
+
+private:
+  template <typename T, typename Read>
+  absl::Status Store(const pl::TensorDef *t, const char *role, T *out,
+                     Read read) const {
+    if (!t)
+      return Error("no '", role, "' tensor");
+    auto v = read();
+    if (!v.ok())
+      return v.status();
+    *out = std::move(*v);
+    return absl::OkStatus();
+  }
+};
+
+/// Checks that head slot `slot` of the ducks tiles a matrix of `rows`
+/// rows, `k` wide, in rank order (the LM head, an o_proj on the ducks);
+/// `what` names it in the error.
+absl::Status CheckRowSlots(const OpEnv &env, uint32_t slot, uint64_t rows,
+                           uint64_t k, const char *what);
+
+/// What Run gets: the rows of one step. Rows may belong to different
+/// sequences (batched decode, a prompt chunk joining running streams); a
+/// row's result depends only on its own token and its sequence's cache.
+struct Step {
+  absl::Span<const int32_t> tokens; // every row's token
+  absl::Span<const uint32_t> pos;   // every row's position in its sequence
+  absl::Span<const uint32_t> seq;   // every row's sequence (cache slot)
+  absl::Span<const uint32_t> logit_rows; // rows the LM head projects
+  bool prefill; // duck prefill modes (5/6) rather than decode
+  ValueArena *values;
+  std::vector<float> *logits; // logit_rows.size() rows are appended
+  uint32_t rows() const { return (uint32_t)tokens.size(); }
+};
+
+/// A per-sequence cache of `width` values (fp32, or IEEE half) a
+/// position, for every sequence slot; reserved once at Create but not
+/// written, so the memory a server with many slots uses grows with the
+/// positions its sequences reach (a position is always written before it
+/// is read).
+template <typename T> class SeqCacheOf {
+public:
+  SeqCacheOf() = default;
+  SeqCacheOf(const SeqCacheOf &) = delete;
+  SeqCacheOf &operator=(const SeqCacheOf &) = delete;
+  ~SeqCacheOf() {
+    if (data_)
+      munmap(data_, bytes_);
+  }
+  /// Reserves max_seqs caches of `rows` rows of `width` values. Address
+  /// space only (MAP_NORESERVE): pages are taken as positions are written,
+  /// so a long --max-seq costs nothing until sequences grow (the session
+  /// checks the worst case against the machine's memory up front).
+  absl::Status Init(uint64_t width, uint64_t rows, uint32_t max_seqs) {
+    width_ = width;
+    rows_ = rows;
+    const uint64_t values = width * rows * max_seqs;
+    if (rows && values / rows / max_seqs != width)
+      return absl::ResourceExhaustedError("KV cache size overflows");
+    bytes_ = std::max<uint64_t>(4096, values * sizeof(T));
+    void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      data_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot reserve ", bytes_ >> 20, " MiB of address space for the "
+          "KV cache: ", std::strerror(errno), "; lower --max-seq"));
+    }
+    data_ = static_cast<T *>(p);
+    return absl::OkStatus();
+  }
+  /// The first position of sequence `seq`.
+  T *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
+  T *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
+
+private:
+  uint64_t Offset(uint32_t seq, uint64_t p) const {
+    return ((uint64_t)seq * rows_ + p) * width_;
+  }
+  uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
+  T *data_ = nullptr;
+};
+using SeqCache = SeqCacheOf<float>;
+
+class HostOp {
+public:
+  virtual ~HostOp() = default;
+  virtual absl::Status Run(const Step &step) = 0;
+  /// Floats a row of the value this op writes (0: the hidden size).
+  virtual uint64_t OutWidth() const { return 0; }
+  /// Bytes of cache this op keeps for every token of the sequence.
+  virtual uint64_t KvBytesPerToken() const { return 0; }
+  /// Weight bytes one decoded token streams through this op on the host.
+  virtual uint64_t WeightBytesPerToken() const { return 0; }
+  /// Cache bytes one decoded token reads through this op when it attends
+  /// over `positions` cached positions.
+  virtual uint64_t CacheReadBytes(uint64_t positions) const {
+    (void)positions;
+    return 0;
+  }
+
+  /// Set by the engine from the plan (checked in range at load).
+  std::vector<uint32_t> inputs;
+  uint32_t result = 0;
+
+protected:
+  const float *In(const Step &s, size_t i) const {
+    return s.values->Get(inputs[i]);
+  }
+  float *Out(const Step &s) const { return s.values->Get(result); }
+};
+
+using HostOpOr = absl::StatusOr<std::unique_ptr<HostOp>>;
+using HostOpFactory = HostOpOr (*)(const OpEnv &env);
+
+/// The Create function for an op kind; null for NONE or an unknown kind.
+HostOpFactory FindHostOp(pl::OpParams kind);
+
+// One per file.
+HostOpOr CreateEmbedding(const OpEnv &env);
+HostOpOr CreateRmsNorm(const OpEnv &env);
+HostOpOr CreateAdd(const OpEnv &env);
+HostOpOr CreateGqaAttention(const OpEnv &env);
+HostOpOr CreateMlaAttention(const OpEnv &env);
+HostOpOr CreateDenseFfn(const OpEnv &env);
+HostOpOr CreateMoeFfn(const OpEnv &env);
+HostOpOr CreateLmHead(const OpEnv &env);
+HostOpOr CreateIndexer(const OpEnv &env);
+
+} // namespace duck::runtime::ops
+
+#endif

@@ -1,0 +1,258 @@
+//===- Batcher.cpp - continuous batching of sequences over the ducks ------===//
+#include "duck/runtime/serve/Batcher.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <algorithm>
+
+namespace duck::runtime {
+
+const char *FinishReasonName(FinishReason r) {
+  switch (r) {
+  case FinishReason::kStop:
+    return "stop";
+  case FinishReason::kLength:
+    return "length";
+  case FinishReason::kCancelled:
+    return "cancelled";
+  case FinishReason::kError:
+    return "error";
+  }
+  return "?";
+}
+
+Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
+    : engine_(engine), opts_(opts) {
+  opts_.parallel = std::max(1u, std::min(opts.parallel, engine.max_seqs()));
+  opts_.prefill_chunk = std::max(1u, opts.prefill_chunk);
+  // A step is every decoding row plus one prompt chunk.
+  opts_.prefill_chunk =
+      std::min(opts_.prefill_chunk, engine.max_rows() > opts_.parallel
+                                        ? engine.max_rows() - opts_.parallel
+                                        : 1u);
+  for (uint32_t s = opts_.parallel; s-- > 0;)
+    free_slots_.push_back(s); // slot 0 is taken first
+}
+
+absl::StatusOr<uint64_t> Batcher::Submit(GenRequest r) {
+  if (r.prompt.empty())
+    return absl::InvalidArgumentError("the prompt is empty");
+  if (r.prompt.size() + 1 > engine_.max_seq())
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt has ", r.prompt.size(),
+                     " tokens; this server's context is ", engine_.max_seq()));
+  auto s = std::make_unique<Seq>();
+  s->req = std::move(r);
+  s->sampler = std::make_unique<Sampler>(s->req.sampler);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_)
+    return absl::FailedPreconditionError("the server is shutting down");
+  // Free slots take requests at the next step: they do not count as
+  // waiting.
+  if (queue_.size() >= opts_.queue_limit + free_slots_.size())
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the queue is full (", opts_.parallel, " requests running, ",
+        queue_.size() - std::min(queue_.size(), free_slots_.size()),
+        " waiting)"));
+  s->id = next_id_++;
+  const uint64_t id = s->id;
+  queue_.push_back(std::move(s));
+  stats_.queued = (uint32_t)queue_.size();
+  cv_.notify_all();
+  return id;
+}
+
+void Batcher::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_all();
+}
+
+void Batcher::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  cv_.notify_all();
+}
+
+bool Batcher::Busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !queue_.empty() || stats_.active > 0;
+}
+
+BatcherStats Batcher::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Batcher::Finish(Seq &s, FinishReason why, const absl::Status &error) {
+  if (s.req.on_done)
+    s.req.on_done(why, error);
+}
+
+/// Moves cancellations and queued requests in (under the lock), then
+/// finishes the cancelled ones outside it.
+void Batcher::Admit() {
+  std::vector<std::unique_ptr<Seq>> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : cancels_) {
+      auto q = std::find_if(queue_.begin(), queue_.end(),
+                            [&](const auto &s) { return s->id == id; });
+      if (q != queue_.end()) {
+        cancelled.push_back(std::move(*q));
+        queue_.erase(q);
+        continue;
+      }
+      auto a = std::find_if(active_.begin(), active_.end(),
+                            [&](const auto &s) { return s->id == id; });
+      if (a != active_.end()) {
+        free_slots_.push_back((*a)->slot);
+        cancelled.push_back(std::move(*a));
+        active_.erase(a);
+      }
+    }
+    cancels_.clear();
+    while (!queue_.empty() && !free_slots_.empty()) {
+      std::unique_ptr<Seq> s = std::move(queue_.front());
+      queue_.pop_front();
+      s->slot = free_slots_.back();
+      free_slots_.pop_back();
+      active_.push_back(std::move(s));
+    }
+    stats_.queued = (uint32_t)queue_.size();
+    stats_.active = (uint32_t)active_.size();
+  }
+  for (auto &s : cancelled)
+    Finish(*s, FinishReason::kCancelled, absl::OkStatus());
+}
+
+bool Batcher::Deliver(Seq &s, int32_t token) {
+  const GenRequest &r = s.req;
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) !=
+      r.stop_ids.end()) {
+    Finish(s, FinishReason::kStop, absl::OkStatus());
+    return false;
+  }
+  ++s.generated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  const TokenVerdict v =
+      r.on_token ? r.on_token(token) : TokenVerdict::kContinue;
+  if (v == TokenVerdict::kCancel) {
+    Finish(s, FinishReason::kCancelled, absl::OkStatus());
+    return false;
+  }
+  if (v == TokenVerdict::kStop) {
+    Finish(s, FinishReason::kStop, absl::OkStatus());
+    return false;
+  }
+  if (s.generated >= r.max_tokens || s.pos + 1 > engine_.max_seq()) {
+    Finish(s, FinishReason::kLength, absl::OkStatus());
+    return false;
+  }
+  s.next = token;
+  return true;
+}
+
+void Batcher::Step() {
+  // Every decoding sequence gives a row; sequences still in prefill fill
+  // up to prefill_chunk more rows, oldest first. Where a prompt is cut
+  // does not change its rows' results, only how long the running streams
+  // wait for this step.
+  chunks_.clear();
+  sampling_.clear();
+  for (auto &s : active_)
+    if (s->next >= 0) {
+      chunks_.push_back(
+          {s->slot, s->pos, absl::MakeConstSpan(&s->next, 1), true});
+      sampling_.push_back(s.get());
+    }
+  const size_t decodeRows = chunks_.size();
+  uint32_t prefillRows = 0;
+  for (auto &s : active_) {
+    if (s->next >= 0 || prefillRows >= opts_.prefill_chunk)
+      continue;
+    const uint32_t left = (uint32_t)s->req.prompt.size() - s->pos;
+    const uint32_t n = std::min(left, opts_.prefill_chunk - prefillRows);
+    const bool last = n == left;
+    chunks_.push_back({s->slot, s->pos,
+                       absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n),
+                       last});
+    if (last)
+      sampling_.push_back(s.get());
+    prefillRows += n;
+  }
+  if (chunks_.empty())
+    return;
+  logits_.clear();
+  absl::Status st = engine_.RunBatch(chunks_, &logits_);
+  if (!st.ok()) {
+    // The ducks could not be brought back (or a bug): every running
+    // request ends with the error; queued ones get their turn next.
+    for (auto &s : active_)
+      Finish(*s, FinishReason::kError, st);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto &s : active_)
+      free_slots_.push_back(s->slot);
+    active_.clear();
+    stats_.active = 0;
+    return;
+  }
+  for (const SeqChunk &c : chunks_)
+    for (auto &s : active_)
+      if (s->slot == c.seq)
+        s->pos += (uint32_t)c.tokens.size();
+  const uint32_t V = engine_.vocab();
+  std::vector<Seq *> done;
+  for (size_t i = 0; i < sampling_.size(); ++i) {
+    Seq &s = *sampling_[i];
+    const int32_t token = s.sampler->Sample(
+        absl::MakeConstSpan(logits_).subspan((uint64_t)i * V, V));
+    if (!Deliver(s, token))
+      done.push_back(&s);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.max_decode_rows =
+      std::max(stats_.max_decode_rows, (uint32_t)decodeRows);
+  for (const SeqChunk &c : chunks_)
+    stats_.rows += c.tokens.size();
+  stats_.prompt_tokens += prefillRows;
+  for (Seq *s : done) {
+    free_slots_.push_back(s->slot);
+    active_.erase(std::find_if(active_.begin(), active_.end(),
+                               [&](const auto &a) { return a.get() == s; }));
+  }
+  stats_.active = (uint32_t)active_.size();
+}
+
+void Batcher::Run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || !cancels_.empty() || !active_.empty() ||
+               !queue_.empty();
+      });
+      if (stop_) {
+        for (auto &s : queue_)
+          cancels_.push_back(s->id);
+        for (auto &s : active_)
+          cancels_.push_back(s->id);
+      }
+    }
+    Admit();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ && active_.empty() && queue_.empty())
+        return;
+    }
+    Step();
+    if (after_step_)
+      after_step_();
+  }
+}
+
+} // namespace duck::runtime

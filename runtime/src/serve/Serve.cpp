@@ -1,0 +1,1128 @@
+//===- Serve.cpp - duckrun serve: an OpenAI-compatible HTTP server --------===//
+//
+// HTTP (cpp-httplib) on a pool of connection threads; one batcher thread
+// owns the engine. A request becomes a Job: the batcher's callbacks turn
+// tokens into text (stop strings are matched there, so a match ends the
+// sequence at once) and the connection thread drains the job's text into
+// one JSON response or into server-sent events.
+//===----------------------------------------------------------------------===//
+#include "duck/runtime/serve/Serve.h"
+
+#include "duck/runtime/serve/Batcher.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <ctime>
+#include <deque>
+#include <dirent.h>
+#include <map>
+#include <mutex>
+#include <netdb.h>
+#include <ostream>
+#include <poll.h>
+#include <sys/socket.h>
+#include <thread>
+
+namespace duck::runtime {
+namespace {
+
+using json = nlohmann::json;
+
+double now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// JSON text; bytes that are not UTF-8 (a model can emit any bytes) become
+/// U+FFFD instead of an exception.
+std::string Dump(const json &j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+/// An OpenAI-shaped error.
+void SetError(httplib::Response &res, int status, const std::string &message,
+              const char *type, const char *param = nullptr,
+              const char *code = nullptr) {
+  json e = {{"message", message},
+            {"type", type},
+            {"param", param ? json(param) : json(nullptr)},
+            {"code", code ? json(code) : json(nullptr)}};
+  res.status = status;
+  res.set_content(Dump(json{{"error", e}}), "application/json");
+}
+
+//===----------------------------------------------------------------------===//
+// Connections
+//===----------------------------------------------------------------------===//
+
+/// A socket address as the HTTP library reports it (numeric host, port).
+bool HostAndPort(const sockaddr_storage &a, socklen_t len, std::string *host,
+                 int *port) {
+  if (a.ss_family == AF_INET)
+    *port = ntohs(reinterpret_cast<const sockaddr_in *>(&a)->sin_port);
+  else if (a.ss_family == AF_INET6)
+    *port = ntohs(reinterpret_cast<const sockaddr_in6 *>(&a)->sin6_port);
+  else
+    return false;
+  char buf[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr *>(&a), len, buf, sizeof buf,
+                  nullptr, 0, NI_NUMERICHOST) != 0)
+    return false;
+  *host = buf;
+  return true;
+}
+
+/// Calls fn(fd, local host, local port, peer host, peer port) for each
+/// connected socket of this process until fn returns true.
+template <typename Fn> void ForEachConnection(Fn fn) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return;
+  while (const dirent *e = readdir(d)) {
+    char *end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end || fd == dirfd(d))
+      continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    std::string lhost, phost;
+    int lport = -1, pport = -1;
+    if (getsockname((int)fd, reinterpret_cast<sockaddr *>(&local), &ll) != 0 ||
+        getpeername((int)fd, reinterpret_cast<sockaddr *>(&peer), &pl) != 0 ||
+        !HostAndPort(local, ll, &lhost, &lport) ||
+        !HostAndPort(peer, pl, &phost, &pport))
+      continue;
+    if (fn((int)fd, lhost, lport, phost, pport))
+      break;
+  }
+  closedir(d);
+}
+
+/// The socket a request arrived on (the library hands handlers none): the
+/// open one with the request's two ends; -1 when there is none. It stays
+/// open while the request's handler runs.
+int ConnectionFd(const httplib::Request &req) {
+  int found = -1;
+  ForEachConnection([&](int fd, const std::string &lhost, int lport,
+                        const std::string &phost, int pport) {
+    if (lport == req.local_port && pport == req.remote_port &&
+        lhost == req.local_addr && phost == req.remote_addr)
+      found = fd;
+    return found >= 0;
+  });
+  return found;
+}
+
+/// Ends a connection whose request body is left unread, once the answer is
+/// out (the library would take the rest for the next request, and it reads
+/// a line of any length): the answers that say 'Connection: close'.
+void StopReading(const httplib::Request &req) {
+  const int fd = ConnectionFd(req);
+  if (fd >= 0)
+    ::shutdown(fd, SHUT_RD);
+}
+
+/// True once the client closed its end (or the connection broke); bytes it
+/// sent ahead (a pipelined request) keep it alive.
+bool PeerGone(int fd) {
+  pollfd p = {fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0)
+    return false;
+  if (p.revents & (POLLERR | POLLNVAL))
+    return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 ||
+         (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/// Shuts every connection accepted on `port` (the library's threads
+/// blocked reading them wake up and end).
+void CutConnections(int port) {
+  ForEachConnection([port](int fd, const std::string &, int lport,
+                           const std::string &, int) {
+    if (lport == port)
+      ::shutdown(fd, SHUT_RDWR);
+    return false;
+  });
+}
+
+/// The connection threads: made as connections come, up to a cap, rather
+/// than a fixed few, since a client that trickles its request in holds
+/// one as long as it likes (the library sets no deadline for a request's
+/// head; a fixed pool of them starved everyone else). At shutdown the
+/// connections still open after a grace period are cut.
+class ConnectionPool : public httplib::TaskQueue {
+public:
+  ConnectionPool(size_t max_threads, int port)
+      : max_(std::max<size_t>(1, max_threads)), port_(port) {}
+  ~ConnectionPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_)
+      threads_.emplace_back([this] { Work(); });
+    cv_.notify_one();
+  }
+
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopped_)
+      return;
+    stopped_ = true;
+    cv_.notify_all();
+    const bool idle = done_.wait_for(lock, std::chrono::seconds(2), [&] {
+      return busy_ == 0 && jobs_.empty();
+    });
+    lock.unlock();
+    if (!idle)
+      CutConnections(port_);
+    for (std::thread &t : threads_)
+      t.join();
+    threads_.clear();
+  }
+
+private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return stopped_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty())
+        return;
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+      lock.unlock();
+      fn();
+      lock.lock();
+      --busy_;
+      done_.notify_all();
+    }
+  }
+
+  const size_t max_;
+  const int port_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0, busy_ = 0;
+  bool stopped_ = false;
+};
+
+/// A request field's problem, reported as 400 with the field's name.
+struct FieldError {
+  std::string param, message;
+};
+
+//===----------------------------------------------------------------------===//
+// Metrics
+//===----------------------------------------------------------------------===//
+
+/// A Prometheus histogram with fixed upper bounds (seconds).
+class Histogram {
+public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void Add(double v) {
+    size_t i =
+        std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
+    ++counts_[i];
+    sum_ += v;
+    ++n_;
+  }
+  void Write(std::string &out, const std::string &name,
+             const std::string &help) const {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name,
+                    " histogram\n");
+    uint64_t acc = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+      acc += counts_[i];
+      absl::StrAppend(&out, name, "_bucket{le=\"", bounds_[i], "\"} ", acc,
+                      "\n");
+    }
+    absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", n_, "\n", name,
+                    "_sum ", sum_, "\n", name, "_count ", n_, "\n");
+  }
+
+private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t n_ = 0;
+};
+
+struct Metrics {
+  std::mutex mu;
+  std::map<std::string, uint64_t> requests; // by "endpoint,status"
+  Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+  // From the batcher thread after steps (the runner's stats are its own).
+  double judge_gap_us_p50 = 0;
+  std::vector<double> gparam_s;
+
+  void Count(const std::string &endpoint, int status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++requests[absl::StrCat(endpoint, ",", status)];
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Jobs
+//===----------------------------------------------------------------------===//
+
+/// One request between its connection thread and the batcher thread.
+struct Job {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text; // all text so far, stop strings cut off
+  size_t ready = 0; // text[0, ready) may be sent (no partial stop)
+  bool done = false;
+  FinishReason why = FinishReason::kLength;
+  absl::Status error;
+  uint32_t prompt_tokens = 0, completion_tokens = 0;
+  uint64_t id = 0;          // the batcher's
+  bool stop_string = false; // a stop string cut the text
+  double t_submit = 0, t_first = 0, t_last = 0;
+
+  // Batcher thread only.
+  std::unique_ptr<StreamDecoder> decoder;
+  std::vector<std::string> stops;
+};
+
+/// The longest suffix of `text` that is a proper prefix of a stop string:
+/// held back until the next token shows whether the stop matches.
+size_t HeldBack(const std::string &text,
+                const std::vector<std::string> &stops) {
+  size_t hold = 0;
+  for (const std::string &s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  return hold;
+}
+
+TokenVerdict OnToken(Job &j, int32_t id) {
+  std::string piece = j.decoder->Push(id);
+  std::lock_guard<std::mutex> lock(j.mu);
+  const double t = now();
+  if (j.completion_tokens == 0)
+    j.t_first = t;
+  j.t_last = t;
+  ++j.completion_tokens;
+  const size_t before = j.text.size();
+  j.text += piece;
+  TokenVerdict v = TokenVerdict::kContinue;
+  size_t cut = std::string::npos;
+  for (const std::string &s : j.stops) {
+    // Only a match that ends in the new piece is new.
+    const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+    size_t at = j.text.find(s, from);
+    if (at != std::string::npos)
+      cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    j.text.resize(cut);
+    j.stop_string = true;
+    j.ready = j.text.size();
+    v = TokenVerdict::kStop;
+  } else {
+    j.ready = j.text.size() - HeldBack(j.text, j.stops);
+  }
+  j.cv.notify_all();
+  return v;
+}
+
+void OnDone(Job &j, FinishReason why, const absl::Status &error) {
+  std::lock_guard<std::mutex> lock(j.mu);
+  std::string tail;
+  if ((why == FinishReason::kLength || why == FinishReason::kStop) &&
+      !j.stop_string)
+    tail = j.decoder->Flush(); // an unfinished character, as U+FFFD
+  j.text += tail;
+  j.ready = j.text.size();
+  j.why = why;
+  j.error = error;
+  j.done = true;
+  j.cv.notify_all();
+}
+
+//===----------------------------------------------------------------------===//
+// Request parsing
+//===----------------------------------------------------------------------===//
+
+struct Params {
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 0;
+  SamplerOptions sampler;
+  std::vector<std::string> stops;
+  bool stream = false, include_usage = false, ignore_eos = false;
+};
+
+/// The text of a message's content: a string, or an array of
+/// {"type": "text", "text": ...} parts.
+std::optional<std::string> ContentText(const json &c) {
+  if (c.is_string())
+    return c.get<std::string>();
+  if (c.is_null())
+    return std::string();
+  if (!c.is_array())
+    return std::nullopt;
+  std::string out;
+  for (const json &p : c) {
+    if (!p.is_object() || p.value("type", "") != "text" ||
+        !p.contains("text") || !p["text"].is_string())
+      return std::nullopt;
+    out += p["text"].get<std::string>();
+  }
+  return out;
+}
+
+/// The sampling and length fields both endpoints share.
+std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
+                                      Params *p) {
+  auto number = [&](const char *k, double lo, double hi,
+                    double *out) -> std::optional<FieldError> {
+    if (!b.contains(k) || b[k].is_null())
+      return std::nullopt;
+    if (!b[k].is_number() || !std::isfinite(b[k].get<double>()) ||
+        b[k].get<double>() < lo || b[k].get<double>() > hi)
+      return FieldError{k, absl::StrCat("'", k, "' must be a number in [", lo,
+                                        ", ", hi, "]")};
+    *out = b[k].get<double>();
+    return std::nullopt;
+  };
+  auto integer = [&](const char *k, int64_t lo, int64_t hi,
+                     int64_t *out) -> std::optional<FieldError> {
+    if (!b.contains(k) || b[k].is_null())
+      return std::nullopt;
+    if (!b[k].is_number_integer() || b[k].get<int64_t>() < lo ||
+        b[k].get<int64_t>() > hi)
+      return FieldError{k, absl::StrCat("'", k, "' must be an integer in [", lo,
+                                        ", ", hi, "]")};
+    *out = b[k].get<int64_t>();
+    return std::nullopt;
+  };
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 0, seed = 0, n = 1, max_tokens = -1;
+  if (auto e = number("temperature", 0, 2, &temperature))
+    return e;
+  if (auto e = number("top_p", 0, 1, &top_p))
+    return e;
+  if (b.contains("top_p") && b["top_p"].is_number() && top_p <= 0)
+    return FieldError{"top_p", "'top_p' must be greater than 0"};
+  if (auto e = integer("top_k", 0, 1 << 20, &top_k))
+    return e;
+  if (auto e = integer("seed", INT64_MIN, INT64_MAX, &seed))
+    return e;
+  if (auto e = integer("n", 1, 1, &n))
+    return FieldError{"n", "only 'n': 1 is supported"};
+  if (auto e = integer("max_tokens", 1, context, &max_tokens))
+    return e;
+  if (auto e = integer("max_completion_tokens", 1, context, &max_tokens))
+    return e;
+  p->sampler.temperature = (float)temperature;
+  p->sampler.top_p = (float)top_p;
+  p->sampler.top_k = (uint32_t)top_k;
+  p->sampler.seed = (uint64_t)seed;
+  if (max_tokens > 0)
+    p->max_tokens = (uint32_t)max_tokens;
+  if (b.contains("stop") && !b["stop"].is_null()) {
+    const json &s = b["stop"];
+    if (s.is_string()) {
+      p->stops.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const json &x : s) {
+        if (!x.is_string())
+          return FieldError{"stop", "'stop' must be a string or an array of "
+                                    "at most 4 strings"};
+        p->stops.push_back(x.get<std::string>());
+      }
+    } else {
+      return FieldError{"stop", "'stop' must be a string or an array of at "
+                                "most 4 strings"};
+    }
+    for (const std::string &x : p->stops)
+      if (x.empty())
+        return FieldError{"stop", "a stop string is empty"};
+  }
+  if (b.contains("stream") && !b["stream"].is_null()) {
+    if (!b["stream"].is_boolean())
+      return FieldError{"stream", "'stream' must be true or false"};
+    p->stream = b["stream"].get<bool>();
+  }
+  if (b.contains("stream_options") && !b["stream_options"].is_null()) {
+    const json &so = b["stream_options"];
+    if (!so.is_object())
+      return FieldError{"stream_options", "'stream_options' must be an object"};
+    if (so.contains("include_usage")) {
+      if (!so["include_usage"].is_boolean())
+        return FieldError{"stream_options",
+                          "'stream_options.include_usage' must be a boolean"};
+      p->include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  if (b.contains("ignore_eos") && !b["ignore_eos"].is_null()) {
+    if (!b["ignore_eos"].is_boolean())
+      return FieldError{"ignore_eos", "'ignore_eos' must be true or false"};
+    p->ignore_eos = b["ignore_eos"].get<bool>();
+  }
+  return std::nullopt;
+}
+
+//===----------------------------------------------------------------------===//
+// The server
+//===----------------------------------------------------------------------===//
+
+enum class State { kPreparing, kReady, kStopping };
+
+class Server {
+public:
+  Server(const ServeOptions &o, std::ostream &log) : o_(o), log_(log) {}
+  absl::Status Run();
+
+private:
+  void Routes();
+  bool Authorized(const httplib::Request &req, httplib::Response &res);
+  bool Ready(httplib::Response &res);
+  void Generate(const httplib::Request &req, httplib::Response &res,
+                const httplib::ContentReader &reader, bool chat);
+  void Models(httplib::Response &res);
+  void MetricsText(httplib::Response &res);
+  void AfterStep();
+
+  const ServeOptions &o_;
+  std::ostream &log_;
+  std::mutex log_mu_;
+  std::unique_ptr<Session> ses_;
+  std::unique_ptr<Batcher> batcher_;
+  httplib::Server http_;
+  std::atomic<State> state_{State::kPreparing};
+  std::atomic<uint64_t> next_id_{1};
+  Metrics metrics_;
+  int64_t created_ = 0;
+  std::vector<int32_t> eos_, eos_chat_;
+  uint64_t steps_seen_ = 0; // AfterStep, on the batcher's thread
+};
+
+bool Server::Authorized(const httplib::Request &req, httplib::Response &res) {
+  if (o_.api_key.empty())
+    return true;
+  const std::string want = "Bearer " + o_.api_key;
+  if (req.get_header_value("Authorization") == want)
+    return true;
+  SetError(res, 401,
+           req.has_header("Authorization")
+               ? "Incorrect API key provided"
+               : "Missing API key: send 'Authorization: Bearer <key>'",
+           "authentication_error", nullptr, "invalid_api_key");
+  return false;
+}
+
+bool Server::Ready(httplib::Response &res) {
+  const State s = state_.load();
+  if (s == State::kReady)
+    return true;
+  SetError(res, 503,
+           s == State::kPreparing ? "the model is still being prepared"
+                                  : "the server is shutting down",
+           "server_error", nullptr, "unavailable");
+  return false;
+}
+
+void Server::Models(httplib::Response &res) {
+  json m = {{"id", ses_->name()},
+            {"object", "model"},
+            {"created", created_},
+            {"owned_by", "duck"}};
+  res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}),
+                  "application/json");
+}
+
+void Server::Generate(const httplib::Request &req, httplib::Response &res,
+                      const httplib::ContentReader &reader, bool chat) {
+  // The body, read here so that --max-request-bytes bounds every framing
+  // (the library checks only a Content-Length; a chunked body, or one that
+  // runs to the end of the connection, it would read whole). Read before
+  // anything is refused: left unread it would be taken for the
+  // connection's next request.
+  std::string body;
+  bool tooLarge = false;
+  const bool read = reader([&](const char *data, size_t n) {
+    if (body.size() + n > o_.max_body_bytes) {
+      tooLarge = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (tooLarge || res.status == 413) {
+    res.set_header("Connection", "close");
+    SetError(res, 413, "the request body is too large", "invalid_request_error",
+             nullptr, "request_too_large");
+    return;
+  }
+  if (!read) {
+    res.set_header("Connection", "close");
+    if (res.status == 415)
+      SetError(res, 415, "the request body's Content-Encoding is not supported",
+               "invalid_request_error");
+    else
+      SetError(res, 400, "the request body could not be read",
+               "invalid_request_error");
+    return;
+  }
+  if (!Authorized(req, res) || !Ready(res))
+    return;
+  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (b.is_discarded() || !b.is_object()) {
+    SetError(res, 400, "the request body is not a JSON object",
+             "invalid_request_error");
+    return;
+  }
+  const uint32_t context = ses_->max_seq();
+  Params p;
+  auto bad = [&](const FieldError &e) {
+    SetError(res, 400, e.message, "invalid_request_error", e.param.c_str());
+  };
+  // The prompt.
+  std::string text;
+  std::vector<ChatMessage> messages;
+  if (chat) {
+    if (!b.contains("messages") || !b["messages"].is_array() ||
+        b["messages"].empty())
+      return bad({"messages", "'messages' must be a non-empty array"});
+    for (size_t i = 0; i < b["messages"].size(); ++i) {
+      const json &m = b["messages"][i];
+      std::optional<std::string> content;
+      if (m.is_object() && m.contains("content"))
+        content = ContentText(m["content"]);
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !content)
+        return bad({"messages",
+                    absl::StrCat("messages[", i,
+                                 "] needs a 'role' and a text 'content'")});
+      messages.push_back({m["role"].get<std::string>(), *content});
+    }
+    // The model's own chat format (ChatTemplate.h); a message it cannot
+    // say is the client's error.
+    auto ids = ses_->EncodeChat(messages);
+    if (!ids.ok()) {
+      if (absl::IsInvalidArgument(ids.status()))
+        return bad({"messages", std::string(ids.status().message())});
+      SetError(res, 500, std::string(ids.status().message()), "server_error");
+      return;
+    }
+    p.prompt = std::move(*ids);
+  } else {
+    if (!b.contains("prompt"))
+      return bad({"prompt", "'prompt' is required"});
+    const json &pr = b["prompt"];
+    if (pr.is_string()) {
+      text = pr.get<std::string>();
+    } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+      text = pr[0].get<std::string>();
+    } else if (pr.is_array() && !pr.empty() &&
+               std::all_of(pr.begin(), pr.end(), [](const json &x) {
+                 return x.is_number_integer();
+               })) {
+      for (const json &x : pr) {
+        const int64_t id = x.get<int64_t>();
+        if (id < 0 || id >= (int64_t)ses_->model().vocab())
+          return bad({"prompt", absl::StrCat("token id ", id,
+                                             " is outside the vocabulary")});
+        p.prompt.push_back((int32_t)id);
+      }
+    } else {
+      return bad({"prompt", "'prompt' must be a string, one string in an "
+                            "array, or an array of token ids"});
+    }
+  }
+  if (!chat && p.prompt.empty()) {
+    auto ids = ses_->EncodePrompt(text);
+    if (!ids.ok()) {
+      SetError(res, 500, std::string(ids.status().message()), "server_error");
+      return;
+    }
+    p.prompt = std::move(*ids);
+  }
+  if (p.prompt.empty())
+    return bad({chat ? "messages" : "prompt", "the prompt is empty"});
+  if (p.prompt.size() + 1 > context)
+    return bad({chat ? "messages" : "prompt",
+                absl::StrCat("the prompt has ", p.prompt.size(),
+                             " tokens; this model's context here is ", context,
+                             " (duckrun serve --max-seq)")});
+  if (auto e = ParseCommon(b, context, &p))
+    return bad(*e);
+  const uint32_t room = context - (uint32_t)p.prompt.size();
+  p.max_tokens = p.max_tokens ? std::min(p.max_tokens, room) : room;
+
+  // The job.
+  auto job = std::make_shared<Job>();
+  job->prompt_tokens = (uint32_t)p.prompt.size();
+  job->stops = p.stops;
+  job->decoder = std::make_unique<StreamDecoder>(*ses_->tokenizer());
+  job->t_submit = now();
+  GenRequest g;
+  g.prompt = std::move(p.prompt);
+  g.max_tokens = p.max_tokens;
+  g.sampler = p.sampler;
+  if (!p.ignore_eos)
+    g.stop_ids = chat ? eos_chat_ : eos_;
+  g.on_token = [job](int32_t id) { return OnToken(*job, id); };
+  g.on_done = [job](FinishReason why, const absl::Status &e) {
+    OnDone(*job, why, e);
+  };
+  auto id = batcher_->Submit(std::move(g));
+  if (!id.ok()) {
+    const int status = absl::IsResourceExhausted(id.status()) ? 429
+                       : absl::IsInvalidArgument(id.status()) ? 400
+                                                              : 503;
+    SetError(res, status, std::string(id.status().message()),
+             status == 400 ? "invalid_request_error" : "server_error");
+    return;
+  }
+  job->id = *id;
+
+  const std::string rid =
+      absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
+  const int64_t created = (int64_t)std::time(nullptr);
+  const std::string model = ses_->name();
+  auto usage = [job] {
+    return json{{"prompt_tokens", job->prompt_tokens},
+                {"completion_tokens", job->completion_tokens},
+                {"total_tokens", job->prompt_tokens + job->completion_tokens}};
+  };
+  auto record = [this, job] {
+    std::lock_guard<std::mutex> lock(metrics_.mu);
+    if (job->completion_tokens > 0)
+      metrics_.ttft.Add(job->t_first - job->t_submit);
+    if (job->completion_tokens > 1)
+      metrics_.tpot.Add((job->t_last - job->t_first) /
+                        (job->completion_tokens - 1));
+  };
+
+  if (!p.stream) {
+    // A client that went away frees its slot here too: its connection is
+    // watched while the answer is made.
+    int fd = ConnectionFd(req);
+    bool gone = false;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(job->mu);
+        if (job->cv.wait_for(lock, std::chrono::milliseconds(200),
+                             [&] { return job->done; }))
+          break;
+      }
+      if (fd >= 0 && PeerGone(fd)) {
+        batcher_->Cancel(job->id);
+        gone = true;
+        fd = -1;
+      }
+    }
+    record();
+    if (job->why == FinishReason::kError) {
+      SetError(res, 500, std::string(job->error.message()), "server_error");
+      return;
+    }
+    if (job->why == FinishReason::kCancelled) {
+      if (gone) // nobody reads this; it is counted as what it was
+        SetError(res, 499, "the client closed the connection",
+                 "invalid_request_error");
+      else
+        SetError(res, 503,
+                 "the request was cancelled (the server is shutting down)",
+                 "server_error", nullptr, "unavailable");
+      return;
+    }
+    json choice = {{"index", 0},
+                   {"logprobs", nullptr},
+                   {"finish_reason", FinishReasonName(job->why)}};
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", job->text}};
+    else
+      choice["text"] = job->text;
+    json r = {{"id", rid},
+              {"object", chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})},
+              {"usage", usage()}};
+    res.set_content(Dump(r), "application/json");
+    return;
+  }
+
+  // Server-sent events: a chunk per batch of new text.
+  struct StreamState {
+    size_t sent = 0;
+    bool first = true, finished = false;
+  };
+  auto st = std::make_shared<StreamState>();
+  const bool includeUsage = p.include_usage;
+  auto chunk = [=](const json &delta_or_text, const json &finish) {
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    if (chat) {
+      choice["delta"] = delta_or_text;
+    } else {
+      choice["text"] = delta_or_text;
+      choice["logprobs"] = nullptr;
+    }
+    json c = {{"id", rid},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})}};
+    return absl::StrCat("data: ", Dump(c), "\n\n");
+  };
+  Batcher *batcher = batcher_.get();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=](size_t, httplib::DataSink &sink) -> bool {
+        // Nothing may escape into the library's writer thread.
+        try {
+          std::unique_lock<std::mutex> lock(job->mu);
+          job->cv.wait_for(lock, std::chrono::milliseconds(200),
+                           [&] { return job->done || job->ready > st->sent; });
+          std::string out;
+          if (st->first && chat)
+            out += chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+          st->first = false;
+          if (job->ready > st->sent) {
+            std::string piece =
+                job->text.substr(st->sent, job->ready - st->sent);
+            st->sent = job->ready;
+            out +=
+                chunk(chat ? json{{"content", piece}} : json(piece), nullptr);
+          }
+          const bool done = job->done;
+          lock.unlock();
+          if (done) {
+            if (job->why == FinishReason::kError ||
+                job->why == FinishReason::kCancelled) {
+              json e = {{"error",
+                         {{"message", job->why == FinishReason::kError
+                                          ? std::string(job->error.message())
+                                          : "the request was cancelled"},
+                          {"type", "server_error"},
+                          {"param", nullptr},
+                          {"code", job->why == FinishReason::kError
+                                       ? json(nullptr)
+                                       : json("unavailable")}}}};
+              out += absl::StrCat("data: ", Dump(e), "\n\n");
+            } else {
+              out += chunk(chat ? json::object() : json(""),
+                           FinishReasonName(job->why));
+              if (includeUsage) {
+                json u = {{"id", rid},
+                          {"object",
+                           chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created},
+                          {"model", model},
+                          {"choices", json::array()},
+                          {"usage", usage()}};
+                out += absl::StrCat("data: ", Dump(u), "\n\n");
+              }
+            }
+            out += "data: [DONE]\n\n";
+          }
+          // A client that went away frees its slot.
+          if (!sink.is_writable() ||
+              (!out.empty() && !sink.write(out.data(), out.size()))) {
+            batcher->Cancel(job->id);
+            return false;
+          }
+          if (done) {
+            st->finished = true;
+            record();
+            sink.done();
+          }
+          return true;
+        } catch (const std::exception &) {
+          batcher->Cancel(job->id);
+          return false;
+        }
+      },
+      [=](bool) {
+        if (!st->finished)
+          batcher->Cancel(job->id); // the connection ended early
+      });
+}
+
+void Server::AfterStep() {
+  // Every 32 steps: the judge gap and the ducks' kernel rates.
+  if (++steps_seen_ % 32 != 0)
+    return;
+  const RunnerStats &rs = ses_->runner().stats();
+  std::vector<double> gaps;
+  for (const auto *v : {&rs.decode_steps, &rs.prefill_steps})
+    for (size_t i = v->size() > 512 ? v->size() - 512 : 0; i < v->size(); ++i)
+      gaps.push_back((*v)[i].judge_gap_us);
+  double p50 = 0;
+  if (!gaps.empty()) {
+    std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+    p50 = gaps[gaps.size() / 2];
+  }
+  std::vector<double> gps;
+  for (size_t r = 0; r < rs.params.size(); ++r)
+    gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  metrics_.judge_gap_us_p50 = p50;
+  metrics_.gparam_s = std::move(gps);
+}
+
+void Server::MetricsText(httplib::Response &res) {
+  std::string out;
+  const BatcherStats bs = batcher_ ? batcher_->Stats() : BatcherStats();
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  out += "# HELP duck_requests_total Generation requests by endpoint and "
+         "status.\n# TYPE duck_requests_total counter\n";
+  for (const auto &[k, v] : metrics_.requests) {
+    const size_t c = k.find(',');
+    absl::StrAppend(&out, "duck_requests_total{endpoint=\"", k.substr(0, c),
+                    "\",status=\"", k.substr(c + 1), "\"} ", v, "\n");
+  }
+  auto gauge = [&](const char *name, const char *help, double v,
+                   const char *type = "gauge") {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n", name, " ", v, "\n");
+  };
+  gauge("duck_prompt_tokens_total", "Prompt tokens prefilled.",
+        (double)bs.prompt_tokens, "counter");
+  gauge("duck_generated_tokens_total", "Tokens generated.",
+        (double)bs.generated_tokens, "counter");
+  gauge("duck_steps_total",
+        "Engine steps (each one step on the ducks per "
+        "FFN layer).",
+        (double)bs.steps, "counter");
+  gauge("duck_step_rows_total", "Rows carried by the steps.", (double)bs.rows,
+        "counter");
+  gauge("duck_queue_depth", "Requests waiting for a sequence slot.", bs.queued);
+  gauge("duck_active_sequences", "Sequences prefilling or decoding.",
+        bs.active);
+  gauge("duck_batch_decode_rows_max",
+        "Most sequences decoded together in "
+        "one step so far.",
+        bs.max_decode_rows);
+  gauge("duck_ready", "1 when the ducks are prepared and serving.",
+        state_.load() == State::kReady ? 1 : 0);
+  gauge("duck_judge_gap_us",
+        "Median dispatch gap of the recent duck steps "
+        "(microseconds).",
+        metrics_.judge_gap_us_p50);
+  out += "# HELP duck_kernel_gparam_per_second fp9 weights a second in each "
+         "duck's kernels (billions).\n# TYPE duck_kernel_gparam_per_second "
+         "gauge\n";
+  for (size_t r = 0; r < metrics_.gparam_s.size(); ++r)
+    absl::StrAppend(&out, "duck_kernel_gparam_per_second{duck=\"", r, "\"} ",
+                    metrics_.gparam_s[r], "\n");
+  metrics_.ttft.Write(out, "duck_ttft_seconds",
+                      "Time to first token, from the request's arrival.");
+  metrics_.tpot.Write(out, "duck_tpot_seconds",
+                      "Time a generated token after the first, a request.");
+  res.set_content(out, "text/plain; version=0.0.4");
+}
+
+void Server::Routes() {
+  http_.Get(
+      "/health", [this](const httplib::Request &, httplib::Response &res) {
+        const State s = state_.load();
+        res.status = s == State::kReady ? 200 : 503;
+        res.set_content(json{{"status", s == State::kReady       ? "ok"
+                                        : s == State::kPreparing ? "preparing"
+                                                                 : "stopping"}}
+                            .dump(),
+                        "application/json");
+      });
+  http_.Get("/metrics", [this](const httplib::Request &,
+                               httplib::Response &res) { MetricsText(res); });
+  http_.Get("/v1/models",
+            [this](const httplib::Request &req, httplib::Response &res) {
+              if (Authorized(req, res))
+                Models(res);
+            });
+  // Every generation request is counted, whatever its status (a stream's
+  // is 200: its status line goes out before the answer).
+  http_.Post("/v1/chat/completions",
+             [this](const httplib::Request &req, httplib::Response &res,
+                    const httplib::ContentReader &reader) {
+               Generate(req, res, reader, /*chat=*/true);
+               metrics_.Count("chat", res.status == -1 ? 200 : res.status);
+             });
+  http_.Post("/v1/completions", [this](const httplib::Request &req,
+                                       httplib::Response &res,
+                                       const httplib::ContentReader &reader) {
+    Generate(req, res, reader, /*chat=*/false);
+    metrics_.Count("completions", res.status == -1 ? 200 : res.status);
+  });
+  // Called once an answer is written.
+  http_.set_logger(
+      [](const httplib::Request &req, const httplib::Response &res) {
+        if (res.get_header_value("Connection") == "close")
+          StopReading(req);
+      });
+  // A body without a Content-Length on any other route the library would
+  // read whole before routing (no --max-request-bytes): refused unread.
+  http_.set_pre_routing_handler([](const httplib::Request &req,
+                                   httplib::Response &res) {
+    const bool generation =
+        req.method == "POST" &&
+        (req.path == "/v1/chat/completions" || req.path == "/v1/completions");
+    const bool hasBody =
+        req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+        (req.method == "DELETE" && req.has_header("Content-Length")) ||
+        req.has_header("Transfer-Encoding");
+    if (generation || !hasBody ||
+        (req.has_header("Content-Length") &&
+         !req.has_header("Transfer-Encoding")))
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    SetError(res, 411,
+             absl::StrCat("no route ", req.method, " ", req.path,
+                          " takes a body without a Content-Length"),
+             "invalid_request_error", nullptr, "length_required");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Whatever the library answers on its own (404, 413, 400 for a bad
+  // request line) gets an OpenAI-shaped body too.
+  http_.set_error_handler([](const httplib::Request &req,
+                             httplib::Response &res) {
+    if (!res.body.empty())
+      return;
+    if (res.status == 404)
+      SetError(res, 404, absl::StrCat("no route ", req.method, " ", req.path),
+               "invalid_request_error", nullptr, "not_found");
+    else if (res.status == 413)
+      SetError(res, 413, "the request body is too large",
+               "invalid_request_error", nullptr, "request_too_large");
+    else
+      SetError(res, res.status, "bad request", "invalid_request_error");
+  });
+  http_.set_exception_handler(
+      [](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
+        SetError(res, 500, "internal error", "server_error");
+      });
+}
+
+absl::Status Server::Run() {
+  SessionOptions so = o_.session;
+  so.max_seqs = std::max(1u, o_.parallel);
+  so.keep_steps = 4096;
+  auto ses = Session::Load(so);
+  if (!ses.ok())
+    return ses.status();
+  ses_ = std::move(*ses);
+  if (!ses_->tokenizer())
+    return absl::FailedPreconditionError(
+        "duckrun serve needs a tokenizer (tokenizer.json next to the "
+        "checkpoint, or --tokenizer FILE)");
+  created_ = (int64_t)std::time(nullptr);
+  eos_ = ses_->StopTokens(false);
+  eos_chat_ = ses_->StopTokens(true);
+
+  // Listen first: /health says 503 while the ducks are prepared.
+  Routes();
+  http_.set_payload_max_length(o_.max_body_bytes);
+  const size_t threads = o_.parallel + o_.queue_limit + 1024;
+  int fd = -1;
+  http_.set_socket_options([&fd](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    fd = sock;
+  });
+  int port = o_.port;
+  if (o_.port == 0)
+    port = http_.bind_to_any_port(o_.host);
+  else if (!http_.bind_to_port(o_.host, o_.port))
+    port = -1;
+  if (port <= 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o_.host, ":", o_.port,
+                     " (taken, or not an address of this machine)"));
+  if (fd >= 0)
+    ::listen(fd, 512); // the library's backlog of 5 drops bursts of clients
+  http_.new_task_queue = [threads, port] {
+    return new ConnectionPool(threads, port);
+  };
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    log_ << "duckrun serve: listening on http://" << o_.host << ":" << port
+         << " (model '" << ses_->name() << "', preparing the ducks)"
+         << std::endl;
+  }
+  std::thread listener([this] { http_.listen_after_bind(); });
+  auto stopHttp = [&] {
+    http_.stop();
+    listener.join();
+  };
+
+  if (absl::Status s = ses_->Start(log_); !s.ok()) {
+    stopHttp();
+    // Stopped while the ducks were prepared: a stop, not a failure.
+    if (absl::IsCancelled(s) && o_.stop && o_.stop->load()) {
+      ses_->Close();
+      log_ << "duckrun serve: stopped while preparing the ducks ("
+           << s.message() << ")" << std::endl;
+      return absl::OkStatus();
+    }
+    return s;
+  }
+  BatcherOptions bo;
+  bo.parallel = so.max_seqs;
+  bo.queue_limit = o_.queue_limit;
+  bo.prefill_chunk = so.prefill_chunk;
+  batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
+  batcher_->SetAfterStep([this] { AfterStep(); });
+  std::thread worker([this] { batcher_->Run(); });
+  state_.store(State::kReady);
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    log_ << absl::StrFormat("duckrun serve: ready (%u sequences at once, "
+                            "context %u tokens)",
+                            so.max_seqs, ses_->max_seq())
+         << std::endl;
+  }
+
+  while (!(o_.stop && o_.stop->load()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  // Graceful: no new requests, the running ones get the grace period.
+  state_.store(State::kStopping);
+  log_ << "duckrun serve: stopping; finishing running requests" << std::endl;
+  const double deadline = now() + o_.shutdown_grace_seconds;
+  while (batcher_->Busy() && now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  batcher_->Stop(); // cancels whatever is left
+  worker.join();
+  stopHttp();
+  ses_->Close();
+  log_ << "duckrun serve: stopped" << std::endl;
+  return absl::OkStatus();
+}
+
+} // namespace
+
+absl::Status Serve(const ServeOptions &opts, std::ostream &log) {
+  Server s(opts, log);
+  return s.Run();
+}
+
+} // namespace duck::runtime

@@ -1,0 +1,123 @@
+//===- Breakdown.cpp - where a decoded token's time and bytes go ----------===//
+#include "duck/runtime/session/Breakdown.h"
+
+#include "absl/strings/str_format.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace duck::runtime {
+namespace pl = ::duck::plan;
+
+std::vector<double> DuckBytesPerToken(const LoadedPlan &plan) {
+  const pl::PlanDef &d = plan.def();
+  std::vector<double> out;
+  for (const pl::DuckDef *duck : *d.ducks()) {
+    double bytes = 0;
+    for (const pl::SlotDef *s : *duck->slots()) {
+      if (!s->moe()) {
+        bytes += s->bytes();
+        continue;
+      }
+      const pl::MoeFfnOpDef *moe = nullptr;
+      for (const pl::OpDef *op : *d.ops())
+        if (op->layer() == (int)s->layer() && op->params_as_MoeFfnOpDef())
+          moe = op->params_as_MoeFfnOpDef();
+      const uint32_t E = moe ? moe->num_experts() : 1;
+      const uint32_t b = s->expert_begin(), e = s->expert_end();
+      if (e <= b || !moe)
+        continue;
+      const double routed = b < E ? std::min(e, E) - b : 0;
+      const double shared = e > E ? e - std::max(b, E) : 0;
+      const double active = moe->top_k() * routed / E + shared;
+      bytes += s->bytes() * active / (e - b);
+    }
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
+                                       const Engine &engine,
+                                       const RunnerStats &stats, double tpot_ms,
+                                       double mean_context,
+                                       double host_read_gbs,
+                                       double duck_read_gbs, bool one_box) {
+  DecodeBreakdown b;
+  b.tpot_ms = tpot_ms;
+  const Engine::OpTimes &t = engine.decode_times();
+  const double perTok = t.tokens ? 1e3 / t.tokens : 0;
+  auto ms = [&](pl::OpParams k) { return t.seconds[(size_t)k] * perTok; };
+  b.host_attention_ms = ms(pl::OpParams::GqaAttentionOpDef) +
+                        ms(pl::OpParams::MlaAttentionOpDef) +
+                        ms(pl::OpParams::IndexerOpDef);
+  b.lm_head_ms = ms(pl::OpParams::LmHeadOpDef);
+  double waitUs = 0, kernelUs = 0, gapUs = 0;
+  for (const StepMetrics &m : stats.decode_steps) {
+    waitUs += m.judge_wait_us;
+    kernelUs += m.duck_max_us;
+    gapUs += m.judge_gap_us;
+  }
+  // o_proj on the ducks: its steps wait inside the attention ops; their
+  // kernel and gap are the ducks', not the host's.
+  double attnWaitUs = 0;
+  for (const StepMetrics &m : stats.attn_decode_steps) {
+    attnWaitUs += m.judge_wait_us;
+    kernelUs += m.duck_max_us;
+    gapUs += m.judge_gap_us;
+  }
+  const double steps = t.tokens ? (double)t.tokens : 1;
+  b.duck_kernel_ms = kernelUs / 1e3 / steps;
+  b.dispatch_gap_ms = gapUs / 1e3 / steps;
+  b.host_attention_ms =
+      std::max(0.0, b.host_attention_ms - attnWaitUs / 1e3 / steps);
+  // FFN ops: routing, step encoding and the partials' sum happen on the
+  // host around the wait for the ducks.
+  const double ffnHost = ms(pl::OpParams::DenseFfnOpDef) +
+                         ms(pl::OpParams::MoeFfnOpDef) - waitUs / 1e3 / steps;
+  b.host_norms_router_ms =
+      ms(pl::OpParams::RmsNormOpDef) + ms(pl::OpParams::AddOpDef) +
+      ms(pl::OpParams::EmbeddingOpDef) + std::max(0.0, ffnHost);
+  b.other_ms =
+      std::max(0.0, tpot_ms - b.host_attention_ms - b.host_norms_router_ms -
+                        b.lm_head_ms - b.duck_kernel_ms - b.dispatch_gap_ms);
+  b.host_bytes = (double)engine.host_weight_bytes_per_token();
+  b.mean_context = mean_context;
+  b.host_cache_bytes = (double)engine.cache_read_bytes_per_token(
+      (uint64_t)std::llround(std::max(0.0, mean_context)));
+  for (double x : DuckBytesPerToken(plan)) {
+    b.duck_bytes_total += x;
+    b.duck_bytes_max = std::max(b.duck_bytes_max, x);
+  }
+  b.host_read_gbs = host_read_gbs;
+  b.duck_read_gbs = duck_read_gbs;
+  b.one_box = one_box;
+  // One box: host and ducks take turns on one memory system. A cluster:
+  // the host's bytes at its bandwidth, then the slowest duck's at theirs.
+  if (host_read_gbs > 0 && duck_read_gbs > 0)
+    b.bound_ms = one_box ? (b.host_bytes + b.host_cache_bytes +
+                            b.duck_bytes_total) /
+                               host_read_gbs / 1e6
+                         : (b.host_bytes + b.host_cache_bytes) /
+                                   host_read_gbs / 1e6 +
+                               b.duck_bytes_max / duck_read_gbs / 1e6;
+  b.decode_bound_fraction = tpot_ms > 0 ? b.bound_ms / tpot_ms : 0;
+  return b;
+}
+
+std::string FormatDecodeBreakdown(const DecodeBreakdown &b) {
+  return absl::StrFormat(
+      "duckrun: decode ms a token: host attention %.2f, host norms/router "
+      "%.2f, LM head %.2f, duck kernel %.2f, dispatch gap %.2f, other %.2f\n"
+      "duckrun: bytes a token: host %.1f MB, ducks %.1f MB, KV cache %.1f MB "
+      "(%.0f positions on average); read bandwidth %.1f GB/s%s; "
+      "decode_bound_fraction %.3f (bound %.2f ms of %.2f)\n",
+      b.host_attention_ms, b.host_norms_router_ms, b.lm_head_ms,
+      b.duck_kernel_ms, b.dispatch_gap_ms, b.other_ms, b.host_bytes / 1e6,
+      b.duck_bytes_total / 1e6, b.host_cache_bytes / 1e6, b.mean_context,
+      b.host_read_gbs,
+      b.one_box ? " (host and ducks share it)" : "", b.decode_bound_fraction,
+      b.bound_ms, b.tpot_ms);
+}
+
+} // namespace duck::runtime
