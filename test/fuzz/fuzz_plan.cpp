@@ -12,7 +12,7 @@
 // are there. With DUCK_FUZZ_PLAN_STATS set it prints, at exit, how many
 // inputs stopped at each stage: the proof that mutations get past the
 // checksum.
-#include "duck/runtime/Plan.h"
+#include "duck/runtime/plan/Plan.h"
 #include "plan_trailer.h"
 
 #include <cstdio>

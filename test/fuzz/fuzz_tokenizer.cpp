@@ -1,6 +1,6 @@
 // libFuzzer: tokenizer.json loading; an accepted tokenizer then encodes and
 // decodes a text (the input's tail after a 0 byte, or a fixed one).
-#include "duck/runtime/Tokenizer.h"
+#include "duck/runtime/text/Tokenizer.h"
 
 #include <cstring>
 #include <string_view>
