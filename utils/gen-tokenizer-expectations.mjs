@@ -6,8 +6,8 @@
 //   node utils/gen-tokenizer-expectations.mjs [qwen3|deepseek_v3] [corpus.json] [out.jsonl]
 //
 // The model defaults to qwen3; corpus.json is a JSON array of strings
-// (default test/unit/data/tokenizer/corpus.json); the output (default
-// test/unit/data/tokenizer/<model>-expected.jsonl) has one line a text:
+// (default test/unit/runtime/text/data/tokenizer/corpus.json); the output (default
+// test/unit/runtime/text/data/tokenizer/<model>-expected.jsonl) has one line a text:
 // {"text": ..., "nfc" (Qwen3, whose tokenizer NFC-normalises) or
 // "normalized" (a tokenizer without NFC: the text itself): what decoding
 // gives back, "ids": [...]}.
@@ -19,7 +19,7 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const dataDir = path.join(root, "test/unit/data/tokenizer");
+const dataDir = path.join(root, "test/unit/runtime/text/data/tokenizer");
 const model = process.argv[2] ?? "qwen3";
 const corpusPath = process.argv[3] ?? path.join(dataDir, "corpus.json");
 const outPath =

@@ -1,8 +1,8 @@
 // Unit tests for the host tokenizer: the real Qwen3 and DeepSeek-V3
 // tokenizer.json files against ids from an independent implementation
-// (test/unit/data/tokenizer), the streaming decoder, small hand-made
-// tokenizer.json files for the BPE rules and the load errors, and the chat
-// formats (ChatTemplate.h).
+// (test/unit/runtime/text/data/tokenizer), the streaming decoder, small
+// hand-made tokenizer.json files for the BPE rules and the load errors, and
+// the chat formats (ChatTemplate.h).
 
 #include "duck/runtime/text/Tokenizer.h"
 #include "duck/runtime/text/ChatTemplate.h"
@@ -22,7 +22,7 @@
 #include <vector>
 
 #ifndef DUCK_TOKENIZER_TEST_DATA
-#error "DUCK_TOKENIZER_TEST_DATA must point at test/unit/data/tokenizer"
+#error "DUCK_TOKENIZER_TEST_DATA must point at test/unit/runtime/text/data/tokenizer"
 #endif
 #ifndef DUCK_FETCH_TOKENIZER
 #error "DUCK_FETCH_TOKENIZER must point at utils/fetch-tokenizer.sh"
