@@ -98,6 +98,21 @@ FfnInfo infoOf(Operation *op) {
           (int64_t)moe.getNumShared()};
 }
 
+/// The columns of an FP8 checkpoint's scale tiles
+/// (quantization_config.weight_block_size[1]); 0 without FP8. An fp9
+/// K-block takes its tile's scale, so it must lie inside one tile: the
+/// block has to divide this width.
+int64_t fp8TileCols(ModuleOp module) {
+  int64_t cols = 0;
+  module.walk([&](ModelOp m) {
+    if (auto bs = m.getConfig().getAs<ArrayAttr>("fp8_block"))
+      if (bs.size() == 2)
+        if (auto c = dyn_cast<IntegerAttr>(bs[1]))
+          cols = c.getInt();
+  });
+  return cols;
+}
+
 /// "64 allows tp <= 12, 32 allows tp <= 24" for the blocks smaller than mo.
 std::string smallerBlockHint(int64_t inter, int64_t mo) {
   std::string s;
@@ -204,14 +219,20 @@ struct DuckPartitionPass
                                                  " tiles")
              << " of " << tile << ": too few for " << (int64_t)tp
              << " ducks (use " << hostFlag << ")";
-    const int64_t block = k % 128 == 0  ? 128
-                          : k % 64 == 0 ? 64
-                          : k % 32 == 0 ? 32
-                                        : 0;
+    // The fp9 K-block: divides the width and, in FP8, the scale tiles'.
+    const int64_t tileCols = fp8 ? fp8TileCols(module) : 0;
+    auto fits = [&](int64_t c) {
+      return k % c == 0 && (tileCols <= 0 || tileCols % c == 0);
+    };
+    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
     if (!block)
-      return op->emitOpError() << "the " << what << "'s width " << k
-                               << " is not a multiple of 32: no fp9 block "
-                                  "for it on the ducks";
+      return op->emitOpError()
+             << "the " << what << "'s width " << k
+             << (tileCols > 0 ? " with FP8 scale tiles " +
+                                    std::to_string(tileCols) + " columns wide"
+                              : std::string())
+             << " has no fp9 block (128, 64 or 32 dividing "
+             << (tileCols > 0 ? "both" : "it") << ") on the ducks";
     SmallVector<int64_t> rows = {0};
     int64_t first = 0;
     for (int64_t c : blockCounts(tiles)) {
@@ -348,10 +369,25 @@ struct DuckPartitionPass
     auto splitsInter = [&](const FfnInfo &f) {
       return !(f.moe && spec->of(f.layer) == Strategy::experts);
     };
+    // multiple_of is also the fp9 K-block of every FFN matrix: in an FP8
+    // checkpoint it must divide the scale tiles' columns.
+    const int64_t tileCols = fp8TileCols(module);
+    auto fitsTiles = [&](int64_t cand) {
+      return tileCols <= 0 || tileCols % cand == 0;
+    };
+    if (tileCols > 0 && tileCols % 32 != 0) {
+      module.emitError() << "duck-partition: the FP8 scale tiles are "
+                         << tileCols
+                         << " columns wide (quantization_config."
+                            "weight_block_size), which no fp9 block (128, 64 "
+                            "or 32) divides";
+      return signalPassFailure();
+    }
     int64_t mo = 0;
     if (multipleOf == "auto") {
       auto admits = [&](const FfnInfo &f, int64_t cand) {
-        return f.inter % cand == 0 && (!splitsInter(f) || f.inter / cand >= tp);
+        return f.inter % cand == 0 && fitsTiles(cand) &&
+               (!splitsInter(f) || f.inter / cand >= tp);
       };
       for (int64_t cand : {128, 64, 32})
         if (llvm::all_of(ffns,
@@ -381,6 +417,16 @@ struct DuckPartitionPass
         return signalPassFailure();
       }
       mo = std::stoll(multipleOf);
+      if (!fitsTiles(mo)) {
+        module.emitError() << "duck-partition: multiple_of = " << mo
+                           << " does not divide the FP8 scale tiles' "
+                           << tileCols
+                           << " columns (quantization_config."
+                              "weight_block_size): an fp9 block must lie in "
+                              "one tile (use multiple_of = "
+                           << (tileCols % 64 == 0 ? 64 : 32) << ")";
+        return signalPassFailure();
+      }
     }
 
     MLIRContext *ctx = module.getContext();
