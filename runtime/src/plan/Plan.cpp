@@ -1,5 +1,6 @@
 //===- Plan.cpp - a compiled plan, loaded and verified --------------------===//
 #include "duck/runtime/plan/Plan.h"
+#include "duck/runtime/plan/OpKinds.h"
 
 #include "plan_trailer.h"
 
@@ -70,41 +71,8 @@ static uint64_t elementSize(pl::DType t) {
 /// left out).
 std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
   std::vector<const pl::TensorDef *> out;
-  auto add = [&](std::initializer_list<const pl::TensorDef *> ts) {
-    for (const pl::TensorDef *t : ts)
-      if (t)
-        out.push_back(t);
-  };
-  if (auto *p = op.params_as_EmbeddingOpDef())
-    add({p->weight()});
-  else if (auto *p = op.params_as_RmsNormOpDef())
-    add({p->weight()});
-  else if (auto *p = op.params_as_GqaAttentionOpDef()) {
-    // A projection on the ducks is never read by the host.
-    const bool in = p->in_proj_on_ducks();
-    add({p->q_proj_on_ducks() || in ? nullptr : p->q_proj(),
-         in ? nullptr : p->k_proj(), in ? nullptr : p->v_proj(),
-         p->o_proj_on_ducks() ? nullptr : p->o_proj(), p->q_norm(),
-         p->k_norm()});
-  } else if (auto *p = op.params_as_MlaAttentionOpDef()) {
-    // From its indexer: neither the query nor the kv_a projections.
-    const bool in = p->in_proj_on_ducks() || p->from_indexer();
-    const bool q = p->q_proj_on_ducks() || p->from_indexer();
-    add({in ? nullptr : p->q_a_proj(),
-         p->from_indexer() ? nullptr : p->q_a_layernorm(),
-         q ? nullptr : p->q_b_proj(), q || in ? nullptr : p->q_proj(),
-         in ? nullptr : p->kv_a_proj_with_mqa(), p->kv_a_layernorm(),
-         p->kv_b_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj()});
-  } else if (auto *p = op.params_as_IndexerOpDef()) {
-    const bool d = p->on_ducks();
-    add({d ? nullptr : p->q_a_proj(), p->q_a_layernorm(),
-         d ? nullptr : p->wq_b(), d ? nullptr : p->wk(), p->k_norm(),
-         p->k_norm_bias(), p->weights_proj()});
-  } else if (auto *p = op.params_as_MoeFfnOpDef())
-    add({p->router_weight(), p->correction_bias()});
-  else if (auto *p = op.params_as_LmHeadOpDef())
-    if (!p->on_ducks()) // on the ducks the host never reads it
-      add({p->weight()});
+  if (const OpKind *k = FindOpKind(op.params_type()); k && op.params())
+    k->host_tensors(op, &out);
   return out;
 }
 
@@ -258,22 +226,17 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
   // FFN ops: the slot every duck runs exists, is this layer's and of the
   // op's kind, and the modes are the ones the duck ELF has for that kind.
   auto CheckFfnOp = [&](const pl::OpDef &op, uint32_t i) -> absl::Status {
-    const pl::DenseFfnOpDef *dense = op.params_as_DenseFfnOpDef();
-    const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
-    if (!dense && !moe)
+    const OpKind *kind = FindOpKind(op.params_type());
+    if (!kind->duck_step)
       return absl::OkStatus();
-    const pl::DuckStepDef *step = dense ? dense->step() : moe->step();
+    const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
+    const pl::DuckStepDef *step = kind->duck_step(op);
     if (!step)
       return bad("ops[", i, "] (layer ", op.layer(), ") has no duck step");
-    const bool modesOk =
-        dense ? step->decode_mode() == 0 && step->prefill_mode() == 5
-              : (step->decode_mode() == 1 || step->decode_mode() == 4) &&
-                    step->prefill_mode() == 6;
-    if (!modesOk)
+    if (!kind->modes_ok(step->decode_mode(), step->prefill_mode()))
       return bad("ops[", i, "] (layer ", op.layer(), ") has modes ",
-                 step->decode_mode(), "/", step->prefill_mode(),
-                 ", not a ", dense ? "dense (0/5)" : "MoE (1 or 4/6)",
-                 " pair");
+                 step->decode_mode(), "/", step->prefill_mode(), ", not a ",
+                 kind->modes, " pair");
     if (moe && (!pl::EnumNameRouter(moe->router())[0] || moe->top_k() == 0 ||
                 moe->top_k() > moe->num_experts()))
       return bad("ops[", i, "] (layer ", op.layer(), ") has router ",
@@ -286,7 +249,7 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
                    step->slot(), " but duck ", r, " has ",
                    slots ? slots->size() : 0, " slots");
       const pl::SlotDef *sd = slots->Get(step->slot());
-      if ((int64_t)sd->layer() != op.layer() || sd->moe() != (moe != nullptr))
+      if ((int64_t)sd->layer() != op.layer() || sd->moe() != kind->moe)
         return bad("ops[", i, "] (layer ", op.layer(), ") runs slot ",
                    step->slot(), " of duck ", r, ", which holds ",
                    sd->moe() ? "the MoE" : "the dense", " layer ", sd->layer());
@@ -321,6 +284,9 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
   };
   for (uint32_t i = 0; i < d.ops()->size(); ++i) {
     const pl::OpDef *op = d.ops()->Get(i);
+    if (!op->params() || !FindOpKind(op->params_type()))
+      return bad("ops[", i, "] has no parameters or an unknown kind (",
+                 (int)op->params_type(), ")");
     if (absl::Status s = CheckFfnOp(*op, i); !s.ok())
       return s;
     if (op->result() >= d.num_values())
@@ -330,9 +296,6 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
       for (uint32_t in : *op->inputs())
         if (in >= d.num_values())
           return bad("ops[", i, "] reads value ", in, " of ", d.num_values());
-    if (!op->params() || !pl::EnumNameOpParams(op->params_type())[0])
-      return bad("ops[", i, "] has no parameters or an unknown kind (",
-                 (int)op->params_type(), ")");
     for (const pl::TensorDef *t : OpTensors(*op)) {
       if (absl::Status s = checkTensor(t, i); !s.ok())
         return s;

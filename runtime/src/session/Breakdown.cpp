@@ -1,5 +1,6 @@
 //===- Breakdown.cpp - where a decoded token's time and bytes go ----------===//
 #include "duck/runtime/session/Breakdown.h"
+#include "duck/runtime/plan/OpKinds.h"
 
 #include "absl/strings/str_format.h"
 
@@ -47,11 +48,14 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
   b.tpot_ms = tpot_ms;
   const Engine::OpTimes &t = engine.decode_times();
   const double perTok = t.tokens ? 1e3 / t.tokens : 0;
-  auto ms = [&](pl::OpParams k) { return t.seconds[(size_t)k] * perTok; };
-  b.host_attention_ms = ms(pl::OpParams::GqaAttentionOpDef) +
-                        ms(pl::OpParams::MlaAttentionOpDef) +
-                        ms(pl::OpParams::IndexerOpDef);
-  b.lm_head_ms = ms(pl::OpParams::LmHeadOpDef);
+  // Each kind's time to its bucket (plan/OpKinds.cpp): a new kind is
+  // counted where its descriptor says, never silently in `other`.
+  double bucketMs[(int)TimeBucket::kCount] = {};
+  for (size_t k = 0; k < t.seconds.size(); ++k)
+    if (const OpKind *kind = FindOpKind((pl::OpParams)k))
+      bucketMs[(int)kind->bucket] += t.seconds[k] * perTok;
+  b.host_attention_ms = bucketMs[(int)TimeBucket::kHostAttention];
+  b.lm_head_ms = bucketMs[(int)TimeBucket::kLmHead];
   double waitUs = 0, kernelUs = 0, gapUs = 0;
   for (const StepMetrics &m : stats.decode_steps) {
     waitUs += m.judge_wait_us;
@@ -73,11 +77,10 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
       std::max(0.0, b.host_attention_ms - attnWaitUs / 1e3 / steps);
   // FFN ops: routing, step encoding and the partials' sum happen on the
   // host around the wait for the ducks.
-  const double ffnHost = ms(pl::OpParams::DenseFfnOpDef) +
-                         ms(pl::OpParams::MoeFfnOpDef) - waitUs / 1e3 / steps;
+  const double ffnHost =
+      bucketMs[(int)TimeBucket::kDuckFfn] - waitUs / 1e3 / steps;
   b.host_norms_router_ms =
-      ms(pl::OpParams::RmsNormOpDef) + ms(pl::OpParams::AddOpDef) +
-      ms(pl::OpParams::EmbeddingOpDef) + std::max(0.0, ffnHost);
+      bucketMs[(int)TimeBucket::kHostNormsRouter] + std::max(0.0, ffnHost);
   b.other_ms =
       std::max(0.0, tpot_ms - b.host_attention_ms - b.host_norms_router_ms -
                         b.lm_head_ms - b.duck_kernel_ms - b.dispatch_gap_ms);

@@ -6,7 +6,8 @@
 // takes its weights and every buffer it will need once, and returns a
 // HostOp whose Run executes one chunk of tokens without allocating. The
 // Engine only walks the ops; adding an op is adding a schema table, a file
-// here and its line in Registry.cpp.
+// here, its line in Registry.cpp and its descriptor in plan/OpKinds.cpp
+// (the tensors the load checks, its duck step, its time bucket).
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_OPS_HOSTOP_H
 #define DUCK_RUNTIME_OPS_HOSTOP_H
