@@ -395,6 +395,56 @@ std::optional<std::string> ContentText(const json &c) {
   return out;
 }
 
+/// 'stop': a string or up to 4, none empty.
+std::optional<FieldError> ParseStops(const json &b, Params *p) {
+  if (b.contains("stop") && !b["stop"].is_null()) {
+    const json &s = b["stop"];
+    if (s.is_string()) {
+      p->stops.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const json &x : s) {
+        if (!x.is_string())
+          return FieldError{"stop", "'stop' must be a string or an array of "
+                                    "at most 4 strings"};
+        p->stops.push_back(x.get<std::string>());
+      }
+    } else {
+      return FieldError{"stop", "'stop' must be a string or an array of at "
+                                "most 4 strings"};
+    }
+    for (const std::string &x : p->stops)
+      if (x.empty())
+        return FieldError{"stop", "a stop string is empty"};
+  }
+  return std::nullopt;
+}
+
+/// The booleans: 'stream', 'stream_options.include_usage', 'ignore_eos'.
+std::optional<FieldError> ParseFlags(const json &b, Params *p) {
+  if (b.contains("stream") && !b["stream"].is_null()) {
+    if (!b["stream"].is_boolean())
+      return FieldError{"stream", "'stream' must be true or false"};
+    p->stream = b["stream"].get<bool>();
+  }
+  if (b.contains("stream_options") && !b["stream_options"].is_null()) {
+    const json &so = b["stream_options"];
+    if (!so.is_object())
+      return FieldError{"stream_options", "'stream_options' must be an object"};
+    if (so.contains("include_usage")) {
+      if (!so["include_usage"].is_boolean())
+        return FieldError{"stream_options",
+                          "'stream_options.include_usage' must be a boolean"};
+      p->include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  if (b.contains("ignore_eos") && !b["ignore_eos"].is_null()) {
+    if (!b["ignore_eos"].is_boolean())
+      return FieldError{"ignore_eos", "'ignore_eos' must be true or false"};
+    p->ignore_eos = b["ignore_eos"].get<bool>();
+  }
+  return std::nullopt;
+}
+
 /// The sampling and length fields both endpoints share.
 std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
                                       Params *p) {
@@ -444,47 +494,9 @@ std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
   p->sampler.seed = (uint64_t)seed;
   if (max_tokens > 0)
     p->max_tokens = (uint32_t)max_tokens;
-  if (b.contains("stop") && !b["stop"].is_null()) {
-    const json &s = b["stop"];
-    if (s.is_string()) {
-      p->stops.push_back(s.get<std::string>());
-    } else if (s.is_array() && s.size() <= 4) {
-      for (const json &x : s) {
-        if (!x.is_string())
-          return FieldError{"stop", "'stop' must be a string or an array of "
-                                    "at most 4 strings"};
-        p->stops.push_back(x.get<std::string>());
-      }
-    } else {
-      return FieldError{"stop", "'stop' must be a string or an array of at "
-                                "most 4 strings"};
-    }
-    for (const std::string &x : p->stops)
-      if (x.empty())
-        return FieldError{"stop", "a stop string is empty"};
-  }
-  if (b.contains("stream") && !b["stream"].is_null()) {
-    if (!b["stream"].is_boolean())
-      return FieldError{"stream", "'stream' must be true or false"};
-    p->stream = b["stream"].get<bool>();
-  }
-  if (b.contains("stream_options") && !b["stream_options"].is_null()) {
-    const json &so = b["stream_options"];
-    if (!so.is_object())
-      return FieldError{"stream_options", "'stream_options' must be an object"};
-    if (so.contains("include_usage")) {
-      if (!so["include_usage"].is_boolean())
-        return FieldError{"stream_options",
-                          "'stream_options.include_usage' must be a boolean"};
-      p->include_usage = so["include_usage"].get<bool>();
-    }
-  }
-  if (b.contains("ignore_eos") && !b["ignore_eos"].is_null()) {
-    if (!b["ignore_eos"].is_boolean())
-      return FieldError{"ignore_eos", "'ignore_eos' must be true or false"};
-    p->ignore_eos = b["ignore_eos"].get<bool>();
-  }
-  return std::nullopt;
+  if (auto e = ParseStops(b, p))
+    return e;
+  return ParseFlags(b, p);
 }
 
 //===----------------------------------------------------------------------===//
@@ -493,17 +505,49 @@ std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
 
 enum class State { kPreparing, kReady, kStopping };
 
+struct Reply;
+
 class Server {
 public:
   Server(const ServeOptions &o, std::ostream &log) : o_(o), log_(log) {}
   absl::Status Run();
 
 private:
+  /// Binds the port and sets the server up (routes, limits, threads); the
+  /// listening itself is Run's thread.
+  absl::Status Listen();
   void Routes();
   bool Authorized(const httplib::Request &req, httplib::Response &res);
   bool Ready(httplib::Response &res);
   void Generate(const httplib::Request &req, httplib::Response &res,
                 const httplib::ContentReader &reader, bool chat);
+  // Generate's steps; each false or null when it has answered an error.
+  /// Reads the body here, before anything is refused (left unread it would
+  /// be taken for the connection's next request), so that
+  /// --max-request-bytes bounds every framing: the library checks only a
+  /// Content-Length, and would read a chunked body whole.
+  bool ReadBody(const httplib::ContentReader &reader, httplib::Response &res,
+                std::string *body);
+  /// The prompt and the other fields, checked against this model's context.
+  bool ParseRequest(const json &b, bool chat, httplib::Response &res,
+                    Params *p);
+  /// A chat request's prompt: its messages in the model's chat format.
+  bool PromptFromMessages(const json &b, httplib::Response &res, Params *p);
+  /// A completion's prompt: a string (encoded here) or the token ids.
+  bool PromptFromCompletion(const json &b, httplib::Response &res, Params *p);
+  /// Hands the request to the batcher as a job its callbacks fill.
+  std::shared_ptr<Job> Submit(Params &p, bool chat, httplib::Response &res);
+  /// The whole answer at once, when the job is done.
+  void Answer(const httplib::Request &req, httplib::Response &res, Job &job,
+              const Reply &r);
+  /// Waits for the job, cancelling it when the client goes away (its slot
+  /// is freed for others); true when it went.
+  bool AwaitWatching(const httplib::Request &req, Job &job);
+  /// Server-sent events: a chunk per batch of new text, then the end.
+  void Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
+              bool include_usage);
+  /// A finished job's time to first token and time per token, for /metrics.
+  void Record(const Job &job);
   void Models(httplib::Response &res);
   void MetricsText(httplib::Response &res);
   void AfterStep();
@@ -520,6 +564,7 @@ private:
   int64_t created_ = 0;
   std::vector<int32_t> eos_, eos_chat_;
   uint64_t steps_seen_ = 0; // AfterStep, on the batcher's thread
+  int listen_fd_ = -1;       // the bound socket (Listen)
 };
 
 bool Server::Authorized(const httplib::Request &req, httplib::Response &res) {
@@ -556,28 +601,121 @@ void Server::Models(httplib::Response &res) {
                   "application/json");
 }
 
+/// A field's error, answered as a 400; false, for the parsers to return.
+bool Bad(httplib::Response &res, const FieldError &e) {
+  SetError(res, 400, e.message, "invalid_request_error", e.param.c_str());
+  return false;
+}
+
+/// The token counts an answer reports.
+json Usage(const Job &job) {
+  return json{{"prompt_tokens", job.prompt_tokens},
+              {"completion_tokens", job.completion_tokens},
+              {"total_tokens", job.prompt_tokens + job.completion_tokens}};
+}
+
+/// What every part of one request's answer repeats: its id, time, model
+/// and kind (chat or completion).
+struct Reply {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool chat = false;
+
+  /// One server-sent event: new text (a completion) or a delta (chat).
+  std::string Chunk(const json &delta_or_text, const json &finish) const {
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    if (chat) {
+      choice["delta"] = delta_or_text;
+    } else {
+      choice["text"] = delta_or_text;
+      choice["logprobs"] = nullptr;
+    }
+    json c = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})}};
+    return absl::StrCat("data: ", Dump(c), "\n\n");
+  }
+};
+
+/// The events that end a stream: the error, or the finish reason (and the
+/// usage, when asked for); then [DONE].
+std::string StreamEnd(const Job &job, const Reply &r, bool include_usage) {
+  std::string out;
+  if (job.why == FinishReason::kError || job.why == FinishReason::kCancelled) {
+    json e = {{"error",
+               {{"message", job.why == FinishReason::kError
+                                ? std::string(job.error.message())
+                                : "the request was cancelled"},
+                {"type", "server_error"},
+                {"param", nullptr},
+                {"code", job.why == FinishReason::kError
+                             ? json(nullptr)
+                             : json("unavailable")}}}};
+    out += absl::StrCat("data: ", Dump(e), "\n\n");
+  } else {
+    out += r.Chunk(r.chat ? json::object() : json(""),
+                   FinishReasonName(job.why));
+    if (include_usage) {
+      json u = {{"id", r.id},
+                {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", r.created},
+                {"model", r.model},
+                {"choices", json::array()},
+                {"usage", Usage(job)}};
+      out += absl::StrCat("data: ", Dump(u), "\n\n");
+    }
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
 void Server::Generate(const httplib::Request &req, httplib::Response &res,
                       const httplib::ContentReader &reader, bool chat) {
-  // The body, read here so that --max-request-bytes bounds every framing
-  // (the library checks only a Content-Length; a chunked body, or one that
-  // runs to the end of the connection, it would read whole). Read before
-  // anything is refused: left unread it would be taken for the
-  // connection's next request.
   std::string body;
+  if (!ReadBody(reader, res, &body) || !Authorized(req, res) || !Ready(res))
+    return;
+  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (b.is_discarded() || !b.is_object()) {
+    SetError(res, 400, "the request body is not a JSON object",
+             "invalid_request_error");
+    return;
+  }
+  Params p;
+  if (!ParseRequest(b, chat, res, &p))
+    return;
+  std::shared_ptr<Job> job = Submit(p, chat, res);
+  if (!job)
+    return;
+  Reply r;
+  r.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
+  r.created = (int64_t)std::time(nullptr);
+  r.model = ses_->name();
+  r.chat = chat;
+  if (p.stream)
+    Stream(res, std::move(job), std::move(r), p.include_usage);
+  else
+    Answer(req, res, *job, r);
+}
+
+bool Server::ReadBody(const httplib::ContentReader &reader,
+                      httplib::Response &res, std::string *body) {
   bool tooLarge = false;
   const bool read = reader([&](const char *data, size_t n) {
-    if (body.size() + n > o_.max_body_bytes) {
+    if (body->size() + n > o_.max_body_bytes) {
       tooLarge = true;
       return false;
     }
-    body.append(data, n);
+    body->append(data, n);
     return true;
   });
   if (tooLarge || res.status == 413) {
     res.set_header("Connection", "close");
     SetError(res, 413, "the request body is too large", "invalid_request_error",
              nullptr, "request_too_large");
-    return;
+    return false;
   }
   if (!read) {
     res.set_header("Connection", "close");
@@ -587,95 +725,100 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     else
       SetError(res, 400, "the request body could not be read",
                "invalid_request_error");
-    return;
+    return false;
   }
-  if (!Authorized(req, res) || !Ready(res))
-    return;
-  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (b.is_discarded() || !b.is_object()) {
-    SetError(res, 400, "the request body is not a JSON object",
-             "invalid_request_error");
-    return;
-  }
+  return true;
+}
+
+bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
+                          Params *p) {
+  if (!(chat ? PromptFromMessages(b, res, p) : PromptFromCompletion(b, res, p)))
+    return false;
   const uint32_t context = ses_->max_seq();
-  Params p;
-  auto bad = [&](const FieldError &e) {
-    SetError(res, 400, e.message, "invalid_request_error", e.param.c_str());
-  };
-  // The prompt.
-  std::string text;
+  const char *field = chat ? "messages" : "prompt";
+  if (p->prompt.empty())
+    return Bad(res, {field, "the prompt is empty"});
+  if (p->prompt.size() + 1 > context)
+    return Bad(res, {field, absl::StrCat("the prompt has ", p->prompt.size(),
+                                         " tokens; this model's context here "
+                                         "is ",
+                                         context, " (duckrun serve --max-seq)")});
+  if (auto e = ParseCommon(b, context, p))
+    return Bad(res, *e);
+  const uint32_t room = context - (uint32_t)p->prompt.size();
+  p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
+  return true;
+}
+
+bool Server::PromptFromMessages(const json &b, httplib::Response &res,
+                                Params *p) {
+  if (!b.contains("messages") || !b["messages"].is_array() ||
+      b["messages"].empty())
+    return Bad(res, {"messages", "'messages' must be a non-empty array"});
   std::vector<ChatMessage> messages;
-  if (chat) {
-    if (!b.contains("messages") || !b["messages"].is_array() ||
-        b["messages"].empty())
-      return bad({"messages", "'messages' must be a non-empty array"});
-    for (size_t i = 0; i < b["messages"].size(); ++i) {
-      const json &m = b["messages"][i];
-      std::optional<std::string> content;
-      if (m.is_object() && m.contains("content"))
-        content = ContentText(m["content"]);
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-          !content)
-        return bad({"messages",
-                    absl::StrCat("messages[", i,
-                                 "] needs a 'role' and a text 'content'")});
-      messages.push_back({m["role"].get<std::string>(), *content});
-    }
-    // The model's own chat format (ChatTemplate.h); a message it cannot
-    // say is the client's error.
-    auto ids = ses_->EncodeChat(messages);
-    if (!ids.ok()) {
-      if (absl::IsInvalidArgument(ids.status()))
-        return bad({"messages", std::string(ids.status().message())});
-      SetError(res, 500, std::string(ids.status().message()), "server_error");
-      return;
-    }
-    p.prompt = std::move(*ids);
-  } else {
-    if (!b.contains("prompt"))
-      return bad({"prompt", "'prompt' is required"});
-    const json &pr = b["prompt"];
-    if (pr.is_string()) {
-      text = pr.get<std::string>();
-    } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
-      text = pr[0].get<std::string>();
-    } else if (pr.is_array() && !pr.empty() &&
-               std::all_of(pr.begin(), pr.end(), [](const json &x) {
-                 return x.is_number_integer();
-               })) {
-      for (const json &x : pr) {
-        const int64_t id = x.get<int64_t>();
-        if (id < 0 || id >= (int64_t)ses_->model().vocab())
-          return bad({"prompt", absl::StrCat("token id ", id,
-                                             " is outside the vocabulary")});
-        p.prompt.push_back((int32_t)id);
-      }
-    } else {
-      return bad({"prompt", "'prompt' must be a string, one string in an "
-                            "array, or an array of token ids"});
-    }
+  for (size_t i = 0; i < b["messages"].size(); ++i) {
+    const json &m = b["messages"][i];
+    std::optional<std::string> content;
+    if (m.is_object() && m.contains("content"))
+      content = ContentText(m["content"]);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        !content)
+      return Bad(res, {"messages",
+                       absl::StrCat("messages[", i,
+                                    "] needs a 'role' and a text 'content'")});
+    messages.push_back({m["role"].get<std::string>(), *content});
   }
-  if (!chat && p.prompt.empty()) {
+  // The model's own chat format (ChatTemplate.h); a message it cannot
+  // say is the client's error.
+  auto ids = ses_->EncodeChat(messages);
+  if (!ids.ok()) {
+    if (absl::IsInvalidArgument(ids.status()))
+      return Bad(res, {"messages", std::string(ids.status().message())});
+    SetError(res, 500, std::string(ids.status().message()), "server_error");
+    return false;
+  }
+  p->prompt = std::move(*ids);
+  return true;
+}
+
+bool Server::PromptFromCompletion(const json &b, httplib::Response &res,
+                                  Params *p) {
+  if (!b.contains("prompt"))
+    return Bad(res, {"prompt", "'prompt' is required"});
+  const json &pr = b["prompt"];
+  std::string text;
+  if (pr.is_string()) {
+    text = pr.get<std::string>();
+  } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+    text = pr[0].get<std::string>();
+  } else if (pr.is_array() && !pr.empty() &&
+             std::all_of(pr.begin(), pr.end(), [](const json &x) {
+               return x.is_number_integer();
+             })) {
+    for (const json &x : pr) {
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= (int64_t)ses_->model().vocab())
+        return Bad(res, {"prompt", absl::StrCat("token id ", id,
+                                                " is outside the vocabulary")});
+      p->prompt.push_back((int32_t)id);
+    }
+  } else {
+    return Bad(res, {"prompt", "'prompt' must be a string, one string in an "
+                               "array, or an array of token ids"});
+  }
+  if (p->prompt.empty()) {
     auto ids = ses_->EncodePrompt(text);
     if (!ids.ok()) {
       SetError(res, 500, std::string(ids.status().message()), "server_error");
-      return;
+      return false;
     }
-    p.prompt = std::move(*ids);
+    p->prompt = std::move(*ids);
   }
-  if (p.prompt.empty())
-    return bad({chat ? "messages" : "prompt", "the prompt is empty"});
-  if (p.prompt.size() + 1 > context)
-    return bad({chat ? "messages" : "prompt",
-                absl::StrCat("the prompt has ", p.prompt.size(),
-                             " tokens; this model's context here is ", context,
-                             " (duckrun serve --max-seq)")});
-  if (auto e = ParseCommon(b, context, &p))
-    return bad(*e);
-  const uint32_t room = context - (uint32_t)p.prompt.size();
-  p.max_tokens = p.max_tokens ? std::min(p.max_tokens, room) : room;
+  return true;
+}
 
-  // The job.
+std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
+                                    httplib::Response &res) {
   auto job = std::make_shared<Job>();
   job->prompt_tokens = (uint32_t)p.prompt.size();
   job->stops = p.stops;
@@ -698,100 +841,81 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
                                                               : 503;
     SetError(res, status, std::string(id.status().message()),
              status == 400 ? "invalid_request_error" : "server_error");
-    return;
+    return nullptr;
   }
   job->id = *id;
+  return job;
+}
 
-  const std::string rid =
-      absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
-  const int64_t created = (int64_t)std::time(nullptr);
-  const std::string model = ses_->name();
-  auto usage = [job] {
-    return json{{"prompt_tokens", job->prompt_tokens},
-                {"completion_tokens", job->completion_tokens},
-                {"total_tokens", job->prompt_tokens + job->completion_tokens}};
-  };
-  auto record = [this, job] {
-    std::lock_guard<std::mutex> lock(metrics_.mu);
-    if (job->completion_tokens > 0)
-      metrics_.ttft.Add(job->t_first - job->t_submit);
-    if (job->completion_tokens > 1)
-      metrics_.tpot.Add((job->t_last - job->t_first) /
-                        (job->completion_tokens - 1));
-  };
+void Server::Record(const Job &job) {
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  if (job.completion_tokens > 0)
+    metrics_.ttft.Add(job.t_first - job.t_submit);
+  if (job.completion_tokens > 1)
+    metrics_.tpot.Add((job.t_last - job.t_first) /
+                      (job.completion_tokens - 1));
+}
 
-  if (!p.stream) {
-    // A client that went away frees its slot here too: its connection is
-    // watched while the answer is made.
-    int fd = ConnectionFd(req);
-    bool gone = false;
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(job->mu);
-        if (job->cv.wait_for(lock, std::chrono::milliseconds(200),
-                             [&] { return job->done; }))
-          break;
-      }
-      if (fd >= 0 && PeerGone(fd)) {
-        batcher_->Cancel(job->id);
-        gone = true;
-        fd = -1;
-      }
+bool Server::AwaitWatching(const httplib::Request &req, Job &job) {
+  int fd = ConnectionFd(req);
+  bool gone = false;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(job.mu);
+      if (job.cv.wait_for(lock, std::chrono::milliseconds(200),
+                          [&] { return job.done; }))
+        break;
     }
-    record();
-    if (job->why == FinishReason::kError) {
-      SetError(res, 500, std::string(job->error.message()), "server_error");
-      return;
+    if (fd >= 0 && PeerGone(fd)) {
+      batcher_->Cancel(job.id);
+      gone = true;
+      fd = -1;
     }
-    if (job->why == FinishReason::kCancelled) {
-      if (gone) // nobody reads this; it is counted as what it was
-        SetError(res, 499, "the client closed the connection",
-                 "invalid_request_error");
-      else
-        SetError(res, 503,
-                 "the request was cancelled (the server is shutting down)",
-                 "server_error", nullptr, "unavailable");
-      return;
-    }
-    json choice = {{"index", 0},
-                   {"logprobs", nullptr},
-                   {"finish_reason", FinishReasonName(job->why)}};
-    if (chat)
-      choice["message"] = {{"role", "assistant"}, {"content", job->text}};
-    else
-      choice["text"] = job->text;
-    json r = {{"id", rid},
-              {"object", chat ? "chat.completion" : "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", json::array({choice})},
-              {"usage", usage()}};
-    res.set_content(Dump(r), "application/json");
+  }
+  return gone;
+}
+
+void Server::Answer(const httplib::Request &req, httplib::Response &res,
+                    Job &job, const Reply &r) {
+  const bool gone = AwaitWatching(req, job);
+  Record(job);
+  if (job.why == FinishReason::kError) {
+    SetError(res, 500, std::string(job.error.message()), "server_error");
     return;
   }
+  if (job.why == FinishReason::kCancelled) {
+    if (gone) // nobody reads this; it is counted as what it was
+      SetError(res, 499, "the client closed the connection",
+               "invalid_request_error");
+    else
+      SetError(res, 503,
+               "the request was cancelled (the server is shutting down)",
+               "server_error", nullptr, "unavailable");
+    return;
+  }
+  json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", FinishReasonName(job.why)}};
+  if (r.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", job.text}};
+  else
+    choice["text"] = job.text;
+  json out = {{"id", r.id},
+              {"object", r.chat ? "chat.completion" : "text_completion"},
+              {"created", r.created},
+              {"model", r.model},
+              {"choices", json::array({choice})},
+              {"usage", Usage(job)}};
+  res.set_content(Dump(out), "application/json");
+}
 
-  // Server-sent events: a chunk per batch of new text.
+void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
+                    bool include_usage) {
   struct StreamState {
     size_t sent = 0;
     bool first = true, finished = false;
   };
   auto st = std::make_shared<StreamState>();
-  const bool includeUsage = p.include_usage;
-  auto chunk = [=](const json &delta_or_text, const json &finish) {
-    json choice = {{"index", 0}, {"finish_reason", finish}};
-    if (chat) {
-      choice["delta"] = delta_or_text;
-    } else {
-      choice["text"] = delta_or_text;
-      choice["logprobs"] = nullptr;
-    }
-    json c = {{"id", rid},
-              {"object", chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", json::array({choice})}};
-    return absl::StrCat("data: ", Dump(c), "\n\n");
-  };
   Batcher *batcher = batcher_.get();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -803,47 +927,21 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
           job->cv.wait_for(lock, std::chrono::milliseconds(200),
                            [&] { return job->done || job->ready > st->sent; });
           std::string out;
-          if (st->first && chat)
-            out += chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+          if (st->first && r.chat)
+            out += r.Chunk(json{{"role", "assistant"}, {"content", ""}},
+                           nullptr);
           st->first = false;
           if (job->ready > st->sent) {
             std::string piece =
                 job->text.substr(st->sent, job->ready - st->sent);
             st->sent = job->ready;
-            out +=
-                chunk(chat ? json{{"content", piece}} : json(piece), nullptr);
+            out += r.Chunk(r.chat ? json{{"content", piece}} : json(piece),
+                           nullptr);
           }
           const bool done = job->done;
           lock.unlock();
-          if (done) {
-            if (job->why == FinishReason::kError ||
-                job->why == FinishReason::kCancelled) {
-              json e = {{"error",
-                         {{"message", job->why == FinishReason::kError
-                                          ? std::string(job->error.message())
-                                          : "the request was cancelled"},
-                          {"type", "server_error"},
-                          {"param", nullptr},
-                          {"code", job->why == FinishReason::kError
-                                       ? json(nullptr)
-                                       : json("unavailable")}}}};
-              out += absl::StrCat("data: ", Dump(e), "\n\n");
-            } else {
-              out += chunk(chat ? json::object() : json(""),
-                           FinishReasonName(job->why));
-              if (includeUsage) {
-                json u = {{"id", rid},
-                          {"object",
-                           chat ? "chat.completion.chunk" : "text_completion"},
-                          {"created", created},
-                          {"model", model},
-                          {"choices", json::array()},
-                          {"usage", usage()}};
-                out += absl::StrCat("data: ", Dump(u), "\n\n");
-              }
-            }
-            out += "data: [DONE]\n\n";
-          }
+          if (done)
+            out += StreamEnd(*job, r, include_usage);
           // A client that went away frees its slot.
           if (!sink.is_writable() ||
               (!out.empty() && !sink.write(out.data(), out.size()))) {
@@ -852,7 +950,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
           }
           if (done) {
             st->finished = true;
-            record();
+            Record(*job);
             sink.done();
           }
           return true;
@@ -1022,6 +1120,38 @@ void Server::Routes() {
       });
 }
 
+absl::Status Server::Listen() {
+  Routes();
+  http_.set_payload_max_length(o_.max_body_bytes);
+  const size_t threads = o_.parallel + o_.queue_limit + 1024;
+  http_.set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
+  });
+  int port = o_.port;
+  if (o_.port == 0)
+    port = http_.bind_to_any_port(o_.host);
+  else if (!http_.bind_to_port(o_.host, o_.port))
+    port = -1;
+  if (port <= 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o_.host, ":", o_.port,
+                     " (taken, or not an address of this machine)"));
+  if (listen_fd_ >= 0)
+    ::listen(listen_fd_, 512); // the library's backlog of 5 drops bursts of clients
+  http_.new_task_queue = [threads, port] {
+    return new ConnectionPool(threads, port);
+  };
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    log_ << "duckrun serve: listening on http://" << o_.host << ":" << port
+         << " (model '" << ses_->name() << "', preparing the ducks)"
+         << std::endl;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Server::Run() {
   SessionOptions so = o_.session;
   so.max_seqs = std::max(1u, o_.parallel);
@@ -1039,35 +1169,8 @@ absl::Status Server::Run() {
   eos_chat_ = ses_->StopTokens(true);
 
   // Listen first: /health says 503 while the ducks are prepared.
-  Routes();
-  http_.set_payload_max_length(o_.max_body_bytes);
-  const size_t threads = o_.parallel + o_.queue_limit + 1024;
-  int fd = -1;
-  http_.set_socket_options([&fd](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    fd = sock;
-  });
-  int port = o_.port;
-  if (o_.port == 0)
-    port = http_.bind_to_any_port(o_.host);
-  else if (!http_.bind_to_port(o_.host, o_.port))
-    port = -1;
-  if (port <= 0)
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", o_.host, ":", o_.port,
-                     " (taken, or not an address of this machine)"));
-  if (fd >= 0)
-    ::listen(fd, 512); // the library's backlog of 5 drops bursts of clients
-  http_.new_task_queue = [threads, port] {
-    return new ConnectionPool(threads, port);
-  };
-  {
-    std::lock_guard<std::mutex> lock(log_mu_);
-    log_ << "duckrun serve: listening on http://" << o_.host << ":" << port
-         << " (model '" << ses_->name() << "', preparing the ducks)"
-         << std::endl;
-  }
+  if (absl::Status s = Listen(); !s.ok())
+    return s;
   std::thread listener([this] { http_.listen_after_bind(); });
   auto stopHttp = [&] {
     http_.stop();
