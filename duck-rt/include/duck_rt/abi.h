@@ -21,7 +21,7 @@ enum { DUCK_ABI_VERSION = 1 };
  * 1. duck_info and entry points
  * ------------------------------------------------------------------------- */
 
-/// Kernel modes of the duck ELF (SYSTEM.md). Append only.
+/// Kernel modes of the duck ELF (docs/reference-system.md). Append only.
 typedef enum duck_mode {
   DUCK_MODE_DENSE_DECODE = 0, // dense MLP forward, GEMV
   DUCK_MODE_MOE_DECODE = 1,   // MoE forward, single core

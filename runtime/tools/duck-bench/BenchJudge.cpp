@@ -2,11 +2,12 @@
 //
 // For 1, 2 and 4 local ducks and IB/OB sizes of about 4 KiB and 64 KiB, runs
 // a realistic MoE decode step (mode 4, top-8 of 16 experts) many times and
-// reports the judge metrics (SYSTEM.md, "Persistent judge"): median and p99
-// of judge_gap = judge_wait - duck_max and of judge_ratio, for persistent
-// sessions and for one-shot runs (the ELF sent and loaded every step). The
-// same run measures a raw TCP ping-pong of the same sizes between two plain
-// loopback sockets, the floor any judge pays, and reports gap / raw RTT.
+// reports the judge metrics (docs/reference-system.md, "Persistent judge"):
+// median and p99 of judge_gap = judge_wait - duck_max and of judge_ratio,
+// for persistent sessions and for one-shot runs (the ELF sent and loaded
+// every step). The same run measures a raw TCP ping-pong of the same sizes
+// between two plain loopback sockets, the floor any judge pays, and reports
+// gap / raw RTT.
 //
 //===----------------------------------------------------------------------===//
 #include "BenchSubcommands.h"

@@ -86,7 +86,7 @@ struct DuckOutput {
   std::string log;
 };
 
-/// Judge metrics of one step (SYSTEM.md, "Persistent judge").
+/// Judge metrics of one step (docs/reference-system.md, "Persistent judge").
 struct StepMetrics {
   double judge_wait_us = 0; // host: first byte sent to last reply read
   double duck_max_us = 0;   // slowest duck's slowest core inside the ELF
