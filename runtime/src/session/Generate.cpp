@@ -65,25 +65,14 @@ nlohmann::json OpBreakdown(const Engine::OpTimes &t,
   return j;
 }
 
-} // namespace
+bool Interrupted(const GenerateOptions &o) {
+  return o.cancel && o.cancel->load();
+}
 
-absl::Status Generate(const GenerateOptions &o, std::ostream &out,
-                      std::ostream &err) {
-  const double tStart = now();
-  auto interrupted = [&] { return o.cancel && o.cancel->load(); };
-  SessionOptions so = o.session;
-  so.need_tokenizer = o.prompt_ids.empty();
-  so.all_logits = !o.logits_out.empty();
-  so.cancel = o.cancel;
-
-  // The prompt is checked before any duck starts: the plan and tokenizer
-  // are loaded first, on their own.
-  auto session = Session::Load(so);
-  if (!session.ok())
-    return session.status();
-  Session &ses = **session;
-  const uint32_t maxSeq = ses.max_seq();
-  const Tokenizer *tok = ses.tokenizer();
+/// The prompt's token ids (given, or encoded, as chat with --chat), checked
+/// against --max-seq before any duck starts.
+absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerateOptions &o,
+                                              Session &ses) {
   std::vector<int32_t> prompt = o.prompt_ids;
   if (prompt.empty()) {
     const ChatMessage user[] = {{"user", o.prompt}};
@@ -97,67 +86,96 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   }
   if (prompt.empty())
     return absl::InvalidArgumentError("the prompt is empty");
+  const uint32_t maxSeq = ses.max_seq();
   if (prompt.size() + 1 > maxSeq)
     return absl::OutOfRangeError(absl::StrCat(
         "the prompt has ", prompt.size(), " tokens but --max-seq is ", maxSeq,
         "; shorten the prompt or raise --max-seq"));
-  const uint32_t chunk = std::max(1u, so.prefill_chunk);
-  if (absl::Status s = ses.Start(err); !s.ok())
-    return s;
-  Engine &engine = ses.engine();
+  return prompt;
+}
 
-  // --logits-out: every prompt position's logits, then every generated
-  // token's (vocab float32 each, in order).
-  std::ofstream logitsFile;
-  if (!o.logits_out.empty()) {
-    logitsFile.open(o.logits_out, std::ios::binary | std::ios::trunc);
-    if (!logitsFile)
+/// --logits-out: every prompt position's logits, then every generated
+/// token's (vocab float32 each, in order); nothing without the option.
+class LogitsOut {
+public:
+  explicit LogitsOut(std::string path) : path_(std::move(path)) {}
+  absl::Status Open() {
+    if (path_.empty())
+      return absl::OkStatus();
+    file_.open(path_, std::ios::binary | std::ios::trunc);
+    if (!file_)
       return absl::PermissionDeniedError(
-          absl::StrCat("cannot write '", o.logits_out, "'"));
+          absl::StrCat("cannot write '", path_, "'"));
+    return absl::OkStatus();
   }
-  const uint32_t V = engine.vocab();
-  auto keepLogits = [&](const std::vector<float> &l) {
-    if (logitsFile.is_open())
-      logitsFile.write(reinterpret_cast<const char *>(l.data()),
-                       l.size() * 4);
-  };
-  auto lastRow = [&](const std::vector<float> &l) {
-    return absl::MakeConstSpan(l).subspan(l.size() - V, V);
-  };
+  void Keep(const std::vector<float> &l) {
+    if (file_.is_open())
+      file_.write(reinterpret_cast<const char *>(l.data()), l.size() * 4);
+  }
+  absl::Status Flush() {
+    if (file_.is_open() && !file_.flush())
+      return absl::InternalError(absl::StrCat("cannot write '", path_, "'"));
+    return absl::OkStatus();
+  }
 
-  // Prefill.
-  std::vector<float> logits;
-  const double tPrefill = now();
-  // The prompt goes in chunk by chunk so Ctrl-C is noticed between steps.
+private:
+  std::string path_;
+  std::ofstream file_;
+};
+
+/// The last row of a step's logits: the next token's.
+absl::Span<const float> LastRow(const std::vector<float> &l, uint32_t V) {
+  return absl::MakeConstSpan(l).subspan(l.size() - V, V);
+}
+
+/// One generation's tokens and times: what the summary is made from.
+struct Run {
+  size_t prompt_tokens = 0;
+  double prefill_s = 0;
+  std::vector<int32_t> generated;
+  std::vector<double> token_times; // each decode step's Forward
+};
+
+/// The prompt, chunk by chunk so that Ctrl-C is noticed between steps.
+absl::Status Prefill(const GenerateOptions &o, Engine &engine,
+                     const std::vector<int32_t> &prompt, uint32_t chunk,
+                     LogitsOut &logitsOut, std::vector<float> *logits) {
   for (size_t i = 0; i < prompt.size(); i += chunk) {
-    if (interrupted())
+    if (Interrupted(o))
       return absl::CancelledError("interrupted");
     auto part = absl::MakeConstSpan(prompt).subspan(
         i, std::min<size_t>(chunk, prompt.size() - i));
     // The LM head runs for the prompt's last token only (every token's
     // with --logits-out): a leading chunk's logits are nobody's.
     const bool last = i + part.size() == prompt.size();
-    absl::Status st = o.decode_only
-                          ? engine.ForwardDecodeOnly(part, &logits)
-                          : engine.Forward(part, &logits, last);
+    absl::Status st = o.decode_only ? engine.ForwardDecodeOnly(part, logits)
+                                    : engine.Forward(part, logits, last);
     if (!st.ok())
       return st;
-    keepLogits(logits);
+    logitsOut.Keep(*logits);
   }
-  const double prefillS = now() - tPrefill;
+  return absl::OkStatus();
+}
 
-  // Decode.
+/// Samples and steps until --max-tokens, the end of the text or of the
+/// context; the text (or ids) goes to `out` as it is made, when streamed,
+/// or whole at the end.
+absl::Status Decode(const GenerateOptions &o, Session &ses,
+                    LogitsOut &logitsOut, std::vector<float> *logits,
+                    std::ostream &out, Run *run) {
+  Engine &engine = ses.engine();
+  const uint32_t V = engine.vocab(), maxSeq = ses.max_seq();
+  const Tokenizer *tok = ses.tokenizer();
   const std::vector<int32_t> eos = ses.StopTokens(o.chat);
   Sampler sampler(o.sampler);
-  std::vector<int32_t> generated;
+  std::vector<int32_t> &generated = run->generated;
   std::unique_ptr<StreamDecoder> stream;
   const bool text = tok && !o.print_ids;
   if (text)
     stream = std::make_unique<StreamDecoder>(*tok);
-  std::vector<double> tokenTimes;
-  int32_t next = sampler.Sample(lastRow(logits));
+  int32_t next = sampler.Sample(LastRow(*logits, V));
   while (generated.size() < o.max_tokens) {
-    if (interrupted())
+    if (Interrupted(o))
       return absl::CancelledError("interrupted");
     generated.push_back(next);
     const bool end =
@@ -178,21 +196,19 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     }
     if (end)
       break;
-    if (generated.size() >= o.max_tokens ||
-        engine.position() + 1 > maxSeq)
+    if (generated.size() >= o.max_tokens || engine.position() + 1 > maxSeq)
       break;
     double t0 = now();
     int32_t in = next;
-    if (absl::Status s = engine.Forward(absl::MakeConstSpan(&in, 1), &logits);
+    if (absl::Status s = engine.Forward(absl::MakeConstSpan(&in, 1), logits);
         !s.ok())
       return s;
-    tokenTimes.push_back(now() - t0);
-    keepLogits(logits);
-    next = sampler.Sample(lastRow(logits));
+    run->token_times.push_back(now() - t0);
+    logitsOut.Keep(*logits);
+    next = sampler.Sample(LastRow(*logits, V));
   }
-  if (logitsFile.is_open() && !logitsFile.flush())
-    return absl::InternalError(
-        absl::StrCat("cannot write '", o.logits_out, "'"));
+  if (absl::Status s = logitsOut.Flush(); !s.ok())
+    return s;
   if (stream && o.stream)
     out << stream->Flush();
   if (text && !o.stream)
@@ -201,45 +217,54 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
     out << absl::StrJoin(generated, " ");
   out << "\n";
   out.flush();
+  return absl::OkStatus();
+}
 
-  // Summary.
-  const RunnerStats &rs = ses.runner().stats();
-  std::vector<double> gaps, ratios;
-  for (const StepMetrics &m : rs.decode_steps) {
-    gaps.push_back(m.judge_gap_us);
-    ratios.push_back(m.judge_ratio);
-  }
-  double decodeTokS = tokenTimes.empty() ? 0 : tokenTimes.size() /
-                         std::max(1e-9, std::accumulate(tokenTimes.begin(),
-                                                        tokenTimes.end(), 0.0));
-  double tpotMs = tokenTimes.empty() ? 0 : 1e3 / decodeTokS;
-  nlohmann::json sj;
-  sj["prompt_tokens"] = prompt.size();
-  sj["generated_tokens"] = generated.size();
-  sj["generated_ids"] = generated;
-  sj["prefill_s"] = prefillS;
-  sj["prefill_tok_s"] = prefillS > 0 ? prompt.size() / prefillS : 0;
-  sj["decode_tok_s"] = decodeTokS;
-  sj["tpot_ms"] = tpotMs;
-  sj["judge_gap_us_p50"] = percentile(gaps, 0.5);
-  sj["judge_gap_us_p99"] = percentile(gaps, 0.99);
-  sj["judge_ratio_p50"] = percentile(ratios, 0.5);
-  sj["judge_ratio_p99"] = percentile(ratios, 0.99);
-  sj["kv_bytes_per_token"] = engine.kv_bytes_per_token();
-  // Where a decoded token's time goes, by op kind (FFN kinds: routing on
-  // the host plus the wait for the ducks).
+/// The run's measures: the summary JSON and what the lines on stderr need.
+struct Summary {
+  nlohmann::json j;
+  std::vector<double> gaps, ratios, gparam_s;
+  double decode_tok_s = 0, tpot_ms = 0;
+  DecodeBreakdown bd;
+  std::vector<std::string> by_op, by_op_prefill;
+};
+
+/// Where a decoded token's time goes, by op kind (FFN kinds: routing on
+/// the host plus the wait for the ducks).
+DecodeBreakdown Breakdown(Session &ses, const Run &run, double tpotMs) {
   const double hostReadGbs =
-      tokenTimes.empty() ? 0 : HostReadBandwidthGbs(ses.threads());
+      run.token_times.empty() ? 0 : HostReadBandwidthGbs(ses.threads());
   // Decode step i (after the prompt) attends over prompt + i + 1
   // positions; the tokens timed are the generated ones after the first.
   const double meanContext =
-      generated.size() > 1
-          ? (double)prompt.size() + (double)generated.size() / 2.0
-          : (double)prompt.size();
-  const DecodeBreakdown bd = ComputeDecodeBreakdown(
-      ses.plan(), engine, rs, tpotMs, meanContext, hostReadGbs,
-      ses.duck_read_gbs() > 0 ? ses.duck_read_gbs() : hostReadGbs,
+      run.generated.size() > 1
+          ? (double)run.prompt_tokens + (double)run.generated.size() / 2.0
+          : (double)run.prompt_tokens;
+  return ComputeDecodeBreakdown(
+      ses.plan(), ses.engine(), ses.runner().stats(), tpotMs, meanContext,
+      hostReadGbs, ses.duck_read_gbs() > 0 ? ses.duck_read_gbs() : hostReadGbs,
       ses.local());
+}
+
+/// The summary's JSON (--summary-json) from the run and its measures.
+void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
+  const RunnerStats &rs = ses.runner().stats();
+  const Engine &engine = ses.engine();
+  const DecodeBreakdown &bd = s->bd;
+  nlohmann::json &sj = s->j;
+  sj["prompt_tokens"] = run.prompt_tokens;
+  sj["generated_tokens"] = run.generated.size();
+  sj["generated_ids"] = run.generated;
+  sj["prefill_s"] = run.prefill_s;
+  sj["prefill_tok_s"] =
+      run.prefill_s > 0 ? run.prompt_tokens / run.prefill_s : 0;
+  sj["decode_tok_s"] = s->decode_tok_s;
+  sj["tpot_ms"] = s->tpot_ms;
+  sj["judge_gap_us_p50"] = percentile(s->gaps, 0.5);
+  sj["judge_gap_us_p99"] = percentile(s->gaps, 0.99);
+  sj["judge_ratio_p50"] = percentile(s->ratios, 0.5);
+  sj["judge_ratio_p99"] = percentile(s->ratios, 0.99);
+  sj["kv_bytes_per_token"] = engine.kv_bytes_per_token();
   sj["decode_breakdown_ms"] = {
       {"host_attention", bd.host_attention_ms},
       {"host_norms_router", bd.host_norms_router_ms},
@@ -256,57 +281,123 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   sj["duck_read_gb_s"] = bd.duck_read_gbs;
   sj["decode_bound_ms"] = bd.bound_ms;
   sj["decode_bound_fraction"] = bd.decode_bound_fraction;
-  std::vector<std::string> byOp, byOpPrefill;
   sj["decode_ms_per_token_by_op"] =
-      OpBreakdown(engine.decode_times(), &byOp);
+      OpBreakdown(engine.decode_times(), &s->by_op);
   sj["prefill_ms_per_token_by_op"] =
-      OpBreakdown(engine.prefill_times(), &byOpPrefill);
+      OpBreakdown(engine.prefill_times(), &s->by_op_prefill);
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
   sj["ducks"] = ses.ducks();
   sj["persistent"] = ses.persistent();
   sj["recoveries"] = ses.runner().recoveries();
-  std::vector<double> gps;
+  sj["duck_kernel_gparam_s"] = s->gparam_s;
+}
+
+/// Measures the run: rates, the judge's gaps and ratios, the breakdown.
+Summary Summarize(Session &ses, const Run &run) {
+  Summary s;
+  const RunnerStats &rs = ses.runner().stats();
+  for (const StepMetrics &m : rs.decode_steps) {
+    s.gaps.push_back(m.judge_gap_us);
+    s.ratios.push_back(m.judge_ratio);
+  }
+  const std::vector<double> &times = run.token_times;
+  s.decode_tok_s =
+      times.empty() ? 0
+                    : times.size() / std::max(1e-9, std::accumulate(
+                                                        times.begin(),
+                                                        times.end(), 0.0));
+  s.tpot_ms = times.empty() ? 0 : 1e3 / s.decode_tok_s;
+  s.bd = Breakdown(ses, run, s.tpot_ms);
   for (size_t r = 0; r < rs.params.size(); ++r)
-    gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
-  sj["duck_kernel_gparam_s"] = gps;
-  sj["total_s"] = now() - tStart;
+    s.gparam_s.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r]
+                                             : 0);
+  FillSummaryJson(ses, run, &s);
+  return s;
+}
+
+/// The summary's lines on stderr.
+void PrintSummary(std::ostream &err, Session &ses, const Run &run,
+                  const Summary &s) {
+  err << absl::StrFormat(
+      "duckrun: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
+      "decode %.2f tok/s, TPOT %.2f ms\n",
+      run.prompt_tokens, (double)s.j["prefill_tok_s"], run.generated.size(),
+      s.decode_tok_s, s.tpot_ms);
+  err << absl::StrFormat(
+      "duckrun: judge_gap p50 %.1f us, p99 %.1f us; judge_ratio p50 %.3f, "
+      "p99 %.3f (%zu decode steps, %s)\n",
+      percentile(s.gaps, 0.5), percentile(s.gaps, 0.99),
+      percentile(s.ratios, 0.5), percentile(s.ratios, 0.99),
+      ses.runner().stats().decode_steps.size(),
+      ses.persistent() ? "persistent" : "per-step run");
+  std::vector<std::string> per;
+  for (size_t r = 0; r < s.gparam_s.size(); ++r)
+    per.push_back(absl::StrFormat("duck %zu %.2f", r, s.gparam_s[r]));
+  err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
+  err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
+                         ses.engine().kv_bytes_per_token() / 1024.0);
+  if (!run.token_times.empty())
+    err << FormatDecodeBreakdown(s.bd);
+  if (!s.by_op.empty())
+    err << "duckrun: decode ms a token by op: " << absl::StrJoin(s.by_op, ", ")
+        << "\n";
+  if (!s.by_op_prefill.empty())
+    err << "duckrun: prefill ms a token by op: "
+        << absl::StrJoin(s.by_op_prefill, ", ") << "\n";
+}
+
+} // namespace
+
+absl::Status Generate(const GenerateOptions &o, std::ostream &out,
+                      std::ostream &err) {
+  const double tStart = now();
+  SessionOptions so = o.session;
+  so.need_tokenizer = o.prompt_ids.empty();
+  so.all_logits = !o.logits_out.empty();
+  so.cancel = o.cancel;
+
+  // The prompt is checked before any duck starts: the plan and tokenizer
+  // are loaded first, on their own.
+  auto session = Session::Load(so);
+  if (!session.ok())
+    return session.status();
+  Session &ses = **session;
+  auto prompt = PromptIds(o, ses);
+  if (!prompt.ok())
+    return prompt.status();
+  if (absl::Status s = ses.Start(err); !s.ok())
+    return s;
+  LogitsOut logitsOut(o.logits_out);
+  if (absl::Status s = logitsOut.Open(); !s.ok())
+    return s;
+
+  Run run;
+  run.prompt_tokens = prompt->size();
+  std::vector<float> logits;
+  const double tPrefill = now();
+  if (absl::Status s = Prefill(o, ses.engine(), *prompt,
+                               std::max(1u, so.prefill_chunk), logitsOut,
+                               &logits);
+      !s.ok())
+    return s;
+  run.prefill_s = now() - tPrefill;
+  if (absl::Status s = Decode(o, ses, logitsOut, &logits, out, &run); !s.ok())
+    return s;
+
+  Summary sum = Summarize(ses, run);
+  sum.j["total_s"] = now() - tStart;
   if (absl::Status fault = ses.CheckTestFault(); !fault.ok())
     return fault;
   if (!o.summary_json.empty()) {
     std::ofstream f(o.summary_json);
-    f << sj.dump(2) << "\n";
+    f << sum.j.dump(2) << "\n";
     if (!f)
       return absl::InternalError(
           absl::StrCat("cannot write '", o.summary_json, "'"));
   }
-  if (!so.quiet) {
-    err << absl::StrFormat(
-        "duckrun: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
-        "decode %.2f tok/s, TPOT %.2f ms\n",
-        prompt.size(), (double)sj["prefill_tok_s"], generated.size(),
-        decodeTokS, tpotMs);
-    err << absl::StrFormat(
-        "duckrun: judge_gap p50 %.1f us, p99 %.1f us; judge_ratio p50 %.3f, "
-        "p99 %.3f (%zu decode steps, %s)\n",
-        percentile(gaps, 0.5), percentile(gaps, 0.99), percentile(ratios, 0.5),
-        percentile(ratios, 0.99), rs.decode_steps.size(),
-        ses.persistent() ? "persistent" : "per-step run");
-    std::vector<std::string> per;
-    for (size_t r = 0; r < gps.size(); ++r)
-      per.push_back(absl::StrFormat("duck %zu %.2f", r, gps[r]));
-    err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
-    err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
-                           engine.kv_bytes_per_token() / 1024.0);
-    if (!tokenTimes.empty())
-      err << FormatDecodeBreakdown(bd);
-    if (!byOp.empty())
-      err << "duckrun: decode ms a token by op: " << absl::StrJoin(byOp, ", ")
-          << "\n";
-    if (!byOpPrefill.empty())
-      err << "duckrun: prefill ms a token by op: "
-          << absl::StrJoin(byOpPrefill, ", ") << "\n";
-  }
+  if (!so.quiet)
+    PrintSummary(err, ses, run, sum);
   ses.Close();
   return absl::OkStatus();
 }
