@@ -55,6 +55,12 @@ mlir::duck::import::buildFp9Report(const Checkpoint &ckpt, uint32_t block,
     tr.cols = info.shape[1];
     tr.sourceBytes = info.byte_size;
     tr.fp8 = src.type == DUCK_FP9_SRC_E4M3;
+    // An fp9 block takes its FP8 tile's scale: it must lie inside one.
+    if (tr.fp8 && src.tile_cols % block != 0)
+      return err(llvm::formatv(
+          "tensor '{0}': --block {1} does not divide its FP8 scale tiles' {2} "
+          "columns (quantization_config.weight_block_size; use --block {3})",
+          t.name, block, src.tile_cols, src.tile_cols % 64 == 0 ? 64 : 32));
     const uint32_t scaleRows = tr.fp8 ? src.tile_rows : 128;
     duck_fp9_desc d{(uint32_t)tr.rows, (uint32_t)tr.cols, block, scaleRows, 0};
     duck_fp9_layout lay;
