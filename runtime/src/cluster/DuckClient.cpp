@@ -116,6 +116,8 @@ struct Conn {
   bool awaiting_hello = false;
 };
 
+struct PrepareJob;
+
 } // namespace
 
 struct DuckClient::Impl {
@@ -224,21 +226,22 @@ struct DuckClient::Impl {
     return absl::OkStatus();
   }
 
+  /// A frame's header is in: checks it and makes room for its payload.
+  absl::Status HeaderDone(Conn &c) {
+    if (absl::Status s = duckd::ValidateHeader(c.rh, opt.max_payload); !s.ok())
+      return s;
+    c.plen = c.rh.payload_bytes;
+    if (c.payload.size() < c.plen)
+      c.payload.resize(c.plen); // keeps what was read already
+    return absl::OkStatus();
+  }
+
   /// Reads what is available; true when a whole frame is in rh/payload.
   absl::StatusOr<bool> RecvSome(Conn &c, bool block = false) {
     auto fail = [](ssize_t r) -> absl::Status {
       return r == 0 ? absl::UnavailableError("duckd closed the connection")
                     : absl::UnavailableError(
                           absl::StrCat("recv: ", std::strerror(errno)));
-    };
-    auto headerDone = [&]() -> absl::Status {
-      if (absl::Status s = duckd::ValidateHeader(c.rh, opt.max_payload);
-          !s.ok())
-        return s;
-      c.plen = c.rh.payload_bytes;
-      if (c.payload.size() < c.plen)
-        c.payload.resize(c.plen); // keeps what was read already
-      return absl::OkStatus();
     };
     if (c.rh_got == 0 && c.expect.size() == 1) {
       // One reply in flight: nothing can follow it, so header and payload
@@ -260,7 +263,7 @@ struct DuckClient::Impl {
       } else {
         c.rh_got = sizeof c.rh;
         const size_t got = size_t(r) - sizeof c.rh;
-        if (absl::Status s = headerDone(); !s.ok())
+        if (absl::Status s = HeaderDone(c); !s.ok())
           return s;
         if (got > c.plen)
           return absl::DataLossError("duckd sent more than one reply");
@@ -278,7 +281,7 @@ struct DuckClient::Impl {
       c.rh_got += size_t(r);
       c.bytes_received += uint64_t(r);
       if (c.rh_got == sizeof c.rh) {
-        if (absl::Status s = headerDone(); !s.ok())
+        if (absl::Status s = HeaderDone(c); !s.ok())
           return s;
         c.p_got = 0;
       }
@@ -307,6 +310,23 @@ struct DuckClient::Impl {
     return true;
   }
 
+  /// One Pump call: what it is for, its first error and its deadline.
+  struct PumpState {
+    absl::Duration timeout;
+    absl::string_view what;
+    const ReplyFn &on_reply;
+    const RefillFn &refill;
+    bool idle;
+    int64_t timeout_ns;
+    uint64_t deadline;
+    absl::Status first;
+    /// With `idle`, bytes that moved restart the timeout.
+    void Moved(uint64_t before, uint64_t after) {
+      if (idle && after != before)
+        deadline = NowNs() + uint64_t(timeout_ns);
+    }
+  };
+
   /// Drives every listed connection until all queued requests are answered.
   /// With `idle`, the timeout restarts whenever bytes move (long uploads).
   absl::Status Pump(const std::vector<size_t> &ducks, absl::Duration timeout,
@@ -314,128 +334,163 @@ struct DuckClient::Impl {
                     const RefillFn &refill = nullptr, bool idle = false,
                     absl::Duration spin = absl::ZeroDuration()) {
     const uint64_t spinUntil = NowNs() + uint64_t(absl::ToInt64Nanoseconds(spin));
-    absl::Status first;
-    auto fail = [&](size_t d, absl::Status s, bool fatal) {
-      absl::Status named(s.code(), absl::StrCat(Name(d), ": ", what, ": ",
-                                                s.message()));
-      if (fatal)
-        Break(d, std::string(named.message()));
-      if (first.ok())
-        first = named;
-    };
     const int64_t timeoutNs = absl::ToInt64Nanoseconds(timeout);
-    uint64_t deadline = NowNs() + uint64_t(timeoutNs);
-    // A whole frame is in conns[d].rh/payload: match it to its request.
-    auto handle = [&](size_t d) {
-      Conn &c = conns[d];
-      duckd_frame_header h = c.rh;
-      c.rh_got = 0;
-      if (h.type == DUCKD_MSG_NOTICE || !(h.flags & DUCKD_FLAG_REPLY) ||
-          c.expect.empty() || h.request_id != c.expect.front()) {
-        std::string why = "unexpected frame from duckd";
-        if (h.flags & DUCKD_FLAG_ERROR)
-          if (auto e = duckd::DecodeError(c.Payload()); e.ok())
-            why = e->message;
-        fail(d, absl::UnavailableError(why), true);
-        return;
-      }
-      c.expect.pop_front();
-      if (h.flags & DUCKD_FLAG_ERROR) {
-        auto e = duckd::DecodeError(c.Payload());
-        fail(d,
-             e.ok() ? ErrorFor(e->code, e->message)
-                    : absl::InternalError("malformed error reply"),
-             false);
-      } else if (absl::Status s = on_reply(d, h, c.Payload()); !s.ok()) {
-        fail(d, s, false);
-      }
-      if (refill && c.fd >= 0)
-        if (absl::Status s = refill(d); !s.ok())
-          fail(d, s, false);
-    };
+    PumpState p{timeout, what,      on_reply, refill,
+                idle,    timeoutNs, NowNs() + uint64_t(timeoutNs), {}};
     std::vector<pollfd> pfds;
     std::vector<size_t> who;
     for (;;) {
-      pfds.clear();
-      who.clear();
-      for (size_t d : ducks) {
-        Conn &c = conns[d];
-        if (c.fd < 0)
-          continue;
-        if (!c.out.empty()) {
-          const uint64_t before = c.bytes_sent;
-          if (absl::Status s = SendSome(c); !s.ok()) {
-            fail(d, s, true);
-            continue;
-          }
-          if (idle && c.bytes_sent != before)
-            deadline = NowNs() + uint64_t(timeoutNs);
-        }
-        if (c.out.empty() && c.expect.empty())
-          continue;
-        short ev = (c.expect.empty() ? 0 : POLLIN) |
-                   (c.out.empty() ? 0 : POLLOUT);
-        pfds.push_back({c.fd, ev, 0});
-        who.push_back(d);
-      }
+      SendAndList(p, ducks, &pfds, &who);
       if (pfds.empty())
-        return first;
+        return p.first;
       const uint64_t now = NowNs();
-      if (now >= deadline) {
+      if (now >= p.deadline) {
         for (size_t d : who)
-          fail(d,
-               absl::DeadlineExceededError(absl::StrCat(
-                   "no reply within ", absl::FormatDuration(timeout),
-                   "; connection closed")),
-               true);
-        return first;
+          PumpFail(p, d,
+                   absl::DeadlineExceededError(absl::StrCat(
+                       "no reply within ", absl::FormatDuration(timeout),
+                       "; connection closed")),
+                   true);
+        return p.first;
       }
       const bool spinning = now < spinUntil;
       if (!spinning && pfds.size() == 1 && pfds[0].events == POLLIN &&
           conns[who[0]].rh_got == 0 && conns[who[0]].expect.size() == 1) {
-        // One reply awaited: wait for it in recvmsg itself (no poll), for
-        // at most the socket's 100 ms receive timeout per round.
-        const size_t d = who[0];
-        Conn &c = conns[d];
-        const uint64_t before = c.bytes_received;
-        absl::StatusOr<bool> got = RecvSome(c, /*block=*/true);
-        if (idle && c.bytes_received != before)
-          deadline = NowNs() + uint64_t(timeoutNs);
-        if (!got.ok())
-          fail(d, got.status(), true);
-        else if (*got)
-          handle(d);
+        AwaitOne(p, who[0]);
         continue; // partial or nothing yet: round again
       }
       const int ms = spinning ? 0
                               : int(std::min<uint64_t>(
-                                    (deadline - now + 999999) / 1000000, 1000));
+                                    (p.deadline - now + 999999) / 1000000,
+                                    1000));
       int r = ::poll(pfds.data(), pfds.size(), ms);
       if (r < 0 && errno != EINTR)
         return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
       if (r <= 0)
         continue;
-      for (size_t i = 0; i < pfds.size(); ++i) {
-        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
-          continue;
-        const size_t d = who[i];
-        Conn &c = conns[d];
-        while (c.fd >= 0 && !c.expect.empty()) {
-          const uint64_t before = c.bytes_received;
-          absl::StatusOr<bool> got = RecvSome(c);
-          if (idle && c.bytes_received != before)
-            deadline = NowNs() + uint64_t(timeoutNs);
-          if (!got.ok()) {
-            fail(d, got.status(), true);
-            break;
-          }
-          if (!*got)
-            break;
-          handle(d);
-        }
-      }
+      for (size_t i = 0; i < pfds.size(); ++i)
+        if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
+          ReadReplies(p, who[i]);
     }
   }
+
+  /// Names a Pump's error by duck and request and keeps the first; a
+  /// fatal one breaks the connection.
+  void PumpFail(PumpState &p, size_t d, const absl::Status &s, bool fatal) {
+    absl::Status named(s.code(), absl::StrCat(Name(d), ": ", p.what, ": ",
+                                              s.message()));
+    if (fatal)
+      Break(d, std::string(named.message()));
+    if (p.first.ok())
+      p.first = named;
+  }
+
+  /// Writes what each connection has queued and lists, in `pfds` and
+  /// `who`, those that still wait to write or for a reply.
+  void SendAndList(PumpState &p, const std::vector<size_t> &ducks,
+                   std::vector<pollfd> *pfds, std::vector<size_t> *who) {
+    pfds->clear();
+    who->clear();
+    for (size_t d : ducks) {
+      Conn &c = conns[d];
+      if (c.fd < 0)
+        continue;
+      if (!c.out.empty()) {
+        const uint64_t before = c.bytes_sent;
+        if (absl::Status s = SendSome(c); !s.ok()) {
+          PumpFail(p, d, s, true);
+          continue;
+        }
+        p.Moved(before, c.bytes_sent);
+      }
+      if (c.out.empty() && c.expect.empty())
+        continue;
+      short ev = (c.expect.empty() ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT);
+      pfds->push_back({c.fd, ev, 0});
+      who->push_back(d);
+    }
+  }
+
+  /// One reply awaited: waits for it in recvmsg itself (no poll), for at
+  /// most the socket's 100 ms receive timeout per round.
+  void AwaitOne(PumpState &p, size_t d) {
+    Conn &c = conns[d];
+    const uint64_t before = c.bytes_received;
+    absl::StatusOr<bool> got = RecvSome(c, /*block=*/true);
+    p.Moved(before, c.bytes_received);
+    if (!got.ok())
+      PumpFail(p, d, got.status(), true);
+    else if (*got)
+      HandleReply(p, d);
+  }
+
+  /// Reads and handles the replies a readable connection has in full.
+  void ReadReplies(PumpState &p, size_t d) {
+    Conn &c = conns[d];
+    while (c.fd >= 0 && !c.expect.empty()) {
+      const uint64_t before = c.bytes_received;
+      absl::StatusOr<bool> got = RecvSome(c);
+      p.Moved(before, c.bytes_received);
+      if (!got.ok()) {
+        PumpFail(p, d, got.status(), true);
+        break;
+      }
+      if (!*got)
+        break;
+      HandleReply(p, d);
+    }
+  }
+
+  /// A whole frame is in conns[d].rh/payload: matches it to its request
+  /// and hands it on (then lets `refill` queue more).
+  void HandleReply(PumpState &p, size_t d) {
+    Conn &c = conns[d];
+    duckd_frame_header h = c.rh;
+    c.rh_got = 0;
+    if (h.type == DUCKD_MSG_NOTICE || !(h.flags & DUCKD_FLAG_REPLY) ||
+        c.expect.empty() || h.request_id != c.expect.front()) {
+      std::string why = "unexpected frame from duckd";
+      if (h.flags & DUCKD_FLAG_ERROR)
+        if (auto e = duckd::DecodeError(c.Payload()); e.ok())
+          why = e->message;
+      PumpFail(p, d, absl::UnavailableError(why), true);
+      return;
+    }
+    c.expect.pop_front();
+    if (h.flags & DUCKD_FLAG_ERROR) {
+      auto e = duckd::DecodeError(c.Payload());
+      PumpFail(p, d,
+               e.ok() ? ErrorFor(e->code, e->message)
+                      : absl::InternalError("malformed error reply"),
+               false);
+    } else if (absl::Status s = p.on_reply(d, h, c.Payload()); !s.ok()) {
+      PumpFail(p, d, s, false);
+    }
+    if (p.refill && c.fd >= 0)
+      if (absl::Status s = p.refill(d); !s.ok())
+        PumpFail(p, d, s, false);
+  }
+
+  /// Measures the listed ducks' rates, all of them at once.
+  absl::Status MeasureRates(const MeasureOptions &o,
+                            const std::vector<size_t> &ducks,
+                            std::vector<DuckRates> *out);
+  /// Times round trips to duck d, one in flight at a time: `make` queues
+  /// one request; its reply, whatever it says, ends the trip.
+  absl::Status TimeTrips(size_t d, uint32_t trips, const char *what,
+                         const std::function<void()> &make, double *p50,
+                         double *p90);
+
+  // Prepare's phases, after the images are open.
+  /// 1. Cache sessions: hit, partial or miss per duck, with what it has.
+  absl::Status PrepareBegin(PrepareJob &j, bool invalidate);
+  /// 3. Streams the chunks each duck lacks, two in flight per duck.
+  absl::Status PrepareUpload(PrepareJob &j);
+  /// Queues a duck's next chunks while fewer than two are in flight
+  /// (none after a cancel): Pump's refill during the upload.
+  absl::Status RefillUpload(PrepareJob &j, size_t d);
+  /// 4. Verifies and marks finished every duck that was not a hit.
+  absl::Status PrepareFinish(PrepareJob &j);
 
   std::vector<size_t> All() const {
     std::vector<size_t> v(conns.size());
@@ -741,93 +796,116 @@ absl::Status DuckClient::Close() {
   return s;
 }
 
+namespace {
+
+/// A measure request's bytes: the rates (flags 0), or a ping.
+std::vector<uint8_t> MeasureRequest(const MeasureOptions &o, uint32_t flags) {
+  duckd_measure_request r{};
+  r.cores = o.cores;
+  r.flags = flags;
+  r.arena_bytes = o.arena_bytes;
+  r.millis = o.millis;
+  r.busy_us = flags & DUCKD_MEASURE_PING ? o.busy_us : 0;
+  std::vector<uint8_t> owned(sizeof r);
+  std::memcpy(owned.data(), &r, sizeof r);
+  return owned;
+}
+
+/// A measure reply's figures, into a duck's rates.
+absl::Status ReadRates(absl::Span<const uint8_t> pl, DuckRates *r) {
+  duckd_measure_reply rep;
+  if (pl.size() != sizeof rep)
+    return absl::InternalError("measure reply of the wrong size");
+  std::memcpy(&rep, pl.data(), sizeof rep);
+  r->cores = rep.cores;
+  r->read_gbs = rep.read_gbs;
+  for (uint32_t k = 0; k < DUCK_KERNEL_COUNT && k < rep.kernels; ++k) {
+    r->gparam_s[k] = rep.gparam_s[k];
+    r->rows[k] = rep.rows[k];
+    r->k[k] = rep.k[k];
+  }
+  r->other_load = rep.other_load;
+  r->gemm_gmac_s = rep.gemm_gmac_s;
+  r->gemm_tokens = rep.gemm_tokens;
+  r->gemv_call_us = rep.gemv_call_ns / 1e3;
+  r->seconds = rep.seconds;
+  return absl::OkStatus();
+}
+
+/// An empty step's IB: header only (a dense prepare of slot 0).
+std::vector<uint8_t> EmptyStepIb() {
+  duck_ib_header ib{};
+  ib.magic = DUCK_IB_MAGIC;
+  ib.abi_version = DUCK_ABI_VERSION;
+  ib.mode = DUCK_MODE_DENSE_PREPARE;
+  ib.x_offset = duck_ib_x_offset(0);
+  std::vector<uint8_t> ibBytes(ib.x_offset, 0);
+  std::memcpy(ibBytes.data(), &ib, sizeof ib);
+  return ibBytes;
+}
+
+} // namespace
+
+absl::Status DuckClient::Impl::MeasureRates(const MeasureOptions &o,
+                                            const std::vector<size_t> &ducks,
+                                            std::vector<DuckRates> *out) {
+  for (size_t d : ducks) {
+    if (absl::Status s = Usable(d); !s.ok())
+      return s;
+    std::vector<uint8_t> owned = MeasureRequest(o, 0);
+    Part p{owned.data(), owned.size()};
+    Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+  }
+  return Pump(ducks, opt.call_timeout, "measure",
+              [&](size_t d, const duckd_frame_header &,
+                  absl::Span<const uint8_t> pl) -> absl::Status {
+                return ReadRates(pl, &(*out)[d]);
+              });
+}
+
+absl::Status DuckClient::Impl::TimeTrips(size_t d, uint32_t trips,
+                                         const char *what,
+                                         const std::function<void()> &make,
+                                         double *p50, double *p90) {
+  std::vector<double> us;
+  for (uint32_t i = 0; i < trips; ++i) {
+    const uint64_t t0 = NowNs();
+    make();
+    if (absl::Status s = Pump({d}, opt.call_timeout, what,
+                              [](size_t, const duckd_frame_header &,
+                                 absl::Span<const uint8_t>) {
+                                return absl::OkStatus();
+                              });
+        !s.ok())
+      return s;
+    us.push_back(double(NowNs() - t0) / 1e3);
+  }
+  if (!us.empty()) {
+    std::sort(us.begin(), us.end());
+    *p50 = us[us.size() / 2];
+    *p90 = us[std::min(us.size() - 1, us.size() * 9 / 10)];
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<DuckRates>>
 DuckClient::Measure(const MeasureOptions &options) {
   Impl &m = *impl_;
   std::vector<DuckRates> out(m.conns.size());
-  auto request = [&](uint32_t flags) {
-    duckd_measure_request r{};
-    r.cores = options.cores;
-    r.flags = flags;
-    r.arena_bytes = options.arena_bytes;
-    r.millis = options.millis;
-    r.busy_us = flags & DUCKD_MEASURE_PING ? options.busy_us : 0;
-    std::vector<uint8_t> owned(sizeof r);
-    std::memcpy(owned.data(), &r, sizeof r);
-    return owned;
-  };
-  auto measure = [&](const std::vector<size_t> &ducks) -> absl::Status {
-    for (size_t d : ducks) {
-      if (absl::Status s = m.Usable(d); !s.ok())
-        return s;
-      std::vector<uint8_t> owned = request(0);
-      Part p{owned.data(), owned.size()};
-      m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
-    }
-    return m.Pump(
-        ducks, m.opt.call_timeout, "measure",
-        [&](size_t d, const duckd_frame_header &,
-            absl::Span<const uint8_t> pl) -> absl::Status {
-          duckd_measure_reply rep;
-          if (pl.size() != sizeof rep)
-            return absl::InternalError("measure reply of the wrong size");
-          std::memcpy(&rep, pl.data(), sizeof rep);
-          DuckRates &r = out[d];
-          r.cores = rep.cores;
-          r.read_gbs = rep.read_gbs;
-          for (uint32_t k = 0; k < DUCK_KERNEL_COUNT && k < rep.kernels; ++k) {
-            r.gparam_s[k] = rep.gparam_s[k];
-            r.rows[k] = rep.rows[k];
-            r.k[k] = rep.k[k];
-          }
-          r.other_load = rep.other_load;
-          r.gemm_gmac_s = rep.gemm_gmac_s;
-          r.gemm_tokens = rep.gemm_tokens;
-          r.gemv_call_us = rep.gemv_call_ns / 1e3;
-          r.seconds = rep.seconds;
-          return absl::OkStatus();
-        });
-  };
-  std::vector<size_t> all;
-  for (size_t d = 0; d < m.conns.size(); ++d)
-    all.push_back(d);
+  const std::vector<size_t> all = m.All();
   if (options.one_at_a_time) {
     for (size_t d : all)
-      if (absl::Status s = measure({d}); !s.ok())
+      if (absl::Status s = m.MeasureRates(options, {d}, &out); !s.ok())
         return s;
-  } else if (absl::Status s = measure(all); !s.ok()) {
+  } else if (absl::Status s = m.MeasureRates(options, all, &out); !s.ok()) {
     return s;
   }
-  // Round trips, one in flight at a time, each duck in turn: `make`
-  // queues one request; its reply, whatever it says, ends the trip.
-  auto time = [&](size_t d, const char *what,
-                  const std::function<void()> &make, double *p50,
-                  double *p90) -> absl::Status {
-    std::vector<double> us;
-    for (uint32_t i = 0; i < options.pings; ++i) {
-      const uint64_t t0 = NowNs();
-      make();
-      if (absl::Status s = m.Pump({d}, m.opt.call_timeout, what,
-                                  [](size_t, const duckd_frame_header &,
-                                     absl::Span<const uint8_t>) {
-                                    return absl::OkStatus();
-                                  });
-          !s.ok())
-        return s;
-      us.push_back(double(NowNs() - t0) / 1e3);
-    }
-    if (!us.empty()) {
-      std::sort(us.begin(), us.end());
-      *p50 = us[us.size() / 2];
-      *p90 = us[std::min(us.size() - 1, us.size() * 9 / 10)];
-    }
-    return absl::OkStatus();
-  };
   for (size_t d : all)
-    if (absl::Status s = time(
-            d, "ping",
+    if (absl::Status s = m.TimeTrips(
+            d, options.pings, "ping",
             [&] {
-              std::vector<uint8_t> owned = request(DUCKD_MEASURE_PING);
+              std::vector<uint8_t> owned =
+                  MeasureRequest(options, DUCKD_MEASURE_PING);
               Part p{owned.data(), owned.size()};
               m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
             },
@@ -840,21 +918,15 @@ DuckClient::Measure(const MeasureOptions &options) {
   }
   if (options.elf.empty() || !m.opt.persistent)
     return out;
-  // Empty steps: a header-only IB (a dense prepare of slot 0). Whatever
-  // status the ELF returns (a duck without weights says BAD_WEIGHTS), the
-  // step went host -> duckd -> worker -> ELF and back.
+  // Empty steps: whatever status the ELF returns (a duck without weights
+  // says BAD_WEIGHTS), the step went host -> duckd -> worker -> ELF and
+  // back.
   if (absl::Status s = Open(options.elf); !s.ok())
     return s;
-  duck_ib_header ib{};
-  ib.magic = DUCK_IB_MAGIC;
-  ib.abi_version = DUCK_ABI_VERSION;
-  ib.mode = DUCK_MODE_DENSE_PREPARE;
-  ib.x_offset = duck_ib_x_offset(0);
-  std::vector<uint8_t> ibBytes(ib.x_offset, 0);
-  std::memcpy(ibBytes.data(), &ib, sizeof ib);
+  const std::vector<uint8_t> ibBytes = EmptyStepIb();
   for (size_t d : all)
-    if (absl::Status s = time(
-            d, "empty step",
+    if (absl::Status s = m.TimeTrips(
+            d, options.pings, "empty step",
             [&] {
               duckd_step_request r{m.conns[d].session_id, ibBytes.size()};
               std::vector<uint8_t> owned(sizeof r);
@@ -951,7 +1023,197 @@ absl::Status OpenImage(const std::string &path, ImageFile *img) {
                 h.slot_table_offset);
 }
 
+/// A byte range of an image that a duck lacks.
+struct Range {
+  uint64_t offset, bytes;
+};
+
+/// One duck's upload: the ranges it lacks, where the stream is in them,
+/// and the chunk buffers its sent frames give back.
+struct Upload {
+  std::vector<Range> ranges;
+  size_t next = 0;
+  uint64_t pos = 0; // inside ranges[next]
+  int inflight = 0;
+  std::vector<std::vector<uint8_t>> pool;
+};
+
+/// One Prepare call, shared by its phases: the images, what each duck
+/// said and lacks, the upload's progress.
+struct PrepareJob {
+  PrepareJob(absl::Span<const std::string> images,
+             const PrepareOptions &options)
+      : images(images), options(options), files(images.size()) {}
+  absl::Span<const std::string> images;
+  const PrepareOptions &options;
+  const uint64_t start = NowNs();
+  std::vector<ImageFile> files;
+  PrepareReport report;
+  std::vector<duckd_prepare_reply> begin;
+  std::vector<std::vector<uint8_t>> bitmaps;
+  std::vector<Upload> up;
+  PrepareProgress prog;
+  uint64_t last_report = 0;
+  bool cancelled = false;
+
+  /// Tells options.progress, at most once a progress_interval unless forced.
+  void ReportProgress(bool force) {
+    if (!options.progress)
+      return;
+    const uint64_t now = NowNs();
+    if (!force && now - last_report < uint64_t(absl::ToInt64Nanoseconds(
+                                          options.progress_interval)))
+      return;
+    last_report = now;
+    prog.seconds = double(now - start) / 1e9;
+    prog.bytes_per_second =
+        prog.seconds > 0 ? double(prog.bytes_done) / prog.seconds : 0;
+    prog.eta_seconds =
+        prog.bytes_per_second > 0
+            ? double(prog.bytes_total - prog.bytes_done) / prog.bytes_per_second
+            : 0;
+    options.progress(prog);
+  }
+};
+
+/// 2. What each duck lacks: the head, then every unfinished slot.
+void PlanUploads(PrepareJob &j) {
+  const size_t n = j.files.size();
+  j.up.resize(n);
+  for (size_t d = 0; d < n; ++d) {
+    if (j.report.result[d] == DUCKD_CACHE_HIT)
+      continue;
+    const ImageFile &f = j.files[d];
+    Upload &u = j.up[d];
+    const uint64_t tableEnd =
+        f.header.slot_table_offset +
+        uint64_t(f.header.slot_count) * sizeof(duck_slot_entry);
+    if (!j.begin[d].head_finished)
+      u.ranges.push_back({0, tableEnd});
+    const std::vector<uint8_t> &bitmap = j.bitmaps[d];
+    for (uint32_t s = 0; s < f.header.slot_count; ++s) {
+      const bool done = s / 8 < bitmap.size() && (bitmap[s / 8] >> (s % 8)) & 1;
+      if (!done && f.table[s].bytes)
+        u.ranges.push_back({f.table[s].offset, f.table[s].bytes});
+    }
+    for (const Range &r : u.ranges)
+      j.prog.bytes_total += r.bytes;
+  }
+}
+
 } // namespace
+
+absl::Status DuckClient::Impl::PrepareBegin(PrepareJob &j, bool invalidate) {
+  const size_t n = conns.size();
+  j.report.result.assign(n, DUCKD_CACHE_MISS);
+  j.report.bytes_uploaded.assign(n, 0);
+  j.begin.resize(n);
+  j.bitmaps.resize(n);
+  std::vector<size_t> ducks = All();
+  for (size_t d : ducks) {
+    duckd_prepare_begin_request r{};
+    r.flags = invalidate ? DUCKD_PREPARE_INVALIDATE : 0;
+    r.image = j.files[d].header;
+    std::vector<uint8_t> owned(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    Part p{owned.data(), owned.size()};
+    Queue(d, DUCKD_MSG_PREPARE_BEGIN, std::move(owned), {p});
+  }
+  return Pump(ducks, opt.call_timeout, "prepare_begin",
+              [&](size_t d, const duckd_frame_header &,
+                  absl::Span<const uint8_t> pl) -> absl::Status {
+                if (pl.size() < sizeof(duckd_prepare_reply))
+                  return absl::InternalError("short prepare_begin reply");
+                std::memcpy(&j.begin[d], pl.data(), sizeof j.begin[d]);
+                j.bitmaps[d].assign(pl.begin() + sizeof(duckd_prepare_reply),
+                                    pl.end());
+                j.report.result[d] = duckd_cache_result(j.begin[d].result);
+                return absl::OkStatus();
+              });
+}
+
+absl::Status DuckClient::Impl::RefillUpload(PrepareJob &j, size_t d) {
+  Upload &u = j.up[d];
+  if (j.options.cancel && j.options.cancel->load())
+    j.cancelled = true; // no more chunks; those in flight are answered
+  while (!j.cancelled && u.inflight < 2 && u.next < u.ranges.size()) {
+    const Range &r = u.ranges[u.next];
+    const uint64_t bytes =
+        std::min<uint64_t>(opt.prepare_chunk_bytes, r.bytes - u.pos);
+    const uint64_t offset = r.offset + u.pos;
+    std::vector<uint8_t> buf;
+    if (!u.pool.empty()) {
+      buf = std::move(u.pool.back());
+      u.pool.pop_back();
+    }
+    buf.resize(sizeof(duckd_prepare_write_request) + bytes);
+    duckd_prepare_write_request w{offset, bytes};
+    std::memcpy(buf.data(), &w, sizeof w);
+    if (absl::Status s =
+            ReadAt(j.files[d].fd, buf.data() + sizeof w, bytes, offset);
+        !s.ok())
+      return absl::DataLossError(absl::StrCat(j.images[d], ": ", s.message()));
+    Part p{buf.data(), buf.size()};
+    Queue(d, DUCKD_MSG_PREPARE_WRITE, std::move(buf), {p}, &u.pool);
+    ++u.inflight;
+    u.pos += bytes;
+    if (u.pos == r.bytes) {
+      ++u.next;
+      u.pos = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DuckClient::Impl::PrepareUpload(PrepareJob &j) {
+  std::vector<size_t> ducks;
+  for (size_t d = 0; d < j.up.size(); ++d)
+    if (!j.up[d].ranges.empty()) {
+      ducks.push_back(d);
+      if (absl::Status s = RefillUpload(j, d); !s.ok())
+        return s;
+    }
+  j.ReportProgress(true);
+  return Pump(
+      ducks, opt.call_timeout, "prepare_write",
+      [&](size_t d, const duckd_frame_header &,
+          absl::Span<const uint8_t> pl) -> absl::Status {
+        duckd_prepare_write_reply rep;
+        if (pl.size() != sizeof rep)
+          return absl::InternalError("bad prepare_write reply");
+        std::memcpy(&rep, pl.data(), sizeof rep);
+        --j.up[d].inflight;
+        j.report.bytes_uploaded[d] += rep.bytes;
+        j.prog.bytes_done += rep.bytes;
+        j.ReportProgress(false);
+        return absl::OkStatus();
+      },
+      [&](size_t d) { return RefillUpload(j, d); }, /*idle=*/true);
+}
+
+absl::Status DuckClient::Impl::PrepareFinish(PrepareJob &j) {
+  std::vector<size_t> ducks;
+  for (size_t d = 0; d < conns.size(); ++d)
+    if (j.report.result[d] != DUCKD_CACHE_HIT) {
+      ducks.push_back(d);
+      Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
+    }
+  return Pump(ducks, opt.call_timeout, "prepare_finish",
+              [&](size_t, const duckd_frame_header &,
+                  absl::Span<const uint8_t> pl) -> absl::Status {
+                if (j.cancelled)
+                  return absl::OkStatus();
+                duckd_prepare_reply rep;
+                if (pl.size() < sizeof rep)
+                  return absl::InternalError("short prepare_finish reply");
+                std::memcpy(&rep, pl.data(), sizeof rep);
+                if (!rep.head_finished || rep.finished_slots != rep.slot_count)
+                  return absl::DataLossError(absl::StrCat(
+                      rep.finished_slots, "/", rep.slot_count,
+                      " slots finished after the upload"));
+                return absl::OkStatus();
+              });
+}
 
 absl::StatusOr<PrepareReport>
 DuckClient::Prepare(absl::Span<const std::string> images,
@@ -961,199 +1223,40 @@ DuckClient::Prepare(absl::Span<const std::string> images,
   if (images.size() != n)
     return absl::InvalidArgumentError(absl::StrCat(
         "prepare needs one image per duck: ", images.size(), " for ", n));
-  const uint64_t start = NowNs();
-  std::vector<ImageFile> files(n);
+  PrepareJob j(images, options);
   for (size_t d = 0; d < n; ++d) {
-    if (absl::Status s = OpenImage(images[d], &files[d]); !s.ok())
+    if (absl::Status s = OpenImage(images[d], &j.files[d]); !s.ok())
       return s;
     if (absl::Status s = m.Usable(d); !s.ok())
       return s;
   }
-
-  // 1. Cache sessions: hit, partial or miss per duck.
   // DUCK_INVALIDATE=1: the host switch that forces a miss without code.
   bool invalidate = options.invalidate;
   if (m.opt.read_environment)
     if (const char *e = std::getenv("DUCK_INVALIDATE"); e && std::string(e) == "1")
       invalidate = true;
-  PrepareReport report;
-  report.result.assign(n, DUCKD_CACHE_MISS);
-  report.bytes_uploaded.assign(n, 0);
-  std::vector<duckd_prepare_reply> begin(n);
-  std::vector<std::vector<uint8_t>> bitmaps(n);
-  std::vector<size_t> ducks = m.All();
-  for (size_t d : ducks) {
-    duckd_prepare_begin_request r{};
-    r.flags = invalidate ? DUCKD_PREPARE_INVALIDATE : 0;
-    r.image = files[d].header;
-    std::vector<uint8_t> owned(sizeof r);
-    std::memcpy(owned.data(), &r, sizeof r);
-    Part p{owned.data(), owned.size()};
-    m.Queue(d, DUCKD_MSG_PREPARE_BEGIN, std::move(owned), {p});
-  }
-  if (absl::Status s = m.Pump(
-          ducks, m.opt.call_timeout, "prepare_begin",
-          [&](size_t d, const duckd_frame_header &,
-              absl::Span<const uint8_t> pl) -> absl::Status {
-            if (pl.size() < sizeof(duckd_prepare_reply))
-              return absl::InternalError("short prepare_begin reply");
-            std::memcpy(&begin[d], pl.data(), sizeof begin[d]);
-            bitmaps[d].assign(pl.begin() + sizeof(duckd_prepare_reply),
-                              pl.end());
-            report.result[d] = duckd_cache_result(begin[d].result);
-            return absl::OkStatus();
-          });
-      !s.ok())
+  if (absl::Status s = m.PrepareBegin(j, invalidate); !s.ok())
     return s;
-
-  // 2. What each duck lacks: the head, then every unfinished slot.
-  struct Range {
-    uint64_t offset, bytes;
-  };
-  struct Upload {
-    std::vector<Range> ranges;
-    size_t next = 0;
-    uint64_t pos = 0; // inside ranges[next]
-    int inflight = 0;
-    std::vector<std::vector<uint8_t>> pool;
-  };
-  std::vector<Upload> up(n);
-  PrepareProgress prog;
-  for (size_t d = 0; d < n; ++d) {
-    if (report.result[d] == DUCKD_CACHE_HIT)
-      continue;
-    const ImageFile &f = files[d];
-    const uint64_t tableEnd = f.header.slot_table_offset +
-                              uint64_t(f.header.slot_count) * sizeof(duck_slot_entry);
-    if (!begin[d].head_finished)
-      up[d].ranges.push_back({0, tableEnd});
-    for (uint32_t s = 0; s < f.header.slot_count; ++s) {
-      const bool done = s / 8 < bitmaps[d].size() &&
-                        (bitmaps[d][s / 8] >> (s % 8)) & 1;
-      if (!done && f.table[s].bytes)
-        up[d].ranges.push_back({f.table[s].offset, f.table[s].bytes});
-    }
-    for (const Range &r : up[d].ranges)
-      prog.bytes_total += r.bytes;
-  }
-
-  // 3. Stream chunks, two in flight per duck.
-  uint64_t lastReport = 0;
-  auto report_progress = [&](bool force) {
-    if (!options.progress)
-      return;
-    const uint64_t now = NowNs();
-    if (!force && now - lastReport <
-                      uint64_t(absl::ToInt64Nanoseconds(options.progress_interval)))
-      return;
-    lastReport = now;
-    prog.seconds = double(now - start) / 1e9;
-    prog.bytes_per_second =
-        prog.seconds > 0 ? double(prog.bytes_done) / prog.seconds : 0;
-    prog.eta_seconds =
-        prog.bytes_per_second > 0
-            ? double(prog.bytes_total - prog.bytes_done) / prog.bytes_per_second
-            : 0;
-    options.progress(prog);
-  };
-  bool cancelled = false;
-  auto refill = [&](size_t d) -> absl::Status {
-    Upload &u = up[d];
-    if (options.cancel && options.cancel->load())
-      cancelled = true; // no more chunks; those in flight are answered
-    while (!cancelled && u.inflight < 2 && u.next < u.ranges.size()) {
-      const Range &r = u.ranges[u.next];
-      const uint64_t bytes =
-          std::min<uint64_t>(m.opt.prepare_chunk_bytes, r.bytes - u.pos);
-      const uint64_t offset = r.offset + u.pos;
-      std::vector<uint8_t> buf;
-      if (!u.pool.empty()) {
-        buf = std::move(u.pool.back());
-        u.pool.pop_back();
-      }
-      buf.resize(sizeof(duckd_prepare_write_request) + bytes);
-      duckd_prepare_write_request w{offset, bytes};
-      std::memcpy(buf.data(), &w, sizeof w);
-      if (absl::Status s =
-              ReadAt(files[d].fd, buf.data() + sizeof w, bytes, offset);
-          !s.ok())
-        return absl::DataLossError(absl::StrCat(images[d], ": ", s.message()));
-      Part p{buf.data(), buf.size()};
-      m.Queue(d, DUCKD_MSG_PREPARE_WRITE, std::move(buf), {p}, &u.pool);
-      ++u.inflight;
-      u.pos += bytes;
-      if (u.pos == r.bytes) {
-        ++u.next;
-        u.pos = 0;
-      }
-    }
-    return absl::OkStatus();
-  };
-  ducks.clear();
-  for (size_t d = 0; d < n; ++d)
-    if (!up[d].ranges.empty()) {
-      ducks.push_back(d);
-      if (absl::Status s = refill(d); !s.ok())
-        return s;
-    }
-  report_progress(true);
-  if (absl::Status s = m.Pump(
-          ducks, m.opt.call_timeout, "prepare_write",
-          [&](size_t d, const duckd_frame_header &,
-              absl::Span<const uint8_t> pl) -> absl::Status {
-            duckd_prepare_write_reply rep;
-            if (pl.size() != sizeof rep)
-              return absl::InternalError("bad prepare_write reply");
-            std::memcpy(&rep, pl.data(), sizeof rep);
-            --up[d].inflight;
-            report.bytes_uploaded[d] += rep.bytes;
-            prog.bytes_done += rep.bytes;
-            report_progress(false);
-            return absl::OkStatus();
-          },
-          refill, /*idle=*/true);
-      !s.ok())
+  PlanUploads(j);
+  if (absl::Status s = m.PrepareUpload(j); !s.ok())
     return s;
-  // 4. Verify and mark finished (every duck that was not a hit). After a
-  // cancel too: each duck keeps the slots that arrived whole, so the next
-  // prepare sends only the rest; its answer then says the others stay
-  // unfinished, which is expected (the connections are closed after).
-  ducks.clear();
-  for (size_t d = 0; d < n; ++d)
-    if (report.result[d] != DUCKD_CACHE_HIT) {
-      ducks.push_back(d);
-      m.Queue(d, DUCKD_MSG_PREPARE_FINISH, {}, {});
-    }
-  absl::Status finished =
-      m.Pump(
-          ducks, m.opt.call_timeout, "prepare_finish",
-          [&](size_t d, const duckd_frame_header &,
-              absl::Span<const uint8_t> pl) -> absl::Status {
-            if (cancelled)
-              return absl::OkStatus();
-            duckd_prepare_reply rep;
-            if (pl.size() < sizeof rep)
-              return absl::InternalError("short prepare_finish reply");
-            std::memcpy(&rep, pl.data(), sizeof rep);
-            if (!rep.head_finished || rep.finished_slots != rep.slot_count)
-              return absl::DataLossError(absl::StrCat(
-                  rep.finished_slots, "/", rep.slot_count,
-                  " slots finished after the upload"));
-            return absl::OkStatus();
-          });
-  if (cancelled)
+  // After a cancel too: each duck keeps the slots that arrived whole, so
+  // the next prepare sends only the rest; its answer then says the others
+  // stay unfinished, which is expected (the connections are closed after).
+  absl::Status finished = m.PrepareFinish(j);
+  if (j.cancelled)
     return absl::CancelledError(absl::StrFormat(
         "interrupted: the weight upload stopped at %.1f of %.1f MiB (the "
         "ducks keep the slots that arrived whole; the next prepare sends "
         "the rest)",
-        prog.bytes_done / 1048576.0, prog.bytes_total / 1048576.0));
+        j.prog.bytes_done / 1048576.0, j.prog.bytes_total / 1048576.0));
   if (!finished.ok())
     return finished;
-  report_progress(true);
-  report.seconds = double(NowNs() - start) / 1e9;
+  j.ReportProgress(true);
+  j.report.seconds = double(NowNs() - j.start) / 1e9;
   if (absl::Status s = m.Hello(); !s.ok())
     return s;
-  return report;
+  return std::move(j.report);
 }
 
 } // namespace duck::runtime
