@@ -159,20 +159,26 @@ std::string LocalCluster::cache_file(size_t duck) const {
                       ".weights");
 }
 
-absl::Status LocalCluster::StartOne(size_t i) {
-  const std::string name = absl::StrCat(opt_.name_prefix, i);
+namespace {
+
+/// duckd's command line for local duck i: its name, cache, cores, and
+/// port 0 (it says on stdout which port it took).
+std::vector<std::string> DuckdArgs(const LocalClusterOptions &o,
+                                   const std::string &duckd,
+                                   const std::string &cacheDir, size_t i,
+                                   const std::string &name) {
   std::vector<std::string> args = {
-      duckd_,
+      duckd,
       "--port=0",
       absl::StrCat("--name=", name),
-      absl::StrCat("--cache_dir=", cache_dir_),
-      absl::StrCat("--weights_size=", opt_.weights_size),
-      absl::StrCat("--cores=", opt_.cores),
-      absl::StrCat("--cpu_offset=", i * opt_.cores),
-      absl::StrCat("--pin=", opt_.pin ? "true" : "false"),
-      absl::StrCat("--sync=", opt_.sync ? "true" : "false")};
-  if (!opt_.token.empty())
-    args.push_back(absl::StrCat("--token=", opt_.token));
+      absl::StrCat("--cache_dir=", cacheDir),
+      absl::StrCat("--weights_size=", o.weights_size),
+      absl::StrCat("--cores=", o.cores),
+      absl::StrCat("--cpu_offset=", i * o.cores),
+      absl::StrCat("--pin=", o.pin ? "true" : "false"),
+      absl::StrCat("--sync=", o.sync ? "true" : "false")};
+  if (!o.token.empty())
+    args.push_back(absl::StrCat("--token=", o.token));
   // Several ducks on this box: a duck whose workers spin for the next step
   // holds a core the host, the other ducks and a server's HTTP threads
   // need (two ducks x 1 core, Qwen3-0.6B shape: 20.1 tok/s spinning 200
@@ -181,22 +187,26 @@ absl::Status LocalCluster::StartOne(size_t i) {
   // HTTP threads for seconds; docs/perf.md). One duck keeps duckd's
   // default: its spin saves the wake-up (24.4 against 23.2). Extra args
   // come later and win.
-  if (opt_.ducks > 1)
+  if (o.ducks > 1)
     args.push_back("--spin_us=0");
-  args.insert(args.end(), opt_.extra_args.begin(), opt_.extra_args.end());
+  args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
+  return args;
+}
+
+/// A started duckd: its pid and the read end of its stdout.
+struct Spawned {
+  pid_t pid;
+  int out;
+};
+
+/// Forks and runs duckd in a process group of its own that dies with this
+/// process; its stderr is appended to `logPath` (when given).
+absl::StatusOr<Spawned> SpawnDuckd(std::vector<std::string> &args,
+                                   const std::string &logPath) {
   std::vector<char *> argv;
   for (std::string &a : args)
     argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::string logPath;
-  if (!opt_.log_dir.empty())
-    logPath = absl::StrCat(opt_.log_dir, "/duckd-", name, ".log");
-
-  // Only what this start writes to the log can say why it failed.
-  uint64_t logStart = 0;
-  if (struct stat st; !logPath.empty() && ::stat(logPath.c_str(), &st) == 0)
-    logStart = uint64_t(st.st_size);
-
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0)
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -231,53 +241,87 @@ absl::Status LocalCluster::StartOne(size_t i) {
     ::_exit(127);
   }
   ::close(out[1]);
-  pids_[i] = pid;
+  return Spawned{pid, out[0]};
+}
 
-  // Read "duckd: listening on HOST:PORT" from its stdout.
-  const absl::Time deadline = absl::Now() + opt_.start_timeout;
-  std::string text;
+/// Reads "duckd: listening on HOST:PORT" from a starting duckd's stdout
+/// until `deadline`: the port (0 when it did not say; `text` is what it
+/// said), and its host in `host`.
+uint16_t ReadListening(int fd, absl::Time deadline, std::string *text,
+                       std::string *host) {
   uint16_t port = 0;
-  std::string host = "127.0.0.1";
   while (!port) {
     const int ms = int(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    pollfd p{out[0], POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     if (ms <= 0 || ::poll(&p, 1, ms) <= 0)
       break;
     char buf[256];
-    ssize_t n = ::read(out[0], buf, sizeof buf);
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n <= 0)
       break;
-    text.append(buf, size_t(n));
+    text->append(buf, size_t(n));
     const std::string key = "duckd: listening on ";
-    size_t at = text.find(key);
-    size_t eol = at == std::string::npos ? at : text.find('\n', at);
+    size_t at = text->find(key);
+    size_t eol = at == std::string::npos ? at : text->find('\n', at);
     if (eol != std::string::npos) {
-      std::string addr = text.substr(at + key.size(), eol - at - key.size());
+      std::string addr = text->substr(at + key.size(), eol - at - key.size());
       size_t colon = addr.rfind(':');
       uint32_t v = 0;
       if (colon != std::string::npos &&
           absl::SimpleAtoi(addr.substr(colon + 1), &v) && v && v < 65536) {
-        host = addr.substr(0, colon);
+        *host = addr.substr(0, colon);
         port = uint16_t(v);
       }
       break;
     }
   }
-  ::close(out[0]);
+  return port;
+}
+
+/// The last non-empty line of the log from byte `from` on: what this start
+/// wrote last, which usually says why it failed (a weights file in use by
+/// another local cluster sharing the cache directory, ...).
+std::string LastLogLine(const std::string &logPath, uint64_t from) {
+  std::string why;
+  std::ifstream log(logPath);
+  log.seekg(std::streamoff(from));
+  for (std::string line; std::getline(log, line);)
+    if (!line.empty())
+      why = line;
+  return why;
+}
+
+} // namespace
+
+absl::Status LocalCluster::StartOne(size_t i) {
+  const std::string name = absl::StrCat(opt_.name_prefix, i);
+  std::vector<std::string> args = DuckdArgs(opt_, duckd_, cache_dir_, i, name);
+  std::string logPath;
+  if (!opt_.log_dir.empty())
+    logPath = absl::StrCat(opt_.log_dir, "/duckd-", name, ".log");
+
+  // Only what this start writes to the log can say why it failed.
+  uint64_t logStart = 0;
+  if (struct stat st; !logPath.empty() && ::stat(logPath.c_str(), &st) == 0)
+    logStart = uint64_t(st.st_size);
+
+  absl::StatusOr<Spawned> sp = SpawnDuckd(args, logPath);
+  if (!sp.ok())
+    return sp.status();
+  const pid_t pid = sp->pid;
+  pids_[i] = pid;
+
+  const absl::Time deadline = absl::Now() + opt_.start_timeout;
+  std::string text;
+  std::string host = "127.0.0.1";
+  const uint16_t port = ReadListening(sp->out, deadline, &text, &host);
+  ::close(sp->out);
   if (!port) {
     ::kill(pid, SIGKILL);
     WaitExit(pid, absl::Seconds(5));
     pids_[i] = -1;
-    // Its log's last line usually says why (a weights file in use by
-    // another local cluster sharing the cache directory, ...).
-    std::string why;
-    if (!logPath.empty()) {
-      std::ifstream log(logPath);
-      log.seekg(std::streamoff(logStart));
-      for (std::string line; std::getline(log, line);)
-        if (!line.empty())
-          why = line;
-    }
+    const std::string why =
+        logPath.empty() ? std::string() : LastLogLine(logPath, logStart);
     return absl::UnavailableError(absl::StrCat(
         "duckd ", name, " (", duckd_, ") did not start",
         why.empty() ? absl::StrCat("; stdout: '", text, "'")
