@@ -76,6 +76,27 @@ std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
   return out;
 }
 
+namespace {
+/// The root table's version field, verified on its own (the root offset,
+/// the table's vtable and the field's bytes in bounds); false when even
+/// that does not hold.
+bool PeekPlanVersion(const uint8_t *buf, uint64_t size, uint32_t *out) {
+  if (size < 8 || size > FLATBUFFERS_MAX_BUFFER_SIZE)
+    return false;
+  flatbuffers::Verifier v(buf, size);
+  const flatbuffers::uoffset_t root =
+      flatbuffers::ReadScalar<flatbuffers::uoffset_t>(buf);
+  if (root > size - 4 || root % 4 != 0)
+    return false;
+  const auto *table = reinterpret_cast<const flatbuffers::Table *>(buf + root);
+  if (!table->VerifyTableStart(v) ||
+      !table->VerifyField<uint32_t>(v, pl::PlanDef::VT_VERSION, 4))
+    return false;
+  *out = table->GetField<uint32_t>(pl::PlanDef::VT_VERSION, 0);
+  return true;
+}
+} // namespace
+
 absl::StatusOr<std::unique_ptr<LoadedPlan>>
 LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
   std::unique_ptr<LoadedPlan> p(new LoadedPlan());
@@ -105,6 +126,15 @@ LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
       std::memcmp(buf + fileSize - DUCK_PLAN_TRAILER_BYTES,
                   DUCK_PLAN_TRAILER_MAGIC, 4) == 0;
   const uint64_t size = trailer ? fileSize - DUCK_PLAN_TRAILER_BYTES : fileSize;
+  // A plan of another version is laid out by another schema, so it may
+  // not verify under this one: read its version field alone first, so the
+  // error says "recompile" rather than "corrupt".
+  if (uint32_t version = 0;
+      PeekPlanVersion(buf, size, &version) && version != kPlanVersion)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan '", dir, "': plan version ", version,
+        " but this runtime reads version ", kPlanVersion,
+        "; recompile the model with this duckc"));
   flatbuffers::Verifier v(buf, size);
   if (!pl::VerifyPlanDefBuffer(v))
     return absl::DataLossError(absl::StrCat(
