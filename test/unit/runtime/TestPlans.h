@@ -1,0 +1,21 @@
+// The tiny plans test/unit/runtime/CMakeLists.txt compiles at build time
+// (duck-mkmodel, then duckc compile --tp 2): "qwen3-moe" (FP8 128x128
+// blocks, 2 MoE layers of 16 experts, softmax router) and "qwen3" (bf16,
+// dense FFNs).
+#ifndef DUCK_TEST_UNIT_RUNTIME_TESTPLANS_H
+#define DUCK_TEST_UNIT_RUNTIME_TESTPLANS_H
+
+#include <string>
+
+namespace duck::runtime::test {
+
+inline std::string PlanDir(const std::string &name) {
+  return std::string(DUCK_TEST_PLANS) + "/" + name + "/plan";
+}
+inline std::string ModelDir(const std::string &name) {
+  return std::string(DUCK_TEST_PLANS) + "/" + name + "/model";
+}
+
+} // namespace duck::runtime::test
+
+#endif

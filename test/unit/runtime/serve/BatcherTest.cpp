@@ -1,0 +1,403 @@
+// Continuous batching (serve/Batcher.h) on a real engine over a compiled
+// tiny plan, its FFN steps answered by a fake runner (FakeFfnRunner.h,
+// which also tells how many rows every step carried): requests join and
+// leave between steps, a step carries every decoding row plus at most a
+// chunk of prompt rows (oldest prompt first), every request gets the
+// tokens it would get alone, and cancellation, stop tokens, errors and
+// Stop end requests as documented.
+#include "duck/runtime/serve/Batcher.h"
+
+#include "TestPlans.h"
+#include "engine/FakeFfnRunner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace {
+
+using namespace duck::runtime;
+using duck::runtime::test::FakeFfnRunner;
+using duck::runtime::test::PlanDir;
+
+/// What one request saw.
+struct Rec {
+  std::vector<int32_t> tokens;
+  FinishReason why = FinishReason::kError;
+  absl::Status error;
+  int done = 0;
+  std::vector<uint64_t> token_steps; // the step count when each came
+};
+
+class BatcherTest : public ::testing::Test {
+protected:
+  static constexpr uint32_t kChunk = 4;
+
+  void SetUp() override {
+    auto p = LoadedPlan::Load(PlanDir("qwen3-moe"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    plan_ = std::move(*p);
+    runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());
+    layers_ = plan_->def().model()->layers();
+  }
+  void TearDown() override { StopRun(); }
+
+  EngineOptions Options(uint32_t parallel) const {
+    EngineOptions o;
+    o.max_seq = 64;
+    o.prefill_chunk = kChunk;
+    o.max_seqs = parallel;
+    o.max_rows = kChunk + parallel;
+    return o;
+  }
+  void Make(uint32_t parallel, uint32_t queue_limit = 64) {
+    auto e = Engine::Create(*plan_, runner_.get(), Options(parallel));
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    BatcherOptions bo;
+    bo.parallel = parallel;
+    bo.prefill_chunk = kChunk;
+    bo.queue_limit = queue_limit;
+    batcher_ = std::make_unique<Batcher>(*engine_, bo);
+    batcher_->SetAfterStep([this] { ++steps_; });
+  }
+  void StartRun() {
+    run_ = std::thread([this] { batcher_->Run(); });
+  }
+  void StopRun() {
+    if (run_.joinable()) {
+      batcher_->Stop();
+      run_.join();
+    }
+  }
+
+  /// The tokens `prompt` gets alone: greedy, one-shot on its own engine.
+  std::vector<int32_t> Alone(const std::vector<int32_t> &prompt, uint32_t n) {
+    FakeFfnRunner runner(plan_->def().model()->hidden());
+    auto e = Engine::Create(*plan_, &runner, Options(1));
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::vector<int32_t> out;
+    if (!e.ok())
+      return out;
+    Sampler sampler(SamplerOptions{});
+    std::vector<float> logits;
+    EXPECT_TRUE((*e)->Forward(prompt, &logits).ok());
+    for (uint32_t i = 0; i < n; ++i) {
+      out.push_back(sampler.Sample(logits));
+      if (i + 1 < n) {
+        EXPECT_TRUE((*e)->Forward({out.back()}, &logits).ok());
+      }
+    }
+    return out;
+  }
+  std::vector<int32_t> Prompt(uint32_t n, uint32_t seed) const {
+    std::vector<int32_t> p(n);
+    for (uint32_t i = 0; i < n; ++i)
+      p[i] = (int32_t)((seed * 97 + i * 29 + 3) % plan_->def().model()->vocab());
+    return p;
+  }
+
+  /// A request that records into `rec`; `on_token` may add a verdict.
+  GenRequest Request(Rec *rec, std::vector<int32_t> prompt, uint32_t max_tokens,
+                     std::function<TokenVerdict(size_t n)> verdict = nullptr) {
+    GenRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.on_token = [this, rec, verdict](int32_t id) {
+      std::lock_guard<std::mutex> lock(mu_);
+      rec->tokens.push_back(id);
+      rec->token_steps.push_back(steps_);
+      return verdict ? verdict(rec->tokens.size()) : TokenVerdict::kContinue;
+    };
+    r.on_done = [this, rec](FinishReason why, const absl::Status &error) {
+      std::lock_guard<std::mutex> lock(mu_);
+      rec->why = why;
+      rec->error = error;
+      ++rec->done;
+      cv_.notify_all();
+    };
+    return r;
+  }
+  uint64_t Submit(GenRequest r) {
+    auto id = batcher_->Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+  /// Waits (10 s at most) until every one of `recs` is done.
+  bool WaitDone(std::initializer_list<Rec *> recs) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+      for (Rec *r : recs)
+        if (r->done == 0)
+          return false;
+      return true;
+    });
+  }
+  /// The rows of every step so far (each FFN layer sees the step's rows).
+  std::vector<uint32_t> StepRows() const {
+    std::vector<uint32_t> rows;
+    std::vector<FakeFfnRunner::Call> calls = runner_->calls();
+    EXPECT_EQ(calls.size() % layers_, 0u);
+    for (size_t i = 0; i < calls.size(); i += layers_) {
+      rows.push_back(calls[i].n_tokens);
+      for (size_t l = 1; l < layers_ && i + l < calls.size(); ++l)
+        EXPECT_EQ(calls[i + l].n_tokens, calls[i].n_tokens);
+    }
+    return rows;
+  }
+
+  std::unique_ptr<LoadedPlan> plan_;
+  std::unique_ptr<FakeFfnRunner> runner_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Batcher> batcher_;
+  std::thread run_;
+  uint32_t layers_ = 0;
+  std::atomic<uint64_t> steps_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Two prompts of 6 with a chunk of 4: A's first 4 rows; A's last 2 and
+// B's first 2; A decoding and B's last 4; both decoding; B alone.
+TEST_F(BatcherTest, StepsCarryDecodeRowsPlusAChunkOfPromptOldestFirst) {
+  Make(2);
+  Rec a, b;
+  const auto pa = Prompt(6, 1), pb = Prompt(6, 2);
+  Submit(Request(&a, pa, 3));
+  Submit(Request(&b, pb, 3));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b}));
+  EXPECT_EQ(StepRows(), (std::vector<uint32_t>{4, 4, 5, 2, 1}));
+  EXPECT_EQ(a.why, FinishReason::kLength);
+  EXPECT_EQ(b.why, FinishReason::kLength);
+  EXPECT_EQ(a.done, 1);
+  EXPECT_EQ(a.tokens, Alone(pa, 3));
+  EXPECT_EQ(b.tokens, Alone(pb, 3));
+  // A's first token after step 2, B's after step 3 (steps_ counts the
+  // steps finished before the token's).
+  EXPECT_EQ(a.token_steps, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(b.token_steps, (std::vector<uint64_t>{2, 3, 4}));
+  StopRun();
+  BatcherStats st = batcher_->Stats();
+  EXPECT_EQ(st.steps, 5u);
+  EXPECT_EQ(st.rows, 16u);
+  EXPECT_EQ(st.prompt_tokens, 12u);
+  EXPECT_EQ(st.generated_tokens, 6u);
+  EXPECT_EQ(st.max_decode_rows, 2u);
+  EXPECT_EQ(st.active, 0u);
+  EXPECT_FALSE(batcher_->Busy());
+}
+
+// Three sequences in every mix of prefill and decode, the third waiting
+// for a slot: each gets exactly its one-shot tokens, and no step carries
+// more than its decode rows plus a chunk.
+TEST_F(BatcherTest, EveryRequestGetsItsOneShotTokens) {
+  Make(2);
+  Rec r[3];
+  const std::vector<int32_t> prompts[3] = {Prompt(5, 3), Prompt(9, 4),
+                                           Prompt(3, 5)};
+  const uint32_t n[3] = {6, 4, 5};
+  for (int i = 0; i < 3; ++i)
+    Submit(Request(&r[i], prompts[i], n[i]));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&r[0], &r[1], &r[2]}));
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r[i].why, FinishReason::kLength);
+    EXPECT_EQ(r[i].tokens, Alone(prompts[i], n[i]));
+  }
+  for (uint32_t rows : StepRows())
+    EXPECT_LE(rows, 2 + kChunk);
+  // The third started only when a slot was free: after the first two's
+  // prompts (5 + 9 rows in chunks of 4) it cannot have had a token before
+  // the shorter request finished.
+  EXPECT_GT(r[2].token_steps.front(),
+            std::min(r[0].token_steps.back(), r[1].token_steps.back()));
+}
+
+// A request submitted between steps (from a callback, on Run's thread)
+// is in the very next step; one that waits for a slot joins the step
+// after the running one leaves.
+TEST_F(BatcherTest, RequestsJoinAtTheNextStepAndWhenASlotFrees) {
+  Make(2);
+  Rec a, b;
+  const auto pb = Prompt(2, 7);
+  GenRequest ra = Request(&a, Prompt(3, 6), 3, [&](size_t n) {
+    if (n == 1)
+      Submit(Request(&b, pb, 2));
+    return TokenVerdict::kContinue;
+  });
+  Submit(std::move(ra));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b}));
+  // A's prompt; A decoding + B's prompt; both decoding.
+  EXPECT_EQ(StepRows(), (std::vector<uint32_t>{3, 3, 2}));
+  EXPECT_EQ(b.tokens, Alone(pb, 2));
+  StopRun();
+
+  // One slot: B waits for A.
+  runner_->Clear();
+  steps_ = 0;
+  Make(1);
+  Rec c, d;
+  BatcherStats seen;
+  Submit(Request(&c, Prompt(2, 8), 2, [&](size_t) {
+    seen = batcher_->Stats();
+    return TokenVerdict::kContinue;
+  }));
+  Submit(Request(&d, Prompt(3, 9), 1));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&c, &d}));
+  EXPECT_EQ(seen.active, 1u);
+  EXPECT_EQ(seen.queued, 1u);
+  EXPECT_EQ(StepRows(), (std::vector<uint32_t>{2, 1, 3}));
+  EXPECT_EQ(d.token_steps, (std::vector<uint64_t>{2}));
+}
+
+TEST_F(BatcherTest, CancelEndsQueuedAndRunningRequestsAtTheNextStep) {
+  Make(1);
+  Rec a, b;
+  std::atomic<uint64_t> ida{0}, idb{0};
+  GenRequest ra = Request(&a, Prompt(3, 10), 50, [&](size_t n) {
+    if (n == 1)
+      batcher_->Cancel(idb); // B is queued behind A
+    if (n == 3)
+      batcher_->Cancel(ida); // A itself
+    return TokenVerdict::kContinue;
+  });
+  ida = Submit(std::move(ra));
+  idb = Submit(Request(&b, Prompt(3, 11), 5));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b}));
+  EXPECT_EQ(b.why, FinishReason::kCancelled);
+  EXPECT_TRUE(b.tokens.empty());
+  EXPECT_EQ(a.why, FinishReason::kCancelled);
+  EXPECT_EQ(a.tokens.size(), 3u) << "the cancel takes effect before the "
+                                    "next step";
+  EXPECT_EQ(a.done, 1);
+  EXPECT_EQ(b.done, 1);
+  // Unknown and finished ids are ignored; the slot is free again.
+  batcher_->Cancel(999);
+  batcher_->Cancel(ida);
+  Rec c;
+  Submit(Request(&c, Prompt(2, 12), 2));
+  ASSERT_TRUE(WaitDone({&c}));
+  EXPECT_EQ(c.why, FinishReason::kLength);
+  EXPECT_EQ(c.tokens.size(), 2u);
+}
+
+TEST_F(BatcherTest, VerdictsAndStopIdsFinishRequests) {
+  Make(2);
+  const auto p = Prompt(4, 13);
+  const std::vector<int32_t> alone = Alone(p, 8);
+  Rec cancel, stop, ids;
+  Submit(Request(&cancel, p, 8, [](size_t n) {
+    return n == 2 ? TokenVerdict::kCancel : TokenVerdict::kContinue;
+  }));
+  Submit(Request(&stop, p, 8, [](size_t n) {
+    return n == 3 ? TokenVerdict::kStop : TokenVerdict::kContinue;
+  }));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&cancel, &stop}));
+  EXPECT_EQ(cancel.why, FinishReason::kCancelled);
+  EXPECT_EQ(cancel.tokens, std::vector<int32_t>(alone.begin(), alone.begin() + 2));
+  EXPECT_EQ(stop.why, FinishReason::kStop);
+  EXPECT_EQ(stop.tokens, std::vector<int32_t>(alone.begin(), alone.begin() + 3));
+  // A stop id ends the request and is not passed on.
+  const size_t k = std::find(alone.begin(), alone.end(), alone[4]) - alone.begin();
+  GenRequest r = Request(&ids, p, 8);
+  r.stop_ids = {12345, alone[4]};
+  Submit(std::move(r));
+  ASSERT_TRUE(WaitDone({&ids}));
+  EXPECT_EQ(ids.why, FinishReason::kStop);
+  EXPECT_EQ(ids.tokens, std::vector<int32_t>(alone.begin(), alone.begin() + k));
+}
+
+TEST_F(BatcherTest, SubmitRefusesWhatCannotRun) {
+  Make(1, /*queue_limit=*/1);
+  Rec r;
+  auto s = batcher_->Submit(Request(&r, {}, 4));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  s = batcher_->Submit(Request(&r, Prompt(64, 1), 4));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("the prompt has 64 tokens; this "
+                                      "server's context is 64"),
+            std::string::npos)
+      << s.status();
+  EXPECT_TRUE(batcher_->Submit(Request(&r, Prompt(63, 1), 1)).ok());
+  // The free slot does not count as waiting: one more fits, then full.
+  EXPECT_TRUE(batcher_->Submit(Request(&r, Prompt(2, 1), 1)).ok());
+  s = batcher_->Submit(Request(&r, Prompt(2, 1), 1));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_TRUE(batcher_->Busy());
+  EXPECT_EQ(batcher_->Stats().queued, 2u);
+}
+
+// Stop ends every request still queued or running (cancelled), Run
+// returns, and nothing more is taken.
+TEST_F(BatcherTest, StopCancelsEverythingAndRefusesMore) {
+  Make(1);
+  Rec a, b;
+  std::mutex m;
+  std::condition_variable cv;
+  bool started = false, release = false;
+  Submit(Request(&a, Prompt(3, 14), 50, [&](size_t) {
+    std::unique_lock<std::mutex> lock(m);
+    started = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; }); // hold Run between steps
+    return TokenVerdict::kContinue;
+  }));
+  Submit(Request(&b, Prompt(3, 15), 5));
+  StartRun();
+  {
+    std::unique_lock<std::mutex> lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return started; }));
+  }
+  batcher_->Stop();
+  {
+    std::lock_guard<std::mutex> lock(m);
+    release = true;
+    cv.notify_all();
+  }
+  run_.join();
+  EXPECT_EQ(a.why, FinishReason::kCancelled);
+  EXPECT_EQ(b.why, FinishReason::kCancelled);
+  EXPECT_EQ(a.done, 1);
+  EXPECT_EQ(b.done, 1);
+  EXPECT_EQ(a.tokens.size(), 1u);
+  EXPECT_FALSE(batcher_->Busy());
+  Rec c;
+  auto s = batcher_->Submit(Request(&c, Prompt(3, 16), 5));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A failed step ends the running requests with its error; the batcher
+// goes on with the next ones.
+TEST_F(BatcherTest, AFailedStepEndsTheRunningRequestsWithItsError) {
+  Make(2);
+  runner_->Fail(absl::UnavailableError("the ducks are gone"));
+  Rec a, b;
+  Submit(Request(&a, Prompt(3, 17), 4));
+  Submit(Request(&b, Prompt(2, 18), 4));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b}));
+  EXPECT_EQ(a.why, FinishReason::kError);
+  EXPECT_EQ(a.error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(b.why, FinishReason::kError);
+  EXPECT_TRUE(a.tokens.empty());
+  runner_->Fail(absl::OkStatus());
+  Rec c;
+  const auto pc = Prompt(4, 19);
+  Submit(Request(&c, pc, 3));
+  ASSERT_TRUE(WaitDone({&c}));
+  EXPECT_EQ(c.why, FinishReason::kLength);
+  EXPECT_EQ(c.tokens, Alone(pc, 3));
+}
+
+} // namespace
