@@ -16,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <linux/futex.h>
+#include <optional>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -304,64 +305,96 @@ bool PeekHeader(int fd, uint64_t spin_ns, duckd_frame_header *h) {
   }
 }
 
-/// Session worker, core 0: serves one STEP frame whose header is read.
-/// Returns false when the connection is no longer usable (handed back).
-bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
-               FrameCheck &check, const duckd_step_request *preread) {
+/// Answers a step with an error (and logs it); false when even that
+/// failed (the connection is handed back).
+bool StepError(WorkerSide *w, const duckd_frame_header &h, absl::Time deadline,
+               duckd_error_code code, const std::string &m) {
+  std::fprintf(stderr, "%s step -> %s: %s\n", w->cfg->log_prefix.c_str(),
+               ErrorCodeName(code), m.c_str());
+  const std::string payload = EncodeError(code, m);
+  Part part{payload.data(), payload.size()};
+  absl::Status s = WriteFrame(w->cfg->conn_fd, DUCKD_MSG_STEP,
+                              DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
+                              h.request_id, {&part, 1}, deadline,
+                              &w->ctl->keys);
+  if (!s.ok())
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("error reply failed: ", s.message()));
+  return s.ok();
+}
+
+/// The frame's check, once every byte is read: true when it passed; else
+/// the complaint is answered (and a frame that fails authentication hands
+/// the connection back).
+bool StepVerified(WorkerSide *w, const duckd_frame_header &h,
+                  absl::Time deadline, FrameCheck &check) {
+  absl::Status s = check.Finish();
+  if (s.ok())
+    return true;
+  const bool auth = s.code() == absl::StatusCode::kPermissionDenied;
+  if (StepError(w, h, deadline,
+                auth ? DUCKD_ERR_UNAUTHORIZED : DUCKD_ERR_BAD_FRAME,
+                std::string(s.message())) &&
+      auth)
+    HandBack(w, Handback::kDrop, nullptr, std::string(s.message()));
+  return false;
+}
+
+/// Reads and checks `n` bytes of a frame that will not be acted on.
+bool Drain(int fd, FrameCheck &check, uint64_t n, absl::Time deadline) {
+  uint8_t tmp[16384];
+  while (n) {
+    size_t k = std::min<uint64_t>(n, sizeof tmp);
+    if (!ReadFull(fd, tmp, k, deadline).ok())
+      return false;
+    check.Update(tmp, k);
+    n -= k;
+  }
+  return true;
+}
+
+/// What is wrong with a step request for this session ("" when nothing).
+std::string StepRequestProblem(const WorkerConfig &cfg,
+                               const duckd_step_request &r, uint64_t rest,
+                               duckd_error_code *code) {
+  *code = DUCKD_ERR_BAD_REQUEST;
+  if (r.ib_bytes != rest)
+    return "step: ib_bytes does not match the payload";
+  if (r.session_id != cfg.session_id) {
+    *code = DUCKD_ERR_NO_SESSION;
+    return absl::StrCat("step for session ", r.session_id,
+                        "; the open session is ", cfg.session_id);
+  }
+  if (rest > cfg.ib_limit) {
+    *code = DUCKD_ERR_TOO_LARGE;
+    return absl::StrCat("step: IB of ", rest, " bytes exceeds the session's ",
+                        cfg.ib_limit);
+  }
+  return std::string();
+}
+
+/// Reads a step's request and its IB (straight into the ELF's input
+/// buffer) and checks them, answering what is wrong: nothing when the step
+/// is to run (its IB's size in `ib_bytes`), else what ServeStep returns.
+std::optional<bool> TakeStep(WorkerSide *w, const duckd_frame_header &h,
+                             FrameCheck &check,
+                             const duckd_step_request *preread,
+                             absl::Time deadline, uint64_t *ib_bytes) {
   const WorkerConfig &cfg = *w->cfg;
   Control *ctl = w->ctl;
   const int fd = cfg.conn_fd;
-  const absl::Time deadline = absl::Now() + cfg.io_timeout;
-  auto reply_error = [&](duckd_error_code code, const std::string &m) {
-    std::fprintf(stderr, "%s step -> %s: %s\n", cfg.log_prefix.c_str(),
-                 ErrorCodeName(code), m.c_str());
-    const std::string payload = EncodeError(code, m);
-    Part part{payload.data(), payload.size()};
-    absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP,
-                                DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
-                                h.request_id, {&part, 1}, deadline,
-                                &ctl->keys);
-    if (!s.ok())
-      HandBack(w, Handback::kDrop, nullptr,
-               absl::StrCat("error reply failed: ", s.message()));
-    return s.ok();
-  };
-  // The frame's check covers every byte read; nothing is acted on (not
-  // even answered with a complaint) before it has passed.
-  check.Begin(h, &ctl->keys);
-  auto verified = [&]() {
-    absl::Status s = check.Finish();
-    if (s.ok())
-      return true;
-    const bool auth = s.code() == absl::StatusCode::kPermissionDenied;
-    if (reply_error(auth ? DUCKD_ERR_UNAUTHORIZED : DUCKD_ERR_BAD_FRAME,
-                    std::string(s.message())) &&
-        auth)
-      HandBack(w, Handback::kDrop, nullptr, std::string(s.message()));
-    return false;
-  };
-  auto drain = [&](uint64_t n) {
-    uint8_t tmp[16384];
-    while (n) {
-      size_t k = std::min<uint64_t>(n, sizeof tmp);
-      if (!ReadFull(fd, tmp, k, deadline).ok())
-        return false;
-      check.Update(tmp, k);
-      n -= k;
-    }
-    return true;
-  };
   duckd_step_request r{};
   if (preread) { // the whole frame is already in (header, r, IB)
     r = *preread;
   } else if (h.payload_bytes < sizeof r) {
-    if (!drain(h.payload_bytes)) {
+    if (!Drain(fd, check, h.payload_bytes, deadline)) {
       HandBack(w, Handback::kDrop, nullptr, "truncated step");
       return false;
     }
-    if (!verified())
+    if (!StepVerified(w, h, deadline, check))
       return ctl->owner.load() == kOwnerWorker;
-    return reply_error(DUCKD_ERR_BAD_REQUEST, "step shorter than its header");
+    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
+                     "step shorter than its header");
   } else if (absl::Status s = ReadFull(fd, &r, sizeof r, deadline); !s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("truncated step: ", s.message()));
@@ -369,31 +402,19 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   }
   check.Update(&r, sizeof r);
   const uint64_t rest = h.payload_bytes - sizeof r;
-  std::string bad;
   duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
-  if (r.ib_bytes != rest) {
-    bad = "step: ib_bytes does not match the payload";
-  } else if (r.session_id != cfg.session_id) {
-    code = DUCKD_ERR_NO_SESSION;
-    bad = absl::StrCat("step for session ", r.session_id,
-                       "; the open session is ", cfg.session_id);
-  } else if (rest > cfg.ib_limit) {
-    code = DUCKD_ERR_TOO_LARGE;
-    bad = absl::StrCat("step: IB of ", rest, " bytes exceeds the session's ",
-                       cfg.ib_limit);
-  }
-  if (!bad.empty()) {
+  if (std::string bad = StepRequestProblem(cfg, r, rest, &code);
+      !bad.empty()) {
     if (preread) {
       check.Update(w->ib, rest);
-    } else if (!drain(rest)) {
+    } else if (!Drain(fd, check, rest, deadline)) {
       HandBack(w, Handback::kDrop, nullptr, "truncated step");
       return false;
     }
-    if (!verified())
+    if (!StepVerified(w, h, deadline, check))
       return ctl->owner.load() == kOwnerWorker;
-    return reply_error(code, bad);
+    return StepError(w, h, deadline, code, bad);
   }
-  // The IB goes straight from the socket into the ELF's input buffer.
   if (absl::Status s =
           preread ? absl::OkStatus() : ReadFull(fd, w->ib, rest, deadline);
       !s.ok()) {
@@ -402,15 +423,23 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
     return false;
   }
   check.Update(w->ib, rest);
-  if (!verified())
+  if (!StepVerified(w, h, deadline, check))
     return ctl->owner.load() == kOwnerWorker;
   // Never on a slot the scrub found damaged (the flag is in the cache
   // metadata this worker maps read-only): the host re-prepares and resends.
   if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, rest);
       !why.empty())
-    return reply_error(DUCKD_ERR_CACHE, why);
+    return StepError(w, h, deadline, DUCKD_ERR_CACHE, why);
+  *ib_bytes = rest;
+  return std::nullopt;
+}
 
-  // Run the call on every core.
+/// Runs the step's call on every core: the ELF's status; the time it took
+/// in `worker_ns`.
+int32_t RunStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+                uint64_t ib_bytes, uint64_t *worker_ns) {
+  const WorkerConfig &cfg = *w->cfg;
+  Control *ctl = w->ctl;
   const uint64_t start = NowNs();
   ctl->step_request_id = h.request_id;
   ctl->step_number = ++w->local_seq;
@@ -418,7 +447,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   ctl->in_step.store(1, std::memory_order_seq_cst);
   ctl->cmd = kCmdStep;
   ctl->step_seq = w->local_seq;
-  ctl->ib_bytes = rest;
+  ctl->ib_bytes = ib_bytes;
   if (cfg.cores > 1) {
     ctl->cmd_seq.fetch_add(1, std::memory_order_seq_cst);
     if (ctl->sleepers.load(std::memory_order_seq_cst))
@@ -428,13 +457,22 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (cfg.cores > 1)
     w->WaitSecondaries();
   ctl->in_step.store(0, std::memory_order_seq_cst);
-  const uint64_t workerNs = NowNs() - start;
+  *worker_ns = NowNs() - start;
+  return status;
+}
 
+/// The step's reply: its status and times, the output buffer, each core's
+/// log; false when it could not be sent (the connection is handed back).
+bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
+                   const duck_info &info, int32_t status, uint64_t worker_ns,
+                   absl::Time deadline) {
+  const WorkerConfig &cfg = *w->cfg;
+  Control *ctl = w->ctl;
   duckd_step_reply rep{};
   rep.status = status;
   rep.cores = cfg.cores;
   rep.ob_bytes = std::min<uint64_t>(info.ob_size, cfg.ob_limit);
-  rep.worker_ns = workerNs;
+  rep.worker_ns = worker_ns;
   uint64_t kernelNs[DUCKD_MAX_CORES];
   const double nsPerTick = cfg.tsc_hz ? 1e9 / double(cfg.tsc_hz) : 0;
   for (uint32_t c = 0; c < cfg.cores; ++c)
@@ -451,7 +489,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
       rep.log_bytes += len;
     }
   }
-  absl::Status s = WriteFrame(fd, DUCKD_MSG_STEP, DUCKD_FLAG_REPLY,
+  absl::Status s = WriteFrame(cfg.conn_fd, DUCKD_MSG_STEP, DUCKD_FLAG_REPLY,
                               h.request_id, absl::MakeConstSpan(parts, n),
                               deadline, &ctl->keys);
   if (!s.ok()) {
@@ -460,6 +498,23 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
     return false;
   }
   return true;
+}
+
+/// Session worker, core 0: serves one STEP frame whose header is read.
+/// Returns false when the connection is no longer usable (handed back).
+bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+               FrameCheck &check, const duckd_step_request *preread) {
+  const absl::Time deadline = absl::Now() + w->cfg->io_timeout;
+  // The frame's check covers every byte read; nothing is acted on (not
+  // even answered with a complaint) before it has passed.
+  check.Begin(h, &w->ctl->keys);
+  uint64_t ibBytes = 0;
+  if (std::optional<bool> done =
+          TakeStep(w, h, check, preread, deadline, &ibBytes))
+    return *done;
+  uint64_t workerNs = 0;
+  const int32_t status = RunStep(w, h, info, ibBytes, &workerNs);
+  return SendStepReply(w, h, info, status, workerNs, deadline);
 }
 
 /// Session worker, core 0: serves STEP frames while it holds the
