@@ -33,15 +33,22 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept) {
   const size_t ducks = client_->size();
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
   StepMetrics metrics;
-  if (before_step_)
-    before_step_(steps_);
-  ++steps_;
-  for (;;) {
+  const uint64_t index = steps_++;
+  for (int attempt = 0;; ++attempt) {
+    if (before_step_)
+      before_step_(index);
     absl::Status s = client_->Step(ibs, &outputs_, &metrics, after_send_);
     if (s.ok())
       break;
     if (!recover_)
       return s;
+    // A step that fails again after the ducks were brought back is not a
+    // duck that died: it is this step (an input the ducks refuse, a kernel
+    // that crashes on it). Bringing them back once more would not end.
+    if (attempt == kMaxRecoveriesAStep)
+      return absl::Status(
+          s.code(), absl::StrCat("duck step ", index, " failed again after ",
+                                 attempt, " recoveries: ", s.message()));
     auto client = recover_(s);
     if (!client.ok())
       return client.status();

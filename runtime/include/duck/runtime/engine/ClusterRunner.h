@@ -47,11 +47,16 @@ public:
   /// Called when a step fails (a duck died, hung or dropped its
   /// connection): brings the ducks back and returns the client to use, or
   /// the error to give up with. The step is then sent again; steps are
-  /// idempotent because the KV state lives on the host.
+  /// idempotent because the KV state lives on the host. A step that still
+  /// fails after kMaxRecoveriesAStep recoveries ends the run with its
+  /// error.
   using Recover =
       std::function<absl::StatusOr<DuckClient *>(const absl::Status &why)>;
   void SetRecover(Recover recover) { recover_ = std::move(recover); }
-  /// Fault injection for tests: called once before step `index` is sent.
+  /// The recoveries one step may take before its failure is final.
+  static constexpr int kMaxRecoveriesAStep = 3;
+  /// Fault injection for tests: called before step `index` is sent, and
+  /// again before each time it is resent.
   void SetBeforeStep(std::function<void(uint64_t index)> f) {
     before_step_ = std::move(f);
   }
