@@ -25,10 +25,13 @@ Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
     : engine_(engine), opts_(opts) {
   opts_.parallel = std::max(1u, std::min(opts.parallel, engine.max_seqs()));
   opts_.prefill_chunk = std::max(1u, opts.prefill_chunk);
-  // A step is every decoding row plus one prompt chunk.
+  // A step is every decoding row plus one prompt chunk. A step with
+  // prompt rows has a sequence in prefill, so at most parallel - 1 decode
+  // beside it: with one sequence the chunk is the engine's whole step.
+  const uint32_t others = opts_.parallel - 1;
   opts_.prefill_chunk =
-      std::min(opts_.prefill_chunk, engine.max_rows() > opts_.parallel
-                                        ? engine.max_rows() - opts_.parallel
+      std::min(opts_.prefill_chunk, engine.max_rows() > others
+                                        ? engine.max_rows() - others
                                         : 1u);
   for (uint32_t s = opts_.parallel; s-- > 0;)
     free_slots_.push_back(s); // slot 0 is taken first
