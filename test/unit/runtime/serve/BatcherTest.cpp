@@ -47,12 +47,13 @@ protected:
   }
   void TearDown() override { StopRun(); }
 
+  /// Sized as Session::Start sizes the engine for `duckrun serve`.
   EngineOptions Options(uint32_t parallel) const {
     EngineOptions o;
     o.max_seq = 64;
     o.prefill_chunk = kChunk;
     o.max_seqs = parallel;
-    o.max_rows = kChunk + parallel;
+    o.max_rows = parallel > 1 ? kChunk + parallel : kChunk;
     return o;
   }
   void Make(uint32_t parallel, uint32_t queue_limit = 64) {
@@ -191,6 +192,20 @@ TEST_F(BatcherTest, StepsCarryDecodeRowsPlusAChunkOfPromptOldestFirst) {
   EXPECT_EQ(st.max_decode_rows, 2u);
   EXPECT_EQ(st.active, 0u);
   EXPECT_FALSE(batcher_->Busy());
+}
+
+// One sequence at a time (--parallel 1): its prompt goes in whole chunks,
+// as the one-shot CLI's does; no row is kept for a decode that cannot
+// share the step.
+TEST_F(BatcherTest, OneSequenceGetsWholePromptChunks) {
+  Make(1);
+  Rec a;
+  const auto pa = Prompt(9, 20);
+  Submit(Request(&a, pa, 2));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a}));
+  EXPECT_EQ(StepRows(), (std::vector<uint32_t>{4, 4, 1, 1}));
+  EXPECT_EQ(a.tokens, Alone(pa, 2));
 }
 
 // Three sequences in every mix of prefill and decode, the third waiting
