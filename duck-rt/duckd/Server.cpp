@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <optional>
 #include <poll.h>
 #include <sched.h>
 #include <sys/signalfd.h>
@@ -608,6 +609,45 @@ void Server::OnFrame(const duckd_frame_header &h) {
   LendToSession();
 }
 
+namespace {
+
+/// Why a well-formed hello is refused, and whether the connection goes too.
+struct HelloRefusal {
+  duckd_error_code code;
+  std::string message;
+  const char *drop = nullptr; // the reason to drop the connection, if so
+};
+
+/// A hello this duckd cannot take: another abi or protocol, an unknown
+/// auth, or a token on one side only.
+std::optional<HelloRefusal> RefuseHello(const duckd_hello_request &r,
+                                        bool hasToken) {
+  const bool keyed = r.auth == DUCKD_AUTH_HMAC_SHA256;
+  if (r.abi_version != DUCK_ABI_VERSION ||
+      r.protocol_version != DUCKD_PROTOCOL_VERSION)
+    return HelloRefusal{
+        DUCKD_ERR_BAD_ABI,
+        absl::StrCat("host speaks abi ", r.abi_version, " protocol ",
+                     r.protocol_version, "; duckd speaks abi ",
+                     DUCK_ABI_VERSION, " protocol ", DUCKD_PROTOCOL_VERSION)};
+  if (r.auth > DUCKD_AUTH_HMAC_SHA256)
+    return HelloRefusal{DUCKD_ERR_BAD_REQUEST,
+                        absl::StrCat("hello: unknown auth ", r.auth)};
+  if (hasToken && !keyed)
+    return HelloRefusal{DUCKD_ERR_UNAUTHORIZED,
+                        "this duckd has a token: the host must have it too "
+                        "(the cluster file's \"token\")",
+                        "hello without the token"};
+  if (!hasToken && keyed)
+    return HelloRefusal{
+        DUCKD_ERR_UNAUTHORIZED,
+        "the host authenticates with a token but this duckd has none: "
+        "start duckd with the same --token"};
+  return std::nullopt;
+}
+
+} // namespace
+
 void Server::OnHello(const duckd_frame_header &h) {
   // A hello (re)starts the connection's authentication: until it succeeds
   // nothing is authenticated, and refusals go out unsealed.
@@ -650,32 +690,10 @@ void Server::OnHello(const duckd_frame_header &h) {
       Drop("wrong token");
     return;
   }
-  if (r.abi_version != DUCK_ABI_VERSION ||
-      r.protocol_version != DUCKD_PROTOCOL_VERSION) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_ABI,
-               absl::StrCat("host speaks abi ", r.abi_version, " protocol ",
-                            r.protocol_version, "; duckd speaks abi ",
-                            DUCK_ABI_VERSION, " protocol ",
-                            DUCKD_PROTOCOL_VERSION));
-    return;
-  }
-  if (r.auth > DUCKD_AUTH_HMAC_SHA256) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
-               absl::StrCat("hello: unknown auth ", r.auth));
-    return;
-  }
-  if (!opt_.token.empty() && !keyed) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
-               "this duckd has a token: the host must have it too "
-               "(the cluster file's \"token\")");
-    if (conn_.fd >= 0)
-      Drop("hello without the token");
-    return;
-  }
-  if (opt_.token.empty() && keyed) {
-    ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
-               "the host authenticates with a token but this duckd has none: "
-               "start duckd with the same --token");
+  if (std::optional<HelloRefusal> no = RefuseHello(r, !opt_.token.empty())) {
+    ReplyError(h.type, h.request_id, no->code, no->message);
+    if (no->drop && conn_.fd >= 0)
+      Drop(no->drop);
     return;
   }
   uint8_t nonce[kNonceBytes] = {};
@@ -686,6 +704,19 @@ void Server::OnHello(const duckd_frame_header &h) {
       return;
     }
   conn_.hello = true;
+  const duckd_hello_reply rep = HelloReply(keyed, nonce);
+  std::vector<uint8_t> bits = rep.cache_valid ? cache_->FinishedBitmap()
+                                              : std::vector<uint8_t>();
+  if (keyed) { // from here on every frame is sealed, this reply first
+    conn_.keys = ConnectionKeys(opt_.token, r.nonce, nonce, kRoleDuck);
+    conn_.keys.send_seq = 0;
+  } else {
+    conn_.proven = true;
+  }
+  Reply(h.type, h.request_id, {{&rep, sizeof rep}, {bits.data(), bits.size()}});
+}
+
+duckd_hello_reply Server::HelloReply(bool keyed, const uint8_t *nonce) const {
   const duckd_cache_header &c = cache_->header();
   duckd_hello_reply rep{};
   rep.abi_version = DUCK_ABI_VERSION;
@@ -703,19 +734,11 @@ void Server::OnHello(const duckd_frame_header &h) {
   rep.head_finished = c.head_finished;
   rep.finished_slots = c.finished_slots;
   rep.auth = keyed ? DUCKD_AUTH_HMAC_SHA256 : DUCKD_AUTH_NONE;
-  std::memcpy(rep.nonce, nonce, sizeof nonce);
+  std::memcpy(rep.nonce, nonce, kNonceBytes);
   const std::string name =
       opt_.name.empty() ? absl::StrCat(port_) : opt_.name;
   std::strncpy(rep.name, name.c_str(), sizeof rep.name - 1);
-  std::vector<uint8_t> bits = c.valid ? cache_->FinishedBitmap()
-                                      : std::vector<uint8_t>();
-  if (keyed) { // from here on every frame is sealed, this reply first
-    conn_.keys = ConnectionKeys(opt_.token, r.nonce, nonce, kRoleDuck);
-    conn_.keys.send_seq = 0;
-  } else {
-    conn_.proven = true;
-  }
-  Reply(h.type, h.request_id, {{&rep, sizeof rep}, {bits.data(), bits.size()}});
+  return rep;
 }
 
 WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {

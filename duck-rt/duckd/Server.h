@@ -104,6 +104,9 @@ private:
   bool ReadPayload(const duckd_frame_header &h);
 
   void OnHello(const duckd_frame_header &h);
+  /// The hello's reply: what this duckd and its weight cache are, and
+  /// (keyed) its half of the connection's nonce.
+  duckd_hello_reply HelloReply(bool keyed, const uint8_t *nonce) const;
   void OnOpen(const duckd_frame_header &h);
   void OnStep(const duckd_frame_header &h);
   void OnRun(const duckd_frame_header &h);
