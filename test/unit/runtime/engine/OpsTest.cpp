@@ -1,8 +1,9 @@
 // The host ops that need no ducks, against straightforward references in
 // double: RoPE/YaRN frequencies and rotations (Rope.h), the MoE routers
 // (Routers.h: softmax top-k, sigmoid group-limited top-k), and the
-// embedding, RMSNorm, residual add, MoE routing and LM head ops built from
-// a compiled tiny plan (ops/HostOp.h, internal to the engine).
+// embedding, RMSNorm, residual add, MoE routing, LM head and GQA attention
+// ops built from a compiled tiny plan (ops/HostOp.h, internal to the
+// engine).
 #include "HostOp.h"
 #include "Rope.h"
 #include "Routers.h"
@@ -350,7 +351,8 @@ public:
 
 class PlanOps : public ::testing::Test {
 protected:
-  static constexpr uint32_t kRows = 5;
+  static constexpr uint32_t kRows = 5;     // the MoE test's rows
+  static constexpr uint32_t kMaxRows = 8;  // the steps' capacity
 
   void SetUp() override {
     auto p = LoadedPlan::Load(test::PlanDir("qwen3-moe"));
@@ -361,7 +363,7 @@ protected:
     pool_ = std::make_unique<ThreadPool>(1);
     values_.Init(std::vector<uint64_t>(plan_->def().num_values(),
                                        plan_->def().model()->vocab()),
-                 kRows);
+                 kMaxRows);
   }
   const pl::OpDef &Op(pl::OpParams kind, int n = 0) {
     for (const pl::OpDef *op : *plan_->def().ops())
@@ -370,9 +372,9 @@ protected:
     ADD_FAILURE() << "no op of kind " << pl::EnumNameOpParams(kind);
     return *plan_->def().ops()->Get(0);
   }
-  std::unique_ptr<HostOp> Create(const pl::OpDef &def) {
-    OpEnv env{*plan_, def, *weights_, &runner_, pool_.get(), hidden_, kRows,
-              64, 1};
+  std::unique_ptr<HostOp> Create(const pl::OpDef &def, uint32_t maxSeqs = 1) {
+    OpEnv env{*plan_, def, *weights_, &runner_, pool_.get(), hidden_,
+              kMaxRows, 64, maxSeqs};
     auto op = FindHostOp(def.params_type())(env);
     EXPECT_TRUE(op.ok()) << op.status();
     if (!op.ok())
@@ -389,6 +391,15 @@ protected:
     std::iota(pos_.begin(), pos_.end(), 0u);
     seq_.assign(tokens.size(), 0);
     return Step{tokens_, pos_, seq_, logit_rows_, prefill, &values_, logits};
+  }
+  /// A step of rows at the given sequences and positions.
+  Step MakeStep(const std::vector<uint32_t> &seq,
+                const std::vector<uint32_t> &pos) {
+    tokens_.assign(seq.size(), 0);
+    seq_ = seq;
+    pos_ = pos;
+    return Step{tokens_, pos_, seq_, logit_rows_, seq.size() > 1, &values_,
+                nullptr};
   }
   std::vector<float> Tensor(const pl::TensorDef *t) {
     auto v = weights_->ReadAll(*t);
@@ -553,6 +564,138 @@ TEST_F(PlanOps, LmHeadProjectsOnlyTheLogitRows) {
           << "row " << row << " vocab " << v;
     }
   }
+}
+
+/// Qwen3's attention (HF Qwen3Attention) for one sequence in double:
+/// projections, per-head RMSNorm of q and k, NeoX RoPE, causal softmax
+/// over positions 0..p, the query head's kv group, o_proj.
+std::vector<double> RefGqa(const std::vector<std::vector<float>> &xs,
+                           const pl::GqaAttentionOpDef &p,
+                           const std::vector<float> &wq,
+                           const std::vector<float> &wk,
+                           const std::vector<float> &wv,
+                           const std::vector<float> &wo,
+                           const std::vector<float> &qn,
+                           const std::vector<float> &kn, uint32_t hidden) {
+  const uint32_t H = p.heads(), KV = p.kv_heads(), D = p.head_dim(),
+                 half = D / 2;
+  const size_t T = xs.size();
+  auto proj = [&](const std::vector<float> &w, const std::vector<float> &x,
+                  uint64_t rows) {
+    std::vector<double> y(rows);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint32_t c = 0; c < hidden; ++c)
+        y[r] += (double)w[r * hidden + c] * x[c];
+    return y;
+  };
+  auto normRope = [&](std::vector<double> &v, uint32_t heads,
+                      const std::vector<float> &w, uint64_t pos) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      double *x = v.data() + (uint64_t)h * D;
+      double ss = 0;
+      for (uint32_t i = 0; i < D; ++i)
+        ss += x[i] * x[i];
+      const double inv = 1 / std::sqrt(ss / D + p.norm_eps());
+      for (uint32_t i = 0; i < D; ++i)
+        x[i] = x[i] * inv * w[i];
+      for (uint32_t i = 0; i < half; ++i) {
+        const double a = pos * std::pow(p.rope_theta(), -2.0 * i / D);
+        const double x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * std::cos(a) - x1 * std::sin(a);
+        x[i + half] = x1 * std::cos(a) + x0 * std::sin(a);
+      }
+    }
+  };
+  std::vector<std::vector<double>> q(T), k(T), v(T);
+  for (size_t t = 0; t < T; ++t) {
+    q[t] = proj(wq, xs[t], (uint64_t)H * D);
+    k[t] = proj(wk, xs[t], (uint64_t)KV * D);
+    v[t] = proj(wv, xs[t], (uint64_t)KV * D);
+    normRope(q[t], H, qn, t);
+    normRope(k[t], KV, kn, t);
+  }
+  std::vector<double> out(T * hidden);
+  for (size_t t = 0; t < T; ++t) {
+    std::vector<double> attn((uint64_t)H * D);
+    for (uint32_t h = 0; h < H; ++h) {
+      const uint32_t g = h / (H / KV);
+      std::vector<double> sc(t + 1);
+      double mx = -INFINITY, sum = 0;
+      for (size_t j = 0; j <= t; ++j) {
+        for (uint32_t i = 0; i < D; ++i)
+          sc[j] += q[t][h * D + i] * k[j][g * D + i];
+        sc[j] /= std::sqrt((double)D);
+        mx = std::max(mx, sc[j]);
+      }
+      for (double &s : sc)
+        sum += s = std::exp(s - mx);
+      for (size_t j = 0; j <= t; ++j)
+        for (uint32_t i = 0; i < D; ++i)
+          attn[h * D + i] += sc[j] / sum * v[j][g * D + i];
+    }
+    for (uint32_t r = 0; r < hidden; ++r)
+      for (uint64_t c = 0; c < (uint64_t)H * D; ++c)
+        out[t * hidden + r] += (double)wo[r * H * D + c] * attn[c];
+  }
+  return out;
+}
+
+// A prompt chunk of one sequence and a decode row, with another sequence's
+// rows in the same steps: every row against the double reference of its
+// own sequence (its cache holds only its own positions).
+TEST_F(PlanOps, GqaAttentionMatchesDoubleReferencePerSequence) {
+  const pl::OpDef &def = Op(pl::OpParams::GqaAttentionOpDef);
+  const pl::GqaAttentionOpDef *p = def.params_as_GqaAttentionOpDef();
+  auto op = Create(def, /*maxSeqs=*/2);
+  ASSERT_TRUE(op);
+  ASSERT_FALSE(p->rope_scaling());
+  const std::vector<float> wq = Tensor(p->q_proj()), wk = Tensor(p->k_proj()),
+                           wv = Tensor(p->v_proj()), wo = Tensor(p->o_proj()),
+                           qn = Tensor(p->q_norm()), kn = Tensor(p->k_norm());
+  ASSERT_GT(p->heads(), p->kv_heads()); // grouped
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0, 1);
+  auto row = [&] {
+    std::vector<float> x(hidden_);
+    for (float &v : x)
+      v = nd(rng);
+    return x;
+  };
+  // Sequence 1: 5 prompt rows, then 1 decode row. Sequence 0: 2 rows in
+  // the first step, 1 in the second.
+  std::vector<std::vector<float>> a, b;
+  for (int i = 0; i < 6; ++i)
+    a.push_back(row());
+  for (int i = 0; i < 3; ++i)
+    b.push_back(row());
+  const std::vector<double> refA = RefGqa(a, *p, wq, wk, wv, wo, qn, kn, hidden_),
+                            refB = RefGqa(b, *p, wq, wk, wv, wo, qn, kn, hidden_);
+  float *x = values_.Get(def.inputs()->Get(0));
+  const float *y = values_.Get(def.result());
+  auto check = [&](uint32_t r, const std::vector<double> &ref, size_t t) {
+    double mag = 0;
+    for (uint32_t c = 0; c < hidden_; ++c)
+      mag = std::max(mag, std::fabs(ref[t * hidden_ + c]));
+    for (uint32_t c = 0; c < hidden_; ++c)
+      ASSERT_NEAR(y[r * hidden_ + c], ref[t * hidden_ + c], 1e-4 * mag + 1e-6)
+          << "step row " << r << ", position " << t << ", column " << c;
+  };
+  // Step 1: b0, a0..a4, b1 (a prompt chunk between another sequence's rows).
+  const std::vector<const std::vector<float> *> s1 = {&b[0], &a[0], &a[1], &a[2],
+                                                      &a[3], &a[4], &b[1]};
+  for (size_t r = 0; r < s1.size(); ++r)
+    std::copy(s1[r]->begin(), s1[r]->end(), x + r * hidden_);
+  ASSERT_TRUE(op->Run(MakeStep({0, 1, 1, 1, 1, 1, 0}, {0, 0, 1, 2, 3, 4, 1})).ok());
+  check(0, refB, 0);
+  for (uint32_t t = 0; t < 5; ++t)
+    check(1 + t, refA, t);
+  check(6, refB, 1);
+  // Step 2: the decode rows a5 and b2.
+  std::copy(a[5].begin(), a[5].end(), x);
+  std::copy(b[2].begin(), b[2].end(), x + hidden_);
+  ASSERT_TRUE(op->Run(MakeStep({1, 0}, {5, 2})).ok());
+  check(0, refA, 5);
+  check(1, refB, 2);
 }
 
 } // namespace
