@@ -3,18 +3,16 @@
 // A thin dispatcher over the compiler libraries. Each subcommand is a
 // cl::SubCommand, its cl::opt's (tied to it with cl::sub) and one run
 // function listed in kSubcommands; adding a subcommand touches nothing else.
+// measure-cluster is the exception: it execs the runtime's
+// duck-measure-cluster (the compiler links nothing of the runtime).
 //
 //===----------------------------------------------------------------------===//
 
-#include "Measure.h" // duck-rt/bench: the duck's own rates, here the host's
 #include "duck/Dialect/Duck/Transforms/Layout.h"
 #include "duck/Import/Checkpoint.h"
 #include "duck/Import/Fp9Report.h"
 #include "duck/Pipelines/Compile.h"
 #include "duck/Target/Plan/PlanVerifier.h"
-#include "duck/runtime/cluster/DuckClient.h"
-#include "duck/runtime/engine/HostKernels.h"
-#include "duck/runtime/cluster/LocalCluster.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
@@ -33,9 +31,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -962,237 +961,51 @@ Error runVerifyPlan() {
 // duckc measure-cluster
 //===----------------------------------------------------------------------===//
 
+// duck-measure-cluster, the runtime's tool, does the work: it talks to the
+// ducks through the runtime's duck client, which the compiler does not
+// link. This subcommand is here for 'duckc --help'; main() hands
+// 'duckc measure-cluster ARGS...' to the tool before parsing.
 cl::SubCommand measureCmd(
     "measure-cluster",
     "Ask every duck of a cluster file for its read bandwidth and fp9 GEMV "
     "rates, time the round trips, and write the figures into the file for "
-    "the cost model");
-cl::opt<std::string> measureFile(cl::Positional, cl::Required,
-                                 cl::desc("<cluster.json>"),
-                                 cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<std::string> measureOut(
-    "o",
-    cl::desc("Write the measured cluster file here (default: update the "
-             "input in place; written to a temporary file and renamed)"),
-    cl::value_desc("file"), cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<unsigned> measureCores(
-    "cores", cl::desc("Cores each duck measures on (default: all of its)"),
-    cl::init(0), cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<unsigned> measureMillis(
-    "millis", cl::desc("Budget of each measurement on a duck, ms"),
-    cl::init(150), cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<unsigned> measureArenaMib(
-    "arena-mib",
-    cl::desc("Memory a duck cycles cold weight copies through (more than its "
-             "last-level cache), MiB"),
-    cl::init(256), cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<bool> measureAllAtOnce(
-    "all-at-once",
-    cl::desc("Measure every duck at the same time (ducks on machines of "
-             "their own); default one after another, as ducks sharing a "
-             "machine must"),
-    cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<unsigned> measureBusyUs(
-    "busy-us",
-    cl::desc("Each ping keeps the duck busy this long before it answers, as "
-             "a step's compute would (the host's wake-up after a long wait "
-             "belongs to the dispatch gap); the time is subtracted"),
-    cl::init(500), cl::sub(measureCmd), cl::cat(duckcCategory));
-cl::opt<double> measureSameWithin(
-    "same-within",
-    cl::desc("Ducks whose general128 rates lie within this fraction of "
-             "their mean get the mean (measurement noise must not split "
-             "equal ducks unequally); 0 keeps every duck's own"),
-    cl::init(0.10), cl::sub(measureCmd), cl::cat(duckcCategory));
+    "the cost model (runs duck-measure-cluster)");
 
-cl::opt<bool> measureHost(
-    "host",
-    cl::desc("Also measure this machine's read bandwidth, all its cores, as "
-             "the host's (host_read_gbs: the cost of an LM head on the host, "
-             "so the compiler can choose where it goes); run measure-cluster "
-             "on the host for this"),
-    cl::sub(measureCmd), cl::cat(duckcCategory));
+constexpr const char *kMeasureTool = "duck-measure-cluster";
 
-Error runMeasureCluster() {
-  using duck::runtime::DuckEndpoint;
-  auto fail = [&](const Twine &msg) {
-    return createStringError(inconvertibleErrorCode(),
-                             "cluster file '" + measureFile + "': " + msg);
-  };
-  auto buf = MemoryBuffer::getFile(measureFile);
-  if (!buf)
-    return createStringError(inconvertibleErrorCode(),
-                             "cannot read cluster file '" + measureFile +
-                                 "': " + buf.getError().message());
-  Expected<json::Value> parsed = json::parse((*buf)->getBuffer());
-  if (!parsed)
-    return fail("not valid JSON: " + toString(parsed.takeError()));
-  json::Object *root = parsed->getAsObject();
-  if (!root)
-    return fail("must hold a JSON object");
-  json::Array *ducks = root->getArray("ducks");
-  if (!ducks || ducks->empty())
-    return fail("needs a non-empty \"ducks\" array of {\"host\", \"port\"}");
-  duck::runtime::DuckClientOptions co;
-  co.read_environment = false;
-  co.call_timeout = absl::Seconds(120);
-  if (std::optional<StringRef> t = root->getString("token"))
-    co.token = t->str();
-  for (size_t i = 0; i < ducks->size(); ++i) {
-    json::Object *d = (*ducks)[i].getAsObject();
-    std::optional<StringRef> host = d ? d->getString("host") : std::nullopt;
-    std::optional<int64_t> port = d ? d->getInteger("port") : std::nullopt;
-    if (!host || !port || *port < 1 || *port > 65535)
-      return fail(formatv("ducks[{0}] needs \"host\" (an IPv4 address) and "
-                          "\"port\" (1-65535)",
-                          i));
-    co.ducks.push_back(DuckEndpoint{host->str(), uint16_t(*port)});
+/// Replaces duckc with duck-measure-cluster, beside this executable or else
+/// on PATH, with the arguments after "measure-cluster"; its argv[0],
+/// "duckc measure-cluster", names it in its messages. Returns only when
+/// the tool cannot be run.
+int forwardMeasureCluster(int argc, char **argv) {
+  std::vector<char *> args;
+  std::string argv0 = "duckc measure-cluster";
+  args.push_back(argv0.data());
+  args.insert(args.end(), argv + 2, argv + argc);
+  args.push_back(nullptr);
+  std::string dir = ".";
+  char self[4096];
+  if (ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0)
+    dir = sys::path::parent_path(StringRef(self, size_t(n))).str();
+  const std::string beside = dir + "/" + kMeasureTool;
+  if (::access(beside.c_str(), X_OK) == 0) {
+    ::execv(beside.c_str(), args.data());
+    const int err = errno;
+    WithColor::error(errs(), "duckc")
+        << "cannot run '" << beside << "': " << std::strerror(err) << "\n";
+    return 1;
   }
-  auto client = duck::runtime::DuckClient::Create(co);
-  if (!client.ok())
-    return createStringError(inconvertibleErrorCode(),
-                             std::string(client.status().message()));
-  duck::runtime::MeasureOptions mo;
-  mo.cores = measureCores;
-  mo.millis = measureMillis;
-  mo.arena_bytes = uint64_t(measureArenaMib) << 20;
-  mo.one_at_a_time = !measureAllAtOnce;
-  mo.busy_us = measureBusyUs;
-  // With the duck ELF at hand, empty steps time the real dispatch path.
-  if (auto elf = duck::runtime::ReadDuckElf(); elf.ok())
-    mo.elf = std::move(*elf);
+  ::execvp(kMeasureTool, args.data());
+  const int err = errno;
+  if (err == ENOENT)
+    WithColor::error(errs(), "duckc")
+        << "measure-cluster runs " << kMeasureTool
+        << ", the runtime's tool, which is neither beside duckc (" << dir
+        << ") nor on PATH (build it: ninja " << kMeasureTool << ")\n";
   else
-    errs() << "duckc: " << std::string(elf.status().message())
-           << ": step_overhead_us is the round trip of a ping, without the "
-              "hand-off to the duck's worker\n";
-  errs() << formatv("duckc: measuring {0} duck(s){1}\n", ducks->size(),
-                    mo.one_at_a_time ? ", one after another" : ", all at once");
-  auto rates = (*client)->Measure(mo);
-  if (!rates.ok())
-    return createStringError(inconvertibleErrorCode(),
-                             std::string(rates.status().message()));
-
-  // Equal ducks stay equal: rates within --same-within of the mean are
-  // noise, not a reason for unequal slices.
-  std::vector<double> g128;
-  for (const auto &r : *rates)
-    g128.push_back(r.gparam_s[DUCK_KERNEL_GENERAL128]);
-  double mean = 0;
-  for (double v : g128)
-    mean += v / g128.size();
-  const bool same =
-      measureSameWithin > 0 && llvm::all_of(g128, [&](double v) {
-        return std::fabs(v - mean) <= measureSameWithin * mean;
-      });
-
-  outs() << "duck  endpoint               cores  read GB/s";
-  for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
-    outs() << formatv("  {0,10}", duck_kernel_name(duck_kernel_id(k)));
-  outs() << "  GEMM GMAC/s  call us  ping p50/p90 us  step p50/p90 us  busy "
-            "elsewhere\n";
-  double minRead = 0, maxRtt = 0, maxLoad = 0, minGemm = 0;
-  for (size_t i = 0; i < rates->size(); ++i) {
-    const duck::runtime::DuckRates &r = (*rates)[i];
-    json::Object &d = *(*ducks)[i].getAsObject();
-    const duck::runtime::DuckHello &h = (*client)->hello(i);
-    d["cores"] = int64_t(r.cores);
-    if (!d.get("memory_gib"))
-      d["memory_gib"] = double(h.weights_capacity) / double(1ull << 30);
-    d["read_gbs"] = r.read_gbs;
-    d["fp9_gparam_s"] = same ? mean : r.gparam_s[DUCK_KERNEL_GENERAL128];
-    json::Object byKernel;
-    for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
-      if (r.gparam_s[k] > 0)
-        byKernel[duck_kernel_name(duck_kernel_id(k))] = r.gparam_s[k];
-    d["fp9_gparam_s_by_kernel"] = std::move(byKernel);
-    if (r.gemm_gmac_s > 0)
-      d["fp9_gemm_gmac_s"] = r.gemm_gmac_s;
-    if (r.gemv_call_us > 0)
-      d["gemv_call_us"] = r.gemv_call_us;
-    minGemm = i ? std::min(minGemm, r.gemm_gmac_s) : r.gemm_gmac_s;
-    d["rtt_us"] = r.rtt_us_p50;
-    if (r.step_us_p50 > 0)
-      d["empty_step_us"] = r.step_us_p50;
-    minRead = i ? std::min(minRead, r.read_gbs) : r.read_gbs;
-    maxRtt = std::max({maxRtt, r.step_us_p50, r.rtt_us_p50});
-    if (!std::isnan(r.other_load))
-      maxLoad = std::max(maxLoad, r.other_load);
-    outs() << formatv("{0,4}  {1,-21}  {2,5}  {3,9:f1}", i,
-                      co.ducks[i].ToString(), r.cores, r.read_gbs);
-    for (uint32_t k = 0; k < DUCK_KERNEL_COUNT; ++k)
-      outs() << formatv("  {0,10:f2}", r.gparam_s[k]);
-    outs() << formatv("  {0,11:f1}  {1,7:f1}  {2,7:f0}/{3,-7:f0}  "
-                      "{4,7:f0}/{5,-7:f0}  {6,6:f2} cores\n",
-                      r.gemm_gmac_s, r.gemv_call_us, r.rtt_us_p50, r.rtt_us_p90,
-                      r.step_us_p50, r.step_us_p90, r.other_load);
-  }
-  (*root)["bandwidth_gbs"] = minRead;
-  // The prompt rate's input (compile's cost model): the slowest duck's.
-  if (minGemm > 0)
-    (*root)["fp9_gemm_gmac_s"] = minGemm;
-  (*root)["step_overhead_us"] = maxRtt;
-  if (measureHost) {
-    duck::bench::DuckMeasureOptions ho;
-    ho.cores = std::max(1u, std::thread::hardware_concurrency());
-    ho.seconds = measureMillis / 1e3;
-    const double gbs = duck::bench::measureDuck(ho).read_gbs;
-    // The runtime's own MLA attention kernel, as it runs in duckrun: 128
-    // heads over 2048 cached latents, the heads split over every core.
-    duck::runtime::ThreadPool pool(ho.cores);
-    const duck::runtime::MlaTiming mla = duck::runtime::TimeMlaAttend(
-        pool, 2048, 32ull << 20, std::max(1u, (unsigned)measureMillis / 30));
-    const double gmac = mla.macs / mla.seconds * 1e-9;
-    (*root)["host_read_gbs"] = gbs;
-    (*root)["host_gmac_s"] = gmac;
-    outs() << formatv("host (this machine, {0} cores): read {1:f1} GB/s, "
-                      "attention {2:f1} GMAC/s\n",
-                      ho.cores, gbs, gmac);
-  }
-  char date[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  (*root)["measured"] = json::Object{
-      {"by", "duckc measure-cluster"},
-      {"date", date},
-      {"millis", int64_t(measureMillis)},
-      {"one_at_a_time", mo.one_at_a_time},
-      {"busy_elsewhere_cores_max", maxLoad},
-      {"fp9_gparam_s", same ? "the mean of equal ducks" : "each duck's own"}};
-  outs() << formatv("fp9_gparam_s: {0}; bandwidth_gbs {1:f1} (slowest "
-                    "duck), step_overhead_us {2:f0} (the slowest duck's "
-                    "gap: ping after {3} us busy{4}), fp9_gemm_gmac_s "
-                    "{5:f1} (slowest duck, 64-row prompt chunks)\n",
-                    same ? formatv("{0:f2} for every duck (rates within "
-                                   "{1:f0}% of their mean)",
-                                   mean, measureSameWithin * 100)
-                               .str()
-                         : std::string("each duck's own"),
-                    minRead, maxRtt, mo.busy_us,
-                    mo.elf.empty() ? "" : ", or empty step", minGemm);
-
-  const std::string out = measureOut.empty() ? measureFile : measureOut;
-  const std::string tmp = formatv("{0}.tmp-{1}", out, (int64_t)::getpid());
-  {
-    std::error_code ec;
-    raw_fd_ostream os(tmp, ec);
-    if (ec)
-      return createStringError(inconvertibleErrorCode(),
-                               "cannot write '" + tmp + "': " + ec.message());
-    os << formatv("{0:2}", json::Value(std::move(*root))) << "\n";
-    os.close();
-    if (os.has_error()) {
-      sys::fs::remove(tmp);
-      return createStringError(inconvertibleErrorCode(),
-                               "cannot write '" + tmp + "'");
-    }
-  }
-  if (std::error_code ec = sys::fs::rename(tmp, out)) {
-    sys::fs::remove(tmp);
-    return createStringError(inconvertibleErrorCode(),
-                             "cannot replace '" + out + "': " + ec.message());
-  }
-  outs() << "wrote " << out << "\n";
-  return Error::success();
+    WithColor::error(errs(), "duckc") << "cannot run " << kMeasureTool << ": "
+                                      << std::strerror(err) << "\n";
+  return 1;
 }
 
 //===----------------------------------------------------------------------===//
@@ -1210,7 +1023,6 @@ const Subcommand kSubcommands[] = {
     {&compileCmd, runCompile},
     {&fp9ReportCmd, runFp9Report},
     {&verifyPlanCmd, runVerifyPlan},
-    {&measureCmd, runMeasureCluster},
 };
 
 constexpr const char *kOverview = R"(Duck compiler driver
@@ -1270,30 +1082,14 @@ options of one subcommand.
   measure-cluster <cluster.json> [-o FILE] [--cores N] [--millis MS]
                   [--arena-mib MIB] [--all-at-once] [--same-within F]
                   [--busy-us US] [--host]
-      Asks every duck of the cluster file (its duckd must be running; the
-      file's "token" authenticates) for its read bandwidth and cold fp9
-      GEMV rate of every kernel class, measured with the duck's kernels on
-      memory of its own (its weight cache is untouched), and times 200
-      round trips to it: pings, and empty steps through a session of the
-      duck ELF (its dispatch path). Writes each duck's "cores", "read_gbs",
-      "fp9_gparam_s" (general128), "fp9_gparam_s_by_kernel",
-      "fp9_gemm_gmac_s" (a 64-row prompt chunk's dense prefill),
-      "gemv_call_us" (what a small matrix's GEMV costs beyond its weights
-      at the general128 rate: the cost model adds it to every matrix a
-      duck runs in a step), "rtt_us",
-      "empty_step_us" (and "memory_gib" from its weight buffer if absent),
-      and the cluster's "bandwidth_gbs" and "fp9_gemm_gmac_s" (slowest
-      duck) and
-      "step_overhead_us" (the largest gap: a ping that kept the duck busy
-      --busy-us (500) as a step would, less that time, or an empty step)
-      into the file, for 'compile --cluster'. Ducks measure one after
-      another unless --all-at-once. --host (run it on the host) also writes
-      this machine's read bandwidth as "host_read_gbs": with it, 'compile
-      --tp auto' without --lm-head also chooses where the LM head goes (and
-      without --q-proj / --o-proj / --in-proj, the attention projections);
-      and its rate on attention over a cache as "host_gmac_s": with
-      "context_tokens" (yours to set) in the file, compile adds a token's
-      attention over that much context to the host's time.
+      Runs duck-measure-cluster, the runtime's tool (beside duckc, else on
+      PATH), with these arguments: it asks every duck of the cluster file
+      (its duckd must be running) for its read bandwidth and cold fp9 GEMV
+      rate of every kernel class (its weight cache untouched), times the
+      dispatch gap, with --host (run it on the host) also measures this
+      machine's read bandwidth and attention rate, and writes the figures
+      into the file for 'compile --cluster'. 'duckc measure-cluster --help'
+      lists its options and every figure it writes.
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.
@@ -1302,6 +1098,9 @@ Exit status is 0 on success and 1 on any error, reported on stderr as
 } // namespace
 
 int main(int argc, char **argv) {
+  // measure-cluster is the runtime's tool: exec'd before LLVM sets up.
+  if (argc >= 2 && StringRef(argv[1]) == "measure-cluster")
+    return forwardMeasureCluster(argc, argv);
   InitLLVM initLLVM(argc, argv);
   cl::HideUnrelatedOptions(duckcCategory);
   for (const Subcommand &sub : kSubcommands)

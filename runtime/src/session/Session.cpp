@@ -1,5 +1,6 @@
 //===- Session.cpp - a plan, its ducks and an engine, ready to run --------===//
 #include "duck/runtime/session/Session.h"
+#include "duck/runtime/cluster/ClusterFile.h"
 #include "duck/runtime/StatusMacros.h"
 
 #include "absl/strings/match.h"
@@ -8,8 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -31,77 +30,6 @@ namespace duck::runtime {
 namespace pl = ::duck::plan;
 
 namespace {
-
-absl::StatusOr<std::vector<uint8_t>> readFile(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
-                              std::istreambuf_iterator<char>());
-}
-
-/// The cluster file duckrun reads (the same file duckc compile reads).
-struct ClusterFile {
-  std::vector<DuckEndpoint> ducks;
-  std::vector<DuckEndpoint> spares; // take a failed duck's place
-  std::string token;
-  double bandwidth_gbs = 0; // the ducks' read bandwidth, if given
-};
-
-absl::StatusOr<ClusterFile> loadCluster(const std::string &path) {
-  auto bytes = readFile(path);
-  if (!bytes.ok())
-    return bytes.status();
-  nlohmann::json j = nlohmann::json::parse(bytes->begin(), bytes->end(),
-                                           nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return absl::InvalidArgumentError(
-        absl::StrCat("cluster file '", path, "' is not valid JSON"));
-  if (!j.is_object())
-    return absl::InvalidArgumentError(
-        absl::StrCat("cluster file '", path, "' is not a JSON object"));
-  ClusterFile c;
-  if (j.contains("token") && j["token"].is_string())
-    c.token = j["token"].get<std::string>();
-  if (j.contains("bandwidth_gbs") && j["bandwidth_gbs"].is_number())
-    c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
-  if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
-    return absl::InvalidArgumentError(
-        absl::StrCat("cluster file '", path,
-                     "' needs a non-empty \"ducks\" array of "
-                     "{\"host\": ..., \"port\": ...}"));
-  auto endpoints = [&](const char *key,
-                       std::vector<DuckEndpoint> *out) -> absl::Status {
-    for (size_t i = 0; i < j[key].size(); ++i) {
-      const nlohmann::json &d = j[key][i];
-      if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
-          !d.contains("port") || !d["port"].is_number_integer())
-        return absl::InvalidArgumentError(
-            absl::StrCat("cluster file '", path, "': ", key, "[", i,
-                         "] needs \"host\" (string) and \"port\" (integer)"));
-      auto ep = ParseDuckEndpoint(absl::StrCat(d["host"].get<std::string>(),
-                                               ":", d["port"].get<int>()));
-      if (!ep.ok())
-        return absl::InvalidArgumentError(
-            absl::StrCat("cluster file '", path, "': ", key, "[", i,
-                         "]: ", ep.status().message()));
-      out->push_back(*ep);
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status st = endpoints("ducks", &c.ducks); !st.ok())
-    return st;
-  if (j.contains("spares")) {
-    if (!j["spares"].is_array())
-      return absl::InvalidArgumentError(
-          absl::StrCat("cluster file '", path,
-                       "': \"spares\" must be an array of "
-                       "{\"host\": ..., \"port\": ...}"));
-    if (absl::Status st = endpoints("spares", &c.spares); !st.ok())
-      return st;
-  }
-  return c;
-}
 
 /// A duck of a cluster file that stays unreachable this long is replaced
 /// by the next spare (when the file lists any).
@@ -494,7 +422,7 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t tp = def.tp();
   co_.persistent = o.persistent;
   if (!o.cluster_file.empty()) {
-    auto c = loadCluster(o.cluster_file);
+    auto c = LoadClusterFile(o.cluster_file);
     if (!c.ok())
       return c.status();
     if (c->ducks.size() != tp)

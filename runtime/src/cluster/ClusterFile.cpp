@@ -1,0 +1,75 @@
+//===- ClusterFile.cpp - a cluster of ducks, as a JSON file ---------------===//
+#include "duck/runtime/cluster/ClusterFile.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iterator>
+
+namespace duck::runtime {
+
+absl::StatusOr<ClusterFile> ParseClusterFile(absl::string_view text,
+                                             const std::string &path) {
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not valid JSON"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path, "' is not a JSON object"));
+  ClusterFile c;
+  if (j.contains("token") && j["token"].is_string())
+    c.token = j["token"].get<std::string>();
+  if (j.contains("bandwidth_gbs") && j["bandwidth_gbs"].is_number())
+    c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
+  if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster file '", path,
+                     "' needs a non-empty \"ducks\" array of "
+                     "{\"host\": ..., \"port\": ...}"));
+  auto endpoints = [&](const char *key,
+                       std::vector<DuckEndpoint> *out) -> absl::Status {
+    for (size_t i = 0; i < j[key].size(); ++i) {
+      const nlohmann::json &d = j[key][i];
+      if (!d.is_object() || !d.contains("host") || !d["host"].is_string() ||
+          !d.contains("port") || !d["port"].is_number_integer())
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster file '", path, "': ", key, "[", i,
+                         "] needs \"host\" (string) and \"port\" (integer)"));
+      auto ep = ParseDuckEndpoint(absl::StrCat(d["host"].get<std::string>(),
+                                               ":", d["port"].get<int>()));
+      if (!ep.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster file '", path, "': ", key, "[", i,
+                         "]: ", ep.status().message()));
+      out->push_back(*ep);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = endpoints("ducks", &c.ducks); !st.ok())
+    return st;
+  if (j.contains("spares")) {
+    if (!j["spares"].is_array())
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster file '", path,
+                       "': \"spares\" must be an array of "
+                       "{\"host\": ..., \"port\": ...}"));
+    if (absl::Status st = endpoints("spares", &c.spares); !st.ok())
+      return st;
+  }
+  return c;
+}
+
+absl::StatusOr<ClusterFile> LoadClusterFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  const std::string text((std::istreambuf_iterator<char>(f)),
+                         std::istreambuf_iterator<char>());
+  return ParseClusterFile(text, path);
+}
+
+} // namespace duck::runtime
