@@ -297,8 +297,9 @@ struct DuckPartitionPass
     return result;
   }
 
-  void runOnOperation() override {
-    ModuleOp module = getOperation();
+  /// The pass options, checked before anything is read from the module:
+  /// the strategy spec parsed, or failure after an error on `module`.
+  FailureOr<StrategySpec> checkOptions(ModuleOp module) {
     for (auto [name, value] : {std::pair{"q-proj", &qProj},
                                std::pair{"in-proj", &inProj},
                                std::pair{"o-proj", &oProj},
@@ -307,14 +308,14 @@ struct DuckPartitionPass
         module.emitError() << "duck-partition: " << name
                            << " must be host or ducks, got '"
                            << std::string(*value) << "'";
-        return signalPassFailure();
+        return failure();
       }
     // Diagnostics take pass options by value: cast them, or an
     // Option<int64_t> converts to `char` and prints as a control byte.
     if (tp < 1) {
       module.emitError() << "duck-partition: tp must be at least 1, got "
                          << (int64_t)tp;
-      return signalPassFailure();
+      return failure();
     }
     llvm::Expected<StrategySpec> spec = parseStrategySpec(strategy);
     if (!spec) {
@@ -322,7 +323,7 @@ struct DuckPartitionPass
                          << llvm::toString(spec.takeError())
                          << " (expected intermediate, experts, or a list by "
                             "MoE layer such as intermediate,experts:3-30)";
-      return signalPassFailure();
+      return failure();
     }
     if (!shares.empty() &&
         ((int64_t)shares.size() != tp ||
@@ -330,17 +331,16 @@ struct DuckPartitionPass
       module.emitError() << "duck-partition: shares needs " << (int64_t)tp
                          << " positive values (one a duck), got "
                          << shares.size();
-      return signalPassFailure();
+      return failure();
     }
-    SmallVector<FfnInfo> ffns;
-    module.walk([&](Operation *op) {
-      if (isa<MlpOp, MoeOp>(op))
-        ffns.push_back(infoOf(op));
-    });
+    return std::move(*spec);
+  }
 
-    // A range naming a dense layer as experts, or no layer at all, is a
-    // mistake in the spec.
-    for (const StrategySpec::Range &r : spec->ranges) {
+  /// A range naming a dense layer as experts, or no layer at all, is a
+  /// mistake in the spec.
+  LogicalResult checkRanges(ModuleOp module, const StrategySpec &spec,
+                            ArrayRef<FfnInfo> ffns) {
+    for (const StrategySpec::Range &r : spec.ranges) {
       bool any = false;
       for (const FfnInfo &f : ffns) {
         if (f.layer < r.first || f.layer > r.last)
@@ -352,7 +352,7 @@ struct DuckPartitionPass
               << " is dense: only MoE layers can place whole experts "
                  "(strategy '"
               << strategy << "')";
-          return signalPassFailure();
+          return failure();
         }
       }
       if (!any) {
@@ -361,16 +361,24 @@ struct DuckPartitionPass
                            << ", but the model's FFN layers are "
                            << (ffns.empty() ? 0 : ffns.front().layer) << "-"
                            << (ffns.empty() ? -1 : ffns.back().layer);
-        return signalPassFailure();
+        return failure();
       }
     }
-    // Layers placed by whole experts keep their full intermediate size on a
-    // duck, so tp does not bound their block.
-    auto splitsInter = [&](const FfnInfo &f) {
-      return !(f.moe && spec->of(f.layer) == Strategy::experts);
-    };
-    // multiple_of is also the fp9 K-block of every FFN matrix: in an FP8
-    // checkpoint it must divide the scale tiles' columns.
+    return success();
+  }
+
+  /// Layers placed by whole experts keep their full intermediate size on a
+  /// duck, so tp does not bound their block.
+  static bool splitsInter(const StrategySpec &spec, const FfnInfo &f) {
+    return !(f.moe && spec.of(f.layer) == Strategy::experts);
+  }
+
+  /// multiple_of (the block, and the fp9 K-block of every FFN matrix): the
+  /// option's value, or with auto the largest of 128, 64, 32 every layer
+  /// admits; in an FP8 checkpoint it must divide the scale tiles' columns.
+  FailureOr<int64_t> chooseMultipleOf(ModuleOp module,
+                                      const StrategySpec &spec,
+                                      ArrayRef<FfnInfo> ffns) {
     const int64_t tileCols = fp8TileCols(module);
     auto fitsTiles = [&](int64_t cand) {
       return tileCols <= 0 || tileCols % cand == 0;
@@ -381,146 +389,183 @@ struct DuckPartitionPass
                          << " columns wide (quantization_config."
                             "weight_block_size), which no fp9 block (128, 64 "
                             "or 32) divides";
-      return signalPassFailure();
+      return failure();
     }
-    int64_t mo = 0;
     if (multipleOf == "auto") {
       auto admits = [&](const FfnInfo &f, int64_t cand) {
         return f.inter % cand == 0 && fitsTiles(cand) &&
-               (!splitsInter(f) || f.inter / cand >= tp);
+               (!splitsInter(spec, f) || f.inter / cand >= tp);
       };
       for (int64_t cand : {128, 64, 32})
         if (llvm::all_of(ffns,
-                         [&](const FfnInfo &f) { return admits(f, cand); })) {
-          mo = cand;
-          break;
+                         [&](const FfnInfo &f) { return admits(f, cand); }))
+          return cand;
+      // Report against the smallest block: the layer that blocks it.
+      for (const FfnInfo &f : ffns)
+        if (!admits(f, 32)) {
+          f.op->emitOpError()
+              << "layer " << f.layer << ": no multiple_of in {128, 64, 32} "
+              << "splits intermediate size " << f.inter
+              << " over tp = " << (int64_t)tp
+              << " ducks; the largest tp that would work is "
+              << (f.inter % 32 == 0 ? f.inter / 32 : 0)
+              << " (multiple_of = 32)";
+          return failure();
         }
-      if (!mo) {
-        // Report against the smallest block: the layer that blocks it.
-        for (const FfnInfo &f : ffns)
-          if (!admits(f, 32)) {
-            f.op->emitOpError()
-                << "layer " << f.layer << ": no multiple_of in {128, 64, 32} "
-                << "splits intermediate size " << f.inter
-                << " over tp = " << (int64_t)tp
-                << " ducks; the largest tp that would work is "
-                << (f.inter % 32 == 0 ? f.inter / 32 : 0)
-                << " (multiple_of = 32)";
-            return signalPassFailure();
-          }
-      }
-    } else {
-      if (multipleOf != "128" && multipleOf != "64" && multipleOf != "32") {
-        module.emitError() << "duck-partition: multiple-of must be 128, 64, 32 "
-                              "or auto, got '"
-                           << multipleOf << "'";
-        return signalPassFailure();
-      }
-      mo = std::stoll(multipleOf);
-      if (!fitsTiles(mo)) {
-        module.emitError() << "duck-partition: multiple_of = " << mo
-                           << " does not divide the FP8 scale tiles' "
-                           << tileCols
-                           << " columns (quantization_config."
-                              "weight_block_size): an fp9 block must lie in "
-                              "one tile (use multiple_of = "
-                           << (tileCols % 64 == 0 ? 64 : 32) << ")";
-        return signalPassFailure();
-      }
+      return (int64_t)0; // unreachable: a layer failed every candidate
     }
+    if (multipleOf != "128" && multipleOf != "64" && multipleOf != "32") {
+      module.emitError() << "duck-partition: multiple-of must be 128, 64, 32 "
+                            "or auto, got '"
+                         << multipleOf << "'";
+      return failure();
+    }
+    const int64_t mo = std::stoll(multipleOf);
+    if (!fitsTiles(mo)) {
+      module.emitError() << "duck-partition: multiple_of = " << mo
+                         << " does not divide the FP8 scale tiles' "
+                         << tileCols
+                         << " columns (quantization_config."
+                            "weight_block_size): an fp9 block must lie in "
+                            "one tile (use multiple_of = "
+                         << (tileCols % 64 == 0 ? 64 : 32) << ")";
+      return failure();
+    }
+    return mo;
+  }
+
+  /// Whether layer `f` can be cut at tp: its intermediate size in whole
+  /// mo-blocks, tp of them at most, or tp experts at least by experts.
+  LogicalResult checkLayerFits(const FfnInfo &f, int64_t mo, bool byExperts) {
+    if (f.inter % mo != 0) {
+      std::string hint = smallerBlockHint(f.inter, mo);
+      auto diag = f.op->emitOpError()
+                  << "layer " << f.layer << ": intermediate size " << f.inter
+                  << " is not a multiple of multiple_of = " << mo
+                  << ", so it cannot be cut into " << mo << "-neuron blocks";
+      if (!hint.empty())
+        diag << " (smaller blocks: " << hint << ")";
+      return failure();
+    }
+    const int64_t blocks = f.inter / mo;
+    if (!byExperts && tp > blocks) {
+      std::string hint = smallerBlockHint(f.inter, mo);
+      auto diag = f.op->emitOpError()
+                  << "layer " << f.layer
+                  << ": cannot split intermediate size " << f.inter
+                  << " over tp = " << (int64_t)tp
+                  << " ducks with multiple_of = " << mo
+                  << ": each duck needs a whole number of " << mo
+                  << "-neuron blocks, so tp_max = " << blocks
+                  << "; the largest tp that would work is " << blocks;
+      if (!hint.empty())
+        diag << " (smaller blocks: " << hint << ")";
+      return failure();
+    }
+    if (byExperts && f.experts < tp) {
+      f.op->emitOpError()
+          << "layer " << f.layer << ": " << f.experts
+          << " experts (shared ones included) cannot be placed whole on tp = "
+          << (int64_t)tp
+          << " ducks: each duck needs at least one; use "
+             "strategy=intermediate or tp <= "
+          << f.experts;
+      return failure();
+    }
+    return success();
+  }
+
+  /// Each duck's count of a layer's units (blocks, or whole experts).
+  /// Whole experts are apportioned like blocks: equal shares give
+  /// units % tp ducks one more, never the last when it holds the
+  /// always-active shared experts (ids after the routed ones). Which
+  /// ducks take the extra ones rotates from layer to layer, so no duck
+  /// holds an extra block or expert in every layer (DeepSeek-V3.2 at tp
+  /// 32: duck 0 held 9 experts a layer to the others' 8, 12 % more
+  /// memory; Qwen3-30B-A3B at tp 4, multiple_of 128: ducks 0 and 1 held
+  /// 2 of every expert's 6 blocks, 10.1 GiB to the others' 5.1). A
+  /// layer's slowest duck is the same either way.
+  SmallVector<int64_t> unitCounts(const FfnInfo &f, bool byExperts,
+                                  int64_t units) const {
+    SmallVector<int64_t> counts = blockCounts(units);
+    const int64_t extra = units % tp;
+    const int64_t takers = byExperts && f.shared > 0 ? tp - 1 : tp;
+    if (shares.empty() && extra > 0 && extra < takers) {
+      for (int64_t r = 0; r < tp; ++r)
+        counts[r] = units / tp;
+      for (int64_t k = 0; k < extra; ++k)
+        ++counts[(f.layer * extra + k) % takers];
+    }
+    return counts;
+  }
+
+  /// Records layer `f`'s cut on its op and replaces its body with one
+  /// duck.fp9_ffn a duck (its block or expert range).
+  void cutLayer(const FfnInfo &f, int64_t mo, bool byExperts,
+                int64_t tpMax) {
+    MLIRContext *ctx = f.op->getContext();
+    OpBuilder b(ctx);
+    f.op->setAttr("tp", b.getI64IntegerAttr(tp));
+    f.op->setAttr("multiple_of", b.getI64IntegerAttr(mo));
+    f.op->setAttr("tp_max", b.getI64IntegerAttr(tpMax));
+    f.op->setAttr("strategy", StrategyAttr::get(ctx, byExperts
+                                                         ? Strategy::experts
+                                                         : Strategy::intermediate));
+    Region &region = f.op->getRegion(0);
+    region.getBlocks().clear();
+    Block *body = new Block();
+    region.push_back(body);
+    b.setInsertionPointToEnd(body);
+    const int64_t units = byExperts ? f.experts : f.inter / mo;
+    SmallVector<int64_t> counts = unitCounts(f, byExperts, units);
+    int64_t first = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      int64_t ib = 0, ie = f.inter, eb = 0, ee = f.experts;
+      if (byExperts) {
+        eb = first;
+        ee = first + counts[r];
+      } else {
+        ib = first * mo;
+        ie = (first + counts[r]) * mo;
+      }
+      first += counts[r];
+      b.create<Fp9FfnOp>(f.op->getLoc(), b.getI64IntegerAttr(r),
+                         b.getI64IntegerAttr(ib), b.getI64IntegerAttr(ie),
+                         b.getI64IntegerAttr(eb), b.getI64IntegerAttr(ee),
+                         b.getI64IntegerAttr(mo), nullptr, nullptr, nullptr,
+                         nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    }
+  }
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<StrategySpec> spec = checkOptions(module);
+    if (failed(spec))
+      return signalPassFailure();
+    SmallVector<FfnInfo> ffns;
+    module.walk([&](Operation *op) {
+      if (isa<MlpOp, MoeOp>(op))
+        ffns.push_back(infoOf(op));
+    });
+    if (failed(checkRanges(module, *spec, ffns)))
+      return signalPassFailure();
+    FailureOr<int64_t> chosen = chooseMultipleOf(module, *spec, ffns);
+    if (failed(chosen))
+      return signalPassFailure();
+    const int64_t mo = *chosen;
 
     MLIRContext *ctx = module.getContext();
     int64_t tpMaxAll = 0;
     bool anyByExperts = false, anySplitMoe = false;
     for (const FfnInfo &f : ffns) {
-      if (f.inter % mo != 0) {
-        std::string hint = smallerBlockHint(f.inter, mo);
-        auto diag = f.op->emitOpError()
-                    << "layer " << f.layer << ": intermediate size " << f.inter
-                    << " is not a multiple of multiple_of = " << mo
-                    << ", so it cannot be cut into " << mo << "-neuron blocks";
-        if (!hint.empty())
-          diag << " (smaller blocks: " << hint << ")";
+      const bool byExperts = !splitsInter(*spec, f);
+      if (failed(checkLayerFits(f, mo, byExperts)))
         return signalPassFailure();
-      }
-      const int64_t blocks = f.inter / mo;
-      const bool byExperts = !splitsInter(f);
-      int64_t tpMax = byExperts ? f.experts : blocks;
-      if (!byExperts && tp > blocks) {
-        std::string hint = smallerBlockHint(f.inter, mo);
-        auto diag = f.op->emitOpError()
-                    << "layer " << f.layer
-                    << ": cannot split intermediate size " << f.inter
-                    << " over tp = " << (int64_t)tp
-                    << " ducks with multiple_of = " << mo
-                    << ": each duck needs a whole number of " << mo
-                    << "-neuron blocks, so tp_max = " << blocks
-                    << "; the largest tp that would work is " << blocks;
-        if (!hint.empty())
-          diag << " (smaller blocks: " << hint << ")";
-        return signalPassFailure();
-      }
-      if (byExperts && f.experts < tp) {
-        f.op->emitOpError()
-            << "layer " << f.layer << ": " << f.experts
-            << " experts (shared ones included) cannot be placed whole on tp = "
-            << (int64_t)tp
-            << " ducks: each duck needs at least one; use "
-               "strategy=intermediate or tp <= "
-            << f.experts;
-        return signalPassFailure();
-      }
+      const int64_t tpMax = byExperts ? f.experts : f.inter / mo;
       tpMaxAll = tpMaxAll == 0 ? tpMax : std::min(tpMaxAll, tpMax);
       anyByExperts |= byExperts;
       anySplitMoe |= f.moe && !byExperts;
-      OpBuilder b(ctx);
-      f.op->setAttr("tp", b.getI64IntegerAttr(tp));
-      f.op->setAttr("multiple_of", b.getI64IntegerAttr(mo));
-      f.op->setAttr("tp_max", b.getI64IntegerAttr(tpMax));
-      f.op->setAttr("strategy", StrategyAttr::get(ctx, byExperts
-                                                           ? Strategy::experts
-                                                           : Strategy::intermediate));
-      Region &region = f.op->getRegion(0);
-      region.getBlocks().clear();
-      Block *body = new Block();
-      region.push_back(body);
-      b.setInsertionPointToEnd(body);
-      // Whole experts are apportioned like blocks: equal shares give
-      // units % tp ducks one more, never the last when it holds the
-      // always-active shared experts (ids after the routed ones). Which
-      // ducks take the extra ones rotates from layer to layer, so no duck
-      // holds an extra block or expert in every layer (DeepSeek-V3.2 at tp
-      // 32: duck 0 held 9 experts a layer to the others' 8, 12 % more
-      // memory; Qwen3-30B-A3B at tp 4, multiple_of 128: ducks 0 and 1 held
-      // 2 of every expert's 6 blocks, 10.1 GiB to the others' 5.1). A
-      // layer's slowest duck is the same either way.
-      const int64_t units = byExperts ? f.experts : blocks;
-      SmallVector<int64_t> counts = blockCounts(units);
-      const int64_t extra = units % tp;
-      const int64_t takers = byExperts && f.shared > 0 ? tp - 1 : tp;
-      if (shares.empty() && extra > 0 && extra < takers) {
-        for (int64_t r = 0; r < tp; ++r)
-          counts[r] = units / tp;
-        for (int64_t k = 0; k < extra; ++k)
-          ++counts[(f.layer * extra + k) % takers];
-      }
-      int64_t first = 0;
-      for (int64_t r = 0; r < tp; ++r) {
-        int64_t ib = 0, ie = f.inter, eb = 0, ee = f.experts;
-        if (byExperts) {
-          eb = first;
-          ee = first + counts[r];
-        } else {
-          ib = first * mo;
-          ie = (first + counts[r]) * mo;
-        }
-        first += counts[r];
-        b.create<Fp9FfnOp>(f.op->getLoc(), b.getI64IntegerAttr(r),
-                           b.getI64IntegerAttr(ib), b.getI64IntegerAttr(ie),
-                           b.getI64IntegerAttr(eb), b.getI64IntegerAttr(ee),
-                           b.getI64IntegerAttr(mo), nullptr, nullptr, nullptr,
-                           nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-      }
+      cutLayer(f, mo, byExperts, tpMax);
     }
     if (failed(placeRowMatrices(module)))
       return signalPassFailure();
