@@ -471,6 +471,16 @@ struct DuckClient::Impl {
         PumpFail(p, d, s, false);
   }
 
+  /// Queues duck d's step: a STEP on its session (persistent), else a RUN
+  /// that carries the ELF too.
+  void QueueStep(size_t d, absl::Span<const uint8_t> ib);
+  /// A step's metrics: the judge's wait against the slowest duck's kernel
+  /// time, and the bytes that moved.
+  void MeasureStep(const std::vector<size_t> &ducks,
+                   const std::vector<DuckOutput> &outputs, uint64_t t0,
+                   uint64_t t1, uint64_t sent0, uint64_t recv0,
+                   StepMetrics *mt) const;
+
   /// Measures the listed ducks' rates, all of them at once.
   absl::Status MeasureRates(const MeasureOptions &o,
                             const std::vector<size_t> &ducks,
@@ -664,6 +674,83 @@ absl::Status DuckClient::Open(absl::Span<const uint8_t> elf) {
                 });
 }
 
+namespace {
+
+/// A step's (or run's) reply, into the duck's output: its status, times,
+/// output buffer and log; an ELF status other than OK is the step's error.
+absl::Status ReadStepReply(absl::Span<const uint8_t> pl, DuckOutput *o) {
+  duckd_step_reply rep;
+  if (pl.size() < sizeof rep)
+    return absl::InternalError("short step reply");
+  std::memcpy(&rep, pl.data(), sizeof rep);
+  const uint64_t need =
+      sizeof rep + uint64_t(rep.cores) * 8 + rep.ob_bytes + rep.log_bytes;
+  if (rep.cores > DUCKD_MAX_CORES || need != pl.size())
+    return absl::InternalError("step reply sizes do not add up");
+  o->status = rep.status;
+  o->worker_ns = rep.worker_ns;
+  o->kernel_ns.resize(rep.cores);
+  const uint8_t *p = pl.data() + sizeof rep;
+  std::memcpy(o->kernel_ns.data(), p, rep.cores * 8ull);
+  p += rep.cores * 8ull;
+  o->ob.assign(p, p + rep.ob_bytes);
+  p += rep.ob_bytes;
+  o->log.assign(reinterpret_cast<const char *>(p), rep.log_bytes);
+  if (rep.status != DUCK_STATUS_OK)
+    return absl::InvalidArgumentError(
+        absl::StrCat("ELF status ", StatusName(rep.status), " (", rep.status,
+                     ")", o->log.empty() ? "" : ": ", o->log));
+  return absl::OkStatus();
+}
+
+} // namespace
+
+void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib) {
+  std::vector<uint8_t> owned;
+  std::vector<Part> parts;
+  if (opt.persistent) {
+    duckd_step_request r{conns[d].session_id, ib.size()};
+    owned.resize(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    parts = {{owned.data(), owned.size()}, {ib.data(), ib.size()}};
+    Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+  } else {
+    duckd_run_request r{};
+    r.cores = opt.cores;
+    r.ob_limit = opt.ob_limit;
+    r.scratch_bytes = opt.scratch_bytes;
+    r.elf_bytes = elf.size();
+    r.ib_bytes = ib.size();
+    owned.resize(sizeof r);
+    std::memcpy(owned.data(), &r, sizeof r);
+    parts = {{owned.data(), owned.size()},
+             {elf.data(), elf.size()},
+             {ib.data(), ib.size()}};
+    Queue(d, DUCKD_MSG_RUN, std::move(owned), std::move(parts));
+  }
+}
+
+void DuckClient::Impl::MeasureStep(const std::vector<size_t> &ducks,
+                                   const std::vector<DuckOutput> &outputs,
+                                   uint64_t t0, uint64_t t1, uint64_t sent0,
+                                   uint64_t recv0, StepMetrics *mt) const {
+  *mt = StepMetrics{};
+  mt->judge_wait_us = double(t1 - t0) / 1e3;
+  uint64_t maxNs = 0;
+  for (const DuckOutput &o : outputs)
+    for (uint64_t k : o.kernel_ns)
+      maxNs = std::max(maxNs, k);
+  mt->duck_max_us = double(maxNs) / 1e3;
+  mt->judge_gap_us = mt->judge_wait_us - mt->duck_max_us;
+  mt->judge_ratio = maxNs ? mt->judge_wait_us / mt->duck_max_us : 0;
+  for (size_t d : ducks) {
+    mt->bytes_sent += conns[d].bytes_sent;
+    mt->bytes_received += conns[d].bytes_received;
+  }
+  mt->bytes_sent -= sent0;
+  mt->bytes_received -= recv0;
+}
+
 absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                               std::vector<DuckOutput> *out_outputs,
                               StepMetrics *out_metrics,
@@ -689,83 +776,23 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
   }
   const uint64_t t0 = NowNs();
   for (size_t d : ducks) {
-    std::vector<uint8_t> owned;
-    std::vector<Part> parts;
-    if (m.opt.persistent) {
-      duckd_step_request r{m.conns[d].session_id, ibs[d].size()};
-      owned.resize(sizeof r);
-      std::memcpy(owned.data(), &r, sizeof r);
-      parts = {{owned.data(), owned.size()}, {ibs[d].data(), ibs[d].size()}};
-      m.Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
-    } else {
-      duckd_run_request r{};
-      r.cores = m.opt.cores;
-      r.ob_limit = m.opt.ob_limit;
-      r.scratch_bytes = m.opt.scratch_bytes;
-      r.elf_bytes = m.elf.size();
-      r.ib_bytes = ibs[d].size();
-      owned.resize(sizeof r);
-      std::memcpy(owned.data(), &r, sizeof r);
-      parts = {{owned.data(), owned.size()},
-               {m.elf.data(), m.elf.size()},
-               {ibs[d].data(), ibs[d].size()}};
-      m.Queue(d, DUCKD_MSG_RUN, std::move(owned), std::move(parts));
-    }
+    m.QueueStep(d, ibs[d]);
     // Start writing at once: the first duck begins while the others queue.
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
   if (after_send)
     after_send();
-  std::string elfErrors;
   absl::Status s = m.Pump(
       ducks, m.opt.step_timeout, m.opt.persistent ? "step" : "run",
       [&](size_t d, const duckd_frame_header &,
           absl::Span<const uint8_t> pl) -> absl::Status {
-        duckd_step_reply rep;
-        if (pl.size() < sizeof rep)
-          return absl::InternalError("short step reply");
-        std::memcpy(&rep, pl.data(), sizeof rep);
-        const uint64_t need = sizeof rep + uint64_t(rep.cores) * 8 +
-                              rep.ob_bytes + rep.log_bytes;
-        if (rep.cores > DUCKD_MAX_CORES || need != pl.size())
-          return absl::InternalError("step reply sizes do not add up");
-        DuckOutput &o = (*out_outputs)[d];
-        o.status = rep.status;
-        o.worker_ns = rep.worker_ns;
-        o.kernel_ns.resize(rep.cores);
-        const uint8_t *p = pl.data() + sizeof rep;
-        std::memcpy(o.kernel_ns.data(), p, rep.cores * 8ull);
-        p += rep.cores * 8ull;
-        o.ob.assign(p, p + rep.ob_bytes);
-        p += rep.ob_bytes;
-        o.log.assign(reinterpret_cast<const char *>(p), rep.log_bytes);
-        if (rep.status != DUCK_STATUS_OK)
-          return absl::InvalidArgumentError(absl::StrCat(
-              "ELF status ", StatusName(rep.status), " (", rep.status, ")",
-              o.log.empty() ? "" : ": ", o.log));
-        return absl::OkStatus();
+        return ReadStepReply(pl, &(*out_outputs)[d]);
       },
       nullptr, false, m.opt.reply_spin);
   const uint64_t t1 = NowNs();
-  if (out_metrics) {
-    StepMetrics &mt = *out_metrics;
-    mt = StepMetrics{};
-    mt.judge_wait_us = double(t1 - t0) / 1e3;
-    uint64_t maxNs = 0;
-    for (const DuckOutput &o : *out_outputs)
-      for (uint64_t k : o.kernel_ns)
-        maxNs = std::max(maxNs, k);
-    mt.duck_max_us = double(maxNs) / 1e3;
-    mt.judge_gap_us = mt.judge_wait_us - mt.duck_max_us;
-    mt.judge_ratio = maxNs ? mt.judge_wait_us / mt.duck_max_us : 0;
-    for (size_t d : ducks) {
-      mt.bytes_sent += m.conns[d].bytes_sent;
-      mt.bytes_received += m.conns[d].bytes_received;
-    }
-    mt.bytes_sent -= sent0;
-    mt.bytes_received -= recv0;
-  }
+  if (out_metrics)
+    m.MeasureStep(ducks, *out_outputs, t0, t1, sent0, recv0, out_metrics);
   return s;
 }
 
