@@ -65,6 +65,7 @@ nlohmann::json OpBreakdown(const Engine::OpTimes &t,
   return j;
 }
 
+/// Ctrl-C (the caller's cancel flag) asks the run to stop between steps.
 bool Interrupted(const GenerateOptions &o) {
   return o.cancel && o.cancel->load();
 }
