@@ -373,35 +373,9 @@ void parseQuantization(FieldReader &top, ModelDesc &d) {
   }
 }
 
-} // namespace
-
-Expected<ModelDesc> parseModelConfig(const json::Value &config,
-                                     StringRef source) {
-  const json::Object *root = config.getAsObject();
-  if (!root)
-    return createStringError(
-        inconvertibleErrorCode(), "%s: config must be a JSON object, found %s",
-        source.str().c_str(), jsonKindName(config).str().c_str());
-
-  // model_type picks the family (and the required fields).
-  ParseDiag headDiag{source.str(), "any", ""};
-  FieldReader head(*root, headDiag);
-  std::string modelType =
-      head.asString("model_type", head.required("model_type"), "");
-  if (head.failed())
-    return head.takeError();
-  std::optional<ModelFamily> family = parseModelType(modelType);
-  if (!family)
-    return createStringError(inconvertibleErrorCode(),
-                             "%s: unsupported model_type '%s' (supported: %s)",
-                             source.str().c_str(), modelType.c_str(),
-                             supportedModelTypeList().c_str());
-
-  ModelDesc d;
-  d.family = *family;
-  ParseDiag diag{source.str(), modelType, ""};
-  FieldReader r(*root, diag);
-
+/// The fields every family has: architectures, dtype, the model's sizes,
+/// its token ids, RoPE scaling and quantization.
+void parseSharedFields(FieldReader &r, ModelDesc &d) {
   if (const json::Value *a = r.optional("architectures")) {
     const json::Array *arr = a->getAsArray();
     if (!arr)
@@ -414,7 +388,6 @@ Expected<ModelDesc> parseModelConfig(const json::Value &config,
   d.torch_dtype =
       r.has("torch_dtype") ? r.optString("torch_dtype") : r.optString("dtype");
 
-  // Shared fields.
   d.hidden_size = r.reqInt("hidden_size");
   d.num_layers = r.reqInt("num_hidden_layers");
   d.vocab_size = r.reqInt("vocab_size");
@@ -435,93 +408,132 @@ Expected<ModelDesc> parseModelConfig(const json::Value &config,
   }
   parseRopeScaling(r, d);
   parseQuantization(r, d);
+}
 
-  // Bounds far above any real model; they keep tensor lists and parameter
-  // counts finite for a hostile or corrupted config.
-  auto checkMax = [&](StringRef key, int64_t value, int64_t max) {
-    if (!r.failed() && value > max)
-      r.fail("field '" + key + "' (" + Twine(value) +
-             ") exceeds the supported maximum " + Twine(max));
-  };
-  constexpr int64_t kMaxDim = int64_t(1) << 18;
+/// Bounds far above any real model; they keep tensor lists and parameter
+/// counts finite for a hostile or corrupted config.
+void checkMax(FieldReader &r, StringRef key, int64_t value, int64_t max) {
+  if (!r.failed() && value > max)
+    r.fail("field '" + key + "' (" + Twine(value) +
+           ") exceeds the supported maximum " + Twine(max));
+}
+constexpr int64_t kMaxDim = int64_t(1) << 18;
 
-  if (d.isQwen()) {
-    bool moe = d.family == ModelFamily::Qwen3Moe;
-    if (moe) {
-      d.num_routed_experts = r.reqInt("num_experts");
-      d.experts_per_tok = r.reqInt("num_experts_per_tok");
-      d.moe_intermediate_size = r.reqInt("moe_intermediate_size");
-      d.norm_topk_prob = r.optBool("norm_topk_prob", false);
-      d.decoder_sparse_step = r.optInt("decoder_sparse_step", 1);
-      d.mlp_only_layers =
-          r.asIntList("mlp_only_layers", r.optional("mlp_only_layers"));
-      d.scoring_func = "softmax";
-      // Dense width only matters if some layer is dense.
-      d.intermediate_size = r.optInt("intermediate_size", 0);
-    } else {
-      d.intermediate_size = r.reqInt("intermediate_size");
-    }
-    if (!r.failed())
-      r.checkPositive("num_attention_heads", d.num_attention_heads);
-    if (!r.failed() && !r.has("head_dim") &&
-        d.hidden_size % d.num_attention_heads != 0)
-      r.fail("field 'hidden_size' (" + Twine(d.hidden_size) +
-             ") is not divisible by 'num_attention_heads' (" +
-             Twine(d.num_attention_heads) + ") and 'head_dim' is absent");
-    if (!r.failed())
-      d.head_dim = r.optInt("head_dim", d.hidden_size / d.num_attention_heads);
+/// Qwen3 and Qwen3-MoE's own fields: the FFN widths, the experts and the
+/// head size (hidden / heads unless given).
+void parseQwenFields(FieldReader &r, ModelDesc &d) {
+  bool moe = d.family == ModelFamily::Qwen3Moe;
+  if (moe) {
+    d.num_routed_experts = r.reqInt("num_experts");
+    d.experts_per_tok = r.reqInt("num_experts_per_tok");
+    d.moe_intermediate_size = r.reqInt("moe_intermediate_size");
+    d.norm_topk_prob = r.optBool("norm_topk_prob", false);
+    d.decoder_sparse_step = r.optInt("decoder_sparse_step", 1);
+    d.mlp_only_layers =
+        r.asIntList("mlp_only_layers", r.optional("mlp_only_layers"));
+    d.scoring_func = "softmax";
+    // Dense width only matters if some layer is dense.
+    d.intermediate_size = r.optInt("intermediate_size", 0);
   } else {
     d.intermediate_size = r.reqInt("intermediate_size");
-    d.moe_intermediate_size = r.reqInt("moe_intermediate_size");
-    d.num_routed_experts = r.reqInt("n_routed_experts");
-    d.experts_per_tok = r.reqInt("num_experts_per_tok");
-    d.n_shared_experts = r.reqInt("n_shared_experts");
-    d.first_k_dense_replace = r.reqInt("first_k_dense_replace");
-    d.moe_layer_freq = r.optInt("moe_layer_freq", 1);
-    d.norm_topk_prob = r.optBool("norm_topk_prob", true);
-    d.scoring_func = r.optString("scoring_func", "sigmoid");
-    d.topk_method = r.optString("topk_method", "noaux_tc");
-    d.n_group = r.optInt("n_group", 1);
-    d.topk_group = r.optInt("topk_group", 1);
-    d.routed_scaling_factor = r.optDouble("routed_scaling_factor", 1.0);
-    // "q_lora_rank": null means queries are projected directly.
-    if (r.required("q_lora_rank"))
-      d.q_lora_rank = r.optInt("q_lora_rank", 0);
-    d.kv_lora_rank = r.reqInt("kv_lora_rank");
-    d.qk_nope_head_dim = r.reqInt("qk_nope_head_dim");
-    d.qk_rope_head_dim = r.reqInt("qk_rope_head_dim");
-    d.v_head_dim = r.reqInt("v_head_dim");
-    checkMax("qk_nope_head_dim", d.qk_nope_head_dim, 65536);
-    checkMax("qk_rope_head_dim", d.qk_rope_head_dim, 65536);
-    checkMax("v_head_dim", d.v_head_dim, 65536);
-    if (!r.failed())
-      d.head_dim = d.qk_nope_head_dim + d.qk_rope_head_dim;
-    d.num_nextn_predict_layers = r.optInt("num_nextn_predict_layers", 0);
-    if (d.hasIndexer()) {
-      d.index_n_heads = r.reqInt("index_n_heads");
-      d.index_head_dim = r.reqInt("index_head_dim");
-      d.index_topk = r.reqInt("index_topk");
-    }
   }
-  if (r.failed())
-    return r.takeError();
+  if (!r.failed())
+    r.checkPositive("num_attention_heads", d.num_attention_heads);
+  if (!r.failed() && !r.has("head_dim") &&
+      d.hidden_size % d.num_attention_heads != 0)
+    r.fail("field 'hidden_size' (" + Twine(d.hidden_size) +
+           ") is not divisible by 'num_attention_heads' (" +
+           Twine(d.num_attention_heads) + ") and 'head_dim' is absent");
+  if (!r.failed())
+    d.head_dim = r.optInt("head_dim", d.hidden_size / d.num_attention_heads);
+}
 
-  checkMax("hidden_size", d.hidden_size, kMaxDim);
-  checkMax("num_hidden_layers", d.num_layers, 1024);
-  checkMax("vocab_size", d.vocab_size, int64_t(1) << 22);
-  checkMax("num_attention_heads", d.num_attention_heads, 4096);
-  checkMax("head_dim", d.head_dim, 65536);
-  checkMax("intermediate_size", d.intermediate_size, kMaxDim);
-  checkMax("moe_intermediate_size", d.moe_intermediate_size, kMaxDim);
-  checkMax(d.isQwen() ? "num_experts" : "n_routed_experts",
+/// DeepSeek-V3(.2)'s own fields: the FFN widths, the experts and their
+/// routing, MLA's ranks and head sizes, and the indexer's.
+void parseDeepSeekFields(FieldReader &r, ModelDesc &d) {
+  d.intermediate_size = r.reqInt("intermediate_size");
+  d.moe_intermediate_size = r.reqInt("moe_intermediate_size");
+  d.num_routed_experts = r.reqInt("n_routed_experts");
+  d.experts_per_tok = r.reqInt("num_experts_per_tok");
+  d.n_shared_experts = r.reqInt("n_shared_experts");
+  d.first_k_dense_replace = r.reqInt("first_k_dense_replace");
+  d.moe_layer_freq = r.optInt("moe_layer_freq", 1);
+  d.norm_topk_prob = r.optBool("norm_topk_prob", true);
+  d.scoring_func = r.optString("scoring_func", "sigmoid");
+  d.topk_method = r.optString("topk_method", "noaux_tc");
+  d.n_group = r.optInt("n_group", 1);
+  d.topk_group = r.optInt("topk_group", 1);
+  d.routed_scaling_factor = r.optDouble("routed_scaling_factor", 1.0);
+  // "q_lora_rank": null means queries are projected directly.
+  if (r.required("q_lora_rank"))
+    d.q_lora_rank = r.optInt("q_lora_rank", 0);
+  d.kv_lora_rank = r.reqInt("kv_lora_rank");
+  d.qk_nope_head_dim = r.reqInt("qk_nope_head_dim");
+  d.qk_rope_head_dim = r.reqInt("qk_rope_head_dim");
+  d.v_head_dim = r.reqInt("v_head_dim");
+  checkMax(r, "qk_nope_head_dim", d.qk_nope_head_dim, 65536);
+  checkMax(r, "qk_rope_head_dim", d.qk_rope_head_dim, 65536);
+  checkMax(r, "v_head_dim", d.v_head_dim, 65536);
+  if (!r.failed())
+    d.head_dim = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  d.num_nextn_predict_layers = r.optInt("num_nextn_predict_layers", 0);
+  if (d.hasIndexer()) {
+    d.index_n_heads = r.reqInt("index_n_heads");
+    d.index_head_dim = r.reqInt("index_head_dim");
+    d.index_topk = r.reqInt("index_topk");
+  }
+}
+
+/// Every size under its supported maximum.
+void checkBounds(FieldReader &r, const ModelDesc &d) {
+  checkMax(r, "hidden_size", d.hidden_size, kMaxDim);
+  checkMax(r, "num_hidden_layers", d.num_layers, 1024);
+  checkMax(r, "vocab_size", d.vocab_size, int64_t(1) << 22);
+  checkMax(r, "num_attention_heads", d.num_attention_heads, 4096);
+  checkMax(r, "head_dim", d.head_dim, 65536);
+  checkMax(r, "intermediate_size", d.intermediate_size, kMaxDim);
+  checkMax(r, "moe_intermediate_size", d.moe_intermediate_size, kMaxDim);
+  checkMax(r, d.isQwen() ? "num_experts" : "n_routed_experts",
            d.num_routed_experts, 4096);
-  checkMax("n_shared_experts", d.n_shared_experts, 64);
-  checkMax("q_lora_rank", d.q_lora_rank, kMaxDim);
-  checkMax("kv_lora_rank", d.kv_lora_rank, kMaxDim);
-  checkMax("index_n_heads", d.index_n_heads, 4096);
-  checkMax("index_head_dim", d.index_head_dim, 65536);
+  checkMax(r, "n_shared_experts", d.n_shared_experts, 64);
+  checkMax(r, "q_lora_rank", d.q_lora_rank, kMaxDim);
+  checkMax(r, "kv_lora_rank", d.kv_lora_rank, kMaxDim);
+  checkMax(r, "index_n_heads", d.index_n_heads, 4096);
+  checkMax(r, "index_head_dim", d.index_head_dim, 65536);
+}
 
-  // Semantic checks: values every later stage divides by or indexes with.
+/// DeepSeek's values that later stages divide by or index with: MLA's
+/// sizes, the expert groups and the indexer's.
+void checkDeepSeekValues(FieldReader &r, const ModelDesc &d) {
+  r.checkPositive("n_shared_experts", d.n_shared_experts, true);
+  r.checkPositive("first_k_dense_replace", d.first_k_dense_replace, true);
+  r.checkPositive("q_lora_rank", d.q_lora_rank, true);
+  r.checkPositive("kv_lora_rank", d.kv_lora_rank);
+  r.checkPositive("qk_nope_head_dim", d.qk_nope_head_dim);
+  r.checkPositive("qk_rope_head_dim", d.qk_rope_head_dim);
+  r.checkPositive("v_head_dim", d.v_head_dim);
+  r.checkPositive("n_group", d.n_group);
+  r.checkPositive("topk_group", d.topk_group);
+  if (!r.failed() && d.num_routed_experts % d.n_group != 0)
+    r.fail("field 'n_group' (" + Twine(d.n_group) +
+           ") must divide 'n_routed_experts' (" + Twine(d.num_routed_experts) +
+           ")");
+  if (!r.failed() && d.topk_group > d.n_group)
+    r.fail("field 'topk_group' (" + Twine(d.topk_group) +
+           ") exceeds 'n_group' (" + Twine(d.n_group) + ")");
+  if (d.hasIndexer()) {
+    r.checkPositive("index_n_heads", d.index_n_heads);
+    r.checkPositive("index_head_dim", d.index_head_dim);
+    r.checkPositive("index_topk", d.index_topk);
+    if (!r.failed() && d.index_head_dim < d.qk_rope_head_dim)
+      r.fail("field 'index_head_dim' (" + Twine(d.index_head_dim) +
+             ") is smaller than 'qk_rope_head_dim' (" +
+             Twine(d.qk_rope_head_dim) + ")");
+  }
+}
+
+/// Semantic checks: values every later stage divides by or indexes with.
+void checkValues(FieldReader &r, const ModelDesc &d, StringRef modelType) {
   r.checkPositive("hidden_size", d.hidden_size);
   r.checkPositive("num_hidden_layers", d.num_layers);
   r.checkPositive("vocab_size", d.vocab_size);
@@ -551,31 +563,7 @@ Expected<ModelDesc> parseModelConfig(const json::Value &config,
                " is not a layer index (num_hidden_layers " +
                Twine(d.num_layers) + ")");
   } else {
-    r.checkPositive("n_shared_experts", d.n_shared_experts, true);
-    r.checkPositive("first_k_dense_replace", d.first_k_dense_replace, true);
-    r.checkPositive("q_lora_rank", d.q_lora_rank, true);
-    r.checkPositive("kv_lora_rank", d.kv_lora_rank);
-    r.checkPositive("qk_nope_head_dim", d.qk_nope_head_dim);
-    r.checkPositive("qk_rope_head_dim", d.qk_rope_head_dim);
-    r.checkPositive("v_head_dim", d.v_head_dim);
-    r.checkPositive("n_group", d.n_group);
-    r.checkPositive("topk_group", d.topk_group);
-    if (!r.failed() && d.num_routed_experts % d.n_group != 0)
-      r.fail("field 'n_group' (" + Twine(d.n_group) +
-             ") must divide 'n_routed_experts' (" +
-             Twine(d.num_routed_experts) + ")");
-    if (!r.failed() && d.topk_group > d.n_group)
-      r.fail("field 'topk_group' (" + Twine(d.topk_group) +
-             ") exceeds 'n_group' (" + Twine(d.n_group) + ")");
-    if (d.hasIndexer()) {
-      r.checkPositive("index_n_heads", d.index_n_heads);
-      r.checkPositive("index_head_dim", d.index_head_dim);
-      r.checkPositive("index_topk", d.index_topk);
-      if (!r.failed() && d.index_head_dim < d.qk_rope_head_dim)
-        r.fail("field 'index_head_dim' (" + Twine(d.index_head_dim) +
-               ") is smaller than 'qk_rope_head_dim' (" +
-               Twine(d.qk_rope_head_dim) + ")");
-    }
+    checkDeepSeekValues(r, d);
   }
   // A dense layer needs a dense width (optional for an all-MoE Qwen3-MoE).
   if (!r.failed() && d.numDenseLayers() > 0) {
@@ -586,6 +574,45 @@ Expected<ModelDesc> parseModelConfig(const json::Value &config,
              Twine(d.num_layers) + " are dense)");
     r.checkPositive("intermediate_size", d.intermediate_size);
   }
+}
+
+} // namespace
+
+Expected<ModelDesc> parseModelConfig(const json::Value &config,
+                                     StringRef source) {
+  const json::Object *root = config.getAsObject();
+  if (!root)
+    return createStringError(
+        inconvertibleErrorCode(), "%s: config must be a JSON object, found %s",
+        source.str().c_str(), jsonKindName(config).str().c_str());
+
+  // model_type picks the family (and the required fields).
+  ParseDiag headDiag{source.str(), "any", ""};
+  FieldReader head(*root, headDiag);
+  std::string modelType =
+      head.asString("model_type", head.required("model_type"), "");
+  if (head.failed())
+    return head.takeError();
+  std::optional<ModelFamily> family = parseModelType(modelType);
+  if (!family)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: unsupported model_type '%s' (supported: %s)",
+                             source.str().c_str(), modelType.c_str(),
+                             supportedModelTypeList().c_str());
+
+  ModelDesc d;
+  d.family = *family;
+  ParseDiag diag{source.str(), modelType, ""};
+  FieldReader r(*root, diag);
+  parseSharedFields(r, d);
+  if (d.isQwen())
+    parseQwenFields(r, d);
+  else
+    parseDeepSeekFields(r, d);
+  if (r.failed())
+    return r.takeError();
+  checkBounds(r, d);
+  checkValues(r, d, modelType);
   if (r.failed())
     return r.takeError();
   return d;
@@ -646,6 +673,79 @@ public:
 private:
   std::vector<ExpectedTensor> &out_;
 };
+
+/// A Qwen layer's attention: q/k/v/o projections and the q/k norms.
+void addQwenAttention(TensorListBuilder &b, const ModelDesc &d,
+                      const std::string &a, int64_t l) {
+  const int64_t H = d.hidden_size;
+  const int64_t q = d.num_attention_heads * d.head_dim;
+  const int64_t kv = d.num_kv_heads * d.head_dim;
+  b.linear(a + "q_proj.weight", q, H, TensorRole::Attention, l);
+  b.linear(a + "k_proj.weight", kv, H, TensorRole::Attention, l);
+  b.linear(a + "v_proj.weight", kv, H, TensorRole::Attention, l);
+  b.linear(a + "o_proj.weight", H, q, TensorRole::Attention, l);
+  b.add(a + "q_norm.weight", {d.head_dim}, TensorRole::Norm, l);
+  b.add(a + "k_norm.weight", {d.head_dim}, TensorRole::Norm, l);
+}
+
+/// A DeepSeek layer's MLA: the query (LoRA or direct), the kv latent, the
+/// output projection, and with V3.2 the indexer.
+void addMlaAttention(TensorListBuilder &b, const ModelDesc &d,
+                     const std::string &a, int64_t l) {
+  const int64_t H = d.hidden_size;
+  const int64_t heads = d.num_attention_heads;
+  const int64_t qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  if (d.q_lora_rank > 0) {
+    b.linear(a + "q_a_proj.weight", d.q_lora_rank, H, TensorRole::Attention,
+             l);
+    b.add(a + "q_a_layernorm.weight", {d.q_lora_rank}, TensorRole::Norm, l);
+    b.linear(a + "q_b_proj.weight", heads * qk, d.q_lora_rank,
+             TensorRole::Attention, l);
+  } else {
+    b.linear(a + "q_proj.weight", heads * qk, H, TensorRole::Attention, l);
+  }
+  b.linear(a + "kv_a_proj_with_mqa.weight",
+           d.kv_lora_rank + d.qk_rope_head_dim, H, TensorRole::Attention, l);
+  b.add(a + "kv_a_layernorm.weight", {d.kv_lora_rank}, TensorRole::Norm, l);
+  b.linear(a + "kv_b_proj.weight", heads * (d.qk_nope_head_dim + d.v_head_dim),
+           d.kv_lora_rank, TensorRole::Attention, l);
+  b.linear(a + "o_proj.weight", H, heads * d.v_head_dim, TensorRole::Attention,
+           l);
+  if (d.hasIndexer()) {
+    const std::string ix = a + "indexer.";
+    // The indexer's queries come from the q LoRA latent.
+    int64_t qIn = d.q_lora_rank > 0 ? d.q_lora_rank : H;
+    b.linear(ix + "wq_b.weight", d.index_n_heads * d.index_head_dim, qIn,
+             TensorRole::Indexer, l);
+    b.linear(ix + "wk.weight", d.index_head_dim, H, TensorRole::Indexer, l);
+    b.add(ix + "k_norm.weight", {d.index_head_dim}, TensorRole::Norm, l);
+    b.add(ix + "k_norm.bias", {d.index_head_dim}, TensorRole::Norm, l);
+    b.add(ix + "weights_proj.weight", {d.index_n_heads, H},
+          TensorRole::Indexer, l);
+  }
+}
+
+/// A layer's FFN: a dense MLP, or the router, every expert and the shared
+/// experts.
+void addFfn(TensorListBuilder &b, const ModelDesc &d, const std::string &m,
+            int64_t l) {
+  const int64_t H = d.hidden_size;
+  if (!d.isMoeLayer(l)) {
+    b.mlp(m, H, d.intermediate_size, TensorRole::DenseFfn, l);
+    return;
+  }
+  const int64_t E = d.num_routed_experts;
+  b.add(m + "gate.weight", {E, H}, TensorRole::Router, l);
+  if (d.topk_method == "noaux_tc")
+    b.add(m + "gate.e_score_correction_bias", {E}, TensorRole::Router, l);
+  for (int64_t e = 0; e < E; ++e)
+    b.mlp(m + "experts." + std::to_string(e) + ".", H, d.moe_intermediate_size,
+          TensorRole::RoutedExpert, l);
+  if (d.n_shared_experts > 0)
+    b.mlp(m + "shared_experts.", H,
+          d.n_shared_experts * d.moe_intermediate_size,
+          TensorRole::SharedExpert, l);
+}
 } // namespace
 
 std::vector<ExpectedTensor> expectedTensors(const ModelDesc &d) {
@@ -659,69 +759,12 @@ std::vector<ExpectedTensor> expectedTensors(const ModelDesc &d) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
     b.add(p + "input_layernorm.weight", {H}, TensorRole::Norm, l);
-
-    if (d.isQwen()) {
-      const int64_t q = d.num_attention_heads * d.head_dim;
-      const int64_t kv = d.num_kv_heads * d.head_dim;
-      b.linear(a + "q_proj.weight", q, H, TensorRole::Attention, l);
-      b.linear(a + "k_proj.weight", kv, H, TensorRole::Attention, l);
-      b.linear(a + "v_proj.weight", kv, H, TensorRole::Attention, l);
-      b.linear(a + "o_proj.weight", H, q, TensorRole::Attention, l);
-      b.add(a + "q_norm.weight", {d.head_dim}, TensorRole::Norm, l);
-      b.add(a + "k_norm.weight", {d.head_dim}, TensorRole::Norm, l);
-    } else {
-      const int64_t heads = d.num_attention_heads;
-      const int64_t qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
-      if (d.q_lora_rank > 0) {
-        b.linear(a + "q_a_proj.weight", d.q_lora_rank, H, TensorRole::Attention,
-                 l);
-        b.add(a + "q_a_layernorm.weight", {d.q_lora_rank}, TensorRole::Norm, l);
-        b.linear(a + "q_b_proj.weight", heads * qk, d.q_lora_rank,
-                 TensorRole::Attention, l);
-      } else {
-        b.linear(a + "q_proj.weight", heads * qk, H, TensorRole::Attention, l);
-      }
-      b.linear(a + "kv_a_proj_with_mqa.weight",
-               d.kv_lora_rank + d.qk_rope_head_dim, H, TensorRole::Attention,
-               l);
-      b.add(a + "kv_a_layernorm.weight", {d.kv_lora_rank}, TensorRole::Norm, l);
-      b.linear(a + "kv_b_proj.weight",
-               heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank,
-               TensorRole::Attention, l);
-      b.linear(a + "o_proj.weight", H, heads * d.v_head_dim,
-               TensorRole::Attention, l);
-      if (d.hasIndexer()) {
-        const std::string ix = a + "indexer.";
-        // The indexer's queries come from the q LoRA latent.
-        int64_t qIn = d.q_lora_rank > 0 ? d.q_lora_rank : H;
-        b.linear(ix + "wq_b.weight", d.index_n_heads * d.index_head_dim, qIn,
-                 TensorRole::Indexer, l);
-        b.linear(ix + "wk.weight", d.index_head_dim, H, TensorRole::Indexer, l);
-        b.add(ix + "k_norm.weight", {d.index_head_dim}, TensorRole::Norm, l);
-        b.add(ix + "k_norm.bias", {d.index_head_dim}, TensorRole::Norm, l);
-        b.add(ix + "weights_proj.weight", {d.index_n_heads, H},
-              TensorRole::Indexer, l);
-      }
-    }
-
+    if (d.isQwen())
+      addQwenAttention(b, d, a, l);
+    else
+      addMlaAttention(b, d, a, l);
     b.add(p + "post_attention_layernorm.weight", {H}, TensorRole::Norm, l);
-
-    const std::string m = p + "mlp.";
-    if (!d.isMoeLayer(l)) {
-      b.mlp(m, H, d.intermediate_size, TensorRole::DenseFfn, l);
-      continue;
-    }
-    const int64_t E = d.num_routed_experts;
-    b.add(m + "gate.weight", {E, H}, TensorRole::Router, l);
-    if (d.topk_method == "noaux_tc")
-      b.add(m + "gate.e_score_correction_bias", {E}, TensorRole::Router, l);
-    for (int64_t e = 0; e < E; ++e)
-      b.mlp(m + "experts." + std::to_string(e) + ".", H,
-            d.moe_intermediate_size, TensorRole::RoutedExpert, l);
-    if (d.n_shared_experts > 0)
-      b.mlp(m + "shared_experts.", H,
-            d.n_shared_experts * d.moe_intermediate_size,
-            TensorRole::SharedExpert, l);
+    addFfn(b, d, p + "mlp.", l);
   }
 
   b.add("model.norm.weight", {H}, TensorRole::Norm, -1);
