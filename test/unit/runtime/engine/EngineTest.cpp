@@ -124,23 +124,37 @@ TEST_P(EngineTest, FfnStepsUseThePlansModes) {
   ASSERT_TRUE(e);
   std::vector<float> logits;
   ASSERT_TRUE(e->Forward(Prompt(6, 3), &logits).ok());
-  const bool moe = std::string(GetParam()) == "qwen3-moe";
-  const uint32_t layers = plan_->def().model()->layers();
+  // The plan's FFN steps, in op order.
+  std::vector<const ::duck::plan::DuckStepDef *> steps;
+  std::vector<uint32_t> perRow;
+  for (const ::duck::plan::OpDef *op : *plan_->def().ops())
+    if (auto *d = op->params_as_DenseFfnOpDef()) {
+      steps.push_back(d->step());
+      perRow.push_back(0);
+    } else if (auto *m = op->params_as_MoeFfnOpDef()) {
+      steps.push_back(m->step());
+      perRow.push_back(m->top_k() + m->num_shared());
+    }
+  const size_t F = steps.size();
+  ASSERT_GT(F, 0u);
   std::vector<FakeFfnRunner::Call> calls = runner_->calls();
-  ASSERT_EQ(calls.size(), 2u * layers); // chunks of 4 and 2
+  ASSERT_EQ(calls.size(), 2 * F); // chunks of 4 and 2
   for (size_t i = 0; i < calls.size(); ++i) {
-    EXPECT_EQ(calls[i].mode, moe ? 6u : 5u) << i;
-    EXPECT_EQ(calls[i].n_tokens, i < layers ? 4u : 2u) << i;
-    EXPECT_EQ(calls[i].slot, i % layers) << i;
-    EXPECT_EQ(calls[i].top_k, moe ? 4u : 0u) << i; // top 4, no shared
+    SCOPED_TRACE(i);
+    EXPECT_EQ(calls[i].mode, steps[i % F]->prefill_mode());
+    EXPECT_TRUE(calls[i].mode == 5 || calls[i].mode == 6);
+    EXPECT_EQ(calls[i].n_tokens, i < F ? 4u : 2u);
+    EXPECT_EQ(calls[i].slot, steps[i % F]->slot());
+    EXPECT_EQ(calls[i].top_k, perRow[i % F]);
   }
   runner_->Clear();
   ASSERT_TRUE(e->Forward({3}, &logits).ok());
   calls = runner_->calls();
-  ASSERT_EQ(calls.size(), layers);
-  for (const auto &c : calls) {
-    EXPECT_TRUE(moe ? c.mode == 1 || c.mode == 4 : c.mode == 0) << c.mode;
-    EXPECT_EQ(c.n_tokens, 1u);
+  ASSERT_EQ(calls.size(), F);
+  for (size_t i = 0; i < F; ++i) {
+    EXPECT_EQ(calls[i].mode, steps[i]->decode_mode());
+    EXPECT_TRUE(calls[i].mode == 0 || calls[i].mode == 1 || calls[i].mode == 4);
+    EXPECT_EQ(calls[i].n_tokens, 1u);
   }
 }
 
@@ -222,28 +236,56 @@ TEST_P(EngineTest, RunBatchRefusesStepsItCannotRun) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
 }
 
+// GQA: k and v of every kv head a layer, fp32 or half. DeepSeek-V3.2: the
+// MLA latent and rope key plus the indexer's key a layer, fp32 only (a
+// half cache is refused); a token's MLA reads stop at the indexer's top-k.
 TEST_P(EngineTest, KvCacheBytesAToken) {
   const auto &m = *plan_->def().model();
-  const uint64_t fp32 = (uint64_t)m.layers() * 2 * m.kv_heads() * m.head_dim() * 4;
   EngineOptions o;
-  o.max_seq = 16;
+  o.max_seq = 128;
   auto e = Make(o);
-  o.kv_f16 = true;
-  auto h = Make(o);
-  ASSERT_TRUE(e && h);
-  EXPECT_EQ(e->kv_bytes_per_token(), fp32);
-  EXPECT_EQ(h->kv_bytes_per_token(), fp32 / 2);
-  EXPECT_EQ(e->cache_read_bytes_per_token(10), 10 * fp32);
-  EXPECT_GT(e->host_weight_bytes_per_token(), 0u);
+  ASSERT_TRUE(e);
   EXPECT_EQ(e->vocab(), m.vocab());
+  EXPECT_GT(e->host_weight_bytes_per_token(), 0u);
+  o.kv_f16 = true;
+  if (m.kv_lora_rank() == 0) {
+    auto h = Make(o);
+    ASSERT_TRUE(h);
+    const uint64_t fp32 =
+        (uint64_t)m.layers() * 2 * m.kv_heads() * m.head_dim() * 4;
+    EXPECT_EQ(e->kv_bytes_per_token(), fp32);
+    EXPECT_EQ(h->kv_bytes_per_token(), fp32 / 2);
+    EXPECT_EQ(e->cache_read_bytes_per_token(100), 100 * fp32);
+    return;
+  }
+  auto h = Engine::Create(*plan_, runner_.get(), o);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("--kv-cache f16 is for grouped-query "
+                                      "attention"),
+            std::string::npos)
+      << h.status();
+  const ::duck::plan::IndexerOpDef *idx = nullptr;
+  for (const ::duck::plan::OpDef *op : *plan_->def().ops())
+    if (op->params_as_IndexerOpDef())
+      idx = op->params_as_IndexerOpDef();
+  ASSERT_NE(idx, nullptr);
+  const uint64_t mla = (uint64_t)(m.kv_lora_rank() + m.qk_rope_head_dim()) * 4,
+                 key = (uint64_t)idx->head_dim() * 4;
+  EXPECT_EQ(e->kv_bytes_per_token(), m.layers() * (mla + key));
+  ASSERT_LT(idx->topk(), 100u);
+  EXPECT_EQ(e->cache_read_bytes_per_token(100),
+            m.layers() * (idx->topk() * mla + 100 * key));
+  EXPECT_EQ(e->cache_read_bytes_per_token(10), 10 * m.layers() * (mla + key));
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, EngineTest,
-                         ::testing::Values("qwen3-moe", "qwen3"),
+                         ::testing::Values("qwen3-moe", "qwen3",
+                                           "deepseek"),
                          [](const auto &info) {
-                           return std::string(info.param) == "qwen3"
-                                      ? std::string("Dense")
-                                      : std::string("Moe");
+                           const std::string p = info.param;
+                           return p == "qwen3"       ? std::string("Dense")
+                                  : p == "qwen3-moe" ? std::string("Moe")
+                                                     : std::string("DeepSeek");
                          });
 
 } // namespace
