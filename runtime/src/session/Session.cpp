@@ -146,7 +146,9 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
 
 /// DUCK_TEST_KILL_DUCK, fault injection for the tests: "STEP:DUCK[:STOP]"
 /// SIGKILLs local duck DUCK before duck step STEP (with STOP it freezes
-/// it instead: SIGSTOP, a hung duck); "STEP:pid=PID" SIGKILLs process PID
+/// it instead: SIGSTOP, a hung duck; with EVERY it kills it again before
+/// every resend of that step: a step that always fails); "STEP:pid=PID"
+/// SIGKILLs process PID
 /// (a cluster file's duckd that the test started itself). A test that
 /// asks for a fault must get it: a bad spec fails the start, and a kill
 /// that did not happen (the step never reached, the signal refused) fails
@@ -157,6 +159,7 @@ struct Session::TestFault {
   size_t duck = 0;
   pid_t pid = 0; // > 0: kill this process, not a local duck
   bool stop = false;
+  bool every = false; // before each attempt of the step, not only the first
   bool fired = false;
   absl::Status error;
 };
@@ -167,7 +170,8 @@ absl::Status Session::ArmTestFault(const char *spec) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DUCK_TEST_KILL_DUCK='", spec, "': ", why,
-        " (expected STEP:DUCK, STEP:DUCK:STOP or STEP:pid=PID)"));
+        " (expected STEP:DUCK, STEP:DUCK:STOP, STEP:DUCK:EVERY or "
+        "STEP:pid=PID)"));
   };
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   if (parts.size() < 2 || parts.size() > 3 ||
@@ -182,9 +186,10 @@ absl::Status Session::ArmTestFault(const char *spec) {
   } else {
     if (!absl::SimpleAtoi(parts[1], &f->duck))
       return bad("bad duck index");
-    if (parts.size() == 3 && parts[2] != "STOP")
+    if (parts.size() == 3 && parts[2] != "STOP" && parts[2] != "EVERY")
       return bad(absl::StrCat("unknown action '", parts[2], "'"));
-    f->stop = parts.size() == 3;
+    f->stop = parts.size() == 3 && parts[2] == "STOP";
+    f->every = parts.size() == 3 && parts[2] == "EVERY";
     if (!local_)
       return bad("a duck index needs local ducks (a cluster file's duck is "
                  "killed by pid)");
@@ -194,7 +199,7 @@ absl::Status Session::ArmTestFault(const char *spec) {
   }
   LocalCluster *local = local_.get();
   runner_->SetBeforeStep([f, local](uint64_t index) {
-    if (index != f->step || f->fired)
+    if (index != f->step || (f->fired && !f->every))
       return;
     f->fired = true;
     if (f->pid > 0) {
