@@ -236,6 +236,8 @@ TEST_F(PlanTest, MissingSectionsAndZeroSizes) {
   EXPECT_TRUE(Has(s, "model sizes are zero")) << s;
   s = LoadChanged([](po::PlanDefT &p) { p.step_limits.reset(); });
   EXPECT_TRUE(Has(s, "has no step limits")) << s;
+  s = LoadChanged([](po::PlanDefT &p) { p.ops[1]->params.Reset(); });
+  EXPECT_TRUE(Has(s, "ops[1] has no parameters or an unknown kind (0)")) << s;
 }
 
 TEST_F(PlanTest, SlotIndexOutOfRange) {
