@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 
 #include <algorithm>
+#include <atomic>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <csignal>
@@ -74,14 +75,22 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
              LocalCluster *local, std::vector<DuckEndpoint> *spares,
              const std::vector<std::string> &images,
              const std::vector<uint8_t> &elf, absl::Duration budget, bool quiet,
-             std::ostream &err) {
+             const std::atomic<bool> *cancel, std::ostream &err) {
   if (!quiet)
     err << "\nduckrun: " << why.message() << "; bringing the ducks back\n";
   const absl::Time start = absl::Now(), deadline = start + budget;
   absl::Duration wait = absl::Milliseconds(100);
   absl::Status last = why;
   std::vector<absl::Time> downSince(co.ducks.size(), absl::InfiniteFuture());
+  // Ctrl-C or SIGTERM ends the wait for the ducks too.
+  auto cancelled = [&] {
+    return cancel && cancel->load()
+               ? absl::CancelledError("interrupted while bringing the ducks "
+                                      "back")
+               : absl::OkStatus();
+  };
   for (int attempt = 1;; ++attempt) {
+    DUCK_RETURN_IF_ERROR(cancelled());
     if (!local && spares && !spares->empty()) {
       for (size_t r = 0; r < co.ducks.size() && !spares->empty(); ++r) {
         if (TcpReachable(co.ducks[r], absl::Seconds(1))) {
@@ -137,7 +146,10 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
           "gave up after ", absl::ToDoubleSeconds(absl::Now() - start),
           " s of trying to bring the ducks back (", attempt,
           " attempts): ", last.message()));
-    absl::SleepFor(wait);
+    for (absl::Time until = absl::Now() + wait; absl::Now() < until;) {
+      DUCK_RETURN_IF_ERROR(cancelled());
+      absl::SleepFor(std::min(wait, absl::Milliseconds(50)));
+    }
     wait = std::min(wait * 2, absl::Seconds(2));
   }
 }
@@ -551,11 +563,12 @@ absl::Status Session::Start(std::ostream &log) {
   if (o.recover_seconds > 0) {
     const absl::Duration budget = absl::Seconds(o.recover_seconds);
     const bool quiet = o.quiet;
-    runner_->SetRecover([this, budget, quiet, &log](const absl::Status &why)
+    runner_->SetRecover([this, budget, quiet, cancel = o.cancel,
+                         &log](const absl::Status &why)
                             -> absl::StatusOr<DuckClient *> {
       client_.reset(); // close the old connections first: no duck stays busy
       auto fresh = RecoverDucks(why, co_, local_.get(), &spares_, images_, elf_,
-                                budget, quiet, log);
+                                budget, quiet, cancel, log);
       if (!fresh.ok())
         return fresh.status();
       client_ = std::move(*fresh);
