@@ -1,12 +1,8 @@
 //===- Layout.cpp - weight-buffer layout and cluster statistics -----------===//
 #include "duck/Dialect/Duck/Transforms/Layout.h"
-#include "duck_rt/duckd_protocol.h"
-#include "duck_rt/kernel_select.h"
 #include "duck_rt/slot_layout.h"
 
-#include <cmath>
-#include <map>
-#include <tuple>
+#include <algorithm>
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -168,100 +164,6 @@ SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
   return out;
 }
 
-namespace {
-
-/// The experts one shard holds on its duck ([begin, end) of the layer's
-/// ids; routed ones below num_experts, shared ones after) and the time
-/// one of them takes there.
-struct HeldExperts {
-  size_t rank;
-  int64_t begin, end;
-  double seconds;
-};
-
-/// The expected time of a layer's step: its slowest duck's. A dense layer
-/// or a MoE layer whose ducks each hold a slice of every expert is
-/// deterministic; with whole experts placed on ducks (strategy experts) a
-/// token's top_k experts fall unevenly, and the expectation of the maximum
-/// is taken over every combination of top_k experts when there are at most
-/// 20000, else over 4096 uniform draws (a fixed seed: the same plan always
-/// gets the same prediction). Routing is taken as uniform; a real model's
-/// skew makes expert placement slower still.
-double expectedSlowest(const std::vector<HeldExperts> &held, bool moe,
-                       int64_t topK, int64_t numExperts) {
-  size_t ducks = 0;
-  bool sliced = true;
-  for (const HeldExperts &h : held) {
-    ducks = std::max(ducks, h.rank + 1);
-    if (moe && (h.begin > 0 || h.end < numExperts))
-      sliced = false;
-  }
-  std::vector<double> t(ducks, 0.0);
-  auto sharedHeld = [&](const HeldExperts &h) {
-    return std::max<int64_t>(0, h.end - std::max(h.begin, numExperts));
-  };
-  if (!moe || sliced) {
-    for (const HeldExperts &h : held)
-      t[h.rank] += h.seconds * double(moe ? topK + sharedHeld(h) : 1);
-    return ducks ? *std::max_element(t.begin(), t.end()) : 0.0;
-  }
-  // One draw of the token's routed experts: the slowest duck's time.
-  auto slowest = [&](const std::vector<int64_t> &chosen) {
-    std::fill(t.begin(), t.end(), 0.0);
-    for (const HeldExperts &h : held) {
-      int64_t n = sharedHeld(h);
-      for (int64_t e : chosen)
-        n += e >= h.begin && e < h.end;
-      t[h.rank] += h.seconds * double(n);
-    }
-    return *std::max_element(t.begin(), t.end());
-  };
-  const int64_t k = std::min(topK, numExperts);
-  std::vector<int64_t> chosen;
-  // Few combinations (C(E, k) <= 20000): every one, exactly.
-  double combos = 1;
-  for (int64_t i = 0; i < k; ++i)
-    combos = combos * double(numExperts - i) / double(i + 1);
-  if (combos <= 20000) {
-    for (int64_t i = 0; i < k; ++i)
-      chosen.push_back(i);
-    double sum = 0;
-    for (;;) {
-      sum += slowest(chosen);
-      int64_t i = k - 1;
-      while (i >= 0 && chosen[i] == numExperts - k + i)
-        --i;
-      if (i < 0)
-        break;
-      ++chosen[i];
-      for (int64_t j = i + 1; j < k; ++j)
-        chosen[j] = chosen[j - 1] + 1;
-    }
-    return sum / combos;
-  }
-  constexpr int kDraws = 4096;
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  auto next = [&]() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  double sum = 0;
-  for (int d = 0; d < kDraws; ++d) {
-    chosen.clear();
-    while ((int64_t)chosen.size() < k) {
-      const int64_t e = int64_t(next() % uint64_t(numExperts));
-      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end())
-        chosen.push_back(e);
-    }
-    sum += slowest(chosen);
-  }
-  return sum / kDraws;
-}
-
-} // namespace
-
 FailureOr<PartitionAttr> mlir::duck::partitionOf(ModuleOp module,
                                                   llvm::StringRef who) {
   if (auto p = module->getAttrOfType<PartitionAttr>(kPartitionAttrName))
@@ -273,9 +175,10 @@ FailureOr<PartitionAttr> mlir::duck::partitionOf(ModuleOp module,
   return failure();
 }
 
-FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
-                                                const ClusterModel &c) {
-  ModuleStats st;
+namespace {
+
+/// The partition and each duck's image, as duck-layout-weights left them.
+LogicalResult readLayout(ModuleOp module, ModuleStats &st) {
   auto bytesAttr = module->getAttrOfType<ArrayAttr>("duck.image_bytes");
   auto slotsAttr = module->getAttrOfType<ArrayAttr>("duck.slot_count");
   if (!bytesAttr || !slotsAttr) {
@@ -302,285 +205,102 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     st.ducks[r].slots = cast<IntegerAttr>(slotsAttr[r]).getInt();
     st.totalBytes += st.ducks[r].bytes;
   }
-  int64_t scaleRows = scaleRowsOf(module);
-  // What a GEMV call costs a duck beyond its weights (0: not measured).
-  auto callSeconds = [&](size_t r) {
-    return r < c.duckGemvCallUs.size() ? c.duckGemvCallUs[r] * 1e-6 : 0.0;
-  };
-  // One expert's (or a dense slice's) time on its duck: each matrix at its
-  // kernel class's measured rate, else the duck's rate, else its bytes at
-  // the streaming bandwidth; plus each matrix's call cost.
-  auto expertSeconds = [&](Fp9FfnOp shard, const SlotLayout &lay) {
-    const size_t r = shard.getRank();
-    const double duckRate =
-        r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
-    const std::vector<double> *byClass =
-        r < c.duckKernelGparamS.size() ? &c.duckKernelGparamS[r] : nullptr;
-    ShardDescs ds = shardDescs(shard, scaleRows);
-    double seconds = 0;
-    for (const duck_fp9_desc &m : {ds.gate, ds.up, ds.down}) {
-      const duck_kernel_id id = duck_select_kernel(m.k, m.block);
-      const double rate = byClass && (size_t)id < byClass->size() &&
-                                  (*byClass)[id] > 0
-                              ? (*byClass)[id]
-                              : duckRate;
-      if (rate <= 0)
-        return double(lay.expertBytes) / (c.bandwidthGbs * 1e9) +
-               3 * callSeconds(r);
-      seconds += double(m.rows) * m.k / (rate * 1e9) + callSeconds(r);
-    }
-    return seconds;
-  };
-  double layerMsSum = 0, prefillMsPerChunk = 0;
-  // One step of `rows` tokens on the wire: the same IB to every duck
-  // (frame header, step request, IB: `slots` routing slots and `k` floats
-  // a token), then each duck's reply (frame header, step reply, a kernel
-  // time a core, OB: its header and obWidth(r) floats a token). The host's
-  // link carries every duck's frame in turn, a duck's link its own; the
-  // replies come once the ducks are done. Returns seconds; a decode
-  // step's bytes are added to the token's.
-  auto netSeconds = [&](bool decode, uint32_t rows, uint32_t slots, uint64_t k,
-                        auto obWidth) {
-    const double in =
-        double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
-               duck_ib_bytes_flags(rows, slots, (uint32_t)k,
-                                   c.wireBf16 ? DUCK_IB_X_BF16 : 0));
-    double hostIn = 0, hostOut = 0, duckIn = 0, duckOut = 0;
-    for (int64_t r = 0; r < st.tp; ++r) {
-      const double out =
-          double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
-                 8 * std::max<int64_t>(1, c.coresPerDuck) +
-                 sizeof(duck_ob_header)) +
-          4.0 * rows * double(obWidth(r));
-      hostIn += in;
-      hostOut += out;
-      const double link =
-          (size_t)r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0;
-      if (link > 0) {
-        duckIn = std::max(duckIn, in * 8 / (link * 1e9));
-        duckOut = std::max(duckOut, out * 8 / (link * 1e9));
-      }
-    }
-    if (decode) {
-      st.hostTxBytesPerToken += hostIn;
-      st.hostRxBytesPerToken += hostOut;
-    }
-    const double host = c.hostLinkGbps * 1e9 / 8;
-    return std::max(host > 0 ? hostIn / host : 0.0, duckIn) +
-           std::max(host > 0 ? hostOut / host : 0.0, duckOut);
-  };
-  double netMs = 0, prefillNetMs = 0;
-  // Per duck (sorted, ducks sorted): routed and shared experts held, one
-  // expert's seconds; with the layer's kind, top_k and expert count.
-  using Holding =
-      std::vector<std::vector<std::tuple<int64_t, int64_t, double>>>;
-  std::map<std::tuple<bool, int64_t, int64_t, Holding>, double> slowestMemo;
-  module.walk([&](Operation *op) {
-    if (!isa<MlpOp, MoeOp>(op))
-      return;
-    ++st.ffnLayers;
-    // Experts a token activates on a duck, on average.
-    double activeRouted = 1, totalRouted = 1, shared = 0;
-    const bool s0moe = isa<MoeOp>(op);
-    int64_t topK = 1, numExperts = 1;
-    if (auto moe = dyn_cast<MoeOp>(op)) {
-      activeRouted = topK = moe.getTopK();
-      totalRouted = numExperts = moe.getNumExperts();
-      shared = moe.getNumShared();
-    }
-    std::vector<HeldExperts> held;
-    double prefillSlowest = 0;
-    ModuleStats::FfnLayer rec;
-    rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
-    rec.moe = s0moe;
-    if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
-      rec.strategy = sa.getValue();
-    rec.duckBytes.assign(st.tp, 0);
-    for (Operation &child : op->getRegion(0).getOps()) {
-      auto shard = cast<Fp9FfnOp>(child);
-      FfnShape s = ffnShapeOf(shard);
-      auto lay = slotLayout(shard, scaleRows);
-      if (failed(lay))
-        continue;
-      if (c.gemmGmacS > 0) {
-        // A prompt chunk of C rows. The GEMM reads and decodes each weight
-        // some row needs once (at the duck's GEMV rate, else its bytes at
-        // the bandwidth), then does every row's FMAs with it (at the GEMM
-        // rate): so an expert that only a few rows of the chunk chose
-        // (MoE: C x top_k / E on average) pays its decode for few FMAs.
-        const double C = (double)c.prefillChunk;
-        const size_t r = shard.getRank();
-        const double gemv =
-            r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
-        const double perParam = gemv > 0 ? 1.0 / (gemv * 1e9)
-                                         : 1.125 / (c.bandwidthGbs * 1e9);
-        const double perMac = 1.0 / (c.gemmGmacS * 1e9);
-        const double perExpert = 3.0 * s.hidden * shard.getLocalInter();
-        double sec = 0;
-        for (int64_t e = (int64_t)shard.getExpertBegin();
-             e < (int64_t)shard.getExpertEnd(); ++e) {
-          const bool routed = s.moe && e < (int64_t)totalRouted;
-          const double p = routed ? activeRouted / totalRouted : 1.0;
-          sec += perExpert *
-                 ((1.0 - std::pow(1.0 - p, C)) * perParam + C * p * perMac);
-        }
-        prefillSlowest = std::max(prefillSlowest, sec);
-      }
-      double active;
-      if (!s.moe) {
-        active = 1;
-      } else {
-        // Routed experts held here are chosen with probability top_k/E;
-        // shared experts (ids >= E) always run.
-        int64_t lo = shard.getExpertBegin(), hi = shard.getExpertEnd();
-        double routedHeld = std::max<int64_t>(
-            0, std::min<int64_t>(hi, (int64_t)totalRouted) - lo);
-        double sharedHeld =
-            std::max<int64_t>(0, hi - std::max<int64_t>(lo, (int64_t)totalRouted));
-        active = routedHeld * activeRouted / totalRouted + std::min(sharedHeld, shared);
-      }
-      DuckStats &d = st.ducks[shard.getRank()];
-      rec.duckBytes[shard.getRank()] += lay->totalBytes;
-      d.paramsPerToken += active * 3.0 * s.hidden * shard.getLocalInter();
-      d.bytesPerToken += active * lay->expertBytes;
-      held.push_back({(size_t)shard.getRank(),
-                      s.moe ? (int64_t)shard.getExpertBegin() : 0,
-                      s.moe ? (int64_t)shard.getExpertEnd() : 1,
-                      expertSeconds(shard, *lay)});
-    }
-    // The expectation depends on what each duck holds, not on which duck
-    // or which ids (routing is taken as uniform): layers whose ducks hold
-    // the same, the extra experts rotated, share one computation (and one
-    // estimate). DeepSeek-V3.2's 58 MoE layers are 58 expert-placement
-    // estimates of 4096 draws otherwise.
-    Holding byRank(st.tp);
-    for (const HeldExperts &h : held)
-      if (h.rank < byRank.size())
-        byRank[h.rank].emplace_back(
-            std::max<int64_t>(0,
-                              std::min<int64_t>(h.end, numExperts) - h.begin),
-            std::max<int64_t>(0,
-                              h.end - std::max<int64_t>(h.begin, numExperts)),
-            h.seconds);
-    for (auto &r : byRank)
-      std::sort(r.begin(), r.end());
-    std::sort(byRank.begin(), byRank.end());
-    auto [it, fresh] = slowestMemo.try_emplace(
-        std::make_tuple(s0moe, topK, numExperts, std::move(byRank)), 0.0);
-    if (fresh)
-      it->second = expectedSlowest(held, s0moe, topK, numExperts);
-    rec.ms = 1e3 * it->second;
-    layerMsSum += rec.ms;
-    st.ffn.push_back(std::move(rec));
-    // Every duck returns the whole hidden vector (its partial sums).
-    int64_t hidden = 0, slotsPerRow = 0;
-    if (auto moe = dyn_cast<MoeOp>(op)) {
-      hidden = moe.getHidden();
-      slotsPerRow = moe.getTopK() + moe.getNumShared();
-    } else {
-      hidden = cast<MlpOp>(op).getHidden();
-    }
-    auto whole = [&](int64_t) { return hidden; };
-    netMs += 1e3 * netSeconds(true, 1, slotsPerRow, hidden, whole);
-    double prefillNet = 0;
-    if (c.gemmGmacS > 0) {
-      prefillNet = 1e3 * netSeconds(false, (uint32_t)c.prefillChunk,
-                                    slotsPerRow, hidden, whole);
-      prefillNetMs += prefillNet;
-    }
-    prefillMsPerChunk +=
-        1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
-  });
-  // Row-split matrices on the ducks (o_projs, the LM head): one more step
-  // each, its slowest duck.
-  for (const RowMatrix &m : rowMatricesOf(module)) {
-    if ((int64_t)m.rows.size() != st.tp + 1)
-      continue;
-    const int64_t hidden = m.k();
-    const duck_kernel_id id =
-        duck_select_kernel((uint32_t)hidden, (uint32_t)m.block);
-    std::optional<ArrayRef<int64_t>> bytes;
-    if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
-      bytes = a.asArrayRef();
-    double slowest = 0;
-    auto ownRows = [&](int64_t r) { return m.rowsOf(r); };
-    netMs += 1e3 * netSeconds(true, 1, 0, hidden, ownRows);
-    for (int64_t r = 0; r < st.tp; ++r) {
-      const double params = double(m.rowsOf(r)) * hidden;
-      st.ducks[r].paramsPerToken += params;
-      double rate = (size_t)r < c.duckGparamS.size() ? c.duckGparamS[r]
-                                                     : c.fp9GparamS;
-      if ((size_t)r < c.duckKernelGparamS.size() &&
-          (size_t)id < c.duckKernelGparamS[r].size() &&
-          c.duckKernelGparamS[r][id] > 0)
-        rate = c.duckKernelGparamS[r][id];
-      const double sec = (rate > 0 ? params / (rate * 1e9)
-                          : bytes ? double((*bytes)[r]) / (c.bandwidthGbs * 1e9)
-                                  : params * 1.125 / (c.bandwidthGbs * 1e9)) +
-                         callSeconds((size_t)r);
-      slowest = std::max(slowest, sec);
-    }
-    if (!m.head && c.gemmGmacS > 0) {
-      // In a prompt chunk every row goes through the projection: its
-      // slowest duck's FMAs at the GEMM rate, or its bytes once.
-      double worst = 0;
-      for (int64_t r = 0; r < st.tp; ++r) {
-        const double params = double(m.rowsOf(r)) * hidden;
-        const double gemv = (size_t)r < c.duckGparamS.size()
-                                ? c.duckGparamS[r]
-                                : c.fp9GparamS;
-        worst = std::max(
-            worst, params * (gemv > 0 ? 1.0 / (gemv * 1e9)
-                                      : 1.125 / (c.bandwidthGbs * 1e9)) +
-                       params * c.prefillChunk / (c.gemmGmacS * 1e9));
-      }
-      const double prefillNet =
-          1e3 * netSeconds(false, (uint32_t)c.prefillChunk, 0, hidden, ownRows);
-      prefillNetMs += prefillNet;
-      prefillMsPerChunk += 1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
-    }
-    if (m.head) {
-      st.lmHeadOnDucks = true;
-      st.lmHeadMsPerToken = 1e3 * slowest;
-    } else if (m.prefix.empty()) {
-      st.oProjOnDucks = true;
-      st.oProjMsPerToken += 1e3 * slowest;
-      ++st.attnProjSteps;
-    } else if (m.prefix == "in_") {
-      st.inProjOnDucks = true;
-      st.inProjMsPerToken += 1e3 * slowest;
-      ++st.attnProjSteps;
-    } else {
-      st.qProjOnDucks = true;
-      st.qProjMsPerToken += 1e3 * slowest;
-      ++st.attnProjSteps;
-    }
+  return success();
+}
+
+cost::Matrix matrixOf(const duck_fp9_desc &d) {
+  return {d.rows, d.k, d.block};
+}
+
+/// An FFN layer's shapes and its shards as laid out (a shard without a
+/// valid layout, already reported, is left out).
+cost::FfnLayer ffnFactsOf(Operation *op, int64_t scaleRows) {
+  cost::FfnLayer l;
+  if (auto moe = dyn_cast<MoeOp>(op)) {
+    l.moe = true;
+    l.hidden = moe.getHidden();
+    l.topK = moe.getTopK();
+    l.numExperts = moe.getNumExperts();
+    l.numShared = moe.getNumShared();
+  } else {
+    l.hidden = cast<MlpOp>(op).getHidden();
   }
-  // The host's own weights a token (attention, MLA and its indexer, the
-  // MoE routers) as the runtime reads them: FP8 as fp9, the rest as stored.
-  auto hostBytesOf = [](WeightAttr w) {
-    double params = 1;
-    for (int64_t d : w.getShape())
-      params *= double(d);
-    Type t = w.getDtype();
-    return params * (w.getScale()          ? 1.125
-                     : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
-                                          : 2.0);
-  };
-  double hostWeightBytes = 0, onDucksHostBytes = 0;
+  for (Operation &child : op->getRegion(0).getOps()) {
+    auto shard = cast<Fp9FfnOp>(child);
+    auto lay = slotLayout(shard, scaleRows);
+    if (failed(lay))
+      continue;
+    ShardDescs ds = shardDescs(shard, scaleRows);
+    cost::FfnShard s;
+    s.rank = shard.getRank();
+    s.expertBegin = shard.getExpertBegin();
+    s.expertEnd = shard.getExpertEnd();
+    s.localInter = shard.getLocalInter();
+    s.gate = matrixOf(ds.gate);
+    s.up = matrixOf(ds.up);
+    s.down = matrixOf(ds.down);
+    s.expertBytes = lay->expertBytes;
+    s.slotBytes = lay->totalBytes;
+    l.shards.push_back(s);
+  }
+  return l;
+}
+
+/// The row-split matrices on the ducks, in slot order.
+std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp) {
+  std::vector<cost::RowSplit> out;
+  for (const RowMatrix &m : rowMatricesOf(module)) {
+    if ((int64_t)m.rows.size() != tp + 1)
+      continue;
+    cost::RowSplit r;
+    r.role = m.head             ? cost::RowSplit::Role::head
+             : m.prefix.empty() ? cost::RowSplit::Role::oProj
+             : m.prefix == "in_" ? cost::RowSplit::Role::inProj
+                                 : cost::RowSplit::Role::qProj;
+    r.k = m.k();
+    r.block = m.block;
+    for (int64_t rank = 0; rank < tp; ++rank)
+      r.rows.push_back(m.rowsOf(rank));
+    if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
+      for (int64_t b : a.asArrayRef())
+        r.bytes.push_back((uint64_t)b);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+/// A weight's bytes as the host runtime reads it: FP8 (with block scales)
+/// as fp9, the rest as stored.
+double hostBytesPerWeight(WeightAttr w) {
+  Type t = w.getDtype();
+  return w.getScale()          ? 1.125
+         : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
+                              : 2.0;
+}
+
+double hostBytesOf(WeightAttr w) {
+  double params = 1;
+  for (int64_t d : w.getShape())
+    params *= double(d);
+  return params * hostBytesPerWeight(w);
+}
+
+/// The host's own weights a token (attention, MLA and its indexer, the
+/// MoE routers) and those of them that went to the ducks.
+void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
   auto addDict = [&](DictionaryAttr d) {
     if (d)
       for (NamedAttribute nv : d)
         if (auto w = dyn_cast<WeightAttr>(nv.getValue()))
-          hostWeightBytes += hostBytesOf(w);
+          f.hostWeightBytes += hostBytesOf(w);
   };
   module.walk([&](Operation *op) {
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
       if (a.getDuckRows()) { // its o_proj is on the ducks
-        hostWeightBytes -= hostBytesOf(a.getOProj());
-        onDucksHostBytes += hostBytesOf(a.getOProj());
+        f.hostWeightBytes -= hostBytesOf(a.getOProj());
+        f.onDucksHostBytes += hostBytesOf(a.getOProj());
       }
       SmallVector<WeightAttr, 8> moved;
       if (a.getQDuckRows()) // its query projection is on the ducks
@@ -589,115 +309,90 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
         llvm::append_range(moved, a.getInProjs());
       else if (a.getIndexerAttr()) // the indexer reads q_a_proj again
         if (auto qa = a.getWeights().getAs<WeightAttr>("q_a_proj"))
-          hostWeightBytes += hostBytesOf(qa);
+          f.hostWeightBytes += hostBytesOf(qa);
       for (WeightAttr w : moved) {
-        hostWeightBytes -= hostBytesOf(w);
-        onDucksHostBytes += hostBytesOf(w);
+        f.hostWeightBytes -= hostBytesOf(w);
+        f.onDucksHostBytes += hostBytesOf(w);
       }
     } else if (auto m = dyn_cast<MoeOp>(op)) {
-      hostWeightBytes += hostBytesOf(m.getRouterWeight());
+      f.hostWeightBytes += hostBytesOf(m.getRouterWeight());
     }
   });
-  st.hostWeightBytesPerToken = hostWeightBytes;
-  // Attention over the cache at contextTokens, a decoded token: GQA scores
-  // and weighted sums (2 x heads x head_dim a position); MLA in the
-  // absorbed form (heads x (2 kv_lora + rope) a position), over at most
-  // index_topk positions with an indexer, whose own scores cost index_heads
-  // x index_dim a position. An op takes the longer of its multiply-adds at
-  // host_gmac_s and, with host_read_gbs, its cache bytes at that bandwidth
-  // (the fp32 cache read once a token: GQA's k and v, every head's shared
-  // latent, the indexer's keys); GQA is bound by its reads, MLA by its
-  // multiply-adds.
-  if (c.hostGmacS > 0 && c.contextTokens > 0) {
-    const double L = double(c.contextTokens);
-    double macs = 0, bytes = 0, ms = 0;
-    auto add = [&](double m, double b) {
-      macs += m;
-      bytes += b;
-      double t = 1e3 * m / (c.hostGmacS * 1e9);
-      if (c.hostReadGbs > 0)
-        t = std::max(t, 1e3 * b / (c.hostReadGbs * 1e9));
-      ms += t;
-    };
-    module.walk([&](AttentionOp a) {
-      const double heads = double(a.getNumHeads());
-      if (a.getKind() == "gqa") {
-        add(2 * heads * double(a.getHeadDim()) * L,
-            2 * double(a.getNumKvHeads()) * double(a.getHeadDim()) * 4 * L);
-        return;
-      }
-      auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
-      auto kva = a.getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
-      if (!kvb || !kva)
-        return;
-      const double kvLora = double(kvb.getShape()[1]);
-      const double rope = double(kva.getShape()[0]) - kvLora;
-      double attended = L;
-      if (DictionaryAttr idx = a.getIndexerAttr()) {
-        auto geti = [&](StringRef k) {
-          auto v = idx.getAs<IntegerAttr>(k);
-          return v ? double(v.getInt()) : 0.0;
-        };
-        add(geti("n_heads") * geti("head_dim") * L,
-            geti("head_dim") * 4 * L);
-        if (geti("topk") > 0)
-          attended = std::min(L, geti("topk"));
-      }
-      add(heads * (2 * kvLora + rope) * attended,
-          (kvLora + rope) * 4 * attended);
-    });
-    st.hostAttnGmacPerToken = macs / 1e9;
-    st.hostAttnCacheBytesPerToken = bytes;
-    st.hostAttnMsPerToken = ms;
-  }
-  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
-    st.hostOpsMsPerToken = 1e3 * hostWeightBytes / (c.hostReadGbs * 1e9);
+}
 
-  // The LM head on the host: its bytes at the host's bandwidth.
-  if (!st.lmHeadOnDucks && c.hostReadGbs > 0)
-    module.walk([&](LmHeadOp head) {
-      ArrayRef<int64_t> shape = head.getWeight().getShape();
-      const double params = double(shape[0]) * shape[1];
-      double perWeight = c.hostHeadBytesPerWeight;
-      if (perWeight <= 0) {
-        // As the host reads it: FP8 (with block scales) becomes fp9.
-        Type t = head.getWeight().getDtype();
-        perWeight = head.getWeight().getScale() ? 1.125
-                    : t.isIntOrFloat()          ? t.getIntOrFloatBitWidth() / 8.0
-                                                : 2.0;
-      }
-      st.hostLmHeadMsPerToken =
-          1e3 * params * perWeight / (c.hostReadGbs * 1e9);
-    });
-  st.streamMsPerToken = layerMsSum + st.lmHeadMsPerToken +
-                        st.oProjMsPerToken + st.qProjMsPerToken +
-                        st.inProjMsPerToken;
-  st.dispatchMsPerToken = (st.ffnLayers + st.attnProjSteps +
-                           (st.lmHeadOnDucks ? 1 : 0)) *
-                          c.stepOverheadUs / 1e3;
-  // The host's time: measured (host_ms_per_token), else its weights at
-  // its bandwidth; plus a host LM head's bytes when the bandwidth is known.
-  // A measured host time includes the attention projections; those on the
-  // ducks come off it, their bytes at the host's bandwidth (when known).
-  const double measuredHost =
-      c.hostMsPerToken > 0 && c.hostReadGbs > 0
-          ? std::max(0.0, c.hostMsPerToken -
-                              1e3 * onDucksHostBytes / (c.hostReadGbs * 1e9))
-          : c.hostMsPerToken;
-  st.hostMsPerToken = (c.hostMsPerToken > 0 ? measuredHost
-                                            : st.hostOpsMsPerToken) +
-                      st.hostAttnMsPerToken +
-                      st.hostLmHeadMsPerToken;
-  st.networkMsPerToken = netMs; // 0 without a link speed
-  double ms = st.streamMsPerToken + st.dispatchMsPerToken + st.hostMsPerToken +
-              st.networkMsPerToken;
-  st.tokS = ms > 0 ? 1e3 / ms : 0;
-  if (c.gemmGmacS > 0) {
-    st.prefillNetworkMsPerToken = prefillNetMs / c.prefillChunk;
-    st.prefillDucksMsPerToken = prefillMsPerChunk / c.prefillChunk;
-    const double pms = st.prefillDucksMsPerToken + c.hostPrefillMsPerToken;
-    st.prefillTokS = pms > 0 ? 1e3 / pms : 0;
-  }
+/// Each attention's shape over the cache (an MLA without its kv
+/// projections is left out).
+std::vector<cost::Attention> attentionFactsOf(ModuleOp module) {
+  std::vector<cost::Attention> out;
+  module.walk([&](AttentionOp a) {
+    cost::Attention f;
+    f.heads = double(a.getNumHeads());
+    if (a.getKind() == "gqa") {
+      f.headDim = double(a.getHeadDim());
+      f.kvHeads = double(a.getNumKvHeads());
+      out.push_back(f);
+      return;
+    }
+    auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
+    auto kva = a.getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
+    if (!kvb || !kva)
+      return;
+    f.gqa = false;
+    f.kvLora = double(kvb.getShape()[1]);
+    f.rope = double(kva.getShape()[0]) - f.kvLora;
+    if (DictionaryAttr idx = a.getIndexerAttr()) {
+      auto geti = [&](StringRef k) {
+        auto v = idx.getAs<IntegerAttr>(k);
+        return v ? double(v.getInt()) : 0.0;
+      };
+      f.indexer = true;
+      f.indexHeads = geti("n_heads");
+      f.indexDim = geti("head_dim");
+      f.indexTopK = geti("topk");
+    }
+    out.push_back(f);
+  });
+  return out;
+}
+
+/// Everything the cost model reads of a laid-out module; the FFN layers'
+/// ids and strategies into `st`.
+cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st) {
+  cost::ModelFacts f;
+  f.tp = st.tp;
+  const int64_t scaleRows = scaleRowsOf(module);
+  module.walk([&](Operation *op) {
+    if (!isa<MlpOp, MoeOp>(op))
+      return;
+    ModuleStats::FfnLayer rec;
+    rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
+    rec.moe = isa<MoeOp>(op);
+    if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
+      rec.strategy = sa.getValue();
+    st.ffn.push_back(rec);
+    f.ffn.push_back(ffnFactsOf(op, scaleRows));
+  });
+  f.rowSplits = rowSplitsOf(module, st.tp);
+  f.attention = attentionFactsOf(module);
+  addHostWeights(module, f);
+  module.walk([&](LmHeadOp head) {
+    ArrayRef<int64_t> shape = head.getWeight().getShape();
+    f.lmHead = cost::ModelFacts::LmHead{double(shape[0]) * shape[1],
+                                        hostBytesPerWeight(head.getWeight())};
+  });
+  return f;
+}
+
+} // namespace
+
+FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
+                                                const ClusterModel &c) {
+  ModuleStats st;
+  if (failed(readLayout(module, st)))
+    return failure();
+  const cost::ModelFacts facts = costFactsOf(module, st);
+  st.ffnLayers = (int64_t)st.ffn.size();
+  static_cast<cost::PlanCost &>(st) = cost::costPlan(facts, c);
   return st;
 }
 
@@ -711,21 +406,6 @@ static std::string human(uint64_t bytes) {
   else
     os << llvm::format("%.1f KiB", bytes / 1024.0);
   return s;
-}
-
-std::string mlir::duck::linksText(const ClusterModel &c) {
-  std::string links;
-  if (c.hostLinkGbps > 0)
-    links = llvm::formatv("the host's link {0} Gb/s", c.hostLinkGbps).str();
-  if (!c.duckLinkGbps.empty()) {
-    auto [lo, hi] =
-        std::minmax_element(c.duckLinkGbps.begin(), c.duckLinkGbps.end());
-    links +=
-        (links.empty() ? "" : ", ") +
-        (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
-                    : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
-  }
-  return links;
 }
 
 std::string mlir::duck::strategySpecOf(const ModuleStats &s) {
@@ -751,7 +431,7 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
     os << llvm::format("%-6lld %6llu %16llu %12s %16.0f\n", (long long)d.rank,
                        (unsigned long long)d.slots,
                        (unsigned long long)d.bytes, human(d.bytes).c_str(),
-                       d.paramsPerToken);
+                       s.duckParamsPerToken[d.rank]);
   os << "total prepare traffic: " << s.totalBytes << " bytes ("
      << human(s.totalBytes) << ")\n";
   if (s.lmHeadOnDucks)
@@ -846,17 +526,18 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
   llvm::json::Array perDuck, perDuckParams, layers;
   for (const DuckStats &d : s.ducks) {
     perDuck.push_back((int64_t)d.bytes);
-    perDuckParams.push_back(d.paramsPerToken);
+    perDuckParams.push_back(s.duckParamsPerToken[d.rank]);
   }
-  for (const ModuleStats::FfnLayer &l : s.ffn) {
+  for (size_t i = 0; i < s.ffn.size(); ++i) {
+    const ModuleStats::FfnLayer &l = s.ffn[i];
     llvm::json::Array bytes;
-    for (uint64_t b : l.duckBytes)
+    for (uint64_t b : s.layers[i].duckBytes)
       bytes.push_back((int64_t)b);
     layers.push_back(
         llvm::json::Object{{"layer", l.layer},
                            {"moe", l.moe},
                            {"strategy", stringifyStrategy(l.strategy)},
-                           {"ms_per_token", l.ms},
+                           {"ms_per_token", s.layers[i].ms},
                            {"duck_bytes", std::move(bytes)}});
   }
   return llvm::json::Object{

@@ -7,6 +7,7 @@
 #ifndef DUCK_DIALECT_DUCK_TRANSFORMS_LAYOUT_H
 #define DUCK_DIALECT_DUCK_TRANSFORMS_LAYOUT_H
 
+#include "duck/CostModel/CostModel.h"
 #include "duck/Dialect/Duck/IR/DuckOps.h"
 #include "duck_rt/abi.h"
 
@@ -149,143 +150,28 @@ struct HeadSlotLayout {
 duck_fp9_status headSlotLayout(const RowMatrix &m, int64_t rank,
                                int64_t scaleRows, HeadSlotLayout &out);
 
-/// Cluster shape and cost model.
-struct ClusterModel {
-  double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
-  double stepOverheadUs = 80.0; // dispatch per FFN step
-  /// Measured fp9 kernel rate of one duck (duck-bench kernels, all its
-  /// cores); when set, a duck's time is its weights / this rate rather
-  /// than its bytes / bandwidth.
-  double fp9GparamS = 0;
-  /// Measured host time a decoded token (attention, norms, router, and the
-  /// LM head unless hostReadGbs is given: duckrun's breakdown); the same
-  /// for every partition.
-  double hostMsPerToken = 0;
-  /// The host's read bandwidth (cluster file `host_read_gbs`): when set, an
-  /// LM head on the host costs its bytes at this rate, on top of
-  /// hostMsPerToken, so the head's placement can be chosen; without a
-  /// measured hostMsPerToken the host's other weights (attention, routers)
-  /// are timed at this rate too.
-  double hostReadGbs = 0;
-  /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
-  /// the checkpoint's dtype).
-  double hostHeadBytesPerWeight = 0;
-  /// Prefill: a duck's fp9 GEMM rate (MACs a second / 1e9, all its cores,
-  /// at prompt-chunk sizes: `duck-bench kernels --filter prefill/`), the
-  /// rows a prompt step carries, and the host's time a prompt token
-  /// (duckrun's summary). Without gemmGmacS no prefill is predicted.
-  double gemmGmacS = 0;
-  int64_t prefillChunk = 64;
-  double hostPrefillMsPerToken = 0;
-  /// Host attention over the cache: the host's fp32 multiply-add rate on
-  /// such work (MACs a second / 1e9, all its cores: `duckc measure-cluster
-  /// --host`) and the context a decoded token attends over; with both, a
-  /// token's attention MACs (scores and weighted sums over the cached
-  /// positions, DeepSeek-V3.2's indexer scores, and its selection capped at
-  /// index_topk) are added to the host's time, each op's no less than its
-  /// fp32 cache reads at hostReadGbs when that is given. 0: not counted.
-  double hostGmacS = 0;
-  int64_t contextTokens = 0;
-  /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
-  std::vector<double> duckGparamS;
-  /// Per duck (rank order), the measured rate of each kernel class, by
-  /// duck_kernel_id (0: not measured; `duckc measure-cluster`'s
-  /// fp9_gparam_s_by_kernel). When a duck has them, each of its matrices
-  /// is timed at its own class's rate.
-  std::vector<std::vector<double>> duckKernelGparamS;
-  /// Per duck (rank order), what one GEMV call costs beyond its weights
-  /// at the rate (microseconds; `duckc measure-cluster`'s gemv_call_us):
-  /// added for every matrix the duck runs in a step (an expert's three,
-  /// a row-split matrix's one). Empty: not counted.
-  std::vector<double> duckGemvCallUs;
-  /// The network: the host's link and each duck's (Gbit/s each way;
-  /// cluster file `host_link_gbps`, `ducks[i].link_gbps`, else
-  /// `duck_link_gbps`). A step sends every duck the same IB (x as fp32 for
-  /// every row, and a MoE step's routing) and gets each duck's OB back (its
-  /// partial sums, or its rows of a row-split matrix, fp32): the host's
-  /// link carries all of them one after another, a duck's link its own.
-  /// 0: not counted (loopback, or not known).
-  double hostLinkGbps = 0;
-  std::vector<double> duckLinkGbps; // rank order; empty: none known
-  /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
-  /// bytes of every IB's activations.
-  bool wireBf16 = false;
-  /// Cores a duck: its step reply carries a kernel time for each.
-  int64_t coresPerDuck = 1;
-};
-
+/// What a laid-out module holds and what the cost model
+/// (duck/CostModel/CostModel.h) predicts for it.
 struct DuckStats {
   int64_t rank = 0;
   uint64_t slots = 0, bytes = 0;
-  double paramsPerToken = 0; // fp9 weights read per decoded token
-  double bytesPerToken = 0;
 };
 
-struct ModuleStats {
+struct ModuleStats : cost::PlanCost {
   int64_t tp = 0, multipleOf = 0, tpMax = 0, ffnLayers = 0;
   std::string strategy;
   std::vector<DuckStats> ducks;
   uint64_t totalBytes = 0;
-  /// The sum over FFN layers of each layer's slowest duck (expected, for
-  /// expert placement: top_k experts fall unevenly over the ducks).
-  double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
-  double hostMsPerToken = 0;
-  /// The LM head on the ducks (lm-head=ducks): its slowest duck a token,
-  /// included in streamMsPerToken (and one more step in the dispatch).
-  bool lmHeadOnDucks = false;
-  double lmHeadMsPerToken = 0;
-  /// Attention output projections on the ducks (o-proj=ducks): the sum
-  /// over layers of each one's slowest duck, in streamMsPerToken (one more
-  /// step a layer in the dispatch); the host then reads none of them.
-  bool oProjOnDucks = false;
-  double oProjMsPerToken = 0;
-  /// The same for the query projections (q-proj=ducks).
-  bool qProjOnDucks = false;
-  double qProjMsPerToken = 0;
-  /// The same for the input projections (in-proj=ducks).
-  bool inProjOnDucks = false;
-  double inProjMsPerToken = 0;
-  int64_t attnProjSteps = 0; ///< duck steps of all three, a token
-  /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
-  /// the host's bandwidth, included in hostMsPerToken.
-  double hostLmHeadMsPerToken = 0;
-  /// The host's own weights a token (attention, MLA, indexer, routers) as
-  /// the runtime reads them, and, with hostReadGbs but no measured
-  /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
-  double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
-  /// Host attention over contextTokens of cache (ClusterModel::hostGmacS,
-  /// and hostReadGbs for the cache's reads): MACs and cache bytes a token
-  /// and their time (each op the slower of the two), included in
-  /// hostMsPerToken.
-  double hostAttnGmacPerToken = 0, hostAttnMsPerToken = 0;
-  double hostAttnCacheBytesPerToken = 0;
-  /// Prefill (ClusterModel::gemmGmacS set): each FFN layer's slowest duck
-  /// over a prompt chunk (and each projection on the ducks), plus a step
-  /// each, a prompt token; the token rate with the host's part added.
-  double prefillDucksMsPerToken = 0, prefillTokS = 0;
-  /// The wire a decoded token: bytes the host sends (every step's frame to
-  /// every duck) and receives, and their time over the links
-  /// (ClusterModel::hostLinkGbps / duckLinkGbps; 0 when neither is given),
-  /// included in the token's time. Prefill's, a prompt token, is in
-  /// prefillDucksMsPerToken.
-  double hostTxBytesPerToken = 0, hostRxBytesPerToken = 0;
-  double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
-  /// Each FFN layer: its strategy, its part of streamMsPerToken (the
-  /// expected slowest duck), and the bytes of it each duck holds (its
-  /// slot). What --strategy auto weighs layer by layer.
+  /// Each FFN layer and its strategy; its cost (part of streamMsPerToken,
+  /// each duck's bytes of it) is `layers` at the same index. What
+  /// --strategy auto weighs layer by layer.
   struct FfnLayer {
     int64_t layer = 0;
     bool moe = false;
     Strategy strategy = Strategy::intermediate;
-    double ms = 0;
-    std::vector<uint64_t> duckBytes;
   };
   std::vector<FfnLayer> ffn;
 };
-
-/// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
-/// 2.50 Gb/s a duck"); empty when none is given.
-std::string linksText(const ClusterModel &c);
 
 /// The strategy spec that cuts the MoE layers as `s` says they are
 /// ("intermediate,experts:3-30"; the module's strategy when it has none).

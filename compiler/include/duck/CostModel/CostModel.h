@@ -1,0 +1,319 @@
+//===- CostModel.h - predicted token time of a partition -------*- C++ -*-===//
+//
+// The cost model duck-stats and `duckc compile --tp auto` predict with: plain
+// functions over plain data (a cluster's measured figures, each layer's
+// shapes as the layout gave them), so it is tested without a module.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_COSTMODEL_COSTMODEL_H
+#define DUCK_COSTMODEL_COSTMODEL_H
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace mlir::duck {
+
+/// Cluster shape and cost model.
+struct ClusterModel {
+  double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
+  double stepOverheadUs = 80.0; // dispatch per FFN step
+  /// Measured fp9 kernel rate of one duck (duck-bench kernels, all its
+  /// cores); when set, a duck's time is its weights / this rate rather
+  /// than its bytes / bandwidth.
+  double fp9GparamS = 0;
+  /// Measured host time a decoded token (attention, norms, router, and the
+  /// LM head unless hostReadGbs is given: duckrun's breakdown); the same
+  /// for every partition.
+  double hostMsPerToken = 0;
+  /// The host's read bandwidth (cluster file `host_read_gbs`): when set, an
+  /// LM head on the host costs its bytes at this rate, on top of
+  /// hostMsPerToken, so the head's placement can be chosen; without a
+  /// measured hostMsPerToken the host's other weights (attention, routers)
+  /// are timed at this rate too.
+  double hostReadGbs = 0;
+  /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
+  /// the checkpoint's dtype).
+  double hostHeadBytesPerWeight = 0;
+  /// Prefill: a duck's fp9 GEMM rate (MACs a second / 1e9, all its cores,
+  /// at prompt-chunk sizes: `duck-bench kernels --filter prefill/`), the
+  /// rows a prompt step carries, and the host's time a prompt token
+  /// (duckrun's summary). Without gemmGmacS no prefill is predicted.
+  double gemmGmacS = 0;
+  int64_t prefillChunk = 64;
+  double hostPrefillMsPerToken = 0;
+  /// Host attention over the cache: the host's fp32 multiply-add rate on
+  /// such work (MACs a second / 1e9, all its cores: `duckc measure-cluster
+  /// --host`) and the context a decoded token attends over; with both, a
+  /// token's attention MACs (scores and weighted sums over the cached
+  /// positions, DeepSeek-V3.2's indexer scores, and its selection capped at
+  /// index_topk) are added to the host's time, each op's no less than its
+  /// fp32 cache reads at hostReadGbs when that is given. 0: not counted.
+  double hostGmacS = 0;
+  int64_t contextTokens = 0;
+  /// Per duck (rank order), when the ducks differ: overrides fp9GparamS.
+  std::vector<double> duckGparamS;
+  /// Per duck (rank order), the measured rate of each kernel class, by
+  /// duck_kernel_id (0: not measured; `duckc measure-cluster`'s
+  /// fp9_gparam_s_by_kernel). When a duck has them, each of its matrices
+  /// is timed at its own class's rate.
+  std::vector<std::vector<double>> duckKernelGparamS;
+  /// Per duck (rank order), what one GEMV call costs beyond its weights
+  /// at the rate (microseconds; `duckc measure-cluster`'s gemv_call_us):
+  /// added for every matrix the duck runs in a step (an expert's three,
+  /// a row-split matrix's one). Empty: not counted.
+  std::vector<double> duckGemvCallUs;
+  /// The network: the host's link and each duck's (Gbit/s each way;
+  /// cluster file `host_link_gbps`, `ducks[i].link_gbps`, else
+  /// `duck_link_gbps`). A step sends every duck the same IB (x as fp32 for
+  /// every row, and a MoE step's routing) and gets each duck's OB back (its
+  /// partial sums, or its rows of a row-split matrix, fp32): the host's
+  /// link carries all of them one after another, a duck's link its own.
+  /// 0: not counted (loopback, or not known).
+  double hostLinkGbps = 0;
+  std::vector<double> duckLinkGbps; // rank order; empty: none known
+  /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
+  /// bytes of every IB's activations.
+  bool wireBf16 = false;
+  /// Cores a duck: its step reply carries a kernel time for each.
+  int64_t coresPerDuck = 1;
+};
+
+/// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
+/// 2.50 Gb/s a duck"); empty when none is given.
+std::string linksText(const ClusterModel &c);
+
+namespace cost {
+
+//===----------------------------------------------------------------------===//
+// What the model reads: a partitioned, laid-out model as plain data.
+//===----------------------------------------------------------------------===//
+
+/// One packed fp9 matrix: rows x k in K-blocks of `block`.
+struct Matrix {
+  uint32_t rows = 0, k = 0, block = 0;
+};
+
+/// One duck's part of an FFN layer: the experts it holds ([begin, end) of
+/// the layer's ids, routed ones below the layer's numExperts, shared ones
+/// after; a dense layer's slice is [0, 1)), their intermediate rows, the
+/// three matrices of one of them and its slot's bytes.
+struct FfnShard {
+  int64_t rank = 0;
+  int64_t expertBegin = 0, expertEnd = 1;
+  int64_t localInter = 0;
+  Matrix gate, up, down;
+  uint64_t expertBytes = 0; // gate + up + down of one expert
+  uint64_t slotBytes = 0;   // the whole slot, aligned
+};
+
+/// One FFN layer (dense or MoE) and its shards, in the order the layout
+/// holds them.
+struct FfnLayer {
+  bool moe = false;
+  int64_t hidden = 0;
+  int64_t topK = 1, numExperts = 1, numShared = 0; // routed experts
+  std::vector<FfnShard> shards;
+};
+
+/// A matrix whose rows are split over the ducks (an attention projection
+/// or the LM head on the ducks): one more step, each duck its rows.
+struct RowSplit {
+  enum class Role { head, oProj, qProj, inProj };
+  Role role = Role::oProj;
+  int64_t k = 0, block = 0;
+  std::vector<int64_t> rows;   // a duck's rows, rank order
+  std::vector<uint64_t> bytes; // a duck's slot bytes; empty: not laid out
+};
+
+/// One attention's work over the cache, a decoded token.
+struct Attention {
+  bool gqa = true;
+  double heads = 0;
+  double headDim = 0, kvHeads = 0; // GQA
+  double kvLora = 0, rope = 0;     // MLA (absorbed)
+  /// DeepSeek-V3.2's indexer (MLA only): its heads and their width, and
+  /// the positions it keeps (0: all).
+  bool indexer = false;
+  double indexHeads = 0, indexDim = 0, indexTopK = 0;
+};
+
+/// Everything the model predicts a partition from.
+struct ModelFacts {
+  int64_t tp = 1;
+  std::vector<FfnLayer> ffn;
+  std::vector<RowSplit> rowSplits; // program order, the head last
+  std::vector<Attention> attention;
+  /// The host's own weights a token as the runtime reads them (attention,
+  /// MLA and its indexer, routers: FP8 as fp9, the rest as stored), and
+  /// those of them that went to the ducks (what a measured host time no
+  /// longer spends).
+  double hostWeightBytes = 0, onDucksHostBytes = 0;
+  /// The LM head: its weights and bytes a weight in the checkpoint's dtype
+  /// as the host reads it (FP8 as fp9). Unset: the model has none.
+  struct LmHead {
+    double params = 0, bytesPerWeight = 0;
+  };
+  std::optional<LmHead> lmHead;
+};
+
+//===----------------------------------------------------------------------===//
+// What it predicts.
+//===----------------------------------------------------------------------===//
+
+/// One FFN layer: its expected slowest duck a token (ms), and each duck's
+/// bytes of it (its slot).
+struct LayerCost {
+  double ms = 0;
+  std::vector<uint64_t> duckBytes;
+};
+
+/// A partition's prediction, a decoded token (and a prompt token).
+struct PlanCost {
+  /// Per duck (rank order): fp9 weights and bytes read a decoded token.
+  std::vector<double> duckParamsPerToken, duckBytesPerToken;
+  std::vector<LayerCost> layers; // as ModelFacts::ffn
+  /// The sum over FFN layers of each layer's slowest duck (expected, for
+  /// expert placement: top_k experts fall unevenly over the ducks).
+  double streamMsPerToken = 0, dispatchMsPerToken = 0, tokS = 0;
+  double hostMsPerToken = 0;
+  /// The LM head on the ducks (lm-head=ducks): its slowest duck a token,
+  /// included in streamMsPerToken (and one more step in the dispatch).
+  bool lmHeadOnDucks = false;
+  double lmHeadMsPerToken = 0;
+  /// Attention output projections on the ducks (o-proj=ducks): the sum
+  /// over layers of each one's slowest duck, in streamMsPerToken (one more
+  /// step a layer in the dispatch); the host then reads none of them.
+  bool oProjOnDucks = false;
+  double oProjMsPerToken = 0;
+  /// The same for the query projections (q-proj=ducks).
+  bool qProjOnDucks = false;
+  double qProjMsPerToken = 0;
+  /// The same for the input projections (in-proj=ducks).
+  bool inProjOnDucks = false;
+  double inProjMsPerToken = 0;
+  int64_t attnProjSteps = 0; ///< duck steps of all three, a token
+  /// The LM head on the host (ClusterModel::hostReadGbs set): its bytes at
+  /// the host's bandwidth, included in hostMsPerToken.
+  double hostLmHeadMsPerToken = 0;
+  /// The host's own weights a token (attention, MLA, indexer, routers) as
+  /// the runtime reads them, and, with hostReadGbs but no measured
+  /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
+  double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
+  /// Host attention over contextTokens of cache (ClusterModel::hostGmacS,
+  /// and hostReadGbs for the cache's reads): MACs and cache bytes a token
+  /// and their time (each op the slower of the two), included in
+  /// hostMsPerToken.
+  double hostAttnGmacPerToken = 0, hostAttnMsPerToken = 0;
+  double hostAttnCacheBytesPerToken = 0;
+  /// Prefill (ClusterModel::gemmGmacS set): each FFN layer's slowest duck
+  /// over a prompt chunk (and each projection on the ducks), plus a step
+  /// each, a prompt token; the token rate with the host's part added.
+  double prefillDucksMsPerToken = 0, prefillTokS = 0;
+  /// The wire a decoded token: bytes the host sends (every step's frame to
+  /// every duck) and receives, and their time over the links
+  /// (ClusterModel::hostLinkGbps / duckLinkGbps; 0 when neither is given),
+  /// included in the token's time. Prefill's, a prompt token, is in
+  /// prefillDucksMsPerToken.
+  double hostTxBytesPerToken = 0, hostRxBytesPerToken = 0;
+  double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
+};
+
+/// Predicts a partition: each FFN layer's expected slowest duck, the
+/// row-split matrices, the dispatch of every step, the host's time and
+/// the wire, a decoded token; and a prompt token with gemmGmacS.
+PlanCost costPlan(const ModelFacts &m, const ClusterModel &c);
+
+//===----------------------------------------------------------------------===//
+// Its parts, each testable on its own.
+//===----------------------------------------------------------------------===//
+
+/// The experts one shard holds on its duck ([begin, end) of the layer's
+/// ids; routed ones below num_experts, shared ones after) and the time
+/// one of them takes there.
+struct HeldExperts {
+  size_t rank;
+  int64_t begin, end;
+  double seconds;
+};
+
+/// The expected time of a layer's step: its slowest duck's. A dense layer
+/// or a MoE layer whose ducks each hold a slice of every expert is
+/// deterministic; with whole experts placed on ducks (strategy experts) a
+/// token's top_k experts fall unevenly, and the expectation of the maximum
+/// is taken over every combination of top_k experts when there are at most
+/// 20000, else over 4096 uniform draws (a fixed seed: the same plan always
+/// gets the same prediction). Routing is taken as uniform; a real model's
+/// skew makes expert placement slower still.
+double expectedSlowest(const std::vector<HeldExperts> &held, bool moe,
+                       int64_t topK, int64_t numExperts);
+
+/// expectedSlowest, computed once for each distinct holding: the
+/// expectation depends on what each duck holds, not on which duck or which
+/// ids (routing is taken as uniform), so layers whose ducks hold the same,
+/// the extra experts rotated, share one estimate (DeepSeek-V3.2's 58 MoE
+/// layers are 58 estimates of 4096 draws otherwise).
+class SlowestMemo {
+public:
+  double operator()(const std::vector<HeldExperts> &held, bool moe,
+                    int64_t topK, int64_t numExperts, int64_t tp);
+
+private:
+  // Per duck (sorted, ducks sorted): routed and shared experts held, one
+  // expert's seconds; with the layer's kind, top_k and expert count.
+  using Holding =
+      std::vector<std::vector<std::tuple<int64_t, int64_t, double>>>;
+  std::map<std::tuple<bool, int64_t, int64_t, Holding>, double> memo;
+};
+
+/// One expert's (or a dense slice's) decode time on its duck: each matrix
+/// at its kernel class's measured rate, else the duck's rate, else the
+/// expert's bytes at the streaming bandwidth; plus each matrix's call cost.
+double expertSeconds(const FfnShard &s, const ClusterModel &c);
+
+/// The experts of a shard a token runs, on average: routed ones with
+/// probability top_k / E, shared ones always; a dense slice 1.
+double activeExperts(const FfnShard &s, const FfnLayer &l);
+
+/// A shard's time for one prompt chunk (prefillChunk rows): each weight
+/// some row needs decoded once (at the duck's GEMV rate, else its bytes at
+/// the bandwidth), then every row's FMAs with it at the GEMM rate.
+double prefillShardSeconds(const FfnShard &s, const FfnLayer &l,
+                           const ClusterModel &c);
+
+/// One step on the wire: bytes the host sends and receives, and its time
+/// over the links (seconds; 0 without a link speed).
+struct StepWire {
+  double txBytes = 0, rxBytes = 0, seconds = 0;
+};
+/// A step of `rows` tokens: the same IB to every duck (frame header, step
+/// request, IB: `slots` routing slots and `k` floats a token), then each
+/// duck's reply (frame header, step reply, a kernel time a core, OB: its
+/// header and outWidth[r] floats a token). The host's link carries every
+/// duck's frame in turn, a duck's link its own; the replies come once the
+/// ducks are done.
+StepWire stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
+                  uint64_t k, const std::vector<int64_t> &outWidth);
+
+/// A row-split matrix's slowest duck a token (seconds): each duck's rows
+/// at its kernel class's rate, else its rate, else its bytes (or 1.125 a
+/// weight) at the bandwidth; plus a call.
+double rowSplitSeconds(const RowSplit &m, const ClusterModel &c);
+
+/// A row-split matrix's slowest duck over one prompt chunk (seconds).
+double rowSplitPrefillSeconds(const RowSplit &m, const ClusterModel &c);
+
+/// Host attention over contextTokens of cache, a decoded token.
+struct AttentionCost {
+  double macs = 0, cacheBytes = 0, ms = 0;
+};
+AttentionCost hostAttention(const std::vector<Attention> &ops,
+                            const ClusterModel &c);
+
+} // namespace cost
+} // namespace mlir::duck
+
+#endif // DUCK_COSTMODEL_COSTMODEL_H

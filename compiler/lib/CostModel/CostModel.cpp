@@ -1,0 +1,463 @@
+//===- CostModel.cpp - predicted token time of a partition ----------------===//
+#include "duck/CostModel/CostModel.h"
+#include "duck_rt/abi.h"
+#include "duck_rt/duckd_protocol.h"
+#include "duck_rt/kernel_select.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace mlir::duck;
+using namespace mlir::duck::cost;
+
+std::string mlir::duck::linksText(const ClusterModel &c) {
+  std::string links;
+  if (c.hostLinkGbps > 0)
+    links = llvm::formatv("the host's link {0} Gb/s", c.hostLinkGbps).str();
+  if (!c.duckLinkGbps.empty()) {
+    auto [lo, hi] =
+        std::minmax_element(c.duckLinkGbps.begin(), c.duckLinkGbps.end());
+    links +=
+        (links.empty() ? "" : ", ") +
+        (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
+                    : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
+  }
+  return links;
+}
+
+namespace {
+
+/// What a GEMV call costs duck `r` beyond its weights (0: not measured).
+double callSeconds(const ClusterModel &c, size_t r) {
+  return r < c.duckGemvCallUs.size() ? c.duckGemvCallUs[r] * 1e-6 : 0.0;
+}
+
+/// Duck `r`'s fp9 GEMV rate (Gparam/s; 0: not measured).
+double duckRate(const ClusterModel &c, size_t r) {
+  return r < c.duckGparamS.size() ? c.duckGparamS[r] : c.fp9GparamS;
+}
+
+/// Seconds a weight costs duck `r` to read and decode once: at its GEMV
+/// rate, else as fp9 (1.125 bytes) at the bandwidth.
+double secondsPerParam(const ClusterModel &c, size_t r) {
+  const double gemv = duckRate(c, r);
+  return gemv > 0 ? 1.0 / (gemv * 1e9) : 1.125 / (c.bandwidthGbs * 1e9);
+}
+
+/// One draw of a token's routed experts: the slowest duck's time (`t`
+/// one entry a duck, overwritten).
+double slowestOf(const std::vector<HeldExperts> &held,
+                 const std::vector<int64_t> &chosen, int64_t numExperts,
+                 std::vector<double> &t) {
+  std::fill(t.begin(), t.end(), 0.0);
+  for (const HeldExperts &h : held) {
+    int64_t n = std::max<int64_t>(0, h.end - std::max(h.begin, numExperts));
+    for (int64_t e : chosen)
+      n += e >= h.begin && e < h.end;
+    t[h.rank] += h.seconds * double(n);
+  }
+  return *std::max_element(t.begin(), t.end());
+}
+
+/// The mean over every combination of k of the routed experts, exactly.
+double meanOverCombinations(const std::vector<HeldExperts> &held, int64_t k,
+                            int64_t numExperts, double combos,
+                            std::vector<double> &t) {
+  std::vector<int64_t> chosen;
+  for (int64_t i = 0; i < k; ++i)
+    chosen.push_back(i);
+  double sum = 0;
+  for (;;) {
+    sum += slowestOf(held, chosen, numExperts, t);
+    int64_t i = k - 1;
+    while (i >= 0 && chosen[i] == numExperts - k + i)
+      --i;
+    if (i < 0)
+      break;
+    ++chosen[i];
+    for (int64_t j = i + 1; j < k; ++j)
+      chosen[j] = chosen[j - 1] + 1;
+  }
+  return sum / combos;
+}
+
+/// The mean over 4096 uniform draws of k distinct routed experts (a fixed
+/// seed: the same plan always gets the same prediction).
+double meanOverDraws(const std::vector<HeldExperts> &held, int64_t k,
+                     int64_t numExperts, std::vector<double> &t) {
+  constexpr int kDraws = 4096;
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<int64_t> chosen;
+  double sum = 0;
+  for (int d = 0; d < kDraws; ++d) {
+    chosen.clear();
+    while ((int64_t)chosen.size() < k) {
+      const int64_t e = int64_t(next() % uint64_t(numExperts));
+      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end())
+        chosen.push_back(e);
+    }
+    sum += slowestOf(held, chosen, numExperts, t);
+  }
+  return sum / kDraws;
+}
+
+} // namespace
+
+double cost::expectedSlowest(const std::vector<HeldExperts> &held, bool moe,
+                             int64_t topK, int64_t numExperts) {
+  size_t ducks = 0;
+  bool sliced = true;
+  for (const HeldExperts &h : held) {
+    ducks = std::max(ducks, h.rank + 1);
+    if (moe && (h.begin > 0 || h.end < numExperts))
+      sliced = false;
+  }
+  std::vector<double> t(ducks, 0.0);
+  if (!moe || sliced) {
+    for (const HeldExperts &h : held) {
+      const int64_t shared =
+          std::max<int64_t>(0, h.end - std::max(h.begin, numExperts));
+      t[h.rank] += h.seconds * double(moe ? topK + shared : 1);
+    }
+    return ducks ? *std::max_element(t.begin(), t.end()) : 0.0;
+  }
+  const int64_t k = std::min(topK, numExperts);
+  // Few combinations (C(E, k) <= 20000): every one, exactly.
+  double combos = 1;
+  for (int64_t i = 0; i < k; ++i)
+    combos = combos * double(numExperts - i) / double(i + 1);
+  if (combos <= 20000)
+    return meanOverCombinations(held, k, numExperts, combos, t);
+  return meanOverDraws(held, k, numExperts, t);
+}
+
+double SlowestMemo::operator()(const std::vector<HeldExperts> &held, bool moe,
+                               int64_t topK, int64_t numExperts, int64_t tp) {
+  Holding byRank(tp);
+  for (const HeldExperts &h : held)
+    if (h.rank < byRank.size())
+      byRank[h.rank].emplace_back(
+          std::max<int64_t>(0, std::min<int64_t>(h.end, numExperts) - h.begin),
+          std::max<int64_t>(0, h.end - std::max<int64_t>(h.begin, numExperts)),
+          h.seconds);
+  for (auto &r : byRank)
+    std::sort(r.begin(), r.end());
+  std::sort(byRank.begin(), byRank.end());
+  auto [it, fresh] = memo.try_emplace(
+      std::make_tuple(moe, topK, numExperts, std::move(byRank)), 0.0);
+  if (fresh)
+    it->second = expectedSlowest(held, moe, topK, numExperts);
+  return it->second;
+}
+
+double cost::expertSeconds(const FfnShard &s, const ClusterModel &c) {
+  const size_t r = (size_t)s.rank;
+  const double rate = duckRate(c, r);
+  const std::vector<double> *byClass =
+      r < c.duckKernelGparamS.size() ? &c.duckKernelGparamS[r] : nullptr;
+  double seconds = 0;
+  for (const Matrix &m : {s.gate, s.up, s.down}) {
+    const duck_kernel_id id = duck_select_kernel(m.k, m.block);
+    const double classRate =
+        byClass && (size_t)id < byClass->size() && (*byClass)[id] > 0
+            ? (*byClass)[id]
+            : rate;
+    if (classRate <= 0)
+      return double(s.expertBytes) / (c.bandwidthGbs * 1e9) +
+             3 * callSeconds(c, r);
+    seconds += double(m.rows) * m.k / (classRate * 1e9) + callSeconds(c, r);
+  }
+  return seconds;
+}
+
+double cost::activeExperts(const FfnShard &s, const FfnLayer &l) {
+  if (!l.moe)
+    return 1;
+  const double routed = double(l.topK), total = double(l.numExperts);
+  double routedHeld = std::max<int64_t>(
+      0, std::min<int64_t>(s.expertEnd, l.numExperts) - s.expertBegin);
+  double sharedHeld = std::max<int64_t>(
+      0, s.expertEnd - std::max<int64_t>(s.expertBegin, l.numExperts));
+  return routedHeld * routed / total +
+         std::min(sharedHeld, double(l.numShared));
+}
+
+double cost::prefillShardSeconds(const FfnShard &s, const FfnLayer &l,
+                                 const ClusterModel &c) {
+  // A prompt chunk of C rows: an expert that only a few rows of the chunk
+  // chose (MoE: C x top_k / E on average) pays its decode for few FMAs.
+  const double C = (double)c.prefillChunk;
+  const double perParam = secondsPerParam(c, (size_t)s.rank);
+  const double perMac = 1.0 / (c.gemmGmacS * 1e9);
+  const double perExpert = 3.0 * l.hidden * s.localInter;
+  const double active = l.moe ? double(l.topK) : 1,
+               total = l.moe ? double(l.numExperts) : 1;
+  double sec = 0;
+  for (int64_t e = s.expertBegin; e < s.expertEnd; ++e) {
+    const bool routed = l.moe && e < (int64_t)total;
+    const double p = routed ? active / total : 1.0;
+    sec +=
+        perExpert * ((1.0 - std::pow(1.0 - p, C)) * perParam + C * p * perMac);
+  }
+  return sec;
+}
+
+StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
+                        uint64_t k, const std::vector<int64_t> &outWidth) {
+  const double in =
+      double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
+             duck_ib_bytes_flags(rows, slots, (uint32_t)k,
+                                 c.wireBf16 ? DUCK_IB_X_BF16 : 0));
+  StepWire w;
+  double duckIn = 0, duckOut = 0;
+  for (size_t r = 0; r < outWidth.size(); ++r) {
+    const double out =
+        double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
+               8 * std::max<int64_t>(1, c.coresPerDuck) +
+               sizeof(duck_ob_header)) +
+        4.0 * rows * double(outWidth[r]);
+    w.txBytes += in;
+    w.rxBytes += out;
+    const double link = r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0;
+    if (link > 0) {
+      duckIn = std::max(duckIn, in * 8 / (link * 1e9));
+      duckOut = std::max(duckOut, out * 8 / (link * 1e9));
+    }
+  }
+  const double host = c.hostLinkGbps * 1e9 / 8;
+  w.seconds = std::max(host > 0 ? w.txBytes / host : 0.0, duckIn) +
+              std::max(host > 0 ? w.rxBytes / host : 0.0, duckOut);
+  return w;
+}
+
+double cost::rowSplitSeconds(const RowSplit &m, const ClusterModel &c) {
+  const duck_kernel_id id =
+      duck_select_kernel((uint32_t)m.k, (uint32_t)m.block);
+  double slowest = 0;
+  for (size_t r = 0; r < m.rows.size(); ++r) {
+    const double params = double(m.rows[r]) * m.k;
+    double rate = duckRate(c, r);
+    if (r < c.duckKernelGparamS.size() &&
+        (size_t)id < c.duckKernelGparamS[r].size() &&
+        c.duckKernelGparamS[r][id] > 0)
+      rate = c.duckKernelGparamS[r][id];
+    const double sec =
+        (rate > 0              ? params / (rate * 1e9)
+         : !m.bytes.empty() ? double(m.bytes[r]) / (c.bandwidthGbs * 1e9)
+                            : params * 1.125 / (c.bandwidthGbs * 1e9)) +
+        callSeconds(c, r);
+    slowest = std::max(slowest, sec);
+  }
+  return slowest;
+}
+
+double cost::rowSplitPrefillSeconds(const RowSplit &m, const ClusterModel &c) {
+  // In a prompt chunk every row goes through the projection: its slowest
+  // duck's FMAs at the GEMM rate, or its bytes once.
+  double worst = 0;
+  for (size_t r = 0; r < m.rows.size(); ++r) {
+    const double params = double(m.rows[r]) * m.k;
+    worst = std::max(worst, params * secondsPerParam(c, r) +
+                                params * c.prefillChunk / (c.gemmGmacS * 1e9));
+  }
+  return worst;
+}
+
+AttentionCost cost::hostAttention(const std::vector<Attention> &ops,
+                                  const ClusterModel &c) {
+  // GQA scores and weighted sums (2 x heads x head_dim a position); MLA in
+  // the absorbed form (heads x (2 kv_lora + rope) a position), over at most
+  // index_topk positions with an indexer, whose own scores cost index_heads
+  // x index_dim a position. An op takes the longer of its multiply-adds at
+  // host_gmac_s and, with host_read_gbs, its cache bytes at that bandwidth
+  // (the fp32 cache read once a token: GQA's k and v, every head's shared
+  // latent, the indexer's keys); GQA is bound by its reads, MLA by its
+  // multiply-adds.
+  const double L = double(c.contextTokens);
+  AttentionCost a;
+  auto add = [&](double m, double b) {
+    a.macs += m;
+    a.cacheBytes += b;
+    double t = 1e3 * m / (c.hostGmacS * 1e9);
+    if (c.hostReadGbs > 0)
+      t = std::max(t, 1e3 * b / (c.hostReadGbs * 1e9));
+    a.ms += t;
+  };
+  for (const Attention &op : ops) {
+    if (op.gqa) {
+      add(2 * op.heads * op.headDim * L, 2 * op.kvHeads * op.headDim * 4 * L);
+      continue;
+    }
+    double attended = L;
+    if (op.indexer) {
+      add(op.indexHeads * op.indexDim * L, op.indexDim * 4 * L);
+      if (op.indexTopK > 0)
+        attended = std::min(L, op.indexTopK);
+    }
+    add(op.heads * (2 * op.kvLora + op.rope) * attended,
+        (op.kvLora + op.rope) * 4 * attended);
+  }
+  return a;
+}
+
+namespace {
+
+/// Sums over the steps of a token (ms), and of a prompt chunk.
+struct StepSums {
+  double layerMs = 0, netMs = 0, prefillNetMs = 0, prefillMsPerChunk = 0;
+};
+
+/// Adds a step's wire: a decode step's bytes and time to the token's, a
+/// prompt chunk's time to prefill's (ms).
+double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
+               const std::vector<int64_t> &outWidth, PlanCost &p,
+               StepSums &sums) {
+  const StepWire w =
+      stepWire(c, decode ? 1 : (uint32_t)c.prefillChunk, slots, k, outWidth);
+  if (decode) {
+    p.hostTxBytesPerToken += w.txBytes;
+    p.hostRxBytesPerToken += w.rxBytes;
+    sums.netMs += 1e3 * w.seconds;
+    return 1e3 * w.seconds;
+  }
+  sums.prefillNetMs += 1e3 * w.seconds;
+  return 1e3 * w.seconds;
+}
+
+/// One FFN layer: its expected slowest duck, each duck's weights and bytes
+/// a token, its step on the wire and its prompt chunk.
+void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
+                 SlowestMemo &memo, PlanCost &p, StepSums &sums) {
+  std::vector<HeldExperts> held;
+  double prefillSlowest = 0;
+  LayerCost rec;
+  rec.duckBytes.assign(tp, 0);
+  for (const FfnShard &s : l.shards) {
+    if (c.gemmGmacS > 0)
+      prefillSlowest = std::max(prefillSlowest, prefillShardSeconds(s, l, c));
+    const double active = activeExperts(s, l);
+    rec.duckBytes[s.rank] += s.slotBytes;
+    p.duckParamsPerToken[s.rank] += active * 3.0 * l.hidden * s.localInter;
+    p.duckBytesPerToken[s.rank] += active * s.expertBytes;
+    held.push_back({(size_t)s.rank, l.moe ? s.expertBegin : 0,
+                    l.moe ? s.expertEnd : 1, expertSeconds(s, c)});
+  }
+  const int64_t topK = l.moe ? l.topK : 1, experts = l.moe ? l.numExperts : 1;
+  rec.ms = 1e3 * memo(held, l.moe, topK, experts, tp);
+  sums.layerMs += rec.ms;
+  p.layers.push_back(std::move(rec));
+  // Every duck returns the whole hidden vector (its partial sums).
+  const uint32_t slots = l.moe ? uint32_t(l.topK + l.numShared) : 0;
+  const std::vector<int64_t> whole(tp, l.hidden);
+  addWire(c, true, slots, l.hidden, whole, p, sums);
+  double prefillNet = 0;
+  if (c.gemmGmacS > 0)
+    prefillNet = addWire(c, false, slots, l.hidden, whole, p, sums);
+  sums.prefillMsPerChunk +=
+      1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
+}
+
+/// A row-split matrix on the ducks: one more step, its slowest duck.
+void addRowSplit(const RowSplit &m, const ClusterModel &c, PlanCost &p,
+                 StepSums &sums) {
+  addWire(c, true, 0, m.k, m.rows, p, sums);
+  for (size_t r = 0; r < m.rows.size(); ++r)
+    p.duckParamsPerToken[r] += double(m.rows[r]) * m.k;
+  const double slowest = rowSplitSeconds(m, c);
+  if (m.role != RowSplit::Role::head && c.gemmGmacS > 0) {
+    const double worst = rowSplitPrefillSeconds(m, c);
+    const double prefillNet = addWire(c, false, 0, m.k, m.rows, p, sums);
+    sums.prefillMsPerChunk +=
+        1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
+  }
+  switch (m.role) {
+  case RowSplit::Role::head:
+    p.lmHeadOnDucks = true;
+    p.lmHeadMsPerToken = 1e3 * slowest;
+    return;
+  case RowSplit::Role::oProj:
+    p.oProjOnDucks = true;
+    p.oProjMsPerToken += 1e3 * slowest;
+    break;
+  case RowSplit::Role::inProj:
+    p.inProjOnDucks = true;
+    p.inProjMsPerToken += 1e3 * slowest;
+    break;
+  case RowSplit::Role::qProj:
+    p.qProjOnDucks = true;
+    p.qProjMsPerToken += 1e3 * slowest;
+    break;
+  }
+  ++p.attnProjSteps;
+}
+
+/// The host's time a token: measured (host_ms_per_token), else its weights
+/// at its bandwidth; plus its attention over the cache and a host LM
+/// head's bytes when the bandwidth is known. A measured host time includes
+/// the attention projections; those on the ducks come off it, their bytes
+/// at the host's bandwidth (when known).
+void addHost(const ModelFacts &m, const ClusterModel &c, PlanCost &p) {
+  p.hostWeightBytesPerToken = m.hostWeightBytes;
+  if (c.hostGmacS > 0 && c.contextTokens > 0) {
+    const AttentionCost a = hostAttention(m.attention, c);
+    p.hostAttnGmacPerToken = a.macs / 1e9;
+    p.hostAttnCacheBytesPerToken = a.cacheBytes;
+    p.hostAttnMsPerToken = a.ms;
+  }
+  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
+    p.hostOpsMsPerToken = 1e3 * m.hostWeightBytes / (c.hostReadGbs * 1e9);
+  if (!p.lmHeadOnDucks && c.hostReadGbs > 0 && m.lmHead) {
+    const double perWeight = c.hostHeadBytesPerWeight > 0
+                                 ? c.hostHeadBytesPerWeight
+                                 : m.lmHead->bytesPerWeight;
+    p.hostLmHeadMsPerToken =
+        1e3 * m.lmHead->params * perWeight / (c.hostReadGbs * 1e9);
+  }
+  const double measuredHost =
+      c.hostMsPerToken > 0 && c.hostReadGbs > 0
+          ? std::max(0.0, c.hostMsPerToken -
+                              1e3 * m.onDucksHostBytes / (c.hostReadGbs * 1e9))
+          : c.hostMsPerToken;
+  p.hostMsPerToken =
+      (c.hostMsPerToken > 0 ? measuredHost : p.hostOpsMsPerToken) +
+      p.hostAttnMsPerToken + p.hostLmHeadMsPerToken;
+}
+
+} // namespace
+
+PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
+  PlanCost p;
+  p.duckParamsPerToken.assign(m.tp, 0.0);
+  p.duckBytesPerToken.assign(m.tp, 0.0);
+  StepSums sums;
+  SlowestMemo memo;
+  for (const FfnLayer &l : m.ffn)
+    addFfnLayer(l, c, m.tp, memo, p, sums);
+  for (const RowSplit &r : m.rowSplits)
+    addRowSplit(r, c, p, sums);
+  addHost(m, c, p);
+  p.streamMsPerToken = sums.layerMs + p.lmHeadMsPerToken + p.oProjMsPerToken +
+                       p.qProjMsPerToken + p.inProjMsPerToken;
+  p.dispatchMsPerToken = ((int64_t)m.ffn.size() + p.attnProjSteps +
+                          (p.lmHeadOnDucks ? 1 : 0)) *
+                         c.stepOverheadUs / 1e3;
+  p.networkMsPerToken = sums.netMs; // 0 without a link speed
+  const double ms = p.streamMsPerToken + p.dispatchMsPerToken +
+                    p.hostMsPerToken + p.networkMsPerToken;
+  p.tokS = ms > 0 ? 1e3 / ms : 0;
+  if (c.gemmGmacS > 0) {
+    p.prefillNetworkMsPerToken = sums.prefillNetMs / c.prefillChunk;
+    p.prefillDucksMsPerToken = sums.prefillMsPerChunk / c.prefillChunk;
+    const double pms = p.prefillDucksMsPerToken + c.hostPrefillMsPerToken;
+    p.prefillTokS = pms > 0 ? 1e3 / pms : 0;
+  }
+  return p;
+}
