@@ -213,14 +213,13 @@ std::optional<Fp8Weight> Checkpoint::findFp8(StringRef weightName) const {
 // Checking against the config
 //===----------------------------------------------------------------------===//
 
-Expected<CheckpointCheck> verifyCheckpoint(const Checkpoint &ckpt) {
-  CheckpointCheck result;
-  if (!ckpt.hasWeights())
-    return result;
+namespace {
+/// Every tensor the config implies is there with its shape: counts them in
+/// `result` and collects their names in `expectedNames`.
+Error checkExpectedTensors(const Checkpoint &ckpt, CheckpointCheck &result,
+                           StringSet<> &expectedNames) {
   const ModelDesc &d = ckpt.model();
   StringRef family = modelTypeName(d.family);
-
-  StringSet<> expectedNames;
   for (const ExpectedTensor &t : expectedTensors(d)) {
     expectedNames.insert(t.name);
     if (!t.optional)
@@ -240,6 +239,49 @@ Expected<CheckpointCheck> verifyCheckpoint(const Checkpoint &ckpt) {
                        ckpt.configPath());
     ++result.found;
   }
+  return Error::success();
+}
+
+/// An FP8 weight is 2-D and has its "_scale_inv" sibling: F32 or BF16, one
+/// value a `block` tile.
+Error checkFp8Scale(const Checkpoint &ckpt, const TensorRef &ref,
+                    ArrayRef<int64_t> block) {
+  const TensorInfo &t = *ref.info;
+  std::string scaleName = t.name + "_scale_inv";
+  TensorRef scale = ckpt.find(scaleName);
+  if (!scale)
+    return makeError(ref.file->path() + ": FP8 weight '" + t.name +
+                     "' (F8_E4M3 " + formatShape(t.shape) +
+                     ") has no scale tensor '" + scaleName + "'");
+  if (t.shape.size() != 2)
+    return makeError(ref.file->path() + ": FP8 weight '" + t.name +
+                     "' must be 2-D [N, K], found shape " +
+                     formatShape(t.shape));
+  DType sd = scale.info->dtype;
+  if (sd != DType::F32 && sd != DType::BF16)
+    return makeError(scale.file->path() + ": scale tensor '" + scaleName +
+                     "' has dtype " + dtypeName(sd) + ", expected F32 or BF16");
+  std::vector<int64_t> want = {ceilDiv(t.shape[0], block[0]),
+                               ceilDiv(t.shape[1], block[1])};
+  if (scale.info->shape != want)
+    return makeError(scale.file->path() + ": scale tensor '" + scaleName +
+                     "' has shape " + formatShape(scale.info->shape) +
+                     ", expected " + formatShape(want) + " for FP8 weight " +
+                     formatShape(t.shape) + " with " + Twine(block[0]) + "x" +
+                     Twine(block[1]) + " blocks");
+  return Error::success();
+}
+} // namespace
+
+Expected<CheckpointCheck> verifyCheckpoint(const Checkpoint &ckpt) {
+  CheckpointCheck result;
+  if (!ckpt.hasWeights())
+    return result;
+  const ModelDesc &d = ckpt.model();
+
+  StringSet<> expectedNames;
+  if (Error e = checkExpectedTensors(ckpt, result, expectedNames))
+    return e;
 
   std::vector<int64_t> block = d.quantization.weight_block_size;
   if (block.size() != 2)
@@ -251,29 +293,8 @@ Expected<CheckpointCheck> verifyCheckpoint(const Checkpoint &ckpt) {
       continue;
     }
     if (t.dtype == DType::F8_E4M3) {
-      std::string scaleName = t.name + "_scale_inv";
-      TensorRef scale = ckpt.find(scaleName);
-      if (!scale)
-        return makeError(ref.file->path() + ": FP8 weight '" + t.name +
-                         "' (F8_E4M3 " + formatShape(t.shape) +
-                         ") has no scale tensor '" + scaleName + "'");
-      if (t.shape.size() != 2)
-        return makeError(ref.file->path() + ": FP8 weight '" + t.name +
-                         "' must be 2-D [N, K], found shape " +
-                         formatShape(t.shape));
-      DType sd = scale.info->dtype;
-      if (sd != DType::F32 && sd != DType::BF16)
-        return makeError(scale.file->path() + ": scale tensor '" + scaleName +
-                         "' has dtype " + dtypeName(sd) +
-                         ", expected F32 or BF16");
-      std::vector<int64_t> want = {ceilDiv(t.shape[0], block[0]),
-                                   ceilDiv(t.shape[1], block[1])};
-      if (scale.info->shape != want)
-        return makeError(scale.file->path() + ": scale tensor '" + scaleName +
-                         "' has shape " + formatShape(scale.info->shape) +
-                         ", expected " + formatShape(want) +
-                         " for FP8 weight " + formatShape(t.shape) + " with " +
-                         Twine(block[0]) + "x" + Twine(block[1]) + " blocks");
+      if (Error e = checkFp8Scale(ckpt, ref, block))
+        return e;
       ++result.fp8_weights;
       continue;
     }
@@ -441,13 +462,11 @@ std::string routerSummary(const ModelDesc &d) {
     s += formatv(", scaled x{0}", d.routed_scaling_factor).str();
   return s;
 }
-} // namespace
 
-Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
+
+/// about: the model's directory name, family, architectures and dtype.
+void describeAbout(DescribeReport &r, const Checkpoint &ckpt) {
   const ModelDesc &d = ckpt.model();
-  DescribeReport r;
-
-  // about
   StringRef dir = sys::path::filename(
       StringRef(ckpt.directory()).rtrim(sys::path::get_separator()));
   r.add("about", "model", dir.empty() ? ckpt.directory() : dir);
@@ -459,8 +478,11 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
   r.add("about", "torch_dtype",
         d.torch_dtype.empty() ? json::Value(nullptr)
                               : json::Value(d.torch_dtype));
+}
 
-  // sizes
+/// sizes and layers: the model's widths and token ids, which layers are
+/// MoE and which dense.
+void describeSizesAndLayers(DescribeReport &r, const ModelDesc &d) {
   r.add("sizes", "hidden_size", d.hidden_size);
   r.add("sizes", "vocab_size", d.vocab_size);
   r.add("sizes", "max_position_embeddings", d.max_position_embeddings);
@@ -470,7 +492,6 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
         d.bos_token_id ? json::Value(*d.bos_token_id) : json::Value(nullptr));
   r.add("sizes", "eos_token_ids", toJsonArray(d.eos_token_ids));
 
-  // layers
   r.add("layers", "num_layers", d.num_layers);
   r.add("layers", "moe_layers", d.numMoeLayers());
   r.add("layers", "dense_layers", d.numDenseLayers());
@@ -481,8 +502,38 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
   if (d.isDeepSeek())
     r.add("layers", "mtp_layers", d.num_nextn_predict_layers,
           d.num_nextn_predict_layers ? "(skipped)" : "");
+}
 
-  // attention
+/// attention's RoPE entries: theta and the scaling with its parameters.
+void describeRope(DescribeReport &r, const ModelDesc &d) {
+  r.add("attention", "rope_theta", d.rope_theta);
+  if (!d.rope_scaling) {
+    r.add("attention", "rope_scaling", nullptr);
+    return;
+  }
+  const RopeScaling &rs = *d.rope_scaling;
+  r.add("attention", "rope_scaling", rs.type.empty() ? "unnamed" : rs.type);
+  r.add("attention", "rope_factor", rs.factor);
+  if (rs.original_max_position_embeddings)
+    r.add("attention", "rope_original_max_position_embeddings",
+          *rs.original_max_position_embeddings);
+  if (rs.beta_fast)
+    r.add("attention", "rope_beta_fast", *rs.beta_fast);
+  if (rs.beta_slow)
+    r.add("attention", "rope_beta_slow", *rs.beta_slow);
+  if (rs.mscale)
+    r.add("attention", "rope_mscale", *rs.mscale);
+  if (rs.mscale_all_dim)
+    r.add("attention", "rope_mscale_all_dim", *rs.mscale_all_dim);
+  // What GQA scales cos/sin by (DeepSeek's MLA uses mscale_all_dim on
+  // the softmax instead).
+  if (rs.isYarn() && d.isQwen())
+    r.add("attention", "rope_attention_factor", rs.yarnAttentionFactor());
+}
+
+/// attention: its kind (MHA, GQA or MLA), heads and sizes, the indexer's,
+/// and RoPE.
+void describeAttention(DescribeReport &r, const ModelDesc &d) {
   std::string kind = d.usesMla()                               ? "mla"
                      : d.num_kv_heads == d.num_attention_heads ? "mha"
                                                                : "gqa";
@@ -507,55 +558,37 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
     r.add("attention", "index_head_dim", d.index_head_dim);
     r.add("attention", "index_topk", d.index_topk);
   }
-  r.add("attention", "rope_theta", d.rope_theta);
-  if (d.rope_scaling) {
-    const RopeScaling &rs = *d.rope_scaling;
-    r.add("attention", "rope_scaling", rs.type.empty() ? "unnamed" : rs.type);
-    r.add("attention", "rope_factor", rs.factor);
-    if (rs.original_max_position_embeddings)
-      r.add("attention", "rope_original_max_position_embeddings",
-            *rs.original_max_position_embeddings);
-    if (rs.beta_fast)
-      r.add("attention", "rope_beta_fast", *rs.beta_fast);
-    if (rs.beta_slow)
-      r.add("attention", "rope_beta_slow", *rs.beta_slow);
-    if (rs.mscale)
-      r.add("attention", "rope_mscale", *rs.mscale);
-    if (rs.mscale_all_dim)
-      r.add("attention", "rope_mscale_all_dim", *rs.mscale_all_dim);
-    // What GQA scales cos/sin by (DeepSeek's MLA uses mscale_all_dim on
-    // the softmax instead).
-    if (rs.isYarn() && d.isQwen())
-      r.add("attention", "rope_attention_factor", rs.yarnAttentionFactor());
-  } else {
-    r.add("attention", "rope_scaling", nullptr);
-  }
+  describeRope(r, d);
+}
 
-  // ffn
+/// ffn: the dense width, and the experts with their routing.
+void describeFfn(DescribeReport &r, const ModelDesc &d) {
   r.add("ffn", "intermediate_size", d.intermediate_size,
         d.numDenseLayers() == 0 ? "(unused: no dense layer)" : "");
-  if (d.hasMoe()) {
-    r.add("ffn", "moe_intermediate_size", d.moe_intermediate_size);
-    r.add("ffn", "experts", d.num_routed_experts);
-    r.add("ffn", "experts_per_tok", d.experts_per_tok);
-    r.add("ffn", "shared_experts", d.n_shared_experts);
-    r.add("ffn", "router", routerSummary(d));
-    r.add("ffn", "norm_topk_prob", d.norm_topk_prob);
-    if (d.isQwen()) {
-      r.add("ffn", "decoder_sparse_step", d.decoder_sparse_step);
-      r.add("ffn", "mlp_only_layers", toJsonArray(d.mlp_only_layers));
-    } else {
-      r.add("ffn", "first_k_dense_replace", d.first_k_dense_replace);
-      r.add("ffn", "moe_layer_freq", d.moe_layer_freq);
-      r.add("ffn", "n_group", d.n_group);
-      r.add("ffn", "topk_group", d.topk_group);
-      r.add("ffn", "routed_scaling_factor", d.routed_scaling_factor);
-    }
-  } else {
+  if (!d.hasMoe()) {
     r.add("ffn", "experts", 0);
+    return;
   }
+  r.add("ffn", "moe_intermediate_size", d.moe_intermediate_size);
+  r.add("ffn", "experts", d.num_routed_experts);
+  r.add("ffn", "experts_per_tok", d.experts_per_tok);
+  r.add("ffn", "shared_experts", d.n_shared_experts);
+  r.add("ffn", "router", routerSummary(d));
+  r.add("ffn", "norm_topk_prob", d.norm_topk_prob);
+  if (d.isQwen()) {
+    r.add("ffn", "decoder_sparse_step", d.decoder_sparse_step);
+    r.add("ffn", "mlp_only_layers", toJsonArray(d.mlp_only_layers));
+  } else {
+    r.add("ffn", "first_k_dense_replace", d.first_k_dense_replace);
+    r.add("ffn", "moe_layer_freq", d.moe_layer_freq);
+    r.add("ffn", "n_group", d.n_group);
+    r.add("ffn", "topk_group", d.topk_group);
+    r.add("ffn", "routed_scaling_factor", d.routed_scaling_factor);
+  }
+}
 
-  // quantization
+/// quantization and params: the FP8 config, and the parameter counts.
+void describeQuantizationAndParams(DescribeReport &r, const ModelDesc &d) {
   const QuantizationConfig &q = d.quantization;
   if (q.isFp8()) {
     r.add("quantization", "quantization", "fp8");
@@ -571,7 +604,6 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
     r.add("quantization", "quantization", "none");
   }
 
-  // params
   ParamCounts pc = countParams(d);
   r.add("params", "params_total", pc.total, humanCount(pc.total));
   r.add("params", "params_embedding", pc.embedding, humanCount(pc.embedding));
@@ -579,17 +611,35 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
   r.add("params", "params_routed_experts", pc.routed_experts,
         humanCount(pc.routed_experts));
   r.add("params", "params_activated", pc.activated, humanCount(pc.activated));
+}
 
-  // weights
-  r.add("weights", "weights", ckpt.hasWeights() ? "present" : "none");
-  if (!ckpt.hasWeights()) {
-    r.add("weights", "check", "skipped (no weights)");
-    return r;
-  }
-  Expected<CheckpointCheck> check = verifyCheckpoint(ckpt);
-  if (!check)
-    return check.takeError();
+/// The LM head stays on the host and is read whole for every decoded
+/// token; duckc compile --lm-head int8 (or fp9) reads 1.125 bytes a weight.
+void describeLmHead(DescribeReport &r, const Checkpoint &ckpt) {
+  const ModelDesc &d = ckpt.model();
+  TensorRef head = ckpt.find(d.tie_word_embeddings ? "model.embed_tokens.weight"
+                                                   : "lm_head.weight");
+  if (!head)
+    return;
+  const uint64_t n = (uint64_t)d.vocab_size * (uint64_t)d.hidden_size;
+  const uint64_t asIs = head.info->dtype == DType::F8_E4M3
+                            ? n + n / 8 // fp9 on the host
+                            : head.info->byte_size;
+  r.add("weights", "lm_head",
+        formatv("{0} [{1}, {2}]{3}, on the host", dtypeName(head.info->dtype),
+                d.vocab_size, d.hidden_size,
+                d.tie_word_embeddings ? " (the tied embedding)" : "")
+            .str());
+  r.add("weights", "lm_head_bytes_per_token", static_cast<int64_t>(asIs),
+        (humanBytes(asIs) + "; with --lm-head int8 or fp9: " +
+         std::to_string(n + n / 8) + " " + humanBytes(n + n / 8))
+            .c_str());
+}
 
+/// weights: the files, the bytes of each dtype, the FP8 weights and the
+/// LM head.
+void describeWeights(DescribeReport &r, const Checkpoint &ckpt,
+                     const CheckpointCheck &check) {
   r.add("weights", "weight_layout", weightLayoutName(ckpt.layout()));
   r.add("weights", "weight_files", static_cast<int64_t>(ckpt.files().size()));
   r.add("weights", "tensors", static_cast<int64_t>(ckpt.numTensors()));
@@ -604,44 +654,52 @@ Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
   for (const auto &[dtype, bytes] : bytesPerDType)
     r.add("weights", ("bytes_" + dtypeName(dtype)).str(),
           static_cast<int64_t>(bytes), humanBytes(bytes));
-  r.add("weights", "fp8_weights", static_cast<int64_t>(check->fp8_weights));
-  // The LM head stays on the host and is read whole for every decoded
-  // token; duckc compile --lm-head int8 (or fp9) reads 1.125 bytes a weight.
-  if (TensorRef head = ckpt.find(d.tie_word_embeddings
-                                     ? "model.embed_tokens.weight"
-                                     : "lm_head.weight")) {
-    const uint64_t n = (uint64_t)d.vocab_size * (uint64_t)d.hidden_size;
-    const uint64_t asIs = head.info->dtype == DType::F8_E4M3
-                              ? n + n / 8 // fp9 on the host
-                              : head.info->byte_size;
-    r.add("weights", "lm_head",
-          formatv("{0} [{1}, {2}]{3}, on the host", dtypeName(head.info->dtype),
-                  d.vocab_size, d.hidden_size,
-                  d.tie_word_embeddings ? " (the tied embedding)" : "")
-              .str());
-    r.add("weights", "lm_head_bytes_per_token", static_cast<int64_t>(asIs),
-          (humanBytes(asIs) + "; with --lm-head int8 or fp9: " +
-           std::to_string(n + n / 8) + " " + humanBytes(n + n / 8))
-              .c_str());
-  }
+  r.add("weights", "fp8_weights", static_cast<int64_t>(check.fp8_weights));
+  describeLmHead(r, ckpt);
+}
 
+/// check: verifyCheckpoint's counts, examples and notes.
+void describeCheck(DescribeReport &r, const Checkpoint &ckpt,
+                   const CheckpointCheck &check) {
   r.add("check", "check", "ok");
-  r.add("check", "expected_tensors", static_cast<int64_t>(check->expected));
-  r.add("check", "found_tensors", static_cast<int64_t>(check->found));
+  r.add("check", "expected_tensors", static_cast<int64_t>(check.expected));
+  r.add("check", "found_tensors", static_cast<int64_t>(check.found));
   r.add("check", "mtp_tensors_skipped",
-        static_cast<int64_t>(check->mtp_skipped));
-  r.add("check", "unexpected_tensors", static_cast<int64_t>(check->unexpected));
+        static_cast<int64_t>(check.mtp_skipped));
+  r.add("check", "unexpected_tensors", static_cast<int64_t>(check.unexpected));
   json::Array examples;
-  for (const std::string &e : check->unexpected_examples)
+  for (const std::string &e : check.unexpected_examples)
     examples.push_back(e);
   if (!examples.empty())
     r.add("check", "unexpected_examples", std::move(examples));
   json::Array notes;
   for (const std::string &n : ckpt.notes())
     notes.push_back(n);
-  for (const std::string &n : check->notes)
+  for (const std::string &n : check.notes)
     notes.push_back(n);
   r.add("check", "notes", std::move(notes));
+}
+} // namespace
+
+Expected<DescribeReport> describeCheckpoint(const Checkpoint &ckpt) {
+  const ModelDesc &d = ckpt.model();
+  DescribeReport r;
+  describeAbout(r, ckpt);
+  describeSizesAndLayers(r, d);
+  describeAttention(r, d);
+  describeFfn(r, d);
+  describeQuantizationAndParams(r, d);
+
+  r.add("weights", "weights", ckpt.hasWeights() ? "present" : "none");
+  if (!ckpt.hasWeights()) {
+    r.add("weights", "check", "skipped (no weights)");
+    return r;
+  }
+  Expected<CheckpointCheck> check = verifyCheckpoint(ckpt);
+  if (!check)
+    return check.takeError();
+  describeWeights(r, ckpt, *check);
+  describeCheck(r, ckpt, *check);
   return r;
 }
 
