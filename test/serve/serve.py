@@ -25,6 +25,11 @@
       Garbage, truncated, stalled and oversized requests (chunked or
       without a Content-Length too), invalid UTF-8 and deeply nested JSON;
       the server answers the next request.
+  serve.py check-unsupported URL KEY
+      Every field the server cannot honour yet (tools, response_format
+      other than text, logprobs, penalties, logit_bias, echo, best_of,
+      suffix) gets a 400 naming it; the same fields asking for nothing
+      (empty, zero, false, "none", "text") are answered.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -368,6 +373,51 @@ def check_queue_full(argv):
         f"(status times, s: {' '.join(when)})")
 
 
+def check_unsupported(argv):
+    url, key = argv
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    refused = [
+        ("chat", {"tools": [tool]}, "tools"),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"functions": [tool["function"]]}, "functions"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}},
+         "response_format"),
+        ("chat", {"logprobs": True}, "logprobs"),
+        ("chat", {"top_logprobs": 3}, "top_logprobs"),
+        ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
+        ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
+        ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("completions", {"logprobs": 2}, "logprobs"),
+        ("completions", {"echo": True}, "echo"),
+        ("completions", {"best_of": 2}, "best_of"),
+        ("completions", {"suffix": "x"}, "suffix"),
+    ]
+    accepted = {"tools": [], "tool_choice": "none", "logprobs": False,
+                "top_logprobs": 0, "presence_penalty": 0,
+                "frequency_penalty": 0.0, "logit_bias": {},
+                "response_format": {"type": "text"}}
+    for endpoint, extra, field in refused:
+        if endpoint == "chat":
+            body = chat_body("Hi", max_tokens=2, **extra)
+        else:
+            body = {"model": "any", "prompt": "Hi", "max_tokens": 2, **extra}
+        status, data = request(url, "POST", "/v1/" + endpoint.replace(
+            "chat", "chat/completions"), body, key)
+        err = json.loads(data).get("error", {}) if status == 400 else {}
+        if status != 400 or err.get("param") != field or \
+                "not supported" not in err.get("message", ""):
+            die(f"check-unsupported: {endpoint} {extra}: HTTP {status} "
+                f"{data!r}, expected a 400 naming {field!r}")
+    status, data = request(url, "POST", "/v1/chat/completions",
+                           chat_body("Hi", max_tokens=2, **accepted), key)
+    if status != 200:
+        die(f"check-unsupported: fields asking for nothing: HTTP {status} "
+            f"{data!r}")
+    print(f"unsupported fields: {len(refused)} refused by name; the same "
+          f"fields asking for nothing answered")
+
+
 def check_bad_clients(argv):
     """Garbage, truncated and stalled requests, a huge header, invalid
     UTF-8 and deeply nested JSON: each gets an error or a closed
@@ -453,7 +503,8 @@ def main():
      "check-drop-nonstream": check_drop_nonstream,
      "check-queue-full": check_queue_full,
      "check-slow-clients": check_slow_clients,
-     "check-bad-clients": check_bad_clients}.get(
+     "check-bad-clients": check_bad_clients,
+     "check-unsupported": check_unsupported}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

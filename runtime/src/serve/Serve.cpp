@@ -445,6 +445,53 @@ std::optional<FieldError> ParseFlags(const json &b, Params *p) {
   return std::nullopt;
 }
 
+/// Fields a client may send that this server cannot honour yet: a 400
+/// naming the field, never an answer that silently ignores it. Each is
+/// accepted where it asks for nothing (absent, null, empty, zero, false,
+/// the default).
+std::optional<FieldError> ParseUnsupported(const json &b, bool chat) {
+  auto set = [&](const char *k) { return b.contains(k) && !b[k].is_null(); };
+  auto refuse = [](const char *k, absl::string_view why) {
+    return FieldError{k, absl::StrCat("'", k, "' is not supported by this "
+                                      "server yet: ", why)};
+  };
+  const char *noTools = "it serves no tool calls (send the request without it)";
+  if (set("tools") && !(b["tools"].is_array() && b["tools"].empty()))
+    return refuse("tools", noTools);
+  if (set("tool_choice") && b["tool_choice"] != "none")
+    return refuse("tool_choice", noTools);
+  if (set("functions") && !(b["functions"].is_array() && b["functions"].empty()))
+    return refuse("functions", noTools);
+  if (set("function_call") && b["function_call"] != "none")
+    return refuse("function_call", noTools);
+  if (set("response_format") &&
+      !(b["response_format"].is_object() &&
+        b["response_format"].value("type", "text") == "text"))
+    return refuse("response_format",
+                  "only {\"type\": \"text\"}; constrained output (json_object, "
+                  "json_schema) is not implemented");
+  const char *noLogprobs = "log probabilities are not returned";
+  if (set("logprobs") && b["logprobs"] != false && b["logprobs"] != 0)
+    return refuse("logprobs", noLogprobs);
+  if (set("top_logprobs") && b["top_logprobs"] != 0)
+    return refuse("top_logprobs", noLogprobs);
+  for (const char *k : {"presence_penalty", "frequency_penalty"})
+    if (set(k) && !(b[k].is_number() && b[k].get<double>() == 0))
+      return refuse(k, "penalties are not applied (send 0 or leave it out)");
+  if (set("logit_bias") && !(b["logit_bias"].is_object() &&
+                             b["logit_bias"].empty()))
+    return refuse("logit_bias", "logit biases are not applied");
+  if (!chat) {
+    if (set("echo") && b["echo"] != false)
+      return refuse("echo", "the prompt is not echoed");
+    if (set("best_of") && b["best_of"] != 1)
+      return refuse("best_of", "only one completion is made");
+    if (set("suffix") && b["suffix"] != "")
+      return refuse("suffix", "there is no insertion mode");
+  }
+  return std::nullopt;
+}
+
 /// The sampling and length fields both endpoints share.
 std::optional<FieldError> ParseCommon(const json &b, uint32_t context,
                                       Params *p) {
@@ -744,6 +791,8 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
                                          "is ",
                                          context, " (duckrun serve --max-seq)")});
   if (auto e = ParseCommon(b, context, p))
+    return Bad(res, *e);
+  if (auto e = ParseUnsupported(b, chat))
     return Bad(res, *e);
   const uint32_t room = context - (uint32_t)p->prompt.size();
   p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
