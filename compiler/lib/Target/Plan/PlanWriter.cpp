@@ -143,6 +143,11 @@ private:
                    uint64_t slotBytes = 0);
   Error writeRowSlot(const RowMatrix &m, int64_t numLayers,
                      std::vector<duck_slot_entry> &entries);
+  /// Writes one FFN slot (header, descriptor table, every expert's packed
+  /// matrices) and appends its slot-table entry.
+  Error writeFfnSlot(Fp9FfnOp shard, std::vector<duck_slot_entry> &entries);
+  /// Packs and writes each of the shard's experts' gate, up and down.
+  Error packExperts(Fp9FfnOp shard, int64_t layer, const SlotLayout &lay);
 
   const Checkpoint &ckpt;
   int64_t scaleRows;
@@ -258,6 +263,146 @@ Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
   return Error::success();
 }
 
+/// A slot's descriptor table: one entry an expert, those the shard holds
+/// present, at their offsets in the slot.
+std::vector<duck_ffn_desc> slotTable(Fp9FfnOp shard, const FfnShape &fs,
+                                     const SlotLayout &lay, int64_t scaleRows) {
+  std::vector<duck_ffn_desc> table(fs.experts);
+  auto gk = (uint32_t)shard.getGateKernel()->getKind();
+  auto dk = (uint32_t)shard.getDownKernel()->getKind();
+  for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+       ++e) {
+    uint64_t base = lay.expertOffset(e - shard.getExpertBegin());
+    duck_ffn_desc &t = table[e];
+    // Each expert's own row phase (a shared expert's piece may start
+    // inside a scale tile); the sizes are the slot's.
+    const ShardDescs de = shardDescs(shard, scaleRows, e);
+    t.present = 1;
+    t.gate = {base + lay.gateOffset, de.gate, gk, 0};
+    t.up = {base + lay.upOffset, de.up, gk, 0};
+    t.down = {base + lay.downOffset, de.down, dk, 0};
+  }
+  return table;
+}
+
+Error ImageWriter::packExperts(Fp9FfnOp shard, int64_t layer,
+                               const SlotLayout &lay) {
+  for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+       ++e) {
+    ExpertTensorNames n = namesOf(shard, e);
+    int64_t ib = shard.getInterBegin() + n.base;
+    const ShardDescs de = shardDescs(shard, scaleRows, e);
+    if (Error x = packMatrix(layer, n.gate, ib, 0, de.gate,
+                             lay.upOffset - lay.gateOffset))
+      return x;
+    if (Error x = packMatrix(layer, n.up, ib, 0, de.up,
+                             lay.downOffset - lay.upOffset))
+      return x;
+    if (Error x = packMatrix(layer, n.down, 0, ib, de.down,
+                             lay.expertBytes - lay.downOffset))
+      return x;
+  }
+  return Error::success();
+}
+
+Error ImageWriter::writeFfnSlot(Fp9FfnOp shard,
+                                std::vector<duck_slot_entry> &entries) {
+  uint64_t offset = *shard.getOffset();
+  if (pos != offset)
+    return err(llvm::formatv("internal: slot {0} of duck {1} expected at "
+                             "offset {2}, writer at {3}",
+                             *shard.getSlot(), rank, offset, pos));
+  XXH3_64bits_reset(slotHash);
+  sources.clear();
+  FfnShape fs = ffnShapeOf(shard);
+  auto lay = slotLayout(shard, scaleRows);
+  if (failed(lay))
+    return err("invalid slot layout");
+
+  duck_slot_header h{};
+  h.magic = DUCK_SLOT_MAGIC;
+  h.kind = fs.moe ? DUCK_SLOT_MOE : DUCK_SLOT_DENSE;
+  h.layer = (uint32_t)fs.layer;
+  h.hidden = (uint32_t)fs.hidden;
+  h.inter = (uint32_t)shard.getLocalInter();
+  h.n_experts = (uint32_t)fs.experts;
+  h.block = (uint32_t)shard.getBlock();
+  std::vector<duck_ffn_desc> table = slotTable(shard, fs, *lay, scaleRows);
+  if (Error e = writeBytes(&h, sizeof h))
+    return e;
+  if (Error e = writeBytes(table.data(), table.size() * sizeof(duck_ffn_desc)))
+    return e;
+  if (Error e = padTo(offset + lay->tableBytes))
+    return e;
+  if (Error e = packExperts(shard, fs.layer, *lay))
+    return e;
+  if (Error e = padTo(offset + lay->totalBytes))
+    return e;
+  duck_slot_entry entry{};
+  entry.offset = offset;
+  entry.bytes = lay->totalBytes;
+  entry.checksum = XXH3_64bits_digest(slotHash);
+  entry.layer = (uint32_t)fs.layer;
+  entry.kind = h.kind;
+  entries.push_back(entry);
+  return Error::success();
+}
+
+/// The model key: the layout's key (everything that changes the layout)
+/// combined with every slot's checksum, so a duck's cache can only hit on
+/// an image with the very same bytes. Sets it in `ih` and as hex.
+void setModelKey(duck_image_header &ih, StringRef layoutKey,
+                 ArrayRef<duck_slot_entry> entries, std::string &keyHex) {
+  XXH3_state_t *keyState = XXH3_createState();
+  XXH3_128bits_reset(keyState);
+  XXH3_128bits_update(keyState, layoutKey.data(), layoutKey.size());
+  XXH3_128bits_update(keyState, entries.data(),
+                      entries.size() * sizeof(duck_slot_entry));
+  XXH128_hash_t key = XXH3_128bits_digest(keyState);
+  XXH3_freeState(keyState);
+  for (int i = 0; i < 8; ++i) {
+    ih.model_key[i] = (uint8_t)(key.high64 >> (56 - 8 * i));
+    ih.model_key[8 + i] = (uint8_t)(key.low64 >> (56 - 8 * i));
+  }
+  keyHex = llvm::formatv("{0:x-16}{1:x-16}", key.high64, key.low64).str();
+}
+
+/// The image's final prologue: the header (versions, rank, model key,
+/// hidden size, its checksum) followed by the slot table.
+std::vector<uint8_t> imagePrologue(ModuleOp module, int64_t r,
+                                   uint64_t prologueBytes,
+                                   uint64_t totalBytes, StringRef layoutKey,
+                                   ArrayRef<Fp9FfnOp> shards,
+                                   ArrayRef<RowMatrix> rowMats,
+                                   ArrayRef<duck_slot_entry> entries,
+                                   std::string &keyHex) {
+  std::vector<uint8_t> pro(prologueBytes, 0);
+  duck_image_header ih{};
+  ih.magic = DUCK_IMAGE_MAGIC;
+  ih.format_version = DUCK_IMAGE_FORMAT_VERSION;
+  ih.abi_version = DUCK_ABI_VERSION;
+  ih.fp9_version = DUCK_FP9_FORMAT_VERSION;
+  ih.tp_size = (uint32_t)module->getAttrOfType<PartitionAttr>(kPartitionAttrName)
+                    .getTp();
+  ih.tp_rank = (uint32_t)r;
+  ih.slot_count = (uint32_t)entries.size();
+  setModelKey(ih, layoutKey, entries, keyHex);
+  ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
+  ih.total_bytes = totalBytes;
+  // The model's hidden size: the FFNs' (the LM head's K; an o_proj's K is
+  // its heads x v_head_dim, which its own slot header carries).
+  ih.hidden = !shards.empty() ? (uint32_t)ffnShapeOf(shards[0]).hidden : 0;
+  for (const RowMatrix &m : rowMats)
+    if (!ih.hidden && m.head)
+      ih.hidden = (uint32_t)m.k();
+  ih.header_checksum = 0;
+  ih.header_checksum = XXH3_64bits(&ih, sizeof ih);
+  std::memcpy(pro.data(), &ih, sizeof ih);
+  std::memcpy(pro.data() + DUCK_IMAGE_HEADER_BYTES, entries.data(),
+              entries.size() * sizeof(duck_slot_entry));
+  return pro;
+}
+
 Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
                          ArrayRef<RowMatrix> rowMats, int64_t numLayers,
                          StringRef path,
@@ -283,73 +428,9 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
     return e;
   entries.clear();
 
-  for (Fp9FfnOp shard : shards) {
-    uint64_t offset = *shard.getOffset();
-    if (pos != offset)
-      return err(llvm::formatv("internal: slot {0} of duck {1} expected at "
-                               "offset {2}, writer at {3}",
-                               *shard.getSlot(), r, offset, pos));
-    XXH3_64bits_reset(slotHash);
-    sources.clear();
-    FfnShape fs = ffnShapeOf(shard);
-    auto lay = slotLayout(shard, scaleRows);
-    if (failed(lay))
-      return err("invalid slot layout");
-
-    duck_slot_header h{};
-    h.magic = DUCK_SLOT_MAGIC;
-    h.kind = fs.moe ? DUCK_SLOT_MOE : DUCK_SLOT_DENSE;
-    h.layer = (uint32_t)fs.layer;
-    h.hidden = (uint32_t)fs.hidden;
-    h.inter = (uint32_t)shard.getLocalInter();
-    h.n_experts = (uint32_t)fs.experts;
-    h.block = (uint32_t)shard.getBlock();
-    std::vector<duck_ffn_desc> table(fs.experts);
-    auto gk = (uint32_t)shard.getGateKernel()->getKind();
-    auto dk = (uint32_t)shard.getDownKernel()->getKind();
-    for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
-         ++e) {
-      uint64_t base = lay->expertOffset(e - shard.getExpertBegin());
-      duck_ffn_desc &t = table[e];
-      // Each expert's own row phase (a shared expert's piece may start
-      // inside a scale tile); the sizes are the slot's.
-      const ShardDescs de = shardDescs(shard, scaleRows, e);
-      t.present = 1;
-      t.gate = {base + lay->gateOffset, de.gate, gk, 0};
-      t.up = {base + lay->upOffset, de.up, gk, 0};
-      t.down = {base + lay->downOffset, de.down, dk, 0};
-    }
-    if (Error e = writeBytes(&h, sizeof h))
+  for (Fp9FfnOp shard : shards)
+    if (Error e = writeFfnSlot(shard, entries))
       return e;
-    if (Error e = writeBytes(table.data(), table.size() * sizeof(duck_ffn_desc)))
-      return e;
-    if (Error e = padTo(offset + lay->tableBytes))
-      return e;
-    for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
-         ++e) {
-      ExpertTensorNames n = namesOf(shard, e);
-      int64_t ib = shard.getInterBegin() + n.base;
-      const ShardDescs de = shardDescs(shard, scaleRows, e);
-      if (Error x = packMatrix(fs.layer, n.gate, ib, 0, de.gate,
-                               lay->upOffset - lay->gateOffset))
-        return x;
-      if (Error x = packMatrix(fs.layer, n.up, ib, 0, de.up,
-                               lay->downOffset - lay->upOffset))
-        return x;
-      if (Error x = packMatrix(fs.layer, n.down, 0, ib, de.down,
-                               lay->expertBytes - lay->downOffset))
-        return x;
-    }
-    if (Error e = padTo(offset + lay->totalBytes))
-      return e;
-    duck_slot_entry entry{};
-    entry.offset = offset;
-    entry.bytes = lay->totalBytes;
-    entry.checksum = XXH3_64bits_digest(slotHash);
-    entry.layer = (uint32_t)fs.layer;
-    entry.kind = h.kind;
-    entries.push_back(entry);
-  }
   for (const RowMatrix &m : rowMats)
     if (Error e = writeRowSlot(m, numLayers, entries))
       return e;
@@ -358,45 +439,9 @@ Error ImageWriter::write(ModuleOp module, int64_t r, ArrayRef<Fp9FfnOp> shards,
                              "said {2}",
                              r, pos, totalBytes));
 
-  // Final prologue: header + slot table.
-  std::vector<uint8_t> pro(prologue, 0);
-  duck_image_header ih{};
-  ih.magic = DUCK_IMAGE_MAGIC;
-  ih.format_version = DUCK_IMAGE_FORMAT_VERSION;
-  ih.abi_version = DUCK_ABI_VERSION;
-  ih.fp9_version = DUCK_FP9_FORMAT_VERSION;
-  ih.tp_size = (uint32_t)module->getAttrOfType<PartitionAttr>(kPartitionAttrName)
-                    .getTp();
-  ih.tp_rank = (uint32_t)r;
-  ih.slot_count = (uint32_t)entries.size();
-  // The model key: the layout's key (everything that changes the layout)
-  // combined with every slot's checksum, so a duck's cache can only hit on
-  // an image with the very same bytes.
-  XXH3_state_t *keyState = XXH3_createState();
-  XXH3_128bits_reset(keyState);
-  XXH3_128bits_update(keyState, layoutKey.data(), layoutKey.size());
-  XXH3_128bits_update(keyState, entries.data(),
-                      entries.size() * sizeof(duck_slot_entry));
-  XXH128_hash_t key = XXH3_128bits_digest(keyState);
-  XXH3_freeState(keyState);
-  for (int i = 0; i < 8; ++i) {
-    ih.model_key[i] = (uint8_t)(key.high64 >> (56 - 8 * i));
-    ih.model_key[8 + i] = (uint8_t)(key.low64 >> (56 - 8 * i));
-  }
-  keyHex = llvm::formatv("{0:x-16}{1:x-16}", key.high64, key.low64).str();
-  ih.slot_table_offset = DUCK_IMAGE_HEADER_BYTES;
-  ih.total_bytes = totalBytes;
-  // The model's hidden size: the FFNs' (the LM head's K; an o_proj's K is
-  // its heads x v_head_dim, which its own slot header carries).
-  ih.hidden = !shards.empty() ? (uint32_t)ffnShapeOf(shards[0]).hidden : 0;
-  for (const RowMatrix &m : rowMats)
-    if (!ih.hidden && m.head)
-      ih.hidden = (uint32_t)m.k();
-  ih.header_checksum = 0;
-  ih.header_checksum = XXH3_64bits(&ih, sizeof ih);
-  std::memcpy(pro.data(), &ih, sizeof ih);
-  std::memcpy(pro.data() + DUCK_IMAGE_HEADER_BYTES, entries.data(),
-              entries.size() * sizeof(duck_slot_entry));
+  std::vector<uint8_t> pro =
+      imagePrologue(module, r, prologue, totalBytes, layoutKey, shards,
+                    rowMats, entries, keyHex);
   file.seek(0);
   file.write(reinterpret_cast<const char *>(pro.data()), pro.size());
   file.close();
@@ -811,139 +856,111 @@ pl::Family planFamily(StringRef f) {
   return pl::Family::Qwen3;
 }
 
-} // namespace
-
-Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
-                            StringRef dir, const PlanWriteOptions &opts) {
-  auto keys = module->getAttrOfType<ArrayAttr>("duck.model_key");
-  auto images = module->getAttrOfType<ArrayAttr>("duck.image_bytes");
-  if (!keys || !images)
-    return err("internal: module is not laid out (run duck-layout-weights)");
+/// What the layout and partition passes left on the module for the
+/// writer: each duck's layout key and image size, the model, the cut.
+struct LaidOutModule {
+  ArrayAttr keys, images;
   ModelOp model;
-  module.walk([&](ModelOp m) { model = m; });
-  if (!model)
+  PartitionAttr part;
+};
+
+Expected<LaidOutModule> laidOutModule(ModuleOp module) {
+  LaidOutModule m;
+  m.keys = module->getAttrOfType<ArrayAttr>("duck.model_key");
+  m.images = module->getAttrOfType<ArrayAttr>("duck.image_bytes");
+  if (!m.keys || !m.images)
+    return err("internal: module is not laid out (run duck-layout-weights)");
+  module.walk([&](ModelOp op) { m.model = op; });
+  if (!m.model)
     return err("internal: module has no duck.model");
-  auto part = module->getAttrOfType<PartitionAttr>(kPartitionAttrName);
-  if (!part)
+  m.part = module->getAttrOfType<PartitionAttr>(kPartitionAttrName);
+  if (!m.part)
     return err("internal: module is not partitioned (run duck-partition)");
-  const int64_t tp = part.getTp();
-  if ((int64_t)images.size() != tp || (int64_t)keys.size() != tp)
+  const int64_t tp = m.part.getTp();
+  if ((int64_t)m.images.size() != tp || (int64_t)m.keys.size() != tp)
     return err(llvm::formatv("internal: {0} images laid out for tp = {1}",
-                             images.size(), tp)
+                             m.images.size(), tp)
                    .str());
-  int64_t scaleRows = scaleRowsOf(module);
+  return m;
+}
 
-  // Shards per rank in slot order.
-  std::vector<std::vector<Fp9FfnOp>> perRank(tp);
-  module.walk([&](Fp9FfnOp s) { perRank[s.getRank()].push_back(s); });
-  for (auto &v : perRank)
-    llvm::sort(v, [](Fp9FfnOp a, Fp9FfnOp b) {
-      return *a.getSlot() < *b.getSlot();
-    });
-
-  LmHeadOp head;
-  module.walk([&](LmHeadOp op) {
-    if (op.getDuckRows() && op.getDuckSlot() && op.getDuckOffsets())
-      head = op;
-  });
-  const int64_t headLayer = [&] {
-    if (auto a = model.getConfig().getAs<IntegerAttr>("num_layers"))
-      return a.getInt();
-    return (int64_t)0;
-  }();
-  const SmallVector<RowMatrix> rowMats = rowMatricesOf(module);
-
-  PlanBuilder pb(ckpt);
-  pb.head = head;
-  // The largest step any slot makes, per row (PlanDef.step_limits).
+/// The largest step any slot makes, per row (PlanDef.step_limits).
+struct StepLimits {
   uint32_t maxInter = 0, maxExperts = 1, maxActive = 1, maxHeadRows = 0,
            maxK = 0;
-  module.walk([&](MoeOp m) {
-    maxExperts = std::max<uint32_t>(maxExperts, m.getTotalExperts());
-    maxActive = std::max<uint32_t>(maxActive, m.getTopK() + m.getNumShared());
-  });
-  ImageWriter iw(ckpt, scaleRows, opts);
-  std::vector<fb::Offset<pl::DuckDef>> ducks;
-  for (int64_t r = 0; r < tp; ++r) {
-    std::string file = imageFileName(r);
-    llvm::SmallString<256> path(dir);
-    llvm::sys::path::append(path, file);
-    std::vector<duck_slot_entry> entries;
-    uint64_t total = cast<IntegerAttr>(images[r]).getInt();
-    StringRef layoutKey = cast<StringAttr>(keys[r]).getValue();
-    std::string key;
-    if (Error e = iw.write(module, r, perRank[r], rowMats, headLayer, path,
-                           total, layoutKey, entries, key))
-      return e;
-    std::vector<fb::Offset<pl::SlotDef>> slots;
-    for (auto [i, shard] : llvm::enumerate(perRank[r])) {
-      const duck_slot_entry &en = entries[i];
-      std::vector<fb::Offset<pl::MatrixDef>> mats;
-      auto lay = slotLayout(shard, scaleRows);
-      ShardDescs d = shardDescs(shard, scaleRows);
-      for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
-           ++e) {
-        uint64_t base = en.offset + lay->expertOffset(e - shard.getExpertBegin());
-        auto gk = (uint8_t)shard.getGateKernel()->getKind();
-        auto dk = (uint8_t)shard.getDownKernel()->getKind();
-        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 0, base + lay->gateOffset,
-                                           d.gate.rows, d.gate.k, d.gate.block, gk));
-        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 1, base + lay->upOffset,
-                                           d.up.rows, d.up.k, d.up.block, gk));
-        mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 2, base + lay->downOffset,
-                                           d.down.rows, d.down.k, d.down.block, dk));
-      }
-      maxInter = std::max<uint32_t>(
-          maxInter, shard.getInterEnd() - shard.getInterBegin());
-      slots.push_back(pl::CreateSlotDefDirect(
-          pb.fbb, en.layer, en.kind == DUCK_SLOT_MOE, en.offset, en.bytes,
-          en.checksum, shard.getInterBegin(), shard.getInterEnd(),
-          shard.getExpertBegin(), shard.getExpertEnd(), shard.getBlock(),
-          (uint8_t)shard.getGateKernel()->getKind(),
-          (uint8_t)shard.getDownKernel()->getKind(), &mats));
-    }
-    for (auto [i, m] : llvm::enumerate(rowMats)) {
-      const duck_slot_entry &en = entries[perRank[r].size() + i];
-      const uint32_t hidden = (uint32_t)m.k();
-      const uint32_t block = (uint32_t)m.block;
-      const auto k = (uint8_t)duck_select_kernel(hidden, block);
-      HeadSlotLayout hl;
-      (void)headSlotLayout(m, r, scaleRows, hl); // written just above
-      std::vector<fb::Offset<pl::MatrixDef>> mats;
-      for (size_t x = 0; x < hl.descs.size(); ++x)
-        mats.push_back(pl::CreateMatrixDef(pb.fbb, (uint32_t)x, 0,
-                                           en.offset + hl.offsets[x],
-                                           hl.descs[x].rows, hidden, block,
-                                           k));
-      maxHeadRows = std::max<uint32_t>(maxHeadRows, m.rowsOf(r));
-      maxK = std::max(maxK, hidden);
-      slots.push_back(pl::CreateSlotDefDirect(
-          pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
-          (uint32_t)m.rows[r], (uint32_t)m.rows[r + 1], 0, 1, block, k, k,
-          &mats, /*head=*/true));
-    }
-    ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
-                                            key.c_str(), &slots));
-  }
+};
 
+/// An FFN slot's SlotDef: its entry, range, kernels and every expert's
+/// three matrices at their image offsets.
+fb::Offset<pl::SlotDef> ffnSlotDef(PlanBuilder &pb, Fp9FfnOp shard,
+                                   const duck_slot_entry &en,
+                                   int64_t scaleRows, StepLimits &lim) {
+  std::vector<fb::Offset<pl::MatrixDef>> mats;
+  auto lay = slotLayout(shard, scaleRows);
+  ShardDescs d = shardDescs(shard, scaleRows);
+  for (int64_t e = shard.getExpertBegin(); e < (int64_t)shard.getExpertEnd();
+       ++e) {
+    uint64_t base = en.offset + lay->expertOffset(e - shard.getExpertBegin());
+    auto gk = (uint8_t)shard.getGateKernel()->getKind();
+    auto dk = (uint8_t)shard.getDownKernel()->getKind();
+    mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 0, base + lay->gateOffset,
+                                       d.gate.rows, d.gate.k, d.gate.block, gk));
+    mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 1, base + lay->upOffset,
+                                       d.up.rows, d.up.k, d.up.block, gk));
+    mats.push_back(pl::CreateMatrixDef(pb.fbb, e, 2, base + lay->downOffset,
+                                       d.down.rows, d.down.k, d.down.block, dk));
+  }
+  lim.maxInter = std::max<uint32_t>(
+      lim.maxInter, shard.getInterEnd() - shard.getInterBegin());
+  return pl::CreateSlotDefDirect(
+      pb.fbb, en.layer, en.kind == DUCK_SLOT_MOE, en.offset, en.bytes,
+      en.checksum, shard.getInterBegin(), shard.getInterEnd(),
+      shard.getExpertBegin(), shard.getExpertEnd(), shard.getBlock(),
+      (uint8_t)shard.getGateKernel()->getKind(),
+      (uint8_t)shard.getDownKernel()->getKind(), &mats);
+}
+
+/// A row matrix's SlotDef on duck `r`: its rows of the matrix, one
+/// MatrixDef a piece.
+fb::Offset<pl::SlotDef> rowSlotDef(PlanBuilder &pb, const RowMatrix &m,
+                                   int64_t r, const duck_slot_entry &en,
+                                   int64_t scaleRows, StepLimits &lim) {
+  const uint32_t hidden = (uint32_t)m.k();
+  const uint32_t block = (uint32_t)m.block;
+  const auto k = (uint8_t)duck_select_kernel(hidden, block);
+  HeadSlotLayout hl;
+  (void)headSlotLayout(m, r, scaleRows, hl); // written with the image
+  std::vector<fb::Offset<pl::MatrixDef>> mats;
+  for (size_t x = 0; x < hl.descs.size(); ++x)
+    mats.push_back(pl::CreateMatrixDef(pb.fbb, (uint32_t)x, 0,
+                                       en.offset + hl.offsets[x],
+                                       hl.descs[x].rows, hidden, block, k));
+  lim.maxHeadRows = std::max<uint32_t>(lim.maxHeadRows, m.rowsOf(r));
+  lim.maxK = std::max(lim.maxK, hidden);
+  return pl::CreateSlotDefDirect(
+      pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
+      (uint32_t)m.rows[r], (uint32_t)m.rows[r + 1], 0, 1, block, k, k, &mats,
+      /*head=*/true);
+}
+
+int64_t cfgInt(DictionaryAttr cfg, StringRef k) {
+  if (auto a = cfg.getAs<IntegerAttr>(k))
+    return a.getInt();
+  return 0;
+}
+
+double cfgFloat(DictionaryAttr cfg, StringRef k) {
+  if (auto a = cfg.getAs<FloatAttr>(k))
+    return a.getValueAsDouble();
+  return 0;
+}
+
+/// The plan's ModelDef: the model's sizes, token ids and attention shape
+/// from duck.model's config.
+fb::Offset<pl::ModelDef> modelDef(PlanBuilder &pb, ModelOp model) {
   DictionaryAttr cfg = model.getConfig();
-  auto geti = [&](StringRef k) -> int64_t {
-    if (auto a = cfg.getAs<IntegerAttr>(k))
-      return a.getInt();
-    return 0;
-  };
-  auto getf = [&](StringRef k) -> double {
-    if (auto a = cfg.getAs<FloatAttr>(k))
-      return a.getValueAsDouble();
-    return 0;
-  };
-  pb.cfg = cfg;
-  pb.lmHeadFp9 = opts.lmHeadFp9;
-  pb.lmHeadInt8 = opts.lmHeadInt8;
-  pb.normEps = getf("rms_norm_eps");
-  pb.ropeTheta = getf("rope_theta");
-  if (Error e = pb.buildOps(model))
-    return e;
+  auto geti = [&](StringRef k) { return cfgInt(cfg, k); };
+  auto getf = [&](StringRef k) { return cfgFloat(cfg, k); };
   std::vector<int32_t> eos;
   if (auto a = cfg.getAs<ArrayAttr>("eos_token_ids"))
     for (Attribute x : a)
@@ -961,7 +978,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
     maxPosition = std::max(
         maxPosition, getf("rope_scaling_factor") *
                          (double)geti("rope_original_max_position_embeddings"));
-  auto modelDef = pl::CreateModelDefDirect(
+  return pl::CreateModelDefDirect(
       pb.fbb, model.getSymName().str().c_str(), planFamily(model.getFamily()),
       geti("hidden_size"), geti("num_layers"), geti("vocab_size"),
       geti("num_attention_heads"), geti("num_kv_heads"), geti("head_dim"),
@@ -970,6 +987,108 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       cfg.get("bos_token_id") ? geti("bos_token_id") : -1, &eos,
       geti("q_lora_rank"), geti("kv_lora_rank"), geti("qk_nope_head_dim"),
       geti("qk_rope_head_dim"), geti("v_head_dim"));
+}
+
+/// Writes the finished FlatBuffer as the plan file, followed by its trailer.
+Error writePlanFile(StringRef dir, const fb::FlatBufferBuilder &fbb) {
+  llvm::SmallString<256> planPath(dir);
+  llvm::sys::path::append(planPath, kPlanFileName);
+  std::error_code ec;
+  llvm::raw_fd_ostream out(planPath, ec);
+  if (ec)
+    return err("cannot create '" + planPath + "': " + ec.message());
+  out.write(reinterpret_cast<const char *>(fbb.GetBufferPointer()),
+            fbb.GetSize());
+  uint8_t trailer[DUCK_PLAN_TRAILER_BYTES];
+  duck_plan_trailer(fbb.GetBufferPointer(), fbb.GetSize(), trailer);
+  out.write(reinterpret_cast<const char *>(trailer), sizeof trailer);
+  out.close();
+  if (out.has_error())
+    return err("write of '" + planPath + "' failed");
+  return Error::success();
+}
+
+/// Writes every duck's image and builds its DuckDef (the slots as
+/// written), raising `lim` to the largest step any slot makes.
+Expected<std::vector<fb::Offset<pl::DuckDef>>>
+writeImages(ModuleOp module, const Checkpoint &ckpt, StringRef dir,
+            const PlanWriteOptions &opts, const LaidOutModule &lo,
+            PlanBuilder &pb, StepLimits &lim) {
+  const int64_t tp = lo.part.getTp();
+  int64_t scaleRows = scaleRowsOf(module);
+  // Shards per rank in slot order.
+  std::vector<std::vector<Fp9FfnOp>> perRank(tp);
+  module.walk([&](Fp9FfnOp s) { perRank[s.getRank()].push_back(s); });
+  for (auto &v : perRank)
+    llvm::sort(v, [](Fp9FfnOp a, Fp9FfnOp b) {
+      return *a.getSlot() < *b.getSlot();
+    });
+  ModelOp model = lo.model;
+  const int64_t headLayer = cfgInt(model.getConfig(), "num_layers");
+  const SmallVector<RowMatrix> rowMats = rowMatricesOf(module);
+
+  ImageWriter iw(ckpt, scaleRows, opts);
+  std::vector<fb::Offset<pl::DuckDef>> ducks;
+  for (int64_t r = 0; r < tp; ++r) {
+    std::string file = imageFileName(r);
+    llvm::SmallString<256> path(dir);
+    llvm::sys::path::append(path, file);
+    std::vector<duck_slot_entry> entries;
+    uint64_t total = cast<IntegerAttr>(lo.images[r]).getInt();
+    StringRef layoutKey = cast<StringAttr>(lo.keys[r]).getValue();
+    std::string key;
+    if (Error e = iw.write(module, r, perRank[r], rowMats, headLayer, path,
+                           total, layoutKey, entries, key))
+      return e;
+    std::vector<fb::Offset<pl::SlotDef>> slots;
+    for (auto [i, shard] : llvm::enumerate(perRank[r]))
+      slots.push_back(ffnSlotDef(pb, shard, entries[i], scaleRows, lim));
+    for (auto [i, m] : llvm::enumerate(rowMats))
+      slots.push_back(rowSlotDef(pb, m, r, entries[perRank[r].size() + i],
+                                 scaleRows, lim));
+    ducks.push_back(pl::CreateDuckDefDirect(pb.fbb, r, file.c_str(), total,
+                                            key.c_str(), &slots));
+  }
+  return ducks;
+}
+
+} // namespace
+
+Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
+                            StringRef dir, const PlanWriteOptions &opts) {
+  Expected<LaidOutModule> lo = laidOutModule(module);
+  if (!lo)
+    return lo.takeError();
+  ModelOp model = lo->model;
+  PartitionAttr part = lo->part;
+
+  LmHeadOp head;
+  module.walk([&](LmHeadOp op) {
+    if (op.getDuckRows() && op.getDuckSlot() && op.getDuckOffsets())
+      head = op;
+  });
+  PlanBuilder pb(ckpt);
+  pb.head = head;
+  StepLimits lim;
+  module.walk([&](MoeOp m) {
+    lim.maxExperts = std::max<uint32_t>(lim.maxExperts, m.getTotalExperts());
+    lim.maxActive =
+        std::max<uint32_t>(lim.maxActive, m.getTopK() + m.getNumShared());
+  });
+  Expected<std::vector<fb::Offset<pl::DuckDef>>> ducks =
+      writeImages(module, ckpt, dir, opts, *lo, pb, lim);
+  if (!ducks)
+    return ducks.takeError();
+
+  DictionaryAttr cfg = model.getConfig();
+  pb.cfg = cfg;
+  pb.lmHeadFp9 = opts.lmHeadFp9;
+  pb.lmHeadInt8 = opts.lmHeadInt8;
+  pb.normEps = cfgFloat(cfg, "rms_norm_eps");
+  pb.ropeTheta = cfgFloat(cfg, "rope_theta");
+  if (Error e = pb.buildOps(model))
+    return e;
+  auto modelOffset = modelDef(pb, model);
   auto fileDefs = pb.files();
   const int64_t multipleOf = part.getMultipleOf();
   // The plan's byte is the enum's value: 0 intermediate, 1 experts, 2 mixed.
@@ -980,28 +1099,14 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   llvm::SmallString<256> absDir(ckpt.directory());
   llvm::sys::fs::make_absolute(absDir);
   std::string compiler = "duckc " DUCK_COMPILER_VERSION;
-  auto limits = pl::CreateStepLimitsDef(pb.fbb, maxInter, maxExperts,
-                                       maxActive, maxHeadRows, maxK);
+  auto limits = pl::CreateStepLimitsDef(pb.fbb, lim.maxInter, lim.maxExperts,
+                                       lim.maxActive, lim.maxHeadRows,
+                                       lim.maxK);
   auto root = pl::CreatePlanDefDirect(
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION,
       DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,
-      modelDef, tp, multipleOf, opts.coresPerDuck, strategy, &pb.ops, &ducks,
-      pb.numValues, limits, opts.wireBf16);
+      modelOffset, part.getTp(), multipleOf, opts.coresPerDuck, strategy,
+      &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16);
   pl::FinishPlanDefBuffer(pb.fbb, root);
-
-  llvm::SmallString<256> planPath(dir);
-  llvm::sys::path::append(planPath, kPlanFileName);
-  std::error_code ec;
-  llvm::raw_fd_ostream out(planPath, ec);
-  if (ec)
-    return err("cannot create '" + planPath + "': " + ec.message());
-  out.write(reinterpret_cast<const char *>(pb.fbb.GetBufferPointer()),
-            pb.fbb.GetSize());
-  uint8_t trailer[DUCK_PLAN_TRAILER_BYTES];
-  duck_plan_trailer(pb.fbb.GetBufferPointer(), pb.fbb.GetSize(), trailer);
-  out.write(reinterpret_cast<const char *>(trailer), sizeof trailer);
-  out.close();
-  if (out.has_error())
-    return err("write of '" + planPath + "' failed");
-  return Error::success();
+  return writePlanFile(dir, pb.fbb);
 }
