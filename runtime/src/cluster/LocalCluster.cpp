@@ -17,6 +17,7 @@
 #include <fstream>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -146,12 +147,37 @@ LocalCluster::Start(const LocalClusterOptions &options) {
   } else {
     c->cache_dir_ = options.cache_dir;
   }
+  if (options.claim_slot)
+    if (absl::Status s = c->ClaimSlot(); !s.ok())
+      return s;
   c->pids_.assign(options.ducks, -1);
   c->endpoints_.resize(options.ducks);
   for (size_t i = 0; i < options.ducks; ++i)
     if (absl::Status s = c->StartOne(i); !s.ok())
       return s; // the destructor stops the ones already running
   return c;
+}
+
+absl::Status LocalCluster::ClaimSlot() {
+  constexpr int kSlots = 64;
+  for (int k = 0; k < kSlots; ++k) {
+    const std::string path = absl::StrCat(cache_dir_, "/slot-", k, ".lock");
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      return absl::InternalError(absl::StrCat("cannot open ", path, ": ",
+                                              std::strerror(errno)));
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      slot_fd_ = fd;
+      slot_ = k;
+      if (k > 0)
+        opt_.name_prefix = absl::StrCat("s", k, "-", opt_.name_prefix);
+      return absl::OkStatus();
+    }
+    ::close(fd);
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "all ", kSlots, " local cluster slots of ", cache_dir_,
+      " are in use by running clusters"));
 }
 
 std::string LocalCluster::cache_file(size_t duck) const {
@@ -405,6 +431,8 @@ absl::Status LocalCluster::Restart(size_t duck) {
 
 LocalCluster::~LocalCluster() {
   (void)Stop();
+  if (slot_fd_ >= 0)
+    ::close(slot_fd_); // after the ducks are gone: the slot is free again
   if (own_cache_dir_)
     RemoveTree(cache_dir_);
 }

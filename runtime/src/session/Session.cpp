@@ -468,6 +468,7 @@ absl::Status Session::Start(std::ostream &log) {
     lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
     lc.cache_dir = absl::StrCat(CacheBase(), "/duckrun");
     lc.name_prefix = "duck";
+    lc.claim_slot = true; // a server and the CLI, or two models, side by side
     // The daemons' logs go to files, so they do not mix with the output.
     lc.log_dir = lc.cache_dir + "/logs";
     std::error_code ec;
@@ -481,6 +482,10 @@ absl::Status Session::Start(std::ostream &log) {
       log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
                              tp, lc.cores);
     DUCK_ASSIGN_OR_RETURN(local_, LocalCluster::Start(lc));
+    if (!o.quiet && local_->slot() > 0)
+      log << "duckrun: another local cluster uses this cache; these ducks "
+             "take slot "
+          << local_->slot() << " (weight files of their own)\n";
     co_.ducks = local_->endpoints();
     co_.cores = lc.cores;
   }

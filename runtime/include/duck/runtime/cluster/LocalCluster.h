@@ -33,6 +33,13 @@ struct LocalClusterOptions {
   /// so a restarted duck finds its cache again.
   std::string cache_dir;
   std::string name_prefix = "local";
+  /// Several local clusters on one machine (a server and the CLI, two
+  /// servers of different models) share cache_dir: with claim_slot the
+  /// cluster takes the first of its slots no other running cluster holds
+  /// (an flock on <cache_dir>/slot-<k>.lock, held while it lives), and
+  /// slot k > 0 names its ducks "s<k>-<name_prefix><i>", so each cluster
+  /// has weight files of its own. Slot 0 keeps the plain names.
+  bool claim_slot = false;
   uint64_t weights_size = 64ull << 20;
   bool pin = true; // duck i pins its cores from CPU i * cores on
   bool sync = true;
@@ -54,6 +61,8 @@ public:
   const std::vector<DuckEndpoint> &endpoints() const { return endpoints_; }
   pid_t pid(size_t duck) const { return pids_[duck]; }
   const std::string &cache_dir() const { return cache_dir_; }
+  /// The slot this cluster claimed (claim_slot; 0 otherwise).
+  int slot() const { return slot_; }
   /// Path of duck i's weight cache file.
   std::string cache_file(size_t duck) const;
 
@@ -73,6 +82,7 @@ public:
 private:
   LocalCluster() = default;
   absl::Status StartOne(size_t duck);
+  absl::Status ClaimSlot();
 
   LocalClusterOptions opt_;
   std::string duckd_;
@@ -80,6 +90,8 @@ private:
   bool own_cache_dir_ = false;
   std::vector<pid_t> pids_;
   std::vector<DuckEndpoint> endpoints_;
+  int slot_fd_ = -1; // the claimed slot's lock (claim_slot)
+  int slot_ = 0;
 };
 
 /// Directory of the running executable ("." if unknown).
