@@ -144,20 +144,20 @@ private:
   std::optional<Fp8Weight> fp8;
   int64_t br = 0, bc = 0, cols = 0, tilesPerRow = 0;
 };
-} // namespace
 
-llvm::Expected<PlanCheck>
-mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
+/// The plan file read and checked (trailer, FlatBuffer); `buf` keeps it.
+llvm::Expected<const pl::PlanDef *>
+readPlan(llvm::StringRef planDir, std::unique_ptr<llvm::MemoryBuffer> &buf) {
   llvm::SmallString<256> planPath(planDir);
   llvm::sys::path::append(planPath, kPlanFileName);
   auto planBuf = llvm::MemoryBuffer::getFile(planPath);
   if (!planBuf)
     return err("cannot read '" + planPath + "': " +
                planBuf.getError().message());
-  const uint8_t *pb =
-      reinterpret_cast<const uint8_t *>((*planBuf)->getBufferStart());
+  buf = std::move(*planBuf);
+  const uint8_t *pb = reinterpret_cast<const uint8_t *>(buf->getBufferStart());
   uint64_t planSize = 0;
-  if (!duck_plan_trailer_ok(pb, (*planBuf)->getBufferSize(), &planSize))
+  if (!duck_plan_trailer_ok(pb, buf->getBufferSize(), &planSize))
     return err("'" + planPath + "' is corrupt or not written by duckc (its "
                "checksum trailer is missing or does not match)");
   flatbuffers::Verifier fv(pb, planSize);
@@ -166,173 +166,268 @@ mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
   const pl::PlanDef *plan = pl::GetPlanDef(pb);
   if (!plan->ducks())
     return err("plan has no ducks");
+  return plan;
+}
 
-  PlanCheck check;
-  std::vector<float> row, refRow;
-  for (const pl::DuckDef *duck : *plan->ducks()) {
-    ++check.ducks;
-    const unsigned rank = duck->rank();
-    llvm::SmallString<256> imgPath(planDir);
-    llvm::sys::path::append(imgPath, duck->image()->str());
-    auto img = llvm::MemoryBuffer::getFile(imgPath, /*IsText=*/false,
-                                           /*RequiresNullTerminator=*/false);
-    if (!img)
-      return err("cannot read '" + imgPath + "': " + img.getError().message());
-    const uint8_t *base =
-        reinterpret_cast<const uint8_t *>((*img)->getBufferStart());
-    uint64_t size = (*img)->getBufferSize();
-    if (size != duck->image_bytes())
-      return err(llvm::formatv("duck {0}: image is {1} bytes, plan says {2}",
-                               rank, size, duck->image_bytes()));
-    duck_image_header h;
-    std::memcpy(&h, base, sizeof h);
-    uint64_t want = h.header_checksum;
-    h.header_checksum = 0;
-    if (h.magic != DUCK_IMAGE_MAGIC || h.format_version != DUCK_IMAGE_FORMAT_VERSION)
-      return err(llvm::formatv("duck {0}: image header has a bad magic or "
-                               "format version",
-                               rank));
-    if (XXH3_64bits(&h, sizeof h) != want)
-      return err(llvm::formatv("duck {0}: image header checksum mismatch", rank));
-    if (h.tp_rank != rank || h.tp_size != plan->tp() ||
-        h.slot_count != duck->slots()->size())
-      return err(llvm::formatv("duck {0}: image header (rank {1}, tp {2}, {3} "
-                               "slots) disagrees with the plan",
-                               rank, h.tp_rank, h.tp_size, h.slot_count));
-    const auto *table = reinterpret_cast<const duck_slot_entry *>(
-        base + h.slot_table_offset);
-    for (unsigned si = 0; si < duck->slots()->size(); ++si) {
-      const pl::SlotDef *sd = duck->slots()->Get(si);
-      const duck_slot_entry &e = table[si];
-      ++check.slots;
-      if (e.offset != sd->offset() || e.bytes != sd->bytes() ||
-          e.checksum != sd->checksum() || e.offset + e.bytes > size)
-        return err(llvm::formatv("duck {0} slot {1}: slot table disagrees with "
-                                 "the plan",
-                                 rank, si));
-      if (XXH3_64bits(base + e.offset, e.bytes) != e.checksum)
-        return err(llvm::formatv("duck {0} slot {1} (layer {2}): checksum "
-                                 "mismatch",
-                                 rank, si, e.layer));
-      const uint8_t *slot = base + e.offset;
-      duck_slot_header sh;
-      std::memcpy(&sh, slot, sizeof sh);
-      if (sh.magic != DUCK_SLOT_MAGIC)
-        return err(llvm::formatv("duck {0} slot {1}: bad slot magic", rank, si));
-      const auto *descs =
-          reinterpret_cast<const duck_ffn_desc *>(slot + sizeof sh);
-      // Routed experts of this layer (the rest are shared ones).
-      // and the full (unsliced) width of one expert.
-      int64_t routed = 1, width = 0;
-      if (const auto *ops = plan->ops())
-        for (const pl::OpDef *op : *ops)
-          if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
-              moe && op->layer() == (int)sh.layer) {
-            routed = moe->num_experts();
-            width = moe->inter();
-          }
-      // A head slot: rows [inter_begin, inter_end) of the tensors of the op
-      // that runs it (the LM head, an attention's o_proj, query or input
-      // projections: rows concatenated in order), a descriptor a piece.
-      std::vector<const pl::TensorDef *> group;
-      if (sh.kind == DUCK_SLOT_HEAD) {
-        if (!sd->head())
-          return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
-                                   "does not call one",
-                                   rank, si));
-        group = headSlotTensors(*plan, si);
-        if (group.empty())
-          return err(llvm::formatv("duck {0} slot {1}: a head slot that no "
-                                   "op of the plan runs on the ducks",
-                                   rank, si));
+/// An image's size and header (magic, version, checksum, rank, tp, slot
+/// count) against the plan's DuckDef; the header into `h`.
+llvm::Error checkImageHeader(const pl::PlanDef &plan, const pl::DuckDef &duck,
+                             const uint8_t *base, uint64_t size,
+                             duck_image_header &h) {
+  const unsigned rank = duck.rank();
+  if (size != duck.image_bytes())
+    return err(llvm::formatv("duck {0}: image is {1} bytes, plan says {2}",
+                             rank, size, duck.image_bytes()));
+  std::memcpy(&h, base, sizeof h);
+  uint64_t want = h.header_checksum;
+  h.header_checksum = 0;
+  if (h.magic != DUCK_IMAGE_MAGIC || h.format_version != DUCK_IMAGE_FORMAT_VERSION)
+    return err(llvm::formatv("duck {0}: image header has a bad magic or "
+                             "format version",
+                             rank));
+  if (XXH3_64bits(&h, sizeof h) != want)
+    return err(llvm::formatv("duck {0}: image header checksum mismatch", rank));
+  if (h.tp_rank != rank || h.tp_size != plan.tp() ||
+      h.slot_count != duck.slots()->size())
+    return err(llvm::formatv("duck {0}: image header (rank {1}, tp {2}, {3} "
+                             "slots) disagrees with the plan",
+                             rank, h.tp_rank, h.tp_size, h.slot_count));
+  return llvm::Error::success();
+}
+
+/// A slot's table entry against the plan (place, size, checksum), its
+/// bytes against the checksum, and its header's magic; the header into `sh`.
+llvm::Error checkSlotEntry(unsigned rank, unsigned si, const pl::SlotDef &sd,
+                           const duck_slot_entry &e, const uint8_t *base,
+                           uint64_t size, duck_slot_header &sh) {
+  if (e.offset != sd.offset() || e.bytes != sd.bytes() ||
+      e.checksum != sd.checksum() || e.offset + e.bytes > size)
+    return err(llvm::formatv("duck {0} slot {1}: slot table disagrees with "
+                             "the plan",
+                             rank, si));
+  if (XXH3_64bits(base + e.offset, e.bytes) != e.checksum)
+    return err(llvm::formatv("duck {0} slot {1} (layer {2}): checksum "
+                             "mismatch",
+                             rank, si, e.layer));
+  std::memcpy(&sh, base + e.offset, sizeof sh);
+  if (sh.magic != DUCK_SLOT_MAGIC)
+    return err(llvm::formatv("duck {0} slot {1}: bad slot magic", rank, si));
+  return llvm::Error::success();
+}
+
+/// Routed experts of this layer (the rest are shared ones), and the full
+/// (unsliced) width of one expert: 1 and 0 for a dense layer.
+void moeLayerShape(const pl::PlanDef &plan, uint32_t layer, int64_t &routed,
+                   int64_t &width) {
+  routed = 1;
+  width = 0;
+  if (const auto *ops = plan.ops())
+    for (const pl::OpDef *op : *ops)
+      if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
+          moe && op->layer() == (int)layer) {
+        routed = moe->num_experts();
+        width = moe->inter();
       }
-      uint64_t headAt = sd->inter_begin(); // the next piece's first row
-      for (unsigned ex = 0; ex < sh.n_experts; ++ex) {
-        const duck_ffn_desc &d = descs[ex];
-        if (!d.present)
-          continue;
-        ExpertTensorNames names = expertTensorNames(
-            sh.layer, sh.kind == DUCK_SLOT_MOE, ex, routed, width);
-        struct Role {
-          const duck_matrix_ref *ref;
-          const std::string *name;
-          bool down;
-        };
-        std::vector<Role> roles = {{&d.gate, &names.gate, false},
-                                   {&d.up, &names.up, false},
-                                   {&d.down, &names.down, true}};
-        std::string headName;
-        if (sh.kind == DUCK_SLOT_HEAD) {
-          // The tensor this piece's first row falls in, and its row there.
-          int64_t start = 0;
-          for (const pl::TensorDef *t : group) {
-            const int64_t n = t->shape() && t->shape()->size() == 2
-                                  ? (int64_t)t->shape()->Get(0)
-                                  : 0;
-            if ((int64_t)headAt < start + n) {
-              headName = t->name() ? t->name()->str() : "";
-              break;
-            }
-            start += n;
-          }
-          if (headName.empty())
-            return err(llvm::formatv("duck {0} slot {1}: head piece {2} at "
-                                     "row {3} is past its tensors' rows",
-                                     rank, si, ex, headAt));
-          roles = {{&d.gate, &headName, false}};
-          // row0 below is inter_begin + base: this piece's row in its tensor.
-          names.base = (int64_t)headAt - start - (int64_t)sd->inter_begin();
-          headAt += d.gate.desc.rows;
-        }
-        for (const Role &r : roles) {
-          auto src = CheckpointMatrix::open(ckpt, *r.name);
-          if (!src)
-            return src.takeError();
-          const duck_fp9_desc &desc = r.ref->desc;
-          ++check.matrices;
-          int64_t row0 = r.down ? 0 : sd->inter_begin() + names.base;
-          int64_t col0 = r.down ? sd->inter_begin() + names.base : 0;
-          bool exact = true;
-          row.resize(desc.k);
-          refRow.resize(desc.k);
-          for (uint32_t i = 0; i < desc.rows; ++i) {
-            duck_fp9_unpack_row(&desc, slot + r.ref->offset, i, row.data());
-            float rowMax = 0;
-            for (uint32_t k = 0; k < desc.k; ++k) {
-              refRow[k] = src->at(row0 + i, col0 + k);
-              rowMax = std::max(rowMax, std::fabs(refRow[k]));
-            }
-            for (uint32_t k = 0; k < desc.k; ++k) {
-              float ref = refRow[k];
-              ++check.elements;
-              uint32_t a, b;
-              std::memcpy(&a, &row[k], 4);
-              std::memcpy(&b, &ref, 4);
-              if (a == b)
-                continue;
-              exact = false;
-              double rel = ref != 0 ? std::fabs(row[k] - ref) / std::fabs(ref)
-                                    : std::fabs(row[k]);
-              check.worstRelError = std::max(check.worstRelError, rel);
-              bool fp8 = src->isFp8();
-              // Half a step of a 3-bit mantissa (plus fp32 rounding); only
-              // values 2^-28 below the row's largest may flush to zero (the
-              // fp9 range under a block scale is 2^-30 of the block's max).
-              bool flushed = row[k] == 0.0f &&
-                             std::fabs(ref) <= std::ldexp(rowMax, -28);
-              if (fp8 || (rel > 0x1p-4 * (1 + 1e-5) && !flushed))
-                return err(llvm::formatv(
-                    "duck {0} slot {1} (layer {2}) expert {3}: '{4}'[{5}, {6}] "
-                    "is {7} in the image but {8} in the checkpoint{9}",
-                    rank, si, sh.layer, ex, *r.name, row0 + i, col0 + k, row[k],
-                    ref, fp8 ? " (FP8 must convert exactly)" : ""));
-            }
-          }
-          if (exact)
-            ++check.exactMatrices;
-        }
-      }
+}
+
+/// One matrix of a slot: its descriptor and the checkpoint tensor it
+/// holds (a down projection's slice runs over columns).
+struct MatrixRole {
+  const duck_matrix_ref *ref;
+  const std::string *name;
+  bool down;
+};
+
+/// Which duck, slot, layer and expert a matrix is, for messages.
+struct MatrixAt {
+  unsigned rank, si;
+  uint32_t layer;
+  unsigned ex;
+};
+
+/// A matrix's rows in the image against the checkpoint from (row0, col0):
+/// the same bits, or (not from FP8) within half an fp9 step or flushed.
+llvm::Error compareMatrix(const Checkpoint &ckpt, const MatrixRole &r,
+                          const uint8_t *slot, int64_t row0, int64_t col0,
+                          const MatrixAt &at, PlanCheck &check,
+                          std::vector<float> &row,
+                          std::vector<float> &refRow) {
+  auto src = CheckpointMatrix::open(ckpt, *r.name);
+  if (!src)
+    return src.takeError();
+  const duck_fp9_desc &desc = r.ref->desc;
+  ++check.matrices;
+  bool exact = true;
+  row.resize(desc.k);
+  refRow.resize(desc.k);
+  for (uint32_t i = 0; i < desc.rows; ++i) {
+    duck_fp9_unpack_row(&desc, slot + r.ref->offset, i, row.data());
+    float rowMax = 0;
+    for (uint32_t k = 0; k < desc.k; ++k) {
+      refRow[k] = src->at(row0 + i, col0 + k);
+      rowMax = std::max(rowMax, std::fabs(refRow[k]));
+    }
+    for (uint32_t k = 0; k < desc.k; ++k) {
+      float ref = refRow[k];
+      ++check.elements;
+      uint32_t a, b;
+      std::memcpy(&a, &row[k], 4);
+      std::memcpy(&b, &ref, 4);
+      if (a == b)
+        continue;
+      exact = false;
+      double rel = ref != 0 ? std::fabs(row[k] - ref) / std::fabs(ref)
+                            : std::fabs(row[k]);
+      check.worstRelError = std::max(check.worstRelError, rel);
+      bool fp8 = src->isFp8();
+      // Half a step of a 3-bit mantissa (plus fp32 rounding); only
+      // values 2^-28 below the row's largest may flush to zero (the
+      // fp9 range under a block scale is 2^-30 of the block's max).
+      bool flushed =
+          row[k] == 0.0f && std::fabs(ref) <= std::ldexp(rowMax, -28);
+      if (fp8 || (rel > 0x1p-4 * (1 + 1e-5) && !flushed))
+        return err(llvm::formatv(
+            "duck {0} slot {1} (layer {2}) expert {3}: '{4}'[{5}, {6}] "
+            "is {7} in the image but {8} in the checkpoint{9}",
+            at.rank, at.si, at.layer, at.ex, *r.name, row0 + i, col0 + k,
+            row[k], ref, fp8 ? " (FP8 must convert exactly)" : ""));
     }
   }
+  if (exact)
+    ++check.exactMatrices;
+  return llvm::Error::success();
+}
+
+/// The tensor of `group` a head piece's first row (`headAt`) falls in, and
+/// the row there as `start` (the rows of the tensors before it).
+llvm::Expected<std::string>
+headPieceTensor(llvm::ArrayRef<const pl::TensorDef *> group, uint64_t headAt,
+                const MatrixAt &at, int64_t &start) {
+  start = 0;
+  for (const pl::TensorDef *t : group) {
+    const int64_t n = t->shape() && t->shape()->size() == 2
+                          ? (int64_t)t->shape()->Get(0)
+                          : 0;
+    if ((int64_t)headAt < start + n) {
+      std::string name = t->name() ? t->name()->str() : "";
+      if (!name.empty())
+        return name;
+      break;
+    }
+    start += n;
+  }
+  return err(llvm::formatv("duck {0} slot {1}: head piece {2} at "
+                           "row {3} is past its tensors' rows",
+                           at.rank, at.si, at.ex, headAt));
+}
+
+/// One slot of a duck's image: its entry and header, then every present
+/// expert's (or head piece's) matrices against the checkpoint.
+llvm::Error verifySlot(const Checkpoint &ckpt, const pl::PlanDef &plan,
+                       const pl::DuckDef &duck, unsigned si,
+                       const uint8_t *base, uint64_t size,
+                       const duck_image_header &h, PlanCheck &check,
+                       std::vector<float> &row, std::vector<float> &refRow) {
+  const unsigned rank = duck.rank();
+  const pl::SlotDef *sd = duck.slots()->Get(si);
+  const auto *table =
+      reinterpret_cast<const duck_slot_entry *>(base + h.slot_table_offset);
+  const duck_slot_entry &e = table[si];
+  ++check.slots;
+  duck_slot_header sh;
+  if (llvm::Error x = checkSlotEntry(rank, si, *sd, e, base, size, sh))
+    return x;
+  const uint8_t *slot = base + e.offset;
+  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(slot + sizeof sh);
+  int64_t routed, width;
+  moeLayerShape(plan, sh.layer, routed, width);
+  // A head slot: rows [inter_begin, inter_end) of the tensors of the op
+  // that runs it (the LM head, an attention's o_proj, query or input
+  // projections: rows concatenated in order), a descriptor a piece.
+  std::vector<const pl::TensorDef *> group;
+  if (sh.kind == DUCK_SLOT_HEAD) {
+    if (!sd->head())
+      return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
+                               "does not call one",
+                               rank, si));
+    group = headSlotTensors(plan, si);
+    if (group.empty())
+      return err(llvm::formatv("duck {0} slot {1}: a head slot that no "
+                               "op of the plan runs on the ducks",
+                               rank, si));
+  }
+  uint64_t headAt = sd->inter_begin(); // the next piece's first row
+  for (unsigned ex = 0; ex < sh.n_experts; ++ex) {
+    const duck_ffn_desc &d = descs[ex];
+    if (!d.present)
+      continue;
+    ExpertTensorNames names = expertTensorNames(
+        sh.layer, sh.kind == DUCK_SLOT_MOE, ex, routed, width);
+    std::vector<MatrixRole> roles = {{&d.gate, &names.gate, false},
+                                     {&d.up, &names.up, false},
+                                     {&d.down, &names.down, true}};
+    std::string headName;
+    const MatrixAt at{rank, si, sh.layer, ex};
+    if (sh.kind == DUCK_SLOT_HEAD) {
+      int64_t start = 0;
+      llvm::Expected<std::string> name =
+          headPieceTensor(group, headAt, at, start);
+      if (!name)
+        return name.takeError();
+      headName = std::move(*name);
+      roles = {{&d.gate, &headName, false}};
+      // row0 below is inter_begin + base: this piece's row in its tensor.
+      names.base = (int64_t)headAt - start - (int64_t)sd->inter_begin();
+      headAt += d.gate.desc.rows;
+    }
+    for (const MatrixRole &r : roles) {
+      int64_t row0 = r.down ? 0 : sd->inter_begin() + names.base;
+      int64_t col0 = r.down ? sd->inter_begin() + names.base : 0;
+      if (llvm::Error x = compareMatrix(ckpt, r, slot, row0, col0, at, check,
+                                        row, refRow))
+        return x;
+    }
+  }
+  return llvm::Error::success();
+}
+
+/// One duck's image: read, its header checked, every slot verified.
+llvm::Error verifyImage(llvm::StringRef planDir, const Checkpoint &ckpt,
+                        const pl::PlanDef &plan, const pl::DuckDef &duck,
+                        PlanCheck &check, std::vector<float> &row,
+                        std::vector<float> &refRow) {
+  ++check.ducks;
+  llvm::SmallString<256> imgPath(planDir);
+  llvm::sys::path::append(imgPath, duck.image()->str());
+  auto img = llvm::MemoryBuffer::getFile(imgPath, /*IsText=*/false,
+                                         /*RequiresNullTerminator=*/false);
+  if (!img)
+    return err("cannot read '" + imgPath + "': " + img.getError().message());
+  const uint8_t *base =
+      reinterpret_cast<const uint8_t *>((*img)->getBufferStart());
+  uint64_t size = (*img)->getBufferSize();
+  duck_image_header h;
+  if (llvm::Error x = checkImageHeader(plan, duck, base, size, h))
+    return x;
+  for (unsigned si = 0; si < duck.slots()->size(); ++si)
+    if (llvm::Error x = verifySlot(ckpt, plan, duck, si, base, size, h, check,
+                                   row, refRow))
+      return x;
+  return llvm::Error::success();
+}
+} // namespace
+
+llvm::Expected<PlanCheck>
+mlir::duck::verifyPlanImages(llvm::StringRef planDir, const Checkpoint &ckpt) {
+  std::unique_ptr<llvm::MemoryBuffer> planBuf;
+  llvm::Expected<const pl::PlanDef *> plan = readPlan(planDir, planBuf);
+  if (!plan)
+    return plan.takeError();
+  PlanCheck check;
+  std::vector<float> row, refRow;
+  for (const pl::DuckDef *duck : *(*plan)->ducks())
+    if (llvm::Error e =
+            verifyImage(planDir, ckpt, **plan, *duck, check, row, refRow))
+      return e;
   return check;
 }
