@@ -263,11 +263,214 @@ ArrayRef<uint8_t> SafetensorsFile::data(const TensorInfo &tensor) const {
                            tensor.byte_size);
 }
 
+namespace {
+/// An error about the file at `path`.
+Error fileError(StringRef path, const Twine &msg) {
+  return createStringError(inconvertibleErrorCode(),
+                           path + ": " + msg.str());
+}
+
+/// An error about the header entry of tensor `key`.
+Error tensorError(StringRef path, StringRef key, const Twine &msg) {
+  return fileError(path, "tensor '" + key + "': " + msg);
+}
+
+/// The "__metadata__" entry: an object of strings, into `metadata`.
+Error readMetadata(StringRef path, const json::Value &value,
+                   std::map<std::string, std::string> &metadata) {
+  const json::Object *meta = value.getAsObject();
+  if (!meta)
+    return fileError(path,
+                     "'__metadata__' must be an object of strings, found " +
+                         jsonKindName(value));
+  for (const auto &kv : *meta) {
+    std::optional<StringRef> s = kv.second.getAsString();
+    if (!s)
+      return fileError(path, "'__metadata__' entry '" + kv.first.str() +
+                                 "' must be a string, found " +
+                                 jsonKindName(kv.second));
+    metadata[kv.first.str()] = s->str();
+  }
+  return Error::success();
+}
+
+/// A tensor entry's "dtype": a string naming a supported dtype.
+Expected<DType> entryDType(StringRef path, StringRef key,
+                           const json::Object &entry) {
+  const json::Value *dtypeV = entry.get("dtype");
+  if (!dtypeV)
+    return tensorError(path, key, "missing field 'dtype'");
+  std::optional<StringRef> dtypeS = dtypeV->getAsString();
+  if (!dtypeS)
+    return tensorError(path, key,
+                       "field 'dtype' must be a string, found " +
+                           jsonKindName(*dtypeV));
+  std::optional<DType> dtype = parseDType(*dtypeS);
+  if (!dtype)
+    return tensorError(path, key,
+                       "unknown dtype '" + *dtypeS + "' (expected one of " +
+                           supportedDTypeList() + ")");
+  return *dtype;
+}
+
+/// A tensor entry's "shape": an array of non-negative integers, into
+/// `shape`.
+Error entryShape(StringRef path, StringRef key, const json::Object &entry,
+                 std::vector<int64_t> &shape) {
+  const json::Value *shapeV = entry.get("shape");
+  if (!shapeV)
+    return tensorError(path, key, "missing field 'shape'");
+  const json::Array *shapeA = shapeV->getAsArray();
+  if (!shapeA)
+    return tensorError(path, key,
+                       "field 'shape' must be an array of integers, found " +
+                           jsonKindName(*shapeV));
+  for (size_t i = 0; i < shapeA->size(); ++i) {
+    const json::Value &d = (*shapeA)[i];
+    std::optional<int64_t> dim = d.getAsInteger();
+    if (!dim || *dim < 0)
+      return tensorError(path, key,
+                         "shape[" + Twine(i) +
+                             "] must be a non-negative integer, found " +
+                             renderJson(d));
+    shape.push_back(*dim);
+  }
+  return Error::success();
+}
+
+/// A tensor entry's "data_offsets" [begin, end], into `info`'s offset and
+/// byte size.
+Error entryOffsets(StringRef path, StringRef key, const json::Object &entry,
+                   TensorInfo &info) {
+  const json::Value *offV = entry.get("data_offsets");
+  if (!offV)
+    return tensorError(path, key, "missing field 'data_offsets'");
+  const json::Array *offA = offV->getAsArray();
+  std::optional<uint64_t> begin, end;
+  if (offA && offA->size() == 2) {
+    begin = (*offA)[0].getAsUINT64();
+    end = (*offA)[1].getAsUINT64();
+  }
+  if (!begin || !end)
+    return tensorError(path, key,
+                       "field 'data_offsets' must be an array of two "
+                       "non-negative integers [begin, end], found " +
+                           renderJson(*offV));
+  if (*end < *begin)
+    return tensorError(path, key,
+                       "data_offsets end " + Twine(*end) + " is before begin " +
+                           Twine(*begin));
+  info.data_offset = *begin;
+  info.byte_size = *end - *begin;
+  return Error::success();
+}
+
+/// The entry's byte span matches its shape exactly (computed without
+/// overflowing) and lies inside the data section.
+Error checkEntrySize(StringRef path, StringRef key, const TensorInfo &info,
+                     uint64_t dataSize) {
+  const uint64_t begin = info.data_offset, end = begin + info.byte_size;
+  uint64_t expected = dtypeSize(info.dtype);
+  bool overflow = false;
+  if (llvm::is_contained(info.shape, 0))
+    expected = 0;
+  for (int64_t d : info.shape) {
+    if (expected == 0)
+      break;
+    auto dim = static_cast<uint64_t>(d);
+    if (dim != 0 && expected > (uint64_t(INT64_MAX) / dim))
+      overflow = true;
+    else
+      expected *= dim;
+  }
+  if (overflow)
+    return tensorError(path, key,
+                       "shape " + formatShape(info.shape) +
+                           " is too large (byte size overflows)");
+  if (expected != info.byte_size)
+    return tensorError(
+        path, key,
+        "byte size mismatch: shape " + formatShape(info.shape) + " of " +
+            dtypeName(info.dtype) + " needs " + Twine(expected) + " bytes (" +
+            Twine(info.numElements()) + " x " + Twine(dtypeSize(info.dtype)) +
+            ") but data_offsets [" + Twine(begin) + ", " + Twine(end) +
+            "] span " + Twine(info.byte_size) + " bytes");
+  if (end > dataSize)
+    return tensorError(path, key,
+                       "data_offsets [" + Twine(begin) + ", " + Twine(end) +
+                           "] extend beyond the data section, which has " +
+                           Twine(dataSize) + " bytes (truncated file?)");
+  return Error::success();
+}
+
+/// One tensor's header entry: dtype, shape and data_offsets, checked
+/// against each other and the data section's `dataSize` bytes.
+Expected<TensorInfo> parseTensorEntry(StringRef path, const std::string &key,
+                                      const json::Value &value,
+                                      uint64_t dataSize) {
+  const json::Object *entry = value.getAsObject();
+  if (!entry)
+    return tensorError(path, key,
+                       "entry must be an object with dtype, shape and "
+                       "data_offsets, found " +
+                           jsonKindName(value));
+  TensorInfo info;
+  info.name = key;
+  Expected<DType> dtype = entryDType(path, key, *entry);
+  if (!dtype)
+    return dtype.takeError();
+  info.dtype = *dtype;
+  if (Error e = entryShape(path, key, *entry, info.shape))
+    return e;
+  if (Error e = entryOffsets(path, key, *entry, info))
+    return e;
+  if (Error e = checkEntrySize(path, key, info, dataSize))
+    return e;
+  return info;
+}
+
+/// Sorts the tensors into file order (offset order; ties, empty tensors,
+/// by name for stability). Overlaps are errors; gaps and trailing bytes
+/// are tolerated with a note.
+Error sortAndCheckSpans(StringRef path, std::vector<TensorInfo> &tensors,
+                        uint64_t dataSize, std::vector<std::string> &notes) {
+  llvm::sort(tensors, [](const TensorInfo &a, const TensorInfo &b) {
+    if (a.data_offset != b.data_offset)
+      return a.data_offset < b.data_offset;
+    if (a.byte_size != b.byte_size)
+      return a.byte_size < b.byte_size;
+    return a.name < b.name;
+  });
+  uint64_t coveredEnd = 0;
+  const TensorInfo *last = nullptr;
+  for (const TensorInfo &t : tensors) {
+    if (t.byte_size == 0)
+      continue;
+    if (last && t.data_offset < coveredEnd)
+      return fileError(path, "tensors '" + last->name + "' (bytes [" +
+                                 Twine(last->data_offset) + ", " +
+                                 Twine(last->data_offset + last->byte_size) +
+                                 ")) and '" + t.name + "' (bytes [" +
+                                 Twine(t.data_offset) + ", " +
+                                 Twine(t.data_offset + t.byte_size) +
+                                 ")) overlap");
+    if (t.data_offset > coveredEnd)
+      notes.push_back(formatv("{0} unused bytes before tensor '{1}'",
+                              t.data_offset - coveredEnd, t.name)
+                          .str());
+    coveredEnd = t.data_offset + t.byte_size;
+    last = &t;
+  }
+  if (coveredEnd < dataSize)
+    notes.push_back(
+        formatv("{0} unused bytes after the last tensor", dataSize - coveredEnd)
+            .str());
+  return Error::success();
+}
+} // namespace
+
 Error SafetensorsFile::parse() {
-  auto fail = [&](const Twine &msg) -> Error {
-    return createStringError(inconvertibleErrorCode(),
-                             path_ + ": " + msg.str());
-  };
+  auto fail = [&](const Twine &msg) -> Error { return fileError(path_, msg); };
   const uint64_t size = buffer_->getBufferSize();
   const char *bytes = buffer_->getBufferStart();
 
@@ -302,150 +505,18 @@ Error SafetensorsFile::parse() {
     const json::Value *value = root->get(key);
     if (!value) // only if the key scan and the parser disagree
       return fail("cannot read the header entry '" + key + "'");
-
     if (key == "__metadata__") {
-      const json::Object *meta = value->getAsObject();
-      if (!meta)
-        return fail("'__metadata__' must be an object of strings, found " +
-                    jsonKindName(*value));
-      for (const auto &kv : *meta) {
-        std::optional<StringRef> s = kv.second.getAsString();
-        if (!s)
-          return fail("'__metadata__' entry '" + kv.first.str() +
-                      "' must be a string, found " + jsonKindName(kv.second));
-        metadata_[kv.first.str()] = s->str();
-      }
+      if (Error e = readMetadata(path_, *value, metadata_))
+        return e;
       continue;
     }
-
-    auto tensorFail = [&](const Twine &msg) {
-      return fail("tensor '" + key + "': " + msg);
-    };
-    const json::Object *entry = value->getAsObject();
-    if (!entry)
-      return tensorFail("entry must be an object with dtype, shape and "
-                        "data_offsets, found " +
-                        jsonKindName(*value));
-
-    TensorInfo info;
-    info.name = key;
-
-    // dtype
-    const json::Value *dtypeV = entry->get("dtype");
-    if (!dtypeV)
-      return tensorFail("missing field 'dtype'");
-    std::optional<StringRef> dtypeS = dtypeV->getAsString();
-    if (!dtypeS)
-      return tensorFail("field 'dtype' must be a string, found " +
-                        jsonKindName(*dtypeV));
-    std::optional<DType> dtype = parseDType(*dtypeS);
-    if (!dtype)
-      return tensorFail("unknown dtype '" + *dtypeS + "' (expected one of " +
-                        supportedDTypeList() + ")");
-    info.dtype = *dtype;
-
-    // shape
-    const json::Value *shapeV = entry->get("shape");
-    if (!shapeV)
-      return tensorFail("missing field 'shape'");
-    const json::Array *shapeA = shapeV->getAsArray();
-    if (!shapeA)
-      return tensorFail("field 'shape' must be an array of integers, found " +
-                        jsonKindName(*shapeV));
-    for (size_t i = 0; i < shapeA->size(); ++i) {
-      const json::Value &d = (*shapeA)[i];
-      std::optional<int64_t> dim = d.getAsInteger();
-      if (!dim || *dim < 0)
-        return tensorFail("shape[" + Twine(i) +
-                          "] must be a non-negative integer, found " +
-                          renderJson(d));
-      info.shape.push_back(*dim);
-    }
-
-    // data_offsets
-    const json::Value *offV = entry->get("data_offsets");
-    if (!offV)
-      return tensorFail("missing field 'data_offsets'");
-    const json::Array *offA = offV->getAsArray();
-    std::optional<uint64_t> begin, end;
-    if (offA && offA->size() == 2) {
-      begin = (*offA)[0].getAsUINT64();
-      end = (*offA)[1].getAsUINT64();
-    }
-    if (!begin || !end)
-      return tensorFail("field 'data_offsets' must be an array of two "
-                        "non-negative integers [begin, end], found " +
-                        renderJson(*offV));
-    if (*end < *begin)
-      return tensorFail("data_offsets end " + Twine(*end) +
-                        " is before begin " + Twine(*begin));
-    info.data_offset = *begin;
-    info.byte_size = *end - *begin;
-
-    // Size must match the shape exactly; compute it without overflowing.
-    uint64_t expected = dtypeSize(info.dtype);
-    bool overflow = false;
-    if (llvm::is_contained(info.shape, 0))
-      expected = 0;
-    for (int64_t d : info.shape) {
-      if (expected == 0)
-        break;
-      auto dim = static_cast<uint64_t>(d);
-      if (dim != 0 && expected > (uint64_t(INT64_MAX) / dim))
-        overflow = true;
-      else
-        expected *= dim;
-    }
-    if (overflow)
-      return tensorFail("shape " + formatShape(info.shape) +
-                        " is too large (byte size overflows)");
-    if (expected != info.byte_size)
-      return tensorFail(
-          "byte size mismatch: shape " + formatShape(info.shape) + " of " +
-          dtypeName(info.dtype) + " needs " + Twine(expected) + " bytes (" +
-          Twine(info.numElements()) + " x " + Twine(dtypeSize(info.dtype)) +
-          ") but data_offsets [" + Twine(*begin) + ", " + Twine(*end) +
-          "] span " + Twine(info.byte_size) + " bytes");
-    if (*end > dataSize)
-      return tensorFail("data_offsets [" + Twine(*begin) + ", " + Twine(*end) +
-                        "] extend beyond the data section, which has " +
-                        Twine(dataSize) + " bytes (truncated file?)");
-    tensors_.push_back(std::move(info));
+    Expected<TensorInfo> info = parseTensorEntry(path_, key, *value, dataSize);
+    if (!info)
+      return info.takeError();
+    tensors_.push_back(std::move(*info));
   }
-
-  // File order is offset order; ties (empty tensors) by name for stability.
-  llvm::sort(tensors_, [](const TensorInfo &a, const TensorInfo &b) {
-    if (a.data_offset != b.data_offset)
-      return a.data_offset < b.data_offset;
-    if (a.byte_size != b.byte_size)
-      return a.byte_size < b.byte_size;
-    return a.name < b.name;
-  });
-
-  // Overlaps are errors; gaps and trailing bytes are tolerated with a note.
-  uint64_t coveredEnd = 0;
-  const TensorInfo *last = nullptr;
-  for (const TensorInfo &t : tensors_) {
-    if (t.byte_size == 0)
-      continue;
-    if (last && t.data_offset < coveredEnd)
-      return fail("tensors '" + last->name + "' (bytes [" +
-                  Twine(last->data_offset) + ", " +
-                  Twine(last->data_offset + last->byte_size) + ")) and '" +
-                  t.name + "' (bytes [" + Twine(t.data_offset) + ", " +
-                  Twine(t.data_offset + t.byte_size) + ")) overlap");
-    if (t.data_offset > coveredEnd)
-      notes_.push_back(formatv("{0} unused bytes before tensor '{1}'",
-                               t.data_offset - coveredEnd, t.name)
-                           .str());
-    coveredEnd = t.data_offset + t.byte_size;
-    last = &t;
-  }
-  if (coveredEnd < dataSize)
-    notes_.push_back(
-        formatv("{0} unused bytes after the last tensor", dataSize - coveredEnd)
-            .str());
-
+  if (Error e = sortAndCheckSpans(path_, tensors_, dataSize, notes_))
+    return e;
   for (size_t i = 0; i < tensors_.size(); ++i)
     index_[tensors_[i].name] = i;
   return Error::success();
