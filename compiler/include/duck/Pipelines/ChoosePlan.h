@@ -1,0 +1,36 @@
+//===- ChoosePlan.h - duckc compile --tp auto / --explain -------*- C++ -*-===//
+//
+// Lays out every candidate the flags leave open (a dry run each, stats
+// only) and keeps the one the cost model ranks first
+// (duck/CostModel/Candidates.h).
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_PIPELINES_CHOOSEPLAN_H
+#define DUCK_PIPELINES_CHOOSEPLAN_H
+
+#include "duck/CostModel/Candidates.h"
+#include "duck/Pipelines/Compile.h"
+
+namespace mlir::duck {
+
+/// What `duckc compile` leaves to the cost model.
+struct PlanChoice {
+  bool tpOpen = false, multipleOfOpen = false, strategyOpen = false;
+  /// No --lm-head; no --o-proj, --q-proj nor --in-proj (their places are
+  /// open when the cluster file also gives the host's bandwidth).
+  bool lmHeadFree = false, projFree = false;
+  bool explain = false;
+};
+
+/// --tp auto / --explain: every legal (tp, multiple_of, strategy, places)
+/// `open` leaves, predicted with the cost model (fp9 bytes a token per
+/// duck over its bandwidth, plus the dispatch cost of every FFN step;
+/// host work not counted, unless the cluster file times it); with the
+/// strategy open, the per-layer mix of each pair too. The fastest that
+/// fits wins (cost::pickBest); with `explain` the comparison goes to `out`.
+llvm::Expected<cost::Candidate> choosePlan(const CompileOptions &base,
+                                           const PlanChoice &open,
+                                           llvm::raw_ostream &out);
+
+} // namespace mlir::duck
+
+#endif

@@ -1,0 +1,142 @@
+//===- ChoosePlan.cpp - duckc compile --tp auto / --explain ---------------===//
+#include "duck/Pipelines/ChoosePlan.h"
+
+#include "llvm/Support/Process.h"
+
+using namespace mlir::duck;
+using cost::Candidate;
+
+namespace {
+
+/// Lays out one candidate (dry run, stats only) and reads the prediction;
+/// from `imported` when given (the model imported once for the search).
+Candidate evaluate(ImportedModel *imported, CompileOptions o,
+                   const Candidate &spec) {
+  Candidate c;
+  c.tp = spec.tp;
+  c.multipleOf = spec.multipleOf;
+  c.strategy = spec.strategy;
+  c.lmHead = spec.lmHead;
+  c.oProj = spec.oProj;
+  c.qProj = spec.qProj;
+  c.inProj = spec.inProj;
+  o.lmHead = spec.lmHead;
+  o.oProj = spec.oProj;
+  o.qProj = spec.qProj;
+  o.inProj = spec.inProj;
+  o.cluster.tp = spec.tp;
+  // Memory is checked here, after the cost model has costed the candidate.
+  std::vector<uint64_t> memory = std::move(o.cluster.memoryBytes);
+  o.cluster.memoryBytes.clear();
+  if (!memory.empty())
+    memory.resize(spec.tp, memory.back());
+  o.multipleOf = spec.multipleOf;
+  o.strategy = spec.strategy;
+  o.emit = CompileOptions::Emit::Stats;
+  o.dryRun = true;
+  o.progress = false;
+  o.verifyEachPass = false;
+  std::string text, log;
+  llvm::raw_string_ostream os(text), ls(log);
+  if (llvm::Error e = imported ? imported->compile(o, os, ls)
+                               : compileModel(o, os, ls)) {
+    c.why = llvm::toString(std::move(e));
+    return c;
+  }
+  llvm::Expected<llvm::json::Value> v = llvm::json::parse(os.str());
+  const llvm::json::Object *j = v ? v->getAsObject() : nullptr;
+  if (!j) {
+    if (!v)
+      llvm::consumeError(v.takeError());
+    c.why = "no stats";
+    return c;
+  }
+  cost::readStats(*j, c);
+  if (llvm::Error e = checkDuckMemory(c.duckBytes, memory)) {
+    c.why = llvm::toString(std::move(e));
+    return c;
+  }
+  c.ok = true;
+  return c;
+}
+
+/// After each intermediate / experts pair, the mix of the two the cost
+/// model prefers (when it is neither), laid out as a list by layer.
+std::vector<Candidate> withMixes(const std::vector<Candidate> &all,
+                                 const CompileOptions &base) {
+  std::vector<Candidate> out;
+  for (const Candidate &c : all) {
+    out.push_back(c);
+    if (c.strategy != "experts")
+      continue;
+    auto twin = llvm::find_if(all, [&](const Candidate &o) {
+      return o.strategy == "intermediate" && o.samePlaces(c);
+    });
+    if (twin == all.end())
+      continue;
+    std::vector<uint64_t> memory = base.cluster.memoryBytes;
+    if (!memory.empty())
+      memory.resize(c.tp, memory.back());
+    std::vector<std::pair<int64_t, Strategy>> layers;
+    for (auto [layer, experts] : cost::mixLayers(*twin, c, memory))
+      layers.push_back(
+          {layer, experts ? Strategy::experts : Strategy::intermediate});
+    if (layers.empty())
+      continue;
+    Candidate mix = c;
+    mix.strategy = strategySpecOf(layers);
+    out.push_back(evaluate(nullptr, base, mix));
+  }
+  return out;
+}
+
+} // namespace
+
+llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
+                                                 const PlanChoice &open,
+                                                 llvm::raw_ostream &out) {
+  const bool hostCosted = base.cluster.cost.hostReadGbs > 0;
+  cost::SearchRequest r;
+  r.ducks = base.cluster.tp;
+  r.tpOpen = open.tpOpen;
+  r.multipleOfOpen = open.multipleOfOpen;
+  r.strategyOpen = open.strategyOpen;
+  r.lmHeadOpen = open.lmHeadFree && hostCosted;
+  r.projOpen = open.projFree && hostCosted;
+  r.multipleOf = base.multipleOf;
+  r.strategy = base.strategy;
+  r.lmHead = base.lmHead;
+  r.inProj = base.inProj;
+  r.qProj = base.qProj;
+  r.oProj = base.oProj;
+  std::vector<Candidate> all = cost::enumerateCandidates(r);
+  // Each candidate is a dry-run layout of its own (DeepSeek-V3.2 with --tp
+  // auto over 32 ducks: 1536 of them, 7.7 s of CPU). Each thread imports
+  // the model once and lays its candidates out from copies (the import
+  // was most of a candidate's time); if the import fails, every candidate
+  // reports the error compileModel gives.
+  auto makeEvaluator = [&]() -> cost::Evaluator {
+    std::shared_ptr<ImportedModel> imported;
+    if (auto m = ImportedModel::import(base.modelDir))
+      imported = std::move(*m);
+    else
+      llvm::consumeError(m.takeError());
+    return [&base, imported](const Candidate &spec) {
+      return evaluate(imported.get(), base, spec);
+    };
+  };
+  const bool tty = llvm::sys::Process::StandardErrIsDisplayed();
+  cost::costCandidates(all, makeEvaluator, tty || base.progress, tty);
+  if (open.strategyOpen)
+    all = withMixes(all, base);
+  const Candidate *best = cost::pickBest(all);
+  if (open.explain)
+    cost::explainCandidates(all, best, r, base.cluster.cost,
+                            base.cluster.memoryBytes, out);
+  if (!best)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   cost::noCandidateMessage(all));
+  if (open.explain)
+    cost::explainChoice(all, *best, r, out);
+  return *best;
+}
