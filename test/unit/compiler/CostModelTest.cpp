@@ -1,0 +1,357 @@
+// The cost model (compiler/lib/CostModel) on hand-computed small cases.
+#include "duck/CostModel/Candidates.h"
+#include "duck/CostModel/CostModel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace mlir::duck;
+using namespace mlir::duck::cost;
+
+namespace {
+
+/// A dense FFN slice on duck `rank`: rows x hidden gate and up, hidden x
+/// rows down, in 128-blocks, and `expertBytes` for all three.
+FfnShard denseShard(int64_t rank, uint32_t rows, uint32_t hidden,
+                    uint64_t expertBytes) {
+  FfnShard s;
+  s.rank = rank;
+  s.localInter = rows;
+  s.gate = s.up = {rows, hidden, 128};
+  s.down = {hidden, rows, 128};
+  s.expertBytes = expertBytes;
+  s.slotBytes = expertBytes + 4096;
+  return s;
+}
+
+/// C(n, k) in doubles.
+double choose(int n, int k) {
+  double c = 1;
+  for (int i = 0; i < k; ++i)
+    c = c * double(n - i) / double(i + 1);
+  return c;
+}
+
+TEST(CostModelTest, SlicedExpertsRunTopKOnEveryDuck) {
+  // Every duck holds a slice of all 4 routed experts and of the shared
+  // one (id 4): each runs top_k + 1 of its slices; the slower duck sets
+  // the pace.
+  std::vector<HeldExperts> held = {{0, 0, 5, 1e-3}, {1, 0, 5, 2e-3}};
+  EXPECT_DOUBLE_EQ(expectedSlowest(held, true, 2, 4), 3 * 2e-3);
+  // A dense layer: one slice each.
+  EXPECT_DOUBLE_EQ(expectedSlowest({{0, 0, 1, 1e-3}, {1, 0, 1, 2e-3}}, false,
+                                   1, 1),
+                   2e-3);
+}
+
+TEST(CostModelTest, WholeExpertsTakeTheExpectedBusiestDuck) {
+  // 4 experts, 2 per duck, a token's 2 of them: of the C(4,2) = 6 pairs,
+  // 2 land both on one duck (2 s), 4 split (1 s): 8/6, not the mean 1.
+  std::vector<HeldExperts> held = {{0, 0, 2, 1.0}, {1, 2, 4, 1.0}};
+  EXPECT_NEAR(expectedSlowest(held, true, 2, 4), 8.0 / 6.0, 1e-12);
+  // Duck 1 three times slower: {0,1} 2 s, {2,3} 6 s, the others 3 s.
+  held[1].seconds = 3.0;
+  EXPECT_NEAR(expectedSlowest(held, true, 2, 4), 20.0 / 6.0, 1e-12);
+}
+
+TEST(CostModelTest, ManyCombinationsAreSampled) {
+  // C(64, 8) is far past 20000: 4096 seeded draws. 32 experts a duck: the
+  // busiest duck's count is max(X, 8 - X), X hypergeometric.
+  std::vector<HeldExperts> held = {{0, 0, 32, 1.0}, {1, 32, 64, 1.0}};
+  double exact = 0;
+  for (int x = 0; x <= 8; ++x)
+    exact += choose(32, x) * choose(32, 8 - x) / choose(64, 8) *
+             std::max(x, 8 - x);
+  const double sampled = expectedSlowest(held, true, 8, 64);
+  EXPECT_NEAR(sampled, exact, 0.05); // exact: 5.0225
+  EXPECT_GT(sampled, 4.0);            // not the average, 4
+  // The same plan always gets the same prediction.
+  EXPECT_EQ(sampled, expectedSlowest(held, true, 8, 64));
+}
+
+TEST(CostModelTest, DenseLayerIsBytesOverBandwidthPlusStep) {
+  // 10 MB at 10 GB/s: 1 ms a token, plus the 80 us step.
+  ModelFacts m;
+  m.tp = 1;
+  FfnLayer l;
+  l.hidden = 1024;
+  l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
+  m.ffn.push_back(l);
+  ClusterModel c;
+  c.bandwidthGbs = 10;
+  c.stepOverheadUs = 80;
+  PlanCost p = costPlan(m, c);
+  ASSERT_EQ(p.layers.size(), 1u);
+  EXPECT_NEAR(p.layers[0].ms, 1.0, 1e-12);
+  EXPECT_NEAR(p.streamMsPerToken, 1.0, 1e-12);
+  EXPECT_NEAR(p.dispatchMsPerToken, 0.08, 1e-12);
+  EXPECT_NEAR(p.tokS, 1e3 / 1.08, 1e-9);
+  EXPECT_EQ(p.layers[0].duckBytes, std::vector<uint64_t>{10'004'096});
+  EXPECT_DOUBLE_EQ(p.duckParamsPerToken[0], 3.0 * 256 * 1024);
+  // A GEMV call's cost on top, for each of the three matrices.
+  c.duckGemvCallUs = {10};
+  EXPECT_NEAR(costPlan(m, c).layers[0].ms, 1.03, 1e-12);
+}
+
+TEST(CostModelTest, KernelClassRatesTimeEachMatrix) {
+  // gate/up: K 1024 in 128-blocks (general128) at 1 Gparam/s; down: K 256
+  // (general128 too) likewise: 3 x 262144 weights = 0.786432 ms.
+  FfnShard s = denseShard(0, 256, 1024, 1);
+  ClusterModel c;
+  c.duckKernelGparamS = {{1.0}};
+  EXPECT_NEAR(expertSeconds(s, c), 786432 / 1e9, 1e-15);
+  // A class not measured falls back to the duck's rate (2 Gparam/s).
+  s.down.block = 64; // general64
+  c.fp9GparamS = 2.0;
+  EXPECT_NEAR(expertSeconds(s, c), (2 * 262144 / 1e9) + 262144 / 2e9,
+              1e-15);
+}
+
+TEST(CostModelTest, UnequalDucksTakeTheirOwnRates) {
+  // Two ducks at 20 and 10 Gparam/s with the same slice: the slow one
+  // takes twice as long and sets the layer's time; given rows in
+  // proportion (2:1) they tie.
+  ModelFacts m;
+  m.tp = 2;
+  FfnLayer l;
+  l.hidden = 1000;
+  l.shards = {denseShard(0, 500, 1000, 1), denseShard(1, 500, 1000, 1)};
+  m.ffn.push_back(l);
+  ClusterModel c;
+  c.duckGparamS = {20, 10};
+  EXPECT_NEAR(expertSeconds(l.shards[0], c), 1.5e6 / 20e9, 1e-15);
+  EXPECT_NEAR(expertSeconds(l.shards[1], c), 1.5e6 / 10e9, 1e-15);
+  EXPECT_NEAR(costPlan(m, c).layers[0].ms, 0.15, 1e-12);
+  m.ffn[0].shards = {denseShard(0, 600, 1000, 1), denseShard(1, 300, 1000, 1)};
+  EXPECT_NEAR(costPlan(m, c).layers[0].ms, 0.09, 1e-12);
+}
+
+TEST(CostModelTest, StepOnTheWire) {
+  // A dense decode step, hidden 1024, 2 ducks of one core: each gets
+  // 32 (frame) + 16 (request) + 4128 (IB: 32-byte header, 1024 floats)
+  // = 4176 bytes and answers 32 + 32 (reply) + 8 (a core's time) + 64 (OB
+  // header) + 4096 = 4232.
+  ClusterModel c;
+  StepWire w = stepWire(c, 1, 0, 1024, {1024, 1024});
+  EXPECT_EQ(w.txBytes, 8352);
+  EXPECT_EQ(w.rxBytes, 8464);
+  EXPECT_EQ(w.seconds, 0); // no link speed: not counted
+  // Over a 1 Gb/s host link, one frame after another.
+  c.hostLinkGbps = 1;
+  EXPECT_NEAR(stepWire(c, 1, 0, 1024, {1024, 1024}).seconds,
+              (8352 + 8464) * 8 / 1e9, 1e-15);
+  // bf16 activations: 2 bytes less a value, to each duck.
+  c.wireBf16 = true;
+  EXPECT_EQ(stepWire(c, 1, 0, 1024, {1024, 1024}).txBytes, 8352 - 2 * 2048);
+  // A slow duck link (0.1 Gb/s) is slower than the host's whole load.
+  c.wireBf16 = false;
+  c.duckLinkGbps = {100, 0.1};
+  EXPECT_NEAR(stepWire(c, 1, 0, 1024, {1024, 1024}).seconds,
+              (4176 + 4232) * 8 / 0.1e9, 1e-15);
+}
+
+TEST(CostModelTest, NetworkJoinsTheTokenTime) {
+  ModelFacts m;
+  m.tp = 2;
+  FfnLayer l;
+  l.hidden = 1024;
+  l.shards = {denseShard(0, 128, 1024, 1'000'000),
+              denseShard(1, 128, 1024, 1'000'000)};
+  m.ffn = {l, l};
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  PlanCost p = costPlan(m, c);
+  EXPECT_EQ(p.hostTxBytesPerToken, 2 * 8352);
+  EXPECT_EQ(p.hostRxBytesPerToken, 2 * 8464);
+  EXPECT_NEAR(p.networkMsPerToken, 2 * (8352 + 8464) * 8 / 1e6, 1e-12);
+  EXPECT_NEAR(p.tokS,
+              1e3 / (p.streamMsPerToken + 0.16 + p.networkMsPerToken), 1e-9);
+}
+
+TEST(CostModelTest, PrefillDecodesOncePerChunk) {
+  // A dense slice of 3 x 1024 x 256 weights at 10 Gparam/s GEMV and 40
+  // GMAC/s GEMM, 64-row chunks: each weight decoded once, 64 FMAs.
+  ModelFacts m;
+  m.tp = 1;
+  FfnLayer dense;
+  dense.hidden = 1024;
+  dense.shards.push_back(denseShard(0, 256, 1024, 1));
+  m.ffn.push_back(dense);
+  ClusterModel c;
+  c.fp9GparamS = 10;
+  c.gemmGmacS = 40;
+  c.prefillChunk = 64;
+  c.hostPrefillMsPerToken = 0.5;
+  const double P = 3.0 * 1024 * 256;
+  const double chunk = P * (1 / 10e9 + 64 / 40e9);
+  EXPECT_NEAR(prefillShardSeconds(dense.shards[0], dense, c), chunk, 1e-15);
+  PlanCost p = costPlan(m, c);
+  const double ducksMs = (1e3 * chunk + 0.08) / 64;
+  EXPECT_NEAR(p.prefillDucksMsPerToken, ducksMs, 1e-12);
+  EXPECT_NEAR(p.prefillTokS, 1e3 / (ducksMs + 0.5), 1e-9);
+  // MoE: 4 experts, top 1, 2-row chunks: an expert some row chose with
+  // probability 1 - (3/4)^2 = 7/16 is decoded, for 2 x 1/4 rows of FMAs.
+  FfnLayer moe = dense;
+  moe.moe = true;
+  moe.topK = 1;
+  moe.numExperts = 4;
+  moe.shards[0].expertBegin = 0;
+  moe.shards[0].expertEnd = 4;
+  c.prefillChunk = 2;
+  EXPECT_NEAR(prefillShardSeconds(moe.shards[0], moe, c),
+              4 * P * (7.0 / 16 / 10e9 + 2 * 0.25 / 40e9), 1e-15);
+}
+
+TEST(CostModelTest, RowSplitsAreStepsOfTheirOwn) {
+  // An o_proj of 2 x 512 rows of K 1024 and the LM head on the ducks: one
+  // more step each; their slowest duck in the stream.
+  ModelFacts m;
+  m.tp = 2;
+  RowSplit o;
+  o.role = RowSplit::Role::oProj;
+  o.k = 1024;
+  o.block = 128;
+  o.rows = {512, 256};
+  RowSplit head = o;
+  head.role = RowSplit::Role::head;
+  m.rowSplits = {o, head};
+  ClusterModel c;
+  c.fp9GparamS = 1;
+  PlanCost p = costPlan(m, c);
+  EXPECT_TRUE(p.oProjOnDucks);
+  EXPECT_TRUE(p.lmHeadOnDucks);
+  EXPECT_EQ(p.attnProjSteps, 1);
+  EXPECT_NEAR(p.oProjMsPerToken, 512 * 1024 / 1e6, 1e-12);
+  EXPECT_NEAR(p.streamMsPerToken, 2 * 512 * 1024 / 1e6, 1e-12);
+  EXPECT_NEAR(p.dispatchMsPerToken, 2 * 0.08, 1e-12);
+  EXPECT_DOUBLE_EQ(p.duckParamsPerToken[1], 2 * 256 * 1024);
+}
+
+TEST(CostModelTest, HostTime) {
+  ModelFacts m;
+  m.hostWeightBytes = 2e9;
+  m.onDucksHostBytes = 1e9;
+  m.lmHead = ModelFacts::LmHead{1e8, 2.0};
+  Attention gqa; // 16 heads of 128, 8 kv heads
+  gqa.heads = 16;
+  gqa.headDim = 128;
+  gqa.kvHeads = 8;
+  m.attention = {gqa};
+  ClusterModel c;
+  c.hostReadGbs = 100;
+  c.hostGmacS = 1;
+  c.contextTokens = 1000;
+  // Not measured: the host's weights at 100 GB/s (20 ms), its head's 200
+  // MB (2 ms) and its attention: 4.096 MMAC (4.096 ms at 1 GMAC/s) or
+  // 8.192 MB of cache (0.08192 ms): bound by the multiply-adds.
+  PlanCost p = costPlan(m, c);
+  EXPECT_NEAR(p.hostOpsMsPerToken, 20, 1e-12);
+  EXPECT_NEAR(p.hostLmHeadMsPerToken, 2, 1e-12);
+  EXPECT_NEAR(p.hostAttnMsPerToken, 4.096, 1e-12);
+  EXPECT_NEAR(p.hostAttnCacheBytesPerToken, 8.192e6, 1e-6);
+  EXPECT_NEAR(p.hostMsPerToken, 26.096, 1e-12);
+  // Measured: 30 ms, less the projections on the ducks (1 GB: 10 ms); a
+  // head quantised at load reads 1.125 bytes a weight.
+  c.hostMsPerToken = 30;
+  c.hostHeadBytesPerWeight = 1.125;
+  p = costPlan(m, c);
+  EXPECT_EQ(p.hostOpsMsPerToken, 0);
+  EXPECT_NEAR(p.hostMsPerToken, 20 + 4.096 + 1.125, 1e-12);
+}
+
+TEST(CostModelTest, MlaWithAnIndexerAttendsItsTopK) {
+  // MLA, 128 heads, kv_lora 512, rope 64, an indexer of 64 heads of 128
+  // keeping 2048 of 8192 positions: 64 x 128 x 8192 indexer MACs plus
+  // 128 x 1088 x 2048 attention MACs.
+  Attention mla;
+  mla.gqa = false;
+  mla.heads = 128;
+  mla.kvLora = 512;
+  mla.rope = 64;
+  mla.indexer = true;
+  mla.indexHeads = 64;
+  mla.indexDim = 128;
+  mla.indexTopK = 2048;
+  ClusterModel c;
+  c.hostGmacS = 100;
+  c.contextTokens = 8192;
+  AttentionCost a = hostAttention({mla}, c);
+  const double macs = 64.0 * 128 * 8192 + 128.0 * 1088 * 2048;
+  EXPECT_DOUBLE_EQ(a.macs, macs);
+  EXPECT_NEAR(a.ms, 1e3 * macs / 100e9, 1e-12);
+  EXPECT_DOUBLE_EQ(a.cacheBytes, 128.0 * 4 * 8192 + 576.0 * 4 * 2048);
+}
+
+Candidate costed(int64_t tp, const char *mo, double tokS) {
+  Candidate c;
+  c.tp = tp;
+  c.multipleOf = mo;
+  c.strategy = "intermediate";
+  c.lmHead = "checkpoint";
+  c.ok = c.costed = true;
+  c.tokS = tokS;
+  return c;
+}
+
+TEST(CostModelCandidatesTest, WithinThreePercentFewerDucksWin) {
+  std::vector<Candidate> all = {costed(4, "128", 102), costed(2, "64", 100),
+                                costed(2, "128", 99.5)};
+  // 100 and 99.5 tie with 102: the fewest ducks, then the larger block.
+  EXPECT_EQ(pickBest(all), &all[2]);
+  all[0].tokS = 110; // 9.5 % faster: no tie
+  EXPECT_EQ(pickBest(all), &all[0]);
+  all[0].ok = false; // not legal
+  EXPECT_EQ(pickBest(all), &all[2]);
+  for (Candidate &c : all)
+    c.ok = false;
+  EXPECT_EQ(pickBest(all), nullptr);
+}
+
+TEST(CostModelCandidatesTest, EnumeratesWhatTheFlagsLeaveOpen) {
+  SearchRequest r;
+  r.ducks = 4;
+  r.multipleOf = "64";
+  r.strategy = "intermediate";
+  r.lmHead = "checkpoint";
+  r.inProj = r.qProj = r.oProj = "host";
+  EXPECT_EQ(enumerateCandidates(r).size(), 1u);
+  EXPECT_EQ(enumerateCandidates(r)[0].tp, 4);
+  r.tpOpen = r.multipleOfOpen = r.strategyOpen = true;
+  r.lmHeadOpen = r.projOpen = true;
+  std::vector<Candidate> all = enumerateCandidates(r);
+  ASSERT_EQ(all.size(), 4u * 3 * 2 * 2 * 4);
+  EXPECT_EQ(all.front().tp, 1);
+  EXPECT_EQ(all.back().tp, 4);
+  EXPECT_EQ(all.back().multipleOf, "32");
+  EXPECT_EQ(all.back().strategy, "experts");
+  EXPECT_EQ(all.back().lmHead, "ducks");
+  EXPECT_EQ(all.back().inProj, "ducks");
+  EXPECT_EQ(all[1].oProj, "ducks"); // the projections vary fastest
+  EXPECT_EQ(all[1].qProj, "host");
+}
+
+TEST(CostModelCandidatesTest, MixMovesTheCheapestLayersToFit) {
+  // 3 MoE layers on one duck: the split is faster in each (10 ms against
+  // 11, 12, 20) but 300 bytes a layer against whole experts' 200. With 750
+  // bytes the duck needs 150 freed: the cheapest layer (1 ms lost) moves,
+  // then the next (2 ms); the 10 ms one stays split.
+  Candidate split = costed(1, "64", 1), whole = split;
+  whole.strategy = "experts";
+  split.duckBytes = {900};
+  whole.duckBytes = {600};
+  const double wholeMs[] = {11, 20, 12};
+  for (int64_t i = 0; i < 3; ++i) {
+    split.layers.push_back({i, true, 10, {300}});
+    whole.layers.push_back({i, true, wholeMs[i], {200}});
+  }
+  using Choice = std::vector<std::pair<int64_t, bool>>;
+  EXPECT_EQ(mixLayers(split, whole, {750}),
+            (Choice{{0, true}, {1, false}, {2, true}}));
+  // With room for the split nothing moves: no mix.
+  EXPECT_TRUE(mixLayers(split, whole, {900}).empty());
+  // Only whole experts everywhere fit: no mix either.
+  EXPECT_TRUE(mixLayers(split, whole, {600}).empty());
+}
+
+} // namespace
