@@ -27,9 +27,16 @@
       the server answers the next request.
   serve.py check-unsupported URL KEY
       Every field the server cannot honour yet (tools, response_format
-      other than text, logprobs, penalties, logit_bias, echo, best_of,
+      other than text, penalties, logit_bias, echo, best_of,
       suffix) gets a 400 naming it; the same fields asking for nothing
       (empty, zero, false, "none", "text") are answered.
+  serve.py check-logprobs URL KEY IDS LOGITS
+      /v1/completions over the token ids IDS with logprobs 5, greedy, 4
+      tokens, streamed and not: each token's logprob and its 5 best
+      alternatives equal the log-softmax of `duckrun --logits-out` rows
+      (LOGITS, written for the same ids with --max-tokens 4) within 1e-5,
+      the chosen token is the best; chat's logprobs have one entry a token,
+      each the best of its top_logprobs at temperature 0.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -373,6 +380,83 @@ def check_queue_full(argv):
         f"(status times, s: {' '.join(when)})")
 
 
+def check_logprobs(argv):
+    import math
+    import struct
+    url, key, ids, logits_file = argv
+    ids = [int(x) for x in ids.split(",")]
+    n = 4
+    raw = open(logits_file, "rb").read()
+    floats = struct.unpack("<%df" % (len(raw) // 4), raw)
+    vocab = len(floats) // (len(ids) + n - 1)
+    # Row i predicts the token after position i: generated token k comes
+    # from row len(ids) - 1 + k.
+    want = []
+    for k in range(n):
+        at = (len(ids) - 1 + k) * vocab
+        r = floats[at:at + vocab]
+        mx = max(r)
+        lse = mx + math.log(sum(math.exp(v - mx) for v in r))
+        order = sorted(range(vocab), key=lambda i: (-r[i], i))[:5]
+        want.append((r[order[0]] - lse, [r[i] - lse for i in order]))
+    body = {"model": "any", "prompt": ids, "max_tokens": n, "temperature": 0,
+            "ignore_eos": True, "logprobs": 5}
+
+    def compare(lp, what):
+        if len(lp["token_logprobs"]) != n or len(lp["top_logprobs"]) != n:
+            die(f"check-logprobs: {what}: {len(lp['token_logprobs'])} entries, "
+                f"expected {n}: {lp}")
+        for k in range(n):
+            got = lp["token_logprobs"][k]
+            tops = sorted(lp["top_logprobs"][k].values(), reverse=True)
+            if abs(got - want[k][0]) > 1e-5:
+                die(f"check-logprobs: {what}: token {k} logprob {got}, "
+                    f"expected {want[k][0]}")
+            # Distinct tokens can share a text: compare the values the
+            # dict kept with the best five's.
+            if len(tops) < 1 or any(not any(abs(t - w) <= 1e-5
+                                            for w in want[k][1]) for t in tops):
+                die(f"check-logprobs: {what}: token {k} top_logprobs {tops}, "
+                    f"expected among {want[k][1]}")
+            if abs(tops[0] - got) > 1e-5:
+                die(f"check-logprobs: {what}: token {k} is not the best")
+
+    status, data = request(url, "POST", "/v1/completions", body, key)
+    if status != 200:
+        die(f"check-logprobs: HTTP {status} {data!r}")
+    compare(json.loads(data)["choices"][0]["logprobs"], "completion")
+    # Streamed: the same entries, spread over the chunks.
+    host, port = split_url(url)
+    c = http.client.HTTPConnection(host, port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+              headers={"Authorization": f"Bearer {key}",
+                       "Content-Type": "application/json"})
+    merged = {"token_logprobs": [], "top_logprobs": []}
+    for line in c.getresponse().read().decode().splitlines():
+        if line.startswith("data: {"):
+            lp = json.loads(line[6:])["choices"][0].get("logprobs")
+            if lp:
+                merged["token_logprobs"] += lp["token_logprobs"]
+                merged["top_logprobs"] += lp["top_logprobs"]
+    compare(merged, "streamed completion")
+    # Chat: an entry a generated token, each the best of its alternatives.
+    r = json.loads(request(url, "POST", "/v1/chat/completions",
+                           chat_body("Hi", max_tokens=n, ignore_eos=True,
+                                     logprobs=True, top_logprobs=3), key)[1])
+    content = r["choices"][0]["logprobs"]["content"]
+    if len(content) != r["usage"]["completion_tokens"]:
+        die(f"check-logprobs: chat: {len(content)} entries for "
+            f"{r['usage']['completion_tokens']} tokens")
+    for e in content:
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        if len(tops) != 3 or tops != sorted(tops, reverse=True) or \
+                abs(tops[0] - e["logprob"]) > 1e-6 or e["logprob"] > 0 or \
+                bytes(e["bytes"]).decode("utf-8", "replace") != e["token"]:
+            die(f"check-logprobs: chat: bad entry {e}")
+    print(f"logprobs: {n} tokens equal the log-softmax of duckrun's logits "
+          f"(streamed and not); chat gives one entry a token")
+
+
 def check_unsupported(argv):
     url, key = argv
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
@@ -383,18 +467,14 @@ def check_unsupported(argv):
         ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}},
          "response_format"),
-        ("chat", {"logprobs": True}, "logprobs"),
-        ("chat", {"top_logprobs": 3}, "top_logprobs"),
         ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
         ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
         ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
-        ("completions", {"logprobs": 2}, "logprobs"),
         ("completions", {"echo": True}, "echo"),
         ("completions", {"best_of": 2}, "best_of"),
         ("completions", {"suffix": "x"}, "suffix"),
     ]
-    accepted = {"tools": [], "tool_choice": "none", "logprobs": False,
-                "top_logprobs": 0, "presence_penalty": 0,
+    accepted = {"tools": [], "tool_choice": "none", "presence_penalty": 0,
                 "frequency_penalty": 0.0, "logit_bias": {},
                 "response_format": {"type": "text"}}
     for endpoint, extra, field in refused:
@@ -504,7 +584,8 @@ def main():
      "check-queue-full": check_queue_full,
      "check-slow-clients": check_slow_clients,
      "check-bad-clients": check_bad_clients,
-     "check-unsupported": check_unsupported}.get(
+     "check-unsupported": check_unsupported,
+     "check-logprobs": check_logprobs}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

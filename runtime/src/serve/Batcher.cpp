@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace duck::runtime {
 
@@ -129,13 +130,40 @@ void Batcher::Admit() {
     Finish(*s, FinishReason::kCancelled, absl::OkStatus());
 }
 
-bool Batcher::Deliver(Seq &s, int32_t token) {
+TokenLogprobs LogprobsAt(absl::Span<const float> logits, int32_t token,
+                         uint32_t top) {
+  TokenLogprobs out;
+  if (logits.empty())
+    return out;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits)
+    sum += std::exp((double)v - mx);
+  const double logZ = mx + std::log(sum);
+  out.logprob = (float)((double)logits[token] - logZ);
+  top = std::min<uint32_t>(top, (uint32_t)logits.size());
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = (int32_t)i;
+  std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[a] != logits[b] ? logits[a] > logits[b]
+                                                    : a < b;
+                    });
+  for (uint32_t i = 0; i < top; ++i)
+    out.top.emplace_back(ids[i], (float)((double)logits[ids[i]] - logZ));
+  return out;
+}
+
+bool Batcher::Deliver(Seq &s, int32_t token, absl::Span<const float> row) {
   const GenRequest &r = s.req;
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) !=
       r.stop_ids.end()) {
     Finish(s, FinishReason::kStop, absl::OkStatus());
     return false;
   }
+  if (r.on_logprobs)
+    r.on_logprobs(token, LogprobsAt(row, token, r.top_logprobs));
   ++s.generated;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -211,9 +239,9 @@ void Batcher::Step() {
   std::vector<Seq *> done;
   for (size_t i = 0; i < sampling_.size(); ++i) {
     Seq &s = *sampling_[i];
-    const int32_t token = s.sampler->Sample(
-        absl::MakeConstSpan(logits_).subspan((uint64_t)i * V, V));
-    if (!Deliver(s, token))
+    const auto row = absl::MakeConstSpan(logits_).subspan((uint64_t)i * V, V);
+    const int32_t token = s.sampler->Sample(row);
+    if (!Deliver(s, token, row))
       done.push_back(&s);
   }
   std::lock_guard<std::mutex> lock(mu_);

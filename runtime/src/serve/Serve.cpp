@@ -300,10 +300,64 @@ struct Job {
   bool stop_string = false; // a stop string cut the text
   double t_submit = 0, t_first = 0, t_last = 0;
 
+  // With logprobs: one entry a generated token (chat's shape: token,
+  // logprob, bytes, top_logprobs); the stream has sent [0, lp_sent).
+  bool want_logprobs = false;
+  std::vector<json> logprobs;
+  size_t lp_sent = 0, lp_offset = 0; // lp_offset: completions' text_offset
+
   // Batcher thread only.
   std::unique_ptr<StreamDecoder> decoder;
   std::vector<std::string> stops;
+  const Tokenizer *tokenizer = nullptr;
 };
+
+/// A token as OpenAI's logprobs show it: its text and its UTF-8 bytes
+/// (a token may hold part of a character: the bytes say which).
+json TokenEntry(const Tokenizer &tok, int32_t id, float logprob) {
+  const std::string_view b = tok.TokenBytes(id);
+  json bytes = json::array();
+  for (unsigned char c : b)
+    bytes.push_back((int)c);
+  return json{{"token", std::string(b)}, {"logprob", logprob},
+              {"bytes", bytes}};
+}
+
+void OnLogprobs(Job &j, int32_t id, const TokenLogprobs &lp) {
+  json e = TokenEntry(*j.tokenizer, id, lp.logprob);
+  json top = json::array();
+  for (const auto &[alt, l] : lp.top)
+    top.push_back(TokenEntry(*j.tokenizer, alt, l));
+  e["top_logprobs"] = std::move(top);
+  std::lock_guard<std::mutex> lock(j.mu);
+  j.logprobs.push_back(std::move(e));
+}
+
+/// Entries in the shape of the answer: chat's {"content": [...]}, or the
+/// legacy completions' parallel lists.
+json LogprobsJson(bool chat, const std::vector<json> &entries, size_t from,
+                  size_t to, size_t *text_offset) {
+  if (chat)
+    return json{{"content", json(std::vector<json>(entries.begin() + from,
+                                                   entries.begin() + to))}};
+  json tokens = json::array(), lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (size_t i = from; i < to; ++i) {
+    const json &e = entries[i];
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    json top = json::object();
+    for (const json &t : e["top_logprobs"])
+      top[t["token"].get<std::string>()] = t["logprob"];
+    tops.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += e["bytes"].size();
+  }
+  return json{{"tokens", tokens},
+              {"token_logprobs", lps},
+              {"top_logprobs", tops},
+              {"text_offset", offsets}};
+}
 
 /// The longest suffix of `text` that is a proper prefix of a stop string:
 /// held back until the next token shows whether the stop matches.
@@ -374,6 +428,8 @@ struct Params {
   SamplerOptions sampler;
   std::vector<std::string> stops;
   bool stream = false, include_usage = false, ignore_eos = false;
+  bool logprobs = false;     // return each token's log probability
+  uint32_t top_logprobs = 0; // and this many alternatives
 };
 
 /// The text of a message's content: a string, or an array of
@@ -470,11 +526,6 @@ std::optional<FieldError> ParseUnsupported(const json &b, bool chat) {
     return refuse("response_format",
                   "only {\"type\": \"text\"}; constrained output (json_object, "
                   "json_schema) is not implemented");
-  const char *noLogprobs = "log probabilities are not returned";
-  if (set("logprobs") && b["logprobs"] != false && b["logprobs"] != 0)
-    return refuse("logprobs", noLogprobs);
-  if (set("top_logprobs") && b["top_logprobs"] != 0)
-    return refuse("top_logprobs", noLogprobs);
   for (const char *k : {"presence_penalty", "frequency_penalty"})
     if (set(k) && !(b[k].is_number() && b[k].get<double>() == 0))
       return refuse(k, "penalties are not applied (send 0 or leave it out)");
@@ -488,6 +539,38 @@ std::optional<FieldError> ParseUnsupported(const json &b, bool chat) {
       return refuse("best_of", "only one completion is made");
     if (set("suffix") && b["suffix"] != "")
       return refuse("suffix", "there is no insertion mode");
+  }
+  return std::nullopt;
+}
+
+/// 'logprobs' and 'top_logprobs' (chat: a boolean and 0-20 alternatives);
+/// 'logprobs' on completions: the number of alternatives, 0-20.
+std::optional<FieldError> ParseLogprobs(const json &b, bool chat, Params *p) {
+  auto set = [&](const char *k) { return b.contains(k) && !b[k].is_null(); };
+  auto count = [&](const char *k) -> std::optional<FieldError> {
+    if (!b[k].is_number_integer() || b[k].get<int64_t>() < 0 ||
+        b[k].get<int64_t>() > 20)
+      return FieldError{k, absl::StrCat("'", k, "' must be an integer in "
+                                        "[0, 20]")};
+    p->top_logprobs = (uint32_t)b[k].get<int64_t>();
+    return std::nullopt;
+  };
+  if (!chat) {
+    if (!set("logprobs"))
+      return std::nullopt;
+    p->logprobs = true;
+    return count("logprobs");
+  }
+  if (set("logprobs")) {
+    if (!b["logprobs"].is_boolean())
+      return FieldError{"logprobs", "'logprobs' must be true or false"};
+    p->logprobs = b["logprobs"].get<bool>();
+  }
+  if (set("top_logprobs")) {
+    if (auto e = count("top_logprobs"))
+      return e;
+    if (!p->logprobs && p->top_logprobs > 0)
+      return FieldError{"top_logprobs", "'top_logprobs' needs 'logprobs': true"};
   }
   return std::nullopt;
 }
@@ -670,13 +753,16 @@ struct Reply {
   bool chat = false;
 
   /// One server-sent event: new text (a completion) or a delta (chat).
-  std::string Chunk(const json &delta_or_text, const json &finish) const {
+  std::string Chunk(const json &delta_or_text, const json &finish,
+                    json logprobs = nullptr) const {
     json choice = {{"index", 0}, {"finish_reason", finish}};
     if (chat) {
       choice["delta"] = delta_or_text;
+      if (!logprobs.is_null())
+        choice["logprobs"] = std::move(logprobs);
     } else {
       choice["text"] = delta_or_text;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = std::move(logprobs);
     }
     json c = {{"id", id},
               {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -687,9 +773,20 @@ struct Reply {
   }
 };
 
+/// The log probabilities of the tokens a stream has not sent yet (null
+/// when the request asked for none); they go with the next chunk.
+json PendingLogprobs(Job &job, bool chat) {
+  if (!job.want_logprobs)
+    return nullptr;
+  json lp = LogprobsJson(chat, job.logprobs, job.lp_sent, job.logprobs.size(),
+                         &job.lp_offset);
+  job.lp_sent = job.logprobs.size();
+  return lp;
+}
+
 /// The events that end a stream: the error, or the finish reason (and the
 /// usage, when asked for); then [DONE].
-std::string StreamEnd(const Job &job, const Reply &r, bool include_usage) {
+std::string StreamEnd(Job &job, const Reply &r, bool include_usage) {
   std::string out;
   if (job.why == FinishReason::kError || job.why == FinishReason::kCancelled) {
     json e = {{"error",
@@ -704,7 +801,7 @@ std::string StreamEnd(const Job &job, const Reply &r, bool include_usage) {
     out += absl::StrCat("data: ", Dump(e), "\n\n");
   } else {
     out += r.Chunk(r.chat ? json::object() : json(""),
-                   FinishReasonName(job.why));
+                   FinishReasonName(job.why), PendingLogprobs(job, r.chat));
     if (include_usage) {
       json u = {{"id", r.id},
                 {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
@@ -794,6 +891,8 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
     return Bad(res, *e);
   if (auto e = ParseUnsupported(b, chat))
     return Bad(res, *e);
+  if (auto e = ParseLogprobs(b, chat, p))
+    return Bad(res, *e);
   const uint32_t room = context - (uint32_t)p->prompt.size();
   p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
   return true;
@@ -880,6 +979,14 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   if (!p.ignore_eos)
     g.stop_ids = chat ? eos_chat_ : eos_;
   g.on_token = [job](int32_t id) { return OnToken(*job, id); };
+  if (p.logprobs) {
+    job->want_logprobs = true;
+    job->tokenizer = ses_->tokenizer();
+    g.top_logprobs = p.top_logprobs;
+    g.on_logprobs = [job](int32_t id, const TokenLogprobs &lp) {
+      OnLogprobs(*job, id, lp);
+    };
+  }
   g.on_done = [job](FinishReason why, const absl::Status &e) {
     OnDone(*job, why, e);
   };
@@ -945,6 +1052,9 @@ void Server::Answer(const httplib::Request &req, httplib::Response &res,
   json choice = {{"index", 0},
                  {"logprobs", nullptr},
                  {"finish_reason", FinishReasonName(job.why)}};
+  if (job.want_logprobs)
+    choice["logprobs"] = LogprobsJson(r.chat, job.logprobs, 0,
+                                      job.logprobs.size(), &job.lp_offset);
   if (r.chat)
     choice["message"] = {{"role", "assistant"}, {"content", job.text}};
   else
@@ -985,12 +1095,15 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
                 job->text.substr(st->sent, job->ready - st->sent);
             st->sent = job->ready;
             out += r.Chunk(r.chat ? json{{"content", piece}} : json(piece),
-                           nullptr);
+                           nullptr, PendingLogprobs(*job, r.chat));
           }
           const bool done = job->done;
           lock.unlock();
-          if (done)
+          if (done) {
+            lock.lock(); // the last entries go with the finish chunk
             out += StreamEnd(*job, r, include_usage);
+            lock.unlock();
+          }
           // A client that went away frees its slot.
           if (!sink.is_writable() ||
               (!out.empty() && !sink.write(out.data(), out.size()))) {

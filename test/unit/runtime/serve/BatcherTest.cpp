@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -413,6 +414,26 @@ TEST_F(BatcherTest, AFailedStepEndsTheRunningRequestsWithItsError) {
   ASSERT_TRUE(WaitDone({&c}));
   EXPECT_EQ(c.why, FinishReason::kLength);
   EXPECT_EQ(c.tokens, Alone(pc, 3));
+}
+
+// The log probabilities a request can ask for: the log-softmax in double,
+// the best alternatives most likely first, ties to the lower id.
+TEST(LogprobsAt, LogSoftmaxAndBestAlternatives) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  double z = 0;
+  for (float v : logits)
+    z += std::exp((double)v);
+  const TokenLogprobs lp = LogprobsAt(logits, 2, 3);
+  EXPECT_NEAR(lp.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1); // 3.0, the lower of the tied ids
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 2);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_EQ(LogprobsAt(logits, 0, 9).top.size(), logits.size());
+  // Large logits do not overflow: the maximum is taken out first.
+  const std::vector<float> big = {1000.0f, 1000.0f};
+  EXPECT_NEAR(LogprobsAt(big, 0, 0).logprob, -std::log(2.0), 1e-6);
 }
 
 } // namespace

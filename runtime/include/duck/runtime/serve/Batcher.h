@@ -44,6 +44,19 @@ enum class TokenVerdict {
 enum class FinishReason { kStop, kLength, kCancelled, kError };
 const char *FinishReasonName(FinishReason r);
 
+/// A generated token's log probability under the model (the log-softmax
+/// of its logits row, before temperature or any other sampling setting)
+/// and the most likely tokens' (most likely first, ties by lower id).
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+/// The log-softmax of `logits` at `token`, in double, and its `top` most
+/// likely entries.
+TokenLogprobs LogprobsAt(absl::Span<const float> logits, int32_t token,
+                         uint32_t top);
+
 struct GenRequest {
   std::vector<int32_t> prompt;
   uint32_t max_tokens = 16;
@@ -51,6 +64,10 @@ struct GenRequest {
   std::vector<int32_t> stop_ids; // end the generation (not passed on)
   /// Each generated token, in order.
   std::function<TokenVerdict(int32_t id)> on_token;
+  /// When set, called just before on_token with that token's log
+  /// probabilities (`top_logprobs` alternatives).
+  std::function<void(int32_t id, const TokenLogprobs &lp)> on_logprobs;
+  uint32_t top_logprobs = 0;
   /// Once, at the end; `error` is set for kError.
   std::function<void(FinishReason why, const absl::Status &error)> on_done;
 };
@@ -106,7 +123,7 @@ private:
   void Step();
   /// After a sampled token: hand it on and decide whether the sequence
   /// goes on; false when it has finished.
-  bool Deliver(Seq &s, int32_t token);
+  bool Deliver(Seq &s, int32_t token, absl::Span<const float> row);
 
   Engine &engine_;
   BatcherOptions opts_;
