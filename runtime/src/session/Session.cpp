@@ -64,6 +64,32 @@ bool TcpReachable(const DuckEndpoint &ep, absl::Duration timeout) {
   return ok;
 }
 
+/// A cluster file's ducks that stay unreachable for kSpareAfter give their
+/// place to the next spares (`down_since`: when each was first found
+/// unreachable, kept across attempts).
+void SwapInSpares(DuckClientOptions &co, std::vector<DuckEndpoint> *spares,
+                  std::vector<absl::Time> &down_since, bool quiet,
+                  std::ostream &err) {
+  for (size_t r = 0; r < co.ducks.size() && !spares->empty(); ++r) {
+    if (TcpReachable(co.ducks[r], absl::Seconds(1))) {
+      down_since[r] = absl::InfiniteFuture();
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (down_since[r] == absl::InfiniteFuture())
+      down_since[r] = now;
+    if (now - down_since[r] < kSpareAfter)
+      continue;
+    if (!quiet)
+      err << "duckrun: duck " << r << " (" << co.ducks[r].ToString()
+          << ") is still unreachable; spare " << spares->front().ToString()
+          << " takes its place\n";
+    co.ducks[r] = spares->front();
+    spares->erase(spares->begin());
+    down_since[r] = absl::InfiniteFuture();
+  }
+}
+
 /// After a failed step: restarts the local ducks that died (all of them
 /// when none did: one is hung); with a cluster file, a duck that stays
 /// unreachable for kSpareAfter gives its place to the next spare (which
@@ -91,26 +117,8 @@ RecoverDucks(const absl::Status &why, DuckClientOptions &co,
   };
   for (int attempt = 1;; ++attempt) {
     DUCK_RETURN_IF_ERROR(cancelled());
-    if (!local && spares && !spares->empty()) {
-      for (size_t r = 0; r < co.ducks.size() && !spares->empty(); ++r) {
-        if (TcpReachable(co.ducks[r], absl::Seconds(1))) {
-          downSince[r] = absl::InfiniteFuture();
-          continue;
-        }
-        const absl::Time now = absl::Now();
-        if (downSince[r] == absl::InfiniteFuture())
-          downSince[r] = now;
-        if (now - downSince[r] < kSpareAfter)
-          continue;
-        if (!quiet)
-          err << "duckrun: duck " << r << " (" << co.ducks[r].ToString()
-              << ") is still unreachable; spare " << spares->front().ToString()
-              << " takes its place\n";
-        co.ducks[r] = spares->front();
-        spares->erase(spares->begin());
-        downSince[r] = absl::InfiniteFuture();
-      }
-    }
+    if (!local && spares)
+      SwapInSpares(co, spares, downSince, quiet, err);
     if (local) {
       std::vector<size_t> dead;
       for (size_t i = 0; i < local->endpoints().size(); ++i)
