@@ -416,8 +416,10 @@ std::string mlir::duck::strategySpecOf(const ModuleStats &s) {
   return moe.empty() ? s.strategy : strategySpecOf(moe);
 }
 
-void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
-                                llvm::raw_ostream &os) {
+namespace {
+
+/// The partition and each duck's image.
+void printDucks(const ModuleStats &s, llvm::raw_ostream &os) {
   os << "tp: " << s.tp << "\n";
   os << "multiple_of: " << s.multipleOf << "\n";
   os << "tp_max: " << s.tpMax << "\n";
@@ -434,6 +436,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.duckParamsPerToken[d.rank]);
   os << "total prepare traffic: " << s.totalBytes << " bytes ("
      << human(s.totalBytes) << ")\n";
+}
+
+/// Where the LM head and the attention projections run.
+void printPlacements(const ModuleStats &s, const ClusterModel &c,
+                     llvm::raw_ostream &os) {
   if (s.lmHeadOnDucks)
     os << llvm::format("LM head: on the ducks (vocabulary rows split), "
                        "%.3f ms a token on the slowest duck (in the ducks' "
@@ -458,6 +465,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        "split), %.3f ms a token on the slowest ducks (in the "
                        "ducks' time below)\n",
                        s.inProjMsPerToken);
+}
+
+/// The host's attention and weights, the wire, prefill.
+void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
+                      llvm::raw_ostream &os) {
   if (s.hostAttnMsPerToken > 0)
     os << llvm::format("host attention over %lld tokens of context: %.2f "
                        "GMAC and %.1f MB of cache a token, %.3f ms (each "
@@ -490,6 +502,11 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                        s.prefillTokS, s.prefillDucksMsPerToken,
                        c.hostPrefillMsPerToken, (long long)c.prefillChunk,
                        c.gemmGmacS);
+}
+
+/// The decoded token's time.
+void printDecode(const ModuleStats &s, const ClusterModel &c,
+                 llvm::raw_ostream &os) {
   // The host's part is counted when measured or timed from its bandwidth.
   if (c.hostMsPerToken > 0 || c.fp9GparamS > 0 || s.hostMsPerToken > 0) {
     const std::string rate =
@@ -519,6 +536,16 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
                   .c_str()
             : "",
         c.bandwidthGbs, c.stepOverheadUs);
+}
+
+} // namespace
+
+void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
+                                llvm::raw_ostream &os) {
+  printDucks(s, os);
+  printPlacements(s, c, os);
+  printHostAndWire(s, c, os);
+  printDecode(s, c, os);
 }
 
 llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
