@@ -215,10 +215,8 @@ cl::opt<bool> compileProgress("progress",
                                        "not a terminal"),
                               cl::sub(compileCmd), cl::cat(duckcCategory));
 
-Error runCompile() {
-  mlir::duck::CompileOptions o;
-  o.modelDir = compileDir;
-  o.outDir = compileOut;
+/// The cluster from --cluster and the flags that override it.
+Error clusterFromFlags(mlir::duck::CompileOptions &o) {
   if (!compileCluster.empty()) {
     auto c = mlir::duck::loadClusterFile(compileCluster);
     if (!c)
@@ -254,6 +252,11 @@ Error runCompile() {
     o.cluster.cost.bandwidthGbs = compileBw;
   if (compileOverhead >= 0)
     o.cluster.cost.stepOverheadUs = compileOverhead;
+  return Error::success();
+}
+
+/// What to write and how to cut the model, from the flags.
+Error planFromFlags(mlir::duck::CompileOptions &o) {
   o.multipleOf = compileMultipleOf;
   o.strategy = compileStrategy;
   if (compileEmit == "plan")
@@ -301,6 +304,13 @@ Error runCompile() {
           "--" + toString(spec.takeError()) +
               " (expected intermediate, experts, auto, or a list by MoE "
               "layer such as intermediate,experts:3-30)");
+  return Error::success();
+}
+
+/// --tp auto, --explain, --strategy auto: what the flags leave open goes
+/// to the cost model, and `o` takes its winner.
+Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
+  const bool autoTp = compileTp == "auto";
   const bool autoStrategy = compileStrategy == "auto";
   if (autoTp || compileExplain || autoStrategy) {
     mlir::duck::PlanChoice open;
@@ -328,6 +338,19 @@ Error runCompile() {
     o.qProj = winner->qProj;
     o.inProj = winner->inProj;
   }
+  return Error::success();
+}
+
+Error runCompile() {
+  mlir::duck::CompileOptions o;
+  o.modelDir = compileDir;
+  o.outDir = compileOut;
+  if (Error e = clusterFromFlags(o))
+    return e;
+  if (Error e = planFromFlags(o))
+    return e;
+  if (Error e = choosePlanFromFlags(o))
+    return e;
   // Ctrl-C or SIGTERM while the plan is written: the writer stops at its
   // next chunk and compileModel removes what it wrote. (LLVM's handler
   // calls this once and restores the defaults: a second Ctrl-C kills.)
