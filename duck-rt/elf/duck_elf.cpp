@@ -213,6 +213,149 @@ bool keyMatches(const CachedSlot &c, uint32_t slot, const duck_info *info,
          c.entry.kind == e.kind;
 }
 
+/// The slot's table row lies in the image, after the slot table, and has
+/// room for a slot header.
+bool slotEntryInImage(const duck_image_header *h, uint32_t slot,
+                      const duck_slot_entry &e, Log &log) {
+  const uint64_t tableEnd =
+      h->slot_table_offset + (uint64_t)h->slot_count * sizeof(duck_slot_entry);
+  if (e.offset % DUCK_IMAGE_ALIGN != 0 || e.offset < tableEnd ||
+      e.offset > h->total_bytes || e.bytes > h->total_bytes - e.offset ||
+      e.bytes < sizeof(duck_slot_header)) {
+    log << "weights: slot " << slot << " at " << e.offset << " (+" << e.bytes
+        << ") outside the image of " << h->total_bytes << " bytes";
+    log.end();
+    return false;
+  }
+  return true;
+}
+
+/// The slot header matches its table row, is of the mode's kind (else
+/// BAD_INPUT in `out_status`), has a shape the kernels take, and its
+/// descriptor table fits the slot.
+bool checkSlotHeader(const duck_image_header *h, uint32_t slot,
+                     const duck_slot_entry &e, const duck_slot_header *sh,
+                     int want_kind, Log &log, int32_t *out_status) {
+  // A head slot's K is its own (an o_proj's is heads x v_head_dim); every
+  // FFN slot's is the model's hidden size.
+  if (sh->magic != DUCK_SLOT_MAGIC || sh->kind != e.kind ||
+      sh->kind > DUCK_SLOT_HEAD || sh->layer != e.layer ||
+      (sh->kind == DUCK_SLOT_HEAD
+           ? sh->hidden == 0 || sh->hidden > DUCK_STEP_MAX_DIM
+           : sh->hidden != h->hidden)) {
+    log << "weights: slot " << slot << " header does not match its table row";
+    log.end();
+    return false;
+  }
+  if (want_kind >= 0 && sh->kind != (uint32_t)want_kind) {
+    *out_status = DUCK_STATUS_BAD_INPUT;
+    log << "ib: slot " << slot << " is not of the mode's kind";
+    log.end();
+    return false;
+  }
+  if ((sh->block != 32 && sh->block != 64 && sh->block != 128) ||
+      sh->inter == 0 || sh->inter > DUCK_STEP_MAX_DIM || sh->n_experts == 0 ||
+      sh->n_experts > DUCK_STEP_MAX_EXPERTS ||
+      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1)) {
+    log << "weights: slot " << slot << " bad shape (inter " << sh->inter
+        << ", experts " << sh->n_experts << ", block " << sh->block << ")";
+    log.end();
+    return false;
+  }
+  const uint64_t descEnd = sizeof(duck_slot_header) +
+                           (uint64_t)sh->n_experts * sizeof(duck_ffn_desc);
+  if (descEnd > e.bytes) {
+    log << "weights: slot " << slot << " descriptor table exceeds the slot";
+    log.end();
+    return false;
+  }
+  return true;
+}
+
+/// A head slot's piece: a matrix [rows_x, hidden] in the descriptor's
+/// `gate` (up and down stay empty); the pieces' rows, summed in
+/// `headRows`, concatenate to the slot's `inter`.
+bool headView(const duck_ffn_desc &d, const duck_slot_header *sh,
+              const uint8_t *base, uint64_t descEnd, uint64_t slotBytes,
+              uint32_t slot, uint32_t x, uint64_t &headRows,
+              duck_ffn_weights &w, Log &log) {
+  const duck_matrix_ref none{};
+  if (__builtin_memcmp(&d.up, &none, sizeof none) != 0 ||
+      __builtin_memcmp(&d.down, &none, sizeof none) != 0) {
+    log << "weights: head slot " << slot << " has an up or down matrix";
+    log.end();
+    return false;
+  }
+  headRows += d.gate.desc.rows;
+  if (d.gate.desc.rows == 0 || headRows > sh->inter ||
+      !checkMatrix(d.gate, d.gate.desc.rows, sh->hidden, sh->block, descEnd,
+                   slotBytes, "head", x, log)) {
+    if (d.gate.desc.rows == 0 || headRows > sh->inter) {
+      log << "weights: head slot " << slot << " matrix " << x
+          << " has no rows or exceeds the slot's " << sh->inter;
+      log.end();
+    }
+    return false;
+  }
+  w = duck_ffn_weights{};
+  w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
+  return true;
+}
+
+/// Checks every descriptor of a slot and writes its views: an FFN expert's
+/// gate, up and down; a head slot's pieces; a missing expert's shape only.
+bool buildViews(const duck_slot_header *sh, const uint8_t *base,
+                uint64_t slotBytes, uint32_t slot, duck_ffn_weights *views,
+                Log &log) {
+  const uint64_t descEnd = sizeof(duck_slot_header) +
+                           (uint64_t)sh->n_experts * sizeof(duck_ffn_desc);
+  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(sh + 1);
+  const uint32_t hidden = sh->hidden, inter = sh->inter, block = sh->block;
+  uint64_t headRows = 0; // a head slot's matrices' rows, concatenated
+  for (uint32_t x = 0; x < sh->n_experts; ++x) {
+    const duck_ffn_desc &d = descs[x];
+    duck_ffn_weights &w = views[x];
+    if (d.present > 1 || (sh->kind != DUCK_SLOT_MOE && d.present != 1)) {
+      log << "weights: slot " << slot << " expert " << x << " bad present flag";
+      log.end();
+      return false;
+    }
+    if (!d.present) {
+      // Shape only: the kernels read rows/k of experts[0]; a slot naming a
+      // missing expert is remapped before any kernel runs.
+      w = duck_ffn_weights{};
+      w.gate.rows = w.up.rows = inter;
+      w.gate.k = w.up.k = hidden;
+      w.down.rows = hidden;
+      w.down.k = inter;
+      continue;
+    }
+    if (sh->kind == DUCK_SLOT_HEAD) {
+      if (!headView(d, sh, base, descEnd, slotBytes, slot, x, headRows, w,
+                    log))
+        return false;
+      continue;
+    }
+    if (!checkMatrix(d.gate, inter, hidden, block, descEnd, slotBytes, "gate",
+                     x, log) ||
+        !checkMatrix(d.up, inter, hidden, block, descEnd, slotBytes, "up", x,
+                     log) ||
+        !checkMatrix(d.down, hidden, inter, block, descEnd, slotBytes, "down",
+                     x, log))
+      return false;
+    w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
+    w.up = duck_fp9_matrix_view(&d.up.desc, base + d.up.offset);
+    w.down = duck_fp9_matrix_view(&d.down.desc, base + d.down.offset);
+  }
+  if (sh->kind == DUCK_SLOT_HEAD && headRows != inter) {
+    log << "weights: head slot " << slot << " matrices hold " << headRows
+        << " rows, the header " << inter;
+    log.end();
+    return false;
+  }
+  return true;
+}
+
 /// Validates slot `slot` and returns its cached views (attaching it when
 /// the cache has no valid entry). `want_kind` < 0 accepts either kind.
 const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
@@ -243,132 +386,29 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   }
   c.valid = 0;
 
-  const uint64_t tableEnd =
-      h->slot_table_offset + (uint64_t)h->slot_count * sizeof(duck_slot_entry);
-  if (e.offset % DUCK_IMAGE_ALIGN != 0 || e.offset < tableEnd ||
-      e.offset > h->total_bytes || e.bytes > h->total_bytes - e.offset ||
-      e.bytes < sizeof(duck_slot_header)) {
-    log << "weights: slot " << slot << " at " << e.offset << " (+" << e.bytes
-        << ") outside the image of " << h->total_bytes << " bytes";
-    log.end();
+  if (!slotEntryInImage(h, slot, e, log))
     return nullptr;
-  }
   const uint8_t *base = info->weights + e.offset;
   const auto *sh = reinterpret_cast<const duck_slot_header *>(base);
-  // A head slot's K is its own (an o_proj's is heads x v_head_dim); every
-  // FFN slot's is the model's hidden size.
-  if (sh->magic != DUCK_SLOT_MAGIC || sh->kind != e.kind ||
-      sh->kind > DUCK_SLOT_HEAD || sh->layer != e.layer ||
-      (sh->kind == DUCK_SLOT_HEAD
-           ? sh->hidden == 0 || sh->hidden > DUCK_STEP_MAX_DIM
-           : sh->hidden != h->hidden)) {
-    log << "weights: slot " << slot << " header does not match its table row";
-    log.end();
+  if (!checkSlotHeader(h, slot, e, sh, want_kind, log, out_status))
     return nullptr;
-  }
-  if (want_kind >= 0 && sh->kind != (uint32_t)want_kind) {
-    *out_status = DUCK_STATUS_BAD_INPUT;
-    log << "ib: slot " << slot << " is not of the mode's kind";
-    log.end();
-    return nullptr;
-  }
-  if ((sh->block != 32 && sh->block != 64 && sh->block != 128) ||
-      sh->inter == 0 || sh->inter > DUCK_STEP_MAX_DIM || sh->n_experts == 0 ||
-      sh->n_experts > DUCK_STEP_MAX_EXPERTS ||
-      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1)) {
-    log << "weights: slot " << slot << " bad shape (inter " << sh->inter
-        << ", experts " << sh->n_experts << ", block " << sh->block << ")";
-    log.end();
-    return nullptr;
-  }
-  const uint64_t descEnd = sizeof(duck_slot_header) +
-                           (uint64_t)sh->n_experts * sizeof(duck_ffn_desc);
-  if (descEnd > e.bytes) {
-    log << "weights: slot " << slot << " descriptor table exceeds the slot";
-    log.end();
-    return nullptr;
-  }
   if (g_state.views_used + sh->n_experts > kViewPool) {
     // Pool exhausted: drop every cached slot (they re-attach on use).
     for (uint32_t i = 0; i < kCacheEntries; ++i)
       g_state.cache[i].valid = 0;
     g_state.views_used = 0;
   }
-  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(sh + 1);
-  duck_ffn_weights *views = g_state.views + g_state.views_used;
-  const uint32_t hidden = sh->hidden, inter = sh->inter, block = sh->block;
-  uint32_t present = 0;
-  uint64_t headRows = 0; // a head slot's matrices' rows, concatenated
-  for (uint32_t x = 0; x < sh->n_experts; ++x) {
-    const duck_ffn_desc &d = descs[x];
-    duck_ffn_weights &w = views[x];
-    if (d.present > 1 || (sh->kind != DUCK_SLOT_MOE && d.present != 1)) {
-      log << "weights: slot " << slot << " expert " << x << " bad present flag";
-      log.end();
-      return nullptr;
-    }
-    if (!d.present) {
-      // Shape only: the kernels read rows/k of experts[0]; a slot naming a
-      // missing expert is remapped before any kernel runs.
-      w = duck_ffn_weights{};
-      w.gate.rows = w.up.rows = inter;
-      w.gate.k = w.up.k = hidden;
-      w.down.rows = hidden;
-      w.down.k = inter;
-      continue;
-    }
-    if (sh->kind == DUCK_SLOT_HEAD) {
-      // A matrix [rows_x, hidden] in each descriptor's `gate` (up and down
-      // stay empty); their rows concatenate to the slot's `inter`.
-      const duck_matrix_ref none{};
-      if (__builtin_memcmp(&d.up, &none, sizeof none) != 0 ||
-          __builtin_memcmp(&d.down, &none, sizeof none) != 0) {
-        log << "weights: head slot " << slot << " has an up or down matrix";
-        log.end();
-        return nullptr;
-      }
-      headRows += d.gate.desc.rows;
-      if (d.gate.desc.rows == 0 || headRows > inter ||
-          !checkMatrix(d.gate, d.gate.desc.rows, hidden, block, descEnd,
-                       e.bytes, "head", x, log)) {
-        if (d.gate.desc.rows == 0 || headRows > inter) {
-          log << "weights: head slot " << slot << " matrix " << x
-              << " has no rows or exceeds the slot's " << inter;
-          log.end();
-        }
-        return nullptr;
-      }
-      w = duck_ffn_weights{};
-      w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
-      ++present;
-      continue;
-    }
-    if (!checkMatrix(d.gate, inter, hidden, block, descEnd, e.bytes, "gate", x,
-                     log) ||
-        !checkMatrix(d.up, inter, hidden, block, descEnd, e.bytes, "up", x,
-                     log) ||
-        !checkMatrix(d.down, hidden, inter, block, descEnd, e.bytes, "down", x,
-                     log))
-      return nullptr;
-    w.gate = duck_fp9_matrix_view(&d.gate.desc, base + d.gate.offset);
-    w.up = duck_fp9_matrix_view(&d.up.desc, base + d.up.offset);
-    w.down = duck_fp9_matrix_view(&d.down.desc, base + d.down.offset);
-    ++present;
-  }
-  if (sh->kind == DUCK_SLOT_HEAD && headRows != inter) {
-    log << "weights: head slot " << slot << " matrices hold " << headRows
-        << " rows, the header " << inter;
-    log.end();
+  if (!buildViews(sh, base, e.bytes, slot, g_state.views + g_state.views_used,
+                  log))
     return nullptr;
-  }
   c.slot = slot;
   c.weights_addr = (uint64_t)(uintptr_t)info->weights;
   c.weights_size = info->weights_size;
   c.generation = info->weights_generation;
   c.entry = e;
   c.kind = sh->kind;
-  c.hidden = hidden;
-  c.inter = inter;
+  c.hidden = sh->hidden;
+  c.inter = sh->inter;
   c.n_experts = sh->n_experts;
   c.view_base = g_state.views_used;
   g_state.views_used += sh->n_experts;
@@ -403,6 +443,82 @@ bool isMoeMode(uint32_t mode) {
          mode == DUCK_MODE_MOE_PREFILL;
 }
 
+/// The IB header's step: tokens in range, top_k as the mode needs, no
+/// unknown flags.
+int32_t checkIbHeader(const duck_ib_header &ih, bool moe, Log &log) {
+  if (ih.n_tokens == 0 || ih.n_tokens > DUCK_STEP_MAX_TOKENS) {
+    log << "ib: n_tokens " << ih.n_tokens << " outside [1, "
+        << (uint32_t)DUCK_STEP_MAX_TOKENS << "]";
+    log.end();
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  if (moe ? (ih.top_k == 0 || ih.top_k > DUCK_STEP_MAX_TOP_K) : ih.top_k != 0) {
+    log << "ib: top_k " << ih.top_k << " invalid for mode " << ih.mode;
+    log.end();
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  if (ih.flags & ~(uint32_t)DUCK_IB_X_BF16) {
+    log << "ib: unknown flags " << ih.flags;
+    log.end();
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  return DUCK_STATUS_OK;
+}
+
+/// Points the job at x in the IB (after the expert slots, aligned, inside
+/// the IB) and at its output in the OB (which must hold it).
+int32_t placeInOut(duck_info *info, const duck_ib_header &ih, bool bf16,
+                   Job &j, Log &log) {
+  const uint64_t nSlots = (uint64_t)ih.n_tokens * ih.top_k;
+  const uint64_t slotsEnd = sizeof(duck_ib_header) + nSlots * 8;
+  const uint64_t xBytes = (uint64_t)ih.n_tokens * j.hidden * (bf16 ? 2 : 4);
+  if (ih.x_offset % 32 != 0 || ih.x_offset < slotsEnd ||
+      ih.x_offset > info->ib_size || xBytes > info->ib_size - ih.x_offset) {
+    log << "ib: x at " << ih.x_offset << " (+" << xBytes
+        << ") overlaps the slots, is unaligned or exceeds the IB of "
+        << info->ib_size << " bytes";
+    log.end();
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  j.x = reinterpret_cast<const float *>(info->ib + ih.x_offset);
+  const uint64_t outBytes = (uint64_t)ih.n_tokens * j.out_width * 4;
+  if (info->ob_limit < sizeof(duck_ob_header) + outBytes) {
+    log << "ob: " << info->ob_limit << " bytes, need "
+        << (uint64_t)(sizeof(duck_ob_header) + outBytes);
+    log.end();
+    return DUCK_STATUS_OB_TOO_SMALL;
+  }
+  j.out = reinterpret_cast<float *>(info->ob + sizeof(duck_ob_header));
+  return DUCK_STATUS_OK;
+}
+
+/// Copies the IB's expert slots into scratch: ids beyond the slot are
+/// refused, experts this duck does not hold become the "contributes
+/// nothing" id.
+int32_t copyExpertSlots(const duck_info *info, const CachedSlot *c,
+                        uint64_t nSlots, Job &j, Log &log) {
+  const auto *in = reinterpret_cast<const duck_expert_slot *>(
+      info->ib + sizeof(duck_ib_header));
+  auto *out =
+      reinterpret_cast<duck_expert_slot *>(j.scratch + j.layout.slots_offset);
+  const auto *sh = reinterpret_cast<const duck_slot_header *>(
+      info->weights + c->entry.offset);
+  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(sh + 1);
+  for (uint64_t i = 0; i < nSlots; ++i) {
+    duck_expert_slot s = in[i];
+    if (s.expert >= j.n_experts || !isFinite(s.weight)) {
+      log << "ib: slot " << i << " names expert " << s.expert << " of "
+          << j.n_experts << " or has a non-finite weight";
+      log.end();
+      return DUCK_STATUS_BAD_INPUT;
+    }
+    if (!descs[s.expert].present)
+      s.expert = j.n_experts;
+    out[i] = s;
+  }
+  return DUCK_STATUS_OK;
+}
+
 /// Core 0: validates everything the call reads and fills g_state.job.
 int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
                 bool use_cache, Log &log) {
@@ -431,45 +547,13 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   if (prepare)
     return DUCK_STATUS_OK;
 
-  if (ih.n_tokens == 0 || ih.n_tokens > DUCK_STEP_MAX_TOKENS) {
-    log << "ib: n_tokens " << ih.n_tokens << " outside [1, "
-        << (uint32_t)DUCK_STEP_MAX_TOKENS << "]";
-    log.end();
-    return DUCK_STATUS_BAD_INPUT;
-  }
-  if (moe ? (ih.top_k == 0 || ih.top_k > DUCK_STEP_MAX_TOP_K) : ih.top_k != 0) {
-    log << "ib: top_k " << ih.top_k << " invalid for mode " << ih.mode;
-    log.end();
-    return DUCK_STATUS_BAD_INPUT;
-  }
-  if (ih.flags & ~(uint32_t)DUCK_IB_X_BF16) {
-    log << "ib: unknown flags " << ih.flags;
-    log.end();
-    return DUCK_STATUS_BAD_INPUT;
-  }
+  if ((st = checkIbHeader(ih, moe, log)) != DUCK_STATUS_OK)
+    return st;
   const bool bf16 = (ih.flags & DUCK_IB_X_BF16) != 0;
   j.n_tokens = ih.n_tokens;
   j.top_k = ih.top_k;
-  const uint64_t nSlots = (uint64_t)ih.n_tokens * ih.top_k;
-  const uint64_t slotsEnd = sizeof(duck_ib_header) + nSlots * 8;
-  const uint64_t xBytes = (uint64_t)ih.n_tokens * j.hidden * (bf16 ? 2 : 4);
-  if (ih.x_offset % 32 != 0 || ih.x_offset < slotsEnd ||
-      ih.x_offset > info->ib_size || xBytes > info->ib_size - ih.x_offset) {
-    log << "ib: x at " << ih.x_offset << " (+" << xBytes
-        << ") overlaps the slots, is unaligned or exceeds the IB of "
-        << info->ib_size << " bytes";
-    log.end();
-    return DUCK_STATUS_BAD_INPUT;
-  }
-  j.x = reinterpret_cast<const float *>(info->ib + ih.x_offset);
-  const uint64_t outBytes = (uint64_t)ih.n_tokens * j.out_width * 4;
-  if (info->ob_limit < sizeof(duck_ob_header) + outBytes) {
-    log << "ob: " << info->ob_limit << " bytes, need "
-        << (uint64_t)(sizeof(duck_ob_header) + outBytes);
-    log.end();
-    return DUCK_STATUS_OB_TOO_SMALL;
-  }
-  j.out = reinterpret_cast<float *>(info->ob + sizeof(duck_ob_header));
+  if ((st = placeInOut(info, ih, bf16, j, log)) != DUCK_STATUS_OK)
+    return st;
 
   // A head needs only the per-core GEMM scratch (2 x tokens x hidden).
   if (!duck_step_layout_of(j.hidden, head ? 0 : j.inter, j.n_tokens, j.top_k,
@@ -491,30 +575,8 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
       x[i] = duck_bf16_to_f32(in[i]);
     j.x = x;
   }
-
-  if (moe) {
-    // Copy the slots into scratch: ids beyond the slot are refused, experts
-    // this duck does not hold become the "contributes nothing" id.
-    const auto *in =
-        reinterpret_cast<const duck_expert_slot *>(info->ib + sizeof(ih));
-    auto *out = reinterpret_cast<duck_expert_slot *>(j.scratch +
-                                                      j.layout.slots_offset);
-    const auto *sh = reinterpret_cast<const duck_slot_header *>(
-        info->weights + c->entry.offset);
-    const auto *descs = reinterpret_cast<const duck_ffn_desc *>(sh + 1);
-    for (uint64_t i = 0; i < nSlots; ++i) {
-      duck_expert_slot s = in[i];
-      if (s.expert >= j.n_experts || !isFinite(s.weight)) {
-        log << "ib: slot " << i << " names expert " << s.expert << " of "
-            << j.n_experts << " or has a non-finite weight";
-        log.end();
-        return DUCK_STATUS_BAD_INPUT;
-      }
-      if (!descs[s.expert].present)
-        s.expert = j.n_experts;
-      out[i] = s;
-    }
-  }
+  if (moe)
+    return copyExpertSlots(info, c, (uint64_t)ih.n_tokens * ih.top_k, j, log);
   return DUCK_STATUS_OK;
 }
 
