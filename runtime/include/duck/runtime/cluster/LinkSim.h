@@ -1,0 +1,77 @@
+//===- LinkSim.h - a userspace link simulator in front of duckd's -*- C++ -*-===//
+//
+// N local duckd's behave like N boxes on one switch: LinkSim listens on one
+// loopback port per duck and forwards every accepted connection to that
+// duck's duckd. Each chunk read (up to chunk_bytes) is given the time its
+// last byte would leave the simulated path and is written on only then plus
+// the one-way latency:
+//   - a link is a FIFO server at its rate (a token bucket with a burst of
+//     one chunk): a chunk of b bytes keeps it busy b*8/rate after the later
+//     of its arrival and the link's previous chunk;
+//   - host -> duck i passes the host's port (one for all ducks, its
+//     outbound direction) and duck i's link (inbound); duck i -> host its
+//     link (outbound) and the host's port (inbound); a chunk is done when
+//     every link of its path has carried it (cut-through, no store and
+//     forward), and released `latency_us` later;
+//   - each direction is a FIFO: bytes leave in the order they came.
+// Not modelled: TCP's own congestion control and windows run over loopback
+// underneath (only the release times are shaped), no loss, no jitter, no
+// switch buffers (a queue grows without drops, bounded by queue_bytes per
+// direction, which then stops reading: backpressure), no per-packet
+// overheads (Ethernet/IP/TCP headers are not counted, only payload).
+//===----------------------------------------------------------------------===//
+#ifndef DUCK_RUNTIME_CLUSTER_LINKSIM_H
+#define DUCK_RUNTIME_CLUSTER_LINKSIM_H
+
+#include "duck/runtime/cluster/DuckClient.h"
+
+#include "absl/status/statusor.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::runtime {
+
+struct LinkSimOptions {
+  std::vector<DuckEndpoint> backends; // duck i's duckd
+  double host_link_gbps = 0;          // the host's port, each way; 0: unlimited
+  double duck_link_gbps = 0;          // every duck's link, each way; 0: unlimited
+  double latency_us = 0;              // one way, added to every chunk
+  uint16_t port_base = 0;             // duck i listens on port_base + i; 0: any
+  size_t chunk_bytes = 16 << 10;      // largest read shaped as one unit
+  size_t queue_bytes = 4 << 20;       // most bytes held a direction
+};
+
+struct LinkSimDuckStats {
+  uint64_t bytes_to_duck = 0;
+  uint64_t bytes_from_duck = 0;
+  uint64_t connections = 0;
+};
+
+class LinkSim {
+public:
+  static absl::StatusOr<std::unique_ptr<LinkSim>>
+  Start(const LinkSimOptions &options);
+  ~LinkSim(); // Stop()
+
+  /// Duck i's simulated endpoint (127.0.0.1, its listening port).
+  const std::vector<uint16_t> &ports() const;
+  std::vector<LinkSimDuckStats> stats() const;
+  /// Closes the listeners and every connection, joins every thread.
+  void Stop();
+
+  struct Impl;
+
+private:
+  explicit LinkSim(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// What LinkSim models and what not, for --help texts.
+const char *LinkSimModelText();
+
+} // namespace duck::runtime
+
+#endif // DUCK_RUNTIME_CLUSTER_LINKSIM_H

@@ -1,0 +1,187 @@
+//===- LinkSimTest.cpp - the link simulator's rate, shared port, latency ---===//
+//
+// Timing is checked only from below, where the simulator is exact: the last
+// byte of B bytes through a link of rate R cannot leave before B*8/R, nor a
+// round trip before twice the one-way latency, however loaded the machine.
+// The upper bounds are 20x the expected time (a sanity check, not a rate).
+//===----------------------------------------------------------------------===//
+#include "duck/runtime/cluster/LinkSim.h"
+
+#include "gtest/gtest.h"
+
+#include <arpa/inet.h>
+#include <chrono>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+namespace duck::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// A backend: accepts one connection; echo mode sends every byte back,
+/// else it reads to the end and checks the pattern (byte i == i % 251).
+struct Backend {
+  int listen_fd = -1;
+  uint16_t port = 0;
+  size_t received = 0;
+  bool pattern_ok = true;
+  std::thread t;
+
+  explicit Backend(bool echo) {
+    listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(bind(listen_fd, (sockaddr *)&a, sizeof a), 0);
+    EXPECT_EQ(listen(listen_fd, 4), 0);
+    getsockname(listen_fd, (sockaddr *)&a, &len);
+    port = ntohs(a.sin_port);
+    t = std::thread([this, echo] { Serve(echo); });
+  }
+  void Serve(bool echo) {
+    int fd = accept(listen_fd, nullptr, nullptr);
+    char buf[65536];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+      for (ssize_t i = 0; i < n && !echo; ++i)
+        pattern_ok &= (unsigned char)buf[i] == (received + i) % 251;
+      received += size_t(n);
+      if (echo)
+        (void)!write(fd, buf, size_t(n));
+    }
+    close(fd);
+  }
+  ~Backend() {
+    if (t.joinable())
+      t.join();
+    close(listen_fd);
+  }
+  DuckEndpoint endpoint() const { return {"127.0.0.1", port}; }
+};
+
+int Connect(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  EXPECT_EQ(connect(fd, (sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+void SendPattern(int fd, size_t bytes) {
+  std::vector<char> buf(bytes);
+  for (size_t i = 0; i < bytes; ++i)
+    buf[i] = char(i % 251);
+  size_t off = 0;
+  while (off < bytes) {
+    ssize_t n = write(fd, buf.data() + off, bytes - off);
+    ASSERT_GT(n, 0);
+    off += size_t(n);
+  }
+  shutdown(fd, SHUT_WR);
+}
+
+TEST(LinkSimTest, DuckLinkLimitsTheRate) {
+  Backend b(false);
+  LinkSimOptions o;
+  o.backends = {b.endpoint()};
+  o.duck_link_gbps = 0.08; // 10 MB/s: 1 MB takes 0.1 s
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const size_t bytes = 1 << 20;
+  const auto t0 = Clock::now();
+  int fd = Connect((*sim)->ports()[0]);
+  SendPattern(fd, bytes);
+  b.t.join(); // the backend has read every byte
+  const double s = Since(t0);
+  close(fd);
+  EXPECT_EQ(b.received, bytes);
+  EXPECT_TRUE(b.pattern_ok); // in order, unchanged
+  EXPECT_GE(s, 0.95 * bytes * 8 / 0.08e9);
+  EXPECT_LT(s, 20 * bytes * 8 / 0.08e9);
+  (*sim)->Stop();
+  EXPECT_EQ((*sim)->stats()[0].bytes_to_duck, bytes);
+  EXPECT_EQ((*sim)->stats()[0].connections, 1u);
+}
+
+TEST(LinkSimTest, HostPortIsSharedByAllDucks) {
+  Backend b0(false), b1(false);
+  LinkSimOptions o;
+  o.backends = {b0.endpoint(), b1.endpoint()};
+  o.host_link_gbps = 0.08; // both ducks' bytes share 10 MB/s
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const size_t bytes = 512 << 10;
+  const auto t0 = Clock::now();
+  int f0 = Connect((*sim)->ports()[0]), f1 = Connect((*sim)->ports()[1]);
+  std::thread s1([&] { SendPattern(f1, bytes); });
+  SendPattern(f0, bytes);
+  s1.join();
+  b0.t.join();
+  b1.t.join();
+  const double s = Since(t0);
+  close(f0);
+  close(f1);
+  EXPECT_EQ(b0.received + b1.received, 2 * bytes);
+  EXPECT_GE(s, 0.95 * 2 * bytes * 8 / 0.08e9); // not one duck's 0.05 s
+  EXPECT_LT(s, 20 * 2 * bytes * 8 / 0.08e9);
+}
+
+TEST(LinkSimTest, LatencyEachWay) {
+  Backend b(true);
+  LinkSimOptions o;
+  o.backends = {b.endpoint()};
+  o.latency_us = 10000; // 10 ms one way
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  int fd = Connect((*sim)->ports()[0]);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) {
+    char c = char(i), r = 0;
+    ASSERT_EQ(write(fd, &c, 1), 1);
+    ASSERT_EQ(read(fd, &r, 1), 1);
+    EXPECT_EQ(r, c);
+  }
+  const double s = Since(t0);
+  EXPECT_GE(s, 5 * 2 * 0.0095);
+  EXPECT_LT(s, 5 * 2 * 0.010 * 20);
+  shutdown(fd, SHUT_WR);
+  b.t.join();
+  close(fd);
+}
+
+TEST(LinkSimTest, StopsWithLiveConnections) {
+  Backend b(true);
+  LinkSimOptions o;
+  o.backends = {b.endpoint()};
+  o.duck_link_gbps = 0.001;
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  int fd = Connect((*sim)->ports()[0]);
+  std::vector<char> buf(256 << 10, 'x');
+  ASSERT_GT(write(fd, buf.data(), buf.size()), 0); // held in the queue
+  (*sim)->Stop(); // returns: closes both sides, joins its threads
+  b.t.join();
+  close(fd);
+}
+
+TEST(LinkSimTest, RefusesNegativeRates) {
+  LinkSimOptions o;
+  o.backends = {{"127.0.0.1", 1}};
+  o.duck_link_gbps = -1;
+  EXPECT_FALSE(LinkSim::Start(o).ok());
+  o.backends.clear();
+  o.duck_link_gbps = 1;
+  EXPECT_FALSE(LinkSim::Start(o).ok());
+}
+
+} // namespace
+} // namespace duck::runtime
