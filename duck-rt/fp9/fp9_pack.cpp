@@ -107,6 +107,109 @@ Planes planesOf(const duck_fp9_layout &l, void *base) {
           reinterpret_cast<float *>(b + l.scale_offset)};
 }
 
+/// The source slice lies in the source, starts on a block, and its row
+/// phase (and, from FP8, its scale tiles) agrees with the descriptor.
+inline duck_fp9_status checkSlice(const duck_fp9_source *src,
+                                  const duck_fp9_desc *d, bool fp8) {
+  if (src->row0 + d->rows > src->src_rows || src->col0 + d->k > src->src_cols ||
+      src->col0 % d->block != 0)
+    return DUCK_FP9_BAD_SLICE;
+  if (fp8 && (src->tile_rows == 0 || src->tile_cols == 0 ||
+              src->tile_cols % d->block != 0 || d->scale_rows != src->tile_rows ||
+              d->row_phase != src->row0 % src->tile_rows))
+    return DUCK_FP9_BAD_TILE;
+  if (!fp8 && d->row_phase != src->row0 % d->scale_rows)
+    return DUCK_FP9_BAD_SLICE;
+  return DUCK_FP9_OK;
+}
+
+/// The scale of the block at column c0 over local rows [rBegin, rEnd):
+/// FP8's own tile scale (in range), else the block's max magnitude over
+/// the largest fp9 value (every value finite).
+inline duck_fp9_status blockScale(const duck_fp9_source *src, bool fp8,
+                                  uint64_t tilesPerRow, uint32_t block,
+                                  uint32_t rBegin, uint32_t rEnd, uint64_t c0,
+                                  float *out, duck_fp9_error_at *where) {
+  float scale;
+  if (fp8) {
+    uint64_t gr = src->row0 + rBegin;
+    scale = src->scale_inv[(gr / src->tile_rows) * tilesPerRow +
+                           c0 / src->tile_cols];
+    if (!isFinite(scale) || scale < DUCK_FP9_SCALE_MIN ||
+        scale > DUCK_FP9_SCALE_MAX) {
+      if (where)
+        *where = {gr, c0};
+      return DUCK_FP9_SCALE_RANGE;
+    }
+  } else {
+    float amax = 0.0f;
+    for (uint32_t r = rBegin; r < rEnd; ++r)
+      for (uint32_t c = 0; c < block; ++c) {
+        float v = loadSource(src, src->row0 + r, c0 + c);
+        if (!isFinite(v)) {
+          if (where)
+            *where = {src->row0 + r, c0 + c};
+          return DUCK_FP9_NAN;
+        }
+        float a = absf(v);
+        amax = a > amax ? a : amax;
+      }
+    scale = amax / DUCK_FP9_MAX_VALUE;
+    if (scale < DUCK_FP9_SCALE_MIN)
+      scale = DUCK_FP9_SCALE_MIN;
+    if (scale > DUCK_FP9_SCALE_MAX) {
+      if (where)
+        *where = {src->row0 + rBegin, c0};
+      return DUCK_FP9_SCALE_RANGE;
+    }
+  }
+  *out = scale;
+  return DUCK_FP9_OK;
+}
+
+/// Packs one row's block b (source row gr, columns from c0) into its
+/// magnitudes and sign words: FP8 32 at a time (exact), else element by
+/// element at `scale` (which also finds an FP8 NaN to report).
+inline duck_fp9_status packBlockRow(const duck_fp9_source *src,
+                                    const duck_fp9_desc *d, bool fp8,
+                                    uint64_t gr, uint64_t c0, uint32_t b,
+                                    float scale, uint8_t *mag, uint32_t *sign,
+                                    const uint8_t sub[8],
+                                    duck_fp9_error_at *where) {
+  if (fp8) { // 32 at a time (a block is whole sign words); exact
+    const uint8_t *row =
+        static_cast<const uint8_t *>(src->data) + gr * src->src_cols + c0;
+    bool ok = true;
+    for (uint32_t c = 0; c < d->block && ok; c += 32)
+      ok = packE4m3x32(row + c, mag + c, &sign[(b * d->block + c) / 32], sub);
+    if (ok)
+      return DUCK_FP9_OK;
+    // A NaN: the element-wise loop below finds and reports it.
+  }
+  for (uint32_t c = 0; c < d->block; ++c) {
+    uint32_t lc = b * d->block + c; // local column
+    uint32_t s;
+    uint8_t code;
+    if (fp8) {
+      uint8_t byte =
+          static_cast<const uint8_t *>(src->data)[gr * src->src_cols + c0 + c];
+      if (duck_e4m3_is_nan(byte)) {
+        if (where)
+          *where = {gr, c0 + c};
+        return DUCK_FP9_NAN;
+      }
+      code = duck_fp9_from_e4m3(byte, &s);
+    } else {
+      float v = loadSource(src, gr, c0 + c);
+      s = duck_fp9_f32_bits(v) >> 31;
+      code = encodeMagnitudeF64((double)v / (double)scale);
+    }
+    mag[c] = code;
+    sign[lc / 32] |= s << (lc % 32);
+  }
+  return DUCK_FP9_OK;
+}
+
 } // namespace
 
 extern "C" {
@@ -150,16 +253,9 @@ duck_fp9_status duck_fp9_pack(const duck_fp9_source *src,
   duck_fp9_status st = duck_fp9_compute_layout(d, &l);
   if (st != DUCK_FP9_OK)
     return st;
-  if (src->row0 + d->rows > src->src_rows || src->col0 + d->k > src->src_cols ||
-      src->col0 % d->block != 0)
-    return DUCK_FP9_BAD_SLICE;
   const bool fp8 = src->type == DUCK_FP9_SRC_E4M3;
-  if (fp8 && (src->tile_rows == 0 || src->tile_cols == 0 ||
-              src->tile_cols % d->block != 0 || d->scale_rows != src->tile_rows ||
-              d->row_phase != src->row0 % src->tile_rows))
-    return DUCK_FP9_BAD_TILE;
-  if (!fp8 && d->row_phase != src->row0 % d->scale_rows)
-    return DUCK_FP9_BAD_SLICE;
+  if ((st = checkSlice(src, d, fp8)) != DUCK_FP9_OK)
+    return st;
 
   __builtin_memset(out, 0, l.total_bytes);
   Planes p = planesOf(l, out);
@@ -182,76 +278,18 @@ duck_fp9_status duck_fp9_pack(const duck_fp9_source *src,
     for (uint32_t b = 0; b < l.blocks_per_row; ++b) {
       uint64_t c0 = src->col0 + (uint64_t)b * d->block;
       float scale;
-      if (fp8) {
-        uint64_t gr = src->row0 + rBegin;
-        scale = src->scale_inv[(gr / src->tile_rows) * tilesPerRow +
-                               c0 / src->tile_cols];
-        if (!isFinite(scale) || scale < DUCK_FP9_SCALE_MIN ||
-            scale > DUCK_FP9_SCALE_MAX) {
-          if (where)
-            *where = {gr, c0};
-          return DUCK_FP9_SCALE_RANGE;
-        }
-      } else {
-        float amax = 0.0f;
-        for (uint32_t r = rBegin; r < rEnd; ++r)
-          for (uint32_t c = 0; c < d->block; ++c) {
-            float v = loadSource(src, src->row0 + r, c0 + c);
-            if (!isFinite(v)) {
-              if (where)
-                *where = {src->row0 + r, c0 + c};
-              return DUCK_FP9_NAN;
-            }
-            float a = absf(v);
-            amax = a > amax ? a : amax;
-          }
-        scale = amax / DUCK_FP9_MAX_VALUE;
-        if (scale < DUCK_FP9_SCALE_MIN)
-          scale = DUCK_FP9_SCALE_MIN;
-        if (scale > DUCK_FP9_SCALE_MAX) {
-          if (where)
-            *where = {src->row0 + rBegin, c0};
-          return DUCK_FP9_SCALE_RANGE;
-        }
-      }
+      st = blockScale(src, fp8, tilesPerRow, d->block, rBegin, rEnd, c0,
+                      &scale, where);
+      if (st != DUCK_FP9_OK)
+        return st;
       p.scale[(uint64_t)t * l.blocks_per_row + b] = scale;
-
       for (uint32_t r = rBegin; r < rEnd; ++r) {
-        uint64_t gr = src->row0 + r;
         uint8_t *mag = p.mag + (uint64_t)r * d->k + (uint64_t)b * d->block;
         uint32_t *sign = p.sign + (uint64_t)r * words;
-        if (fp8) { // 32 at a time (a block is whole sign words); exact
-          const uint8_t *row =
-              static_cast<const uint8_t *>(src->data) + gr * src->src_cols + c0;
-          bool ok = true;
-          for (uint32_t c = 0; c < d->block && ok; c += 32)
-            ok = packE4m3x32(row + c, mag + c, &sign[(b * d->block + c) / 32],
-                             sub);
-          if (ok)
-            continue;
-          // A NaN: the element-wise loop below finds and reports it.
-        }
-        for (uint32_t c = 0; c < d->block; ++c) {
-          uint32_t lc = b * d->block + c; // local column
-          uint32_t s;
-          uint8_t code;
-          if (fp8) {
-            uint8_t byte = static_cast<const uint8_t *>(src->data)
-                [gr * src->src_cols + c0 + c];
-            if (duck_e4m3_is_nan(byte)) {
-              if (where)
-                *where = {gr, c0 + c};
-              return DUCK_FP9_NAN;
-            }
-            code = duck_fp9_from_e4m3(byte, &s);
-          } else {
-            float v = loadSource(src, gr, c0 + c);
-            s = duck_fp9_f32_bits(v) >> 31;
-            code = encodeMagnitudeF64((double)v / (double)scale);
-          }
-          mag[c] = code;
-          sign[lc / 32] |= s << (lc % 32);
-        }
+        st = packBlockRow(src, d, fp8, src->row0 + r, c0, b, scale, mag, sign,
+                          sub, where);
+        if (st != DUCK_FP9_OK)
+          return st;
       }
     }
   }
