@@ -6,7 +6,9 @@
 // with a warm weight cache vs a full prepare. Both link duck_runtime_client
 // and duck_synthetic_image and start duckd processes (LocalCluster).
 // `duck-bench host` (BenchHost.cpp): the host's GEMV and attention kernels
-// against the read bandwidth of the same run.
+// against the read bandwidth of the same run. `duck-bench cluster`
+// (BenchCluster.cpp): TPOT over local ducks behind the link simulator
+// beside the cost model's prediction.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_BENCH_BENCHSUBCOMMANDS_H
@@ -16,6 +18,7 @@
 int duckBenchJudge(int argc, char **argv);
 int duckBenchCache(int argc, char **argv);
 int duckBenchHost(int argc, char **argv);
+int duckBenchCluster(int argc, char **argv);
 
 namespace duck::bench {
 /// The whole tool: dispatches argv[1] to a subcommand, prints the list on

@@ -48,6 +48,8 @@ const Subcommand kSubcommands[] = {
      duckBenchHost},
     {"e2e", "decode/prefill end to end vs read bandwidth (and llama.cpp)",
      runE2e},
+    {"cluster", "TPOT over ducks behind simulated links vs the cost model",
+     duckBenchCluster},
 };
 
 void printUsage(FILE *out) {
