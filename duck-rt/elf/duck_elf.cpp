@@ -719,6 +719,74 @@ int testMode(duck_info *info, uint32_t mode) {
 }
 #endif
 
+/// Every core reads the same IB header and takes the same early exits, so
+/// no core can wait for a job core 0 never publishes: the header into
+/// `ih`, or BAD_INPUT (core 0 logs why and writes the OB).
+int32_t readIbHeader(duck_info *info, uint32_t core, duck_ib_header &ih,
+                     Log &log) {
+  if (!info->ib || info->ib_size < sizeof(duck_ib_header)) {
+    if (core == 0) {
+      log << "ib: " << info->ib_size << " bytes, need a header";
+      log.end();
+      writeOb(info, DUCK_STATUS_BAD_INPUT, 0, 0, 0);
+    }
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  __builtin_memcpy(&ih, info->ib, sizeof ih);
+  if (ih.magic != DUCK_IB_MAGIC || ih.abi_version != DUCK_ABI_VERSION) {
+    if (core == 0) {
+      log << "ib: bad magic or abi version " << ih.abi_version;
+      log.end();
+      writeOb(info, DUCK_STATUS_BAD_INPUT, 0, 0, 0);
+    }
+    return DUCK_STATUS_BAD_INPUT;
+  }
+  return DUCK_STATUS_OK;
+}
+
+/// A secondary core: waits for core 0's job for this call and runs its
+/// share, or acknowledges a refused job at the barrier.
+int32_t secondaryStep(duck_info *info, uint32_t core) {
+  const void *p = duck_job_wait(&g_state.board, info->step_seq);
+  if (!p) // missed the call (cannot happen under duckd): leave quietly
+    return DUCK_STATUS_OK;
+  const Job &j = *static_cast<const Job *>(p);
+  const int32_t status = j.status;
+  if (status != DUCK_STATUS_OK) {
+    // Tell core 0 the job was seen before it retires the board.
+    duck_barrier_wait(&g_state.barrier);
+    return status;
+  }
+  runJob(j, core); // ends with a barrier every worker passes
+  return DUCK_STATUS_OK;
+}
+
+/// Core 0: defines the call's shared state, publishes it to the `workers`
+/// cores, runs its share, retires the board and writes the OB.
+int32_t leadStep(duck_info *info, const duck_ib_header &ih, uint32_t workers,
+                 bool persistent, Log &log) {
+  Job &j = g_state.job;
+  j.seq = info->step_seq;
+  j.status = planJob(info, ih, workers, persistent, log);
+  if (workers > 1) {
+    duck_barrier_init(&g_state.barrier, workers);
+    g_state.barrier.yield = info->yield;
+    duck_job_publish(&g_state.board, &j, info->step_seq);
+  }
+  if (j.status == DUCK_STATUS_OK)
+    runJob(j, 0);
+  else if (workers > 1)
+    duck_barrier_wait(&g_state.barrier);
+  if (workers > 1)
+    duck_job_retire(&g_state.board, info->step_seq);
+  const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
+                       ih.mode == DUCK_MODE_MOE_PREPARE;
+  writeOb(info, j.status, prepare ? 0 : j.n_tokens,
+          j.out_width ? j.out_width : j.hidden,
+          prepare ? 0 : (uint64_t)j.n_tokens * j.out_width * 4);
+  return j.status;
+}
+
 int step(duck_info *info, bool persistent) {
   const uint64_t t0 = rdtsc();
   if (!info || info->abi_version != DUCK_ABI_VERSION ||
@@ -743,26 +811,10 @@ int step(duck_info *info, bool persistent) {
   }
   ensureInit(info);
 
-  // Every core reads the same IB header and takes the same early exits, so
-  // no core can wait for a job core 0 never publishes.
-  if (!info->ib || info->ib_size < sizeof(duck_ib_header)) {
-    if (core == 0) {
-      log << "ib: " << info->ib_size << " bytes, need a header";
-      log.end();
-      writeOb(info, DUCK_STATUS_BAD_INPUT, 0, 0, 0);
-    }
-    return finish(DUCK_STATUS_BAD_INPUT);
-  }
   duck_ib_header ih;
-  __builtin_memcpy(&ih, info->ib, sizeof ih);
-  if (ih.magic != DUCK_IB_MAGIC || ih.abi_version != DUCK_ABI_VERSION) {
-    if (core == 0) {
-      log << "ib: bad magic or abi version " << ih.abi_version;
-      log.end();
-      writeOb(info, DUCK_STATUS_BAD_INPUT, 0, 0, 0);
-    }
-    return finish(DUCK_STATUS_BAD_INPUT);
-  }
+  const int32_t ibStatus = readIbHeader(info, core, ih, log);
+  if (ibStatus != DUCK_STATUS_OK)
+    return finish(ibStatus);
 #ifdef DUCK_ELF_TEST_HOOKS
   if (ih.mode >= 100 && ih.mode <= 105)
     return finish(testMode(info, ih.mode));
@@ -782,43 +834,9 @@ int step(duck_info *info, bool persistent) {
   if (single && core != 0)
     return finish(DUCK_STATUS_OK);
   const uint32_t workers = single ? 1 : cores;
-
-  if (core != 0) {
-    const void *p = duck_job_wait(&g_state.board, info->step_seq);
-    if (!p) // missed the call (cannot happen under duckd): leave quietly
-      return finish(DUCK_STATUS_OK);
-    const Job &j = *static_cast<const Job *>(p);
-    const int32_t status = j.status;
-    if (status != DUCK_STATUS_OK) {
-      // Tell core 0 the job was seen before it retires the board.
-      duck_barrier_wait(&g_state.barrier);
-      return finish(status);
-    }
-    runJob(j, core); // ends with a barrier every worker passes
-    return finish(DUCK_STATUS_OK);
-  }
-
-  // Core 0: define the call's shared state, then publish.
-  Job &j = g_state.job;
-  j.seq = info->step_seq;
-  j.status = planJob(info, ih, workers, persistent, log);
-  if (workers > 1) {
-    duck_barrier_init(&g_state.barrier, workers);
-    g_state.barrier.yield = info->yield;
-    duck_job_publish(&g_state.board, &j, info->step_seq);
-  }
-  if (j.status == DUCK_STATUS_OK)
-    runJob(j, 0);
-  else if (workers > 1)
-    duck_barrier_wait(&g_state.barrier);
-  if (workers > 1)
-    duck_job_retire(&g_state.board, info->step_seq);
-  const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
-                       ih.mode == DUCK_MODE_MOE_PREPARE;
-  writeOb(info, j.status, prepare ? 0 : j.n_tokens,
-          j.out_width ? j.out_width : j.hidden,
-          prepare ? 0 : (uint64_t)j.n_tokens * j.out_width * 4);
-  return finish(j.status);
+  if (core != 0)
+    return finish(secondaryStep(info, core));
+  return finish(leadStep(info, ih, workers, persistent, log));
 }
 
 } // namespace
