@@ -106,6 +106,114 @@ void sortSlotsByExpert(duck_expert_slot *slots, uint32_t n) {
   }
 }
 
+/// MoE prefill's work area: each expert's count and start, the (token,
+/// slot) pairs sorted by expert, and each worker's first expert.
+struct PrefillWork {
+  uint32_t *count, *start, *pairs, *first;
+};
+
+/// Core 0: a counting sort of the (token, slot) pairs by expert id, then
+/// contiguous expert ranges per worker, balanced by token count.
+void sortPairsByExpert(const duck_expert_slot *slots, uint32_t n_experts,
+                       uint32_t n_pairs, uint32_t cores, PrefillWork &w) {
+  uint32_t *count = w.count, *start = w.start, *pairs = w.pairs,
+           *first = w.first;
+  for (uint32_t e = 0; e < n_experts; ++e)
+    count[e] = 0;
+  for (uint32_t p = 0; p < n_pairs; ++p)
+    if (slots[p].expert < n_experts)
+      ++count[slots[p].expert];
+  start[0] = 0;
+  for (uint32_t e = 0; e < n_experts; ++e)
+    start[e + 1] = start[e] + count[e];
+  for (uint32_t e = 0; e < n_experts; ++e)
+    count[e] = start[e];
+  for (uint32_t p = 0; p < n_pairs; ++p)
+    if (slots[p].expert < n_experts)
+      pairs[count[slots[p].expert]++] = p;
+  const uint32_t total = start[n_experts];
+  uint32_t e = 0;
+  first[0] = 0;
+  for (uint32_t c = 1; c < cores; ++c) {
+    uint64_t target = (uint64_t)total * c / cores;
+    while (e < n_experts && start[e + 1] <= target)
+      ++e;
+    first[c] = e;
+  }
+  first[cores] = n_experts;
+  for (uint32_t c = 1; c <= cores; ++c)
+    if (first[c] < first[c - 1])
+      first[c] = first[c - 1];
+}
+
+/// One core: runs its experts over the tokens that chose them, each pair's
+/// output weighted into pair_out.
+void runExpertRange(const duck_ffn_weights *experts,
+                    const duck_expert_slot *slots, uint32_t top_k,
+                    const float *x, uint32_t n_tokens, uint32_t hidden,
+                    const PrefillWork &w, uint32_t core, float *pair_out,
+                    const Scratch &s) {
+  for (uint32_t e = w.first[core]; e < w.first[core + 1]; ++e) {
+    const uint32_t n = w.start[e + 1] - w.start[e];
+    if (n == 0)
+      continue;
+    // Chunks of at most n_tokens pairs (the scratch size); a token that
+    // names the same expert twice makes n exceed n_tokens.
+    for (uint32_t off = 0; off < n; off += n_tokens) {
+      const uint32_t chunk = n - off < n_tokens ? n - off : n_tokens;
+      const uint32_t *list = w.pairs + w.start[e] + off;
+      for (uint32_t i = 0; i < chunk; ++i) {
+        const float *src = x + (uint64_t)(list[i] / top_k) * hidden;
+        float *dst = s.xe + (uint64_t)i * hidden;
+        for (uint32_t j = 0; j < hidden; ++j)
+          dst[j] = src[j];
+      }
+      ffnTokens(&experts[e], s.xe, chunk, s.y, s);
+      for (uint32_t i = 0; i < chunk; ++i) {
+        const float wt = slots[list[i]].weight;
+        float *dst = pair_out + (uint64_t)list[i] * hidden;
+        const float *y = s.y + (uint64_t)i * hidden;
+        for (uint32_t j = 0; j < hidden; ++j)
+          dst[j] = y[j] * wt;
+      }
+    }
+  }
+}
+
+/// Each token adds its experts' outputs in ascending expert order (the
+/// order MoE decode uses), so prefill matches decode bit for bit; the
+/// tokens are split over the cores.
+void sumTokenOutputs(const duck_smp_ctx *smp, uint32_t core,
+                     const duck_expert_slot *slots, uint32_t n_experts,
+                     uint32_t top_k, uint32_t n_tokens, uint32_t hidden,
+                     const float *pair_out, float *out) {
+  uint32_t tb, te;
+  duck_smp_split(n_tokens, smp->cores, core, &tb, &te);
+  for (uint32_t t = tb; t < te; ++t) {
+    const duck_expert_slot *ts = slots + (uint64_t)t * top_k;
+    uint32_t order[64];
+    uint32_t n = top_k < 64 ? top_k : 64;
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t j = i;
+      while (j > 0 && ts[order[j - 1]].expert > ts[i].expert) {
+        order[j] = order[j - 1];
+        --j;
+      }
+      order[j] = i;
+    }
+    float *o = out + (uint64_t)t * hidden;
+    for (uint32_t j = 0; j < hidden; ++j)
+      o[j] = 0.0f;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (ts[order[i]].expert >= n_experts)
+        continue;
+      const float *y = pair_out + ((uint64_t)t * top_k + order[i]) * hidden;
+      for (uint32_t j = 0; j < hidden; ++j)
+        o[j] += y[j];
+    }
+  }
+}
+
 } // namespace
 
 extern "C" {
@@ -212,100 +320,22 @@ void duck_moe_prefill(const duck_smp_ctx *smp, uint32_t core,
                       float *pair_out, uint32_t *work, float *scratch) {
   const uint32_t hidden = experts[0].down.rows, inter = experts[0].gate.rows;
   const uint32_t n_pairs = n_tokens * top_k;
-  uint32_t *count = work;
-  uint32_t *start = count + n_experts;
-  uint32_t *pairs = start + n_experts + 1;
-  uint32_t *first = pairs + n_pairs;
-  if (core == 0) {
-    // Counting sort of (token, slot) pairs by expert id.
-    for (uint32_t e = 0; e < n_experts; ++e)
-      count[e] = 0;
-    for (uint32_t p = 0; p < n_pairs; ++p)
-      if (slots[p].expert < n_experts)
-        ++count[slots[p].expert];
-    start[0] = 0;
-    for (uint32_t e = 0; e < n_experts; ++e)
-      start[e + 1] = start[e] + count[e];
-    for (uint32_t e = 0; e < n_experts; ++e)
-      count[e] = start[e];
-    for (uint32_t p = 0; p < n_pairs; ++p)
-      if (slots[p].expert < n_experts)
-        pairs[count[slots[p].expert]++] = p;
-    // Contiguous expert ranges per worker, balanced by token count.
-    const uint32_t total = start[n_experts];
-    uint32_t e = 0;
-    first[0] = 0;
-    for (uint32_t c = 1; c < smp->cores; ++c) {
-      uint64_t target = (uint64_t)total * c / smp->cores;
-      while (e < n_experts && start[e + 1] <= target)
-        ++e;
-      first[c] = e;
-    }
-    first[smp->cores] = n_experts;
-    for (uint32_t c = 1; c <= smp->cores; ++c)
-      if (first[c] < first[c - 1])
-        first[c] = first[c - 1];
-  }
+  PrefillWork w;
+  w.count = work;
+  w.start = w.count + n_experts;
+  w.pairs = w.start + n_experts + 1;
+  w.first = w.pairs + n_pairs;
+  if (core == 0)
+    sortPairsByExpert(slots, n_experts, n_pairs, smp->cores, w);
   duck_smp_sync(smp);
 
   Scratch s = carve(scratch, hidden, inter, n_tokens);
-  for (uint32_t e = first[core]; e < first[core + 1]; ++e) {
-    const uint32_t n = start[e + 1] - start[e];
-    if (n == 0)
-      continue;
-    // Chunks of at most n_tokens pairs (the scratch size); a token that
-    // names the same expert twice makes n exceed n_tokens.
-    for (uint32_t off = 0; off < n; off += n_tokens) {
-      const uint32_t chunk = n - off < n_tokens ? n - off : n_tokens;
-      const uint32_t *list = pairs + start[e] + off;
-      for (uint32_t i = 0; i < chunk; ++i) {
-        const float *src = x + (uint64_t)(list[i] / top_k) * hidden;
-        float *dst = s.xe + (uint64_t)i * hidden;
-        for (uint32_t j = 0; j < hidden; ++j)
-          dst[j] = src[j];
-      }
-      ffnTokens(&experts[e], s.xe, chunk, s.y, s);
-      for (uint32_t i = 0; i < chunk; ++i) {
-        const float wt = slots[list[i]].weight;
-        float *dst = pair_out + (uint64_t)list[i] * hidden;
-        const float *y = s.y + (uint64_t)i * hidden;
-        for (uint32_t j = 0; j < hidden; ++j)
-          dst[j] = y[j] * wt;
-      }
-    }
-  }
+  runExpertRange(experts, slots, top_k, x, n_tokens, hidden, w, core,
+                 pair_out, s);
   duck_smp_sync(smp);
 
-  {
-    // Each token adds its experts' outputs in ascending expert order (the
-    // order MoE decode uses), so prefill matches decode bit for bit; the
-    // tokens are split over the cores.
-    uint32_t tb, te;
-    duck_smp_split(n_tokens, smp->cores, core, &tb, &te);
-    for (uint32_t t = tb; t < te; ++t) {
-      const duck_expert_slot *ts = slots + (uint64_t)t * top_k;
-      uint32_t order[64];
-      uint32_t n = top_k < 64 ? top_k : 64;
-      for (uint32_t i = 0; i < n; ++i) {
-        uint32_t j = i;
-        while (j > 0 && ts[order[j - 1]].expert > ts[i].expert) {
-          order[j] = order[j - 1];
-          --j;
-        }
-        order[j] = i;
-      }
-      float *o = out + (uint64_t)t * hidden;
-      for (uint32_t j = 0; j < hidden; ++j)
-        o[j] = 0.0f;
-      for (uint32_t i = 0; i < n; ++i) {
-        if (ts[order[i]].expert >= n_experts)
-          continue;
-        const float *y = pair_out + ((uint64_t)t * top_k + order[i]) * hidden;
-        for (uint32_t j = 0; j < hidden; ++j)
-          o[j] += y[j];
-      }
-    }
-  }
+  sumTokenOutputs(smp, core, slots, n_experts, top_k, n_tokens, hidden,
+                  pair_out, out);
   duck_smp_sync(smp);
 }
 
