@@ -42,8 +42,10 @@ struct Plan {
   uint64_t span = 0;
 };
 
-absl::StatusOr<Plan> ParseHeaders(absl::Span<const uint8_t> file,
-                                  const ElfLimits &limits) {
+// The ELF header on its own: size limits, identity and where the program
+// headers lie, checked before any program header is read.
+absl::Status CheckElfHeader(absl::Span<const uint8_t> file,
+                            const ElfLimits &limits, Elf64_Ehdr &eh) {
   if (file.size() < sizeof(Elf64_Ehdr))
     return Refuse(absl::StrCat("truncated: ", file.size(),
                                " bytes, the ELF header alone needs ",
@@ -52,7 +54,6 @@ absl::StatusOr<Plan> ParseHeaders(absl::Span<const uint8_t> file,
     return absl::ResourceExhaustedError(
         absl::StrCat("bad ELF: ", file.size(), " bytes exceed the ",
                      limits.max_file_bytes, "-byte limit"));
-  Elf64_Ehdr eh;
   std::memcpy(&eh, file.data(), sizeof eh);
   if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
     return Refuse("not an ELF file (bad magic)");
@@ -81,6 +82,39 @@ absl::StatusOr<Plan> ParseHeaders(absl::Span<const uint8_t> file,
     return Refuse(absl::StrCat("program headers at ", eh.e_phoff,
                                " run past the end of the ", file.size(),
                                "-byte file"));
+  return absl::OkStatus();
+}
+
+// One PT_LOAD: its bounds and permissions checked, then added to the plan.
+absl::Status AddLoad(const Elf64_Phdr &ph, uint32_t i, uint64_t file_size,
+                     const ElfLimits &limits, Plan &plan, bool &executable) {
+  if (ph.p_filesz > ph.p_memsz)
+    return Refuse(absl::StrCat("segment ", i, ": file size ", ph.p_filesz,
+                               " > memory size ", ph.p_memsz));
+  if (!InRange(ph.p_offset, ph.p_filesz, file_size))
+    return Refuse(absl::StrCat("segment ", i, " at file offset ", ph.p_offset,
+                               " (+", ph.p_filesz,
+                               ") runs past the end of the ", file_size,
+                               "-byte file"));
+  if (!InRange(ph.p_vaddr, ph.p_memsz, limits.max_image_bytes))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bad ELF: segment ", i, " at ", ph.p_vaddr, " (+", ph.p_memsz,
+        ") exceeds the ", limits.max_image_bytes, "-byte image limit"));
+  if ((ph.p_flags & PF_W) && (ph.p_flags & PF_X))
+    return Refuse(absl::StrCat("segment ", i,
+                               " is both writable and executable"));
+  executable |= (ph.p_flags & PF_X) != 0;
+  plan.loads.push_back(
+      {ph.p_vaddr, ph.p_memsz, ph.p_offset, ph.p_filesz, ph.p_flags});
+  plan.span = std::max(plan.span, PageUp(ph.p_vaddr + ph.p_memsz));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> ParseHeaders(absl::Span<const uint8_t> file,
+                                  const ElfLimits &limits) {
+  Elf64_Ehdr eh;
+  if (absl::Status s = CheckElfHeader(file, limits, eh); !s.ok())
+    return s;
 
   Plan plan;
   bool executable = false;
@@ -88,28 +122,12 @@ absl::StatusOr<Plan> ParseHeaders(absl::Span<const uint8_t> file,
     Elf64_Phdr ph;
     std::memcpy(&ph, file.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
     switch (ph.p_type) {
-    case PT_LOAD: {
-      if (ph.p_filesz > ph.p_memsz)
-        return Refuse(absl::StrCat("segment ", i, ": file size ", ph.p_filesz,
-                                   " > memory size ", ph.p_memsz));
-      if (!InRange(ph.p_offset, ph.p_filesz, file.size()))
-        return Refuse(absl::StrCat("segment ", i, " at file offset ",
-                                   ph.p_offset, " (+", ph.p_filesz,
-                                   ") runs past the end of the ",
-                                   file.size(), "-byte file"));
-      if (!InRange(ph.p_vaddr, ph.p_memsz, limits.max_image_bytes))
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "bad ELF: segment ", i, " at ", ph.p_vaddr, " (+", ph.p_memsz,
-            ") exceeds the ", limits.max_image_bytes, "-byte image limit"));
-      if ((ph.p_flags & PF_W) && (ph.p_flags & PF_X))
-        return Refuse(absl::StrCat("segment ", i,
-                                   " is both writable and executable"));
-      executable |= (ph.p_flags & PF_X) != 0;
-      plan.loads.push_back(
-          {ph.p_vaddr, ph.p_memsz, ph.p_offset, ph.p_filesz, ph.p_flags});
-      plan.span = std::max(plan.span, PageUp(ph.p_vaddr + ph.p_memsz));
+    case PT_LOAD:
+      if (absl::Status s =
+              AddLoad(ph, i, file.size(), limits, plan, executable);
+          !s.ok())
+        return s;
       break;
-    }
     case PT_DYNAMIC:
       if (plan.has_dynamic)
         return Refuse("more than one PT_DYNAMIC");
