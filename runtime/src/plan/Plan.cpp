@@ -175,180 +175,195 @@ absl::Status LoadedPlan::CheckVersions() const {
   return absl::OkStatus();
 }
 
-absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
-  const pl::PlanDef &d = *def_;
-  auto bad = [&](auto &&...parts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan '", dir_, "': ", parts...));
-  };
-  if (!d.model() || !d.ops() || d.ops()->size() == 0 || !d.ducks() ||
-      !d.files())
-    return bad("missing model, ops, ducks or files");
-  if (d.ducks()->size() != d.tp() || d.tp() == 0)
-    return bad("tp is ", d.tp(), " but the plan lists ", d.ducks()->size(),
-               " ducks");
-  const pl::ModelDef &m = *d.model();
-  if (m.hidden() == 0 || m.vocab() == 0 || m.layers() == 0)
-    return bad("model sizes are zero");
+namespace {
+using MappedFiles = std::vector<std::unique_ptr<MappedFile>>;
 
-  // Checkpoint files: present, same size, same header.
-  checkpoint_dir_ = options.checkpoint_dir.empty()
-                        ? (d.checkpoint_dir() ? d.checkpoint_dir()->str() : "")
-                        : options.checkpoint_dir;
+/// Every semantic check's error: "plan '<dir>': ..." as InvalidArgument.
+template <typename... Parts>
+absl::Status BadPlan(const std::string &dir, const Parts &...parts) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("plan '", dir, "': ", parts...));
+}
+
+/// Checkpoint files: present, same size, same header; mapped into `files`.
+absl::Status OpenCheckpointFiles(const pl::PlanDef &d, const std::string &dir,
+                                 const std::string &checkpointDir,
+                                 MappedFiles &files) {
   for (uint32_t i = 0; i < d.files()->size(); ++i) {
     const pl::FileDef *fd = d.files()->Get(i);
     if (!fd->path())
-      return bad("files[", i, "] has no path");
-    std::string path = checkpoint_dir_ + "/" + fd->path()->str();
+      return BadPlan(dir, "files[", i, "] has no path");
+    std::string path = checkpointDir + "/" + fd->path()->str();
     auto mf = MappedFile::Open(path);
     if (!mf.ok())
       return absl::NotFoundError(absl::StrCat(
-          "plan '", dir_, "' needs checkpoint file ", mf.status().message(),
-          " (compile-time checkpoint: ", checkpoint_dir_, ")"));
+          "plan '", dir, "' needs checkpoint file ", mf.status().message(),
+          " (compile-time checkpoint: ", checkpointDir, ")"));
     if ((*mf)->size() != fd->size())
-      return bad("checkpoint file '", path, "' is ", (*mf)->size(),
-                 " bytes but was ", fd->size(),
-                 " when the plan was compiled; recompile");
+      return BadPlan(dir, "checkpoint file '", path, "' is ", (*mf)->size(),
+                     " bytes but was ", fd->size(),
+                     " when the plan was compiled; recompile");
     uint64_t n = 0;
     if ((*mf)->size() >= 8)
       std::memcpy(&n, (*mf)->data(), 8);
     if (n + 8 > (*mf)->size() ||
         XXH3_64bits((*mf)->data(), 8 + n) != fd->header_hash())
-      return bad("checkpoint file '", path,
-                 "' is not the one the plan was compiled from (header "
-                 "differs); recompile");
-    files_.push_back(std::move(*mf));
+      return BadPlan(dir, "checkpoint file '", path,
+                     "' is not the one the plan was compiled from (header "
+                     "differs); recompile");
+    files.push_back(std::move(*mf));
   }
+  return absl::OkStatus();
+}
 
-  // A tensor's shape is a vector of int64. The FlatBuffers verifier (2.0)
-  // checks a vector's length word for 4-byte alignment only, so a damaged
-  // offset can leave the elements misaligned: refuse that before reading
-  // them (found by fuzz-plan).
-  auto shapeAligned = [](const pl::TensorDef &t) {
-    return reinterpret_cast<uintptr_t>(t.shape()->data()) %
-               alignof(int64_t) ==
-           0;
-  };
-  // FP8: a 2-D weight with a declared block and a scale grid of exactly
-  // ceil(rows / block_rows) x ceil(cols / block_cols).
-  auto checkFp8Blocks = [&](const pl::TensorDef &t,
-                            uint32_t op) -> absl::Status {
-    const std::string name = t.name()->str();
-    if (t.shape()->size() != 2 || !t.scale() || !t.scale()->shape() ||
-        t.scale()->shape()->size() != 2 || !shapeAligned(*t.scale()))
-      return bad("ops[", op, "] FP8 tensor '", name,
-                 "' is not a 2-D matrix with a 2-D scale grid");
-    if (t.block_rows() == 0 || t.block_cols() == 0)
-      return bad("ops[", op, "] FP8 tensor '", name,
-                 "' has no quantization block size (a plan from an older "
-                 "duckc); recompile the model");
-    const uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
-    const uint64_t wantR = (rows + t.block_rows() - 1) / t.block_rows(),
-                   wantC = (cols + t.block_cols() - 1) / t.block_cols();
-    if ((uint64_t)t.scale()->shape()->Get(0) != wantR ||
-        (uint64_t)t.scale()->shape()->Get(1) != wantC)
-      return bad("ops[", op, "] FP8 tensor '", name, "' [", rows, ", ", cols,
-                 "] with ", t.block_rows(), "x", t.block_cols(),
-                 " blocks needs a ", wantR, "x", wantC, " scale grid, found ",
-                 t.scale()->shape()->Get(0), "x", t.scale()->shape()->Get(1));
+/// A tensor's shape is a vector of int64. The FlatBuffers verifier (2.0)
+/// checks a vector's length word for 4-byte alignment only, so a damaged
+/// offset can leave the elements misaligned: refuse that before reading
+/// them (found by fuzz-plan).
+bool ShapeAligned(const pl::TensorDef &t) {
+  return reinterpret_cast<uintptr_t>(t.shape()->data()) % alignof(int64_t) ==
+         0;
+}
+
+/// FP8: a 2-D weight with a declared block and a scale grid of exactly
+/// ceil(rows / block_rows) x ceil(cols / block_cols).
+absl::Status CheckFp8Blocks(const std::string &dir, const pl::TensorDef &t,
+                            uint32_t op) {
+  const std::string name = t.name()->str();
+  if (t.shape()->size() != 2 || !t.scale() || !t.scale()->shape() ||
+      t.scale()->shape()->size() != 2 || !ShapeAligned(*t.scale()))
+    return BadPlan(dir, "ops[", op, "] FP8 tensor '", name,
+                   "' is not a 2-D matrix with a 2-D scale grid");
+  if (t.block_rows() == 0 || t.block_cols() == 0)
+    return BadPlan(dir, "ops[", op, "] FP8 tensor '", name,
+                   "' has no quantization block size (a plan from an older "
+                   "duckc); recompile the model");
+  const uint64_t rows = t.shape()->Get(0), cols = t.shape()->Get(1);
+  const uint64_t wantR = (rows + t.block_rows() - 1) / t.block_rows(),
+                 wantC = (cols + t.block_cols() - 1) / t.block_cols();
+  if ((uint64_t)t.scale()->shape()->Get(0) != wantR ||
+      (uint64_t)t.scale()->shape()->Get(1) != wantC)
+    return BadPlan(dir, "ops[", op, "] FP8 tensor '", name, "' [", rows, ", ",
+                   cols, "] with ", t.block_rows(), "x", t.block_cols(),
+                   " blocks needs a ", wantR, "x", wantC, " scale grid, found ",
+                   t.scale()->shape()->Get(0), "x",
+                   t.scale()->shape()->Get(1));
+  return absl::OkStatus();
+}
+
+/// FFN ops: the slot every duck runs exists, is this layer's and of the
+/// op's kind, and the modes are the ones the duck ELF has for that kind.
+absl::Status CheckFfnOp(const std::string &dir, const pl::PlanDef &d,
+                        const pl::OpDef &op, uint32_t i) {
+  const OpKind *kind = FindOpKind(op.params_type());
+  if (!kind->duck_step)
     return absl::OkStatus();
-  };
-  // FFN ops: the slot every duck runs exists, is this layer's and of the
-  // op's kind, and the modes are the ones the duck ELF has for that kind.
-  auto CheckFfnOp = [&](const pl::OpDef &op, uint32_t i) -> absl::Status {
-    const OpKind *kind = FindOpKind(op.params_type());
-    if (!kind->duck_step)
-      return absl::OkStatus();
-    const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
-    const pl::DuckStepDef *step = kind->duck_step(op);
-    if (!step)
-      return bad("ops[", i, "] (layer ", op.layer(), ") has no duck step");
-    if (!kind->modes_ok(step->decode_mode(), step->prefill_mode()))
-      return bad("ops[", i, "] (layer ", op.layer(), ") has modes ",
-                 step->decode_mode(), "/", step->prefill_mode(), ", not a ",
-                 kind->modes, " pair");
-    if (moe && (!pl::EnumNameRouter(moe->router())[0] || moe->top_k() == 0 ||
-                moe->top_k() > moe->num_experts()))
-      return bad("ops[", i, "] (layer ", op.layer(), ") has router ",
-                 (int)moe->router(), " with top ", moe->top_k(), " of ",
-                 moe->num_experts(), " experts");
-    for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
-      const auto *slots = d.ducks()->Get(r)->slots();
-      if (!slots || step->slot() >= slots->size())
-        return bad("ops[", i, "] (layer ", op.layer(), ") runs slot ",
-                   step->slot(), " but duck ", r, " has ",
-                   slots ? slots->size() : 0, " slots");
-      const pl::SlotDef *sd = slots->Get(step->slot());
-      if ((int64_t)sd->layer() != op.layer() || sd->moe() != kind->moe)
-        return bad("ops[", i, "] (layer ", op.layer(), ") runs slot ",
-                   step->slot(), " of duck ", r, ", which holds ",
-                   sd->moe() ? "the MoE" : "the dense", " layer ", sd->layer());
-    }
-    return absl::OkStatus();
-  };
-  // Ops: value ids, tensors in bounds.
-  auto checkTensor = [&](const pl::TensorDef *t, uint32_t op) -> absl::Status {
-    if (!t || !t->name() || !t->shape())
-      return bad("ops[", op, "] has an incomplete tensor");
-    if (!shapeAligned(*t))
-      return bad("ops[", op, "] tensor '", t->name()->str(),
-                 "' has a misaligned shape (a corrupt plan)");
-    if (!pl::EnumNameDType(t->dtype())[0])
-      return bad("ops[", op, "] tensor '", t->name()->str(), "' has dtype ",
-                 (int)t->dtype(), ", not one of the plan's");
-    if (t->file() >= files_.size())
-      return bad("ops[", op, "] tensor '", t->name()->str(), "' names file ",
-                 t->file(), " of ", files_.size());
-    uint64_t elems = 1;
-    for (int64_t dim : *t->shape())
-      elems *= (uint64_t)dim;
-    if (elems * elementSize(t->dtype()) != t->bytes())
-      return bad("ops[", op, "] tensor '", t->name()->str(),
-                 "' has a byte size that disagrees with its shape");
-    if (t->offset() + t->bytes() > files_[t->file()]->size())
-      return bad("ops[", op, "] tensor '", t->name()->str(),
-                 "' lies outside its file");
-    if (t->dtype() == pl::DType::F8_E4M3)
-      return checkFp8Blocks(*t, op);
-    return absl::OkStatus();
-  };
+  const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
+  const pl::DuckStepDef *step = kind->duck_step(op);
+  if (!step)
+    return BadPlan(dir, "ops[", i, "] (layer ", op.layer(),
+                   ") has no duck step");
+  if (!kind->modes_ok(step->decode_mode(), step->prefill_mode()))
+    return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") has modes ",
+                   step->decode_mode(), "/", step->prefill_mode(), ", not a ",
+                   kind->modes, " pair");
+  if (moe && (!pl::EnumNameRouter(moe->router())[0] || moe->top_k() == 0 ||
+              moe->top_k() > moe->num_experts()))
+    return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") has router ",
+                   (int)moe->router(), " with top ", moe->top_k(), " of ",
+                   moe->num_experts(), " experts");
+  for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
+    const auto *slots = d.ducks()->Get(r)->slots();
+    if (!slots || step->slot() >= slots->size())
+      return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") runs slot ",
+                     step->slot(), " but duck ", r, " has ",
+                     slots ? slots->size() : 0, " slots");
+    const pl::SlotDef *sd = slots->Get(step->slot());
+    if ((int64_t)sd->layer() != op.layer() || sd->moe() != kind->moe)
+      return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") runs slot ",
+                     step->slot(), " of duck ", r, ", which holds ",
+                     sd->moe() ? "the MoE" : "the dense", " layer ",
+                     sd->layer());
+  }
+  return absl::OkStatus();
+}
+
+/// An op's tensor: complete, of a known dtype, sized by its shape and
+/// inside its (already mapped) checkpoint file.
+absl::Status CheckTensor(const std::string &dir, const MappedFiles &files,
+                         const pl::TensorDef *t, uint32_t op) {
+  if (!t || !t->name() || !t->shape())
+    return BadPlan(dir, "ops[", op, "] has an incomplete tensor");
+  if (!ShapeAligned(*t))
+    return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
+                   "' has a misaligned shape (a corrupt plan)");
+  if (!pl::EnumNameDType(t->dtype())[0])
+    return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
+                   "' has dtype ", (int)t->dtype(), ", not one of the plan's");
+  if (t->file() >= files.size())
+    return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
+                   "' names file ", t->file(), " of ", files.size());
+  uint64_t elems = 1;
+  for (int64_t dim : *t->shape())
+    elems *= (uint64_t)dim;
+  if (elems * elementSize(t->dtype()) != t->bytes())
+    return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
+                   "' has a byte size that disagrees with its shape");
+  if (t->offset() + t->bytes() > files[t->file()]->size())
+    return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
+                   "' lies outside its file");
+  if (t->dtype() == pl::DType::F8_E4M3)
+    return CheckFp8Blocks(dir, *t, op);
+  return absl::OkStatus();
+}
+
+/// Ops: a known kind, FFN steps, value ids, tensors in bounds (op by op,
+/// in that order).
+absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
+                      const MappedFiles &files) {
   for (uint32_t i = 0; i < d.ops()->size(); ++i) {
     const pl::OpDef *op = d.ops()->Get(i);
     if (!op->params() || !FindOpKind(op->params_type()))
-      return bad("ops[", i, "] has no parameters or an unknown kind (",
-                 (int)op->params_type(), ")");
-    if (absl::Status s = CheckFfnOp(*op, i); !s.ok())
+      return BadPlan(dir, "ops[", i,
+                     "] has no parameters or an unknown kind (",
+                     (int)op->params_type(), ")");
+    if (absl::Status s = CheckFfnOp(dir, d, *op, i); !s.ok())
       return s;
     if (op->result() >= d.num_values())
-      return bad("ops[", i, "] writes value ", op->result(), " of ",
-                 d.num_values());
+      return BadPlan(dir, "ops[", i, "] writes value ", op->result(), " of ",
+                     d.num_values());
     if (op->inputs())
       for (uint32_t in : *op->inputs())
         if (in >= d.num_values())
-          return bad("ops[", i, "] reads value ", in, " of ", d.num_values());
+          return BadPlan(dir, "ops[", i, "] reads value ", in, " of ",
+                         d.num_values());
     for (const pl::TensorDef *t : OpTensors(*op)) {
-      if (absl::Status s = checkTensor(t, i); !s.ok())
+      if (absl::Status s = CheckTensor(dir, files, t, i); !s.ok())
         return s;
       if (t->scale())
-        if (absl::Status s = checkTensor(t->scale(), i); !s.ok())
+        if (absl::Status s = CheckTensor(dir, files, t->scale(), i); !s.ok())
           return s;
     }
   }
+  return absl::OkStatus();
+}
 
-  // Step limits: the compiler's word for how big a duck step can get; the
-  // runtime sizes the ducks' scratch and buffers from it, so every slot
-  // and MoE op must keep within it.
+/// Step limits: the compiler's word for how big a duck step can get; the
+/// runtime sizes the ducks' scratch and buffers from it, so every slot
+/// and MoE op must keep within it.
+absl::Status CheckStepLimits(const std::string &dir, const pl::PlanDef &d) {
   const pl::StepLimitsDef *lim = d.step_limits();
   if (!lim)
-    return bad("has no step limits");
+    return BadPlan(dir, "has no step limits");
   for (const pl::OpDef *op : *d.ops())
     if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef())
       if (moe->num_experts() + moe->num_shared() > lim->max_experts() ||
           moe->top_k() + moe->num_shared() > lim->max_active())
-        return bad("layer ", op->layer(), " routes top ", moe->top_k(), " + ",
-                   moe->num_shared(), " shared of ", moe->num_experts(),
-                   " experts, beyond the step limits (", lim->max_active(),
-                   " of ", lim->max_experts(), ")");
+        return BadPlan(dir, "layer ", op->layer(), " routes top ",
+                       moe->top_k(), " + ", moe->num_shared(), " shared of ",
+                       moe->num_experts(),
+                       " experts, beyond the step limits (",
+                       lim->max_active(), " of ", lim->max_experts(), ")");
   for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
     const auto *slots = d.ducks()->Get(r)->slots();
     for (uint32_t i = 0; slots && i < slots->size(); ++i) {
@@ -359,35 +374,43 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
            ++m)
         if (sd->matrices()->Get(m)->k() >
             std::max(d.model()->hidden(), lim->max_k()))
-          return bad("duck ", r, " slot ", i, " reads rows ",
-                     sd->matrices()->Get(m)->k(),
-                     " wide, beyond the step limits (", lim->max_k(), ")");
+          return BadPlan(dir, "duck ", r, " slot ", i, " reads rows ",
+                         sd->matrices()->Get(m)->k(),
+                         " wide, beyond the step limits (", lim->max_k(), ")");
       if (sd->inter_end() < sd->inter_begin() ||
           n > (sd->head() ? lim->max_head_rows() : lim->max_inter()) ||
           sd->expert_end() > lim->max_experts())
-        return bad("duck ", r, " slot ", i, " (", sd->head() ? "head rows" : "intermediate",
-                   " [", sd->inter_begin(), ", ", sd->inter_end(),
-                   "), experts to ", sd->expert_end(),
-                   ") exceeds the step limits (", lim->max_inter(),
-                   " intermediate, ", lim->max_head_rows(), " head rows, ",
-                   lim->max_experts(), " experts)");
+        return BadPlan(dir, "duck ", r, " slot ", i, " (",
+                       sd->head() ? "head rows" : "intermediate", " [",
+                       sd->inter_begin(), ", ", sd->inter_end(),
+                       "), experts to ", sd->expert_end(),
+                       ") exceeds the step limits (", lim->max_inter(),
+                       " intermediate, ", lim->max_head_rows(), " head rows, ",
+                       lim->max_experts(), " experts)");
     }
   }
+  return absl::OkStatus();
+}
 
-  // Weight images.
+/// Weight images: present, of the size the plan says, with the header of
+/// this plan's rank; with the option, every slot's checksum too.
+absl::Status CheckWeightImages(const LoadedPlan &p,
+                               const PlanLoadOptions &options) {
+  const pl::PlanDef &d = p.def();
+  const std::string &dir = p.dir();
   for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
     const pl::DuckDef *dk = d.ducks()->Get(r);
     if (dk->rank() != r || !dk->image() || !dk->slots())
-      return bad("ducks[", r, "] is incomplete or out of order");
-    std::string path = ImagePath(r);
+      return BadPlan(dir, "ducks[", r, "] is incomplete or out of order");
+    std::string path = p.ImagePath(r);
     struct stat st;
     if (stat(path.c_str(), &st) != 0)
-      return absl::NotFoundError(absl::StrCat("plan '", dir_,
+      return absl::NotFoundError(absl::StrCat("plan '", dir,
                                               "': weight image '", path,
                                               "' is missing"));
     if ((uint64_t)st.st_size != dk->image_bytes())
       return absl::DataLossError(absl::StrCat(
-          "plan '", dir_, "': weight image '", path, "' is ", st.st_size,
+          "plan '", dir, "': weight image '", path, "' is ", st.st_size,
           " bytes, the plan says ", dk->image_bytes(), " (truncated?)"));
     auto img = MappedFile::Open(path);
     if (!img.ok())
@@ -415,6 +438,32 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
       }
   }
   return absl::OkStatus();
+}
+} // namespace
+
+absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
+  const pl::PlanDef &d = *def_;
+  if (!d.model() || !d.ops() || d.ops()->size() == 0 || !d.ducks() ||
+      !d.files())
+    return BadPlan(dir_, "missing model, ops, ducks or files");
+  if (d.ducks()->size() != d.tp() || d.tp() == 0)
+    return BadPlan(dir_, "tp is ", d.tp(), " but the plan lists ",
+                   d.ducks()->size(), " ducks");
+  const pl::ModelDef &m = *d.model();
+  if (m.hidden() == 0 || m.vocab() == 0 || m.layers() == 0)
+    return BadPlan(dir_, "model sizes are zero");
+
+  checkpoint_dir_ = options.checkpoint_dir.empty()
+                        ? (d.checkpoint_dir() ? d.checkpoint_dir()->str() : "")
+                        : options.checkpoint_dir;
+  if (absl::Status s = OpenCheckpointFiles(d, dir_, checkpoint_dir_, files_);
+      !s.ok())
+    return s;
+  if (absl::Status s = CheckOps(dir_, d, files_); !s.ok())
+    return s;
+  if (absl::Status s = CheckStepLimits(dir_, d); !s.ok())
+    return s;
+  return CheckWeightImages(*this, options);
 }
 
 std::string LoadedPlan::ImagePath(uint32_t rank) const {
