@@ -31,17 +31,10 @@ bool Scrubber::TakePassEnded() {
   return ended;
 }
 
-std::optional<Scrubber::Damage> Scrubber::Chunk(absl::Time now) {
-  if (!HasWork()) {
-    // Nothing trusted to check (no image, its head unfinished, or not yet
-    // checked by a prepare): the next pass starts from the head.
-    part_ = -1;
-    done_ = 0;
-    pass_start_ = absl::InfinitePast();
-    return std::nullopt;
-  }
-  const duckd_cache_header &h = cache_->header();
-  const uint64_t generation = cache_->generation();
+// Moves to the next finished part, from the start of a part written since
+// its hash began, and ends the pass past the last slot.
+void Scrubber::NextPart(absl::Time now, const duckd_cache_header &h,
+                        uint64_t generation) {
   if (done_ && generation != part_generation_)
     done_ = 0; // written since its hash began: those bytes are new
   // The next finished part; past the last slot the pass has ended.
@@ -64,40 +57,50 @@ std::optional<Scrubber::Damage> Scrubber::Chunk(absl::Time now) {
   }
   if (part_ == -1 && done_ == 0)
     pass_start_ = now;
+}
 
-  // The part's bytes in the image and the checksum it was finished with.
-  Damage d;
+// The part's bytes in the image and the checksum it was finished with; false
+// when its slot table entry points out of the image.
+bool Scrubber::LocatePart(const duckd_cache_header &h, Damage &d) const {
   d.slot = part_;
   if (part_ < 0) {
     d.bytes = cache_->HeadBytes();
     d.want = h.head_checksum;
-  } else {
-    duck_slot_entry e;
-    std::memcpy(&e,
-                cache_->image() + h.image.slot_table_offset +
-                    uint64_t(part_) * sizeof(duck_slot_entry),
-                sizeof e);
-    d.layer = e.layer;
-    d.kind = e.kind;
-    d.offset = e.offset;
-    d.bytes = e.bytes;
-    d.want = h.slots[part_].checksum;
-    if (e.offset > h.image.total_bytes ||
-        e.bytes > h.image.total_bytes - e.offset) {
-      // Only a changed slot table can say this (the head verified when it
-      // was finished): the head is what is damaged.
-      part_ = -1;
-      done_ = 0;
-      Damage head;
-      head.bytes = cache_->HeadBytes();
-      head.want = h.head_checksum;
-      head.got = XXH3_64bits(cache_->image(), head.bytes);
-      head.unfinished = cache_->MarkDamaged(-1);
-      ++stats_.damaged;
-      ++pass_damaged_;
-      return head;
-    }
+    return true;
   }
+  duck_slot_entry e;
+  std::memcpy(&e,
+              cache_->image() + h.image.slot_table_offset +
+                  uint64_t(part_) * sizeof(duck_slot_entry),
+              sizeof e);
+  d.layer = e.layer;
+  d.kind = e.kind;
+  d.offset = e.offset;
+  d.bytes = e.bytes;
+  d.want = h.slots[part_].checksum;
+  return e.offset <= h.image.total_bytes &&
+         e.bytes <= h.image.total_bytes - e.offset;
+}
+
+// Only a changed slot table can point a slot out of the image (the head
+// verified when it was finished): the head is what is damaged.
+Scrubber::Damage Scrubber::DamagedHead(const duckd_cache_header &h) {
+  part_ = -1;
+  done_ = 0;
+  Damage head;
+  head.bytes = cache_->HeadBytes();
+  head.want = h.head_checksum;
+  head.got = XXH3_64bits(cache_->image(), head.bytes);
+  head.unfinished = cache_->MarkDamaged(-1);
+  ++stats_.damaged;
+  ++pass_damaged_;
+  return head;
+}
+
+// Hashes the part's next chunk into the streaming state and pushes the next
+// chunk back by the rate.
+void Scrubber::HashChunk(absl::Time now, const Damage &d,
+                         uint64_t generation) {
   if (done_ == 0) {
     XXH3_64bits_reset(state_->xxh);
     part_generation_ = generation;
@@ -115,6 +118,25 @@ std::optional<Scrubber::Damage> Scrubber::Chunk(absl::Time now) {
       absl::Seconds(double(options_.chunk_bytes) /
                     double(options_.bytes_per_second));
   due_ = std::max(due_, now - cost) + cost;
+}
+
+std::optional<Scrubber::Damage> Scrubber::Chunk(absl::Time now) {
+  if (!HasWork()) {
+    // Nothing trusted to check (no image, its head unfinished, or not yet
+    // checked by a prepare): the next pass starts from the head.
+    part_ = -1;
+    done_ = 0;
+    pass_start_ = absl::InfinitePast();
+    return std::nullopt;
+  }
+  const duckd_cache_header &h = cache_->header();
+  const uint64_t generation = cache_->generation();
+  NextPart(now, h, generation);
+
+  Damage d;
+  if (!LocatePart(h, d))
+    return DamagedHead(h);
+  HashChunk(now, d, generation);
   if (done_ < d.bytes)
     return std::nullopt;
 

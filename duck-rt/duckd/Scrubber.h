@@ -70,6 +70,12 @@ public:
   const Stats &stats() const { return stats_; }
 
 private:
+  void NextPart(absl::Time now, const duckd_cache_header &h,
+                uint64_t generation);
+  bool LocatePart(const duckd_cache_header &h, Damage &d) const;
+  Damage DamagedHead(const duckd_cache_header &h);
+  void HashChunk(absl::Time now, const Damage &d, uint64_t generation);
+
   WeightCache *cache_;
   Options options_;
   absl::Time due_ = absl::InfinitePast();
