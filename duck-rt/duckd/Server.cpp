@@ -67,13 +67,9 @@ uint64_t PhysicalMemory() {
   return pages > 0 && size > 0 ? uint64_t(pages) * uint64_t(size) : 0;
 }
 
-} // namespace
-
-absl::StatusOr<std::unique_ptr<Server>>
-Server::Create(const ServerOptions &options) {
-  std::unique_ptr<Server> s(new Server());
-  s->opt_ = options;
-  in_addr addr{};
+// The options that can be refused before anything is opened: the address,
+// a token where it is needed, the port.
+absl::Status CheckBind(const ServerOptions &options, in_addr &addr) {
   if (::inet_pton(AF_INET, options.bind.c_str(), &addr) != 1)
     return absl::InvalidArgumentError(
         absl::StrCat("--bind ", options.bind, " is not an IPv4 address"));
@@ -85,70 +81,105 @@ Server::Create(const ServerOptions &options) {
     return absl::InvalidArgumentError("--token longer than 256 bytes");
   if (options.port < 0 || options.port > 65535)
     return absl::InvalidArgumentError("--port outside [0, 65535]");
+  return absl::OkStatus();
+}
 
-  // Signals arrive through a signalfd; workers unblock them after fork.
+} // namespace
+
+// Signals arrive through a signalfd; workers unblock them after fork.
+absl::Status Server::OpenSignals() {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  s->signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (s->signal_fd_ < 0)
+  signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd_ < 0)
     return absl::InternalError(Errno("signalfd"));
+  return absl::OkStatus();
+}
 
-  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0)
+// The listening socket, bound to the address and port (0: any), and the
+// port it got.
+absl::Status Server::Listen(const in_addr &addr) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0)
     return absl::InternalError(Errno("socket"));
   int one = 1;
-  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr = addr;
-  sa.sin_port = htons(uint16_t(options.port));
-  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+  sa.sin_port = htons(uint16_t(opt_.port));
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
     return absl::UnavailableError(
-        Errno(absl::StrCat("bind ", options.bind, ":", options.port).c_str()));
-  if (::listen(s->listen_fd_, 16) != 0)
+        Errno(absl::StrCat("bind ", opt_.bind, ":", opt_.port).c_str()));
+  if (::listen(listen_fd_, 16) != 0)
     return absl::InternalError(Errno("listen"));
   socklen_t len = sizeof sa;
-  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
-  s->port_ = ntohs(sa.sin_port);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
+  port_ = ntohs(sa.sin_port);
+  return absl::OkStatus();
+}
 
+// The CPUs this process may run on, and the cores it uses of them (all, up
+// to DUCKD_MAX_CORES, unless --cores says).
+absl::Status Server::PickCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0)
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set))
-        s->cpus_.push_back(c);
-  if (s->cpus_.empty())
-    s->cpus_.push_back(0);
-  if (!s->opt_.cores)
-    s->opt_.cores = std::min<uint32_t>(uint32_t(s->cpus_.size()),
-                                       DUCKD_MAX_CORES);
-  if (s->opt_.cores > DUCKD_MAX_CORES)
+        cpus_.push_back(c);
+  if (cpus_.empty())
+    cpus_.push_back(0);
+  if (!opt_.cores)
+    opt_.cores = std::min<uint32_t>(uint32_t(cpus_.size()), DUCKD_MAX_CORES);
+  if (opt_.cores > DUCKD_MAX_CORES)
     return absl::InvalidArgumentError(
         absl::StrCat("--cores at most ", DUCKD_MAX_CORES));
+  return absl::OkStatus();
+}
 
+// The weight cache file (named by --name, else the port) and its scrub.
+absl::Status Server::OpenCache() {
   const std::string dir =
-      options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir;
+      opt_.cache_dir.empty() ? DefaultCacheDir() : opt_.cache_dir;
   if (absl::Status st = MakeDirs(dir); !st.ok())
     return st;
-  s->cache_path_ = absl::StrCat(
-      dir, "/duckd-",
-      options.name.empty() ? absl::StrCat(s->port_) : options.name,
+  cache_path_ = absl::StrCat(
+      dir, "/duckd-", opt_.name.empty() ? absl::StrCat(port_) : opt_.name,
       ".weights");
   WeightCache::Options co;
-  co.path = s->cache_path_;
-  co.capacity = options.weights_size;
-  co.sync = options.sync;
-  auto cache = WeightCache::Open(co, &s->cache_note_);
+  co.path = cache_path_;
+  co.capacity = opt_.weights_size;
+  co.sync = opt_.sync;
+  auto cache = WeightCache::Open(co, &cache_note_);
   if (!cache.ok())
     return cache.status();
-  s->cache_ = std::move(*cache);
+  cache_ = std::move(*cache);
   Scrubber::Options so;
-  so.bytes_per_second = options.scrub_bytes_per_second;
-  s->scrub_ = std::make_unique<Scrubber>(s->cache_.get(), so);
+  so.bytes_per_second = opt_.scrub_bytes_per_second;
+  scrub_ = std::make_unique<Scrubber>(cache_.get(), so);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Server>>
+Server::Create(const ServerOptions &options) {
+  std::unique_ptr<Server> s(new Server());
+  s->opt_ = options;
+  in_addr addr{};
+  if (absl::Status st = CheckBind(options, addr); !st.ok())
+    return st;
+  if (absl::Status st = s->OpenSignals(); !st.ok())
+    return st;
+  if (absl::Status st = s->Listen(addr); !st.ok())
+    return st;
+  if (absl::Status st = s->PickCores(); !st.ok())
+    return st;
+  if (absl::Status st = s->OpenCache(); !st.ok())
+    return st;
   s->tsc_hz_ = CalibrateTsc();
   return s;
 }
@@ -182,6 +213,82 @@ void Server::StopWorkers() {
   }
 }
 
+// The descriptors the loop waits on: signals and new connections always,
+// the connection unless a session worker holds it and the host has hung up,
+// and the session worker's event and pid fds.
+void Server::WatchFds(std::vector<pollfd> &p, bool lent, PollIndex &at) const {
+  p.clear();
+  p.push_back({signal_fd_, POLLIN, 0});
+  p.push_back({listen_fd_, POLLIN, 0});
+  if (conn_.fd >= 0 && (!lent || !conn_.hangup)) {
+    at.conn = int(p.size());
+    // While a session worker holds the connection, duckd only watches
+    // for the host hanging up (a hung step must not outlive its host).
+    p.push_back({conn_.fd, short(lent ? POLLRDHUP : POLLIN), 0});
+  }
+  if (session_) {
+    at.event = int(p.size());
+    p.push_back({session_->event_fd(), POLLIN, 0});
+    at.pid = int(p.size());
+    p.push_back({session_->pid_fd(), POLLIN, 0});
+  }
+}
+
+// How long the loop may sleep: until the step timeout while a worker holds
+// the connection, and no later than the scrub's next chunk.
+absl::Duration Server::PollWait(bool lent) const {
+  // A step may start at any moment while the worker holds the
+  // connection: wake up at least once per step timeout to check.
+  int timeout = -1;
+  if (lent) {
+    const absl::Duration left =
+        session_->in_step() ? opt_.step_timeout - session_->step_elapsed()
+                            : opt_.step_timeout;
+    timeout = int(std::max<int64_t>(1, absl::ToInt64Milliseconds(left) + 1));
+  }
+  // The scrub's next chunk, to the microsecond: at 64 MB/s a chunk is
+  // due every 4.1 ms, and whole milliseconds would slow it by a fifth.
+  absl::Duration wait = timeout < 0 ? absl::InfiniteDuration()
+                                    : absl::Milliseconds(timeout);
+  return std::min(wait, ScrubWait(absl::Now()));
+}
+
+// SIGTERM or SIGINT: logs the scrub's totals, drops the connection and
+// stops the workers.
+void Server::OnSignal() {
+  signalfd_siginfo si;
+  ssize_t n = ::read(signal_fd_, &si, sizeof si);
+  (void)n;
+  const Scrubber::Stats &st = scrub_->stats();
+  Log(absl::StrFormat(
+      "signal %u: shutting down (scrub: %llu passes, %llu slots, %.1f MiB "
+      "hashed, %llu damaged found)",
+      si.ssi_signo, (unsigned long long)st.passes,
+      (unsigned long long)st.slots, double(st.bytes) / 1048576.0,
+      (unsigned long long)st.damaged));
+  if (conn_.fd >= 0)
+    Drop("shutdown");
+  StopWorkers();
+}
+
+// The connection's events: a frame to read, or, while a worker holds it,
+// the host hanging up. True when the session was closed for it (nothing
+// more this turn).
+bool Server::OnConnEvents(short revents, bool lent) {
+  if (!lent) {
+    OnReadable();
+  } else if (revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+    conn_.hangup = true;
+    if (session_->in_step()) { // the worker cannot notice: stop it
+      CloseSession("host hung up during a step");
+      Drop("host hung up during a step");
+      return true;
+    }
+    // Otherwise the worker sees the end of the stream and hands back.
+  }
+  return false;
+}
+
 absl::Status Server::Serve() {
   Log(absl::StrCat(
       "listening on ", address(), ", ", opt_.cores, " cores, weights ",
@@ -192,37 +299,10 @@ absl::Status Server::Serve() {
           : std::string("off")));
   std::vector<pollfd> p;
   for (;;) {
-    p.clear();
-    p.push_back({signal_fd_, POLLIN, 0});
-    p.push_back({listen_fd_, POLLIN, 0});
     const bool lent = session_ && session_->lent();
-    int iConn = -1, iEvent = -1, iPid = -1;
-    if (conn_.fd >= 0 && (!lent || !conn_.hangup)) {
-      iConn = int(p.size());
-      // While a session worker holds the connection, duckd only watches
-      // for the host hanging up (a hung step must not outlive its host).
-      p.push_back({conn_.fd, short(lent ? POLLRDHUP : POLLIN), 0});
-    }
-    if (session_) {
-      iEvent = int(p.size());
-      p.push_back({session_->event_fd(), POLLIN, 0});
-      iPid = int(p.size());
-      p.push_back({session_->pid_fd(), POLLIN, 0});
-    }
-    // A step may start at any moment while the worker holds the
-    // connection: wake up at least once per step timeout to check.
-    int timeout = -1;
-    if (lent) {
-      const absl::Duration left =
-          session_->in_step() ? opt_.step_timeout - session_->step_elapsed()
-                              : opt_.step_timeout;
-      timeout = int(std::max<int64_t>(1, absl::ToInt64Milliseconds(left) + 1));
-    }
-    // The scrub's next chunk, to the microsecond: at 64 MB/s a chunk is
-    // due every 4.1 ms, and whole milliseconds would slow it by a fifth.
-    absl::Duration wait = timeout < 0 ? absl::InfiniteDuration()
-                                      : absl::Milliseconds(timeout);
-    wait = std::min(wait, ScrubWait(absl::Now()));
+    PollIndex at;
+    WatchFds(p, lent, at);
+    const absl::Duration wait = PollWait(lent);
     const timespec ts = absl::ToTimespec(wait);
     int r = ::ppoll(p.data(), p.size(),
                     wait == absl::InfiniteDuration() ? nullptr : &ts,
@@ -237,26 +317,14 @@ absl::Status Server::Serve() {
     if (r == 0 && ScrubMayRun() && absl::Now() >= scrub_->due())
       ScrubChunk(absl::Now());
     if (p[0].revents & POLLIN) {
-      signalfd_siginfo si;
-      ssize_t n = ::read(signal_fd_, &si, sizeof si);
-      (void)n;
-      const Scrubber::Stats &st = scrub_->stats();
-      Log(absl::StrFormat(
-          "signal %u: shutting down (scrub: %llu passes, %llu slots, %.1f MiB "
-          "hashed, %llu damaged found)",
-          si.ssi_signo, (unsigned long long)st.passes,
-          (unsigned long long)st.slots, double(st.bytes) / 1048576.0,
-          (unsigned long long)st.damaged));
-      if (conn_.fd >= 0)
-        Drop("shutdown");
-      StopWorkers();
+      OnSignal();
       return absl::OkStatus();
     }
-    if (iPid >= 0 && (p[iPid].revents & POLLIN)) {
+    if (at.pid >= 0 && (p[at.pid].revents & POLLIN)) {
       OnSessionDied();
       continue;
     }
-    if (iEvent >= 0 && (p[iEvent].revents & POLLIN)) {
+    if (at.event >= 0 && (p[at.event].revents & POLLIN)) {
       OnSessionEvent();
       continue;
     }
@@ -265,19 +333,9 @@ absl::Status Server::Serve() {
       OnStepTimeout();
       continue;
     }
-    if (iConn >= 0 && p[iConn].revents) {
-      if (!lent) {
-        OnReadable();
-      } else if (p[iConn].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-        conn_.hangup = true;
-        if (session_->in_step()) { // the worker cannot notice: stop it
-          CloseSession("host hung up during a step");
-          Drop("host hung up during a step");
-          continue;
-        }
-        // Otherwise the worker sees the end of the stream and hands back.
-      }
-    }
+    if (at.conn >= 0 && p[at.conn].revents &&
+        OnConnEvents(p[at.conn].revents, lent))
+      continue;
     if (p[1].revents & POLLIN)
       Accept();
   }

@@ -16,6 +16,8 @@
 #include "absl/time/time.h"
 
 #include <cstdint>
+#include <netinet/in.h>
+#include <poll.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +71,19 @@ public:
 
 private:
   Server() = default;
+  // Create's steps, in order.
+  absl::Status OpenSignals();
+  absl::Status Listen(const in_addr &addr);
+  absl::Status PickCores();
+  absl::Status OpenCache();
+  // Serve's loop: where each descriptor sits in the poll set (-1: absent).
+  struct PollIndex {
+    int conn = -1, event = -1, pid = -1;
+  };
+  void WatchFds(std::vector<pollfd> &p, bool lent, PollIndex &at) const;
+  absl::Duration PollWait(bool lent) const;
+  void OnSignal();
+  bool OnConnEvents(short revents, bool lent);
   void Log(const std::string &line) const;
   void Accept();
   void OnReadable();
