@@ -805,13 +805,10 @@ absl::Duration Worker::step_elapsed() const {
   return absl::Nanoseconds(int64_t(NowNs() - ctl_->step_started_ns));
 }
 
-absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
-                                         uint64_t weights_bytes,
-                                         uint64_t weights_generation,
-                                         absl::Duration timeout,
-                                         int watch_fd) {
-  if (pid_ <= 0)
-    return absl::FailedPreconditionError("worker is not running");
+// Hands the worker its next call and wakes its cores if they sleep; the
+// command's sequence number, which the worker's done_seq reaches when done.
+uint32_t Worker::PostRun(uint64_t ib_bytes, uint64_t elf_bytes,
+                         uint64_t weights_bytes, uint64_t weights_generation) {
   Control *ctl = ctl_;
   ctl->cmd = kCmdRun;
   ctl->step_seq = ++step_seq_;
@@ -822,12 +819,20 @@ absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
   const uint32_t seq = ctl->cmd_seq.fetch_add(1, std::memory_order_seq_cst) + 1;
   if (ctl->sleepers.load(std::memory_order_seq_cst))
     Futex(&ctl->cmd_seq, FUTEX_WAKE, INT_MAX);
+  return seq;
+}
 
+// Waits for the call to finish: spins, then yields, then sleeps on the
+// eventfd; fails when the worker dies, `watch_fd` hangs up or the timeout
+// passes (the worker reaped in each case).
+absl::Status Worker::WaitDone(uint32_t seq, absl::Duration timeout,
+                              int watch_fd) {
+  Control *ctl = ctl_;
   const uint64_t start = NowNs();
   const absl::Time deadline = absl::Now() + timeout;
   for (uint32_t i = 0;; ++i) {
     if (ctl->done_seq.load(std::memory_order_acquire) == seq)
-      break;
+      return absl::OkStatus();
     if ((i & 63) != 63) {
       _mm_pause();
       continue;
@@ -839,7 +844,7 @@ absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
     ctl->main_sleeping.store(1, std::memory_order_seq_cst);
     if (ctl->done_seq.load(std::memory_order_seq_cst) == seq) {
       ctl->main_sleeping.store(0, std::memory_order_relaxed);
-      break;
+      return absl::OkStatus();
     }
     pollfd p[3] = {{eventfd_, POLLIN, 0},
                    {pidfd_, POLLIN, 0},
@@ -855,7 +860,7 @@ absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
     while (::read(eventfd_, &v, sizeof v) > 0) {
     }
     if (ctl->done_seq.load(std::memory_order_acquire) == seq)
-      break;
+      return absl::OkStatus();
     if (r > 0 && (p[1].revents & POLLIN)) {
       std::string how = Reap(false);
       return absl::AbortedError(
@@ -873,8 +878,12 @@ absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
           absl::FormatDuration(timeout), "; worker killed"));
     }
   }
-  if (ctl->load_failed)
-    return absl::InvalidArgumentError(ctl->message);
+}
+
+// What the finished call left in the control block: its status, OB size,
+// times (cycles to ns) and each core's log.
+StepOutcome Worker::ReadOutcome() const {
+  const Control *ctl = ctl_;
   StepOutcome out;
   out.status = ctl->status;
   out.ob_bytes = std::min<uint64_t>(ctl->ob_size, config_.ob_limit);
@@ -889,6 +898,22 @@ absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
       out.log.append(reinterpret_cast<const char *>(logs_ + c * kLogBytes), n);
   }
   return out;
+}
+
+absl::StatusOr<StepOutcome> Worker::Step(uint64_t ib_bytes, uint64_t elf_bytes,
+                                         uint64_t weights_bytes,
+                                         uint64_t weights_generation,
+                                         absl::Duration timeout,
+                                         int watch_fd) {
+  if (pid_ <= 0)
+    return absl::FailedPreconditionError("worker is not running");
+  const uint32_t seq =
+      PostRun(ib_bytes, elf_bytes, weights_bytes, weights_generation);
+  if (absl::Status st = WaitDone(seq, timeout, watch_fd); !st.ok())
+    return st;
+  if (ctl_->load_failed)
+    return absl::InvalidArgumentError(ctl_->message);
+  return ReadOutcome();
 }
 
 void Worker::Stop(absl::Duration grace) {

@@ -131,6 +131,11 @@ public:
 private:
   Worker() = default;
   absl::Status WaitReady(absl::Duration timeout);
+  // Step's parts: post the call, wait for it, read what it left.
+  uint32_t PostRun(uint64_t ib_bytes, uint64_t elf_bytes,
+                   uint64_t weights_bytes, uint64_t weights_generation);
+  absl::Status WaitDone(uint32_t seq, absl::Duration timeout, int watch_fd);
+  StepOutcome ReadOutcome() const;
 
   WorkerConfig config_;
   pid_t pid_ = -1;
