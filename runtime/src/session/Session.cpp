@@ -426,11 +426,180 @@ uint64_t MemAvailableBytes() {
   }
   return 0;
 }
+/// The cluster file's ducks (as many as the plan's tp), spares, token and
+/// link bandwidth, into the client options and the session's fields.
+absl::Status UseClusterFile(const std::string &file, uint32_t tp,
+                            DuckClientOptions &co,
+                            std::vector<DuckEndpoint> &spares,
+                            double &readGbs) {
+  auto c = LoadClusterFile(file);
+  if (!c.ok())
+    return c.status();
+  if (c->ducks.size() != tp)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan was compiled for ", tp,
+                     " ducks but cluster file '", file, "' lists ",
+                     c->ducks.size()));
+  co.ducks = c->ducks;
+  spares = c->spares;
+  co.token = c->token;
+  readGbs = c->bandwidth_gbs;
+  return absl::OkStatus();
+}
+
+/// A local embedded cluster of tp ducks, sized to this machine's cores and
+/// the plan's largest image, its logs in the cache; sets co's ducks and
+/// cores.
+absl::StatusOr<std::unique_ptr<LocalCluster>>
+StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
+                std::ostream &log, DuckClientOptions &co) {
+  const uint32_t tp = def.tp();
+  LocalClusterOptions lc;
+  lc.ducks = tp;
+  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  if (o.cores_per_duck > hw)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cores-per-duck ", o.cores_per_duck,
+                     " is more than this "
+                     "machine's ",
+                     hw, " cores (a local duck runs one worker a core)"));
+  lc.cores = o.cores_per_duck ? o.cores_per_duck : std::max(1u, hw / tp);
+  lc.pin = (uint64_t)lc.cores * tp <= hw;
+  uint64_t maxImage = 0;
+  for (const pl::DuckDef *d : *def.ducks())
+    maxImage = std::max<uint64_t>(maxImage, d->image_bytes());
+  lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
+  lc.cache_dir = absl::StrCat(CacheBase(), "/duckrun");
+  lc.name_prefix = "duck";
+  lc.claim_slot = true; // a server and the CLI, or two models, side by side
+  // The daemons' logs go to files, so they do not mix with the output.
+  lc.log_dir = lc.cache_dir + "/logs";
+  std::error_code ec;
+  std::filesystem::create_directories(lc.log_dir, ec);
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create the duck cache directory '", lc.log_dir,
+                     "': ", ec.message()));
+  lc.duckd_path = o.duckd_path;
+  if (!o.quiet)
+    log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
+                           tp, lc.cores);
+  DUCK_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> local,
+                        LocalCluster::Start(lc));
+  if (!o.quiet && local->slot() > 0)
+    log << "duckrun: another local cluster uses this cache; these ducks "
+           "take slot "
+        << local->slot() << " (weight files of their own)\n";
+  co.ducks = local->endpoints();
+  co.cores = lc.cores;
+  return local;
+}
+
+/// Scratch and buffer sizes for the largest step of `rows` rows, from the
+/// plan's step limits (checked against its slots when it was loaded).
+void SizeStepBuffers(const pl::StepLimitsDef &lim, uint32_t hidden,
+                     uint32_t rows, DuckClientOptions &co) {
+  const uint64_t maxInter = lim.max_inter(), maxExperts = lim.max_experts(),
+                 maxK = lim.max_active(), maxHeadRows = lim.max_head_rows();
+  // A head slot's input can be wider than hidden (an o_proj's).
+  const uint32_t width = std::max(hidden, lim.max_k());
+  uint32_t cores = co.cores ? co.cores : 64;
+  co.scratch_bytes = duck_step_scratch_bytes(width, maxInter, rows, maxK,
+                                             maxExperts, cores);
+  co.ib_limit = 4096 + (uint64_t)rows * (maxK * 8 + width * 4 + 64);
+  // A head slot answers with logits: rows x its vocabulary rows.
+  co.ob_limit = std::max<uint64_t>(co.ib_limit,
+                                   4096 + (uint64_t)rows * maxHeadRows * 4);
+}
+
+/// Weights through the cache, with a progress line while bytes upload and
+/// a line saying what each duck's cache did (unless quiet).
+absl::Status PrepareWeights(DuckClient &client,
+                            const std::vector<std::string> &images,
+                            const SessionOptions &o, std::ostream &log) {
+  PrepareOptions po;
+  po.invalidate = o.invalidate_cache;
+  po.cancel = o.cancel;
+  bool shownProgress = false;
+  if (!o.quiet)
+    po.progress = [&](const PrepareProgress &p) {
+      if (p.bytes_total == 0)
+        return; // every duck is a cache hit: nothing to upload
+      shownProgress = true;
+      log << absl::StrFormat(
+          "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
+          p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
+          p.bytes_per_second / 1e6, p.eta_seconds);
+      log.flush();
+    };
+  auto prep = client.Prepare(images, po);
+  if (!prep.ok()) {
+    if (shownProgress)
+      log << "\n"; // end the progress line before the error
+    return prep.status();
+  }
+  if (o.cancel && o.cancel->load())
+    return absl::CancelledError("interrupted");
+  if (!o.quiet) {
+    std::vector<std::string> what;
+    for (size_t r = 0; r < prep->result.size(); ++r)
+      what.push_back(absl::StrCat(
+          "duck ", r, " ",
+          prep->result[r] == DUCKD_CACHE_HIT    ? "hit"
+          : prep->result[r] == DUCKD_CACHE_MISS ? "miss"
+                                                : "partial",
+          prep->bytes_uploaded[r]
+              ? absl::StrCat(" (", prep->bytes_uploaded[r], " bytes)")
+              : ""));
+    log << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
+                           absl::StrJoin(what, ", "), prep->seconds);
+  }
+  return absl::OkStatus();
+}
+/// The engine's options: the session's sequences and threads, and the
+/// rows of the largest step (the ones the ducks' buffers were sized for).
+EngineOptions EngineOptionsFor(const SessionOptions &o, uint32_t maxSeq,
+                               uint32_t threads, uint32_t chunk,
+                               uint32_t seqs, uint32_t rows) {
+  EngineOptions eo;
+  eo.max_seq = maxSeq;
+  eo.threads = threads;
+  eo.prefill_chunk = chunk;
+  eo.all_logits = o.all_logits;
+  eo.max_seqs = seqs;
+  eo.kv_f16 = o.kv_f16;
+  eo.max_rows = rows;
+  return eo;
+}
+/// The runner's recovery: a duck that dies, hangs or drops its connection
+/// mid-generation is brought back (a local duck is restarted; its weight
+/// cache file makes the new prepare a hit) and the step is sent again. It
+/// holds the session's fields by reference and reads them when it runs.
+ClusterFfnRunner::Recover
+RecoverWith(std::unique_ptr<DuckClient> &client, DuckClientOptions &co,
+            const std::unique_ptr<LocalCluster> &local,
+            std::vector<DuckEndpoint> &spares,
+            const std::vector<std::string> &images,
+            const std::vector<uint8_t> &elf, const SessionOptions &o,
+            std::ostream &log) {
+  const absl::Duration budget = absl::Seconds(o.recover_seconds);
+  const bool quiet = o.quiet;
+  return [&client, &co, &local, &spares, &images, &elf, budget, quiet,
+          cancel = o.cancel, &log](const absl::Status &why)
+             -> absl::StatusOr<DuckClient *> {
+    client.reset(); // close the old connections first: no duck stays busy
+    auto fresh = RecoverDucks(why, co, local.get(), &spares, images, elf,
+                              budget, quiet, cancel, log);
+    if (!fresh.ok())
+      return fresh.status();
+    client = std::move(*fresh);
+    return client.get();
+  };
+}
 } // namespace
 
 absl::Status Session::Start(std::ostream &log) {
   const SessionOptions &o = opts_;
-  auto cancelled = [&] { return o.cancel && o.cancel->load(); };
   const pl::PlanDef &def = plan_->def();
   // The host's weights are mapped in while the ducks start and prepare
   // (page faults the first prompt would otherwise take, one a page).
@@ -447,55 +616,10 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t tp = def.tp();
   co_.persistent = o.persistent;
   if (!o.cluster_file.empty()) {
-    auto c = LoadClusterFile(o.cluster_file);
-    if (!c.ok())
-      return c.status();
-    if (c->ducks.size() != tp)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the plan was compiled for ", tp, " ducks but cluster file '",
-          o.cluster_file, "' lists ", c->ducks.size()));
-    co_.ducks = c->ducks;
-    spares_ = c->spares;
-    co_.token = c->token;
-    duck_read_gbs_ = c->bandwidth_gbs;
+    DUCK_RETURN_IF_ERROR(
+        UseClusterFile(o.cluster_file, tp, co_, spares_, duck_read_gbs_));
   } else {
-    LocalClusterOptions lc;
-    lc.ducks = tp;
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    if (o.cores_per_duck > hw)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--cores-per-duck ", o.cores_per_duck,
-                       " is more than this "
-                       "machine's ",
-                       hw, " cores (a local duck runs one worker a core)"));
-    lc.cores = o.cores_per_duck ? o.cores_per_duck : std::max(1u, hw / tp);
-    lc.pin = (uint64_t)lc.cores * tp <= hw;
-    uint64_t maxImage = 0;
-    for (const pl::DuckDef *d : *def.ducks())
-      maxImage = std::max<uint64_t>(maxImage, d->image_bytes());
-    lc.weights_size = (maxImage + (1ull << 24)) / 4096 * 4096 + 4096;
-    lc.cache_dir = absl::StrCat(CacheBase(), "/duckrun");
-    lc.name_prefix = "duck";
-    lc.claim_slot = true; // a server and the CLI, or two models, side by side
-    // The daemons' logs go to files, so they do not mix with the output.
-    lc.log_dir = lc.cache_dir + "/logs";
-    std::error_code ec;
-    std::filesystem::create_directories(lc.log_dir, ec);
-    if (ec)
-      return absl::InternalError(
-          absl::StrCat("cannot create the duck cache directory '", lc.log_dir,
-                       "': ", ec.message()));
-    lc.duckd_path = o.duckd_path;
-    if (!o.quiet)
-      log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
-                             tp, lc.cores);
-    DUCK_ASSIGN_OR_RETURN(local_, LocalCluster::Start(lc));
-    if (!o.quiet && local_->slot() > 0)
-      log << "duckrun: another local cluster uses this cache; these ducks "
-             "take slot "
-          << local_->slot() << " (weight files of their own)\n";
-    co_.ducks = local_->endpoints();
-    co_.cores = lc.cores;
+    DUCK_ASSIGN_OR_RETURN(local_, StartLocalDucks(o, def, log, co_));
   }
 
   // Scratch and buffer sizes for the largest step: a prompt chunk plus,
@@ -503,20 +627,7 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t chunk = std::max(1u, o.prefill_chunk);
   const uint32_t seqs = std::max(1u, o.max_seqs);
   const uint32_t rows = seqs > 1 ? chunk + seqs : chunk;
-  // The plan states the widest slot, expert count and active experts a
-  // step can have (checked against its slots when it was loaded).
-  const pl::StepLimitsDef &lim = *def.step_limits();
-  const uint64_t maxInter = lim.max_inter(), maxExperts = lim.max_experts(),
-                 maxK = lim.max_active(), maxHeadRows = lim.max_head_rows();
-  // A head slot's input can be wider than hidden (an o_proj's).
-  const uint32_t width = std::max(model().hidden(), lim.max_k());
-  uint32_t cores = co_.cores ? co_.cores : 64;
-  co_.scratch_bytes = duck_step_scratch_bytes(width, maxInter, rows, maxK,
-                                              maxExperts, cores);
-  co_.ib_limit = 4096 + (uint64_t)rows * (maxK * 8 + width * 4 + 64);
-  // A head slot answers with logits: rows x its vocabulary rows.
-  co_.ob_limit = std::max<uint64_t>(co_.ib_limit,
-                                    4096 + (uint64_t)rows * maxHeadRows * 4);
+  SizeStepBuffers(*def.step_limits(), model().hidden(), rows, co_);
   // Spinning for a step's replies saves the host's wake-up (duck-bench
   // judge, one duck, loopback: gap p50 63 -> 11 us) but holds a core; on
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
@@ -524,82 +635,24 @@ absl::Status Session::Start(std::ostream &log) {
   co_.step_timeout = absl::Milliseconds(std::max(1u, o.step_timeout_ms));
   DUCK_ASSIGN_OR_RETURN(client_, DuckClient::Create(co_));
 
-  // Weights through the cache.
   for (uint32_t r = 0; r < tp; ++r)
     images_.push_back(plan_->ImagePath(r));
-  PrepareOptions po;
-  po.invalidate = o.invalidate_cache;
-  po.cancel = o.cancel;
-  bool shownProgress = false;
-  if (!o.quiet)
-    po.progress = [&](const PrepareProgress &p) {
-      if (p.bytes_total == 0)
-        return; // every duck is a cache hit: nothing to upload
-      shownProgress = true;
-      log << absl::StrFormat(
-          "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
-          p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
-          p.bytes_per_second / 1e6, p.eta_seconds);
-      log.flush();
-    };
-  auto prep = client_->Prepare(images_, po);
-  if (!prep.ok()) {
-    if (shownProgress)
-      log << "\n"; // end the progress line before the error
-    return prep.status();
-  }
-  if (cancelled())
-    return absl::CancelledError("interrupted");
-  if (!o.quiet) {
-    std::vector<std::string> what;
-    for (size_t r = 0; r < prep->result.size(); ++r)
-      what.push_back(absl::StrCat(
-          "duck ", r, " ",
-          prep->result[r] == DUCKD_CACHE_HIT    ? "hit"
-          : prep->result[r] == DUCKD_CACHE_MISS ? "miss"
-                                                : "partial",
-          prep->bytes_uploaded[r]
-              ? absl::StrCat(" (", prep->bytes_uploaded[r], " bytes)")
-              : ""));
-    log << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
-                           absl::StrJoin(what, ", "), prep->seconds);
-  }
+  DUCK_RETURN_IF_ERROR(PrepareWeights(*client_, images_, o, log));
   DUCK_ASSIGN_OR_RETURN(elf_, ReadDuckElf());
   if (absl::Status st = client_->Open(elf_); !st.ok())
     return st;
 
   runner_ = std::make_unique<ClusterFfnRunner>(*plan_, client_.get());
   runner_->KeepSteps(o.keep_steps);
-  // A duck that dies, hangs or drops its connection mid-generation is
-  // brought back (a local duck is restarted; its weight cache file makes
-  // the new prepare a hit) and the step is sent again.
-  if (o.recover_seconds > 0) {
-    const absl::Duration budget = absl::Seconds(o.recover_seconds);
-    const bool quiet = o.quiet;
-    runner_->SetRecover([this, budget, quiet, cancel = o.cancel,
-                         &log](const absl::Status &why)
-                            -> absl::StatusOr<DuckClient *> {
-      client_.reset(); // close the old connections first: no duck stays busy
-      auto fresh = RecoverDucks(why, co_, local_.get(), &spares_, images_, elf_,
-                                budget, quiet, cancel, log);
-      if (!fresh.ok())
-        return fresh.status();
-      client_ = std::move(*fresh);
-      return client_.get();
-    });
-  }
+  if (o.recover_seconds > 0)
+    runner_->SetRecover(RecoverWith(client_, co_, local_, spares_, images_,
+                                    elf_, o, log));
   if (const char *k = std::getenv("DUCK_TEST_KILL_DUCK"))
     DUCK_RETURN_IF_ERROR(ArmTestFault(k));
-  EngineOptions eo;
-  eo.max_seq = max_seq_;
   threads_ =
       o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  eo.threads = threads_;
-  eo.prefill_chunk = chunk;
-  eo.all_logits = o.all_logits;
-  eo.max_seqs = seqs;
-  eo.kv_f16 = o.kv_f16;
-  eo.max_rows = rows;
+  const EngineOptions eo =
+      EngineOptionsFor(o, max_seq_, threads_, chunk, seqs, rows);
   mapper.join();
   DUCK_ASSIGN_OR_RETURN(engine_, Engine::Create(*plan_, runner_.get(), eo));
   // The host threads sleep while the ducks work (ThreadPool::Park).
