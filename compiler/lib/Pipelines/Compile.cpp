@@ -87,59 +87,41 @@ private:
   ScopedDiagnosticHandler handler;
 };
 
-} // namespace
+/// A number under `key` of `obj` into `out`, if there is one; anything else
+/// there is refused.
+Error readNumber(const llvm::json::Object &obj, StringRef key, double &out,
+                 StringRef path) {
+  if (const llvm::json::Value *v = obj.get(key)) {
+    if (auto d = v->getAsNumber())
+      out = *d;
+    else
+      return err("cluster file '" + path + "': '" + key +
+                 "' must be a number");
+  }
+  return Error::success();
+}
 
-Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
-  auto buf = llvm::MemoryBuffer::getFile(path);
-  if (!buf)
-    return err("cannot read cluster file '" + path +
-               "': " + buf.getError().message());
-  auto json = llvm::json::parse((*buf)->getBuffer());
-  if (!json)
-    return err("cluster file '" + path +
-               "' is not valid JSON: " + llvm::toString(json.takeError()));
-  const llvm::json::Object *o = json->getAsObject();
-  if (!o)
-    return err("cluster file '" + path + "' must hold a JSON object");
-  ClusterDesc c;
-  auto num = [&](const llvm::json::Object &obj, StringRef key,
-                 double &out) -> Error {
-    if (const llvm::json::Value *v = obj.get(key)) {
-      if (auto d = v->getAsNumber())
-        out = *d;
-      else
-        return err("cluster file '" + path + "': '" + key +
-                   "' must be a number");
-    }
-    return Error::success();
-  };
-  double bw = c.cost.bandwidthGbs, ov = c.cost.stepOverheadUs;
+/// The cluster-wide figures of the cost model (rates, overheads, the host),
+/// checked for sign; `duckLink` is the default link rate of each duck.
+Error readClusterCost(const llvm::json::Object &o, StringRef path,
+                      ClusterModel &cost, double &duckLink) {
+  double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
-         chunk = 64, hostGmac = 0, context = 0, hostLink = 0, duckLink = 0;
-  if (Error e = num(*o, "bandwidth_gbs", bw))
-    return e;
-  if (Error e = num(*o, "step_overhead_us", ov))
-    return e;
-  if (Error e = num(*o, "fp9_gparam_s", gps))
-    return e;
-  if (Error e = num(*o, "host_ms_per_token", hostMs))
-    return e;
-  if (Error e = num(*o, "host_read_gbs", hostGbs))
-    return e;
-  if (Error e = num(*o, "fp9_gemm_gmac_s", gemm))
-    return e;
-  if (Error e = num(*o, "host_prefill_ms_per_token", hostPrefill))
-    return e;
-  if (Error e = num(*o, "prefill_chunk", chunk))
-    return e;
-  if (Error e = num(*o, "host_gmac_s", hostGmac))
-    return e;
-  if (Error e = num(*o, "context_tokens", context))
-    return e;
-  if (Error e = num(*o, "host_link_gbps", hostLink))
-    return e;
-  if (Error e = num(*o, "duck_link_gbps", duckLink))
-    return e;
+         chunk = 64, hostGmac = 0, context = 0, hostLink = 0;
+  for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
+                        {"step_overhead_us", &ov},
+                        {"fp9_gparam_s", &gps},
+                        {"host_ms_per_token", &hostMs},
+                        {"host_read_gbs", &hostGbs},
+                        {"fp9_gemm_gmac_s", &gemm},
+                        {"host_prefill_ms_per_token", &hostPrefill},
+                        {"prefill_chunk", &chunk},
+                        {"host_gmac_s", &hostGmac},
+                        {"context_tokens", &context},
+                        {"host_link_gbps", &hostLink},
+                        {"duck_link_gbps", &duckLink}})
+    if (Error e = readNumber(o, key, *v, path))
+      return e;
   if (bw <= 0)
     return err("cluster file '" + path + "': bandwidth_gbs must be positive");
   if (chunk < 1)
@@ -161,114 +143,141 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
                                "(got {2})",
                                path, key, got));
     }
-  c.cost.bandwidthGbs = bw;
-  c.cost.stepOverheadUs = ov;
-  c.cost.fp9GparamS = gps;
-  c.cost.hostMsPerToken = hostMs;
-  c.cost.hostReadGbs = hostGbs;
-  c.cost.gemmGmacS = gemm;
-  c.cost.hostPrefillMsPerToken = hostPrefill;
-  c.cost.prefillChunk = (int64_t)chunk;
-  c.cost.hostGmacS = hostGmac;
-  c.cost.contextTokens = (int64_t)context;
-  c.cost.hostLinkGbps = hostLink;
-  if (const llvm::json::Array *ducks = o->getArray("ducks")) {
-    if (ducks->empty())
-      return err("cluster file '" + path + "': 'ducks' is empty");
-    c.tp = ducks->size();
-    int64_t minCores = 0;
-    for (size_t i = 0; i < ducks->size(); ++i) {
-      const llvm::json::Object *d = (*ducks)[i].getAsObject();
-      if (!d)
-        return err(llvm::formatv("cluster file '{0}': ducks[{1}] must be an "
-                                 "object",
-                                 path, i));
-      double cores = 1, mem = 0;
-      if (Error e = num(*d, "cores", cores))
-        return e;
-      if (Error e = num(*d, "memory_gib", mem))
-        return e;
-      if (cores < 1)
-        return err(llvm::formatv("cluster file '{0}': ducks[{1}].cores must "
-                                 "be at least 1",
-                                 path, i));
-      minCores = minCores ? std::min<int64_t>(minCores, cores) : cores;
-      c.memoryBytes.push_back((uint64_t)(mem * (1ull << 30)));
-      // A per-duck figure that may be absent (0) but not negative.
-      auto duckNum = [&](StringRef key, double &out) -> Error {
-        if (Error e = num(*d, key, out))
-          return e;
-        if (out < 0)
-          return err(llvm::formatv("cluster file '{0}': ducks[{1}].{2} must "
-                                   "not be negative",
-                                   path, i, key));
-        return Error::success();
-      };
-      double rate = 0;
-      if (Error e = duckNum("fp9_gparam_s", rate))
-        return e;
-      c.cost.duckGparamS.push_back(rate);
-      // fp9_gparam_s_by_kernel: {"general128": 10.6, ...} (measure-cluster).
-      std::vector<double> byClass(DUCK_KERNEL_COUNT, 0.0);
-      if (const llvm::json::Value *v = d->get("fp9_gparam_s_by_kernel")) {
-        const llvm::json::Object *k = v->getAsObject();
-        if (!k)
-          return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
-                                   "fp9_gparam_s_by_kernel must be an object "
-                                   "of kernel class: Gparam/s",
-                                   path, i));
-        for (const auto &kv : *k) {
-          int id = -1;
-          for (int c2 = 0; c2 < DUCK_KERNEL_COUNT; ++c2)
-            if (kv.first == duck_kernel_name(duck_kernel_id(c2)))
-              id = c2;
-          std::optional<double> g = kv.second.getAsNumber();
-          if (id < 0 || !g || *g < 0)
-            return err(llvm::formatv(
-                "cluster file '{0}': ducks[{1}].fp9_gparam_s_by_kernel: "
-                "'{2}' must be a kernel class (general128, general64, "
-                "general32, exact128, exact64, exact32) with a rate >= 0",
-                path, i, kv.first.str()));
-          byClass[id] = *g;
-        }
-      }
-      c.cost.duckKernelGparamS.push_back(std::move(byClass));
-      double callUs = 0;
-      if (Error e = duckNum("gemv_call_us", callUs))
-        return e;
-      c.cost.duckGemvCallUs.push_back(callUs);
-      double link = duckLink;
-      if (Error e = duckNum("link_gbps", link))
-        return e;
-      c.cost.duckLinkGbps.push_back(link);
-    }
-    if (llvm::all_of(c.cost.duckLinkGbps, [](double v) { return v == 0; }))
-      c.cost.duckLinkGbps.clear();
-    if (llvm::all_of(c.cost.duckGemvCallUs, [](double v) { return v == 0; }))
-      c.cost.duckGemvCallUs.clear();
-    if (llvm::all_of(c.cost.duckKernelGparamS, [](const auto &v) {
-          return llvm::all_of(v, [](double g) { return g == 0; });
-        }))
-      c.cost.duckKernelGparamS.clear();
-    c.coresPerDuck = minCores;
-    // Per-duck rates: all or none.
-    const auto &rates = c.cost.duckGparamS;
-    const size_t given = llvm::count_if(rates, [](double v) { return v > 0; });
-    if (given == 0)
-      c.cost.duckGparamS.clear();
-    else if (given != rates.size())
-      return err("cluster file '" + path + "': give fp9_gparam_s for every "
-                 "duck or for none");
-    if (llvm::all_of(c.memoryBytes, [](uint64_t m) { return m == 0; }))
-      c.memoryBytes.clear();
-    return c;
+  cost.bandwidthGbs = bw;
+  cost.stepOverheadUs = ov;
+  cost.fp9GparamS = gps;
+  cost.hostMsPerToken = hostMs;
+  cost.hostReadGbs = hostGbs;
+  cost.gemmGmacS = gemm;
+  cost.hostPrefillMsPerToken = hostPrefill;
+  cost.prefillChunk = (int64_t)chunk;
+  cost.hostGmacS = hostGmac;
+  cost.contextTokens = (int64_t)context;
+  cost.hostLinkGbps = hostLink;
+  return Error::success();
+}
+
+/// ducks[i].fp9_gparam_s_by_kernel: {"general128": 10.6, ...}
+/// (measure-cluster), a rate for each kernel class named.
+Error readKernelRates(const llvm::json::Object &d, size_t i, StringRef path,
+                      std::vector<double> &byClass) {
+  const llvm::json::Value *v = d.get("fp9_gparam_s_by_kernel");
+  if (!v)
+    return Error::success();
+  const llvm::json::Object *k = v->getAsObject();
+  if (!k)
+    return err(llvm::formatv("cluster file '{0}': ducks[{1}]."
+                             "fp9_gparam_s_by_kernel must be an object "
+                             "of kernel class: Gparam/s",
+                             path, i));
+  for (const auto &kv : *k) {
+    int id = -1;
+    for (int c2 = 0; c2 < DUCK_KERNEL_COUNT; ++c2)
+      if (kv.first == duck_kernel_name(duck_kernel_id(c2)))
+        id = c2;
+    std::optional<double> g = kv.second.getAsNumber();
+    if (id < 0 || !g || *g < 0)
+      return err(llvm::formatv(
+          "cluster file '{0}': ducks[{1}].fp9_gparam_s_by_kernel: "
+          "'{2}' must be a kernel class (general128, general64, "
+          "general32, exact128, exact64, exact32) with a rate >= 0",
+          path, i, kv.first.str()));
+    byClass[id] = *g;
   }
+  return Error::success();
+}
+
+/// One entry of 'ducks': its cores (the fewest so far into `minCores`),
+/// memory, and the per-duck rates appended to `c`.
+Error readDuck(const llvm::json::Value &entry, size_t i, StringRef path,
+               double duckLink, ClusterDesc &c, int64_t &minCores) {
+  const llvm::json::Object *d = entry.getAsObject();
+  if (!d)
+    return err(llvm::formatv("cluster file '{0}': ducks[{1}] must be an "
+                             "object",
+                             path, i));
+  double cores = 1, mem = 0;
+  if (Error e = readNumber(*d, "cores", cores, path))
+    return e;
+  if (Error e = readNumber(*d, "memory_gib", mem, path))
+    return e;
+  if (cores < 1)
+    return err(llvm::formatv("cluster file '{0}': ducks[{1}].cores must "
+                             "be at least 1",
+                             path, i));
+  minCores = minCores ? std::min<int64_t>(minCores, cores) : cores;
+  c.memoryBytes.push_back((uint64_t)(mem * (1ull << 30)));
+  // A per-duck figure that may be absent (0) but not negative.
+  auto duckNum = [&](StringRef key, double &out) -> Error {
+    if (Error e = readNumber(*d, key, out, path))
+      return e;
+    if (out < 0)
+      return err(llvm::formatv("cluster file '{0}': ducks[{1}].{2} must "
+                               "not be negative",
+                               path, i, key));
+    return Error::success();
+  };
+  double rate = 0;
+  if (Error e = duckNum("fp9_gparam_s", rate))
+    return e;
+  c.cost.duckGparamS.push_back(rate);
+  std::vector<double> byClass(DUCK_KERNEL_COUNT, 0.0);
+  if (Error e = readKernelRates(*d, i, path, byClass))
+    return e;
+  c.cost.duckKernelGparamS.push_back(std::move(byClass));
+  double callUs = 0;
+  if (Error e = duckNum("gemv_call_us", callUs))
+    return e;
+  c.cost.duckGemvCallUs.push_back(callUs);
+  double link = duckLink;
+  if (Error e = duckNum("link_gbps", link))
+    return e;
+  c.cost.duckLinkGbps.push_back(link);
+  return Error::success();
+}
+
+/// The long form, a 'ducks' array: each duck read, then the per-duck
+/// figures that none gave dropped (per-duck rates: all or none).
+Error readDucks(const llvm::json::Array &ducks, StringRef path,
+                double duckLink, ClusterDesc &c) {
+  if (ducks.empty())
+    return err("cluster file '" + path + "': 'ducks' is empty");
+  c.tp = ducks.size();
+  int64_t minCores = 0;
+  for (size_t i = 0; i < ducks.size(); ++i)
+    if (Error e = readDuck(ducks[i], i, path, duckLink, c, minCores))
+      return e;
+  if (llvm::all_of(c.cost.duckLinkGbps, [](double v) { return v == 0; }))
+    c.cost.duckLinkGbps.clear();
+  if (llvm::all_of(c.cost.duckGemvCallUs, [](double v) { return v == 0; }))
+    c.cost.duckGemvCallUs.clear();
+  if (llvm::all_of(c.cost.duckKernelGparamS, [](const auto &v) {
+        return llvm::all_of(v, [](double g) { return g == 0; });
+      }))
+    c.cost.duckKernelGparamS.clear();
+  c.coresPerDuck = minCores;
+  // Per-duck rates: all or none.
+  const auto &rates = c.cost.duckGparamS;
+  const size_t given = llvm::count_if(rates, [](double v) { return v > 0; });
+  if (given == 0)
+    c.cost.duckGparamS.clear();
+  else if (given != rates.size())
+    return err("cluster file '" + path + "': give fp9_gparam_s for every "
+               "duck or for none");
+  if (llvm::all_of(c.memoryBytes, [](uint64_t m) { return m == 0; }))
+    c.memoryBytes.clear();
+  return Error::success();
+}
+
+/// The short form: tp ducks alike, each with cores_per_duck and memory_gib.
+Error readUniformCluster(const llvm::json::Object &o, StringRef path,
+                         double duckLink, ClusterDesc &c) {
   double tp = 1, cores = 1, mem = 0;
-  if (Error e = num(*o, "tp", tp))
+  if (Error e = readNumber(o, "tp", tp, path))
     return e;
-  if (Error e = num(*o, "cores_per_duck", cores))
+  if (Error e = readNumber(o, "cores_per_duck", cores, path))
     return e;
-  if (Error e = num(*o, "memory_gib", mem))
+  if (Error e = readNumber(o, "memory_gib", mem, path))
     return e;
   if (tp < 1 || cores < 1)
     return err("cluster file '" + path +
@@ -279,6 +288,34 @@ Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
     c.memoryBytes.assign(c.tp, (uint64_t)(mem * (1ull << 30)));
   if (duckLink > 0)
     c.cost.duckLinkGbps.assign(c.tp, duckLink);
+  return Error::success();
+}
+
+} // namespace
+
+Expected<ClusterDesc> mlir::duck::loadClusterFile(StringRef path) {
+  auto buf = llvm::MemoryBuffer::getFile(path);
+  if (!buf)
+    return err("cannot read cluster file '" + path +
+               "': " + buf.getError().message());
+  auto json = llvm::json::parse((*buf)->getBuffer());
+  if (!json)
+    return err("cluster file '" + path +
+               "' is not valid JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *o = json->getAsObject();
+  if (!o)
+    return err("cluster file '" + path + "' must hold a JSON object");
+  ClusterDesc c;
+  double duckLink = 0;
+  if (Error e = readClusterCost(*o, path, c.cost, duckLink))
+    return e;
+  if (const llvm::json::Array *ducks = o->getArray("ducks")) {
+    if (Error e = readDucks(*ducks, path, duckLink, c))
+      return e;
+    return c;
+  }
+  if (Error e = readUniformCluster(*o, path, duckLink, c))
+    return e;
   return c;
 }
 
@@ -521,6 +558,130 @@ Error ImportedModel::compile(const CompileOptions &opts, llvm::raw_ostream &out,
 }
 
 namespace {
+/// --dry-run: the stats as text and each layer's FFN kernels, no plan.
+void printDryRun(const CompileOptions &opts, const ModuleStats &stats,
+                 const ClusterModel &cost, ModuleOp module,
+                 llvm::raw_ostream &out) {
+  out << "model: " << opts.modelDir << "\n";
+  printStatsText(stats, cost, out);
+  out << "layer  kind   inter  local  experts  gate        up          down\n";
+  for (const llvm::json::Value &row : kernelTable(module)) {
+    const llvm::json::Object &o = *row.getAsObject();
+    out << llvm::format("%-6lld %-6s %-6lld %-6lld %-8lld %-11s %-11s %s\n",
+                        (long long)*o.getInteger("layer"),
+                        o.getString("kind")->str().c_str(),
+                        (long long)*o.getInteger("inter"),
+                        (long long)*o.getInteger("local_inter"),
+                        (long long)*o.getInteger("experts"),
+                        o.getObject("gate")->getString("kernel")->str().c_str(),
+                        o.getObject("up")->getString("kernel")->str().c_str(),
+                        o.getObject("down")->getString("kernel")->str().c_str());
+  }
+}
+
+/// An existing output path must be a directory, and empty unless --force;
+/// `exists` says whether it is there (to be replaced).
+Error checkOutDir(const CompileOptions &opts, bool &exists) {
+  namespace fs = llvm::sys::fs;
+  exists = fs::exists(opts.outDir);
+  if (exists) {
+    std::error_code ec;
+    fs::directory_iterator it(opts.outDir, ec);
+    bool empty = !ec && it == fs::directory_iterator();
+    if (!fs::is_directory(opts.outDir))
+      return err("output path '" + opts.outDir + "' exists and is not a "
+                 "directory");
+    if (!empty && !opts.force)
+      return err("output directory '" + opts.outDir +
+                 "' exists and is not empty; use --force to replace it");
+  }
+  return Error::success();
+}
+
+/// Writes the plan into a temporary directory next to the target, then
+/// renames it, so a failure never leaves a half-written plan behind; each
+/// duck's progress goes to `log` (a terminal's line redrawn).
+Error writePlanDir(const CompileOptions &opts, const import::Checkpoint &ckpt,
+                   ModuleOp module, const ModuleStats &stats, bool exists,
+                   PlanWriteOptions &wo, llvm::raw_ostream &log) {
+  namespace fs = llvm::sys::fs;
+  std::string tmp =
+      llvm::formatv("{0}.tmp-{1}", opts.outDir, (int64_t)::getpid()).str();
+  fs::remove_directories(tmp);
+  if (std::error_code ec = fs::create_directories(tmp))
+    return err("cannot create '" + tmp + "': " + ec.message());
+  auto cleanup = [&] { fs::remove_directories(tmp); };
+
+  bool tty = llvm::sys::Process::StandardErrIsDisplayed();
+  auto start = std::chrono::steady_clock::now();
+  uint64_t doneBefore = 0, grand = stats.totalBytes;
+  int64_t lastRank = -1;
+  wo.progress = [&](int64_t rank, uint64_t done, uint64_t total) {
+    if (rank != lastRank && lastRank >= 0)
+      doneBefore += stats.ducks[lastRank].bytes;
+    lastRank = rank;
+    if (!tty && !opts.progress && done != total)
+      return;
+    double secs = std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+    uint64_t all = doneBefore + done;
+    double rate = secs > 0 ? all / secs : 0;
+    double eta = rate > 0 ? (grand - all) / rate : 0;
+    log << llvm::format("%sduckc: duck %lld/%lld: %.1f / %.1f MiB, %.0f MB/s, "
+                        "ETA %.0f s%s",
+                        tty ? "\r" : "", (long long)rank + 1,
+                        (long long)stats.tp, done / 1048576.0,
+                        total / 1048576.0, rate / 1e6, eta,
+                        tty && done != total ? "   " : "\n");
+    log.flush();
+  };
+  if (Error e = writePlan(module, ckpt, tmp, wo)) {
+    cleanup();
+    if (opts.cancel && opts.cancel->load()) {
+      consumeError(std::move(e));
+      return err("interrupted: what was written is removed, and '" +
+                 opts.outDir + "' is as it was");
+    }
+    return e;
+  }
+  if (exists)
+    fs::remove_directories(opts.outDir);
+  if (std::error_code ec = fs::rename(tmp, opts.outDir)) {
+    cleanup();
+    return err("cannot move the plan into '" + opts.outDir +
+               "': " + ec.message());
+  }
+  return Error::success();
+}
+
+/// The "wrote ..." line: the plan's ducks, bytes and where each part runs.
+void printWrote(const CompileOptions &opts, const ModuleStats &stats,
+                const PlanWriteOptions &wo, llvm::raw_ostream &out) {
+  out << llvm::formatv(
+      "wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
+      "tp {5}, multiple_of {6}{9}, LM head {7}{8}\n",
+      opts.outDir, kPlanFileName, stats.tp, stats.totalBytes,
+      gib(stats.totalBytes), stats.tp, stats.multipleOf,
+      stats.lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
+      : wo.lmHeadFp9      ? "fp9 on the host"
+      : wo.lmHeadInt8     ? "int8 on the host"
+                          : "as in the checkpoint, on the host",
+      std::string(stats.inProjOnDucks ? ", attention input projections in "
+                                        "fp9 on the ducks"
+                                      : "") +
+          (stats.qProjOnDucks ? ", attention query projection in "
+                                "fp9 on the ducks"
+                              : "") +
+          (stats.oProjOnDucks ? ", attention o_proj in fp9 on the ducks"
+                              : "") +
+          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""),
+      stats.strategy == "intermediate" ? std::string()
+      : stats.strategy == "mixed"
+          ? ", MoE layers by strategy " + strategySpecOf(stats)
+          : ", whole experts a duck");
+}
+
 Error compileImported(const CompileOptions &opts,
                       const import::Checkpoint &ckpt, MLIRContext &ctx,
                       OwningOpRef<ModuleOp> module, DiagnosticCollector &diags,
@@ -563,114 +724,22 @@ Error compileImported(const CompileOptions &opts,
     return Error::success();
   }
   if (opts.dryRun) {
-    out << "model: " << opts.modelDir << "\n";
-    printStatsText(*stats, cost, out);
-    out << "layer  kind   inter  local  experts  gate        up          down\n";
-    for (const llvm::json::Value &row : kernelTable(*module)) {
-      const llvm::json::Object &o = *row.getAsObject();
-      out << llvm::format("%-6lld %-6s %-6lld %-6lld %-8lld %-11s %-11s %s\n",
-                          (long long)*o.getInteger("layer"),
-                          o.getString("kind")->str().c_str(),
-                          (long long)*o.getInteger("inter"),
-                          (long long)*o.getInteger("local_inter"),
-                          (long long)*o.getInteger("experts"),
-                          o.getObject("gate")->getString("kernel")->str().c_str(),
-                          o.getObject("up")->getString("kernel")->str().c_str(),
-                          o.getObject("down")->getString("kernel")->str().c_str());
-    }
+    printDryRun(opts, *stats, cost, *module, out);
     return Error::success();
   }
 
-  // Write into a temporary directory next to the target, then rename, so a
-  // failure never leaves a half-written plan behind.
-  namespace fs = llvm::sys::fs;
-  bool exists = fs::exists(opts.outDir);
-  if (exists) {
-    std::error_code ec;
-    fs::directory_iterator it(opts.outDir, ec);
-    bool empty = !ec && it == fs::directory_iterator();
-    if (!fs::is_directory(opts.outDir))
-      return err("output path '" + opts.outDir + "' exists and is not a "
-                 "directory");
-    if (!empty && !opts.force)
-      return err("output directory '" + opts.outDir +
-                 "' exists and is not empty; use --force to replace it");
-  }
-  std::string tmp =
-      llvm::formatv("{0}.tmp-{1}", opts.outDir, (int64_t)::getpid()).str();
-  fs::remove_directories(tmp);
-  if (std::error_code ec = fs::create_directories(tmp))
-    return err("cannot create '" + tmp + "': " + ec.message());
-  auto cleanup = [&] { fs::remove_directories(tmp); };
-
+  bool exists = false;
+  if (Error e = checkOutDir(opts, exists))
+    return e;
   PlanWriteOptions wo;
   wo.coresPerDuck = opts.cluster.coresPerDuck;
   wo.lmHeadFp9 = opts.lmHead == "fp9";
   wo.lmHeadInt8 = opts.lmHead == "int8";
   wo.wireBf16 = opts.cluster.cost.wireBf16;
   wo.cancel = opts.cancel;
-  bool tty = llvm::sys::Process::StandardErrIsDisplayed();
-  auto start = std::chrono::steady_clock::now();
-  uint64_t doneBefore = 0, grand = stats->totalBytes;
-  int64_t lastRank = -1;
-  wo.progress = [&](int64_t rank, uint64_t done, uint64_t total) {
-    if (rank != lastRank && lastRank >= 0)
-      doneBefore += stats->ducks[lastRank].bytes;
-    lastRank = rank;
-    if (!tty && !opts.progress && done != total)
-      return;
-    double secs = std::chrono::duration<double>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-    uint64_t all = doneBefore + done;
-    double rate = secs > 0 ? all / secs : 0;
-    double eta = rate > 0 ? (grand - all) / rate : 0;
-    log << llvm::format("%sduckc: duck %lld/%lld: %.1f / %.1f MiB, %.0f MB/s, "
-                        "ETA %.0f s%s",
-                        tty ? "\r" : "", (long long)rank + 1,
-                        (long long)stats->tp, done / 1048576.0,
-                        total / 1048576.0, rate / 1e6, eta,
-                        tty && done != total ? "   " : "\n");
-    log.flush();
-  };
-  if (Error e = writePlan(*module, ckpt, tmp, wo)) {
-    cleanup();
-    if (opts.cancel && opts.cancel->load()) {
-      consumeError(std::move(e));
-      return err("interrupted: what was written is removed, and '" +
-                 opts.outDir + "' is as it was");
-    }
+  if (Error e = writePlanDir(opts, ckpt, *module, *stats, exists, wo, log))
     return e;
-  }
-  if (exists)
-    fs::remove_directories(opts.outDir);
-  if (std::error_code ec = fs::rename(tmp, opts.outDir)) {
-    cleanup();
-    return err("cannot move the plan into '" + opts.outDir +
-               "': " + ec.message());
-  }
-  out << llvm::formatv(
-      "wrote {0}/{1}: {2} duck(s), {3} weight bytes ({4}), "
-      "tp {5}, multiple_of {6}{9}, LM head {7}{8}\n",
-      opts.outDir, kPlanFileName, stats->tp, stats->totalBytes,
-      gib(stats->totalBytes), stats->tp, stats->multipleOf,
-      stats->lmHeadOnDucks ? "fp9 on the ducks (vocab split)"
-      : wo.lmHeadFp9       ? "fp9 on the host"
-      : wo.lmHeadInt8      ? "int8 on the host"
-                           : "as in the checkpoint, on the host",
-      std::string(stats->inProjOnDucks ? ", attention input projections in "
-                                         "fp9 on the ducks"
-                                       : "") +
-          (stats->qProjOnDucks ? ", attention query projection in "
-                                 "fp9 on the ducks"
-                               : "") +
-          (stats->oProjOnDucks ? ", attention o_proj in fp9 on the ducks"
-                               : "") +
-          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""),
-      stats->strategy == "intermediate" ? std::string()
-      : stats->strategy == "mixed"
-          ? ", MoE layers by strategy " + strategySpecOf(*stats)
-          : ", whole experts a duck");
+  printWrote(opts, *stats, wo, out);
   return Error::success();
 }
 } // namespace
