@@ -799,6 +799,40 @@ constexpr uint64_t kAttendBlock = 64;
 /// Cached MLA rows a block (16 x 576 floats, 36 KiB: in L1 while every
 /// head takes them).
 constexpr uint64_t kMlaBlock = 16;
+
+/// MlaAttend's scores (heads x positions floats): a buffer of each thread's,
+/// grown to the largest call it has seen, so a decode step allocates nothing.
+inline float *MlaScoreBuffer(uint64_t size) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < size)
+    buf.resize(size);
+  return buf.data();
+}
+
+/// The epilogue of MlaAttend's four-row score loop: rows [i, b1) (fewer
+/// than four) one at a time, the same sums in the same order.
+inline void MlaScoreRowsTail(const float *qh, const float *ph,
+                             const float *cache, const uint64_t *pos,
+                             uint64_t i, uint64_t b1, uint64_t W, uint64_t R,
+                             uint64_t rope, float scale, float *sh) {
+  const uint64_t Rv = R / 8 * 8, Pv = rope / 8 * 8;
+  for (; i < b1; ++i) { // the last n % 4 rows, one at a time
+    const float *c = cache + pos[i] * W;
+    __m256 a = _mm256_setzero_ps();
+    for (uint64_t d = 0; d < Rv; d += 8)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(c + d), _mm256_loadu_ps(qh + d),
+                          a);
+    for (uint64_t d = 0; d < Pv; d += 8)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(c + R + d),
+                          _mm256_loadu_ps(ph + d), a);
+    float s = hsum(a);
+    for (uint64_t d = Rv; d < R; ++d)
+      s = std::fma(c[d], qh[d], s);
+    for (uint64_t d = Pv; d < rope; ++d)
+      s = std::fma(c[R + d], ph[d], s);
+    sh[i] = s * scale;
+  }
+}
 } // namespace
 
 void AttendHeads(const float *q, const float *kc, const float *vc,
@@ -880,11 +914,8 @@ void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
                const float *cache, const uint64_t *pos, uint64_t n,
                uint64_t R, uint64_t rope, float scale, uint64_t heads,
                float *olat) {
-  const uint64_t W = R + rope, Rv = R / 8 * 8, Pv = rope / 8 * 8;
-  thread_local std::vector<float> buf;
-  if (buf.size() < heads * n)
-    buf.resize(heads * n);
-  float *scores = buf.data();
+  const uint64_t W = R + rope, Rv = R / 8 * 8;
+  float *scores = MlaScoreBuffer(heads * n);
   const __m128 sc = _mm_set1_ps(scale);
   // One dot of a head's [qt | q_pe] with a cached row, in four lanes'
   // partial sums: the latent part, then the rope part, into the same
@@ -911,22 +942,7 @@ void MlaAttend(const float *qt, const float *qpe, uint64_t qpeStride,
                                     _mm_load_ps(tail));
         _mm_storeu_ps(sh + i, _mm_mul_ps(r, sc));
       }
-      for (; i < b1; ++i) { // the last n % 4 rows, one at a time
-        const float *c = cache + pos[i] * W;
-        __m256 a = _mm256_setzero_ps();
-        for (uint64_t d = 0; d < Rv; d += 8)
-          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + d), _mm256_loadu_ps(qh + d),
-                              a);
-        for (uint64_t d = 0; d < Pv; d += 8)
-          a = _mm256_fmadd_ps(_mm256_loadu_ps(c + R + d),
-                              _mm256_loadu_ps(ph + d), a);
-        float s = hsum(a);
-        for (uint64_t d = Rv; d < R; ++d)
-          s = std::fma(c[d], qh[d], s);
-        for (uint64_t d = Pv; d < rope; ++d)
-          s = std::fma(c[R + d], ph[d], s);
-        sh[i] = s * scale;
-      }
+      MlaScoreRowsTail(qh, ph, cache, pos, i, b1, W, R, rope, scale, sh);
     }
   }
   for (uint64_t h = 0; h < heads; ++h)
