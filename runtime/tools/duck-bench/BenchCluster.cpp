@@ -310,6 +310,9 @@ int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
   co.cache_dir = dir + "/cache";
   co.log_dir = dir;
   co.weights_size = 512ull << 20;
+  // No idle re-hashing of the weights: on a small box it would take the
+  // CPU from the steps of the run it is idle in.
+  co.extra_args = {"--scrub-mbps", "0"};
   auto ducks = duck::runtime::LocalCluster::Start(co);
   if (!ducks.ok()) {
     std::fprintf(stderr, "duck-bench cluster: %s\n",
