@@ -168,6 +168,11 @@ TEST(LinkSimTest, StopsWithLiveConnections) {
   int fd = Connect((*sim)->ports()[0]);
   std::vector<char> buf(256 << 10, 'x');
   ASSERT_GT(write(fd, buf.data(), buf.size()), 0); // held in the queue
+  // Until the simulator has accepted it and connected to the backend (the
+  // backend waits for that connection).
+  for (int i = 0; i < 1000 && (*sim)->stats()[0].connections == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ((*sim)->stats()[0].connections, 1u);
   (*sim)->Stop(); // returns: closes both sides, joins its threads
   b.t.join();
   close(fd);
