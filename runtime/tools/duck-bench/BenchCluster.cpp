@@ -128,6 +128,9 @@ bool Shell(const std::string &cmd) {
 bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
                     const std::string &dir) {
   const uint32_t inter = std::max<uint32_t>(256, 32 * o.ducks);
+  // A kept --work-dir is made again from scratch (neither tool overwrites).
+  if (!Shell("rm -rf " + Quote(dir + "/model") + " " + Quote(dir + "/plan")))
+    return false;
   std::ostringstream mk;
   mk << Quote(bin + "/duck-mkmodel") << " -q --preset tiny-deepseek"
      << " --family deepseek_v32 --hidden 7168 --layers " << o.layers
