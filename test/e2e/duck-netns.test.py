@@ -15,12 +15,17 @@ every path. Prints one line a check.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
 
 PREFIX = f"duckt{os.getpid() % 10000}"
+# tc lives in /sbin or /usr/sbin, which a non-login PATH may not hold;
+# without it there is no netem to use.
+TC = shutil.which("tc") or next(
+    (p for p in ("/usr/sbin/tc", "/sbin/tc") if os.access(p, os.X_OK)), None)
 
 
 def sh(*cmd, check=True, ns=None, **kw):
@@ -43,7 +48,7 @@ def setup(n, netem):
         sh("ip", "link", "set", "lo", "up", ns=ns)
         if netem:
             for dev, where in ((host, None), (duck, ns)):
-                sh("tc", "qdisc", "add", "dev", dev, "root", "netem", "delay",
+                sh(TC, "qdisc", "add", "dev", dev, "root", "netem", "delay",
                    "200us", "loss", "1%", ns=where)
 
 
@@ -55,10 +60,12 @@ def teardown(n):
 
 def netem_available():
     """Whether this kernel has the netem qdisc (a throwaway veth pair)."""
+    if not TC:
+        return False
     a, b = f"{PREFIX}ta", f"{PREFIX}tb"
     try:
         sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-        return sh("tc", "qdisc", "add", "dev", a, "root", "netem", "delay",
+        return sh(TC, "qdisc", "add", "dev", a, "root", "netem", "delay",
                   "200us", check=False).returncode == 0
     finally:
         sh("ip", "link", "del", a, check=False)
