@@ -12,7 +12,7 @@
 #include "duck/runtime/engine/HostKernels.h"
 #include "duck_rt/tool_flags.h"
 
-#include "Measure.h" // duck-rt/bench: the duck's own rates, here the host's
+#include "Measure.h" // duck-rt/measure: the duck's own rates, here the host's
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"

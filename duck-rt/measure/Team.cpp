@@ -2,7 +2,7 @@
 
 #include "Team.h"
 
-#include "Common.h"
+#include "Support.h"
 
 #include "duck_rt/smp.h"
 
@@ -55,6 +55,43 @@ void pinToCpu(int cpu) {
       std::fprintf(stderr,
                    "duck-bench: warning: cannot pin a thread to CPU %d\n", cpu);
   }
+}
+
+} // namespace
+
+namespace {
+
+/// Core 0's samples of the machine's and this process's CPU time before
+/// the first timed batch and after the last.
+struct Window {
+  double busy0, own0, wall0, busy1, own1, wall1;
+};
+
+/// The medians over the batches, the cores' imbalance and the load other
+/// processes put on the machine during the window.
+Timing summarize(const std::vector<double> &wall,
+                 const std::vector<std::vector<double>> &busy, uint64_t calls,
+                 const Window &w) {
+  Timing t;
+  t.callSeconds = median(wall);
+  t.bestCallSeconds = *std::min_element(wall.begin(), wall.end());
+  double maxBusy = 0, sumBusy = 0;
+  for (const std::vector<double> &core : busy) {
+    t.coreSeconds.push_back(median(core));
+    maxBusy = std::max(maxBusy, t.coreSeconds.back());
+    sumBusy += t.coreSeconds.back();
+  }
+  t.imbalance =
+      sumBusy > 0 ? maxBusy / (sumBusy / (double)busy.size()) : 1.0;
+  t.calls = calls;
+  // Core 0 samples before its first batch and after its last; the other
+  // cores run the same batches, so the window covers all timed work.
+  if (w.busy0 >= 0 && w.busy1 >= 0 && w.wall1 > w.wall0)
+    t.otherLoad = std::max(0.0, ((w.busy1 - w.busy0) - (w.own1 - w.own0)) /
+                                    (w.wall1 - w.wall0));
+  else
+    t.otherLoad = __builtin_nan("");
+  return t;
 }
 
 } // namespace
@@ -132,25 +169,8 @@ Timing measureOnCores(const TeamConfig &config, uint32_t cores,
   for (auto &t : threads)
     t.join();
 
-  Timing t;
-  t.callSeconds = median(wall);
-  t.bestCallSeconds = *std::min_element(wall.begin(), wall.end());
-  double maxBusy = 0, sumBusy = 0;
-  for (uint32_t c = 0; c < cores; ++c) {
-    t.coreSeconds.push_back(median(busy[c]));
-    maxBusy = std::max(maxBusy, t.coreSeconds.back());
-    sumBusy += t.coreSeconds.back();
-  }
-  t.imbalance = sumBusy > 0 ? maxBusy / (sumBusy / cores) : 1.0;
-  t.calls = perBatch.load() * batches;
-  // Core 0 samples before its first batch and after its last; the other
-  // cores run the same batches, so the window covers all timed work.
-  if (busy0 >= 0 && busy1 >= 0 && wall1 > wall0)
-    t.otherLoad =
-        std::max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0));
-  else
-    t.otherLoad = __builtin_nan("");
-  return t;
+  return summarize(wall, busy, perBatch.load() * batches,
+                   {busy0, own0, wall0, busy1, own1, wall1});
 }
 
 uint64_t streamRead(const uint8_t *data, uint64_t bytes) {

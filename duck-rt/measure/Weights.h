@@ -12,7 +12,7 @@
 #ifndef DUCK_BENCH_WEIGHTS_H
 #define DUCK_BENCH_WEIGHTS_H
 
-#include "Common.h"
+#include "Support.h"
 
 #include "duck_rt/kernels.h"
 
