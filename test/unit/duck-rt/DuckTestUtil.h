@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +36,13 @@ struct Aligned {
 };
 
 inline void YieldThread() { std::this_thread::yield(); }
+
+/// A file's bytes (the duck ELF, duckd's binary); empty if unreadable.
+inline std::vector<uint8_t> ReadFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
 
 constexpr uint32_t kHidden = 128;
 

@@ -6,7 +6,7 @@
 #include "duck/runtime/cluster/LocalCluster.h"
 #include "duck_rt/wire.h"
 
-#include "SyntheticImage.h"
+#include "DuckTestUtil.h"
 
 #include <gtest/gtest.h>
 
@@ -23,15 +23,10 @@
 namespace {
 
 using duck::duckd::Part;
+using duck::test::ReadFile;
 using duck::runtime::DuckEndpoint;
 using duck::runtime::LocalCluster;
 using duck::runtime::LocalClusterOptions;
-
-std::vector<uint8_t> ReadFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
-}
 
 /// A raw protocol connection.
 struct Raw {

@@ -32,12 +32,6 @@ using duck::runtime::DuckOutput;
 using duck::runtime::LocalCluster;
 using duck::runtime::LocalClusterOptions;
 
-std::vector<uint8_t> ReadFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
-}
-
 std::vector<float> OutOf(const DuckOutput &o) {
   duck_ob_header h;
   std::memcpy(&h, o.ob.data(), sizeof h);

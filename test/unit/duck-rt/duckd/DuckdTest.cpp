@@ -39,12 +39,6 @@ using duck::runtime::LocalCluster;
 using duck::runtime::LocalClusterOptions;
 using duck::runtime::StepMetrics;
 
-std::vector<uint8_t> ReadFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
-}
-
 LocalClusterOptions ClusterOptions(uint32_t ducks, uint32_t cores) {
   LocalClusterOptions o;
   o.ducks = ducks;
