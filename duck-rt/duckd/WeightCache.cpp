@@ -1,7 +1,7 @@
 // duckd's file-backed weight buffer and its cache metadata (WeightCache.h).
 #include "WeightCache.h"
 
-#include "duck_rt/wire.h"
+#include "duck_rt/wire_codec.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,12 +1,15 @@
 // libFuzzer: what a duckd peer decodes from the network: a frame header, an
 // error payload, and the host's check of duckd's answer to hello (reply
 // layout, auth, nonce, tag), and a payload checked against a connection's
-// keys.
-#include "duck_rt/wire.h"
+// keys; the whole-frame decoder over the same bytes.
+#include "duck_rt/wire_codec.h"
 
 #include <cstring>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (auto v = duck::duckd::DecodeFrame({data, size}, 1u << 20); v.ok())
+    if (v->frame_bytes > size || v->payload.size() != v->header.payload_bytes)
+      __builtin_trap();
   duckd_frame_header h;
   if (size < sizeof h)
     return 0;
