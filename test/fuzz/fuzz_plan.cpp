@@ -12,6 +12,7 @@
 // are there. With DUCK_FUZZ_PLAN_STATS set it prints, at exit, how many
 // inputs stopped at each stage: the proof that mutations get past the
 // checksum.
+#include "duck/runtime/engine/Engine.h"
 #include "duck/runtime/plan/Plan.h"
 #include "plan_trailer.h"
 
@@ -101,7 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::atexit(PrintStages);
     return true;
   }();
-  auto loaded = duck::runtime::LoadedPlan::Load(dir(), o);
+  auto loaded =
+      duck::runtime::LoadedPlan::Load(dir(), duck::runtime::HostOpKinds(), o);
   if (stats)
     ++gStages[StageOf(loaded.status())];
   return 0;

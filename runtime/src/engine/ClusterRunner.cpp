@@ -14,10 +14,6 @@ namespace pl = ::duck::plan;
 ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
     : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()),
       ib_flags_(plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) {
-  for (const pl::OpDef *op : *plan.def().ops())
-    if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef())
-      if (h->on_ducks())
-        head_slot_ = (int64_t)h->duck_slot();
   ResetStats();
 }
 
@@ -128,14 +124,14 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
   return absl::OkStatus();
 }
 
-absl::Status ClusterFfnRunner::RunRows(uint32_t slot, uint32_t n_tokens,
-                                       const float *x, uint32_t k, float *out,
-                                       uint64_t width) {
+absl::Status ClusterFfnRunner::RunRows(Rows what, uint32_t slot,
+                                       uint32_t n_tokens, const float *x,
+                                       uint32_t k, float *out, uint64_t width) {
   ib_.resize(duck_ib_bytes_flags(n_tokens, 0, k, ib_flags_));
   duck_ib_write_flags(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
                       k, ib_flags_);
   // The LM head's steps apart from an attention's (their op times differ).
-  const bool head = (int64_t)slot == head_slot_;
+  const bool head = what == Rows::kLmHead;
   if (absl::Status s = SendStep(head             ? stats_.head_steps
                                 : n_tokens > 1 ? stats_.attn_prefill_steps
                                                : stats_.attn_decode_steps);

@@ -66,15 +66,15 @@ absl::Status Engine::Prepare() {
   std::vector<uint64_t> widths(d.num_values(), hidden_);
   ops::WeightReader weights(*plan_);
   for (const pl::OpDef *def : *d.ops()) {
-    ops::HostOpFactory create = ops::FindHostOp(def->params_type());
-    if (!create)
+    const ops::HostOpKind *kind = ops::FindHostOpKind(def->params_type());
+    if (!kind)
       return absl::InvalidArgumentError(absl::StrCat(
           "plan op of layer ", def->layer(), " has no parameters this runtime "
           "knows (a plan from another duckc?); recompile the model"));
     ops::OpEnv env{*plan_,         *def,        weights,        runner_,
                    pool_.get(),    hidden_,     opts_.max_rows, opts_.max_seq,
                    opts_.max_seqs, opts_.kv_f16};
-    auto op = create(env);
+    auto op = kind->create(env);
     if (!op.ok())
       return op.status();
     if (def->inputs())

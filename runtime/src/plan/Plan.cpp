@@ -67,13 +67,18 @@ static uint64_t elementSize(pl::DType t) {
   }
 }
 
-/// The checkpoint tensors an op reads on the host (absent optional ones
-/// left out).
-std::vector<const pl::TensorDef *> OpTensors(const pl::OpDef &op) {
-  std::vector<const pl::TensorDef *> out;
-  if (const OpKind *k = FindOpKind(op.params_type()); k && op.params())
+HostTensors LoadedPlan::OpTensors(const pl::OpDef &op) const {
+  HostTensors out;
+  if (const OpKind *k = kinds_->Find(op.params_type()); k && op.params())
     k->host_tensors(op, &out);
   return out;
+}
+
+const pl::OpDef *LoadedPlan::Producer(uint32_t id) const {
+  for (const pl::OpDef *op : *def_->ops())
+    if (op->result() == id)
+      return op;
+  return nullptr;
 }
 
 namespace {
@@ -98,9 +103,11 @@ bool PeekPlanVersion(const uint8_t *buf, uint64_t size, uint32_t *out) {
 } // namespace
 
 absl::StatusOr<std::unique_ptr<LoadedPlan>>
-LoadedPlan::Load(const std::string &dir, const PlanLoadOptions &options) {
+LoadedPlan::Load(const std::string &dir, const OpKindTable &kinds,
+                 const PlanLoadOptions &options) {
   std::unique_ptr<LoadedPlan> p(new LoadedPlan());
   p->dir_ = dir;
+  p->kinds_ = &kinds;
   std::string path = dir + "/model.duckplan";
   auto f = MappedFile::Open(path);
   if (!f.ok()) {
@@ -254,11 +261,9 @@ absl::Status CheckFp8Blocks(const std::string &dir, const pl::TensorDef &t,
 /// FFN ops: the slot every duck runs exists, is this layer's and of the
 /// op's kind, and the modes are the ones the duck ELF has for that kind.
 absl::Status CheckFfnOp(const std::string &dir, const pl::PlanDef &d,
-                        const pl::OpDef &op, uint32_t i) {
-  const OpKind *kind = FindOpKind(op.params_type());
+                        const pl::OpDef &op, const OpKind *kind, uint32_t i) {
   if (!kind->duck_step)
     return absl::OkStatus();
-  const pl::MoeFfnOpDef *moe = op.params_as_MoeFfnOpDef();
   const pl::DuckStepDef *step = kind->duck_step(op);
   if (!step)
     return BadPlan(dir, "ops[", i, "] (layer ", op.layer(),
@@ -267,11 +272,6 @@ absl::Status CheckFfnOp(const std::string &dir, const pl::PlanDef &d,
     return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") has modes ",
                    step->decode_mode(), "/", step->prefill_mode(), ", not a ",
                    kind->modes, " pair");
-  if (moe && (!pl::EnumNameRouter(moe->router())[0] || moe->top_k() == 0 ||
-              moe->top_k() > moe->num_experts()))
-    return BadPlan(dir, "ops[", i, "] (layer ", op.layer(), ") has router ",
-                   (int)moe->router(), " with top ", moe->top_k(), " of ",
-                   moe->num_experts(), " experts");
   for (uint32_t r = 0; r < d.ducks()->size(); ++r) {
     const auto *slots = d.ducks()->Get(r)->slots();
     if (!slots || step->slot() >= slots->size())
@@ -320,15 +320,18 @@ absl::Status CheckTensor(const std::string &dir, const MappedFiles &files,
 /// Ops: a known kind, FFN steps, value ids, tensors in bounds (op by op,
 /// in that order).
 absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
-                      const MappedFiles &files) {
+                      const MappedFiles &files, const OpKindTable &kinds) {
   for (uint32_t i = 0; i < d.ops()->size(); ++i) {
     const pl::OpDef *op = d.ops()->Get(i);
-    if (!op->params() || !FindOpKind(op->params_type()))
+    const OpKind *kind = kinds.Find(op->params_type());
+    if (!op->params() || !kind)
       return BadPlan(dir, "ops[", i,
                      "] has no parameters or an unknown kind (",
                      (int)op->params_type(), ")");
-    if (absl::Status s = CheckFfnOp(dir, d, *op, i); !s.ok())
+    if (absl::Status s = CheckFfnOp(dir, d, *op, kind, i); !s.ok())
       return s;
+    if (std::string e = kind->check ? kind->check(*op) : ""; !e.empty())
+      return BadPlan(dir, "ops[", i, "] (layer ", op->layer(), ") ", e);
     if (op->result() >= d.num_values())
       return BadPlan(dir, "ops[", i, "] writes value ", op->result(), " of ",
                      d.num_values());
@@ -337,7 +340,9 @@ absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
         if (in >= d.num_values())
           return BadPlan(dir, "ops[", i, "] reads value ", in, " of ",
                          d.num_values());
-    for (const pl::TensorDef *t : OpTensors(*op)) {
+    HostTensors tensors;
+    kind->host_tensors(*op, &tensors);
+    for (const pl::TensorDef *t : tensors) {
       if (absl::Status s = CheckTensor(dir, files, t, i); !s.ok())
         return s;
       if (t->scale())
@@ -459,7 +464,7 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
   if (absl::Status s = OpenCheckpointFiles(d, dir_, checkpoint_dir_, files_);
       !s.ok())
     return s;
-  if (absl::Status s = CheckOps(dir_, d, files_); !s.ok())
+  if (absl::Status s = CheckOps(dir_, d, files_, *kinds_); !s.ok())
     return s;
   if (absl::Status s = CheckStepLimits(dir_, d); !s.ok())
     return s;

@@ -48,11 +48,11 @@ DecodeBreakdown ComputeDecodeBreakdown(const LoadedPlan &plan,
   b.tpot_ms = tpot_ms;
   const Engine::OpTimes &t = engine.decode_times();
   const double perTok = t.tokens ? 1e3 / t.tokens : 0;
-  // Each kind's time to its bucket (plan/OpKinds.cpp): a new kind is
+  // Each kind's time to its bucket (its descriptor, engine/ops): a new kind is
   // counted where its descriptor says, never silently in `other`.
   double bucketMs[(int)TimeBucket::kCount] = {};
   for (size_t k = 0; k < t.seconds.size(); ++k)
-    if (const OpKind *kind = FindOpKind((pl::OpParams)k))
+    if (const OpKind *kind = plan.kinds().Find((pl::OpParams)k))
       bucketMs[(int)kind->bucket] += t.seconds[k] * perTok;
   b.host_attention_ms = bucketMs[(int)TimeBucket::kHostAttention];
   b.lm_head_ms = bucketMs[(int)TimeBucket::kLmHead];

@@ -300,7 +300,8 @@ Session::Load(const SessionOptions &o) {
   s->opts_ = o;
   PlanLoadOptions lo;
   lo.verify_weight_checksums = o.verify_weights;
-  DUCK_ASSIGN_OR_RETURN(s->plan_, LoadedPlan::Load(o.plan_dir, lo));
+  DUCK_ASSIGN_OR_RETURN(s->plan_,
+                        LoadedPlan::Load(o.plan_dir, HostOpKinds(), lo));
   const pl::PlanDef &def = s->plan_->def();
   const std::filesystem::path dir =
       std::filesystem::path(o.plan_dir).lexically_normal();

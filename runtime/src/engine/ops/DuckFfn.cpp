@@ -112,4 +112,42 @@ HostOpOr CreateMoeFfn(const OpEnv &env) {
   return op;
 }
 
+namespace {
+void MoeTensors(const pl::OpDef &op, HostTensors *out) {
+  const pl::MoeFfnOpDef *p = op.params_as_MoeFfnOpDef();
+  AppendTensors(out, {p->router_weight(), p->correction_bias()});
+}
+const pl::DuckStepDef *DenseStep(const pl::OpDef &op) {
+  return op.params_as_DenseFfnOpDef()->step();
+}
+const pl::DuckStepDef *MoeStep(const pl::OpDef &op) {
+  return op.params_as_MoeFfnOpDef()->step();
+}
+// The duck ELF's modes (docs/architecture.md): dense decode 0, prefill 5;
+// MoE decode 1 (one core) or 4 (every core), prefill 6.
+bool DenseModes(uint32_t decode, uint32_t prefill) {
+  return decode == 0 && prefill == 5;
+}
+bool MoeModes(uint32_t decode, uint32_t prefill) {
+  return (decode == 1 || decode == 4) && prefill == 6;
+}
+std::string MoeCheck(const pl::OpDef &op) {
+  const pl::MoeFfnOpDef *m = op.params_as_MoeFfnOpDef();
+  if (pl::EnumNameRouter(m->router())[0] && m->top_k() != 0 &&
+      m->top_k() <= m->num_experts())
+    return "";
+  return absl::StrCat("has router ", (int)m->router(), " with top ", m->top_k(),
+                      " of ", m->num_experts(), " experts");
+}
+} // namespace
+
+const HostOpKind kDenseFfnKind{{pl::OpParams::DenseFfnOpDef,
+                                TimeBucket::kDuckFfn, NoHostTensors, DenseStep,
+                                /*moe=*/false, DenseModes, "dense (0/5)"},
+                               CreateDenseFfn};
+const HostOpKind kMoeFfnKind{{pl::OpParams::MoeFfnOpDef, TimeBucket::kDuckFfn,
+                              MoeTensors, MoeStep, /*moe=*/true, MoeModes,
+                              "MoE (1 or 4/6)", MoeCheck},
+                             CreateMoeFfn};
+
 } // namespace duck::runtime::ops

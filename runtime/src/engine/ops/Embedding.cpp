@@ -54,4 +54,15 @@ HostOpOr CreateEmbedding(const OpEnv &env) {
   return std::make_unique<Embedding>(std::move(m), env.hidden);
 }
 
+namespace {
+void EmbeddingTensors(const pl::OpDef &op, HostTensors *out) {
+  AppendTensors(out, {op.params_as_EmbeddingOpDef()->weight()});
+}
+} // namespace
+
+const HostOpKind kEmbeddingKind{{pl::OpParams::EmbeddingOpDef,
+                                 TimeBucket::kHostNormsRouter,
+                                 EmbeddingTensors},
+                                CreateEmbedding};
+
 } // namespace duck::runtime::ops

@@ -92,7 +92,8 @@ public:
     const uint32_t n = s.rows();
     if (in_runner_) {
       const uint64_t w = sh_.q() + 2 * sh_.kv();
-      DUCK_RETURN_IF_ERROR(in_runner_->RunRows(in_slot_, n, x, sh_.hidden,
+      DUCK_RETURN_IF_ERROR(in_runner_->RunRows(FfnRunner::Rows::kAttention,
+                                               in_slot_, n, x, sh_.hidden,
                                                qkv_.data(), w));
       for (uint32_t t = 0; t < n; ++t) {
         const float *r = qkv_.data() + t * w;
@@ -103,7 +104,8 @@ public:
       }
     } else {
       if (q_runner_) {
-        DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
+        DUCK_RETURN_IF_ERROR(q_runner_->RunRows(FfnRunner::Rows::kAttention,
+                                                q_slot_, n, x, sh_.hidden,
                                                 q_buf_.data(), sh_.q()));
         MatMulMany(*pool_, x, n,
                    {{&k_, k_buf_.data()}, {&v_, v_buf_.data()}});
@@ -150,8 +152,9 @@ public:
       }
     });
     if (o_runner_)
-      return o_runner_->RunRows(o_slot_, n, attn_.data(), (uint32_t)sh_.q(),
-                                Out(s), sh_.hidden);
+      return o_runner_->RunRows(FfnRunner::Rows::kAttention, o_slot_, n,
+                                attn_.data(), (uint32_t)sh_.q(), Out(s),
+                                sh_.hidden);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
@@ -288,5 +291,21 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
       op->Allocate(env.max_rows, env.max_seq, env.max_seqs, rs));
   return op;
 }
+
+namespace {
+void GqaTensors(const pl::OpDef &op, HostTensors *out) {
+  const pl::GqaAttentionOpDef *p = op.params_as_GqaAttentionOpDef();
+  // A projection on the ducks is never read by the host.
+  const bool in = p->in_proj_on_ducks();
+  AppendTensors(out, {p->q_proj_on_ducks() || in ? nullptr : p->q_proj(),
+                      in ? nullptr : p->k_proj(), in ? nullptr : p->v_proj(),
+                      p->o_proj_on_ducks() ? nullptr : p->o_proj(), p->q_norm(),
+                      p->k_norm()});
+}
+} // namespace
+
+const HostOpKind kGqaAttentionKind{
+    {pl::OpParams::GqaAttentionOpDef, TimeBucket::kHostAttention, GqaTensors},
+    CreateGqaAttention};
 
 } // namespace duck::runtime::ops

@@ -4,10 +4,11 @@
 // Every op kind of the plan (a table of the schema's OpParams union) has one
 // file in this directory with a Create function: it reads its own table,
 // takes its weights and every buffer it will need once, and returns a
-// HostOp whose Run executes one chunk of tokens without allocating. The
-// Engine only walks the ops; adding an op is adding a schema table, a file
-// here, its line in Registry.cpp and its descriptor in plan/OpKinds.cpp
-// (the tensors the load checks, its duck step, its time bucket).
+// HostOp whose Run executes one chunk of tokens without allocating, and
+// the kind's descriptor (HostOpKind: its Create, the tensors the plan's
+// load checks, its duck step, its time bucket). The Engine only walks the
+// ops; adding an op is a schema table, a file here (and its line in
+// CMakeLists.txt) and one line in DUCK_HOST_OPS below.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_OPS_HOSTOP_H
 #define DUCK_RUNTIME_OPS_HOSTOP_H
@@ -231,19 +232,32 @@ protected:
 using HostOpOr = absl::StatusOr<std::unique_ptr<HostOp>>;
 using HostOpFactory = HostOpOr (*)(const OpEnv &env);
 
-/// The Create function for an op kind; null for NONE or an unknown kind.
-HostOpFactory FindHostOp(pl::OpParams kind);
+/// An op kind's whole contract: what the plan layer checks and counts
+/// (OpKind) and how the engine builds it. Each op's file defines its kind
+/// (k<Name>Kind, next to its Create) and the registry below lists it.
+struct HostOpKind : OpKind {
+  HostOpFactory create;
+};
 
-// One per file.
-HostOpOr CreateEmbedding(const OpEnv &env);
-HostOpOr CreateRmsNorm(const OpEnv &env);
-HostOpOr CreateAdd(const OpEnv &env);
-HostOpOr CreateGqaAttention(const OpEnv &env);
-HostOpOr CreateMlaAttention(const OpEnv &env);
-HostOpOr CreateDenseFfn(const OpEnv &env);
-HostOpOr CreateMoeFfn(const OpEnv &env);
-HostOpOr CreateLmHead(const OpEnv &env);
-HostOpOr CreateIndexer(const OpEnv &env);
+/// The registry: one line an op kind. Registry.cpp turns it into the table
+/// the plan is checked against (HostOpKinds(), Engine.h).
+#define DUCK_HOST_OPS(X)                                                     \
+  X(Embedding)                                                               \
+  X(RmsNorm)                                                                 \
+  X(Add)                                                                     \
+  X(GqaAttention)                                                            \
+  X(MlaAttention)                                                            \
+  X(Indexer)                                                                 \
+  X(DenseFfn)                                                                \
+  X(MoeFfn)                                                                  \
+  X(LmHead)
+
+#define DUCK_DECLARE_HOST_OP(name) extern const HostOpKind k##name##Kind;
+DUCK_HOST_OPS(DUCK_DECLARE_HOST_OP)
+#undef DUCK_DECLARE_HOST_OP
+
+/// The kind's descriptor; null for NONE or a kind not in the registry.
+const HostOpKind *FindHostOpKind(pl::OpParams kind);
 
 } // namespace duck::runtime::ops
 

@@ -132,8 +132,8 @@ private:
   absl::Status RunOnDucks(const Step &s, const float *x, uint32_t n) {
     const uint64_t wa = InWidth(), wb = QWidth();
     const uint64_t hd = (uint64_t)sh_.heads * sh_.dim;
-    DUCK_RETURN_IF_ERROR(
-        runner_->RunRows(in_slot_, n, x, sh_.hidden, a_.data(), wa));
+    DUCK_RETURN_IF_ERROR(runner_->RunRows(FfnRunner::Rows::kAttention, in_slot_,
+                                          n, x, sh_.hidden, a_.data(), wa));
     for (uint32_t t = 0; t < n; ++t) {
       const float *a = a_.data() + t * wa;
       float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
@@ -143,8 +143,9 @@ private:
     }
     // weights_proj (bf16) here, as without the ducks.
     MatMul(*pool_, wproj_, x, n, w_.data());
-    DUCK_RETURN_IF_ERROR(
-        runner_->RunRows(q_slot_, n, cq_.data(), sh_.q_lora, b_.data(), wb));
+    DUCK_RETURN_IF_ERROR(runner_->RunRows(FfnRunner::Rows::kAttention, q_slot_,
+                                          n, cq_.data(), sh_.q_lora, b_.data(),
+                                          wb));
     const uint64_t ow = OutWidth();
     for (uint32_t t = 0; t < n; ++t) {
       const float *b = b_.data() + t * wb;
@@ -310,5 +311,19 @@ HostOpOr CreateIndexer(const OpEnv &env) {
   DUCK_RETURN_IF_ERROR(op->OpenDump(env.def.layer()));
   return op;
 }
+
+namespace {
+void IndexerTensors(const pl::OpDef &op, HostTensors *out) {
+  const pl::IndexerOpDef *p = op.params_as_IndexerOpDef();
+  const bool d = p->on_ducks();
+  AppendTensors(out, {d ? nullptr : p->q_a_proj(), p->q_a_layernorm(),
+                      d ? nullptr : p->wq_b(), d ? nullptr : p->wk(),
+                      p->k_norm(), p->k_norm_bias(), p->weights_proj()});
+}
+} // namespace
+
+const HostOpKind kIndexerKind{
+    {pl::OpParams::IndexerOpDef, TimeBucket::kHostAttention, IndexerTensors},
+    CreateIndexer};
 
 } // namespace duck::runtime::ops

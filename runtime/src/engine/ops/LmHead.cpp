@@ -37,8 +37,8 @@ public:
       for (uint64_t i = 0; i < n; ++i)
         std::copy_n(x + (uint64_t)s.logit_rows[i] * hidden_, hidden_,
                     gathered_.data() + i * hidden_);
-      return runner_->RunRows(slot_, (uint32_t)n, gathered_.data(), hidden_,
-                              y, V);
+      return runner_->RunRows(FfnRunner::Rows::kLmHead, slot_, (uint32_t)n,
+                              gathered_.data(), hidden_, y, V);
     }
     if (n == 1) {
       MatVec(*pool_, w_, x + (uint64_t)s.logit_rows[0] * hidden_, y);
@@ -123,5 +123,17 @@ HostOpOr CreateLmHead(const OpEnv &env) {
   return std::make_unique<LmHead>(std::move(m), env.pool, env.hidden,
                                   env.max_rows);
 }
+
+namespace {
+void LmHeadTensors(const pl::OpDef &op, HostTensors *out) {
+  const pl::LmHeadOpDef *p = op.params_as_LmHeadOpDef();
+  if (!p->on_ducks()) // on the ducks the host never reads it
+    AppendTensors(out, {p->weight()});
+}
+} // namespace
+
+const HostOpKind kLmHeadKind{
+    {pl::OpParams::LmHeadOpDef, TimeBucket::kLmHead, LmHeadTensors},
+    CreateLmHead};
 
 } // namespace duck::runtime::ops

@@ -109,8 +109,9 @@ public:
       }
     } else if (in_runner_) {
       const uint64_t w = InWidth(), wq = w - sh_.cache();
-      DUCK_RETURN_IF_ERROR(
-          in_runner_->RunRows(in_slot_, n, x, sh_.hidden, in_.data(), w));
+      DUCK_RETURN_IF_ERROR(in_runner_->RunRows(FfnRunner::Rows::kAttention,
+                                               in_slot_, n, x, sh_.hidden,
+                                               in_.data(), w));
       for (uint32_t t = 0; t < n; ++t) {
         const float *r = in_.data() + t * w;
         std::memcpy((sh_.q_lora ? cq_.data() : q_buf_.data()) + t * wq, r,
@@ -125,7 +126,8 @@ public:
                  {{&q_a_, cq_.data()}, {&kv_a_, kva_.data()}});
       DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
     } else if (q_runner_) {
-      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(q_slot_, n, x, sh_.hidden,
+      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(FfnRunner::Rows::kAttention,
+                                              q_slot_, n, x, sh_.hidden,
                                               q_buf_.data(), qRows));
       MatMul(*pool_, kv_a_, x, n, kva_.data());
     } else {
@@ -139,9 +141,9 @@ public:
       StoreLatent(t, s.seq[t], s.pos[t]);
     Attend(s, n);
     if (o_runner_)
-      return o_runner_->RunRows(o_slot_, n, attn_.data(),
-                                (uint32_t)((uint64_t)sh_.heads * sh_.v), Out(s),
-                                sh_.hidden);
+      return o_runner_->RunRows(
+          FfnRunner::Rows::kAttention, o_slot_, n, attn_.data(),
+          (uint32_t)((uint64_t)sh_.heads * sh_.v), Out(s), sh_.hidden);
     MatMul(*pool_, o_, attn_.data(), n, Out(s));
     return absl::OkStatus();
   }
@@ -155,8 +157,8 @@ private:
       RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
     }
     if (q_runner_)
-      return q_runner_->RunRows(q_slot_, n, cq_.data(), sh_.q_lora,
-                                q_buf_.data(), qRows);
+      return q_runner_->RunRows(FfnRunner::Rows::kAttention, q_slot_, n,
+                                cq_.data(), sh_.q_lora, q_buf_.data(), qRows);
     MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
     return absl::OkStatus();
   }
@@ -414,10 +416,9 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
   if (env.def.inputs() && env.def.inputs()->size() == 2) {
     // The selection's width is its indexer's topk (the engine sized it).
     const uint32_t sel = env.def.inputs()->Get(1);
-    const pl::IndexerOpDef *ix = nullptr;
-    for (const pl::OpDef *d : *env.plan.def().ops())
-      if (d->result() == sel && d->params_as_IndexerOpDef())
-        ix = d->params_as_IndexerOpDef();
+    const pl::OpDef *from = env.plan.Producer(sel);
+    const pl::IndexerOpDef *ix =
+        from ? from->params_as_IndexerOpDef() : nullptr;
     if (!ix || !ix->topk())
       return env.Error("second input is not an indexer's selection");
     op->topk_ = ix->topk();
@@ -443,5 +444,24 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
   DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
   return op;
 }
+
+namespace {
+void MlaTensors(const pl::OpDef &op, HostTensors *out) {
+  const pl::MlaAttentionOpDef *p = op.params_as_MlaAttentionOpDef();
+  // From its indexer: neither the query nor the kv_a projections.
+  const bool in = p->in_proj_on_ducks() || p->from_indexer();
+  const bool q = p->q_proj_on_ducks() || p->from_indexer();
+  AppendTensors(out,
+                {in ? nullptr : p->q_a_proj(),
+                 p->from_indexer() ? nullptr : p->q_a_layernorm(),
+                 q ? nullptr : p->q_b_proj(), q || in ? nullptr : p->q_proj(),
+                 in ? nullptr : p->kv_a_proj_with_mqa(), p->kv_a_layernorm(),
+                 p->kv_b_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj()});
+}
+} // namespace
+
+const HostOpKind kMlaAttentionKind{
+    {pl::OpParams::MlaAttentionOpDef, TimeBucket::kHostAttention, MlaTensors},
+    CreateMlaAttention};
 
 } // namespace duck::runtime::ops

@@ -61,4 +61,17 @@ HostOpOr CreateAdd(const OpEnv &env) {
   return std::make_unique<AddOp>(env.hidden);
 }
 
+namespace {
+void RmsNormTensors(const pl::OpDef &op, HostTensors *out) {
+  AppendTensors(out, {op.params_as_RmsNormOpDef()->weight()});
+}
+} // namespace
+
+const HostOpKind kRmsNormKind{
+    {pl::OpParams::RmsNormOpDef, TimeBucket::kHostNormsRouter, RmsNormTensors},
+    CreateRmsNorm};
+const HostOpKind kAddKind{
+    {pl::OpParams::AddOpDef, TimeBucket::kHostNormsRouter, NoHostTensors},
+    CreateAdd};
+
 } // namespace duck::runtime::ops

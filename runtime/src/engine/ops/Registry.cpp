@@ -1,32 +1,26 @@
-//===- Registry.cpp - op kind to its Create function ----------------------===//
+//===- Registry.cpp - the table of op kinds (DUCK_HOST_OPS) ---------------===//
 #include "HostOp.h"
 
-namespace duck::runtime::ops {
+namespace duck::runtime {
+namespace ops {
+namespace {
+#define DUCK_HOST_OP_ENTRY(name) &k##name##Kind,
+const HostOpKind *const kHostOpKinds[] = {DUCK_HOST_OPS(DUCK_HOST_OP_ENTRY)};
+#undef DUCK_HOST_OP_ENTRY
+} // namespace
 
-HostOpFactory FindHostOp(pl::OpParams kind) {
-  switch (kind) {
-  case pl::OpParams::EmbeddingOpDef:
-    return CreateEmbedding;
-  case pl::OpParams::RmsNormOpDef:
-    return CreateRmsNorm;
-  case pl::OpParams::AddOpDef:
-    return CreateAdd;
-  case pl::OpParams::GqaAttentionOpDef:
-    return CreateGqaAttention;
-  case pl::OpParams::MlaAttentionOpDef:
-    return CreateMlaAttention;
-  case pl::OpParams::DenseFfnOpDef:
-    return CreateDenseFfn;
-  case pl::OpParams::MoeFfnOpDef:
-    return CreateMoeFfn;
-  case pl::OpParams::LmHeadOpDef:
-    return CreateLmHead;
-  case pl::OpParams::IndexerOpDef:
-    return CreateIndexer;
-  case pl::OpParams::NONE:
-    break;
-  }
+const HostOpKind *FindHostOpKind(pl::OpParams kind) {
+  for (const HostOpKind *k : kHostOpKinds)
+    if (k->kind == kind)
+      return k;
   return nullptr;
 }
+} // namespace ops
 
-} // namespace duck::runtime::ops
+const OpKindTable &HostOpKinds() {
+  static const OpKindTable table(std::vector<const OpKind *>(
+      std::begin(ops::kHostOpKinds), std::end(ops::kHostOpKinds)));
+  return table;
+}
+
+} // namespace duck::runtime

@@ -23,7 +23,7 @@ using duck::runtime::test::PlanDir;
 class EngineTest : public ::testing::TestWithParam<const char *> {
 protected:
   void SetUp() override {
-    auto p = LoadedPlan::Load(PlanDir(GetParam()));
+    auto p = LoadedPlan::Load(PlanDir(GetParam()), HostOpKinds());
     ASSERT_TRUE(p.ok()) << p.status();
     plan_ = std::move(*p);
     runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());

@@ -355,7 +355,7 @@ protected:
   static constexpr uint32_t kMaxRows = 8;  // the steps' capacity
 
   void SetUp() override {
-    auto p = LoadedPlan::Load(test::PlanDir("qwen3-moe"));
+    auto p = LoadedPlan::Load(test::PlanDir("qwen3-moe"), HostOpKinds());
     ASSERT_TRUE(p.ok()) << p.status();
     plan_ = std::move(*p);
     hidden_ = plan_->def().model()->hidden();
@@ -375,7 +375,7 @@ protected:
   std::unique_ptr<HostOp> Create(const pl::OpDef &def, uint32_t maxSeqs = 1) {
     OpEnv env{*plan_, def, *weights_, &runner_, pool_.get(), hidden_,
               kMaxRows, 64, maxSeqs};
-    auto op = FindHostOp(def.params_type())(env);
+    auto op = FindHostOpKind(def.params_type())->create(env);
     EXPECT_TRUE(op.ok()) << op.status();
     if (!op.ok())
       return nullptr;

@@ -8,6 +8,7 @@
 // scratch directory beside links to the original weight images, and loads
 // that.
 #include "duck/runtime/plan/Plan.h"
+#include "duck/runtime/engine/Engine.h"
 
 #include "duck/plan_obj_generated.h"
 #include "TestPlans.h"
@@ -30,6 +31,7 @@
 namespace {
 
 namespace po = ::duck::plan_obj;
+namespace pl = ::duck::plan;
 using duck::runtime::LoadedPlan;
 using duck::runtime::PlanLoadOptions;
 
@@ -103,7 +105,7 @@ protected:
     WriteFile(dir_ + "/model.duckplan", bytes);
     if (o.checkpoint_dir.empty())
       o.checkpoint_dir = ModelDir(name_);
-    return LoadedPlan::Load(dir_, o).status();
+    return LoadedPlan::Load(dir_, duck::runtime::HostOpKinds(), o).status();
   }
   /// Packs, reseals and loads the plan after `change`.
   absl::Status LoadChanged(const std::function<void(po::PlanDefT &)> &change,
@@ -136,7 +138,7 @@ TEST_F(PlanTest, CompiledPlansLoad) {
     SCOPED_TRACE(name);
     PlanLoadOptions o;
     o.verify_weight_checksums = true;
-    auto p = LoadedPlan::Load(PlanDir(name), o);
+    auto p = LoadedPlan::Load(PlanDir(name), duck::runtime::HostOpKinds(), o);
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ((*p)->def().tp(), 2u);
     EXPECT_EQ((*p)->def().ducks()->size(), 2u);
@@ -151,7 +153,9 @@ TEST_F(PlanTest, CompiledPlansLoad) {
 }
 
 TEST_F(PlanTest, CheckpointInsteadOfPlanSaysToCompile) {
-  absl::Status s = LoadedPlan::Load(ModelDir("qwen3")).status();
+  absl::Status s =
+      LoadedPlan::Load(ModelDir("qwen3"), duck::runtime::HostOpKinds())
+          .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Has(s, "is not a plan directory")) << s;
   EXPECT_TRUE(Has(s, "compile it first with 'duckc compile")) << s;
@@ -366,7 +370,7 @@ TEST_F(PlanTest, CheckpointFileMustBeTheCompiledOne) {
   std::unique_ptr<po::PlanDefT> p = Unpack();
   p->checkpoint_dir = "/nonexistent";
   WriteFile(dir_ + "/model.duckplan", Sealed(Packed(*p)));
-  s = LoadedPlan::Load(dir_).status();
+  s = LoadedPlan::Load(dir_, duck::runtime::HostOpKinds()).status();
   EXPECT_TRUE(Has(s, "(compile-time checkpoint: /nonexistent)")) << s;
 }
 
@@ -488,6 +492,37 @@ TEST_F(PlanTest, MisalignedShapeIsRefused) {
   EXPECT_TRUE(Has(s, "ops[0] tensor 'model.embed_tokens.weight' has a "
                      "misaligned shape (a corrupt plan)"))
       << s;
+}
+
+// The op contract: every kind of the schema's OpParams union has its
+// descriptor in the engine's registry (a kind added to the schema without
+// one fails here, not at a user's load), and a plan is only as good as the
+// table it is checked against.
+TEST(OpKindTableTest, EveryKindOfTheSchemaIsRegistered) {
+  const duck::runtime::OpKindTable &kinds = duck::runtime::HostOpKinds();
+  for (auto k : pl::EnumValuesOpParams()) {
+    if (k == pl::OpParams::NONE) {
+      EXPECT_EQ(kinds.Find(k), nullptr);
+      continue;
+    }
+    const duck::runtime::OpKind *d = kinds.Find(k);
+    ASSERT_NE(d, nullptr) << pl::EnumNameOpParams(k) << " has no descriptor";
+    EXPECT_EQ(d->kind, k);
+    EXPECT_NE(d->host_tensors, nullptr) << pl::EnumNameOpParams(k);
+    EXPECT_EQ(d->duck_step != nullptr, d->modes_ok != nullptr)
+        << pl::EnumNameOpParams(k);
+  }
+  EXPECT_EQ(kinds.all().size(), std::size(pl::EnumValuesOpParams()) - 1);
+  EXPECT_EQ(kinds.Find(pl::OpParams::LmHeadOpDef)->bucket,
+            duck::runtime::TimeBucket::kLmHead);
+  EXPECT_TRUE(kinds.Find(pl::OpParams::MoeFfnOpDef)->moe);
+}
+
+TEST(OpKindTableTest, AKindTheTableLacksIsRefusedAtLoad) {
+  const duck::runtime::OpKindTable none({});
+  absl::Status s = LoadedPlan::Load(PlanDir("qwen3"), none).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(s, "ops[0] has no parameters or an unknown kind")) << s;
 }
 
 } // namespace

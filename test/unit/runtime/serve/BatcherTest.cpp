@@ -40,7 +40,7 @@ protected:
   static constexpr uint32_t kChunk = 4;
 
   void SetUp() override {
-    auto p = LoadedPlan::Load(PlanDir("qwen3-moe"));
+    auto p = LoadedPlan::Load(PlanDir("qwen3-moe"), HostOpKinds());
     ASSERT_TRUE(p.ok()) << p.status();
     plan_ = std::move(*p);
     runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());

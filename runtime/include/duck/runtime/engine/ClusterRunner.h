@@ -37,7 +37,7 @@ public:
   absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                    uint32_t top_k, const duck_expert_slot *slots,
                    const float *x, float *out) override;
-  absl::Status RunRows(uint32_t slot, uint32_t n_tokens, const float *x,
+  absl::Status RunRows(Rows what, uint32_t slot, uint32_t n_tokens, const float *x,
                        uint32_t k, float *out, uint64_t width) override;
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
@@ -85,7 +85,6 @@ private:
   uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
   uint32_t ib_flags_;      // DUCK_IB_X_BF16 when the plan says so
-  int64_t head_slot_ = -1; // the LM head's slot when it is on the ducks
   std::vector<uint8_t> ib_;
   std::vector<DuckOutput> outputs_;
   RunnerStats stats_;

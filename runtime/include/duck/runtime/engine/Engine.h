@@ -27,6 +27,10 @@ class HostOp;
 class ValueArena;
 } // namespace ops
 
+/// Every op kind this engine can run (engine/ops/HostOp.h, DUCK_HOST_OPS):
+/// the table LoadedPlan::Load checks a plan against.
+const OpKindTable &HostOpKinds();
+
 /// Runs one FFN op on the ducks: out[t] = sum over ducks of their partial
 /// outputs for x[t], added in rank order.
 class FfnRunner {
@@ -36,13 +40,16 @@ public:
   virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                            uint32_t top_k, const duck_expert_slot *slots,
                            const float *x, float *out) = 0;
+  /// What a row-split step computes (its time is counted apart).
+  enum class Rows { kAttention, kLmHead };
   /// A matrix whose rows are split over the ducks (a head slot on each:
   /// the LM head, an o_proj): out[t][i] for all `width` rows, each duck's
   /// where its slot says; x is n_tokens x k floats.
-  virtual absl::Status RunRows(uint32_t slot, uint32_t n_tokens,
+  virtual absl::Status RunRows(Rows what, uint32_t slot, uint32_t n_tokens,
                                const float *x, uint32_t k, float *out,
                                uint64_t width) {
-    (void)slot, (void)n_tokens, (void)x, (void)k, (void)out, (void)width;
+    (void)what, (void)slot, (void)n_tokens, (void)x, (void)k, (void)out,
+        (void)width;
     return absl::UnimplementedError(
         "this runner has no row-split matrices on the ducks");
   }

@@ -1,13 +1,14 @@
-//===- OpKinds.h - what the runtime knows of each op kind -------*- C++ -*-===//
+//===- OpKinds.h - what a runtime knows of each op kind ---------*- C++ -*-===//
 //
-// One descriptor per kind of the schema's OpParams union, in one table
-// (plan/OpKinds.cpp): the checkpoint tensors the host reads (checked at
-// load), the duck step an FFN kind runs and the modes it may use (checked
-// at load), and the bucket its host time goes to in the decode breakdown.
-// The plan's checks and the breakdown read only this table; the engine's
-// ops/Registry.cpp maps the same kinds to their Create functions. Adding an
-// op: its schema table, its file under engine/ops, its entry here and its
-// line in the registry.
+// The contract of an op kind of the schema's OpParams union, as the plan
+// layer reads it: the checkpoint tensors the host reads (checked at load),
+// the duck step an FFN kind runs and the modes it may use (checked at load),
+// and the bucket its host time goes to in the decode breakdown. This layer
+// defines the contract and checks plans against a table of them; it knows
+// no kind itself. Each kind's descriptor lives in the file of its host op
+// (engine/ops/<Op>.cpp, which adds the op's Create), and the engine's
+// registry (engine/ops/HostOp.h, DUCK_HOST_OPS) lists them: adding an op is
+// its schema table, its file and one registry line.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_PLAN_OPKINDS_H
 #define DUCK_RUNTIME_PLAN_OPKINDS_H
@@ -15,6 +16,8 @@
 #include "duck/plan/plan_generated.h"
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 namespace duck::runtime {
@@ -29,13 +32,14 @@ enum class TimeBucket {
   kCount,
 };
 
+using HostTensors = std::vector<const ::duck::plan::TensorDef *>;
+
 struct OpKind {
   ::duck::plan::OpParams kind;
   TimeBucket bucket;
   /// Appends the checkpoint tensors the host reads (absent optional ones
   /// and the ones on the ducks left out).
-  void (*host_tensors)(const ::duck::plan::OpDef &op,
-                       std::vector<const ::duck::plan::TensorDef *> *out);
+  void (*host_tensors)(const ::duck::plan::OpDef &op, HostTensors *out);
   /// FFN kinds: the duck step the op runs, whether its slots hold an MoE
   /// layer, and the (decode, prefill) modes the duck ELF has for it.
   const ::duck::plan::DuckStepDef *(*duck_step)(
@@ -43,11 +47,36 @@ struct OpKind {
   bool moe = false;
   bool (*modes_ok)(uint32_t decode_mode, uint32_t prefill_mode) = nullptr;
   const char *modes = ""; // the legal pairs, for the error
+  /// What is wrong with the op's own table beyond its tensors and step
+  /// (for example a router that does not exist); empty when nothing.
+  std::string (*check)(const ::duck::plan::OpDef &op) = nullptr;
 };
 
-/// The descriptor of `kind`; null for NONE or a kind this runtime does not
-/// know.
-const OpKind *FindOpKind(::duck::plan::OpParams kind);
+/// The kinds a runtime knows (the engine's registry builds the one table).
+class OpKindTable {
+public:
+  explicit OpKindTable(std::vector<const OpKind *> kinds)
+      : kinds_(std::move(kinds)) {}
+  /// The descriptor of `kind`; null for NONE or a kind not in the table.
+  const OpKind *Find(::duck::plan::OpParams kind) const;
+  const std::vector<const OpKind *> &all() const { return kinds_; }
+
+private:
+  std::vector<const OpKind *> kinds_;
+};
+
+/// For host_tensors: appends the present ones of `ts` (null: absent or on
+/// the ducks).
+inline void
+AppendTensors(HostTensors *out,
+              std::initializer_list<const ::duck::plan::TensorDef *> ts) {
+  for (const ::duck::plan::TensorDef *t : ts)
+    if (t)
+      out->push_back(t);
+}
+
+/// For kinds that read no checkpoint tensor on the host.
+inline void NoHostTensors(const ::duck::plan::OpDef &, HostTensors *) {}
 
 } // namespace duck::runtime
 

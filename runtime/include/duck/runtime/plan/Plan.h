@@ -11,6 +11,7 @@
 #define DUCK_RUNTIME_PLAN_H
 
 #include "duck/plan/plan_generated.h"
+#include "duck/runtime/plan/OpKinds.h"
 
 #include "absl/status/statusor.h"
 
@@ -47,18 +48,21 @@ struct PlanLoadOptions {
   std::string checkpoint_dir;
 };
 
-/// The checkpoint tensors an op's parameter table names (absent optional
-/// ones left out).
-std::vector<const ::duck::plan::TensorDef *>
-OpTensors(const ::duck::plan::OpDef &op);
-
 class LoadedPlan {
 public:
+  /// Checks every op against its descriptor in `kinds` (the engine's
+  /// registry, HostOpKinds()), which must outlive the plan.
   static absl::StatusOr<std::unique_ptr<LoadedPlan>>
-  Load(const std::string &dir, const PlanLoadOptions &options = {});
+  Load(const std::string &dir, const OpKindTable &kinds,
+       const PlanLoadOptions &options = {});
 
   const duck::plan::PlanDef &def() const { return *def_; }
   const std::string &dir() const { return dir_; }
+  const OpKindTable &kinds() const { return *kinds_; }
+  /// The checkpoint tensors op reads on the host (its descriptor's list).
+  HostTensors OpTensors(const ::duck::plan::OpDef &op) const;
+  /// The op that writes value `id` (null: an input of the program).
+  const ::duck::plan::OpDef *Producer(uint32_t id) const;
   /// Path of duck `rank`'s weight image.
   std::string ImagePath(uint32_t rank) const;
   /// The bytes of a host tensor (inside a mapped checkpoint file).
@@ -78,6 +82,7 @@ private:
   absl::Status Check(const PlanLoadOptions &options);
 
   std::string dir_, checkpoint_dir_;
+  const OpKindTable *kinds_ = nullptr;
   std::unique_ptr<MappedFile> plan_file_;
   const duck::plan::PlanDef *def_ = nullptr;
   std::vector<std::unique_ptr<MappedFile>> files_;
