@@ -1,55 +1,31 @@
 //===- DuckClient.cpp - the host's connection to a cluster of ducks -------===//
 //
 // All ducks are driven from the calling thread: requests are queued per
-// connection and a poll(2) loop (Pump) writes and reads every connection
-// as it becomes ready, so a step reaches all ducks at once and the slowest
-// one decides the wait.
+// connection and one loop (Pump) writes and reads every connection as it
+// becomes ready (the transport's Wait: poll(2) over TCP), so a step
+// reaches all ducks at once and the slowest one decides the wait. The
+// bytes move through a DuckTransport (DuckTransport.h); the protocol
+// (requests, replies, hello and its keys) is all here, through the frame
+// codec (duck_rt/wire_codec.h).
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/cluster/DuckClient.h"
 
-#include "duck_rt/wire.h"
+#include "duck_rt/wire_codec.h"
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 namespace duck::runtime {
 
 using duckd::Part;
-
-std::string DuckEndpoint::ToString() const {
-  return absl::StrCat(host, ":", port);
-}
-
-absl::StatusOr<DuckEndpoint> ParseDuckEndpoint(absl::string_view text) {
-  size_t colon = text.rfind(':');
-  uint32_t port = 0;
-  if (colon == absl::string_view::npos || colon == 0 ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &port))
-    return absl::InvalidArgumentError(
-        absl::StrCat("duck endpoint '", text, "' is not host:port"));
-  if (port == 0 || port > 65535)
-    return absl::InvalidArgumentError(
-        absl::StrCat("duck endpoint '", text, "': port ", port,
-                     " is outside 1-65535"));
-  DuckEndpoint ep;
-  ep.host = std::string(text.substr(0, colon));
-  ep.port = uint16_t(port);
-  return ep;
-}
 
 namespace {
 
@@ -99,16 +75,12 @@ struct OutFrame {
 /// One duck connection.
 struct Conn {
   DuckEndpoint ep;
-  int fd = -1;
+  std::unique_ptr<DuckConnection> link; // null: closed
   std::string broken; // why the connection is unusable, if it is
   uint32_t next_id = 1;
   std::deque<OutFrame> out;
   std::deque<uint32_t> expect; // request ids awaiting replies, in order
-  duckd_frame_header rh{};
-  size_t rh_got = 0;
-  std::vector<uint8_t> payload = std::vector<uint8_t>(64 << 10); // capacity
-  size_t plen = 0, p_got = 0; // this frame's payload, bytes read
-  absl::Span<const uint8_t> Payload() const { return {payload.data(), plen}; }
+  ReceivedFrame frame;         // the last whole frame (valid until the next)
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t session_id = 0;
   duckd::FrameKeys keys;   // frame authentication (docs/protocol.md)
@@ -121,14 +93,10 @@ struct PrepareJob;
 } // namespace
 
 struct DuckClient::Impl {
-  /// The connections close with the Impl, also when Create fails halfway
-  /// (a duck that answered must not stay held by a client that gave up).
-  ~Impl() {
-    for (Conn &c : conns)
-      if (c.fd >= 0)
-        ::close(c.fd);
-  }
+  // The connections close with the Impl, also when Create fails halfway
+  // (a duck that answered must not stay held by a client that gave up).
   DuckClientOptions opt;
+  std::shared_ptr<DuckTransport> transport;
   std::vector<Conn> conns;
   std::vector<DuckHello> hellos;
   std::vector<uint8_t> elf; // one-shot mode: sent with every step
@@ -144,20 +112,18 @@ struct DuckClient::Impl {
 
   void Break(size_t d, const std::string &why) {
     Conn &c = conns[d];
-    if (c.fd >= 0)
-      ::close(c.fd);
-    c.fd = -1;
+    c.link.reset();
     c.broken = why;
     c.out.clear();
     c.expect.clear();
-    c.rh_got = c.p_got = 0;
+    c.frame = ReceivedFrame{};
     c.session_id = 0;
     c.keys = duckd::FrameKeys{};
     c.awaiting_hello = false;
   }
 
   absl::Status Usable(size_t d) const {
-    if (conns[d].fd < 0)
+    if (!conns[d].link)
       return absl::UnavailableError(absl::StrCat(
           Name(d), ": connection closed earlier: ", conns[d].broken));
     return absl::OkStatus();
@@ -181,42 +147,16 @@ struct DuckClient::Impl {
     return id;
   }
 
-  /// Writes as much of the queue as the socket takes.
+  /// Writes as much of the queue as the link takes.
   absl::Status SendSome(Conn &c) {
     while (!c.out.empty()) {
       OutFrame &f = c.out.front();
-      iovec iov[8];
-      int n = 0;
-      uint64_t skip = f.sent, pos = 0;
-      auto add = [&](const void *p, uint64_t bytes) {
-        if (n == 8 || pos + bytes <= skip) {
-          pos += bytes;
-          return;
-        }
-        uint64_t off = skip > pos ? skip - pos : 0;
-        iov[n++] = {const_cast<uint8_t *>(static_cast<const uint8_t *>(p)) +
-                        off,
-                    bytes - off};
-        pos += bytes;
-      };
-      add(&f.header, sizeof f.header);
-      for (const Part &p : f.parts)
-        if (p.bytes)
-          add(p.data, p.bytes);
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = size_t(n);
-      ssize_t w = ::sendmsg(c.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w < 0) {
-        if (errno == EINTR)
-          continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-          return absl::OkStatus();
-        return absl::UnavailableError(
-            absl::StrCat("send: ", std::strerror(errno)));
-      }
-      f.sent += uint64_t(w);
-      c.bytes_sent += uint64_t(w);
+      absl::StatusOr<uint64_t> w = c.link->Send(f.header, f.parts, &f.sent);
+      if (!w.ok())
+        return w.status();
+      if (*w == 0)
+        return absl::OkStatus(); // the link takes no more now
+      c.bytes_sent += *w;
       if (f.sent == f.total) {
         if (f.recycle && !f.owned.empty())
           f.recycle->push_back(std::move(f.owned));
@@ -226,84 +166,22 @@ struct DuckClient::Impl {
     return absl::OkStatus();
   }
 
-  /// A frame's header is in: checks it and makes room for its payload.
-  absl::Status HeaderDone(Conn &c) {
-    if (absl::Status s = duckd::ValidateHeader(c.rh, opt.max_payload); !s.ok())
-      return s;
-    c.plen = c.rh.payload_bytes;
-    if (c.payload.size() < c.plen)
-      c.payload.resize(c.plen); // keeps what was read already
-    return absl::OkStatus();
-  }
-
-  /// Reads what is available; true when a whole frame is in rh/payload.
-  absl::StatusOr<bool> RecvSome(Conn &c, bool block = false) {
-    auto fail = [](ssize_t r) -> absl::Status {
-      return r == 0 ? absl::UnavailableError("duckd closed the connection")
-                    : absl::UnavailableError(
-                          absl::StrCat("recv: ", std::strerror(errno)));
-    };
-    if (c.rh_got == 0 && c.expect.size() == 1) {
-      // One reply in flight: nothing can follow it, so header and payload
-      // are read together, usually with a single syscall.
-      iovec iov[2] = {{&c.rh, sizeof c.rh},
-                      {c.payload.data(), c.payload.size()}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = 2;
-      ssize_t r = ::recvmsg(c.fd, &msg, block ? 0 : MSG_DONTWAIT);
-      if (r <= 0) {
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-          return false;
-        return fail(r);
-      }
-      c.bytes_received += uint64_t(r);
-      if (size_t(r) < sizeof c.rh) {
-        c.rh_got = size_t(r);
-      } else {
-        c.rh_got = sizeof c.rh;
-        const size_t got = size_t(r) - sizeof c.rh;
-        if (absl::Status s = HeaderDone(c); !s.ok())
-          return s;
-        if (got > c.plen)
-          return absl::DataLossError("duckd sent more than one reply");
-        c.p_got = got;
-      }
-    }
-    while (c.rh_got < sizeof c.rh) {
-      ssize_t r = ::recv(c.fd, reinterpret_cast<uint8_t *>(&c.rh) + c.rh_got,
-                         sizeof c.rh - c.rh_got, MSG_DONTWAIT);
-      if (r <= 0) {
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-          return false;
-        return fail(r);
-      }
-      c.rh_got += size_t(r);
-      c.bytes_received += uint64_t(r);
-      if (c.rh_got == sizeof c.rh) {
-        if (absl::Status s = HeaderDone(c); !s.ok())
-          return s;
-        c.p_got = 0;
-      }
-    }
-    while (c.p_got < c.plen) {
-      ssize_t r = ::recv(c.fd, c.payload.data() + c.p_got, c.plen - c.p_got,
-                         MSG_DONTWAIT);
-      if (r <= 0) {
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-          return false;
-        return fail(r);
-      }
-      c.p_got += size_t(r);
-      c.bytes_received += uint64_t(r);
-    }
+  /// Reads what is available; true when a whole frame, checked against
+  /// the connection's keys (or hello's), is in c.frame.
+  absl::StatusOr<bool> RecvSome(Conn &c, bool wait = false) {
+    absl::StatusOr<bool> got = c.link->Receive(wait, c.expect.size() == 1,
+                                               &c.frame, &c.bytes_received);
+    if (!got.ok() || !*got)
+      return got;
     if (c.awaiting_hello) {
       c.awaiting_hello = false;
       if (absl::Status s =
-              duckd::FinishHello(c.hello, c.rh, c.Payload(), &c.keys);
+              duckd::FinishHello(c.hello, c.frame.header, c.frame.payload,
+                                 &c.keys);
           !s.ok())
         return s;
-    } else if (absl::Status s = duckd::CheckPayload(c.rh, c.Payload(), &c.keys);
+    } else if (absl::Status s = duckd::CheckPayload(
+                   c.frame.header, c.frame.payload, &c.keys);
                !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("reply: ", s.message()));
     }
@@ -337,11 +215,11 @@ struct DuckClient::Impl {
     const int64_t timeoutNs = absl::ToInt64Nanoseconds(timeout);
     PumpState p{timeout, what,      on_reply, refill,
                 idle,    timeoutNs, NowNs() + uint64_t(timeoutNs), {}};
-    std::vector<pollfd> pfds;
+    std::vector<DuckWait> waits;
     std::vector<size_t> who;
     for (;;) {
-      SendAndList(p, ducks, &pfds, &who);
-      if (pfds.empty())
+      SendAndList(p, ducks, &waits, &who);
+      if (waits.empty())
         return p.first;
       const uint64_t now = NowNs();
       if (now >= p.deadline) {
@@ -354,22 +232,23 @@ struct DuckClient::Impl {
         return p.first;
       }
       const bool spinning = now < spinUntil;
-      if (!spinning && pfds.size() == 1 && pfds[0].events == POLLIN &&
-          conns[who[0]].rh_got == 0 && conns[who[0]].expect.size() == 1) {
+      if (!spinning && waits.size() == 1 && !waits[0].write &&
+          conns[who[0]].expect.size() == 1) {
         AwaitOne(p, who[0]);
         continue; // partial or nothing yet: round again
       }
-      const int ms = spinning ? 0
-                              : int(std::min<uint64_t>(
-                                    (p.deadline - now + 999999) / 1000000,
-                                    1000));
-      int r = ::poll(pfds.data(), pfds.size(), ms);
-      if (r < 0 && errno != EINTR)
-        return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
-      if (r <= 0)
+      const int64_t ms = spinning ? 0
+                                  : int64_t(std::min<uint64_t>(
+                                        (p.deadline - now + 999999) / 1000000,
+                                        1000));
+      absl::StatusOr<int> r =
+          transport->Wait(absl::MakeSpan(waits), absl::Milliseconds(ms));
+      if (!r.ok())
+        return r.status();
+      if (*r <= 0)
         continue;
-      for (size_t i = 0; i < pfds.size(); ++i)
-        if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
+      for (size_t i = 0; i < waits.size(); ++i)
+        if (waits[i].readable)
           ReadReplies(p, who[i]);
     }
   }
@@ -385,15 +264,15 @@ struct DuckClient::Impl {
       p.first = named;
   }
 
-  /// Writes what each connection has queued and lists, in `pfds` and
+  /// Writes what each connection has queued and lists, in `waits` and
   /// `who`, those that still wait to write or for a reply.
   void SendAndList(PumpState &p, const std::vector<size_t> &ducks,
-                   std::vector<pollfd> *pfds, std::vector<size_t> *who) {
-    pfds->clear();
+                   std::vector<DuckWait> *waits, std::vector<size_t> *who) {
+    waits->clear();
     who->clear();
     for (size_t d : ducks) {
       Conn &c = conns[d];
-      if (c.fd < 0)
+      if (!c.link)
         continue;
       if (!c.out.empty()) {
         const uint64_t before = c.bytes_sent;
@@ -405,18 +284,21 @@ struct DuckClient::Impl {
       }
       if (c.out.empty() && c.expect.empty())
         continue;
-      short ev = (c.expect.empty() ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT);
-      pfds->push_back({c.fd, ev, 0});
+      DuckWait w;
+      w.conn = c.link.get();
+      w.read = !c.expect.empty();
+      w.write = !c.out.empty();
+      waits->push_back(w);
       who->push_back(d);
     }
   }
 
-  /// One reply awaited: waits for it in recvmsg itself (no poll), for at
-  /// most the socket's 100 ms receive timeout per round.
+  /// One reply awaited: waits for it in the receive itself (over TCP no
+  /// poll: a recvmsg bounded by the socket's 100 ms receive timeout).
   void AwaitOne(PumpState &p, size_t d) {
     Conn &c = conns[d];
     const uint64_t before = c.bytes_received;
-    absl::StatusOr<bool> got = RecvSome(c, /*block=*/true);
+    absl::StatusOr<bool> got = RecvSome(c, /*wait=*/true);
     p.Moved(before, c.bytes_received);
     if (!got.ok())
       PumpFail(p, d, got.status(), true);
@@ -427,7 +309,7 @@ struct DuckClient::Impl {
   /// Reads and handles the replies a readable connection has in full.
   void ReadReplies(PumpState &p, size_t d) {
     Conn &c = conns[d];
-    while (c.fd >= 0 && !c.expect.empty()) {
+    while (c.link && !c.expect.empty()) {
       const uint64_t before = c.bytes_received;
       absl::StatusOr<bool> got = RecvSome(c);
       p.Moved(before, c.bytes_received);
@@ -441,32 +323,31 @@ struct DuckClient::Impl {
     }
   }
 
-  /// A whole frame is in conns[d].rh/payload: matches it to its request
-  /// and hands it on (then lets `refill` queue more).
+  /// A whole frame is in conns[d].frame: matches it to its request and
+  /// hands it on (then lets `refill` queue more).
   void HandleReply(PumpState &p, size_t d) {
     Conn &c = conns[d];
-    duckd_frame_header h = c.rh;
-    c.rh_got = 0;
+    const duckd_frame_header h = c.frame.header;
     if (h.type == DUCKD_MSG_NOTICE || !(h.flags & DUCKD_FLAG_REPLY) ||
         c.expect.empty() || h.request_id != c.expect.front()) {
       std::string why = "unexpected frame from duckd";
       if (h.flags & DUCKD_FLAG_ERROR)
-        if (auto e = duckd::DecodeError(c.Payload()); e.ok())
+        if (auto e = duckd::DecodeError(c.frame.payload); e.ok())
           why = e->message;
       PumpFail(p, d, absl::UnavailableError(why), true);
       return;
     }
     c.expect.pop_front();
     if (h.flags & DUCKD_FLAG_ERROR) {
-      auto e = duckd::DecodeError(c.Payload());
+      auto e = duckd::DecodeError(c.frame.payload);
       PumpFail(p, d,
                e.ok() ? ErrorFor(e->code, e->message)
                       : absl::InternalError("malformed error reply"),
                false);
-    } else if (absl::Status s = p.on_reply(d, h, c.Payload()); !s.ok()) {
+    } else if (absl::Status s = p.on_reply(d, h, c.frame.payload); !s.ok()) {
       PumpFail(p, d, s, false);
     }
-    if (p.refill && c.fd >= 0)
+    if (p.refill && c.link)
       if (absl::Status s = p.refill(d); !s.ok())
         PumpFail(p, d, s, false);
   }
@@ -511,43 +392,12 @@ struct DuckClient::Impl {
 
   absl::Status Connect(size_t d) {
     Conn &c = conns[d];
-    std::string host = c.ep.host == "localhost" ? "127.0.0.1" : c.ep.host;
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(c.ep.port);
-    if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
-      return absl::InvalidArgumentError(
-          absl::StrCat(Name(d), ": not an IPv4 address"));
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-      return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-    int r = ::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa);
-    if (r != 0 && errno != EINPROGRESS) {
-      int e = errno;
-      ::close(fd);
-      return absl::UnavailableError(
-          absl::StrCat(Name(d), ": connect: ", std::strerror(e)));
-    }
-    if (r != 0) {
-      pollfd p{fd, POLLOUT, 0};
-      int n = ::poll(&p, 1, int(absl::ToInt64Milliseconds(opt.connect_timeout)));
-      int err = 0;
-      socklen_t len = sizeof err;
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (n <= 0 || err) {
-        ::close(fd);
-        return absl::UnavailableError(absl::StrCat(
-            Name(d), ": connect: ",
-            n <= 0 ? "timed out" : std::strerror(err)));
-      }
-    }
-    duckd::TuneSocket(fd);
-    // Blocking from now on (every call passes MSG_DONTWAIT where it must
-    // not block); a blocking receive wakes at least every 100 ms.
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    timeval tv{0, 100000};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    c.fd = fd;
+    absl::StatusOr<std::unique_ptr<DuckConnection>> link =
+        transport->Connect(c.ep, opt.connect_timeout, opt.max_payload);
+    if (!link.ok())
+      return absl::Status(link.status().code(),
+                          absl::StrCat(Name(d), ": ", link.status().message()));
+    c.link = std::move(*link);
     c.broken.clear();
     return absl::OkStatus();
   }
@@ -615,6 +465,7 @@ DuckClient::Create(const DuckClientOptions &options) {
     return absl::InvalidArgumentError("no ducks given");
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
+  impl->transport = options.transport ? options.transport : TcpDuckTransport();
   if (options.read_environment)
     if (const char *p = std::getenv("DUCK_PERSISTENT"); p && std::string(p) == "0")
       impl->opt.persistent = false;
@@ -803,7 +654,7 @@ absl::Status DuckClient::Close() {
     return absl::OkStatus();
   std::vector<size_t> ducks;
   for (size_t d = 0; d < m.conns.size(); ++d) {
-    if (m.conns[d].fd < 0 || !m.conns[d].session_id)
+    if (!m.conns[d].link || !m.conns[d].session_id)
       continue;
     duckd_close_request r{m.conns[d].session_id};
     std::vector<uint8_t> owned(sizeof r);

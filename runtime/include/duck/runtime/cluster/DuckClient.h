@@ -5,11 +5,14 @@
 // OBs, keeping the judge metrics of every step. Also streams weight images
 // into the ducks' weight caches (prepare) with hit/miss reporting.
 //
-// No hidden threads: all ducks are driven from the calling thread with
-// non-blocking sockets and poll(2).
+// No hidden threads: all ducks are driven from the calling thread through
+// a DuckTransport (DuckTransport.h; TCP unless the options name another):
+// the client speaks the protocol, the transport moves the frames.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_DUCKCLIENT_H
 #define DUCK_RUNTIME_DUCKCLIENT_H
+
+#include "duck/runtime/cluster/DuckTransport.h"
 
 #include "duck_rt/duckd_protocol.h"
 #include "duck_rt/kernel_select.h"
@@ -29,17 +32,10 @@
 
 namespace duck::runtime {
 
-struct DuckEndpoint {
-  std::string host = "127.0.0.1";
-  uint16_t port = 0;
-  std::string ToString() const;
-};
-
-/// Parses "host:port" (IPv4 dotted quad or "localhost").
-absl::StatusOr<DuckEndpoint> ParseDuckEndpoint(absl::string_view text);
-
 struct DuckClientOptions {
   std::vector<DuckEndpoint> ducks;
+  /// What carries the frames; null: TCP (TcpDuckTransport()).
+  std::shared_ptr<DuckTransport> transport;
   std::string token; // presented at hello (ducks started with --token)
   /// Persistent sessions (open once, step many). false: every step sends
   /// the ELF with a one-shot `run`. DUCK_PERSISTENT=0 in the environment
