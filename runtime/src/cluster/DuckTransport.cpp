@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
@@ -278,6 +279,57 @@ absl::StatusOr<int> TcpTransport::Wait(absl::Span<DuckWait> waits,
 }
 
 } // namespace
+
+namespace {
+/// Waits for `conn` to become readable (or writable) on `t`, in rounds of
+/// at most 100 ms, until `deadline`.
+absl::Status WaitOn(DuckTransport &t, DuckConnection &conn, bool read,
+                    absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration())
+    return absl::DeadlineExceededError("timed out");
+  DuckWait w;
+  w.conn = &conn;
+  w.read = read;
+  w.write = !read;
+  absl::StatusOr<int> r =
+      t.Wait({&w, 1}, std::min(left, absl::Milliseconds(100)));
+  return r.status();
+}
+} // namespace
+
+absl::Status SendFrame(DuckTransport &transport, DuckConnection &conn,
+                       const duckd_frame_header &header,
+                       absl::Span<const duckd::Part> payload,
+                       absl::Time deadline) {
+  const uint64_t total = sizeof header + header.payload_bytes;
+  uint64_t sent = 0;
+  while (sent < total) {
+    absl::StatusOr<uint64_t> n = conn.Send(header, payload, &sent);
+    if (!n.ok())
+      return n.status();
+    if (*n == 0)
+      if (absl::Status s = WaitOn(transport, conn, false, deadline); !s.ok())
+        return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReceivedFrame> ReceiveFrame(DuckTransport &transport,
+                                           DuckConnection &conn,
+                                           absl::Time deadline) {
+  ReceivedFrame f;
+  uint64_t received = 0;
+  for (;;) {
+    absl::StatusOr<bool> got = conn.Receive(false, false, &f, &received);
+    if (!got.ok())
+      return got.status();
+    if (*got)
+      return f;
+    if (absl::Status s = WaitOn(transport, conn, true, deadline); !s.ok())
+      return s;
+  }
+}
 
 std::shared_ptr<DuckTransport> TcpDuckTransport() {
   static const std::shared_ptr<DuckTransport> tcp =

@@ -1,7 +1,7 @@
 //===- LocalCluster.cpp - N duckd processes on this machine ---------------===//
 #include "duck/runtime/cluster/LocalCluster.h"
 
-#include "duck_rt/wire.h"
+#include "duck_rt/wire_codec.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -95,42 +95,37 @@ void RemoveTree(const std::string &dir) {
 } // namespace
 
 absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
-                      const std::string &token) {
+                      const std::string &token,
+                      std::shared_ptr<DuckTransport> transport) {
   const absl::Time deadline = absl::Now() + timeout;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return absl::InternalError(std::strerror(errno));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(endpoint.port);
-  ::inet_pton(AF_INET, endpoint.host.c_str(), &sa.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) {
-    int e = errno;
-    ::close(fd);
-    return absl::UnavailableError(std::strerror(e));
-  }
-  duckd::TuneSocket(fd);
+  if (!transport)
+    transport = TcpDuckTransport();
+  absl::StatusOr<std::unique_ptr<DuckConnection>> link =
+      transport->Connect(endpoint, timeout, 1 << 20);
+  if (!link.ok())
+    return link.status();
   auto hello = duckd::BeginHello(token);
-  if (!hello.ok()) {
-    ::close(fd);
+  if (!hello.ok())
     return hello.status();
-  }
   duckd::Part p{&hello->request, sizeof hello->request};
-  absl::Status s = duckd::WriteFrame(fd, DUCKD_MSG_HELLO, 0, 1, {&p, 1},
-                                     deadline, &hello->keys);
-  if (s.ok()) {
-    duckd::FrameKeys keys;
-    auto f = duckd::ReadHelloReply(fd, *hello, 1 << 20, deadline, &keys);
-    if (!f.ok())
-      s = f.status();
-    else if (f->header.flags & DUCKD_FLAG_ERROR) {
-      auto e = duckd::DecodeError(f->payload);
-      s = absl::UnavailableError(
-          absl::StrCat("hello refused: ", e.ok() ? e->message : "?"));
-    }
+  const duckd_frame_header h =
+      duckd::MakeHeader(DUCKD_MSG_HELLO, 0, 1, {&p, 1}, &hello->keys);
+  if (absl::Status s = SendFrame(*transport, **link, h, {&p, 1}, deadline);
+      !s.ok())
+    return s;
+  absl::StatusOr<ReceivedFrame> f = ReceiveFrame(*transport, **link, deadline);
+  if (!f.ok())
+    return f.status();
+  duckd::FrameKeys keys;
+  if (absl::Status s = duckd::FinishHello(*hello, f->header, f->payload, &keys);
+      !s.ok())
+    return s;
+  if (f->header.flags & DUCKD_FLAG_ERROR) {
+    auto e = duckd::DecodeError(f->payload);
+    return absl::UnavailableError(
+        absl::StrCat("hello refused: ", e.ok() ? e->message : "?"));
   }
-  ::close(fd);
-  return s;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>>

@@ -5,6 +5,7 @@
 // key it does not keep, fails here as it would on the wire.
 #include "duck/runtime/cluster/DuckClient.h"
 #include "duck/runtime/cluster/DuckTransport.h"
+#include "duck/runtime/cluster/LocalCluster.h"
 
 #include "duck_rt/wire_codec.h"
 
@@ -351,6 +352,20 @@ TEST(DuckClientTransportTest, FaultsAreNamedByDuck) {
   auto client = DuckClient::Create(o);
   EXPECT_EQ(client.status().message(),
             "duck fake:8: connect: Connection refused");
+}
+
+TEST(DuckClientTransportTest, PingDuckOverAnyTransport) {
+  auto t = std::make_shared<FakeTransport>();
+  t->max_send = 5;
+  Options(t, {11, 12}, "secret");
+  EXPECT_TRUE(PingDuck({"fake", 11}, absl::Seconds(1), "secret", t).ok());
+  EXPECT_EQ(t->ducks[11].seen, (std::vector<std::string>{"hello"}));
+  t->ducks[12].token = "other";
+  absl::Status s = PingDuck({"fake", 12}, absl::Seconds(1), "secret", t);
+  EXPECT_EQ(s.message(),
+            "hello refused: wrong token (the hello's tag does not verify)");
+  EXPECT_EQ(PingDuck({"fake", 13}, absl::Seconds(1), "", t).message(),
+            "connect: Connection refused");
 }
 
 } // namespace

@@ -99,6 +99,20 @@ public:
                                    absl::Duration timeout) = 0;
 };
 
+/// Blocking use of any transport, for what is not latency-critical (a
+/// readiness probe, a tool): writes one whole frame, waiting on the
+/// transport while the link is full; DeadlineExceeded ("timed out") past
+/// `deadline`.
+absl::Status SendFrame(DuckTransport &transport, DuckConnection &conn,
+                       const duckd_frame_header &header,
+                       absl::Span<const duckd::Part> payload,
+                       absl::Time deadline);
+/// Receives one whole frame (its header validated, its payload not
+/// checked: the caller checks it, e.g. duckd::FinishHello) by `deadline`.
+absl::StatusOr<ReceivedFrame> ReceiveFrame(DuckTransport &transport,
+                                           DuckConnection &conn,
+                                           absl::Time deadline);
+
 /// TCP over IPv4: a socket a duck (TCP_NODELAY, close-on-exec), a frame's
 /// header and payload parts written with one sendmsg (no copy), a reply
 /// read with one recvmsg into its header and payload when it is the only

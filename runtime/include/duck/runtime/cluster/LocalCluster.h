@@ -103,9 +103,11 @@ std::string DefaultElfPath();
 /// empty or unreadable file is NotFound, naming the path and DUCK_ELF.
 absl::StatusOr<std::vector<uint8_t>> ReadDuckElf(const std::string &path = "");
 
-/// Connects, says hello and disconnects: OK when duckd answers.
+/// Connects, says hello and disconnects: OK when duckd answers. Over
+/// `transport` (null: TCP).
 absl::Status PingDuck(const DuckEndpoint &endpoint, absl::Duration timeout,
-                      const std::string &token = "");
+                      const std::string &token = "",
+                      std::shared_ptr<DuckTransport> transport = nullptr);
 
 } // namespace duck::runtime
 
