@@ -700,9 +700,11 @@ Error compileImported(const CompileOptions &opts,
   }
   ClusterModel cost = opts.cluster.cost;
   cost.coresPerDuck = opts.cluster.coresPerDuck;
-  // A host head quantised at load reads 1.125 bytes a weight.
-  cost.hostHeadBytesPerWeight =
-      opts.lmHead == "fp9" || opts.lmHead == "int8" ? 1.125 : 0;
+  // A host head quantised at load: fp9 reads 1.125 bytes a weight, int8
+  // (an IEEE-half scale per 32 weights) 1.0625.
+  cost.hostHeadBytesPerWeight = opts.lmHead == "fp9"    ? 1.125
+                                : opts.lmHead == "int8" ? 1.0625
+                                                        : 0;
   auto stats = computeStats(*module, cost);
   if (failed(stats))
     return diags.takeError("statistics failed");

@@ -244,7 +244,7 @@ namespace {
 /// widened and scaled once for all of them; a token's sum has the same
 /// order whatever T is (two accumulators, even and odd groups).
 template <int T>
-void DotI8Tokens(const int8_t *w, const float *scale, const float *x,
+void DotI8Tokens(const int8_t *w, const uint16_t *scale, const float *x,
                  uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
   __m256 a0[T], a1[T];
   for (int t = 0; t < T; ++t)
@@ -252,7 +252,7 @@ void DotI8Tokens(const int8_t *w, const float *scale, const float *x,
   for (uint64_t b = 0; b < n / kInt8Block; ++b) {
     const int8_t *p = w + b * kInt8Block;
     _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
-    const __m256 s = _mm256_broadcast_ss(scale + b);
+    const __m256 s = _mm256_set1_ps(_cvtsh_ss(scale[b]));
     for (int h = 0; h < 4; ++h) {
       const __m256 wv = _mm256_mul_ps(
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
@@ -296,12 +296,14 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
         float amax = 0.0f;
         for (uint64_t i = 0; i < kInt8Block; ++i)
           amax = std::max(amax, std::fabs(v[i]));
-        const float scale = amax / 127.0f;
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const uint16_t half =
+            _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+        const float scale = _cvtsh_ss(half);
+        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
         int8_t *q = m.i8_store.data() + r * cols + k * kInt8Block;
         for (uint64_t i = 0; i < kInt8Block; ++i)
           q[i] = (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
-        m.i8_scale_store[r * blocks + k] = scale;
+        m.i8_scale_store[r * blocks + k] = half;
       }
     }
   });
@@ -334,7 +336,7 @@ uint64_t MatrixBytes(const HostMatrix &w) {
   if (w.is_fp9)
     return w.fp9_store.size() * 8;
   if (w.i8)
-    return w.rows * w.cols + w.rows * (w.cols / kInt8Block) * 4;
+    return w.rows * w.cols + w.rows * (w.cols / kInt8Block) * 2;
   return w.rows * w.cols * (w.bf16 ? 2 : 4);
 }
 

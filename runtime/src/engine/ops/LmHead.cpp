@@ -2,15 +2,74 @@
 #include "HostOp.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 namespace duck::runtime::ops {
 namespace {
 
+/// --lm-head int8 made exact where it matters: the int8 logits, then every
+/// row whose logit could be the largest under the quantisation's error
+/// bound is recomputed from the checkpoint's matrix, with the very bits
+/// the exact head (--lm-head checkpoint) gives it. So the argmax, and the
+/// logits of every row near it, are the exact head's: greedy ids are
+/// identical, for a few rows of the exact matrix a token.
+///
+/// The bound: a weight is q * s with |q * s - w| <= s / 2 (s its block's
+/// scale, q clamped only when the half-rounded scale is below amax / 127,
+/// by under 0.1 s), so |logit8 - logit| <= max_s(row) / 2 * sum |x|, plus
+/// both products' fp32 rounding (2 * hidden * 2^-24 * sum |w x|, with
+/// |w| <= 127.5 s), held by the margin factor.
+class ExactTop {
+public:
+  ExactTop(HostMatrix exact, const HostMatrix &q8) : exact_(std::move(exact)) {
+    const uint64_t blocks = q8.cols / kInt8Block;
+    const double margin =
+        1.01 + 2.0 * (double)q8.cols * std::ldexp(1.0, -24) * 255.0;
+    half_step_.resize(q8.rows);
+    for (uint64_t r = 0; r < q8.rows; ++r) {
+      float s = 0;
+      for (uint64_t b = 0; b < blocks; ++b)
+        s = std::max(s, duck_f16_to_f32(q8.i8_scale[r * blocks + b]));
+      half_step_[r] = (float)(0.5 * s * margin);
+    }
+  }
+  /// Recomputes y's candidate rows exactly; returns how many.
+  uint64_t Refine(const float *x, float *y) const {
+    float l1 = 0;
+    for (uint64_t i = 0; i < exact_.cols; ++i)
+      l1 += std::fabs(x[i]);
+    l1 *= 1.0f + 1e-5f; // the sum's own rounding
+    float floor = -INFINITY;
+    for (uint64_t r = 0; r < exact_.rows; ++r)
+      floor = std::max(floor, y[r] - half_step_[r] * l1);
+    uint64_t n = 0;
+    for (uint64_t r = 0; r < exact_.rows; ++r)
+      if (y[r] + half_step_[r] * l1 >= floor) {
+        MatVecRows(exact_, x, y, r, r + 1);
+        ++n;
+      }
+    return n;
+  }
+
+private:
+  HostMatrix exact_;
+  std::vector<float> half_step_; // max scale / 2 a row, times the margin
+};
+
 class LmHead final : public HostOp {
 public:
-  LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, uint32_t maxRows)
+  LmHead(HostMatrix w, ThreadPool *pool, uint32_t hidden, uint32_t maxRows,
+         std::unique_ptr<ExactTop> top = nullptr)
       : w_(std::move(w)), pool_(pool), hidden_(hidden),
-        gathered_((uint64_t)maxRows * hidden) {}
+        gathered_((uint64_t)maxRows * hidden), top_(std::move(top)) {}
+  /// DUCK_DEBUG_LM_HEAD=1: how many rows the int8 head recomputed exactly.
+  ~LmHead() override {
+    if (top_ && std::getenv("DUCK_DEBUG_LM_HEAD"))
+      std::fprintf(stderr, "lm head: %llu exact rows for %llu logit rows\n",
+                   (unsigned long long)refined_, (unsigned long long)rows_);
+  }
   /// On the ducks: each holds whole tiles of the vocabulary in `slot`.
   LmHead(FfnRunner *runner, uint32_t slot, uint64_t vocab, uint32_t hidden,
          uint32_t maxRows)
@@ -41,13 +100,19 @@ public:
                               gathered_.data(), hidden_, y, V);
     }
     if (n == 1) {
-      MatVec(*pool_, w_, x + (uint64_t)s.logit_rows[0] * hidden_, y);
+      const float *row = x + (uint64_t)s.logit_rows[0] * hidden_;
+      MatVec(*pool_, w_, row, y);
+      if (top_)
+        refined_ += top_->Refine(row, y), ++rows_;
       return absl::OkStatus();
     }
     for (uint64_t i = 0; i < n; ++i)
       std::copy_n(x + (uint64_t)s.logit_rows[i] * hidden_, hidden_,
                   gathered_.data() + i * hidden_);
     MatMul(*pool_, w_, gathered_.data(), n, y);
+    for (uint64_t i = 0; top_ && i < n; ++i)
+      refined_ += top_->Refine(gathered_.data() + i * hidden_, y + i * V),
+          ++rows_;
     return absl::OkStatus();
   }
 
@@ -59,6 +124,8 @@ private:
   uint64_t vocab_ = 0;
   uint32_t hidden_;
   std::vector<float> gathered_;
+  std::unique_ptr<ExactTop> top_; // int8: the rows near the top, exact
+  uint64_t refined_ = 0, rows_ = 0;
 };
 
 } // namespace
@@ -109,8 +176,12 @@ HostOpOr CreateLmHead(const OpEnv &env) {
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->weight(), "weight"));
   HostMatrix m;
   DUCK_ASSIGN_OR_RETURN(m, env.weights.Matrix(*t));
-  if (p->int8()) { // duckc --lm-head int8: a little accuracy for bytes
-    DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedInt8(*t, *env.pool));
+  std::unique_ptr<ExactTop> top;
+  if (p->int8()) { // duckc --lm-head int8: the top rows exact (ExactTop)
+    HostMatrix q8;
+    DUCK_ASSIGN_OR_RETURN(q8, env.weights.QuantizedInt8(*t, *env.pool));
+    top = std::make_unique<ExactTop>(std::move(m), q8);
+    m = std::move(q8);
   } else if (p->fp9() && !m.is_fp9) { // duckc --lm-head fp9: more of it
     DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedFp9(*t));
   }
@@ -121,7 +192,7 @@ HostOpOr CreateLmHead(const OpEnv &env) {
     return env.Error("LM head of ", m.rows, " rows for a vocabulary of ",
                      env.plan.def().model()->vocab());
   return std::make_unique<LmHead>(std::move(m), env.pool, env.hidden,
-                                  env.max_rows);
+                                  env.max_rows, std::move(top));
 }
 
 namespace {

@@ -210,16 +210,17 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
     HostMatrix m = QuantizeInt8(pool, rows, cols, [&](uint64_t r, float *b) {
       std::memcpy(b, src.data() + r * cols, cols * 4);
     });
-    ASSERT_EQ(MatrixBytes(m), rows * cols + rows * cols / 32 * 4);
+    // An IEEE half a scale: 1.0625 bytes a weight, as llama.cpp's Q8_0.
+    ASSERT_EQ(MatrixBytes(m), rows * cols + rows * cols / 32 * 2);
     for (uint64_t r = 0; r < rows; ++r)
       for (uint64_t c = 0; c < cols; ++c) {
-        const float scale = m.i8_scale[r * cols / 32 + c / 32];
+        const float scale = duck_f16_to_f32(m.i8_scale[r * cols / 32 + c / 32]);
         const float q = m.i8[r * cols + c];
         ASSERT_LE(std::fabs(q * scale - src[r * cols + c]), 0.5f * scale * 1.0001f)
             << "row " << r << ", col " << c;
         ASSERT_LE(std::fabs(q), 127.0f);
       }
-    EXPECT_EQ(m.i8_scale[5 * cols / 32 + 2], 0.0f);
+    EXPECT_EQ(m.i8_scale[5 * cols / 32 + 2], 0u);
     EXPECT_EQ(m.i8[7 * cols + 3], 127);
 
     std::vector<float> x(cols), y(rows);
@@ -229,7 +230,8 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
     for (uint64_t r = 0; r < rows; ++r) {
       double exact = 0, mag = 0;
       for (uint64_t c = 0; c < cols; ++c) {
-        const double w = (double)m.i8[r * cols + c] * m.i8_scale[r * cols / 32 + c / 32];
+        const double w = (double)m.i8[r * cols + c] *
+                         duck_f16_to_f32(m.i8_scale[r * cols / 32 + c / 32]);
         exact += w * x[c];
         mag += std::fabs(w * x[c]);
       }

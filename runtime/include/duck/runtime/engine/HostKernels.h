@@ -148,19 +148,21 @@ struct HostMatrix {
   std::vector<float> owned;       // backing store of f32 when converted
   HugePageVector<uint64_t> fp9_store; // backing store of the fp9 planes
   /// int8 (duckc --lm-head int8): a weight is q * i8_scale[row, k / 32],
-  /// q in [-127, 127]; quantised at load from a bf16/f16/f32 tensor.
+  /// q in [-127, 127], the scale an IEEE half (1.0625 bytes a weight, as
+  /// llama.cpp's Q8_0); quantised at load from a bf16/f16/f32 tensor.
   const int8_t *i8 = nullptr;
-  const float *i8_scale = nullptr;
+  const uint16_t *i8_scale = nullptr;
   HugePageVector<int8_t> i8_store;
-  std::vector<float> i8_scale_store;
+  std::vector<uint16_t> i8_scale_store;
 };
 
 /// Weights a scale of an int8 matrix (along a row).
 inline constexpr uint64_t kInt8Block = 32;
 
 /// Quantises `rows` x `cols` floats (cols a multiple of kInt8Block) to an
-/// int8 matrix: per block of 32 weights of a row, scale = amax / 127 and
-/// q = round-to-nearest(w / scale). `row(r, buf)` fills buf with row r.
+/// int8 matrix: per block of 32 weights of a row, scale = amax / 127
+/// rounded to an IEEE half and q = round-to-nearest(w / that scale),
+/// clamped to [-127, 127]. `row(r, buf)` fills buf with row r.
 HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
                         const std::function<void(uint64_t, float *)> &row);
 
