@@ -18,8 +18,9 @@ decode_bound_fraction (the token rate those bytes allow at the read
 bandwidth measured on this machine in the same run).
 
 --lm-head LIST runs each arrangement once for each duckc --lm-head choice
-(checkpoint: the head as the checkpoint has it; int8 or fp9: quantised on
-the host at load, 1.125 bytes a weight).
+(int8, the default: quantised at load, 1.0625 bytes a weight, its top
+rows exact; checkpoint: the head as the checkpoint has it; fp9: 1.125
+bytes a weight).
 
 With --llama-bench PATH (a llama.cpp build's llama-bench, with llama-quantize
 beside it), every shape but ds is also written as a GGUF of the very same
@@ -102,8 +103,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens a run (default 64)")
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt tokens a run (default 64)")
     ap.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
-    ap.add_argument("--lm-head", default="checkpoint",
-                    help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9, ducks; default checkpoint)")
+    ap.add_argument("--lm-head", default="int8",
+                    help="comma list of duckc --lm-head choices to run (checkpoint, int8, fp9, ducks; default int8, duckc's default)")
     ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
                     help="duckrun --kv-cache (default f32; llama.cpp keeps an f16 cache by default)")
     ap.add_argument("--moe-layers", type=int, default=2, help="layers of the q30 shape (default 2)")
