@@ -24,6 +24,15 @@
 //                  request not streamed; a schema outside the subset and a
 //                  max_tokens too small for the schema are 400s naming the
 //                  field. Prints `json <schema> ok` lines, then `json ok`.
+//   tools AJV_DIR  tools with tool_choice "required" and a named function
+//                  (seeds, temperatures, streamed and not): one tool call
+//                  each, finish_reason "tool_calls", a tool the request
+//                  allows, arguments that parse and validate against its
+//                  parameters with ajv, the stream's delta.tool_calls
+//                  adding up to the non-streamed call; a conversation with
+//                  tool results under "none" is answered as text; "auto",
+//                  an unknown function and a schema outside the subset are
+//                  400s naming the field. Prints `tools ok`.
 //
 // The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
 // Any failed expectation or thrown error: a message on stderr naming the
@@ -355,6 +364,90 @@ const scenarios = {
                     'json unknown type');
     out(`json: ${outputs} outputs parse and validate; bad formats refused`);
     out('json ok');
+  },
+
+  async tools() {
+    const Ajv = require(arg);
+    const ajv = new Ajv({ allErrors: true });
+    const model = await pickModel();
+    const tools = [
+      { type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' },
+          unit: { enum: ['celsius', 'fahrenheit'] } }, required: ['city', 'unit'],
+          additionalProperties: false } } },
+      { type: 'function', function: { name: 'add', parameters: { type: 'object',
+        properties: { a: { type: 'integer' }, b: { type: 'number' } }, required: ['a', 'b'] } } },
+      { type: 'function', function: { name: 'ping' } },
+    ];
+    const validators = {};
+    for (const t of tools)
+      validators[t.function.name] = ajv.compile(t.function.parameters || { type: 'object' });
+    const base = { model, messages: [{ role: 'user', content: 'What is the weather in Paris?' }], tools };
+    const choices = [['required', 'required'], ...tools.map((t) =>
+      [t.function.name, { type: 'function', function: { name: t.function.name } }])];
+    let calls = 0;
+    const names = new Set();
+    for (const [label, tool_choice] of choices) {
+      for (const [temperature, seed] of [[0, 0], [1, 1], [1, 2], [0.8, 3]]) {
+        const params = { ...base, tool_choice, temperature, seed, max_tokens: 160 };
+        const what = `tools ${label} temperature ${temperature} seed ${seed}`;
+        const r = await client.chat.completions.create(params);
+        const c = r.choices[0];
+        expect(c.finish_reason === 'tool_calls', `${what}: finish_reason ${show(c.finish_reason)}`);
+        const tc = c.message.tool_calls;
+        expect(Array.isArray(tc) && tc.length === 1, `${what}: tool_calls ${show(tc)}`);
+        const call = tc[0];
+        expect(call.type === 'function' && typeof call.id === 'string' && call.id.length > 0,
+               `${what}: call ${show(call)}`);
+        const name = call.function.name;
+        expect(label === 'required' ? name in validators : name === label,
+               `${what}: function ${show(name)}`);
+        let args;
+        try {
+          args = JSON.parse(call.function.arguments);
+        } catch (e) {
+          throw new Failed(`${what}: arguments ${show(call.function.arguments)} are not JSON`);
+        }
+        const v = validators[name];
+        expect(v(args), `${what}: arguments ${show(args)} fail ${name}'s schema: ${show(v.errors)}`);
+        names.add(name);
+        // Streamed: delta.tool_calls add up to the same call.
+        const s = await client.chat.completions.create({ ...params, stream: true });
+        const acc = { name: '', arguments: '', id: null };
+        let finish = null;
+        for await (const chunk of s) {
+          for (const ch of chunk.choices) {
+            for (const d of (ch.delta && ch.delta.tool_calls) || []) {
+              expect(d.index === 0, `${what} (streamed): tool call index ${show(d.index)}`);
+              acc.id = acc.id || d.id;
+              acc.name += (d.function && d.function.name) || '';
+              acc.arguments += (d.function && d.function.arguments) || '';
+            }
+            finish = ch.finish_reason || finish;
+          }
+        }
+        expect(finish === 'tool_calls' && acc.name === name &&
+                 acc.arguments === call.function.arguments && acc.id,
+               `${what} (streamed): ${show(acc)} finish ${show(finish)}, expected ${show(call.function)}`);
+        calls += 2;
+      }
+    }
+    // A conversation with a tool call and its result, the tools still shown.
+    const turn = await client.chat.completions.create({ model, tools, tool_choice: 'none', max_tokens: 8,
+      messages: [...base.messages,
+        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+          function: { name: 'get_weather', arguments: '{"city": "Paris", "unit": "celsius"}' } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: '21 degrees' }] });
+    expect(typeof turn.choices[0].message.content === 'string' && !turn.choices[0].message.tool_calls,
+           `tools none: ${show(turn.choices[0].message)}`);
+    await expect400({ ...base, max_tokens: 64 }, 'tool_choice', 'auto', 'tools auto (default)');
+    await expect400({ ...base, max_tokens: 64, tool_choice: { type: 'function', function: { name: 'nope' } } },
+                    'tool_choice', 'nope', 'tools unknown function');
+    await expect400({ ...base, max_tokens: 64, tool_choice: 'required', tools: [{ type: 'function',
+      function: { name: 'f', parameters: { type: 'object', properties: { x: { oneOf: [] } } } } }] },
+                    'tools', "'oneOf'", 'tools unsupported keyword');
+    out(`tools: ${calls} calls of ${names.size} functions are well-formed and validate; bad choices refused`);
+    out('tools ok');
   },
 
   async concurrent() {

@@ -26,8 +26,8 @@
       without a Content-Length too), invalid UTF-8 and deeply nested JSON;
       the server answers the next request.
   serve.py check-unsupported URL KEY
-      Every field the server cannot honour yet (tools, functions, echo,
-      best_of, suffix) gets a 400 naming it; the same fields asking for nothing
+      Every field the server cannot honour yet (tools on completions,
+      functions, echo, best_of, suffix) gets a 400 naming it; the same fields asking for nothing
       (empty, zero, false, "none", "text") are answered.
   serve.py check-logprobs URL KEY IDS LOGITS
       /v1/completions over the token ids IDS with logprobs 5, greedy, 4
@@ -536,8 +536,8 @@ def check_unsupported(argv):
     url, key = argv
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     refused = [
-        ("chat", {"tools": [tool]}, "tools"),
-        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("completions", {"tools": [tool]}, "tools"),
+        ("completions", {"tool_choice": "required"}, "tool_choice"),
         ("chat", {"functions": [tool["function"]]}, "functions"),
         ("chat", {"function_call": "auto"}, "function_call"),
         ("completions", {"echo": True}, "echo"),

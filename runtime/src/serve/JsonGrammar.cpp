@@ -175,7 +175,8 @@ bool JsonState::StartValue(const JsonGrammar &g, uint16_t node,
 void JsonState::ValueEnded() {
   stack_.pop_back();
   if (stack_.empty()) {
-    done_ = true;
+    value_done_ = true;
+    done_ = post_left_ == 0;
     return;
   }
   Frame &p = stack_.back();
@@ -293,6 +294,17 @@ bool JsonState::FeedArray(const JsonGrammar &g, Frame &f, unsigned char c) {
 bool JsonState::Feed(const JsonGrammar &g, unsigned char c) {
   if (done_)
     return false;
+  if (pre_left_ > 0) {
+    if (c != (unsigned char)g.prefix_[g.prefix_.size() - pre_left_])
+      return false;
+    return --pre_left_, true;
+  }
+  if (value_done_) {
+    if (c != (unsigned char)g.suffix_[g.suffix_.size() - post_left_])
+      return false;
+    done_ = --post_left_ == 0;
+    return true;
+  }
   if (stack_.empty()) {
     if (started_)
       return false;
@@ -342,7 +354,7 @@ bool JsonState::FeedAll(const JsonGrammar &g, std::string_view bytes) {
 bool JsonState::CanEnd(const JsonGrammar &g) const {
   if (done_)
     return true;
-  if (stack_.size() != 1)
+  if (stack_.size() != 1 || post_left_ > 0)
     return false;
   const Frame &f = stack_.back();
   if (f.kind == kNumber)
@@ -416,8 +428,8 @@ uint32_t JsonState::ClosingLength(const JsonGrammar &g) const {
   if (done_)
     return 0;
   if (!started_)
-    return g.MinLength();
-  uint32_t total = 0;
+    return pre_left_ + g.nodes_[g.root_].min_len + post_left_;
+  uint32_t total = post_left_;
   for (size_t i = stack_.size(); i-- > 0;)
     total += FrameRest(g, stack_[i]);
   return total;
@@ -434,6 +446,13 @@ JsonGrammar::JsonGrammar() {
   nodes_[1].min_len = 4;
   nodes_[2].literals = {"null"};
   nodes_[2].min_len = 4;
+}
+
+JsonState JsonGrammar::Start() const {
+  JsonState s;
+  s.pre_left_ = (uint32_t)prefix_.size();
+  s.post_left_ = (uint32_t)suffix_.size();
+  return s;
 }
 
 JsonGrammar JsonGrammar::AnyObject() {

@@ -9,6 +9,7 @@
 #include "duck/runtime/serve/Serve.h"
 
 #include "duck/runtime/serve/Batcher.h"
+#include "duck/runtime/serve/ToolCalls.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -306,6 +307,10 @@ struct Job {
   std::vector<json> logprobs;
   size_t lp_sent = 0, lp_offset = 0; // lp_offset: completions' text_offset
 
+  // The answer is a tool call (ToolCalls.h): its text is not streamed as
+  // content but parsed into tool_calls at the end.
+  bool tool_call = false;
+
   // Batcher thread only.
   std::unique_ptr<StreamDecoder> decoder;
   std::vector<std::string> stops;
@@ -433,24 +438,26 @@ struct Params {
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
   std::shared_ptr<const JsonGrammar> grammar; // response_format
-  std::string schema;                          // its JSON Schema, in order
+  /// The body with its objects in the request's order (schemas, tools),
+  /// when it has any.
+  nlohmann::ordered_json ordered;
+  ToolRequest tools;
+  /// tool_choice "required" or named: the answer is one tool call that
+  /// follows one of these.
+  std::vector<std::shared_ptr<const JsonGrammar>> tool_grammars;
 };
 
-/// The text of response_format.json_schema.schema with its members in the
-/// request's order (the parsed body's objects are sorted by key, and a
-/// schema's properties are generated in the order it lists them).
-std::string OrderedSchema(const std::string &body) {
-  using ojson = nlohmann::ordered_json;
-  if (body.find("json_schema") == std::string::npos)
-    return "";
-  const ojson b = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!b.is_object() || !b.contains("response_format") ||
-      !b["response_format"].is_object() ||
-      !b["response_format"].contains("json_schema") ||
-      !b["response_format"]["json_schema"].is_object() ||
-      !b["response_format"]["json_schema"].contains("schema"))
-    return "";
-  return b["response_format"]["json_schema"]["schema"].dump();
+/// The body with its members in the request's order (the parsed body's
+/// objects are sorted by key, and a schema's properties are generated, and
+/// tools shown to the model, in the order the request lists them); null
+/// when it has no schema or tools.
+nlohmann::ordered_json Ordered(const std::string &body) {
+  if (body.find("json_schema") == std::string::npos &&
+      body.find("tool") == std::string::npos)
+    return nullptr;
+  auto b = nlohmann::ordered_json::parse(body, nullptr,
+                                         /*allow_exceptions=*/false);
+  return b.is_object() ? b : nullptr;
 }
 
 /// The text of a message's content: a string, or an array of
@@ -592,10 +599,43 @@ std::optional<FieldError> ParseResponseFormat(const json &b, Params *p) {
     return bad("json_schema.strict must be true or false");
   if (!js.contains("schema") || !js["schema"].is_object())
     return bad("json_schema.schema must be a JSON Schema object");
-  auto g = JsonGrammar::FromSchema(p->schema);
+  auto g = JsonGrammar::FromSchema(
+      p->ordered["response_format"]["json_schema"]["schema"].dump());
   if (!g.ok())
     return bad(absl::StrCat("json_schema.schema: ", g.status().message()));
   p->grammar = std::make_shared<JsonGrammar>(std::move(*g));
+  return std::nullopt;
+}
+
+/// 'tools' and 'tool_choice' (chat): the tools for the prompt and, under
+/// "required" or a named function, the grammars of the answer's call.
+std::optional<FieldError> ParseToolFields(ChatFormat format, Params *p) {
+  if (!p->ordered.is_object())
+    return std::nullopt;
+  if (auto e = ParseTools(p->ordered, &p->tools))
+    return FieldError{e->param, e->message};
+  if (p->tools.tools.empty())
+    return std::nullopt;
+  if (format != ChatFormat::kChatMl)
+    return FieldError{"tools",
+                      absl::StrCat("'tools' is served for the ChatML (Qwen3) "
+                                   "family only; this model's chat format is ",
+                                   std::string(ChatFormatName(format)))};
+  using Choice = ToolRequest::Choice;
+  if (p->tools.choice == Choice::kAuto)
+    return FieldError{"tool_choice",
+                      "'tool_choice' \"auto\" (the default when 'tools' is "
+                      "given) is not supported: the server does not parse "
+                      "tool calls out of free output; send \"required\", "
+                      "a named function or \"none\""};
+  if (p->tools.choice == Choice::kNone)
+    return std::nullopt;
+  if (p->grammar)
+    return FieldError{"response_format",
+                      "'response_format' cannot constrain an answer that "
+                      "'tool_choice' makes a tool call"};
+  if (auto e = ToolCallGrammars(p->tools, &p->tool_grammars))
+    return FieldError{e->param, e->message};
   return std::nullopt;
 }
 
@@ -609,10 +649,11 @@ std::optional<FieldError> ParseUnsupported(const json &b, bool chat) {
     return FieldError{k, absl::StrCat("'", k, "' is not supported by this "
                                       "server yet: ", why)};
   };
-  const char *noTools = "it serves no tool calls (send the request without it)";
-  if (set("tools") && !(b["tools"].is_array() && b["tools"].empty()))
+  const char *noTools = "tool calls are served on /v1/chat/completions "
+                        "with 'tools' (send the request without it)";
+  if (!chat && set("tools") && !(b["tools"].is_array() && b["tools"].empty()))
     return refuse("tools", noTools);
-  if (set("tool_choice") && b["tool_choice"] != "none")
+  if (!chat && set("tool_choice") && b["tool_choice"] != "none")
     return refuse("tool_choice", noTools);
   if (set("functions") && !(b["functions"].is_array() && b["functions"].empty()))
     return refuse("functions", noTools);
@@ -870,6 +911,23 @@ json PendingLogprobs(Job &job, bool chat) {
   return lp;
 }
 
+/// A tool-call answer's message.tool_calls (with `index` in a stream's
+/// delta); null when its text is not a whole call (a stop string cut it).
+json ToolCallsJson(const Job &job, const Reply &r, bool stream) {
+  if (!job.tool_call || job.why != FinishReason::kStop)
+    return nullptr;
+  auto call = ParseToolCall(job.text);
+  if (!call)
+    return nullptr;
+  json c = {{"id", absl::StrCat("call_", r.id.substr(r.id.find('-') + 1))},
+            {"type", "function"},
+            {"function",
+             {{"name", call->first}, {"arguments", call->second}}}};
+  if (stream)
+    c["index"] = 0;
+  return json::array({c});
+}
+
 /// The events that end a stream: the error, or the finish reason (and the
 /// usage, when asked for); then [DONE].
 std::string StreamEnd(Job &job, const Reply &r, bool include_usage) {
@@ -886,8 +944,18 @@ std::string StreamEnd(Job &job, const Reply &r, bool include_usage) {
                              : json("unavailable")}}}};
     out += absl::StrCat("data: ", Dump(e), "\n\n");
   } else {
-    out += r.Chunk(r.chat ? json::object() : json(""),
-                   FinishReasonName(job.why), PendingLogprobs(job, r.chat));
+    std::string finish = FinishReasonName(job.why);
+    if (job.tool_call) { // held back until now
+      const json calls = ToolCallsJson(job, r, true);
+      if (!calls.is_null())
+        out += r.Chunk(json{{"tool_calls", calls}}, nullptr);
+      else if (!job.text.empty())
+        out += r.Chunk(json{{"content", job.text}}, nullptr);
+      if (!calls.is_null())
+        finish = "tool_calls";
+    }
+    out += r.Chunk(r.chat ? json::object() : json(""), finish,
+                   PendingLogprobs(job, r.chat));
     if (include_usage) {
       json u = {{"id", r.id},
                 {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
@@ -914,7 +982,7 @@ void Server::Generate(const httplib::Request &req, httplib::Response &res,
     return;
   }
   Params p;
-  p.schema = OrderedSchema(body);
+  p.ordered = Ordered(body);
   if (!ParseRequest(b, chat, res, &p))
     return;
   std::shared_ptr<Job> job = Submit(p, chat, res);
@@ -963,6 +1031,11 @@ bool Server::ReadBody(const httplib::ContentReader &reader,
 
 bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
                           Params *p) {
+  if (auto e = ParseResponseFormat(b, p))
+    return Bad(res, *e);
+  if (chat)
+    if (auto e = ParseToolFields(ses_->chat_format(), p))
+      return Bad(res, *e);
   if (!(chat ? PromptFromMessages(b, res, p) : PromptFromCompletion(b, res, p)))
     return false;
   const uint32_t context = ses_->max_seq();
@@ -982,17 +1055,23 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
     return Bad(res, *e);
   if (auto e = ParsePenalties(b, ses_->model().vocab(), p))
     return Bad(res, *e);
-  if (auto e = ParseResponseFormat(b, p))
-    return Bad(res, *e);
   const uint32_t room = context - (uint32_t)p->prompt.size();
   p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
-  if (p->grammar && p->max_tokens < p->grammar->MinLength())
+  uint32_t shortest = p->grammar ? p->grammar->MinLength() : 0;
+  if (!p->tool_grammars.empty()) {
+    shortest = UINT32_MAX;
+    for (const auto &g : p->tool_grammars)
+      shortest = std::min(shortest, g->MinLength());
+  }
+  if (p->max_tokens < shortest)
     return Bad(res, {b.contains("max_completion_tokens")
                          ? "max_completion_tokens"
                          : "max_tokens",
-                     absl::StrCat("the shortest JSON that 'response_format' "
-                                  "allows takes ",
-                                  p->grammar->MinLength(),
+                     absl::StrCat("the shortest ",
+                                  p->grammar ? "JSON that 'response_format' "
+                                               "allows"
+                                             : "tool call",
+                                  " takes ", shortest,
                                   " tokens; the request allows ",
                                   p->max_tokens)});
   return true;
@@ -1016,6 +1095,11 @@ bool Server::PromptFromMessages(const json &b, httplib::Response &res,
                                     "] needs a 'role' and a text 'content'")});
     messages.push_back({m["role"].get<std::string>(), *content});
   }
+  // Qwen3's tools, tool calls and tool results (ToolCalls.h).
+  if (ses_->chat_format() == ChatFormat::kChatMl)
+    if (auto e = ChatMlMessages(b["messages"], ToolsSystemText(p->tools),
+                                &messages))
+      return Bad(res, {e->param, e->message});
   // The model's own chat format (ChatTemplate.h); a message it cannot
   // say is the client's error.
   auto ids = ses_->EncodeChat(messages);
@@ -1078,13 +1162,17 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   g.sampler = p.sampler;
   if (!p.ignore_eos)
     g.stop_ids = chat ? eos_chat_ : eos_;
-  if (p.grammar || p.presence_penalty != 0 || p.frequency_penalty != 0 ||
-      !p.logit_bias.empty()) {
+  job->tool_call = !p.tool_grammars.empty();
+  if (p.grammar || job->tool_call || p.presence_penalty != 0 ||
+      p.frequency_penalty != 0 || !p.logit_bias.empty()) {
     ChooserOptions co;
     co.presence_penalty = p.presence_penalty;
     co.frequency_penalty = p.frequency_penalty;
     co.logit_bias = std::move(p.logit_bias);
-    co.grammar = p.grammar;
+    if (p.grammar)
+      co.grammars.push_back(p.grammar);
+    co.grammars.insert(co.grammars.end(), p.tool_grammars.begin(),
+                       p.tool_grammars.end());
     co.sampler = p.sampler;
     co.stop_ids = g.stop_ids;
     g.chooser = std::make_shared<TokenChooser>(std::move(co),
@@ -1167,9 +1255,14 @@ void Server::Answer(const httplib::Request &req, httplib::Response &res,
   if (job.want_logprobs)
     choice["logprobs"] = LogprobsJson(r.chat, job.logprobs, 0,
                                       job.logprobs.size(), &job.lp_offset);
-  if (r.chat)
+  const json calls = ToolCallsJson(job, r, false);
+  if (!calls.is_null()) {
+    choice["message"] = {
+        {"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}};
+    choice["finish_reason"] = "tool_calls";
+  } else if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", job.text}};
-  else
+  } else
     choice["text"] = job.text;
   json out = {{"id", r.id},
               {"object", r.chat ? "chat.completion" : "text_completion"},
@@ -1202,7 +1295,7 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
             out += r.Chunk(json{{"role", "assistant"}, {"content", ""}},
                            nullptr);
           st->first = false;
-          if (job->ready > st->sent) {
+          if (job->ready > st->sent && !job->tool_call) {
             std::string piece =
                 job->text.substr(st->sent, job->ready - st->sent);
             st->sent = job->ready;

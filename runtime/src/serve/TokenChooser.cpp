@@ -9,8 +9,22 @@ namespace duck::runtime {
 TokenChooser::TokenChooser(ChooserOptions o, const Tokenizer &tokenizer)
     : o_(std::move(o)), tok_(tokenizer),
       rng_(o_.sampler.seed ^ 0x5DEECE66Dull) {
-  if (o_.grammar)
-    state_ = o_.grammar->Start();
+  for (size_t i = 0; i < o_.grammars.size(); ++i)
+    states_.emplace_back(i, o_.grammars[i]->Start());
+}
+
+bool TokenChooser::Finished() const {
+  for (const auto &[i, st] : states_)
+    if (st.Done())
+      return true;
+  return false;
+}
+
+uint32_t TokenChooser::Closing(const States &s) const {
+  uint32_t best = UINT32_MAX;
+  for (const auto &[i, st] : s)
+    best = std::min(best, st.ClosingLength(*o_.grammars[i]));
+  return best;
 }
 
 int32_t TokenChooser::Choose(absl::Span<const float> row, Sampler &sampler,
@@ -28,7 +42,8 @@ int32_t TokenChooser::Choose(absl::Span<const float> row, Sampler &sampler,
         row_[t] -= o_.presence_penalty + o_.frequency_penalty * (float)c;
     use = row_;
   }
-  const int32_t id = o_.grammar ? Constrained(use, budget) : sampler.Sample(use);
+  const int32_t id =
+      o_.grammars.empty() ? sampler.Sample(use) : Constrained(use, budget);
   Record(id);
   return id;
 }
@@ -38,19 +53,26 @@ void TokenChooser::Record(int32_t id) {
     ++counts_[id];
 }
 
-bool TokenChooser::Accepts(int32_t id, uint32_t after,
-                           JsonState *next) const {
-  const JsonGrammar &g = *o_.grammar;
+bool TokenChooser::Accepts(int32_t id, uint32_t after, States *next) const {
   if (std::find(o_.stop_ids.begin(), o_.stop_ids.end(), id) !=
-      o_.stop_ids.end())
-    return state_.CanEnd(g);
+      o_.stop_ids.end()) {
+    for (const auto &[i, st] : states_)
+      if (st.CanEnd(*o_.grammars[i]))
+        return true;
+    return false;
+  }
   if (tok_.IsSpecial(id))
     return false;
   const std::string_view bytes = tok_.TokenBytes(id);
   if (bytes.empty())
     return false;
-  *next = state_;
-  return next->FeedAll(g, bytes) && next->ClosingLength(g) <= after;
+  next->clear();
+  for (const auto &[i, st] : states_) {
+    JsonState n = st;
+    if (n.FeedAll(*o_.grammars[i], bytes))
+      next->emplace_back(i, std::move(n));
+  }
+  return !next->empty() && Closing(*next) <= after;
 }
 
 void TokenChooser::Rank(absl::Span<const float> row) {
@@ -105,7 +127,7 @@ int32_t TokenChooser::Constrained(absl::Span<const float> row,
       return a.tier < b.tier;
     return a.key != b.key ? a.key > b.key : a.id < b.id;
   };
-  JsonState next;
+  States next;
   size_t done = 0;
   for (size_t window : {size_t(64), size_t(4096), cands_.size()}) {
     const size_t end = std::min(window, cands_.size());
@@ -117,24 +139,23 @@ int32_t TokenChooser::Constrained(absl::Span<const float> row,
       if (Accepts(cands_[i].id, after, &next)) {
         if (!std::count(o_.stop_ids.begin(), o_.stop_ids.end(),
                         cands_[i].id))
-          state_ = next;
+          states_ = std::move(next);
         return cands_[i].id;
       }
     done = end;
   }
-  // No token keeps the JSON closable in time (the budget was short from
+  // No token keeps the text closable in time (the budget was short from
   // the start): the one that leaves the shortest closing.
   uint32_t best = UINT32_MAX;
   int32_t pick = o_.stop_ids.empty() ? 0 : o_.stop_ids[0];
-  JsonState bestState = state_;
+  States bestStates = states_;
   for (const Cand &c : cands_)
-    if (Accepts(c.id, UINT32_MAX - 1, &next) &&
-        next.ClosingLength(*o_.grammar) < best &&
-        !std::count(o_.stop_ids.begin(), o_.stop_ids.end(), c.id)) {
-      best = next.ClosingLength(*o_.grammar);
-      pick = c.id, bestState = next;
+    if (!std::count(o_.stop_ids.begin(), o_.stop_ids.end(), c.id) &&
+        Accepts(c.id, UINT32_MAX - 1, &next) && Closing(next) < best) {
+      best = Closing(next);
+      pick = c.id, bestStates = next;
     }
-  state_ = bestState;
+  states_ = std::move(bestStates);
   return pick;
 }
 

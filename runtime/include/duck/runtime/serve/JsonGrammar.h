@@ -53,7 +53,8 @@ public:
   /// True when the text so far is a complete value (it may go on: a
   /// number, an enum value that prefixes another).
   bool CanEnd(const JsonGrammar &g) const;
-  /// True when the value is complete and nothing may follow.
+  /// True when the value (and the grammar's suffix) is complete and
+  /// nothing may follow.
   bool Done() const { return done_; }
   /// The fewest bytes that complete the value.
   uint32_t ClosingLength(const JsonGrammar &g) const;
@@ -76,8 +77,10 @@ private:
   bool Space(unsigned char c);
   uint32_t FrameRest(const JsonGrammar &g, const Frame &f) const;
 
+  friend class JsonGrammar;
   absl::InlinedVector<Frame, 12> stack_;
-  bool started_ = false, done_ = false;
+  bool started_ = false, value_done_ = false, done_ = false;
+  uint32_t pre_left_ = 0, post_left_ = 0; // bytes of the affixes to come
   uint8_t ws_ = 0; // whitespace bytes in a row
 };
 
@@ -89,9 +92,17 @@ public:
   /// value outside the subset, and where it is.
   static absl::StatusOr<JsonGrammar> FromSchema(std::string_view schema);
 
+  /// The same grammar between two literal texts (a tool call's
+  /// "<tool_call>\n" and "\n</tool_call>").
+  void SetAffixes(std::string prefix, std::string suffix) {
+    prefix_ = std::move(prefix), suffix_ = std::move(suffix);
+  }
+
   /// The fewest bytes of a complete text.
-  uint32_t MinLength() const { return nodes_[root_].min_len; }
-  JsonState Start() const { return JsonState(); }
+  uint32_t MinLength() const {
+    return nodes_[root_].min_len + (uint32_t)(prefix_.size() + suffix_.size());
+  }
+  JsonState Start() const;
 
 private:
   friend class JsonState;
@@ -122,6 +133,7 @@ private:
 
   std::vector<Node> nodes_; // 0: any value, 1: true/false, 2: null
   uint16_t root_ = 0;
+  std::string prefix_, suffix_;
 };
 
 } // namespace duck::runtime

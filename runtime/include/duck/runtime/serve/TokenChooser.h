@@ -8,8 +8,9 @@
 //   2. `presence_penalty` p and `frequency_penalty` f (OpenAI's): logit[t]
 //      -= p * (count[t] > 0) + f * count[t], count over the tokens this
 //      request generated so far;
-//   3. with a grammar (`response_format` json_object / json_schema): the
-//      candidates are walked best first and the first one the grammar
+//   3. with grammars (`response_format` json_object / json_schema, or a
+//      tool call: one grammar a tool, the text may follow any of them):
+//      the candidates are walked best first and the first one a grammar
 //      accepts is taken. Best first is by logit at temperature 0, else by
 //      logit / temperature + Gumbel noise (the Gumbel-max trick: the first
 //      candidate is a sample of the softmax, and the first accepted one a
@@ -47,7 +48,8 @@ namespace duck::runtime {
 struct ChooserOptions {
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
-  std::shared_ptr<const JsonGrammar> grammar; // null: unconstrained
+  /// The text follows one of these; none: unconstrained.
+  std::vector<std::shared_ptr<const JsonGrammar>> grammars;
   SamplerOptions sampler;
   std::vector<int32_t> stop_ids; // what ends a sequence (EOS)
 };
@@ -61,10 +63,8 @@ public:
   /// request may still generate, this one included. Records the token.
   int32_t Choose(absl::Span<const float> logits, Sampler &sampler,
                  uint32_t budget);
-  /// True once the grammar's value is complete and nothing may follow.
-  bool Finished() const { return o_.grammar && state_.Done(); }
-  /// The grammar's state (tests).
-  const JsonState &state() const { return state_; }
+  /// True once a grammar's text is complete and nothing may follow.
+  bool Finished() const;
 
 private:
   struct Cand {
@@ -72,9 +72,13 @@ private:
     float key;
     int32_t id;
   };
-  /// Whether the grammar takes token `id` with `after` tokens left after
-  /// it; *next is the state then.
-  bool Accepts(int32_t id, uint32_t after, JsonState *next) const;
+  /// Each grammar still possible (its index) and where its text is.
+  using States = std::vector<std::pair<size_t, JsonState>>;
+  /// Whether a grammar takes token `id` with `after` tokens left after
+  /// it; *next is the states then.
+  bool Accepts(int32_t id, uint32_t after, States *next) const;
+  /// The fewest bytes that complete the text (UINT32_MAX: none can).
+  uint32_t Closing(const States &s) const;
   /// The candidates, best first in [0, sorted); the rest unsorted.
   void Rank(absl::Span<const float> row);
   int32_t Constrained(absl::Span<const float> row, uint32_t budget);
@@ -82,7 +86,7 @@ private:
 
   ChooserOptions o_;
   const Tokenizer &tok_;
-  JsonState state_;
+  States states_;
   absl::flat_hash_map<int32_t, uint32_t> counts_;
   std::vector<float> row_;
   std::vector<Cand> cands_;

