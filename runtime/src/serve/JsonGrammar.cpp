@@ -32,7 +32,9 @@ enum : uint8_t { kChars, kEscape, kHex, kUtf8 };
 enum : uint8_t { kNeg, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
 
 constexpr uint32_t kMaxDepth = 32;
-constexpr uint8_t kMaxSpace = 1;
+// Whitespace between tokens: one byte, or a newline and up to 16 bytes of
+// indentation (spaces or tabs).
+constexpr uint8_t kMaxIndent = 16;
 constexpr uint32_t kMaxIntDigits = 15, kMaxExpDigits = 2;
 
 bool IsDigit(unsigned char c) { return c >= '0' && c <= '9'; }
@@ -129,7 +131,12 @@ bool NumberCanEnd(const JsonState::Frame &f) {
 bool JsonState::Space(unsigned char c) {
   if (c != ' ' && c != '\n' && c != '\t')
     return false;
-  return ws_ < kMaxSpace ? (++ws_, true) : false;
+  if (ws_ == 0)
+    return ws_ = c == '\n' ? 0x80 | 1 : 1, true;
+  // After a newline (the high bit): indentation.
+  if (!(ws_ & 0x80) || c == '\n' || (ws_ & 0x7F) > kMaxIndent)
+    return false;
+  return ++ws_, true;
 }
 
 bool JsonState::StartValue(const JsonGrammar &g, uint16_t node,

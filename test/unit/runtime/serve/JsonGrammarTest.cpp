@@ -30,10 +30,11 @@ TEST(JsonGrammar, AnyObject) {
   EXPECT_TRUE(Takes(g, R"({"a": [1, -2.5e3, true, null, "x\u00e9\n"]})",
                     &done));
   EXPECT_TRUE(done);
-  EXPECT_TRUE(Takes(g, "{\"k\":{\"z\":0.5}", &done));
+  EXPECT_TRUE(Takes(g, "{\n  \"k\": {\n\t\t\"z\": 0.5}", &done));
   EXPECT_FALSE(done);
   for (const char *bad : {"[1]", "{\"a\" 1}", "{,}", "{\"a\":01}",
                           "{\"a\":tru}", "{\"a\":1}x", " {}", "{\"a\":  1}",
+                          "{\n\n\"a\":1}",
                           "{\"a\":\"\x01\"}", "{\"a\":1.}"})
     EXPECT_FALSE(Takes(g, bad, &done) && done) << bad;
   EXPECT_EQ(g.MinLength(), 2u);

@@ -16,8 +16,8 @@
 // generated in the order `properties` lists them (optional ones may be
 // left out); an object without `properties` (and without
 // `additionalProperties: false`) and a schema without a type take any
-// JSON. Insignificant whitespace: at most one byte in a row, and none
-// around the top-level value. Numbers: at most 15 digits before and after
+// JSON. Insignificant whitespace: one byte, or a newline and up to 16
+// spaces or tabs of indentation; none around the top-level value. Numbers: at most 15 digits before and after
 // the point and 2 in the exponent (JavaScript reads them as finite
 // numbers, and integers exactly).
 //
@@ -81,7 +81,7 @@ private:
   absl::InlinedVector<Frame, 12> stack_;
   bool started_ = false, value_done_ = false, done_ = false;
   uint32_t pre_left_ = 0, post_left_ = 0; // bytes of the affixes to come
-  uint8_t ws_ = 0; // whitespace bytes in a row
+  uint8_t ws_ = 0; // whitespace bytes in a row; high bit: after a newline
 };
 
 class JsonGrammar {
