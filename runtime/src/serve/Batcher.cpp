@@ -31,11 +31,32 @@ Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
   // beside it: with one sequence the chunk is the engine's whole step.
   const uint32_t others = opts_.parallel - 1;
   opts_.prefill_chunk =
-      std::min(opts_.prefill_chunk, engine.max_rows() > others
-                                        ? engine.max_rows() - others
-                                        : 1u);
+      std::min(opts_.prefill_chunk,
+               engine.max_rows() > others ? engine.max_rows() - others : 1u);
   for (uint32_t s = opts_.parallel; s-- > 0;)
     free_slots_.push_back(s); // slot 0 is taken first
+  slot_tokens_.resize(opts_.parallel);
+}
+
+size_t Batcher::PickSlot(const std::vector<int32_t> &prompt,
+                         uint32_t *common) const {
+  size_t best = free_slots_.size() - 1; // the next slot in order
+  *common = 0;
+  if (!opts_.reuse_prefix)
+    return best;
+  for (size_t i = free_slots_.size(); i-- > 0;) {
+    const std::vector<int32_t> &have = slot_tokens_[free_slots_[i]];
+    const size_t n = std::min(have.size(), prompt.size());
+    const uint32_t c =
+        (uint32_t)(std::mismatch(have.begin(), have.begin() + n, prompt.begin())
+                       .first -
+                   have.begin());
+    if (c > *common) {
+      *common = c;
+      best = i;
+    }
+  }
+  return best;
 }
 
 absl::StatusOr<uint64_t> Batcher::Submit(GenRequest r) {
@@ -97,6 +118,7 @@ void Batcher::Finish(Seq &s, FinishReason why, const absl::Status &error) {
 /// finishes the cancelled ones outside it.
 void Batcher::Admit() {
   std::vector<std::unique_ptr<Seq>> cancelled;
+  std::vector<Seq *> admitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (uint64_t id : cancels_) {
@@ -119,8 +141,14 @@ void Batcher::Admit() {
     while (!queue_.empty() && !free_slots_.empty()) {
       std::unique_ptr<Seq> s = std::move(queue_.front());
       queue_.pop_front();
-      s->slot = free_slots_.back();
-      free_slots_.pop_back();
+      uint32_t common = 0;
+      const size_t pick = PickSlot(s->req.prompt, &common);
+      s->slot = free_slots_[pick];
+      free_slots_.erase(free_slots_.begin() + pick);
+      // At least the prompt's last token runs: its row gives the logits.
+      s->pos = std::min(common, (uint32_t)s->req.prompt.size() - 1);
+      stats_.cached_tokens += s->pos;
+      admitted.push_back(s.get());
       active_.push_back(std::move(s));
     }
     stats_.queued = (uint32_t)queue_.size();
@@ -128,6 +156,9 @@ void Batcher::Admit() {
   }
   for (auto &s : cancelled)
     Finish(*s, FinishReason::kCancelled, absl::OkStatus());
+  for (Seq *s : admitted)
+    if (s->req.on_admit)
+      s->req.on_admit(s->pos);
 }
 
 TokenLogprobs LogprobsAt(absl::Span<const float> logits, int32_t token,
@@ -187,7 +218,7 @@ bool Batcher::Deliver(Seq &s, int32_t token, absl::Span<const float> row) {
   return true;
 }
 
-void Batcher::Step() {
+uint32_t Batcher::GatherChunks(size_t *decode_rows) {
   // Every decoding sequence gives a row; sequences still in prefill fill
   // up to prefill_chunk more rows, oldest first. Where a prompt is cut
   // does not change its rows' results, only how long the running streams
@@ -200,7 +231,7 @@ void Batcher::Step() {
           {s->slot, s->pos, absl::MakeConstSpan(&s->next, 1), true});
       sampling_.push_back(s.get());
     }
-  const size_t decodeRows = chunks_.size();
+  *decode_rows = chunks_.size();
   uint32_t prefillRows = 0;
   for (auto &s : active_) {
     if (s->next >= 0 || prefillRows >= opts_.prefill_chunk)
@@ -215,8 +246,19 @@ void Batcher::Step() {
       sampling_.push_back(s.get());
     prefillRows += n;
   }
+  return prefillRows;
+}
+
+void Batcher::Step() {
+  size_t decodeRows = 0;
+  const uint32_t prefillRows = GatherChunks(&decodeRows);
   if (chunks_.empty())
     return;
+  // The positions a chunk writes no longer hold what the slot had (even if
+  // the step fails half way); its tokens are theirs once it succeeds.
+  for (const SeqChunk &c : chunks_)
+    slot_tokens_[c.seq].resize(
+        std::min<size_t>(c.pos, slot_tokens_[c.seq].size()));
   logits_.clear();
   absl::Status st = engine_.RunBatch(chunks_, &logits_);
   if (!st.ok()) {
@@ -231,10 +273,14 @@ void Batcher::Step() {
     stats_.active = 0;
     return;
   }
-  for (const SeqChunk &c : chunks_)
+  for (const SeqChunk &c : chunks_) {
     for (auto &s : active_)
       if (s->slot == c.seq)
         s->pos += (uint32_t)c.tokens.size();
+    std::vector<int32_t> &have = slot_tokens_[c.seq];
+    if (have.size() == c.pos)
+      have.insert(have.end(), c.tokens.begin(), c.tokens.end());
+  }
   const uint32_t V = engine_.vocab();
   std::vector<Seq *> done;
   for (size_t i = 0; i < sampling_.size(); ++i) {

@@ -195,6 +195,83 @@ TEST_F(BatcherTest, StepsCarryDecodeRowsPlusAChunkOfPromptOldestFirst) {
   EXPECT_FALSE(batcher_->Busy());
 }
 
+// Prefix reuse: a second turn (the first turn's prompt, the tokens it
+// generated and a few more) takes the slot the first left, skips the 25
+// positions its cache already holds (the prompt and the 5 generated tokens
+// that were fed; the 6th never was) and computes only the 3 new rows, yet
+// gets the very tokens a cold prefill of the whole prompt gives.
+TEST_F(BatcherTest, ASecondTurnReusesTheCachedPrefixAndMatchesAColdRun) {
+  Make(1);
+  Rec a, b;
+  const auto pa = Prompt(20, 7);
+  Submit(Request(&a, pa, 6));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a}));
+  ASSERT_EQ(a.tokens.size(), 6u);
+  std::vector<int32_t> pb = pa;
+  pb.insert(pb.end(), a.tokens.begin(), a.tokens.begin() + 5);
+  for (int32_t t : Prompt(3, 9))
+    pb.push_back(t);
+  std::atomic<int64_t> cached{-1};
+  GenRequest rb = Request(&b, pb, 5);
+  rb.on_admit = [&](uint32_t n) { cached = n; };
+  const BatcherStats before = batcher_->Stats();
+  Submit(std::move(rb));
+  ASSERT_TRUE(WaitDone({&b}));
+  EXPECT_EQ(cached.load(), 25);
+  const BatcherStats after = batcher_->Stats();
+  EXPECT_EQ(after.cached_tokens - before.cached_tokens, 25u);
+  EXPECT_EQ(after.prompt_tokens - before.prompt_tokens, 3u);
+  EXPECT_EQ(b.tokens, Alone(pb, 5));
+  // A prompt that shares nothing starts from position 0 in the same slot,
+  // and one that is wholly cached still runs its last token (its logits).
+  Rec c, d;
+  Submit(Request(&c, Prompt(12, 3), 2));
+  ASSERT_TRUE(WaitDone({&c}));
+  EXPECT_EQ(c.tokens, Alone(Prompt(12, 3), 2));
+  std::atomic<int64_t> cachedD{-1};
+  GenRequest rd = Request(&d, Prompt(10, 3), 2);
+  rd.on_admit = [&](uint32_t n) { cachedD = n; };
+  Submit(std::move(rd));
+  ASSERT_TRUE(WaitDone({&d}));
+  EXPECT_EQ(cachedD.load(), 9);
+  EXPECT_EQ(d.tokens, Alone(Prompt(10, 3), 2));
+}
+
+// With two free slots a request goes to the one holding its prefix, not
+// to the next in order; with reuse off it takes the next and recomputes.
+// Either way it gets the tokens a cold run gives.
+TEST_F(BatcherTest, ARequestPicksTheSlotHoldingItsPrefix) {
+  for (bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "reuse" : "no reuse");
+    auto e = Engine::Create(*plan_, runner_.get(), Options(2));
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    BatcherOptions bo;
+    bo.parallel = 2;
+    bo.prefill_chunk = kChunk;
+    bo.reuse_prefix = reuse;
+    batcher_ = std::make_unique<Batcher>(*engine_, bo);
+    Rec a, b, c;
+    Submit(Request(&a, Prompt(8, 1), 2)); // slot 0
+    Submit(Request(&b, Prompt(8, 2), 3)); // slot 1, done last
+    StartRun();
+    ASSERT_TRUE(WaitDone({&a, &b}));
+    // Slot 1 is the next in order now; slot 0 holds a's prompt.
+    std::vector<int32_t> pc = Prompt(8, 1);
+    pc.push_back(a.tokens[0] == 5 ? 6 : 5);
+    std::atomic<int64_t> cached{-1};
+    GenRequest rc = Request(&c, pc, 2);
+    rc.on_admit = [&](uint32_t n) { cached = n; };
+    Submit(std::move(rc));
+    ASSERT_TRUE(WaitDone({&c}));
+    // a's prompt and its one fed token; c shares the prompt.
+    EXPECT_EQ(cached.load(), reuse ? 8 : 0);
+    EXPECT_EQ(c.tokens, Alone(pc, 2));
+    StopRun();
+  }
+}
+
 // One sequence at a time (--parallel 1): its prompt goes in whole chunks,
 // as the one-shot CLI's does; no row is kept for a decode that cannot
 // share the step.

@@ -73,6 +73,9 @@ struct GenRequest {
   /// probabilities (`top_logprobs` alternatives).
   std::function<void(int32_t id, const TokenLogprobs &lp)> on_logprobs;
   uint32_t top_logprobs = 0;
+  /// Once, when the request gets its slot: the prompt tokens whose KV
+  /// cache it takes over from the slot's last sequence (prefix reuse).
+  std::function<void(uint32_t cached_tokens)> on_admit;
   /// Once, at the end; `error` is set for kError.
   std::function<void(FinishReason why, const absl::Status &error)> on_done;
 };
@@ -81,11 +84,18 @@ struct BatcherOptions {
   uint32_t parallel = 1;     // sequences active at once (engine max_seqs)
   uint32_t queue_limit = 64; // waiting requests before Submit refuses
   uint32_t prefill_chunk = 32;
+  /// Prefix reuse: a slot keeps the tokens of the cache its last sequence
+  /// left, and a new request takes the free slot that shares the longest
+  /// prefix with its prompt and starts its prefill after it. The rows
+  /// skipped are the very rows it would compute (a row depends only on its
+  /// token and the cache before it), so results are bit-identical.
+  bool reuse_prefix = true;
 };
 
 /// A snapshot for /metrics and tests.
 struct BatcherStats {
   uint64_t steps = 0, rows = 0, prompt_tokens = 0, generated_tokens = 0;
+  uint64_t cached_tokens = 0; // prompt tokens taken from a slot's cache
   uint32_t active = 0, queued = 0;
   uint32_t max_decode_rows = 0; // most sequences decoding in one step
 };
@@ -124,8 +134,15 @@ private:
   };
 
   void Admit();
+  /// The free slot (index into free_slots_) whose cached tokens share the
+  /// longest prefix with `prompt`, and that prefix's length.
+  size_t PickSlot(const std::vector<int32_t> &prompt, uint32_t *common) const;
   void Finish(Seq &s, FinishReason why, const absl::Status &error);
   void Step();
+  /// This step's rows into chunks_ (and the sequences that sample into
+  /// sampling_); returns the prompt rows, and the decode rows in
+  /// `decode_rows`.
+  uint32_t GatherChunks(size_t *decode_rows);
   /// After a sampled token: hand it on and decide whether the sequence
   /// goes on; false when it has finished.
   bool Deliver(Seq &s, int32_t token, absl::Span<const float> row);
@@ -141,6 +158,8 @@ private:
   uint64_t next_id_ = 1;                     // guarded by mu_
   std::vector<std::unique_ptr<Seq>> active_; // Run's thread only
   std::vector<uint32_t> free_slots_;         // guarded by mu_
+  /// For each slot, the tokens at the positions its KV caches hold.
+  std::vector<std::vector<int32_t>> slot_tokens_; // Run's thread only
   std::vector<SeqChunk> chunks_;
   std::vector<Seq *> sampling_;
   std::vector<float> logits_;
