@@ -48,6 +48,9 @@ void cost::readStats(const llvm::json::Object &j, Candidate &c) {
   c.dispatchMs = j.getNumber("dispatch_ms_per_token").value_or(0);
   c.hostMs = j.getNumber("host_ms_per_token").value_or(0);
   c.networkMs = j.getNumber("network_ms_per_token").value_or(0);
+  c.netOutMs = j.getNumber("network_out_ms_per_token").value_or(0);
+  c.netBackMs = j.getNumber("network_back_ms_per_token").value_or(0);
+  c.netLatencyMs = j.getNumber("network_latency_ms_per_token").value_or(0);
   c.prefillTokS = j.getNumber("estimated_prefill_tok_s").value_or(0);
   c.inOn = j.getBoolean("in_proj_on_ducks").value_or(false);
   c.qOn = j.getBoolean("q_proj_on_ducks").value_or(false);
@@ -367,7 +370,8 @@ void cost::explainCandidates(const std::vector<Candidate> &all,
   // go and the host's time (the host head's share included) is shown; with
   // a link speed given, each candidate's time on the wire.
   const bool hostCol = r.lmHeadOpen || r.projOpen;
-  const bool netCol = cm.hostLinkGbps > 0 || !cm.duckLinkGbps.empty();
+  const bool netCol = cm.hostLinkGbps > 0 || !cm.duckLinkGbps.empty() ||
+                      cm.latencyUs > 0;
   out << "  tp  multiple_of  strategy    " << (r.lmHeadOpen ? "  LM head  " : "")
       << (r.projOpen ? "  attn proj" : "") << (hostCol ? "    host ms" : "")
       << "  TPOT ms  stream ms  dispatch ms" << (netCol ? "  network ms" : "")
@@ -417,7 +421,11 @@ void cost::explainChoice(const std::vector<Candidate> &all,
       (best.hostMs > 0 ? formatv(" + host {0:F3}", best.hostMs).str()
                        : std::string()) +
           (best.networkMs > 0
-               ? formatv(" + network {0:F3}", best.networkMs).str()
+               ? formatv(" + network {0:F3} (out {1:F3} + back {2:F3} + "
+                         "latency {3:F3})",
+                         best.networkMs, best.netOutMs, best.netBackMs,
+                         best.netLatencyMs)
+                     .str()
                : std::string()),
       std::string(r.lmHeadOpen ? (best.lmHead == "ducks"
                                       ? ", LM head on the ducks"

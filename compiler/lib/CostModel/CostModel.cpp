@@ -24,6 +24,9 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
         (*lo == *hi ? llvm::formatv("{0} Gb/s a duck", *lo).str()
                     : llvm::formatv("{0}-{1} Gb/s a duck", *lo, *hi).str());
   }
+  if (c.latencyUs > 0)
+    links += (links.empty() ? "" : ", ") +
+             llvm::formatv("{0} us one way", c.latencyUs).str();
   return links;
 }
 
@@ -210,32 +213,68 @@ double cost::prefillShardSeconds(const FfnShard &s, const FfnLayer &l,
   return sec;
 }
 
+namespace {
+
+/// Seconds `bytes` take at `gbps` (0: unlimited).
+double wireSeconds(double bytes, double gbps) {
+  return gbps > 0 ? bytes * 8 / (gbps * 1e9) : 0.0;
+}
+
+/// Duck `r`'s link rate (0: unlimited, or not known).
+double duckLink(const ClusterModel &c, size_t r) {
+  return r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0.0;
+}
+
+} // namespace
+
+StepWire cost::unicastWire(const ClusterModel &c, double in,
+                           const std::vector<double> &out) {
+  const size_t n = out.size();
+  const double H = c.hostLinkGbps;
+  std::vector<double> arrive(n);
+  double hostOut = 0, lastIn = 0;
+  for (size_t r = 0; r < n; ++r) {
+    hostOut += wireSeconds(in, H);
+    arrive[r] = std::max(hostOut, wireSeconds(in, duckLink(c, r)));
+    lastIn = std::max(lastIn, arrive[r]);
+  }
+  // The host's inbound port takes the replies in the order they leave.
+  std::vector<size_t> order(n);
+  for (size_t r = 0; r < n; ++r)
+    order[r] = r;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return arrive[a] < arrive[b]; });
+  double hostIn = 0, end = lastIn;
+  for (size_t r : order) {
+    hostIn = std::max(hostIn, arrive[r]) + wireSeconds(out[r], H);
+    end = std::max(
+        end, std::max(hostIn, arrive[r] + wireSeconds(out[r], duckLink(c, r))));
+  }
+  StepWire w;
+  w.txBytes = in * double(n);
+  for (double o : out)
+    w.rxBytes += o;
+  w.outSeconds = lastIn;
+  w.backSeconds = end - lastIn;
+  w.latencySeconds = n ? 2 * c.latencyUs * 1e-6 : 0.0;
+  w.seconds = w.outSeconds + w.backSeconds + w.latencySeconds;
+  return w;
+}
+
 StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
                         uint64_t k, const std::vector<int64_t> &outWidth) {
   const double in =
       double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
              duck_ib_bytes_flags(rows, slots, (uint32_t)k,
                                  c.wireBf16 ? DUCK_IB_X_BF16 : 0));
-  StepWire w;
-  double duckIn = 0, duckOut = 0;
-  for (size_t r = 0; r < outWidth.size(); ++r) {
-    const double out =
-        double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
-               8 * std::max<int64_t>(1, c.coresPerDuck) +
-               sizeof(duck_ob_header)) +
-        4.0 * rows * double(outWidth[r]);
-    w.txBytes += in;
-    w.rxBytes += out;
-    const double link = r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0;
-    if (link > 0) {
-      duckIn = std::max(duckIn, in * 8 / (link * 1e9));
-      duckOut = std::max(duckOut, out * 8 / (link * 1e9));
-    }
-  }
-  const double host = c.hostLinkGbps * 1e9 / 8;
-  w.seconds = std::max(host > 0 ? w.txBytes / host : 0.0, duckIn) +
-              std::max(host > 0 ? w.rxBytes / host : 0.0, duckOut);
-  return w;
+  std::vector<double> out;
+  for (int64_t width : outWidth)
+    out.push_back(double(sizeof(duckd_frame_header) +
+                         sizeof(duckd_step_reply) +
+                         8 * std::max<int64_t>(1, c.coresPerDuck) +
+                         sizeof(duck_ob_header)) +
+                  4.0 * rows * double(width));
+  return unicastWire(c, in, out);
 }
 
 double cost::rowSplitSeconds(const RowSplit &m, const ClusterModel &c) {
@@ -325,6 +364,10 @@ double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
   if (decode) {
     p.hostTxBytesPerToken += w.txBytes;
     p.hostRxBytesPerToken += w.rxBytes;
+    p.networkOutMsPerToken += 1e3 * w.outSeconds;
+    p.networkBackMsPerToken += 1e3 * w.backSeconds;
+    p.networkLatencyMsPerToken += 1e3 * w.latencySeconds;
+    ++p.stepsPerToken;
     sums.netMs += 1e3 * w.seconds;
     return 1e3 * w.seconds;
   }

@@ -107,7 +107,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                       ClusterModel &cost, double &duckLink) {
   double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
-         chunk = 64, hostGmac = 0, context = 0, hostLink = 0;
+         chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0;
   for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
                         {"step_overhead_us", &ov},
                         {"fp9_gparam_s", &gps},
@@ -119,7 +119,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"host_gmac_s", &hostGmac},
                         {"context_tokens", &context},
                         {"host_link_gbps", &hostLink},
-                        {"duck_link_gbps", &duckLink}})
+                        {"duck_link_gbps", &duckLink},
+                        {"latency_us", &latency}})
     if (Error e = readNumber(o, key, *v, path))
       return e;
   if (bw <= 0)
@@ -135,7 +136,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"host_gmac_s", hostGmac},
                         {"context_tokens", context},
                         {"host_link_gbps", hostLink},
-                        {"duck_link_gbps", duckLink}})
+                        {"duck_link_gbps", duckLink},
+                        {"latency_us", latency}})
     if (v < 0) {
       char got[32];
       std::snprintf(got, sizeof got, "%g", v);
@@ -154,6 +156,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   cost.hostGmacS = hostGmac;
   cost.contextTokens = (int64_t)context;
   cost.hostLinkGbps = hostLink;
+  cost.latencyUs = latency;
   return Error::success();
 }
 

@@ -10,6 +10,31 @@
 
 namespace duck::runtime {
 
+namespace {
+
+/// The links, with duckc's rules: a number, not negative.
+absl::Status ReadLinks(const nlohmann::json &j, const std::string &path,
+                       ClusterFile *c) {
+  for (auto [key, out] : {std::pair<const char *, double *>{
+                              "host_link_gbps", &c->host_link_gbps},
+                          {"duck_link_gbps", &c->duck_link_gbps},
+                          {"latency_us", &c->latency_us}}) {
+    if (!j.contains(key))
+      continue;
+    if (!j[key].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': '", key, "' must be a number"));
+    *out = j[key].get<double>();
+    if (*out < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path, "': ", key, " must not be negative (got ",
+          *out, ")"));
+  }
+  return absl::OkStatus();
+}
+
+} // namespace
+
 absl::StatusOr<ClusterFile> ParseClusterFile(absl::string_view text,
                                              const std::string &path) {
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr,
@@ -25,6 +50,8 @@ absl::StatusOr<ClusterFile> ParseClusterFile(absl::string_view text,
     c.token = j["token"].get<std::string>();
   if (j.contains("bandwidth_gbs") && j["bandwidth_gbs"].is_number())
     c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
+  if (absl::Status st = ReadLinks(j, path, &c); !st.ok())
+    return st;
   if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
     return absl::InvalidArgumentError(
         absl::StrCat("cluster file '", path,

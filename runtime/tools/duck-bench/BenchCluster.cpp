@@ -19,6 +19,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -59,8 +65,11 @@ void PrintUsage(FILE *out) {
       "duck), decoded by duckrun on N local duckd's behind duck-linksim:\n"
       "once with unlimited links (baseline), once with the given ones.\n"
       "measured_network_ms = shaped TPOT - baseline TPOT; the prediction\n"
-      "is duckc's for the same cluster file (its network term has no\n"
-      "latency: latency_ms_not_in_model is steps x 2 x latency).\n\n%s",
+      "is duckc's for the same cluster file (its network term counts the\n"
+      "one-way latency twice a step). A 64-byte ping through the simulator,\n"
+      "shaped less unlimited, measures the latency it really adds (its\n"
+      "timed wake-ups included): the prediction at that latency is printed\n"
+      "beside the one at the setting.\n\n%s",
       duck::runtime::LinkSimModelText());
 }
 
@@ -157,7 +166,7 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
 /// (the simulator's ports; none yet when `ports` is empty).
 bool WriteClusterFile(const std::string &path, uint32_t ducks,
                       const std::vector<uint16_t> &ports, double host_gbps,
-                      double duck_gbps) {
+                      double duck_gbps, double latency_us) {
   nlohmann::json j;
   j["ducks"] = nlohmann::json::array();
   for (uint32_t i = 0; i < ducks; ++i)
@@ -169,6 +178,8 @@ bool WriteClusterFile(const std::string &path, uint32_t ducks,
     j["host_link_gbps"] = host_gbps;
   if (duck_gbps > 0)
     j["duck_link_gbps"] = duck_gbps;
+  if (latency_us > 0)
+    j["latency_us"] = latency_us;
   std::ofstream f(path);
   f << j.dump(1) << "\n";
   return bool(f);
@@ -183,6 +194,114 @@ nlohmann::json ReadJson(const std::string &path) {
 } // namespace
 
 namespace {
+
+/// A loopback echo server for one connection: every byte read is written
+/// back.
+struct EchoServer {
+  int listen_fd = -1;
+  uint16_t port = 0;
+  std::thread thread;
+
+  bool Start() {
+    listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (listen_fd < 0 || bind(listen_fd, (sockaddr *)&a, sizeof a) != 0 ||
+        listen(listen_fd, 4) != 0 ||
+        getsockname(listen_fd, (sockaddr *)&a, &len) != 0)
+      return false;
+    port = ntohs(a.sin_port);
+    thread = std::thread([fd = listen_fd] {
+      const int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0)
+        return;
+      int one = 1;
+      setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      char buf[4096];
+      for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;)
+        if (write(c, buf, size_t(n)) != n)
+          break;
+      close(c);
+    });
+    return true;
+  }
+  ~EchoServer() {
+    if (listen_fd >= 0)
+      shutdown(listen_fd, SHUT_RDWR);
+    if (thread.joinable())
+      thread.join();
+    if (listen_fd >= 0)
+      close(listen_fd);
+  }
+};
+
+/// The median round trip (us) of a 64-byte ping through a fresh simulator
+/// with the given links in front of an echo server; < 0 on failure.
+double PingRttUs(double host_gbps, double duck_gbps, double latency_us) {
+  EchoServer echo;
+  if (!echo.Start())
+    return -1;
+  LinkSimOptions lo;
+  lo.backends = {duck::runtime::DuckEndpoint{"127.0.0.1", echo.port}};
+  lo.host_link_gbps = host_gbps;
+  lo.duck_link_gbps = duck_gbps;
+  lo.latency_us = latency_us;
+  auto sim = LinkSim::Start(lo);
+  if (!sim.ok())
+    return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons((*sim)->ports()[0]);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<double> rtt;
+  char msg[64] = {};
+  if (fd >= 0 && connect(fd, (sockaddr *)&a, sizeof a) == 0)
+    for (int i = 0; i < 520; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      size_t got = 0;
+      if (write(fd, msg, sizeof msg) != ssize_t(sizeof msg))
+        break;
+      for (ssize_t n; got < sizeof msg &&
+                      (n = read(fd, msg + got, sizeof msg - got)) > 0;)
+        got += size_t(n);
+      if (got != sizeof msg)
+        break;
+      if (i >= 20) // the first ones warm the path up
+        rtt.push_back(std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count());
+    }
+  if (fd >= 0)
+    close(fd);
+  (*sim)->Stop();
+  if (rtt.size() < 500)
+    return -1;
+  std::nth_element(rtt.begin(), rtt.begin() + rtt.size() / 2, rtt.end());
+  return rtt[rtt.size() / 2];
+}
+
+/// The one-way latency the simulator adds (us), measured apart from the
+/// runs: a 64-byte ping's round trip shaped less unlimited, halved, less
+/// its bytes' time on the links.
+nlohmann::json ProbeLatency(double host_gbps, double duck_gbps,
+                            double latency_us) {
+  const double base = PingRttUs(0, 0, 0);
+  const double shaped = PingRttUs(host_gbps, duck_gbps, latency_us);
+  const double bytesUs =
+      64 * 8 / (std::min(host_gbps, duck_gbps) * 1e3); // each way
+  nlohmann::json j;
+  j["probe_rtt_unlimited_us"] = base;
+  j["probe_rtt_shaped_us"] = shaped;
+  j["measured_one_way_latency_us"] =
+      base > 0 && shaped > 0 ? std::max(0.0, (shaped - base) / 2 - bytesUs)
+                             : -1.0;
+  return j;
+}
 
 struct Pass {
   nlohmann::json summary;
@@ -208,7 +327,8 @@ bool RunPass(const ClusterBenchOptions &o, const std::string &bin,
   }
   const std::string file = dir + "/run-" + name + ".json";
   const std::string summary = dir + "/summary-" + name + ".json";
-  if (!WriteClusterFile(file, o.ducks, (*sim)->ports(), host_gbps, duck_gbps))
+  if (!WriteClusterFile(file, o.ducks, (*sim)->ports(), host_gbps, duck_gbps,
+                        latency_us))
     return false;
   std::ostringstream cmd;
   cmd << Quote(bin + "/duckrun") << " " << Quote(dir + "/plan")
@@ -238,9 +358,27 @@ const Pass &Median(std::vector<Pass> &passes) {
   return passes[(passes.size() - 1) / 2];
 }
 
+/// The cost model's figures for one cluster file's stats.
+void Predicted(const nlohmann::json &stats, nlohmann::json &r) {
+  const double tokS = Num(stats, "estimated_decode_tok_s");
+  r["predicted_tpot_ms"] = tokS > 0 ? 1e3 / tokS : 0;
+  r["predicted_network_ms"] = Num(stats, "network_ms_per_token");
+  r["predicted_network_out_ms"] = Num(stats, "network_out_ms_per_token");
+  r["predicted_network_back_ms"] = Num(stats, "network_back_ms_per_token");
+  r["predicted_latency_ms"] = Num(stats, "network_latency_ms_per_token");
+  r["predicted_stream_ms"] = Num(stats, "stream_ms_per_token");
+  r["predicted_dispatch_ms"] = Num(stats, "dispatch_ms_per_token");
+  r["predicted_host_ms"] = Num(stats, "host_ms_per_token");
+  r["steps_per_token"] = Num(stats, "steps_per_token");
+  r["predicted_host_tx_bytes_per_token"] = Num(stats, "host_tx_bytes_per_token");
+  r["predicted_host_rx_bytes_per_token"] = Num(stats, "host_rx_bytes_per_token");
+}
+
 nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
-                       const Pass &shaped, const nlohmann::json &stats) {
-  nlohmann::json r;
+                       const Pass &shaped, const nlohmann::json &stats,
+                       const nlohmann::json &probe,
+                       const nlohmann::json &probeStats) {
+  nlohmann::json r = probe;
   r["ducks"] = o.ducks;
   r["layers"] = o.layers;
   r["tokens"] = o.tokens;
@@ -256,23 +394,17 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   r["measured_tpot_ms"] = tpot;
   r["baseline_tpot_ms"] = baseTpot;
   r["measured_network_ms"] = tpot - baseTpot;
-  const double tokS = Num(stats, "estimated_decode_tok_s");
-  r["predicted_tpot_ms"] = tokS > 0 ? 1e3 / tokS : 0;
-  r["predicted_network_ms"] = Num(stats, "network_ms_per_token");
-  r["predicted_stream_ms"] = Num(stats, "stream_ms_per_token");
-  r["predicted_dispatch_ms"] = Num(stats, "dispatch_ms_per_token");
-  r["predicted_host_ms"] = Num(stats, "host_ms_per_token");
-  const double stepUs = Num(stats, "step_overhead_us");
-  const double steps =
-      stepUs > 0 ? std::round(Num(stats, "dispatch_ms_per_token") * 1e3 /
-                              stepUs)
-                 : 0;
-  r["steps_per_token"] = steps;
-  r["latency_ms_not_in_model"] = steps * 2 * o.latency_us / 1e3;
-  r["predicted_network_plus_latency_ms"] =
-      Num(stats, "network_ms_per_token") + steps * 2 * o.latency_us / 1e3;
-  r["predicted_host_tx_bytes_per_token"] = Num(stats, "host_tx_bytes_per_token");
-  r["predicted_host_rx_bytes_per_token"] = Num(stats, "host_rx_bytes_per_token");
+  Predicted(stats, r);
+  const double net = r["predicted_network_ms"].get<double>();
+  // The TPOT the model's network term predicts on top of what the same
+  // plan measured with unlimited links.
+  r["predicted_tpot_on_baseline_ms"] = baseTpot + net;
+  r["network_ratio"] = net > 0 ? (tpot - baseTpot) / net : 0;
+  r["tpot_ratio"] = tpot / (baseTpot + net);
+  const double atProbe = Num(probeStats, "network_ms_per_token");
+  r["predicted_network_ms_at_measured_latency"] = atProbe;
+  r["network_ratio_at_measured_latency"] =
+      atProbe > 0 ? (tpot - baseTpot) / atProbe : 0;
   r["shaped_run_bytes_to_ducks"] = shaped.to_ducks;
   r["shaped_run_bytes_from_ducks"] = shaped.from_ducks;
   r["shaped_decode_steps"] = Num(shaped.summary, "decode_steps");
@@ -301,24 +433,56 @@ void PrintText(const nlohmann::json &r) {
               d("measured_tpot_ms"), d("measured_network_ms"),
               d("baseline_tpot_ms"));
   std::printf("predicted: TPOT %.3f ms (stream %.3f + dispatch %.3f + host "
-              "%.3f + network %.3f), network %.3f ms\n",
+              "%.3f + network %.3f), network %.3f ms (out %.3f + back %.3f + "
+              "latency %.3f: %g steps a token x 2 x %g us)\n",
               d("predicted_tpot_ms"), d("predicted_stream_ms"),
               d("predicted_dispatch_ms"), d("predicted_host_ms"),
-              d("predicted_network_ms"), d("predicted_network_ms"));
-  std::printf("latency not in the model: %g steps a token x 2 x %g us = "
-              "%.3f ms (network + latency %.3f ms)\n",
-              d("steps_per_token"), d("latency_us"),
-              d("latency_ms_not_in_model"),
-              d("predicted_network_plus_latency_ms"));
+              d("predicted_network_ms"), d("predicted_network_ms"),
+              d("predicted_network_out_ms"), d("predicted_network_back_ms"),
+              d("predicted_latency_ms"), d("steps_per_token"),
+              d("latency_us"));
+  std::printf("ratios: network measured / predicted %.2f; TPOT measured / "
+              "(baseline + predicted network %.3f ms) %.2f\n",
+              d("network_ratio"), d("predicted_tpot_on_baseline_ms"),
+              d("tpot_ratio"));
+  std::printf("the simulator's one-way latency, measured by a 64-byte ping "
+              "(shaped less unlimited): %.1f us; network predicted at it "
+              "%.3f ms (measured / predicted %.2f)\n",
+              d("measured_one_way_latency_us"),
+              d("predicted_network_ms_at_measured_latency"),
+              d("network_ratio_at_measured_latency"));
+}
+
+/// duckc's stats for the plan's cluster file at another latency.
+nlohmann::json StatsAtLatency(const ClusterBenchOptions &o,
+                              const std::string &bin, const std::string &dir,
+                              double latency_us) {
+  const std::string file = dir + "/shaped-probe.json";
+  if (latency_us < 0 ||
+      !WriteClusterFile(file, o.ducks, {}, o.host_gbps / o.scale,
+                        o.duck_gbps / o.scale, latency_us))
+    return nlohmann::json::object();
+  std::ostringstream cc;
+  cc << Quote(bin + "/duckc") << " compile " << Quote(dir + "/model")
+     << " --cluster " << Quote(file) << " --tp " << o.ducks
+     << " --strategy experts --dry-run --emit=stats > "
+     << Quote(dir + "/stats-probe.json");
+  if (!Shell(cc.str()))
+    return nlohmann::json::object();
+  return ReadJson(dir + "/stats-probe.json");
 }
 
 /// Makes the plan, starts the ducks, runs both passes.
 int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
   const std::string bin = duck::runtime::ExecutableDir();
   const double host = o.host_gbps / o.scale, duck = o.duck_gbps / o.scale;
-  if (!WriteClusterFile(dir + "/shaped.json", o.ducks, {}, host, duck) ||
+  if (!WriteClusterFile(dir + "/shaped.json", o.ducks, {}, host, duck,
+                        o.latency_us) ||
       !MakeAndCompile(o, bin, dir))
     return 1;
+  const nlohmann::json probe = ProbeLatency(host, duck, o.latency_us);
+  const nlohmann::json probeStats = StatsAtLatency(
+      o, bin, dir, probe["measured_one_way_latency_us"].get<double>());
   duck::runtime::LocalClusterOptions co;
   co.ducks = o.ducks;
   co.cores = 1;
@@ -343,8 +507,9 @@ int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
                  &shapeds[i]))
       return 1;
   const Pass &base = Median(bases), &shaped = Median(shapeds);
-  const nlohmann::json r =
-      Results(o, base, shaped, ReadJson(dir + "/stats.json"));
+  const nlohmann::json r = Results(o, base, shaped,
+                                   ReadJson(dir + "/stats.json"), probe,
+                                   probeStats);
   if (o.json)
     std::printf("%s\n", r.dump(1).c_str());
   else

@@ -137,10 +137,15 @@ TEST(CostModelTest, StepOnTheWire) {
   EXPECT_EQ(w.txBytes, 8352);
   EXPECT_EQ(w.rxBytes, 8464);
   EXPECT_EQ(w.seconds, 0); // no link speed: not counted
-  // Over a 1 Gb/s host link, one frame after another.
+  // Over a 1 Gb/s host link (full duplex): the two frames go out one
+  // after another; duck 0's reply comes back while duck 1's frame is
+  // still going out, duck 1's after it.
   c.hostLinkGbps = 1;
-  EXPECT_NEAR(stepWire(c, 1, 0, 1024, {1024, 1024}).seconds,
-              (8352 + 8464) * 8 / 1e9, 1e-15);
+  w = stepWire(c, 1, 0, 1024, {1024, 1024});
+  EXPECT_NEAR(w.outSeconds, 2 * 4176 * 8 / 1e9, 1e-15);
+  EXPECT_NEAR(w.seconds, (4176 + 2 * 4232) * 8 / 1e9, 1e-15);
+  EXPECT_NEAR(w.backSeconds, w.seconds - w.outSeconds, 1e-15);
+  EXPECT_EQ(w.latencySeconds, 0);
   // bf16 activations: 2 bytes less a value, to each duck.
   c.wireBf16 = true;
   EXPECT_EQ(stepWire(c, 1, 0, 1024, {1024, 1024}).txBytes, 8352 - 2 * 2048);
@@ -149,6 +154,36 @@ TEST(CostModelTest, StepOnTheWire) {
   c.duckLinkGbps = {100, 0.1};
   EXPECT_NEAR(stepWire(c, 1, 0, 1024, {1024, 1024}).seconds,
               (4176 + 4232) * 8 / 0.1e9, 1e-15);
+  // The one-way latency, twice a step.
+  c.latencyUs = 50;
+  w = stepWire(c, 1, 0, 1024, {1024, 1024});
+  EXPECT_NEAR(w.latencySeconds, 100e-6, 1e-15);
+  EXPECT_NEAR(w.seconds, (4176 + 4232) * 8 / 0.1e9 + 100e-6, 1e-15);
+}
+
+TEST(CostModelTest, UnicastOverlapsRepliesWithSending) {
+  // 16 ducks, the host's port 10x a duck's link, frames of u = 1000 bytes
+  // each way (one unit: u at the host's rate). Ducks 0-9 have their frame
+  // at 10 units (their own links), ducks 10-15 at 11-16 (the host's port,
+  // one copy after another). Ducks 0-9's replies fill the host's inbound
+  // port from 10 to 20, ducks 10-15's each reach it 10 units after their
+  // frame: the last at 26 units, not 16 + 16 as two separate directions.
+  ClusterModel c;
+  c.hostLinkGbps = 10;
+  c.duckLinkGbps.assign(16, 1);
+  const double unit = 1000 * 8 / 10e9;
+  StepWire w = unicastWire(c, 1000, std::vector<double>(16, 1000));
+  EXPECT_NEAR(w.outSeconds, 16 * unit, 1e-15);
+  EXPECT_NEAR(w.seconds, 26 * unit, 1e-15);
+  EXPECT_EQ(w.txBytes, 16000);
+  EXPECT_EQ(w.rxBytes, 16000);
+  // At 4 ducks every duck's own link is the bound: in / D + out / D.
+  c.duckLinkGbps.assign(4, 1);
+  EXPECT_NEAR(unicastWire(c, 1000, std::vector<double>(4, 1000)).seconds,
+              20 * unit, 1e-15);
+  // Nothing limited and no latency: nothing counted.
+  ClusterModel free;
+  EXPECT_EQ(unicastWire(free, 1000, {1000, 1000}).seconds, 0);
 }
 
 TEST(CostModelTest, NetworkJoinsTheTokenTime) {
@@ -164,7 +199,11 @@ TEST(CostModelTest, NetworkJoinsTheTokenTime) {
   PlanCost p = costPlan(m, c);
   EXPECT_EQ(p.hostTxBytesPerToken, 2 * 8352);
   EXPECT_EQ(p.hostRxBytesPerToken, 2 * 8464);
-  EXPECT_NEAR(p.networkMsPerToken, 2 * (8352 + 8464) * 8 / 1e6, 1e-12);
+  EXPECT_NEAR(p.networkMsPerToken, 2 * (4176 + 8464) * 8 / 1e6, 1e-12);
+  EXPECT_EQ(p.stepsPerToken, 2);
+  EXPECT_NEAR(p.networkOutMsPerToken + p.networkBackMsPerToken +
+                  p.networkLatencyMsPerToken,
+              p.networkMsPerToken, 1e-12);
   EXPECT_NEAR(p.tokS,
               1e3 / (p.streamMsPerToken + 0.16 + p.networkMsPerToken), 1e-9);
 }

@@ -66,15 +66,17 @@ struct ClusterModel {
   /// added for every matrix the duck runs in a step (an expert's three,
   /// a row-split matrix's one). Empty: not counted.
   std::vector<double> duckGemvCallUs;
-  /// The network: the host's link and each duck's (Gbit/s each way;
-  /// cluster file `host_link_gbps`, `ducks[i].link_gbps`, else
-  /// `duck_link_gbps`). A step sends every duck the same IB (x as fp32 for
-  /// every row, and a MoE step's routing) and gets each duck's OB back (its
-  /// partial sums, or its rows of a row-split matrix, fp32): the host's
-  /// link carries all of them one after another, a duck's link its own.
-  /// 0: not counted (loopback, or not known).
+  /// The network: the host's link and each duck's (Gbit/s each way, full
+  /// duplex; cluster file `host_link_gbps`, `ducks[i].link_gbps`, else
+  /// `duck_link_gbps`) and the one-way latency between the host and a
+  /// duck (`latency_us`). A step sends every duck the same IB (x as fp32
+  /// for every row, and a MoE step's routing) and gets each duck's OB back
+  /// (its partial sums, or its rows of a row-split matrix, fp32); see
+  /// cost::stepWire for how they share the links. 0: not counted
+  /// (loopback, or not known).
   double hostLinkGbps = 0;
   std::vector<double> duckLinkGbps; // rank order; empty: none known
+  double latencyUs = 0;
   /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
   /// bytes of every IB's activations.
   bool wireBf16 = false;
@@ -83,7 +85,7 @@ struct ClusterModel {
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
-/// 2.50 Gb/s a duck"); empty when none is given.
+/// 2.50 Gb/s a duck, 50 us one way"); empty when none is given.
 std::string linksText(const ClusterModel &c);
 
 namespace cost {
@@ -220,6 +222,11 @@ struct PlanCost {
   /// prefillDucksMsPerToken.
   double hostTxBytesPerToken = 0, hostRxBytesPerToken = 0;
   double networkMsPerToken = 0, prefillNetworkMsPerToken = 0;
+  /// networkMsPerToken's parts (StepWire's, summed over a token's steps)
+  /// and the steps a decoded token sends.
+  double networkOutMsPerToken = 0, networkBackMsPerToken = 0,
+         networkLatencyMsPerToken = 0;
+  int64_t stepsPerToken = 0;
 };
 
 /// Predicts a partition: each FFN layer's expected slowest duck, the
@@ -285,18 +292,34 @@ double prefillShardSeconds(const FfnShard &s, const FfnLayer &l,
                            const ClusterModel &c);
 
 /// One step on the wire: bytes the host sends and receives, and its time
-/// over the links (seconds; 0 without a link speed).
+/// over the links (seconds; 0 without a link speed or latency), in three
+/// parts: `out` until the last duck has its input, `back` from then until
+/// the last reply is in (what of the replies does not overlap the
+/// sending), `latency` the one-way latency twice. seconds = their sum.
 struct StepWire {
   double txBytes = 0, rxBytes = 0, seconds = 0;
+  double outSeconds = 0, backSeconds = 0, latencySeconds = 0;
 };
 /// A step of `rows` tokens: the same IB to every duck (frame header, step
 /// request, IB: `slots` routing slots and `k` floats a token), then each
 /// duck's reply (frame header, step reply, a kernel time a core, OB: its
-/// header and outWidth[r] floats a token). The host's link carries every
-/// duck's frame in turn, a duck's link its own; the replies come once the
-/// ducks are done.
+/// header and outWidth[r] floats a token), over unicastWire's links.
 StepWire stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
                   uint64_t k, const std::vector<int64_t> &outWidth);
+
+/// Unicast, what the runtime does: the host writes every duck's frame (`in`
+/// bytes) at once, in rank order. Each link is full duplex (a FIFO server
+/// each way, as duck-linksim models it). The host's port carries the N
+/// copies one after another while each duck's link carries its own at the
+/// same time (cut-through): duck r has its input at a_r = max((r+1) in /
+/// H, in / D_r). It answers at once (the ducks' compute is the stream
+/// term, a shift common to every duck): its `out[r]` bytes over its link
+/// and the host's inbound port, a FIFO in the order the replies leave:
+/// h_r = max(h_prev, a_r) + out[r] / H, done_r = max(h_r, a_r + out[r] /
+/// D_r). The step's wire time is max_r done_r plus twice the one-way
+/// latency. A rate of 0 is unlimited.
+StepWire unicastWire(const ClusterModel &c, double in,
+                     const std::vector<double> &out);
 
 /// A row-split matrix's slowest duck a token (seconds): each duck's rows
 /// at its kernel class's rate, else its rate, else its bytes (or 1.125 a

@@ -491,9 +491,12 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
   if (s.networkMsPerToken > 0) {
     const std::string links = linksText(c);
     os << llvm::format("network: %.2f MB out and %.2f MB in at the host a "
-                       "token, %.3f ms over %s (in the token's time below)\n",
+                       "token, %.3f ms over %s (in the token's time below): "
+                       "%lld steps, out %.3f + back %.3f + latency %.3f ms\n",
                        s.hostTxBytesPerToken / 1e6, s.hostRxBytesPerToken / 1e6,
-                       s.networkMsPerToken, links.c_str());
+                       s.networkMsPerToken, links.c_str(),
+                       (long long)s.stepsPerToken, s.networkOutMsPerToken,
+                       s.networkBackMsPerToken, s.networkLatencyMsPerToken);
   }
   if (c.gemmGmacS > 0)
     os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
@@ -598,6 +601,11 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"dispatch_ms_per_token", s.dispatchMsPerToken},
       {"host_ms_per_token", s.hostMsPerToken},
       {"network_ms_per_token", s.networkMsPerToken},
+      {"network_out_ms_per_token", s.networkOutMsPerToken},
+      {"network_back_ms_per_token", s.networkBackMsPerToken},
+      {"network_latency_ms_per_token", s.networkLatencyMsPerToken},
+      {"steps_per_token", s.stepsPerToken},
+      {"latency_us", c.latencyUs},
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
       {"host_rx_bytes_per_token", s.hostRxBytesPerToken},

@@ -3,8 +3,11 @@
 // The cluster file duckrun reads (and duckc compile, and duck-measure-cluster,
 // which writes its measured figures into it): a JSON object with "ducks"
 // (a non-empty array of {"host", "port"}), optional "spares" (same shape:
-// they take a failed duck's place), "token" and "bandwidth_gbs"; other keys
-// are the compiler's and are left alone here.
+// they take a failed duck's place), "token", "bandwidth_gbs" and the links
+// ("host_link_gbps", "duck_link_gbps": Gbit/s each way; "latency_us": the
+// one-way latency between the host and a duck), read with the compiler's
+// rules (a number, not negative); other keys are the compiler's and are
+// left alone here.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_CLUSTERFILE_H
 #define DUCK_RUNTIME_CLUSTERFILE_H
@@ -24,6 +27,8 @@ struct ClusterFile {
   std::vector<DuckEndpoint> spares; // take a failed duck's place
   std::string token;
   double bandwidth_gbs = 0; // the ducks' read bandwidth, if given
+  /// The links, as the cost model reads them (0: not given).
+  double host_link_gbps = 0, duck_link_gbps = 0, latency_us = 0;
 };
 
 /// Parses a cluster file's text; `path` names the file in errors
