@@ -30,9 +30,17 @@
 //                  allows, arguments that parse and validate against its
 //                  parameters with ajv, the stream's delta.tool_calls
 //                  adding up to the non-streamed call; a conversation with
-//                  tool results under "none" is answered as text; "auto",
-//                  an unknown function and a schema outside the subset are
-//                  400s naming the field. Prints `tools ok`.
+//                  tool results under "none" and one under "auto" are
+//                  answered as text; an unknown function and a schema
+//                  outside the subset are 400s naming the field. Prints
+//                  `tools ok`.
+//   tools-auto AJV_DIR ID   against a server whose tokenizer has the
+//                  token "<tool_call>" as id ID (serve.py tool-tokenizer):
+//                  tool_choice "auto" answers text, and with a logit_bias
+//                  of +100 on ID a tool call (from the marker on, the
+//                  grammar holds), streamed and not, its arguments valid;
+//                  "required" still gives a valid call. Prints
+//                  `tools-auto ok`.
 //
 // The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
 // Any failed expectation or thrown error: a message on stderr naming the
@@ -440,7 +448,11 @@ const scenarios = {
         { role: 'tool', tool_call_id: 'call_1', content: '21 degrees' }] });
     expect(typeof turn.choices[0].message.content === 'string' && !turn.choices[0].message.tool_calls,
            `tools none: ${show(turn.choices[0].message)}`);
-    await expect400({ ...base, max_tokens: 64 }, 'tool_choice', 'auto', 'tools auto (default)');
+    // "auto" (the default): free text here (these tokenizers have no
+    // <tool_call> token, so random weights never start a call).
+    const auto = await client.chat.completions.create({ ...base, max_tokens: 8 });
+    expect(typeof auto.choices[0].message.content === 'string' && !auto.choices[0].message.tool_calls &&
+             auto.choices[0].finish_reason !== 'tool_calls', `tools auto: ${show(auto.choices[0])}`);
     await expect400({ ...base, max_tokens: 64, tool_choice: { type: 'function', function: { name: 'nope' } } },
                     'tool_choice', 'nope', 'tools unknown function');
     await expect400({ ...base, max_tokens: 64, tool_choice: 'required', tools: [{ type: 'function',
@@ -448,6 +460,50 @@ const scenarios = {
                     'tools', "'oneOf'", 'tools unsupported keyword');
     out(`tools: ${calls} calls of ${names.size} functions are well-formed and validate; bad choices refused`);
     out('tools ok');
+  },
+
+  async 'tools-auto'() {
+    const [ajvDir, id] = [arg, process.argv[7]];
+    const ajv = new (require(ajvDir))({ allErrors: true });
+    const model = await pickModel();
+    const params = { type: 'object', properties: { city: { type: 'string' },
+      days: { type: 'integer' } }, required: ['city', 'days'], additionalProperties: false };
+    const tools = [{ type: 'function', function: { name: 'forecast', parameters: params } }];
+    const validate = ajv.compile(params);
+    const base = { model, tools, messages: [{ role: 'user', content: 'Weather?' }], max_tokens: 128 };
+    const runs = [['auto text', { tool_choice: 'auto', temperature: 1, seed: 5 }, false],
+                  ['auto biased', { temperature: 1, seed: 6, logit_bias: { [id]: 100 } }, true],
+                  ['required', { tool_choice: 'required', temperature: 0 }, true]];
+    for (const [what, extra, wantCall] of runs) {
+      const r = await client.chat.completions.create({ ...base, ...extra });
+      const c = r.choices[0];
+      const s = await client.chat.completions.create({ ...base, ...extra, stream: true });
+      let text = '';
+      let args = '';
+      let finish = null;
+      for await (const chunk of s)
+        for (const ch of chunk.choices) {
+          text += (ch.delta && ch.delta.content) || '';
+          for (const d of (ch.delta && ch.delta.tool_calls) || [])
+            args += (d.function && d.function.arguments) || '';
+          finish = ch.finish_reason || finish;
+        }
+      if (!wantCall) {
+        expect(!c.message.tool_calls && c.finish_reason !== 'tool_calls' &&
+                 c.message.content === text && finish === c.finish_reason,
+               `tools-auto ${what}: ${show(c)} streamed ${show(text)}`);
+        continue;
+      }
+      const tc = c.message.tool_calls;
+      expect(c.finish_reason === 'tool_calls' && Array.isArray(tc) && tc.length === 1 &&
+               tc[0].function.name === 'forecast',
+             `tools-auto ${what}: ${show(c)}`);
+      const a = JSON.parse(tc[0].function.arguments);
+      expect(validate(a), `tools-auto ${what}: ${show(a)}: ${show(validate.errors)}`);
+      expect(finish === 'tool_calls' && args === tc[0].function.arguments && text === (c.message.content || ''),
+             `tools-auto ${what} (streamed): ${show(args)} ${show(text)} finish ${show(finish)}`);
+    }
+    out('tools-auto ok');
   },
 
   async concurrent() {

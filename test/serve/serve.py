@@ -45,6 +45,11 @@
       fewer or as many; a logit_bias of +100 on one token makes every
       token that one, whose raw logprob is reported; zero penalties and
       biases change nothing; bad values are 400s naming the field.
+  serve.py tool-tokenizer IN OUT
+      Writes a copy of the tokenizer.json IN whose last BPE token (and the
+      merge that makes it) is replaced by the added, non-special token
+      "<tool_call>" with the same id, as Qwen3's tokenizer has it: a
+      logit_bias on that id then makes a model start a tool call.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -532,6 +537,28 @@ def check_penalties(argv):
           f"{len(bad)} bad values refused by name")
 
 
+def tool_tokenizer(argv):
+    src, dst = argv
+    with open(src) as f:
+        t = json.load(f)
+    m = t["model"]
+    last = max(m["vocab"].values())
+    name = next(k for k, i in m["vocab"].items() if i == last)
+    merge = m["merges"][-1]
+    pair = merge.split(" ") if isinstance(merge, str) else merge
+    if "".join(pair) != name:
+        die(f"tool-tokenizer: the last merge {merge!r} does not make {name!r}")
+    del m["vocab"][name]
+    m["merges"].pop()
+    t["added_tokens"].append({"id": last, "content": "<tool_call>",
+                              "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False,
+                              "special": False})
+    with open(dst, "w") as f:
+        json.dump(t, f)
+    print(last)
+
+
 def check_unsupported(argv):
     url, key = argv
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
@@ -656,6 +683,7 @@ def main():
      "check-bad-clients": check_bad_clients,
      "check-unsupported": check_unsupported,
      "check-penalties": check_penalties,
+     "tool-tokenizer": tool_tokenizer,
      "check-logprobs": check_logprobs}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 

@@ -307,9 +307,12 @@ struct Job {
   std::vector<json> logprobs;
   size_t lp_sent = 0, lp_offset = 0; // lp_offset: completions' text_offset
 
-  // The answer is a tool call (ToolCalls.h): its text is not streamed as
-  // content but parsed into tool_calls at the end.
-  bool tool_call = false;
+  // Tool calls (ToolCalls.h): kForced, the whole answer is a call (not
+  // streamed as content, parsed into tool_calls at the end); kAuto, text
+  // then maybe a call from "<tool_call>" on (the text before it streamed,
+  // the call held back and parsed at the end).
+  enum class Tools { kNone, kForced, kAuto } tools = Tools::kNone;
+  std::vector<std::string> hold; // stops, and "<tool_call>" under kAuto
 
   // Batcher thread only.
   std::unique_ptr<StreamDecoder> decoder;
@@ -378,6 +381,8 @@ size_t HeldBack(const std::string &text,
   return hold;
 }
 
+constexpr char kToolCallMarker[] = "<tool_call>";
+
 TokenVerdict OnToken(Job &j, int32_t id) {
   std::string piece = j.decoder->Push(id);
   std::lock_guard<std::mutex> lock(j.mu);
@@ -403,10 +408,22 @@ TokenVerdict OnToken(Job &j, int32_t id) {
     j.ready = j.text.size();
     v = TokenVerdict::kStop;
   } else {
-    j.ready = j.text.size() - HeldBack(j.text, j.stops);
+    j.ready = j.text.size() - HeldBack(j.text, j.hold);
+    if (j.tools == Job::Tools::kAuto)
+      j.ready = std::min(j.ready, j.text.find(kToolCallMarker));
   }
   j.cv.notify_all();
   return v;
+}
+
+/// The tool call a finished job's text ends with, and where it starts.
+std::optional<std::pair<std::string, std::string>> JobToolCall(const Job &j,
+                                                               size_t *at) {
+  *at = j.tools == Job::Tools::kForced ? 0 : j.text.find(kToolCallMarker);
+  if (j.tools == Job::Tools::kNone || j.why != FinishReason::kStop ||
+      *at == std::string::npos)
+    return std::nullopt;
+  return ParseToolCall(j.text.substr(*at));
 }
 
 void OnDone(Job &j, FinishReason why, const absl::Status &error) {
@@ -416,8 +433,11 @@ void OnDone(Job &j, FinishReason why, const absl::Status &error) {
       !j.stop_string)
     tail = j.decoder->Flush(); // an unfinished character, as U+FFFD
   j.text += tail;
-  j.ready = j.text.size();
   j.why = why;
+  size_t at = 0;
+  // A tool call stays held back: it is sent as tool_calls.
+  j.ready = j.tools == Job::Tools::kAuto && JobToolCall(j, &at) ? at
+                                                                : j.text.size();
   j.error = error;
   j.done = true;
   j.cv.notify_all();
@@ -621,19 +641,12 @@ std::optional<FieldError> ParseToolFields(ChatFormat format, Params *p) {
                       absl::StrCat("'tools' is served for the ChatML (Qwen3) "
                                    "family only; this model's chat format is ",
                                    std::string(ChatFormatName(format)))};
-  using Choice = ToolRequest::Choice;
-  if (p->tools.choice == Choice::kAuto)
-    return FieldError{"tool_choice",
-                      "'tool_choice' \"auto\" (the default when 'tools' is "
-                      "given) is not supported: the server does not parse "
-                      "tool calls out of free output; send \"required\", "
-                      "a named function or \"none\""};
-  if (p->tools.choice == Choice::kNone)
+  if (p->tools.choice == ToolRequest::Choice::kNone)
     return std::nullopt;
   if (p->grammar)
     return FieldError{"response_format",
                       "'response_format' cannot constrain an answer that "
-                      "'tool_choice' makes a tool call"};
+                      "may be a tool call (send 'tool_choice': \"none\")"};
   if (auto e = ToolCallGrammars(p->tools, &p->tool_grammars))
     return FieldError{e->param, e->message};
   return std::nullopt;
@@ -914,9 +927,8 @@ json PendingLogprobs(Job &job, bool chat) {
 /// A tool-call answer's message.tool_calls (with `index` in a stream's
 /// delta); null when its text is not a whole call (a stop string cut it).
 json ToolCallsJson(const Job &job, const Reply &r, bool stream) {
-  if (!job.tool_call || job.why != FinishReason::kStop)
-    return nullptr;
-  auto call = ParseToolCall(job.text);
+  size_t at = 0;
+  auto call = JobToolCall(job, &at);
   if (!call)
     return nullptr;
   json c = {{"id", absl::StrCat("call_", r.id.substr(r.id.find('-') + 1))},
@@ -945,15 +957,13 @@ std::string StreamEnd(Job &job, const Reply &r, bool include_usage) {
     out += absl::StrCat("data: ", Dump(e), "\n\n");
   } else {
     std::string finish = FinishReasonName(job.why);
-    if (job.tool_call) { // held back until now
-      const json calls = ToolCallsJson(job, r, true);
-      if (!calls.is_null())
-        out += r.Chunk(json{{"tool_calls", calls}}, nullptr);
-      else if (!job.text.empty())
-        out += r.Chunk(json{{"content", job.text}}, nullptr);
-      if (!calls.is_null())
-        finish = "tool_calls";
-    }
+    const json calls = ToolCallsJson(job, r, true); // held back until now
+    if (!calls.is_null())
+      out += r.Chunk(json{{"tool_calls", calls}}, nullptr);
+    else if (job.tools == Job::Tools::kForced && !job.text.empty())
+      out += r.Chunk(json{{"content", job.text}}, nullptr);
+    if (!calls.is_null())
+      finish = "tool_calls";
     out += r.Chunk(r.chat ? json::object() : json(""), finish,
                    PendingLogprobs(job, r.chat));
     if (include_usage) {
@@ -1058,7 +1068,8 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
   const uint32_t room = context - (uint32_t)p->prompt.size();
   p->max_tokens = p->max_tokens ? std::min(p->max_tokens, room) : room;
   uint32_t shortest = p->grammar ? p->grammar->MinLength() : 0;
-  if (!p->tool_grammars.empty()) {
+  if (!p->tool_grammars.empty() &&
+      p->tools.choice != ToolRequest::Choice::kAuto) {
     shortest = UINT32_MAX;
     for (const auto &g : p->tool_grammars)
       shortest = std::min(shortest, g->MinLength());
@@ -1162,8 +1173,15 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   g.sampler = p.sampler;
   if (!p.ignore_eos)
     g.stop_ids = chat ? eos_chat_ : eos_;
-  job->tool_call = !p.tool_grammars.empty();
-  if (p.grammar || job->tool_call || p.presence_penalty != 0 ||
+  job->tools = p.tool_grammars.empty() ? Job::Tools::kNone
+               : p.tools.choice == ToolRequest::Choice::kAuto
+                   ? Job::Tools::kAuto
+                   : Job::Tools::kForced;
+  job->hold = job->stops;
+  if (job->tools == Job::Tools::kAuto)
+    job->hold.push_back(kToolCallMarker);
+  if (p.grammar || job->tools != Job::Tools::kNone ||
+      p.presence_penalty != 0 ||
       p.frequency_penalty != 0 || !p.logit_bias.empty()) {
     ChooserOptions co;
     co.presence_penalty = p.presence_penalty;
@@ -1173,6 +1191,8 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
       co.grammars.push_back(p.grammar);
     co.grammars.insert(co.grammars.end(), p.tool_grammars.begin(),
                        p.tool_grammars.end());
+    if (job->tools == Job::Tools::kAuto)
+      co.trigger = kToolCallMarker;
     co.sampler = p.sampler;
     co.stop_ids = g.stop_ids;
     g.chooser = std::make_shared<TokenChooser>(std::move(co),
@@ -1257,8 +1277,15 @@ void Server::Answer(const httplib::Request &req, httplib::Response &res,
                                       job.logprobs.size(), &job.lp_offset);
   const json calls = ToolCallsJson(job, r, false);
   if (!calls.is_null()) {
-    choice["message"] = {
-        {"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}};
+    // Auto: the text before the call (Qwen3 writes a newline between).
+    size_t at = 0;
+    JobToolCall(job, &at);
+    std::string before = job.text.substr(0, at);
+    while (!before.empty() && std::isspace((unsigned char)before.back()))
+      before.pop_back();
+    choice["message"] = {{"role", "assistant"},
+                         {"content", before.empty() ? json() : json(before)},
+                         {"tool_calls", calls}};
     choice["finish_reason"] = "tool_calls";
   } else if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", job.text}};
@@ -1295,7 +1322,7 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
             out += r.Chunk(json{{"role", "assistant"}, {"content", ""}},
                            nullptr);
           st->first = false;
-          if (job->ready > st->sent && !job->tool_call) {
+          if (job->ready > st->sent && job->tools != Job::Tools::kForced) {
             std::string piece =
                 job->text.substr(st->sent, job->ready - st->sent);
             st->sent = job->ready;

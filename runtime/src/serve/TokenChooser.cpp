@@ -9,11 +9,36 @@ namespace duck::runtime {
 TokenChooser::TokenChooser(ChooserOptions o, const Tokenizer &tokenizer)
     : o_(std::move(o)), tok_(tokenizer),
       rng_(o_.sampler.seed ^ 0x5DEECE66Dull) {
-  for (size_t i = 0; i < o_.grammars.size(); ++i)
-    states_.emplace_back(i, o_.grammars[i]->Start());
+  active_ = o_.trigger.empty();
+  if (active_)
+    for (size_t i = 0; i < o_.grammars.size(); ++i)
+      states_.emplace_back(i, o_.grammars[i]->Start());
+}
+
+void TokenChooser::Watch(int32_t id) {
+  if (active_ || spent_ || o_.trigger.empty() || tok_.IsSpecial(id))
+    return;
+  tail_ += tok_.TokenBytes(id);
+  const size_t at = tail_.find(o_.trigger);
+  if (at == std::string::npos) {
+    if (tail_.size() >= o_.trigger.size())
+      tail_.erase(0, tail_.size() - (o_.trigger.size() - 1));
+    return;
+  }
+  const std::string_view from = std::string_view(tail_).substr(at);
+  for (size_t i = 0; i < o_.grammars.size(); ++i) {
+    JsonState st = o_.grammars[i]->Start();
+    if (st.FeedAll(*o_.grammars[i], from))
+      states_.emplace_back(i, std::move(st));
+  }
+  active_ = !states_.empty();
+  spent_ = !active_;
+  tail_.clear();
 }
 
 bool TokenChooser::Finished() const {
+  if (!active_)
+    return false;
   for (const auto &[i, st] : states_)
     if (st.Done())
       return true;
@@ -42,9 +67,11 @@ int32_t TokenChooser::Choose(absl::Span<const float> row, Sampler &sampler,
         row_[t] -= o_.presence_penalty + o_.frequency_penalty * (float)c;
     use = row_;
   }
-  const int32_t id =
-      o_.grammars.empty() ? sampler.Sample(use) : Constrained(use, budget);
+  const int32_t id = o_.grammars.empty() || !active_
+                         ? sampler.Sample(use)
+                         : Constrained(use, budget);
   Record(id);
+  Watch(id);
   return id;
 }
 

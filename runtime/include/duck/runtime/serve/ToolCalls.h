@@ -15,9 +15,11 @@
 //    constrained to one "<tool_call>\n{"name": NAME, "arguments": ARGS}\n
 //    </tool_call>" with NAME one of the allowed tools and ARGS valid for
 //    that tool's `parameters` (JsonGrammar's schema subset), and parsed
-//    back into message.tool_calls.
-// "auto" (the default when tools are given) needs the model's free output
-// parsed for tool calls, which Duck does not do: it is refused.
+//    back into message.tool_calls;
+//  - under "auto" (the default when tools are given) the answer is free
+//    until the model writes "<tool_call>"; from there the same grammars
+//    hold it to one well-formed call (TokenChooser's trigger), parsed back
+//    with the text before it as the content.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_SERVE_TOOLCALLS_H
 #define DUCK_RUNTIME_SERVE_TOOLCALLS_H
