@@ -25,6 +25,7 @@ fetch() {
   fi
 }
 fetch "openai client" "$UTILS/fetch-openai-client.sh"
+fetch "openai client 7.x" "$UTILS/fetch-openai-client.sh" --v7
 fetch "ajv (JSON Schema validator)" "$UTILS/fetch-ajv.sh"
 fetch "qwen3 tokenizer" "$UTILS/fetch-tokenizer.sh" qwen3
 fetch "deepseek_v3 tokenizer" "$UTILS/fetch-tokenizer.sh" deepseek_v3

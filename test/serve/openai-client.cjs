@@ -1,6 +1,6 @@
 // Drives `duckrun serve` with the official OpenAI Node client (npm package
-// openai 4.x, fetched by utils/fetch-openai-client.sh) and prints stable
-// lines for FileCheck.
+// openai 4.x, or 7.x with --v7, fetched by utils/fetch-openai-client.sh)
+// and prints stable lines for FileCheck.
 //
 //   node openai-client.cjs <openai-package-dir> <base-url> <api-key> <scenario> [arg]
 //
