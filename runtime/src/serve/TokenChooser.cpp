@@ -91,7 +91,7 @@ bool TokenChooser::Accepts(int32_t id, uint32_t after, States *next) const {
   if (tok_.IsSpecial(id))
     return false;
   const std::string_view bytes = tok_.TokenBytes(id);
-  if (bytes.empty())
+  if (bytes.empty() || !first_ok_[(unsigned char)bytes[0]])
     return false;
   next->clear();
   for (const auto &[i, st] : states_) {
@@ -149,6 +149,28 @@ int32_t TokenChooser::Constrained(absl::Span<const float> row,
                                   uint32_t budget) {
   Rank(row);
   const uint32_t after = budget > 0 ? budget - 1 : 0;
+  // The bytes some grammar takes next: most tokens fail on their first.
+  first_ok_.reset();
+  for (int c = 0; c < 256; ++c)
+    for (const auto &[i, st] : states_) {
+      JsonState n = st;
+      if (n.Feed(*o_.grammars[i], (unsigned char)c)) {
+        first_ok_.set(c);
+        break;
+      }
+    }
+  // Only those candidates can be taken (and an end-of-sequence token).
+  cands_.erase(std::remove_if(cands_.begin(), cands_.end(),
+                              [&](const Cand &c) {
+                                if (std::count(o_.stop_ids.begin(),
+                                               o_.stop_ids.end(), c.id))
+                                  return false;
+                                const std::string_view b =
+                                    tok_.TokenBytes(c.id);
+                                return b.empty() ||
+                                       !first_ok_[(unsigned char)b[0]];
+                              }),
+               cands_.end());
   auto better = [](const Cand &a, const Cand &b) {
     if (a.tier != b.tier)
       return a.tier < b.tier;

@@ -40,6 +40,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 
+#include <bitset>
 #include <memory>
 #include <vector>
 
@@ -94,6 +95,7 @@ private:
   ChooserOptions o_;
   const Tokenizer &tok_;
   States states_;
+  std::bitset<256> first_ok_; // bytes a grammar takes next (Constrained)
   bool active_ = true; // the grammars apply (no trigger, or it came)
   bool spent_ = false; // the trigger came but no grammar took it
   std::string tail_;   // the last bytes, while watching for the trigger
