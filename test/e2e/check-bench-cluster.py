@@ -15,7 +15,9 @@ KEYS = ["measured_tpot_ms", "predicted_tpot_ms", "measured_network_ms",
         "predicted_latency_ms", "steps_per_token",
         "measured_one_way_latency_us",
         "predicted_network_ms_at_measured_latency", "network_ratio",
-        "tpot_ratio", "predicted_tpot_on_baseline_ms"]
+        "tpot_ratio", "predicted_tpot_on_baseline_ms",
+        "measured_gap_network_ms", "gap_network_ratio",
+        "baseline_breakdown_ms", "shaped_breakdown_ms"]
 
 
 def load(path):
