@@ -1319,7 +1319,10 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
                            [&] { return job->done || job->ready > st->sent; });
           std::string out;
           if (st->first && r.chat)
-            out += r.Chunk(json{{"role", "assistant"}, {"content", ""}},
+            out += r.Chunk(json{{"role", "assistant"},
+                                {"content", job->tools == Job::Tools::kForced
+                                                ? json()
+                                                : json("")}},
                            nullptr);
           st->first = false;
           if (job->ready > st->sent && job->tools != Job::Tools::kForced) {
