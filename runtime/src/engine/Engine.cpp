@@ -141,6 +141,18 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
   return absl::OkStatus();
 }
 
+absl::Status Engine::Verify(absl::Span<const int32_t> tokens,
+                            std::vector<float> *out_logits) {
+  if (tokens.empty())
+    return absl::InvalidArgumentError("no tokens to verify");
+  out_logits->clear();
+  SeqChunk chunk{0, pos_, tokens, true};
+  chunk.every_row = true;
+  DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
+  pos_ += tokens.size();
+  return absl::OkStatus();
+}
+
 absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
                               std::vector<float> *out_logits) {
   row_tokens_.clear();
@@ -171,7 +183,8 @@ absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
         return absl::InvalidArgumentError(absl::StrCat(
             "sequence ", c.seq, " appears twice in one batched step"));
     for (uint32_t t = 0; t < c.tokens.size(); ++t) {
-      if (c.logits && (opts_.all_logits || t + 1 == c.tokens.size()))
+      if (c.logits &&
+          (opts_.all_logits || c.every_row || t + 1 == c.tokens.size()))
         logit_rows_.push_back((uint32_t)row_tokens_.size());
       row_tokens_.push_back(c.tokens[t]);
       row_pos_.push_back(c.pos + t);

@@ -1,5 +1,6 @@
 //===- Generate.cpp - duckrun: plan + cluster + tokenizer -> text ---------===//
 #include "duck/runtime/session/Generate.h"
+#include "duck/runtime/session/Speculative.h"
 
 #include "duck/runtime/session/Breakdown.h"
 #include "duck/runtime/session/Session.h"
@@ -7,6 +8,7 @@
 #include "duck/runtime/engine/ClusterRunner.h"
 #include "duck/runtime/cluster/LocalCluster.h"
 #include "duck/runtime/text/Tokenizer.h"
+#include "duck/runtime/StatusMacros.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -135,6 +137,7 @@ struct Run {
   double prefill_s = 0;
   std::vector<int32_t> generated;
   std::vector<double> token_times; // each decode step's Forward
+  SpeculativeStats spec;           // --speculative's steps and drafts
 };
 
 /// The prompt, chunk by chunk so that Ctrl-C is noticed between steps.
@@ -158,68 +161,156 @@ absl::Status Prefill(const GenerateOptions &o, Engine &engine,
   return absl::OkStatus();
 }
 
-/// Samples and steps until --max-tokens, the end of the text or of the
-/// context; the text (or ids) goes to `out` as it is made, when streamed,
-/// or whole at the end.
-absl::Status Decode(const GenerateOptions &o, Session &ses,
-                    LogitsOut &logitsOut, std::vector<float> *logits,
-                    std::ostream &out, Run *run) {
-  Engine &engine = ses.engine();
-  const uint32_t V = engine.vocab(), maxSeq = ses.max_seq();
-  const Tokenizer *tok = ses.tokenizer();
-  const std::vector<int32_t> eos = ses.StopTokens(o.chat);
-  Sampler sampler(o.sampler);
-  std::vector<int32_t> &generated = run->generated;
-  std::unique_ptr<StreamDecoder> stream;
-  const bool text = tok && !o.print_ids;
-  if (text)
-    stream = std::make_unique<StreamDecoder>(*tok);
-  int32_t next = sampler.Sample(LastRow(*logits, V));
-  while (generated.size() < o.max_tokens) {
-    if (Interrupted(o))
-      return absl::CancelledError("interrupted");
-    generated.push_back(next);
-    const bool end =
-        o.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end();
+/// The decode loop: samples and steps until --max-tokens, the end of the
+/// text or of the context; the text (or ids) goes to `out` as it is made,
+/// when streamed, or whole at the end. With --speculative, a step carries
+/// the next token and its drafts (Speculative.h).
+class DecodeLoop {
+public:
+  DecodeLoop(const GenerateOptions &o, Session &ses, LogitsOut &logitsOut,
+             const std::vector<int32_t> &prompt, std::ostream &out, Run *run)
+      : o_(o), ses_(ses), engine_(ses.engine()), logitsOut_(logitsOut),
+        out_(out), run_(run), eos_(ses.StopTokens(o.chat)),
+        sampler_(o.sampler), drafter_(o.speculative.corpus),
+        budget_(o.speculative.k), text_(prompt) {
+    tok_ = ses.tokenizer();
+    textOut_ = tok_ && !o.print_ids;
+    if (textOut_)
+      stream_ = std::make_unique<StreamDecoder>(*tok_);
+  }
+
+  absl::Status Loop(std::vector<float> *logits) {
+    const uint32_t V = engine_.vocab();
+    int32_t next = sampler_.Sample(LastRow(*logits, V));
+    while (Emit(next)) {
+      if (Interrupted(o_))
+        return absl::CancelledError("interrupted");
+      if (engine_.position() + 1 > ses_.max_seq())
+        break;
+      const double t0 = now();
+      const std::vector<int32_t> drafts = Drafts();
+      uint32_t made = 1;
+      absl::Status s = drafts.empty() ? StepOne(next, logits, &next)
+                                      : StepVerify(next, drafts, logits,
+                                                   &next, &made);
+      if (!s.ok())
+        return s;
+      for (uint32_t i = 0; i < made; ++i)
+        run_->token_times.push_back((now() - t0) / made);
+      if (ended_)
+        break;
+    }
+    return Finish();
+  }
+private:
+  /// Hands `t` on; false when the generation ends with it.
+  bool Emit(int32_t t) {
+    std::vector<int32_t> &generated = run_->generated;
+    if (generated.size() >= o_.max_tokens)
+      return false;
+    generated.push_back(t);
+    text_.push_back(t);
+    const bool end = o_.stop_at_eos &&
+                     std::find(eos_.begin(), eos_.end(), t) != eos_.end();
     // Text or ids go out as they are made: an error later loses nothing
     // already produced. The token that ends the text is not text (ids
     // mode shows it).
-    if (end && text) {
+    if (end && textOut_) {
       generated.pop_back();
-      break;
+      return false;
     }
-    if (stream && o.stream) {
-      out << stream->Push(next);
-      out.flush();
-    } else if (!text && o.stream) {
-      out << (generated.size() > 1 ? " " : "") << next;
-      out.flush();
+    if (stream_ && o_.stream) {
+      out_ << stream_->Push(t);
+      out_.flush();
+    } else if (!textOut_ && o_.stream) {
+      out_ << (generated.size() > 1 ? " " : "") << t;
+      out_.flush();
     }
-    if (end)
-      break;
-    if (generated.size() >= o.max_tokens || engine.position() + 1 > maxSeq)
-      break;
-    double t0 = now();
-    int32_t in = next;
-    if (absl::Status s = engine.Forward(absl::MakeConstSpan(&in, 1), logits);
-        !s.ok())
-      return s;
-    run->token_times.push_back(now() - t0);
-    logitsOut.Keep(*logits);
-    next = sampler.Sample(LastRow(*logits, V));
+    return !end && generated.size() < o_.max_tokens;
   }
-  if (absl::Status s = logitsOut.Flush(); !s.ok())
-    return s;
-  if (stream && o.stream)
-    out << stream->Flush();
-  if (text && !o.stream)
-    out << tok->Decode(generated);
-  if (!text && !o.stream)
-    out << absl::StrJoin(generated, " ");
-  out << "\n";
-  out.flush();
-  return absl::OkStatus();
-}
+
+  /// The drafts for the next step: none without --speculative, and never
+  /// past --max-tokens or the context.
+  std::vector<int32_t> Drafts() {
+    if (!o_.speculative.lookup)
+      return {};
+    const uint64_t room = std::min<uint64_t>(
+        o_.max_tokens - run_->generated.size(),
+        ses_.max_seq() - engine_.position() - 1);
+    const uint32_t k =
+        (uint32_t)std::min<uint64_t>(budget_.Next(), room);
+    return drafter_.Propose(text_, k);
+  }
+
+  absl::Status StepOne(int32_t in, std::vector<float> *logits,
+                       int32_t *next) {
+    DUCK_RETURN_IF_ERROR(engine_.Forward(absl::MakeConstSpan(&in, 1), logits));
+    logitsOut_.Keep(*logits);
+    *next = sampler_.Sample(LastRow(*logits, engine_.vocab()));
+    return absl::OkStatus();
+  }
+
+  /// One step of `in` and its drafts; row after row, a sampled token that
+  /// is the row's draft is accepted (and emitted) and the next row read.
+  absl::Status StepVerify(int32_t in, const std::vector<int32_t> &drafts,
+                          std::vector<float> *logits, int32_t *next,
+                          uint32_t *made) {
+    const uint32_t V = engine_.vocab(), pos = engine_.position();
+    std::vector<int32_t> rows{in};
+    rows.insert(rows.end(), drafts.begin(), drafts.end());
+    DUCK_RETURN_IF_ERROR(engine_.Verify(rows, logits));
+    uint32_t i = 0;
+    for (;; ++i) {
+      const auto row = absl::MakeConstSpan(*logits).subspan((uint64_t)i * V, V);
+      logitsOut_.Keep(std::vector<float>(row.begin(), row.end()));
+      const int32_t t = sampler_.Sample(row);
+      if (i == drafts.size() || t != drafts[i]) {
+        *next = t;
+        break;
+      }
+      if (!Emit(t)) { // the text ends on an accepted draft
+        ended_ = true;
+        break;
+      }
+    }
+    engine_.Rewind(pos + 1 + i);
+    ++run_->spec.verify_steps;
+    run_->spec.proposed += drafts.size();
+    run_->spec.accepted += i;
+    budget_.Record((uint32_t)drafts.size(), i);
+    *made = i + 1;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() {
+    DUCK_RETURN_IF_ERROR(logitsOut_.Flush());
+    const std::vector<int32_t> &generated = run_->generated;
+    if (stream_ && o_.stream)
+      out_ << stream_->Flush();
+    if (textOut_ && !o_.stream)
+      out_ << tok_->Decode(generated);
+    if (!textOut_ && !o_.stream)
+      out_ << absl::StrJoin(generated, " ");
+    out_ << "\n";
+    out_.flush();
+    return absl::OkStatus();
+  }
+
+  const GenerateOptions &o_;
+  Session &ses_;
+  Engine &engine_;
+  LogitsOut &logitsOut_;
+  std::ostream &out_;
+  struct Run *run_;
+  const std::vector<int32_t> eos_;
+  Sampler sampler_;
+  LookupDrafter drafter_;
+  DraftBudget budget_;
+  std::vector<int32_t> text_; // the prompt and the tokens so far
+  const Tokenizer *tok_ = nullptr;
+  bool textOut_ = false, ended_ = false;
+  std::unique_ptr<StreamDecoder> stream_;
+};
 
 /// The run's measures: the summary JSON and what the lines on stderr need.
 struct Summary {
@@ -292,6 +383,15 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   sj["persistent"] = ses.persistent();
   sj["recoveries"] = ses.runner().recoveries();
   sj["duck_kernel_gparam_s"] = s->gparam_s;
+  if (run.spec.verify_steps)
+    sj["speculative"] = {
+        {"verify_steps", run.spec.verify_steps},
+        {"drafts_proposed", run.spec.proposed},
+        {"drafts_accepted", run.spec.accepted},
+        {"acceptance", (double)run.spec.accepted / run.spec.proposed},
+        {"tokens_per_verify_step",
+         (double)(run.spec.accepted + run.spec.verify_steps) /
+             run.spec.verify_steps}};
 }
 
 /// Measures the run: rates, the judge's gaps and ratios, the breakdown.
@@ -383,7 +483,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
       !s.ok())
     return s;
   run.prefill_s = now() - tPrefill;
-  if (absl::Status s = Decode(o, ses, logitsOut, &logits, out, &run); !s.ok())
+  DecodeLoop decode(o, ses, logitsOut, *prompt, out, &run);
+  if (absl::Status s = decode.Loop(&logits); !s.ok())
     return s;
 
   Summary sum = Summarize(ses, run);

@@ -66,6 +66,20 @@ ABSL_FLAG(uint32_t, prefill_chunk, 0,
           "Prompt tokens per duck step (default: 64 for one generation, the "
           "fastest prefill on the benchmark shapes; 32 for serve, whose steps "
           "also carry every decoding request's row)");
+ABSL_FLAG(std::string, speculative, "none",
+          "Speculative decoding: 'lookup[:K]' (K drafts a step at most, "
+          "default 3, 1-16): the next token and up to K drafts go through "
+          "one step and every draft the model would have produced anyway is "
+          "accepted; drafts are the tokens that followed the text's last "
+          "n-gram (2-4 tokens) earlier in the text or in --lookup-corpus. "
+          "The output is identical to 'none', greedy or sampled with the "
+          "same --seed (each token is one draw on the same logits); fewer "
+          "drafts are tried where they are rejected. 'none': one token a "
+          "step");
+ABSL_FLAG(std::string, lookup_corpus, "",
+          "Token ids (spaces, commas or newlines between them) that "
+          "--speculative lookup also searches for drafts, e.g. a previous "
+          "run's --print-ids output after its prompt's ids");
 ABSL_FLAG(bool, quiet, false, "No progress or summary on stderr");
 ABSL_FLAG(bool, print_ids, false,
           "Print the generated token ids (space-separated) instead of text");
@@ -195,6 +209,27 @@ int serveMain(const std::vector<char *> &args) {
 
 } // namespace
 
+/// --speculative and --lookup-corpus.
+absl::Status ReadSpeculative(duck::runtime::SpeculativeOptions *out) {
+  auto spec =
+      duck::runtime::ParseSpeculative(absl::GetFlag(FLAGS_speculative));
+  if (!spec.ok())
+    return spec.status();
+  *out = std::move(*spec);
+  const std::string corpus = absl::GetFlag(FLAGS_lookup_corpus);
+  if (corpus.empty())
+    return absl::OkStatus();
+  if (!out->lookup)
+    return absl::InvalidArgumentError(
+        "--lookup-corpus needs --speculative lookup");
+  auto ids = duck::runtime::ReadTokenIds(corpus);
+  if (!ids.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lookup-corpus: ", ids.status().message()));
+  out->corpus = std::move(*ids);
+  return absl::OkStatus();
+}
+
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "Runs a compiled Duck plan.\n\n"
@@ -258,6 +293,10 @@ int main(int argc, char **argv) {
   o.print_ids = absl::GetFlag(FLAGS_print_ids);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
+  if (absl::Status s = ReadSpeculative(&o.speculative); !s.ok()) {
+    std::cerr << "duckrun: error: " << s.message() << "\n";
+    return 2;
+  }
   installInterruptHandlers();
   o.cancel = &gInterrupted;
   absl::Status s = duck::runtime::Generate(o, std::cout, std::cerr);

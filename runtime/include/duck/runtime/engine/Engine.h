@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <vector>
@@ -75,6 +76,8 @@ struct SeqChunk {
   absl::Span<const int32_t> tokens;
   bool logits = false; // the LM head on its last row (every row with
                        // EngineOptions::all_logits)
+  bool every_row = false; // with logits: the LM head on every row (a
+                          // speculative verify step)
 };
 
 class Engine {
@@ -106,6 +109,17 @@ public:
   absl::Status RunBatch(absl::Span<const SeqChunk> chunks,
                         std::vector<float> *out_logits);
 
+  /// Speculative decoding's verify step for sequence 0: `tokens` (the
+  /// next token and its drafts) as one step at position()..+n-1, the
+  /// logits of every row into out_logits (n rows of vocab floats). Row i's
+  /// logits are the bits a one-token step would give if rows before it
+  /// were right. Rewind then drops the rejected positions.
+  absl::Status Verify(absl::Span<const int32_t> tokens,
+                      std::vector<float> *out_logits);
+  /// Sequence 0 back to `pos` (<= position()): the positions after it are
+  /// forgotten and written again by the next step (every cache is indexed
+  /// by position; nothing reads past a sequence's position).
+  void Rewind(uint32_t pos) { pos_ = std::min(pos, pos_); }
   /// Position of sequence 0, the one Forward runs.
   uint32_t position() const { return pos_; }
   uint32_t max_seq() const { return opts_.max_seq; }

@@ -4,6 +4,7 @@
 
 #include "duck/runtime/engine/Engine.h"
 #include "duck/runtime/session/Session.h"
+#include "duck/runtime/session/Speculative.h"
 
 #include "absl/status/status.h"
 
@@ -30,6 +31,9 @@ struct GenerateOptions {
   std::string logits_out;          // every position's logits (f32 rows)
   bool stop_at_eos = true;
   bool print_ids = false;          // print token ids instead of text
+  /// --speculative: drafts verified with the next token in one step; the
+  /// output is unchanged (Speculative.h).
+  SpeculativeOptions speculative;
   /// Set by the caller (duckrun's signal handler) to stop between steps.
   const std::atomic<bool> *cancel = nullptr;
 };

@@ -1,0 +1,109 @@
+//===- Speculative.cpp - lookup drafts and their budget -------------------===//
+#include "duck/runtime/session/Speculative.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace duck::runtime {
+
+absl::StatusOr<SpeculativeOptions> ParseSpeculative(const std::string &spec) {
+  SpeculativeOptions o;
+  if (spec.empty() || spec == "none")
+    return o;
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts[0] != "lookup" || parts.size() > 2)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative must be none, lookup or lookup:K, got '", spec, "'"));
+  o.lookup = true;
+  if (parts.size() == 2 &&
+      (!absl::SimpleAtoi(parts[1], &o.k) || o.k < 1 || o.k > 16))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative lookup:K needs K from 1 to 16, got '", parts[1], "'"));
+  return o;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path) {
+  std::ifstream f(path);
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::vector<int32_t> ids;
+  for (absl::string_view w :
+       absl::StrSplit(ss.str(), absl::ByAnyChar(" ,\n\t\r"), absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(w, &id) || id < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", path, "': '", w, "' is not a token id (ids 0 and up, "
+          "separated by spaces, commas or newlines)"));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+namespace {
+/// The tokens after the latest occurrence of `tail` in `hay` that ends
+/// before `limit` (so the tail itself is not its own match).
+bool Follow(absl::Span<const int32_t> hay, size_t limit,
+            absl::Span<const int32_t> tail, uint32_t k,
+            std::vector<int32_t> *out) {
+  const size_t n = tail.size();
+  for (size_t end = std::min(limit, hay.size()); end >= n && end > 0; --end) {
+    if (end == hay.size()) // nothing follows it
+      continue;
+    if (!std::equal(tail.begin(), tail.end(), hay.begin() + (end - n)))
+      continue;
+    const size_t take = std::min<size_t>(k, hay.size() - end);
+    out->assign(hay.begin() + end, hay.begin() + end + take);
+    return true;
+  }
+  return false;
+}
+} // namespace
+
+std::vector<int32_t> LookupDrafter::Propose(absl::Span<const int32_t> text,
+                                            uint32_t k) const {
+  std::vector<int32_t> out;
+  if (k == 0)
+    return out;
+  for (uint32_t n = std::min<uint32_t>(kMaxNgram, (uint32_t)text.size());
+       n >= kMinNgram; --n) {
+    absl::Span<const int32_t> tail = text.subspan(text.size() - n);
+    // Earlier in the text (not the tail itself), then the corpus.
+    if (Follow(text, text.size() - 1, tail, k, &out) ||
+        Follow(corpus_, corpus_.size(), tail, k, &out))
+      return out;
+  }
+  return out;
+}
+
+uint32_t DraftBudget::Next() {
+  if (pause_ > 0) {
+    --pause_;
+    return 0;
+  }
+  return k_;
+}
+
+void DraftBudget::Record(uint32_t proposed, uint32_t accepted) {
+  if (proposed == 0)
+    return;
+  if (accepted == proposed) {
+    k_ = std::min(max_, k_ + 1);
+    pause_len_ = 4;
+  } else if (accepted > 0) {
+    k_ = std::min(max_, accepted + 1);
+  } else if (k_ > 1) {
+    k_ /= 2;
+  } else {
+    pause_ = pause_len_;
+    pause_len_ = std::min(64u, pause_len_ * 2);
+  }
+}
+
+} // namespace duck::runtime
