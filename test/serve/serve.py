@@ -470,6 +470,43 @@ def check_logprobs(argv):
           f"(streamed and not); chat gives one entry a token")
 
 
+def check_prefix(argv):
+    """Prefix reuse: a prompt that extends an earlier one reuses its cached
+    positions (usage.prompt_tokens_details.cached_tokens), and its text is
+    the one-shot CLI's for the same ids (a cold prefill); a prompt sharing
+    nothing reuses nothing."""
+    url, key, first, second, expect_file = argv
+    expect = open(expect_file, encoding="utf-8").read()
+    if expect.endswith("\n"):
+        expect = expect[:-1]
+
+    def complete(ids):
+        body = {"model": "any", "prompt": [int(x) for x in ids.split(",")],
+                "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        st, data = request(url, "POST", "/v1/completions", body, key)
+        if st != 200:
+            die(f"check-prefix: HTTP {st} {data!r}")
+        r = json.loads(data)
+        return r["choices"][0]["text"], r["usage"]
+
+    _, u1 = complete(first)
+    text, u2 = complete(second)
+    n1 = len(first.split(","))
+    cached = u2.get("prompt_tokens_details", {}).get("cached_tokens")
+    if cached is None or cached < n1 or cached >= u2["prompt_tokens"]:
+        die(f"check-prefix: the second prompt ({u2['prompt_tokens']} tokens) "
+            f"extends the first ({n1}) but reused {cached}: {u2}")
+    if text != expect:
+        die(f"check-prefix: with {cached} cached tokens the text is {text!r}, "
+            f"the CLI's {expect!r}")
+    _, u3 = complete("401,402,403,404,405,406")
+    c3 = u3["prompt_tokens_details"]["cached_tokens"]
+    if c3 != 0:
+        die(f"check-prefix: a prompt sharing nothing reused {c3} tokens")
+    print(f"prefix: {cached} of {u2['prompt_tokens']} prompt tokens reused; "
+          f"the text is the CLI's; a new prompt reuses none")
+
+
 def greedy_tokens(url, key, **kw):
     """The text and logprobs entries of a greedy 32-token chat answer."""
     body = chat_body("Hi", max_tokens=32, ignore_eos=True, logprobs=True,
@@ -684,7 +721,8 @@ def main():
      "check-unsupported": check_unsupported,
      "check-penalties": check_penalties,
      "tool-tokenizer": tool_tokenizer,
-     "check-logprobs": check_logprobs}.get(
+     "check-logprobs": check_logprobs,
+     "check-prefix": check_prefix}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -297,6 +298,7 @@ struct Job {
   FinishReason why = FinishReason::kLength;
   absl::Status error;
   uint32_t prompt_tokens = 0, completion_tokens = 0;
+  std::atomic<uint32_t> cached_tokens{0}; // prompt tokens reused (prefix)
   uint64_t id = 0;          // the batcher's
   bool stop_string = false; // a stop string cut the text
   double t_submit = 0, t_first = 0, t_last = 0;
@@ -881,7 +883,9 @@ bool Bad(httplib::Response &res, const FieldError &e) {
 json Usage(const Job &job) {
   return json{{"prompt_tokens", job.prompt_tokens},
               {"completion_tokens", job.completion_tokens},
-              {"total_tokens", job.prompt_tokens + job.completion_tokens}};
+              {"total_tokens", job.prompt_tokens + job.completion_tokens},
+              {"prompt_tokens_details",
+               {{"cached_tokens", job.cached_tokens.load()}}}};
 }
 
 /// What every part of one request's answer repeats: its id, time, model
@@ -1207,6 +1211,7 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
       OnLogprobs(*job, id, lp);
     };
   }
+  g.on_admit = [job](uint32_t cached) { job->cached_tokens = cached; };
   g.on_done = [job](FinishReason why, const absl::Status &e) {
     OnDone(*job, why, e);
   };
@@ -1402,6 +1407,9 @@ void Server::MetricsText(httplib::Response &res) {
   };
   gauge("duck_prompt_tokens_total", "Prompt tokens prefilled.",
         (double)bs.prompt_tokens, "counter");
+  gauge("duck_cached_prompt_tokens_total",
+        "Prompt tokens taken from a slot's KV cache (prefix reuse).",
+        (double)bs.cached_tokens, "counter");
   gauge("duck_generated_tokens_total", "Tokens generated.",
         (double)bs.generated_tokens, "counter");
   gauge("duck_steps_total",
