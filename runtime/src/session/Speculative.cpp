@@ -48,21 +48,27 @@ absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path) {
 
 namespace {
 /// The tokens after the latest occurrence of `tail` in `hay` that ends
-/// before `limit` (so the tail itself is not its own match).
+/// before `limit` (so the tail itself is not its own match) and has k
+/// tokens after it, else after the occurrence with the most.
 bool Follow(absl::Span<const int32_t> hay, size_t limit,
             absl::Span<const int32_t> tail, uint32_t k,
             std::vector<int32_t> *out) {
   const size_t n = tail.size();
+  size_t best = 0, bestEnd = 0;
   for (size_t end = std::min(limit, hay.size()); end >= n && end > 0; --end) {
-    if (end == hay.size()) // nothing follows it
-      continue;
-    if (!std::equal(tail.begin(), tail.end(), hay.begin() + (end - n)))
-      continue;
     const size_t take = std::min<size_t>(k, hay.size() - end);
-    out->assign(hay.begin() + end, hay.begin() + end + take);
-    return true;
+    if (take <= best ||
+        !std::equal(tail.begin(), tail.end(), hay.begin() + (end - n)))
+      continue;
+    best = take;
+    bestEnd = end;
+    if (take == k)
+      break;
   }
-  return false;
+  if (best == 0)
+    return false;
+  out->assign(hay.begin() + bestEnd, hay.begin() + bestEnd + best);
+  return true;
 }
 } // namespace
 
