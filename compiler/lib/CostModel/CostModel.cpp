@@ -27,6 +27,17 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
   if (c.latencyUs > 0)
     links += (links.empty() ? "" : ", ") +
              llvm::formatv("{0} us one way", c.latencyUs).str();
+  if (c.fanout == ClusterModel::Fanout::relay)
+    links += llvm::formatv(", a relay tree (the host sends {0}, each duck "
+                           "forwards to {1}{2}) MODELLED ONLY: the runtime "
+                           "sends every duck its own copy",
+                           c.relayHostFanout, c.relayFanout,
+                           c.relayChunkBytes > 0
+                               ? llvm::formatv(" in {0} KiB pieces",
+                                               c.relayChunkBytes / 1024.0)
+                                     .str()
+                               : std::string(" whole frames"))
+                 .str();
   return links;
 }
 
@@ -261,19 +272,190 @@ StepWire cost::unicastWire(const ClusterModel &c, double in,
   return w;
 }
 
+namespace {
+
+/// A relay tree's shape: the host's children are ducks 0..K-1, duck i's
+/// K + F i .. K + F i + F - 1 (those below n).
+struct RelayTree {
+  size_t n, K, F;
+  std::vector<size_t> children(size_t i) const {
+    std::vector<size_t> out;
+    for (size_t j = 0; j < F && K + F * i + j < n; ++j)
+      out.push_back(K + F * i + j);
+    return out;
+  }
+};
+
+/// One direction of a link: a FIFO server (as duck-linksim's).
+struct FifoLink {
+  double gbps = 0, free = 0;
+  double reserve(double now, double bytes) {
+    free = std::max(free, now) + wireSeconds(bytes, gbps);
+    return free;
+  }
+};
+
+/// `bytes` cut into pieces of `chunk` (0: one piece).
+std::vector<double> piecesOf(double bytes, double chunk) {
+  std::vector<double> out;
+  while (chunk > 0 && bytes > chunk) {
+    out.push_back(chunk);
+    bytes -= chunk;
+  }
+  out.push_back(bytes);
+  return out;
+}
+
+/// Down the tree: when each duck has each piece of its frame. The host
+/// and every duck send piece by piece, each piece to each of their
+/// children in turn, as soon as they have it (whole frames: one piece); a piece crosses the sender's outbound
+/// and the receiver's inbound link (cut-through), then the latency.
+std::vector<std::vector<double>> relayDown(const ClusterModel &c,
+                                           const RelayTree &t, double in,
+                                           double chunk, double lat) {
+  const std::vector<double> pieces = piecesOf(in, chunk);
+  std::vector<std::vector<double>> have(t.n,
+                                        std::vector<double>(pieces.size()));
+  std::vector<FifoLink> out(t.n), inLink(t.n);
+  for (size_t i = 0; i < t.n; ++i)
+    out[i].gbps = inLink[i].gbps = duckLink(c, i);
+  FifoLink host{c.hostLinkGbps};
+  for (size_t k = 0; k < pieces.size(); ++k)
+    for (size_t j = 0; j < std::min(t.K, t.n); ++j)
+      have[j][k] = std::max(host.reserve(0, pieces[k]),
+                            inLink[j].reserve(0, pieces[k])) +
+                   lat;
+  for (size_t i = 0; i < t.n; ++i) // a parent comes before its children
+    for (size_t k = 0; k < pieces.size(); ++k)
+      for (size_t ch : t.children(i))
+        have[ch][k] = std::max(out[i].reserve(have[i][k], pieces[k]),
+                               inLink[ch].reserve(have[i][k], pieces[k])) +
+                      lat;
+  return have;
+}
+
+/// Up the tree: when the last reply is in at the host. A duck's reply
+/// (`up[i]` bytes) leaves in pieces: with `sums` piece k once the duck
+/// has its whole input and piece k of every child's partial sums (the
+/// pieces line up: every reply is one vector's size); else (rows
+/// gathered) once it has everything. The pieces a receiver gets share its
+/// inbound link, a FIFO in the order they leave.
+double relayUp(const ClusterModel &c, const RelayTree &t,
+               const std::vector<double> &inputDone,
+               const std::vector<double> &up, bool sums, double chunk,
+               double lat) {
+  std::vector<std::vector<double>> leave(t.n), pieces(t.n);
+  std::vector<FifoLink> out(t.n);
+  for (size_t i = 0; i < t.n; ++i) {
+    out[i].gbps = duckLink(c, i);
+    pieces[i] = piecesOf(up[i], chunk);
+  }
+  // The pieces `kids` send to a receiver with inbound link `in`: each
+  // one's arrival, by sender.
+  auto receive = [&](const std::vector<size_t> &kids, FifoLink in) {
+    std::vector<std::tuple<double, size_t, size_t>> sent; // time, kid, k
+    for (size_t ch : kids)
+      for (size_t k = 0; k < leave[ch].size(); ++k)
+        sent.emplace_back(leave[ch][k], ch, k);
+    std::stable_sort(sent.begin(), sent.end());
+    std::map<size_t, std::vector<double>> arrive;
+    for (auto [when, ch, k] : sent) {
+      const double bytes = pieces[ch][k];
+      arrive[ch].resize(leave[ch].size());
+      arrive[ch][k] =
+          std::max(in.reserve(when, bytes), out[ch].reserve(when, bytes)) +
+          lat;
+    }
+    return arrive;
+  };
+  for (size_t i = t.n; i-- > 0;) { // children before their parent
+    const auto arrive = receive(t.children(i), FifoLink{duckLink(c, i)});
+    double all = inputDone[i];
+    for (const auto &[ch, a] : arrive)
+      all = std::max(all, *std::max_element(a.begin(), a.end()));
+    leave[i].assign(pieces[i].size(), all);
+    for (size_t k = 0; sums && k < pieces[i].size(); ++k) {
+      leave[i][k] = inputDone[i];
+      for (const auto &[ch, a] : arrive)
+        leave[i][k] = std::max(leave[i][k], a[std::min(k, a.size() - 1)]);
+    }
+  }
+  std::vector<size_t> first;
+  for (size_t j = 0; j < std::min(t.K, t.n); ++j)
+    first.push_back(j);
+  double end = 0;
+  for (const auto &[ch, a] : receive(first, FifoLink{c.hostLinkGbps}))
+    end = std::max(end, *std::max_element(a.begin(), a.end()));
+  return end;
+}
+
+/// The relay tree at one-way latency `lat`: when the last duck has its
+/// input and when the last reply is in at the host (seconds).
+std::pair<double, double> relayTimes(const ClusterModel &c,
+                                     const RelayTree &t, double in,
+                                     const std::vector<double> &up,
+                                     bool sums, double lat) {
+  const double chunk = double(c.relayChunkBytes);
+  const std::vector<std::vector<double>> have =
+      relayDown(c, t, in, chunk, lat);
+  std::vector<double> inputDone(t.n);
+  double lastIn = 0;
+  for (size_t i = 0; i < t.n; ++i) {
+    inputDone[i] = have[i].back();
+    lastIn = std::max(lastIn, inputDone[i]);
+  }
+  return {lastIn, relayUp(c, t, inputDone, up, sums, chunk, lat)};
+}
+
+} // namespace
+
+StepWire cost::relayWire(const ClusterModel &c, double in, double headerBytes,
+                         const std::vector<double> &payloadBytes, bool sums) {
+  const RelayTree t{payloadBytes.size(),
+                    (size_t)std::max<int64_t>(1, c.relayHostFanout),
+                    (size_t)std::max<int64_t>(1, c.relayFanout)};
+  // What each duck sends up: one vector of partial sums, or its subtree's
+  // rows.
+  std::vector<double> up(t.n);
+  for (size_t i = t.n; i-- > 0;) {
+    up[i] = headerBytes + payloadBytes[i];
+    if (!sums)
+      for (size_t k : t.children(i))
+        up[i] += up[k] - headerBytes;
+  }
+  const auto [lastIn0, end0] = relayTimes(c, t, in, up, sums, 0);
+  const double end =
+      relayTimes(c, t, in, up, sums, c.latencyUs * 1e-6).second;
+  StepWire w;
+  for (size_t j = 0; j < std::min(t.K, t.n); ++j) {
+    w.txBytes += in;
+    w.rxBytes += up[j];
+  }
+  w.outSeconds = lastIn0;
+  w.backSeconds = end0 - lastIn0;
+  w.latencySeconds = end - end0;
+  w.seconds = end;
+  return w;
+}
+
 StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
-                        uint64_t k, const std::vector<int64_t> &outWidth) {
+                        uint64_t k, const std::vector<int64_t> &outWidth,
+                        bool partialSums) {
   const double in =
       double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
              duck_ib_bytes_flags(rows, slots, (uint32_t)k,
                                  c.wireBf16 ? DUCK_IB_X_BF16 : 0));
-  std::vector<double> out;
-  for (int64_t width : outWidth)
-    out.push_back(double(sizeof(duckd_frame_header) +
-                         sizeof(duckd_step_reply) +
-                         8 * std::max<int64_t>(1, c.coresPerDuck) +
-                         sizeof(duck_ob_header)) +
-                  4.0 * rows * double(width));
+  const double header = double(sizeof(duckd_frame_header) +
+                               sizeof(duckd_step_reply) +
+                               8 * std::max<int64_t>(1, c.coresPerDuck) +
+                               sizeof(duck_ob_header));
+  std::vector<double> payload, out;
+  for (int64_t width : outWidth) {
+    payload.push_back(4.0 * rows * double(width));
+    out.push_back(header + payload.back());
+  }
+  if (c.fanout == ClusterModel::Fanout::relay)
+    return relayWire(c, in, header, payload, partialSums);
   return unicastWire(c, in, out);
 }
 
@@ -358,9 +540,9 @@ struct StepSums {
 /// prompt chunk's time to prefill's (ms).
 double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
                const std::vector<int64_t> &outWidth, PlanCost &p,
-               StepSums &sums) {
-  const StepWire w =
-      stepWire(c, decode ? 1 : (uint32_t)c.prefillChunk, slots, k, outWidth);
+               StepSums &sums, bool partialSums) {
+  const StepWire w = stepWire(c, decode ? 1 : (uint32_t)c.prefillChunk, slots,
+                              k, outWidth, partialSums);
   if (decode) {
     p.hostTxBytesPerToken += w.txBytes;
     p.hostRxBytesPerToken += w.rxBytes;
@@ -400,10 +582,10 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   // Every duck returns the whole hidden vector (its partial sums).
   const uint32_t slots = l.moe ? uint32_t(l.topK + l.numShared) : 0;
   const std::vector<int64_t> whole(tp, l.hidden);
-  addWire(c, true, slots, l.hidden, whole, p, sums);
+  addWire(c, true, slots, l.hidden, whole, p, sums, true);
   double prefillNet = 0;
   if (c.gemmGmacS > 0)
-    prefillNet = addWire(c, false, slots, l.hidden, whole, p, sums);
+    prefillNet = addWire(c, false, slots, l.hidden, whole, p, sums, true);
   sums.prefillMsPerChunk +=
       1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
 }
@@ -411,13 +593,14 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
 /// A row-split matrix on the ducks: one more step, its slowest duck.
 void addRowSplit(const RowSplit &m, const ClusterModel &c, PlanCost &p,
                  StepSums &sums) {
-  addWire(c, true, 0, m.k, m.rows, p, sums);
+  addWire(c, true, 0, m.k, m.rows, p, sums, false);
   for (size_t r = 0; r < m.rows.size(); ++r)
     p.duckParamsPerToken[r] += double(m.rows[r]) * m.k;
   const double slowest = rowSplitSeconds(m, c);
   if (m.role != RowSplit::Role::head && c.gemmGmacS > 0) {
     const double worst = rowSplitPrefillSeconds(m, c);
-    const double prefillNet = addWire(c, false, 0, m.k, m.rows, p, sums);
+    const double prefillNet =
+        addWire(c, false, 0, m.k, m.rows, p, sums, false);
     sums.prefillMsPerChunk +=
         1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
   }

@@ -213,6 +213,33 @@ cl::opt<std::string> compileWire(
              "a random DeepSeek-V3 one). The cost model's network time "
              "follows"),
     cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileFanout(
+    "fanout",
+    cl::desc("How the cost model sends a step to the ducks: 'unicast' "
+             "(default: what the runtime does, the host sends each duck its "
+             "own copy) or 'relay': MODELLED ONLY, NOT BUILT IN THE RUNTIME; "
+             "only with --dry-run (no plan is written with it): the host "
+             "sends --relay-host-fanout copies, each duck forwards the frame "
+             "to --relay-fanout children over its own link, partial sums "
+             "are reduced on the way back"),
+    cl::init("unicast"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<int> compileRelayFanout(
+    "relay-fanout",
+    cl::desc("--fanout relay (modelled only): the children each duck "
+             "forwards to (default 2)"),
+    cl::init(2), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<int> compileRelayHostFanout(
+    "relay-host-fanout",
+    cl::desc("--fanout relay (modelled only): the copies the host sends, to "
+             "the first ducks of the tree (default 1: one send a step)"),
+    cl::init(1), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<double> compileRelayChunk(
+    "relay-chunk-kib",
+    cl::desc("--fanout relay (modelled only): the unit a duck forwards, "
+             "KiB; 0 (default): whole frames, store and forward; else each "
+             "piece forwarded, and each piece of partial sums reduced and "
+             "sent up, as soon as it is there"),
+    cl::init(0), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<bool> compileProgress("progress",
                               cl::desc("Show progress even when stderr is "
                                        "not a terminal"),
@@ -258,6 +285,31 @@ Error clusterFromFlags(mlir::duck::CompileOptions &o) {
   return Error::success();
 }
 
+/// --fanout and the relay tree's shape (modelled only: --dry-run alone).
+Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
+  using Fanout = mlir::duck::ClusterModel::Fanout;
+  if (compileFanout != "unicast" && compileFanout != "relay")
+    return createStringError(inconvertibleErrorCode(),
+                             "--fanout must be unicast or relay, got '" +
+                                 compileFanout + "'");
+  if (compileRelayFanout < 1 || compileRelayHostFanout < 1 ||
+      compileRelayChunk < 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "--relay-fanout and --relay-host-fanout must be "
+                             "at least 1, --relay-chunk-kib not negative");
+  o.cluster.cost.relayChunkBytes = int64_t(compileRelayChunk * 1024);
+  o.cluster.cost.fanout =
+      compileFanout == "relay" ? Fanout::relay : Fanout::unicast;
+  o.cluster.cost.relayFanout = compileRelayFanout;
+  o.cluster.cost.relayHostFanout = compileRelayHostFanout;
+  if (o.cluster.cost.fanout == Fanout::relay && !compileDryRun)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "--fanout relay is modelled only: the runtime does not relay a "
+        "step, so no plan is written with it; use it with --dry-run");
+  return Error::success();
+}
+
 /// What to write and how to cut the model, from the flags.
 Error planFromFlags(mlir::duck::CompileOptions &o) {
   o.multipleOf = compileMultipleOf;
@@ -288,6 +340,8 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
                              "--wire-activations must be f32 or bf16, got '" +
                                  compileWire + "'");
   o.cluster.cost.wireBf16 = compileWire == "bf16";
+  if (Error e = fanoutFromFlags(o))
+    return e;
   for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
                            std::pair{&compileQProj, &o.qProj},
                            std::pair{&compileInProj, &o.inProj}}) {
@@ -527,6 +581,8 @@ options of one subcommand.
           [--o-proj host|ducks] [--in-proj host|ducks]
           [--wire-activations f32|bf16] [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
+          [--fanout unicast|relay --relay-fanout F --relay-host-fanout K
+           --relay-chunk-kib C]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
       duck-<rank>.weights (fp9, exactly each duck's weight buffer), into
@@ -547,7 +603,9 @@ options of one subcommand.
       input projections (--q-proj / --o-proj / --in-proj ducks) can have
       their rows split over the ducks too, so the host reads none of them;
       with the cluster file's host_read_gbs and no such flag, --tp auto
-      chooses.
+      chooses. --fanout relay is MODELLED ONLY (the runtime sends every
+      duck its own copy): with --dry-run it shows what a relay tree among
+      the ducks would do to the network term; no plan is written with it.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8

@@ -186,6 +186,108 @@ TEST(CostModelTest, UnicastOverlapsRepliesWithSending) {
   EXPECT_EQ(unicastWire(free, 1000, {1000, 1000}).seconds, 0);
 }
 
+TEST(CostModelTest, RelayTreeAgainstUnicast) {
+  // 3 ducks, one copy from the host (K 1), each duck forwards to 2 (F 2);
+  // the host's port 10 Gb/s, a duck's 1 Gb/s; 1000 bytes each way (8 us on
+  // a duck's link, 0.8 on the host's), no reply header. Duck 0 has its
+  // frame at 8 us; it forwards to duck 1 (16) and duck 2 (24). Duck 0's
+  // inbound link takes duck 1's partial sums 16-24, duck 2's 24-32; duck 0
+  // sends the sum up at 32, in at the host at 40 us.
+  ClusterModel c;
+  c.hostLinkGbps = 10;
+  c.duckLinkGbps.assign(3, 1);
+  c.fanout = ClusterModel::Fanout::relay;
+  const std::vector<double> payload(3, 1000);
+  StepWire w = relayWire(c, 1000, 0, payload, /*sums=*/true);
+  EXPECT_NEAR(w.outSeconds, 24e-6, 1e-15);
+  EXPECT_NEAR(w.seconds, 40e-6, 1e-15);
+  EXPECT_EQ(w.txBytes, 1000); // one send a step
+  EXPECT_EQ(w.rxBytes, 1000); // one vector of sums back
+  // Unicast on the same links: every duck's own link is the bound, 16 us.
+  EXPECT_NEAR(unicastWire(c, 1000, {1000, 1000, 1000}).seconds, 16e-6, 1e-15);
+  // Rows gathered instead of summed: duck 0 sends 3000 bytes up (24 us).
+  w = relayWire(c, 1000, 0, payload, /*sums=*/false);
+  EXPECT_NEAR(w.seconds, 56e-6, 1e-15);
+  EXPECT_EQ(w.rxBytes, 3000);
+  // Each hop pays the latency: two down to duck 2, two back up.
+  c.latencyUs = 50;
+  w = relayWire(c, 1000, 0, payload, true);
+  EXPECT_NEAR(w.latencySeconds, 200e-6, 1e-15);
+  EXPECT_NEAR(w.seconds, 240e-6, 1e-15);
+  EXPECT_NEAR(w.outSeconds + w.backSeconds + w.latencySeconds, w.seconds,
+              1e-15);
+}
+
+TEST(CostModelTest, RelayTreeOnEqualLinks) {
+  // 7 ducks, all links 1 Gb/s (8 us a frame), F 2: the last duck has its
+  // frame at 40 us (8 + 16 + 16 down the last children) against unicast's
+  // 56 (7 copies through the host's port); the sums come back level by
+  // level, 64 us, as unicast's replies through the host's inbound port.
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.duckLinkGbps.assign(7, 1);
+  const std::vector<double> payload(7, 1000);
+  StepWire u = unicastWire(c, 1000, payload);
+  EXPECT_NEAR(u.outSeconds, 56e-6, 1e-15);
+  EXPECT_NEAR(u.seconds, 64e-6, 1e-15);
+  StepWire r = relayWire(c, 1000, 0, payload, true);
+  EXPECT_NEAR(r.outSeconds, 40e-6, 1e-15);
+  EXPECT_NEAR(r.seconds, 64e-6, 1e-15);
+  // The host sending two copies (K 2): ducks 0 and 1 at 8 and 16 us.
+  c.relayHostFanout = 2;
+  EXPECT_LT(relayWire(c, 1000, 0, payload, true).seconds, r.seconds);
+  // One duck: relay and unicast are the same step.
+  c.duckLinkGbps.assign(1, 1);
+  EXPECT_NEAR(relayWire(c, 1000, 0, {1000}, true).seconds,
+              unicastWire(c, 1000, {1000}).seconds, 1e-15);
+}
+
+TEST(CostModelTest, RelayInPieces) {
+  // A chain (F 1) of 3 ducks, every link 1 Gb/s, 4000-byte frames each
+  // way. Whole frames (32 us a hop): the last duck has its frame at 96
+  // us, the sums are in at the host at 192. In 1000-byte pieces (8 us):
+  // duck 0 has its pieces at 8..32, duck 1 at 16..40, duck 2 at 24..48;
+  // duck 2's sums reach duck 1 at 56..80, duck 0 at 64..88, the host at
+  // 72..96 us.
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.duckLinkGbps.assign(3, 1);
+  c.relayFanout = 1;
+  const std::vector<double> payload(3, 4000);
+  StepWire w = relayWire(c, 4000, 0, payload, true);
+  EXPECT_NEAR(w.outSeconds, 96e-6, 1e-15);
+  EXPECT_NEAR(w.seconds, 192e-6, 1e-15);
+  c.relayChunkBytes = 1000;
+  w = relayWire(c, 4000, 0, payload, true);
+  EXPECT_NEAR(w.outSeconds, 48e-6, 1e-15);
+  EXPECT_NEAR(w.seconds, 96e-6, 1e-15);
+  // Each hop's latency is paid once, not once a piece: 3 down, 3 up.
+  c.latencyUs = 10;
+  EXPECT_NEAR(relayWire(c, 4000, 0, payload, true).latencySeconds, 60e-6,
+              1e-15);
+}
+
+TEST(CostModelTest, RelayTreeInThePlan) {
+  // stepWire goes through the relay tree with Fanout::relay; a plan's FFN
+  // steps sum (one vector back a step).
+  ModelFacts m;
+  m.tp = 4;
+  FfnLayer l;
+  l.hidden = 1024;
+  for (int r = 0; r < 4; ++r)
+    l.shards.push_back(denseShard(r, 64, 1024, 1'000'000));
+  m.ffn = {l};
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.duckLinkGbps.assign(4, 1);
+  const PlanCost uni = costPlan(m, c);
+  c.fanout = ClusterModel::Fanout::relay;
+  const PlanCost rel = costPlan(m, c);
+  EXPECT_EQ(uni.hostTxBytesPerToken, 4 * rel.hostTxBytesPerToken);
+  EXPECT_EQ(uni.hostRxBytesPerToken, 4 * rel.hostRxBytesPerToken);
+  EXPECT_NE(uni.networkMsPerToken, rel.networkMsPerToken);
+}
+
 TEST(CostModelTest, NetworkJoinsTheTokenTime) {
   ModelFacts m;
   m.tp = 2;

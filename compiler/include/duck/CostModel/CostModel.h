@@ -77,6 +77,22 @@ struct ClusterModel {
   double hostLinkGbps = 0;
   std::vector<double> duckLinkGbps; // rank order; empty: none known
   double latencyUs = 0;
+  /// How a step reaches the ducks: `unicast` (what the runtime does: the
+  /// host sends each duck its own copy) or `relay`, MODELLED ONLY (the
+  /// runtime does not relay; duckc refuses to write a plan with it): the
+  /// host sends relayHostFanout copies (1: one send a step) to the first
+  /// ducks, each duck forwards the whole frame to relayFanout children over
+  /// its own link, and the replies come back up the same tree, partial sums
+  /// reduced at each duck (in a fixed order: its own, then its children's
+  /// in order), row-split outputs gathered. See cost::relayWire.
+  enum class Fanout { unicast, relay };
+  Fanout fanout = Fanout::unicast;
+  int64_t relayFanout = 2, relayHostFanout = 1;
+  /// The relay's forwarding unit: 0, whole frames (store and forward: a
+  /// duck forwards once it holds the frame); else pieces of this many
+  /// bytes, each forwarded (and each piece of partial sums reduced and
+  /// sent up) as soon as it is there.
+  int64_t relayChunkBytes = 0;
   /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
   /// bytes of every IB's activations.
   bool wireBf16 = false;
@@ -303,9 +319,35 @@ struct StepWire {
 /// A step of `rows` tokens: the same IB to every duck (frame header, step
 /// request, IB: `slots` routing slots and `k` floats a token), then each
 /// duck's reply (frame header, step reply, a kernel time a core, OB: its
-/// header and outWidth[r] floats a token), over unicastWire's links.
+/// header and outWidth[r] floats a token), over unicastWire's links, or
+/// relayWire's with Fanout::relay (`partialSums`: the replies are partial
+/// sums of one vector, reduced on the way back; else rows, gathered).
 StepWire stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
-                  uint64_t k, const std::vector<int64_t> &outWidth);
+                  uint64_t k, const std::vector<int64_t> &outWidth,
+                  bool partialSums = false);
+
+/// The relay tree (MODELLED ONLY: the runtime does not relay). Ducks in
+/// breadth-first order: the host's children are ducks 0..K-1 (K =
+/// relayHostFanout), duck i's are K + F i .. K + F i + F - 1 (F =
+/// relayFanout). Every link direction is a FIFO server (as duck-linksim's);
+/// a piece crosses the sender's outbound and the receiver's inbound link
+/// at once (cut-through) and arrives the latency later. Whole frames
+/// (relayChunkBytes 0): a duck forwards once it holds the frame, one copy
+/// a child in order (child j of a sender with its frame at t: t +
+/// max((j+1) in / sender's rate, in / child's rate) + latency; the host's
+/// rate for the host); in pieces, each piece to every child in turn as it
+/// comes (the host too: piece k goes to its K children before piece k+1).
+/// On the way back a duck sends up once it has its own input and every
+/// child's reply (its compute is the stream term, a shift common to all;
+/// in pieces with `sums`: piece k once every child's piece k is in); its
+/// children's replies share its inbound link. A reply is `headerBytes`
+/// plus, with `sums`, `payloadBytes[i]` (partial sums of one vector: every
+/// duck's the same size), else the payloads of its whole subtree (rows
+/// gathered). The latency part is the tree's time
+/// less its time at zero latency; out and back split the rest where the
+/// last duck has its input. The host sends K copies, receives K replies.
+StepWire relayWire(const ClusterModel &c, double in, double headerBytes,
+                   const std::vector<double> &payloadBytes, bool sums);
 
 /// Unicast, what the runtime does: the host writes every duck's frame (`in`
 /// bytes) at once, in rank order. Each link is full duplex (a FIFO server

@@ -606,6 +606,12 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"network_latency_ms_per_token", s.networkLatencyMsPerToken},
       {"steps_per_token", s.stepsPerToken},
       {"latency_us", c.latencyUs},
+      {"fanout", c.fanout == ClusterModel::Fanout::relay
+                     ? "relay (modelled only)"
+                     : "unicast"},
+      {"relay_fanout", c.relayFanout},
+      {"relay_host_fanout", c.relayHostFanout},
+      {"relay_chunk_bytes", c.relayChunkBytes},
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
       {"host_rx_bytes_per_token", s.hostRxBytesPerToken},
