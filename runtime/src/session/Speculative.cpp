@@ -74,18 +74,26 @@ bool Follow(absl::Span<const int32_t> hay, size_t limit,
 
 std::vector<int32_t> LookupDrafter::Propose(absl::Span<const int32_t> text,
                                             uint32_t k) const {
-  std::vector<int32_t> out;
+  // The longest n-gram that gives k drafts; else the most drafts any gives
+  // (the longer n-gram on a tie).
+  std::vector<int32_t> best, got;
   if (k == 0)
-    return out;
+    return best;
   for (uint32_t n = std::min<uint32_t>(kMaxNgram, (uint32_t)text.size());
        n >= kMinNgram; --n) {
     absl::Span<const int32_t> tail = text.subspan(text.size() - n);
     // Earlier in the text (not the tail itself), then the corpus.
-    if (Follow(text, text.size() - 1, tail, k, &out) ||
-        Follow(corpus_, corpus_.size(), tail, k, &out))
-      return out;
+    for (absl::Span<const int32_t> hay :
+         {text, absl::Span<const int32_t>(corpus_)}) {
+      const size_t limit = hay.data() == text.data() ? text.size() - 1
+                                                      : hay.size();
+      if (Follow(hay, limit, tail, k, &got) && got.size() > best.size())
+        best = got;
+      if (best.size() == k)
+        return best;
+    }
   }
-  return out;
+  return best;
 }
 
 uint32_t DraftBudget::Next() {

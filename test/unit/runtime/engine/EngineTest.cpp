@@ -239,6 +239,47 @@ TEST_P(EngineTest, RunBatchRefusesStepsItCannotRun) {
 // GQA: k and v of every kv head a layer, fp32 or half. DeepSeek-V3.2: the
 // MLA latent and rope key plus the indexer's key a layer, fp32 only (a
 // half cache is refused); a token's MLA reads stop at the indexer's top-k.
+// Speculative decoding's verify step: the next token and 3 drafts in one
+// step give every row the logits a one-token step gives when the rows
+// before it are right; after a rejection, Rewind drops the positions past
+// the accepted ones and the next step writes them again, with the logits
+// of a run that never saw the wrong drafts.
+TEST_P(EngineTest, VerifyRowsEqualDecodeStepsAndRewindForgets) {
+  EngineOptions o;
+  o.max_seq = 64;
+  o.prefill_chunk = 8;
+  const std::vector<int32_t> prompt = Prompt(9, 2), next = Prompt(5, 7);
+  auto plain = Make(o), spec = Make(o);
+  ASSERT_TRUE(plain && spec);
+  std::vector<float> a, b;
+  ASSERT_TRUE(plain->Forward(prompt, &a).ok());
+  ASSERT_TRUE(spec->Forward(prompt, &b).ok());
+  std::vector<std::vector<float>> want(next.size());
+  for (size_t i = 0; i < next.size(); ++i)
+    ASSERT_TRUE(plain->Forward({next[i]}, &want[i]).ok());
+  // Right drafts: rows 0-3 are decode steps 0-3.
+  ASSERT_TRUE(spec->Verify(absl::MakeConstSpan(next).subspan(0, 4), &b).ok());
+  ASSERT_EQ(b.size(), 4u * vocab_);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(SameBits(std::vector<float>(b.begin() + i * vocab_,
+                                            b.begin() + (i + 1) * vocab_),
+                         want[i]))
+        << "row " << i;
+  // Wrong drafts after the first two: keep 2, rewind, go on right.
+  auto again = Make(o);
+  ASSERT_TRUE(again->Forward(prompt, &b).ok());
+  const std::vector<int32_t> wrong{next[0], next[1], 3, 4};
+  ASSERT_TRUE(again->Verify(wrong, &b).ok());
+  again->Rewind((uint32_t)prompt.size() + 2);
+  EXPECT_EQ(again->position(), prompt.size() + 2);
+  for (size_t i = 2; i < next.size(); ++i) {
+    ASSERT_TRUE(again->Forward({next[i]}, &b).ok());
+    EXPECT_TRUE(SameBits(b, want[i])) << "token " << i << " after the rewind";
+  }
+  again->Rewind(1000); // never forward
+  EXPECT_EQ(again->position(), prompt.size() + next.size());
+}
+
 TEST_P(EngineTest, KvCacheBytesAToken) {
   const auto &m = *plan_->def().model();
   EngineOptions o;
