@@ -147,6 +147,11 @@ void Batcher::Admit() {
       free_slots_.erase(free_slots_.begin() + pick);
       // At least the prompt's last token runs: its row gives the logits.
       s->pos = std::min(common, (uint32_t)s->req.prompt.size() - 1);
+      if (s->req.speculative) {
+        s->text = s->req.prompt;
+        s->budget = std::make_unique<DraftBudget>(s->req.speculative);
+        s->drafter = std::make_unique<LookupDrafter>(s->req.lookup_corpus);
+      }
       stats_.cached_tokens += s->pos;
       admitted.push_back(s.get());
       active_.push_back(std::move(s));
@@ -225,10 +230,22 @@ uint32_t Batcher::GatherChunks(size_t *decode_rows) {
   // wait for this step.
   chunks_.clear();
   sampling_.clear();
+  // Drafts take the rows that neither a decoding row nor the prompt chunk
+  // needs.
+  uint32_t decoding = 0, prompt = 0;
+  for (auto &s : active_)
+    if (s->next >= 0)
+      ++decoding;
+    else
+      prompt += (uint32_t)s->req.prompt.size() - s->pos;
+  uint32_t spare = engine_.max_rows() - decoding -
+                   std::min(prompt, opts_.prefill_chunk);
   for (auto &s : active_)
     if (s->next >= 0) {
-      chunks_.push_back(
-          {s->slot, s->pos, absl::MakeConstSpan(&s->next, 1), true});
+      DecodeRows(*s, &spare);
+      SeqChunk c{s->slot, s->pos, s->rows, true};
+      c.every_row = s->rows.size() > 1;
+      chunks_.push_back(c);
       sampling_.push_back(s.get());
     }
   *decode_rows = chunks_.size();
@@ -247,6 +264,55 @@ uint32_t Batcher::GatherChunks(size_t *decode_rows) {
     prefillRows += n;
   }
   return prefillRows;
+}
+
+void Batcher::DecodeRows(Seq &s, uint32_t *spare) {
+  s.rows.assign(1, s.next);
+  if (!s.budget)
+    return;
+  // Never past --max-tokens, nor so far that the context would end a
+  // step sooner than without drafts.
+  const uint64_t room = std::min<uint64_t>(
+      s.req.max_tokens - s.generated - 1,
+      engine_.max_seq() >= s.pos + 2 ? engine_.max_seq() - s.pos - 2 : 0);
+  const uint32_t k = (uint32_t)std::min<uint64_t>(
+      std::min<uint64_t>(s.budget->Next(), *spare), room);
+  const std::vector<int32_t> drafts = s.drafter->Propose(s.text, k);
+  s.rows.insert(s.rows.end(), drafts.begin(), drafts.end());
+  *spare -= (uint32_t)drafts.size();
+}
+
+bool Batcher::SampleRows(Seq &s, size_t at, uint32_t pos0) {
+  const uint32_t V = engine_.vocab();
+  const size_t drafts = s.next >= 0 ? s.rows.size() - 1 : 0;
+  size_t i = 0;
+  bool going = true;
+  for (;; ++i) {
+    const auto row =
+        absl::MakeConstSpan(logits_).subspan((uint64_t)(at + i) * V, V);
+    const int32_t token =
+        s.req.chooser
+            ? s.req.chooser->Choose(row, *s.sampler,
+                                    s.req.max_tokens - s.generated)
+            : s.sampler->Sample(row);
+    going = Deliver(s, token, row);
+    if (s.budget)
+      s.text.push_back(token);
+    // A draft the model would have produced: its row is the next one's.
+    if (!going || i == drafts || token != s.rows[i + 1])
+      break;
+  }
+  if (drafts) {
+    // The rows after the last accepted draft hold what was not produced.
+    s.pos = pos0 + 1 + (uint32_t)i;
+    std::vector<int32_t> &have = slot_tokens_[s.slot];
+    have.resize(std::min<size_t>(have.size(), s.pos));
+    s.budget->Record((uint32_t)drafts, (uint32_t)i);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.drafts_proposed += drafts;
+    stats_.drafts_accepted += i;
+  }
+  return going;
 }
 
 void Batcher::Step() {
@@ -273,6 +339,9 @@ void Batcher::Step() {
     stats_.active = 0;
     return;
   }
+  std::vector<uint32_t> pos0(sampling_.size());
+  for (size_t i = 0; i < sampling_.size(); ++i)
+    pos0[i] = sampling_[i]->pos;
   for (const SeqChunk &c : chunks_) {
     for (auto &s : active_)
       if (s->slot == c.seq)
@@ -281,18 +350,14 @@ void Batcher::Step() {
     if (have.size() == c.pos)
       have.insert(have.end(), c.tokens.begin(), c.tokens.end());
   }
-  const uint32_t V = engine_.vocab();
   std::vector<Seq *> done;
+  size_t at = 0; // the logits row of each sampling sequence's first row
   for (size_t i = 0; i < sampling_.size(); ++i) {
     Seq &s = *sampling_[i];
-    const auto row = absl::MakeConstSpan(logits_).subspan((uint64_t)i * V, V);
-    const int32_t token =
-        s.req.chooser
-            ? s.req.chooser->Choose(row, *s.sampler,
-                                    s.req.max_tokens - s.generated)
-            : s.sampler->Sample(row);
-    if (!Deliver(s, token, row))
+    const size_t rows = s.next >= 0 ? s.rows.size() : 1; // before sampling
+    if (!SampleRows(s, at, pos0[i]))
       done.push_back(&s);
+    at += rows;
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;

@@ -272,6 +272,42 @@ TEST_F(BatcherTest, ARequestPicksTheSlotHoldingItsPrefix) {
   }
 }
 
+// Speculative decoding in the batcher: two requests with lookup drafts (one
+// from a corpus holding its expected text, one from its text alone) and
+// one without, decoded together (drafts take the rows the step has to
+// spare, steps mix rows of different draft lengths); each gets the tokens
+// it gets alone, and the corpus's drafts are accepted, several a step.
+TEST_F(BatcherTest, SpeculativeRowsGiveTheTokensOfAPlainRun) {
+  Make(3);
+  std::vector<int32_t> rep;
+  for (int r = 0; r < 4; ++r)
+    for (int32_t t : Prompt(5, 3))
+      rep.push_back(t);
+  Rec a, b, c;
+  GenRequest ra = Request(&a, rep, 20), rb = Request(&b, Prompt(7, 4), 12),
+             rc = Request(&c, rep, 16);
+  ra.speculative = 3;
+  ra.lookup_corpus = rep; // the prompt and what follows it
+  for (int32_t t : Alone(rep, 20))
+    ra.lookup_corpus.push_back(t);
+  rb.speculative = 4; // the text alone
+  Submit(std::move(ra));
+  Submit(std::move(rb));
+  Submit(std::move(rc));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b, &c}));
+  EXPECT_EQ(a.tokens, Alone(rep, 20));
+  EXPECT_EQ(b.tokens, Alone(Prompt(7, 4), 12));
+  EXPECT_EQ(c.tokens, Alone(rep, 16));
+  StopRun();
+  const BatcherStats st = batcher_->Stats();
+  EXPECT_GT(st.drafts_proposed, 0u);
+  EXPECT_GT(st.drafts_accepted, 0u);
+  EXPECT_EQ(st.generated_tokens, 48u);
+  // Fewer steps than tokens for a: some steps gave it several.
+  EXPECT_LT(a.token_steps.back() - a.token_steps.front(), 19u);
+}
+
 // One sequence at a time (--parallel 1): its prompt goes in whole chunks,
 // as the one-shot CLI's does; no row is kept for a decode that cannot
 // share the step.

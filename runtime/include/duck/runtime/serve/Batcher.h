@@ -21,6 +21,7 @@
 
 #include "duck/runtime/engine/Engine.h"
 #include "duck/runtime/serve/TokenChooser.h"
+#include "duck/runtime/session/Speculative.h"
 
 #include "absl/status/statusor.h"
 
@@ -73,6 +74,12 @@ struct GenRequest {
   /// probabilities (`top_logprobs` alternatives).
   std::function<void(int32_t id, const TokenLogprobs &lp)> on_logprobs;
   uint32_t top_logprobs = 0;
+  /// Speculative decoding with lookup drafts from the prompt and the text
+  /// so far (session/Speculative.h): up to this many drafts ride with the
+  /// next token in a step (0: none). The tokens are the same either way.
+  uint32_t speculative = 0;
+  /// Token ids the lookup also searches (duckrun --lookup-corpus).
+  std::vector<int32_t> lookup_corpus;
   /// Once, when the request gets its slot: the prompt tokens whose KV
   /// cache it takes over from the slot's last sequence (prefix reuse).
   std::function<void(uint32_t cached_tokens)> on_admit;
@@ -96,6 +103,7 @@ struct BatcherOptions {
 struct BatcherStats {
   uint64_t steps = 0, rows = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t cached_tokens = 0; // prompt tokens taken from a slot's cache
+  uint64_t drafts_proposed = 0, drafts_accepted = 0; // speculative
   uint32_t active = 0, queued = 0;
   uint32_t max_decode_rows = 0; // most sequences decoding in one step
 };
@@ -131,6 +139,11 @@ private:
     uint32_t generated = 0; // tokens handed to on_token
     int32_t next = -1;      // the token to feed next (decode)
     std::unique_ptr<Sampler> sampler;
+    // Speculative: the prompt and the tokens so far, this step's rows (the
+    // next token and its drafts) and how many drafts to try.
+    std::vector<int32_t> text, rows;
+    std::unique_ptr<DraftBudget> budget;
+    std::unique_ptr<LookupDrafter> drafter;
   };
 
   void Admit();
@@ -143,6 +156,12 @@ private:
   /// sampling_); returns the prompt rows, and the decode rows in
   /// `decode_rows`.
   uint32_t GatherChunks(size_t *decode_rows);
+  /// A decoding sequence's rows: its next token and, when it speculates,
+  /// up to `spare` drafts.
+  void DecodeRows(Seq &s, uint32_t *spare);
+  /// Samples a step's rows of `s` (from `at` in the logits) and hands the
+  /// tokens on; false when the sequence has finished.
+  bool SampleRows(Seq &s, size_t at, uint32_t pos0);
   /// After a sampled token: hand it on and decide whether the sequence
   /// goes on; false when it has finished.
   bool Deliver(Seq &s, int32_t token, absl::Span<const float> row);
