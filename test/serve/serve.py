@@ -507,6 +507,33 @@ def check_prefix(argv):
           f"the text is the CLI's; a new prompt reuses none")
 
 
+def check_speculative(argv):
+    """Duck's 'speculative' field: lookup drafts change no answer (greedy
+    and sampled with a seed, streamed and not); a bad value is a 400."""
+    url, key = argv
+    ids = [31, 32, 33, 34, 35, 31, 32, 33, 34, 35, 31, 32, 33, 34, 35]
+    before = metric(url, "duck_drafts_proposed_total")
+    for sampling in ({"temperature": 0}, {"temperature": 0.9, "seed": 5}):
+        texts = []
+        for spec in (0, 4, 2):
+            body = dict({"model": "any", "prompt": ids, "max_tokens": 48,
+                         "ignore_eos": True, "speculative": spec}, **sampling)
+            st, data = request(url, "POST", "/v1/completions", body, key)
+            if st != 200:
+                die(f"check-speculative: HTTP {st} {data!r}")
+            texts.append(json.loads(data)["choices"][0]["text"])
+        if len(set(texts)) != 1:
+            die(f"check-speculative: {sampling}: answers differ with "
+                f"speculation: {texts}")
+    drafts = metric(url, "duck_drafts_proposed_total") - before
+    st, data = request(url, "POST", "/v1/completions",
+                       {"model": "any", "prompt": "x", "speculative": 99}, key)
+    if st != 400 or b"speculative" not in data:
+        die(f"check-speculative: speculative 99 gave HTTP {st} {data!r}")
+    print(f"speculative: answers equal with 0, 4 and 2 drafts a step (greedy "
+          f"and sampled; {int(drafts)} drafts proposed); 99 refused")
+
+
 def greedy_tokens(url, key, **kw):
     """The text and logprobs entries of a greedy 32-token chat answer."""
     body = chat_body("Hi", max_tokens=32, ignore_eos=True, logprobs=True,
@@ -722,7 +749,8 @@ def main():
      "check-penalties": check_penalties,
      "tool-tokenizer": tool_tokenizer,
      "check-logprobs": check_logprobs,
-     "check-prefix": check_prefix}.get(
+     "check-prefix": check_prefix,
+     "check-speculative": check_speculative}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

@@ -455,6 +455,7 @@ struct Params {
   SamplerOptions sampler;
   std::vector<std::string> stops;
   bool stream = false, include_usage = false, ignore_eos = false;
+  int speculative = -1; // drafts a step (Duck's field); -1: the server's
   bool logprobs = false;     // return each token's log probability
   uint32_t top_logprobs = 0; // and this many alternatives
   float presence_penalty = 0, frequency_penalty = 0;
@@ -525,7 +526,8 @@ std::optional<FieldError> ParseStops(const json &b, Params *p) {
   return std::nullopt;
 }
 
-/// The booleans: 'stream', 'stream_options.include_usage', 'ignore_eos'.
+/// The booleans 'stream', 'stream_options.include_usage', 'ignore_eos',
+/// and Duck's 'speculative' (lookup drafts a step).
 std::optional<FieldError> ParseFlags(const json &b, Params *p) {
   if (b.contains("stream") && !b["stream"].is_null()) {
     if (!b["stream"].is_boolean())
@@ -547,6 +549,15 @@ std::optional<FieldError> ParseFlags(const json &b, Params *p) {
     if (!b["ignore_eos"].is_boolean())
       return FieldError{"ignore_eos", "'ignore_eos' must be true or false"};
     p->ignore_eos = b["ignore_eos"].get<bool>();
+  }
+  if (b.contains("speculative") && !b["speculative"].is_null()) {
+    const json &v = b["speculative"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > 16)
+      return FieldError{"speculative",
+                        "'speculative' must be an integer from 0 (none) to "
+                        "16 (lookup drafts a step)"};
+    p->speculative = (int)v.get<int64_t>();
   }
   return std::nullopt;
 }
@@ -1211,6 +1222,8 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
       OnLogprobs(*job, id, lp);
     };
   }
+  g.speculative = p.speculative >= 0 ? (uint32_t)p.speculative
+                                     : o_.speculative;
   g.on_admit = [job](uint32_t cached) { job->cached_tokens = cached; };
   g.on_done = [job](FinishReason why, const absl::Status &e) {
     OnDone(*job, why, e);
@@ -1410,6 +1423,12 @@ void Server::MetricsText(httplib::Response &res) {
   gauge("duck_cached_prompt_tokens_total",
         "Prompt tokens taken from a slot's KV cache (prefix reuse).",
         (double)bs.cached_tokens, "counter");
+  gauge("duck_drafts_proposed_total",
+        "Speculative drafts sent with a next token.",
+        (double)bs.drafts_proposed, "counter");
+  gauge("duck_drafts_accepted_total",
+        "Speculative drafts the model would have produced (accepted).",
+        (double)bs.drafts_accepted, "counter");
   gauge("duck_generated_tokens_total", "Tokens generated.",
         (double)bs.generated_tokens, "counter");
   gauge("duck_steps_total",

@@ -169,6 +169,27 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
   return so;
 }
 
+/// --speculative and --lookup-corpus.
+absl::Status ReadSpeculative(duck::runtime::SpeculativeOptions *out) {
+  auto spec =
+      duck::runtime::ParseSpeculative(absl::GetFlag(FLAGS_speculative));
+  if (!spec.ok())
+    return spec.status();
+  *out = std::move(*spec);
+  const std::string corpus = absl::GetFlag(FLAGS_lookup_corpus);
+  if (corpus.empty())
+    return absl::OkStatus();
+  if (!out->lookup)
+    return absl::InvalidArgumentError(
+        "--lookup-corpus needs --speculative lookup");
+  auto ids = duck::runtime::ReadTokenIds(corpus);
+  if (!ids.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lookup-corpus: ", ids.status().message()));
+  out->corpus = std::move(*ids);
+  return absl::OkStatus();
+}
+
 int serveMain(const std::vector<char *> &args) {
   if (args.size() != 3) {
     std::cerr << "duckrun: error: usage: duckrun serve <plan-dir> [--port N] "
@@ -196,6 +217,19 @@ int serveMain(const std::vector<char *> &args) {
       so.api_key = k;
   so.max_body_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   so.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  {
+    duck::runtime::SpeculativeOptions spec;
+    if (absl::Status s = ReadSpeculative(&spec); !s.ok()) {
+      std::cerr << "duckrun: error: " << s.message() << "\n";
+      return 2;
+    }
+    if (!spec.corpus.empty()) {
+      std::cerr << "duckrun: error: --lookup-corpus is for one generation, "
+                   "not serve\n";
+      return 2;
+    }
+    so.speculative = spec.lookup ? spec.k : 0;
+  }
   installInterruptHandlers();
   so.stop = &gInterrupted;
   so.session.cancel = &gInterrupted;
@@ -208,27 +242,6 @@ int serveMain(const std::vector<char *> &args) {
 }
 
 } // namespace
-
-/// --speculative and --lookup-corpus.
-absl::Status ReadSpeculative(duck::runtime::SpeculativeOptions *out) {
-  auto spec =
-      duck::runtime::ParseSpeculative(absl::GetFlag(FLAGS_speculative));
-  if (!spec.ok())
-    return spec.status();
-  *out = std::move(*spec);
-  const std::string corpus = absl::GetFlag(FLAGS_lookup_corpus);
-  if (corpus.empty())
-    return absl::OkStatus();
-  if (!out->lookup)
-    return absl::InvalidArgumentError(
-        "--lookup-corpus needs --speculative lookup");
-  auto ids = duck::runtime::ReadTokenIds(corpus);
-  if (!ids.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lookup-corpus: ", ids.status().message()));
-  out->corpus = std::move(*ids);
-  return absl::OkStatus();
-}
 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(

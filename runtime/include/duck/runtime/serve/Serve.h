@@ -31,6 +31,9 @@ struct ServeOptions {
   std::string api_key;               // "": no key needed
   uint64_t max_body_bytes = 1 << 20; // larger requests get 413
   uint32_t shutdown_grace_seconds = 10;
+  /// Lookup drafts a step for requests that do not say (--speculative
+  /// lookup:K; 0: none).
+  uint32_t speculative = 0;
   /// Set by the caller (SIGINT/SIGTERM) to stop serving.
   const std::atomic<bool> *stop = nullptr;
 };
