@@ -541,8 +541,9 @@ struct StepSums {
 double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
                const std::vector<int64_t> &outWidth, PlanCost &p,
                StepSums &sums, bool partialSums) {
-  const StepWire w = stepWire(c, decode ? 1 : (uint32_t)c.prefillChunk, slots,
-                              k, outWidth, partialSums);
+  const StepWire w =
+      stepWire(c, decode ? (uint32_t)c.decodeRows : (uint32_t)c.prefillChunk,
+               slots, k, outWidth, partialSums);
   if (decode) {
     p.hostTxBytesPerToken += w.txBytes;
     p.hostRxBytesPerToken += w.rxBytes;
@@ -659,6 +660,40 @@ void addHost(const ModelFacts &m, const ClusterModel &c, PlanCost &p) {
 
 } // namespace
 
+double cost::unionExperts(int64_t experts, int64_t topK, int64_t rows) {
+  if (experts <= 0 || topK >= experts)
+    return (double)experts;
+  return experts * (1.0 - std::pow(1.0 - (double)topK / experts, rows));
+}
+
+namespace {
+/// The speculative projection of a plan whose one-row token is `base`.
+PlanCost::Speculative projectSpeculative(const ModelFacts &m,
+                                         const ClusterModel &c,
+                                         const PlanCost &base) {
+  PlanCost::Speculative out;
+  out.rows = c.speculateDrafts + 1;
+  out.acceptance = c.speculateAcceptance;
+  ModelFacts v = m;
+  for (FfnLayer &l : v.ffn)
+    if (l.moe)
+      l.topK = std::min<int64_t>(
+          l.numExperts,
+          (int64_t)std::llround(unionExperts(l.numExperts, l.topK, out.rows)));
+  ClusterModel vc = c;
+  vc.decodeRows = out.rows;
+  vc.speculateDrafts = 0;
+  const PlanCost step = costPlan(v, vc);
+  out.stepMs = (step.tokS > 0 ? 1e3 / step.tokS : 0) +
+               double(out.rows - 1) * step.hostAttnMsPerToken;
+  for (int64_t i = 0; i < out.rows; ++i)
+    out.tokensPerStep += std::pow(c.speculateAcceptance, (double)i);
+  out.tokS = out.stepMs > 0 ? 1e3 * out.tokensPerStep / out.stepMs : 0;
+  out.speedup = base.tokS > 0 ? out.tokS / base.tokS : 0;
+  return out;
+}
+} // namespace
+
 PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   PlanCost p;
   p.duckParamsPerToken.assign(m.tp, 0.0);
@@ -685,5 +720,7 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
     const double pms = p.prefillDucksMsPerToken + c.hostPrefillMsPerToken;
     p.prefillTokS = pms > 0 ? 1e3 / pms : 0;
   }
+  if (c.speculateDrafts > 0 && c.decodeRows == 1)
+    p.speculative = projectSpeculative(m, c, p);
   return p;
 }

@@ -223,6 +223,20 @@ cl::opt<std::string> compileFanout(
              "to --relay-fanout children over its own link, partial sums "
              "are reduced on the way back"),
     cl::init("unicast"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<int> compileSpecDrafts(
+    "speculative-drafts",
+    cl::desc("Project speculative decoding (printed, not written into the "
+             "plan): drafts a verify step (duckrun --speculative "
+             "lookup:K's K; 0, the default: none). A verify step carries "
+             "them all on the wire and an MoE layer reads the union of the "
+             "experts its rows choose"),
+    cl::init(0), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<double> compileSpecAcceptance(
+    "speculative-acceptance",
+    cl::desc("With --speculative-drafts: the chance a draft is accepted "
+             "when the ones before it were (DeepSeek reports 0.85-0.9 for "
+             "its MTP layer's); default 0.8"),
+    cl::init(0.8), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int> compileRelayFanout(
     "relay-fanout",
     cl::desc("--fanout relay (modelled only): the children each duck "
@@ -285,7 +299,8 @@ Error clusterFromFlags(mlir::duck::CompileOptions &o) {
   return Error::success();
 }
 
-/// --fanout and the relay tree's shape (modelled only: --dry-run alone).
+/// --fanout and the relay tree's shape (modelled only: --dry-run alone),
+/// and the speculative projection's drafts and acceptance.
 Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
   using Fanout = mlir::duck::ClusterModel::Fanout;
   if (compileFanout != "unicast" && compileFanout != "relay")
@@ -302,6 +317,13 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
       compileFanout == "relay" ? Fanout::relay : Fanout::unicast;
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
+  if (compileSpecDrafts < 0 || compileSpecDrafts > 16 ||
+      compileSpecAcceptance < 0 || compileSpecAcceptance > 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--speculative-drafts must be 0 to 16 and "
+                             "--speculative-acceptance 0 to 1");
+  o.cluster.cost.speculateDrafts = compileSpecDrafts;
+  o.cluster.cost.speculateAcceptance = compileSpecAcceptance;
   if (o.cluster.cost.fanout == Fanout::relay && !compileDryRun)
     return createStringError(
         inconvertibleErrorCode(),
@@ -583,6 +605,7 @@ options of one subcommand.
           [--dry-run] [--progress]
           [--fanout unicast|relay --relay-fanout F --relay-host-fanout K
            --relay-chunk-kib C]
+          [--speculative-drafts K --speculative-acceptance A]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
       duck-<rank>.weights (fp9, exactly each duck's weight buffer), into

@@ -94,6 +94,42 @@ TEST(CostModelTest, DenseLayerIsBytesOverBandwidthPlusStep) {
   EXPECT_NEAR(costPlan(m, c).layers[0].ms, 1.03, 1e-12);
 }
 
+// Speculative projection: a verify step of K+1 rows on a dense layer reads
+// the same weights once (memory-bound), so with no wire its time is one
+// row's and the speed-up is the tokens it yields, 1 + a + ... + a^K; the
+// union of K+1 tokens' experts follows the closed form.
+TEST(CostModelTest, SpeculativeProjectionCountsTokensAStepAndTheUnion) {
+  EXPECT_NEAR(unionExperts(256, 8, 1), 8.0, 1e-9);
+  EXPECT_NEAR(unionExperts(256, 8, 2), 256 * (1 - std::pow(248.0 / 256, 2)),
+              1e-9);
+  EXPECT_DOUBLE_EQ(unionExperts(4, 4, 3), 4.0);
+  ModelFacts m;
+  m.tp = 1;
+  FfnLayer l;
+  l.hidden = 1024;
+  l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
+  m.ffn.push_back(l);
+  ClusterModel c;
+  c.bandwidthGbs = 10;
+  c.stepOverheadUs = 80;
+  c.speculateDrafts = 2;
+  c.speculateAcceptance = 0.5;
+  PlanCost p = costPlan(m, c);
+  ASSERT_EQ(p.speculative.rows, 3);
+  EXPECT_NEAR(p.speculative.tokensPerStep, 1.75, 1e-12);
+  EXPECT_NEAR(p.speculative.stepMs, 1.08, 1e-9);
+  EXPECT_NEAR(p.speculative.speedup, 1.75, 1e-9);
+  // On a wire the step carries every row: more time, less speed-up.
+  c.hostLinkGbps = 1;
+  c.duckLinkGbps = {1};
+  PlanCost w = costPlan(m, c);
+  EXPECT_GT(w.speculative.stepMs, 1e3 / w.tokS);
+  EXPECT_LT(w.speculative.speedup, 1.75);
+  // No drafts: no projection.
+  c.speculateDrafts = 0;
+  EXPECT_EQ(costPlan(m, c).speculative.rows, 0);
+}
+
 TEST(CostModelTest, KernelClassRatesTimeEachMatrix) {
   // gate/up: K 1024 in 128-blocks (general128) at 1 Gparam/s; down: K 256
   // (general128 too) likewise: 3 x 262144 weights = 0.786432 ms.

@@ -20,6 +20,15 @@ namespace mlir::duck {
 /// Cluster shape and cost model.
 struct ClusterModel {
   double bandwidthGbs = 10.0;  // one duck's streaming read bandwidth
+  /// Rows a decode step carries: 1, or a speculative verify step's next
+  /// token and its drafts (its wire carries them all; an MoE layer's
+  /// experts are the union the rows choose).
+  int64_t decodeRows = 1;
+  /// Speculative decoding to project (duckc --speculative-drafts,
+  /// --speculative-acceptance): drafts a verify step and the chance each
+  /// is accepted given the ones before it were. 0 drafts: none.
+  int64_t speculateDrafts = 0;
+  double speculateAcceptance = 0;
   double stepOverheadUs = 80.0; // dispatch per FFN step
   /// Measured fp9 kernel rate of one duck (duck-bench kernels, all its
   /// cores); when set, a duck's time is its weights / this rate rather
@@ -243,7 +252,21 @@ struct PlanCost {
   double networkOutMsPerToken = 0, networkBackMsPerToken = 0,
          networkLatencyMsPerToken = 0;
   int64_t stepsPerToken = 0;
+  /// The speculative projection (ClusterModel::speculateDrafts): a verify
+  /// step of `rows` rows, the tokens it yields on average (1 + a + a^2 +
+  /// ... over the drafts, a the acceptance), its time (the step with its
+  /// rows on the wire, the union of their experts, and each extra row's
+  /// host attention), the tokens a second and that against no drafts.
+  struct Speculative {
+    int64_t rows = 0; // 0: not projected
+    double acceptance = 0, tokensPerStep = 0, stepMs = 0, tokS = 0,
+           speedup = 0;
+  } speculative;
 };
+
+/// Expected distinct experts `rows` tokens choose, each top_k of
+/// `experts` at random: experts * (1 - (1 - top_k / experts)^rows).
+double unionExperts(int64_t experts, int64_t topK, int64_t rows);
 
 /// Predicts a partition: each FFN layer's expected slowest duck, the
 /// row-split matrices, the dispatch of every step, the host's time and

@@ -539,6 +539,14 @@ void printDecode(const ModuleStats &s, const ClusterModel &c,
                   .c_str()
             : "",
         c.bandwidthGbs, c.stepOverheadUs);
+  if (const cost::PlanCost::Speculative &v = s.speculative; v.rows > 0)
+    os << llvm::format(
+        "speculative (projected, not measured): %lld drafts a step at "
+        "acceptance %.2f: %.2f tokens a verify step of %lld rows (%.3f ms: "
+        "its rows on the wire, the union of their experts, each extra row's "
+        "host attention): %.2f tok/s, %.2fx\n",
+        (long long)(v.rows - 1), v.acceptance, v.tokensPerStep,
+        (long long)v.rows, v.stepMs, v.tokS, v.speedup);
 }
 
 } // namespace
@@ -550,6 +558,19 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
   printHostAndWire(s, c, os);
   printDecode(s, c, os);
 }
+
+namespace {
+/// The speculative projection's keys, when one was asked for.
+void addSpeculativeJson(const ModuleStats &s, llvm::json::Object &o) {
+  if (s.speculative.rows == 0)
+    return;
+  const cost::PlanCost::Speculative &v = s.speculative;
+  o["speculative_projection"] = llvm::json::Object{
+      {"drafts", v.rows - 1},         {"acceptance", v.acceptance},
+      {"tokens_per_step", v.tokensPerStep}, {"step_ms", v.stepMs},
+      {"tok_s", v.tokS},              {"speedup", v.speedup}};
+}
+} // namespace
 
 llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
                                            const ClusterModel &c) {
@@ -570,7 +591,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
                            {"ms_per_token", s.layers[i].ms},
                            {"duck_bytes", std::move(bytes)}});
   }
-  return llvm::json::Object{
+  llvm::json::Object o{
       {"tp", s.tp},
       {"multiple_of", s.multipleOf},
       {"tp_max", s.tpMax},
@@ -620,4 +641,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"bandwidth_gbs", c.bandwidthGbs},
       {"step_overhead_us", c.stepOverheadUs},
   };
+  addSpeculativeJson(s, o);
+  return o;
 }
+
+
