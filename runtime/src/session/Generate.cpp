@@ -111,7 +111,7 @@ public:
           absl::StrCat("cannot write '", path_, "'"));
     return absl::OkStatus();
   }
-  void Keep(const std::vector<float> &l) {
+  void Keep(absl::Span<const float> l) {
     if (file_.is_open())
       file_.write(reinterpret_cast<const char *>(l.data()), l.size() * 4);
   }
@@ -262,7 +262,7 @@ private:
     uint32_t i = 0;
     for (;; ++i) {
       const auto row = absl::MakeConstSpan(*logits).subspan((uint64_t)i * V, V);
-      logitsOut_.Keep(std::vector<float>(row.begin(), row.end()));
+      logitsOut_.Keep(row);
       const int32_t t = sampler_.Sample(row);
       if (i == drafts.size() || t != drafts[i]) {
         *next = t;

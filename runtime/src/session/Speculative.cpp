@@ -83,10 +83,9 @@ std::vector<int32_t> LookupDrafter::Propose(absl::Span<const int32_t> text,
        n >= kMinNgram; --n) {
     absl::Span<const int32_t> tail = text.subspan(text.size() - n);
     // Earlier in the text (not the tail itself), then the corpus.
-    for (absl::Span<const int32_t> hay :
-         {text, absl::Span<const int32_t>(corpus_)}) {
-      const size_t limit = hay.data() == text.data() ? text.size() - 1
-                                                      : hay.size();
+    const std::pair<absl::Span<const int32_t>, size_t> hays[] = {
+        {text, text.size() - 1}, {corpus_, corpus_.size()}};
+    for (const auto &[hay, limit] : hays) {
       if (Follow(hay, limit, tail, k, &got) && got.size() > best.size())
         best = got;
       if (best.size() == k)
