@@ -64,13 +64,14 @@ uint64_t ImageHeaderChecksum(const duck_image_header &h) {
 absl::Status CheckImageHeader(const duck_image_header &h, uint64_t capacity) {
   if (h.magic != DUCK_IMAGE_MAGIC)
     return absl::InvalidArgumentError("not a duck weight image (bad magic)");
-  if (h.format_version != DUCK_IMAGE_FORMAT_VERSION ||
+  if (!duck_image_format_known(h.format_version) ||
       h.abi_version != DUCK_ABI_VERSION ||
       h.fp9_version != DUCK_FP9_FORMAT_VERSION)
     return absl::FailedPreconditionError(absl::StrCat(
         "image versions format ", h.format_version, " abi ", h.abi_version,
         " fp9 ", h.fp9_version, "; duckd reads ", DUCK_IMAGE_FORMAT_VERSION,
-        "/", DUCK_ABI_VERSION, "/", DUCK_FP9_FORMAT_VERSION));
+        "-", DUCK_IMAGE_FORMAT_VERSION_CHAINED, "/", DUCK_ABI_VERSION, "/",
+        DUCK_FP9_FORMAT_VERSION));
   if (h.header_checksum != ImageHeaderChecksum(h))
     return absl::DataLossError("image header checksum mismatch");
   if (h.total_bytes > capacity)

@@ -74,6 +74,8 @@ struct CachedSlot {
   duck_slot_entry entry;
   uint32_t kind, hidden, inter, n_experts;
   uint32_t view_base;
+  uint32_t ob_begin; // head slots: the first result row the OB carries
+  bool chained;      // head slots: some piece reads the slot's results
 };
 
 /// What core 0 decided for this call; secondaries read it after the
@@ -83,6 +85,9 @@ struct Job {
   int32_t status;
   uint32_t mode, cores, n_tokens, top_k, hidden, inter, n_experts;
   uint32_t out_width; // floats a token in the OB: hidden, or a head's rows
+  uint32_t ob_begin;  // head: the first result row in the OB
+  bool chained;       // head: results in scratch, the OB from ob_begin on
+  const duck_ffn_desc *descs; // head: each piece's input
   const duck_ffn_weights *experts;
   const float *x;
   float *out;
@@ -143,7 +148,7 @@ const duck_image_header *imageHeader(const duck_info *info, Log &log) {
   }
   const auto *h = reinterpret_cast<const duck_image_header *>(info->weights);
   if (h->magic != DUCK_IMAGE_MAGIC ||
-      h->format_version != DUCK_IMAGE_FORMAT_VERSION ||
+      !duck_image_format_known(h->format_version) ||
       h->abi_version != DUCK_ABI_VERSION ||
       h->fp9_version != DUCK_FP9_FORMAT_VERSION) {
     log << "weights: bad image header (magic/version)";
@@ -256,7 +261,9 @@ bool checkSlotHeader(const duck_image_header *h, uint32_t slot,
   if ((sh->block != 32 && sh->block != 64 && sh->block != 128) ||
       sh->inter == 0 || sh->inter > DUCK_STEP_MAX_DIM || sh->n_experts == 0 ||
       sh->n_experts > DUCK_STEP_MAX_EXPERTS ||
-      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1)) {
+      (sh->kind == DUCK_SLOT_DENSE && sh->n_experts != 1) ||
+      (sh->kind == DUCK_SLOT_HEAD ? sh->ob_begin >= sh->inter
+                                  : sh->ob_begin != 0)) {
     log << "weights: slot " << slot << " bad shape (inter " << sh->inter
         << ", experts " << sh->n_experts << ", block " << sh->block << ")";
     log.end();
@@ -272,9 +279,18 @@ bool checkSlotHeader(const duck_image_header *h, uint32_t slot,
   return true;
 }
 
-/// A head slot's piece: a matrix [rows_x, hidden] in the descriptor's
-/// `gate` (up and down stay empty); the pieces' rows, summed in
-/// `headRows`, concatenate to the slot's `inter`.
+/// The K a head piece reads: floats [offset, offset + k) of x (within the
+/// slot's K) or of the rows earlier pieces produced (below `row0`).
+bool headInputFits(const duck_ffn_desc &d, const duck_slot_header *sh,
+                   uint64_t row0) {
+  const uint64_t off = d.input & DUCK_HEAD_INPUT_OFFSET_MASK, k = d.gate.desc.k;
+  return (d.input & DUCK_HEAD_INPUT_RESULTS) ? off + k <= row0
+                                             : off + k <= sh->hidden;
+}
+
+/// A head slot's piece: a matrix [rows_x, k] in the descriptor's `gate`
+/// (up and down stay empty) over its input (headInputFits); the pieces'
+/// rows, summed in `headRows`, concatenate to the slot's `inter`.
 bool headView(const duck_ffn_desc &d, const duck_slot_header *sh,
               const uint8_t *base, uint64_t descEnd, uint64_t slotBytes,
               uint32_t slot, uint32_t x, uint64_t &headRows,
@@ -286,9 +302,15 @@ bool headView(const duck_ffn_desc &d, const duck_slot_header *sh,
     log.end();
     return false;
   }
+  if (d.gate.desc.k == 0 || !headInputFits(d, sh, headRows)) {
+    log << "weights: head slot " << slot << " matrix " << x
+        << " reads outside its input";
+    log.end();
+    return false;
+  }
   headRows += d.gate.desc.rows;
   if (d.gate.desc.rows == 0 || headRows > sh->inter ||
-      !checkMatrix(d.gate, d.gate.desc.rows, sh->hidden, sh->block, descEnd,
+      !checkMatrix(d.gate, d.gate.desc.rows, d.gate.desc.k, sh->block, descEnd,
                    slotBytes, "head", x, log)) {
     if (d.gate.desc.rows == 0 || headRows > sh->inter) {
       log << "weights: head slot " << slot << " matrix " << x
@@ -315,8 +337,10 @@ bool buildViews(const duck_slot_header *sh, const uint8_t *base,
   for (uint32_t x = 0; x < sh->n_experts; ++x) {
     const duck_ffn_desc &d = descs[x];
     duck_ffn_weights &w = views[x];
-    if (d.present > 1 || (sh->kind != DUCK_SLOT_MOE && d.present != 1)) {
-      log << "weights: slot " << slot << " expert " << x << " bad present flag";
+    if (d.present > 1 || (sh->kind != DUCK_SLOT_MOE && d.present != 1) ||
+        (sh->kind != DUCK_SLOT_HEAD && d.input != 0)) {
+      log << "weights: slot " << slot << " expert " << x
+          << " bad present flag or input";
       log.end();
       return false;
     }
@@ -354,6 +378,16 @@ bool buildViews(const duck_slot_header *sh, const uint8_t *base,
     return false;
   }
   return true;
+}
+
+/// Whether a head slot's pieces read its own results (then they run in
+/// stages and the results live in scratch).
+bool headChained(const duck_slot_header *sh) {
+  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(sh + 1);
+  for (uint32_t x = 0; x < sh->n_experts; ++x)
+    if (descs[x].input & DUCK_HEAD_INPUT_RESULTS)
+      return true;
+  return false;
 }
 
 /// Validates slot `slot` and returns its cached views (attaching it when
@@ -411,6 +445,8 @@ const CachedSlot *attachSlot(const duck_info *info, uint32_t slot,
   c.inter = sh->inter;
   c.n_experts = sh->n_experts;
   c.view_base = g_state.views_used;
+  c.ob_begin = sh->ob_begin;
+  c.chained = sh->kind == DUCK_SLOT_HEAD && (sh->ob_begin || headChained(sh));
   g_state.views_used += sh->n_experts;
   c.valid = 1;
   *out_status = DUCK_STATUS_OK;
@@ -542,7 +578,11 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   j.hidden = c->hidden;
   j.inter = c->inter;
   j.n_experts = c->n_experts;
-  j.out_width = head ? c->inter : c->hidden;
+  j.out_width = head ? c->inter - c->ob_begin : c->hidden;
+  j.ob_begin = c->ob_begin;
+  j.chained = c->chained;
+  j.descs = reinterpret_cast<const duck_ffn_desc *>(
+      info->weights + c->entry.offset + sizeof(duck_slot_header));
   j.experts = g_state.views + c->view_base;
   if (prepare)
     return DUCK_STATUS_OK;
@@ -555,9 +595,11 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   if ((st = placeInOut(info, ih, bf16, j, log)) != DUCK_STATUS_OK)
     return st;
 
-  // A head needs only the per-core GEMM scratch (2 x tokens x hidden).
-  if (!duck_step_layout_of(j.hidden, head ? 0 : j.inter, j.n_tokens, j.top_k,
-                           j.n_experts, cores, &j.layout) ||
+  // A head needs only the per-core GEMM scratch (2 x tokens x hidden),
+  // and a chained one its results ([tokens][inter], `shared`).
+  if (!duck_step_layout_of(j.hidden, head && !j.chained ? 0 : j.inter,
+                           j.n_tokens, j.top_k, j.n_experts, cores,
+                           &j.layout) ||
       !info->scratch || info->scratch_size < j.layout.total_bytes ||
       (uintptr_t)info->scratch % DUCK_STEP_SCRATCH_ALIGN != 0) {
     log << "scratch: " << info->scratch_size << " bytes, need "
@@ -578,6 +620,66 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   if (moe)
     return copyExpertSlots(info, c, (uint64_t)ih.n_tokens * ih.top_k, j, log);
   return DUCK_STATUS_OK;
+}
+
+/// Rows [b, e) of a head slot's pieces [x0, x1) (whose first row is
+/// `row0`) into `res` ([tokens][inter]); every row's result is its
+/// duck_gemv's (duck_gemm's for several tokens).
+void runHeadRows(const Job &j, uint32_t x0, uint32_t x1, uint32_t row0,
+                 uint32_t b, uint32_t e, float *res, float *coreScratch) {
+  for (uint32_t x = x0; x < x1 && b < e; ++x) {
+    const duck_fp9_matrix &m = j.experts[x].gate;
+    const uint32_t lo = b > row0 ? b - row0 : 0;
+    const uint32_t hi = e - row0 < m.rows ? e - row0 : m.rows;
+    if (e > row0 && lo < hi) {
+      const uint32_t in = j.descs[x].input;
+      const bool fromRes = (in & DUCK_HEAD_INPUT_RESULTS) != 0;
+      const float *src =
+          (fromRes ? res : j.x) + (in & DUCK_HEAD_INPUT_OFFSET_MASK);
+      float *out = res + row0 + lo;
+      if (j.n_tokens == 1)
+        duck_gemv(&m, src, out, lo, hi, coreScratch, DUCK_DECODE_SHIFT);
+      else
+        duck_gemm(&m, src, fromRes ? j.inter : j.hidden, j.n_tokens, out,
+                  j.inter, lo, hi, coreScratch);
+    }
+    row0 += m.rows;
+  }
+}
+
+/// DUCK_MODE_HEAD: the slot's rows (its pieces' rows, concatenated) split
+/// over the cores. A chained slot runs in stages: a piece that reads rows
+/// of the current stage starts the next one, after a barrier; its results
+/// live in `shared` and the OB gets rows [ob_begin, inter).
+void runHead(const Job &j, uint32_t core, duck_smp_ctx *smp, float *coreScratch,
+             float *shared) {
+  float *res = j.chained ? shared : j.out;
+  uint32_t x0 = 0, row0 = 0; // the stage's first piece and row
+  while (x0 < j.n_experts) {
+    uint32_t x1 = x0 + 1, row1 = row0 + j.experts[x0].gate.rows;
+    for (; x1 < j.n_experts; ++x1) {
+      const uint32_t in = j.descs[x1].input;
+      if ((in & DUCK_HEAD_INPUT_RESULTS) &&
+          (in & DUCK_HEAD_INPUT_OFFSET_MASK) + j.experts[x1].gate.k > row0)
+        break;
+      row1 += j.experts[x1].gate.rows;
+    }
+    uint32_t b, e;
+    duck_smp_split(row1 - row0, j.cores, core, &b, &e);
+    runHeadRows(j, x0, x1, row0, row0 + b, row0 + e, res, coreScratch);
+    duck_smp_sync(smp);
+    x0 = x1;
+    row0 = row1;
+  }
+  if (!j.chained)
+    return;
+  const uint64_t w = j.out_width;
+  uint32_t b, e;
+  duck_smp_split(j.n_tokens, j.cores, core, &b, &e);
+  for (uint32_t t = b; t < e; ++t)
+    for (uint64_t i = 0; i < w; ++i)
+      j.out[t * w + i] = shared[(uint64_t)t * j.inter + j.ob_begin + i];
+  duck_smp_sync(smp);
 }
 
 /// The kernel part of a call, run by every participating core.
@@ -613,29 +715,9 @@ void runJob(const Job &j, uint32_t core) {
     duck_moe_prefill(&smp, core, j.experts, j.n_experts, slots, j.top_k, j.x,
                      j.n_tokens, j.out, pairs, work, coreScratch);
     break;
-  case DUCK_MODE_HEAD: {
-    // The slot's rows (its matrices' rows, concatenated) split over the
-    // cores; every row's result is its duck_gemv's.
-    uint32_t b, e;
-    duck_smp_split(j.inter, j.cores, core, &b, &e);
-    uint32_t row0 = 0; // the matrix's first row in the slot
-    for (uint32_t x = 0; x < j.n_experts && b < e; ++x) {
-      const duck_fp9_matrix &m = j.experts[x].gate;
-      const uint32_t lo = b > row0 ? b - row0 : 0;
-      const uint32_t hi = e - row0 < m.rows ? e - row0 : m.rows;
-      if (e > row0 && lo < hi) {
-        float *out = j.out + row0 + lo;
-        if (j.n_tokens == 1)
-          duck_gemv(&m, j.x, out, lo, hi, coreScratch, DUCK_DECODE_SHIFT);
-        else
-          duck_gemm(&m, j.x, j.hidden, j.n_tokens, out, j.inter, lo, hi,
-                    coreScratch);
-      }
-      row0 += m.rows;
-    }
-    duck_smp_sync(&smp);
+  case DUCK_MODE_HEAD:
+    runHead(j, core, &smp, coreScratch, shared);
     break;
-  }
   default:
     break;
   }

@@ -51,13 +51,25 @@ extern "C" duck_fp9_status duck_compute_head_slot_pieces(
     uint32_t count, const uint32_t *rows, const uint32_t *row_phase,
     uint32_t hidden, uint32_t block, uint32_t scale_rows, duck_fp9_desc *descs,
     uint64_t *offsets, uint64_t *total_bytes) {
+  return duck_compute_head_slot_pieces_k(count, rows, nullptr, row_phase,
+                                         hidden, block, scale_rows, descs,
+                                         offsets, total_bytes);
+}
+
+extern "C" duck_fp9_status
+duck_compute_head_slot_pieces_k(uint32_t count, const uint32_t *rows,
+                                const uint32_t *ks, const uint32_t *row_phase,
+                                uint32_t hidden, uint32_t block,
+                                uint32_t scale_rows, duck_fp9_desc *descs,
+                                uint64_t *offsets, uint64_t *total_bytes) {
   if (count == 0)
     return DUCK_FP9_BAD_SHAPE;
   uint64_t at = alignUp(sizeof(duck_slot_header) +
                             (uint64_t)count * sizeof(duck_ffn_desc),
                         DUCK_FP9_PLANE_ALIGN);
   for (uint32_t i = 0; i < count; ++i) {
-    descs[i] = duck_fp9_desc{rows[i], hidden, block, scale_rows, row_phase[i]};
+    descs[i] = duck_fp9_desc{rows[i], ks ? ks[i] : hidden, block, scale_rows,
+                             row_phase[i]};
     duck_fp9_layout l;
     const duck_fp9_status st = duck_fp9_compute_layout(&descs[i], &l);
     if (st != DUCK_FP9_OK)

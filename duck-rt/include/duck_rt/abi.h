@@ -111,12 +111,25 @@ typedef int (*duck_entry_fn)(duck_info *info);
  * query projection rows (K = heads x v_head_dim, or the query LoRA rank),
  * or its input projections (K = hidden: pieces of q_a_proj, kv_a_proj and
  * the indexer's wk, or q/k/v_proj; `layer` = the attention's layer).
+ *
+ * Chained head pieces (DUCK_IMAGE_FORMAT_VERSION_CHAINED): a piece's descriptor
+ * `input` names what it multiplies: floats [offset, offset + k) of the step's x
+ * (DUCK_HEAD_INPUT_X, offset 0 and k = K: every piece of a version 1
+ * image), or of the slot's own results (DUCK_HEAD_INPUT_RESULTS: rows an
+ * earlier piece produced, below this piece's first row), so a duck can
+ * take its rows of one matrix through a second one (an MLA head's query
+ * into the latent space through W_UK, a head's latent output through W_UV
+ * and then its o_proj columns). The header's `ob_begin` is the first
+ * result row the OB carries: rows below it are working values only.
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IMAGE_MAGIC 0x314B435544475755ull /* "UWGDUCK1" little-endian */
 #define DUCK_SLOT_MAGIC 0x544F4C53u             /* "SLOT" */
 enum {
   DUCK_IMAGE_FORMAT_VERSION = 1,
+  /// An image with chained head pieces (below) says so: a reader that
+  /// predates them refuses it rather than ignore the chain.
+  DUCK_IMAGE_FORMAT_VERSION_CHAINED = 2,
   DUCK_IMAGE_HEADER_BYTES = 4096,
   DUCK_IMAGE_ALIGN = 4096,
   DUCK_MODEL_KEY_BYTES = 16,
@@ -124,7 +137,7 @@ enum {
 
 typedef struct duck_image_header {
   uint64_t magic;          // DUCK_IMAGE_MAGIC
-  uint32_t format_version; // DUCK_IMAGE_FORMAT_VERSION
+  uint32_t format_version; // DUCK_IMAGE_FORMAT_VERSION[_CHAINED]
   uint32_t abi_version;    // DUCK_ABI_VERSION
   uint32_t fp9_version;    // DUCK_FP9_FORMAT_VERSION
   uint32_t tp_size;
@@ -164,8 +177,16 @@ typedef struct duck_matrix_ref {
 typedef struct duck_ffn_desc {
   duck_matrix_ref gate, up, down;
   uint32_t present; // 1 when this duck holds this expert
-  uint32_t reserved;
+  uint32_t input;   // HEAD slots: duck_head_input | offset; else 0
 } duck_ffn_desc;
+
+/// A head piece's input (duck_ffn_desc.input): the source in the top bit,
+/// the offset (floats) in the rest.
+typedef enum duck_head_input {
+  DUCK_HEAD_INPUT_X = 0u,
+  DUCK_HEAD_INPUT_RESULTS = 0x80000000u,
+  DUCK_HEAD_INPUT_OFFSET_MASK = 0x7fffffffu,
+} duck_head_input;
 
 typedef struct duck_slot_header {
   uint32_t magic; // DUCK_SLOT_MAGIC
@@ -175,7 +196,7 @@ typedef struct duck_slot_header {
   uint32_t inter;     // local intermediate size of each FFN on this duck
   uint32_t n_experts; // 1 for dense; routed + shared experts for MoE
   uint32_t block;
-  uint32_t reserved;
+  uint32_t ob_begin; // HEAD slots: the first result row in the OB; else 0
   // followed by duck_ffn_desc[n_experts]
 } duck_slot_header;
 
@@ -190,7 +211,7 @@ typedef struct duck_slot_header {
  * wire; the ELF widens it to fp32 in its scratch before any kernel runs.
  * DUCK_MODE_HEAD: top_k = 0; x is float[n_tokens][K] (the slot's K);
  * out is float[n_tokens][rows], the results of the rows this duck holds
- * (duck_ob_header.hidden = rows).
+ * from the slot's ob_begin on (duck_ob_header.hidden = rows - ob_begin).
  * ------------------------------------------------------------------------- */
 
 #define DUCK_IB_MAGIC 0x50545344u /* "DSTP" */
@@ -221,6 +242,12 @@ typedef struct duck_ob_header {
 } duck_ob_header;
 
 /// Offset of x in an IB that carries `n_slots` routing slots (32-aligned).
+/// Whether a reader takes an image of this format version.
+static inline int duck_image_format_known(uint32_t v) {
+  return v == DUCK_IMAGE_FORMAT_VERSION ||
+         v == DUCK_IMAGE_FORMAT_VERSION_CHAINED;
+}
+
 static inline uint32_t duck_ib_x_offset(uint64_t n_slots) {
   return (uint32_t)((sizeof(duck_ib_header) +
                      n_slots * sizeof(duck_expert_slot) + 31) / 32 * 32);

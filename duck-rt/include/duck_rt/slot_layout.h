@@ -62,6 +62,15 @@ duck_fp9_status duck_compute_head_slot_pieces(
     uint32_t hidden, uint32_t block, uint32_t scale_rows, duck_fp9_desc *descs,
     uint64_t *offsets, uint64_t *total_bytes);
 
+/// The same with each matrix's own K (`ks[i]`; null: `hidden` for all):
+/// a chained head slot's pieces (abi.h).
+duck_fp9_status
+duck_compute_head_slot_pieces_k(uint32_t count, const uint32_t *rows,
+                                const uint32_t *ks, const uint32_t *row_phase,
+                                uint32_t hidden, uint32_t block,
+                                uint32_t scale_rows, duck_fp9_desc *descs,
+                                uint64_t *offsets, uint64_t *total_bytes);
+
 /// Offset of a slot's `held_index`-th stored expert from the slot's start.
 static inline uint64_t duck_slot_expert_offset(const duck_slot_layout *l,
                                                uint64_t held_index) {

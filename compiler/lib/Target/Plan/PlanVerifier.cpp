@@ -181,7 +181,7 @@ llvm::Error checkImageHeader(const pl::PlanDef &plan, const pl::DuckDef &duck,
   std::memcpy(&h, base, sizeof h);
   uint64_t want = h.header_checksum;
   h.header_checksum = 0;
-  if (h.magic != DUCK_IMAGE_MAGIC || h.format_version != DUCK_IMAGE_FORMAT_VERSION)
+  if (h.magic != DUCK_IMAGE_MAGIC || !duck_image_format_known(h.format_version))
     return err(llvm::formatv("duck {0}: image header has a bad magic or "
                              "format version",
                              rank));

@@ -242,6 +242,20 @@ uint8_t *SlotBytes(std::vector<uint8_t> &image, uint32_t slot) {
   return image.data() + e.offset;
 }
 
+/// A head slot whose `up` is not empty is refused.
+void ExpectHeadRefused(const std::vector<uint8_t> &image) {
+  std::vector<uint8_t> bad = image;
+  auto *d = reinterpret_cast<duck_ffn_desc *>(SlotBytes(bad, 1) +
+                                              sizeof(duck_slot_header));
+  d->up.desc.rows = 1;
+  ElfRunner r(DUCK_ELF_PATH, bad, 1);
+  ASSERT_TRUE(r.elf);
+  EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, 1, 0, {}, RandomX(kHidden, 2))),
+            DUCK_STATUS_BAD_WEIGHTS);
+  EXPECT_NE(r.logs[0].find("has an up or down matrix"), std::string::npos)
+      << r.logs[0];
+}
+
 // Mode HEAD on a head slot gives each row's logit exactly as duck_gemv
 // (one token) and duck_gemm (a batch) give it, on 1 and 3 cores, also for
 // a head slot of several matrices; a malformed head slot, and either slot
@@ -357,16 +371,71 @@ TEST(DuckElf, HeadModeMatchesTheKernels) {
     EXPECT_NE(r.logs[0].find("matrices hold 200 rows"), std::string::npos)
         << r.logs[0];
   }
-  // A head slot whose `up` is not empty.
+  ExpectHeadRefused(*image);
+}
+
+// A chained head slot (an MLA head's query through W_UK): piece 0 reads
+// all of x, pieces 1 and 2 read parts of piece 0's results (64 wide from
+// row 32, from row 0), piece 3 reads x from 64 on; the OB carries rows from
+// 40 on. Each piece's rows are its own GEMV (GEMM) of what it reads, on 1
+// and 3 cores; a piece reading beyond what was produced is refused.
+TEST(DuckElf, ChainedHeadPiecesReadEarlierResults) {
+  SyntheticSpec spec = TestSpec();
+  SyntheticSlot chain{DUCK_SLOT_HEAD, 0, 96 + 64 + 16 + 8, 1, {}};
+  chain.pieces = {96, 64, 16, 8};
+  chain.piece_k = {kHidden, 64, 64, 64};
+  chain.piece_input = {DUCK_HEAD_INPUT_X, DUCK_HEAD_INPUT_RESULTS | 32,
+                       DUCK_HEAD_INPUT_RESULTS | 0, DUCK_HEAD_INPUT_X | 64};
+  chain.ob_begin = 40;
+  spec.slots = {SyntheticSlot{DUCK_SLOT_DENSE, 0, 128, 1, {}}, chain};
+  auto image = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const std::vector<duck_ffn_weights> v = SlotViews(image->data(), 1);
+  ASSERT_EQ(v.size(), 4u);
+  const uint32_t rows = 184, outW = rows - 40;
+  for (uint32_t cores : {1u, 3u}) {
+    ElfRunner r(DUCK_ELF_PATH, *image, cores);
+    ASSERT_TRUE(r.elf);
+    for (uint32_t tokens : {1u, 3u}) {
+      auto x = RandomX(tokens * kHidden, 90 + tokens + cores);
+      ASSERT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, tokens, 0, {}, x)),
+                DUCK_STATUS_OK)
+          << r.logs[0];
+      EXPECT_EQ(r.Header().hidden, outW);
+      std::vector<float> res(tokens * rows), want;
+      Aligned xs(2 * tokens * kHidden * 4);
+      float *s = reinterpret_cast<float *>(xs.p);
+      const float *in[4] = {x.data(), res.data() + 32, res.data(),
+                            x.data() + 64};
+      const uint32_t ld[4] = {kHidden, rows, rows, kHidden};
+      uint32_t row0 = 0;
+      for (int p = 0; p < 4; ++p) {
+        const duck_fp9_matrix &m = v[p].gate;
+        if (tokens == 1)
+          duck_gemv(&m, in[p], res.data() + row0, 0, m.rows, s,
+                    DUCK_DECODE_SHIFT);
+        else
+          duck_gemm(&m, in[p], ld[p], tokens, res.data() + row0, rows, 0,
+                    m.rows, s);
+        row0 += m.rows;
+      }
+      for (uint32_t t = 0; t < tokens; ++t)
+        want.insert(want.end(), res.begin() + t * rows + 40,
+                    res.begin() + (t + 1) * rows);
+      ExpectBitIdentical(r.Out(), want, "chained head");
+    }
+  }
+  // Piece 1 reading rows 40..104 of the 96 produced before it.
+  static_assert(kHidden == 128, "the pieces' K are cut for a K of 128");
   std::vector<uint8_t> bad = *image;
   auto *d = reinterpret_cast<duck_ffn_desc *>(SlotBytes(bad, 1) +
                                               sizeof(duck_slot_header));
-  d->up.desc.rows = 1;
+  d[1].input = DUCK_HEAD_INPUT_RESULTS | 40;
   ElfRunner r(DUCK_ELF_PATH, bad, 1);
   ASSERT_TRUE(r.elf);
   EXPECT_EQ(r.Call(MakeIb(DUCK_MODE_HEAD, 1, 1, 0, {}, RandomX(kHidden, 2))),
             DUCK_STATUS_BAD_WEIGHTS);
-  EXPECT_NE(r.logs[0].find("has an up or down matrix"), std::string::npos)
+  EXPECT_NE(r.logs[0].find("reads outside its input"), std::string::npos)
       << r.logs[0];
 }
 
