@@ -240,13 +240,19 @@ double duckLink(const ClusterModel &c, size_t r) {
 
 StepWire cost::unicastWire(const ClusterModel &c, double in,
                            const std::vector<double> &out) {
+  return unicastWire(c, std::vector<double>(out.size(), in), out);
+}
+
+StepWire cost::unicastWire(const ClusterModel &c,
+                           const std::vector<double> &in,
+                           const std::vector<double> &out) {
   const size_t n = out.size();
   const double H = c.hostLinkGbps;
   std::vector<double> arrive(n);
   double hostOut = 0, lastIn = 0;
   for (size_t r = 0; r < n; ++r) {
-    hostOut += wireSeconds(in, H);
-    arrive[r] = std::max(hostOut, wireSeconds(in, duckLink(c, r)));
+    hostOut += wireSeconds(in[r], H);
+    arrive[r] = std::max(hostOut, wireSeconds(in[r], duckLink(c, r)));
     lastIn = std::max(lastIn, arrive[r]);
   }
   // The host's inbound port takes the replies in the order they leave.
@@ -262,7 +268,8 @@ StepWire cost::unicastWire(const ClusterModel &c, double in,
         end, std::max(hostIn, arrive[r] + wireSeconds(out[r], duckLink(c, r))));
   }
   StepWire w;
-  w.txBytes = in * double(n);
+  for (double i : in)
+    w.txBytes += i;
   for (double o : out)
     w.rxBytes += o;
   w.outSeconds = lastIn;
@@ -459,12 +466,39 @@ StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
   return unicastWire(c, in, out);
 }
 
+StepWire cost::stepWireEach(const ClusterModel &c, uint32_t rows,
+                            const std::vector<int64_t> &k,
+                            const std::vector<int64_t> &outWidth,
+                            bool partialSums) {
+  const uint32_t flags = c.wireBf16 ? DUCK_IB_X_BF16 : 0;
+  const double frame =
+      double(sizeof(duckd_frame_header) + sizeof(duckd_step_request));
+  std::vector<double> in;
+  for (int64_t w : k)
+    in.push_back(frame + double(duck_ib_bytes_flags(rows, 0, (uint32_t)w,
+                                                    flags)));
+  if (c.fanout == ClusterModel::Fanout::relay) {
+    const int64_t widest = *std::max_element(k.begin(), k.end());
+    return stepWire(c, rows, 0, (uint64_t)widest, outWidth, partialSums);
+  }
+  const double header = double(sizeof(duckd_frame_header) +
+                               sizeof(duckd_step_reply) +
+                               8 * std::max<int64_t>(1, c.coresPerDuck) +
+                               sizeof(duck_ob_header));
+  std::vector<double> out;
+  for (int64_t width : outWidth)
+    out.push_back(header + 4.0 * rows * double(width));
+  return unicastWire(c, in, out);
+}
+
 double cost::rowSplitSeconds(const RowSplit &m, const ClusterModel &c) {
   const duck_kernel_id id =
       duck_select_kernel((uint32_t)m.k, (uint32_t)m.block);
   double slowest = 0;
   for (size_t r = 0; r < m.rows.size(); ++r) {
-    const double params = double(m.rows[r]) * m.k;
+    const double params =
+        double(m.rows[r]) * m.k +
+        (r < m.extraParams.size() ? m.extraParams[r] : 0.0);
     double rate = duckRate(c, r);
     if (r < c.duckKernelGparamS.size() &&
         (size_t)id < c.duckKernelGparamS[r].size() &&
@@ -537,13 +571,18 @@ struct StepSums {
 };
 
 /// Adds a step's wire: a decode step's bytes and time to the token's, a
-/// prompt chunk's time to prefill's (ms).
+/// prompt chunk's time to prefill's (ms). `inWidth`, when given, is each
+/// duck's own IB (floats a token; else k for all).
 double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
                const std::vector<int64_t> &outWidth, PlanCost &p,
-               StepSums &sums, bool partialSums) {
+               StepSums &sums, bool partialSums,
+               const std::vector<int64_t> &inWidth = {}) {
+  const uint32_t rows =
+      decode ? (uint32_t)c.decodeRows : (uint32_t)c.prefillChunk;
   const StepWire w =
-      stepWire(c, decode ? (uint32_t)c.decodeRows : (uint32_t)c.prefillChunk,
-               slots, k, outWidth, partialSums);
+      inWidth.empty()
+          ? stepWire(c, rows, slots, k, outWidth, partialSums)
+          : stepWireEach(c, rows, inWidth, outWidth, partialSums);
   if (decode) {
     p.hostTxBytesPerToken += w.txBytes;
     p.hostRxBytesPerToken += w.rxBytes;
@@ -594,14 +633,17 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
 /// A row-split matrix on the ducks: one more step, its slowest duck.
 void addRowSplit(const RowSplit &m, const ClusterModel &c, PlanCost &p,
                  StepSums &sums) {
-  addWire(c, true, 0, m.k, m.rows, p, sums, false);
+  const std::vector<int64_t> &out = m.outWidth.empty() ? m.rows : m.outWidth;
+  addWire(c, true, 0, m.k, out, p, sums, m.partialSums, m.inWidth);
   for (size_t r = 0; r < m.rows.size(); ++r)
-    p.duckParamsPerToken[r] += double(m.rows[r]) * m.k;
+    p.duckParamsPerToken[r] +=
+        double(m.rows[r]) * m.k +
+        (r < m.extraParams.size() ? m.extraParams[r] : 0.0);
   const double slowest = rowSplitSeconds(m, c);
   if (m.role != RowSplit::Role::head && c.gemmGmacS > 0) {
     const double worst = rowSplitPrefillSeconds(m, c);
     const double prefillNet =
-        addWire(c, false, 0, m.k, m.rows, p, sums, false);
+        addWire(c, false, 0, m.k, out, p, sums, m.partialSums, m.inWidth);
     sums.prefillMsPerChunk +=
         1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
   }
@@ -694,8 +736,78 @@ PlanCost::Speculative projectSpeculative(const ModelFacts &m,
 }
 } // namespace
 
-PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
+namespace {
+/// Whole heads of `heads` over `tp` ducks, as even as they go.
+int64_t headsOf(int64_t heads, int64_t tp, int64_t r) {
+  return heads * (r + 1) / tp - heads * r / tp;
+}
+
+/// An MLA query projection split by whole heads, each duck's heads' queries
+/// also taken through W_UK (returned beside its rows); the indexer's rows
+/// (the rest) spread evenly.
+void absorbQuery(RowSplit &q) {
+  const int64_t tp = (int64_t)q.rows.size(), H = q.mla.heads;
+  int64_t total = 0;
+  for (int64_t r : q.rows)
+    total += r;
+  const int64_t perHead = q.mla.qk, other = total - perHead * H;
+  q.extraParams.assign(tp, 0);
+  q.outWidth.assign(tp, 0);
+  for (int64_t r = 0; r < tp; ++r) {
+    const int64_t h = headsOf(H, tp, r);
+    q.rows[r] = h * perHead + other * (r + 1) / tp - other * r / tp;
+    q.extraParams[r] = double(h * q.mla.kvLora * q.mla.nope);
+    q.outWidth[r] = q.rows[r] + h * q.mla.kvLora;
+  }
+}
+
+/// An MLA output projection split by heads (its columns): each duck gets
+/// its heads' latent outputs, takes them through W_UV and its o_proj
+/// columns, and returns partial sums of the hidden vector.
+void absorbOutput(RowSplit &o) {
+  const int64_t tp = (int64_t)o.rows.size(), H = o.mla.heads;
+  int64_t hidden = 0;
+  for (int64_t r : o.rows)
+    hidden += r;
+  o.k = o.mla.v;
+  o.extraParams.assign(tp, 0);
+  o.inWidth.assign(tp, 0);
+  o.outWidth.assign(tp, hidden);
+  o.partialSums = true;
+  for (int64_t r = 0; r < tp; ++r) {
+    const int64_t h = headsOf(H, tp, r);
+    o.rows[r] = hidden * h; // x v columns: its o_proj columns
+    o.extraParams[r] = double(h * o.mla.v * o.mla.kvLora);
+    o.inWidth[r] = h * o.mla.kvLora;
+  }
+}
+} // namespace
+
+ModelFacts cost::absorbMla(const ModelFacts &m) {
+  ModelFacts v = m;
+  for (RowSplit &r : v.rowSplits) {
+    if (r.mla.heads <= 0 || r.rows.empty())
+      continue;
+    r.bytes.clear(); // laid out as rows; timed by its weights
+    if (r.role == RowSplit::Role::qProj)
+      absorbQuery(r);
+    else if (r.role == RowSplit::Role::oProj)
+      absorbOutput(r);
+    r.mla.heads = 0; // done: absorbMla twice is absorbMla once
+  }
+  v.hostWeightBytes -= v.absorbableHostBytes;
+  v.onDucksHostBytes += v.absorbableHostBytes;
+  v.absorbableHostBytes = 0;
+  return v;
+}
+
+PlanCost cost::costPlan(const ModelFacts &facts, const ClusterModel &c) {
+  const ModelFacts &m =
+      c.mlaAbsorbDucks && facts.absorbableHostBytes > 0 ? absorbMla(facts)
+                                                         : facts;
   PlanCost p;
+  if (c.mlaAbsorbDucks)
+    p.mlaAbsorbedBytesPerToken = facts.absorbableHostBytes;
   p.duckParamsPerToken.assign(m.tp, 0.0);
   p.duckBytesPerToken.assign(m.tp, 0.0);
   StepSums sums;

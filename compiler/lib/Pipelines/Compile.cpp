@@ -492,6 +492,10 @@ Error checkCompileOptions(const CompileOptions &opts,
   if (writes && opts.cluster.cost.fanout == ClusterModel::Fanout::relay)
     return err("--fanout relay is modelled only: the runtime does not relay "
                "a step, so no plan is written with it (use --dry-run)");
+  if (writes && opts.cluster.cost.mlaAbsorbDucks)
+    return err("--mla-absorb ducks is modelled only: the compiler does not "
+               "lay kv_b_proj out on the ducks yet, so no plan is written "
+               "with it (use --dry-run)");
   if (writes && opts.outDir.empty())
     return err("no output directory: pass -o <out-dir> (or --dry-run)");
   return Error::success();

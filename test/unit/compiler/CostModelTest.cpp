@@ -405,6 +405,58 @@ TEST(CostModelTest, RowSplitsAreStepsOfTheirOwn) {
   EXPECT_DOUBLE_EQ(p.duckParamsPerToken[1], 2 * 256 * 1024);
 }
 
+TEST(CostModelTest, MlaAbsorbedSplitsByHeads) {
+  // An MLA of 4 heads (nope 8, rope 4, v 8, kv_lora 16) over 2 ducks,
+  // hidden 32: its query rows (4 x 12 + 8 indexer rows) and o_proj (32
+  // rows of K 32) on the ducks, its kv_b_proj 1000 host bytes.
+  ModelFacts m;
+  m.tp = 2;
+  m.hostWeightBytes = 3000;
+  m.absorbableHostBytes = 1000;
+  RowSplit q;
+  q.role = RowSplit::Role::qProj;
+  q.k = 16;
+  q.block = 32;
+  q.rows = {32, 24};
+  q.mla = {4, 16, 8, 12, 8};
+  RowSplit o = q;
+  o.role = RowSplit::Role::oProj;
+  o.k = 32;
+  o.rows = {16, 16};
+  m.rowSplits = {q, o};
+  const ModelFacts a = absorbMla(m);
+  // Two heads a duck: 2 x 12 query rows and half the indexer's, W_UK's
+  // 2 x 16 x 8 weights more, 2 x 16 latent floats more back.
+  EXPECT_EQ(a.rowSplits[0].rows, (std::vector<int64_t>{28, 28}));
+  EXPECT_EQ(a.rowSplits[0].extraParams, (std::vector<double>{256, 256}));
+  EXPECT_EQ(a.rowSplits[0].outWidth, (std::vector<int64_t>{60, 60}));
+  // The output step: each duck its 2 heads' latent outputs in (32
+  // floats), W_UV (2 x 8 x 16) and its o_proj columns (32 x 16), partial
+  // sums of all 32 rows back.
+  const RowSplit &ao = a.rowSplits[1];
+  EXPECT_EQ(ao.inWidth, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(ao.outWidth, (std::vector<int64_t>{32, 32}));
+  EXPECT_TRUE(ao.partialSums);
+  EXPECT_DOUBLE_EQ(double(ao.rows[0]) * ao.k + ao.extraParams[0],
+                   32 * 16 + 256);
+  EXPECT_EQ(a.hostWeightBytes, 2000);
+  EXPECT_EQ(a.absorbableHostBytes, 0);
+  // Once is enough: absorbing again changes nothing.
+  EXPECT_EQ(absorbMla(a).rowSplits[0].rows, a.rowSplits[0].rows);
+  // The plan with it: the host reads 1000 bytes less (1 ms a byte here);
+  // 384 bytes more come back: the query step's latent queries (28 + 36
+  // floats) and the output step's partial sums (2 x 16 floats more).
+  ClusterModel c;
+  c.hostReadGbs = 1e-6;
+  const PlanCost before = costPlan(m, c);
+  c.mlaAbsorbDucks = true;
+  const PlanCost after = costPlan(m, c);
+  EXPECT_NEAR(before.hostOpsMsPerToken - after.hostOpsMsPerToken, 1000,
+              1e-6);
+  EXPECT_EQ(after.mlaAbsorbedBytesPerToken, 1000);
+  EXPECT_EQ(after.hostRxBytesPerToken - before.hostRxBytesPerToken, 384);
+}
+
 TEST(CostModelTest, HostTime) {
   ModelFacts m;
   m.hostWeightBytes = 2e9;

@@ -246,6 +246,28 @@ cost::FfnLayer ffnFactsOf(Operation *op, int64_t scaleRows) {
   return l;
 }
 
+/// An MLA attention whose query and output projections are both on the
+/// ducks: its heads' widths (what --mla-absorb ducks would split by heads);
+/// else no heads.
+cost::RowSplit::Mla absorbableMla(Operation *op) {
+  cost::RowSplit::Mla f;
+  auto a = dyn_cast_or_null<AttentionOp>(op);
+  if (!a || a.getKind() != "mla" || !a.getQDuckRows() || !a.getDuckRows())
+    return f;
+  auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
+  auto kva = a.getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
+  const int64_t heads = a.getNumHeads();
+  if (!kvb || !kva || heads <= 0 || kvb.getShape()[0] % heads)
+    return f;
+  f.kvLora = kvb.getShape()[1];
+  f.qk = a.getHeadDim();
+  f.nope = f.qk - (kva.getShape()[0] - f.kvLora);
+  f.v = kvb.getShape()[0] / heads - f.nope;
+  if (f.nope > 0 && f.v > 0)
+    f.heads = heads;
+  return f;
+}
+
 /// The row-split matrices on the ducks, in slot order.
 std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp) {
   std::vector<cost::RowSplit> out;
@@ -264,6 +286,9 @@ std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp) {
     if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
       for (int64_t b : a.asArrayRef())
         r.bytes.push_back((uint64_t)b);
+    if (r.role == cost::RowSplit::Role::qProj ||
+        r.role == cost::RowSplit::Role::oProj)
+      r.mla = absorbableMla(m.op);
     out.push_back(std::move(r));
   }
   return out;
@@ -298,6 +323,9 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
+      if (absorbableMla(a).heads > 0)
+        f.absorbableHostBytes +=
+            hostBytesOf(a.getWeights().getAs<WeightAttr>("kv_b_proj"));
       if (a.getDuckRows()) { // its o_proj is on the ducks
         f.hostWeightBytes -= hostBytesOf(a.getOProj());
         f.onDucksHostBytes += hostBytesOf(a.getOProj());
@@ -488,6 +516,13 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
                        c.hostReadGbs);
+  if (c.mlaAbsorbDucks)
+    os << llvm::format("mla absorb: kv_b_proj on the ducks by heads, "
+                       "MODELLED ONLY (no plan is written with it): %.1f MB "
+                       "a token off the host's reads, each query step also "
+                       "through W_UK, each output step scattered by heads "
+                       "through W_UV (partial sums back)\n",
+                       s.mlaAbsorbedBytesPerToken / 1e6);
   if (s.networkMsPerToken > 0) {
     const std::string links = linksText(c);
     os << llvm::format("network: %.2f MB out and %.2f MB in at the host a "
@@ -633,6 +668,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"relay_fanout", c.relayFanout},
       {"relay_host_fanout", c.relayHostFanout},
       {"relay_chunk_bytes", c.relayChunkBytes},
+      {"mla_absorb", c.mlaAbsorbDucks ? "ducks (modelled only)" : "host"},
+      {"mla_absorbed_bytes_per_token", s.mlaAbsorbedBytesPerToken},
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
       {"host_rx_bytes_per_token", s.hostRxBytesPerToken},
