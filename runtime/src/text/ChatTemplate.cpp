@@ -2,7 +2,8 @@
 //
 // The formats are the models' own: Qwen3's ChatML, DeepSeek-V3's chat
 // template and DeepSeek-V3.2's message encoder in chat mode (no tools, no
-// thinking). See ChatTemplate.h for what each writes.
+// thinking). See ChatTemplate.h for what each writes. A checkpoint's own
+// Jinja chat template is rendered by CheckpointTemplate (Jinja.h).
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/text/ChatTemplate.h"
 
@@ -163,6 +164,65 @@ PromptPrefixIds(std::string_view config_json, std::string_view source,
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": bos_token '", name, "' is not a token of the tokenizer"));
   return std::vector<int32_t>{id};
+}
+
+namespace {
+// A special token in tokenizer_config.json: a string, or an AddedToken
+// object with its "content"; "" when absent.
+std::string ConfigToken(const nlohmann::ordered_json &c, const char *key) {
+  if (!c.contains(key))
+    return "";
+  const nlohmann::ordered_json &t = c[key];
+  if (t.is_object() && t.contains("content") && t["content"].is_string())
+    return t["content"].get<std::string>();
+  return t.is_string() ? t.get<std::string>() : "";
+}
+} // namespace
+
+absl::StatusOr<std::optional<CheckpointTemplate>>
+CheckpointTemplate::FromConfig(std::string_view config_json,
+                               std::string_view source) {
+  using Json = nlohmann::ordered_json;
+  const std::string where(source.data(), source.size());
+  if (config_json.empty())
+    return std::nullopt;
+  Json c = Json::parse(config_json.begin(), config_json.end(), nullptr,
+                       /*allow_exceptions=*/false);
+  if (c.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": malformed JSON"));
+  if (!c.is_object() || !c.contains("chat_template"))
+    return std::nullopt;
+  const Json *src = &c["chat_template"];
+  if (src->is_array()) // [{"name": ..., "template": ...}]: the default one
+    for (const Json &t : *src)
+      if (t.is_object() && t.value("name", "") == "default" &&
+          t.contains("template"))
+        src = &t["template"];
+  if (!src->is_string())
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": chat_template is neither a string nor a list of named "
+               "templates with a \"default\""));
+  auto t = jinja::Template::Parse(src->get<std::string>());
+  if (!t.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", t.status().message()));
+  return CheckpointTemplate(std::move(*t), ConfigToken(c, "bos_token"),
+                            ConfigToken(c, "eos_token"));
+}
+
+absl::StatusOr<std::string>
+CheckpointTemplate::Render(const nlohmann::ordered_json &messages,
+                           const ChatTemplateArgs &args) const {
+  nlohmann::ordered_json vars = {
+      {"messages", messages},
+      {"add_generation_prompt", args.add_generation_prompt},
+      {"bos_token", bos_},
+      {"eos_token", eos_}};
+  if (args.tools)
+    vars["tools"] = *args.tools;
+  if (args.enable_thinking)
+    vars["enable_thinking"] = *args.enable_thinking;
+  return template_.Render(vars);
 }
 
 std::string_view ChatEndToken(ChatFormat format) {

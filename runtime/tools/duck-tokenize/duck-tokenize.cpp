@@ -1,14 +1,19 @@
 // duck-tokenize: encodes text with a tokenizer.json and prints the ids, or
-// decodes ids back to text; for debugging prompts and generations.
+// decodes ids back to text, or renders chats with a checkpoint's chat
+// template; for debugging prompts and generations.
+#include "duck/runtime/text/ChatTemplate.h"
 #include "duck/runtime/text/Tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,14 +23,73 @@ static int usage() {
       "usage: duck-tokenize [--no-special] [--tokens] [--repeat N] "
       "<tokenizer.json> [text...]\n"
       "       duck-tokenize <tokenizer.json> --decode <id>...\n"
+      "       duck-tokenize --render-chat <tokenizer_config.json> "
+      "<chats.json> [family]\n"
       "\n"
       "Prints the ids of the text (the arguments joined by spaces, or stdin "
       "if none)\non one line. --tokens prints one \"id<TAB>token\" line per "
       "id instead;\n--no-special encodes special tokens such as "
       "<|im_start|> as plain text.\n--decode prints the text of the ids.\n"
       "--repeat N encodes N times and reports load and encode times on "
-      "stderr.\n");
+      "stderr.\n--render-chat renders each chat of a JSON list ({\"name\", "
+      "\"messages\",\n\"tools\", \"enable_thinking\", "
+      "\"add_generation_prompt\" (default true), \"families\"})\nwith "
+      "the config's chat_template, skipping those whose \"families\" leave "
+      "out\n[family]; prints \"=== name ===\", the prompt and a newline "
+      "for each.\n");
   return 2;
+}
+
+static std::string readFile(const char *path, bool *ok) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  *ok = bool(in);
+  return buf.str();
+}
+
+// --render-chat: the chats of a corpus through the checkpoint's template.
+static int renderChats(const char *config_path, const char *chats_path,
+                       const std::string &family) {
+  using Json = nlohmann::ordered_json;
+  bool ok_cfg = false, ok_chats = false;
+  const std::string cfg = readFile(config_path, &ok_cfg);
+  const std::string chats = readFile(chats_path, &ok_chats);
+  if (!ok_cfg || !ok_chats) {
+    std::fprintf(stderr, "duck-tokenize: cannot read %s\n",
+                 ok_cfg ? chats_path : config_path);
+    return 1;
+  }
+  auto tmpl = duck::runtime::CheckpointTemplate::FromConfig(cfg, config_path);
+  const Json list = Json::parse(chats, nullptr, /*allow_exceptions=*/false);
+  if (!tmpl.ok() || !*tmpl || !list.is_array()) {
+    std::fprintf(stderr, "duck-tokenize: %s\n",
+                 !tmpl.ok() ? std::string(tmpl.status().message()).c_str()
+                 : !*tmpl   ? "the config has no chat_template"
+                            : "the chats file is not a JSON list");
+    return 1;
+  }
+  for (const Json &c : list) {
+    if (!family.empty() && c.contains("families") &&
+        std::find(c["families"].begin(), c["families"].end(), family) ==
+            c["families"].end())
+      continue;
+    duck::runtime::ChatTemplateArgs args;
+    args.add_generation_prompt = c.value("add_generation_prompt", true);
+    if (c.contains("enable_thinking"))
+      args.enable_thinking = c["enable_thinking"].get<bool>();
+    if (c.contains("tools"))
+      args.tools = c["tools"];
+    auto text = (*tmpl)->Render(c.value("messages", Json::array()), args);
+    if (!text.ok()) {
+      std::fprintf(stderr, "duck-tokenize: %s: %s\n",
+                   c.value("name", "?").c_str(),
+                   std::string(text.status().message()).c_str());
+      return 1;
+    }
+    std::cout << "=== " << c.value("name", "") << " ===\n" << *text << "\n";
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -33,6 +97,8 @@ int main(int argc, char **argv) {
   long repeat = 0;
   std::string path;
   std::vector<std::string> rest;
+  if (argc >= 4 && std::strcmp(argv[1], "--render-chat") == 0)
+    return renderChats(argv[2], argv[3], argc > 4 ? argv[4] : "");
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h")

@@ -7,14 +7,23 @@
 // V3.2, in V3.2's chat (non-thinking) mode. The text is then encoded with
 // special tokens allowed (Tokenizer::Encode), so the markers become their
 // token ids.
+//
+// When the checkpoint's tokenizer_config.json has a `chat_template`, that
+// Jinja template is rendered instead (CheckpointTemplate, Jinja.h), with
+// the request's tools and template arguments; the formats above are the
+// fallback for a checkpoint without one.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_CHATTEMPLATE_H
 #define DUCK_RUNTIME_CHATTEMPLATE_H
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "duck/runtime/text/Jinja.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +86,41 @@ PromptPrefixIds(std::string_view config_json, std::string_view source,
 /// The token that ends an assistant turn ("<|im_end|>",
 /// "<｜end▁of▁sentence｜>"), "" for kNone: a chat stops there.
 std::string_view ChatEndToken(ChatFormat format);
+
+/// What a chat template is rendered with besides the messages.
+struct ChatTemplateArgs {
+  bool add_generation_prompt = true;
+  std::optional<bool> enable_thinking;         // absent: the template's default
+  std::optional<nlohmann::ordered_json> tools; // OpenAI `tools`, as sent
+};
+
+/// The checkpoint's own chat template: tokenizer_config.json's
+/// `chat_template` (a string, or the list of named templates' "default"),
+/// rendered as transformers renders it, with the config's bos_token and
+/// eos_token.
+class CheckpointTemplate {
+public:
+  /// nullopt when the config ("" when the checkpoint has none) has no
+  /// chat_template. Errors (InvalidArgument) name `source`: bad JSON, a
+  /// chat_template of another type, or one that does not parse (its
+  /// line:column and the construct).
+  static absl::StatusOr<std::optional<CheckpointTemplate>>
+  FromConfig(std::string_view config_json, std::string_view source);
+
+  /// The prompt of `messages` (OpenAI chat messages, as sent). Errors
+  /// (InvalidArgument): what the template raised or could not evaluate.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json &messages,
+                                     const ChatTemplateArgs &args) const;
+
+  /// Whether the template reads `tools` (Qwen3's does, DeepSeek-V3's not).
+  bool RendersTools() const { return template_.Reads("tools"); }
+
+private:
+  CheckpointTemplate(jinja::Template t, std::string bos, std::string eos)
+      : template_(std::move(t)), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  jinja::Template template_;
+  std::string bos_, eos_;
+};
 
 } // namespace duck::runtime
 
