@@ -41,6 +41,14 @@
 //                  grammar holds), streamed and not, its arguments valid;
 //                  "required" still gives a valid call. Prints
 //                  `tools-auto ok`.
+//   reasoning AJV_DIR TOOL THINK END   against the same server (its
+//                  tokenizer has "<think>" as THINK and "</think>" as END):
+//                  sampled answers with logit biases on both, asked with
+//                  reasoning_format "none" (the raw text), by default and
+//                  streamed: reasoning_content and content are the raw
+//                  text's leading <think> block and what follows it less
+//                  its leading newlines, the usage the same; a bad
+//                  reasoning_format is a 400. Prints `reasoning ok`.
 //
 // The model is $DUCK_SERVE_MODEL if set, else the first one the server lists.
 // Any failed expectation or thrown error: a message on stderr naming the
@@ -255,6 +263,47 @@ async function expect400(params, param, word, what) {
          `${what}: ${show(body)}, expected param ${param} and ${show(word)} in the message`);
 }
 
+// One streamed chat completion with tools, its deltas checked as OpenAI
+// sends them: content (if any) before the tool call; the call's first
+// delta has index 0, its id, type "function" and the name (arguments
+// ""), the later ones index 0 and a piece of the arguments only. Returns
+// the content, the name, the arguments, how many chunks carried
+// arguments, and the finish reason.
+// The reasoning scenario's sampled answers, and the biases that make them
+// open and close think blocks on random weights.
+const [BIAS_SEEDS, THINK_BIAS, END_BIAS] = [12, 6, 4];
+
+async function streamToolCall(params, what) {
+  const s = await client.chat.completions.create({ ...params, stream: true });
+  const acc = { content: '', name: null, arguments: '', pieces: 0, finish: null };
+  for await (const chunk of s)
+    for (const ch of chunk.choices) {
+      const d = ch.delta || {};
+      if (d.content) {
+        expect(acc.name === null, `${what} (streamed): content ${show(d.content)} after the call began`);
+        acc.content += d.content;
+      }
+      for (const t of d.tool_calls || []) {
+        expect(t.index === 0, `${what} (streamed): tool call index ${show(t.index)}`);
+        const f = t.function || {};
+        if (acc.name === null) {
+          expect(typeof t.id === 'string' && t.id.length > 0 && t.type === 'function' &&
+                   typeof f.name === 'string' && f.name.length > 0 && f.arguments === '',
+                 `${what} (streamed): first tool call delta ${show(t)}`);
+          acc.name = f.name;
+        } else {
+          expect(t.id === undefined && f.name === undefined && typeof f.arguments === 'string' &&
+                   f.arguments.length > 0,
+                 `${what} (streamed): a later tool call delta ${show(t)}`);
+          acc.arguments += f.arguments;
+          acc.pieces += 1;
+        }
+      }
+      acc.finish = ch.finish_reason || acc.finish;
+    }
+  return acc;
+}
+
 const scenarios = {
   async models() {
     const page = await client.models.list();
@@ -394,6 +443,7 @@ const scenarios = {
     const choices = [['required', 'required'], ...tools.map((t) =>
       [t.function.name, { type: 'function', function: { name: t.function.name } }])];
     let calls = 0;
+    let pieces = 0; // the most argument chunks one streamed call came in
     const names = new Set();
     for (const [label, tool_choice] of choices) {
       for (const [temperature, seed] of [[0, 0], [1, 1], [1, 2], [0.8, 3]]) {
@@ -420,23 +470,11 @@ const scenarios = {
         expect(v(args), `${what}: arguments ${show(args)} fail ${name}'s schema: ${show(v.errors)}`);
         names.add(name);
         // Streamed: delta.tool_calls add up to the same call.
-        const s = await client.chat.completions.create({ ...params, stream: true });
-        const acc = { name: '', arguments: '', id: null };
-        let finish = null;
-        for await (const chunk of s) {
-          for (const ch of chunk.choices) {
-            for (const d of (ch.delta && ch.delta.tool_calls) || []) {
-              expect(d.index === 0, `${what} (streamed): tool call index ${show(d.index)}`);
-              acc.id = acc.id || d.id;
-              acc.name += (d.function && d.function.name) || '';
-              acc.arguments += (d.function && d.function.arguments) || '';
-            }
-            finish = ch.finish_reason || finish;
-          }
-        }
-        expect(finish === 'tool_calls' && acc.name === name &&
-                 acc.arguments === call.function.arguments && acc.id,
-               `${what} (streamed): ${show(acc)} finish ${show(finish)}, expected ${show(call.function)}`);
+        const acc = await streamToolCall(params, what);
+        expect(acc.finish === 'tool_calls' && acc.name === name && acc.content === '' &&
+                 acc.arguments === call.function.arguments,
+               `${what} (streamed): ${show(acc)}, expected ${show(call.function)}`);
+        pieces = Math.max(pieces, acc.pieces);
         calls += 2;
       }
     }
@@ -458,6 +496,8 @@ const scenarios = {
     await expect400({ ...base, max_tokens: 64, tool_choice: 'required', tools: [{ type: 'function',
       function: { name: 'f', parameters: { type: 'object', properties: { x: { oneOf: [] } } } } }] },
                     'tools', "'oneOf'", 'tools unsupported keyword');
+    // The arguments are streamed as they are generated, not whole at the end.
+    expect(pieces >= 4, `tools: the arguments came in at most ${pieces} chunks`);
     out(`tools: ${calls} calls of ${names.size} functions are well-formed and validate; bad choices refused`);
     out('tools ok');
   },
@@ -477,17 +517,8 @@ const scenarios = {
     for (const [what, extra, wantCall] of runs) {
       const r = await client.chat.completions.create({ ...base, ...extra });
       const c = r.choices[0];
-      const s = await client.chat.completions.create({ ...base, ...extra, stream: true });
-      let text = '';
-      let args = '';
-      let finish = null;
-      for await (const chunk of s)
-        for (const ch of chunk.choices) {
-          text += (ch.delta && ch.delta.content) || '';
-          for (const d of (ch.delta && ch.delta.tool_calls) || [])
-            args += (d.function && d.function.arguments) || '';
-          finish = ch.finish_reason || finish;
-        }
+      const acc = await streamToolCall({ ...base, ...extra }, `tools-auto ${what}`);
+      const [text, args, finish] = [acc.content, acc.arguments, acc.finish];
       if (!wantCall) {
         expect(!c.message.tool_calls && c.finish_reason !== 'tool_calls' &&
                  c.message.content === text && finish === c.finish_reason,
@@ -500,10 +531,61 @@ const scenarios = {
              `tools-auto ${what}: ${show(c)}`);
       const a = JSON.parse(tc[0].function.arguments);
       expect(validate(a), `tools-auto ${what}: ${show(a)}: ${show(validate.errors)}`);
-      expect(finish === 'tool_calls' && args === tc[0].function.arguments && text === (c.message.content || ''),
+      expect(finish === 'tool_calls' && args === tc[0].function.arguments &&
+               text === (c.message.content || '') && acc.name === 'forecast',
              `tools-auto ${what} (streamed): ${show(args)} ${show(text)} finish ${show(finish)}`);
     }
     out('tools-auto ok');
+  },
+
+  async reasoning() {
+    const [think, endThink] = [process.argv[8], process.argv[9]];
+    const model = await pickModel();
+    // What the server should make of the raw text (vLLM's Qwen3 parser):
+    // a leading <think> block is the reasoning, the rest the content less
+    // its leading newlines.
+    const split = (raw) => {
+      if (!raw.startsWith('<think>')) return { reasoning: undefined, content: raw };
+      const rest = raw.slice('<think>'.length);
+      const at = rest.indexOf('</think>');
+      if (at < 0) return { reasoning: rest, content: '' };
+      return { reasoning: rest.slice(0, at), content: rest.slice(at + '</think>'.length).replace(/^\n+/, '') };
+    };
+    let thought = 0;
+    let both = 0;
+    for (let seed = 1; seed <= BIAS_SEEDS; ++seed) {
+      const params = { model, messages: [{ role: 'user', content: 'Think first.' }], max_tokens: 24,
+        temperature: 1, seed, logit_bias: { [think]: THINK_BIAS, [endThink]: END_BIAS } };
+      const what = `reasoning seed ${seed}`;
+      const raw = await client.chat.completions.create({ ...params, reasoning_format: 'none' });
+      const rawText = raw.choices[0].message.content;
+      expect(raw.choices[0].message.reasoning_content === undefined, `${what}: 'none' gave ${show(raw.choices[0])}`);
+      const want = split(rawText);
+      const r = await client.chat.completions.create(params);
+      const m = r.choices[0].message;
+      expect(m.reasoning_content === want.reasoning && m.content === want.content,
+             `${what}: ${show(m)} from ${show(rawText)}`);
+      expect(r.usage.completion_tokens === raw.usage.completion_tokens &&
+               r.choices[0].finish_reason === raw.choices[0].finish_reason,
+             `${what}: usage ${show(r.usage)} finish ${r.choices[0].finish_reason}, raw ${show(raw.usage)}`);
+      const s = await client.chat.completions.create({ ...params, stream: true });
+      let [reasoning, content, finish] = ['', '', null];
+      for await (const chunk of s)
+        for (const ch of chunk.choices) {
+          reasoning += (ch.delta && ch.delta.reasoning_content) || '';
+          content += (ch.delta && ch.delta.content) || '';
+          finish = ch.finish_reason || finish;
+        }
+      expect(reasoning === (want.reasoning || '') && content === want.content && finish === r.choices[0].finish_reason,
+             `${what} (streamed): ${show({ reasoning, content, finish })} from ${show(rawText)}`);
+      thought += want.reasoning !== undefined;
+      both += !!(want.reasoning && rawText.includes('</think>') && want.content);
+    }
+    await expect400({ model, messages: [{ role: 'user', content: 'x' }], reasoning_format: 'html' },
+                    'reasoning_format', 'none', 'reasoning bad format');
+    out(`reasoning: ${thought} of ${BIAS_SEEDS} answers think, ${both} with content after; ` +
+        'streamed and not, they split as the raw text does');
+    out('reasoning ok');
   },
 
   async concurrent() {

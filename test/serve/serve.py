@@ -46,10 +46,12 @@
       token that one, whose raw logprob is reported; zero penalties and
       biases change nothing; bad values are 400s naming the field.
   serve.py tool-tokenizer IN OUT
-      Writes a copy of the tokenizer.json IN whose last BPE token (and the
-      merge that makes it) is replaced by the added, non-special token
-      "<tool_call>" with the same id, as Qwen3's tokenizer has it: a
-      logit_bias on that id then makes a model start a tool call.
+      Writes a copy of the tokenizer.json IN whose last three BPE tokens
+      that no merge builds on (and the merges that make them) are replaced
+      by the added, non-special tokens "<tool_call>", "<think>" and
+      "</think>" with the same ids, as Qwen3's tokenizer has them, and
+      prints the three ids: a logit_bias on them then makes a model start
+      a tool call or think.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -606,21 +608,30 @@ def tool_tokenizer(argv):
     with open(src) as f:
         t = json.load(f)
     m = t["model"]
-    last = max(m["vocab"].values())
-    name = next(k for k, i in m["vocab"].items() if i == last)
-    merge = m["merges"][-1]
-    pair = merge.split(" ") if isinstance(merge, str) else merge
-    if "".join(pair) != name:
-        die(f"tool-tokenizer: the last merge {merge!r} does not make {name!r}")
-    del m["vocab"][name]
-    m["merges"].pop()
-    t["added_tokens"].append({"id": last, "content": "<tool_call>",
-                              "single_word": False, "lstrip": False,
-                              "rstrip": False, "normalized": False,
-                              "special": False})
+    pairs = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x)
+             for x in m["merges"]]
+    ids = []
+    # The highest-id BPE tokens that no other merge builds on, with the
+    # merges that make them, become Qwen3's added tokens.
+    for content in ("<tool_call>", "<think>", "</think>"):
+        used = {part for pair in pairs for part in pair}
+        name, last = max(((k, i) for k, i in m["vocab"].items()
+                          if k not in used and
+                          any("".join(p) == k for p in pairs)),
+                         key=lambda kv: kv[1])
+        del m["vocab"][name]
+        pairs = [p for p in pairs if "".join(p) != name]
+        t["added_tokens"].append({"id": last, "content": content,
+                                  "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False,
+                                  "special": False})
+        ids.append(last)
+    m["merges"] = [" ".join(p) for p in pairs] \
+        if m["merges"] and isinstance(m["merges"][0], str) else \
+        [list(p) for p in pairs]
     with open(dst, "w") as f:
         json.dump(t, f)
-    print(last)
+    print(*ids)
 
 
 def check_unsupported(argv):

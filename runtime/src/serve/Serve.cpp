@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/serve/Serve.h"
 
+#include "duck/runtime/serve/AnswerParser.h"
 #include "duck/runtime/serve/Batcher.h"
 #include "duck/runtime/serve/ToolCalls.h"
 
@@ -293,7 +294,7 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   std::string text; // all text so far, stop strings cut off
-  size_t ready = 0; // text[0, ready) may be sent (no partial stop)
+  size_t ready = 0; // text[0, ready) may be parsed (no partial stop)
   bool done = false;
   FinishReason why = FinishReason::kLength;
   absl::Status error;
@@ -309,12 +310,17 @@ struct Job {
   std::vector<json> logprobs;
   size_t lp_sent = 0, lp_offset = 0; // lp_offset: completions' text_offset
 
-  // Tool calls (ToolCalls.h): kForced, the whole answer is a call (not
-  // streamed as content, parsed into tool_calls at the end); kAuto, text
-  // then maybe a call from "<tool_call>" on (the text before it streamed,
-  // the call held back and parsed at the end).
+  // Tool calls (ToolCalls.h): kForced, the whole answer is a call; kAuto,
+  // text then maybe a call from "<tool_call>" on.
   enum class Tools { kNone, kForced, kAuto } tools = Tools::kNone;
-  std::vector<std::string> hold; // stops, and "<tool_call>" under kAuto
+
+  // The answer as AnswerParser splits text[0, ready): what it gave so far,
+  // and what a stream has sent of it.
+  std::unique_ptr<AnswerParser> parser;
+  std::string reasoning, content, call_name, arguments;
+  bool call_started = false;
+  size_t reasoning_sent = 0, content_sent = 0, arguments_sent = 0;
+  bool name_sent = false;
 
   // Batcher thread only.
   std::unique_ptr<StreamDecoder> decoder;
@@ -385,6 +391,28 @@ size_t HeldBack(const std::string &text,
 
 constexpr char kToolCallMarker[] = "<tool_call>";
 
+/// Parses more of the job's text (all of it when `final`).
+void ParseMore(Job &j, bool final) {
+  const AnswerParts p = j.parser->Feed(
+      std::string_view(j.text).substr(0, final ? j.text.size() : j.ready),
+      final);
+  j.reasoning += p.reasoning;
+  j.content += p.content;
+  j.arguments += p.arguments;
+  if (p.call_started) {
+    j.call_started = true;
+    j.call_name = p.call_name;
+  }
+}
+
+/// Whether a stream has parts of the answer to send.
+bool Unsent(const Job &j) {
+  return j.reasoning.size() > j.reasoning_sent ||
+         j.content.size() > j.content_sent ||
+         (j.call_started && !j.name_sent) ||
+         j.arguments.size() > j.arguments_sent;
+}
+
 TokenVerdict OnToken(Job &j, int32_t id) {
   std::string piece = j.decoder->Push(id);
   std::lock_guard<std::mutex> lock(j.mu);
@@ -410,22 +438,11 @@ TokenVerdict OnToken(Job &j, int32_t id) {
     j.ready = j.text.size();
     v = TokenVerdict::kStop;
   } else {
-    j.ready = j.text.size() - HeldBack(j.text, j.hold);
-    if (j.tools == Job::Tools::kAuto)
-      j.ready = std::min(j.ready, j.text.find(kToolCallMarker));
+    j.ready = j.text.size() - HeldBack(j.text, j.stops);
   }
+  ParseMore(j, false);
   j.cv.notify_all();
   return v;
-}
-
-/// The tool call a finished job's text ends with, and where it starts.
-std::optional<std::pair<std::string, std::string>> JobToolCall(const Job &j,
-                                                               size_t *at) {
-  *at = j.tools == Job::Tools::kForced ? 0 : j.text.find(kToolCallMarker);
-  if (j.tools == Job::Tools::kNone || j.why != FinishReason::kStop ||
-      *at == std::string::npos)
-    return std::nullopt;
-  return ParseToolCall(j.text.substr(*at));
 }
 
 void OnDone(Job &j, FinishReason why, const absl::Status &error) {
@@ -436,10 +453,8 @@ void OnDone(Job &j, FinishReason why, const absl::Status &error) {
     tail = j.decoder->Flush(); // an unfinished character, as U+FFFD
   j.text += tail;
   j.why = why;
-  size_t at = 0;
-  // A tool call stays held back: it is sent as tool_calls.
-  j.ready = j.tools == Job::Tools::kAuto && JobToolCall(j, &at) ? at
-                                                                : j.text.size();
+  j.ready = j.text.size();
+  ParseMore(j, true);
   j.error = error;
   j.done = true;
   j.cv.notify_all();
@@ -461,6 +476,7 @@ struct Params {
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
   std::shared_ptr<const JsonGrammar> grammar; // response_format
+  bool reasoning = true; // 'reasoning_format' is not "none"
   /// The body with its objects in the request's order (schemas, tools),
   /// when it has any.
   nlohmann::ordered_json ordered;
@@ -559,6 +575,20 @@ std::optional<FieldError> ParseFlags(const json &b, Params *p) {
                         "16 (lookup drafts a step)"};
     p->speculative = (int)v.get<int64_t>();
   }
+  return std::nullopt;
+}
+
+/// 'reasoning_format' (chat; llama-server's field): "auto" (the default)
+/// or "deepseek" return Qwen3's thinking as reasoning_content, "none"
+/// leaves it in the content.
+std::optional<FieldError> ParseReasoning(const json &b, Params *p) {
+  if (!b.contains("reasoning_format") || b["reasoning_format"].is_null())
+    return std::nullopt;
+  const json &v = b["reasoning_format"];
+  if (v != "auto" && v != "deepseek" && v != "none")
+    return FieldError{"reasoning_format", "'reasoning_format' must be "
+                                          "\"auto\", \"deepseek\" or \"none\""};
+  p->reasoning = v != "none";
   return std::nullopt;
 }
 
@@ -820,6 +850,9 @@ private:
   bool PromptFromCompletion(const json &b, httplib::Response &res, Params *p);
   /// Hands the request to the batcher as a job its callbacks fill.
   std::shared_ptr<Job> Submit(Params &p, bool chat, httplib::Response &res);
+  /// How a chat answer is split (reasoning, content, a tool call).
+  AnswerParser::Options AnswerOptions(const Params &p, Job::Tools tools,
+                                      const std::vector<int32_t> &prompt) const;
   /// The whole answer at once, when the job is done.
   void Answer(const httplib::Request &req, httplib::Response &res, Job &job,
               const Reply &r);
@@ -846,6 +879,7 @@ private:
   Metrics metrics_;
   int64_t created_ = 0;
   std::vector<int32_t> eos_, eos_chat_;
+  int32_t think_open_ = -1, think_close_ = -1; // Qwen3's <think>, </think>
   uint64_t steps_seen_ = 0; // AfterStep, on the batcher's thread
   int listen_fd_ = -1;       // the bound socket (Listen)
 };
@@ -939,20 +973,52 @@ json PendingLogprobs(Job &job, bool chat) {
   return lp;
 }
 
-/// A tool-call answer's message.tool_calls (with `index` in a stream's
-/// delta); null when its text is not a whole call (a stop string cut it).
-json ToolCallsJson(const Job &job, const Reply &r, bool stream) {
-  size_t at = 0;
-  auto call = JobToolCall(job, &at);
-  if (!call)
-    return nullptr;
-  json c = {{"id", absl::StrCat("call_", r.id.substr(r.id.find('-') + 1))},
-            {"type", "function"},
-            {"function",
-             {{"name", call->first}, {"arguments", call->second}}}};
-  if (stream)
+/// A tool call's id, type and function name, with these arguments.
+json ToolCallJson(const Job &job, const Reply &r, std::string arguments) {
+  return json{{"id", absl::StrCat("call_", r.id.substr(r.id.find('-') + 1))},
+              {"type", "function"},
+              {"function",
+               {{"name", job.call_name}, {"arguments", std::move(arguments)}}}};
+}
+
+/// The finish reason an answer reports: "tool_calls" once a call closed.
+std::string FinishName(const Job &job) {
+  return job.parser->call_complete() ? "tool_calls" : FinishReasonName(job.why);
+}
+
+/// The chat stream's deltas for the parts of the answer not sent yet:
+/// reasoning and content together, then the tool call's first chunk (id,
+/// type, name), then a piece of its arguments. The log probabilities of
+/// the tokens since the last chunk go with the first.
+std::string UnsentChunks(Job &job, const Reply &r) {
+  std::string out;
+  auto send = [&](json delta) {
+    out += r.Chunk(std::move(delta), nullptr,
+                   out.empty() ? PendingLogprobs(job, r.chat) : json());
+  };
+  json text = json::object();
+  if (job.reasoning.size() > job.reasoning_sent)
+    text["reasoning_content"] = job.reasoning.substr(job.reasoning_sent);
+  if (job.content.size() > job.content_sent)
+    text["content"] = job.content.substr(job.content_sent);
+  job.reasoning_sent = job.reasoning.size();
+  job.content_sent = job.content.size();
+  if (!text.empty())
+    send(std::move(text));
+  if (job.call_started && !job.name_sent) {
+    json c = ToolCallJson(job, r, "");
     c["index"] = 0;
-  return json::array({c});
+    send(json{{"tool_calls", json::array({c})}});
+    job.name_sent = true;
+  }
+  if (job.arguments.size() > job.arguments_sent) {
+    json c = {{"index", 0},
+              {"function",
+               {{"arguments", job.arguments.substr(job.arguments_sent)}}}};
+    send(json{{"tool_calls", json::array({c})}});
+    job.arguments_sent = job.arguments.size();
+  }
+  return out;
 }
 
 /// The events that end a stream: the error, or the finish reason (and the
@@ -971,15 +1037,7 @@ std::string StreamEnd(Job &job, const Reply &r, bool include_usage) {
                              : json("unavailable")}}}};
     out += absl::StrCat("data: ", Dump(e), "\n\n");
   } else {
-    std::string finish = FinishReasonName(job.why);
-    const json calls = ToolCallsJson(job, r, true); // held back until now
-    if (!calls.is_null())
-      out += r.Chunk(json{{"tool_calls", calls}}, nullptr);
-    else if (job.tools == Job::Tools::kForced && !job.text.empty())
-      out += r.Chunk(json{{"content", job.text}}, nullptr);
-    if (!calls.is_null())
-      finish = "tool_calls";
-    out += r.Chunk(r.chat ? json::object() : json(""), finish,
+    out += r.Chunk(r.chat ? json::object() : json(""), FinishName(job),
                    PendingLogprobs(job, r.chat));
     if (include_usage) {
       json u = {{"id", r.id},
@@ -1060,6 +1118,9 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
     return Bad(res, *e);
   if (chat)
     if (auto e = ParseToolFields(ses_->chat_format(), p))
+      return Bad(res, *e);
+  if (chat)
+    if (auto e = ParseReasoning(b, p))
       return Bad(res, *e);
   if (!(chat ? PromptFromMessages(b, res, p) : PromptFromCompletion(b, res, p)))
     return false;
@@ -1192,9 +1253,8 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
                : p.tools.choice == ToolRequest::Choice::kAuto
                    ? Job::Tools::kAuto
                    : Job::Tools::kForced;
-  job->hold = job->stops;
-  if (job->tools == Job::Tools::kAuto)
-    job->hold.push_back(kToolCallMarker);
+  job->parser = std::make_unique<AnswerParser>(
+      chat ? AnswerOptions(p, job->tools, g.prompt) : AnswerParser::Options());
   if (p.grammar || job->tools != Job::Tools::kNone ||
       p.presence_penalty != 0 ||
       p.frequency_penalty != 0 || !p.logit_bias.empty()) {
@@ -1239,6 +1299,28 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   }
   job->id = *id;
   return job;
+}
+
+AnswerParser::Options
+Server::AnswerOptions(const Params &p, Job::Tools tools,
+                      const std::vector<int32_t> &prompt) const {
+  AnswerParser::Options o;
+  o.calls = tools == Job::Tools::kForced ? AnswerParser::Calls::kForced
+            : tools == Job::Tools::kAuto ? AnswerParser::Calls::kAuto
+                                         : AnswerParser::Calls::kNone;
+  o.reasoning = p.reasoning && think_open_ >= 0 && think_close_ >= 0;
+  // The prompt opened a think block when, back from its end, "<think>"
+  // comes before "</think>" and before any special token (the turn's
+  // "<|im_start|>"): Qwen3's thinking templates end so.
+  for (size_t i = prompt.size(); o.reasoning && i-- > 0;) {
+    const int32_t t = prompt[i];
+    if (t == think_open_)
+      o.in_think = true;
+    if (t == think_open_ || t == think_close_ ||
+        ses_->tokenizer()->IsSpecial(t))
+      break;
+  }
+  return o;
 }
 
 void Server::Record(const Job &job) {
@@ -1287,28 +1369,25 @@ void Server::Answer(const httplib::Request &req, httplib::Response &res,
                "server_error", nullptr, "unavailable");
     return;
   }
-  json choice = {{"index", 0},
-                 {"logprobs", nullptr},
-                 {"finish_reason", FinishReasonName(job.why)}};
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(job)}};
   if (job.want_logprobs)
     choice["logprobs"] = LogprobsJson(r.chat, job.logprobs, 0,
                                       job.logprobs.size(), &job.lp_offset);
-  const json calls = ToolCallsJson(job, r, false);
-  if (!calls.is_null()) {
-    // Auto: the text before the call (Qwen3 writes a newline between).
-    size_t at = 0;
-    JobToolCall(job, &at);
-    std::string before = job.text.substr(0, at);
-    while (!before.empty() && std::isspace((unsigned char)before.back()))
-      before.pop_back();
-    choice["message"] = {{"role", "assistant"},
-                         {"content", before.empty() ? json() : json(before)},
-                         {"tool_calls", calls}};
-    choice["finish_reason"] = "tool_calls";
-  } else if (r.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", job.text}};
-  } else
+  if (r.chat) {
+    // The parts a stream sends (AnswerParser.h), whole.
+    json m = {{"role", "assistant"}, {"content", job.content}};
+    if (job.parser->had_reasoning())
+      m["reasoning_content"] = job.reasoning;
+    if (job.call_started) {
+      if (job.content.empty())
+        m["content"] = nullptr;
+      m["tool_calls"] = json::array({ToolCallJson(job, r, job.arguments)});
+    }
+    choice["message"] = std::move(m);
+  } else {
     choice["text"] = job.text;
+  }
   json out = {{"id", r.id},
               {"object", r.chat ? "chat.completion" : "text_completion"},
               {"created", r.created},
@@ -1321,7 +1400,6 @@ void Server::Answer(const httplib::Request &req, httplib::Response &res,
 void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
                     bool include_usage) {
   struct StreamState {
-    size_t sent = 0;
     bool first = true, finished = false;
   };
   auto st = std::make_shared<StreamState>();
@@ -1334,7 +1412,7 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
         try {
           std::unique_lock<std::mutex> lock(job->mu);
           job->cv.wait_for(lock, std::chrono::milliseconds(200),
-                           [&] { return job->done || job->ready > st->sent; });
+                           [&] { return job->done || Unsent(*job); });
           std::string out;
           if (st->first && r.chat)
             out += r.Chunk(json{{"role", "assistant"},
@@ -1343,12 +1421,12 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
                                                 : json("")}},
                            nullptr);
           st->first = false;
-          if (job->ready > st->sent && job->tools != Job::Tools::kForced) {
-            std::string piece =
-                job->text.substr(st->sent, job->ready - st->sent);
-            st->sent = job->ready;
-            out += r.Chunk(r.chat ? json{{"content", piece}} : json(piece),
-                           nullptr, PendingLogprobs(*job, r.chat));
+          if (r.chat) {
+            out += UnsentChunks(*job, r);
+          } else if (Unsent(*job)) {
+            std::string piece = job->content.substr(job->content_sent);
+            job->content_sent = job->content.size();
+            out += r.Chunk(json(piece), nullptr, PendingLogprobs(*job, false));
           }
           const bool done = job->done;
           lock.unlock();
@@ -1591,6 +1669,8 @@ absl::Status Server::Run() {
   created_ = (int64_t)std::time(nullptr);
   eos_ = ses_->StopTokens(false);
   eos_chat_ = ses_->StopTokens(true);
+  think_open_ = ses_->tokenizer()->TokenId("<think>");
+  think_close_ = ses_->tokenizer()->TokenId("</think>");
 
   // Listen first: /health says 503 while the ducks are prepared.
   if (absl::Status s = Listen(); !s.ok())

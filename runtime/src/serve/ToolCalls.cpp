@@ -216,22 +216,4 @@ std::optional<ToolProblem> ChatMlMessages(const json &messages,
   return std::nullopt;
 }
 
-std::optional<std::pair<std::string, std::string>>
-ParseToolCall(const std::string &text) {
-  const std::string open = kCallOpen, close = kCallClose;
-  if (text.size() < open.size() + close.size() ||
-      text.compare(0, open.size(), open) != 0 ||
-      text.compare(text.size() - close.size(), close.size(), close) != 0)
-    return std::nullopt;
-  const ojson j = ojson::parse(
-      text.substr(open.size(), text.size() - open.size() - close.size()),
-      nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("name") || !j["name"].is_string() ||
-      !j.contains("arguments"))
-    return std::nullopt;
-  return std::make_pair(j["name"].get<std::string>(),
-                        j["arguments"].dump(-1, ' ', false,
-                                            ojson::error_handler_t::replace));
-}
-
 } // namespace duck::runtime

@@ -6,6 +6,8 @@
 // parses back.
 #include "duck/runtime/serve/ToolCalls.h"
 
+#include "duck/runtime/serve/AnswerParser.h"
+
 #include <gtest/gtest.h>
 
 namespace {
@@ -86,11 +88,12 @@ TEST(ToolCalls, ChoiceAndGrammars) {
   EXPECT_TRUE(s.Done());
   JsonState t = gs[0]->Start();
   EXPECT_FALSE(t.FeedAll(*gs[0], "<tool_call>\n{\"name\": \"g\""));
-  auto parsed = ParseToolCall(call);
-  ASSERT_TRUE(parsed.has_value());
-  EXPECT_EQ(parsed->first, "f");
-  EXPECT_EQ(parsed->second, "{\"x\":7}");
-  EXPECT_FALSE(ParseToolCall("<tool_call>\n{\"name\": \"f\"").has_value());
+  // What the grammar allows parses back (AnswerParser.h).
+  AnswerParser parsed({false, false, AnswerParser::Calls::kForced});
+  const AnswerParts parts = parsed.Feed(call, true);
+  EXPECT_TRUE(parsed.call_complete());
+  EXPECT_EQ(parts.call_name, "f");
+  EXPECT_EQ(parts.arguments, "{\"x\":7}");
 
   ToolRequest bad;
   EXPECT_EQ(ParseTools(ojson::parse(R"({"tools": [{"type": "function",

@@ -15,7 +15,7 @@
 //    constrained to one "<tool_call>\n{"name": NAME, "arguments": ARGS}\n
 //    </tool_call>" with NAME one of the allowed tools and ARGS valid for
 //    that tool's `parameters` (JsonGrammar's schema subset), and parsed
-//    back into message.tool_calls;
+//    back into message.tool_calls (AnswerParser.h);
 //  - under "auto" (the default when tools are given) the answer is free
 //    until the model writes "<tool_call>"; from there the same grammars
 //    hold it to one well-formed call (TokenChooser's trigger), parsed back
@@ -67,11 +67,6 @@ ToolCallGrammars(const ToolRequest &r,
 std::optional<ToolProblem> ChatMlMessages(const nlohmann::json &messages,
                                           const std::string &tools_text,
                                           std::vector<ChatMessage> *out);
-
-/// A constrained tool call's text back as (name, arguments as JSON text);
-/// nullopt when the text is not one (a stop string cut it).
-std::optional<std::pair<std::string, std::string>>
-ParseToolCall(const std::string &text);
 
 /// Python's json.dumps of `v` (Jinja's tojson in Hugging Face templates).
 std::string PyJson(const nlohmann::ordered_json &v);
