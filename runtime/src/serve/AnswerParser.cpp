@@ -271,4 +271,16 @@ void AnswerParser::Tail(std::string_view text) {
   }
 }
 
+bool PromptOpensThink(const std::vector<int32_t> &prompt, int32_t open,
+                      int32_t close,
+                      const std::function<bool(int32_t)> &special) {
+  for (size_t i = prompt.size(); i-- > 0;) {
+    if (prompt[i] == open)
+      return true;
+    if (prompt[i] == close || special(prompt[i]))
+      return false;
+  }
+  return false;
+}
+
 } // namespace duck::runtime

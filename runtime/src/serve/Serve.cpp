@@ -1309,17 +1309,10 @@ Server::AnswerOptions(const Params &p, Job::Tools tools,
             : tools == Job::Tools::kAuto ? AnswerParser::Calls::kAuto
                                          : AnswerParser::Calls::kNone;
   o.reasoning = p.reasoning && think_open_ >= 0 && think_close_ >= 0;
-  // The prompt opened a think block when, back from its end, "<think>"
-  // comes before "</think>" and before any special token (the turn's
-  // "<|im_start|>"): Qwen3's thinking templates end so.
-  for (size_t i = prompt.size(); o.reasoning && i-- > 0;) {
-    const int32_t t = prompt[i];
-    if (t == think_open_)
-      o.in_think = true;
-    if (t == think_open_ || t == think_close_ ||
-        ses_->tokenizer()->IsSpecial(t))
-      break;
-  }
+  const Tokenizer *tok = ses_->tokenizer();
+  o.in_think = o.reasoning &&
+               PromptOpensThink(prompt, think_open_, think_close_,
+                                [tok](int32_t t) { return tok->IsSpecial(t); });
   return o;
 }
 

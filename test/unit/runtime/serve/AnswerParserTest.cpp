@@ -209,6 +209,18 @@ TEST(AnswerParser, AutoCall) {
   EXPECT_EQ(w.content, call);
 }
 
+TEST(AnswerParser, PromptOpensThink) {
+  // Ids: 1 "<think>", 2 "</think>", 9 "<|im_start|>" (special), 5 text.
+  const auto special = [](int32_t t) { return t == 9; };
+  // Qwen3 thinking templates: "<|im_start|>assistant\n<think>\n".
+  EXPECT_TRUE(PromptOpensThink({9, 5, 5, 1, 5}, 1, 2, special));
+  // enable_thinking=false: "<think>\n\n</think>\n\n".
+  EXPECT_FALSE(PromptOpensThink({9, 5, 1, 5, 2, 5}, 1, 2, special));
+  // A <think> in an earlier turn, then a new turn: not open.
+  EXPECT_FALSE(PromptOpensThink({9, 5, 1, 5, 9, 5}, 1, 2, special));
+  EXPECT_FALSE(PromptOpensThink({}, 1, 2, special));
+}
+
 TEST(AnswerParser, RandomTextsSplitTheSameInAnyPieces) {
   const std::vector<std::string> bits = {"<think>",
                                          "</think>",

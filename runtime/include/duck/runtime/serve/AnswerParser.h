@@ -23,8 +23,11 @@
 #define DUCK_RUNTIME_SERVE_ANSWERPARSER_H
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace duck::runtime {
 
@@ -88,6 +91,14 @@ private:
   int depth_ = 0;
   bool began_ = false, in_string_ = false, escape_ = false;
 };
+
+/// Whether `prompt` ends inside a think block: back from its end, the
+/// token `open` ("<think>") comes before `close` ("</think>") and before
+/// any token `special` names (the turn's "<|im_start|>"), as Qwen3's
+/// thinking templates end the prompt.
+bool PromptOpensThink(const std::vector<int32_t> &prompt, int32_t open,
+                      int32_t close,
+                      const std::function<bool(int32_t)> &special);
 
 } // namespace duck::runtime
 
