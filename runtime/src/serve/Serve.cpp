@@ -1164,6 +1164,45 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
   return true;
 }
 
+namespace {
+/// What the checkpoint's chat template is rendered with: the messages as
+/// sent (content as text, "" for null, as vLLM does), the tools, and
+/// 'chat_template_kwargs' (enable_thinking a boolean).
+std::optional<FieldError> TemplateInput(const json &b, const Params &p,
+                                        nlohmann::ordered_json *out_messages,
+                                        ChatTemplateArgs *out_args) {
+  // The body in its members' order (tool-call arguments keep theirs).
+  const nlohmann::ordered_json body =
+      p.ordered.is_object() ? p.ordered
+                            : nlohmann::ordered_json::parse(b.dump());
+  *out_messages = body["messages"];
+  for (auto &m : *out_messages)
+    m["content"] = *ContentText(json::parse(m["content"].dump()));
+  if (!p.tools.tools.empty())
+    out_args->tools = nlohmann::ordered_json(p.tools.tools);
+  if (!body.contains("chat_template_kwargs") ||
+      body["chat_template_kwargs"].is_null())
+    return std::nullopt;
+  const nlohmann::ordered_json &kw = body["chat_template_kwargs"];
+  if (!kw.is_object())
+    return FieldError{"chat_template_kwargs",
+                      "'chat_template_kwargs' must be an object"};
+  for (auto it = kw.begin(); it != kw.end(); ++it) {
+    if (it.key() != "enable_thinking")
+      return FieldError{"chat_template_kwargs",
+                        absl::StrCat("chat_template_kwargs: '", it.key(),
+                                     "' is not served (only "
+                                     "'enable_thinking')")};
+    if (!it.value().is_boolean())
+      return FieldError{"chat_template_kwargs",
+                        "chat_template_kwargs: 'enable_thinking' must be "
+                        "true or false"};
+    out_args->enable_thinking = it.value().get<bool>();
+  }
+  return std::nullopt;
+}
+} // namespace
+
 bool Server::PromptFromMessages(const json &b, httplib::Response &res,
                                 Params *p) {
   if (!b.contains("messages") || !b["messages"].is_array() ||
@@ -1182,6 +1221,26 @@ bool Server::PromptFromMessages(const json &b, httplib::Response &res,
                                     "] needs a 'role' and a text 'content'")});
     messages.push_back({m["role"].get<std::string>(), *content});
   }
+  // The checkpoint's own chat template, when it has one that says the
+  // request's tools (if any); else the built-in format below.
+  const CheckpointTemplate *tmpl = ses_->chat_template();
+  if (tmpl && (p->tools.tools.empty() || tmpl->RendersTools())) {
+    nlohmann::ordered_json msgs;
+    ChatTemplateArgs args;
+    if (auto e = TemplateInput(b, *p, &msgs, &args))
+      return Bad(res, *e);
+    auto ids = ses_->EncodeChatTemplate(msgs, args);
+    if (!ids.ok())
+      return Bad(res, {"messages", std::string(ids.status().message())});
+    p->prompt = std::move(*ids);
+    return true;
+  }
+  if (b.contains("chat_template_kwargs") &&
+      !b["chat_template_kwargs"].is_null())
+    return Bad(res, {"chat_template_kwargs",
+                     "this model has no chat template of its own (or one "
+                     "Duck cannot render), so 'chat_template_kwargs' has "
+                     "nothing to go to"});
   // Qwen3's tools, tool calls and tool results (ToolCalls.h).
   if (ses_->chat_format() == ChatFormat::kChatMl)
     if (auto e = ChatMlMessages(b["messages"], ToolsSystemText(p->tools),
@@ -1655,6 +1714,8 @@ absl::Status Server::Run() {
   if (!ses.ok())
     return ses.status();
   ses_ = std::move(*ses);
+  if (!ses_->chat_template_note().empty())
+    log_ << "duckrun serve: warning: " << ses_->chat_template_note() << "\n";
   if (!ses_->tokenizer())
     return absl::FailedPreconditionError(
         "duckrun serve needs a tokenizer (tokenizer.json next to the "

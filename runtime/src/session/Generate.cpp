@@ -464,6 +464,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   if (!session.ok())
     return session.status();
   Session &ses = **session;
+  if (o.chat && !ses.chat_template_note().empty())
+    err << "duckrun: warning: " << ses.chat_template_note() << "\n";
   auto prompt = PromptIds(o, ses);
   if (!prompt.ok())
     return prompt.status();

@@ -188,6 +188,13 @@ Session::Load(const SessionOptions &o) {
     }
     DUCK_ASSIGN_OR_RETURN(s->prompt_prefix_,
                           PromptPrefixIds(cfgText, cfg.string(), *s->tok_));
+    // Its chat_template, when Duck can parse it; else the built-in format.
+    if (auto t = CheckpointTemplate::FromConfig(cfgText, cfg.string()); t.ok())
+      s->chat_template_ = std::move(*t);
+    else
+      s->template_note_ = absl::StrCat(
+          t.status().message(), "; chats use the built-in ",
+          std::string(ChatFormatName(s->chat_format_)), " format instead");
   } else if (o.need_tokenizer) {
     return absl::FailedPreconditionError(
         absl::StrCat("no tokenizer.json next to the checkpoint (",
@@ -249,7 +256,24 @@ Session::EncodeChat(absl::Span<const ChatMessage> messages) const {
   if (!tok_)
     return absl::FailedPreconditionError(
         "this plan has no tokenizer (pass --tokenizer FILE)");
+  if (chat_template_) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const ChatMessage &m : messages)
+      list.push_back({{"role", m.role}, {"content", m.content}});
+    return EncodeChatTemplate(list, ChatTemplateArgs());
+  }
   DUCK_ASSIGN_OR_RETURN(std::string text, RenderChat(chat_format_, messages));
+  return tok_->Encode(text, /*allow_special=*/true);
+}
+
+absl::StatusOr<std::vector<int32_t>>
+Session::EncodeChatTemplate(const nlohmann::ordered_json &messages,
+                            const ChatTemplateArgs &args) const {
+  if (!tok_ || !chat_template_)
+    return absl::FailedPreconditionError(
+        "this model has no chat template of its own");
+  DUCK_ASSIGN_OR_RETURN(std::string text,
+                        chat_template_->Render(messages, args));
   return tok_->Encode(text, /*allow_special=*/true);
 }
 

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,10 +110,24 @@ public:
   /// How a chat is written as this model's prompt (from its tokenizer's
   /// special tokens and the plan's family; kNone without a tokenizer).
   ChatFormat chat_format() const { return chat_format_; }
-  /// The prompt ids of a chat (RenderChat, then Encode with special
-  /// tokens); errors name the message or say the model has no chat format.
+  /// The prompt ids of a chat: the checkpoint's chat template when it has
+  /// one (EncodeChatTemplate, no tools or arguments), else the built-in
+  /// format (RenderChat); then Encode with special tokens. Errors name the
+  /// message, or say the model has no chat format.
   absl::StatusOr<std::vector<int32_t>>
   EncodeChat(absl::Span<const ChatMessage> messages) const;
+  /// The checkpoint's own chat template (tokenizer_config.json's
+  /// chat_template), or null: it has none, or one Duck cannot parse
+  /// (chat_template_note() then says why the built-in format is used).
+  const CheckpointTemplate *chat_template() const {
+    return chat_template_ ? &*chat_template_ : nullptr;
+  }
+  const std::string &chat_template_note() const { return template_note_; }
+  /// The prompt ids of OpenAI chat `messages` rendered by chat_template()
+  /// with `args`; errors (InvalidArgument) are the template's.
+  absl::StatusOr<std::vector<int32_t>>
+  EncodeChatTemplate(const nlohmann::ordered_json &messages,
+                     const ChatTemplateArgs &args) const;
 
   /// Closes the duck connections and stops local ducks (also done by the
   /// destructor).
@@ -133,6 +148,8 @@ private:
   std::unique_ptr<Tokenizer> tok_;
   ChatFormat chat_format_ = ChatFormat::kNone;
   std::vector<int32_t> prompt_prefix_; // PromptPrefixIds
+  std::optional<CheckpointTemplate> chat_template_;
+  std::string template_note_; // why a chat_template is not used
   std::unique_ptr<LocalCluster> local_;
   DuckClientOptions co_;
   std::vector<DuckEndpoint> spares_; // the cluster file's, not yet used
