@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -25,9 +26,12 @@ void ClusterFfnRunner::ResetStats() {
   stats_.kernel_ns.assign(client_->size(), 0.0);
 }
 
-absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept) {
+absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
+                                        bool scatter) {
   const size_t ducks = client_->size();
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
+  for (size_t r = 0; scatter && r < ducks; ++r)
+    ibs[r] = absl::MakeConstSpan(scatter_ibs_[r]);
   StepMetrics metrics;
   const uint64_t index = steps_++;
   for (int attempt = 0;; ++attempt) {
@@ -130,12 +134,7 @@ absl::Status ClusterFfnRunner::RunRows(Rows what, uint32_t slot,
   ib_.resize(duck_ib_bytes_flags(n_tokens, 0, k, ib_flags_));
   duck_ib_write_flags(ib_.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr, x,
                       k, ib_flags_);
-  // The LM head's steps apart from an attention's (their op times differ).
-  const bool head = what == Rows::kLmHead;
-  if (absl::Status s = SendStep(head             ? stats_.head_steps
-                                : n_tokens > 1 ? stats_.attn_prefill_steps
-                                               : stats_.attn_decode_steps);
-      !s.ok())
+  if (absl::Status s = SendStep(HeadSteps(what, n_tokens)); !s.ok())
     return s;
   // Each duck's rows into their place in every token's output.
   for (size_t r = 0; r < client_->size(); ++r) {
@@ -146,6 +145,55 @@ absl::Status ClusterFfnRunner::RunRows(Rows what, uint32_t slot,
     for (uint64_t t = 0; t < n_tokens; ++t)
       std::memcpy(out + t * width + b, p + t * rows, (uint64_t)rows * 4);
     Account(r, (double)rows * k);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<StepMetrics> &ClusterFfnRunner::HeadSteps(Rows what,
+                                                      uint32_t n_tokens) {
+  // The LM head's steps apart from an attention's (their op times differ).
+  return what == Rows::kLmHead ? stats_.head_steps
+         : n_tokens > 1        ? stats_.attn_prefill_steps
+                               : stats_.attn_decode_steps;
+}
+
+absl::Status ClusterFfnRunner::RunScatter(Rows what, uint32_t slot,
+                                          uint32_t n_tokens, const float *x,
+                                          uint64_t x_stride,
+                                          absl::Span<const uint64_t> offsets,
+                                          float *out, uint32_t width) {
+  const size_t ducks = client_->size();
+  if (offsets.size() != ducks + 1)
+    return absl::InvalidArgumentError(absl::StrCat("a scattered step for ",
+                                                   ducks, " ducks has ",
+                                                   offsets.size(), " offsets"));
+  // Each duck its own IB: its columns of every row, gathered.
+  scatter_ibs_.resize(ducks);
+  for (size_t r = 0; r < ducks; ++r) {
+    const uint64_t b = offsets[r], k = offsets[r + 1] - b;
+    gathered_.resize((uint64_t)n_tokens * k);
+    for (uint64_t t = 0; t < n_tokens; ++t)
+      std::memcpy(gathered_.data() + t * k, x + t * x_stride + b, k * 4);
+    std::vector<uint8_t> &ib = scatter_ibs_[r];
+    ib.resize(duck_ib_bytes_flags(n_tokens, 0, (uint32_t)k, ib_flags_));
+    duck_ib_write_flags(ib.data(), DUCK_MODE_HEAD, slot, n_tokens, 0, nullptr,
+                        gathered_.data(), (uint32_t)k, ib_flags_);
+  }
+  if (absl::Status s = SendStep(HeadSteps(what, n_tokens), true); !s.ok())
+    return s;
+  // Partial sums, added in rank order.
+  std::fill(out, out + (uint64_t)n_tokens * width, 0.0f);
+  for (size_t r = 0; r < ducks; ++r) {
+    const float *p;
+    DUCK_ASSIGN_OR_RETURN(p, Output(r, DUCK_MODE_HEAD, slot, n_tokens, width));
+    for (uint64_t i = 0; i < (uint64_t)n_tokens * width; ++i)
+      out[i] += p[i];
+    const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
+    double params = 0;
+    for (uint32_t m = 0; sd->matrices() && m < sd->matrices()->size(); ++m)
+      params +=
+          (double)sd->matrices()->Get(m)->rows() * sd->matrices()->Get(m)->k();
+    Account(r, params);
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@
 // and allows a swap only between positions whose scores are that close.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
+#include "MlaAbsorb.h"
 #include "Rope.h"
 
 #include <algorithm>
@@ -71,9 +72,15 @@ public:
   FfnRunner *runner_ = nullptr;
   uint32_t in_slot_ = 0, q_slot_ = 0;
   uint64_t mla_q_ = 0, mla_kv_ = 0;
+  // With the MLA's kv_b_proj absorbed on the ducks (absorb_.heads not
+  // empty): the q step answers by the MLA's heads (MlaAbsorb.h) and the
+  // result carries the MLA's latent queries (mla_lat_ floats) after its
+  // queries.
+  AbsorbShape absorb_;
+  uint64_t mla_lat_ = 0;
 
   uint64_t OutWidth() const override {
-    return sh_.topk + (runner_ ? mla_q_ + mla_kv_ : 0);
+    return sh_.topk + (runner_ ? mla_q_ + mla_lat_ + mla_kv_ : 0);
   }
   void SetQLora(uint32_t q) { sh_.q_lora = q; }
   uint64_t KvBytesPerToken() const override { return (uint64_t)sh_.dim * 4; }
@@ -103,7 +110,9 @@ public:
 
   /// Rows of the two duck steps: [q_a | kv_a | wk] and [q_b | wq_b].
   uint64_t InWidth() const { return sh_.q_lora + mla_kv_ + sh_.dim; }
-  uint64_t QWidth() const { return mla_q_ + (uint64_t)sh_.heads * sh_.dim; }
+  uint64_t QWidth() const {
+    return mla_q_ + (uint64_t)sh_.heads * sh_.dim + mla_lat_;
+  }
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
@@ -149,12 +158,17 @@ private:
     const uint64_t ow = OutWidth();
     for (uint32_t t = 0; t < n; ++t) {
       const float *b = b_.data() + t * wb;
-      std::memcpy(q_.data() + t * hd, b + mla_q_, hd * 4);
       float *out = Out(s) + t * ow;
+      if (absorb_.heads.empty()) {
+        std::memcpy(q_.data() + t * hd, b + mla_q_, hd * 4);
+        std::memcpy(out + sh_.topk, b, mla_q_ * 4);
+      } else {
+        SplitAbsorbedQuery(absorb_, b, out + sh_.topk, q_.data() + t * hd,
+                           out + sh_.topk + mla_q_);
+      }
       Row(t, s.seq[t], s.pos[t], out);
-      std::memcpy(out + sh_.topk, b, mla_q_ * 4);
-      std::memcpy(out + sh_.topk + mla_q_, a_.data() + t * wa + sh_.q_lora,
-                  mla_kv_ * 4);
+      std::memcpy(out + sh_.topk + mla_q_ + mla_lat_,
+                  a_.data() + t * wa + sh_.q_lora, mla_kv_ * 4);
     }
     if (dump_)
       std::fflush(dump_);
@@ -257,6 +271,29 @@ absl::Status LoadWeights(const OpEnv &env, const pl::IndexerOpDef &p,
   return absl::OkStatus();
 }
 
+/// The MLA's kv_b_proj absorbed on the ducks (absorb_heads): the heads and
+/// the indexer rows each duck answers in the q step.
+absl::Status LoadAbsorb(const OpEnv &env, const pl::IndexerOpDef &p,
+                        Indexer &op) {
+  AbsorbShape &a = op.absorb_;
+  DUCK_RETURN_IF_ERROR(ReadAbsorbBounds(env, p.absorb_heads(), p.mla_heads(),
+                                        "absorb_heads", &a.heads));
+  if (a.heads.empty())
+    return p.absorb_index_rows() && p.absorb_index_rows()->size()
+               ? env.Error("absorb_index_rows without absorb_heads")
+               : absl::OkStatus();
+  DUCK_RETURN_IF_ERROR(ReadAbsorbBounds(env, p.absorb_index_rows(),
+                                        (uint64_t)p.heads() * p.head_dim(),
+                                        "absorb_index_rows", &a.index_rows));
+  if (a.index_rows.empty() || !p.mla_kv_lora())
+    return env.Error("absorbed heads (absorb_heads) need the indexer rows "
+                     "each duck answers (absorb_index_rows) and mla_kv_lora");
+  a.qk = p.mla_qk_dim();
+  a.kv_lora = p.mla_kv_lora();
+  op.mla_lat_ = (uint64_t)p.mla_heads() * p.mla_kv_lora();
+  return absl::OkStatus();
+}
+
 } // namespace
 
 HostOpOr CreateIndexer(const OpEnv &env) {
@@ -292,10 +329,15 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     if (!op->mla_q_ || !op->mla_kv_ || !sh.q_lora)
       return env.Error("the indexer's projections on the ducks need the "
                        "attention's query and kv_a widths");
+    DUCK_RETURN_IF_ERROR(LoadAbsorb(env, *p, *op));
     DUCK_RETURN_IF_ERROR(CheckRowSlots(env, op->in_slot_, op->InWidth(),
                                        sh.hidden, "q_a/kv_a/indexer wk"));
-    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, op->q_slot_, op->QWidth(),
-                                       sh.q_lora, "q_b_proj/indexer wq_b"));
+    DUCK_RETURN_IF_ERROR(op->absorb_.heads.empty()
+                             ? CheckRowSlots(env, op->q_slot_, op->QWidth(),
+                                             sh.q_lora, "q_b_proj/indexer wq_b")
+                             : CheckAbsorbedQuerySlot(env, op->q_slot_,
+                                                      op->absorb_, sh.q_lora,
+                                                      "q_b_proj/indexer wq_b"));
   } else if (!is(op->q_a_, sh.q_lora, sh.hidden) ||
              !is(op->wq_b_, (uint64_t)sh.heads * sh.dim, sh.q_lora) ||
              !is(op->wk_, sh.dim, sh.hidden)) {

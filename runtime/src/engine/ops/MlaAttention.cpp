@@ -10,8 +10,14 @@
 //
 // DeepSeek-V3.2: a second input, the layer's IndexerOpDef selection
 // (Indexer.cpp), limits every row to the positions it lists.
+//
+// duckc --mla-absorb ducks (absorb_heads, MlaAbsorb.h): the ducks move the
+// queries into the latent space in the query step and bring the latent
+// outputs back through W_UV and o_proj in the output step, by heads; the
+// host then reads no kv_b_proj.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
+#include "MlaAbsorb.h"
 #include "Rope.h"
 
 #include <algorithm>
@@ -52,6 +58,11 @@ public:
   YarnRope rope_;
   float softmax_scale_ = 1.0f;
   bool indexed_ = false; // a second input lists each row's positions
+  // kv_b_proj on the ducks by heads (absorb_.heads empty: on the host);
+  // o_offsets_: where each duck's heads start in a row of olat_.
+  AbsorbShape absorb_;
+  std::vector<uint64_t> o_offsets_;
+  bool absorbed() const { return !absorb_.heads.empty(); }
 
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
     cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
@@ -60,6 +71,8 @@ public:
     attn_.assign((uint64_t)maxRows * sh_.heads * sh_.v, 0.0f);
     if (in_runner_)
       in_.assign((uint64_t)maxRows * InWidth(), 0.0f);
+    if (absorbed() && q_runner_)
+      qa_.assign((uint64_t)maxRows * absorb_.QueryWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
     qt_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
     olat_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
@@ -99,12 +112,15 @@ public:
     const uint32_t n = s.rows();
     const uint64_t qRows = (uint64_t)sh_.heads * sh_.qk();
     if (from_indexer_) {
-      // The indexer ran the projections: [selection | q | kv_a] a row.
+      // The indexer ran the projections: [selection | q | (absorbed: the
+      // latent queries) | kv_a] a row.
       const float *in = In(s, 1);
+      const uint64_t lat = absorbed() ? (uint64_t)sh_.heads * sh_.kv_lora : 0;
       for (uint32_t t = 0; t < n; ++t) {
         const float *r = in + t * sel_width_ + topk_;
         std::memcpy(q_buf_.data() + t * qRows, r, qRows * 4);
-        std::memcpy(kva_.data() + t * sh_.cache(), r + qRows,
+        std::memcpy(qt_.data() + t * lat, r + qRows, lat * 4);
+        std::memcpy(kva_.data() + t * sh_.cache(), r + qRows + lat,
                     sh_.cache() * 4);
       }
     } else if (in_runner_) {
@@ -119,16 +135,14 @@ public:
         std::memcpy(kva_.data() + t * sh_.cache(), r + wq, sh_.cache() * 4);
       }
       if (sh_.q_lora)
-        DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
+        DUCK_RETURN_IF_ERROR(QueryFromLatent(n));
     } else if (sh_.q_lora) {
       // Both projections of the input in one pass over the pool.
       MatMulMany(*pool_, x, n,
                  {{&q_a_, cq_.data()}, {&kv_a_, kva_.data()}});
-      DUCK_RETURN_IF_ERROR(QueryFromLatent(n, qRows));
+      DUCK_RETURN_IF_ERROR(QueryFromLatent(n));
     } else if (q_runner_) {
-      DUCK_RETURN_IF_ERROR(q_runner_->RunRows(FfnRunner::Rows::kAttention,
-                                              q_slot_, n, x, sh_.hidden,
-                                              q_buf_.data(), qRows));
+      DUCK_RETURN_IF_ERROR(QueryOnDucks(x, sh_.hidden, n));
       MatMul(*pool_, kv_a_, x, n, kva_.data());
     } else {
       MatMulMany(*pool_, x, n,
@@ -140,6 +154,10 @@ public:
     for (uint32_t t = 0; t < n; ++t)
       StoreLatent(t, s.seq[t], s.pos[t]);
     Attend(s, n);
+    if (absorbed())
+      return o_runner_->RunScatter(
+          FfnRunner::Rows::kAttention, o_slot_, n, olat_.data(),
+          (uint64_t)sh_.heads * sh_.kv_lora, o_offsets_, Out(s), sh_.hidden);
     if (o_runner_)
       return o_runner_->RunRows(
           FfnRunner::Rows::kAttention, o_slot_, n, attn_.data(),
@@ -151,18 +169,34 @@ public:
 private:
   /// Queries from the query latent (q_a_proj's output, in cq_): normed in
   /// place, then q_b_proj on the ducks or here.
-  absl::Status QueryFromLatent(uint32_t n, uint64_t qRows) {
+  absl::Status QueryFromLatent(uint32_t n) {
     for (uint32_t t = 0; t < n; ++t) {
       float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
       RmsNorm(c, q_a_norm_.data(), sh_.q_lora, sh_.eps, c);
     }
     if (q_runner_)
-      return q_runner_->RunRows(FfnRunner::Rows::kAttention, q_slot_, n,
-                                cq_.data(), sh_.q_lora, q_buf_.data(), qRows);
+      return QueryOnDucks(cq_.data(), sh_.q_lora, n);
     MatMul(*pool_, q_b_, cq_.data(), n, q_buf_.data());
     return absl::OkStatus();
   }
 
+  /// The query projection's step on the ducks (x: n rows of k floats):
+  /// the queries into q_buf_; absorbed, each duck answers its heads' q
+  /// and latent queries, the latter into qt_.
+  absl::Status QueryOnDucks(const float *x, uint32_t k, uint32_t n) {
+    const uint64_t qRows = (uint64_t)sh_.heads * sh_.qk();
+    if (!absorbed())
+      return q_runner_->RunRows(FfnRunner::Rows::kAttention, q_slot_, n, x, k,
+                                q_buf_.data(), qRows);
+    const uint64_t w = absorb_.QueryWidth(),
+                   lat = (uint64_t)sh_.heads * sh_.kv_lora;
+    DUCK_RETURN_IF_ERROR(q_runner_->RunRows(FfnRunner::Rows::kAttention,
+                                            q_slot_, n, x, k, qa_.data(), w));
+    for (uint32_t t = 0; t < n; ++t)
+      SplitAbsorbedQuery(absorb_, qa_.data() + t * w, q_buf_.data() + t * qRows,
+                         nullptr, qt_.data() + t * lat);
+    return absl::OkStatus();
+  }
 
   /// Row t of the step, position p of sequence `seq`: its normalised
   /// latent and rope key into the sequence's cache.
@@ -181,6 +215,8 @@ private:
   /// row's heads together over its cache (MlaAttend: the latent is every
   /// head's), and brings the outputs back (W_UV, likewise). A row's bits
   /// are those it gets alone (the products' rows are the GEMV's).
+  /// Absorbed, the ducks do both products: the latent queries are in qt_
+  /// already and the latent outputs stay in olat_.
   void Attend(const Step &s, uint32_t n) {
     const uint64_t H = sh_.heads, R = sh_.kv_lora, qk = sh_.qk(),
                    T = pool_->size();
@@ -202,8 +238,9 @@ private:
           for (uint32_t t = 0; t < n; ++t)
             rope_.Interleaved(q_buf_.data() + (t * H + h) * qk + sh_.nope,
                               s.pos[t]);
-          RowsProduct(w_uk_, q_buf_.data() + h * qk, H * qk, n,
-                      qt_.data() + h * R, H * R, h * R, (h + 1) * R);
+          if (!absorbed())
+            RowsProduct(w_uk_, q_buf_.data() + h * qk, H * qk, n,
+                        qt_.data() + h * R, H * R, h * R, (h + 1) * R);
         }
         for (uint32_t t = 0; t < n; ++t)
           MlaAttend(qt_.data() + (t * H + h0) * R,
@@ -213,7 +250,7 @@ private:
                              : iota_.data(),
                     count_[t], R, sh_.rope, softmax_scale_, h1 - h0,
                     olat_.data() + (t * H + h0) * R);
-        for (uint64_t h = h0; h < h1; ++h) {
+        for (uint64_t h = h0; h < h1 && !absorbed(); ++h) {
           const uint64_t row0 = h * sh_.kvb() + sh_.nope;
           RowsProduct(kv_b_, olat_.data() + h * R, H * R, n,
                       attn_.data() + h * sh_.v, H * sh_.v, row0,
@@ -228,6 +265,7 @@ private:
   // qt_ and olat_: [rows][heads][kv_lora], a row's queries in the latent
   // space and its latent outputs.
   std::vector<float> cq_, q_buf_, kva_, attn_, qt_, in_, olat_;
+  std::vector<float> qa_; // an absorbed query step's answer, a row apart
   std::vector<uint64_t> iota_;    // 0, 1, 2, ...: every position up to p
   std::vector<uint64_t> sel_pos_; // [rows][topk]: the indexer's positions
   std::vector<uint64_t> count_;   // positions a row attends
@@ -248,13 +286,39 @@ absl::Status CheckShapes(const OpEnv &env, const MlaShape &sh,
                        : in || op.q_runner_ || is(op.q_, qRows, sh.hidden));
   ok = ok && (in || is(op.kv_a_, sh.cache(), sh.hidden)) &&
        op.kv_a_norm_.size() == sh.kv_lora &&
-       is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora) &&
+       (op.absorbed() ||
+        is(op.kv_b_, (uint64_t)sh.heads * sh.kvb(), sh.kv_lora)) &&
        (op.o_runner_ || is(op.o_, sh.hidden, (uint64_t)sh.heads * sh.v));
   if (!ok)
     return env.Error("MLA weights do not match ", sh.heads, " heads, ",
                      "q_lora_rank ", sh.q_lora, ", kv_lora_rank ", sh.kv_lora,
                      ", qk_nope/rope/v head dims ", sh.nope, "/", sh.rope, "/",
                      sh.v, " and hidden size ", sh.hidden);
+  return absl::OkStatus();
+}
+
+/// What the indexer hands over (the op's queries, latent queries when
+/// absorbed, and kv_a output) is what this op reads.
+absl::Status CheckIndexerHandover(const OpEnv &env, const pl::IndexerOpDef &ix,
+                                  const MlaShape &sh, MlaAttention &op) {
+  if ((uint64_t)ix.mla_heads() * ix.mla_qk_dim() !=
+          (uint64_t)sh.heads * sh.qk() ||
+      ix.mla_kv_width() != sh.cache())
+    return env.Error("the indexer's queries and kv_a widths (", ix.mla_heads(),
+                     " x ", ix.mla_qk_dim(), ", ", ix.mla_kv_width(),
+                     ") do not match the attention");
+  const auto *ixHeads = ix.absorb_heads();
+  const bool same =
+      ixHeads && ixHeads->size() > 0
+          ? std::equal(ixHeads->begin(), ixHeads->end(),
+                       op.absorb_.heads.begin(), op.absorb_.heads.end()) &&
+                ix.mla_kv_lora() == sh.kv_lora
+          : !op.absorbed();
+  if (!same)
+    return env.Error("the indexer's absorbed heads (absorb_heads, "
+                     "mla_kv_lora) are not the attention's");
+  op.sel_width_ += (uint64_t)sh.heads * sh.qk() + sh.cache() +
+                   (op.absorbed() ? (uint64_t)sh.heads * sh.kv_lora : 0);
   return absl::OkStatus();
 }
 
@@ -283,11 +347,15 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
     if (!env.runner)
       return env.Error("the query projection on the ducks, but no ducks to "
                        "run it");
-    DUCK_RETURN_IF_ERROR(CheckRowSlots(
-        env, p.q_proj_slot(),
-        (uint64_t)p.heads() * (p.qk_nope_head_dim() + p.qk_rope_head_dim()),
-        p.q_lora_rank() ? p.q_lora_rank() : env.hidden,
-        p.q_lora_rank() ? "q_b_proj" : "q_proj"));
+    const uint64_t k = p.q_lora_rank() ? p.q_lora_rank() : env.hidden;
+    const char *what = p.q_lora_rank() ? "q_b_proj" : "q_proj";
+    DUCK_RETURN_IF_ERROR(
+        op.absorbed()
+            ? CheckAbsorbedQuerySlot(env, p.q_proj_slot(), op.absorb_, k, what)
+            : CheckRowSlots(env, p.q_proj_slot(),
+                            (uint64_t)p.heads() *
+                                (p.qk_nope_head_dim() + p.qk_rope_head_dim()),
+                            k, what));
     op.q_runner_ = env.runner;
     op.q_slot_ = p.q_proj_slot();
   }
@@ -313,15 +381,42 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
   if (p.o_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("o_proj on the ducks, but no ducks to run it");
-    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p.o_proj_slot(), env.hidden,
-                                       (uint64_t)p.heads() * p.v_head_dim(),
-                                       "o_proj"));
+    DUCK_RETURN_IF_ERROR(
+        op.absorbed()
+            ? CheckAbsorbedOutputSlot(env, p.o_proj_slot(), op.absorb_)
+            : CheckRowSlots(env, p.o_proj_slot(), env.hidden,
+                            (uint64_t)p.heads() * p.v_head_dim(), "o_proj"));
     op.o_runner_ = env.runner;
     op.o_slot_ = p.o_proj_slot();
   } else {
     DUCK_RETURN_IF_ERROR(env.Load(p.o_proj(), "o_proj", &op.o_));
   }
+  if (op.absorbed())
+    return absl::OkStatus(); // kv_b_proj is the ducks'
   return env.Need(p.kv_b_proj(), "kv_b_proj").status();
+}
+
+/// duckc --mla-absorb ducks: the heads each duck holds (absorb_heads),
+/// which need the query and output steps on the ducks.
+absl::Status LoadAbsorb(const OpEnv &env, const pl::MlaAttentionOpDef &p,
+                        const MlaShape &sh, MlaAttention &op) {
+  AbsorbShape &a = op.absorb_;
+  DUCK_RETURN_IF_ERROR(ReadAbsorbBounds(env, p.absorb_heads(), sh.heads,
+                                        "absorb_heads", &a.heads));
+  if (a.heads.empty())
+    return absl::OkStatus();
+  if (!env.runner || !p.o_proj_on_ducks() ||
+      !(p.q_proj_on_ducks() || p.from_indexer()))
+    return env.Error("kv_b_proj absorbed on the ducks (absorb_heads) needs "
+                     "the query projection (or the indexer's) and o_proj on "
+                     "the ducks too");
+  a.qk = sh.qk();
+  a.kv_lora = sh.kv_lora;
+  a.v = sh.v;
+  a.hidden = sh.hidden;
+  for (uint32_t h : a.heads)
+    op.o_offsets_.push_back((uint64_t)h * sh.kv_lora);
+  return absl::OkStatus();
 }
 
 /// kv_b_proj as W_UV rows (kernel operand) and W_UK transposed, per head
@@ -404,9 +499,13 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
                        "' is not supported (YaRN with "
                        "original_max_position_embeddings only)");
   auto op = std::make_unique<MlaAttention>(sh, env.pool);
+  if (absl::Status s = LoadAbsorb(env, *p, sh, *op); !s.ok())
+    return s;
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
     return s;
-  if (absl::Status s = LoadKvB(env, *p, sh, *op); !s.ok())
+  if (absl::Status s =
+          op->absorbed() ? absl::OkStatus() : LoadKvB(env, *p, sh, *op);
+      !s.ok())
     return s;
   if (absl::Status s = CheckShapes(env, sh, *op); !s.ok())
     return s;
@@ -427,15 +526,8 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
       return env.Error(op->from_indexer_
                            ? "the indexer does not hand over the projections"
                            : "the indexer hands over projections no one reads");
-    if (op->from_indexer_) {
-      if ((uint64_t)ix->mla_heads() * ix->mla_qk_dim() !=
-              (uint64_t)sh.heads * sh.qk() ||
-          ix->mla_kv_width() != sh.cache())
-        return env.Error("the indexer's queries and kv_a widths (",
-                         ix->mla_heads(), " x ", ix->mla_qk_dim(), ", ",
-                         ix->mla_kv_width(), ") do not match the attention");
-      op->sel_width_ += (uint64_t)sh.heads * sh.qk() + sh.cache();
-    }
+    if (op->from_indexer_)
+      DUCK_RETURN_IF_ERROR(CheckIndexerHandover(env, *ix, sh, *op));
     op->indexed_ = true;
   }
   if (op->from_indexer_ && !op->indexed_)
@@ -451,12 +543,15 @@ void MlaTensors(const pl::OpDef &op, HostTensors *out) {
   // From its indexer: neither the query nor the kv_a projections.
   const bool in = p->in_proj_on_ducks() || p->from_indexer();
   const bool q = p->q_proj_on_ducks() || p->from_indexer();
+  // Absorbed: kv_b_proj is the ducks' by heads.
+  const bool absorbed = p->absorb_heads() && p->absorb_heads()->size() > 0;
   AppendTensors(out,
                 {in ? nullptr : p->q_a_proj(),
                  p->from_indexer() ? nullptr : p->q_a_layernorm(),
                  q ? nullptr : p->q_b_proj(), q || in ? nullptr : p->q_proj(),
                  in ? nullptr : p->kv_a_proj_with_mqa(), p->kv_a_layernorm(),
-                 p->kv_b_proj(), p->o_proj_on_ducks() ? nullptr : p->o_proj()});
+                 absorbed ? nullptr : p->kv_b_proj(),
+                 p->o_proj_on_ducks() ? nullptr : p->o_proj()});
 }
 } // namespace
 

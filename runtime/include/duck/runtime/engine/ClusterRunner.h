@@ -39,6 +39,10 @@ public:
                    const float *x, float *out) override;
   absl::Status RunRows(Rows what, uint32_t slot, uint32_t n_tokens, const float *x,
                        uint32_t k, float *out, uint64_t width) override;
+  absl::Status RunScatter(Rows what, uint32_t slot, uint32_t n_tokens,
+                          const float *x, uint64_t x_stride,
+                          absl::Span<const uint64_t> offsets, float *out,
+                          uint32_t width) override;
   const RunnerStats &stats() const { return stats_; }
   void ResetStats();
   /// Bounds the per-step metrics kept (RunnerStats::max_steps).
@@ -68,9 +72,13 @@ public:
   void SetAfterSend(std::function<void()> f) { after_send_ = std::move(f); }
 
 private:
-  /// Sends ib_ to every duck (recovering as set), keeps the step's
-  /// metrics in `kept`.
-  absl::Status SendStep(std::vector<StepMetrics> &kept);
+  /// Sends ib_ to every duck, or duck r its own scatter_ibs_[r] (a
+  /// scattered step), recovering as set; keeps the step's metrics in
+  /// `kept`.
+  absl::Status SendStep(std::vector<StepMetrics> &kept, bool scatter = false);
+  /// The stats a head step's metrics go to (the LM head's or an
+  /// attention's, decode or prefill).
+  std::vector<StepMetrics> &HeadSteps(Rows what, uint32_t n_tokens);
   /// Duck r's output floats after a checked OB header (width per token).
   absl::StatusOr<const float *> Output(size_t r, uint32_t mode, uint32_t slot,
                                        uint32_t n_tokens, uint32_t width);
@@ -86,6 +94,8 @@ private:
   uint32_t hidden_;
   uint32_t ib_flags_;      // DUCK_IB_X_BF16 when the plan says so
   std::vector<uint8_t> ib_;
+  std::vector<std::vector<uint8_t>> scatter_ibs_; // a scattered step's
+  std::vector<float> gathered_; // one duck's part of a scattered x
   std::vector<DuckOutput> outputs_;
   RunnerStats stats_;
 };

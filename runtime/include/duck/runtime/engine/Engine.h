@@ -54,6 +54,22 @@ public:
     return absl::UnimplementedError(
         "this runner has no row-split matrices on the ducks");
   }
+  /// A step whose input is split over the ducks (DUCK_MODE_HEAD; an
+  /// absorbed MLA's output step: each duck its heads' latent outputs):
+  /// duck r gets floats [offsets[r], offsets[r+1]) of every row of x (rows
+  /// x_stride floats apart; tp + 1 offsets) and answers `width` floats a
+  /// row; out (n_tokens x width) is overwritten with their sum, added in
+  /// rank order (duck 0's, then duck 1's, ...) so that it does not depend
+  /// on which duck answers first.
+  virtual absl::Status RunScatter(Rows what, uint32_t slot, uint32_t n_tokens,
+                                  const float *x, uint64_t x_stride,
+                                  absl::Span<const uint64_t> offsets,
+                                  float *out, uint32_t width) {
+    (void)what, (void)slot, (void)n_tokens, (void)x, (void)x_stride,
+        (void)offsets, (void)out, (void)width;
+    return absl::UnimplementedError(
+        "this runner has no scattered steps on the ducks");
+  }
 };
 
 struct EngineOptions {
