@@ -312,6 +312,7 @@ struct Expr {
   std::vector<ExprP> args;
   std::vector<std::string> kwnames;
   bool negated = false;
+  int depth = 1; // of the tree below, bounded by the parser
 };
 
 } // namespace
@@ -388,11 +389,36 @@ private:
     ExprP e = Make(Expr::Kind::kBinary, op.pos, op.text);
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(b));
+    return Done(std::move(e));
+  }
+  // A node with its operands: its depth, bounded (evaluating and freeing
+  // the tree recurse through it).
+  ExprP Done(ExprP e) {
+    for (const ExprP &a : e->args)
+      if (a)
+        e->depth = std::max(e->depth, a->depth + 1);
+    if (e->depth > kMaxDepth)
+      Fail(e->pos,
+           absl::StrCat("an expression nested deeper than ", kMaxDepth));
     return e;
   }
 
+  // How deep expressions and blocks nest: a bound, so that a hostile
+  // template is an error rather than a stack overflow.
+  struct Nest {
+    Nest(Parser *p, size_t pos) : p(p) {
+      if (++p->depth_ > kMaxDepth)
+        Fail(pos, absl::StrCat("expressions or blocks nested deeper than ",
+                               kMaxDepth));
+    }
+    ~Nest() { --p->depth_; }
+    Parser *p;
+  };
+  static constexpr int kMaxDepth = 200;
+
   std::vector<Token> t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 void Parser::ExpectOp(const char *op) {
@@ -464,6 +490,7 @@ std::vector<Stmt> Parser::Body(std::initializer_list<const char *> ends,
 }
 
 Stmt Parser::Statement(size_t pos) {
+  Nest nest(this, pos);
   const Token &kw = Peek();
   if (kw.kind != Tok::kName)
     Fail(kw.pos, absl::StrCat("expected a statement, found '", kw.text, "'"));
@@ -559,6 +586,7 @@ Stmt Parser::Set(size_t pos) {
 }
 
 ExprP Parser::Expression() {
+  Nest nest(this, Peek().pos);
   ExprP e = Or();
   if (!IsName("if"))
     return e;
@@ -572,7 +600,7 @@ ExprP Parser::Expression() {
   } else {
     t->args.push_back(nullptr);
   }
-  return t;
+  return Done(std::move(t));
 }
 
 ExprP Parser::Or() {
@@ -597,8 +625,9 @@ ExprP Parser::Not() {
   if (!IsName("not"))
     return Compare();
   ExprP e = Make(Expr::Kind::kUnary, Next().pos, "not");
+  Nest nest(this, e->pos);
   e->args.push_back(Not());
-  return e;
+  return Done(std::move(e));
 }
 
 ExprP Parser::Compare() {
@@ -659,11 +688,12 @@ ExprP Parser::Power() {
 }
 
 ExprP Parser::Unary() {
+  Nest nest(this, Peek().pos);
   if (IsOp("-") || IsOp("+")) {
     const Token &op = Next();
     ExprP e = Make(Expr::Kind::kUnary, op.pos, op.text);
     e->args.push_back(Unary());
-    return e;
+    return Done(std::move(e));
   }
   return FilterAndTests(Postfix(Primary()));
 }
@@ -678,7 +708,7 @@ ExprP Parser::FilterAndTests(ExprP e) {
       f->args.push_back(std::move(e));
       if (IsOp("("))
         Arguments(f.get());
-      e = Postfix(std::move(f));
+      e = Postfix(Done(std::move(f)));
     } else if (IsName("is")) {
       ++i_;
       const bool negated = IsName("not");
@@ -693,7 +723,7 @@ ExprP Parser::FilterAndTests(ExprP e) {
         Arguments(t.get());
       else if (Peek().kind == Tok::kString || Peek().kind == Tok::kInt)
         t->args.push_back(Primary()); // "is divisibleby 3" style
-      e = std::move(t);
+      e = Done(std::move(t));
     } else {
       return e;
     }
@@ -706,14 +736,14 @@ ExprP Parser::Postfix(ExprP e) {
       const size_t pos = Next().pos;
       ExprP a = Make(Expr::Kind::kAttr, pos, ExpectName("an attribute name"));
       a->args.push_back(std::move(e));
-      e = std::move(a);
+      e = Done(std::move(a));
     } else if (IsOp("[")) {
       e = Subscript(std::move(e), Next().pos);
     } else if (IsOp("(")) {
       ExprP c = Make(Expr::Kind::kCall, Peek().pos);
       c->args.push_back(std::move(e));
       Arguments(c.get());
-      e = std::move(c);
+      e = Done(std::move(c));
     } else {
       return e;
     }
@@ -728,7 +758,7 @@ ExprP Parser::Subscript(ExprP obj, size_t pos) {
     ExprP e = Make(Expr::Kind::kIndex, pos);
     e->args.push_back(std::move(obj));
     e->args.push_back(std::move(first));
-    return e;
+    return Done(std::move(e));
   }
   ExprP e = Make(Expr::Kind::kSlice, pos);
   e->args.push_back(std::move(obj));
@@ -742,7 +772,7 @@ ExprP Parser::Subscript(ExprP obj, size_t pos) {
     e->args.push_back(IsOp(":") || IsOp("]") ? nullptr : Expression());
   }
   ExpectOp("]");
-  return e;
+  return Done(std::move(e));
 }
 
 // "(" positional args, then name=value ones, ")".
@@ -807,7 +837,7 @@ ExprP Parser::Primary() {
     ++i_;
     if (tok.text == "(" && list->args.size() == 1 && !comma)
       return std::move(list->args[0]); // parentheses, not a tuple
-    return list;
+    return Done(std::move(list));
   }
   if (tok.kind == Tok::kOp && tok.text == "{") {
     ExprP dict = Make(Expr::Kind::kDict, tok.pos);
@@ -819,7 +849,7 @@ ExprP Parser::Primary() {
         ExpectOp(",");
     }
     ++i_;
-    return dict;
+    return Done(std::move(dict));
   }
   Fail(tok.pos,
        absl::StrCat("expected a value, found '",
@@ -870,6 +900,23 @@ std::string PyFloat(double d) {
 }
 
 std::string PyRepr(const Json &v);
+
+// How deep `v` nests, without recursing: what tojson and printing walk
+// recursively, refused past a bound (Python stops near 1000 too).
+constexpr size_t kMaxJsonDepth = 512;
+size_t JsonDepth(const Json &v) {
+  size_t deepest = 0;
+  std::vector<std::pair<const Json *, size_t>> todo = {{&v, 1}};
+  while (!todo.empty()) {
+    auto [j, d] = todo.back();
+    todo.pop_back();
+    deepest = std::max(deepest, d);
+    if (j->is_structured() && d <= kMaxJsonDepth)
+      for (const Json &c : *j)
+        todo.push_back({&c, d + 1});
+  }
+  return deepest;
+}
 
 // What {{ v }} and "~" and |string write: Python's str().
 std::string ToStr(const Value &v) {
@@ -1057,6 +1104,7 @@ public:
 
 private:
   Flow ExecOne(const Stmt &s);
+  std::string Str(size_t pos, const Value &v);
   Flow For(const Stmt &s);
   void Set(const Stmt &s);
   Value Eval(const Expr &e);
@@ -1077,6 +1125,8 @@ private:
   Value ApplyFilter(const Expr &e, const Value &v, const std::string &name,
                     const std::vector<Value> &args,
                     const std::map<std::string, Value> &kw);
+  Value SequenceFilter(const Expr &e, const Value &v, const std::string &name,
+                       const std::vector<Value> &args);
   bool Test(const Expr &e);
   std::vector<Value> Positional(const Expr &e, size_t from);
   std::map<std::string, Value> Keywords(const Expr &e);
@@ -1101,7 +1151,7 @@ Flow Renderer::ExecOne(const Stmt &s) {
     out += s.text;
     return Flow::kNormal;
   case Stmt::Kind::kOutput:
-    out += ToStr(Eval(*s.expr));
+    out += Str(s.pos, Eval(*s.expr));
     return Flow::kNormal;
   case Stmt::Kind::kIf:
     for (const auto &[cond, body] : s.branches)
@@ -1178,6 +1228,14 @@ void Renderer::Set(const Stmt &s) {
   if (v.ns || v.undefined)
     Fail(s.pos, "a namespace attribute holds a JSON value");
   (*ns.ns)[s.targets[1]] = std::move(v.j);
+}
+
+// ToStr, refusing values too deep to print without deep recursion.
+std::string Renderer::Str(size_t pos, const Value &v) {
+  if (v.json().is_structured() && JsonDepth(v.json()) > kMaxJsonDepth)
+    Fail(pos, absl::StrCat("printing a value nested deeper than ",
+                           kMaxJsonDepth, " levels"));
+  return ToStr(v);
 }
 
 Value Renderer::Lookup(const std::string &name) const {
@@ -1345,7 +1403,7 @@ Value Renderer::Binary(const Expr &e) {
   }
   const Value a = Eval(*e.args[0]), b = Eval(*e.args[1]);
   if (op == "~")
-    return Of(ToStr(a) + ToStr(b));
+    return Of(Str(e.pos, a) + Str(e.pos, b));
   if (op == "in" || op == "not in")
     return Of(In(e, a, b) == (op == "in"));
   if (op == "==" || op == "!=" || op == "<" || op == "<=" || op == ">" ||
@@ -1504,8 +1562,9 @@ Value Renderer::Call(const Expr &e) {
     return v;
   }
   if (callee.name == "raise_exception")
-    Fail(callee.pos, absl::StrCat("the template raised: ",
-                                  args.empty() ? "" : ToStr(args[0])));
+    Fail(callee.pos,
+         absl::StrCat("the template raised: ",
+                      args.empty() ? "" : Str(callee.pos, args[0])));
   if (callee.name == "range") {
     std::vector<int64_t> n;
     for (const Value &a : args) {
@@ -1688,10 +1747,13 @@ Value Renderer::ApplyFilter(const Expr &e, const Value &v,
     return v;
   }
   if (name == "string")
-    return Of(ToStr(v));
+    return Of(Str(e.pos, v));
   if (name == "safe")
     return v;
   const Json &j = Need(e, v, absl::StrCat("a value for '|", name, "'").c_str());
+  if (name == "tojson" && JsonDepth(j) > kMaxJsonDepth)
+    Fail(e.pos, absl::StrCat("'|tojson' of a value nested deeper than ",
+                             kMaxJsonDepth, " levels"));
   if (name == "tojson") {
     const Value *indent = kw.count("indent") ? &kw.at("indent")
                           : args.empty()     ? nullptr
@@ -1703,9 +1765,12 @@ Value Renderer::ApplyFilter(const Expr &e, const Value &v,
   if (name == "length" || name == "count")
     return Of(Length(j));
   if (name == "trim")
-    return Of(Strip(ToStr(v), args.empty() ? nullptr : &args[0], true, true));
+    return Of(
+        Strip(Str(e.pos, v), args.empty() ? nullptr : &args[0], true, true));
   if (name == "upper" || name == "lower" || name == "capitalize")
-    return Of(Cased(ToStr(v), name == "lower" ? 0 : name == "upper" ? 1 : 2));
+    return Of(Cased(Str(e.pos, v), name == "lower"   ? 0
+                                   : name == "upper" ? 1
+                                                     : 2));
   if (name == "items" || name == "dictsort") {
     if (!j.is_object())
       Fail(e.pos, absl::StrCat("'|", name, "' of a ", j.type_name()));
@@ -1718,29 +1783,8 @@ Value Renderer::ApplyFilter(const Expr &e, const Value &v,
     return Of(std::move(out));
   }
   if (name == "list" || name == "first" || name == "last" ||
-      name == "reverse" || name == "join") {
-    Json list = Json::array();
-    for (const Value &x : Items(e, v))
-      list.push_back(x.j);
-    if (name == "first" || name == "last")
-      return list.empty() ? Value::Undefined()
-                          : Of(name == "first" ? list.front() : list.back());
-    if (name == "reverse" && j.is_string()) {
-      std::string out;
-      for (const Json &c : list)
-        out.insert(0, c.get<std::string>());
-      return Of(std::move(out));
-    }
-    if (name == "reverse")
-      std::reverse(list.begin(), list.end());
-    if (name == "join") {
-      std::string out, sep = args.empty() ? "" : ToStr(args[0]);
-      for (size_t i = 0; i < list.size(); ++i)
-        absl::StrAppend(&out, i ? sep : "", ToStr(Of(list[i])));
-      return Of(std::move(out));
-    }
-    return Of(std::move(list));
-  }
+      name == "reverse" || name == "join")
+    return SequenceFilter(e, v, name, args);
   if (name == "int" || name == "float" || name == "abs") {
     double d = j.is_number() ? j.get<double>()
                : j.is_string()
@@ -1752,6 +1796,33 @@ Value Renderer::ApplyFilter(const Expr &e, const Value &v,
   }
   Fail(e.pos, absl::StrCat("filter '", name,
                            "' is not in the Jinja subset Duck renders"));
+}
+
+// The filters that walk a sequence as "for" does.
+Value Renderer::SequenceFilter(const Expr &e, const Value &v,
+                               const std::string &name,
+                               const std::vector<Value> &args) {
+  Json list = Json::array();
+  for (const Value &x : Items(e, v))
+    list.push_back(x.j);
+  if (name == "first" || name == "last")
+    return list.empty() ? Value::Undefined()
+                        : Of(name == "first" ? list.front() : list.back());
+  if (name == "reverse" && v.json().is_string()) {
+    std::string out;
+    for (const Json &c : list)
+      out.insert(0, c.get<std::string>());
+    return Of(std::move(out));
+  }
+  if (name == "reverse")
+    std::reverse(list.begin(), list.end());
+  if (name == "join") {
+    std::string out, sep = args.empty() ? "" : Str(e.pos, args[0]);
+    for (size_t i = 0; i < list.size(); ++i)
+      absl::StrAppend(&out, i ? sep : "", Str(e.pos, Of(list[i])));
+    return Of(std::move(out));
+  }
+  return Of(std::move(list));
 }
 
 bool Renderer::Test(const Expr &e) {

@@ -128,6 +128,30 @@ TEST(JinjaTest, ErrorsNameTheConstructAndWhere) {
             "string and number");
 }
 
+TEST(JinjaTest, NestingIsBoundedNotAStackOverflow) {
+  // A template or a value nested without end is an error, not a crash.
+  const std::string parens =
+      std::string(5000, '(') + "1" + std::string(5000, ')');
+  EXPECT_NE(Render("{{ " + parens + " }}").find("nested deeper than 200"),
+            std::string::npos);
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 5000; ++i)
+    sum += " + 1";
+  EXPECT_NE(Render(sum + " }}").find("nested deeper than 200"),
+            std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 5000; ++i)
+    ifs += "{% if true %}";
+  EXPECT_NE(Render(ifs).find("nested deeper than 200"), std::string::npos);
+  Json deep = 1;
+  for (int i = 0; i < 1000; ++i)
+    deep = Json::array({deep});
+  EXPECT_EQ(Render("{{ v | tojson }}", {{"v", deep}}),
+            "render error: chat template, line 1, column 8: '|tojson' of a "
+            "value nested deeper than 512 levels");
+  EXPECT_EQ(Render("{{ v | length }}", {{"v", deep}}), "1");
+}
+
 TEST(CheckpointTemplateTest, ReadsTheConfigsTemplateAndTokens) {
   const std::string cfg = R"({
     "bos_token": {"__type": "AddedToken", "content": "<s>"},
