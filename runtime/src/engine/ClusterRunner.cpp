@@ -136,15 +136,22 @@ absl::Status ClusterFfnRunner::RunRows(Rows what, uint32_t slot,
                       k, ib_flags_);
   if (absl::Status s = SendStep(HeadSteps(what, n_tokens)); !s.ok())
     return s;
-  // Each duck's rows into their place in every token's output.
+  // Each duck's rows after the ones of the ducks before it, in every
+  // token's output (a plain row split's are its slot's [inter_begin,
+  // inter_end); an absorbed MLA's query step's, its OB's).
+  uint64_t b = 0;
   for (size_t r = 0; r < client_->size(); ++r) {
     const pl::SlotDef *sd = plan_.def().ducks()->Get(r)->slots()->Get(slot);
-    const uint32_t b = sd->inter_begin(), rows = sd->inter_end() - b;
+    const uint32_t rows = sd->inter_end() - sd->inter_begin();
+    if (b + rows > width)
+      return absl::InternalError(absl::StrCat(
+          "slot ", slot, " of the ducks answers more than ", width, " rows"));
     const float *p;
     DUCK_ASSIGN_OR_RETURN(p, Output(r, DUCK_MODE_HEAD, slot, n_tokens, rows));
     for (uint64_t t = 0; t < n_tokens; ++t)
       std::memcpy(out + t * width + b, p + t * rows, (uint64_t)rows * 4);
     Account(r, (double)rows * k);
+    b += rows;
   }
   return absl::OkStatus();
 }

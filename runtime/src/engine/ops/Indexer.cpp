@@ -285,9 +285,12 @@ absl::Status LoadAbsorb(const OpEnv &env, const pl::IndexerOpDef &p,
   DUCK_RETURN_IF_ERROR(ReadAbsorbBounds(env, p.absorb_index_rows(),
                                         (uint64_t)p.heads() * p.head_dim(),
                                         "absorb_index_rows", &a.index_rows));
-  if (a.index_rows.empty() || !p.mla_kv_lora())
+  if (a.index_rows.empty() || !p.mla_kv_lora() ||
+      p.mla_qk_dim() <= p.qk_rope_head_dim())
     return env.Error("absorbed heads (absorb_heads) need the indexer rows "
-                     "each duck answers (absorb_index_rows) and mla_kv_lora");
+                     "each duck answers (absorb_index_rows), mla_kv_lora "
+                     "and the MLA's nope dims (mla_qk_dim - "
+                     "qk_rope_head_dim)");
   a.qk = p.mla_qk_dim();
   a.kv_lora = p.mla_kv_lora();
   op.mla_lat_ = (uint64_t)p.mla_heads() * p.mla_kv_lora();
@@ -332,12 +335,13 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     DUCK_RETURN_IF_ERROR(LoadAbsorb(env, *p, *op));
     DUCK_RETURN_IF_ERROR(CheckRowSlots(env, op->in_slot_, op->InWidth(),
                                        sh.hidden, "q_a/kv_a/indexer wk"));
-    DUCK_RETURN_IF_ERROR(op->absorb_.heads.empty()
-                             ? CheckRowSlots(env, op->q_slot_, op->QWidth(),
-                                             sh.q_lora, "q_b_proj/indexer wq_b")
-                             : CheckAbsorbedQuerySlot(env, op->q_slot_,
-                                                      op->absorb_, sh.q_lora,
-                                                      "q_b_proj/indexer wq_b"));
+    DUCK_RETURN_IF_ERROR(
+        op->absorb_.heads.empty()
+            ? CheckRowSlots(env, op->q_slot_, op->QWidth(), sh.q_lora,
+                            "q_b_proj/indexer wq_b")
+            : CheckAbsorbedQuerySlot(env, op->q_slot_, op->absorb_, sh.q_lora,
+                                     p->mla_qk_dim() - p->qk_rope_head_dim(),
+                                     "q_b_proj/indexer wq_b"));
   } else if (!is(op->q_a_, sh.q_lora, sh.hidden) ||
              !is(op->wq_b_, (uint64_t)sh.heads * sh.dim, sh.q_lora) ||
              !is(op->wk_, sh.dim, sh.hidden)) {

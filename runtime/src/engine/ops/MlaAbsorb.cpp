@@ -66,40 +66,36 @@ absl::StatusOr<const pl::SlotDef *> HeadSlot(const OpEnv &env, uint32_t r,
   return slots->Get(slot);
 }
 
-/// The rows of a slot's pieces together, and whether one is `rows` x `k`
-/// (either 0: any).
-uint64_t PieceRows(const pl::SlotDef &sd, uint64_t rows, uint64_t k,
-                   bool *has) {
-  uint64_t sum = 0;
-  *has = false;
-  for (uint32_t m = 0; sd.matrices() && m < sd.matrices()->size(); ++m) {
+/// A chained slot: its pieces' rows, which must be all its rows (from 0 to
+/// inter_end; its OB carries [inter_begin, inter_end)), each piece `k1`
+/// or `k2` wide.
+bool Chained(const pl::SlotDef &sd, uint64_t k1, uint64_t k2) {
+  uint64_t rows = 0;
+  bool ok = sd.matrices() && sd.matrices()->size() > 0;
+  for (uint32_t m = 0; ok && m < sd.matrices()->size(); ++m) {
     const pl::MatrixDef *md = sd.matrices()->Get(m);
-    sum += md->rows();
-    *has = *has || ((!rows || md->rows() == rows) && (!k || md->k() == k));
+    rows += md->rows();
+    ok = md->k() == k1 || md->k() == k2;
   }
-  return sum;
+  return ok && rows == sd.inter_end() && sd.inter_begin() <= sd.inter_end();
 }
 } // namespace
 
 absl::Status CheckAbsorbedQuerySlot(const OpEnv &env, uint32_t slot,
                                     const AbsorbShape &sh, uint64_t k,
-                                    const char *what) {
-  uint64_t next = 0;
+                                    uint64_t nope, const char *what) {
   for (uint32_t r = 0; r + 1 < sh.heads.size(); ++r) {
     const pl::SlotDef *sd;
     DUCK_ASSIGN_OR_RETURN(sd, HeadSlot(env, r, slot, what));
     const uint64_t rows = sh.QueryRows(r);
-    bool readsX;
-    const uint64_t pieces = PieceRows(*sd, 0, k, &readsX);
-    if (sd->inter_begin() != next || sd->inter_end() - next != rows ||
-        pieces != rows || !readsX)
-      return env.Error(
-          what, " on the ducks (kv_b_proj absorbed): duck ", r, " slot ", slot,
-          " holds rows [", sd->inter_begin(), ", ", sd->inter_end(),
-          ") in pieces of ", pieces, " rows, expected ", rows, " rows from ",
-          next, " (heads [", sh.heads[r], ", ", sh.heads[r + 1],
-          ") and their latent queries), some reading ", k, " floats");
-    next += rows;
+    if (!Chained(*sd, k, nope) || sd->inter_end() - sd->inter_begin() != rows)
+      return env.Error(what, " on the ducks (kv_b_proj absorbed): duck ", r,
+                       " slot ", slot, " answers rows [", sd->inter_begin(),
+                       ", ", sd->inter_end(), ") of its pieces, expected ",
+                       rows, " (heads [", sh.heads[r], ", ", sh.heads[r + 1],
+                       "), their latent queries and its indexer rows) "
+                       "in pieces ",
+                       k, " or ", nope, " wide");
   }
   return absl::OkStatus();
 }
@@ -110,16 +106,15 @@ absl::Status CheckAbsorbedOutputSlot(const OpEnv &env, uint32_t slot,
     const pl::SlotDef *sd;
     DUCK_ASSIGN_OR_RETURN(sd, HeadSlot(env, r, slot, "o_proj"));
     const uint64_t values = (uint64_t)(sh.heads[r + 1] - sh.heads[r]) * sh.v;
-    bool oProj;
-    const uint64_t pieces = PieceRows(*sd, sh.hidden, values, &oProj);
-    if (pieces != values + sh.hidden || !oProj ||
-        (uint64_t)sd->inter_end() - sd->inter_begin() != pieces)
-      return env.Error(
-          "o_proj on the ducks (kv_b_proj absorbed): duck ", r, " slot ", slot,
-          " holds ", sd->inter_end() - sd->inter_begin(), " rows in pieces of ",
-          pieces, ", expected the W_UV rows of heads [", sh.heads[r], ", ",
-          sh.heads[r + 1], ") (", values, ") and then o_proj's ", sh.hidden,
-          " rows over them");
+    if (!Chained(*sd, sh.kv_lora, values) || sd->inter_begin() != values ||
+        sd->inter_end() != values + sh.hidden)
+      return env.Error("o_proj on the ducks (kv_b_proj absorbed): duck ", r,
+                       " slot ", slot, " answers rows [", sd->inter_begin(),
+                       ", ", sd->inter_end(),
+                       ") of its pieces, expected W_UV's ", values,
+                       " rows of heads [", sh.heads[r], ", ", sh.heads[r + 1],
+                       ") (", sh.kv_lora, " wide) and then o_proj's ",
+                       sh.hidden, " (", values, " wide), answering those");
   }
   return absl::OkStatus();
 }

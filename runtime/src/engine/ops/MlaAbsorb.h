@@ -46,14 +46,16 @@ struct AbsorbShape {
 void SplitAbsorbedQuery(const AbsorbShape &sh, const float *row, float *q,
                         float *index, float *latent);
 
-/// Head slot `slot` holds each duck's query step: rows QueryRows(r) at
-/// its place in rank order, its pieces adding up to them, some reading
-/// the `k` floats of x.
+/// Head slot `slot` holds each duck's query step, a chain (abi.h: its
+/// pieces' rows from 0 to inter_end, the OB carrying [inter_begin,
+/// inter_end)): QueryRows(r) rows answered, its pieces `k` wide (on x) or
+/// `nope` wide (W_UK^T on a head's query).
 absl::Status CheckAbsorbedQuerySlot(const OpEnv &env, uint32_t slot,
                                     const AbsorbShape &sh, uint64_t k,
-                                    const char *what);
+                                    uint64_t nope, const char *what);
 /// Head slot `slot` holds each duck's output step: its heads' W_UV rows
-/// and then its o_proj columns (hidden rows over its heads' values).
+/// (kv_lora wide, working rows) and then its o_proj columns (hidden rows
+/// over its heads' values), which the OB carries.
 absl::Status CheckAbsorbedOutputSlot(const OpEnv &env, uint32_t slot,
                                      const AbsorbShape &sh);
 

@@ -351,7 +351,8 @@ absl::Status LoadWeights(const OpEnv &env, const pl::MlaAttentionOpDef &p,
     const char *what = p.q_lora_rank() ? "q_b_proj" : "q_proj";
     DUCK_RETURN_IF_ERROR(
         op.absorbed()
-            ? CheckAbsorbedQuerySlot(env, p.q_proj_slot(), op.absorb_, k, what)
+            ? CheckAbsorbedQuerySlot(env, p.q_proj_slot(), op.absorb_, k,
+                                     p.qk_nope_head_dim(), what)
             : CheckRowSlots(env, p.q_proj_slot(),
                             (uint64_t)p.heads() *
                                 (p.qk_nope_head_dim() + p.qk_rope_head_dim()),

@@ -246,14 +246,15 @@ protected:
     w_.wk = Read(ix->wk());
   }
 
-  /// A head slot of `pieces` (rows, k), rows [begin, begin + their sum).
+  /// A head slot of `pieces` (rows, k): rows [begin, end) of a row split
+  /// (end 0), or a chain whose OB carries its rows from `begin` on.
   static std::unique_ptr<po::SlotDefT>
-  HeadSlot(uint32_t begin,
-           const std::vector<std::pair<uint32_t, uint32_t>> &pieces) {
+  HeadSlot(const std::vector<std::pair<uint32_t, uint32_t>> &pieces,
+           uint32_t begin, uint32_t end = 0) {
     auto s = std::make_unique<po::SlotDefT>();
     s->head = true;
     s->layer = 0;
-    s->inter_begin = s->inter_end = begin;
+    s->inter_begin = begin;
     for (auto [rows, k] : pieces) {
       auto m = std::make_unique<po::MatrixDefT>();
       m->rows = rows;
@@ -261,23 +262,32 @@ protected:
       s->matrices.push_back(std::move(m));
       s->inter_end += rows;
     }
+    if (end)
+      s->inter_end = end;
     return s;
   }
 
-  /// Duck r's three new slots: the indexer's input step (its share of
-  /// [q_a | kv_a | wk]), the query step and the output step.
-  void AddSlots(po::DuckDefT &d, uint32_t r, uint32_t tp, uint32_t *qNext) {
+  /// Duck r's three new slots, as duckc lays them out: the indexer's input
+  /// step (its share of [q_a | kv_a | wk]), the query step (its heads' q
+  /// rows, its indexer rows, W_UK^T a head) and the output step (W_UV a
+  /// head, then its heads' o_proj columns, which its OB carries).
+  void AddSlots(po::DuckDefT &d, uint32_t r, uint32_t tp, uint32_t *maxRows) {
     const uint32_t H = l_.heads[r + 1] - l_.heads[r];
     const uint32_t inRows = w_.q_lora + w_.L + w_.rope + w_.idim;
     const uint32_t in0 = inRows * r / tp, in1 = inRows * (r + 1) / tp;
-    d.slots.push_back(HeadSlot(in0, {{in1 - in0, w_.hidden}}));
-    const uint32_t idx =
-        l_.indexer ? l_.index_rows[r + 1] - l_.index_rows[r] : 0;
-    const uint32_t qRows = H * (uint32_t)w_.qk() + idx;
-    d.slots.push_back(
-        HeadSlot(*qNext, {{qRows, w_.q_lora}, {H * w_.L, w_.nope}}));
-    *qNext += qRows + H * w_.L;
-    d.slots.push_back(HeadSlot(0, {{H * w_.v, w_.L}, {w_.hidden, H * w_.v}}));
+    d.slots.push_back(HeadSlot({{in1 - in0, w_.hidden}}, in0, in1));
+    std::vector<std::pair<uint32_t, uint32_t>> q = {
+        {H * (uint32_t)w_.qk(), w_.q_lora}};
+    if (l_.indexer)
+      q.push_back({l_.index_rows[r + 1] - l_.index_rows[r], w_.q_lora});
+    for (uint32_t h = 0; h < H; ++h)
+      q.push_back({w_.L, w_.nope});
+    d.slots.push_back(HeadSlot(q, 0));
+    std::vector<std::pair<uint32_t, uint32_t>> o(H, {w_.v, w_.L});
+    o.push_back({w_.hidden, H * w_.v});
+    d.slots.push_back(HeadSlot(o, H * w_.v));
+    *maxRows = std::max({*maxRows, d.slots[l_.q_slot]->inter_end,
+                         d.slots[l_.o_slot]->inter_end});
   }
 
   /// A header-only weight image for duck r of tp.
@@ -318,14 +328,14 @@ protected:
     p->tp = tp;
     const uint32_t first = (uint32_t)p->ducks[0]->slots.size();
     l_.in_slot = first, l_.q_slot = first + 1, l_.o_slot = first + 2;
-    uint32_t qNext = 0;
+    uint32_t maxRows = 0;
     for (uint32_t r = 0; r < tp; ++r) {
-      AddSlots(*p->ducks[r], r, tp, &qNext);
+      AddSlots(*p->ducks[r], r, tp, &maxRows);
       p->ducks[r]->image_bytes = DUCK_IMAGE_HEADER_BYTES;
       WriteImage(r, tp, (uint32_t)p->ducks[r]->slots.size());
     }
     p->step_limits->max_head_rows =
-        std::max(p->step_limits->max_head_rows, qNext + w_.hidden);
+        std::max(p->step_limits->max_head_rows, maxRows);
     SetOps(*p);
     if (change)
       change(*p);
@@ -593,9 +603,25 @@ TEST_F(MlaAbsorb, SlotsOfOtherWidthsAreRefused) {
          s->matrices[0]->rows -= 1;
        },
        "q_b_proj on the ducks (kv_b_proj absorbed): duck 1"},
+      {"a query slot answering only its latent queries",
+       [&](po::PlanDefT &p) {
+         auto &s = p.ducks[1]->slots[l_.q_slot];
+         s->inter_begin = s->matrices[0]->rows;
+       },
+       "q_b_proj on the ducks (kv_b_proj absorbed): duck 1"},
       {"an output slot without o_proj's hidden rows",
        [&](po::PlanDefT &p) {
-         p.ducks[0]->slots[l_.o_slot]->matrices[1]->rows -= 1;
+         auto &s = p.ducks[1]->slots[l_.o_slot];
+         s->matrices.back()->rows -= 1;
+         s->inter_end -= 1;
+       },
+       "o_proj on the ducks (kv_b_proj absorbed): duck 1"},
+      {"an output slot answering its W_UV rows too",
+       [&](po::PlanDefT &p) { p.ducks[0]->slots[l_.o_slot]->inter_begin = 0; },
+       "o_proj on the ducks (kv_b_proj absorbed): duck 0"},
+      {"an output slot whose o_proj reads other values",
+       [&](po::PlanDefT &p) {
+         p.ducks[0]->slots[l_.o_slot]->matrices.back()->k += 1;
        },
        "o_proj on the ducks (kv_b_proj absorbed): duck 0"},
   };

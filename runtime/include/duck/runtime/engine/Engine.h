@@ -44,8 +44,9 @@ public:
   /// What a row-split step computes (its time is counted apart).
   enum class Rows { kAttention, kLmHead };
   /// A matrix whose rows are split over the ducks (a head slot on each:
-  /// the LM head, an o_proj): out[t][i] for all `width` rows, each duck's
-  /// where its slot says; x is n_tokens x k floats.
+  /// the LM head, an o_proj): out[t][i] for all `width` rows, the ducks'
+  /// answers (their slots' OB rows) one after another in rank order; x is
+  /// n_tokens x k floats.
   virtual absl::Status RunRows(Rows what, uint32_t slot, uint32_t n_tokens,
                                const float *x, uint32_t k, float *out,
                                uint64_t width) {
