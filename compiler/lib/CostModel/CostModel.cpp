@@ -736,78 +736,9 @@ PlanCost::Speculative projectSpeculative(const ModelFacts &m,
 }
 } // namespace
 
-namespace {
-/// Whole heads of `heads` over `tp` ducks, as even as they go.
-int64_t headsOf(int64_t heads, int64_t tp, int64_t r) {
-  return heads * (r + 1) / tp - heads * r / tp;
-}
-
-/// An MLA query projection split by whole heads, each duck's heads' queries
-/// also taken through W_UK (returned beside its rows); the indexer's rows
-/// (the rest) spread evenly.
-void absorbQuery(RowSplit &q) {
-  const int64_t tp = (int64_t)q.rows.size(), H = q.mla.heads;
-  int64_t total = 0;
-  for (int64_t r : q.rows)
-    total += r;
-  const int64_t perHead = q.mla.qk, other = total - perHead * H;
-  q.extraParams.assign(tp, 0);
-  q.outWidth.assign(tp, 0);
-  for (int64_t r = 0; r < tp; ++r) {
-    const int64_t h = headsOf(H, tp, r);
-    q.rows[r] = h * perHead + other * (r + 1) / tp - other * r / tp;
-    q.extraParams[r] = double(h * q.mla.kvLora * q.mla.nope);
-    q.outWidth[r] = q.rows[r] + h * q.mla.kvLora;
-  }
-}
-
-/// An MLA output projection split by heads (its columns): each duck gets
-/// its heads' latent outputs, takes them through W_UV and its o_proj
-/// columns, and returns partial sums of the hidden vector.
-void absorbOutput(RowSplit &o) {
-  const int64_t tp = (int64_t)o.rows.size(), H = o.mla.heads;
-  int64_t hidden = 0;
-  for (int64_t r : o.rows)
-    hidden += r;
-  o.k = o.mla.v;
-  o.extraParams.assign(tp, 0);
-  o.inWidth.assign(tp, 0);
-  o.outWidth.assign(tp, hidden);
-  o.partialSums = true;
-  for (int64_t r = 0; r < tp; ++r) {
-    const int64_t h = headsOf(H, tp, r);
-    o.rows[r] = hidden * h; // x v columns: its o_proj columns
-    o.extraParams[r] = double(h * o.mla.v * o.mla.kvLora);
-    o.inWidth[r] = h * o.mla.kvLora;
-  }
-}
-} // namespace
-
-ModelFacts cost::absorbMla(const ModelFacts &m) {
-  ModelFacts v = m;
-  for (RowSplit &r : v.rowSplits) {
-    if (r.mla.heads <= 0 || r.rows.empty())
-      continue;
-    r.bytes.clear(); // laid out as rows; timed by its weights
-    if (r.role == RowSplit::Role::qProj)
-      absorbQuery(r);
-    else if (r.role == RowSplit::Role::oProj)
-      absorbOutput(r);
-    r.mla.heads = 0; // done: absorbMla twice is absorbMla once
-  }
-  v.hostWeightBytes -= v.absorbableHostBytes;
-  v.onDucksHostBytes += v.absorbableHostBytes;
-  v.absorbableHostBytes = 0;
-  return v;
-}
-
-PlanCost cost::costPlan(const ModelFacts &facts, const ClusterModel &c) {
-  const ModelFacts &m =
-      c.mlaAbsorbDucks && facts.absorbableHostBytes > 0 ? absorbMla(facts)
-                                                         : facts;
+PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   PlanCost p;
-  if (c.mlaAbsorbDucks)
-    p.mlaAbsorbedBytesPerToken = facts.absorbableHostBytes;
+  p.mlaAbsorbedBytesPerToken = m.absorbedHostBytes;
   p.duckParamsPerToken.assign(m.tp, 0.0);
   p.duckBytesPerToken.assign(m.tp, 0.0);
   StepSums sums;

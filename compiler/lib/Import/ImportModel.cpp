@@ -231,15 +231,16 @@ Value Importer::attention(Value x, int64_t layer) {
     }
   }
   auto op = ob->create<AttentionOp>(
-      layerLoc(layer), act, x, b.getI64IntegerAttr(layer), b.getStringAttr(kind),
-      b.getI64IntegerAttr(desc.num_attention_heads),
-      b.getI64IntegerAttr(desc.num_kv_heads), b.getI64IntegerAttr(desc.head_dim),
-      b.getDictionaryAttr(w),
+      layerLoc(layer), act, x, b.getI64IntegerAttr(layer),
+      b.getStringAttr(kind), b.getI64IntegerAttr(desc.num_attention_heads),
+      b.getI64IntegerAttr(desc.num_kv_heads),
+      b.getI64IntegerAttr(desc.head_dim), b.getDictionaryAttr(w),
       idx.empty() ? DictionaryAttr() : b.getDictionaryAttr(idx),
       /*duck_rows=*/nullptr, /*duck_block=*/nullptr, /*duck_slot=*/nullptr,
       /*duck_offsets=*/nullptr, /*duck_bytes=*/nullptr,
       /*q_duck_*=*/nullptr, nullptr, nullptr, nullptr, nullptr,
-      /*in_duck_*=*/nullptr, nullptr, nullptr, nullptr, nullptr);
+      /*in_duck_*=*/nullptr, nullptr, nullptr, nullptr, nullptr,
+      /*absorb_heads=*/nullptr, /*absorb_index_rows=*/nullptr);
   return op.getResult();
 }
 

@@ -335,6 +335,7 @@ void mlir::duck::buildCompilePipeline(OpPassManager &pm,
   p.oProj = opts.oProj;
   p.qProj = opts.qProj;
   p.inProj = opts.inProj;
+  p.mlaAbsorb = opts.mlaAbsorb;
   // Unequal ducks: slices in proportion to their measured rates.
   // (p.shares is an ArrayRef: `mine` must outlive createDuckPartition.)
   const std::vector<double> &rates = opts.cluster.cost.duckGparamS;
@@ -406,6 +407,11 @@ struct CompilePipelineOptions
       llvm::cl::desc("host (default) or ducks: every attention's input "
                      "projections' rows over the ducks"),
       llvm::cl::init("host")};
+  Option<std::string> mlaAbsorb{
+      *this, "mla-absorb",
+      llvm::cl::desc("host (default) or ducks: MLA's kv_b_proj on the ducks "
+                     "by heads (with its query and output projections)"),
+      llvm::cl::init("host")};
   Option<std::string> stopAfter{
       *this, "stop-after",
       llvm::cl::desc("partition, kernels, modes or layout (default)"),
@@ -428,6 +434,7 @@ void mlir::duck::registerDuckCompilePipeline() {
         o.oProj = p.oProj;
         o.qProj = p.qProj;
         o.inProj = p.inProj;
+        o.mlaAbsorb = p.mlaAbsorb;
         buildCompilePipeline(pm, o, p.modelId, p.stopAfter);
       });
 }
@@ -492,10 +499,6 @@ Error checkCompileOptions(const CompileOptions &opts,
   if (writes && opts.cluster.cost.fanout == ClusterModel::Fanout::relay)
     return err("--fanout relay is modelled only: the runtime does not relay "
                "a step, so no plan is written with it (use --dry-run)");
-  if (writes && opts.cluster.cost.mlaAbsorbDucks)
-    return err("--mla-absorb ducks is modelled only: the compiler does not "
-               "lay kv_b_proj out on the ducks yet, so no plan is written "
-               "with it (use --dry-run)");
   if (writes && opts.outDir.empty())
     return err("no output directory: pass -o <out-dir> (or --dry-run)");
   return Error::success();
@@ -683,8 +686,10 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
           (stats.qProjOnDucks ? ", attention query projection in "
                                 "fp9 on the ducks"
                               : "") +
-          (stats.oProjOnDucks ? ", attention o_proj in fp9 on the ducks"
-                              : "") +
+          (stats.oProjOnDucks ? ", attention o_proj in fp9 on the ducks" : "") +
+          (stats.mlaAbsorbedBytesPerToken > 0
+               ? ", MLA kv_b_proj (W_UK, W_UV) in fp9 on the ducks by heads"
+               : "") +
           (wo.wireBf16 ? ", activations to the ducks in bf16" : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"

@@ -227,12 +227,12 @@ cl::opt<std::string> compileMlaAbsorb(
     "mla-absorb",
     cl::desc("Where DeepSeek's MLA takes its queries into the latent space "
              "and its latent outputs back (kv_b_proj's W_UK and W_UV): "
-             "'host' (default: what the runtime does) or 'ducks': MODELLED "
-             "ONLY, only with --dry-run: where an attention's query and "
-             "output projections are both on the ducks, each duck takes "
-             "whole heads, its query step also runs W_UK and its output "
-             "step gets only its heads' latent outputs, runs W_UV and its "
-             "o_proj columns and returns partial sums; the host reads no "
+             "'host' (default) or 'ducks': where an attention's query and "
+             "output projections are both on the ducks (--q-proj ducks "
+             "--o-proj ducks, or --tp auto's choice), each duck takes whole "
+             "heads, its query step also runs W_UK and its output step gets "
+             "only its heads' latent outputs, runs W_UV and its o_proj "
+             "columns and returns partial sums; the host reads no "
              "kv_b_proj"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int> compileSpecDrafts(
@@ -345,13 +345,7 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
     return createStringError(inconvertibleErrorCode(),
                              "--mla-absorb must be host or ducks, got '" +
                                  compileMlaAbsorb + "'");
-  o.cluster.cost.mlaAbsorbDucks = compileMlaAbsorb == "ducks";
-  if (o.cluster.cost.mlaAbsorbDucks && !compileDryRun)
-    return createStringError(
-        inconvertibleErrorCode(),
-        "--mla-absorb ducks is modelled only: the compiler does not lay "
-        "kv_b_proj out on the ducks yet, so no plan is written with it; use "
-        "it with --dry-run");
+  o.mlaAbsorb = compileMlaAbsorb;
   return Error::success();
 }
 

@@ -405,56 +405,39 @@ TEST(CostModelTest, RowSplitsAreStepsOfTheirOwn) {
   EXPECT_DOUBLE_EQ(p.duckParamsPerToken[1], 2 * 256 * 1024);
 }
 
-TEST(CostModelTest, MlaAbsorbedSplitsByHeads) {
-  // An MLA of 4 heads (nope 8, rope 4, v 8, kv_lora 16) over 2 ducks,
-  // hidden 32: its query rows (4 x 12 + 8 indexer rows) and o_proj (32
-  // rows of K 32) on the ducks, its kv_b_proj 1000 host bytes.
+TEST(CostModelTest, AScatteredStepOfPartialSums) {
+  // An absorbed MLA output step over 2 ducks (duckc --mla-absorb ducks):
+  // each duck its own IB (16 and 32 latent floats), W_UV and its o_proj
+  // columns (32 x 8 + 24 and 32 x 16 + 48 weights), partial sums of 32
+  // floats back. Against the same step as a plain row split of 32 rows of
+  // K 32: 16 + 32 floats out instead of 2 x 32, 64 back instead of 32.
   ModelFacts m;
   m.tp = 2;
-  m.hostWeightBytes = 3000;
-  m.absorbableHostBytes = 1000;
-  RowSplit q;
-  q.role = RowSplit::Role::qProj;
-  q.k = 16;
-  q.block = 32;
-  q.rows = {32, 24};
-  q.mla = {4, 16, 8, 12, 8};
-  RowSplit o = q;
+  RowSplit o;
   o.role = RowSplit::Role::oProj;
   o.k = 32;
+  o.block = 32;
   o.rows = {16, 16};
-  m.rowSplits = {q, o};
-  const ModelFacts a = absorbMla(m);
-  // Two heads a duck: 2 x 12 query rows and half the indexer's, W_UK's
-  // 2 x 16 x 8 weights more, 2 x 16 latent floats more back.
-  EXPECT_EQ(a.rowSplits[0].rows, (std::vector<int64_t>{28, 28}));
-  EXPECT_EQ(a.rowSplits[0].extraParams, (std::vector<double>{256, 256}));
-  EXPECT_EQ(a.rowSplits[0].outWidth, (std::vector<int64_t>{60, 60}));
-  // The output step: each duck its 2 heads' latent outputs in (32
-  // floats), W_UV (2 x 8 x 16) and its o_proj columns (32 x 16), partial
-  // sums of all 32 rows back.
-  const RowSplit &ao = a.rowSplits[1];
-  EXPECT_EQ(ao.inWidth, (std::vector<int64_t>{32, 32}));
-  EXPECT_EQ(ao.outWidth, (std::vector<int64_t>{32, 32}));
-  EXPECT_TRUE(ao.partialSums);
-  EXPECT_DOUBLE_EQ(double(ao.rows[0]) * ao.k + ao.extraParams[0],
-                   32 * 16 + 256);
-  EXPECT_EQ(a.hostWeightBytes, 2000);
-  EXPECT_EQ(a.absorbableHostBytes, 0);
-  // Once is enough: absorbing again changes nothing.
-  EXPECT_EQ(absorbMla(a).rowSplits[0].rows, a.rowSplits[0].rows);
-  // The plan with it: the host reads 1000 bytes less (1 ms a byte here);
-  // 384 bytes more come back: the query step's latent queries (28 + 36
-  // floats) and the output step's partial sums (2 x 16 floats more).
+  m.rowSplits = {o};
   ClusterModel c;
-  c.hostReadGbs = 1e-6;
-  const PlanCost before = costPlan(m, c);
-  c.mlaAbsorbDucks = true;
-  const PlanCost after = costPlan(m, c);
-  EXPECT_NEAR(before.hostOpsMsPerToken - after.hostOpsMsPerToken, 1000,
-              1e-6);
-  EXPECT_EQ(after.mlaAbsorbedBytesPerToken, 1000);
-  EXPECT_EQ(after.hostRxBytesPerToken - before.hostRxBytesPerToken, 384);
+  c.fp9GparamS = 1;
+  const PlanCost plain = costPlan(m, c);
+  RowSplit &a = m.rowSplits[0];
+  a.rows = {8 + 32, 16 + 32};
+  a.k = 8;
+  a.extraParams = {0, 0};
+  a.inWidth = {16, 32};
+  a.outWidth = {32, 32};
+  a.partialSums = true;
+  const PlanCost absorbed = costPlan(m, c);
+  EXPECT_EQ(plain.hostTxBytesPerToken - absorbed.hostTxBytesPerToken,
+            (2 * 32 - 48) * 4);
+  EXPECT_EQ(absorbed.hostRxBytesPerToken - plain.hostRxBytesPerToken,
+            (64 - 32) * 4);
+  // The slowest duck's weights: 48 x 8 (its rows of K 8) at 1 Gparam/s.
+  EXPECT_NEAR(absorbed.oProjMsPerToken, 48 * 8 / 1e6, 1e-12);
+  a.extraParams = {0, 100};
+  EXPECT_NEAR(costPlan(m, c).oProjMsPerToken, (48 * 8 + 100) / 1e6, 1e-12);
 }
 
 TEST(CostModelTest, HostTime) {

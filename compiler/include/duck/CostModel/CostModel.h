@@ -105,17 +105,7 @@ struct ClusterModel {
   /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
   /// bytes of every IB's activations.
   bool wireBf16 = false;
-  /// MLA's kv_b_proj on the ducks, by heads (duckc --mla-absorb ducks),
-  /// MODELLED ONLY (the compiler does not lay it out yet; the duck ELF's
-  /// chained head pieces are what it would run on): where an MLA's query
-  /// and output projections are both on the ducks, each duck takes whole
-  /// heads; its query step also moves its heads' queries into the latent
-  /// space (W_UK, kv_lora x nope a head) and returns them beside its rows;
-  /// its output step gets only its heads' latent outputs (kv_lora floats a
-  /// head, a different IB a duck), takes them through W_UV (v x kv_lora a
-  /// head) and its o_proj columns (hidden x v a head) and returns partial
-  /// sums of the hidden vector. The host reads no kv_b_proj.
-  bool mlaAbsorbDucks = false;
+
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;
 };
@@ -165,14 +155,10 @@ struct RowSplit {
   int64_t k = 0, block = 0;
   std::vector<int64_t> rows;   // a duck's rows, rank order
   std::vector<uint64_t> bytes; // a duck's slot bytes; empty: not laid out
-  /// An MLA's query or output projection (role qProj/oProj): its heads
-  /// and their widths (0 heads: not an MLA's), for mlaAbsorbDucks.
-  struct Mla {
-    int64_t heads = 0, kvLora = 0, nope = 0, qk = 0, v = 0;
-  } mla;
-  /// Per duck, when set: weights beyond rows x k (chained pieces), the
-  /// floats of its IB (else k) and of its OB (else its rows), and whether
-  /// the replies are partial sums of one vector.
+  /// Per duck, when set: weights beyond rows x k (a chained slot's pieces:
+  /// duckc --mla-absorb ducks), the floats of its IB (else k) and of its
+  /// OB (else its rows), and whether the replies are partial sums of one
+  /// vector (an absorbed output step's).
   std::vector<double> extraParams;
   std::vector<int64_t> inWidth, outWidth;
   bool partialSums = false;
@@ -201,9 +187,9 @@ struct ModelFacts {
   /// those of them that went to the ducks (what a measured host time no
   /// longer spends).
   double hostWeightBytes = 0, onDucksHostBytes = 0;
-  /// Of hostWeightBytes, the kv_b_proj bytes of MLAs whose query and
-  /// output projections are both on the ducks (what mlaAbsorbDucks moves).
-  double absorbableHostBytes = 0;
+  /// Of onDucksHostBytes, the kv_b_proj bytes of MLAs absorbed on the
+  /// ducks (duckc --mla-absorb ducks).
+  double absorbedHostBytes = 0;
   /// The LM head: its weights and bytes a weight in the checkpoint's dtype
   /// as the host reads it (FP8 as fp9). Unset: the model has none.
   struct LmHead {
@@ -255,8 +241,8 @@ struct PlanCost {
   /// the runtime reads them, and, with hostReadGbs but no measured
   /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
   double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
-  /// ClusterModel::mlaAbsorbDucks (modelled only): the kv_b_proj bytes a
-  /// token it took off the host (0: none absorbable, or not asked).
+  /// duckc --mla-absorb ducks: the kv_b_proj bytes a token the ducks
+  /// took off the host's reads (0: none absorbed).
   double mlaAbsorbedBytesPerToken = 0;
   /// Host attention over contextTokens of cache (ClusterModel::hostGmacS,
   /// and hostReadGbs for the cache's reads): MACs and cache bytes a token
@@ -423,10 +409,6 @@ StepWire stepWireEach(const ClusterModel &c, uint32_t rows,
                       const std::vector<int64_t> &k,
                       const std::vector<int64_t> &outWidth, bool partialSums);
 
-/// mlaAbsorbDucks applied to a model's facts: each MLA query/output
-/// projection on the ducks (both of one attention) split by whole heads
-/// with its chained pieces, and kv_b_proj off the host.
-ModelFacts absorbMla(const ModelFacts &m);
 
 /// A row-split matrix's slowest duck a token (seconds): each duck's rows
 /// at its kernel class's rate, else its rate, else its bytes (or 1.125 a

@@ -63,6 +63,10 @@ struct CompileOptions {
   /// Every attention's input projections (AttentionOp::getInProjs), one
   /// group of rows: "host" (default) or "ducks", as oProj.
   std::string inProj = "host";
+  /// DeepSeek MLA's kv_b_proj (W_UK, W_UV): "host" (default), or "ducks"
+  /// where an attention's query and output projections are on the ducks
+  /// (whole heads a duck, chained into those steps).
+  std::string mlaAbsorb = "host";
   /// Verify the module after every pass (MLIR's default). The --tp auto
   /// search turns it off for its dry-run candidates (a third of their
   /// time); the plan it then compiles is verified as any other.

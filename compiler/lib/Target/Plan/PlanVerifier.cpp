@@ -236,6 +236,9 @@ struct MatrixRole {
   const duck_matrix_ref *ref;
   const std::string *name;
   bool down;
+  /// W_UK^T of an MLA head (--mla-absorb ducks): image row i, column k is
+  /// the checkpoint's (row0 + k, col0 + i).
+  bool transposed = false;
 };
 
 /// Which duck, slot, layer and expert a matrix is, for messages.
@@ -264,7 +267,8 @@ llvm::Error compareMatrix(const Checkpoint &ckpt, const MatrixRole &r,
     duck_fp9_unpack_row(&desc, slot + r.ref->offset, i, row.data());
     float rowMax = 0;
     for (uint32_t k = 0; k < desc.k; ++k) {
-      refRow[k] = src->at(row0 + i, col0 + k);
+      refRow[k] = r.transposed ? src->at(row0 + k, col0 + i)
+                               : src->at(row0 + i, col0 + k);
       rowMax = std::max(rowMax, std::fabs(refRow[k]));
     }
     for (uint32_t k = 0; k < desc.k; ++k) {
@@ -289,8 +293,10 @@ llvm::Error compareMatrix(const Checkpoint &ckpt, const MatrixRole &r,
         return err(llvm::formatv(
             "duck {0} slot {1} (layer {2}) expert {3}: '{4}'[{5}, {6}] "
             "is {7} in the image but {8} in the checkpoint{9}",
-            at.rank, at.si, at.layer, at.ex, *r.name, row0 + i, col0 + k,
-            row[k], ref, fp8 ? " (FP8 must convert exactly)" : ""));
+            at.rank, at.si, at.layer, at.ex, *r.name,
+            r.transposed ? row0 + k : row0 + i,
+            r.transposed ? col0 + i : col0 + k, row[k], ref,
+            fp8 ? " (FP8 must convert exactly)" : ""));
     }
   }
   if (exact)
@@ -319,6 +325,126 @@ headPieceTensor(llvm::ArrayRef<const pl::TensorDef *> group, uint64_t headAt,
   return err(llvm::formatv("duck {0} slot {1}: head piece {2} at "
                            "row {3} is past its tensors' rows",
                            at.rank, at.si, at.ex, headAt));
+}
+
+/// One piece of an absorbed MLA slot (--mla-absorb ducks), as the plan
+/// says it must be, written apart from the compiler's layout.
+struct AbsorbedPiece {
+  std::string name;
+  int64_t row0 = 0, col0 = 0, rows = 0, k = 0;
+  bool transposed = false;
+  uint32_t input = 0;
+};
+
+/// Duck `rank`'s query slot of an absorbed MLA (its heads' q rows, its
+/// wq_b rows, W_UK^T of each head) or output slot (W_UV of each head, its
+/// heads' o_proj columns), with the header's ob_begin in `obBegin`.
+std::vector<AbsorbedPiece> absorbedPieces(const pl::MlaAttentionOpDef &m,
+                                          const pl::IndexerOpDef *ix,
+                                          bool query, unsigned rank,
+                                          uint32_t &obBegin) {
+  auto name = [](const pl::TensorDef *t) {
+    return t && t->name() ? t->name()->str() : std::string();
+  };
+  const int64_t h0 = m.absorb_heads()->Get(rank),
+                h1 = m.absorb_heads()->Get(rank + 1);
+  const int64_t nope = m.qk_nope_head_dim(), qk = nope + m.qk_rope_head_dim(),
+                v = m.v_head_dim(), L = m.kv_lora_rank();
+  const std::string kvb = name(m.kv_b_proj());
+  std::vector<AbsorbedPiece> out;
+  obBegin = 0;
+  if (query) {
+    const pl::TensorDef *q = m.q_b_proj() ? m.q_b_proj() : m.q_proj();
+    out.push_back({name(q), h0 * qk, 0, (h1 - h0) * qk, 0, false, 0});
+    if (ix && ix->absorb_index_rows() && ix->absorb_index_rows()->size()) {
+      const int64_t i0 = ix->absorb_index_rows()->Get(rank),
+                    i1 = ix->absorb_index_rows()->Get(rank + 1);
+      if (i1 > i0)
+        out.push_back({name(ix->wq_b()), i0, 0, i1 - i0, 0, false, 0});
+    }
+    for (int64_t h = h0; h < h1; ++h)
+      out.push_back({kvb, h * (nope + v), 0, L, nope, true,
+                     DUCK_HEAD_INPUT_RESULTS | uint32_t((h - h0) * qk)});
+    return out;
+  }
+  for (int64_t h = h0; h < h1; ++h)
+    out.push_back({kvb, h * (nope + v) + nope, 0, v, L, false,
+                   DUCK_HEAD_INPUT_X | uint32_t((h - h0) * L)});
+  const pl::TensorDef *o = m.o_proj();
+  const int64_t hidden = o && o->shape() ? (int64_t)o->shape()->Get(0) : 0;
+  out.push_back({name(o), 0, h0 * v, hidden, (h1 - h0) * v, false,
+                 DUCK_HEAD_INPUT_RESULTS});
+  obBegin = uint32_t((h1 - h0) * v);
+  return out;
+}
+
+/// The absorbed MLA whose query or output slot is `si` (and its layer's
+/// indexer when that runs the query slot), or null.
+const pl::MlaAttentionOpDef *absorbedOf(const pl::PlanDef &plan, uint32_t si,
+                                        bool &query,
+                                        const pl::IndexerOpDef *&ix) {
+  ix = nullptr;
+  if (!plan.ops())
+    return nullptr;
+  for (const pl::OpDef *op : *plan.ops()) {
+    const auto *m = op->params_as_MlaAttentionOpDef();
+    if (!m || !m->absorb_heads() || m->absorb_heads()->size() < 2)
+      continue;
+    for (const pl::OpDef *o : *plan.ops())
+      if (const auto *x = o->params_as_IndexerOpDef();
+          x && o->layer() == op->layer() && x->on_ducks())
+        ix = x;
+    const uint32_t qSlot = ix ? ix->q_proj_slot() : m->q_proj_slot();
+    if ((m->o_proj_on_ducks() && m->o_proj_slot() == si) ||
+        ((m->q_proj_on_ducks() || ix) && qSlot == si)) {
+      query = !(m->o_proj_on_ducks() && m->o_proj_slot() == si);
+      return m;
+    }
+    ix = nullptr;
+  }
+  return nullptr;
+}
+
+/// An absorbed MLA slot: its header's ob_begin, each piece's shape and
+/// input, and its values against the checkpoint.
+llvm::Error verifyAbsorbedSlot(const Checkpoint &ckpt,
+                               const pl::MlaAttentionOpDef &m,
+                               const pl::IndexerOpDef *ix, bool query,
+                               const duck_slot_header &sh, const uint8_t *slot,
+                               const MatrixAt &at0, PlanCheck &check,
+                               std::vector<float> &row,
+                               std::vector<float> &refRow) {
+  uint32_t obBegin = 0;
+  if (at0.rank + 1 >= m.absorb_heads()->size())
+    return err(llvm::formatv("duck {0} slot {1}: no heads for this duck in "
+                             "absorb_heads",
+                             at0.rank, at0.si));
+  const std::vector<AbsorbedPiece> want =
+      absorbedPieces(m, ix, query, at0.rank, obBegin);
+  const auto *descs = reinterpret_cast<const duck_ffn_desc *>(slot + sizeof sh);
+  if (sh.n_experts != want.size() || sh.ob_begin != obBegin)
+    return err(llvm::formatv("duck {0} slot {1}: an absorbed {2} slot of {3} "
+                             "pieces (ob_begin {4}), the plan says {5} ({6})",
+                             at0.rank, at0.si, query ? "query" : "output",
+                             sh.n_experts, sh.ob_begin, want.size(), obBegin));
+  for (unsigned ex = 0; ex < want.size(); ++ex) {
+    const duck_ffn_desc &d = descs[ex];
+    const AbsorbedPiece &p = want[ex];
+    if (d.gate.desc.rows != p.rows || (p.k && d.gate.desc.k != p.k) ||
+        d.input != p.input)
+      return err(llvm::formatv("duck {0} slot {1} piece {2}: {3} rows of K "
+                               "{4} reading {5:x}, the plan says {6} of {7} "
+                               "reading {8:x}",
+                               at0.rank, at0.si, ex, d.gate.desc.rows,
+                               d.gate.desc.k, d.input, p.rows, p.k, p.input));
+    MatrixAt at = at0;
+    at.ex = ex;
+    const MatrixRole r{&d.gate, &p.name, false, p.transposed};
+    if (llvm::Error x = compareMatrix(ckpt, r, slot, p.row0, p.col0, at, check,
+                                      row, refRow))
+      return x;
+  }
+  return llvm::Error::success();
 }
 
 /// One slot of a duck's image: its entry and header, then every present
@@ -350,6 +476,12 @@ llvm::Error verifySlot(const Checkpoint &ckpt, const pl::PlanDef &plan,
       return err(llvm::formatv("duck {0} slot {1}: a head slot the plan "
                                "does not call one",
                                rank, si));
+    bool query = false;
+    const pl::IndexerOpDef *ix = nullptr;
+    if (const pl::MlaAttentionOpDef *m = absorbedOf(plan, si, query, ix))
+      return verifyAbsorbedSlot(ckpt, *m, ix, query, sh, slot,
+                                MatrixAt{rank, si, sh.layer, 0}, check, row,
+                                refRow);
     group = headSlotTensors(plan, si);
     if (group.empty())
       return err(llvm::formatv("duck {0} slot {1}: a head slot that no "

@@ -141,6 +141,11 @@ private:
   Error packMatrix(int64_t layer, const std::string &name, int64_t row0,
                    int64_t col0, const duck_fp9_desc &desc,
                    uint64_t slotBytes = 0);
+  /// Packs W_UK^T of one MLA head (RowMatrix::Piece::head) and writes it
+  /// (in the background).
+  Error packTransposedHead(int64_t layer, const std::string &name, int64_t head,
+                           int64_t perHead, const duck_fp9_desc &desc);
+  Expected<WeightSource *> sourceOf(const std::string &name);
   Error writeRowSlot(const RowMatrix &m, int64_t numLayers,
                      std::vector<duck_slot_entry> &entries);
   /// Writes one FFN slot (header, descriptor table, every expert's packed
@@ -162,9 +167,7 @@ private:
   std::future<PackJob> inflight;
 };
 
-Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
-                              int64_t row0, int64_t col0,
-                              const duck_fp9_desc &desc, uint64_t slotBytes) {
+Expected<WeightSource *> ImageWriter::sourceOf(const std::string &name) {
   auto it = sources.find(name);
   if (it == sources.end()) {
     Expected<WeightSource> s = openWeightSource(ckpt, name);
@@ -172,7 +175,83 @@ Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
       return s.takeError();
     it = sources.try_emplace(name, std::move(*s)).first;
   }
-  WeightSource &s = it->second;
+  return &it->second;
+}
+
+namespace {
+/// Bytes of one element of a packing source.
+uint64_t elementBytes(duck_fp9_src_type t) {
+  return t == DUCK_FP9_SRC_E4M3 ? 1 : t == DUCK_FP9_SRC_F32 ? 4 : 2;
+}
+} // namespace
+
+Error ImageWriter::packTransposedHead(int64_t layer, const std::string &name,
+                                      int64_t head, int64_t perHead,
+                                      const duck_fp9_desc &desc) {
+  Expected<WeightSource *> s = sourceOf(name);
+  if (!s)
+    return s.takeError();
+  const duck_fp9_source &S = (*s)->src;
+  const uint64_t L = S.src_cols, nope = desc.k, r0 = uint64_t(head * perHead);
+  const uint64_t es = elementBytes(S.type);
+  if (desc.rows != L || r0 + nope > S.src_rows)
+    return err("tensor '" + name + "': W_UK of head " + std::to_string(head) +
+               " outside the tensor");
+  std::vector<uint8_t> buf(L * nope * es);
+  const auto *in = static_cast<const uint8_t *>(S.data);
+  for (uint64_t r = 0; r < L; ++r)
+    for (uint64_t j = 0; j < nope; ++j)
+      std::memcpy(&buf[(r * nope + j) * es], in + ((r0 + j) * L + r) * es, es);
+  std::vector<float> scales;
+  if (S.type == DUCK_FP9_SRC_E4M3) {
+    // The head's nope rows share one row of scale tiles; the transposed
+    // matrix's row tiles are the source's column tiles.
+    const uint64_t tr = S.tile_rows, tc = S.tile_cols;
+    if (r0 / tr != (r0 + nope - 1) / tr || tc != desc.scale_rows)
+      return err(llvm::formatv("tensor '{0}': W_UK of head {1} straddles "
+                               "its FP8 scale tiles ({2} x {3}); use "
+                               "--mla-absorb host",
+                               name, head, tr, tc));
+    const uint64_t gc = (S.src_cols + tc - 1) / tc;
+    for (uint64_t i = 0; i < (L + tc - 1) / tc; ++i)
+      scales.push_back(S.scale_inv[(r0 / tr) * gc + i]);
+  }
+  if (Error x = flushPacked())
+    return x;
+  inflight = std::async(std::launch::async, [S, desc, buf = std::move(buf),
+                                             scales = std::move(scales), name,
+                                             layer, L, nope] {
+    duck_fp9_source t = S;
+    t.data = buf.data();
+    t.src_rows = L;
+    t.src_cols = nope;
+    t.row0 = t.col0 = 0;
+    if (S.type == DUCK_FP9_SRC_E4M3) {
+      t.scale_inv = scales.data();
+      t.tile_rows = S.tile_cols;
+      t.tile_cols = (uint32_t)nope;
+    }
+    duck_fp9_layout lay{};
+    (void)duck_fp9_compute_layout(&desc, &lay);
+    PackJob job;
+    job.storage.assign(lay.total_bytes / 8 + 8, 0);
+    job.bytes = lay.total_bytes;
+    job.name = name;
+    job.layer = layer;
+    job.status =
+        duck_fp9_pack(&t, &desc, const_cast<void *>(job.data()), &job.at);
+    return job;
+  });
+  return Error::success();
+}
+
+Error ImageWriter::packMatrix(int64_t layer, const std::string &name,
+                              int64_t row0, int64_t col0,
+                              const duck_fp9_desc &desc, uint64_t slotBytes) {
+  Expected<WeightSource *> sp = sourceOf(name);
+  if (!sp)
+    return sp.takeError();
+  WeightSource &s = **sp;
   duck_fp9_source src = s.src;
   src.row0 = row0;
   src.col0 = col0;
@@ -221,7 +300,7 @@ Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
                              m.role(), rank, offset, pos));
   XXH3_64bits_reset(slotHash);
   sources.clear();
-  const int64_t hidden = m.k(), headLayer = m.layer(numLayers);
+  const int64_t headLayer = m.layer(numLayers);
   const uint32_t block = (uint32_t)m.block;
   HeadSlotLayout hl;
   if (headSlotLayout(m, rank, scaleRows, hl) != DUCK_FP9_OK)
@@ -230,25 +309,32 @@ Error ImageWriter::writeRowSlot(const RowMatrix &m, int64_t numLayers,
   h.magic = DUCK_SLOT_MAGIC;
   h.kind = DUCK_SLOT_HEAD;
   h.layer = (uint32_t)headLayer;
-  h.hidden = (uint32_t)hidden;
+  h.hidden = (uint32_t)m.kOf(rank);
   h.inter = (uint32_t)m.rowsOf(rank);
   h.n_experts = (uint32_t)hl.pieces.size();
   h.block = block;
+  h.ob_begin = (uint32_t)m.obBeginOf(rank);
   if (Error e = writeBytes(&h, sizeof h))
     return e;
   for (size_t i = 0; i < hl.pieces.size(); ++i) {
     duck_ffn_desc t{};
     t.present = 1;
+    t.input = hl.pieces[i].input;
     t.gate = {hl.offsets[i], hl.descs[i],
-              (uint32_t)duck_select_kernel((uint32_t)hidden, block), 0};
+              (uint32_t)duck_select_kernel(hl.descs[i].k, block), 0};
     if (Error e = writeBytes(&t, sizeof t))
       return e;
   }
   for (size_t i = 0; i < hl.pieces.size(); ++i) {
+    const RowMatrix::Piece &p = hl.pieces[i];
     if (Error e = padTo(offset + hl.offsets[i]))
       return e;
-    if (Error e = packMatrix(headLayer, hl.pieces[i].weight.getName().str(),
-                             hl.pieces[i].row0, 0, hl.descs[i]))
+    const std::string name = p.weight.getName().str();
+    if (Error e =
+            p.head >= 0
+                ? packTransposedHead(headLayer, name, p.head,
+                                     m.mla.nope + m.mla.v, hl.descs[i])
+                : packMatrix(headLayer, name, p.row0, p.col0, hl.descs[i]))
       return e;
   }
   if (Error e = padTo(offset + hl.totalBytes))
@@ -380,6 +466,8 @@ std::vector<uint8_t> imagePrologue(ModuleOp module, int64_t r,
   duck_image_header ih{};
   ih.magic = DUCK_IMAGE_MAGIC;
   ih.format_version = DUCK_IMAGE_FORMAT_VERSION;
+  if (llvm::any_of(rowMats, [](const RowMatrix &m) { return m.absorbed(); }))
+    ih.format_version = DUCK_IMAGE_FORMAT_VERSION_CHAINED;
   ih.abi_version = DUCK_ABI_VERSION;
   ih.fp9_version = DUCK_FP9_FORMAT_VERSION;
   ih.tp_size = (uint32_t)module->getAttrOfType<PartitionAttr>(kPartitionAttrName)
@@ -482,6 +570,8 @@ private:
   Expected<fb::Offset<void>> attentionParams(AttentionOp a,
                                              pl::OpParams *type);
   Expected<fb::Offset<void>> mlaParams(AttentionOp a);
+  fb::Offset<fb::Vector<uint32_t>>
+  uintVector(std::optional<ArrayRef<int64_t>> a);
   Expected<uint32_t> indexerOp(AttentionOp a, uint32_t input);
   fb::Offset<pl::RopeScalingDef> ropeScaling();
   uint32_t cfgInt(StringRef k) const {
@@ -635,6 +725,15 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
   return mlaParams(a);
 }
 
+/// A tp + 1 boundary array as the plan's [uint] (absent: an empty offset).
+fb::Offset<fb::Vector<uint32_t>>
+PlanBuilder::uintVector(std::optional<ArrayRef<int64_t>> a) {
+  if (!a)
+    return 0;
+  std::vector<uint32_t> v(a->begin(), a->end());
+  return fbb.CreateVector(v);
+}
+
 Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
   auto opt = [&](StringRef r) {
     return optionalTensor(r, a.getWeights().getAs<WeightAttr>(r));
@@ -656,6 +755,7 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
   const bool fromIndexer = a.getIndexer() && a.getInDuckSlot();
   const bool q = a.getQDuckSlot() && !fromIndexer;
   const bool in = a.getInDuckSlot() && !fromIndexer;
+  auto absorb = uintVector(a.getAbsorbHeads());
   return pl::CreateMlaAttentionOpDef(
              fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
              a.getNumHeads(), cfgInt("q_lora_rank"), cfgInt("kv_lora_rank"),
@@ -663,7 +763,7 @@ Expected<fb::Offset<void>> PlanBuilder::mlaParams(AttentionOp a) {
              cfgInt("v_head_dim"), normEps, ropeTheta, rope,
              a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0), q,
              q ? *a.getQDuckSlot() : 0, in, in ? *a.getInDuckSlot() : 0,
-             fromIndexer)
+             fromIndexer, absorb)
       .Union();
 }
 
@@ -703,13 +803,17 @@ Expected<uint32_t> PlanBuilder::indexerOp(AttentionOp a, uint32_t input) {
   };
   auto rope = ropeScaling();
   const bool onDucks = a.getInDuckSlot() && a.getQDuckSlot();
+  const bool absorbed = onDucks && a.getAbsorbHeads();
+  auto heads = uintVector(absorbed ? a.getAbsorbHeads() : std::nullopt);
+  auto index = uintVector(absorbed ? a.getAbsorbIndexRows() : std::nullopt);
   auto params = pl::CreateIndexerOpDef(
       fbb, t[0], t[1], t[2], t[3], t[4], t[5], t[6], geti("n_heads"),
       geti("head_dim"), geti("topk"), cfgInt("qk_rope_head_dim"), normEps,
       ropeTheta, rope, onDucks, onDucks ? *a.getInDuckSlot() : 0,
       onDucks ? *a.getQDuckSlot() : 0, (uint32_t)a.getNumHeads(),
       cfgInt("qk_nope_head_dim") + cfgInt("qk_rope_head_dim"),
-      cfgInt("kv_lora_rank") + cfgInt("qk_rope_head_dim"));
+      cfgInt("kv_lora_rank") + cfgInt("qk_rope_head_dim"), heads, index,
+      absorbed ? cfgInt("kv_lora_rank") : 0);
   uint32_t result = numValues++;
   ops.push_back(makeOp((int32_t)a.getLayer(), {input}, result,
                        pl::OpParams::IndexerOpDef, params.Union()));
@@ -925,22 +1029,28 @@ fb::Offset<pl::SlotDef> ffnSlotDef(PlanBuilder &pb, Fp9FfnOp shard,
 fb::Offset<pl::SlotDef> rowSlotDef(PlanBuilder &pb, const RowMatrix &m,
                                    int64_t r, const duck_slot_entry &en,
                                    int64_t scaleRows, StepLimits &lim) {
-  const uint32_t hidden = (uint32_t)m.k();
+  const uint32_t hidden = (uint32_t)m.kOf(r);
   const uint32_t block = (uint32_t)m.block;
   const auto k = (uint8_t)duck_select_kernel(hidden, block);
   HeadSlotLayout hl;
   (void)headSlotLayout(m, r, scaleRows, hl); // written with the image
   std::vector<fb::Offset<pl::MatrixDef>> mats;
   for (size_t x = 0; x < hl.descs.size(); ++x)
-    mats.push_back(pl::CreateMatrixDef(pb.fbb, (uint32_t)x, 0,
-                                       en.offset + hl.offsets[x],
-                                       hl.descs[x].rows, hidden, block, k));
+    mats.push_back(
+        pl::CreateMatrixDef(pb.fbb, (uint32_t)x, 0, en.offset + hl.offsets[x],
+                            hl.descs[x].rows, hl.descs[x].k, block,
+                            (uint8_t)duck_select_kernel(hl.descs[x].k, block)));
   lim.maxHeadRows = std::max<uint32_t>(lim.maxHeadRows, m.rowsOf(r));
   lim.maxK = std::max(lim.maxK, hidden);
-  return pl::CreateSlotDefDirect(
-      pb.fbb, en.layer, false, en.offset, en.bytes, en.checksum,
-      (uint32_t)m.rows[r], (uint32_t)m.rows[r + 1], 0, 1, block, k, k, &mats,
-      /*head=*/true);
+  // An absorbed slot's rows are its chain's: [ob_begin, rows) in its OB.
+  const uint32_t begin =
+      m.absorbed() ? (uint32_t)m.obBeginOf(r) : (uint32_t)m.rows[r];
+  const uint32_t end =
+      m.absorbed() ? (uint32_t)m.rowsOf(r) : (uint32_t)m.rows[r + 1];
+  return pl::CreateSlotDefDirect(pb.fbb, en.layer, false, en.offset, en.bytes,
+                                 en.checksum, begin, end, 0, 1, block, k, k,
+                                 &mats,
+                                 /*head=*/true);
 }
 
 int64_t cfgInt(DictionaryAttr cfg, StringRef k) {

@@ -111,8 +111,76 @@ int64_t mlir::duck::RowMatrix::totalRows() const {
   return n;
 }
 
+namespace {
+/// An absorbed query slot (RowMatrix::absorbHeads): its heads' q_b_proj rows,
+/// its share of the indexer's wq_b rows, then W_UK^T of each head, chained
+/// on that head's q_nope rows.
+SmallVector<RowMatrix::Piece, 4> absorbedQuery(const RowMatrix &m,
+                                               int64_t rank) {
+  SmallVector<RowMatrix::Piece, 4> out;
+  const int64_t h0 = m.absorbHeads[rank], h1 = m.absorbHeads[rank + 1];
+  const int64_t qk = m.mla.qk();
+  out.push_back({m.weights[0], h0 * qk, (h1 - h0) * qk, 0, 0, -1, 0});
+  if (!m.absorbIndexRows.empty() && m.weights.size() > 1) {
+    const int64_t i0 = m.absorbIndexRows[rank],
+                  i1 = m.absorbIndexRows[rank + 1];
+    if (i1 > i0)
+      out.push_back({m.weights[1], i0, i1 - i0, 0, 0, -1, 0});
+  }
+  auto kvb =
+      cast<AttentionOp>(m.op).getWeights().getAs<WeightAttr>("kv_b_proj");
+  for (int64_t h = h0; h < h1; ++h)
+    out.push_back({kvb, 0, m.mla.kvLora, 0, m.mla.nope, h,
+                   DUCK_HEAD_INPUT_RESULTS | uint32_t((h - h0) * qk)});
+  return out;
+}
+
+/// An absorbed output slot: W_UV of each head (kv_b_proj's v rows of the
+/// head, on its latent output in x), then its heads' o_proj columns on
+/// their results; the OB carries those (partial sums of the hidden).
+SmallVector<RowMatrix::Piece, 4> absorbedOutput(const RowMatrix &m,
+                                                int64_t rank) {
+  SmallVector<RowMatrix::Piece, 4> out;
+  const int64_t h0 = m.absorbHeads[rank], h1 = m.absorbHeads[rank + 1];
+  const AttentionOp::MlaDims &d = m.mla;
+  auto kvb =
+      cast<AttentionOp>(m.op).getWeights().getAs<WeightAttr>("kv_b_proj");
+  for (int64_t h = h0; h < h1; ++h)
+    out.push_back({kvb, h * (d.nope + d.v) + d.nope, d.v, 0, d.kvLora, -1,
+                   DUCK_HEAD_INPUT_X | uint32_t((h - h0) * d.kvLora)});
+  const WeightAttr o = m.weights[0];
+  out.push_back({o, 0, o.getShape()[0], h0 * d.v, (h1 - h0) * d.v, -1,
+                 DUCK_HEAD_INPUT_RESULTS | 0u});
+  return out;
+}
+} // namespace
+
+int64_t mlir::duck::RowMatrix::rowsOf(int64_t rank) const {
+  if (!absorbed())
+    return rows[rank + 1] - rows[rank];
+  int64_t n = 0;
+  for (const Piece &p : piecesOf(rank))
+    n += p.rows;
+  return n;
+}
+
+int64_t mlir::duck::RowMatrix::kOf(int64_t rank) const {
+  if (absorbed() && prefix.empty())
+    return (absorbHeads[rank + 1] - absorbHeads[rank]) * mla.kvLora;
+  return k();
+}
+
+int64_t mlir::duck::RowMatrix::obBeginOf(int64_t rank) const {
+  if (absorbed() && prefix.empty())
+    return (absorbHeads[rank + 1] - absorbHeads[rank]) * mla.v;
+  return 0;
+}
+
 SmallVector<RowMatrix::Piece, 4>
 mlir::duck::RowMatrix::piecesOf(int64_t rank) const {
+  if (absorbed())
+    return prefix.empty() ? absorbedOutput(*this, rank)
+                          : absorbedQuery(*this, rank);
   SmallVector<Piece, 4> out;
   const int64_t b = rows[rank], e = rows[rank + 1];
   int64_t at = 0; // the weight's first row in the concatenation
@@ -120,7 +188,7 @@ mlir::duck::RowMatrix::piecesOf(int64_t rank) const {
     const int64_t n = w.getShape()[0];
     const int64_t lo = std::max(b, at), hi = std::min(e, at + n);
     if (lo < hi)
-      out.push_back({w, lo - at, hi - lo});
+      out.push_back({w, lo - at, hi - lo, 0, 0, -1, 0});
     at += n;
   }
   return out;
@@ -130,16 +198,18 @@ duck_fp9_status mlir::duck::headSlotLayout(const RowMatrix &m, int64_t rank,
                                            int64_t scaleRows,
                                            HeadSlotLayout &out) {
   out.pieces = m.piecesOf(rank);
-  SmallVector<uint32_t, 4> rows, phase;
+  SmallVector<uint32_t, 4> rows, ks, phase;
   for (const RowMatrix::Piece &p : out.pieces) {
     rows.push_back((uint32_t)p.rows);
-    phase.push_back((uint32_t)(p.row0 % scaleRows));
+    ks.push_back((uint32_t)(p.k ? p.k : m.k()));
+    // W_UK^T's rows are kv_b_proj's columns: their tiles start at 0.
+    phase.push_back(p.head >= 0 ? 0u : (uint32_t)(p.row0 % scaleRows));
   }
   out.descs.resize(rows.size());
   out.offsets.resize(rows.size());
-  return duck_compute_head_slot_pieces(
-      (uint32_t)rows.size(), rows.data(), phase.data(), (uint32_t)m.k(),
-      (uint32_t)m.block, (uint32_t)scaleRows, out.descs.data(),
+  return duck_compute_head_slot_pieces_k(
+      (uint32_t)rows.size(), rows.data(), ks.data(), phase.data(),
+      (uint32_t)m.k(), (uint32_t)m.block, (uint32_t)scaleRows, out.descs.data(),
       out.offsets.data(), &out.totalBytes);
 }
 
@@ -147,19 +217,59 @@ SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
   SmallVector<RowMatrix> out;
   module.walk([&](AttentionOp a) {
     if (a.getInDuckRows() && a.getInDuckBlock())
-      out.push_back({a, a.getInProjs(), *a.getInDuckRows(),
-                     (int64_t)*a.getInDuckBlock(), /*head=*/false, "in_"});
-    if (a.getQDuckRows() && a.getQDuckBlock())
-      out.push_back({a, a.getQProjs(), *a.getQDuckRows(),
-                     (int64_t)*a.getQDuckBlock(), /*head=*/false, "q_"});
-    if (a.getDuckRows() && a.getDuckBlock())
-      out.push_back({a, {a.getOProj()}, *a.getDuckRows(),
-                     (int64_t)*a.getDuckBlock(), /*head=*/false, ""});
+      out.push_back({a,
+                     a.getInProjs(),
+                     *a.getInDuckRows(),
+                     (int64_t)*a.getInDuckBlock(),
+                     /*head=*/false,
+                     "in_",
+                     {},
+                     {},
+                     {}});
+    auto absorb = [&](RowMatrix &m) {
+      if (!a.getAbsorbHeads())
+        return;
+      m.absorbHeads = *a.getAbsorbHeads();
+      if (a.getAbsorbIndexRows())
+        m.absorbIndexRows = *a.getAbsorbIndexRows();
+      m.mla = a.getMlaDims();
+    };
+    if (a.getQDuckRows() && a.getQDuckBlock()) {
+      out.push_back({a,
+                     a.getQProjs(),
+                     *a.getQDuckRows(),
+                     (int64_t)*a.getQDuckBlock(),
+                     /*head=*/false,
+                     "q_",
+                     {},
+                     {},
+                     {}});
+      absorb(out.back());
+    }
+    if (a.getDuckRows() && a.getDuckBlock()) {
+      out.push_back({a,
+                     {a.getOProj()},
+                     *a.getDuckRows(),
+                     (int64_t)*a.getDuckBlock(),
+                     /*head=*/false,
+                     "",
+                     {},
+                     {},
+                     {}});
+      absorb(out.back());
+    }
   });
   module.walk([&](LmHeadOp h) {
     if (h.getDuckRows() && h.getDuckBlock())
-      out.push_back({h, {h.getWeight()}, *h.getDuckRows(),
-                     (int64_t)*h.getDuckBlock(), /*head=*/true, ""});
+      out.push_back({h,
+                     {h.getWeight()},
+                     *h.getDuckRows(),
+                     (int64_t)*h.getDuckBlock(),
+                     /*head=*/true,
+                     "",
+                     {},
+                     {},
+                     {}});
   });
   return out;
 }
@@ -246,26 +356,25 @@ cost::FfnLayer ffnFactsOf(Operation *op, int64_t scaleRows) {
   return l;
 }
 
-/// An MLA attention whose query and output projections are both on the
-/// ducks: its heads' widths (what --mla-absorb ducks would split by heads);
-/// else no heads.
-cost::RowSplit::Mla absorbableMla(Operation *op) {
-  cost::RowSplit::Mla f;
-  auto a = dyn_cast_or_null<AttentionOp>(op);
-  if (!a || a.getKind() != "mla" || !a.getQDuckRows() || !a.getDuckRows())
-    return f;
-  auto kvb = a.getWeights().getAs<WeightAttr>("kv_b_proj");
-  auto kva = a.getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
-  const int64_t heads = a.getNumHeads();
-  if (!kvb || !kva || heads <= 0 || kvb.getShape()[0] % heads)
-    return f;
-  f.kvLora = kvb.getShape()[1];
-  f.qk = a.getHeadDim();
-  f.nope = f.qk - (kva.getShape()[0] - f.kvLora);
-  f.v = kvb.getShape()[0] / heads - f.nope;
-  if (f.nope > 0 && f.v > 0)
-    f.heads = heads;
-  return f;
+/// An absorbed (chained) slot's cost facts: its pieces' weights beyond
+/// rows x k; the output step's IB (its heads' latent outputs) and OB (the
+/// rows from ob_begin: partial sums of the hidden vector).
+void addChain(const RowMatrix &m, cost::RowSplit &r) {
+  const int64_t tp = (int64_t)r.rows.size();
+  r.extraParams.assign(tp, 0);
+  for (int64_t rank = 0; rank < tp; ++rank) {
+    double params = 0;
+    for (const RowMatrix::Piece &p : m.piecesOf(rank))
+      params += double(p.rows) * double(p.k ? p.k : m.k());
+    r.extraParams[rank] = params - double(r.rows[rank]) * double(r.k);
+  }
+  if (!m.prefix.empty())
+    return;
+  r.partialSums = true;
+  for (int64_t rank = 0; rank < tp; ++rank) {
+    r.inWidth.push_back(m.kOf(rank));
+    r.outWidth.push_back(m.rowsOf(rank) - m.obBeginOf(rank));
+  }
 }
 
 /// The row-split matrices on the ducks, in slot order.
@@ -286,9 +395,8 @@ std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp) {
     if (auto a = m.op->getAttrOfType<DenseI64ArrayAttr>(m.attr("duck_bytes")))
       for (int64_t b : a.asArrayRef())
         r.bytes.push_back((uint64_t)b);
-    if (r.role == cost::RowSplit::Role::qProj ||
-        r.role == cost::RowSplit::Role::oProj)
-      r.mla = absorbableMla(m.op);
+    if (m.absorbed())
+      addChain(m, r);
     out.push_back(std::move(r));
   }
   return out;
@@ -323,9 +431,13 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
-      if (absorbableMla(a).heads > 0)
-        f.absorbableHostBytes +=
+      if (a.getAbsorbHeads()) { // kv_b_proj is on the ducks too
+        const double kvb =
             hostBytesOf(a.getWeights().getAs<WeightAttr>("kv_b_proj"));
+        f.hostWeightBytes -= kvb;
+        f.onDucksHostBytes += kvb;
+        f.absorbedHostBytes += kvb;
+      }
       if (a.getDuckRows()) { // its o_proj is on the ducks
         f.hostWeightBytes -= hostBytesOf(a.getOProj());
         f.onDucksHostBytes += hostBytesOf(a.getOProj());
@@ -516,9 +628,8 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        "%.3f ms at %.1f GB/s (in the host's time below)\n",
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
                        c.hostReadGbs);
-  if (c.mlaAbsorbDucks)
-    os << llvm::format("mla absorb: kv_b_proj on the ducks by heads, "
-                       "MODELLED ONLY (no plan is written with it): %.1f MB "
+  if (s.mlaAbsorbedBytesPerToken > 0)
+    os << llvm::format("mla absorb: kv_b_proj on the ducks by heads: %.1f MB "
                        "a token off the host's reads, each query step also "
                        "through W_UK, each output step scattered by heads "
                        "through W_UV (partial sums back)\n",
@@ -668,7 +779,6 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"relay_fanout", c.relayFanout},
       {"relay_host_fanout", c.relayHostFanout},
       {"relay_chunk_bytes", c.relayChunkBytes},
-      {"mla_absorb", c.mlaAbsorbDucks ? "ducks (modelled only)" : "host"},
       {"mla_absorbed_bytes_per_token", s.mlaAbsorbedBytesPerToken},
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},

@@ -136,6 +136,8 @@ FailureOr<uint64_t> layoutRowSlots(ArrayRef<RowMatrix> rowMats, size_t r,
       cs << ",dtype=" << w.getDtype() << "x" << w.getShape()[0];
     if (!m.head)
       cs << ",layer=" << cast<AttentionOp>(m.op).getLayer();
+    if (m.absorbed())
+      cs << ",absorb=" << m.absorbHeads[r] << "-" << m.absorbHeads[r + 1];
     offset += hl.totalBytes;
   }
   return offset;

@@ -178,6 +178,45 @@ struct DuckPartitionPass
       op->removeAttr((prefix + a).str());
   }
 
+  /// mla-absorb=ducks: whole heads a duck (and the indexer's wq_b rows of
+  /// the query group evenly), in one fp9 K-block for every piece of the
+  /// two slots (q_lora, nope, kv_lora and v, and FP8 tiles' columns).
+  LogicalResult absorbHeads(ModuleOp module, AttentionOp op) {
+    const AttentionOp::MlaDims d = op.getMlaDims();
+    if (d.heads < tp)
+      return op.emitOpError()
+             << d.heads << " heads cannot go whole to " << (int64_t)tp
+             << " ducks (use --mla-absorb host)";
+    auto qb = op.getWeights().getAs<WeightAttr>("q_b_proj");
+    const int64_t qIn = qb ? qb.getShape()[1] : op.getQProj().getShape()[1];
+    const int64_t tileCols = fp8TileCols(module);
+    auto fits = [&](int64_t c) {
+      return qIn % c == 0 && d.nope % c == 0 && d.kvLora % c == 0 &&
+             d.v % c == 0 && (tileCols <= 0 || tileCols % c == 0);
+    };
+    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
+    if (!block)
+      return op.emitOpError()
+             << "kv_b_proj cannot go to the ducks: no fp9 block (128, 64 or "
+                "32) divides the query LoRA "
+             << qIn << ", nope " << d.nope << ", kv_lora " << d.kvLora
+             << " and v " << d.v << " (use --mla-absorb host)";
+    Builder b(op.getContext());
+    SmallVector<int64_t> heads, index;
+    SmallVector<WeightAttr, 4> group = op.getQProjs();
+    const int64_t idxRows = group.size() > 1 ? group[1].getShape()[0] : 0;
+    for (int64_t r = 0; r <= tp; ++r) {
+      heads.push_back(d.heads * r / tp);
+      index.push_back(idxRows * r / tp);
+    }
+    op->setAttr("absorb_heads", b.getDenseI64ArrayAttr(heads));
+    if (idxRows)
+      op->setAttr("absorb_index_rows", b.getDenseI64ArrayAttr(index));
+    op->setAttr("q_duck_block", b.getI64IntegerAttr(block));
+    op->setAttr("duck_block", b.getI64IntegerAttr(block));
+    return success();
+  }
+
   LogicalResult placeRows(ModuleOp module, Operation *op,
                           ArrayRef<WeightAttr> ws, StringRef what,
                           StringRef hostFlag, StringRef prefix = "") {
@@ -292,6 +331,13 @@ struct DuckPartitionPass
         result = failure();
         return WalkResult::interrupt();
       }
+      op->removeAttr("absorb_heads");
+      op->removeAttr("absorb_index_rows");
+      if (mlaAbsorb == "ducks" && op.getQDuckRows() && op.getDuckRows() &&
+          op.getMlaDims().heads > 0 && failed(absorbHeads(module, op))) {
+        result = failure();
+        return WalkResult::interrupt();
+      }
       return WalkResult::advance();
     });
     return result;
@@ -300,10 +346,10 @@ struct DuckPartitionPass
   /// The pass options, checked before anything is read from the module:
   /// the strategy spec parsed, or failure after an error on `module`.
   FailureOr<StrategySpec> checkOptions(ModuleOp module) {
-    for (auto [name, value] : {std::pair{"q-proj", &qProj},
-                               std::pair{"in-proj", &inProj},
-                               std::pair{"o-proj", &oProj},
-                               std::pair{"lm-head", &lmHead}})
+    for (auto [name, value] :
+         {std::pair{"q-proj", &qProj}, std::pair{"in-proj", &inProj},
+          std::pair{"o-proj", &oProj}, std::pair{"mla-absorb", &mlaAbsorb},
+          std::pair{"lm-head", &lmHead}})
       if (*value != "host" && *value != "ducks") {
         module.emitError() << "duck-partition: " << name
                            << " must be host or ducks, got '"

@@ -101,11 +101,43 @@ def Duck_AttentionOp : Duck_Op<"attention", [Pure, SameOperandsAndResultType]> {
                        OptionalAttr<I64Attr>:$in_duck_block,
                        OptionalAttr<I64Attr>:$in_duck_slot,
                        OptionalAttr<DenseI64ArrayAttr>:$in_duck_offsets,
-                       OptionalAttr<DenseI64ArrayAttr>:$in_duck_bytes);
+                       OptionalAttr<DenseI64ArrayAttr>:$in_duck_bytes,
+                       OptionalAttr<DenseI64ArrayAttr>:$absorb_heads,
+                       OptionalAttr<DenseI64ArrayAttr>:$absorb_index_rows);
   let results = (outs Duck_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
+    /// mla-absorb=ducks (an MLA with its query and output projections on
+    /// the ducks): kv_b_proj runs there too, duck r holding whole heads
+    /// [absorb_heads[r], absorb_heads[r+1]): its query slot is its heads'
+    /// q_b_proj rows, its share of the indexer's wq_b rows
+    /// (absorb_index_rows, when the query group holds wq_b) and W_UK^T of
+    /// each of its heads (chained on their q_nope rows); its output slot
+    /// W_UV of each of its heads (on their latent outputs) chained into
+    /// its heads' o_proj columns, answering partial sums.
+    struct MlaDims {
+      int64_t heads = 0, kvLora = 0, nope = 0, rope = 0, v = 0;
+      int64_t qk() const { return nope + rope; }
+    };
+    /// An MLA's head widths from its weights (all zero for GQA or an MLA
+    /// without kv_b_proj / kv_a_proj_with_mqa).
+    MlaDims getMlaDims() {
+      MlaDims d;
+      auto kvb = getWeights().getAs<WeightAttr>("kv_b_proj");
+      auto kva = getWeights().getAs<WeightAttr>("kv_a_proj_with_mqa");
+      if (getKind() != "mla" || !kvb || !kva || getNumHeads() <= 0 ||
+          kvb.getShape()[0] % getNumHeads())
+        return d;
+      d.heads = getNumHeads();
+      d.kvLora = kvb.getShape()[1];
+      d.rope = kva.getShape()[0] - d.kvLora;
+      d.nope = getHeadDim() - d.rope;
+      d.v = kvb.getShape()[0] / d.heads - d.nope;
+      if (d.nope <= 0 || d.v <= 0 || d.rope < 0)
+        return MlaDims{};
+      return d;
+    }
     /// The o_proj weight (every attention kind has one).
     WeightAttr getOProj() {
       return ::llvm::cast<WeightAttr>(getWeights().get("o_proj"));

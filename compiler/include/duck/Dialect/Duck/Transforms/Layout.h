@@ -128,18 +128,32 @@ struct RowMatrix {
   int64_t layer(int64_t numLayers) const;
   int64_t k() const { return weights.front().getShape()[1]; }
   int64_t totalRows() const;
-  int64_t rowsOf(int64_t rank) const { return rows[rank + 1] - rows[rank]; }
-  /// A duck's rows as slices of the weights: rows [row0, row0 + rows) of
-  /// `weight`, in slot order.
+  /// mla-absorb=ducks (AttentionOp absorb_heads): the slot is a chain of
+  /// pieces by whole heads (piecesOf); empty: a plain row split.
+  ArrayRef<int64_t> absorbHeads, absorbIndexRows;
+  AttentionOp::MlaDims mla;
+  bool absorbed() const { return !absorbHeads.empty(); }
+  /// A duck's rows of the slot (its pieces' rows), its K (x's width in its
+  /// IB) and the first of its rows its OB carries.
+  int64_t rowsOf(int64_t rank) const;
+  int64_t kOf(int64_t rank) const;
+  int64_t obBeginOf(int64_t rank) const;
+  /// A duck's rows as slices of the weights, in slot order: rows [row0,
+  /// row0 + rows) and columns [col0, col0 + k) of `weight` (k 0: all its
+  /// columns), or, with `head` >= 0, W_UK^T of that head (kv_b_proj's
+  /// head rows [head * (nope + v), + nope) transposed: kv_lora rows of K
+  /// nope); each reading `input` (duck_head_input | offset).
   struct Piece {
     WeightAttr weight;
     int64_t row0, rows;
+    int64_t col0 = 0, k = 0, head = -1;
+    uint32_t input = 0;
   };
   SmallVector<Piece, 4> piecesOf(int64_t rank) const;
 };
 SmallVector<RowMatrix> rowMatricesOf(ModuleOp module);
 
-/// The head slot of duck `rank`'s rows of `m` (duck_compute_head_slot_pieces:
+/// The head slot of duck `rank`'s rows of `m` (duck_compute_head_slot_pieces_k:
 /// one matrix a piece); DUCK_FP9_OK or the status of the first bad shape.
 struct HeadSlotLayout {
   SmallVector<RowMatrix::Piece, 4> pieces;

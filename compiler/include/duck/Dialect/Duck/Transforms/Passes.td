@@ -75,6 +75,10 @@ def DuckPartition : Pass<"duck-partition", "::mlir::ModuleOp"> {
            "MLA's q_a_proj or q_proj, kv_a_proj_with_mqa and the indexer's "
            "wk) as one group of rows over the ducks, one "
            "step a layer">,
+    Option<"mlaAbsorb", "mla-absorb", "std::string", /*default=*/"\"host\"",
+           "host, or ducks: an MLA whose query and output projections are "
+           "on the ducks runs kv_b_proj there too, whole heads a duck "
+           "(absorb_heads)">,
   ];
   let dependentDialects = ["::mlir::duck::DuckDialect"];
 }
