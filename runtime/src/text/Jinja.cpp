@@ -126,7 +126,7 @@ void Lexer::Text(size_t at) {
       for (size_t k = line; blank && k < at; ++k)
         blank = src_[k] == ' ' || src_[k] == '\t';
       if (blank)
-        text.remove_suffix(at - line);
+        text.remove_suffix(std::min(text.size(), at - line));
     }
   }
   if (!text.empty())
@@ -1092,6 +1092,16 @@ namespace {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// What one rendering may do: a template that loops or grows without end
+// is an error, not a hang or an exhausted memory.
+constexpr uint64_t kMaxSteps = 10'000'000; // statements run
+constexpr size_t kMaxSize = 64u << 20;     // bytes of a string, items of a list
+
+void CheckSize(size_t pos, size_t size) {
+  if (size > kMaxSize)
+    Fail(pos, absl::StrCat("a value over ", kMaxSize, " bytes or items"));
+}
+
 class Renderer {
 public:
   explicit Renderer(const Json &vars) {
@@ -1134,6 +1144,7 @@ private:
   const Json &Need(const Expr &e, const Value &v, const char *what);
 
   std::vector<std::map<std::string, Value>> frames_;
+  uint64_t steps_ = 0;
 };
 
 Flow Renderer::Exec(const std::vector<Stmt> &body) {
@@ -1144,6 +1155,10 @@ Flow Renderer::Exec(const std::vector<Stmt> &body) {
 }
 
 Flow Renderer::ExecOne(const Stmt &s) {
+  if (++steps_ > kMaxSteps)
+    Fail(s.pos,
+         absl::StrCat("the template ran over ", kMaxSteps, " statements"));
+  CheckSize(s.pos, out.size());
   switch (s.kind) {
   case Stmt::Kind::kBody:
     return Exec(s.body);
@@ -1293,6 +1308,8 @@ Value Renderer::Eval(const Expr &e) {
       Fail(e.pos, absl::StrCat("unary '", e.name, "' of ", PyRepr(j)));
     if (e.name == "+")
       return v;
+    if (IsInt(j) && j.get<int64_t>() == INT64_MIN)
+      Fail(e.pos, "'-' overflows 64-bit integers");
     return IsInt(j) ? Of(-j.get<int64_t>()) : Of(-j.get<double>());
   }
   case Expr::Kind::kBinary:
@@ -1356,8 +1373,11 @@ std::vector<int64_t> SliceIndices(std::optional<int64_t> start,
   std::vector<int64_t> out;
   const int64_t b = clamp(start, step > 0 ? 0 : n - 1);
   const int64_t e = clamp(stop, step > 0 ? n : -1);
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step)
+  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) {
     out.push_back(i);
+    if (step > 0 ? i > INT64_MAX - step : i < INT64_MIN - step)
+      break;
+  }
   return out;
 }
 
@@ -1402,8 +1422,11 @@ Value Renderer::Binary(const Expr &e) {
     return Eval(*e.args[1]);
   }
   const Value a = Eval(*e.args[0]), b = Eval(*e.args[1]);
-  if (op == "~")
-    return Of(Str(e.pos, a) + Str(e.pos, b));
+  if (op == "~") {
+    const std::string left = Str(e.pos, a), right = Str(e.pos, b);
+    CheckSize(e.pos, left.size() + right.size());
+    return Of(left + right);
+  }
   if (op == "in" || op == "not in")
     return Of(In(e, a, b) == (op == "in"));
   if (op == "==" || op == "!=" || op == "<" || op == "<=" || op == ">" ||
@@ -1458,14 +1481,23 @@ bool Renderer::In(const Expr &e, const Value &item, const Value &seq) {
 Value Renderer::Arith(const Expr &e, const Value &a, const Value &b) {
   const std::string &op = e.name;
   const Json &x = Need(e, a, "an operand"), &y = Need(e, b, "an operand");
-  if (op == "+" && x.is_string() && y.is_string())
+  if (op == "+" && x.is_string() && y.is_string()) {
+    CheckSize(e.pos, x.get_ref<const std::string &>().size() +
+                         y.get_ref<const std::string &>().size());
     return Of(x.get<std::string>() + y.get<std::string>());
+  }
   if (op == "+" && x.is_array() && y.is_array()) {
+    CheckSize(e.pos, x.size() + y.size());
     Json out = x;
     out.insert(out.end(), y.begin(), y.end());
     return Of(std::move(out));
   }
   if (op == "*" && x.is_string() && IsInt(y)) {
+    const size_t unit = x.get_ref<const std::string &>().size();
+    const int64_t times = y.get<int64_t>();
+    if (times > 0 && unit > 0)
+      CheckSize(e.pos, times > int64_t(kMaxSize) ? kMaxSize + 1
+                                                 : unit * size_t(times));
     std::string out;
     for (int64_t i = 0; i < y.get<int64_t>(); ++i)
       out += x.get_ref<const std::string &>();
@@ -1479,12 +1511,14 @@ Value Renderer::Arith(const Expr &e, const Value &a, const Value &b) {
     const int64_t p = x.get<int64_t>(), q = y.get<int64_t>();
     if ((op == "//" || op == "%") && q == 0)
       Fail(e.pos, "integer division by zero");
-    if (op == "+")
-      return Of(p + q);
-    if (op == "-")
-      return Of(p - q);
-    if (op == "*")
-      return Of(p * q);
+    int64_t r = 0; // Python's integers do not overflow; these would
+    if ((op == "+" && __builtin_add_overflow(p, q, &r)) ||
+        (op == "-" && __builtin_sub_overflow(p, q, &r)) ||
+        (op == "*" && __builtin_mul_overflow(p, q, &r)) ||
+        ((op == "//" || op == "%") && q == -1 && p == INT64_MIN))
+      Fail(e.pos, absl::StrCat("'", op, "' overflows 64-bit integers"));
+    if (op == "+" || op == "-" || op == "*")
+      return Of(r);
     const int64_t d = p / q - ((p % q != 0) && ((p < 0) != (q < 0)));
     return op == "//" ? Of(d) : Of(p - d * q);
   }
@@ -1579,8 +1613,13 @@ Value Renderer::Call(const Expr &e) {
     if (step == 0)
       Fail(e.pos, "range() step cannot be zero");
     Json out = Json::array();
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
+    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
       out.push_back(i);
+      CheckSize(e.pos, out.size());
+      if ((step > 0 && i > INT64_MAX - step) ||
+          (step < 0 && i < INT64_MIN - step))
+        break;
+    }
     return Of(std::move(out));
   }
   Fail(callee.pos, absl::StrCat("function '", callee.name,
@@ -1791,7 +1830,13 @@ Value Renderer::ApplyFilter(const Expr &e, const Value &v,
                    ? std::strtod(j.get<std::string>().c_str(), nullptr)
                    : 0;
     if (name == "abs")
-      return IsInt(j) ? Of(std::llabs(j.get<int64_t>())) : Of(std::fabs(d));
+      return IsInt(j) && j.get<int64_t>() != INT64_MIN
+                 ? Of(std::llabs(j.get<int64_t>()))
+                 : Of(std::fabs(d));
+    if (name == "int" && IsInt(j))
+      return Of(j.get<int64_t>());
+    if (name == "int" && !(std::fabs(d) < 9.2e18)) // NaN too
+      Fail(e.pos, "'|int' of a number beyond 64-bit integers");
     return name == "int" ? Of((int64_t)d) : Of(d);
   }
   Fail(e.pos, absl::StrCat("filter '", name,
@@ -1894,6 +1939,9 @@ absl::StatusOr<Template> Template::Parse(std::string_view source) {
   } catch (const Error &e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chat template, ", Where(*t.source_, e.pos), ": ", e.message));
+  } catch (const std::exception &e) { // a number literal out of range
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: ", e.what()));
   }
   return t;
 }
@@ -1908,7 +1956,7 @@ absl::StatusOr<std::string> Template::Render(const Json &vars) const {
   } catch (const Error &e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chat template, ", Where(*source_, e.pos), ": ", e.message));
-  } catch (const Json::exception &e) {
+  } catch (const std::exception &e) {
     return absl::InvalidArgumentError(
         absl::StrCat("chat template: ", e.what()));
   }

@@ -36,6 +36,7 @@ TEST(JinjaTest, WhitespaceControlAndBlockTrimming) {
   EXPECT_EQ(Render("{% if true %}\n  x\n{% endif %}\ny"), "  x\ny");
   EXPECT_EQ(Render("    {% if true %}x{% endif %}\n  {{ 'y' }}\n"), "x  y");
   EXPECT_EQ(Render("a {% if true %}b{% endif %}"), "a b");
+  EXPECT_EQ(Render("{{ 'a' -}}  \n  {% if true %}b{% endif %}"), "ab");
   EXPECT_EQ(Render("{# a comment #}\nz"), "z");
   EXPECT_EQ(Render("{% if true +%}\nx{% endif %}"), "\nx");
 }
