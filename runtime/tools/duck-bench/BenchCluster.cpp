@@ -44,6 +44,9 @@ struct ClusterBenchOptions {
   uint32_t ducks = 4;
   double host_gbps = 25, duck_gbps = 2.5, latency_us = 50, scale = 1;
   uint32_t layers = 61, tokens = 16, repeat = 1;
+  /// Where the attention's projections run: "host", "ducks" (query and
+  /// output projections) or "absorbed" (those and kv_b_proj by heads).
+  std::string attention = "host";
   bool json = false;
   std::string work_dir; // default: a temporary directory, removed after
   bool keep = false;
@@ -58,11 +61,14 @@ void PrintUsage(FILE *out) {
       "  cost model alike)] [--layers L (61)] [--tokens T (16)]\n"
       "  [--repeat R (1: runs of each kind, alternating; the median TPOT's\n"
       "  run is reported)] [--json]\n"
-      "  [--work-dir D (kept)]\n\n"
+      "  [--attention host|ducks|absorbed (host)] [--work-dir D (kept)]\n\n"
       "A DeepSeek-V3.2-shaped checkpoint (hidden 7168, L layers, one dense;\n"
       "4 heads, q/kv LoRA 64, N routed experts of intermediate 32, top 2,\n"
       "a shared one, vocabulary 512), compiled for N ducks (whole experts a\n"
-      "duck), decoded by duckrun on N local duckd's behind duck-linksim:\n"
+      "duck; --attention ducks: the query and output projections on the\n"
+      "ducks too, absorbed: with kv_b_proj by heads, duckc --mla-absorb\n"
+      "ducks; then max(4, N) heads), decoded by duckrun on N local duckd's\n"
+      "behind duck-linksim:\n"
       "once with unlimited links (baseline), once with the given ones.\n"
       "measured_network_ms = shaped TPOT - baseline TPOT; the prediction\n"
       "is duckc's for the same cluster file (its network term counts the\n"
@@ -107,12 +113,17 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       o->tokens = uint32_t(std::atoi(v));
     else if ((v = Value(argc, argv, &i, "--repeat")))
       o->repeat = uint32_t(std::atoi(v));
+    else if ((v = Value(argc, argv, &i, "--attention")))
+      o->attention = v;
     else if ((v = Value(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
     } else
       return false;
   }
+  if (o->attention != "host" && o->attention != "ducks" &&
+      o->attention != "absorbed")
+    return false;
   return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
          o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
          o->duck_gbps > 0 && o->latency_us >= 0;
@@ -134,6 +145,16 @@ bool Shell(const std::string &cmd) {
   return rc == 0;
 }
 
+/// duckc's flags for the plan (--tp, the strategy, the attention's).
+std::string CompileFlags(const ClusterBenchOptions &o) {
+  std::string f = " --tp " + std::to_string(o.ducks) + " --strategy experts";
+  if (o.attention != "host")
+    f += " --q-proj ducks --o-proj ducks";
+  if (o.attention == "absorbed")
+    f += " --mla-absorb ducks";
+  return f;
+}
+
 bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
                     const std::string &dir) {
   const uint32_t inter = std::max<uint32_t>(256, 32 * o.ducks);
@@ -143,8 +164,10 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
   std::ostringstream mk;
   mk << Quote(bin + "/duck-mkmodel") << " -q --preset tiny-deepseek"
      << " --family deepseek_v32 --hidden 7168 --layers " << o.layers
-     << " --dense-layers 1 --heads 4 --intermediate " << inter
-     << " --moe-intermediate 32 --experts " << std::max<uint32_t>(2, o.ducks)
+     << " --dense-layers 1 --heads "
+     << (o.attention == "host" ? 4u : std::max<uint32_t>(4, o.ducks))
+     << " --intermediate " << inter << " --moe-intermediate 32 --experts "
+     << std::max<uint32_t>(2, o.ducks)
      << " --top-k 2 --shared-experts 1 --n-group 1 --topk-group 1"
      << " --q-lora 64 --kv-lora 64 --qk-nope 32 --qk-rope 16 --v-head 32"
      << " --index-heads 2 --index-head-dim 32 --index-topk 64 --vocab 512"
@@ -153,8 +176,7 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
     return false;
   std::ostringstream cc;
   cc << Quote(bin + "/duckc") << " compile " << Quote(dir + "/model")
-     << " --cluster " << Quote(dir + "/shaped.json") << " --tp " << o.ducks
-     << " --strategy experts";
+     << " --cluster " << Quote(dir + "/shaped.json") << CompileFlags(o);
   const std::string log = Quote(dir + "/duckc.log");
   return Shell(cc.str() + " -o " + Quote(dir + "/plan") + " > /dev/null 2> " +
                log + " || { cat " + log + " >&2; false; }") &&
@@ -381,6 +403,7 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   nlohmann::json r = probe;
   r["ducks"] = o.ducks;
   r["layers"] = o.layers;
+  r["attention"] = o.attention;
   r["tokens"] = o.tokens;
   r["repeat"] = o.repeat;
   r["scale"] = o.scale;
@@ -477,9 +500,8 @@ nlohmann::json StatsAtLatency(const ClusterBenchOptions &o,
     return nlohmann::json::object();
   std::ostringstream cc;
   cc << Quote(bin + "/duckc") << " compile " << Quote(dir + "/model")
-     << " --cluster " << Quote(file) << " --tp " << o.ducks
-     << " --strategy experts --dry-run --emit=stats > "
-     << Quote(dir + "/stats-probe.json");
+     << " --cluster " << Quote(file) << CompileFlags(o)
+     << " --dry-run --emit=stats > " << Quote(dir + "/stats-probe.json");
   if (!Shell(cc.str()))
     return nlohmann::json::object();
   return ReadJson(dir + "/stats-probe.json");

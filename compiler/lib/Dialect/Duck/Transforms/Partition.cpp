@@ -212,6 +212,19 @@ struct DuckPartitionPass
     op->setAttr("absorb_heads", b.getDenseI64ArrayAttr(heads));
     if (idxRows)
       op->setAttr("absorb_index_rows", b.getDenseI64ArrayAttr(index));
+    // The plain row boundaries say the projections are on the ducks; the
+    // slots' rows are the heads' chains (RowMatrix::piecesOf).
+    auto even = [&](int64_t n) {
+      SmallVector<int64_t> v;
+      for (int64_t r = 0; r <= tp; ++r)
+        v.push_back(n * r / tp);
+      return b.getDenseI64ArrayAttr(v);
+    };
+    int64_t qRows = 0;
+    for (WeightAttr w : group)
+      qRows += w.getShape()[0];
+    op->setAttr("q_duck_rows", even(qRows));
+    op->setAttr("duck_rows", even(op.getOProj().getShape()[0]));
     op->setAttr("q_duck_block", b.getI64IntegerAttr(block));
     op->setAttr("duck_block", b.getI64IntegerAttr(block));
     return success();
@@ -301,15 +314,23 @@ struct DuckPartitionPass
       dropRows(op, "");
       dropRows(op, "q_");
       dropRows(op, "in_");
-      if (oProj == "ducks" && failed(placeRows(module, op, {op.getOProj()},
-                                               "o_proj", "--o-proj host"))) {
+      op->removeAttr("absorb_heads");
+      op->removeAttr("absorb_index_rows");
+      const bool in = inProj == "ducks";
+      // Absorbed (kv_b_proj on the ducks too), the query and output slots
+      // go by whole heads, not by the row tiles placeRows cuts.
+      const bool absorb = mlaAbsorb == "ducks" && oProj == "ducks" &&
+                          qProj == "ducks" && op.getMlaDims().heads > 0 &&
+                          op.getWeights().get("q_b_proj");
+      if (oProj == "ducks" && !absorb &&
+          failed(placeRows(module, op, {op.getOProj()}, "o_proj",
+                           "--o-proj host"))) {
         result = failure();
         return WalkResult::interrupt();
       }
       // The input projections first: with an indexer the query group then
       // takes its wq_b too. GQA's q_proj (MLA's without a query LoRA) is
       // an input projection, so q-proj adds nothing there.
-      const bool in = inProj == "ducks";
       if (in && op.getIndexerAttr() && qProj != "ducks") {
         op.emitOpError("the input projections go to the ducks with an "
                        "indexer only together with the query projections: "
@@ -325,16 +346,13 @@ struct DuckPartitionPass
         return WalkResult::interrupt();
       }
       const bool qSeparate = !in || op.getWeights().get("q_b_proj");
-      if (qProj == "ducks" && qSeparate &&
+      if (qProj == "ducks" && qSeparate && !absorb &&
           failed(placeRows(module, op, op.getQProjs(), "query projection",
                            "--q-proj host", "q_"))) {
         result = failure();
         return WalkResult::interrupt();
       }
-      op->removeAttr("absorb_heads");
-      op->removeAttr("absorb_index_rows");
-      if (mlaAbsorb == "ducks" && op.getQDuckRows() && op.getDuckRows() &&
-          op.getMlaDims().heads > 0 && failed(absorbHeads(module, op))) {
+      if (absorb && failed(absorbHeads(module, op))) {
         result = failure();
         return WalkResult::interrupt();
       }
