@@ -1166,8 +1166,9 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
 
 namespace {
 /// What the checkpoint's chat template is rendered with: the messages as
-/// sent (content as text, "" for null, as vLLM does), the tools, and
-/// 'chat_template_kwargs' (enable_thinking a boolean).
+/// sent (content as text, "" for null, as vLLM does; developer as
+/// system), the tools, and 'chat_template_kwargs' (enable_thinking a
+/// boolean).
 std::optional<FieldError> TemplateInput(const json &b, const Params &p,
                                         nlohmann::ordered_json *out_messages,
                                         ChatTemplateArgs *out_args) {
@@ -1176,8 +1177,13 @@ std::optional<FieldError> TemplateInput(const json &b, const Params &p,
       p.ordered.is_object() ? p.ordered
                             : nlohmann::ordered_json::parse(b.dump());
   *out_messages = body["messages"];
-  for (auto &m : *out_messages)
+  // 'developer' speaks as 'system' (OpenAI's newer name for it), as in
+  // the built-in formats: templates know only the older roles.
+  for (auto &m : *out_messages) {
     m["content"] = *ContentText(json::parse(m["content"].dump()));
+    if (m["role"] == "developer")
+      m["role"] = "system";
+  }
   if (!p.tools.tools.empty())
     out_args->tools = nlohmann::ordered_json(p.tools.tools);
   if (!body.contains("chat_template_kwargs") ||
