@@ -10,6 +10,7 @@ Prints "=== NAME ===" then the prompt, for each case of the corpus whose
 "families" (default: all) include FAMILY.
 """
 import json
+import os
 import sys
 
 try:
@@ -17,6 +18,10 @@ try:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 except ImportError:
+    # Debian's python3-jinja2 (utils/bootstrap.sh) is in the system Python,
+    # which need not be the one running lit.
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     sys.exit("render-chat-jinja2.py: no jinja2 in %s (Debian's python3-jinja2,"
              " which utils/bootstrap.sh installs)" % sys.executable)
 
