@@ -86,6 +86,7 @@ struct Job {
   uint32_t mode, cores, n_tokens, top_k, hidden, inter, n_experts;
   uint32_t out_width; // floats a token in the OB: hidden, or a head's rows
   uint32_t ob_begin;  // head: the first result row in the OB
+  bool out_bf16;      // the OB carries bf16 (DUCK_IB_OUT_BF16)
   bool chained;       // head: results in scratch, the OB from ob_begin on
   const duck_ffn_desc *descs; // head: each piece's input
   const duck_ffn_weights *experts;
@@ -493,7 +494,7 @@ int32_t checkIbHeader(const duck_ib_header &ih, bool moe, Log &log) {
     log.end();
     return DUCK_STATUS_BAD_INPUT;
   }
-  if (ih.flags & ~(uint32_t)DUCK_IB_X_BF16) {
+  if (ih.flags & ~(uint32_t)(DUCK_IB_X_BF16 | DUCK_IB_OUT_BF16)) {
     log << "ib: unknown flags " << ih.flags;
     log.end();
     return DUCK_STATUS_BAD_INPUT;
@@ -517,7 +518,8 @@ int32_t placeInOut(duck_info *info, const duck_ib_header &ih, bool bf16,
     return DUCK_STATUS_BAD_INPUT;
   }
   j.x = reinterpret_cast<const float *>(info->ib + ih.x_offset);
-  const uint64_t outBytes = (uint64_t)ih.n_tokens * j.out_width * 4;
+  const uint64_t outBytes =
+      (uint64_t)ih.n_tokens * j.out_width * (j.out_bf16 ? 2 : 4);
   if (info->ob_limit < sizeof(duck_ob_header) + outBytes) {
     log << "ob: " << info->ob_limit << " bytes, need "
         << (uint64_t)(sizeof(duck_ob_header) + outBytes);
@@ -590,6 +592,7 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
   if ((st = checkIbHeader(ih, moe, log)) != DUCK_STATUS_OK)
     return st;
   const bool bf16 = (ih.flags & DUCK_IB_X_BF16) != 0;
+  j.out_bf16 = (ih.flags & DUCK_IB_OUT_BF16) != 0;
   j.n_tokens = ih.n_tokens;
   j.top_k = ih.top_k;
   if ((st = placeInOut(info, ih, bf16, j, log)) != DUCK_STATUS_OK)
@@ -863,9 +866,20 @@ int32_t leadStep(duck_info *info, const duck_ib_header &ih, uint32_t workers,
     duck_job_retire(&g_state.board, info->step_seq);
   const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
                        ih.mode == DUCK_MODE_MOE_PREPARE;
+  const uint64_t values = prepare ? 0 : (uint64_t)j.n_tokens * j.out_width;
+  if (j.status == DUCK_STATUS_OK && j.out_bf16) {
+    // In place, front to back: value i's two bytes land at or below the
+    // four it was read from (bytes moved as bytes: no aliasing).
+    auto *b = reinterpret_cast<uint8_t *>(j.out);
+    for (uint64_t i = 0; i < values; ++i) {
+      float v;
+      __builtin_memcpy(&v, b + 4 * i, 4);
+      const uint16_t h = duck_f32_to_bf16(v);
+      __builtin_memcpy(b + 2 * i, &h, 2);
+    }
+  }
   writeOb(info, j.status, prepare ? 0 : j.n_tokens,
-          j.out_width ? j.out_width : j.hidden,
-          prepare ? 0 : (uint64_t)j.n_tokens * j.out_width * 4);
+          j.out_width ? j.out_width : j.hidden, values * (j.out_bf16 ? 2 : 4));
   return j.status;
 }
 

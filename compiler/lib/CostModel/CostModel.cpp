@@ -458,7 +458,7 @@ StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
                                sizeof(duck_ob_header));
   std::vector<double> payload, out;
   for (int64_t width : outWidth) {
-    payload.push_back(4.0 * rows * double(width));
+    payload.push_back((c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
     out.push_back(header + payload.back());
   }
   if (c.fanout == ClusterModel::Fanout::relay)
@@ -487,7 +487,7 @@ StepWire cost::stepWireEach(const ClusterModel &c, uint32_t rows,
                                sizeof(duck_ob_header));
   std::vector<double> out;
   for (int64_t width : outWidth)
-    out.push_back(header + 4.0 * rows * double(width));
+    out.push_back(header + (c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
   return unicastWire(c, in, out);
 }
 

@@ -690,7 +690,8 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
           (stats.mlaAbsorbedBytesPerToken > 0
                ? ", MLA kv_b_proj (W_UK, W_UV) in fp9 on the ducks by heads"
                : "") +
-          (wo.wireBf16 ? ", activations to the ducks in bf16" : ""),
+          (wo.wireBf16 ? ", activations to the ducks in bf16" : "") +
+          (wo.wireOutBf16 ? ", the ducks' answers in bf16" : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"
           ? ", MoE layers by strategy " + strategySpecOf(stats)
@@ -753,6 +754,7 @@ Error compileImported(const CompileOptions &opts,
   wo.lmHeadFp9 = opts.lmHead == "fp9";
   wo.lmHeadInt8 = opts.lmHead == "int8";
   wo.wireBf16 = opts.cluster.cost.wireBf16;
+  wo.wireOutBf16 = opts.cluster.cost.wireOutBf16;
   wo.cancel = opts.cancel;
   if (Error e = writePlanDir(opts, ckpt, *module, *stats, exists, wo, log))
     return e;

@@ -213,6 +213,15 @@ cl::opt<std::string> compileWire(
              "a random DeepSeek-V3 one). The cost model's network time "
              "follows"),
     cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileWireOut(
+    "wire-results",
+    cl::desc("How the ducks' answers (partial sums of an FFN or an absorbed "
+             "output projection, rows of a split matrix) travel back: 'f32' "
+             "(default: bit for bit) or 'bf16': half the bytes on the host's "
+             "inbound link, each value rounded to nearest even before the "
+             "host adds them (docs/perf.md gives the measured logit drift). "
+             "The cost model's network time follows"),
+    cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileFanout(
     "fanout",
     cl::desc("How the cost model sends a step to the ducks: 'unicast' "
@@ -379,6 +388,11 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
                              "--wire-activations must be f32 or bf16, got '" +
                                  compileWire + "'");
   o.cluster.cost.wireBf16 = compileWire == "bf16";
+  if (compileWireOut != "f32" && compileWireOut != "bf16")
+    return createStringError(inconvertibleErrorCode(),
+                             "--wire-results must be f32 or bf16, got '" +
+                                 compileWireOut + "'");
+  o.cluster.cost.wireOutBf16 = compileWireOut == "bf16";
   if (Error e = fanoutFromFlags(o))
     return e;
   for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
@@ -618,7 +632,8 @@ options of one subcommand.
           [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
           [--o-proj host|ducks] [--in-proj host|ducks]
-          [--wire-activations f32|bf16] [--emit=plan|mlir|stats]
+          [--wire-activations f32|bf16] [--wire-results f32|bf16]
+          [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
           [--fanout unicast|relay --relay-fanout F --relay-host-fanout K
            --relay-chunk-kib C]

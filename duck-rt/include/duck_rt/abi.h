@@ -209,6 +209,7 @@ typedef struct duck_slot_header {
  * With DUCK_IB_X_BF16 in header.flags, x is bf16 instead (uint16_t
  * [n_tokens][hidden], the top half of each fp32): half the bytes on the
  * wire; the ELF widens it to fp32 in its scratch before any kernel runs.
+ * With DUCK_IB_OUT_BF16, the OB's out is bf16 (uint16_t[n_tokens][hidden]).
  * DUCK_MODE_HEAD: top_k = 0; x is float[n_tokens][K] (the slot's K);
  * out is float[n_tokens][rows], the results of the rows this duck holds
  * from the slot's ob_begin on (duck_ob_header.hidden = rows - ob_begin).
@@ -230,6 +231,9 @@ typedef struct duck_ib_header {
 
 typedef enum duck_ib_flags {
   DUCK_IB_X_BF16 = 1u, // x is bf16 (round to nearest even of the fp32)
+  /// The OB's out is bf16: each fp32 result rounded to nearest even, two
+  /// bytes a value (duck_ob_header.hidden values a token still).
+  DUCK_IB_OUT_BF16 = 2u,
 } duck_ib_flags;
 
 typedef struct duck_ob_header {

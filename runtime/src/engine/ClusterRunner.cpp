@@ -14,7 +14,8 @@ namespace pl = ::duck::plan;
 
 ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
     : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()),
-      ib_flags_(plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) {
+      ib_flags_((plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) |
+                (plan.def().wire_out_bf16() ? DUCK_IB_OUT_BF16 : 0)) {
   ResetStats();
 }
 
@@ -64,7 +65,9 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
 absl::StatusOr<const float *>
 ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
                          uint32_t n_tokens, uint32_t width) {
-  const uint64_t bytes = (uint64_t)n_tokens * width * 4;
+  const bool bf16 = (ib_flags_ & DUCK_IB_OUT_BF16) != 0;
+  const uint64_t values = (uint64_t)n_tokens * width;
+  const uint64_t bytes = values * (bf16 ? 2 : 4);
   const DuckOutput &o = outputs_[r];
   const std::string who = client_->endpoint(r).ToString();
   if (o.ob.size() < sizeof(duck_ob_header))
@@ -81,7 +84,17 @@ ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
         oh.hidden, " (expected ", n_tokens, " of ", width, ", ",
         sizeof(duck_ob_header) + bytes, " bytes)", o.log.empty() ? "" : ": ",
         o.log));
-  return reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+  if (!bf16)
+    return reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
+  // bf16 on the wire (the plan's wire_out_bf16): widened exactly.
+  widened_.resize(values);
+  const uint8_t *h = o.ob.data() + oh.out_offset;
+  for (uint64_t i = 0; i < values; ++i) {
+    uint16_t v;
+    std::memcpy(&v, h + 2 * i, 2);
+    widened_[i] = duck_bf16_to_f32(v);
+  }
+  return widened_.data();
 }
 
 void ClusterFfnRunner::Account(size_t r, double params) {

@@ -138,6 +138,8 @@ int main(int argc, char **argv) {
                 plan->ops() ? plan->ops()->size() : 0);
     if (plan->wire_x_bf16())
       std::printf("wire: activations to the ducks in bf16\n");
+    if (plan->wire_out_bf16())
+      std::printf("wire: the ducks' answers in bf16\n");
     if (const duck::plan::StepLimitsDef *l = plan->step_limits())
       std::printf("step limits: intermediate %u, experts %u (%u a token), "
                   "head rows %u\n",

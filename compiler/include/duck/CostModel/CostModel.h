@@ -105,6 +105,9 @@ struct ClusterModel {
   /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
   /// bytes of every IB's activations.
   bool wireBf16 = false;
+  /// The ducks answer in bf16 (duckc --wire-results bf16): half the bytes
+  /// of every OB's values (partial sums, rows).
+  bool wireOutBf16 = false;
 
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;

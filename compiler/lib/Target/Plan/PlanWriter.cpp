@@ -1216,7 +1216,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION,
       DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,
       modelOffset, part.getTp(), multipleOf, opts.coresPerDuck, strategy,
-      &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16);
+      &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16, opts.wireOutBf16);
   pl::FinishPlanDefBuffer(pb.fbb, root);
   return writePlanFile(dir, pb.fbb);
 }

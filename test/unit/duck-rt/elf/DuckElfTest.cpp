@@ -217,9 +217,9 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
     auto x = RandomX(kHidden, 1);
     std::vector<uint8_t> ib(duck_ib_bytes(1, 0, kHidden));
     duck_ib_write_flags(ib.data(), DUCK_MODE_DENSE_DECODE, 0, 1, 0, nullptr,
-                        x.data(), kHidden, 2);
+                        x.data(), kHidden, 4);
     EXPECT_EQ(r.Call(ib), DUCK_STATUS_BAD_INPUT);
-    EXPECT_NE(r.logs[0].find("ib: unknown flags 2"), std::string::npos)
+    EXPECT_NE(r.logs[0].find("ib: unknown flags 4"), std::string::npos)
         << r.logs[0];
     // A bf16 IB cut short of its x.
     std::vector<uint8_t> cut(
@@ -254,6 +254,54 @@ void ExpectHeadRefused(const std::vector<uint8_t> &image) {
             DUCK_STATUS_BAD_WEIGHTS);
   EXPECT_NE(r.logs[0].find("has an up or down matrix"), std::string::npos)
       << r.logs[0];
+}
+
+// DUCK_IB_OUT_BF16: the OB carries each fp32 result rounded to bf16 (two
+// bytes a value, the header's width unchanged), in every mode, 1 and 3
+// cores, with fp32 or bf16 x.
+TEST(DuckElf, Bf16ResultsAreTheRoundedFp32Ones) {
+  SyntheticSpec spec = TestSpec();
+  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
+  auto image = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const Case cases[] = {
+      {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
+      {DUCK_MODE_MOE_DECODE_SMP, 1, 2, 8},
+      {DUCK_MODE_MOE_PREFILL, 1, 7, 3},
+      {DUCK_MODE_HEAD, (uint32_t)spec.slots.size() - 1, 3, 0},
+  };
+  for (uint32_t cores : {1u, 3u})
+    for (uint32_t xflag : {0u, (uint32_t)DUCK_IB_X_BF16}) {
+      ElfRunner r(DUCK_ELF_PATH, *image, cores);
+      ASSERT_TRUE(r.elf);
+      uint64_t seed = 700;
+      for (const Case &c : cases) {
+        auto x = RandomX(c.tokens * kHidden, ++seed);
+        auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
+                               : std::vector<duck_expert_slot>();
+        const std::string what = "mode " + std::to_string(c.mode);
+        auto ibOf = [&](uint32_t flags) {
+          std::vector<uint8_t> ib(
+              duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
+          duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
+                              routing.data(), x.data(), kHidden, flags);
+          return ib;
+        };
+        ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
+        const std::vector<float> f32 = r.Out();
+        const uint32_t width = r.Header().hidden;
+        ASSERT_EQ(r.Call(ibOf(xflag | DUCK_IB_OUT_BF16)), DUCK_STATUS_OK)
+            << what << r.logs[0];
+        ASSERT_EQ(r.Header().hidden, width) << what;
+        ASSERT_EQ(r.ob_size, 64 + f32.size() * 2) << what;
+        const uint8_t *h = r.ob.data() + r.Header().out_offset;
+        for (size_t i = 0; i < f32.size(); ++i) {
+          uint16_t v;
+          std::memcpy(&v, h + 2 * i, 2);
+          ASSERT_EQ(v, duck_f32_to_bf16(f32[i])) << what << " value " << i;
+        }
+      }
+    }
 }
 
 // Mode HEAD on a head slot gives each row's logit exactly as duck_gemv

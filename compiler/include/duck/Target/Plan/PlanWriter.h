@@ -27,6 +27,7 @@ struct PlanWriteOptions {
   bool lmHeadFp9 = false;  // LmHeadOpDef.fp9
   bool lmHeadInt8 = false; // LmHeadOpDef.int8
   bool wireBf16 = false;   // PlanDef.wire_x_bf16
+  bool wireOutBf16 = false; // PlanDef.wire_out_bf16
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
   /// Set by the caller (Ctrl-C) to stop: the write fails with

@@ -92,7 +92,8 @@ private:
   std::function<void()> after_send_;
   uint64_t steps_ = 0, recoveries_ = 0;
   uint32_t hidden_;
-  uint32_t ib_flags_;      // DUCK_IB_X_BF16 when the plan says so
+  uint32_t ib_flags_; // DUCK_IB_X_BF16, DUCK_IB_OUT_BF16 as the plan says
+  std::vector<float> widened_; // a bf16 answer widened (Output)
   std::vector<uint8_t> ib_;
   std::vector<std::vector<uint8_t>> scatter_ibs_; // a scattered step's
   std::vector<float> gathered_; // one duck's part of a scattered x
