@@ -166,7 +166,10 @@ cl::opt<std::string> compileOProj(
              "tiles in halves or quarters when they are fewer than the "
              "ducks), in fp9 (exact for FP8 checkpoints); one more duck step "
              "a layer, and "
-             "the host reads none of it (DeepSeek-V3.2: 7 GB a token)"),
+             "the host reads none of it (DeepSeek-V3.2: 7 GB a token); or "
+             "'heads' (grouped-query attention): by its heads' columns, "
+             "each duck getting only its heads' outputs and answering "
+             "partial sums (less to send, more to receive)"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileQProj(
     "q-proj",
@@ -398,11 +401,13 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
   for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
                            std::pair{&compileQProj, &o.qProj},
                            std::pair{&compileInProj, &o.inProj}}) {
-    if (*flag != "host" && *flag != "ducks")
-      return createStringError(inconvertibleErrorCode(),
-                               "--" + flag->ArgStr.str() +
-                                   " must be host or ducks, got '" + *flag +
-                                   "'");
+    const bool heads = flag == &compileOProj && *flag == "heads";
+    if (*flag != "host" && *flag != "ducks" && !heads)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "--" + flag->ArgStr.str() + " must be host or ducks" +
+              (flag == &compileOProj ? std::string(" or heads") : "") +
+              ", got '" + *flag + "'");
     *out = *flag;
   }
   if (compileStrategy != "auto")

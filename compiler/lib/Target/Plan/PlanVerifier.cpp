@@ -405,8 +405,38 @@ const pl::MlaAttentionOpDef *absorbedOf(const pl::PlanDef &plan, uint32_t si,
   return nullptr;
 }
 
-/// An absorbed MLA slot: its header's ob_begin, each piece's shape and
-/// input, and its values against the checkpoint.
+/// A GQA's o_proj by heads (--o-proj heads) whose slot is `si`: duck
+/// `rank`'s one piece, its heads' columns of every o_proj row; empty when
+/// no such op runs `si`.
+std::vector<AbsorbedPiece> gqaHeadPieces(const pl::PlanDef &plan, uint32_t si,
+                                         unsigned rank) {
+  if (!plan.ops())
+    return {};
+  for (const pl::OpDef *op : *plan.ops()) {
+    const auto *g = op->params_as_GqaAttentionOpDef();
+    if (!g || !g->o_proj_on_ducks() || g->o_proj_slot() != si ||
+        !g->o_heads() || rank + 1 >= g->o_heads()->size() || !g->o_proj() ||
+        !g->o_proj()->name() || !g->o_proj()->shape())
+      continue;
+    const int64_t h0 = g->o_heads()->Get(rank),
+                  h1 = g->o_heads()->Get(rank + 1), dim = g->head_dim();
+    return {{g->o_proj()->name()->str(), 0, h0 * dim,
+             (int64_t)g->o_proj()->shape()->Get(0), (h1 - h0) * dim, false,
+             DUCK_HEAD_INPUT_X}};
+  }
+  return {};
+}
+
+/// A slot of pieces the plan defines by heads: its header's ob_begin, each
+/// piece's shape and input, and its values against the checkpoint.
+llvm::Error verifyPieces(const Checkpoint &ckpt,
+                         const std::vector<AbsorbedPiece> &want,
+                         uint32_t obBegin, bool query,
+                         const duck_slot_header &sh, const uint8_t *slot,
+                         const MatrixAt &at0, PlanCheck &check,
+                         std::vector<float> &row, std::vector<float> &refRow);
+
+/// An absorbed MLA slot, as verifyPieces.
 llvm::Error verifyAbsorbedSlot(const Checkpoint &ckpt,
                                const pl::MlaAttentionOpDef &m,
                                const pl::IndexerOpDef *ix, bool query,
@@ -419,8 +449,18 @@ llvm::Error verifyAbsorbedSlot(const Checkpoint &ckpt,
     return err(llvm::formatv("duck {0} slot {1}: no heads for this duck in "
                              "absorb_heads",
                              at0.rank, at0.si));
-  const std::vector<AbsorbedPiece> want =
+  std::vector<AbsorbedPiece> want =
       absorbedPieces(m, ix, query, at0.rank, obBegin);
+  return verifyPieces(ckpt, want, obBegin, query, sh, slot, at0, check, row,
+                      refRow);
+}
+
+llvm::Error verifyPieces(const Checkpoint &ckpt,
+                         const std::vector<AbsorbedPiece> &want,
+                         uint32_t obBegin, bool query,
+                         const duck_slot_header &sh, const uint8_t *slot,
+                         const MatrixAt &at0, PlanCheck &check,
+                         std::vector<float> &row, std::vector<float> &refRow) {
   const auto *descs = reinterpret_cast<const duck_ffn_desc *>(slot + sizeof sh);
   if (sh.n_experts != want.size() || sh.ob_begin != obBegin)
     return err(llvm::formatv("duck {0} slot {1}: an absorbed {2} slot of {3} "
@@ -478,6 +518,10 @@ llvm::Error verifySlot(const Checkpoint &ckpt, const pl::PlanDef &plan,
                                rank, si));
     bool query = false;
     const pl::IndexerOpDef *ix = nullptr;
+    if (std::vector<AbsorbedPiece> g = gqaHeadPieces(plan, si, rank);
+        !g.empty())
+      return verifyPieces(ckpt, g, 0, false, sh, slot,
+                          MatrixAt{rank, si, sh.layer, 0}, check, row, refRow);
     if (const pl::MlaAttentionOpDef *m = absorbedOf(plan, si, query, ix))
       return verifyAbsorbedSlot(ckpt, *m, ix, query, sh, slot,
                                 MatrixAt{rank, si, sh.layer, 0}, check, row,

@@ -718,7 +718,7 @@ Expected<fb::Offset<void>> PlanBuilder::attentionParams(AttentionOp a,
                a.getDuckSlot().has_value(), a.getDuckSlot().value_or(0),
                a.getQDuckSlot().has_value(), a.getQDuckSlot().value_or(0),
                a.getInDuckSlot().has_value(), a.getInDuckSlot().value_or(0),
-               rope)
+               rope, uintVector(a.getAbsorbHeads()))
         .Union();
   }
   *type = pl::OpParams::MlaAttentionOpDef;

@@ -8,6 +8,7 @@
 // Create.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
+#include "MlaAbsorb.h"
 #include "Rope.h"
 
 #include <cmath>
@@ -33,6 +34,9 @@ public:
   // duckc --o-proj / --q-proj ducks: those rows run in head slots.
   FfnRunner *o_runner_ = nullptr, *q_runner_ = nullptr;
   uint32_t o_slot_ = 0, q_slot_ = 0;
+  // duckc --o-proj heads: each duck's heads' outputs (float offsets into a
+  // row of attn_, tp + 1), partial sums back; empty: o_proj by rows.
+  std::vector<uint64_t> o_offsets_;
   // duckc --in-proj ducks: q, k and v in one step, rows [q | k | v].
   FfnRunner *in_runner_ = nullptr;
   uint32_t in_slot_ = 0;
@@ -151,6 +155,10 @@ public:
           attend(kcache_, vcache_);
       }
     });
+    if (o_runner_ && !o_offsets_.empty())
+      return o_runner_->RunScatter(FfnRunner::Rows::kAttention, o_slot_, n,
+                                   attn_.data(), sh_.q(), o_offsets_, Out(s),
+                                   sh_.hidden);
     if (o_runner_)
       return o_runner_->RunRows(FfnRunner::Rows::kAttention, o_slot_, n,
                                 attn_.data(), (uint32_t)sh_.q(), Out(s),
@@ -270,8 +278,17 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
   if (p->o_proj_on_ducks()) {
     if (!env.runner)
       return env.Error("o_proj on the ducks, but no ducks to run it");
-    DUCK_RETURN_IF_ERROR(CheckRowSlots(env, p->o_proj_slot(), sh.hidden,
-                                       sh.q(), "o_proj"));
+    std::vector<uint32_t> heads;
+    DUCK_RETURN_IF_ERROR(
+        ReadAbsorbBounds(env, p->o_heads(), sh.heads, "o_heads", &heads));
+    if (heads.empty())
+      DUCK_RETURN_IF_ERROR(
+          CheckRowSlots(env, p->o_proj_slot(), sh.hidden, sh.q(), "o_proj"));
+    else
+      DUCK_RETURN_IF_ERROR(CheckHeadColumnsSlot(env, p->o_proj_slot(), heads,
+                                                sh.dim, sh.hidden));
+    for (uint32_t h : heads)
+      op->o_offsets_.push_back((uint64_t)h * sh.dim);
     op->o_runner_ = env.runner;
     op->o_slot_ = p->o_proj_slot();
   } else {

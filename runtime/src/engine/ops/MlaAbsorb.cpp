@@ -119,4 +119,22 @@ absl::Status CheckAbsorbedOutputSlot(const OpEnv &env, uint32_t slot,
   return absl::OkStatus();
 }
 
+absl::Status CheckHeadColumnsSlot(const OpEnv &env, uint32_t slot,
+                                  const std::vector<uint32_t> &heads,
+                                  uint64_t dim, uint64_t hidden) {
+  for (uint32_t r = 0; r + 1 < heads.size(); ++r) {
+    const pl::SlotDef *sd;
+    DUCK_ASSIGN_OR_RETURN(sd, HeadSlot(env, r, slot, "o_proj"));
+    const uint64_t k = (uint64_t)(heads[r + 1] - heads[r]) * dim;
+    if (!Chained(*sd, k, k) || sd->matrices()->size() != 1 ||
+        sd->inter_begin() != 0 || sd->inter_end() != hidden)
+      return env.Error("o_proj on the ducks by heads: duck ", r, " slot ", slot,
+                       " answers rows [", sd->inter_begin(), ", ",
+                       sd->inter_end(), "), expected one matrix of ", hidden,
+                       " rows over heads [", heads[r], ", ", heads[r + 1],
+                       ") (", k, " wide)");
+  }
+  return absl::OkStatus();
+}
+
 } // namespace duck::runtime::ops

@@ -58,6 +58,12 @@ absl::Status CheckAbsorbedQuerySlot(const OpEnv &env, uint32_t slot,
 /// over its heads' values), which the OB carries.
 absl::Status CheckAbsorbedOutputSlot(const OpEnv &env, uint32_t slot,
                                      const AbsorbShape &sh);
+/// Head slot `slot` holds each duck's o_proj by heads (GQA, duckc --o-proj
+/// heads): one matrix of `hidden` rows over its heads' outputs (heads x
+/// `dim` wide), answering all of them (partial sums).
+absl::Status CheckHeadColumnsSlot(const OpEnv &env, uint32_t slot,
+                                  const std::vector<uint32_t> &heads,
+                                  uint64_t dim, uint64_t hidden);
 
 } // namespace duck::runtime::ops
 

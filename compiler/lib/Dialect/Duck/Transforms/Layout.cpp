@@ -137,12 +137,20 @@ SmallVector<RowMatrix::Piece, 4> absorbedQuery(const RowMatrix &m,
 
 /// An absorbed output slot: W_UV of each head (kv_b_proj's v rows of the
 /// head, on its latent output in x), then its heads' o_proj columns on
-/// their results; the OB carries those (partial sums of the hidden).
+/// their results; the OB carries those (partial sums of the hidden). A
+/// GQA's by heads (o-proj=heads): its heads' o_proj columns on x.
 SmallVector<RowMatrix::Piece, 4> absorbedOutput(const RowMatrix &m,
                                                 int64_t rank) {
   SmallVector<RowMatrix::Piece, 4> out;
   const int64_t h0 = m.absorbHeads[rank], h1 = m.absorbHeads[rank + 1];
   const AttentionOp::MlaDims &d = m.mla;
+  if (d.heads == 0) {
+    const WeightAttr o = m.weights[0];
+    const int64_t dim = cast<AttentionOp>(m.op).getHeadDim();
+    out.push_back({o, 0, o.getShape()[0], h0 * dim, (h1 - h0) * dim, -1,
+                   DUCK_HEAD_INPUT_X | 0u});
+    return out;
+  }
   auto kvb =
       cast<AttentionOp>(m.op).getWeights().getAs<WeightAttr>("kv_b_proj");
   for (int64_t h = h0; h < h1; ++h)
@@ -166,7 +174,8 @@ int64_t mlir::duck::RowMatrix::rowsOf(int64_t rank) const {
 
 int64_t mlir::duck::RowMatrix::kOf(int64_t rank) const {
   if (absorbed() && prefix.empty())
-    return (absorbHeads[rank + 1] - absorbHeads[rank]) * mla.kvLora;
+    return (absorbHeads[rank + 1] - absorbHeads[rank]) *
+           (mla.heads ? mla.kvLora : cast<AttentionOp>(op).getHeadDim());
   return k();
 }
 
@@ -227,7 +236,9 @@ SmallVector<RowMatrix> mlir::duck::rowMatricesOf(ModuleOp module) {
                      {},
                      {}});
     auto absorb = [&](RowMatrix &m) {
-      if (!a.getAbsorbHeads())
+      // A GQA's heads split only its o_proj (o-proj=heads).
+      if (!a.getAbsorbHeads() ||
+          (!m.prefix.empty() && a.getMlaDims().heads == 0))
         return;
       m.absorbHeads = *a.getAbsorbHeads();
       if (a.getAbsorbIndexRows())
@@ -431,7 +442,7 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
     if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
-      if (a.getAbsorbHeads()) { // kv_b_proj is on the ducks too
+      if (a.getAbsorbHeads() && a.getMlaDims().heads > 0) { // kv_b_proj too
         const double kvb =
             hostBytesOf(a.getWeights().getAs<WeightAttr>("kv_b_proj"));
         f.hostWeightBytes -= kvb;

@@ -178,6 +178,37 @@ struct DuckPartitionPass
       op->removeAttr((prefix + a).str());
   }
 
+  /// o-proj=heads (GQA): whole heads a duck (absorb_heads), o_proj's rows
+  /// all of them, its columns the duck's heads' (one fp9 K-block dividing
+  /// head_dim and the FP8 tiles' columns).
+  LogicalResult oByHeads(ModuleOp module, AttentionOp op) {
+    const int64_t heads = op.getNumHeads(), dim = op.getHeadDim();
+    if (heads < tp)
+      return op.emitOpError()
+             << heads << " heads cannot go whole to " << (int64_t)tp
+             << " ducks (use --o-proj ducks or host)";
+    const int64_t tileCols = fp8TileCols(module);
+    auto fits = [&](int64_t c) {
+      return dim % c == 0 && (tileCols <= 0 || tileCols % c == 0);
+    };
+    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
+    if (!block)
+      return op.emitOpError() << "o_proj by heads: no fp9 block (128, 64 or "
+                                 "32) divides the head dim "
+                              << dim << " (use --o-proj ducks)";
+    Builder b(op.getContext());
+    SmallVector<int64_t> bounds, rows;
+    const int64_t hidden = op.getOProj().getShape()[0];
+    for (int64_t r = 0; r <= tp; ++r) {
+      bounds.push_back(heads * r / tp);
+      rows.push_back(hidden * r / tp);
+    }
+    op->setAttr("absorb_heads", b.getDenseI64ArrayAttr(bounds));
+    op->setAttr("duck_rows", b.getDenseI64ArrayAttr(rows));
+    op->setAttr("duck_block", b.getI64IntegerAttr(block));
+    return success();
+  }
+
   /// mla-absorb=ducks: whole heads a duck (and the indexer's wq_b rows of
   /// the query group evenly), in one fp9 K-block for every piece of the
   /// two slots (q_lora, nope, kv_lora and v, and FP8 tiles' columns).
@@ -319,9 +350,23 @@ struct DuckPartitionPass
       const bool in = inProj == "ducks";
       // Absorbed (kv_b_proj on the ducks too), the query and output slots
       // go by whole heads, not by the row tiles placeRows cuts.
-      const bool absorb = mlaAbsorb == "ducks" && oProj == "ducks" &&
+      const bool absorb = mlaAbsorb == "ducks" && oProj != "host" &&
                           qProj == "ducks" && op.getMlaDims().heads > 0 &&
                           op.getWeights().get("q_b_proj");
+      // o-proj=heads: grouped-query attention's o_proj by its heads'
+      // columns (each duck its heads' outputs in, partial sums back).
+      const bool oHeads = oProj == "heads" && op.getKind() == "gqa";
+      if (oProj == "heads" && !oHeads && !absorb) {
+        op.emitOpError("o-proj=heads is grouped-query attention's; DeepSeek's "
+                       "MLA goes to the ducks by heads with --mla-absorb "
+                       "ducks (and --q-proj ducks)");
+        result = failure();
+        return WalkResult::interrupt();
+      }
+      if (oHeads && failed(oByHeads(module, op))) {
+        result = failure();
+        return WalkResult::interrupt();
+      }
       if (oProj == "ducks" && !absorb &&
           failed(placeRows(module, op, {op.getOProj()}, "o_proj",
                            "--o-proj host"))) {
@@ -368,7 +413,8 @@ struct DuckPartitionPass
          {std::pair{"q-proj", &qProj}, std::pair{"in-proj", &inProj},
           std::pair{"o-proj", &oProj}, std::pair{"mla-absorb", &mlaAbsorb},
           std::pair{"lm-head", &lmHead}})
-      if (*value != "host" && *value != "ducks") {
+      if (*value != "host" && *value != "ducks" &&
+          !(value == &oProj && *value == "heads")) {
         module.emitError() << "duck-partition: " << name
                            << " must be host or ducks, got '"
                            << std::string(*value) << "'";
