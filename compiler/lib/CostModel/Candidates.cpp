@@ -19,7 +19,7 @@ using llvm::formatv;
 std::string Candidate::attn() const {
   std::string s;
   for (auto [on, name] : {std::pair{inOn, "in"}, std::pair{qOn, "q"},
-                          std::pair{oOn, "o"}})
+                          std::pair{oOn, byHeads ? "o/h" : "o"}})
     if (on)
       s += (s.empty() ? "" : "+") + std::string(name);
   return s.empty() ? "host" : s;
@@ -38,7 +38,10 @@ std::string Candidate::attnWords() const {
   std::string s = ", " + w[0];
   for (size_t i = 1; i < w.size(); ++i)
     s += (i + 1 == w.size() ? " and " : ", ") + w[i];
-  return s + " projections on the ducks";
+  return s + " projections on the ducks" +
+         (!byHeads               ? ""
+          : mlaAbsorb == "ducks" ? " by heads, kv_b_proj with them"
+                                 : ", the output by heads");
 }
 
 void cost::readStats(const llvm::json::Object &j, Candidate &c) {
@@ -104,13 +107,24 @@ std::vector<Candidate> cost::enumerateCandidates(const SearchRequest &r) {
     projs.assign(std::begin(kOpen), std::end(kOpen));
   else
     projs.push_back({r.inProj.c_str(), r.qProj.c_str(), r.oProj.c_str()});
+  // The same with the output projection by heads, where it can go so.
+  std::vector<bool> byHeads(projs.size(), false);
+  for (size_t i = 0, n = projs.size(); r.projOpen && r.byHeadsOpen && i < n;
+       ++i)
+    if (std::string(projs[i].o) == "ducks" &&
+        (!r.mla || std::string(projs[i].q) == "ducks")) {
+      projs.push_back(projs[i]);
+      byHeads.push_back(true);
+    }
   std::vector<Candidate> out;
   for (int64_t t : tps)
     for (const std::string &mo : mos)
       for (const std::string &st : strategies)
         for (const std::string &h : heads)
-          for (const Places &p : projs) {
+          for (size_t i = 0; i < projs.size(); ++i) {
+            const Places &p = projs[i];
             Candidate c;
+            c.byHeads = byHeads[i];
             c.tp = t;
             c.multipleOf = mo;
             c.strategy = st;
@@ -118,6 +132,12 @@ std::vector<Candidate> cost::enumerateCandidates(const SearchRequest &r) {
             c.inProj = p.in;
             c.qProj = p.q;
             c.oProj = p.o;
+            // By heads: a GQA's o_proj by its columns; an MLA's with its
+            // kv_b_proj (--mla-absorb ducks).
+            if (c.byHeads && r.mla)
+              c.mlaAbsorb = "ducks";
+            else if (c.byHeads)
+              c.oProj = "heads";
             out.push_back(std::move(c));
           }
   return out;

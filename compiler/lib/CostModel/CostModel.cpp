@@ -654,6 +654,7 @@ void addRowSplit(const RowSplit &m, const ClusterModel &c, PlanCost &p,
     return;
   case RowSplit::Role::oProj:
     p.oProjOnDucks = true;
+    p.oProjByHeads = m.partialSums;
     p.oProjMsPerToken += 1e3 * slowest;
     break;
   case RowSplit::Role::inProj:

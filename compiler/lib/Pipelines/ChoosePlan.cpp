@@ -1,12 +1,32 @@
 //===- ChoosePlan.cpp - duckc compile --tp auto / --explain ---------------===//
 #include "duck/Pipelines/ChoosePlan.h"
 
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 
 using namespace mlir::duck;
 using cost::Candidate;
 
 namespace {
+
+/// Whether the model's attention is DeepSeek's MLA (config.json has a
+/// kv_lora_rank).
+bool modelIsMla(llvm::StringRef modelDir) {
+  llvm::SmallString<256> path(modelDir);
+  llvm::sys::path::append(path, "config.json");
+  auto buf = llvm::MemoryBuffer::getFile(path);
+  if (!buf)
+    return false;
+  llvm::Expected<llvm::json::Value> v = llvm::json::parse((*buf)->getBuffer());
+  if (!v) {
+    llvm::consumeError(v.takeError());
+    return false;
+  }
+  const llvm::json::Object *o = v->getAsObject();
+  return o && o->getInteger("kv_lora_rank").value_or(0) > 0;
+}
 
 /// Lays out one candidate (dry run, stats only) and reads the prediction;
 /// from `imported` when given (the model imported once for the search).
@@ -24,6 +44,10 @@ Candidate evaluate(ImportedModel *imported, CompileOptions o,
   o.oProj = spec.oProj;
   o.qProj = spec.qProj;
   o.inProj = spec.inProj;
+  c.byHeads = spec.byHeads;
+  if (spec.byHeads)
+    o.mlaAbsorb = spec.mlaAbsorb;
+  c.mlaAbsorb = o.mlaAbsorb;
   o.cluster.tp = spec.tp;
   // Memory is checked here, after the cost model has costed the candidate.
   std::vector<uint64_t> memory = std::move(o.cluster.memoryBytes);
@@ -109,6 +133,13 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
   r.inProj = base.inProj;
   r.qProj = base.qProj;
   r.oProj = base.oProj;
+  // By heads: an MLA's always (kv_b_proj leaves the host); a GQA's only
+  // changes the wire, so only where the cluster file gives link speeds.
+  r.mla = modelIsMla(base.modelDir);
+  const bool links = base.cluster.cost.hostLinkGbps > 0 ||
+                     !base.cluster.cost.duckLinkGbps.empty();
+  r.byHeadsOpen = r.projOpen && base.mlaAbsorb == "host" &&
+                  base.oProj != "heads" && (r.mla || links);
   std::vector<Candidate> all = cost::enumerateCandidates(r);
   // Each candidate is a dry-run layout of its own (DeepSeek-V3.2 with --tp
   // auto over 32 ducks: 1536 of them, 7.7 s of CPU). Each thread imports

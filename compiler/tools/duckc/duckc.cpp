@@ -450,6 +450,7 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
     o.strategy = winner->strategy;
     o.lmHead = winner->lmHead;
     o.oProj = winner->oProj;
+    o.mlaAbsorb = winner->mlaAbsorb;
     o.qProj = winner->qProj;
     o.inProj = winner->inProj;
   }

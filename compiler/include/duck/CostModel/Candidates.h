@@ -26,6 +26,11 @@ struct Candidate {
   int64_t tp = 1;
   std::string multipleOf, strategy, lmHead, oProj = "host", qProj = "host",
                                             inProj = "host";
+  /// The output projection by heads (a GQA's o_proj by its heads'
+  /// columns, --o-proj heads; an MLA's kv_b_proj with it, --mla-absorb
+  /// ducks): asked of the candidate, and what the compile then set.
+  bool byHeads = false;
+  std::string mlaAbsorb = "host";
   /// Where the attention projections went (the stats say: a GQA query
   /// projection is one of its input projections, so in+q is in there).
   bool inOn = false, qOn = false, oOn = false;
@@ -77,6 +82,10 @@ struct SearchRequest {
   /// flag gives them and the cluster file gives the host's bandwidth (the
   /// cost of keeping them on the host).
   bool lmHeadOpen = false, projOpen = false;
+  /// With projOpen: also each choice with the output projection on the
+  /// ducks by heads (for an MLA, `mla`, only with its query projection
+  /// there too: kv_b_proj goes with them).
+  bool byHeadsOpen = false, mla = false;
   std::string multipleOf, strategy, lmHead, inProj, qProj, oProj;
 };
 

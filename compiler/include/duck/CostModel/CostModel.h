@@ -230,6 +230,8 @@ struct PlanCost {
   /// step a layer in the dispatch); the host then reads none of them.
   bool oProjOnDucks = false;
   double oProjMsPerToken = 0;
+  /// ... split by heads (its columns; partial sums back), not by rows.
+  bool oProjByHeads = false;
   /// The same for the query projections (q-proj=ducks).
   bool qProjOnDucks = false;
   double qProjMsPerToken = 0;

@@ -602,14 +602,20 @@ void printPlacements(const ModuleStats &s, const ClusterModel &c,
                        "(in the host's time below)\n",
                        s.hostLmHeadMsPerToken, c.hostReadGbs);
   if (s.oProjOnDucks)
-    os << llvm::format("attention o_proj: on the ducks (rows split), %.3f ms "
+    os << llvm::format("attention o_proj: on the ducks (%s), %.3f ms "
                        "a token on the slowest ducks (in the ducks' time "
                        "below)\n",
+                       !s.oProjByHeads ? "rows split"
+                       : s.mlaAbsorbedBytesPerToken > 0
+                           ? "by heads, after W_UV: partial sums"
+                           : "by heads: partial sums",
                        s.oProjMsPerToken);
   if (s.qProjOnDucks)
-    os << llvm::format("attention query projection: on the ducks (rows "
-                       "split), %.3f ms a token on the slowest ducks (in the "
-                       "ducks' time below)\n",
+    os << llvm::format("attention query projection: on the ducks (%s), %.3f "
+                       "ms a token on the slowest ducks (in the ducks' time "
+                       "below)\n",
+                       s.mlaAbsorbedBytesPerToken > 0 ? "by heads, then W_UK"
+                                                      : "rows split",
                        s.qProjMsPerToken);
   if (s.inProjOnDucks)
     os << llvm::format("attention input projections: on the ducks (rows "
