@@ -232,13 +232,15 @@ private:
   /// The drafts for the next step: none without --speculative, and never
   /// past --max-tokens or the context.
   std::vector<int32_t> Drafts() {
-    if (!o_.speculative.lookup)
+    if (!o_.speculative.lookup && !o_.speculative.wrong)
       return {};
     const uint64_t room = std::min<uint64_t>(
         o_.max_tokens - run_->generated.size(),
         ses_.max_seq() - engine_.position() - 1);
     const uint32_t k =
         (uint32_t)std::min<uint64_t>(budget_.Next(), room);
+    if (o_.speculative.wrong)
+      return wrong_.Propose(engine_.vocab(), k);
     return drafter_.Propose(text_, k);
   }
 
@@ -305,6 +307,7 @@ private:
   const std::vector<int32_t> eos_;
   Sampler sampler_;
   LookupDrafter drafter_;
+  WrongDrafter wrong_;
   DraftBudget budget_;
   std::vector<int32_t> text_; // the prompt and the tokens so far
   const Tokenizer *tok_ = nullptr;

@@ -16,15 +16,32 @@ absl::StatusOr<SpeculativeOptions> ParseSpeculative(const std::string &spec) {
   if (spec.empty() || spec == "none")
     return o;
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
-  if (parts[0] != "lookup" || parts.size() > 2)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative must be none, lookup or lookup:K, got '", spec, "'"));
-  o.lookup = true;
+  if ((parts[0] != "lookup" && parts[0] != "wrong") || parts.size() > 2)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative must be none, lookup[:K] or wrong[:K], "
+                     "got '",
+                     spec, "'"));
+  o.lookup = parts[0] == "lookup";
+  o.wrong = parts[0] == "wrong";
   if (parts.size() == 2 &&
       (!absl::SimpleAtoi(parts[1], &o.k) || o.k < 1 || o.k > 16))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative lookup:K needs K from 1 to 16, got '", parts[1], "'"));
+    return absl::InvalidArgumentError(absl::StrCat("--speculative ", parts[0],
+                                                   ":K needs K from 1 to 16, "
+                                                   "got '",
+                                                   parts[1], "'"));
   return o;
+}
+
+std::vector<int32_t> WrongDrafter::Propose(uint32_t vocab, uint32_t k) {
+  std::vector<int32_t> out;
+  for (uint32_t i = 0; i < k && vocab > 0; ++i) {
+    // splitmix64
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    out.push_back((int32_t)((z ^ (z >> 31)) % vocab));
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path) {

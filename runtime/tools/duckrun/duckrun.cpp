@@ -74,8 +74,9 @@ ABSL_FLAG(std::string, speculative, "none",
           "n-gram (2-4 tokens) earlier in the text or in --lookup-corpus. "
           "The output is identical to 'none', greedy or sampled with the "
           "same --seed (each token is one draw on the same logits); fewer "
-          "drafts are tried where they are rejected. 'none': one token a "
-          "step");
+          "drafts are tried where they are rejected. 'wrong[:K]': drafts "
+          "drawn at random (almost never accepted), to measure what "
+          "rejected drafts cost. 'none': one token a step");
 ABSL_FLAG(std::string, lookup_corpus, "",
           "Token ids (spaces, commas or newlines between them) that "
           "--speculative lookup also searches for drafts, e.g. a previous "
@@ -223,9 +224,9 @@ int serveMain(const std::vector<char *> &args) {
       std::cerr << "duckrun: error: " << s.message() << "\n";
       return 2;
     }
-    if (!spec.corpus.empty()) {
-      std::cerr << "duckrun: error: --lookup-corpus is for one generation, "
-                   "not serve\n";
+    if (!spec.corpus.empty() || spec.wrong) {
+      std::cerr << "duckrun: error: --lookup-corpus and --speculative wrong "
+                   "are for one generation, not serve\n";
       return 2;
     }
     so.speculative = spec.lookup ? spec.k : 0;

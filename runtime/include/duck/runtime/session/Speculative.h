@@ -29,11 +29,14 @@ namespace duck::runtime {
 
 struct SpeculativeOptions {
   bool lookup = false; // false: none
-  uint32_t k = 3;      // drafts a step at most
+  /// Instead of lookup, drafts drawn at random (speculative "wrong[:K]"):
+  /// almost never accepted, to measure what rejected drafts cost.
+  bool wrong = false;
+  uint32_t k = 3; // drafts a step at most
   std::vector<int32_t> corpus;
 };
 
-/// "none", "lookup" or "lookup:K" (K in 1..16).
+/// "none", "lookup", "lookup:K", "wrong" or "wrong:K" (K in 1..16).
 absl::StatusOr<SpeculativeOptions> ParseSpeculative(const std::string &spec);
 /// A corpus file: token ids separated by spaces, commas or newlines.
 absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path);
@@ -50,6 +53,16 @@ public:
 
 private:
   std::vector<int32_t> corpus_;
+};
+
+/// Drafts drawn at random from [0, vocab) (a fixed sequence): what drafts
+/// that are always rejected cost.
+class WrongDrafter {
+public:
+  std::vector<int32_t> Propose(uint32_t vocab, uint32_t k);
+
+private:
+  uint64_t state_ = 0x9E3779B97F4A7C15ull;
 };
 
 /// How many drafts to ask for next: up to the maximum while they are
