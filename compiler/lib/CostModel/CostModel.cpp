@@ -445,50 +445,59 @@ StepWire cost::relayWire(const ClusterModel &c, double in, double headerBytes,
   return w;
 }
 
+namespace {
+/// A step's frame to one duck: frame header, step request, its IB of
+/// `rows` tokens of `k` floats (bf16 as the model says) and `slots`
+/// routing slots a token.
+double stepInBytes(const ClusterModel &c, uint32_t rows, uint32_t slots,
+                   uint64_t k) {
+  return double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
+                duck_ib_bytes_flags(rows, slots, (uint32_t)k,
+                                    c.wireBf16 ? DUCK_IB_X_BF16 : 0));
+}
+
+/// A reply's fixed bytes (frame header, step reply, a kernel time a core,
+/// OB header) and each duck's answer of outWidth[r] values a token.
+struct Replies {
+  double header = 0;
+  std::vector<double> payload, bytes; // bytes = header + payload
+};
+Replies repliesOf(const ClusterModel &c, uint32_t rows,
+                  const std::vector<int64_t> &outWidth) {
+  Replies r;
+  r.header =
+      double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
+             8 * std::max<int64_t>(1, c.coresPerDuck) + sizeof(duck_ob_header));
+  for (int64_t width : outWidth) {
+    r.payload.push_back((c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
+    r.bytes.push_back(r.header + r.payload.back());
+  }
+  return r;
+}
+} // namespace
+
 StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
                         uint64_t k, const std::vector<int64_t> &outWidth,
                         bool partialSums) {
-  const double in =
-      double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
-             duck_ib_bytes_flags(rows, slots, (uint32_t)k,
-                                 c.wireBf16 ? DUCK_IB_X_BF16 : 0));
-  const double header = double(sizeof(duckd_frame_header) +
-                               sizeof(duckd_step_reply) +
-                               8 * std::max<int64_t>(1, c.coresPerDuck) +
-                               sizeof(duck_ob_header));
-  std::vector<double> payload, out;
-  for (int64_t width : outWidth) {
-    payload.push_back((c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
-    out.push_back(header + payload.back());
-  }
+  const double in = stepInBytes(c, rows, slots, k);
+  const Replies out = repliesOf(c, rows, outWidth);
   if (c.fanout == ClusterModel::Fanout::relay)
-    return relayWire(c, in, header, payload, partialSums);
-  return unicastWire(c, in, out);
+    return relayWire(c, in, out.header, out.payload, partialSums);
+  return unicastWire(c, in, out.bytes);
 }
 
 StepWire cost::stepWireEach(const ClusterModel &c, uint32_t rows,
                             const std::vector<int64_t> &k,
                             const std::vector<int64_t> &outWidth,
                             bool partialSums) {
-  const uint32_t flags = c.wireBf16 ? DUCK_IB_X_BF16 : 0;
-  const double frame =
-      double(sizeof(duckd_frame_header) + sizeof(duckd_step_request));
-  std::vector<double> in;
-  for (int64_t w : k)
-    in.push_back(frame + double(duck_ib_bytes_flags(rows, 0, (uint32_t)w,
-                                                    flags)));
   if (c.fanout == ClusterModel::Fanout::relay) {
     const int64_t widest = *std::max_element(k.begin(), k.end());
     return stepWire(c, rows, 0, (uint64_t)widest, outWidth, partialSums);
   }
-  const double header = double(sizeof(duckd_frame_header) +
-                               sizeof(duckd_step_reply) +
-                               8 * std::max<int64_t>(1, c.coresPerDuck) +
-                               sizeof(duck_ob_header));
-  std::vector<double> out;
-  for (int64_t width : outWidth)
-    out.push_back(header + (c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
-  return unicastWire(c, in, out);
+  std::vector<double> in;
+  for (int64_t w : k)
+    in.push_back(stepInBytes(c, rows, 0, (uint64_t)w));
+  return unicastWire(c, in, repliesOf(c, rows, outWidth).bytes);
 }
 
 double cost::rowSplitSeconds(const RowSplit &m, const ClusterModel &c) {

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 using namespace mlir::duck;
 using namespace mlir::duck::import;
@@ -386,14 +387,17 @@ const pl::MlaAttentionOpDef *absorbedOf(const pl::PlanDef &plan, uint32_t si,
   ix = nullptr;
   if (!plan.ops())
     return nullptr;
+  // The indexers that run their layer's query step, by layer.
+  std::map<int32_t, const pl::IndexerOpDef *> indexers;
+  for (const pl::OpDef *o : *plan.ops())
+    if (const auto *x = o->params_as_IndexerOpDef(); x && x->on_ducks())
+      indexers[o->layer()] = x;
   for (const pl::OpDef *op : *plan.ops()) {
     const auto *m = op->params_as_MlaAttentionOpDef();
     if (!m || !m->absorb_heads() || m->absorb_heads()->size() < 2)
       continue;
-    for (const pl::OpDef *o : *plan.ops())
-      if (const auto *x = o->params_as_IndexerOpDef();
-          x && o->layer() == op->layer() && x->on_ducks())
-        ix = x;
+    auto found = indexers.find(op->layer());
+    ix = found == indexers.end() ? nullptr : found->second;
     const uint32_t qSlot = ix ? ix->q_proj_slot() : m->q_proj_slot();
     if ((m->o_proj_on_ducks() && m->o_proj_slot() == si) ||
         ((m->q_proj_on_ducks() || ix) && qSlot == si)) {

@@ -98,6 +98,16 @@ FfnInfo infoOf(Operation *op) {
           (int64_t)moe.getNumShared()};
 }
 
+/// The largest fp9 K-block (128, 64 or 32) dividing every width and, for
+/// FP8 (tileCols > 0), the scale tiles' columns; 0 when none does.
+int64_t fp9BlockFor(std::initializer_list<int64_t> widths, int64_t tileCols) {
+  for (int64_t b : {128, 64, 32})
+    if ((tileCols <= 0 || tileCols % b == 0) &&
+        llvm::all_of(widths, [&](int64_t w) { return w % b == 0; }))
+      return b;
+  return 0;
+}
+
 /// The columns of an FP8 checkpoint's scale tiles
 /// (quantization_config.weight_block_size[1]); 0 without FP8. An fp9
 /// K-block takes its tile's scale, so it must lie inside one tile: the
@@ -188,10 +198,7 @@ struct DuckPartitionPass
              << heads << " heads cannot go whole to " << (int64_t)tp
              << " ducks (use --o-proj ducks or host)";
     const int64_t tileCols = fp8TileCols(module);
-    auto fits = [&](int64_t c) {
-      return dim % c == 0 && (tileCols <= 0 || tileCols % c == 0);
-    };
-    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
+    const int64_t block = fp9BlockFor({dim}, tileCols);
     if (!block)
       return op.emitOpError() << "o_proj by heads: no fp9 block (128, 64 or "
                                  "32) divides the head dim "
@@ -221,11 +228,7 @@ struct DuckPartitionPass
     auto qb = op.getWeights().getAs<WeightAttr>("q_b_proj");
     const int64_t qIn = qb ? qb.getShape()[1] : op.getQProj().getShape()[1];
     const int64_t tileCols = fp8TileCols(module);
-    auto fits = [&](int64_t c) {
-      return qIn % c == 0 && d.nope % c == 0 && d.kvLora % c == 0 &&
-             d.v % c == 0 && (tileCols <= 0 || tileCols % c == 0);
-    };
-    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
+    const int64_t block = fp9BlockFor({qIn, d.nope, d.kvLora, d.v}, tileCols);
     if (!block)
       return op.emitOpError()
              << "kv_b_proj cannot go to the ducks: no fp9 block (128, 64 or "
@@ -304,10 +307,7 @@ struct DuckPartitionPass
              << " ducks (use " << hostFlag << ")";
     // The fp9 K-block: divides the width and, in FP8, the scale tiles'.
     const int64_t tileCols = fp8 ? fp8TileCols(module) : 0;
-    auto fits = [&](int64_t c) {
-      return k % c == 0 && (tileCols <= 0 || tileCols % c == 0);
-    };
-    const int64_t block = fits(128) ? 128 : fits(64) ? 64 : fits(32) ? 32 : 0;
+    const int64_t block = fp9BlockFor({k}, tileCols);
     if (!block)
       return op->emitOpError()
              << "the " << what << "'s width " << k
