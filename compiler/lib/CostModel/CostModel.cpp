@@ -38,6 +38,23 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
                                      .str()
                                : std::string(" whole frames"))
                  .str();
+  if (c.fanout == ClusterModel::Fanout::multicast)
+    links +=
+        llvm::formatv(
+            ", multicast (one copy from the host a step){0} MODELLED "
+            "ONLY: the runtime sends every duck its own copy",
+            c.reduceTree
+                ? llvm::formatv(", replies reduced up a tree (the host "
+                                "takes {0}, each duck {1}{2})",
+                                c.relayHostFanout, c.relayFanout,
+                                c.relayChunkBytes > 0
+                                    ? llvm::formatv(" in {0} KiB pieces",
+                                                    c.relayChunkBytes / 1024.0)
+                                          .str()
+                                    : std::string(" whole frames"))
+                      .str()
+                : std::string())
+            .str();
   return links;
 }
 
@@ -236,6 +253,26 @@ double duckLink(const ClusterModel &c, size_t r) {
   return r < c.duckLinkGbps.size() ? c.duckLinkGbps[r] : 0.0;
 }
 
+/// A star's replies: duck r sends its out[r] bytes over its link once it
+/// has its input (at arrive[r]); the host's inbound port takes them in the
+/// order they leave. When the last one is in.
+double starBack(const ClusterModel &c, const std::vector<double> &arrive,
+                const std::vector<double> &out) {
+  std::vector<size_t> order(out.size());
+  for (size_t r = 0; r < out.size(); ++r)
+    order[r] = r;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return arrive[a] < arrive[b]; });
+  double hostIn = 0, end = 0;
+  for (size_t r : order) {
+    const double sent = wireSeconds(out[r], c.hostLinkGbps);
+    hostIn = std::max(hostIn, arrive[r]) + sent;
+    end = std::max(
+        end, std::max(hostIn, arrive[r] + wireSeconds(out[r], duckLink(c, r))));
+  }
+  return end;
+}
+
 } // namespace
 
 StepWire cost::unicastWire(const ClusterModel &c, double in,
@@ -255,18 +292,7 @@ StepWire cost::unicastWire(const ClusterModel &c,
     arrive[r] = std::max(hostOut, wireSeconds(in[r], duckLink(c, r)));
     lastIn = std::max(lastIn, arrive[r]);
   }
-  // The host's inbound port takes the replies in the order they leave.
-  std::vector<size_t> order(n);
-  for (size_t r = 0; r < n; ++r)
-    order[r] = r;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return arrive[a] < arrive[b]; });
-  double hostIn = 0, end = lastIn;
-  for (size_t r : order) {
-    hostIn = std::max(hostIn, arrive[r]) + wireSeconds(out[r], H);
-    end = std::max(
-        end, std::max(hostIn, arrive[r] + wireSeconds(out[r], duckLink(c, r))));
-  }
+  const double end = std::max(lastIn, starBack(c, arrive, out));
   StepWire w;
   for (double i : in)
     w.txBytes += i;
@@ -446,6 +472,59 @@ StepWire cost::relayWire(const ClusterModel &c, double in, double headerBytes,
 }
 
 namespace {
+/// The replies once duck r has its input at arrive[r] (the step's out
+/// part ends at the last): as a star's (unicast) or, partial sums with
+/// reduceTree, up the relay tree (rows to gather go straight to the host:
+/// up a tree they would cross the ducks' slower links again). Fills w's
+/// rx bytes, back, latency and seconds.
+void backWire(const ClusterModel &c, const std::vector<double> &arrive,
+              double headerBytes, const std::vector<double> &payloadBytes,
+              bool sums, StepWire &w) {
+  const size_t n = payloadBytes.size();
+  const double lat = c.latencyUs * 1e-6;
+  const double lastIn =
+      n ? *std::max_element(arrive.begin(), arrive.end()) : 0.0;
+  w.outSeconds = lastIn;
+  if (!c.reduceTree || !sums) {
+    std::vector<double> out(n);
+    for (size_t r = 0; r < n; ++r)
+      w.rxBytes += out[r] = headerBytes + payloadBytes[r];
+    w.backSeconds = std::max(lastIn, starBack(c, arrive, out)) - lastIn;
+    w.latencySeconds = n ? 2 * lat : 0.0;
+  } else {
+    const RelayTree t{n, (size_t)std::max<int64_t>(1, c.relayHostFanout),
+                      (size_t)std::max<int64_t>(1, c.relayFanout)};
+    std::vector<double> up(n), late(n);
+    for (size_t i = 0; i < n; ++i) {
+      up[i] = headerBytes + payloadBytes[i];
+      late[i] = arrive[i] + lat;
+    }
+    for (size_t j = 0; j < std::min(t.K, n); ++j)
+      w.rxBytes += up[j];
+    const double chunk = double(c.relayChunkBytes);
+    const double end0 = relayUp(c, t, arrive, up, sums, chunk, 0);
+    w.backSeconds = end0 - lastIn;
+    w.latencySeconds = relayUp(c, t, late, up, sums, chunk, lat) - end0;
+  }
+  w.seconds = w.outSeconds + w.backSeconds + w.latencySeconds;
+}
+} // namespace
+
+StepWire cost::multicastWire(const ClusterModel &c, double in,
+                             double headerBytes,
+                             const std::vector<double> &payloadBytes,
+                             bool sums) {
+  std::vector<double> arrive(payloadBytes.size());
+  for (size_t r = 0; r < arrive.size(); ++r)
+    arrive[r] = std::max(wireSeconds(in, c.hostLinkGbps),
+                         wireSeconds(in, duckLink(c, r)));
+  StepWire w;
+  w.txBytes = in;
+  backWire(c, arrive, headerBytes, payloadBytes, sums, w);
+  return w;
+}
+
+namespace {
 /// A step's frame to one duck: frame header, step request, its IB of
 /// `rows` tokens of `k` floats (bf16 as the model says) and `slots`
 /// routing slots a token.
@@ -483,6 +562,8 @@ StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
   const Replies out = repliesOf(c, rows, outWidth);
   if (c.fanout == ClusterModel::Fanout::relay)
     return relayWire(c, in, out.header, out.payload, partialSums);
+  if (c.fanout == ClusterModel::Fanout::multicast)
+    return multicastWire(c, in, out.header, out.payload, partialSums);
   return unicastWire(c, in, out.bytes);
 }
 
@@ -497,7 +578,21 @@ StepWire cost::stepWireEach(const ClusterModel &c, uint32_t rows,
   std::vector<double> in;
   for (int64_t w : k)
     in.push_back(stepInBytes(c, rows, 0, (uint64_t)w));
-  return unicastWire(c, in, repliesOf(c, rows, outWidth).bytes);
+  const Replies out = repliesOf(c, rows, outWidth);
+  if (c.fanout != ClusterModel::Fanout::multicast || !c.reduceTree)
+    return unicastWire(c, in, out.bytes);
+  // Different inputs go one by one (as unicast's); the partial sums come
+  // back up the tree.
+  std::vector<double> arrive(in.size());
+  double hostOut = 0;
+  StepWire w;
+  for (size_t r = 0; r < in.size(); ++r) {
+    hostOut += wireSeconds(in[r], c.hostLinkGbps);
+    arrive[r] = std::max(hostOut, wireSeconds(in[r], duckLink(c, r)));
+    w.txBytes += in[r];
+  }
+  backWire(c, arrive, out.header, out.payload, partialSums, w);
+  return w;
 }
 
 double cost::rowSplitSeconds(const RowSplit &m, const ClusterModel &c) {

@@ -496,9 +496,10 @@ Error checkCompileOptions(const CompileOptions &opts,
                "' has a config.json but no safetensors weights; compiling a "
                "plan packs the weights (use --dry-run for layout and stats "
                "from the config alone)");
-  if (writes && opts.cluster.cost.fanout == ClusterModel::Fanout::relay)
-    return err("--fanout relay is modelled only: the runtime does not relay "
-               "a step, so no plan is written with it (use --dry-run)");
+  if (writes && opts.cluster.cost.fanout != ClusterModel::Fanout::unicast)
+    return err("--fanout relay and multicast are modelled only: the runtime "
+               "sends each duck its own copy of a step, so no plan is "
+               "written with them (use --dry-run)");
   if (writes && opts.outDir.empty())
     return err("no output directory: pass -o <out-dir> (or --dry-run)");
   return Error::success();

@@ -229,12 +229,23 @@ cl::opt<std::string> compileFanout(
     "fanout",
     cl::desc("How the cost model sends a step to the ducks: 'unicast' "
              "(default: what the runtime does, the host sends each duck its "
-             "own copy) or 'relay': MODELLED ONLY, NOT BUILT IN THE RUNTIME; "
-             "only with --dry-run (no plan is written with it): the host "
-             "sends --relay-host-fanout copies, each duck forwards the frame "
-             "to --relay-fanout children over its own link, partial sums "
-             "are reduced on the way back"),
+             "own copy), 'relay' or 'multicast': MODELLED ONLY, NOT BUILT "
+             "IN THE RUNTIME; only with --dry-run (no plan is written with "
+             "them). relay: the host sends --relay-host-fanout copies, each "
+             "duck forwards the frame to --relay-fanout children over its "
+             "own link, partial sums are reduced on the way back. "
+             "multicast: the host sends one copy a step, the switch gives "
+             "each duck its own (a step whose ducks get different inputs "
+             "goes as unicast); the replies as --reduce says"),
     cl::init("unicast"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileReduce(
+    "reduce",
+    cl::desc("With --fanout multicast (modelled only): how the replies come "
+             "back: 'star' (default: each duck to the host) or 'tree': up "
+             "the relay tree of --relay-host-fanout, --relay-fanout and "
+             "--relay-chunk-kib, partial sums reduced at each duck on the "
+             "way"),
+    cl::init("star"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileMlaAbsorb(
     "mla-absorb",
     cl::desc("Where DeepSeek's MLA takes its queries into the latent space "
@@ -263,17 +274,20 @@ cl::opt<double> compileSpecAcceptance(
     cl::init(0.8), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int> compileRelayFanout(
     "relay-fanout",
-    cl::desc("--fanout relay (modelled only): the children each duck "
-             "forwards to (default 2)"),
+    cl::desc(
+        "--fanout relay, --reduce tree (modelled only): the children each duck "
+        "forwards to (default 2)"),
     cl::init(2), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int> compileRelayHostFanout(
     "relay-host-fanout",
-    cl::desc("--fanout relay (modelled only): the copies the host sends, to "
+    cl::desc("--fanout relay, --reduce tree (modelled only): the copies the "
+             "host sends, to "
              "the first ducks of the tree (default 1: one send a step)"),
     cl::init(1), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<double> compileRelayChunk(
     "relay-chunk-kib",
-    cl::desc("--fanout relay (modelled only): the unit a duck forwards, "
+    cl::desc("--fanout relay, --reduce tree (modelled only): the unit a duck "
+             "forwards, "
              "KiB; 0 (default): whole frames, store and forward; else each "
              "piece forwarded, and each piece of partial sums reduced and "
              "sent up, as soon as it is there"),
@@ -327,18 +341,29 @@ Error clusterFromFlags(mlir::duck::CompileOptions &o) {
 /// and the speculative projection's drafts and acceptance.
 Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
   using Fanout = mlir::duck::ClusterModel::Fanout;
-  if (compileFanout != "unicast" && compileFanout != "relay")
+  if (compileFanout != "unicast" && compileFanout != "relay" &&
+      compileFanout != "multicast")
     return createStringError(inconvertibleErrorCode(),
-                             "--fanout must be unicast or relay, got '" +
+                             "--fanout must be unicast, relay or multicast, "
+                             "got '" +
                                  compileFanout + "'");
+  if ((compileReduce != "star" && compileReduce != "tree") ||
+      (compileReduce == "tree" && compileFanout != "multicast"))
+    return createStringError(inconvertibleErrorCode(),
+                             "--reduce must be star or tree, and tree goes "
+                             "with --fanout multicast (relay always reduces "
+                             "up its tree), got '" +
+                                 compileReduce + "'");
   if (compileRelayFanout < 1 || compileRelayHostFanout < 1 ||
       compileRelayChunk < 0)
     return createStringError(inconvertibleErrorCode(),
                              "--relay-fanout and --relay-host-fanout must be "
                              "at least 1, --relay-chunk-kib not negative");
   o.cluster.cost.relayChunkBytes = int64_t(compileRelayChunk * 1024);
-  o.cluster.cost.fanout =
-      compileFanout == "relay" ? Fanout::relay : Fanout::unicast;
+  o.cluster.cost.fanout = compileFanout == "relay"       ? Fanout::relay
+                          : compileFanout == "multicast" ? Fanout::multicast
+                                                         : Fanout::unicast;
+  o.cluster.cost.reduceTree = compileReduce == "tree";
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
   if (compileSpecDrafts < 0 || compileSpecDrafts > 16 ||
@@ -348,11 +373,13 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                              "--speculative-acceptance 0 to 1");
   o.cluster.cost.speculateDrafts = compileSpecDrafts;
   o.cluster.cost.speculateAcceptance = compileSpecAcceptance;
-  if (o.cluster.cost.fanout == Fanout::relay && !compileDryRun)
+  if (o.cluster.cost.fanout != Fanout::unicast && !compileDryRun)
     return createStringError(
         inconvertibleErrorCode(),
-        "--fanout relay is modelled only: the runtime does not relay a "
-        "step, so no plan is written with it; use it with --dry-run");
+        "--fanout " + compileFanout +
+            " is modelled only: the runtime sends each duck its own copy "
+            "of a step, so no plan is written with it; use it with "
+            "--dry-run");
   if (compileMlaAbsorb != "host" && compileMlaAbsorb != "ducks")
     return createStringError(inconvertibleErrorCode(),
                              "--mla-absorb must be host or ducks, got '" +
@@ -641,8 +668,8 @@ options of one subcommand.
           [--wire-activations f32|bf16] [--wire-results f32|bf16]
           [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
-          [--fanout unicast|relay --relay-fanout F --relay-host-fanout K
-           --relay-chunk-kib C]
+          [--fanout unicast|relay|multicast --reduce star|tree
+           --relay-fanout F --relay-host-fanout K --relay-chunk-kib C]
           [--speculative-drafts K --speculative-acceptance A]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
@@ -664,9 +691,11 @@ options of one subcommand.
       input projections (--q-proj / --o-proj / --in-proj ducks) can have
       their rows split over the ducks too, so the host reads none of them;
       with the cluster file's host_read_gbs and no such flag, --tp auto
-      chooses. --fanout relay is MODELLED ONLY (the runtime sends every
-      duck its own copy): with --dry-run it shows what a relay tree among
-      the ducks would do to the network term; no plan is written with it.
+      chooses. --fanout relay and multicast (with --reduce tree) are
+      MODELLED ONLY (the runtime sends every duck its own copy): with
+      --dry-run they show what a relay tree among the ducks, or one copy a
+      step from the host with the replies reduced up a tree, would do to
+      the network term; no plan is written with them.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8

@@ -94,8 +94,17 @@ struct ClusterModel {
   /// its own link, and the replies come back up the same tree, partial sums
   /// reduced at each duck (in a fixed order: its own, then its children's
   /// in order), row-split outputs gathered. See cost::relayWire.
-  enum class Fanout { unicast, relay };
+  /// `multicast`, MODELLED ONLY too: the host sends one copy a step and
+  /// the switch gives every duck its own (IP multicast on one switch: the
+  /// host's port carries it once, each duck's link at its rate, cut
+  /// through); a step whose ducks get different inputs (an output step by
+  /// heads) is sent as unicast. The replies come back as unicast's, or
+  /// with `reduceTree` up the relay tree (relayHostFanout,
+  /// relayFanout, relayChunkBytes), partial sums reduced on the way (rows
+  /// to gather still straight to the host).
+  enum class Fanout { unicast, relay, multicast };
   Fanout fanout = Fanout::unicast;
+  bool reduceTree = false;
   int64_t relayFanout = 2, relayHostFanout = 1;
   /// The relay's forwarding unit: 0, whole frames (store and forward: a
   /// duck forwards once it holds the frame); else pieces of this many
@@ -390,6 +399,14 @@ StepWire stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
 /// last duck has its input. The host sends K copies, receives K replies.
 StepWire relayWire(const ClusterModel &c, double in, double headerBytes,
                    const std::vector<double> &payloadBytes, bool sums);
+
+/// Fanout::multicast (MODELLED ONLY): the host's port carries one copy of
+/// `in` and every duck's link its own at the same time (cut-through):
+/// duck r has its input at max(in / H, in / D_r). The replies (`header`
+/// plus payloadBytes[r]) as unicastWire's, or with reduceTree up the
+/// relay tree as relayWire's.
+StepWire multicastWire(const ClusterModel &c, double in, double headerBytes,
+                       const std::vector<double> &payloadBytes, bool sums);
 
 /// Unicast, what the runtime does: the host writes every duck's frame (`in`
 /// bytes) at once, in rank order. Each link is full duplex (a FIFO server

@@ -792,6 +792,10 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"latency_us", c.latencyUs},
       {"fanout", c.fanout == ClusterModel::Fanout::relay
                      ? "relay (modelled only)"
+                 : c.fanout == ClusterModel::Fanout::multicast
+                     ? (c.reduceTree ? "multicast, reduced up a tree "
+                                       "(modelled only)"
+                                     : "multicast (modelled only)")
                      : "unicast"},
       {"relay_fanout", c.relayFanout},
       {"relay_host_fanout", c.relayHostFanout},
