@@ -40,6 +40,26 @@ uint64_t Engine::kv_bytes_per_token() const {
   return n;
 }
 
+void Engine::SaveKv(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *out) {
+  const uint64_t stride = kv_bytes_per_token();
+  uint64_t at = 0;
+  for (const auto &op : ops_) {
+    op->CopyKv(seq, pos, n, out + at, stride, /*save=*/true);
+    at += op->KvBytesPerToken();
+  }
+}
+
+void Engine::LoadKv(uint32_t seq, uint32_t pos, uint32_t n, const uint8_t *in) {
+  const uint64_t stride = kv_bytes_per_token();
+  uint64_t at = 0;
+  for (const auto &op : ops_) {
+    // CopyKv only reads `buf` when it loads.
+    op->CopyKv(seq, pos, n, const_cast<uint8_t *>(in) + at, stride,
+               /*save=*/false);
+    at += op->KvBytesPerToken();
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Engine>>
 Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
                const EngineOptions &opts) {

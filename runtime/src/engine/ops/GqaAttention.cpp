@@ -86,6 +86,24 @@ public:
   uint64_t CacheReadBytes(uint64_t positions) const override {
     return KvBytesPerToken() * positions; // every position's k and v
   }
+  /// A position's bytes: every kv head's k, then every kv head's v.
+  void CopyKv(uint32_t seq, uint64_t from, uint32_t n, uint8_t *buf,
+              uint64_t stride, bool save) override {
+    const uint64_t head = (uint64_t)sh_.dim * (f16_ ? 2 : 4);
+    const uint64_t vAt = sh_.kv_heads * head;
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
+        const uint64_t row = h * max_seq_ + from + i;
+        uint8_t *b = buf + i * stride + h * head;
+        if (f16_) {
+          kcache16_.Copy(seq, row, b, head, save);
+          vcache16_.Copy(seq, row, b + vAt, head, save);
+        } else {
+          kcache_.Copy(seq, row, b, head, save);
+          vcache_.Copy(seq, row, b + vAt, head, save);
+        }
+      }
+  }
   uint64_t WeightBytesPerToken() const override {
     return MatrixBytes(q_) + MatrixBytes(k_) + MatrixBytes(v_) +
            MatrixBytes(o_);

@@ -191,6 +191,13 @@ public:
   /// The first position of sequence `seq`.
   T *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
   T *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
+  /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
+  void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {
+    if (save)
+      std::memcpy(buf, At(seq, p), bytes);
+    else
+      std::memcpy(At(seq, p), buf, bytes);
+  }
 
 private:
   uint64_t Offset(uint32_t seq, uint64_t p) const {
@@ -211,6 +218,13 @@ public:
   virtual uint64_t KvBytesPerToken() const { return 0; }
   /// Weight bytes one decoded token streams through this op on the host.
   virtual uint64_t WeightBytesPerToken() const { return 0; }
+  /// Prefix reuse (Engine::SaveKv/LoadKv): position from + i of sequence
+  /// `seq`'s cache, all KvBytesPerToken() bytes of it, to `buf + i *
+  /// stride` (save) or from there into the cache, for i < n.
+  virtual void CopyKv(uint32_t seq, uint64_t from, uint32_t n, uint8_t *buf,
+                      uint64_t stride, bool save) {
+    (void)seq, (void)from, (void)n, (void)buf, (void)stride, (void)save;
+  }
   /// Cache bytes one decoded token reads through this op when it attends
   /// over `positions` cached positions.
   virtual uint64_t CacheReadBytes(uint64_t positions) const {

@@ -84,6 +84,12 @@ public:
   }
   void SetQLora(uint32_t q) { sh_.q_lora = q; }
   uint64_t KvBytesPerToken() const override { return (uint64_t)sh_.dim * 4; }
+  /// A position's indexer key.
+  void CopyKv(uint32_t seq, uint64_t from, uint32_t n, uint8_t *buf,
+              uint64_t stride, bool save) override {
+    for (uint32_t i = 0; i < n; ++i)
+      kcache_.Copy(seq, from + i, buf + i * stride, KvBytesPerToken(), save);
+  }
   uint64_t CacheReadBytes(uint64_t positions) const override {
     return KvBytesPerToken() * positions; // every position's key
   }

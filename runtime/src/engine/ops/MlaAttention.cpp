@@ -93,6 +93,12 @@ public:
   }
 
   uint64_t KvBytesPerToken() const override { return sh_.cache() * 4; }
+  /// A position's normalised latent and rope key.
+  void CopyKv(uint32_t seq, uint64_t from, uint32_t n, uint8_t *buf,
+              uint64_t stride, bool save) override {
+    for (uint32_t i = 0; i < n; ++i)
+      cache_.Copy(seq, from + i, buf + i * stride, KvBytesPerToken(), save);
+  }
   uint64_t CacheReadBytes(uint64_t positions) const override {
     // Every head's shared latent, once a token (MlaAttend), over at most
     // the indexer's selection.

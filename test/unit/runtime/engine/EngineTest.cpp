@@ -193,6 +193,60 @@ TEST_P(EngineTest, BatchedRowsEqualEachSequenceAlone) {
                        aloneB));
 }
 
+// Prefix reuse (Engine::SaveKv/LoadKv): a sequence's cache rows, saved
+// in two pieces and loaded into another slot in two other pieces (as the
+// prefix store hands them back), over what that slot held before, let it
+// go on exactly as a cold run of the whole prompt: the next token's logits
+// are the same bits. Every cache kind: GQA in fp32 and f16, MLA's latent
+// and rope key, the indexer's keys. A row left unloaded shows.
+TEST_P(EngineTest, SavedCacheRowsContinueLikeAColdRun) {
+  const bool mla = plan_->def().model()->kv_lora_rank() != 0;
+  for (bool f16 : {false, true}) {
+    if (f16 && mla)
+      continue; // --kv-cache f16 is for GQA
+    SCOPED_TRACE(f16 ? "f16" : "f32");
+    EngineOptions o;
+    o.max_seq = 64;
+    o.prefill_chunk = 8;
+    o.max_seqs = 2;
+    o.max_rows = 9;
+    o.kv_f16 = f16;
+    const std::vector<int32_t> prompt = Prompt(12, 3), other = Prompt(12, 8);
+    const int32_t next = 7;
+    std::vector<float> cold, out;
+    {
+      auto e = Make(o);
+      ASSERT_TRUE(e);
+      ASSERT_TRUE(e->Forward(prompt, &out).ok());
+      ASSERT_TRUE(e->Forward({next}, &cold).ok());
+    }
+    auto e = Make(o);
+    ASSERT_TRUE(e);
+    const uint64_t bpt = e->kv_bytes_per_token();
+    const absl::Span<const int32_t> p(prompt), q(other);
+    const SeqChunk fill[4] = {{0, 0, p.subspan(0, 8), false},
+                              {0, 8, p.subspan(8), false},
+                              {1, 0, q.subspan(0, 8), false},
+                              {1, 8, q.subspan(8), false}};
+    for (const SeqChunk &c : fill)
+      ASSERT_TRUE(e->RunBatch({&c, 1}, &out).ok());
+    std::vector<uint8_t> rows(12 * bpt);
+    e->SaveKv(0, 0, 5, rows.data());
+    e->SaveKv(0, 5, 7, rows.data() + 5 * bpt);
+    const SeqChunk step{1, 12, {&next, 1}, true};
+    for (uint32_t loaded : {11u, 12u}) {
+      e->LoadKv(1, 0, 7, rows.data());
+      e->LoadKv(1, 7, loaded - 7, rows.data() + 7 * bpt);
+      out.clear();
+      ASSERT_TRUE(e->RunBatch({&step, 1}, &out).ok());
+      if (loaded == 12)
+        EXPECT_TRUE(SameBits(out, cold));
+      else // position 11 still holds the other prompt's row
+        EXPECT_FALSE(SameBits(out, cold));
+    }
+  }
+}
+
 TEST_P(EngineTest, RunBatchRefusesStepsItCannotRun) {
   EngineOptions o;
   o.max_seq = 16;

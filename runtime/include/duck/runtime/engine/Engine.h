@@ -159,6 +159,15 @@ public:
   /// Cache bytes one decoded token reads on the host at `positions`
   /// positions of context (the attention ops' KV caches).
   uint64_t cache_read_bytes_per_token(uint64_t positions) const;
+  /// Prefix reuse (serve's prefix store): the cache rows of positions
+  /// pos..pos+n-1 of sequence `seq`, every cache of every op (in op
+  /// order, kv_bytes_per_token() bytes a position, position-major), into
+  /// `out`; LoadKv writes such rows back into a sequence's caches. A
+  /// position's rows depend only on its token and the rows before it, so
+  /// rows saved from one sequence are the rows another with the same
+  /// tokens would compute.
+  void SaveKv(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *out);
+  void LoadKv(uint32_t seq, uint32_t pos, uint32_t n, const uint8_t *in);
   void Reset() { pos_ = 0; }
   /// The host threads (attention, the LM head).
   ThreadPool *pool() { return pool_.get(); }
