@@ -36,6 +36,38 @@ Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
   for (uint32_t s = opts_.parallel; s-- > 0;)
     free_slots_.push_back(s); // slot 0 is taken first
   slot_tokens_.resize(opts_.parallel);
+  if (opts_.reuse_prefix && opts_.kv_budget > 0) {
+    store_ = std::make_unique<PrefixStore>(opts_.kv_budget,
+                                           engine.kv_bytes_per_token());
+    stats_.store = store_->stats();
+  }
+}
+
+void Batcher::UseStore(Seq &s, uint32_t common) {
+  if (!store_ || !store_->enabled())
+    return;
+  std::vector<int32_t> &have = slot_tokens_[s.slot];
+  const std::vector<int32_t> &prompt = s.req.prompt;
+  // Only positions the store does not hold yet are copied; the prompt's
+  // stored prefix is not evicted for them.
+  if (common < have.size())
+    store_->Insert(
+        have,
+        [&](uint32_t pos, uint32_t n, uint8_t *out) {
+          engine_.SaveKv(s.slot, pos, n, out);
+        },
+        prompt);
+  // At least the prompt's last token runs: its row gives the logits.
+  const uint32_t found =
+      std::min<uint32_t>(store_->Find(prompt), (uint32_t)prompt.size() - 1);
+  if (found <= s.pos)
+    return;
+  store_->Read(prompt, s.pos, found,
+               [&](uint32_t pos, uint32_t n, const uint8_t *in) {
+                 engine_.LoadKv(s.slot, pos, n, in);
+               });
+  have.assign(prompt.begin(), prompt.begin() + found);
+  s.pos = found;
 }
 
 size_t Batcher::PickSlot(const std::vector<int32_t> &prompt,
@@ -118,7 +150,7 @@ void Batcher::Finish(Seq &s, FinishReason why, const absl::Status &error) {
 /// finishes the cancelled ones outside it.
 void Batcher::Admit() {
   std::vector<std::unique_ptr<Seq>> cancelled;
-  std::vector<Seq *> admitted;
+  std::vector<std::pair<Seq *, uint32_t>> admitted; // and its slot's common
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (uint64_t id : cancels_) {
@@ -152,8 +184,7 @@ void Batcher::Admit() {
         s->budget = std::make_unique<DraftBudget>(s->req.speculative);
         s->drafter = std::make_unique<LookupDrafter>(s->req.lookup_corpus);
       }
-      stats_.cached_tokens += s->pos;
-      admitted.push_back(s.get());
+      admitted.emplace_back(s.get(), common);
       active_.push_back(std::move(s));
     }
     stats_.queued = (uint32_t)queue_.size();
@@ -161,9 +192,20 @@ void Batcher::Admit() {
   }
   for (auto &s : cancelled)
     Finish(*s, FinishReason::kCancelled, absl::OkStatus());
-  for (Seq *s : admitted)
-    if (s->req.on_admit)
-      s->req.on_admit(s->pos);
+  // Copies between a slot and the store happen outside the lock (Submit
+  // and Stats do not wait for them).
+  for (auto [s, common] : admitted)
+    UseStore(*s, common);
+  if (!admitted.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto &a : admitted)
+      stats_.cached_tokens += a.first->pos;
+    if (store_)
+      stats_.store = store_->stats();
+  }
+  for (const auto &a : admitted)
+    if (a.first->req.on_admit)
+      a.first->req.on_admit(a.first->pos);
 }
 
 TokenLogprobs LogprobsAt(absl::Span<const float> logits, int32_t token,

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <ostream>
 #include <thread>
 
 namespace {
@@ -40,7 +41,7 @@ protected:
   static constexpr uint32_t kChunk = 4;
 
   void SetUp() override {
-    auto p = LoadedPlan::Load(PlanDir("qwen3-moe"), HostOpKinds());
+    auto p = LoadedPlan::Load(PlanDir(plan_name_), HostOpKinds());
     ASSERT_TRUE(p.ok()) << p.status();
     plan_ = std::move(*p);
     runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());
@@ -55,9 +56,11 @@ protected:
     o.prefill_chunk = kChunk;
     o.max_seqs = parallel;
     o.max_rows = parallel > 1 ? kChunk + parallel : kChunk;
+    o.kv_f16 = kv_f16_;
     return o;
   }
-  void Make(uint32_t parallel, uint32_t queue_limit = 64) {
+  void Make(uint32_t parallel, uint32_t queue_limit = 64,
+            uint64_t kv_budget = 0) {
     auto e = Engine::Create(*plan_, runner_.get(), Options(parallel));
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
@@ -65,6 +68,7 @@ protected:
     bo.parallel = parallel;
     bo.prefill_chunk = kChunk;
     bo.queue_limit = queue_limit;
+    bo.kv_budget = kv_budget;
     batcher_ = std::make_unique<Batcher>(*engine_, bo);
     batcher_->SetAfterStep([this] { ++steps_; });
   }
@@ -153,6 +157,8 @@ protected:
     return rows;
   }
 
+  std::string plan_name_ = "qwen3-moe";
+  bool kv_f16_ = false;
   std::unique_ptr<LoadedPlan> plan_;
   std::unique_ptr<FakeFfnRunner> runner_;
   std::unique_ptr<Engine> engine_;
@@ -271,6 +277,178 @@ TEST_F(BatcherTest, ARequestPicksTheSlotHoldingItsPrefix) {
     StopRun();
   }
 }
+
+// The prefix store (--kv-budget) over every cache kind: "qwen3-f16" is the
+// dense plan with --kv-cache f16; deepseek keeps MLA latents and indexer
+// keys.
+class BatcherStoreTest : public BatcherTest,
+                         public ::testing::WithParamInterface<const char *> {
+protected:
+  void SetUp() override {
+    const std::string p = GetParam();
+    kv_f16_ = p == "qwen3-f16";
+    plan_name_ = kv_f16_ ? "qwen3" : p;
+    BatcherTest::SetUp();
+  }
+  /// A generation's tokens and, for each, its log probability and the
+  /// kTop best (LogprobsAt of its logits row): equal answers had the same
+  /// logits, not only the same argmax.
+  static constexpr uint32_t kTop = 64;
+  struct Answer {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    bool operator==(const Answer &o) const {
+      return tokens == o.tokens && logprobs == o.logprobs;
+    }
+    friend std::ostream &operator<<(std::ostream &os, const Answer &a) {
+      for (size_t i = 0; i < a.tokens.size(); ++i)
+        os << a.tokens[i] << "(" << a.logprobs[i] << ") ";
+      return os;
+    }
+  };
+  /// Runs `prompt` for `n` tokens (lookup drafts: `speculative`, from the
+  /// text and `corpus`); the cached tokens its admission reported go to
+  /// `*cached`.
+  Answer Run(const std::vector<int32_t> &prompt, uint32_t n, int64_t *cached,
+             uint32_t speculative = 0, std::vector<int32_t> corpus = {}) {
+    Rec r;
+    Answer out;
+    std::atomic<int64_t> c{-1};
+    GenRequest g = Request(&r, prompt, n);
+    g.on_admit = [&](uint32_t k) { c = k; };
+    g.top_logprobs = kTop;
+    g.on_logprobs = [&](int32_t, const TokenLogprobs &lp) {
+      out.logprobs.push_back(lp.logprob);
+      for (const auto &[id, v] : lp.top)
+        out.logprobs.push_back(v);
+    };
+    g.speculative = speculative;
+    g.lookup_corpus = std::move(corpus);
+    Submit(std::move(g));
+    EXPECT_TRUE(WaitDone({&r}));
+    *cached = c.load();
+    out.tokens = r.tokens;
+    return out;
+  }
+  /// What `prompt` gets alone, one-shot on its own engine (Alone's tokens).
+  Answer Cold(const std::vector<int32_t> &prompt, uint32_t n) {
+    FakeFfnRunner runner(plan_->def().model()->hidden());
+    auto e = Engine::Create(*plan_, &runner, Options(1));
+    EXPECT_TRUE(e.ok()) << e.status();
+    Answer out;
+    Sampler sampler(SamplerOptions{});
+    std::vector<float> logits;
+    EXPECT_TRUE(e.ok() && (*e)->Forward(prompt, &logits).ok());
+    for (uint32_t i = 0; e.ok() && i < n; ++i) {
+      out.tokens.push_back(sampler.Sample(logits));
+      const TokenLogprobs lp = LogprobsAt(logits, out.tokens.back(), kTop);
+      out.logprobs.push_back(lp.logprob);
+      for (const auto &[id, v] : lp.top)
+        out.logprobs.push_back(v);
+      if (i + 1 < n) {
+        EXPECT_TRUE((*e)->Forward({out.tokens.back()}, &logits).ok());
+      }
+    }
+    return out;
+  }
+};
+
+// One slot, conversations A, B, then A' (A's prompt, the 3 tokens it fed
+// back and 4 new ones): B overwrote the slot, so only the store can give
+// A' its 15 positions; with budget 0 it gets none. Either way every answer
+// is a cold run's.
+TEST_P(BatcherStoreTest, AConversationComesBackAfterAnotherTookTheSlot) {
+  for (uint64_t budget : {uint64_t{64} << 20, uint64_t{0}}) {
+    SCOPED_TRACE(budget ? "store" : "no store");
+    Make(1, 64, budget);
+    StartRun();
+    const auto pa = Prompt(12, 1), pb = Prompt(10, 2);
+    int64_t cached = -1;
+    const Answer a = Run(pa, 4, &cached);
+    EXPECT_EQ(a, Cold(pa, 4));
+    EXPECT_EQ(Run(pb, 3, &cached), Cold(pb, 3));
+    EXPECT_EQ(cached, 0);
+    std::vector<int32_t> pa2 = pa;
+    pa2.insert(pa2.end(), a.tokens.begin(), a.tokens.begin() + 3);
+    for (int32_t t : Prompt(4, 3))
+      pa2.push_back(t);
+    EXPECT_EQ(Run(pa2, 5, &cached), Cold(pa2, 5));
+    EXPECT_EQ(cached, budget ? 15 : 0);
+    StopRun();
+    const BatcherStats st = batcher_->Stats();
+    EXPECT_EQ(st.cached_tokens, budget ? 15u : 0u);
+    if (budget) {
+      // A's 15 positions went in when B took the slot, B's 12 when A'
+      // did (the store keeps them; A' itself is still in the slot).
+      EXPECT_EQ(st.store.tokens, 27u);
+      EXPECT_EQ(st.store.bytes, 27 * engine_->kv_bytes_per_token());
+      EXPECT_EQ(st.store.entries, 2u);
+      EXPECT_EQ(st.store.budget, budget);
+    } else {
+      EXPECT_EQ(st.store.entries, 0u);
+    }
+  }
+}
+
+// A budget of 8 positions keeps A's first 8: A' reuses those, and the
+// rest it computes gives the same tokens. B does not fit beside them and
+// does not evict them: A' is about to read them.
+TEST_P(BatcherStoreTest, ASmallBudgetKeepsWhatFits) {
+  Make(1);
+  const uint64_t bpt = engine_->kv_bytes_per_token();
+  Make(1, 64, 8 * bpt + bpt / 2);
+  StartRun();
+  const auto pa = Prompt(12, 4), pb = Prompt(9, 5);
+  int64_t cached = -1;
+  Run(pa, 2, &cached);
+  Run(pb, 2, &cached);
+  std::vector<int32_t> pa2 = pa;
+  pa2.push_back(pa[0] == 5 ? 6 : 5);
+  EXPECT_EQ(Run(pa2, 4, &cached), Cold(pa2, 4));
+  EXPECT_EQ(cached, 8);
+  StopRun();
+  EXPECT_EQ(batcher_->Stats().store.tokens, 8u);
+  EXPECT_EQ(batcher_->Stats().store.evicted_tokens, 0u);
+}
+
+// Speculative decoding writes rows for drafts that are then rejected (a
+// corpus that continues the prompt with wrong tokens); only accepted
+// positions are stored, so A' after B still gets a cold run's tokens from
+// A's stored prefix.
+TEST_P(BatcherStoreTest, OnlyAcceptedSpeculativePositionsAreStored) {
+  Make(1, 64, uint64_t{64} << 20);
+  StartRun();
+  const std::vector<int32_t> pa = Prompt(12, 6);
+  const Answer want = Cold(pa, 10);
+  // The prompt's tail and the first token, then wrong ones: the first
+  // decode step's drafts.
+  std::vector<int32_t> corpus(pa.end() - 4, pa.end());
+  corpus.push_back(want.tokens[0]);
+  for (size_t i = 1; i < want.tokens.size(); ++i)
+    corpus.push_back((want.tokens[i] + 1) %
+                     (int32_t)plan_->def().model()->vocab());
+  int64_t cached = -1;
+  const Answer a = Run(pa, 10, &cached, 4, corpus);
+  EXPECT_EQ(a, want);
+  const BatcherStats st = batcher_->Stats();
+  EXPECT_GT(st.drafts_proposed, st.drafts_accepted); // some were rejected
+  Run(Prompt(7, 7), 2, &cached);
+  std::vector<int32_t> pa2 = pa;
+  pa2.insert(pa2.end(), a.tokens.begin(), a.tokens.begin() + 9);
+  pa2.push_back(3);
+  EXPECT_EQ(Run(pa2, 6, &cached, 4), Cold(pa2, 6));
+  EXPECT_EQ(cached, 21); // the prompt and the 9 tokens fed back
+  StopRun();
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, BatcherStoreTest,
+                         ::testing::Values("qwen3-moe", "qwen3", "qwen3-f16",
+                                           "deepseek"),
+                         [](const auto &info) {
+                           std::string p = info.param;
+                           std::replace(p.begin(), p.end(), '-', '_');
+                           return p;
+                         });
 
 // Speculative decoding in the batcher: two requests with lookup drafts (one
 // from a corpus holding its expected text, one from its text alone) and

@@ -20,6 +20,7 @@
 #define DUCK_RUNTIME_BATCHER_H
 
 #include "duck/runtime/engine/Engine.h"
+#include "duck/runtime/serve/PrefixStore.h"
 #include "duck/runtime/serve/TokenChooser.h"
 #include "duck/runtime/session/Speculative.h"
 
@@ -81,7 +82,8 @@ struct GenRequest {
   /// Token ids the lookup also searches (duckrun --lookup-corpus).
   std::vector<int32_t> lookup_corpus;
   /// Once, when the request gets its slot: the prompt tokens whose KV
-  /// cache it takes over from the slot's last sequence (prefix reuse).
+  /// cache it takes over from the slot's last sequence or the prefix
+  /// store (prefix reuse).
   std::function<void(uint32_t cached_tokens)> on_admit;
   /// Once, at the end; `error` is set for kError.
   std::function<void(FinishReason why, const absl::Status &error)> on_done;
@@ -97,12 +99,20 @@ struct BatcherOptions {
   /// skipped are the very rows it would compute (a row depends only on its
   /// token and the cache before it), so results are bit-identical.
   bool reuse_prefix = true;
+  /// With reuse_prefix: bytes of the prefix store (PrefixStore.h; 0:
+  /// none). A slot's tokens that a new request would overwrite go into it
+  /// first, and a request whose prompt shares a longer prefix with a
+  /// stored sequence than with its slot gets those rows copied into its
+  /// slot, bit-identical to computing them.
+  uint64_t kv_budget = 0;
 };
 
 /// A snapshot for /metrics and tests.
 struct BatcherStats {
   uint64_t steps = 0, rows = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t cached_tokens = 0; // prompt tokens taken from a slot's cache
+                              // or the prefix store
+  PrefixStoreStats store;     // the prefix store (zeros: none)
   uint64_t drafts_proposed = 0, drafts_accepted = 0; // speculative
   uint32_t active = 0, queued = 0;
   uint32_t max_decode_rows = 0; // most sequences decoding in one step
@@ -150,6 +160,11 @@ private:
   /// The free slot (index into free_slots_) whose cached tokens share the
   /// longest prefix with `prompt`, and that prefix's length.
   size_t PickSlot(const std::vector<int32_t> &prompt, uint32_t *common) const;
+  /// The prefix store around a request just given slot s.slot, whose
+  /// tokens share `common` with its prompt: the slot's tokens past that go
+  /// into the store first, then the store's rows of the prompt beyond
+  /// s.pos are copied in (s.pos moves on).
+  void UseStore(Seq &s, uint32_t common);
   void Finish(Seq &s, FinishReason why, const absl::Status &error);
   void Step();
   /// This step's rows into chunks_ (and the sequences that sample into
@@ -179,6 +194,7 @@ private:
   std::vector<uint32_t> free_slots_;         // guarded by mu_
   /// For each slot, the tokens at the positions its KV caches hold.
   std::vector<std::vector<int32_t>> slot_tokens_; // Run's thread only
+  std::unique_ptr<PrefixStore> store_;            // Run's thread only
   std::vector<SeqChunk> chunks_;
   std::vector<Seq *> sampling_;
   std::vector<float> logits_;
