@@ -29,6 +29,13 @@
       Every field the server cannot honour yet (tools on completions,
       functions, echo, best_of, suffix) gets a 400 naming it; the same fields asking for nothing
       (empty, zero, false, "none", "text") are answered.
+  serve.py check-prefix-store URL KEY A B A2 EXPECT WANT
+      The prefix store (--kv-budget) on one slot: prompts A, B (sharing
+      nothing with A) and A2 (A and more), token ids: with WANT "store",
+      A2 reuses at least A's tokens though B overwrote the slot, and the
+      store's /metrics gauges say it holds something; with WANT "none"
+      (--kv-budget 0) A2 reuses nothing. Either way A2's text is EXPECT's
+      (the one-shot CLI's for A2, a cold prefill).
   serve.py check-logprobs URL KEY IDS LOGITS
       /v1/completions over the token ids IDS with logprobs 5, greedy, 4
       tokens, streamed and not: each token's logprob and its 5 best
@@ -509,6 +516,49 @@ def check_prefix(argv):
           f"the text is the CLI's; a new prompt reuses none")
 
 
+def check_prefix_store(argv):
+    url, key, a, b, a2, expect_file, want = argv
+    expect = open(expect_file, encoding="utf-8").read()
+    if expect.endswith("\n"):
+        expect = expect[:-1]
+
+    def complete(ids):
+        body = {"model": "any", "prompt": [int(x) for x in ids.split(",")],
+                "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        st, data = request(url, "POST", "/v1/completions", body, key)
+        if st != 200:
+            die(f"check-prefix-store: HTTP {st} {data!r}")
+        r = json.loads(data)
+        return r["choices"][0]["text"], r["usage"]
+
+    complete(a)
+    _, ub = complete(b)
+    if ub["prompt_tokens_details"]["cached_tokens"] != 0:
+        die(f"check-prefix-store: B shares nothing with A but reused: {ub}")
+    text, u2 = complete(a2)
+    na = len(a.split(","))
+    cached = u2["prompt_tokens_details"]["cached_tokens"]
+    if want == "store" and not na <= cached < u2["prompt_tokens"]:
+        die(f"check-prefix-store: A2 ({u2['prompt_tokens']} tokens) extends "
+            f"A ({na}) but reused {cached} after B took the slot: {u2}")
+    if want == "none" and cached != 0:
+        die(f"check-prefix-store: no store, yet A2 reused {cached}")
+    if text != expect:
+        die(f"check-prefix-store: with {cached} cached tokens A2's text is "
+            f"{text!r}, the CLI's {expect!r}")
+    held = metric(url, "duck_prefix_store_bytes")
+    entries = metric(url, "duck_prefix_store_entries")
+    if want == "store" and not (held and held > 0 and entries >= 1):
+        die(f"check-prefix-store: the store holds {held} bytes in {entries} "
+            "entries after A and B left it theirs")
+    if want == "none" and (held or entries):
+        die(f"check-prefix-store: no store, yet {held} bytes, {entries} "
+            "entries")
+    print(f"prefix store ({want}): A2 reused {cached} of "
+          f"{u2['prompt_tokens']} prompt tokens after B; the text is the "
+          "CLI's")
+
+
 def check_speculative(argv):
     """Duck's 'speculative' field: lookup drafts change no answer (greedy
     and sampled with a seed, streamed and not); a bad value is a 400."""
@@ -761,6 +811,7 @@ def main():
      "tool-tokenizer": tool_tokenizer,
      "check-logprobs": check_logprobs,
      "check-prefix": check_prefix,
+     "check-prefix-store": check_prefix_store,
      "check-speculative": check_speculative}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 

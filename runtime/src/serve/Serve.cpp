@@ -29,6 +29,7 @@
 #include <ctime>
 #include <deque>
 #include <dirent.h>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <netdb.h>
@@ -1557,8 +1558,23 @@ void Server::MetricsText(httplib::Response &res) {
   gauge("duck_prompt_tokens_total", "Prompt tokens prefilled.",
         (double)bs.prompt_tokens, "counter");
   gauge("duck_cached_prompt_tokens_total",
-        "Prompt tokens taken from a slot's KV cache (prefix reuse).",
+        "Prompt tokens taken from a slot's KV cache or the prefix store "
+        "(prefix reuse).",
         (double)bs.cached_tokens, "counter");
+  gauge("duck_prefix_store_bytes",
+        "KV cache bytes the prefix store holds (at most --kv-budget).",
+        (double)bs.store.bytes);
+  gauge("duck_prefix_store_budget_bytes", "The prefix store's --kv-budget.",
+        (double)bs.store.budget);
+  gauge("duck_prefix_store_entries",
+        "Entries (radix tree nodes, each a run of tokens) in the prefix "
+        "store.",
+        (double)bs.store.entries);
+  gauge("duck_prefix_store_tokens", "Positions the prefix store holds.",
+        (double)bs.store.tokens);
+  gauge("duck_prefix_store_evicted_tokens_total",
+        "Positions evicted from the prefix store (least recently used).",
+        (double)bs.store.evicted_tokens, "counter");
   gauge("duck_drafts_proposed_total",
         "Speculative drafts sent with a next token.",
         (double)bs.drafts_proposed, "counter");
@@ -1712,6 +1728,23 @@ absl::Status Server::Listen() {
   return absl::OkStatus();
 }
 
+/// --kv-budget: the bytes asked for, or (kKvBudgetAuto) 2 GiB but at most
+/// a quarter of the memory this machine has available now.
+uint64_t KvBudget(uint64_t asked) {
+  const uint64_t dflt = uint64_t{2} << 30;
+  if (asked != kKvBudgetAuto)
+    return asked;
+  std::ifstream in("/proc/meminfo");
+  std::string key, rest;
+  uint64_t kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, rest);
+    if (key == "MemAvailable:")
+      return std::min(dflt, kib * 1024 / 4);
+  }
+  return dflt;
+}
+
 absl::Status Server::Run() {
   SessionOptions so = o_.session;
   so.max_seqs = std::max(1u, o_.parallel);
@@ -1756,6 +1789,7 @@ absl::Status Server::Run() {
   bo.parallel = so.max_seqs;
   bo.queue_limit = o_.queue_limit;
   bo.prefill_chunk = so.prefill_chunk;
+  bo.kv_budget = KvBudget(o_.kv_budget);
   batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
   batcher_->SetAfterStep([this] { AfterStep(); });
   std::thread worker([this] { batcher_->Run(); });
@@ -1763,8 +1797,10 @@ absl::Status Server::Run() {
   {
     std::lock_guard<std::mutex> lock(log_mu_);
     log_ << absl::StrFormat("duckrun serve: ready (%u sequences at once, "
-                            "context %u tokens)",
-                            so.max_seqs, ses_->max_seq())
+                            "context %u tokens); prefix store up to %.0f "
+                            "MiB",
+                            so.max_seqs, ses_->max_seq(),
+                            (double)bo.kv_budget / (1 << 20))
          << std::endl;
   }
 

@@ -1,6 +1,7 @@
 // duckrun: runs a compiled Duck plan: brings up the ducks, prepares their
 // weights through the cache, and generates text.
 #include "duck/runtime/session/Generate.h"
+#include "duck/runtime/serve/PrefixStore.h"
 #include "duck/runtime/serve/Serve.h"
 #include "duck_rt/tool_flags.h"
 
@@ -121,6 +122,12 @@ ABSL_FLAG(std::string, api_key, "",
           "$DUCK_API_KEY, else no key)");
 ABSL_FLAG(uint64_t, max_request_bytes, 1 << 20,
           "serve: larger request bodies get 413");
+ABSL_FLAG(std::string, kv_budget, "auto",
+          "serve: bytes of the prefix store, which keeps the KV caches of "
+          "finished requests beyond the --parallel slots and gives a new "
+          "prompt the longest stored prefix of it (least recently used "
+          "evicted first): 2GiB, 512MiB, 0 (none); auto: 2GiB, at most a "
+          "quarter of the memory available at start");
 ABSL_FLAG(uint32_t, shutdown_grace_seconds, 10,
           "serve: on SIGINT/SIGTERM, let running requests finish this long "
           "before cancelling them");
@@ -218,6 +225,13 @@ int serveMain(const std::vector<char *> &args) {
       so.api_key = k;
   so.max_body_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   so.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  if (const std::string kb = absl::GetFlag(FLAGS_kv_budget); kb != "auto") {
+    if (!duck::runtime::ParseByteSize(kb, &so.kv_budget)) {
+      std::cerr << "duckrun: error: --kv-budget '" << kb
+                << "' is not a size (2GiB, 512MiB, 0, auto)\n";
+      return 2;
+    }
+  }
   {
     duck::runtime::SpeculativeOptions spec;
     if (absl::Status s = ReadSpeculative(&spec); !s.ok()) {
@@ -251,12 +265,15 @@ int main(int argc, char **argv) {
       "          [--temperature T --top-k K --top-p P --seed S]\n"
       "          [--cluster FILE | --cores-per-duck C] [--summary-json F]\n"
       "  duckrun serve <plan-dir> [--host 127.0.0.1] [--port 8080]\n"
-      "          [--parallel N] [--api-key KEY] [--cluster FILE ...]\n\n"
+      "          [--parallel N] [--kv-budget 2GiB] [--api-key KEY]\n"
+      "          [--cluster FILE ...]\n\n"
       "serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, "
       "/v1/completions, streaming or not; GET /v1/models, /health, "
       "/metrics). Up to --parallel requests decode together, one row each "
       "in every duck step; a request gets the same tokens as the one-shot "
-      "run with the same prompt and sampling settings. Listens at once "
+      "run with the same prompt and sampling settings; a prompt sharing a "
+      "prefix with an earlier one (in a slot or the --kv-budget prefix "
+      "store) prefills only the rest. Listens at once "
       "(/health is 503 until the ducks are prepared) and stops on "
       "SIGINT/SIGTERM after letting running requests finish.\n\n"
       "With no --cluster, starts as many local duckd's as the plan has ducks "

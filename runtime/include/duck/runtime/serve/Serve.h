@@ -17,10 +17,15 @@
 #include "absl/status/status.h"
 
 #include <atomic>
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 
 namespace duck::runtime {
+
+/// ServeOptions::kv_budget's default: 2 GiB, at most a quarter of the
+/// memory available when the server starts.
+inline constexpr uint64_t kKvBudgetAuto = ~uint64_t{0};
 
 struct ServeOptions {
   SessionOptions session; // max_seqs is set from parallel
@@ -34,6 +39,10 @@ struct ServeOptions {
   /// Lookup drafts a step for requests that do not say (--speculative
   /// lookup:K; 0: none).
   uint32_t speculative = 0;
+  /// Bytes of the prefix store (--kv-budget; 0: none): the KV caches of
+  /// finished sequences kept beyond the slots, found again by token prefix
+  /// (PrefixStore.h).
+  uint64_t kv_budget = kKvBudgetAuto;
   /// Set by the caller (SIGINT/SIGTERM) to stop serving.
   const std::atomic<bool> *stop = nullptr;
 };
