@@ -11,6 +11,9 @@ PACKAGES=(
   python3-numpy python3-matplotlib python3-jinja2 clang-19 libclang-rt-19-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libzstd-dev nlohmann-json3-dev
   libcpp-httplib-dev pkg-config curl libseccomp-dev dpkg-dev libssl-dev
   universal-ctags
+  # duckrun serve's page is tested in a real browser, headless
+  # (test/e2e/serve-page.test).
+  chromium
 )
 
 # The tokenizer tests fetch the real Qwen3 and DeepSeek-V3 tokenizers with

@@ -10,6 +10,7 @@
 
 #include "duck/runtime/serve/AnswerParser.h"
 #include "duck/runtime/serve/Batcher.h"
+#include "duck/runtime/serve/StatusPage.h"
 #include "duck/runtime/serve/ToolCalls.h"
 
 #include "absl/strings/str_cat.h"
@@ -276,9 +277,6 @@ struct Metrics {
   std::map<std::string, uint64_t> requests; // by "endpoint,status"
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
-  // From the batcher thread after steps (the runner's stats are its own).
-  double judge_gap_us_p50 = 0;
-  std::vector<double> gparam_s;
 
   void Count(const std::string &endpoint, int status) {
     std::lock_guard<std::mutex> lock(mu);
@@ -867,7 +865,9 @@ private:
   void Record(const Job &job);
   void Models(httplib::Response &res);
   void MetricsText(httplib::Response &res);
-  void AfterStep();
+  /// GET /v1/duck/status (StatusPage.h) and the page's files.
+  void StatusJson(const httplib::Request &req, httplib::Response &res);
+  void PageRoutes();
 
   const ServeOptions &o_;
   std::ostream &log_;
@@ -878,10 +878,10 @@ private:
   std::atomic<State> state_{State::kPreparing};
   std::atomic<uint64_t> next_id_{1};
   Metrics metrics_;
+  ClusterStatus status_; // fed by the batcher's thread after each step
   int64_t created_ = 0;
   std::vector<int32_t> eos_, eos_chat_;
   int32_t think_open_ = -1, think_close_ = -1; // Qwen3's <think>, </think>
-  uint64_t steps_seen_ = 0; // AfterStep, on the batcher's thread
   int listen_fd_ = -1;       // the bound socket (Listen)
 };
 
@@ -1517,28 +1517,6 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
       });
 }
 
-void Server::AfterStep() {
-  // Every 32 steps: the judge gap and the ducks' kernel rates.
-  if (++steps_seen_ % 32 != 0)
-    return;
-  const RunnerStats &rs = ses_->runner().stats();
-  std::vector<double> gaps;
-  for (const auto *v : {&rs.decode_steps, &rs.prefill_steps})
-    for (size_t i = v->size() > 512 ? v->size() - 512 : 0; i < v->size(); ++i)
-      gaps.push_back((*v)[i].judge_gap_us);
-  double p50 = 0;
-  if (!gaps.empty()) {
-    std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
-    p50 = gaps[gaps.size() / 2];
-  }
-  std::vector<double> gps;
-  for (size_t r = 0; r < rs.params.size(); ++r)
-    gps.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r] : 0);
-  std::lock_guard<std::mutex> lock(metrics_.mu);
-  metrics_.judge_gap_us_p50 = p50;
-  metrics_.gparam_s = std::move(gps);
-}
-
 void Server::MetricsText(httplib::Response &res) {
   std::string out;
   const BatcherStats bs = batcher_ ? batcher_->Stats() : BatcherStats();
@@ -1601,18 +1579,53 @@ void Server::MetricsText(httplib::Response &res) {
   gauge("duck_judge_gap_us",
         "Median dispatch gap of the recent duck steps "
         "(microseconds).",
-        metrics_.judge_gap_us_p50);
+        std::max(0.0, status_.JudgeGapUs()));
   out += "# HELP duck_kernel_gparam_per_second fp9 weights a second in each "
          "duck's kernels (billions).\n# TYPE duck_kernel_gparam_per_second "
          "gauge\n";
-  for (size_t r = 0; r < metrics_.gparam_s.size(); ++r)
+  const std::vector<double> gps = status_.Gparams();
+  for (size_t r = 0; r < gps.size(); ++r)
     absl::StrAppend(&out, "duck_kernel_gparam_per_second{duck=\"", r, "\"} ",
-                    metrics_.gparam_s[r], "\n");
+                    std::max(0.0, gps[r]), "\n");
   metrics_.ttft.Write(out, "duck_ttft_seconds",
                       "Time to first token, from the request's arrival.");
   metrics_.tpot.Write(out, "duck_tpot_seconds",
                       "Time a generated token after the first, a request.");
   res.set_content(out, "text/plain; version=0.0.4");
+}
+
+void Server::StatusJson(const httplib::Request &req, httplib::Response &res) {
+  if (!Authorized(req, res))
+    return;
+  const BatcherStats bs = batcher_ ? batcher_->Stats() : BatcherStats();
+  const State s = state_.load();
+  const char *state = s == State::kReady       ? "ok"
+                      : s == State::kPreparing ? "preparing"
+                                               : "stopping";
+  json out = status_.Json(bs, state, now());
+  out["model"] = ses_->name();
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(Dump(out), "application/json");
+}
+
+void Server::PageRoutes() {
+  // The page's files hold no data: they are served without the key, and
+  // the page asks for it to call /v1/duck/status and the API.
+  for (const char *path : {"/", "/app.js", "/style.css"})
+    http_.Get(path, [](const httplib::Request &req, httplib::Response &res) {
+      const PageFile *f = FindPageFile(req.path);
+      if (!f) {
+        SetError(res, 404, "no such file", "invalid_request_error");
+        return;
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(reinterpret_cast<const char *>(f->data), f->size,
+                      f->type);
+    });
+  http_.Get("/v1/duck/status",
+            [this](const httplib::Request &req, httplib::Response &res) {
+              StatusJson(req, res);
+            });
 }
 
 void Server::Routes() {
@@ -1698,6 +1711,7 @@ void Server::Routes() {
 
 absl::Status Server::Listen() {
   Routes();
+  PageRoutes();
   http_.set_payload_max_length(o_.max_body_bytes);
   const size_t threads = o_.parallel + o_.queue_limit + 1024;
   http_.set_socket_options([this](int sock) {
@@ -1791,7 +1805,9 @@ absl::Status Server::Run() {
   bo.prefill_chunk = so.prefill_chunk;
   bo.kv_budget = KvBudget(o_.kv_budget);
   batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
-  batcher_->SetAfterStep([this] { AfterStep(); });
+  status_.Start(*ses_, now());
+  batcher_->SetAfterStep(
+      [this] { status_.AfterStep(*ses_, batcher_->Stats(), now()); });
   std::thread worker([this] { batcher_->Run(); });
   state_.store(State::kReady);
   {

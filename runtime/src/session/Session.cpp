@@ -426,7 +426,8 @@ void SizeStepBuffers(const pl::PlanDef &def, uint32_t rows,
 /// a line saying what each duck's cache did (unless quiet).
 absl::Status PrepareWeights(DuckClient &client,
                             const std::vector<std::string> &images,
-                            const SessionOptions &o, std::ostream &log) {
+                            const SessionOptions &o, std::ostream &log,
+                            PrepareReport *report) {
   PrepareOptions po;
   po.invalidate = o.invalidate_cache;
   po.cancel = o.cancel;
@@ -450,6 +451,7 @@ absl::Status PrepareWeights(DuckClient &client,
   }
   if (o.cancel && o.cancel->load())
     return absl::CancelledError("interrupted");
+  *report = *prep;
   if (!o.quiet) {
     std::vector<std::string> what;
     for (size_t r = 0; r < prep->result.size(); ++r)
@@ -547,7 +549,7 @@ absl::Status Session::Start(std::ostream &log) {
 
   for (uint32_t r = 0; r < tp; ++r)
     images_.push_back(plan_->ImagePath(r));
-  DUCK_RETURN_IF_ERROR(PrepareWeights(*client_, images_, o, log));
+  DUCK_RETURN_IF_ERROR(PrepareWeights(*client_, images_, o, log, &prepare_));
   DUCK_ASSIGN_OR_RETURN(elf_, ReadDuckElf());
   if (absl::Status st = client_->Open(elf_); !st.ok())
     return st;

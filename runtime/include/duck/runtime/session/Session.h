@@ -89,6 +89,12 @@ public:
   Engine &engine() { return *engine_; }
   const Engine &engine() const { return *engine_; }
   const ClusterFfnRunner &runner() const { return *runner_; }
+  /// The ducks' connections (once Start has succeeded). A duck brought
+  /// back mid-run replaces it, on the thread that runs the engine.
+  const DuckClient &client() const { return *client_; }
+  /// What each duck's weight cache did at Start (hit, partial, miss) and
+  /// the bytes uploaded to it.
+  const PrepareReport &prepare_report() const { return prepare_; }
   uint32_t max_seq() const { return max_seq_; }
   uint32_t ducks() const;
   bool local() const { return local_ != nullptr; }
@@ -154,6 +160,7 @@ private:
   DuckClientOptions co_;
   std::vector<DuckEndpoint> spares_; // the cluster file's, not yet used
   std::unique_ptr<DuckClient> client_;
+  PrepareReport prepare_;
   std::vector<std::string> images_;
   std::vector<uint8_t> elf_;
   std::unique_ptr<ClusterFfnRunner> runner_;
