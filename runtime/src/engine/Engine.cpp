@@ -41,23 +41,28 @@ uint64_t Engine::kv_bytes_per_token() const {
 }
 
 void Engine::SaveKv(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *out) {
-  const uint64_t stride = kv_bytes_per_token();
-  uint64_t at = 0;
-  for (const auto &op : ops_) {
-    op->CopyKv(seq, pos, n, out + at, stride, /*save=*/true);
-    at += op->KvBytesPerToken();
-  }
+  CopyKvRows(seq, pos, n, out, /*save=*/true);
 }
 
 void Engine::LoadKv(uint32_t seq, uint32_t pos, uint32_t n, const uint8_t *in) {
+  // CopyKv only reads `buf` when it loads.
+  CopyKvRows(seq, pos, n, const_cast<uint8_t *>(in), /*save=*/false);
+}
+
+void Engine::CopyKvRows(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *buf,
+                        bool save) {
   const uint64_t stride = kv_bytes_per_token();
-  uint64_t at = 0;
-  for (const auto &op : ops_) {
-    // CopyKv only reads `buf` when it loads.
-    op->CopyKv(seq, pos, n, const_cast<uint8_t *>(in) + at, stride,
-               /*save=*/false);
-    at += op->KvBytesPerToken();
-  }
+  // Positions split over the host threads: a long sequence's rows are
+  // hundreds of MB on a large model, and one thread's copy is slower than
+  // the memory.
+  pool_->ParallelFor(n, [&](uint64_t b, uint64_t e) {
+    uint64_t at = 0;
+    for (const auto &op : ops_) {
+      op->CopyKv(seq, pos + b, (uint32_t)(e - b), buf + b * stride + at, stride,
+                 save);
+      at += op->KvBytesPerToken();
+    }
+  });
 }
 
 absl::StatusOr<std::unique_ptr<Engine>>

@@ -211,6 +211,7 @@ TEST_P(EngineTest, SavedCacheRowsContinueLikeAColdRun) {
     o.max_seqs = 2;
     o.max_rows = 9;
     o.kv_f16 = f16;
+    o.threads = 3; // the copies split positions over the pool
     const std::vector<int32_t> prompt = Prompt(12, 3), other = Prompt(12, 8);
     const int32_t next = 7;
     std::vector<float> cold, out;

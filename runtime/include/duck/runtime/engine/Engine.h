@@ -179,6 +179,9 @@ private:
   absl::Status RunChunk(absl::Span<const int32_t> tokens,
                         std::vector<float> *out_logits, bool logits = true);
   absl::Status RunRows(bool prefill, std::vector<float> *out_logits);
+  /// SaveKv (save) and LoadKv.
+  void CopyKvRows(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *buf,
+                  bool save);
 
   const LoadedPlan *plan_ = nullptr;
   FfnRunner *runner_ = nullptr;
