@@ -138,7 +138,9 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
   r.mla = modelIsMla(base.modelDir);
   const bool links = base.cluster.cost.hostLinkGbps > 0 ||
                      !base.cluster.cost.duckLinkGbps.empty();
-  r.byHeadsOpen = r.projOpen && base.mlaAbsorb == "host" &&
+  // (--mla-absorb fixes an MLA's choice; a GQA model has nothing to absorb,
+  // so the flag leaves its by-heads candidates open.)
+  r.byHeadsOpen = r.projOpen && (base.mlaAbsorb == "host" || !r.mla) &&
                   base.oProj != "heads" && (r.mla || links);
   std::vector<Candidate> all = cost::enumerateCandidates(r);
   // Each candidate is a dry-run layout of its own (DeepSeek-V3.2 with --tp
