@@ -137,8 +137,20 @@ def check_status(argv):
         die(f"active sequences during one stream: at most {seen_active}")
     print("status: one active sequence during a stream")
 
-    s = status(url, key)
-    gp = metrics_gparams(url)
+    # The answer is out before the batcher has ended the step that made
+    # its last token (and fed the status after it): wait for an idle
+    # server and a status that stays put while /metrics is read.
+    deadline = time.time() + 20
+    while True:
+        s = status(url, key)
+        gp = metrics_gparams(url)
+        again = status(url, key)
+        if s["active_sequences"] == 0 and [d["kernel_gparam_s"] for d in s["ducks"]] \
+                == [d["kernel_gparam_s"] for d in again["ducks"]]:
+            break
+        if time.time() > deadline:
+            die(f"not idle 20 s after the stream: {s}")
+        time.sleep(0.1)
     for d in s["ducks"]:
         g = d["kernel_gparam_s"]
         if g is None or g <= 0 or abs(g - gp.get(d["index"], -1)) > 1e-5 * g:
