@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # docs/serve-page.png: duckrun serve's page in Debian's chromium, headless,
 # on the tests' tiny Qwen3-MoE (random weights, 2 local ducks) while four
-# clients keep streaming for a minute (test/serve/page.py screenshot).
+# clients keep streaming for 110 s (test/serve/page.py screenshot).
 #   utils/serve-page-screenshot.sh [OUT.png] [SECONDS]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DUCK_BIN:-$ROOT/build/bin}
 OUT=$(realpath -m "${1:-$ROOT/docs/serve-page.png}")
-SECONDS_=${2:-60}
+SECONDS_=${2:-110}
 WORK=$(mktemp -d)
 trap 'python3 "$ROOT/test/serve/serve.py" stop "$WORK" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 "$BIN/duck-mkmodel" --preset tiny-qwen3-moe --dtype fp8 --seed 1 -q -o "$WORK/m"
