@@ -8,10 +8,27 @@
 
 namespace duck::runtime {
 
-PrefixStore::PrefixStore(uint64_t budget_bytes, uint64_t bytes_per_token)
-    : budget_(budget_bytes), bpt_(bytes_per_token) {}
+PrefixStore::PrefixStore(uint64_t budget_bytes, uint64_t bytes_per_token,
+                         uint32_t page_tokens)
+    : budget_(budget_bytes), bpt_(bytes_per_token),
+      page_tokens_(std::max(1u, page_tokens)),
+      page_bytes_(page_tokens_ * bytes_per_token) {}
 
 PrefixStore::~PrefixStore() = default;
+
+PrefixStore::Page PrefixStore::NewPage() {
+  bytes_ += page_bytes_;
+  // Not zeroed: every row is written before a node that covers it exists.
+  return Page(new uint8_t[page_bytes_], [this](uint8_t *p) {
+    delete[] p;
+    bytes_ -= page_bytes_;
+  });
+}
+
+uint8_t *PrefixStore::Row(const Node *n, uint32_t p) const {
+  const uint64_t page = p / page_tokens_ - n->depth / page_tokens_;
+  return n->pages[page].get() + (p % page_tokens_) * bpt_;
+}
 
 uint32_t PrefixStore::Walk(absl::Span<const int32_t> tokens, Node **last,
                            uint32_t *partial) const {
@@ -80,9 +97,13 @@ void PrefixStore::Read(absl::Span<const int32_t> tokens, uint32_t from,
     uint32_t k = i; // past the stored prefix (a caller's bug) it stops
     while (k < end && k < tokens.size() && n->key[k - i] == tokens[k])
       ++k;
-    const uint32_t lo = std::max(from, i);
-    if (lo < k)
-      load(lo, k - lo, n->rows.data() + (uint64_t)(lo - i) * bpt_);
+    // A piece a page.
+    for (uint32_t p = std::max(from, i); p < k;) {
+      const uint32_t stop = (uint32_t)std::min<uint64_t>(
+          k, (p / page_tokens_ + 1) * page_tokens_);
+      load(p, stop - p, Row(n, p));
+      p = stop;
+    }
     if (k < edge)
       return;
     i = k;
@@ -93,13 +114,17 @@ PrefixStore::Node *PrefixStore::Split(Node *n, uint32_t k) {
   Node *parent = n->parent;
   auto upper = std::make_unique<Node>();
   upper->key.assign(n->key.begin(), n->key.begin() + k);
-  upper->rows.assign(n->rows.begin(), n->rows.begin() + (uint64_t)k * bpt_);
+  // The pages of [depth, q) and of [q, end): the one q is in, if q is not
+  // its first position, goes to both.
+  const uint64_t q = n->depth + k, first = n->depth / page_tokens_;
+  upper->pages.assign(n->pages.begin(),
+                      n->pages.begin() + ((q - 1) / page_tokens_ - first + 1));
   upper->parent = parent;
   upper->depth = n->depth;
   upper->used = n->used;
   n->key.erase(n->key.begin(), n->key.begin() + k);
-  n->rows.erase(n->rows.begin(), n->rows.begin() + (uint64_t)k * bpt_);
-  n->rows.shrink_to_fit();
+  n->pages.erase(n->pages.begin(),
+                 n->pages.begin() + (q / page_tokens_ - first));
   n->depth += k;
   n->parent = upper.get();
   std::unique_ptr<Node> &slot = parent->children[upper->key[0]];
@@ -117,11 +142,11 @@ bool PrefixStore::MakeRoom(uint64_t need, uint64_t tick) {
     Node *victim = leaves_.begin()->second;
     leaves_.erase(leaves_.begin());
     Node *parent = victim->parent;
-    bytes_ -= victim->rows.size();
     tokens_ -= victim->key.size();
     evicted_ += victim->key.size();
     --entries_;
-    parent->children.erase(victim->key[0]);
+    const int32_t first = victim->key[0]; // erase destroys the victim
+    parent->children.erase(first);
     if (parent != &root_ && parent->children.empty())
       SetLeaf(parent, true);
   }
@@ -143,25 +168,39 @@ void PrefixStore::Insert(absl::Span<const int32_t> tokens, const SaveRows &save,
   Touch(last, tick);
   if (have >= tokens.size())
     return;
+  // Pages of its own from the page `have` is in.
+  const uint64_t firstPage = have / page_tokens_;
+  const auto pagesFor = [&](uint64_t n) {
+    return (have + n + page_tokens_ - 1) / page_tokens_ - firstPage;
+  };
   uint64_t n = tokens.size() - have;
-  if (!MakeRoom(n * bpt_, tick))
-    n = bytes_ < budget_ ? (budget_ - bytes_) / bpt_ : 0;
+  if (!MakeRoom(pagesFor(n) * page_bytes_, tick)) {
+    // As many positions as the pages that fit now hold.
+    const uint64_t pages =
+        bytes_ < budget_ ? (budget_ - bytes_) / page_bytes_ : 0;
+    n = pages ? std::min(n, (firstPage + pages) * page_tokens_ - have) : 0;
+  }
   if (n == 0)
     return;
   if (partial)
     last = Split(last, partial);
   auto leaf = std::make_unique<Node>();
   leaf->key.assign(tokens.begin() + have, tokens.begin() + have + n);
-  leaf->rows.resize(n * bpt_);
   leaf->parent = last;
   leaf->depth = have;
   leaf->used = tick;
-  save(have, (uint32_t)n, leaf->rows.data());
+  for (uint64_t i = pagesFor(n); i-- > 0;)
+    leaf->pages.push_back(NewPage());
+  for (uint64_t p = have; p < have + n;) {
+    const uint64_t stop =
+        std::min(have + n, (p / page_tokens_ + 1) * page_tokens_);
+    save((uint32_t)p, (uint32_t)(stop - p), Row(leaf.get(), (uint32_t)p));
+    p = stop;
+  }
   if (last != &root_ && last->children.empty())
     SetLeaf(last, false);
   SetLeaf(leaf.get(), true);
   last->children[leaf->key[0]] = std::move(leaf);
-  bytes_ += n * bpt_;
   tokens_ += n;
   ++entries_;
 }

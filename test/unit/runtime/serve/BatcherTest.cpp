@@ -379,9 +379,11 @@ TEST_P(BatcherStoreTest, AConversationComesBackAfterAnotherTookTheSlot) {
     EXPECT_EQ(st.cached_tokens, budget ? 15u : 0u);
     if (budget) {
       // A's 15 positions went in when B took the slot, B's 12 when A'
-      // did (the store keeps them; A' itself is still in the slot).
+      // did (the store keeps them; A' itself is still in the slot): a page
+      // each.
       EXPECT_EQ(st.store.tokens, 27u);
-      EXPECT_EQ(st.store.bytes, 27 * engine_->kv_bytes_per_token());
+      EXPECT_EQ(st.store.bytes,
+                2 * PrefixStore::kPageTokens * engine_->kv_bytes_per_token());
       EXPECT_EQ(st.store.entries, 2u);
       EXPECT_EQ(st.store.budget, budget);
     } else {
@@ -390,24 +392,26 @@ TEST_P(BatcherStoreTest, AConversationComesBackAfterAnotherTookTheSlot) {
   }
 }
 
-// A budget of 8 positions keeps A's first 8: A' reuses those, and the
-// rest it computes gives the same tokens. B does not fit beside them and
-// does not evict them: A' is about to read them.
+// A budget of a page and a half keeps the first page of A's 21 positions
+// (16): A' reuses those, and the rest it computes gives the same tokens.
+// B does not fit beside them and does not evict them: A' is about to read
+// them.
 TEST_P(BatcherStoreTest, ASmallBudgetKeepsWhatFits) {
   Make(1);
-  const uint64_t bpt = engine_->kv_bytes_per_token();
-  Make(1, 64, 8 * bpt + bpt / 2);
+  const uint64_t page =
+      engine_->kv_bytes_per_token() * PrefixStore::kPageTokens;
+  Make(1, 64, page + page / 2);
   StartRun();
-  const auto pa = Prompt(12, 4), pb = Prompt(9, 5);
+  const auto pa = Prompt(20, 4), pb = Prompt(9, 5);
   int64_t cached = -1;
   Run(pa, 2, &cached);
   Run(pb, 2, &cached);
   std::vector<int32_t> pa2 = pa;
   pa2.push_back(pa[0] == 5 ? 6 : 5);
   EXPECT_EQ(Run(pa2, 4, &cached), Cold(pa2, 4));
-  EXPECT_EQ(cached, 8);
+  EXPECT_EQ(cached, 16);
   StopRun();
-  EXPECT_EQ(batcher_->Stats().store.tokens, 8u);
+  EXPECT_EQ(batcher_->Stats().store.tokens, 16u);
   EXPECT_EQ(batcher_->Stats().store.evicted_tokens, 0u);
 }
 

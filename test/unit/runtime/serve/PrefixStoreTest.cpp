@@ -2,6 +2,7 @@
 // ids whose nodes hold rows (here 4 bytes a position: the position and
 // the token, as a cache row depends on both and on what came before),
 // found by longest prefix, evicted least recently used under a budget.
+// Pages of one position unless a test is about pages.
 #include "duck/runtime/serve/PrefixStore.h"
 
 #include <gtest/gtest.h>
@@ -68,7 +69,7 @@ void Insert(PrefixStore &s, const std::vector<int32_t> &tokens,
 }
 
 TEST(PrefixStore, FindsTheLongestStoredPrefixTokenByToken) {
-  PrefixStore s(1 << 20, kRow);
+  PrefixStore s(1 << 20, kRow, 1);
   ASSERT_TRUE(s.enabled());
   EXPECT_EQ(s.Find({1, 2, 3}), 0u);
   const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6}, b = {1, 2, 3, 9, 9};
@@ -103,7 +104,7 @@ TEST(PrefixStore, FindsTheLongestStoredPrefixTokenByToken) {
 // Budget of 10 positions: a (6) and b (4) fill it; c needs 4 more, so the
 // least recently used leaf goes, and a Find counts as a use.
 TEST(PrefixStore, EvictsLeastRecentlyUsedLeavesUnderTheBudget) {
-  PrefixStore s(10 * kRow, kRow);
+  PrefixStore s(10 * kRow, kRow, 1);
   const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6}, b = {7, 8, 9, 10},
                              c = {11, 12, 13, 14};
   Insert(s, a);
@@ -130,7 +131,7 @@ TEST(PrefixStore, EvictsLeastRecentlyUsedLeavesUnderTheBudget) {
 // An interior node is evicted only once its children have gone: it
 // becomes a leaf with the last use of any path through it.
 TEST(PrefixStore, AnInteriorNodeGoesAfterItsChildren) {
-  PrefixStore s(9 * kRow, kRow);
+  PrefixStore s(9 * kRow, kRow, 1);
   Insert(s, {1, 2, 3, 4, 5}); // [1,2,3] then [4,5] once b splits it
   Insert(s, {1, 2, 3, 6, 7}); // [6,7]
   Insert(s, {8, 9});          // 9 positions: full
@@ -151,7 +152,7 @@ TEST(PrefixStore, AnInteriorNodeGoesAfterItsChildren) {
 // A prompt about to be read (keep) and the sequence being stored are not
 // evicted for it; what does not fit then is stored as far as it fits.
 TEST(PrefixStore, KeepsThePromptBeingReadAndStoresWhatFits) {
-  PrefixStore s(8 * kRow, kRow);
+  PrefixStore s(8 * kRow, kRow, 1);
   const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6};
   Insert(s, a);
   uint64_t saved = 0;
@@ -167,9 +168,52 @@ TEST(PrefixStore, KeepsThePromptBeingReadAndStoresWhatFits) {
   EXPECT_EQ(s.Find({50, 51, 52, 53, 54, 55, 56, 57, 58, 59}), 8u);
 }
 
-TEST(PrefixStore, ABudgetUnderOnePositionDisablesIt) {
-  for (uint64_t budget : {uint64_t{0}, kRow - 1}) {
-    PrefixStore s(budget, kRow);
+// Pages of 4 positions: splitting an edge copies nothing (the halves
+// share the page they meet in), a new branch starts a page of its own, and
+// a page's bytes go only with the last node that uses it.
+TEST(PrefixStore, PagesAreSharedAcrossASplitAndFreedWithTheirLastNode) {
+  const uint64_t page = 4 * kRow;
+  PrefixStore s(5 * page, kRow, 4);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+                             b = {1, 2, 3, 4, 5, 6, 20, 21, 22};
+  uint64_t saved = 0;
+  Insert(s, a, &saved);
+  EXPECT_EQ(saved, 10u);
+  EXPECT_EQ(s.stats().bytes, 3 * page); // positions 0-3, 4-7, 8-9
+  // b leaves a after 6 positions, inside a's second page: a's edge splits
+  // with nothing copied; b's 3 positions take a second page of their own
+  // (6, 7) and a third (8).
+  Insert(s, b, &saved);
+  EXPECT_EQ(saved, 3u);
+  EXPECT_EQ(s.stats().bytes, 5 * page);
+  EXPECT_EQ(s.stats().entries, 3u);
+  EXPECT_EQ(ReadRows(s, a, 0, 10), Expected(a, 0, 10));
+  EXPECT_EQ(ReadRows(s, b, 3, 9), Expected(b, 3, 9));
+  // Full. c needs a page: a's tail ([7..10], the least recently used
+  // leaf) goes, but of its two pages only the last is freed: the other
+  // still holds positions 4 and 5 of [1..6].
+  EXPECT_EQ(s.Find(b), 9u);
+  const std::vector<int32_t> c = {50, 51, 52};
+  Insert(s, c);
+  EXPECT_EQ(s.stats().evicted_tokens, 4u);
+  EXPECT_EQ(s.stats().bytes, 5 * page);
+  EXPECT_EQ(s.Find(a), 6u);
+  EXPECT_EQ(ReadRows(s, a, 0, 6), Expected(a, 0, 6));
+  EXPECT_EQ(s.Find(b), 9u);
+  EXPECT_EQ(ReadRows(s, b, 0, 9), Expected(b, 0, 9));
+  EXPECT_EQ(s.Find(c), 3u);
+  // A sequence larger than the budget is stored to the end of the pages
+  // that fit: 8 of a's 10 positions in 2 pages.
+  PrefixStore t(2 * page, kRow, 4);
+  Insert(t, a, &saved);
+  EXPECT_EQ(saved, 8u);
+  EXPECT_EQ(t.Find(a), 8u);
+  EXPECT_EQ(t.stats().bytes, 2 * page);
+}
+
+TEST(PrefixStore, ABudgetUnderOnePageDisablesIt) {
+  for (uint64_t budget : {uint64_t{0}, kRow - 1, 4 * kRow - 1}) {
+    PrefixStore s(budget, kRow, budget < kRow ? 1 : 4);
     EXPECT_FALSE(s.enabled());
     uint64_t saved = 0;
     Insert(s, {1, 2, 3}, &saved);

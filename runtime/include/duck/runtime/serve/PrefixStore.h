@@ -10,13 +10,17 @@
 // depends only on its token and the rows before it, so the rows found are
 // the very rows a cold prefill would compute.
 //
-// The store holds at most `budget` bytes of rows (bytes_per_token a
-// position, every attention cache of the engine together); inserting past
-// it evicts whole leaves, least recently used first (a node's use is the
-// last Find or Insert whose path went through it), and a sequence that
-// does not fit even then is stored as far as it does. A budget under one
-// position's bytes disables the store. Not thread-safe: the batcher's
-// thread owns it.
+// Rows live in pages of `page_tokens` positions (bytes_per_token a
+// position, every attention cache of the engine together), aligned to
+// positions (page i: positions i x page_tokens on), so that splitting an
+// edge copies nothing: the two halves share the page they meet in. A new
+// branch starts a page of its own (the positions before it in that page
+// stay unused). The store holds at most `budget` bytes of pages; inserting
+// past it evicts whole leaves, least recently used first (a node's use is
+// the last Find or Insert whose path went through it; a page goes when no
+// node uses it), and a sequence that does not fit even then is stored as
+// far as it does. A budget under one page disables the store. Not
+// thread-safe: the batcher's thread owns it.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_PREFIXSTORE_H
 #define DUCK_RUNTIME_PREFIXSTORE_H
@@ -36,7 +40,7 @@ namespace duck::runtime {
 
 struct PrefixStoreStats {
   uint64_t budget = 0;         // bytes
-  uint64_t bytes = 0;          // rows held (positions x bytes_per_token)
+  uint64_t bytes = 0;          // pages held (page_tokens positions each)
   uint64_t tokens = 0;         // positions held
   uint64_t entries = 0;        // radix tree nodes (edges)
   uint64_t evicted_tokens = 0; // positions evicted so far
@@ -45,19 +49,22 @@ struct PrefixStoreStats {
 class PrefixStore {
 public:
   /// Fills `n` positions' rows, from position `pos` of the sequence being
-  /// stored, into `out` (n x bytes_per_token bytes, position-major).
+  /// stored, into `out` (n x bytes_per_token bytes, position-major); asked
+  /// once a page or part of one.
   using SaveRows = std::function<void(uint32_t pos, uint32_t n, uint8_t *out)>;
   /// Takes `n` positions' rows, for position `pos` on, from `in`.
   using LoadRows =
       std::function<void(uint32_t pos, uint32_t n, const uint8_t *in)>;
 
-  PrefixStore(uint64_t budget_bytes, uint64_t bytes_per_token);
+  static constexpr uint32_t kPageTokens = 16;
+  PrefixStore(uint64_t budget_bytes, uint64_t bytes_per_token,
+              uint32_t page_tokens = kPageTokens);
   ~PrefixStore();
   PrefixStore(const PrefixStore &) = delete;
   PrefixStore &operator=(const PrefixStore &) = delete;
 
-  /// False when the budget holds not even one position.
-  bool enabled() const { return budget_ >= bpt_ && bpt_ > 0; }
+  /// False when the budget holds not even one page.
+  bool enabled() const { return bpt_ > 0 && budget_ >= page_bytes_; }
 
   /// The length of the longest stored prefix of `tokens` (0 when
   /// disabled); its nodes count as used now.
@@ -76,14 +83,20 @@ public:
   PrefixStoreStats stats() const;
 
 private:
+  using Page = std::shared_ptr<uint8_t>; // page_tokens x bpt_ bytes
   struct Node {
-    std::vector<int32_t> key;  // the edge's tokens
-    std::vector<uint8_t> rows; // key.size() x bpt_ bytes
+    std::vector<int32_t> key; // the edge's tokens
+    /// The pages of its positions, the first holding position `depth`.
+    std::vector<Page> pages;
     std::map<int32_t, std::unique_ptr<Node>> children; // by first token
     Node *parent = nullptr;
     uint32_t depth = 0; // positions before the edge
     uint64_t used = 0;  // tick of the last use
   };
+  /// The row of position `p` (in n's edge).
+  uint8_t *Row(const Node *n, uint32_t p) const;
+  /// A new page (its bytes counted until the last node using it goes).
+  Page NewPage();
   /// Walks the longest stored prefix of `tokens`: its length, and the
   /// deepest node reached (the last one may match only part of its edge,
   /// `*partial` then says how much; 0: whole).
@@ -98,10 +111,10 @@ private:
   bool MakeRoom(uint64_t need, uint64_t tick);
   void SetLeaf(Node *n, bool leaf);
 
-  uint64_t budget_, bpt_;
-  Node root_;
+  uint64_t budget_, bpt_, page_tokens_, page_bytes_;
   uint64_t tick_ = 0;
   uint64_t bytes_ = 0, tokens_ = 0, entries_ = 0, evicted_ = 0;
+  Node root_; // after bytes_: its pages' deleters count down bytes_
   std::set<std::pair<uint64_t, Node *>> leaves_; // (used, node), LRU first
 };
 
