@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Prefix reuse against a cold prefill, on a running `duckrun serve`.
 
-A second turn that adds --extra tokens to a --prefix-token prompt the slot
-already holds, against the same-length prompt sent after the slot was
-cleared (an unrelated short request in between), alternated for --rounds
-rounds. The server should run with --parallel 1, so that "the slot" is one.
-Prints each round's time to first token (TTFT: request sent -> first chunk
-with text) cold and warm, the cached_tokens the server reports, and the
-median ratio. Only loopback servers.
+A second turn that adds --extra new tokens to a --prefix-token prompt the
+slot already holds, against a same-length prompt with a prefix never sent
+before (cold), alternated for --rounds rounds. The server should run with
+--parallel 1, so that "the slot" is one. With --between N an unrelated
+N-token request runs between the first turn and the warm one, so the slot
+no longer holds the prefix and the warm turn finds it in the prefix store
+(--kv-budget) instead. Prints each round's time to first token (TTFT:
+request sent -> first chunk with text) cold and warm, the cached_tokens
+the server reports, and the median ratio. Only loopback servers.
 
     utils/bench-prefix.py --url http://127.0.0.1:8080 --prefix 1000 --extra 20
 """
@@ -57,19 +59,28 @@ def main():
     a.add_argument("--prefix", type=int, default=1000)
     a.add_argument("--extra", type=int, default=20)
     a.add_argument("--rounds", type=int, default=3)
+    a.add_argument("--between", type=int, default=0,
+                   help="tokens of a request between the turns (0: none)")
     a.add_argument("--vocab", type=int, default=1000, help="ids drawn below this")
+    a.add_argument("--seed", type=int, default=1,
+                   help="of the ids (another for a second run on one server)")
     a = a.parse_args()
-    rng = random.Random(1)
+    rng = random.Random(a.seed)
     ratios = []
     for rnd in range(a.rounds):
         prefix = [rng.randrange(10, a.vocab) for _ in range(a.prefix)]
         x = [rng.randrange(10, a.vocab) for _ in range(a.extra)]
         y = [rng.randrange(10, a.vocab) for _ in range(a.extra)]
+        z = [rng.randrange(10, a.vocab) for _ in range(a.extra)]
         stream(a.url, a.api_key, [3, 4, 5])        # the slot cleared
         cold, uc = stream(a.url, a.api_key, prefix + y)
         stream(a.url, a.api_key, [3, 4, 5])
         stream(a.url, a.api_key, prefix + x)       # the first turn
-        warm, uw = stream(a.url, a.api_key, prefix + y)
+        if a.between:                              # takes the slot
+            stream(a.url, a.api_key,
+                   [rng.randrange(10, a.vocab) for _ in range(a.between)])
+        # New after the prefix (prefix + y itself is stored by now).
+        warm, uw = stream(a.url, a.api_key, prefix + z)
         cached = uw["prompt_tokens_details"]["cached_tokens"]
         cold_cached = uc["prompt_tokens_details"]["cached_tokens"]
         ratios.append(cold / warm)
