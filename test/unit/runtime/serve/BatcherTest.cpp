@@ -314,14 +314,7 @@ protected:
     Rec r;
     Answer out;
     std::atomic<int64_t> c{-1};
-    GenRequest g = Request(&r, prompt, n);
-    g.on_admit = [&](uint32_t k) { c = k; };
-    g.top_logprobs = kTop;
-    g.on_logprobs = [&](int32_t, const TokenLogprobs &lp) {
-      out.logprobs.push_back(lp.logprob);
-      for (const auto &[id, v] : lp.top)
-        out.logprobs.push_back(v);
-    };
+    GenRequest g = Recording(&r, prompt, n, &out, &c);
     g.speculative = speculative;
     g.lookup_corpus = std::move(corpus);
     Submit(std::move(g));
@@ -329,6 +322,20 @@ protected:
     *cached = c.load();
     out.tokens = r.tokens;
     return out;
+  }
+  /// A request recording into `rec` and `out` (tokens when done) and the
+  /// cached tokens its admission reports into `cached`.
+  GenRequest Recording(Rec *rec, const std::vector<int32_t> &prompt, uint32_t n,
+                       Answer *out, std::atomic<int64_t> *cached) {
+    GenRequest g = Request(rec, prompt, n);
+    g.on_admit = [cached](uint32_t k) { *cached = k; };
+    g.top_logprobs = kTop;
+    g.on_logprobs = [out](int32_t, const TokenLogprobs &lp) {
+      out->logprobs.push_back(lp.logprob);
+      for (const auto &[id, v] : lp.top)
+        out->logprobs.push_back(v);
+    };
+    return g;
   }
   /// What `prompt` gets alone, one-shot on its own engine (Alone's tokens).
   Answer Cold(const std::vector<int32_t> &prompt, uint32_t n) {
@@ -443,6 +450,48 @@ TEST_P(BatcherStoreTest, OnlyAcceptedSpeculativePositionsAreStored) {
   EXPECT_EQ(Run(pa2, 6, &cached, 4), Cold(pa2, 6));
   EXPECT_EQ(cached, 21); // the prompt and the 9 tokens fed back
   StopRun();
+}
+
+// Two slots: A and B, then C and D together (both slots overwritten, A
+// and B into the store), then A' and B' together: admitted in one round,
+// each gets its own stored prefix copied into its slot while the other
+// is admitted beside it, and both decode together to a cold run's answer.
+TEST_P(BatcherStoreTest, TwoSlotsTakeTheirPrefixesBackTogether) {
+  Make(2, 64, uint64_t{64} << 20);
+  StartRun();
+  int64_t cached = -1;
+  const auto pa = Prompt(10, 11), pb = Prompt(9, 12);
+  const Answer a = Run(pa, 3, &cached), b = Run(pb, 3, &cached);
+  const auto both = [&](const std::vector<int32_t> &p,
+                        const std::vector<int32_t> &q, uint32_t n, int64_t *cp,
+                        int64_t *cq) {
+    Rec rp, rq;
+    Answer ap, aq;
+    std::atomic<int64_t> kp{-1}, kq{-1};
+    Submit(Recording(&rp, p, n, &ap, &kp));
+    Submit(Recording(&rq, q, n, &aq, &kq));
+    EXPECT_TRUE(WaitDone({&rp, &rq}));
+    ap.tokens = rp.tokens;
+    aq.tokens = rq.tokens;
+    *cp = kp.load();
+    *cq = kq.load();
+    return std::make_pair(ap, aq);
+  };
+  int64_t c1 = -1, c2 = -1;
+  both(Prompt(8, 13), Prompt(8, 14), 2, &c1, &c2);
+  EXPECT_EQ(c1 + c2, 0);
+  std::vector<int32_t> pa2 = pa, pb2 = pb;
+  pa2.insert(pa2.end(), a.tokens.begin(), a.tokens.begin() + 2);
+  pb2.insert(pb2.end(), b.tokens.begin(), b.tokens.begin() + 2);
+  pa2.push_back(7);
+  pb2.push_back(8);
+  const auto [a2, b2] = both(pa2, pb2, 4, &c1, &c2);
+  EXPECT_EQ(c1, 12); // the prompt and the 2 tokens fed back
+  EXPECT_EQ(c2, 11);
+  EXPECT_EQ(a2, Cold(pa2, 4));
+  EXPECT_EQ(b2, Cold(pb2, 4));
+  StopRun();
+  EXPECT_GE(batcher_->Stats().max_decode_rows, 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, BatcherStoreTest,
