@@ -786,8 +786,15 @@ void addHost(const ModelFacts &m, const ClusterModel &c, PlanCost &p) {
     p.hostAttnCacheBytesPerToken = a.cacheBytes;
     p.hostAttnMsPerToken = a.ms;
   }
-  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0)
+  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0) {
     p.hostOpsMsPerToken = 1e3 * m.hostWeightBytes / (c.hostReadGbs * 1e9);
+    // Reads done while a step is out hide behind it, up to its overhead
+    // (the wire and the ducks' stream would hide more: not counted).
+    for (double b : m.overlappedHostBytes)
+      p.hostOverlappedMsPerToken += std::min(
+          1e3 * b / (c.hostReadGbs * 1e9), 1e-3 * c.stepOverheadUs);
+    p.hostOpsMsPerToken -= p.hostOverlappedMsPerToken;
+  }
   if (!p.lmHeadOnDucks && c.hostReadGbs > 0 && m.lmHead) {
     const double perWeight = c.hostHeadBytesPerWeight > 0
                                  ? c.hostHeadBytesPerWeight

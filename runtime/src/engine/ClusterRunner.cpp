@@ -38,7 +38,13 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
   for (int attempt = 0;; ++attempt) {
     if (before_step_)
       before_step_(index);
-    absl::Status s = client_->Step(ibs, &outputs_, &metrics, after_send_);
+    // The host's own work for the meanwhile (FfnRunner::Meanwhile) first,
+    // then whatever parks the host's threads until the answers come.
+    absl::Status s = client_->Step(ibs, &outputs_, &metrics, [this] {
+      RunMeanwhile();
+      if (after_send_)
+        after_send_();
+    });
     if (s.ok())
       break;
     if (!recover_)

@@ -202,6 +202,11 @@ struct ModelFacts {
   /// Of onDucksHostBytes, the kv_b_proj bytes of MLAs absorbed on the
   /// ducks (duckc --mla-absorb ducks).
   double absorbedHostBytes = 0;
+  /// Of hostWeightBytes, what the host reads while a step is on the ducks,
+  /// one entry a step: DeepSeek-V3.2's indexer weights_proj, which needs
+  /// only the layer's input, during the input projections' step (the
+  /// runtime's FfnRunner::Meanwhile). Each hides up to a step's overhead.
+  std::vector<double> overlappedHostBytes;
   /// The LM head: its weights and bytes a weight in the checkpoint's dtype
   /// as the host reads it (FP8 as fp9). Unset: the model has none.
   struct LmHead {
@@ -255,6 +260,9 @@ struct PlanCost {
   /// the runtime reads them, and, with hostReadGbs but no measured
   /// hostMsPerToken, their time at that bandwidth (in hostMsPerToken).
   double hostWeightBytesPerToken = 0, hostOpsMsPerToken = 0;
+  /// Of hostOpsMsPerToken's reads, the time hidden behind duck steps
+  /// (ModelFacts::overlappedHostBytes; already taken off hostMsPerToken).
+  double hostOverlappedMsPerToken = 0;
   /// duckc --mla-absorb ducks: the kv_b_proj bytes a token the ducks
   /// took off the host's reads (0: none absorbed).
   double mlaAbsorbedBytesPerToken = 0;

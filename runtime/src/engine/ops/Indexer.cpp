@@ -147,8 +147,14 @@ private:
   absl::Status RunOnDucks(const Step &s, const float *x, uint32_t n) {
     const uint64_t wa = InWidth(), wb = QWidth();
     const uint64_t hd = (uint64_t)sh_.heads * sh_.dim;
-    DUCK_RETURN_IF_ERROR(runner_->RunRows(FfnRunner::Rows::kAttention, in_slot_,
-                                          n, x, sh_.hidden, a_.data(), wa));
+    // weights_proj (bf16, on the host as without the ducks) needs only x:
+    // it runs while the ducks compute the input projections.
+    runner_->Meanwhile([&] { MatMul(*pool_, wproj_, x, n, w_.data()); });
+    const absl::Status in = runner_->RunRows(FfnRunner::Rows::kAttention,
+                                             in_slot_, n, x, sh_.hidden,
+                                             a_.data(), wa);
+    runner_->RunMeanwhile(); // never left behind, even after an error
+    DUCK_RETURN_IF_ERROR(in);
     for (uint32_t t = 0; t < n; ++t) {
       const float *a = a_.data() + t * wa;
       float *c = cq_.data() + (uint64_t)t * sh_.q_lora;
@@ -156,8 +162,6 @@ private:
       std::memcpy(k_.data() + (uint64_t)t * sh_.dim,
                   a + sh_.q_lora + mla_kv_, sh_.dim * 4);
     }
-    // weights_proj (bf16) here, as without the ducks.
-    MatMul(*pool_, wproj_, x, n, w_.data());
     DUCK_RETURN_IF_ERROR(runner_->RunRows(FfnRunner::Rows::kAttention, q_slot_,
                                           n, cq_.data(), sh_.q_lora, b_.data(),
                                           wb));

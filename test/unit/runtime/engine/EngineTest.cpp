@@ -385,3 +385,38 @@ INSTANTIATE_TEST_SUITE_P(Plans, EngineTest,
                          });
 
 } // namespace
+
+namespace {
+
+/// A runner that "sends" its step, runs what was left for the meanwhile,
+/// then "awaits" it, as ClusterFfnRunner does; it records the order.
+class SendingRunner : public duck::runtime::FfnRunner {
+public:
+  std::vector<std::string> log;
+  absl::Status Run(uint32_t, uint32_t, uint32_t, uint32_t,
+                   const duck_expert_slot *, const float *, float *) override {
+    log.push_back("sent");
+    RunMeanwhile();
+    log.push_back("answered");
+    return absl::OkStatus();
+  }
+};
+
+TEST(FfnRunnerMeanwhile, RunsOnceBetweenSendAndAnswer) {
+  SendingRunner r;
+  r.Meanwhile([&] { r.log.push_back("host work"); });
+  ASSERT_TRUE(r.Run(0, 0, 1, 0, nullptr, nullptr, nullptr).ok());
+  r.RunMeanwhile(); // the caller's call after the step: nothing left
+  EXPECT_EQ(r.log, (std::vector<std::string>{"sent", "host work",
+                                             "answered"}));
+  // A runner that computes in place leaves it to the caller's call.
+  FakeFfnRunner fake(4);
+  int ran = 0;
+  fake.Meanwhile([&] { ++ran; });
+  EXPECT_EQ(ran, 0);
+  fake.RunMeanwhile();
+  fake.RunMeanwhile();
+  EXPECT_EQ(ran, 1);
+}
+
+} // namespace

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -71,6 +72,23 @@ public:
     return absl::UnimplementedError(
         "this runner has no scattered steps on the ducks");
   }
+
+  /// Host work that does not need the next step's answers, so that host
+  /// and ducks work at once: a runner that sends its steps away runs it
+  /// once the next step is on its way and before it awaits the answers.
+  /// RunMeanwhile() runs it if no step did (a runner that computes in
+  /// place, or no step came); the caller calls it after the step. Once.
+  void Meanwhile(std::function<void()> work) { meanwhile_ = std::move(work); }
+  void RunMeanwhile() {
+    if (!meanwhile_)
+      return;
+    std::function<void()> work = std::move(meanwhile_);
+    meanwhile_ = nullptr;
+    work();
+  }
+
+private:
+  std::function<void()> meanwhile_;
 };
 
 struct EngineOptions {
