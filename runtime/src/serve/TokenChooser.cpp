@@ -10,15 +10,37 @@ TokenChooser::TokenChooser(ChooserOptions o, const Tokenizer &tokenizer)
     : o_(std::move(o)), tok_(tokenizer),
       rng_(o_.sampler.seed ^ 0x5DEECE66Dull) {
   active_ = o_.trigger.empty();
+  for (const auto &[id, byte] : o_.markers)
+    marker_bytes_[id] = std::string(1, (char)byte);
   if (active_)
     for (size_t i = 0; i < o_.grammars.size(); ++i)
       states_.emplace_back(i, o_.grammars[i]->Start());
 }
 
+std::string_view TokenChooser::Bytes(int32_t id) const {
+  if (!marker_bytes_.empty())
+    if (auto it = marker_bytes_.find(id); it != marker_bytes_.end())
+      return it->second;
+  return tok_.TokenBytes(id);
+}
+
+bool TokenChooser::Barred(int32_t id) const {
+  if (marker_bytes_.empty())
+    return tok_.IsSpecial(id);
+  if (marker_bytes_.count(id))
+    return false;
+  if (tok_.IsSpecial(id))
+    return true;
+  for (const auto &[m, byte] : o_.markers)
+    if (tok_.TokenBytes(id).find((char)byte) != std::string_view::npos)
+      return true;
+  return false;
+}
+
 void TokenChooser::Watch(int32_t id) {
-  if (active_ || spent_ || o_.trigger.empty() || tok_.IsSpecial(id))
+  if (active_ || spent_ || o_.trigger.empty() || Barred(id))
     return;
-  tail_ += tok_.TokenBytes(id);
+  tail_ += Bytes(id);
   const size_t at = tail_.find(o_.trigger);
   if (at == std::string::npos) {
     if (tail_.size() >= o_.trigger.size())
@@ -88,9 +110,9 @@ bool TokenChooser::Accepts(int32_t id, uint32_t after, States *next) const {
         return true;
     return false;
   }
-  if (tok_.IsSpecial(id))
+  if (Barred(id))
     return false;
-  const std::string_view bytes = tok_.TokenBytes(id);
+  const std::string_view bytes = Bytes(id);
   if (bytes.empty() || !first_ok_[(unsigned char)bytes[0]])
     return false;
   next->clear();
@@ -165,8 +187,7 @@ int32_t TokenChooser::Constrained(absl::Span<const float> row,
                                 if (std::count(o_.stop_ids.begin(),
                                                o_.stop_ids.end(), c.id))
                                   return false;
-                                const std::string_view b =
-                                    tok_.TokenBytes(c.id);
+                                const std::string_view b = Bytes(c.id);
                                 return b.empty() ||
                                        !first_ok_[(unsigned char)b[0]];
                               }),

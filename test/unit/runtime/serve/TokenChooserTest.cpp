@@ -3,7 +3,8 @@
 // penalties and logit biases, and constrained sampling, whose Gumbel-max
 // walk must sample the softmax restricted to the tokens the grammar takes
 // (checked against that distribution over many seeds), keep to the budget
-// and take the end token only where the JSON may end.
+// and take the end token only where the JSON may end; marker tokens
+// (DeepSeek's tool-call markers) stand for their byte in a grammar.
 #include "duck/runtime/serve/TokenChooser.h"
 
 #include <gtest/gtest.h>
@@ -39,7 +40,8 @@ std::string ByteChar(int b) {
   return s;
 }
 
-std::unique_ptr<Tokenizer> MiniTokenizer() {
+/// With `extra` added tokens after kEnd.
+std::unique_ptr<Tokenizer> MiniTokenizer(Json extra = Json::array()) {
   Json vocab = Json::object();
   for (int b = 0; b < 256; ++b)
     vocab[ByteChar(b)] = b;
@@ -61,13 +63,16 @@ std::unique_ptr<Tokenizer> MiniTokenizer() {
               {"fuse_unk", false}, {"byte_fallback", false},
               {"ignore_merges", false}, {"vocab", vocab},
               {"merges", Json::array({"a b"})}}}};
+  for (const Json &a : extra)
+    t["added_tokens"].push_back(a);
   auto tok = Tokenizer::CreateFromJson(t.dump(), "mini.json");
   EXPECT_TRUE(tok.ok()) << tok.status();
   return tok.ok() ? std::move(*tok) : nullptr;
 }
 
-std::vector<float> Row(std::map<int32_t, float> set, float rest = 0) {
-  std::vector<float> r(kVocab, rest);
+std::vector<float> Row(std::map<int32_t, float> set, float rest = 0,
+                       size_t n = kVocab) {
+  std::vector<float> r(n, rest);
   for (const auto &[id, v] : set)
     r[id] = v;
   return r;
@@ -140,6 +145,52 @@ TEST(TokenChooser, BudgetAndEnd) {
   // Two tokens left: '"' would need 4 more bytes ("":0}); '}' closes.
   EXPECT_EQ(c.Choose(Row({{'"', 9}, {'}', 1}}), greedy, 2), '}');
   EXPECT_TRUE(c.Finished());
+}
+
+TEST(TokenChooser, MarkersAreTheirTokens) {
+  // "<|m|>" (258) and a special "<|s|>" (259) stand for 0xF8 and 0xF9.
+  const int32_t m = 258, sp = 259;
+  auto added = [](int32_t id, const char *content, bool special) {
+    return Json{
+        {"id", id},          {"content", content}, {"single_word", false},
+        {"lstrip", false},   {"rstrip", false},    {"normalized", false},
+        {"special", special}};
+  };
+  auto tok = MiniTokenizer(
+      Json::array({added(m, "<|m|>", false), added(sp, "<|s|>", true)}));
+  ASSERT_TRUE(tok);
+  JsonGrammar g = JsonGrammar::AnyObject();
+  g.SetAffixes("\xF8", "\xF9");
+  ChooserOptions o;
+  o.grammars = {std::make_shared<JsonGrammar>(g)};
+  o.stop_ids = {kEnd};
+  o.markers = {{m, 0xF8}, {sp, 0xF9}};
+  TokenChooser c(o, *tok);
+  Sampler greedy(SamplerOptions{});
+  // The marker's text in pieces, or the byte itself, are never taken.
+  EXPECT_EQ(c.Choose(Row({{'<', 9}, {0xF8, 8}, {m, 1}}, 0, 260), greedy, 9), m);
+  EXPECT_EQ(c.Choose(Row({{m, 9}, {'{', 1}}, 0, 260), greedy, 8), '{');
+  EXPECT_EQ(c.Choose(Row({{'}', 1}}, 0, 260), greedy, 7), '}');
+  // The closing marker is the special token, not its byte.
+  EXPECT_FALSE(c.Finished());
+  EXPECT_EQ(c.Choose(Row({{0xF9, 9}, {kEnd, 8}, {sp, 1}}, 0, 260), greedy, 6),
+            sp);
+  EXPECT_TRUE(c.Finished());
+  // Without markers a special token is never taken.
+  ChooserOptions plain = o;
+  plain.markers.clear();
+  plain.grammars = {std::make_shared<JsonGrammar>(JsonGrammar::AnyObject())};
+  TokenChooser p(plain, *tok);
+  EXPECT_EQ(p.Choose(Row({{sp, 9}, {'{', 1}}, 0, 260), greedy, 6), '{');
+  // A trigger that is a marker's byte: free until the marker token comes
+  // (its byte token is not it), then the grammar holds.
+  ChooserOptions t = o;
+  t.trigger = "\xF8";
+  TokenChooser ct(t, *tok);
+  EXPECT_EQ(ct.Choose(Row({{0xF8, 9}}, 0, 260), greedy, 9), 0xF8);
+  EXPECT_EQ(ct.Choose(Row({{'[', 9}}, 0, 260), greedy, 8), '[');
+  EXPECT_EQ(ct.Choose(Row({{m, 9}}, 0, 260), greedy, 7), m);
+  EXPECT_EQ(ct.Choose(Row({{'[', 9}, {'{', 1}}, 0, 260), greedy, 6), '{');
 }
 
 } // namespace
