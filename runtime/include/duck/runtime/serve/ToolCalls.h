@@ -20,6 +20,16 @@
 //    until the model writes "<tool_call>"; from there the same grammars
 //    hold it to one well-formed call (TokenChooser's trigger), parsed back
 //    with the text before it as the content.
+//
+// DeepSeek's syntax (DeepSeek-V3.1's template, for a DeepSeek checkpoint
+// whose own chat template reads `tools` and writes them): a call is
+// "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+// <｜tool▁call▁end｜><｜tool▁calls▁end｜>" (no whitespace anywhere), one
+// call a block here. Each marker that is one token of the vocabulary is
+// written in the grammar as one byte that no UTF-8 text has
+// (kMarkerByte + its index), which TokenChooser feeds for that token only
+// (ChooserOptions::markers): the markers are those tokens, never spelled
+// in pieces.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_SERVE_TOOLCALLS_H
 #define DUCK_RUNTIME_SERVE_TOOLCALLS_H
@@ -61,6 +71,28 @@ std::string ToolsSystemText(const ToolRequest &r);
 std::optional<ToolProblem>
 ToolCallGrammars(const ToolRequest &r,
                  std::vector<std::shared_ptr<const JsonGrammar>> *out);
+
+/// DeepSeek-V3.1's tool-call markers, in the order a call writes them.
+enum DeepSeekMarker {
+  kCallsBegin,
+  kCallBegin,
+  kToolSep,
+  kCallEnd,
+  kCallsEnd,
+  kDeepSeekMarkers
+};
+/// The marker's text ("<｜tool▁calls▁begin｜>", ...).
+std::string_view DeepSeekMarkerText(int marker);
+/// The byte standing for marker m's token in a grammar: kMarkerByte + m.
+constexpr unsigned char kMarkerByte = 0xF8;
+/// How a grammar writes each marker: its text, or its token's byte.
+using MarkerSpelling = std::vector<std::string>;
+
+/// The grammars of one DeepSeek tool call (as ToolCallGrammars), the
+/// markers spelt as `spelling` says (kDeepSeekMarkers entries).
+std::optional<ToolProblem>
+DeepSeekToolCallGrammars(const ToolRequest &r, const MarkerSpelling &spelling,
+                         std::vector<std::shared_ptr<const JsonGrammar>> *out);
 
 /// `messages` as ChatML messages, the tool calls and tool results written
 /// as Qwen3's template does, the tools' system text (if any) first.
