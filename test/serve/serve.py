@@ -52,13 +52,14 @@
       fewer or as many; a logit_bias of +100 on one token makes every
       token that one, whose raw logprob is reported; zero penalties and
       biases change nothing; bad values are 400s naming the field.
-  serve.py tool-tokenizer IN OUT
+  serve.py tool-tokenizer IN OUT [CONTENT...]
       Writes a copy of the tokenizer.json IN whose last three BPE tokens
       that no merge builds on (and the merges that make them) are replaced
       by the added, non-special tokens "<tool_call>", "<think>" and
       "</think>" with the same ids, as Qwen3's tokenizer has them, and
       prints the three ids: a logit_bias on them then makes a model start
-      a tool call or think.
+      a tool call or think. With CONTENTs, those tokens instead (one BPE
+      token each, in order; DeepSeek's tool-call markers).
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -654,7 +655,7 @@ def check_penalties(argv):
 
 
 def tool_tokenizer(argv):
-    src, dst = argv
+    src, dst, *contents = argv
     with open(src) as f:
         t = json.load(f)
     m = t["model"]
@@ -663,7 +664,7 @@ def tool_tokenizer(argv):
     ids = []
     # The highest-id BPE tokens that no other merge builds on, with the
     # merges that make them, become Qwen3's added tokens.
-    for content in ("<tool_call>", "<think>", "</think>"):
+    for content in contents or ("<tool_call>", "<think>", "</think>"):
         used = {part for pair in pairs for part in pair}
         name, last = max(((k, i) for k, i in m["vocab"].items()
                           if k not in used and

@@ -671,25 +671,35 @@ std::optional<FieldError> ParseResponseFormat(const json &b, Params *p) {
 
 /// 'tools' and 'tool_choice' (chat): the tools for the prompt and, under
 /// "required" or a named function, the grammars of the answer's call.
-std::optional<FieldError> ParseToolFields(ChatFormat format, Params *p) {
+/// `deepseek`: how DeepSeek's markers are spelt in a grammar, when this
+/// model writes its calls that way (ToolCalls.h); null: ChatML or none.
+std::optional<FieldError>
+ParseToolFields(ChatFormat format, const MarkerSpelling *deepseek, Params *p) {
   if (!p->ordered.is_object())
     return std::nullopt;
   if (auto e = ParseTools(p->ordered, &p->tools))
     return FieldError{e->param, e->message};
   if (p->tools.tools.empty())
     return std::nullopt;
-  if (format != ChatFormat::kChatMl)
-    return FieldError{"tools",
-                      absl::StrCat("'tools' is served for the ChatML (Qwen3) "
-                                   "family only; this model's chat format is ",
-                                   std::string(ChatFormatName(format)))};
+  if (format != ChatFormat::kChatMl && !deepseek)
+    return FieldError{
+        "tools",
+        absl::StrCat("'tools' is served for the ChatML (Qwen3) "
+                     "family and for DeepSeek checkpoints whose chat "
+                     "template reads 'tools'; this model's chat "
+                     "format is ",
+                     std::string(ChatFormatName(format)),
+                     format == ChatFormat::kNone ? ""
+                                                 : " without such a template")};
   if (p->tools.choice == ToolRequest::Choice::kNone)
     return std::nullopt;
   if (p->grammar)
     return FieldError{"response_format",
                       "'response_format' cannot constrain an answer that "
                       "may be a tool call (send 'tool_choice': \"none\")"};
-  if (auto e = ToolCallGrammars(p->tools, &p->tool_grammars))
+  if (auto e = deepseek ? DeepSeekToolCallGrammars(p->tools, *deepseek,
+                                                   &p->tool_grammars)
+                        : ToolCallGrammars(p->tools, &p->tool_grammars))
     return FieldError{e->param, e->message};
   return std::nullopt;
 }
@@ -849,6 +859,8 @@ private:
   bool PromptFromCompletion(const json &b, httplib::Response &res, Params *p);
   /// Hands the request to the batcher as a job its callbacks fill.
   std::shared_ptr<Job> Submit(Params &p, bool chat, httplib::Response &res);
+  /// ds_tools_ and how the grammars spell DeepSeek's tool-call markers.
+  void SetUpDeepSeekTools();
   /// How a chat answer is split (reasoning, content, a tool call).
   AnswerParser::Options AnswerOptions(const Params &p, Job::Tools tools,
                                       const std::vector<int32_t> &prompt) const;
@@ -882,6 +894,12 @@ private:
   int64_t created_ = 0;
   std::vector<int32_t> eos_, eos_chat_;
   int32_t think_open_ = -1, think_close_ = -1; // Qwen3's <think>, </think>
+  // DeepSeek's tool calls (a DeepSeek checkpoint whose template reads
+  // 'tools'): each marker as a grammar spells it, and the marker tokens'
+  // bytes (ToolCalls.h).
+  bool ds_tools_ = false;
+  MarkerSpelling ds_spelling_;
+  std::vector<std::pair<int32_t, unsigned char>> ds_markers_;
   int listen_fd_ = -1;       // the bound socket (Listen)
 };
 
@@ -1118,7 +1136,8 @@ bool Server::ParseRequest(const json &b, bool chat, httplib::Response &res,
   if (auto e = ParseResponseFormat(b, p))
     return Bad(res, *e);
   if (chat)
-    if (auto e = ParseToolFields(ses_->chat_format(), p))
+    if (auto e = ParseToolFields(ses_->chat_format(),
+                                 ds_tools_ ? &ds_spelling_ : nullptr, p))
       return Bad(res, *e);
   if (chat)
     if (auto e = ParseReasoning(b, p))
@@ -1333,7 +1352,9 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
     co.grammars.insert(co.grammars.end(), p.tool_grammars.begin(),
                        p.tool_grammars.end());
     if (job->tools == Job::Tools::kAuto)
-      co.trigger = kToolCallMarker;
+      co.trigger = ds_tools_ ? ds_spelling_[kCallsBegin] : kToolCallMarker;
+    if (ds_tools_ && job->tools != Job::Tools::kNone)
+      co.markers = ds_markers_;
     co.sampler = p.sampler;
     co.stop_ids = g.stop_ids;
     g.chooser = std::make_shared<TokenChooser>(std::move(co),
@@ -1367,6 +1388,28 @@ std::shared_ptr<Job> Server::Submit(Params &p, bool chat,
   return job;
 }
 
+void Server::SetUpDeepSeekTools() {
+  const ChatFormat f = ses_->chat_format();
+  const CheckpointTemplate *tmpl = ses_->chat_template();
+  ds_tools_ = (f == ChatFormat::kDeepSeekV3 || f == ChatFormat::kDeepSeekV32) &&
+              tmpl && tmpl->RendersTools();
+  if (!ds_tools_)
+    return;
+  const Tokenizer &tok = *ses_->tokenizer();
+  for (int m = 0; m < kDeepSeekMarkers; ++m) {
+    const std::string_view text = DeepSeekMarkerText(m);
+    const int32_t id = tok.TokenId(text);
+    // One token: the grammar's byte for it; else its text, in pieces.
+    if (id >= 0 && tok.TokenBytes(id) == text) {
+      const unsigned char byte = (unsigned char)(kMarkerByte + m);
+      ds_spelling_.push_back(std::string(1, (char)byte));
+      ds_markers_.emplace_back(id, byte);
+    } else {
+      ds_spelling_.push_back(std::string(text));
+    }
+  }
+}
+
 AnswerParser::Options
 Server::AnswerOptions(const Params &p, Job::Tools tools,
                       const std::vector<int32_t> &prompt) const {
@@ -1374,6 +1417,8 @@ Server::AnswerOptions(const Params &p, Job::Tools tools,
   o.calls = tools == Job::Tools::kForced ? AnswerParser::Calls::kForced
             : tools == Job::Tools::kAuto ? AnswerParser::Calls::kAuto
                                          : AnswerParser::Calls::kNone;
+  if (ds_tools_)
+    o.syntax = AnswerParser::Syntax::kDeepSeek;
   o.reasoning = p.reasoning && think_open_ >= 0 && think_close_ >= 0;
   const Tokenizer *tok = ses_->tokenizer();
   o.in_think = o.reasoning &&
@@ -1778,6 +1823,7 @@ absl::Status Server::Run() {
   eos_chat_ = ses_->StopTokens(true);
   think_open_ = ses_->tokenizer()->TokenId("<think>");
   think_close_ = ses_->tokenizer()->TokenId("</think>");
+  SetUpDeepSeekTools();
 
   // Listen first: /health says 503 while the ducks are prepared.
   if (absl::Status s = Listen(); !s.ok())
