@@ -128,9 +128,10 @@ void DraftBudget::Record(uint32_t proposed, uint32_t accepted) {
     pause_len_ = 4;
   } else if (accepted > 0) {
     k_ = std::min(max_, accepted + 1);
-  } else if (k_ > 1) {
-    k_ /= 2;
   } else {
+    // None accepted: fewer next time, and none for a while, so that drafts
+    // that are always wrong cost a few steps in a hundred.
+    k_ = std::max(1u, k_ / 2);
     pause_ = pause_len_;
     pause_len_ = std::min(64u, pause_len_ * 2);
   }

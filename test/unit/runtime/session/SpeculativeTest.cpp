@@ -40,9 +40,7 @@ TEST(DraftBudgetTest, GrowsWhenAcceptedBacksOffAndPausesWhenNot) {
   EXPECT_EQ(b.Next(), 2u);
   b.Record(2, 2); // all: one more
   EXPECT_EQ(b.Next(), 3u);
-  b.Record(3, 0); // none: half
-  EXPECT_EQ(b.Next(), 1u);
-  b.Record(1, 0); // none at one: a pause of 4 steps
+  b.Record(3, 0); // none: a pause of 4 steps, then half
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(b.Next(), 0u) << i;
   EXPECT_EQ(b.Next(), 1u);
@@ -52,6 +50,25 @@ TEST(DraftBudgetTest, GrowsWhenAcceptedBacksOffAndPausesWhenNot) {
   EXPECT_EQ(b.Next(), 1u);
   b.Record(0, 0); // nothing proposed: no change
   EXPECT_EQ(b.Next(), 1u);
+  b.Record(1, 1); // all accepted: one more, and the pause is 4 again
+  EXPECT_EQ(b.Next(), 2u);
+  b.Record(2, 0);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(b.Next(), 0u) << i;
+  EXPECT_EQ(b.Next(), 1u);
+}
+
+TEST(DraftBudgetTest, AlwaysWrongDraftsCostFewSteps) {
+  // Drafts never accepted, 3 a step at first: of 128 tokens' steps, the
+  // ones that carry drafts (steps 1, 6, 15, 32, 65 and then every 65th).
+  DraftBudget b(3);
+  std::vector<int> drafted;
+  for (int step = 1; step <= 128; ++step)
+    if (uint32_t k = b.Next(); k > 0) {
+      drafted.push_back(step);
+      b.Record(k, 0);
+    }
+  EXPECT_EQ(drafted, (std::vector<int>{1, 6, 15, 32, 65}));
 }
 
 TEST(ParseSpeculativeTest, ValuesAndErrors) {

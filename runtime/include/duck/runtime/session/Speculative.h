@@ -67,8 +67,9 @@ private:
 
 /// How many drafts to ask for next: up to the maximum while they are
 /// accepted, one more than were accepted after a partial acceptance, and
-/// after a step that accepted none, half as many, then none for a while
-/// (a pause that doubles each time, up to 64 steps) once down to one.
+/// after a step that accepted none, none for a while (a pause of 4 steps
+/// that doubles each time, up to 64, and is 4 again once all drafts of a
+/// step are accepted), then half as many as before.
 class DraftBudget {
 public:
   explicit DraftBudget(uint32_t max) : max_(max), k_(max) {}
