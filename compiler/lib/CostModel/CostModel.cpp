@@ -12,6 +12,16 @@
 using namespace mlir::duck;
 using namespace mlir::duck::cost;
 
+namespace {
+/// A relay tree's forwarding unit, in words (" in 1 KiB pieces").
+std::string relayUnitText(const ClusterModel &c) {
+  return c.relayChunkBytes > 0
+             ? llvm::formatv(" in {0} KiB pieces", c.relayChunkBytes / 1024.0)
+                   .str()
+             : std::string(" whole frames");
+}
+} // namespace
+
 std::string mlir::duck::linksText(const ClusterModel &c) {
   std::string links;
   if (c.hostLinkGbps > 0)
@@ -31,30 +41,20 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
     links += llvm::formatv(", a relay tree (the host sends {0}, each duck "
                            "forwards to {1}{2}) MODELLED ONLY: the runtime "
                            "sends every duck its own copy",
-                           c.relayHostFanout, c.relayFanout,
-                           c.relayChunkBytes > 0
-                               ? llvm::formatv(" in {0} KiB pieces",
-                                               c.relayChunkBytes / 1024.0)
-                                     .str()
-                               : std::string(" whole frames"))
+                           c.relayHostFanout, c.relayFanout, relayUnitText(c))
                  .str();
   if (c.fanout == ClusterModel::Fanout::multicast)
-    links +=
-        llvm::formatv(
-            ", multicast (one copy from the host a step){0} MODELLED "
-            "ONLY: the runtime sends every duck its own copy",
-            c.reduceTree
-                ? llvm::formatv(", replies reduced up a tree (the host "
-                                "takes {0}, each duck {1}{2})",
-                                c.relayHostFanout, c.relayFanout,
-                                c.relayChunkBytes > 0
-                                    ? llvm::formatv(" in {0} KiB pieces",
-                                                    c.relayChunkBytes / 1024.0)
-                                          .str()
-                                    : std::string(" whole frames"))
-                      .str()
-                : std::string())
-            .str();
+    links += llvm::formatv(
+                 ", multicast (one copy from the host a step){0} MODELLED "
+                 "ONLY: the runtime sends every duck its own copy",
+                 c.reduceTree
+                     ? llvm::formatv(", replies reduced up a tree (the host "
+                                     "takes {0}, each duck {1}{2})",
+                                     c.relayHostFanout, c.relayFanout,
+                                     relayUnitText(c))
+                           .str()
+                     : std::string())
+                 .str();
   return links;
 }
 
