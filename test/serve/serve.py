@@ -480,24 +480,34 @@ def check_logprobs(argv):
           f"(streamed and not); chat gives one entry a token")
 
 
+def read_expected(path):
+    """A file's text less one trailing newline (the CLI's printed answer)."""
+    text = open(path, encoding="utf-8").read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def greedy_completer(url, key, who):
+    """complete(ids) -> (text, usage): 8 greedy tokens after the
+    comma-separated prompt ids, through /v1/completions."""
+    def complete(ids):
+        body = {"model": "any", "prompt": [int(x) for x in ids.split(",")],
+                "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        st, data = request(url, "POST", "/v1/completions", body, key)
+        if st != 200:
+            die(f"{who}: HTTP {st} {data!r}")
+        r = json.loads(data)
+        return r["choices"][0]["text"], r["usage"]
+    return complete
+
+
 def check_prefix(argv):
     """Prefix reuse: a prompt that extends an earlier one reuses its cached
     positions (usage.prompt_tokens_details.cached_tokens), and its text is
     the one-shot CLI's for the same ids (a cold prefill); a prompt sharing
     nothing reuses nothing."""
     url, key, first, second, expect_file = argv
-    expect = open(expect_file, encoding="utf-8").read()
-    if expect.endswith("\n"):
-        expect = expect[:-1]
-
-    def complete(ids):
-        body = {"model": "any", "prompt": [int(x) for x in ids.split(",")],
-                "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-        st, data = request(url, "POST", "/v1/completions", body, key)
-        if st != 200:
-            die(f"check-prefix: HTTP {st} {data!r}")
-        r = json.loads(data)
-        return r["choices"][0]["text"], r["usage"]
+    expect = read_expected(expect_file)
+    complete = greedy_completer(url, key, "check-prefix")
 
     _, u1 = complete(first)
     text, u2 = complete(second)
@@ -519,18 +529,8 @@ def check_prefix(argv):
 
 def check_prefix_store(argv):
     url, key, a, b, a2, expect_file, want = argv
-    expect = open(expect_file, encoding="utf-8").read()
-    if expect.endswith("\n"):
-        expect = expect[:-1]
-
-    def complete(ids):
-        body = {"model": "any", "prompt": [int(x) for x in ids.split(",")],
-                "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-        st, data = request(url, "POST", "/v1/completions", body, key)
-        if st != 200:
-            die(f"check-prefix-store: HTTP {st} {data!r}")
-        r = json.loads(data)
-        return r["choices"][0]["text"], r["usage"]
+    expect = read_expected(expect_file)
+    complete = greedy_completer(url, key, "check-prefix-store")
 
     complete(a)
     _, ub = complete(b)
