@@ -46,6 +46,8 @@ config.substitutions.append(("%mkcheckpoint", _np_python + " " + os.path.join(_o
 config.substitutions.append(("%compare-logits", _np_python + " " + os.path.join(_e2e, "compare-logits.py")))
 config.substitutions.append(("%check-ids", _np_python + " " + os.path.join(_e2e, "check-ids.py")))
 config.substitutions.append(("%check-indexer", _np_python + " " + os.path.join(_oracle, "check-indexer.py")))
+config.substitutions.append(("%check-mtp-tensors", _np_python + " " + os.path.join(_oracle, "check-mtp-tensors.py")))
+config.substitutions.append(("%check-mtp-identity", _np_python + " " + os.path.join(_oracle, "check-mtp-identity.py")))
 # The oracle's own reader of the fp9 weight images (docs/fp9.md, plan.md):
 # checks every duck matrix against the checkpoint without Duck's importer.
 _plan_dump = os.path.join(config.duck_tools_dir, "duck-plan-dump")

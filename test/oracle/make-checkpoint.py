@@ -65,7 +65,20 @@ p.add_argument("--shards", type=int, default=1,
 p.add_argument("--index-heads", type=int, default=4)
 p.add_argument("--index-dim", type=int, default=32)
 p.add_argument("--index-topk", type=int, default=16)
+p.add_argument("--mtp", type=int, choices=[0, 1], default=0,
+               help="DeepSeek: num_nextn_predict_layers; 1 writes the MTP "
+               "module as model.layers.{layers}.* after the main model's "
+               "tensors (which stay as without it), docs/mtp.md")
+p.add_argument("--mtp-identity", action="store_true",
+               help="with --mtp 1: eh_proj [0 | I], hnorm ones, the MTP "
+               "layer's o_proj and down projections zero, shared_head.norm "
+               "= model.norm, so its logits are "
+               "lm_head(norm(rmsnorm_unit(h)))")
 a = p.parse_args()
+if a.mtp and not a.family.startswith("deepseek"):
+    p.error("--mtp: only the DeepSeek families carry an MTP module")
+if a.mtp_identity and not a.mtp:
+    p.error("--mtp-identity needs --mtp 1")
 
 rng = np.random.default_rng(a.seed)
 br, bc = (int(x) for x in a.block.split(","))
@@ -108,7 +121,7 @@ if ds:
         "n_group": a.groups, "topk_group": a.topk_groups,
         "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "norm_topk_prob": True,
-        "num_nextn_predict_layers": 0})
+        "num_nextn_predict_layers": a.mtp})
     for key, v in (("mscale", a.mscale), ("mscale_all_dim", a.mscale_all_dim)):
         if v != "none":
             cfg["rope_scaling"][key] = float(v)
@@ -130,22 +143,30 @@ if a.dtype == "fp8":
 tensors = []
 
 
-def linear(name, rows, cols):
-    w = rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols)
+def quantised(name, w):
+    """[(name, dtype, array)] for the float32 matrix w as --dtype stores
+    it: bf16, or FP8 with its power-of-two block scales (1 for a block of
+    zeros)."""
     if a.dtype == "bf16":
-        tensors.append((name, "BF16", f32_to_bf16(w)))
-        return
+        return [(name, "BF16", f32_to_bf16(w))]
+    rows, cols = w.shape
     gr, gc = -(-rows // br), -(-cols // bc)
     scale = np.empty((gr, gc), np.float32)
     q = np.empty((rows, cols), np.uint8)
     for i in range(gr):
         for j in range(gc):
             t = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc]
-            s = np.float32(2.0 ** np.ceil(np.log2(np.abs(t).max() / 448.0)))
+            amax = np.abs(t).max()
+            s = np.float32(2.0 ** np.ceil(np.log2(amax / 448.0))
+                           if amax > 0 else 1.0)
             scale[i, j] = s
             q[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = f32_to_e4m3(t / s)
-    tensors.append((name, "F8_E4M3", q))
-    tensors.append((name + "_scale_inv", "F32", scale))
+    return [(name, "F8_E4M3", q), (name + "_scale_inv", "F32", scale)]
+
+
+def linear(name, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols)
+    tensors.extend(quantised(name, w))
 
 
 def vector(name, n, mean=1.0, spread=0.2):
@@ -232,6 +253,53 @@ vector("model.norm.weight", H)
 if not a.tie:
     head = rng.standard_normal((a.vocab, H)).astype(np.float32)
     tensors.append(("lm_head.weight", "BF16", f32_to_bf16(head)))
+
+
+
+def replace(name, entries):
+    """Puts `entries` where the tensor `name` (and its scale) was."""
+    i = next(k for k, t in enumerate(tensors) if t[0] == name)
+    n = 2 if i + 1 < len(tensors) and \
+        tensors[i + 1][0] == name + "_scale_inv" else 1
+    tensors[i:i + n] = entries
+
+
+def mtp_module(L):
+    """DeepSeek's MTP module, model.layers.L.* (TENSORS.md, docs/mtp.md):
+    a decoder layer plus enorm, hnorm, eh_proj [H, 2H], shared_head.norm
+    and copies of the embedding and the LM head."""
+    pre = "model.layers.%d." % L
+    vector(pre + "input_layernorm.weight", H)
+    vector(pre + "post_attention_layernorm.weight", H)
+    mla(pre + "self_attn.")
+    deepseek_ffn(pre, L)
+    vector(pre + "enorm.weight", H)
+    vector(pre + "hnorm.weight", H)
+    linear(pre + "eh_proj.weight", H, 2 * H)
+    vector(pre + "shared_head.norm.weight", H)
+    byname = {t[0]: t for t in tensors}
+    head = byname["lm_head.weight" if not a.tie
+                  else "model.embed_tokens.weight"]
+    tensors.append((pre + "shared_head.head.weight", "BF16", head[2]))
+    tensors.append((pre + "embed_tokens.weight", "BF16",
+                    byname["model.embed_tokens.weight"][2]))
+    if not a.mtp_identity:
+        return
+    eye = np.hstack([np.zeros((H, H), np.float32), np.eye(H, dtype=np.float32)])
+    replace(pre + "eh_proj.weight", quantised(pre + "eh_proj.weight", eye))
+    replace(pre + "hnorm.weight", [(pre + "hnorm.weight", "BF16",
+                                    f32_to_bf16(np.ones(H, np.float32)))])
+    replace(pre + "shared_head.norm.weight",
+            [(pre + "shared_head.norm.weight", "BF16",
+              byname["model.norm.weight"][2])])
+    for t in list(tensors):
+        if t[0].startswith(pre) and t[0].endswith(("self_attn.o_proj.weight",
+                                                   "down_proj.weight")):
+            replace(t[0], quantised(t[0], np.zeros(t[2].shape, np.float32)))
+
+
+if a.mtp:
+    mtp_module(a.layers)
 
 os.makedirs(a.out, exist_ok=True)
 with open(os.path.join(a.out, "config.json"), "w") as f:

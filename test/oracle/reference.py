@@ -7,7 +7,7 @@ quantization_config.weight_block_size, and follows
 shared/reference/MATH.md. No fp9, no ducks, unless --fp9-ducks asks.
 
   reference.py MODEL --prompt-ids 1,2,3 [--generate N] [--logits-out F]
-      [--teacher-ids FILE] [--fp9-ducks PLAN_DIR]
+      [--teacher-ids FILE] [--fp9-ducks PLAN_DIR] [--mtp-logits-out F]
 
 prints the greedy continuation's ids; --logits-out writes the logits of
 every prompt position and then of every generated token but the last
@@ -21,6 +21,11 @@ it. --fp9-ducks PLAN_DIR replaces every float (bf16/f16/f32) matrix the plan
 puts on the ducks with its fp9 quantisation (docs/fp9.md's rule, computed
 here by fp9_np.py on the slice each duck holds: the plan gives only the
 slices and K-blocks); FP8 matrices convert exactly and are left as they are.
+
+--mtp-logits-out F (DeepSeek with num_nextn_predict_layers 1) writes the
+MTP module's logits (docs/mtp.md) at every position whose next token is
+known, i.e. over the prompt plus the generated (or forced) ids: the same
+rows, in the same format, as --logits-out.
 """
 import argparse
 import sys
@@ -170,24 +175,32 @@ class Qwen3:
             o[t0:t1] = (s @ vh[:, :t1]).transpose(1, 0, 2)
         return o.reshape(T, Hq * D) @ self.W(pre + "o_proj.weight").T
 
-    def logits(self, ids):
-        """Logits of every position of `ids` (no cache: [T, vocab])."""
+    def layer(self, L, x, pos):
+        """Decoder layer L (model.layers.L.*) on x at positions pos."""
+        pre, eps = "model.layers.%d." % L, self.c.get("rms_norm_eps", 1e-6)
+        h = rmsnorm(x, self.W(pre + "input_layernorm.weight"), eps)
+        x = x + self.attention(pre + "self_attn.", h, pos)
+        h = rmsnorm(x, self.W(pre + "post_attention_layernorm.weight"), eps)
+        return x + (self.moe(pre + "mlp.", h) if self.is_moe(L)
+                    else self.mlp(pre + "mlp.", h))
+
+    def hidden(self, ids):
+        """The final hidden state of every position of `ids`, after
+        model.norm: the vector the LM head multiplies ([T, hidden])."""
         c = self.c
-        eps = c.get("rms_norm_eps", 1e-6)
         x = self.W("model.embed_tokens.weight")[np.array(ids)]
         pos = np.arange(len(ids), dtype=np.float64)
         for L in range(c["num_hidden_layers"]):
-            pre = "model.layers.%d." % L
-            h = rmsnorm(x, self.W(pre + "input_layernorm.weight"), eps)
-            x = x + self.attention(pre + "self_attn.", h, pos)
-            h = rmsnorm(x, self.W(pre + "post_attention_layernorm.weight"), eps)
-            x = x + (self.moe(pre + "mlp.", h) if self.is_moe(L)
-                     else self.mlp(pre + "mlp.", h))
-        x = rmsnorm(x, self.W("model.norm.weight"), eps)
+            x = self.layer(L, x, pos)
+        return rmsnorm(x, self.W("model.norm.weight"),
+                       c.get("rms_norm_eps", 1e-6))
+
+    def logits(self, ids):
+        """Logits of every position of `ids` (no cache: [T, vocab])."""
         head = "lm_head.weight"
-        if not self.ck.has(head) and c.get("tie_word_embeddings", False):
+        if not self.ck.has(head) and self.c.get("tie_word_embeddings", False):
             head = "model.embed_tokens.weight"
-        return x @ self.W(head).T
+        return self.hidden(ids) @ self.W(head).T
 
 
 def yarn_mscale(factor, m):
@@ -333,6 +346,28 @@ class DeepSeek(Qwen3):
         o = np.einsum("hts,shd->thd", sc, v).reshape(T, H * vd)
         return o @ self.W(pre + "o_proj.weight").T
 
+    def mtp_logits(self, seq):
+        """docs/mtp.md: the MTP module's logits at every position i of
+        seq but the last (it needs t_{i+1}): h_i the main model's final
+        hidden state (after model.norm), x_i = eh_proj(concat(enorm(
+        embed(t_{i+1})), hnorm(h_i))), the MTP decoder layer at RoPE
+        positions 0.. (its own attention over its own keys), then
+        shared_head.norm and shared_head.head: logits for t_{i+2}."""
+        c = self.c
+        L, eps = c["num_hidden_layers"], c.get("rms_norm_eps", 1e-6)
+        if c.get("num_nextn_predict_layers", 0) < 1:
+            sys.exit("reference.py: the checkpoint has no MTP module "
+                     "(num_nextn_predict_layers 0)")
+        pre = "model.layers.%d." % L
+        h = self.hidden(seq[:-1])
+        e = self.W(pre + "embed_tokens.weight")[np.array(seq[1:])]
+        x = np.concatenate([rmsnorm(e, self.W(pre + "enorm.weight"), eps),
+                            rmsnorm(h, self.W(pre + "hnorm.weight"), eps)],
+                           axis=-1) @ self.W(pre + "eh_proj.weight").T
+        x = self.layer(L, x, np.arange(len(seq) - 1, dtype=np.float64))
+        x = rmsnorm(x, self.W(pre + "shared_head.norm.weight"), eps)
+        return x @ self.W(pre + "shared_head.head.weight").T
+
 
 def fp9_duck_weights(ck, plan_dir, plan_dump=None):
     """{tensor name: float64 matrix} for every float matrix the plan puts
@@ -395,6 +430,10 @@ def main():
                    help="quantise the float matrices this plan puts on "
                    "the ducks to fp9 as docs/fp9.md says")
     p.add_argument("--plan-dump", help="duck-plan-dump (default: on PATH)")
+    p.add_argument("--mtp-logits-out", metavar="FILE",
+                   help="DeepSeek with an MTP module: its logits (the "
+                   "guess for t_{i+2}) at every position i whose next "
+                   "token is known, the rows --logits-out has (docs/mtp.md)")
     a = p.parse_args()
     ck = Checkpoint(a.model)
     mt = ck.config.get("model_type")
@@ -405,6 +444,9 @@ def main():
     else:
         sys.exit("reference.py: model_type %r is not supported" % mt)
     m.ffn_in_bf16 = a.ffn_input_bf16
+    if a.mtp_logits_out and not isinstance(m, DeepSeek):
+        sys.exit("reference.py: --mtp-logits-out: only DeepSeek has an "
+                 "MTP module")
     ids = [int(t) for t in a.prompt_ids.split(",")]
     if a.fp9_ducks:
         m.w.update(fp9_duck_weights(ck, a.fp9_ducks, a.plan_dump))
@@ -415,6 +457,8 @@ def main():
         rows = m.logits(ids + forced[:-1])
         if a.logits_out:
             rows.astype("<f4").tofile(a.logits_out)
+        if a.mtp_logits_out:
+            m.mtp_logits(ids + forced).astype("<f4").tofile(a.mtp_logits_out)
         own = np.argmax(rows[len(ids) - 1:], axis=1)
         print(" ".join(str(int(t)) for t in own))
         return
@@ -426,6 +470,10 @@ def main():
             rows = m.logits(ids + gen)
     if a.logits_out:
         rows.astype("<f4").tofile(a.logits_out)
+    if a.mtp_logits_out:
+        if not gen and len(ids) < 2:
+            sys.exit("reference.py: --mtp-logits-out needs two tokens")
+        m.mtp_logits(ids + gen).astype("<f4").tofile(a.mtp_logits_out)
     print(" ".join(str(t) for t in gen))
 
 
