@@ -268,8 +268,14 @@ PRESETS:
 Values: Linear weights ~ N(0, 1/fan_in) with a per-128x128-tile spread
 (0.375x..2x), about 1/1024 exact zeros, 1/1024 values near 1e-4 std (FP8
 subnormals) and 1/512 outliers at 3x; norms ~ 1 + 0.05 noise; embeddings
-std 0.75; router weights std 0.5/sqrt(hidden). DeepSeek configs set
-num_nextn_predict_layers to 0 (no MTP layer is written).
+std 0.75; router weights std 0.5/sqrt(hidden).
+
+DeepSeek's MTP module: --mtp 1 sets num_nextn_predict_layers to 1 and
+writes model.layers.<layers>.* after the main model (whose tensors stay as
+without it): a MoE decoder layer, enorm, hnorm, eh_proj [hidden, 2*hidden]
+(FP8 with its scale under --dtype fp8), shared_head.norm, and
+shared_head.head and embed_tokens equal to the LM head and the embedding
+(docs/mtp.md). Default 0: no MTP module. Other families refuse --mtp.
 
 Tokenizer (every family): a Qwen2-style byte-level BPE tokenizer.json of
 exactly --vocab ids: 0..255 the byte tokens (id = byte), then merges learned

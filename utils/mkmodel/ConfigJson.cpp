@@ -203,8 +203,7 @@ static void addDeepseekFields(const ModelSpec &s, JsonObject &c) {
       .boolean("norm_topk_prob", true)
       .integer("num_experts_per_tok", s.top_k)
       .integer("num_key_value_heads", s.heads)
-      // No MTP layer is written, so the config must not promise one.
-      .integer("num_nextn_predict_layers", 0)
+      .integer("num_nextn_predict_layers", s.mtp_layers)
       .integer("q_lora_rank", s.q_lora)
       .integer("qk_nope_head_dim", s.qk_nope)
       .integer("qk_rope_head_dim", s.qk_rope)

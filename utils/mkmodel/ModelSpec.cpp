@@ -104,6 +104,8 @@ static const ShapeOption kShapeOptions[] = {
      &ModelSpec::index_head_dim, kV32, 2, 4096},
     {"index-topk", "V3.2 indexer index_topk (tokens kept)",
      &ModelSpec::index_topk, kV32, 1, 1 << 24},
+    {"mtp", "num_nextn_predict_layers (1: the MTP module, see below)",
+     &ModelSpec::mtp_layers, kDeepseekFamilies, 0, 1},
 };
 
 llvm::ArrayRef<ShapeOption> shapeOptions() { return kShapeOptions; }

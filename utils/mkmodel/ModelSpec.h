@@ -84,6 +84,10 @@ struct ModelSpec {
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
 
+  /// DeepSeek num_nextn_predict_layers: 1 writes the MTP module as
+  /// model.layers.{layers}.* (docs/mtp.md).
+  int64_t mtp_layers = 0;
+
   bool isMoe() const { return familyBit(family) & kMoeFamilies; }
   bool isDeepseek() const { return familyBit(family) & kDeepseekFamilies; }
   bool hasIndexer() const { return family == Family::DeepseekV32; }

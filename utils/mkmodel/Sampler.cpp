@@ -24,7 +24,8 @@ static constexpr uint32_t kOutlierBelow = 256;
 TensorSampler::TensorSampler(uint64_t seed, const PlannedTensor &tensor)
     : init_(tensor.init), stddev_(tensor.stddev), mean_(tensor.mean),
       rows_(tensor.rows()), cols_(tensor.cols()),
-      key_(streamKey(seed, tensor.name)),
+      key_(streamKey(seed, tensor.values_of.empty() ? tensor.name
+                                                    : tensor.values_of)),
       spreads_(tensor.init == InitKind::Linear) {
   assert(init_ != InitKind::BlockScale && "sample the weight, not its scale");
 }

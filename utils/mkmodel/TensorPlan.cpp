@@ -34,23 +34,14 @@ public:
     const ModelSpec &s = spec_;
     add("model.embed_tokens.weight", "BF16", {s.vocab, s.hidden},
         InitKind::Embedding, 0.75f);
-    for (int64_t layer = 0; layer < s.layers; ++layer) {
-      std::string p = llvm::formatv("model.layers.{0}.", layer).str();
-      norm(p + "input_layernorm.weight", s.hidden);
-      if (s.isDeepseek())
-        mlaAttention(p + "self_attn.");
-      else
-        qwenAttention(p + "self_attn.");
-      norm(p + "post_attention_layernorm.weight", s.hidden);
-      if (s.isMoeLayer(layer))
-        moe(p + "mlp.");
-      else
-        ffn(p + "mlp.", s.intermediate);
-    }
+    for (int64_t layer = 0; layer < s.layers; ++layer)
+      decoderLayer(layer);
     norm("model.norm.weight", s.hidden);
     if (!s.tie_embeddings)
       add("lm_head.weight", "BF16", {s.vocab, s.hidden}, InitKind::Linear,
           gain(s.hidden));
+    if (s.isDeepseek() && s.mtp_layers > 0)
+      mtpModule();
     return std::move(plan_);
   }
 
@@ -89,6 +80,51 @@ private:
                 InitKind::BlockScale, 0.0f);
     plan_[w].partner = s;
     plan_[s].partner = w;
+  }
+
+  void decoderLayer(int64_t layer) {
+    const ModelSpec &s = spec_;
+    std::string p = llvm::formatv("model.layers.{0}.", layer).str();
+    norm(p + "input_layernorm.weight", s.hidden);
+    if (s.isDeepseek())
+      mlaAttention(p + "self_attn.");
+    else
+      qwenAttention(p + "self_attn.");
+    norm(p + "post_attention_layernorm.weight", s.hidden);
+    if (s.isMoeLayer(layer))
+      moe(p + "mlp.");
+    else
+      ffn(p + "mlp.", s.intermediate);
+  }
+
+  /// DeepSeek's MTP module, model.layers.<layers>.* (reference/TENSORS.md,
+  /// docs/mtp.md): a decoder layer, enorm, hnorm, eh_proj [H, 2H],
+  /// shared_head.norm, and copies of the LM head and the embedding.
+  void mtpModule() {
+    const ModelSpec &s = spec_;
+    decoderLayer(s.layers);
+    std::string p = llvm::formatv("model.layers.{0}.", s.layers).str();
+    norm(p + "enorm.weight", s.hidden);
+    norm(p + "hnorm.weight", s.hidden);
+    linear(p + "eh_proj", s.hidden, 2 * s.hidden);
+    norm(p + "shared_head.norm.weight", s.hidden);
+    copyOf(p + "shared_head.head.weight",
+           s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    copyOf(p + "embed_tokens.weight", "model.embed_tokens.weight");
+  }
+
+  /// A tensor named `name` with the values of the planned tensor `source`.
+  void copyOf(std::string name, const std::string &source) {
+    for (size_t i = 0; i < plan_.size(); ++i) {
+      if (plan_[i].name != source)
+        continue;
+      PlannedTensor t = plan_[i];
+      t.name = std::move(name);
+      t.values_of = source;
+      plan_.push_back(std::move(t));
+      return;
+    }
+    assert(false && "copy of a tensor not planned");
   }
 
   void qwenAttention(const std::string &p) {

@@ -39,6 +39,9 @@ struct PlannedTensor {
   /// For an FP8 weight: index of its scale; for a scale: index of its
   /// weight; -1 otherwise.
   int partner = -1;
+  /// A copy: the values are drawn as those of the tensor of this name
+  /// (the MTP module's embedding and head); "" draws its own.
+  std::string values_of;
 
   int64_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
   int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
@@ -47,7 +50,8 @@ struct PlannedTensor {
 };
 
 /// Every tensor of `spec`'s checkpoint in model order (embedding, layers,
-/// final norm, lm_head); an FP8 weight's scale follows it directly.
+/// final norm, lm_head, then DeepSeek's MTP module); an FP8 weight's scale
+/// follows it directly.
 std::vector<PlannedTensor> planTensors(const ModelSpec &spec);
 
 /// Number of model parameters (scales not counted).

@@ -450,6 +450,50 @@ TEST(MkModelPlan, DeepseekV32HasIndexerSharedExpertsAndRouterBias) {
     EXPECT_EQ(t.name.find("indexer"), std::string::npos) << t.name;
 }
 
+TEST(MkModelPlan, DeepseekMtpModuleComesLastWithCopiedHead) {
+  ModelSpec spec = findPreset("tiny-deepseek")->make();
+  spec.format = WeightFormat::FP8;
+  std::vector<PlannedTensor> without = planTensors(spec);
+  spec.mtp_layers = 1;
+  std::vector<PlannedTensor> plan = planTensors(spec);
+  // The main model's tensors come first, unchanged; then layer 3's.
+  ASSERT_GT(plan.size(), without.size());
+  for (size_t i = 0; i < without.size(); ++i)
+    EXPECT_EQ(plan[i].name, without[i].name);
+  std::map<std::string, const PlannedTensor *> byName;
+  for (size_t i = without.size(); i < plan.size(); ++i) {
+    EXPECT_EQ(plan[i].name.rfind("model.layers.3.", 0), 0u) << plan[i].name;
+    byName[plan[i].name] = &plan[i];
+  }
+  for (const char *n :
+       {"input_layernorm.weight", "mlp.gate.weight",
+        "mlp.shared_experts.down_proj.weight", "self_attn.indexer.wk.weight",
+        "enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+    EXPECT_TRUE(byName.count(std::string("model.layers.3.") + n)) << n;
+  const PlannedTensor *eh = byName["model.layers.3.eh_proj.weight"];
+  ASSERT_TRUE(eh);
+  EXPECT_EQ(eh->dtype, "F8_E4M3");
+  EXPECT_EQ(eh->shape, (std::vector<int64_t>{256, 512}));
+  EXPECT_EQ(byName["model.layers.3.eh_proj.weight_scale_inv"]->shape,
+            (std::vector<int64_t>{2, 4}));
+  // The head and the embedding draw the values of lm_head and the model's.
+  const PlannedTensor *head = byName["model.layers.3.shared_head.head.weight"];
+  const PlannedTensor *emb = byName["model.layers.3.embed_tokens.weight"];
+  ASSERT_TRUE(head && emb);
+  const PlannedTensor *lm = nullptr;
+  for (const PlannedTensor &t : without)
+    if (t.name == "lm_head.weight")
+      lm = &t;
+  ASSERT_TRUE(lm);
+  TensorSampler a(5, *head), b(5, *lm), e(5, *emb), m(5, without[0]);
+  for (int64_t r : {0, 17, 1023})
+    for (int64_t c : {0, 100, 255}) {
+      EXPECT_EQ(a.at(r, c), b.at(r, c));
+      EXPECT_EQ(e.at(r, c), m.at(r, c));
+    }
+  EXPECT_NE(a.at(1, 2) + a.at(3, 4), e.at(1, 2) + e.at(3, 4));
+}
+
 TEST(MkModelSampler, ChunkingDoesNotChangeValues) {
   ModelSpec spec = findPreset("tiny-qwen3")->make();
   std::vector<PlannedTensor> plan = planTensors(spec);
