@@ -10,7 +10,8 @@
 //     plain AVX2 bf16 GEMV of the same shape;
 //   * exact64/exact128 against the general kernel forced on their shapes;
 //   * MoE decode (duck_moe_decode, 8 active experts) per model;
-//   * dense prefill (duck_mlp_prefill) at 16 and 64 tokens.
+//   * dense prefill (duck_mlp_prefill) at 2, 4 (a verify step), 16 and 64
+//     tokens.
 //
 // "Hot" reuses one copy of the weights (they fit in L2/L3); "cold" cycles
 // through copies filling a set of several times the last-level cache, so
@@ -88,7 +89,7 @@ kernel targets. Sections, in order:
   moe-decode        duck_moe_decode, 8 active experts of each model's expert
                     count, per-core imbalance from each core's slot share
                     run alone (same slots, concurrently)
-  prefill           duck_mlp_prefill, 16 and 64 tokens, cold
+  prefill           duck_mlp_prefill, 2, 4, 16 and 64 tokens, cold
   targets           each kernel target and whether this run met it
 
 Every measurement runs hot (one copy, cache resident, the same every call)
@@ -829,7 +830,7 @@ void KernelsBench::runMoe() {
 
 void KernelsBench::runPrefill() {
   const std::vector<uint32_t> tokenCounts =
-      opt_.quick ? std::vector<uint32_t>{3} : std::vector<uint32_t>{16, 64};
+      opt_.quick ? std::vector<uint32_t>{3} : std::vector<uint32_t>{2, 4, 16, 64};
   for (const ModelCase &m : models_) {
     if (!m.prefill)
       continue;
