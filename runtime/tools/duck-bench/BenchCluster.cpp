@@ -47,6 +47,9 @@ struct ClusterBenchOptions {
   /// Where the attention's projections run: "host", "ducks" (query and
   /// output projections) or "absorbed" (those and kv_b_proj by heads).
   std::string attention = "host";
+  /// The wire's activations and answers: "f32" or "bf16" (duckc's
+  /// --wire-activations and --wire-results both).
+  std::string wire = "f32";
   bool json = false;
   std::string work_dir; // default: a temporary directory, removed after
   bool keep = false;
@@ -61,7 +64,8 @@ void PrintUsage(FILE *out) {
       "  cost model alike)] [--layers L (61)] [--tokens T (16)]\n"
       "  [--repeat R (1: runs of each kind, alternating; the median TPOT's\n"
       "  run is reported)] [--json]\n"
-      "  [--attention host|ducks|absorbed (host)] [--work-dir D (kept)]\n\n"
+      "  [--attention host|ducks|absorbed (host)] [--wire f32|bf16 (f32:\n"
+      "  duckc's --wire-activations and --wire-results)] [--work-dir D (kept)]\n\n"
       "A DeepSeek-V3.2-shaped checkpoint (hidden 7168, L layers, one dense;\n"
       "4 heads, q/kv LoRA 64, N routed experts of intermediate 32, top 2,\n"
       "a shared one, vocabulary 512), compiled for N ducks (whole experts a\n"
@@ -115,6 +119,8 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       o->repeat = uint32_t(std::atoi(v));
     else if ((v = Value(argc, argv, &i, "--attention")))
       o->attention = v;
+    else if ((v = Value(argc, argv, &i, "--wire")))
+      o->wire = v;
     else if ((v = Value(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
@@ -123,6 +129,8 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
   }
   if (o->attention != "host" && o->attention != "ducks" &&
       o->attention != "absorbed")
+    return false;
+  if (o->wire != "f32" && o->wire != "bf16")
     return false;
   return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
          o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
@@ -152,6 +160,8 @@ std::string CompileFlags(const ClusterBenchOptions &o) {
     f += " --q-proj ducks --o-proj ducks";
   if (o.attention == "absorbed")
     f += " --mla-absorb ducks";
+  if (o.wire == "bf16")
+    f += " --wire-activations bf16 --wire-results bf16";
   return f;
 }
 
@@ -404,6 +414,7 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   r["ducks"] = o.ducks;
   r["layers"] = o.layers;
   r["attention"] = o.attention;
+  r["wire"] = o.wire;
   r["tokens"] = o.tokens;
   r["repeat"] = o.repeat;
   r["scale"] = o.scale;
