@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/serve/Serve.h"
 
+#include "duck/runtime/StatusMacros.h"
 #include "duck/runtime/serve/AnswerParser.h"
 #include "duck/runtime/serve/Batcher.h"
 #include "duck/runtime/serve/StatusPage.h"
@@ -838,6 +839,9 @@ private:
   /// Binds the port and sets the server up (routes, limits, threads); the
   /// listening itself is Run's thread.
   absl::Status Listen();
+  /// The batcher over the started session, its prefix store sized by
+  /// --kv-budget beside the caches (KvBudget): the store's bytes.
+  absl::StatusOr<uint64_t> MakeBatcher(const SessionOptions &so);
   void Routes();
   bool Authorized(const httplib::Request &req, httplib::Response &res);
   bool Ready(httplib::Response &res);
@@ -1787,21 +1791,54 @@ absl::Status Server::Listen() {
   return absl::OkStatus();
 }
 
-/// --kv-budget: the bytes asked for, or (kKvBudgetAuto) 2 GiB but at most
-/// a quarter of the memory this machine has available now.
-uint64_t KvBudget(uint64_t asked) {
-  const uint64_t dflt = uint64_t{2} << 30;
-  if (asked != kKvBudgetAuto)
-    return asked;
+/// --kv-budget beside the KV caches at full length (`caches` bytes): the
+/// bytes asked for, or (kKvBudgetAuto) 2 GiB but at most a quarter of the
+/// memory this machine has available now and what the caches leave of it.
+/// A budget asked for that does not fit beside the caches is refused
+/// unless `overcommit` (--kv-overcommit).
+absl::StatusOr<uint64_t> KvBudget(uint64_t asked, uint64_t caches,
+                                  bool overcommit) {
+  uint64_t available = 0; // unknown
   std::ifstream in("/proc/meminfo");
   std::string key, rest;
   uint64_t kib = 0;
   while (in >> key >> kib) {
     std::getline(in, rest);
     if (key == "MemAvailable:")
-      return std::min(dflt, kib * 1024 / 4);
+      available = kib * 1024;
   }
-  return dflt;
+  const uint64_t left = available > caches ? available - caches : 0;
+  if (asked == kKvBudgetAuto)
+    return available ? std::min({uint64_t{2} << 30, available / 4, left})
+                     : uint64_t{2} << 30;
+  if (overcommit || available == 0 || asked <= left)
+    return asked;
+  const double gib = double(1ull << 30);
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "--kv-budget %.2f GiB does not fit beside the KV caches (%.2f GiB at "
+      "full length) in the %.2f GiB this machine has available; lower "
+      "--kv-budget (at most %.2f GiB here, or auto), or pass "
+      "--kv-overcommit to start anyway",
+      double(asked) / gib, double(caches) / gib, double(available) / gib,
+      double(left) / gib));
+}
+
+absl::StatusOr<uint64_t> Server::MakeBatcher(const SessionOptions &so) {
+  DUCK_ASSIGN_OR_RETURN(const uint64_t budget,
+                        KvBudget(o_.kv_budget,
+                                 ses_->engine().kv_bytes_per_token() *
+                                     ses_->max_seq() * so.max_seqs,
+                                 so.kv_overcommit));
+  BatcherOptions bo;
+  bo.parallel = so.max_seqs;
+  bo.queue_limit = o_.queue_limit;
+  bo.prefill_chunk = so.prefill_chunk;
+  bo.kv_budget = budget;
+  batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
+  status_.Start(*ses_, now());
+  batcher_->SetAfterStep(
+      [this] { status_.AfterStep(*ses_, batcher_->Stats(), now()); });
+  return budget;
 }
 
 absl::Status Server::Run() {
@@ -1845,15 +1882,12 @@ absl::Status Server::Run() {
     }
     return s;
   }
-  BatcherOptions bo;
-  bo.parallel = so.max_seqs;
-  bo.queue_limit = o_.queue_limit;
-  bo.prefill_chunk = so.prefill_chunk;
-  bo.kv_budget = KvBudget(o_.kv_budget);
-  batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
-  status_.Start(*ses_, now());
-  batcher_->SetAfterStep(
-      [this] { status_.AfterStep(*ses_, batcher_->Stats(), now()); });
+  auto budget = MakeBatcher(so);
+  if (!budget.ok()) {
+    stopHttp();
+    ses_->Close();
+    return budget.status();
+  }
   std::thread worker([this] { batcher_->Run(); });
   state_.store(State::kReady);
   {
@@ -1862,7 +1896,7 @@ absl::Status Server::Run() {
                             "context %u tokens); prefix store up to %.0f "
                             "MiB",
                             so.max_seqs, ses_->max_seq(),
-                            (double)bo.kv_budget / (1 << 20))
+                            (double)*budget / (1 << 20))
          << std::endl;
   }
 

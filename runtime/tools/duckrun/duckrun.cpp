@@ -127,7 +127,9 @@ ABSL_FLAG(std::string, kv_budget, "auto",
           "finished requests beyond the --parallel slots and gives a new "
           "prompt the longest stored prefix of it (least recently used "
           "evicted first): 2GiB, 512MiB, 0 (none); auto: 2GiB, at most a "
-          "quarter of the memory available at start");
+          "quarter of the memory available at start and what the KV caches "
+          "at full length leave of it. A budget that does not fit beside "
+          "them is refused (--kv-overcommit starts anyway)");
 ABSL_FLAG(uint32_t, shutdown_grace_seconds, 10,
           "serve: on SIGINT/SIGTERM, let running requests finish this long "
           "before cancelling them");

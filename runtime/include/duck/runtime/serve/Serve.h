@@ -24,7 +24,8 @@
 namespace duck::runtime {
 
 /// ServeOptions::kv_budget's default: 2 GiB, at most a quarter of the
-/// memory available when the server starts.
+/// memory available when the server starts and what the KV caches at full
+/// length leave of it.
 inline constexpr uint64_t kKvBudgetAuto = ~uint64_t{0};
 
 struct ServeOptions {
