@@ -23,7 +23,6 @@
       (utils/serve-page-screenshot.sh).
 """
 import html.parser
-import http.client
 import json
 import os
 import shutil
@@ -35,6 +34,8 @@ import time
 import urllib.parse
 import zlib
 
+from serve import request_typed as request  # serve.py, beside this file
+
 PROMPT = "Tell me about ducks."
 MAX_TOKENS = 24
 
@@ -44,20 +45,6 @@ def die(msg):
     sys.exit(1)
 
 
-def request(url, method, path, body=None, key=None, timeout=120):
-    u = urllib.parse.urlsplit(url)
-    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-        die(f"refusing a non-loopback URL {url}")
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    c.request(method, path, body=json.dumps(body) if body is not None else None,
-              headers=headers)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, r.getheader("Content-Type", ""), data
 
 
 def status(url, key):

@@ -94,6 +94,12 @@ def split_url(url):
 
 
 def request(url, method, path, body=None, key=None, timeout=120):
+    status, _, data = request_typed(url, method, path, body, key, timeout)
+    return status, data
+
+
+def request_typed(url, method, path, body=None, key=None, timeout=120):
+    """request, with the answer's Content-Type: (status, type, data)."""
     host, port = split_url(url)
     c = http.client.HTTPConnection(host, port, timeout=timeout)
     headers = {"Content-Type": "application/json"}
@@ -104,7 +110,7 @@ def request(url, method, path, body=None, key=None, timeout=120):
     r = c.getresponse()
     data = r.read()
     c.close()
-    return r.status, data
+    return r.status, r.getheader("Content-Type", ""), data
 
 
 def start(argv):

@@ -31,7 +31,6 @@
 #include <ctime>
 #include <deque>
 #include <dirent.h>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <netdb.h>
@@ -1798,15 +1797,7 @@ absl::Status Server::Listen() {
 /// unless `overcommit` (--kv-overcommit).
 absl::StatusOr<uint64_t> KvBudget(uint64_t asked, uint64_t caches,
                                   bool overcommit) {
-  uint64_t available = 0; // unknown
-  std::ifstream in("/proc/meminfo");
-  std::string key, rest;
-  uint64_t kib = 0;
-  while (in >> key >> kib) {
-    std::getline(in, rest);
-    if (key == "MemAvailable:")
-      available = kib * 1024;
-  }
+  const uint64_t available = MemAvailableBytes(); // 0: unknown
   const uint64_t left = available > caches ? available - caches : 0;
   if (asked == kKvBudgetAuto)
     return available ? std::min({uint64_t{2} << 30, available / 4, left})

@@ -299,8 +299,6 @@ absl::Status CheckKvFits(uint64_t kv_bytes_per_token, uint32_t max_seq,
                                                  kv_bytes_per_token))));
 }
 
-namespace {
-/// /proc/meminfo's MemAvailable, in bytes (0 when unknown).
 uint64_t MemAvailableBytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -313,6 +311,8 @@ uint64_t MemAvailableBytes() {
   }
   return 0;
 }
+
+namespace {
 /// The cluster file's ducks (as many as the plan's tp), spares, token and
 /// link bandwidth, into the client options and the session's fields.
 absl::Status UseClusterFile(const std::string &file, uint32_t tp,

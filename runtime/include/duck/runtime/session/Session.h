@@ -66,6 +66,9 @@ struct SessionOptions {
 absl::Status CheckKvFits(uint64_t kv_bytes_per_token, uint32_t max_seq,
                          uint32_t seqs, uint64_t available);
 
+/// /proc/meminfo's MemAvailable, in bytes (0 when unknown).
+uint64_t MemAvailableBytes();
+
 class Session {
 public:
   /// Load, then Start.
