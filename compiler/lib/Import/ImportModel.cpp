@@ -53,10 +53,13 @@ Type mlirTypeOf(MLIRContext *ctx, DType d) {
 
 class Importer {
 public:
-  Importer(MLIRContext &ctx, const Checkpoint &ckpt)
-      : ctx(ctx), ckpt(ckpt), desc(ckpt.model()), b(&ctx) {
+  Importer(MLIRContext &ctx, const Checkpoint &ckpt, bool mtp)
+      : ctx(ctx), ckpt(ckpt), desc(ckpt.model()), b(&ctx), mtp(mtp) {
     for (ExpectedTensor &t : expectedTensors(desc))
       expected.try_emplace(t.name, t);
+    if (mtp)
+      for (ExpectedTensor &t : mtpTensors(desc))
+        expected.try_emplace(t.name, t);
     configLoc = FileLineColLoc::get(&ctx, ckpt.configPath(), 1, 1);
   }
 
@@ -121,6 +124,11 @@ private:
 
   Value attention(Value x, int64_t layer);
   Value ffn(Value x, int64_t layer);
+  /// One decoder layer: norm, attention, residual, norm, FFN, residual.
+  Value decoderLayer(Value x, int64_t layer);
+  /// The MTP module after the model (docs/mtp.md): its hidden state after
+  /// the shared head's norm, for the LM head.
+  Value mtpModule(Value hidden, Value nextTokens, WeightAttr embed);
   DictionaryAttr configDict();
 
   MLIRContext &ctx;
@@ -131,8 +139,47 @@ private:
   Location configLoc = UnknownLoc::get(&ctx);
   llvm::StringMap<ExpectedTensor> expected;
   bool hadError = false;
+  bool mtp = false;
   RankedTensorType act;
 };
+
+Value Importer::decoderLayer(Value x, int64_t l) {
+  Location loc = layerLoc(l);
+  FloatAttr eps = b.getF64FloatAttr(desc.rms_norm_eps);
+  WeightAttr n1 = weight(lw(l, "input_layernorm.weight"));
+  WeightAttr n2 = weight(lw(l, "post_attention_layernorm.weight"));
+  if (!n1 || !n2)
+    return {};
+  Value h = ob->create<RmsNormOp>(loc, act, x, n1, eps);
+  h = attention(h, l);
+  x = ob->create<AddOp>(loc, x, h);
+  h = ob->create<RmsNormOp>(loc, act, x, n2, eps);
+  h = ffn(h, l);
+  if (!h)
+    return {};
+  return ob->create<AddOp>(loc, x, h);
+}
+
+Value Importer::mtpModule(Value hidden, Value nextTokens, WeightAttr embed) {
+  const int64_t l = desc.num_layers;
+  Location loc = layerLoc(l);
+  // The module's embed_tokens equals the model's (docs/mtp.md): the plan
+  // reads the model's, which the host has mapped already.
+  Value e = ob->create<EmbeddingOp>(loc, act, nextTokens, embed);
+  WeightAttr en = weight(lw(l, "enorm.weight")),
+             hn = weight(lw(l, "hnorm.weight")),
+             eh = weight(lw(l, "eh_proj.weight")),
+             sn = weight(lw(l, "shared_head.norm.weight"));
+  if (!en || !hn || !eh || !sn)
+    return {};
+  FloatAttr eps = b.getF64FloatAttr(desc.rms_norm_eps);
+  Value x = ob->create<MtpInputOp>(loc, act, e, hidden,
+                                   b.getI64IntegerAttr(l), en, hn, eh, eps);
+  x = decoderLayer(x, l);
+  if (!x || hadError)
+    return {};
+  return ob->create<RmsNormOp>(loc, act, x, sn, eps);
+}
 
 DictionaryAttr Importer::configDict() {
   SmallVector<NamedAttribute> a;
@@ -327,21 +374,9 @@ OwningOpRef<ModuleOp> Importer::run() {
     return {};
   Value x = builder.create<EmbeddingOp>(configLoc, act, tokens, embed);
   FloatAttr eps = b.getF64FloatAttr(desc.rms_norm_eps);
-  for (int64_t l = 0; l < desc.num_layers && !hadError; ++l) {
-    Location loc = layerLoc(l);
-    WeightAttr n1 = weight(lw(l, "input_layernorm.weight"));
-    WeightAttr n2 = weight(lw(l, "post_attention_layernorm.weight"));
-    if (!n1 || !n2)
+  for (int64_t l = 0; l < desc.num_layers && !hadError; ++l)
+    if (!(x = decoderLayer(x, l)))
       return {};
-    Value h = builder.create<RmsNormOp>(loc, act, x, n1, eps);
-    h = attention(h, l);
-    x = builder.create<AddOp>(loc, x, h);
-    h = builder.create<RmsNormOp>(loc, act, x, n2, eps);
-    h = ffn(h, l);
-    if (!h)
-      return {};
-    x = builder.create<AddOp>(loc, x, h);
-  }
   if (hadError)
     return {};
   WeightAttr fn = weight("model.norm.weight");
@@ -357,7 +392,15 @@ OwningOpRef<ModuleOp> Importer::run() {
       RankedTensorType::get({ShapedType::kDynamic, desc.vocab_size}, b.getF32Type());
   Value logits = builder.create<LmHeadOp>(configLoc, logitsTy, x, head, nullptr,
                                           nullptr, nullptr, nullptr, nullptr);
-  builder.create<ReturnOp>(configLoc, ValueRange{logits});
+  SmallVector<Value, 2> results{logits};
+  if (mtp) {
+    Value next = body->addArgument(tokens.getType(), configLoc);
+    Value m = mtpModule(x, next, embed);
+    if (!m)
+      return {};
+    results.push_back(m);
+  }
+  builder.create<ReturnOp>(configLoc, results);
   if (failed(mlir::verify(*module)))
     return {};
   return module;
@@ -365,10 +408,48 @@ OwningOpRef<ModuleOp> Importer::run() {
 
 } // namespace
 
+llvm::Expected<bool> mlir::duck::import::wantMtp(const Checkpoint &ckpt,
+                                                 StringRef mode) {
+  if (mode == "off")
+    return false;
+  if (mode != "on" && mode != "auto")
+    return llvm::createStringError("--mtp must be auto, on or off, not '" +
+                                   mode + "'");
+  const ModelDesc &d = ckpt.model();
+  const std::vector<ExpectedTensor> want = mtpTensors(d);
+  if (want.empty()) {
+    if (mode == "auto")
+      return false;
+    return llvm::createStringError(
+        "--mtp on: " + ckpt.configPath().str() +
+        " declares no MTP module (num_nextn_predict_layers is 0 or absent, "
+        "or the family has none)");
+  }
+  if (!ckpt.hasWeights())
+    return true;
+  for (const ExpectedTensor &t : want) {
+    TensorRef ref = ckpt.find(t.name);
+    std::string why;
+    if (!ref)
+      why = "has no tensor '" + t.name + "'";
+    else if (llvm::ArrayRef<int64_t>(ref.info->shape) !=
+             llvm::ArrayRef<int64_t>(t.shape))
+      why = "has '" + t.name + "' in another shape than the config implies";
+    if (why.empty())
+      continue;
+    if (mode == "auto")
+      return false; // a checkpoint shipped without its module
+    return llvm::createStringError("--mtp on: the checkpoint " + why +
+                                   " (its MTP module, docs/mtp.md)");
+  }
+  return true;
+}
+
 OwningOpRef<ModuleOp> mlir::duck::import::importModel(MLIRContext &ctx,
-                                                      const Checkpoint &ckpt) {
+                                                      const Checkpoint &ckpt,
+                                                      bool mtp) {
   ctx.getOrLoadDialect<DuckDialect>();
-  return Importer(ctx, ckpt).run();
+  return Importer(ctx, ckpt, mtp).run();
 }
 
 std::string mlir::duck::import::checkpointIdentity(const Checkpoint &ckpt) {

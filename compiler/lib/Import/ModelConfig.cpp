@@ -78,6 +78,11 @@ double RopeScaling::yarnAttentionFactor() const {
 //===----------------------------------------------------------------------===//
 
 bool ModelDesc::isMoeLayer(int64_t layer) const {
+  // DeepSeek's MTP layers (docs/mtp.md) follow the last layer, past
+  // first_k_dense_replace: MoE layers.
+  if (hasMoe() && isDeepSeek() && layer >= num_layers &&
+      layer < num_layers + num_nextn_predict_layers)
+    return true;
   if (!hasMoe() || layer < 0 || layer >= num_layers)
     return false;
   if (isQwen())
@@ -770,6 +775,28 @@ std::vector<ExpectedTensor> expectedTensors(const ModelDesc &d) {
   b.add("model.norm.weight", {H}, TensorRole::Norm, -1);
   b.add("lm_head.weight", {d.vocab_size, H}, TensorRole::LmHead, -1,
         /*fp8Eligible=*/false, /*optional=*/d.tie_word_embeddings);
+  return out;
+}
+
+std::vector<ExpectedTensor> mtpTensors(const ModelDesc &d) {
+  std::vector<ExpectedTensor> out;
+  if (!d.isDeepSeek() || d.num_nextn_predict_layers < 1)
+    return out;
+  TensorListBuilder b(out);
+  const int64_t H = d.hidden_size, l = d.num_layers;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  b.add(p + "embed_tokens.weight", {d.vocab_size, H}, TensorRole::Embedding,
+        l);
+  b.add(p + "enorm.weight", {H}, TensorRole::Norm, l);
+  b.add(p + "hnorm.weight", {H}, TensorRole::Norm, l);
+  b.linear(p + "eh_proj.weight", H, 2 * H, TensorRole::Attention, l);
+  b.add(p + "input_layernorm.weight", {H}, TensorRole::Norm, l);
+  addMlaAttention(b, d, p + "self_attn.", l);
+  b.add(p + "post_attention_layernorm.weight", {H}, TensorRole::Norm, l);
+  addFfn(b, d, p + "mlp.", l);
+  b.add(p + "shared_head.norm.weight", {H}, TensorRole::Norm, l);
+  b.add(p + "shared_head.head.weight", {d.vocab_size, H}, TensorRole::LmHead,
+        l);
   return out;
 }
 

@@ -150,7 +150,7 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
   // reports the error compileModel gives.
   auto makeEvaluator = [&]() -> cost::Evaluator {
     std::shared_ptr<ImportedModel> imported;
-    if (auto m = ImportedModel::import(base.modelDir))
+    if (auto m = ImportedModel::import(base.modelDir, base.mtp))
       imported = std::move(*m);
     else
       llvm::consumeError(m.takeError());

@@ -524,7 +524,10 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   MLIRContext ctx;
   ctx.getOrLoadDialect<DuckDialect>();
   DiagnosticCollector diags(ctx);
-  OwningOpRef<ModuleOp> module = import::importModel(ctx, ckpt);
+  auto mtp = import::wantMtp(ckpt, opts.mtp);
+  if (!mtp)
+    return mtp.takeError();
+  OwningOpRef<ModuleOp> module = import::importModel(ctx, ckpt, *mtp);
   if (!module)
     return diags.takeError("import of '" + opts.modelDir + "' failed");
   return compileImported(opts, ckpt, ctx, std::move(module), diags, out, log);
@@ -541,7 +544,7 @@ ImportedModel::ImportedModel() : impl(std::make_unique<Impl>()) {}
 ImportedModel::~ImportedModel() = default;
 
 Expected<std::unique_ptr<ImportedModel>>
-ImportedModel::import(llvm::StringRef modelDir) {
+ImportedModel::import(llvm::StringRef modelDir, llvm::StringRef mtpMode) {
   auto ckptOr = import::Checkpoint::open(modelDir.str());
   if (!ckptOr)
     return ckptOr.takeError();
@@ -551,7 +554,10 @@ ImportedModel::import(llvm::StringRef modelDir) {
   i.modelDir = modelDir.str();
   i.ctx.getOrLoadDialect<DuckDialect>();
   DiagnosticCollector diags(i.ctx);
-  i.module = import::importModel(i.ctx, *i.ckpt);
+  auto mtp = import::wantMtp(*i.ckpt, mtpMode);
+  if (!mtp)
+    return mtp.takeError();
+  i.module = import::importModel(i.ctx, *i.ckpt, *mtp);
   if (!i.module)
     return diags.takeError("import of '" + i.modelDir + "' failed");
   return m;

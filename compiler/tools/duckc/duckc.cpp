@@ -258,6 +258,15 @@ cl::opt<std::string> compileMlaAbsorb(
              "columns and returns partial sums; the host reads no "
              "kv_b_proj"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileMtp(
+    "mtp",
+    cl::desc("DeepSeek's MTP module (docs/mtp.md: the layer after the last, "
+             "which drafts the token after next for duckrun --speculative "
+             "mtp): 'auto' (default: compiled when the checkpoint has it), "
+             "'on' (an error naming what is missing without it) or 'off'. "
+             "It is one more MoE layer on the ducks and one more attention "
+             "on the host, run only with --speculative mtp"),
+    cl::init("auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<int> compileSpecDrafts(
     "speculative-drafts",
     cl::desc("Project speculative decoding (printed, not written into the "
@@ -413,6 +422,11 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
                              "ducks, got '" +
                                  compileLmHead + "'");
   o.lmHead = compileLmHead;
+  if (compileMtp != "auto" && compileMtp != "on" && compileMtp != "off")
+    return createStringError(inconvertibleErrorCode(),
+                             "--mtp must be auto, on or off, got '" +
+                                 compileMtp + "'");
+  o.mtp = compileMtp;
   if (compileWire != "f32" && compileWire != "bf16")
     return createStringError(inconvertibleErrorCode(),
                              "--wire-activations must be f32 or bf16, got '" +

@@ -84,13 +84,12 @@ Engine::Create(const LoadedPlan &plan, FfnRunner *runner,
   return e;
 }
 
-/// Builds every op from its plan table and takes the activations' memory
-/// once: nothing is allocated while a chunk runs.
-absl::Status Engine::Prepare() {
-  const pl::PlanDef &d = plan_->def();
-  std::vector<uint64_t> widths(d.num_values(), hidden_);
-  ops::WeightReader weights(*plan_);
-  for (const pl::OpDef *def : *d.ops()) {
+absl::Status Engine::BuildOps(const std::vector<const pl::OpDef *> &defs,
+                              const ops::WeightReader &weights,
+                              std::vector<uint64_t> &widths,
+                              std::vector<std::unique_ptr<ops::HostOp>> &out,
+                              std::vector<pl::OpParams> &kinds) {
+  for (const pl::OpDef *def : defs) {
     const ops::HostOpKind *kind = ops::FindHostOpKind(def->params_type());
     if (!kind)
       return absl::InvalidArgumentError(absl::StrCat(
@@ -107,8 +106,36 @@ absl::Status Engine::Prepare() {
     (*op)->result = def->result();
     if (uint64_t w = (*op)->OutWidth())
       widths[def->result()] = w;
-    ops_.push_back(std::move(*op));
-    kinds_.push_back(def->params_type());
+    out.push_back(std::move(*op));
+    kinds.push_back(def->params_type());
+  }
+  return absl::OkStatus();
+}
+
+/// Builds every op from its plan table and takes the activations' memory
+/// once: nothing is allocated while a chunk runs.
+absl::Status Engine::Prepare() {
+  const pl::PlanDef &d = plan_->def();
+  std::vector<uint64_t> widths(d.num_values(), hidden_);
+  ops::WeightReader weights(*plan_);
+  DUCK_RETURN_IF_ERROR(BuildOps({d.ops()->begin(), d.ops()->end()}, weights,
+                                widths, ops_, kinds_));
+  if (opts_.mtp && d.mtp() && d.mtp()->ops()) {
+    const pl::MtpDef &m = *d.mtp();
+    DUCK_RETURN_IF_ERROR(BuildOps({m.ops()->begin(), m.ops()->end()}, weights,
+                                  widths, mtp_ops_, mtp_kinds_));
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (kinds_[i] == pl::OpParams::LmHeadOpDef)
+        head_ = ops_[i].get();
+    if (!head_ || head_->inputs.empty() || head_->inputs[0] != m.hidden())
+      return absl::InvalidArgumentError(
+          "the plan's MTP module does not read its LM head's input; "
+          "recompile the model");
+    mtp_hidden_ = m.hidden();
+    mtp_result_ = m.result();
+    mtp_h_.assign((uint64_t)opts_.max_rows * hidden_, 0.0f);
+    mtp_tokens_.reserve(opts_.max_rows);
+    mtp_next_.reserve(opts_.max_rows);
   }
   values_ = std::make_unique<ops::ValueArena>();
   values_->Init(widths, opts_.max_rows);
@@ -160,8 +187,10 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
                               std::vector<float> *out_logits, bool logits) {
   if (!opts_.all_logits)
     out_logits->clear(); // the last row's logits only
+  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0]));
   const SeqChunk chunk{0, pos_, tokens, logits};
   DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
+  KeepMtpRows(tokens, pos_);
   pos_ += tokens.size();
   return absl::OkStatus();
 }
@@ -171,10 +200,88 @@ absl::Status Engine::Verify(absl::Span<const int32_t> tokens,
   if (tokens.empty())
     return absl::InvalidArgumentError("no tokens to verify");
   out_logits->clear();
+  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0]));
   SeqChunk chunk{0, pos_, tokens, true};
   chunk.every_row = true;
   DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
+  KeepMtpRows(tokens, pos_);
   pos_ += tokens.size();
+  return absl::OkStatus();
+}
+
+void Engine::KeepMtpRows(absl::Span<const int32_t> tokens, uint32_t pos) {
+  if (!has_mtp())
+    return;
+  mtp_tokens_.assign(tokens.begin(), tokens.end());
+  mtp_pos_ = pos;
+  mtp_pending_ = true;
+  std::memcpy(mtp_h_.data(), values_->Get(mtp_hidden_),
+              tokens.size() * (uint64_t)hidden_ * sizeof(float));
+}
+
+absl::Status Engine::MtpDraft(uint32_t rows, int32_t next, bool logits,
+                              std::vector<float> *out_logits) {
+  if (!has_mtp())
+    return absl::FailedPreconditionError(
+        "no MTP module: the plan has none or the engine was built without "
+        "EngineOptions::mtp");
+  if (rows == 0 || rows > mtp_tokens_.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MTP draft over ", rows, " rows of a step of ", mtp_tokens_.size()));
+  if (!mtp_pending_)
+    return absl::FailedPreconditionError(
+        "MTP draft twice for one step, or after none");
+  mtp_pending_ = false;
+  mtp_next_.assign(mtp_tokens_.begin() + 1, mtp_tokens_.begin() + rows);
+  mtp_next_.push_back(next);
+  return RunMtp(mtp_pos_, mtp_next_, logits, out_logits);
+}
+
+absl::Status Engine::MtpCatchUp(int32_t next) {
+  // The rows of the last step still wait for the token after them: the
+  // prompt's chunks, or a step nobody drafted after. Only when this step
+  // follows them (no rewind in between).
+  if (!has_mtp() || !mtp_pending_ ||
+      pos_ != mtp_pos_ + (uint32_t)mtp_tokens_.size())
+    return absl::OkStatus();
+  mtp_pending_ = false;
+  mtp_next_.assign(mtp_tokens_.begin() + 1, mtp_tokens_.end());
+  mtp_next_.push_back(next);
+  return RunMtp(mtp_pos_, mtp_next_, false, nullptr);
+}
+
+absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
+                            bool last_logits, std::vector<float> *out_logits) {
+  const uint32_t n = (uint32_t)next.size();
+  row_tokens_.assign(next.begin(), next.end());
+  row_pos_.clear();
+  row_seq_.assign(n, 0);
+  logit_rows_.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    row_pos_.push_back(pos + i);
+    if (opts_.mtp_all_logits || (last_logits && i + 1 == n))
+      logit_rows_.push_back(i);
+  }
+  // The hidden rows the main step left (the LM head's input value).
+  float *h = values_->Get(mtp_hidden_);
+  std::memcpy(h, mtp_h_.data(), (uint64_t)n * hidden_ * sizeof(float));
+  std::vector<float> *sink = out_logits ? out_logits : &mtp_scratch_;
+  sink->clear();
+  DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
+  if (logit_rows_.empty())
+    return absl::OkStatus();
+  // The main LM head projects the module's result: put it in its input.
+  std::memcpy(h, values_->Get(mtp_result_),
+              (uint64_t)n * hidden_ * sizeof(float));
+  ops::Step step{row_tokens_, row_pos_,     row_seq_, logit_rows_,
+                 n > 1,       values_.get(), sink};
+  DUCK_RETURN_IF_ERROR(head_->Run(step));
+  const uint64_t V = vocab();
+  if (opts_.mtp_all_logits) {
+    mtp_logits_all_.insert(mtp_logits_all_.end(), sink->begin(), sink->end());
+    if (last_logits && out_logits) // the draft: the last row only
+      out_logits->erase(out_logits->begin(), out_logits->end() - V);
+  }
   return absl::OkStatus();
 }
 
@@ -220,20 +327,28 @@ absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
 }
 
 absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
-  ops::Step step{row_tokens_, row_pos_,  row_seq_,    logit_rows_,
+  DUCK_RETURN_IF_ERROR(RunOps(ops_, kinds_, prefill, out_logits));
+  (prefill ? prefill_times_ : decode_times_).tokens += row_tokens_.size();
+  return absl::OkStatus();
+}
+
+absl::Status
+Engine::RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+               const std::vector<pl::OpParams> &kinds, bool prefill,
+               std::vector<float> *out_logits) {
+  ops::Step step{row_tokens_, row_pos_,     row_seq_,  logit_rows_,
                  prefill,     values_.get(), out_logits};
   // Time by op kind, one clock read an op (a few tens of ns).
   OpTimes &times = prefill ? prefill_times_ : decode_times_;
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    if (absl::Status s = ops_[i]->Run(step); !s.ok())
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (absl::Status s = ops[i]->Run(step); !s.ok())
       return s;
     auto t1 = std::chrono::steady_clock::now();
-    times.seconds[(size_t)kinds_[i]] +=
+    times.seconds[(size_t)kinds[i]] +=
         std::chrono::duration<double>(t1 - t0).count();
     t0 = t1;
   }
-  times.tokens += row_tokens_.size();
   return absl::OkStatus();
 }
 

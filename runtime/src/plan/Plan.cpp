@@ -74,8 +74,17 @@ HostTensors LoadedPlan::OpTensors(const pl::OpDef &op) const {
   return out;
 }
 
+std::vector<const pl::OpDef *> AllOps(const pl::PlanDef &d) {
+  std::vector<const pl::OpDef *> out;
+  if (d.ops())
+    out.assign(d.ops()->begin(), d.ops()->end());
+  if (d.mtp() && d.mtp()->ops())
+    out.insert(out.end(), d.mtp()->ops()->begin(), d.mtp()->ops()->end());
+  return out;
+}
+
 const pl::OpDef *LoadedPlan::Producer(uint32_t id) const {
-  for (const pl::OpDef *op : *def_->ops())
+  for (const pl::OpDef *op : AllOps(*def_))
     if (op->result() == id)
       return op;
   return nullptr;
@@ -321,8 +330,9 @@ absl::Status CheckTensor(const std::string &dir, const MappedFiles &files,
 /// in that order).
 absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
                       const MappedFiles &files, const OpKindTable &kinds) {
-  for (uint32_t i = 0; i < d.ops()->size(); ++i) {
-    const pl::OpDef *op = d.ops()->Get(i);
+  const std::vector<const pl::OpDef *> all = AllOps(d);
+  for (uint32_t i = 0; i < all.size(); ++i) {
+    const pl::OpDef *op = all[i];
     const OpKind *kind = kinds.Find(op->params_type());
     if (!op->params() || !kind)
       return BadPlan(dir, "ops[", i,
@@ -353,6 +363,22 @@ absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
   return absl::OkStatus();
 }
 
+/// The MTP module: a program that starts with its input op and reads the
+/// main program's hidden state, values in range.
+absl::Status CheckMtp(const std::string &dir, const pl::PlanDef &d) {
+  const pl::MtpDef *m = d.mtp();
+  if (!m)
+    return absl::OkStatus();
+  if (!m->ops() || m->ops()->size() < 2 ||
+      !m->ops()->Get(1)->params_as_MtpInputOpDef())
+    return BadPlan(dir, "mtp: its program must start with an embedding and "
+                        "its input op");
+  if (m->hidden() >= d.num_values() || m->result() >= d.num_values())
+    return BadPlan(dir, "mtp: hidden value ", m->hidden(), " or result ",
+                   m->result(), " out of ", d.num_values());
+  return absl::OkStatus();
+}
+
 /// Step limits: the compiler's word for how big a duck step can get; the
 /// runtime sizes the ducks' scratch and buffers from it, so every slot
 /// and MoE op must keep within it.
@@ -360,7 +386,7 @@ absl::Status CheckStepLimits(const std::string &dir, const pl::PlanDef &d) {
   const pl::StepLimitsDef *lim = d.step_limits();
   if (!lim)
     return BadPlan(dir, "has no step limits");
-  for (const pl::OpDef *op : *d.ops())
+  for (const pl::OpDef *op : AllOps(d))
     if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef())
       if (moe->num_experts() + moe->num_shared() > lim->max_experts() ||
           moe->top_k() + moe->num_shared() > lim->max_active())
@@ -466,6 +492,8 @@ absl::Status LoadedPlan::Check(const PlanLoadOptions &options) {
     return s;
   if (absl::Status s = CheckOps(dir_, d, files_, *kinds_); !s.ok())
     return s;
+  if (absl::Status s = CheckMtp(dir_, d); !s.ok())
+    return s;
   if (absl::Status s = CheckStepLimits(dir_, d); !s.ok())
     return s;
   return CheckWeightImages(*this, options);
@@ -500,7 +528,7 @@ uint64_t LoadedPlan::MapHostTensors() const {
       (void)madvise(at, end - begin, MADV_WILLNEED);
     mapped += end - begin;
   };
-  for (const pl::OpDef *op : *def_->ops())
+  for (const pl::OpDef *op : AllOps(*def_))
     for (const pl::TensorDef *t : OpTensors(*op)) {
       populate(t);
       populate(t->scale());

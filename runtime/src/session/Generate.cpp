@@ -172,7 +172,7 @@ public:
       : o_(o), ses_(ses), engine_(ses.engine()), logitsOut_(logitsOut),
         out_(out), run_(run), eos_(ses.StopTokens(o.chat)),
         sampler_(o.sampler), drafter_(o.speculative.corpus),
-        budget_(o.speculative.k), text_(prompt) {
+        budget_(o.speculative.k), text_(prompt), mtpOut_(o.mtp_logits_out) {
     tok_ = ses.tokenizer();
     textOut_ = tok_ && !o.print_ids;
     if (textOut_)
@@ -181,14 +181,18 @@ public:
 
   absl::Status Loop(std::vector<float> *logits) {
     const uint32_t V = engine_.vocab();
+    DUCK_RETURN_IF_ERROR(mtpOut_.Open());
     int32_t next = sampler_.Sample(LastRow(*logits, V));
+    mtpRows_ = engine_.has_mtp() ? engine_.mtp_step_rows() : 0;
+    tail_ = next;
     while (Emit(next)) {
       if (Interrupted(o_))
         return absl::CancelledError("interrupted");
       if (engine_.position() + 1 > ses_.max_seq())
         break;
       const double t0 = now();
-      const std::vector<int32_t> drafts = Drafts();
+      std::vector<int32_t> drafts;
+      DUCK_RETURN_IF_ERROR(Drafts(next, &drafts));
       uint32_t made = 1;
       absl::Status s = drafts.empty() ? StepOne(next, logits, &next)
                                       : StepVerify(next, drafts, logits,
@@ -200,6 +204,13 @@ public:
       if (ended_)
         break;
     }
+    // --mtp-logits-out: the module's rows up to the last token's position.
+    if (mtpRows_ && !o_.mtp_logits_out.empty()) {
+      std::vector<float> unused;
+      DUCK_RETURN_IF_ERROR(engine_.MtpDraft(mtpRows_, tail_, false, &unused));
+    }
+    mtpOut_.Keep(engine_.TakeMtpLogits());
+    DUCK_RETURN_IF_ERROR(mtpOut_.Flush());
     return Finish();
   }
 private:
@@ -229,19 +240,36 @@ private:
     return !end && generated.size() < o_.max_tokens;
   }
 
-  /// The drafts for the next step: none without --speculative, and never
-  /// past --max-tokens or the context.
-  std::vector<int32_t> Drafts() {
-    if (!o_.speculative.lookup && !o_.speculative.wrong)
-      return {};
-    const uint64_t room = std::min<uint64_t>(
-        o_.max_tokens - run_->generated.size(),
-        ses_.max_seq() - engine_.position() - 1);
-    const uint32_t k =
-        (uint32_t)std::min<uint64_t>(budget_.Next(), room);
-    if (o_.speculative.wrong)
-      return wrong_.Propose(engine_.vocab(), k);
-    return drafter_.Propose(text_, k);
+  /// The drafts for the next step (`next` its first row): none without
+  /// --speculative, and never past --max-tokens or the context. With an
+  /// MTP module, it runs over the last step's accepted rows whatever the
+  /// budget (its cache needs every position) and projects its last row
+  /// only when a draft is wanted.
+  absl::Status Drafts(int32_t next, std::vector<int32_t> *out) {
+    out->clear();
+    const SpeculativeOptions &spec = o_.speculative;
+    uint32_t k = 0;
+    if (spec.lookup || spec.wrong || spec.mtp) {
+      const uint64_t room = std::min<uint64_t>(
+          o_.max_tokens - run_->generated.size(),
+          ses_.max_seq() - engine_.position() - 1);
+      k = (uint32_t)std::min<uint64_t>(budget_.Next(), room);
+    }
+    if (engine_.has_mtp()) {
+      const bool want = k > 0 && spec.mtp;
+      DUCK_RETURN_IF_ERROR(engine_.MtpDraft(mtpRows_, next, want, &mtpLogits_));
+      mtpRows_ = 0;
+      mtpOut_.Keep(engine_.TakeMtpLogits());
+      if (want)
+        out->push_back((int32_t)(std::max_element(mtpLogits_.begin(),
+                                                  mtpLogits_.end()) -
+                                 mtpLogits_.begin()));
+    }
+    if (spec.wrong)
+      *out = wrong_.Propose(engine_.vocab(), k);
+    else if (spec.lookup)
+      *out = drafter_.Propose(text_, k);
+    return absl::OkStatus();
   }
 
   absl::Status StepOne(int32_t in, std::vector<float> *logits,
@@ -249,6 +277,8 @@ private:
     DUCK_RETURN_IF_ERROR(engine_.Forward(absl::MakeConstSpan(&in, 1), logits));
     logitsOut_.Keep(*logits);
     *next = sampler_.Sample(LastRow(*logits, engine_.vocab()));
+    mtpRows_ = engine_.has_mtp() ? 1 : 0;
+    tail_ = *next;
     return absl::OkStatus();
   }
 
@@ -266,6 +296,7 @@ private:
       const auto row = absl::MakeConstSpan(*logits).subspan((uint64_t)i * V, V);
       logitsOut_.Keep(row);
       const int32_t t = sampler_.Sample(row);
+      tail_ = t; // the token after the rows kept
       if (i == drafts.size() || t != drafts[i]) {
         *next = t;
         break;
@@ -275,6 +306,7 @@ private:
         break;
       }
     }
+    mtpRows_ = engine_.has_mtp() ? i + 1 : 0;
     engine_.Rewind(pos + 1 + i);
     ++run_->spec.verify_steps;
     run_->spec.proposed += drafts.size();
@@ -310,6 +342,12 @@ private:
   WrongDrafter wrong_;
   DraftBudget budget_;
   std::vector<int32_t> text_; // the prompt and the tokens so far
+  // With an MTP module: the last step's rows it has not run yet, the
+  // token after them, its draft's logits, --mtp-logits-out.
+  uint32_t mtpRows_ = 0;
+  int32_t tail_ = 0;
+  std::vector<float> mtpLogits_;
+  LogitsOut mtpOut_;
   const Tokenizer *tok_ = nullptr;
   bool textOut_ = false, ended_ = false;
   std::unique_ptr<StreamDecoder> stream_;
@@ -459,6 +497,8 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   SessionOptions so = o.session;
   so.need_tokenizer = o.prompt_ids.empty();
   so.all_logits = !o.logits_out.empty();
+  so.mtp = o.speculative.mtp || !o.mtp_logits_out.empty();
+  so.mtp_all_logits = !o.mtp_logits_out.empty();
   so.cancel = o.cancel;
 
   // The prompt is checked before any duck starts: the plan and tokenizer
@@ -467,6 +507,12 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   if (!session.ok())
     return session.status();
   Session &ses = **session;
+  if (so.mtp && !ses.plan().def().mtp())
+    return absl::FailedPreconditionError(absl::StrCat(
+        o.speculative.mtp ? "--speculative mtp" : "--mtp-logits-out",
+        ": the plan has no MTP module (only DeepSeek checkpoints with "
+        "num_nextn_predict_layers carry one; duckc compile --mtp on says "
+        "what is missing)"));
   if (o.chat && !ses.chat_template_note().empty())
     err << "duckrun: warning: " << ses.chat_template_note() << "\n";
   auto prompt = PromptIds(o, ses);

@@ -387,7 +387,7 @@ StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
 /// when no MLA is absorbed.
 uint64_t AbsorbedInputWidth(const pl::PlanDef &d) {
   uint64_t w = 0;
-  for (const pl::OpDef *op : *d.ops())
+  for (const pl::OpDef *op : AllOps(d))
     if (const pl::MlaAttentionOpDef *m = op->params_as_MlaAttentionOpDef())
       for (uint32_t r = 0;
            m->absorb_heads() && r + 1 < m->absorb_heads()->size(); ++r)
@@ -478,6 +478,8 @@ EngineOptions EngineOptionsFor(const SessionOptions &o, uint32_t maxSeq,
   eo.threads = threads;
   eo.prefill_chunk = chunk;
   eo.all_logits = o.all_logits;
+  eo.mtp = o.mtp;
+  eo.mtp_all_logits = o.mtp_all_logits;
   eo.max_seqs = seqs;
   eo.kv_f16 = o.kv_f16;
   eo.max_rows = rows;

@@ -77,7 +77,13 @@ ABSL_FLAG(std::string, speculative, "none",
           "same --seed (each token is one draw on the same logits); fewer "
           "drafts are tried where they are rejected. 'wrong[:K]': drafts "
           "drawn at random (almost never accepted), to measure what "
-          "rejected drafts cost. 'none': one token a step");
+          "rejected drafts cost. 'mtp[:1]' (DeepSeek plans compiled with "
+          "their MTP module, duckc compile --mtp): the module drafts the "
+          "token after next from the model's last hidden state, one draft "
+          "a step; it runs over every accepted position (its own cache) and "
+          "the drafts pause where they are rejected. Sampled drafts are "
+          "accepted when the sampled token equals them, so the output for a "
+          "--seed is the one 'none' gives. 'none': one token a step");
 ABSL_FLAG(std::string, lookup_corpus, "",
           "Token ids (spaces, commas or newlines between them) that "
           "--speculative lookup also searches for drafts, e.g. a previous "
@@ -88,6 +94,11 @@ ABSL_FLAG(bool, print_ids, false,
 ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating past end-of-sequence tokens (benchmarks, tests)");
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary as JSON");
+ABSL_FLAG(std::string, mtp_logits_out, "",
+          "Write the plan's MTP module's logits at every position whose next "
+          "token is known (the prompt's and the generated tokens' but the "
+          "last; each guesses the token after next) here, as --logits-out "
+          "(DeepSeek plans with an MTP module)");
 ABSL_FLAG(std::string, logits_out, "",
           "Write the logits of every prompt position, then of every "
           "generated token, here (raw float32, vocab floats a row)");
@@ -240,9 +251,10 @@ int serveMain(const std::vector<char *> &args) {
       std::cerr << "duckrun: error: " << s.message() << "\n";
       return 2;
     }
-    if (!spec.corpus.empty() || spec.wrong) {
-      std::cerr << "duckrun: error: --lookup-corpus and --speculative wrong "
-                   "are for one generation, not serve\n";
+    if (!spec.corpus.empty() || spec.wrong || spec.mtp) {
+      std::cerr << "duckrun: error: --lookup-corpus, --speculative wrong and "
+                   "--speculative mtp are for one generation, not serve "
+                   "(yet)\n";
       return 2;
     }
     so.speculative = spec.lookup ? spec.k : 0;
@@ -326,6 +338,7 @@ int main(int argc, char **argv) {
   o.print_ids = absl::GetFlag(FLAGS_print_ids);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
+  o.mtp_logits_out = absl::GetFlag(FLAGS_mtp_logits_out);
   if (absl::Status s = ReadSpeculative(&o.speculative); !s.ok()) {
     std::cerr << "duckrun: error: " << s.message() << "\n";
     return 2;

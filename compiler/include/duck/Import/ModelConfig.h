@@ -143,7 +143,8 @@ struct ModelDesc {
 
   /// Whether layer `layer` (0-based) has a routed-expert FFN.
   /// Qwen3-MoE: not in mlp_only_layers and (L+1) % decoder_sparse_step == 0.
-  /// DeepSeek: L >= first_k_dense_replace and L % moe_layer_freq == 0.
+  /// DeepSeek: L >= first_k_dense_replace and L % moe_layer_freq == 0,
+  /// and the MTP layers after the last layer (docs/mtp.md).
   bool isMoeLayer(int64_t layer) const;
   /// Width of one FFN of the layer: moe_intermediate_size for an MoE layer
   /// (per routed expert), intermediate_size for a dense one.
@@ -192,6 +193,11 @@ struct ExpectedTensor {
 /// Every tensor a checkpoint of `desc` has, per reference/TENSORS.md, in
 /// model order. DeepSeek MTP layers (index >= num_layers) are not listed.
 std::vector<ExpectedTensor> expectedTensors(const ModelDesc &desc);
+
+/// The first MTP layer's tensors (docs/mtp.md: model.layers.<num_layers>.*,
+/// its decoder layer a MoE layer), in module order; empty without one.
+/// Only this layer is compiled (duckc compile --mtp); later ones are not.
+std::vector<ExpectedTensor> mtpTensors(const ModelDesc &desc);
 
 /// True if `name` belongs to a DeepSeek MTP layer ("model.layers.<L>." with
 /// L >= num_layers), which plain inference skips.

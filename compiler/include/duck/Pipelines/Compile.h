@@ -67,6 +67,9 @@ struct CompileOptions {
   /// where an attention's query and output projections are on the ducks
   /// (whole heads a duck, chained into those steps).
   std::string mlaAbsorb = "host";
+  /// DeepSeek's MTP module (docs/mtp.md): "auto" (default: compiled when
+  /// the checkpoint has it), "on" (an error without it) or "off".
+  std::string mtp = "auto";
   /// Verify the module after every pass (MLIR's default). The --tp auto
   /// search turns it off for its dry-run candidates (a third of their
   /// time); the plan it then compiles is verified as any other.
@@ -98,7 +101,7 @@ llvm::Error compileModel(const CompileOptions &opts, llvm::raw_ostream &out,
 class ImportedModel {
 public:
   static llvm::Expected<std::unique_ptr<ImportedModel>>
-  import(llvm::StringRef modelDir);
+  import(llvm::StringRef modelDir, llvm::StringRef mtp = "auto");
   ~ImportedModel();
 
   /// compileModel(opts, ...) on a copy of the imported module;

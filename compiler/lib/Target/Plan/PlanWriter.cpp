@@ -562,6 +562,11 @@ public:
   fb::FlatBufferBuilder fbb{1 << 16};
   std::vector<fb::Offset<pl::OpDef>> ops;
   uint32_t numValues = 0;
+  /// The MTP module's program (the ops after the LM head), when the model
+  /// returns its hidden state as a second result.
+  std::vector<fb::Offset<pl::OpDef>> mtpOps;
+  uint32_t mtpHidden = 0, mtpResult = 0;
+  int64_t mtpLayer = -1;
 
 private:
   Expected<fb::Offset<pl::TensorDef>> optionalTensor(StringRef role,
@@ -895,6 +900,18 @@ Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
     *type = pl::OpParams::MoeFfnOpDef;
     return moeParams(m);
   }
+  if (auto m = dyn_cast<MtpInputOp>(op)) {
+    auto en = tensor("enorm", m.getEnorm());
+    auto hn = tensor("hnorm", m.getHnorm());
+    auto eh = tensor("eh_proj", m.getEhProj());
+    if (!en || !hn || !eh)
+      return joinErrors(joinErrors(en.takeError(), hn.takeError()),
+                        eh.takeError());
+    *type = pl::OpParams::MtpInputOpDef;
+    return pl::CreateMtpInputOpDef(fbb, *en, *hn, *eh,
+                                   m.getEps().convertToDouble())
+        .Union();
+  }
   if (auto h = dyn_cast<LmHeadOp>(op)) {
     auto w = tensor("weight", h.getWeight());
     if (!w)
@@ -910,9 +927,19 @@ Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
 }
 
 Error PlanBuilder::buildOps(ModelOp model) {
+  // The ops after the LM head are the MTP module's (ImportModel): a
+  // program of their own.
+  std::vector<fb::Offset<pl::OpDef>> *to = &ops;
   for (Operation &op : model.getBody().front()) {
-    if (isa<ReturnOp>(op))
+    if (auto ret = dyn_cast<ReturnOp>(op)) {
+      if (ret.getNumOperands() > 1)
+        mtpResult = valueId(ret.getOperand(1));
       continue;
+    }
+    if (auto h = dyn_cast<LmHeadOp>(op))
+      mtpHidden = valueId(h.getInput());
+    if (auto m = dyn_cast<MtpInputOp>(op))
+      mtpLayer = m.getLayer();
     std::vector<uint32_t> inputs;
     for (Value v : op.getOperands())
       if (!isa<BlockArgument>(v))
@@ -931,8 +958,12 @@ Error PlanBuilder::buildOps(ModelOp model) {
     if (!params)
       return params.takeError();
     uint32_t result = valueId(op.getResult(0));
-    ops.push_back(makeOp(layer, inputs, result, type, *params));
+    to->push_back(makeOp(layer, inputs, result, type, *params));
+    if (isa<LmHeadOp>(op))
+      to = &mtpOps;
   }
+  if (!mtpOps.empty() && mtpLayer < 0)
+    return err("internal: ops follow the LM head without an MTP input");
   return Error::success();
 }
 
@@ -1212,11 +1243,16 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
   auto limits = pl::CreateStepLimitsDef(pb.fbb, lim.maxInter, lim.maxExperts,
                                        lim.maxActive, lim.maxHeadRows,
                                        lim.maxK);
+  fb::Offset<pl::MtpDef> mtp;
+  if (!pb.mtpOps.empty())
+    mtp = pl::CreateMtpDefDirect(pb.fbb, &pb.mtpOps, pb.mtpHidden,
+                                 pb.mtpResult, (uint32_t)pb.mtpLayer);
   auto root = pl::CreatePlanDefDirect(
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION,
       DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,
       modelOffset, part.getTp(), multipleOf, opts.coresPerDuck, strategy,
-      &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16, opts.wireOutBf16);
+      &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16, opts.wireOutBf16,
+      mtp);
   pl::FinishPlanDefBuffer(pb.fbb, root);
   return writePlanFile(dir, pb.fbb);
 }

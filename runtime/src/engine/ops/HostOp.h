@@ -264,7 +264,8 @@ struct HostOpKind : OpKind {
   X(Indexer)                                                                 \
   X(DenseFfn)                                                                \
   X(MoeFfn)                                                                  \
-  X(LmHead)
+  X(LmHead)                                                                  \
+  X(MtpInput)
 
 #define DUCK_DECLARE_HOST_OP(name) extern const HostOpKind k##name##Kind;
 DUCK_HOST_OPS(DUCK_DECLARE_HOST_OP)

@@ -128,9 +128,28 @@ static LogicalResult expectShape(Operation *op, StringRef role,
 
 LogicalResult ModelOp::verify() {
   Block &body = getBody().front();
-  if (body.getNumArguments() != 1 ||
-      !isa<RankedTensorType>(body.getArgument(0).getType()))
-    return emitOpError("body must take one argument, the token ids");
+  // A second argument: the tokens after each row, for an MTP module.
+  if (body.getNumArguments() < 1 || body.getNumArguments() > 2 ||
+      !llvm::all_of(body.getArgumentTypes(),
+                    [](Type t) { return isa<RankedTensorType>(t); }))
+    return emitOpError("body must take the token ids (and, with an MTP "
+                       "module, the tokens after them)");
+  return success();
+}
+
+LogicalResult MtpInputOp::verify() {
+  if (failed(verifyActivations(*this)))
+    return failure();
+  const int64_t h = hiddenOf(getResult());
+  if (hiddenOf(getEmbedded()) != h || hiddenOf(getHidden()) != h)
+    return emitOpError("embedding, hidden state and result must have the "
+                       "same hidden size");
+  if (failed(expectShape(*this, "enorm", getEnorm().getShape(), {h})) ||
+      failed(expectShape(*this, "hnorm", getHnorm().getShape(), {h})) ||
+      failed(expectShape(*this, "eh_proj", getEhProj().getShape(), {h, 2 * h})))
+    return failure();
+  if (getEps().convertToDouble() <= 0)
+    return emitOpError("eps must be positive");
   return success();
 }
 

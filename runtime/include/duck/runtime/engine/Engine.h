@@ -27,6 +27,7 @@ namespace duck::runtime {
 namespace ops {
 class HostOp;
 class ValueArena;
+class WeightReader;
 } // namespace ops
 
 /// Every op kind this engine can run (engine/ops/HostOp.h, DUCK_HOST_OPS):
@@ -101,6 +102,14 @@ struct EngineOptions {
   /// GQA's k/v cache in IEEE half (half the bytes a position to keep and
   /// to read; values rounded to 11 significant bits); else fp32.
   bool kv_f16 = false;
+  /// Run the plan's MTP module (PlanDef.mtp; duckrun --speculative mtp):
+  /// its ops are built (its weights read, its caches reserved), Forward
+  /// runs it over the prompt and MtpDraft after every step. Without it the
+  /// module is never built.
+  bool mtp = false;
+  /// With mtp: every MTP row's logits are kept for TakeMtpLogits (duckrun
+  /// --mtp-logits-out), not only the drafts'.
+  bool mtp_all_logits = false;
 };
 
 /// One sequence's rows in a batched step: `tokens` at positions
@@ -151,6 +160,28 @@ public:
   /// were right. Rewind then drops the rejected positions.
   absl::Status Verify(absl::Span<const int32_t> tokens,
                       std::vector<float> *out_logits);
+  /// Whether the engine runs an MTP module (EngineOptions::mtp and a plan
+  /// that has one).
+  bool has_mtp() const { return !mtp_ops_.empty(); }
+  /// The MTP module (docs/mtp.md) over the first `rows` positions of
+  /// sequence 0's last step (Forward's last chunk, a decode step or
+  /// Verify's rows, of which the caller accepted rows - 1 drafts; the
+  /// chunks before it ran the module as the next chunk came): row i
+  /// reads the main model's hidden state there and the token after it, the
+  /// step's token i + 1, and `next` (the token just sampled) for the last.
+  /// Its cache gets those positions. With `logits`, the last row's logits
+  /// (vocab floats, the token after `next`: a draft) go to out_logits.
+  absl::Status MtpDraft(uint32_t rows, int32_t next, bool logits,
+                        std::vector<float> *out_logits);
+  /// With EngineOptions::mtp_all_logits: every MTP row's logits since the
+  /// last call, in position order (the prompt's, then each step's).
+  std::vector<float> TakeMtpLogits() {
+    std::vector<float> out;
+    out.swap(mtp_logits_all_);
+    return out;
+  }
+  /// Rows of sequence 0's last step (MtpDraft's most).
+  uint32_t mtp_step_rows() const { return (uint32_t)mtp_tokens_.size(); }
   /// Sequence 0 back to `pos` (<= position()): the positions after it are
   /// forgotten and written again by the next step (every cache is indexed
   /// by position; nothing reads past a sequence's position).
@@ -200,6 +231,27 @@ private:
   /// SaveKv (save) and LoadKv.
   void CopyKvRows(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *buf,
                   bool save);
+  /// Builds the ops of `defs` into `out` (and their kinds), widening
+  /// `widths` for the values they write.
+  absl::Status BuildOps(
+      const std::vector<const ::duck::plan::OpDef *> &defs,
+      const ops::WeightReader &weights, std::vector<uint64_t> &widths,
+      std::vector<std::unique_ptr<ops::HostOp>> &out,
+      std::vector<::duck::plan::OpParams> &kinds);
+  /// Walks `ops` over the rows set up in row_*_ (times by kind).
+  absl::Status RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+                      const std::vector<::duck::plan::OpParams> &kinds,
+                      bool prefill, std::vector<float> *out_logits);
+  /// After a step of sequence 0 at `pos`: its tokens and hidden rows, for
+  /// MtpDraft (with an MTP module).
+  void KeepMtpRows(absl::Span<const int32_t> tokens, uint32_t pos);
+  /// Before a step of sequence 0 that follows the last one: the MTP rows
+  /// the last step left (no MtpDraft came), with `next` its first token.
+  absl::Status MtpCatchUp(int32_t next);
+  /// The MTP module over positions pos..pos+n-1 with the kept hidden rows
+  /// and `next` (n tokens); the logits of the rows in `logit_rows`.
+  absl::Status RunMtp(uint32_t pos, absl::Span<const int32_t> next,
+                      bool last_logits, std::vector<float> *out_logits);
 
   const LoadedPlan *plan_ = nullptr;
   FfnRunner *runner_ = nullptr;
@@ -214,6 +266,19 @@ private:
   OpTimes decode_times_, prefill_times_;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;
+  // The MTP module (EngineOptions::mtp): its ops, the main program's LM
+  // head (which projects its result too), and sequence 0's last step.
+  std::vector<std::unique_ptr<ops::HostOp>> mtp_ops_;
+  std::vector<::duck::plan::OpParams> mtp_kinds_;
+  ops::HostOp *head_ = nullptr;
+  uint32_t mtp_hidden_ = 0, mtp_result_ = 0;
+  std::vector<float> mtp_h_;          // the last step's hidden rows
+  std::vector<int32_t> mtp_tokens_;   // and its tokens
+  std::vector<int32_t> mtp_next_;     // MtpDraft's tokens (kept)
+  uint32_t mtp_pos_ = 0;
+  bool mtp_pending_ = false;          // its rows wait for MtpDraft
+  std::vector<float> mtp_logits_all_;
+  std::vector<float> mtp_scratch_; // logits nobody asked for
 };
 
 /// Sampling of the next token from logits.

@@ -48,6 +48,10 @@ struct PlanLoadOptions {
   std::string checkpoint_dir;
 };
 
+/// The main program's ops, then the MTP module's (PlanDef.mtp), whose
+/// slots and host tensors a plan holds too.
+std::vector<const duck::plan::OpDef *> AllOps(const duck::plan::PlanDef &d);
+
 class LoadedPlan {
 public:
   /// Checks every op against its descriptor in `kinds` (the engine's

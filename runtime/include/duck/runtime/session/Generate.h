@@ -29,6 +29,9 @@ struct GenerateOptions {
   bool stream = true;              // print tokens as they come
   std::string summary_json;        // write the summary here
   std::string logits_out;          // every position's logits (f32 rows)
+  /// The MTP module's logits at every position whose next token is known
+  /// (the prompt's and the generated tokens' but the last), f32 rows.
+  std::string mtp_logits_out;
   bool stop_at_eos = true;
   bool print_ids = false;          // print token ids instead of text
   /// --speculative: drafts verified with the next token in one step; the

@@ -51,6 +51,9 @@ struct SessionOptions {
   /// GQA's KV cache in IEEE half (EngineOptions::kv_f16).
   bool kv_f16 = false;
   bool all_logits = false;     // logits of every row (--logits-out)
+  /// Build and run the plan's MTP module (EngineOptions::mtp), and keep
+  /// every row's MTP logits (mtp_all_logits, --mtp-logits-out).
+  bool mtp = false, mtp_all_logits = false;
   uint32_t recover_seconds = 60;
   uint32_t step_timeout_ms = 30000; // a step unanswered this long: hung
   int32_t reply_spin_us = 0;

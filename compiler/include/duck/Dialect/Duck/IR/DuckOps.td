@@ -270,6 +270,29 @@ def Duck_LmHeadOp : Duck_Op<"lm_head", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Duck_MtpInputOp : Duck_Op<"mtp_input", [Pure]> {
+  let summary = "DeepSeek MTP module input: eh_proj([enorm(e) | hnorm(h)])";
+  let description = [{
+    The first op of DeepSeek's multi-token-prediction module (docs/mtp.md),
+    on the host: `embedded` is the embedding of the token after each row's
+    position, `hidden` the main model's final hidden state (after its norm)
+    at that position; both are RMS-normalised (`enorm`, `hnorm`) and
+    concatenated, embedding first, then projected by `eh_proj` ([hidden,
+    2 * hidden]). `layer` is the module's layer index (the model's layer
+    count): the decoder layer that follows carries it too.
+  }];
+  let arguments = (ins Duck_Activation:$embedded, Duck_Activation:$hidden,
+                       I64Attr:$layer, Duck_WeightAttr:$enorm,
+                       Duck_WeightAttr:$hnorm, Duck_WeightAttr:$eh_proj,
+                       F64Attr:$eps);
+  let results = (outs Duck_Activation:$result);
+  let assemblyFormat = [{
+    $embedded `,` $hidden attr-dict `:` type($embedded) `,` type($hidden)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Partitioned level
 //===----------------------------------------------------------------------===//
