@@ -8,7 +8,7 @@ DIR is here, equal byte for byte, and nothing else but the module.
 
   check-mtp-tensors.py MODEL [--base DIR]
 
-Prints "mtp tensors N" (what duckc describe's mtp_tensors_skipped counts)
+Prints "mtp tensors N" (what duckc describe's mtp_tensors counts)
 and exits 1 at the first difference.
 """
 import argparse

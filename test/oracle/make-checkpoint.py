@@ -74,7 +74,17 @@ p.add_argument("--mtp-identity", action="store_true",
                "layer's o_proj and down projections zero, shared_head.norm "
                "= model.norm, so its logits are "
                "lm_head(norm(rmsnorm_unit(h)))")
+p.add_argument("--constant-token", type=int, default=None, metavar="X",
+               help="a model whose every greedy token is X: the embedding's "
+               "column 0 is 8 (the residual stream's dimension 0 stays large "
+               "and positive), model.norm keeps only that dimension, and the "
+               "LM head's column 0 is largest in row X; with --mtp-identity "
+               "every MTP draft is X too (drafts that are always right)")
 a = p.parse_args()
+if a.constant_token is not None and (a.tie or not
+                                     0 <= a.constant_token < a.vocab):
+    p.error("--constant-token needs an untied head and a token id in the "
+            "vocabulary")
 if a.mtp and not a.family.startswith("deepseek"):
     p.error("--mtp: only the DeepSeek families carry an MTP module")
 if a.mtp_identity and not a.mtp:
@@ -298,6 +308,24 @@ def mtp_module(L):
             replace(t[0], quantised(t[0], np.zeros(t[2].shape, np.float32)))
 
 
+def constant_token(x):
+    """--constant-token: every greedy token is x (see its help)."""
+    e = emb.copy()
+    e[:, 0] = 8.0
+    replace("model.embed_tokens.weight",
+            [("model.embed_tokens.weight", "BF16", f32_to_bf16(e))])
+    n = np.zeros(H, np.float32)
+    n[0] = 1.0
+    replace("model.norm.weight",
+            [("model.norm.weight", "BF16", f32_to_bf16(n))])
+    h = head.copy()
+    h[:, 0] = np.linspace(-0.5, 0.5, a.vocab, dtype=np.float32)
+    h[x, 0] = 1.0
+    replace("lm_head.weight", [("lm_head.weight", "BF16", f32_to_bf16(h))])
+
+
+if a.constant_token is not None:
+    constant_token(a.constant_token)
 if a.mtp:
     mtp_module(a.layers)
 

@@ -567,6 +567,8 @@ public:
   std::vector<fb::Offset<pl::OpDef>> mtpOps;
   uint32_t mtpHidden = 0, mtpResult = 0;
   int64_t mtpLayer = -1;
+  /// Where buildOps puts the next op: ops, then mtpOps.
+  std::vector<fb::Offset<pl::OpDef>> *to = &ops;
 
 private:
   Expected<fb::Offset<pl::TensorDef>> optionalTensor(StringRef role,
@@ -820,7 +822,7 @@ Expected<uint32_t> PlanBuilder::indexerOp(AttentionOp a, uint32_t input) {
       cfgInt("kv_lora_rank") + cfgInt("qk_rope_head_dim"), heads, index,
       absorbed ? cfgInt("kv_lora_rank") : 0);
   uint32_t result = numValues++;
-  ops.push_back(makeOp((int32_t)a.getLayer(), {input}, result,
+  to->push_back(makeOp((int32_t)a.getLayer(), {input}, result,
                        pl::OpParams::IndexerOpDef, params.Union()));
   return result;
 }
@@ -929,7 +931,7 @@ Expected<fb::Offset<void>> PlanBuilder::opParams(Operation &op,
 Error PlanBuilder::buildOps(ModelOp model) {
   // The ops after the LM head are the MTP module's (ImportModel): a
   // program of their own.
-  std::vector<fb::Offset<pl::OpDef>> *to = &ops;
+  to = &ops;
   for (Operation &op : model.getBody().front()) {
     if (auto ret = dyn_cast<ReturnOp>(op)) {
       if (ret.getNumOperands() > 1)
