@@ -821,6 +821,31 @@ double cost::unionExperts(int64_t experts, int64_t topK, int64_t rows) {
 }
 
 namespace {
+/// The MTP module over `rows` accepted rows of a verify step: its layer
+/// (the union of the rows' experts), its attention and projections, its
+/// host weights (a measured host time shared by weight bytes), and the LM
+/// head again.
+double mtpStepMs(const ModelFacts &m, const ClusterModel &c, int64_t rows) {
+  rows = std::max<int64_t>(1, rows);
+  ModelFacts v = *m.mtp;
+  for (FfnLayer &l : v.ffn)
+    if (l.moe)
+      l.topK = std::min<int64_t>(
+          l.numExperts,
+          (int64_t)std::llround(cost::unionExperts(l.numExperts, l.topK, rows)));
+  ClusterModel mc = c;
+  mc.decodeRows = rows;
+  mc.speculateDrafts = 0;
+  if (c.hostMsPerToken > 0)
+    mc.hostMsPerToken = m.hostWeightBytes > 0
+                            ? c.hostMsPerToken * v.hostWeightBytes /
+                                  m.hostWeightBytes
+                            : 0;
+  const PlanCost mp = costPlan(v, mc);
+  return (mp.tokS > 0 ? 1e3 / mp.tokS : 0) +
+         double(rows - 1) * mp.hostAttnMsPerToken;
+}
+
 /// The speculative projection of a plan whose one-row token is `base`.
 PlanCost::Speculative projectSpeculative(const ModelFacts &m,
                                          const ClusterModel &c,
@@ -842,6 +867,11 @@ PlanCost::Speculative projectSpeculative(const ModelFacts &m,
                double(out.rows - 1) * step.hostAttnMsPerToken;
   for (int64_t i = 0; i < out.rows; ++i)
     out.tokensPerStep += std::pow(c.speculateAcceptance, (double)i);
+  if (m.mtp) {
+    out.mtp = true;
+    out.mtpMs = mtpStepMs(m, c, (int64_t)std::ceil(out.tokensPerStep - 1e-9));
+    out.stepMs += out.mtpMs;
+  }
   out.tokS = out.stepMs > 0 ? 1e3 * out.tokensPerStep / out.stepMs : 0;
   out.speedup = base.tokS > 0 ? out.tokS / base.tokS : 0;
   return out;

@@ -130,6 +130,33 @@ TEST(CostModelTest, SpeculativeProjectionCountsTokensAStepAndTheUnion) {
   EXPECT_EQ(costPlan(m, c).speculative.rows, 0);
 }
 
+// An MTP module (ModelFacts::mtp) is no part of a token's cost; a
+// speculative step runs it once over the accepted rows: its layer (1.08
+// ms as the plan's) joins the verify step.
+TEST(CostModelTest, MtpModuleRunsOnceAVerifyStepOnly) {
+  ModelFacts m;
+  m.tp = 1;
+  FfnLayer l;
+  l.hidden = 1024;
+  l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
+  m.ffn.push_back(l);
+  auto mtp = std::make_shared<ModelFacts>();
+  mtp->tp = 1;
+  mtp->ffn.push_back(l);
+  m.mtp = mtp;
+  ClusterModel c;
+  c.bandwidthGbs = 10;
+  c.stepOverheadUs = 80;
+  EXPECT_NEAR(costPlan(m, c).tokS, 1e3 / 1.08, 1e-9);
+  c.speculateDrafts = 1;
+  c.speculateAcceptance = 0.9;
+  const PlanCost p = costPlan(m, c);
+  EXPECT_TRUE(p.speculative.mtp);
+  EXPECT_NEAR(p.speculative.mtpMs, 1.08, 1e-9);
+  EXPECT_NEAR(p.speculative.stepMs, 2.16, 1e-9);
+  EXPECT_NEAR(p.speculative.speedup, 1.9 / 2, 1e-9);
+}
+
 TEST(CostModelTest, KernelClassRatesTimeEachMatrix) {
   // gate/up: K 1024 in 128-blocks (general128) at 1 Gparam/s; down: K 256
   // (general128 too) likewise: 3 x 262144 weights = 0.786432 ms.

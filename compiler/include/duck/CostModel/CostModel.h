@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -213,6 +214,11 @@ struct ModelFacts {
     double params = 0, bytesPerWeight = 0;
   };
   std::optional<LmHead> lmHead;
+  /// DeepSeek's MTP module (duckc compile --mtp): its FFN layer, its
+  /// attention and its projections on the ducks, its host weights, and the
+  /// LM head again. Not in a token's cost; a speculative projection with
+  /// it runs it once a verify step, over the accepted rows. Null: none.
+  std::shared_ptr<const ModelFacts> mtp;
 };
 
 //===----------------------------------------------------------------------===//
@@ -297,6 +303,10 @@ struct PlanCost {
     int64_t rows = 0; // 0: not projected
     double acceptance = 0, tokensPerStep = 0, stepMs = 0, tokS = 0,
            speedup = 0;
+    /// With an MTP module (ModelFacts::mtp): what running it costs a
+    /// verify step (over the expected accepted rows, rounded up), in stepMs.
+    bool mtp = false;
+    double mtpMs = 0;
   } speculative;
 };
 

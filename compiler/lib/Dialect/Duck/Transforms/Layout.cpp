@@ -389,10 +389,15 @@ void addChain(const RowMatrix &m, cost::RowSplit &r) {
 }
 
 /// The row-split matrices on the ducks, in slot order.
-std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp) {
+/// Which ops a ModelFacts takes: the main program's, or the MTP module's
+/// (the LM head is in both: it projects the module's rows too).
+using OpFilter = llvm::function_ref<bool(Operation *)>;
+
+std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp,
+                                        OpFilter keep) {
   std::vector<cost::RowSplit> out;
   for (const RowMatrix &m : rowMatricesOf(module)) {
-    if ((int64_t)m.rows.size() != tp + 1)
+    if ((int64_t)m.rows.size() != tp + 1 || (!m.head && !keep(m.op)))
       continue;
     cost::RowSplit r;
     r.role = m.head             ? cost::RowSplit::Role::head
@@ -431,7 +436,7 @@ double hostBytesOf(WeightAttr w) {
 
 /// The host's own weights a token (attention, MLA and its indexer, the
 /// MoE routers) and those of them that went to the ducks.
-void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
+void addHostWeights(ModuleOp module, cost::ModelFacts &f, OpFilter keep) {
   auto addDict = [&](DictionaryAttr d) {
     if (d)
       for (NamedAttribute nv : d)
@@ -439,7 +444,12 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
           f.hostWeightBytes += hostBytesOf(w);
   };
   module.walk([&](Operation *op) {
-    if (auto a = dyn_cast<AttentionOp>(op)) {
+    if (!keep(op))
+      return;
+    if (auto in = dyn_cast<MtpInputOp>(op)) {
+      for (WeightAttr w : {in.getEnorm(), in.getHnorm(), in.getEhProj()})
+        f.hostWeightBytes += hostBytesOf(w);
+    } else if (auto a = dyn_cast<AttentionOp>(op)) {
       addDict(a.getWeights());
       addDict(a.getIndexerAttr());
       if (a.getAbsorbHeads() && a.getMlaDims().heads > 0) { // kv_b_proj too
@@ -478,9 +488,12 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f) {
 
 /// Each attention's shape over the cache (an MLA without its kv
 /// projections is left out).
-std::vector<cost::Attention> attentionFactsOf(ModuleOp module) {
+std::vector<cost::Attention> attentionFactsOf(ModuleOp module,
+                                              OpFilter keep) {
   std::vector<cost::Attention> out;
   module.walk([&](AttentionOp a) {
+    if (!keep(a))
+      return;
     cost::Attention f;
     f.heads = double(a.getNumHeads());
     if (a.getKind() == "gqa") {
@@ -511,31 +524,58 @@ std::vector<cost::Attention> attentionFactsOf(ModuleOp module) {
   return out;
 }
 
-/// Everything the cost model reads of a laid-out module; the FFN layers'
-/// ids and strategies into `st`.
-cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st) {
+/// The facts of the ops `keep` takes; their FFN layers' ids and
+/// strategies into `st` when given.
+cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep,
+                         ModuleStats *st) {
   cost::ModelFacts f;
-  f.tp = st.tp;
+  f.tp = tp;
   const int64_t scaleRows = scaleRowsOf(module);
   module.walk([&](Operation *op) {
-    if (!isa<MlpOp, MoeOp>(op))
+    if (!isa<MlpOp, MoeOp>(op) || !keep(op))
       return;
-    ModuleStats::FfnLayer rec;
-    rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
-    rec.moe = isa<MoeOp>(op);
-    if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
-      rec.strategy = sa.getValue();
-    st.ffn.push_back(rec);
+    if (st) {
+      ModuleStats::FfnLayer rec;
+      rec.layer = cast<IntegerAttr>(op->getAttr("layer")).getInt();
+      rec.moe = isa<MoeOp>(op);
+      if (auto sa = op->getAttrOfType<StrategyAttr>("strategy"))
+        rec.strategy = sa.getValue();
+      st->ffn.push_back(rec);
+    }
     f.ffn.push_back(ffnFactsOf(op, scaleRows));
   });
-  f.rowSplits = rowSplitsOf(module, st.tp);
-  f.attention = attentionFactsOf(module);
-  addHostWeights(module, f);
+  f.rowSplits = rowSplitsOf(module, tp, keep);
+  f.attention = attentionFactsOf(module, keep);
+  addHostWeights(module, f, keep);
   module.walk([&](LmHeadOp head) {
     ArrayRef<int64_t> shape = head.getWeight().getShape();
     f.lmHead = cost::ModelFacts::LmHead{double(shape[0]) * shape[1],
                                         hostBytesPerWeight(head.getWeight())};
   });
+  return f;
+}
+
+/// Everything the cost model reads of a laid-out module; the FFN layers'
+/// ids and strategies into `st`. DeepSeek's MTP module (the ops of layers
+/// past the model's last) goes apart, into ModelFacts::mtp: a plan's
+/// token does not run it, a speculative step does.
+cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st) {
+  int64_t numLayers = INT64_MAX;
+  module.walk([&](ModelOp m) {
+    if (auto n = m.getConfig().getAs<IntegerAttr>("num_layers"))
+      numLayers = n.getInt();
+  });
+  auto mtp = [&](Operation *op) {
+    if (isa<MtpInputOp>(op))
+      return true;
+    auto l = op->getAttrOfType<IntegerAttr>("layer");
+    return l && l.getInt() >= numLayers;
+  };
+  cost::ModelFacts f = factsOf(
+      module, st.tp, [&](Operation *op) { return !mtp(op); }, &st);
+  cost::ModelFacts m = factsOf(module, st.tp, mtp, nullptr);
+  if (!m.ffn.empty())
+    f.mtp = std::make_shared<const cost::ModelFacts>(std::move(m));
   return f;
 }
 
@@ -718,9 +758,15 @@ void printDecode(const ModuleStats &s, const ClusterModel &c,
         "speculative (projected, not measured): %lld drafts a step at "
         "acceptance %.2f: %.2f tokens a verify step of %lld rows (%.3f ms: "
         "its rows on the wire, the union of their experts, each extra row's "
-        "host attention): %.2f tok/s, %.2fx\n",
+        "host attention%s): %.2f tok/s, %.2fx\n",
         (long long)(v.rows - 1), v.acceptance, v.tokensPerStep,
-        (long long)v.rows, v.stepMs, v.tokS, v.speedup);
+        (long long)v.rows, v.stepMs,
+        v.mtp ? llvm::formatv(", and the MTP module drafting: {0:f3} ms",
+                              v.mtpMs)
+                    .str()
+                    .c_str()
+              : "",
+        v.tokS, v.speedup);
 }
 
 } // namespace
@@ -742,7 +788,8 @@ void addSpeculativeJson(const ModuleStats &s, llvm::json::Object &o) {
   o["speculative_projection"] = llvm::json::Object{
       {"drafts", v.rows - 1},         {"acceptance", v.acceptance},
       {"tokens_per_step", v.tokensPerStep}, {"step_ms", v.stepMs},
-      {"tok_s", v.tokS},              {"speedup", v.speedup}};
+      {"tok_s", v.tokS},              {"speedup", v.speedup},
+      {"mtp", v.mtp},                 {"mtp_ms", v.mtpMs}};
 }
 } // namespace
 
