@@ -831,16 +831,16 @@ double mtpStepMs(const ModelFacts &m, const ClusterModel &c, int64_t rows) {
   for (FfnLayer &l : v.ffn)
     if (l.moe)
       l.topK = std::min<int64_t>(
-          l.numExperts,
-          (int64_t)std::llround(cost::unionExperts(l.numExperts, l.topK, rows)));
+          l.numExperts, (int64_t)std::llround(
+                            cost::unionExperts(l.numExperts, l.topK, rows)));
   ClusterModel mc = c;
   mc.decodeRows = rows;
   mc.speculateDrafts = 0;
   if (c.hostMsPerToken > 0)
-    mc.hostMsPerToken = m.hostWeightBytes > 0
-                            ? c.hostMsPerToken * v.hostWeightBytes /
-                                  m.hostWeightBytes
-                            : 0;
+    mc.hostMsPerToken =
+        m.hostWeightBytes > 0
+            ? c.hostMsPerToken * v.hostWeightBytes / m.hostWeightBytes
+            : 0;
   const PlanCost mp = costPlan(v, mc);
   return (mp.tokS > 0 ? 1e3 / mp.tokS : 0) +
          double(rows - 1) * mp.hostAttnMsPerToken;

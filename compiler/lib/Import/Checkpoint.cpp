@@ -501,7 +501,7 @@ void describeSizesAndLayers(DescribeReport &r, const ModelDesc &d) {
         layerRanges(d.num_layers, [&](int64_t l) { return !d.isMoeLayer(l); }));
   if (d.isDeepSeek())
     r.add("layers", "mtp_layers", d.num_nextn_predict_layers,
-          d.num_nextn_predict_layers > 1   ? "(the first compiled; --mtp)"
+          d.num_nextn_predict_layers > 1    ? "(the first compiled; --mtp)"
           : d.num_nextn_predict_layers == 1 ? "(compiled; --mtp)"
                                             : "");
 }
@@ -666,8 +666,7 @@ void describeCheck(DescribeReport &r, const Checkpoint &ckpt,
   r.add("check", "check", "ok");
   r.add("check", "expected_tensors", static_cast<int64_t>(check.expected));
   r.add("check", "found_tensors", static_cast<int64_t>(check.found));
-  r.add("check", "mtp_tensors",
-        static_cast<int64_t>(check.mtp_skipped));
+  r.add("check", "mtp_tensors", static_cast<int64_t>(check.mtp_skipped));
   r.add("check", "unexpected_tensors", static_cast<int64_t>(check.unexpected));
   json::Array examples;
   for (const std::string &e : check.unexpected_examples)

@@ -173,8 +173,8 @@ Value Importer::mtpModule(Value hidden, Value nextTokens, WeightAttr embed) {
   if (!en || !hn || !eh || !sn)
     return {};
   FloatAttr eps = b.getF64FloatAttr(desc.rms_norm_eps);
-  Value x = ob->create<MtpInputOp>(loc, act, e, hidden,
-                                   b.getI64IntegerAttr(l), en, hn, eh, eps);
+  Value x = ob->create<MtpInputOp>(loc, act, e, hidden, b.getI64IntegerAttr(l),
+                                   en, hn, eh, eps);
   x = decoderLayer(x, l);
   if (!x || hadError)
     return {};

@@ -785,8 +785,7 @@ std::vector<ExpectedTensor> mtpTensors(const ModelDesc &d) {
   TensorListBuilder b(out);
   const int64_t H = d.hidden_size, l = d.num_layers;
   const std::string p = "model.layers." + std::to_string(l) + ".";
-  b.add(p + "embed_tokens.weight", {d.vocab_size, H}, TensorRole::Embedding,
-        l);
+  b.add(p + "embed_tokens.weight", {d.vocab_size, H}, TensorRole::Embedding, l);
   b.add(p + "enorm.weight", {H}, TensorRole::Norm, l);
   b.add(p + "hnorm.weight", {H}, TensorRole::Norm, l);
   b.linear(p + "eh_proj.weight", H, 2 * H, TensorRole::Attention, l);

@@ -737,8 +737,12 @@ Error compileImported(const CompileOptions &opts,
     std::vector<uint64_t> need;
     for (const DuckStats &d : stats->ducks)
       need.push_back(d.bytes);
-    if (Error e = checkDuckMemory(need, opts.cluster.memoryBytes))
-      return e;
+    if (Error e = checkDuckMemory(need, opts.cluster.memoryBytes)) {
+      if (!stats->mtpFfnLayers)
+        return e;
+      return err(llvm::toString(std::move(e)) +
+                 " (or leave DeepSeek's MTP module out: --mtp off)");
+    }
   }
 
   if (opts.emit == CompileOptions::Emit::Stats) {

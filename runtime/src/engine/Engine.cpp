@@ -273,7 +273,7 @@ absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
   // The main LM head projects the module's result: put it in its input.
   std::memcpy(h, values_->Get(mtp_result_),
               (uint64_t)n * hidden_ * sizeof(float));
-  ops::Step step{row_tokens_, row_pos_,     row_seq_, logit_rows_,
+  ops::Step step{row_tokens_, row_pos_,      row_seq_, logit_rows_,
                  n > 1,       values_.get(), sink};
   DUCK_RETURN_IF_ERROR(head_->Run(step));
   const uint64_t V = vocab();
@@ -336,7 +336,7 @@ absl::Status
 Engine::RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                const std::vector<pl::OpParams> &kinds, bool prefill,
                std::vector<float> *out_logits) {
-  ops::Step step{row_tokens_, row_pos_,     row_seq_,  logit_rows_,
+  ops::Step step{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
                  prefill,     values_.get(), out_logits};
   // Time by op kind, one clock read an op (a few tens of ns).
   OpTimes &times = prefill ? prefill_times_ : decode_times_;

@@ -170,9 +170,9 @@ public:
   DecodeLoop(const GenerateOptions &o, Session &ses, LogitsOut &logitsOut,
              const std::vector<int32_t> &prompt, std::ostream &out, Run *run)
       : o_(o), ses_(ses), engine_(ses.engine()), logitsOut_(logitsOut),
-        out_(out), run_(run), eos_(ses.StopTokens(o.chat)),
-        sampler_(o.sampler), drafter_(o.speculative.corpus),
-        budget_(o.speculative.k), text_(prompt), mtpOut_(o.mtp_logits_out) {
+        out_(out), run_(run), eos_(ses.StopTokens(o.chat)), sampler_(o.sampler),
+        drafter_(o.speculative.corpus), budget_(o.speculative.k), text_(prompt),
+        mtpOut_(o.mtp_logits_out) {
     tok_ = ses.tokenizer();
     textOut_ = tok_ && !o.print_ids;
     if (textOut_)
@@ -250,9 +250,11 @@ private:
     const SpeculativeOptions &spec = o_.speculative;
     uint32_t k = 0;
     if (spec.lookup || spec.wrong || spec.mtp) {
-      const uint64_t room = std::min<uint64_t>(
-          o_.max_tokens - run_->generated.size(),
-          ses_.max_seq() - engine_.position() - 1);
+      // A step of k drafts yields up to k + 1 tokens: drafts that would
+      // pass --max-tokens are not worth their rows.
+      const uint64_t room =
+          std::min<uint64_t>(o_.max_tokens - run_->generated.size() - 1,
+                             ses_.max_seq() - engine_.position() - 1);
       k = (uint32_t)std::min<uint64_t>(budget_.Next(), room);
     }
     if (engine_.has_mtp()) {
@@ -261,9 +263,9 @@ private:
       mtpRows_ = 0;
       mtpOut_.Keep(engine_.TakeMtpLogits());
       if (want)
-        out->push_back((int32_t)(std::max_element(mtpLogits_.begin(),
-                                                  mtpLogits_.end()) -
-                                 mtpLogits_.begin()));
+        out->push_back(
+            (int32_t)(std::max_element(mtpLogits_.begin(), mtpLogits_.end()) -
+                      mtpLogits_.begin()));
     }
     if (spec.wrong)
       *out = wrong_.Propose(engine_.vocab(), k);
@@ -308,10 +310,12 @@ private:
     }
     mtpRows_ = engine_.has_mtp() ? i + 1 : 0;
     engine_.Rewind(pos + 1 + i);
+    // A draft that ends the text was accepted too (and is the last token).
+    const uint32_t accepted = ended_ ? i + 1 : i;
     ++run_->spec.verify_steps;
     run_->spec.proposed += drafts.size();
-    run_->spec.accepted += i;
-    budget_.Record((uint32_t)drafts.size(), i);
+    run_->spec.accepted += accepted;
+    budget_.Record((uint32_t)drafts.size(), accepted);
     *made = i + 1;
     return absl::OkStatus();
   }

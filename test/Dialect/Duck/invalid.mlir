@@ -89,11 +89,34 @@ duck.model @experts_negative_dim attributes {family = "qwen3", config = {}} {
 
 // -----
 
-// duck.model: the body takes exactly one argument, the token ids.
-// expected-error @+1 {{body must take one argument, the token ids}}
-duck.model @two_args attributes {family = "qwen3", config = {}} {
-^bb0(%t: tensor<?xi32>, %u: tensor<?xi32>):
+// duck.model: the body takes the token ids, and with an MTP module the
+// tokens after them; nothing more.
+// expected-error @+1 {{body must take the token ids (and, with an MTP module, the tokens after them)}}
+duck.model @three_args attributes {family = "qwen3", config = {}} {
+^bb0(%t: tensor<?xi32>, %u: tensor<?xi32>, %v: tensor<?xi32>):
   duck.return
+}
+
+// -----
+
+// duck.mtp_input: eh_proj maps the concatenation [hidden, 2 * hidden].
+duck.model @mtp_eh_shape attributes {family = "deepseek_v3", config = {}} {
+^bb0(%t: tensor<?xi32>, %n: tensor<?xi32>):
+  %e = duck.embedding %n {weight = #duck.weight<"e", bf16, [8, 32]>} : tensor<?xi32> -> tensor<?x32xf32>
+  // expected-error @+1 {{eh_proj weight has shape [32, 32], expected [32, 64]}}
+  %x = duck.mtp_input %e, %e {layer = 2 : i64, enorm = #duck.weight<"a", bf16, [32]>, hnorm = #duck.weight<"b", bf16, [32]>, eh_proj = #duck.weight<"c", bf16, [32, 32]>, eps = 1.0e-06 : f64} : tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x32xf32>
+  duck.return %x : tensor<?x32xf32>
+}
+
+// -----
+
+// duck.mtp_input: the norms are [hidden].
+duck.model @mtp_norm_shape attributes {family = "deepseek_v3", config = {}} {
+^bb0(%t: tensor<?xi32>, %n: tensor<?xi32>):
+  %e = duck.embedding %n {weight = #duck.weight<"e", bf16, [8, 32]>} : tensor<?xi32> -> tensor<?x32xf32>
+  // expected-error @+1 {{hnorm weight has shape [16], expected [32]}}
+  %x = duck.mtp_input %e, %e {layer = 2 : i64, enorm = #duck.weight<"a", bf16, [32]>, hnorm = #duck.weight<"b", bf16, [16]>, eh_proj = #duck.weight<"c", bf16, [32, 64]>, eps = 1.0e-06 : f64} : tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x32xf32>
+  duck.return %x : tensor<?x32xf32>
 }
 
 // -----

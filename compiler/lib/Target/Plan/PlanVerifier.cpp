@@ -234,11 +234,11 @@ void moeLayerShape(const pl::PlanDef &plan, uint32_t layer, int64_t &routed,
   routed = 1;
   width = 0;
   for (const pl::OpDef *op : allOps(plan))
-      if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
-          moe && op->layer() == (int)layer) {
-        routed = moe->num_experts();
-        width = moe->inter();
-      }
+    if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
+        moe && op->layer() == (int)layer) {
+      routed = moe->num_experts();
+      width = moe->inter();
+    }
 }
 
 /// One matrix of a slot: its descriptor and the checkpoint tensor it

@@ -1247,8 +1247,8 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
                                        lim.maxK);
   fb::Offset<pl::MtpDef> mtp;
   if (!pb.mtpOps.empty())
-    mtp = pl::CreateMtpDefDirect(pb.fbb, &pb.mtpOps, pb.mtpHidden,
-                                 pb.mtpResult, (uint32_t)pb.mtpLayer);
+    mtp = pl::CreateMtpDefDirect(pb.fbb, &pb.mtpOps, pb.mtpHidden, pb.mtpResult,
+                                 (uint32_t)pb.mtpLayer);
   auto root = pl::CreatePlanDefDirect(
       pb.fbb, (uint32_t)pl::PlanFormat::Version, DUCK_ABI_VERSION,
       DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,

@@ -255,16 +255,16 @@ struct HostOpKind : OpKind {
 
 /// The registry: one line an op kind. Registry.cpp turns it into the table
 /// the plan is checked against (HostOpKinds(), Engine.h).
-#define DUCK_HOST_OPS(X)                                                     \
-  X(Embedding)                                                               \
-  X(RmsNorm)                                                                 \
-  X(Add)                                                                     \
-  X(GqaAttention)                                                            \
-  X(MlaAttention)                                                            \
-  X(Indexer)                                                                 \
-  X(DenseFfn)                                                                \
-  X(MoeFfn)                                                                  \
-  X(LmHead)                                                                  \
+#define DUCK_HOST_OPS(X)                                                       \
+  X(Embedding)                                                                 \
+  X(RmsNorm)                                                                   \
+  X(Add)                                                                       \
+  X(GqaAttention)                                                              \
+  X(MlaAttention)                                                              \
+  X(Indexer)                                                                   \
+  X(DenseFfn)                                                                  \
+  X(MoeFfn)                                                                    \
+  X(LmHead)                                                                    \
   X(MtpInput)
 
 #define DUCK_DECLARE_HOST_OP(name) extern const HostOpKind k##name##Kind;

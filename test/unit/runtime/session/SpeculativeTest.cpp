@@ -81,7 +81,14 @@ TEST(ParseSpeculativeTest, ValuesAndErrors) {
   EXPECT_EQ(ParseSpeculative("lookup:7")->k, 7u);
   EXPECT_FALSE(ParseSpeculative("lookup:17").ok());
   EXPECT_FALSE(ParseSpeculative("lookup:x").ok());
-  EXPECT_FALSE(ParseSpeculative("mtp").ok());
+  auto m = ParseSpeculative("mtp");
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->mtp);
+  EXPECT_FALSE(m->lookup);
+  EXPECT_EQ(m->k, 1u);
+  EXPECT_EQ(ParseSpeculative("mtp:1")->k, 1u);
+  EXPECT_FALSE(ParseSpeculative("mtp:2").ok()); // chaining: not built
+  EXPECT_FALSE(ParseSpeculative("eagle").ok());
   EXPECT_FALSE(ParseSpeculative("lookup:2:3").ok());
 }
 

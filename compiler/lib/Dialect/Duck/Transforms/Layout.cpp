@@ -488,8 +488,7 @@ void addHostWeights(ModuleOp module, cost::ModelFacts &f, OpFilter keep) {
 
 /// Each attention's shape over the cache (an MLA without its kv
 /// projections is left out).
-std::vector<cost::Attention> attentionFactsOf(ModuleOp module,
-                                              OpFilter keep) {
+std::vector<cost::Attention> attentionFactsOf(ModuleOp module, OpFilter keep) {
   std::vector<cost::Attention> out;
   module.walk([&](AttentionOp a) {
     if (!keep(a))
@@ -588,6 +587,7 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
     return failure();
   const cost::ModelFacts facts = costFactsOf(module, st);
   st.ffnLayers = (int64_t)st.ffn.size();
+  st.mtpFfnLayers = facts.mtp ? (int64_t)facts.mtp->ffn.size() : 0;
   static_cast<cost::PlanCost &>(st) = cost::costPlan(facts, c);
   return st;
 }
@@ -623,7 +623,10 @@ void printDucks(const ModuleStats &s, llvm::raw_ostream &os) {
   if (s.strategy == "mixed")
     os << " (" << strategySpecOf(s) << ")";
   os << "\n";
-  os << "ffn layers: " << s.ffnLayers << "\n";
+  os << "ffn layers: " << s.ffnLayers;
+  if (s.mtpFfnLayers)
+    os << " (and " << s.mtpFfnLayers << " of the MTP module)";
+  os << "\n";
   os << "duck    slots            bytes         size     params/token\n";
   for (const DuckStats &d : s.ducks)
     os << llvm::format("%-6lld %6llu %16llu %12s %16.0f\n", (long long)d.rank,
@@ -761,11 +764,11 @@ void printDecode(const ModuleStats &s, const ClusterModel &c,
         "host attention%s): %.2f tok/s, %.2fx\n",
         (long long)(v.rows - 1), v.acceptance, v.tokensPerStep,
         (long long)v.rows, v.stepMs,
-        v.mtp ? llvm::formatv(", and the MTP module drafting: {0:f3} ms",
-                              v.mtpMs)
-                    .str()
-                    .c_str()
-              : "",
+        v.mtp
+            ? llvm::formatv(", and the MTP module drafting: {0:f3} ms", v.mtpMs)
+                  .str()
+                  .c_str()
+            : "",
         v.tokS, v.speedup);
 }
 
@@ -785,11 +788,15 @@ void addSpeculativeJson(const ModuleStats &s, llvm::json::Object &o) {
   if (s.speculative.rows == 0)
     return;
   const cost::PlanCost::Speculative &v = s.speculative;
-  o["speculative_projection"] = llvm::json::Object{
-      {"drafts", v.rows - 1},         {"acceptance", v.acceptance},
-      {"tokens_per_step", v.tokensPerStep}, {"step_ms", v.stepMs},
-      {"tok_s", v.tokS},              {"speedup", v.speedup},
-      {"mtp", v.mtp},                 {"mtp_ms", v.mtpMs}};
+  o["speculative_projection"] =
+      llvm::json::Object{{"drafts", v.rows - 1},
+                         {"acceptance", v.acceptance},
+                         {"tokens_per_step", v.tokensPerStep},
+                         {"step_ms", v.stepMs},
+                         {"tok_s", v.tokS},
+                         {"speedup", v.speedup},
+                         {"mtp", v.mtp},
+                         {"mtp_ms", v.mtpMs}};
 }
 } // namespace
 
@@ -819,6 +826,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"strategy", s.strategy},
       {"strategy_by_layer", strategySpecOf(s)},
       {"ffn_layers", s.ffnLayers},
+      {"mtp_ffn_layers", s.mtpFfnLayers},
       {"lm_head_on_ducks", s.lmHeadOnDucks},
       {"lm_head_ms_per_token", s.lmHeadMsPerToken},
       {"host_lm_head_ms_per_token", s.hostLmHeadMsPerToken},

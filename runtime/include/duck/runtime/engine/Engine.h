@@ -233,11 +233,11 @@ private:
                   bool save);
   /// Builds the ops of `defs` into `out` (and their kinds), widening
   /// `widths` for the values they write.
-  absl::Status BuildOps(
-      const std::vector<const ::duck::plan::OpDef *> &defs,
-      const ops::WeightReader &weights, std::vector<uint64_t> &widths,
-      std::vector<std::unique_ptr<ops::HostOp>> &out,
-      std::vector<::duck::plan::OpParams> &kinds);
+  absl::Status BuildOps(const std::vector<const ::duck::plan::OpDef *> &defs,
+                        const ops::WeightReader &weights,
+                        std::vector<uint64_t> &widths,
+                        std::vector<std::unique_ptr<ops::HostOp>> &out,
+                        std::vector<::duck::plan::OpParams> &kinds);
   /// Walks `ops` over the rows set up in row_*_ (times by kind).
   absl::Status RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                       const std::vector<::duck::plan::OpParams> &kinds,
@@ -272,11 +272,11 @@ private:
   std::vector<::duck::plan::OpParams> mtp_kinds_;
   ops::HostOp *head_ = nullptr;
   uint32_t mtp_hidden_ = 0, mtp_result_ = 0;
-  std::vector<float> mtp_h_;          // the last step's hidden rows
-  std::vector<int32_t> mtp_tokens_;   // and its tokens
-  std::vector<int32_t> mtp_next_;     // MtpDraft's tokens (kept)
+  std::vector<float> mtp_h_;        // the last step's hidden rows
+  std::vector<int32_t> mtp_tokens_; // and its tokens
+  std::vector<int32_t> mtp_next_;   // MtpDraft's tokens (kept)
   uint32_t mtp_pos_ = 0;
-  bool mtp_pending_ = false;          // its rows wait for MtpDraft
+  bool mtp_pending_ = false; // its rows wait for MtpDraft
   std::vector<float> mtp_logits_all_;
   std::vector<float> mtp_scratch_; // logits nobody asked for
 };

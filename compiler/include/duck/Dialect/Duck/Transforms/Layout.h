@@ -173,6 +173,9 @@ struct DuckStats {
 
 struct ModuleStats : cost::PlanCost {
   int64_t tp = 0, multipleOf = 0, tpMax = 0, ffnLayers = 0;
+  /// FFN layers of DeepSeek's MTP module (in the images, not in ffnLayers
+  /// or a token's cost).
+  int64_t mtpFfnLayers = 0;
   std::string strategy;
   std::vector<DuckStats> ducks;
   uint64_t totalBytes = 0;
