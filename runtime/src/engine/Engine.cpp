@@ -187,7 +187,7 @@ absl::Status Engine::RunChunk(absl::Span<const int32_t> tokens,
                               std::vector<float> *out_logits, bool logits) {
   if (!opts_.all_logits)
     out_logits->clear(); // the last row's logits only
-  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0]));
+  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0], (uint32_t)tokens.size()));
   const SeqChunk chunk{0, pos_, tokens, logits};
   DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
   KeepMtpRows(tokens, pos_);
@@ -200,7 +200,7 @@ absl::Status Engine::Verify(absl::Span<const int32_t> tokens,
   if (tokens.empty())
     return absl::InvalidArgumentError("no tokens to verify");
   out_logits->clear();
-  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0]));
+  DUCK_RETURN_IF_ERROR(MtpCatchUp(tokens[0], (uint32_t)tokens.size()));
   SeqChunk chunk{0, pos_, tokens, true};
   chunk.every_row = true;
   DUCK_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&chunk, 1), out_logits));
@@ -210,44 +210,66 @@ absl::Status Engine::Verify(absl::Span<const int32_t> tokens,
 }
 
 void Engine::KeepMtpRows(absl::Span<const int32_t> tokens, uint32_t pos) {
-  if (!has_mtp())
+  if (!has_mtp() || mtp_stopped_)
     return;
-  mtp_tokens_.assign(tokens.begin(), tokens.end());
-  mtp_pos_ = pos;
-  mtp_pending_ = true;
-  std::memcpy(mtp_h_.data(), values_->Get(mtp_hidden_),
+  // Rows not yet run stay (MtpCatchUp made room for this step); a step
+  // that does not follow them starts afresh.
+  if (mtp_tokens_.empty() || pos != mtp_pos_ + mtp_tokens_.size()) {
+    mtp_tokens_.clear();
+    mtp_pos_ = pos;
+  }
+  mtp_step_at_ = (uint32_t)mtp_tokens_.size();
+  mtp_tokens_.insert(mtp_tokens_.end(), tokens.begin(), tokens.end());
+  std::memcpy(mtp_h_.data() + (uint64_t)mtp_step_at_ * hidden_,
+              values_->Get(mtp_hidden_),
               tokens.size() * (uint64_t)hidden_ * sizeof(float));
+  mtp_open_ = true;
 }
 
-absl::Status Engine::MtpDraft(uint32_t rows, int32_t next, bool logits,
+absl::Status Engine::MtpDraft(uint32_t rows, int32_t next, MtpMode mode,
                               std::vector<float> *out_logits) {
   if (!has_mtp())
     return absl::FailedPreconditionError(
         "no MTP module: the plan has none or the engine was built without "
         "EngineOptions::mtp");
-  if (rows == 0 || rows > mtp_tokens_.size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MTP draft over ", rows, " rows of a step of ", mtp_tokens_.size()));
-  if (!mtp_pending_)
+  if (!mtp_open_)
     return absl::FailedPreconditionError(
         "MTP draft twice for one step, or after none");
-  mtp_pending_ = false;
-  mtp_next_.assign(mtp_tokens_.begin() + 1, mtp_tokens_.begin() + rows);
-  mtp_next_.push_back(next);
-  return RunMtp(mtp_pos_, mtp_next_, logits, out_logits);
+  if (rows == 0 || mtp_step_at_ + rows > mtp_tokens_.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("MTP draft over ", rows, " rows of a step of ",
+                     mtp_tokens_.size() - mtp_step_at_));
+  mtp_open_ = false;
+  mtp_tokens_.resize(mtp_step_at_ + rows); // the rows the caller kept
+  if (mode == MtpMode::kDefer)
+    return absl::OkStatus(); // `next` comes again as the next step's first
+  return RunPendingMtp(next, mode == MtpMode::kDraft, out_logits);
 }
 
-absl::Status Engine::MtpCatchUp(int32_t next) {
-  // The rows of the last step still wait for the token after them: the
-  // prompt's chunks, or a step nobody drafted after. Only when this step
-  // follows them (no rewind in between).
-  if (!has_mtp() || !mtp_pending_ ||
-      pos_ != mtp_pos_ + (uint32_t)mtp_tokens_.size())
+absl::Status Engine::MtpCatchUp(int32_t next, uint32_t rows) {
+  // Rows wait for the token after their last, `next`, this step's first:
+  // the prompt's chunks, or steps whose drafts were paused. They wait on
+  // while the rows they and this step make fit in one step; a step that
+  // does not follow them (a rewind nobody drafted after) drops them.
+  if (!has_mtp() || mtp_tokens_.empty())
     return absl::OkStatus();
-  mtp_pending_ = false;
+  mtp_open_ = false;
+  if (pos_ != mtp_pos_ + mtp_tokens_.size()) {
+    mtp_tokens_.clear();
+    return absl::OkStatus();
+  }
+  if (mtp_tokens_.size() + rows <= opts_.max_rows)
+    return absl::OkStatus();
+  return RunPendingMtp(next, false, nullptr);
+}
+
+absl::Status Engine::RunPendingMtp(int32_t next, bool logits,
+                                   std::vector<float> *out_logits) {
   mtp_next_.assign(mtp_tokens_.begin() + 1, mtp_tokens_.end());
   mtp_next_.push_back(next);
-  return RunMtp(mtp_pos_, mtp_next_, false, nullptr);
+  const uint32_t pos = mtp_pos_;
+  mtp_tokens_.clear();
+  return RunMtp(pos, mtp_next_, logits, out_logits);
 }
 
 absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,

@@ -163,16 +163,34 @@ public:
   /// Whether the engine runs an MTP module (EngineOptions::mtp and a plan
   /// that has one).
   bool has_mtp() const { return !mtp_ops_.empty(); }
+  /// What MtpDraft does with the rows it is given.
+  enum class MtpMode {
+    kDraft, ///< run the module over every row waiting, project the last
+    kFlush, ///< run it, no logits
+    kDefer, ///< keep the rows for later (drafts paused): the next step's
+            ///< first token is the one after them; they run with the next
+            ///< kDraft, or when the rows waiting would pass max_rows
+  };
   /// The MTP module (docs/mtp.md) over the first `rows` positions of
   /// sequence 0's last step (Forward's last chunk, a decode step or
-  /// Verify's rows, of which the caller accepted rows - 1 drafts; the
-  /// chunks before it ran the module as the next chunk came): row i
-  /// reads the main model's hidden state there and the token after it, the
-  /// step's token i + 1, and `next` (the token just sampled) for the last.
-  /// Its cache gets those positions. With `logits`, the last row's logits
-  /// (vocab floats, the token after `next`: a draft) go to out_logits.
-  absl::Status MtpDraft(uint32_t rows, int32_t next, bool logits,
+  /// Verify's rows, of which the caller accepted rows - 1 drafts), and
+  /// before them any rows deferred since it last ran (the prompt's chunks,
+  /// steps whose drafts were paused): row i reads the main model's hidden
+  /// state at its position and the token after it; `next` (the token just
+  /// sampled) follows the last. Its cache gets those positions. kDraft
+  /// writes the last row's logits (vocab floats: the token after `next`,
+  /// a draft) to out_logits. Rows deferred cost nothing until they run,
+  /// then one step for all of them.
+  absl::Status MtpDraft(uint32_t rows, int32_t next, MtpMode mode,
                         std::vector<float> *out_logits);
+  /// Stops running the MTP module for sequence 0 (its drafts are never
+  /// accepted): the rows waiting are dropped and no step keeps any until
+  /// Reset.
+  void MtpStop() {
+    mtp_tokens_.clear();
+    mtp_open_ = false;
+    mtp_stopped_ = true;
+  }
   /// With EngineOptions::mtp_all_logits: every MTP row's logits since the
   /// last call, in position order (the prompt's, then each step's).
   std::vector<float> TakeMtpLogits() {
@@ -181,7 +199,9 @@ public:
     return out;
   }
   /// Rows of sequence 0's last step (MtpDraft's most).
-  uint32_t mtp_step_rows() const { return (uint32_t)mtp_tokens_.size(); }
+  uint32_t mtp_step_rows() const {
+    return (uint32_t)mtp_tokens_.size() - mtp_step_at_;
+  }
   /// Sequence 0 back to `pos` (<= position()): the positions after it are
   /// forgotten and written again by the next step (every cache is indexed
   /// by position; nothing reads past a sequence's position).
@@ -217,7 +237,11 @@ public:
   /// tokens would compute.
   void SaveKv(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *out);
   void LoadKv(uint32_t seq, uint32_t pos, uint32_t n, const uint8_t *in);
-  void Reset() { pos_ = 0; }
+  void Reset() {
+    pos_ = 0;
+    mtp_tokens_.clear();
+    mtp_open_ = mtp_stopped_ = false;
+  }
   /// The host threads (attention, the LM head).
   ThreadPool *pool() { return pool_.get(); }
 
@@ -245,9 +269,14 @@ private:
   /// After a step of sequence 0 at `pos`: its tokens and hidden rows, for
   /// MtpDraft (with an MTP module).
   void KeepMtpRows(absl::Span<const int32_t> tokens, uint32_t pos);
-  /// Before a step of sequence 0 that follows the last one: the MTP rows
-  /// the last step left (no MtpDraft came), with `next` its first token.
-  absl::Status MtpCatchUp(int32_t next);
+  /// Before a step of sequence 0 of `rows` rows, `next` its first token:
+  /// runs the MTP rows waiting when they and the step's would pass
+  /// max_rows (else they wait on), drops them when the step does not
+  /// follow them.
+  absl::Status MtpCatchUp(int32_t next, uint32_t rows);
+  /// Runs every MTP row waiting, `next` after the last.
+  absl::Status RunPendingMtp(int32_t next, bool logits,
+                             std::vector<float> *out_logits);
   /// The MTP module over positions pos..pos+n-1 with the kept hidden rows
   /// and `next` (n tokens); the logits of the rows in `logit_rows`.
   absl::Status RunMtp(uint32_t pos, absl::Span<const int32_t> next,
@@ -272,11 +301,15 @@ private:
   std::vector<::duck::plan::OpParams> mtp_kinds_;
   ops::HostOp *head_ = nullptr;
   uint32_t mtp_hidden_ = 0, mtp_result_ = 0;
-  std::vector<float> mtp_h_;        // the last step's hidden rows
-  std::vector<int32_t> mtp_tokens_; // and its tokens
-  std::vector<int32_t> mtp_next_;   // MtpDraft's tokens (kept)
+  // Rows waiting for the module: positions mtp_pos_.., their tokens and
+  // hidden rows; the last step's begin at mtp_step_at_.
+  std::vector<float> mtp_h_;
+  std::vector<int32_t> mtp_tokens_;
+  uint32_t mtp_step_at_ = 0;
+  std::vector<int32_t> mtp_next_; // RunPendingMtp's tokens (kept)
   uint32_t mtp_pos_ = 0;
-  bool mtp_pending_ = false; // its rows wait for MtpDraft
+  bool mtp_open_ = false;    // the last step awaits MtpDraft
+  bool mtp_stopped_ = false; // MtpStop
   std::vector<float> mtp_logits_all_;
   std::vector<float> mtp_scratch_; // logits nobody asked for
 };
