@@ -133,6 +133,14 @@ absl::Status Engine::Prepare() {
           "recompile the model");
     mtp_hidden_ = m.hidden();
     mtp_result_ = m.result();
+    // The shared head's norm reads the layer's output.
+    if (mtp_ops_.back()->inputs.size() != 1 ||
+        mtp_kinds_.back() != pl::OpParams::RmsNormOpDef)
+      return absl::InvalidArgumentError(
+          "the plan's MTP module does not end with its shared head's norm; "
+          "recompile the model");
+    mtp_layer_out_ = mtp_ops_.back()->inputs[0];
+    mtp_y_.assign(hidden_, 0.0f);
     mtp_h_.assign((uint64_t)opts_.max_rows * hidden_, 0.0f);
     mtp_tokens_.reserve(opts_.max_rows);
     mtp_next_.reserve(opts_.max_rows);
@@ -263,6 +271,18 @@ absl::Status Engine::MtpCatchUp(int32_t next, uint32_t rows) {
   return RunPendingMtp(next, false, nullptr);
 }
 
+absl::Status Engine::MtpChain(int32_t draft, std::vector<float> *out_logits) {
+  if (!has_mtp() || mtp_stopped_)
+    return absl::FailedPreconditionError("no MTP module runs");
+  if ((uint64_t)mtp_last_pos_ + 2 > opts_.max_seq)
+    return absl::OutOfRangeError("a chained MTP draft past --max-seq");
+  // A position past the kept ones: the module's caches get rows the real
+  // ones overwrite before any row reads them (they run in position order).
+  const std::vector<float> y = mtp_y_;
+  const int32_t tok[1] = {draft};
+  return RunMtp(mtp_last_pos_ + 1, tok, true, out_logits, y.data());
+}
+
 absl::Status Engine::RunPendingMtp(int32_t next, bool logits,
                                    std::vector<float> *out_logits) {
   mtp_next_.assign(mtp_tokens_.begin() + 1, mtp_tokens_.end());
@@ -273,23 +293,34 @@ absl::Status Engine::RunPendingMtp(int32_t next, bool logits,
 }
 
 absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
-                            bool last_logits, std::vector<float> *out_logits) {
+                            bool last_logits, std::vector<float> *out_logits,
+                            const float *hidden) {
   const uint32_t n = (uint32_t)next.size();
   row_tokens_.assign(next.begin(), next.end());
   row_pos_.clear();
   row_seq_.assign(n, 0);
   logit_rows_.clear();
+  // --mtp-logits-out keeps every real row's logits, not a chained one's.
+  const bool all = opts_.mtp_all_logits && !hidden;
   for (uint32_t i = 0; i < n; ++i) {
     row_pos_.push_back(pos + i);
-    if (opts_.mtp_all_logits || (last_logits && i + 1 == n))
+    if (all || (last_logits && i + 1 == n))
       logit_rows_.push_back(i);
   }
-  // The hidden rows the main step left (the LM head's input value).
+  // The hidden rows the main steps left (the LM head's input value), or a
+  // chained draft's: the module's own last output.
   float *h = values_->Get(mtp_hidden_);
-  std::memcpy(h, mtp_h_.data(), (uint64_t)n * hidden_ * sizeof(float));
+  std::memcpy(h, hidden ? hidden : mtp_h_.data(),
+              (uint64_t)n * hidden_ * sizeof(float));
   std::vector<float> *sink = out_logits ? out_logits : &mtp_scratch_;
   sink->clear();
   DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
+  // The last row's layer output (before the shared head's norm): what a
+  // chained draft reads as its hidden state.
+  std::memcpy(mtp_y_.data(),
+              values_->Get(mtp_layer_out_) + (uint64_t)(n - 1) * hidden_,
+              (uint64_t)hidden_ * sizeof(float));
+  mtp_last_pos_ = pos + n - 1;
   if (logit_rows_.empty())
     return absl::OkStatus();
   // The main LM head projects the module's result: put it in its input.
@@ -299,7 +330,7 @@ absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
                  n > 1,       values_.get(), sink};
   DUCK_RETURN_IF_ERROR(head_->Run(step));
   const uint64_t V = vocab();
-  if (opts_.mtp_all_logits) {
+  if (all) {
     mtp_logits_all_.insert(mtp_logits_all_.end(), sink->begin(), sink->end());
     if (last_logits && out_logits) // the draft: the last row only
       out_logits->erase(out_logits->begin(), out_logits->end() - V);

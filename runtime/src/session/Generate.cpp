@@ -275,10 +275,18 @@ private:
                                             &mtpLogits_));
       mtpRows_ = 0;
       mtpOut_.Keep(engine_.TakeMtpLogits());
+      auto argmax = [&] {
+        return (
+            int32_t)(std::max_element(mtpLogits_.begin(), mtpLogits_.end()) -
+                     mtpLogits_.begin());
+      };
       if (want)
-        out->push_back(
-            (int32_t)(std::max_element(mtpLogits_.begin(), mtpLogits_.end()) -
-                      mtpLogits_.begin()));
+        out->push_back(argmax());
+      // mtp:K: the module chained on its own draft and output.
+      while (want && out->size() < k) {
+        DUCK_RETURN_IF_ERROR(engine_.MtpChain(out->back(), &mtpLogits_));
+        out->push_back(argmax());
+      }
     }
     if (spec.wrong)
       *out = wrong_.Propose(engine_.vocab(), k);

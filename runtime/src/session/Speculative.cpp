@@ -19,21 +19,14 @@ absl::StatusOr<SpeculativeOptions> ParseSpeculative(const std::string &spec) {
   if ((parts[0] != "lookup" && parts[0] != "wrong" && parts[0] != "mtp") ||
       parts.size() > 2)
     return absl::InvalidArgumentError(
-        absl::StrCat("--speculative must be none, lookup[:K], mtp[:1] or "
+        absl::StrCat("--speculative must be none, lookup[:K], mtp[:K] or "
                      "wrong[:K], got '",
                      spec, "'"));
   o.lookup = parts[0] == "lookup";
   o.wrong = parts[0] == "wrong";
   o.mtp = parts[0] == "mtp";
-  if (o.mtp) {
-    o.k = 1;
-    if (parts.size() == 2 && parts[1] != "1")
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--speculative mtp:", parts[1],
-          ": one MTP draft a step is what is built (chaining the MTP layer "
-          "for more is not yet); use mtp or mtp:1"));
-    return o;
-  }
+  if (o.mtp)
+    o.k = 1; // the module's own depth; more chain it
   if (parts.size() == 2 &&
       (!absl::SimpleAtoi(parts[1], &o.k) || o.k < 1 || o.k > 16))
     return absl::InvalidArgumentError(absl::StrCat("--speculative ", parts[0],

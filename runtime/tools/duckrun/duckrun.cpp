@@ -77,13 +77,15 @@ ABSL_FLAG(std::string, speculative, "none",
           "same --seed (each token is one draw on the same logits); fewer "
           "drafts are tried where they are rejected. 'wrong[:K]': drafts "
           "drawn at random (almost never accepted), to measure what "
-          "rejected drafts cost. 'mtp[:1]' (DeepSeek plans compiled with "
-          "their MTP module, duckc compile --mtp): the module drafts the "
-          "token after next from the model's last hidden state, one draft "
-          "a step; it runs over every accepted position (its own cache) and "
-          "the drafts pause where they are rejected. Sampled drafts are "
-          "accepted when the sampled token equals them, so the output for a "
-          "--seed is the one 'none' gives. 'none': one token a step");
+          "rejected drafts cost. 'mtp[:K]' (DeepSeek plans compiled with "
+          "their MTP module, duckc compile --mtp; K default 1): the module "
+          "drafts the token after next from the model's last hidden state; "
+          "K > 1 chains it on its own draft and output, as DeepSeek and "
+          "vLLM do. It runs over every accepted position (its own cache), "
+          "its rows wait while drafts pause, and it stops after 4 drafts "
+          "all rejected. Sampled drafts are accepted when the sampled token "
+          "equals them, so the output for a --seed is the one 'none' "
+          "gives. 'none': one token a step");
 ABSL_FLAG(std::string, lookup_corpus, "",
           "Token ids (spaces, commas or newlines between them) that "
           "--speculative lookup also searches for drafts, e.g. a previous "

@@ -87,7 +87,8 @@ TEST(ParseSpeculativeTest, ValuesAndErrors) {
   EXPECT_FALSE(m->lookup);
   EXPECT_EQ(m->k, 1u);
   EXPECT_EQ(ParseSpeculative("mtp:1")->k, 1u);
-  EXPECT_FALSE(ParseSpeculative("mtp:2").ok()); // chaining: not built
+  EXPECT_EQ(ParseSpeculative("mtp:3")->k, 3u); // the module chained
+  EXPECT_FALSE(ParseSpeculative("mtp:17").ok());
   EXPECT_FALSE(ParseSpeculative("eagle").ok());
   EXPECT_FALSE(ParseSpeculative("lookup:2:3").ok());
 }

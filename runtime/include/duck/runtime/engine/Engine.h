@@ -183,6 +183,12 @@ public:
   /// then one step for all of them.
   absl::Status MtpDraft(uint32_t rows, int32_t next, MtpMode mode,
                         std::vector<float> *out_logits);
+  /// A chained draft (speculative mtp:K, K > 1, as DeepSeek and vLLM
+  /// chain one module): the module once more, one position past its last
+  /// row, reading `draft` (its last draft) and its own last layer output
+  /// as the hidden state; the logits (vocab floats: the draft after it) to
+  /// out_logits. After MtpDraft(kDraft) or another MtpChain.
+  absl::Status MtpChain(int32_t draft, std::vector<float> *out_logits);
   /// Stops running the MTP module for sequence 0 (its drafts are never
   /// accepted): the rows waiting are dropped and no step keeps any until
   /// Reset.
@@ -280,7 +286,8 @@ private:
   /// The MTP module over positions pos..pos+n-1 with the kept hidden rows
   /// and `next` (n tokens); the logits of the rows in `logit_rows`.
   absl::Status RunMtp(uint32_t pos, absl::Span<const int32_t> next,
-                      bool last_logits, std::vector<float> *out_logits);
+                      bool last_logits, std::vector<float> *out_logits,
+                      const float *hidden = nullptr);
 
   const LoadedPlan *plan_ = nullptr;
   FfnRunner *runner_ = nullptr;
@@ -300,7 +307,9 @@ private:
   std::vector<std::unique_ptr<ops::HostOp>> mtp_ops_;
   std::vector<::duck::plan::OpParams> mtp_kinds_;
   ops::HostOp *head_ = nullptr;
-  uint32_t mtp_hidden_ = 0, mtp_result_ = 0;
+  uint32_t mtp_hidden_ = 0, mtp_result_ = 0, mtp_layer_out_ = 0;
+  std::vector<float> mtp_y_; // the last MTP row's layer output
+  uint32_t mtp_last_pos_ = 0;
   // Rows waiting for the module: positions mtp_pos_.., their tokens and
   // hidden rows; the last step's begin at mtp_step_at_.
   std::vector<float> mtp_h_;

@@ -32,15 +32,15 @@ struct SpeculativeOptions {
   /// Instead of lookup, drafts drawn at random (speculative "wrong[:K]"):
   /// almost never accepted, to measure what rejected drafts cost.
   bool wrong = false;
-  /// Instead, DeepSeek's MTP module drafts (speculative "mtp"): the plan's
-  /// MTP layer guesses the token after next, one draft a step.
+  /// Instead, DeepSeek's MTP module drafts (speculative "mtp[:K]"): the
+  /// plan's MTP layer guesses the token after next; K > 1 chains it.
   bool mtp = false;
   uint32_t k = 3; // drafts a step at most
   std::vector<int32_t> corpus;
 };
 
-/// "none", "lookup", "lookup:K", "wrong" or "wrong:K" (K in 1..16), "mtp"
-/// or "mtp:1".
+/// "none", "lookup", "lookup:K", "wrong", "wrong:K", "mtp" or "mtp:K" (K
+/// in 1..16; lookup's default 3, mtp's 1).
 absl::StatusOr<SpeculativeOptions> ParseSpeculative(const std::string &spec);
 /// A corpus file: token ids separated by spaces, commas or newlines.
 absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path);
