@@ -74,17 +74,8 @@ HostTensors LoadedPlan::OpTensors(const pl::OpDef &op) const {
   return out;
 }
 
-std::vector<const pl::OpDef *> AllOps(const pl::PlanDef &d) {
-  std::vector<const pl::OpDef *> out;
-  if (d.ops())
-    out.assign(d.ops()->begin(), d.ops()->end());
-  if (d.mtp() && d.mtp()->ops())
-    out.insert(out.end(), d.mtp()->ops()->begin(), d.mtp()->ops()->end());
-  return out;
-}
-
 const pl::OpDef *LoadedPlan::Producer(uint32_t id) const {
-  for (const pl::OpDef *op : AllOps(*def_))
+  for (const pl::OpDef *op : pl::AllOps(*def_))
     if (op->result() == id)
       return op;
   return nullptr;
@@ -330,7 +321,7 @@ absl::Status CheckTensor(const std::string &dir, const MappedFiles &files,
 /// in that order).
 absl::Status CheckOps(const std::string &dir, const pl::PlanDef &d,
                       const MappedFiles &files, const OpKindTable &kinds) {
-  const std::vector<const pl::OpDef *> all = AllOps(d);
+  const std::vector<const pl::OpDef *> all = pl::AllOps(d);
   for (uint32_t i = 0; i < all.size(); ++i) {
     const pl::OpDef *op = all[i];
     const OpKind *kind = kinds.Find(op->params_type());
@@ -386,7 +377,7 @@ absl::Status CheckStepLimits(const std::string &dir, const pl::PlanDef &d) {
   const pl::StepLimitsDef *lim = d.step_limits();
   if (!lim)
     return BadPlan(dir, "has no step limits");
-  for (const pl::OpDef *op : AllOps(d))
+  for (const pl::OpDef *op : pl::AllOps(d))
     if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef())
       if (moe->num_experts() + moe->num_shared() > lim->max_experts() ||
           moe->top_k() + moe->num_shared() > lim->max_active())
@@ -528,7 +519,7 @@ uint64_t LoadedPlan::MapHostTensors() const {
       (void)madvise(at, end - begin, MADV_WILLNEED);
     mapped += end - begin;
   };
-  for (const pl::OpDef *op : AllOps(*def_))
+  for (const pl::OpDef *op : pl::AllOps(*def_))
     for (const pl::TensorDef *t : OpTensors(*op)) {
       populate(t);
       populate(t->scale());

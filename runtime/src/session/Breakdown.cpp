@@ -21,7 +21,7 @@ std::vector<double> DuckBytesPerToken(const LoadedPlan &plan) {
         continue;
       }
       const pl::MoeFfnOpDef *moe = nullptr;
-      for (const pl::OpDef *op : AllOps(d))
+      for (const pl::OpDef *op : pl::AllOps(d))
         if (op->layer() == (int)s->layer() && op->params_as_MoeFfnOpDef())
           moe = op->params_as_MoeFfnOpDef();
       const uint32_t E = moe ? moe->num_experts() : 1;

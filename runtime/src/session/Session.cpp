@@ -387,7 +387,7 @@ StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
 /// when no MLA is absorbed.
 uint64_t AbsorbedInputWidth(const pl::PlanDef &d) {
   uint64_t w = 0;
-  for (const pl::OpDef *op : AllOps(d))
+  for (const pl::OpDef *op : pl::AllOps(d))
     if (const pl::MlaAttentionOpDef *m = op->params_as_MlaAttentionOpDef())
       for (uint32_t r = 0;
            m->absorb_heads() && r + 1 < m->absorb_heads()->size(); ++r)

@@ -70,17 +70,29 @@ TEST(CostModelTest, ManyCombinationsAreSampled) {
   EXPECT_EQ(sampled, expectedSlowest(held, true, 8, 64));
 }
 
-TEST(CostModelTest, DenseLayerIsBytesOverBandwidthPlusStep) {
-  // 10 MB at 10 GB/s: 1 ms a token, plus the 80 us step.
+/// One dense layer of 10 MB on one duck (256 x 1024 slices).
+ModelFacts oneDenseLayer() {
   ModelFacts m;
   m.tp = 1;
   FfnLayer l;
   l.hidden = 1024;
   l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
   m.ffn.push_back(l);
+  return m;
+}
+
+/// A duck reading at 10 GB/s, 80 us a step.
+ClusterModel tenGbsEightyUs() {
   ClusterModel c;
   c.bandwidthGbs = 10;
   c.stepOverheadUs = 80;
+  return c;
+}
+
+TEST(CostModelTest, DenseLayerIsBytesOverBandwidthPlusStep) {
+  // 10 MB at 10 GB/s: 1 ms a token, plus the 80 us step.
+  ModelFacts m = oneDenseLayer();
+  ClusterModel c = tenGbsEightyUs();
   PlanCost p = costPlan(m, c);
   ASSERT_EQ(p.layers.size(), 1u);
   EXPECT_NEAR(p.layers[0].ms, 1.0, 1e-12);
@@ -103,15 +115,8 @@ TEST(CostModelTest, SpeculativeProjectionCountsTokensAStepAndTheUnion) {
   EXPECT_NEAR(unionExperts(256, 8, 2), 256 * (1 - std::pow(248.0 / 256, 2)),
               1e-9);
   EXPECT_DOUBLE_EQ(unionExperts(4, 4, 3), 4.0);
-  ModelFacts m;
-  m.tp = 1;
-  FfnLayer l;
-  l.hidden = 1024;
-  l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
-  m.ffn.push_back(l);
-  ClusterModel c;
-  c.bandwidthGbs = 10;
-  c.stepOverheadUs = 80;
+  ModelFacts m = oneDenseLayer();
+  ClusterModel c = tenGbsEightyUs();
   c.speculateDrafts = 2;
   c.speculateAcceptance = 0.5;
   PlanCost p = costPlan(m, c);
@@ -134,19 +139,9 @@ TEST(CostModelTest, SpeculativeProjectionCountsTokensAStepAndTheUnion) {
 // speculative step runs it once over the accepted rows: its layer (1.08
 // ms as the plan's) joins the verify step.
 TEST(CostModelTest, MtpModuleRunsOnceAVerifyStepOnly) {
-  ModelFacts m;
-  m.tp = 1;
-  FfnLayer l;
-  l.hidden = 1024;
-  l.shards.push_back(denseShard(0, 256, 1024, 10'000'000));
-  m.ffn.push_back(l);
-  auto mtp = std::make_shared<ModelFacts>();
-  mtp->tp = 1;
-  mtp->ffn.push_back(l);
-  m.mtp = mtp;
-  ClusterModel c;
-  c.bandwidthGbs = 10;
-  c.stepOverheadUs = 80;
+  ModelFacts m = oneDenseLayer();
+  m.mtp = std::make_shared<ModelFacts>(oneDenseLayer());
+  ClusterModel c = tenGbsEightyUs();
   EXPECT_NEAR(costPlan(m, c).tokS, 1e3 / 1.08, 1e-9);
   c.speculateDrafts = 1;
   c.speculateAcceptance = 0.9;

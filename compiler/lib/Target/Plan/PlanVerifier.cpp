@@ -1,11 +1,12 @@
 //===- PlanVerifier.cpp - check a plan's weight images --------------------===//
 #include "duck/Target/Plan/PlanVerifier.h"
 
-#include "duck/Target/Plan/PlanWriter.h"
 #include "duck/Import/WeightSource.h"
+#include "duck/Target/Plan/PlanWriter.h"
 #include "duck/plan/plan_generated.h"
-#include "plan_trailer.h"
 #include "duck_rt/abi.h"
+#include "plan_ops.h"
+#include "plan_trailer.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -27,17 +28,6 @@ static llvm::Error err(const llvm::Twine &msg) {
 
 namespace {
 
-/// The main program's ops, then the MTP module's (whose slots the images
-/// hold too).
-std::vector<const pl::OpDef *> allOps(const pl::PlanDef &plan) {
-  std::vector<const pl::OpDef *> out;
-  if (plan.ops())
-    out.assign(plan.ops()->begin(), plan.ops()->end());
-  if (plan.mtp() && plan.mtp()->ops())
-    out.insert(out.end(), plan.mtp()->ops()->begin(), plan.mtp()->ops()->end());
-  return out;
-}
-
 /// The tensors whose rows head slot `si` concatenates, as the op that runs
 /// it names them (empty: no op runs it).
 std::vector<const pl::TensorDef *> headSlotTensors(const pl::PlanDef &plan,
@@ -47,13 +37,13 @@ std::vector<const pl::TensorDef *> headSlotTensors(const pl::PlanDef &plan,
     return out;
   // An indexer that runs its layer's projections takes the MLA's tensors.
   auto mlaOf = [&](int layer) -> const pl::MlaAttentionOpDef * {
-    for (const pl::OpDef *op : allOps(plan))
+    for (const pl::OpDef *op : pl::AllOps(plan))
       if (const auto *m = op->params_as_MlaAttentionOpDef();
           m && op->layer() == layer)
         return m;
     return nullptr;
   };
-  for (const pl::OpDef *op : allOps(plan)) {
+  for (const pl::OpDef *op : pl::AllOps(plan)) {
     if (const pl::LmHeadOpDef *h = op->params_as_LmHeadOpDef();
         h && h->on_ducks() && h->duck_slot() == si)
       out = {h->weight()};
@@ -233,7 +223,7 @@ void moeLayerShape(const pl::PlanDef &plan, uint32_t layer, int64_t &routed,
                    int64_t &width) {
   routed = 1;
   width = 0;
-  for (const pl::OpDef *op : allOps(plan))
+  for (const pl::OpDef *op : pl::AllOps(plan))
     if (const pl::MoeFfnOpDef *moe = op->params_as_MoeFfnOpDef();
         moe && op->layer() == (int)layer) {
       routed = moe->num_experts();
@@ -399,10 +389,10 @@ const pl::MlaAttentionOpDef *absorbedOf(const pl::PlanDef &plan, uint32_t si,
     return nullptr;
   // The indexers that run their layer's query step, by layer.
   std::map<int32_t, const pl::IndexerOpDef *> indexers;
-  for (const pl::OpDef *o : allOps(plan))
+  for (const pl::OpDef *o : pl::AllOps(plan))
     if (const auto *x = o->params_as_IndexerOpDef(); x && x->on_ducks())
       indexers[o->layer()] = x;
-  for (const pl::OpDef *op : allOps(plan)) {
+  for (const pl::OpDef *op : pl::AllOps(plan)) {
     const auto *m = op->params_as_MlaAttentionOpDef();
     if (!m || !m->absorb_heads() || m->absorb_heads()->size() < 2)
       continue;
@@ -426,7 +416,7 @@ std::vector<AbsorbedPiece> gqaHeadPieces(const pl::PlanDef &plan, uint32_t si,
                                          unsigned rank) {
   if (!plan.ops())
     return {};
-  for (const pl::OpDef *op : allOps(plan)) {
+  for (const pl::OpDef *op : pl::AllOps(plan)) {
     const auto *g = op->params_as_GqaAttentionOpDef();
     if (!g || !g->o_proj_on_ducks() || g->o_proj_slot() != si ||
         !g->o_heads() || rank + 1 >= g->o_heads()->size() || !g->o_proj() ||

@@ -12,6 +12,7 @@
 
 #include "duck/plan/plan_generated.h"
 #include "duck/runtime/plan/OpKinds.h"
+#include "plan_ops.h"
 
 #include "absl/status/statusor.h"
 
@@ -47,10 +48,6 @@ struct PlanLoadOptions {
   /// Checkpoint directory; default: the plan's checkpoint_dir.
   std::string checkpoint_dir;
 };
-
-/// The main program's ops, then the MTP module's (PlanDef.mtp), whose
-/// slots and host tensors a plan holds too.
-std::vector<const duck::plan::OpDef *> AllOps(const duck::plan::PlanDef &d);
 
 class LoadedPlan {
 public:
