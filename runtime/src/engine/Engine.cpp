@@ -40,6 +40,13 @@ uint64_t Engine::kv_bytes_per_token() const {
   return n;
 }
 
+uint64_t Engine::mtp_kv_bytes_per_token() const {
+  uint64_t n = 0;
+  for (const auto &op : mtp_ops_)
+    n += op->KvBytesPerToken();
+  return n;
+}
+
 void Engine::SaveKv(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *out) {
   CopyKvRows(seq, pos, n, out, /*save=*/true);
 }

@@ -426,6 +426,8 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   sj["judge_ratio_p50"] = percentile(s->ratios, 0.5);
   sj["judge_ratio_p99"] = percentile(s->ratios, 0.99);
   sj["kv_bytes_per_token"] = engine.kv_bytes_per_token();
+  if (engine.has_mtp())
+    sj["mtp_kv_bytes_per_token"] = engine.mtp_kv_bytes_per_token();
   sj["decode_breakdown_ms"] = {
       {"host_attention", bd.host_attention_ms},
       {"host_norms_router", bd.host_norms_router_ms},

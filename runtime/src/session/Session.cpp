@@ -575,8 +575,9 @@ absl::Status Session::Start(std::ostream &log) {
   // positions grow: refuse up front what the machine could never hold,
   // rather than meet the OOM killer when sequences grow long.
   if (!o.kv_overcommit)
-    DUCK_RETURN_IF_ERROR(CheckKvFits(engine_->kv_bytes_per_token(), max_seq_,
-                                     seqs, MemAvailableBytes()));
+    DUCK_RETURN_IF_ERROR(CheckKvFits(engine_->kv_bytes_per_token() +
+                                         engine_->mtp_kv_bytes_per_token(),
+                                     max_seq_, seqs, MemAvailableBytes()));
   return absl::OkStatus();
 }
 

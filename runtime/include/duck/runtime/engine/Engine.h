@@ -229,6 +229,9 @@ public:
   /// Host cache bytes a token of the sequence takes over all layers (fp32
   /// keys and values; DeepSeek: the MLA latent, rope key and indexer key).
   uint64_t kv_bytes_per_token() const;
+  /// The MTP module's caches a token (EngineOptions::mtp; not in
+  /// kv_bytes_per_token, which SaveKv's rows follow).
+  uint64_t mtp_kv_bytes_per_token() const;
   /// Weight bytes the host streams for one decoded token.
   uint64_t host_weight_bytes_per_token() const;
   /// Cache bytes one decoded token reads on the host at `positions`
