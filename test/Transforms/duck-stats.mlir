@@ -32,7 +32,7 @@
 // (1.4016 us), and each duck's slot of each.
 // JSON:      {"bandwidth_gbs":20,"dispatch_ms_per_token":0,"estimated_decode_tok_s":357961.05{{[0-9]*}},
 // JSON-SAME: "ffn_layer_costs":[{"duck_bytes":[28672,28672],"layer":0,"moe":false,"ms_per_token":0.001392,"strategy":"intermediate"},{"duck_bytes":[114688,114688],"layer":1,"moe":true,"ms_per_token":0.0014016,"strategy":"intermediate"}],
-// JSON-SAME: "ffn_layers":2,"fp9_gparam_s":0,{{.*}}"host_ms_per_token":0,{{.*}}"lm_head_on_ducks":false,"mla_absorbed_bytes_per_token":0,"multiple_of":64,"network_back_ms_per_token":0,"network_latency_ms_per_token":0,"network_ms_per_token":0,"network_out_ms_per_token":0,"o_proj_ms_per_token":0,"o_proj_on_ducks":false,"per_duck_bytes":[151552,151552],"per_duck_params_per_token":[49152,49152],
+// JSON-SAME: "ffn_layers":2,"fp9_gparam_s":0,{{.*}}"host_ms_per_token":0,{{.*}}"lm_head_on_ducks":false,"mla_absorbed_bytes_per_token":0,"mtp_ffn_layers":0,"multiple_of":64,"network_back_ms_per_token":0,"network_latency_ms_per_token":0,"network_ms_per_token":0,"network_out_ms_per_token":0,"o_proj_ms_per_token":0,"o_proj_on_ducks":false,"per_duck_bytes":[151552,151552],"per_duck_params_per_token":[49152,49152],
 // JSON-SAME: "step_overhead_us":0,"steps_per_token":2,"strategy":"intermediate","strategy_by_layer":"intermediate","stream_ms_per_token":0.002793{{[0-9]*}},
 // JSON-SAME: "total_bytes":303104,"tp":2,"tp_max":2,"wire_activations":"f32","wire_results":"f32"}
 // JSON-NEXT: module attributes
