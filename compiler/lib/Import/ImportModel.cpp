@@ -409,7 +409,8 @@ OwningOpRef<ModuleOp> Importer::run() {
 } // namespace
 
 llvm::Expected<bool> mlir::duck::import::wantMtp(const Checkpoint &ckpt,
-                                                 StringRef mode) {
+                                                 StringRef mode,
+                                                 std::string *note) {
   if (mode == "off")
     return false;
   if (mode != "on" && mode != "auto")
@@ -437,8 +438,12 @@ llvm::Expected<bool> mlir::duck::import::wantMtp(const Checkpoint &ckpt,
       why = "has '" + t.name + "' in another shape than the config implies";
     if (why.empty())
       continue;
-    if (mode == "auto")
-      return false; // a checkpoint shipped without its module
+    if (mode == "auto") { // a checkpoint shipped without its module
+      if (note)
+        *note = "the config declares an MTP module but the checkpoint " + why +
+                ": compiled without it (--speculative mtp needs it)";
+      return false;
+    }
     return llvm::createStringError("--mtp on: the checkpoint " + why +
                                    " (its MTP module, docs/mtp.md)");
   }

@@ -524,9 +524,12 @@ Error mlir::duck::compileModel(const CompileOptions &opts,
   MLIRContext ctx;
   ctx.getOrLoadDialect<DuckDialect>();
   DiagnosticCollector diags(ctx);
-  auto mtp = import::wantMtp(ckpt, opts.mtp);
+  std::string mtpNote;
+  auto mtp = import::wantMtp(ckpt, opts.mtp, &mtpNote);
   if (!mtp)
     return mtp.takeError();
+  if (!mtpNote.empty())
+    log << "duckc: note: " << mtpNote << "\n";
   OwningOpRef<ModuleOp> module = import::importModel(ctx, ckpt, *mtp);
   if (!module)
     return diags.takeError("import of '" + opts.modelDir + "' failed");

@@ -20,8 +20,10 @@ namespace mlir::duck::import {
 /// (duckc compile --mtp): "off" never; "on" always, an error naming what
 /// is missing when the checkpoint has no module or lacks one of its
 /// tensors; "auto" when the config declares one (num_nextn_predict_layers)
-/// and, with weights, every tensor of the first is there.
-llvm::Expected<bool> wantMtp(const Checkpoint &ckpt, llvm::StringRef mode);
+/// and, with weights, every tensor of the first is there; when "auto"
+/// leaves a declared module out, `note` (if given) says why.
+llvm::Expected<bool> wantMtp(const Checkpoint &ckpt, llvm::StringRef mode,
+                             std::string *note = nullptr);
 
 /// Imports `ckpt`. Diagnostics (a tensor missing, a dtype or shape at odds
 /// with the config) are emitted at config.json's location; returns null on
