@@ -12,16 +12,26 @@ namespace pl = ::duck::plan;
 
 std::vector<double> DuckBytesPerToken(const LoadedPlan &plan) {
   const pl::PlanDef &d = plan.def();
+  // The MTP module's slots (its layer index, the LM head's slot aside)
+  // are read only when it drafts: not a token's bytes.
+  const int mtpLayer = d.mtp() ? (int)d.mtp()->layer() : -1;
+  uint32_t headSlot = UINT32_MAX;
+  for (const pl::OpDef *op : *d.ops())
+    if (const auto *h = op->params_as_LmHeadOpDef(); h && h->on_ducks())
+      headSlot = h->duck_slot();
   std::vector<double> out;
   for (const pl::DuckDef *duck : *d.ducks()) {
     double bytes = 0;
-    for (const pl::SlotDef *s : *duck->slots()) {
+    for (uint32_t i = 0; i < duck->slots()->size(); ++i) {
+      const pl::SlotDef *s = duck->slots()->Get(i);
+      if ((int)s->layer() == mtpLayer && i != headSlot)
+        continue;
       if (!s->moe()) {
         bytes += s->bytes();
         continue;
       }
       const pl::MoeFfnOpDef *moe = nullptr;
-      for (const pl::OpDef *op : pl::AllOps(d))
+      for (const pl::OpDef *op : *d.ops())
         if (op->layer() == (int)s->layer() && op->params_as_MoeFfnOpDef())
           moe = op->params_as_MoeFfnOpDef();
       const uint32_t E = moe ? moe->num_experts() : 1;
