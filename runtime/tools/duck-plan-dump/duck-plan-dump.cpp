@@ -136,6 +136,10 @@ int main(int argc, char **argv) {
                 : plan->strategy() == 1 ? "experts"
                                         : "intermediate",
                 plan->ops() ? plan->ops()->size() : 0);
+    if (const duck::plan::MtpDef *m = plan->mtp())
+      std::printf("mtp: DeepSeek's MTP module, layer %u, %u ops "
+                  "(duckrun --speculative mtp)\n",
+                  m->layer(), m->ops() ? m->ops()->size() : 0);
     if (plan->wire_x_bf16())
       std::printf("wire: activations to the ducks in bf16\n");
     if (plan->wire_out_bf16())
