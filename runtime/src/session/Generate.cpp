@@ -509,6 +509,14 @@ void PrintSummary(std::ostream &err, Session &ses, const Run &run,
   err << "duckrun: kernel Gparam/s: " << absl::StrJoin(per, ", ") << "\n";
   err << absl::StrFormat("duckrun: KV cache %.1f KiB a token (host)\n",
                          ses.engine().kv_bytes_per_token() / 1024.0);
+  if (const SpeculativeStats &sp = run.spec; sp.verify_steps)
+    err << absl::StrFormat(
+        "duckrun: speculative: %llu verify steps, %llu of %llu drafts "
+        "accepted (%.1f %%), %.2f tokens a verify step\n",
+        (unsigned long long)sp.verify_steps, (unsigned long long)sp.accepted,
+        (unsigned long long)sp.proposed,
+        sp.proposed ? 100.0 * sp.accepted / sp.proposed : 0.0,
+        (double)(sp.accepted + sp.verify_steps) / sp.verify_steps);
   if (!run.token_times.empty())
     err << FormatDecodeBreakdown(s.bd);
   if (!s.by_op.empty())
