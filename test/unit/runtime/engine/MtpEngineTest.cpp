@@ -1,0 +1,131 @@
+// The engine's MTP module (docs/mtp.md) on a compiled tiny DeepSeek-V3.2
+// plan with its module, the FFN steps answered by a fake runner: drafts
+// do not depend on whether the module's rows ran step by step, waited
+// (kDefer) or had chained rows written past them; it refuses what it
+// cannot do, and stops when told.
+#include "duck/runtime/engine/Engine.h"
+
+#include "TestPlans.h"
+#include "engine/FakeFfnRunner.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace {
+
+using namespace duck::runtime;
+using duck::runtime::test::FakeFfnRunner;
+using duck::runtime::test::PlanDir;
+
+class MtpEngineTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    auto p = LoadedPlan::Load(PlanDir("deepseek-mtp"), HostOpKinds());
+    ASSERT_TRUE(p.ok()) << p.status();
+    plan_ = std::move(*p);
+    ASSERT_NE(plan_->def().mtp(), nullptr) << "the plan has no MTP module";
+    runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());
+    vocab_ = plan_->def().model()->vocab();
+  }
+  std::unique_ptr<Engine> Make(bool mtp = true) {
+    EngineOptions o;
+    o.max_seq = 64;
+    o.prefill_chunk = 8;
+    o.mtp = mtp;
+    auto e = Engine::Create(*plan_, runner_.get(), o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+  int32_t Token(uint32_t i) const {
+    return (int32_t)((i * 37 + 11) % vocab_);
+  }
+  /// The prompt (9 tokens, two chunks) through `e`.
+  void Prefill(Engine &e) {
+    std::vector<int32_t> p;
+    for (uint32_t i = 0; i < 9; ++i)
+      p.push_back(Token(i));
+    std::vector<float> l;
+    ASSERT_TRUE(e.Forward(p, &l).ok());
+  }
+  static bool SameBits(const std::vector<float> &a,
+                       const std::vector<float> &b) {
+    return a.size() == b.size() &&
+           std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  }
+
+  std::unique_ptr<LoadedPlan> plan_;
+  std::unique_ptr<FakeFfnRunner> runner_;
+  uint32_t vocab_ = 0;
+};
+
+// Six decode steps; the module drafts after every one, or waits over
+// steps 0-3 (kDefer) and drafts after 4 and 5: the drafts after 4 and 5
+// are the same bits. A chained draft after every step (mtp:2) writes rows
+// past the kept ones; the next drafts are still the same bits.
+TEST_F(MtpEngineTest, DeferredAndChainedRowsGiveTheSameDrafts) {
+  auto every = Make(), waits = Make(), chains = Make();
+  ASSERT_TRUE(every && waits && chains);
+  Prefill(*every);
+  Prefill(*waits);
+  Prefill(*chains);
+  std::vector<float> l, a, b, c, chained;
+  for (uint32_t i = 0; i < 6; ++i) {
+    // Step i feeds token i; the module's row for it reads token i + 1.
+    const int32_t t = Token(100 + i), next = Token(100 + i + 1);
+    for (Engine *e : {every.get(), waits.get(), chains.get()})
+      ASSERT_TRUE(e->Forward({t}, &l).ok());
+    ASSERT_EQ(every->mtp_step_rows(), 1u);
+    ASSERT_TRUE(every->MtpDraft(1, next, Engine::MtpMode::kDraft, &a).ok());
+    ASSERT_EQ(a.size(), vocab_);
+    ASSERT_TRUE(chains->MtpDraft(1, next, Engine::MtpMode::kDraft, &c).ok());
+    EXPECT_TRUE(SameBits(a, c)) << "after step " << i << " (chained)";
+    ASSERT_TRUE(chains->MtpChain(Token(300 + i), &chained).ok());
+    EXPECT_EQ(chained.size(), vocab_);
+    const bool draft = i >= 4;
+    ASSERT_TRUE(waits
+                    ->MtpDraft(1, next,
+                               draft ? Engine::MtpMode::kDraft
+                                     : Engine::MtpMode::kDefer,
+                               &b)
+                    .ok());
+    if (draft) {
+      EXPECT_TRUE(SameBits(a, b)) << "after step " << i << " (deferred)";
+    }
+  }
+}
+
+TEST_F(MtpEngineTest, RefusesWhatItCannotDoAndStops) {
+  auto none = Make(/*mtp=*/false);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_mtp());
+  std::vector<float> l;
+  EXPECT_EQ(none->MtpDraft(1, 3, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto e = Make();
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->has_mtp());
+  // Nothing to draft after before a step.
+  EXPECT_EQ(e->MtpDraft(1, 3, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kFailedPrecondition);
+  Prefill(*e);
+  EXPECT_EQ(e->mtp_step_rows(), 1u); // 9 tokens in chunks of 8 and 1
+  EXPECT_EQ(e->MtpDraft(2, 3, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e->MtpDraft(1, 3, Engine::MtpMode::kDraft, &l).ok());
+  EXPECT_EQ(l.size(), vocab_);
+  // Once a step.
+  EXPECT_EQ(e->MtpDraft(1, 3, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(e->Forward({3}, &l).ok());
+  e->MtpStop();
+  EXPECT_EQ(e->MtpDraft(1, 4, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(e->Forward({4}, &l).ok());
+  EXPECT_EQ(e->MtpDraft(1, 5, Engine::MtpMode::kDraft, &l).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a stopped module keeps no rows";
+  EXPECT_GT(e->mtp_kv_bytes_per_token(), 0u);
+}
+
+} // namespace
