@@ -285,9 +285,9 @@ absl::Status Engine::MtpChain(int32_t draft, std::vector<float> *out_logits) {
     return absl::OutOfRangeError("a chained MTP draft past --max-seq");
   // A position past the kept ones: the module's caches get rows the real
   // ones overwrite before any row reads them (they run in position order).
-  const std::vector<float> y = mtp_y_;
+  // RunMtp copies the hidden row in before it writes mtp_y_ again.
   const int32_t tok[1] = {draft};
-  return RunMtp(mtp_last_pos_ + 1, tok, true, out_logits, y.data());
+  return RunMtp(mtp_last_pos_ + 1, tok, true, out_logits, mtp_y_.data());
 }
 
 absl::Status Engine::RunPendingMtp(int32_t next, bool logits,
