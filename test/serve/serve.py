@@ -585,12 +585,20 @@ def check_speculative(argv):
             die(f"check-speculative: {sampling}: answers differ with "
                 f"speculation: {texts}")
     drafts = metric(url, "duck_drafts_proposed_total") - before
+    per_step = metric(url, "duck_tokens_per_verify_step")
+    acceptance = metric(url, "duck_draft_acceptance")
+    steps = metric(url, "duck_verify_steps_total")
+    if None in (steps, per_step, acceptance) or steps <= 0 or \
+            not 1 <= per_step <= 5 or not 0 <= acceptance <= 1:
+        die(f"check-speculative: /metrics: {per_step} tokens a verify step, "
+            f"acceptance {acceptance}")
     st, data = request(url, "POST", "/v1/completions",
                        {"model": "any", "prompt": "x", "speculative": 99}, key)
     if st != 400 or b"speculative" not in data:
         die(f"check-speculative: speculative 99 gave HTTP {st} {data!r}")
     print(f"speculative: answers equal with 0, 4 and 2 drafts a step (greedy "
-          f"and sampled; {int(drafts)} drafts proposed); 99 refused")
+          f"and sampled; {int(drafts)} drafts proposed, {per_step:.2f} "
+          f"tokens a verify step); 99 refused")
 
 
 def greedy_tokens(url, key, **kw):

@@ -353,6 +353,7 @@ bool Batcher::SampleRows(Seq &s, size_t at, uint32_t pos0) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.drafts_proposed += drafts;
     stats_.drafts_accepted += i;
+    ++stats_.verify_steps;
   }
   return going;
 }

@@ -1607,6 +1607,19 @@ void Server::MetricsText(httplib::Response &res) {
   gauge("duck_drafts_accepted_total",
         "Speculative drafts the model would have produced (accepted).",
         (double)bs.drafts_accepted, "counter");
+  gauge("duck_verify_steps_total",
+        "A sequence's next token and its drafts verified in one step.",
+        (double)bs.verify_steps, "counter");
+  gauge("duck_draft_acceptance",
+        "Drafts accepted of those proposed so far (0 before any).",
+        bs.drafts_proposed ? (double)bs.drafts_accepted / bs.drafts_proposed
+                           : 0.0);
+  gauge("duck_tokens_per_verify_step",
+        "Tokens a verify step gave a sequence: its accepted drafts and the "
+        "token after them (0 before any).",
+        bs.verify_steps
+            ? (double)(bs.drafts_accepted + bs.verify_steps) / bs.verify_steps
+            : 0.0);
   gauge("duck_generated_tokens_total", "Tokens generated.",
         (double)bs.generated_tokens, "counter");
   gauge("duck_steps_total",

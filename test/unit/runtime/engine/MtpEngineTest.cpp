@@ -37,9 +37,7 @@ protected:
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
-  int32_t Token(uint32_t i) const {
-    return (int32_t)((i * 37 + 11) % vocab_);
-  }
+  int32_t Token(uint32_t i) const { return (int32_t)((i * 37 + 11) % vocab_); }
   /// The prompt (9 tokens, two chunks) through `e`.
   void Prefill(Engine &e) {
     std::vector<int32_t> p;

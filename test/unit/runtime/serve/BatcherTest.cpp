@@ -535,6 +535,9 @@ TEST_F(BatcherTest, SpeculativeRowsGiveTheTokensOfAPlainRun) {
   EXPECT_GT(st.drafts_proposed, 0u);
   EXPECT_GT(st.drafts_accepted, 0u);
   EXPECT_EQ(st.generated_tokens, 48u);
+  // Each verify step gives its accepted drafts and one token more.
+  EXPECT_GT(st.verify_steps, 0u);
+  EXPECT_LE(st.drafts_accepted + st.verify_steps, st.generated_tokens);
   // Fewer steps than tokens for a: some steps gave it several.
   EXPECT_LT(a.token_steps.back() - a.token_steps.front(), 19u);
 }

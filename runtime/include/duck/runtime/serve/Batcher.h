@@ -114,6 +114,7 @@ struct BatcherStats {
                               // or the prefix store
   PrefixStoreStats store;     // the prefix store (zeros: none)
   uint64_t drafts_proposed = 0, drafts_accepted = 0; // speculative
+  uint64_t verify_steps = 0; // a sequence's rows with drafts in a step
   uint32_t active = 0, queued = 0;
   uint32_t max_decode_rows = 0; // most sequences decoding in one step
 };
