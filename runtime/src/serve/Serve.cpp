@@ -1565,6 +1565,39 @@ void Server::Stream(httplib::Response &res, std::shared_ptr<Job> job, Reply r,
       });
 }
 
+/// One Prometheus metric: its help, type and value.
+void AppendMetric(std::string *out, const char *name, const char *help,
+                  double v, const char *type = "gauge") {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type,
+                  "\n", name, " ", v, "\n");
+}
+
+/// Speculative decoding's metrics: drafts, verify steps, and the rates
+/// they make.
+void AppendSpeculativeMetrics(std::string *out, const BatcherStats &bs) {
+  AppendMetric(out, "duck_drafts_proposed_total",
+               "Speculative drafts sent with a next token.",
+               (double)bs.drafts_proposed, "counter");
+  AppendMetric(out, "duck_drafts_accepted_total",
+               "Speculative drafts the model would have produced (accepted).",
+               (double)bs.drafts_accepted, "counter");
+  AppendMetric(out, "duck_verify_steps_total",
+               "A sequence's next token and its drafts verified in one step.",
+               (double)bs.verify_steps, "counter");
+  AppendMetric(out, "duck_draft_acceptance",
+               "Drafts accepted of those proposed so far (0 before any).",
+               bs.drafts_proposed
+                   ? (double)bs.drafts_accepted / bs.drafts_proposed
+                   : 0.0);
+  AppendMetric(out, "duck_tokens_per_verify_step",
+               "Tokens a verify step gave a sequence: its accepted drafts "
+               "and the token after them (0 before any).",
+               bs.verify_steps
+                   ? (double)(bs.drafts_accepted + bs.verify_steps) /
+                         bs.verify_steps
+                   : 0.0);
+}
+
 void Server::MetricsText(httplib::Response &res) {
   std::string out;
   const BatcherStats bs = batcher_ ? batcher_->Stats() : BatcherStats();
@@ -1578,8 +1611,7 @@ void Server::MetricsText(httplib::Response &res) {
   }
   auto gauge = [&](const char *name, const char *help, double v,
                    const char *type = "gauge") {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n", name, " ", v, "\n");
+    AppendMetric(&out, name, help, v, type);
   };
   gauge("duck_prompt_tokens_total", "Prompt tokens prefilled.",
         (double)bs.prompt_tokens, "counter");
@@ -1601,25 +1633,7 @@ void Server::MetricsText(httplib::Response &res) {
   gauge("duck_prefix_store_evicted_tokens_total",
         "Positions evicted from the prefix store (least recently used).",
         (double)bs.store.evicted_tokens, "counter");
-  gauge("duck_drafts_proposed_total",
-        "Speculative drafts sent with a next token.",
-        (double)bs.drafts_proposed, "counter");
-  gauge("duck_drafts_accepted_total",
-        "Speculative drafts the model would have produced (accepted).",
-        (double)bs.drafts_accepted, "counter");
-  gauge("duck_verify_steps_total",
-        "A sequence's next token and its drafts verified in one step.",
-        (double)bs.verify_steps, "counter");
-  gauge("duck_draft_acceptance",
-        "Drafts accepted of those proposed so far (0 before any).",
-        bs.drafts_proposed ? (double)bs.drafts_accepted / bs.drafts_proposed
-                           : 0.0);
-  gauge("duck_tokens_per_verify_step",
-        "Tokens a verify step gave a sequence: its accepted drafts and the "
-        "token after them (0 before any).",
-        bs.verify_steps
-            ? (double)(bs.drafts_accepted + bs.verify_steps) / bs.verify_steps
-            : 0.0);
+  AppendSpeculativeMetrics(&out, bs);
   gauge("duck_generated_tokens_total", "Tokens generated.",
         (double)bs.generated_tokens, "counter");
   gauge("duck_steps_total",
