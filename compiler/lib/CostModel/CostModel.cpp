@@ -821,29 +821,32 @@ double cost::unionExperts(int64_t experts, int64_t topK, int64_t rows) {
 }
 
 namespace {
-/// The MTP module over `rows` accepted rows of a verify step: its layer
-/// (the union of the rows' experts), its attention and projections, its
-/// host weights (a measured host time shared by weight bytes), and the LM
-/// head again.
-double mtpStepMs(const ModelFacts &m, const ClusterModel &c, int64_t rows) {
-  rows = std::max<int64_t>(1, rows);
-  ModelFacts v = *m.mtp;
-  for (FfnLayer &l : v.ffn)
+/// `m` as one step of `rows` rows (ms): each MoE layer reads the union of
+/// the experts its rows choose, each extra row attends on the host.
+double rowsStepMs(ModelFacts m, ClusterModel c, int64_t rows) {
+  for (FfnLayer &l : m.ffn)
     if (l.moe)
       l.topK = std::min<int64_t>(
           l.numExperts, (int64_t)std::llround(
                             cost::unionExperts(l.numExperts, l.topK, rows)));
+  c.decodeRows = rows;
+  c.speculateDrafts = 0;
+  const PlanCost p = costPlan(m, c);
+  return (p.tokS > 0 ? 1e3 / p.tokS : 0) +
+         double(rows - 1) * p.hostAttnMsPerToken;
+}
+
+/// The MTP module over `rows` accepted rows of a verify step: its layer,
+/// its attention and projections, its host weights (a measured host time
+/// shared by weight bytes), and the LM head again.
+double mtpStepMs(const ModelFacts &m, const ClusterModel &c, int64_t rows) {
   ClusterModel mc = c;
-  mc.decodeRows = rows;
-  mc.speculateDrafts = 0;
   if (c.hostMsPerToken > 0)
     mc.hostMsPerToken =
         m.hostWeightBytes > 0
-            ? c.hostMsPerToken * v.hostWeightBytes / m.hostWeightBytes
+            ? c.hostMsPerToken * m.mtp->hostWeightBytes / m.hostWeightBytes
             : 0;
-  const PlanCost mp = costPlan(v, mc);
-  return (mp.tokS > 0 ? 1e3 / mp.tokS : 0) +
-         double(rows - 1) * mp.hostAttnMsPerToken;
+  return rowsStepMs(*m.mtp, mc, std::max<int64_t>(1, rows));
 }
 
 /// The speculative projection of a plan whose one-row token is `base`.
@@ -853,18 +856,7 @@ PlanCost::Speculative projectSpeculative(const ModelFacts &m,
   PlanCost::Speculative out;
   out.rows = c.speculateDrafts + 1;
   out.acceptance = c.speculateAcceptance;
-  ModelFacts v = m;
-  for (FfnLayer &l : v.ffn)
-    if (l.moe)
-      l.topK = std::min<int64_t>(
-          l.numExperts,
-          (int64_t)std::llround(unionExperts(l.numExperts, l.topK, out.rows)));
-  ClusterModel vc = c;
-  vc.decodeRows = out.rows;
-  vc.speculateDrafts = 0;
-  const PlanCost step = costPlan(v, vc);
-  out.stepMs = (step.tokS > 0 ? 1e3 / step.tokS : 0) +
-               double(out.rows - 1) * step.hostAttnMsPerToken;
+  out.stepMs = rowsStepMs(m, c, out.rows);
   for (int64_t i = 0; i < out.rows; ++i)
     out.tokensPerStep += std::pow(c.speculateAcceptance, (double)i);
   if (m.mtp) {

@@ -265,33 +265,34 @@ private:
       engine_.MtpStop();
       return absl::OkStatus();
     }
-    if (engine_.has_mtp() && mtpRows_) {
-      // Paused (no draft wanted): the module's rows wait, and run with
-      // the next draft's, one step for all.
-      const bool want = k > 0 && spec.mtp;
-      DUCK_RETURN_IF_ERROR(engine_.MtpDraft(mtpRows_, next,
-                                            want ? Engine::MtpMode::kDraft
-                                                 : Engine::MtpMode::kDefer,
-                                            &mtpLogits_));
-      mtpRows_ = 0;
-      mtpOut_.Keep(engine_.TakeMtpLogits());
-      auto argmax = [&] {
-        return (
-            int32_t)(std::max_element(mtpLogits_.begin(), mtpLogits_.end()) -
-                     mtpLogits_.begin());
-      };
-      if (want)
-        out->push_back(argmax());
-      // mtp:K: the module chained on its own draft and output.
-      while (want && out->size() < k) {
-        DUCK_RETURN_IF_ERROR(engine_.MtpChain(out->back(), &mtpLogits_));
-        out->push_back(argmax());
-      }
-    }
+    if (engine_.has_mtp() && mtpRows_)
+      DUCK_RETURN_IF_ERROR(MtpDrafts(next, spec.mtp ? k : 0, out));
     if (spec.wrong)
       *out = wrong_.Propose(engine_.vocab(), k);
     else if (spec.lookup)
       *out = drafter_.Propose(text_, k);
+    return absl::OkStatus();
+  }
+
+  /// The MTP module over the last step's kept rows (`next` after them);
+  /// up to k drafts from it (0: its rows wait, run with the next draft's,
+  /// one step for all), chained past the first (mtp:K).
+  absl::Status MtpDrafts(int32_t next, uint32_t k, std::vector<int32_t> *out) {
+    DUCK_RETURN_IF_ERROR(engine_.MtpDraft(
+        mtpRows_, next, k ? Engine::MtpMode::kDraft : Engine::MtpMode::kDefer,
+        &mtpLogits_));
+    mtpRows_ = 0;
+    mtpOut_.Keep(engine_.TakeMtpLogits());
+    auto argmax = [&] {
+      return (int32_t)(std::max_element(mtpLogits_.begin(), mtpLogits_.end()) -
+                       mtpLogits_.begin());
+    };
+    if (k)
+      out->push_back(argmax());
+    while (k && out->size() < k) {
+      DUCK_RETURN_IF_ERROR(engine_.MtpChain(out->back(), &mtpLogits_));
+      out->push_back(argmax());
+    }
     return absl::OkStatus();
   }
 

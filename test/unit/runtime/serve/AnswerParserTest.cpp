@@ -270,6 +270,22 @@ TEST(AnswerParser, PromptOpensThink) {
   EXPECT_FALSE(PromptOpensThink({}, 1, 2, special));
 }
 
+/// 200 texts of up to 11 of `bits` (drawn with `seed`) for each way of
+/// calling tools, each parsed every way (ParseEveryWay) in `syntax`.
+void ParseRandomTexts(const std::vector<std::string> &bits, unsigned seed,
+                      AnswerParser::Syntax syntax) {
+  std::mt19937 rng(seed);
+  for (Calls calls : {Calls::kNone, Calls::kForced, Calls::kAuto})
+    for (int n = 0; n < 200; ++n) {
+      std::string text;
+      for (int k = rng() % 12; k > 0; --k)
+        text += bits[rng() % bits.size()];
+      AnswerParser::Options o{n % 2 == 0, n % 3 == 0, calls};
+      o.syntax = syntax;
+      ParseEveryWay(o, text);
+    }
+}
+
 TEST(AnswerParser, RandomTextsSplitTheSameInAnyPieces) {
   const std::vector<std::string> bits = {"<think>",
                                          "</think>",
@@ -289,14 +305,7 @@ TEST(AnswerParser, RandomTextsSplitTheSameInAnyPieces) {
                                          "\"k\": ",
                                          "[",
                                          "]"};
-  std::mt19937 rng(1);
-  for (Calls calls : {Calls::kNone, Calls::kForced, Calls::kAuto})
-    for (int n = 0; n < 200; ++n) {
-      std::string text;
-      for (int k = rng() % 12; k > 0; --k)
-        text += bits[rng() % bits.size()];
-      ParseEveryWay({n % 2 == 0, n % 3 == 0, calls}, text);
-    }
+  ParseRandomTexts(bits, 1, AnswerParser::Syntax::kQwen3);
 }
 
 TEST(AnswerParser, RandomDeepSeekTextsSplitTheSameInAnyPieces) {
@@ -316,16 +325,7 @@ TEST(AnswerParser, RandomDeepSeekTextsSplitTheSameInAnyPieces) {
                                          ",",
                                          "<think>",
                                          "</think>"};
-  std::mt19937 rng(2);
-  for (Calls calls : {Calls::kNone, Calls::kForced, Calls::kAuto})
-    for (int n = 0; n < 200; ++n) {
-      std::string text;
-      for (int k = rng() % 12; k > 0; --k)
-        text += bits[rng() % bits.size()];
-      AnswerParser::Options o{n % 2 == 0, n % 3 == 0, calls};
-      o.syntax = AnswerParser::Syntax::kDeepSeek;
-      ParseEveryWay(o, text);
-    }
+  ParseRandomTexts(bits, 2, AnswerParser::Syntax::kDeepSeek);
 }
 
 } // namespace
