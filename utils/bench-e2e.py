@@ -93,6 +93,42 @@ def parse_arrangements(text):
     return out
 
 
+def machine_facts(llama_bench):
+    """The CPU every figure comes from, the ISA the host's kernels use and
+    what the llama.cpp build was configured with (its CMakeCache)."""
+    facts = {"cpu_model": "unknown", "cpu_family": None, "cpu_model_id": None, "cpu_avx512": False}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "model name" and facts["cpu_model"] == "unknown":
+                    facts["cpu_model"] = val
+                elif key == "cpu family" and facts["cpu_family"] is None:
+                    facts["cpu_family"] = int(val)
+                elif key == "model" and facts["cpu_model_id"] is None:
+                    facts["cpu_model_id"] = int(val)
+                elif key == "flags":
+                    flags = val.split()
+                    facts["cpu_avx512"] = "avx512f" in flags and "avx512dq" in flags
+                    break
+    except OSError:
+        pass
+    masked = os.environ.get("DUCK_HOST_ISA") == "avx2"
+    facts["host_isa"] = "avx512" if facts["cpu_avx512"] and not masked else "avx2"
+    if llama_bench:
+        cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(llama_bench))), "CMakeCache.txt")
+        opts = {}
+        if os.path.exists(cache):
+            for line in open(cache):
+                k, _, v = line.strip().partition("=")
+                name = k.split(":")[0]
+                if name in ("GGML_NATIVE", "GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX_VNNI"):
+                    opts[name] = v
+        facts["llama_cmake"] = opts or "unknown (no CMakeCache.txt above llama-bench)"
+    return facts
+
+
 def main():
     n = os.cpu_count() or 1
     ap = argparse.ArgumentParser(prog="duck-bench e2e", description=__doc__,
@@ -132,7 +168,13 @@ def main():
             fail(f"{bin_}/{t} is missing; build first (utils/build.sh)")
     work = os.path.join(a.build, "bench-e2e")
     os.makedirs(work, exist_ok=True)
-    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"))
+
+    def env_for(plan):
+        # Each plan its own weight cache: a local duck keeps one image, so
+        # plans that took turns in one cache made every measured run a
+        # cache miss, measured while the upload's pages were still being
+        # written back (2026-12-05). A user's second run of a plan is a hit.
+        return dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache", os.path.basename(plan)))
 
     llama = None
     if a.llama_bench:
@@ -169,7 +211,7 @@ def main():
                  "--lm-head", h, "--force", "-o", plan], stdout=subprocess.DEVNULL)
             # Warm-up: fills the weight cache and the page cache.
             run([os.path.join(bin_, "duckrun"), plan, "--prompt-ids", prompt, "--max-tokens", "4", "--ignore-eos",
-                 "--quiet", "--cores-per-duck", str(c)], stdout=subprocess.DEVNULL, env=env)
+                 "--quiet", "--cores-per-duck", str(c)], stdout=subprocess.DEVNULL, env=env_for(plan))
             plans[(m, d, c, h)] = plan
         if llama and m != "ds":
             q8 = os.path.join(work, "gguf", os.path.basename(ckpt) + "-q8_0.gguf")
@@ -194,12 +236,13 @@ def main():
                 run([os.path.join(bin_, "duckrun"), plans[(m, d, c, h)], "--prompt-ids", prompt, "--max-tokens",
                      str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--kv-cache",
                      a.kv_cache, "--summary-json", sj],
-                    stdout=subprocess.DEVNULL, env=env)
+                    stdout=subprocess.DEVNULL, env=env_for(plans[(m, d, c, h)]))
                 s = json.load(open(sj))
                 runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c, "lm_head": h,
                              "kv_cache": a.kv_cache,
                              "decode_tok_s": s["decode_tok_s"], "tpot_ms": s["tpot_ms"],
                              "prefill_tok_s": s["prefill_tok_s"], "breakdown_ms": s["decode_breakdown_ms"],
+                             "prefill_ms_per_token_by_op": s.get("prefill_ms_per_token_by_op"),
                              "host_bytes_per_token": s["host_bytes_per_token"],
                              "duck_bytes_per_token": s["duck_bytes_per_token"],
                              "decode_bound_fraction": s["decode_bound_fraction"],
@@ -222,7 +265,8 @@ def main():
                                 rec["prefill_tok_s"] = t["avg_ts"]
                     runs.append(rec)
 
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": n, "read_bw_gb_s": read_bw,
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": n, "machine": machine_facts(a.llama_bench),
+              "read_bw_gb_s": read_bw,
               "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "kv_cache": a.kv_cache, "runs": runs}
     json_path = a.json or os.path.join(work, "e2e.json")
     with open(json_path + ".tmp", "w") as f:
@@ -252,6 +296,14 @@ def matches(r, m, d, c, h):
 
 def report(res, models, configs, n):
     runs = res["runs"]
+    mf = res.get("machine", {})
+    if mf:
+        fam = f", family {mf['cpu_family']:#x} model {mf['cpu_model_id']:#x}" if mf.get("cpu_family") is not None else ""
+        print(f"CPU: {mf['cpu_model']}{fam}, {n} CPUs, AVX-512 {'yes' if mf['cpu_avx512'] else 'no'}; "
+              f"host kernels: {mf['host_isa']}" + (" (DUCK_HOST_ISA=avx2)" if mf["cpu_avx512"] and
+                                                    mf["host_isa"] == "avx2" else ""))
+        if "llama_cmake" in mf:
+            print(f"llama.cpp build: {mf['llama_cmake']}")
     print(f"read bandwidth: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
           f"{res['tokens']} generated; duckrun's KV cache {res.get('kv_cache', 'f32')}; "
           f"ranges over {1 + max(r['round'] for r in runs)} round(s)")

@@ -11,7 +11,9 @@
 //   * exact64/exact128 against the general kernel forced on their shapes;
 //   * MoE decode (duck_moe_decode, 8 active experts) per model;
 //   * dense prefill (duck_mlp_prefill) at 2, 4 (a verify step), 16 and 64
-//     tokens.
+//     tokens;
+//   * MoE prefill (duck_moe_prefill): 64 tokens of top-8 routing over
+//     Qwen3-30B-A3B's 128 experts, whole (tp1) and halved (tp2).
 //
 // "Hot" reuses one copy of the weights (they fit in L2/L3); "cold" cycles
 // through copies filling a set of several times the last-level cache, so
@@ -90,6 +92,9 @@ kernel targets. Sections, in order:
                     count, per-core imbalance from each core's slot share
                     run alone (same slots, concurrently)
   prefill           duck_mlp_prefill, 2, 4, 16 and 64 tokens, cold
+  moe-prefill       duck_moe_prefill, 64 tokens of random top-8 routing over
+                    Qwen3-30B-A3B's 128 experts (tp1: intermediate 768,
+                    tp2: 384), cold; GB/s counts the experts touched
   targets           each kernel target and whether this run met it
 
 Every measurement runs hot (one copy, cache resident, the same every call)
@@ -399,6 +404,7 @@ private:
   void runTarget();
   void runMoe();
   void runPrefill();
+  void runMoePrefill();
   void finish();
   void evaluateTargets();
   void printTables(FILE *out) const;
@@ -828,6 +834,133 @@ void KernelsBench::runMoe() {
   }
 }
 
+/// The MoE prompt shapes duck-bench e2e runs (Qwen3-30B-A3B's experts
+/// whole on one duck, and halved over two), 64 tokens of top-8 routing.
+const ModelCase kMoePrefillModels[] = {
+    {"Qwen3-30B-A3B tp1", 2048, 768, 128, 128, false, true},
+    {"Qwen3-30B-A3B tp2", 2048, 384, 128, 128, false, true},
+};
+const ModelCase kQuickMoePrefillModels[] = {
+    {"tiny-b64", 256, 64, 64, 16, false, true},
+};
+
+/// Random top-k routing of n tokens over `experts` (distinct experts a
+/// token), and the distinct experts the routes touch, on average.
+std::vector<std::vector<duck_expert_slot>>
+randomRoutes(Rng &rng, uint32_t count, uint32_t n, uint32_t topK,
+             uint32_t experts, double *touched) {
+  std::vector<std::vector<duck_expert_slot>> routes(count);
+  double sum = 0;
+  for (auto &r : routes) {
+    std::vector<bool> used(experts, false);
+    for (uint32_t t = 0; t < n; ++t) {
+      const size_t first = r.size();
+      while (r.size() - first < topK) {
+        const uint32_t e = rng.below(experts);
+        bool dup = false;
+        for (size_t i = first; i < r.size(); ++i)
+          dup |= r[i].expert == e;
+        if (!dup) {
+          r.push_back({e, 1.0f / (float)topK});
+          used[e] = true;
+        }
+      }
+    }
+    sum += (double)std::count(used.begin(), used.end(), true);
+  }
+  *touched = sum / count;
+  return routes;
+}
+
+/// duck_moe_prefill: a prompt chunk's tokens through a layer of experts
+/// (the real call, every core entering it), cold: each expert its own copy.
+void KernelsBench::runMoePrefill() {
+  const uint32_t n = opt_.quick ? 8 : 64, topK = opt_.quick ? 4 : 8;
+  const auto &cases =
+      opt_.quick ? std::vector<ModelCase>(std::begin(kQuickMoePrefillModels),
+                                          std::end(kQuickMoePrefillModels))
+                 : std::vector<ModelCase>(std::begin(kMoePrefillModels),
+                                          std::end(kMoePrefillModels));
+  for (const ModelCase &m : cases) {
+    const std::string what = format("%u tokens, top %u", n, topK);
+    const std::string name =
+        format("moe-prefill/%s/%s/gemm/shift/cold", m.label, what.c_str());
+    if (!wanted(name))
+      continue;
+    progress(format("moe prefill %s", m.label));
+    const FfnLayout ffn = ffnLayout(m.hidden, m.inter, m.block);
+    Buffer image(ffn.bytes);
+    packRandomFfn(ffn, image.data(), seed_++);
+    ColdSet set = fillCopies(arena_, image.data(), ffn.bytes);
+    const uint32_t experts =
+        (uint32_t)std::min<uint64_t>(m.experts, set.copies);
+    const uint64_t layers = std::max<uint64_t>(1, set.copies / experts);
+    std::vector<duck_ffn_weights> table;
+    for (uint64_t i = 0; i < layers * experts; ++i)
+      table.push_back(ffnView(ffn, set.copy(i)));
+    Rng rng(seed_++);
+    double touched = 0;
+    const auto routes = randomRoutes(rng, 16, n, topK, experts, &touched);
+    Buffer x((uint64_t)n * m.hidden * sizeof(float));
+    for (uint64_t i = 0; i < (uint64_t)n * m.hidden; ++i)
+      x.as<float>()[i] = rng.symmetric();
+    Buffer out((uint64_t)n * m.hidden * sizeof(float));
+    Buffer pairOut((uint64_t)n * topK * m.hidden * sizeof(float));
+    std::vector<duck_expert_slot> slots((uint64_t)n * topK);
+    for (uint32_t cores : opt_.cores) {
+      PerCore scratch(cores, duck_ffn_scratch_floats(m.hidden, m.inter, n));
+      std::vector<uint32_t> work(
+          duck_moe_prefill_work_words(n, topK, experts, cores));
+      duck_barrier inner;
+      duck_barrier_init(&inner, cores);
+      inner.yield = yieldThread;
+      const duck_smp_ctx smp{cores, &inner};
+      Timing t = time(cores, [&](uint32_t core, uint64_t call) {
+        const auto &route = routes[call % routes.size()];
+        if (core == 0) // read by the others only after the kernel's sync
+          std::copy(route.begin(), route.end(), slots.begin());
+        duck_moe_prefill(&smp, core, table.data() + (call % layers) * experts,
+                         experts, slots.data(), topK, x.as<float>(), n,
+                         out.as<float>(), pairOut.as<float>(), work.data(),
+                         scratch[core]);
+      });
+      Record r;
+      r.section = "moe-prefill";
+      r.model = m.label;
+      r.what = what;
+      r.kernel = "gemm";
+      r.path = "shift";
+      r.cache = "cold";
+      r.rows = m.inter;
+      r.k = m.hidden;
+      r.block = m.block;
+      r.cores = cores;
+      r.hidden = m.hidden;
+      r.inter = m.inter;
+      r.experts = experts;
+      r.active = topK;
+      r.tokens = n;
+      r.timeS = t.callSeconds;
+      r.bestTimeS = t.bestCallSeconds;
+      // Every expert a route touches is read once a call.
+      r.params = (uint64_t)(touched * (double)ffn.params());
+      r.bytes = (uint64_t)(touched * (double)ffn.weightBytes());
+      r.gparamS = (double)r.params / t.callSeconds * 1e-9;
+      r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
+      r.gflopS = 2.0 * (double)ffn.params() * n * topK / t.callSeconds * 1e-9;
+      r.avgTileBatch = (double)n * topK / touched; // tokens an expert
+      r.calls = t.calls;
+      r.copies = layers;
+      r.perCoreS = t.coreSeconds;
+      r.wallOverBusy = wallOverBusy(t);
+      r.otherLoad = t.otherLoad;
+      r.attempts = t.attempts;
+      r.imbalance = t.imbalance;
+      records_.push_back(r);
+    }
+  }
+}
+
 void KernelsBench::runPrefill() {
   const std::vector<uint32_t> tokenCounts =
       opt_.quick ? std::vector<uint32_t>{3} : std::vector<uint32_t>{2, 4, 16, 64};
@@ -1169,6 +1302,27 @@ void KernelsBench::printTables(FILE *out) const {
     }
   }
 
+  {
+    Table t({"model", "experts", "routing", "tokens an expert", "cores",
+             "us/call", "GMAC/s", "weight GB/s", "of read BW", "speedup",
+             "imbalance", "wall/busy", "other load"});
+    for (const Record &r : records_) {
+      if (r.section != "moe-prefill")
+        continue;
+      const Record *one = find(r.section, r.model, r.what, r.path, r.cache, 1);
+      t.row({r.model, std::to_string(r.experts), r.what, fmt(r.avgTileBatch),
+             std::to_string(r.cores), usPerCall(r.timeS), fmt(r.gflopS / 2, 1),
+             fmt(r.gbS, 1), pct(r.bwFraction),
+             one ? fmt(one->timeS / r.timeS) : "-", fmt(r.imbalance, 3),
+             fmt(r.wallOverBusy, 3), fmt(r.otherLoad)});
+    }
+    if (!t.empty()) {
+      std::fprintf(out, "\n== MoE prefill (duck_moe_prefill, cold; weight "
+                        "GB/s over the experts the routing touches) ==\n");
+      t.print(out);
+    }
+  }
+
   std::fprintf(out, "\n== Targets ==\n");
   uint32_t skipped = 0;
   for (const TargetResult &t : targets_) {
@@ -1261,6 +1415,14 @@ std::string KernelsBench::json() const {
           .integer("inter", r.inter)
           .integer("experts", r.experts)
           .integer("active", r.active);
+    if (r.section == "moe-prefill")
+      o.integer("hidden", r.hidden)
+          .integer("inter", r.inter)
+          .integer("experts", r.experts)
+          .integer("top_k", r.active)
+          .integer("tokens", r.tokens)
+          .num("gmac_s", r.gflopS / 2)
+          .num("tokens_an_expert", r.avgTileBatch);
     if (r.section == "prefill")
       o.integer("hidden", r.hidden)
           .integer("inter", r.inter)
@@ -1331,6 +1493,7 @@ int KernelsBench::run() {
     runTarget();
     runMoe();
     runPrefill();
+    runMoePrefill();
     return 0;
   }
 
@@ -1348,6 +1511,7 @@ int KernelsBench::run() {
   runTarget();
   runMoe();
   runPrefill();
+  runMoePrefill();
   measureReadBandwidth(true);
   loadEnd_ = loadAverageNow();
   elapsed_ = nowSeconds() - started_;

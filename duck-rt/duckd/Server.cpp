@@ -811,6 +811,10 @@ WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {
   wc.weights_map = cache_->mapping();
   wc.weights_map_bytes = cache_->mapping_bytes();
   wc.image = cache_->image();
+  const duckd_cache_header &c = cache_->header();
+  if (c.valid && c.head_finished && c.finished_slots == c.image.slot_count)
+    wc.populate_bytes =
+        std::min<uint64_t>(c.image.total_bytes, cache_->capacity());
   wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd()};
   wc.sandbox = opt_.sandbox;
   wc.elf_limits = opt_.elf_limits;

@@ -50,6 +50,10 @@ struct WorkerConfig {
   uint8_t *weights_map = nullptr;
   uint64_t weights_map_bytes = 0;
   uint8_t *image = nullptr;
+  // Bytes of a finished image at `image` the child maps before it reports
+  // ready: a fork does not copy the page tables of a shared file mapping,
+  // so otherwise the first step to read each page faults it in.
+  uint64_t populate_bytes = 0;
   std::vector<int> close_in_child; // daemon fds the worker must not hold
   ElfLimits elf_limits;
   // Session workers: the host connection they serve steps on.

@@ -6,7 +6,8 @@
 //  - fp9 GEMV through the host's thread pool (MatMulMany / MatVec, the
 //    AVX-512 kernel where the CPU has it) on the Qwen3-0.6B host matrices:
 //    q/k/v fused (2048 + 1024 + 1024 rows x 1024), o_proj (1024 x 2048),
-//    an fp9 LM head (151936 x 1024);
+//    an fp9 LM head (151936 x 1024) and duckc's default int8 head of the
+//    same shape;
 //  - the fp9 GEMM of a batched decode step (4, 8, 16 rows through the
 //    q/k/v matrix), its panel decoded with AVX2 and with AVX-512 (and
 //    its multiply-adds 512 bits wide as well), in
@@ -69,7 +70,8 @@ void PrintUsage(FILE *out) {
       "last-level cache and at least 1 GiB), against the streaming read\n"
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
-      "(q/k/v fused, o_proj, an fp9 LM head); the fp9 GEMM of 4, 8 and 16\n"
+      "(q/k/v fused, o_proj, an fp9 LM head) and the default int8 head;\n"
+      "the fp9 GEMM of 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
       "its panel decoded with AVX2 and (where the CPU has it) AVX-512,\n"
       "and with 512-bit multiply-adds as well;\n"
@@ -182,6 +184,41 @@ struct Result {
   double macs = 0;                      // multiply-adds a call (attention)
 };
 
+/// duckc's default LM head of the 0.6B shape (int8, 151936 x 1024) as
+/// MatVec reads it: one matrix quantised once, its bytes copied to cycle
+/// through the cold set.
+Result BenchInt8Head(duck::runtime::ThreadPool &pool, uint64_t cold,
+                     uint32_t reps) {
+  using duck::runtime::HostMatrix;
+  const uint64_t rows = 151936, k = 1024,
+                 blocks = k / duck::runtime::kInt8Block;
+  HostMatrix src =
+      duck::runtime::QuantizeInt8(pool, rows, k, [](uint64_t r, float *b) {
+        Rng rng(r + 1);
+        for (uint64_t i = 0; i < 1024; ++i)
+          b[i] = (float)((int64_t)(rng.next() % 2001) - 1000) * 1e-5f;
+      });
+  const uint64_t bytes = duck::runtime::MatrixBytes(src);
+  const uint64_t copies = CopiesFor(bytes, cold);
+  Buffer q(copies * rows * k), sc(copies * rows * blocks * 2);
+  std::vector<HostMatrix> m(copies);
+  for (uint64_t c = 0; c < copies; ++c) {
+    std::memcpy(q.data() + c * rows * k, src.i8, rows * k);
+    std::memcpy(sc.data() + c * rows * blocks * 2, src.i8_scale,
+                rows * blocks * 2);
+    m[c].rows = rows;
+    m[c].cols = k;
+    m[c].i8 = reinterpret_cast<const int8_t *>(q.data() + c * rows * k);
+    m[c].i8_scale =
+        reinterpret_cast<const uint16_t *>(sc.data() + c * rows * blocks * 2);
+  }
+  std::vector<float> x(k, 0.5f), y(rows);
+  const double s = BestPerCall(copies, reps, [&](uint64_t c) {
+    duck::runtime::MatVec(pool, m[c], x.data(), y.data());
+  });
+  return {"gemv int8 LM head 151936x1024 (0.6B, default)", (double)bytes, s, 0};
+}
+
 } // namespace
 
 int duckBenchHost(int argc, char **argv) {
@@ -263,6 +300,8 @@ int duckBenchHost(int argc, char **argv) {
     });
     results.push_back({sh.what, (double)set.bytes, s, 0});
   }
+  if (o.gemv) // the default LM head: int8 with a half scale per 32 weights
+    results.push_back(BenchInt8Head(pool, cold, o.reps));
   // The GEMM of a batched decode step: T rows through the q/k/v matrix
   // (4096 x 1024), the rows of the matrix split over the pool as the
   // runtime does (64-row chunks); the panel decoded by each decoder.
