@@ -596,9 +596,50 @@ def check_speculative(argv):
                        {"model": "any", "prompt": "x", "speculative": 99}, key)
     if st != 400 or b"speculative" not in data:
         die(f"check-speculative: speculative 99 gave HTTP {st} {data!r}")
+    constrained = check_speculative_constrained(url, key)
     print(f"speculative: answers equal with 0, 4 and 2 drafts a step (greedy "
           f"and sampled; {int(drafts)} drafts proposed, {per_step:.2f} "
-          f"tokens a verify step); 99 refused")
+          f"tokens a verify step); 99 refused; {constrained}")
+
+
+def check_speculative_constrained(url, key):
+    """Drafts under a JSON schema with logprobs: a draft the grammar would
+    not allow is never accepted and every token's logprobs come from its
+    verify row, so the answer and its logprobs are those of no drafts."""
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"enum": ["aa", "ab", "ba"]},
+                 "maxItems": 6}},
+        "required": ["name", "tags"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    before = metric(url, "duck_drafts_proposed_total")
+    for sampling in ({"temperature": 0}, {"temperature": 0.9, "seed": 7}):
+        answers = []
+        for spec in (0, 4):
+            body = chat_body("aa ab aa ab aa ab", max_tokens=64,
+                             response_format=fmt, logprobs=True,
+                             top_logprobs=3, speculative=spec, **sampling)
+            st, data = request(url, "POST", "/v1/chat/completions", body, key)
+            if st != 200:
+                die(f"check-speculative: constrained, {spec} drafts: HTTP "
+                    f"{st} {data!r}")
+            c = json.loads(data)["choices"][0]
+            try:
+                json.loads(c["message"]["content"])
+            except ValueError:
+                die(f"check-speculative: constrained, {spec} drafts: not "
+                    f"JSON: {c['message']['content']!r}")
+            answers.append((c["message"]["content"], c["logprobs"]["content"]))
+        if answers[0] != answers[1]:
+            die(f"check-speculative: constrained {sampling}: the answer or "
+                f"its logprobs changed with drafts: {answers[0][0]!r} "
+                f"against {answers[1][0]!r}")
+    drafts = metric(url, "duck_drafts_proposed_total") - before
+    if drafts <= 0:
+        die("check-speculative: constrained: no draft was proposed, so "
+            "nothing was checked")
+    return (f"under a JSON schema with logprobs the same ({int(drafts)} "
+            "drafts proposed)")
 
 
 def greedy_tokens(url, key, **kw):
