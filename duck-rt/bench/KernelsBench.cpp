@@ -9,7 +9,8 @@
 //   * the target shape general128 K=7168, both decode paths, against a
 //     plain AVX2 bf16 GEMV of the same shape;
 //   * exact64/exact128 against the general kernel forced on their shapes;
-//   * MoE decode (duck_moe_decode, 8 active experts) per model;
+//   * MoE decode (duck_moe_decode, 8 active experts) per model, and the
+//     same decode by N one-core ducks holding 1/N of every expert's rows;
 //   * dense prefill (duck_mlp_prefill) at 2, 4 (a verify step), 16 and 64
 //     tokens;
 //   * MoE prefill (duck_moe_prefill): 64 tokens of top-8 routing over
@@ -90,7 +91,9 @@ kernel targets. Sections, in order:
                     bf16 GEMV of the same shape
   moe-decode        duck_moe_decode, 8 active experts of each model's expert
                     count, per-core imbalance from each core's slot share
-                    run alone (same slots, concurrently)
+                    run alone (same slots, concurrently); cold, with N
+                    cores, also N one-core ducks each holding 1/N of every
+                    expert's rows, all at once, beside the one N-core duck
   prefill           duck_mlp_prefill, 2, 4, 16 and 64 tokens, cold
   moe-prefill       duck_moe_prefill, 64 tokens of random top-8 routing over
                     Qwen3-30B-A3B's 128 experts (tp1: intermediate 768,
@@ -403,6 +406,7 @@ private:
   void runGemvShapes();
   void runTarget();
   void runMoe();
+  void runMoeDucks(const ModelCase &m, const std::string &what);
   void runPrefill();
   void runMoePrefill();
   void finish();
@@ -831,6 +835,97 @@ void KernelsBench::runMoe() {
         records_.push_back(r);
       }
     }
+    if (any[1])
+      runMoeDucks(m, what);
+  }
+}
+
+/// The same MoE decode as one duck of N cores, run by N one-core ducks
+/// instead: each holds 1/N of every expert's rows (the slice a cluster of
+/// twice the ducks compiles: the block halves with it where it must) and
+/// runs all the routed experts alone, all N at once, cold. What the one
+/// N-core duck is measured against (duck-bench e2e's 1xN against Nx1).
+void KernelsBench::runMoeDucks(const ModelCase &m, const std::string &what) {
+  for (uint32_t ducks : opt_.cores) {
+    if (ducks < 2 || m.inter % ducks)
+      continue;
+    const uint32_t inter = m.inter / ducks;
+    uint32_t block = m.block;
+    while (block > 32 && inter % block)
+      block /= 2;
+    if (inter % block)
+      continue;
+    const FfnLayout ffn = ffnLayout(m.hidden, inter, block);
+    Buffer image(ffn.bytes);
+    packRandomFfn(ffn, image.data(), seed_++);
+    const ColdSet set = fillCopies(arena_, image.data(), ffn.bytes);
+    // Each duck its own copies: expert e of layer l on duck d is copy
+    // (l * ducks + d) * experts + e.
+    const uint32_t experts =
+        (uint32_t)std::min<uint64_t>(m.experts, set.copies / ducks);
+    if (experts == 0)
+      continue;
+    const uint64_t layers = set.copies / ((uint64_t)experts * ducks);
+    std::vector<duck_ffn_weights> table;
+    for (uint64_t i = 0; i < layers * ducks * experts; ++i)
+      table.push_back(ffnView(ffn, set.copy(i)));
+    const uint32_t active = std::min(kActiveExperts, experts);
+    Rng rng(seed_++);
+    std::vector<std::vector<duck_expert_slot>> routes(64);
+    for (auto &r : routes) {
+      while (r.size() < active) {
+        const uint32_t e = rng.below(experts);
+        bool dup = false;
+        for (const auto &s : r)
+          dup |= s.expert == e;
+        if (!dup)
+          r.push_back({e, 0.125f});
+      }
+    }
+    const uint64_t scratchFloats = duck_ffn_scratch_floats(m.hidden, inter, 1);
+    PerCore scratch(ducks, scratchFloats), outs(ducks, m.hidden),
+        slotOut(ducks, (uint64_t)active * m.hidden);
+    std::vector<std::vector<duck_expert_slot>> mine(ducks);
+    duck_barrier none;
+    duck_barrier_init(&none, 1);
+    const duck_smp_ctx solo{1, &none};
+    Timing t = time(ducks, [&](uint32_t d, uint64_t call) {
+      mine[d] = routes[call % routes.size()];
+      duck_moe_decode(&solo, 0,
+                      table.data() + ((call % layers) * ducks + d) * experts,
+                      experts, mine[d].data(), active, x_.as<float>(), outs[d],
+                      slotOut[d], scratch[d]);
+    });
+    Record r;
+    r.section = "moe-decode-ducks";
+    r.model = m.label;
+    r.what = what;
+    r.kernel = std::string(kernelName(duck_select_kernel(m.hidden, block))) +
+               "+" + kernelName(duck_select_kernel(inter, block));
+    r.path = "shift";
+    r.cache = "cold";
+    r.rows = inter;
+    r.k = m.hidden;
+    r.block = block;
+    r.cores = ducks; // N ducks of one core each
+    r.hidden = m.hidden;
+    r.inter = inter;
+    r.experts = experts;
+    r.active = active;
+    r.timeS = t.callSeconds;
+    r.bestTimeS = t.bestCallSeconds;
+    r.params = (uint64_t)ducks * active * ffn.params();
+    r.bytes = (uint64_t)ducks * active * ffn.weightBytes();
+    r.gparamS = (double)r.params / t.callSeconds * 1e-9;
+    r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
+    r.calls = t.calls;
+    r.copies = layers;
+    r.perCoreS = t.coreSeconds;
+    r.wallOverBusy = wallOverBusy(t);
+    r.otherLoad = t.otherLoad;
+    r.attempts = t.attempts;
+    r.imbalance = t.imbalance;
+    records_.push_back(r);
   }
 }
 
@@ -1286,6 +1381,30 @@ void KernelsBench::printTables(FILE *out) const {
     }
   }
   {
+    Table t({"model", "experts", "ducks x cores", "kernels", "us/call",
+             "per-duck us", "Gparam/s", "of read BW", "1 duck of N cores",
+             "other load"});
+    for (const Record &r : records_) {
+      if (r.section != "moe-decode-ducks")
+        continue;
+      const Record *one =
+          find("moe-decode", r.model, r.what, r.path, r.cache, r.cores);
+      t.row({r.model, r.what, format("%u x 1", r.cores), r.kernel,
+             usPerCall(r.timeS), perCore(r), fmt(r.gparamS),
+             pct(r.bwFraction),
+             one ? format("%s us (%.2fx)", usPerCall(one->timeS).c_str(),
+                          r.timeS / one->timeS)
+                 : "-",
+             fmt(r.otherLoad)});
+    }
+    if (!t.empty()) {
+      std::fprintf(out, "\n== MoE decode by N one-core ducks (each 1/N of "
+                        "every expert's rows, all at once, cold) beside one "
+                        "duck of N cores ==\n");
+      t.print(out);
+    }
+  }
+  {
     Table t({"model", "tokens", "hidden", "inter", "cores", "us/call",
              "GFLOP/s", "weight GB/s", "Gparam/s", "of read BW", "tiles",
              "avg tile batch", "imbalance", "other load"});
@@ -1410,7 +1529,7 @@ std::string KernelsBench::json() const {
         .integer("weight_bytes", (int64_t)r.bytes)
         .integer("copies", (int64_t)r.copies)
         .integer("calls", (int64_t)r.calls);
-    if (r.section == "moe-decode")
+    if (r.section == "moe-decode" || r.section == "moe-decode-ducks")
       o.integer("hidden", r.hidden)
           .integer("inter", r.inter)
           .integer("experts", r.experts)
