@@ -60,6 +60,12 @@
       prints the three ids: a logit_bias on them then makes a model start
       a tool call or think. With CONTENTs, those tokens instead (one BPE
       token each, in order; DeepSeek's tool-call markers).
+  serve.py check-drafts-accepted URL KEY IDS MIN
+      Three requests at once over the token ids IDS (greedy, 20 tokens,
+      Duck's 'speculative' 1), then the same without drafts: the texts are
+      equal, and the drafts of the first three were accepted at MIN or more
+      (/metrics duck_draft_acceptance) with more than 1.5 tokens a verify
+      step: drafts that are right save steps while sequences share them.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -642,6 +648,39 @@ def check_speculative_constrained(url, key):
             "drafts proposed)")
 
 
+def check_drafts_accepted(argv):
+    url, key, ids, least = argv[0], argv[1], argv[2], float(argv[3])
+    prompt = [int(t) for t in ids.split(",")]
+
+    def complete(spec, out, i):
+        body = {"model": "any", "prompt": prompt, "max_tokens": 20,
+                "ignore_eos": True, "temperature": 0, "speculative": spec}
+        st, data = request(url, "POST", "/v1/completions", body, key)
+        out[i] = json.loads(data)["choices"][0]["text"] if st == 200 else \
+            f"HTTP {st} {data!r}"
+
+    texts = {}
+    for spec in (1, 0):
+        out = [None] * 3
+        threads = [threading.Thread(target=complete, args=(spec, out, i))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        texts[spec] = out
+        if spec == 1:
+            acceptance = metric(url, "duck_draft_acceptance")
+            per_step = metric(url, "duck_tokens_per_verify_step")
+    if len(set(texts[1] + texts[0])) != 1:
+        die(f"check-drafts-accepted: texts differ: {texts}")
+    if acceptance is None or acceptance < least or per_step <= 1.5:
+        die(f"check-drafts-accepted: acceptance {acceptance} (at least "
+            f"{least} wanted), {per_step} tokens a verify step")
+    print(f"drafts accepted: 3 concurrent answers equal without drafts; "
+          f"acceptance {acceptance:.2f}, {per_step:.2f} tokens a verify step")
+
+
 def greedy_tokens(url, key, **kw):
     """The text and logprobs entries of a greedy 32-token chat answer."""
     body = chat_body("Hi", max_tokens=32, ignore_eos=True, logprobs=True,
@@ -868,7 +907,8 @@ def main():
      "check-logprobs": check_logprobs,
      "check-prefix": check_prefix,
      "check-prefix-store": check_prefix_store,
-     "check-speculative": check_speculative}.get(
+     "check-speculative": check_speculative,
+     "check-drafts-accepted": check_drafts_accepted}.get(
         cmd, lambda _: die(f"unknown command {cmd}"))(argv)
 
 

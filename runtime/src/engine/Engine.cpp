@@ -383,7 +383,84 @@ absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
       row_seq_.push_back(c.seq);
     }
   }
-  return RunRows(rows > 1, out_logits);
+  DUCK_RETURN_IF_ERROR(RunRows(rows > 1, out_logits));
+  if (has_mtp())
+    KeepBatchMtpRows(chunks);
+  return absl::OkStatus();
+}
+
+void Engine::KeepBatchMtpRows(absl::Span<const SeqChunk> chunks) {
+  if (mtp_kept_.size() < opts_.max_seqs)
+    mtp_kept_.resize(opts_.max_seqs);
+  const float *h = values_->Get(mtp_hidden_);
+  uint64_t row = 0;
+  for (const SeqChunk &c : chunks) {
+    MtpKept &k = mtp_kept_[c.seq];
+    k.tokens.clear(); // a step not marked drops what the last one kept
+    if (c.mtp) {
+      k.pos = c.pos;
+      k.tokens.assign(c.tokens.begin(), c.tokens.end());
+      k.h.assign(h + row * hidden_, h + (row + c.tokens.size()) * hidden_);
+    }
+    row += c.tokens.size();
+  }
+}
+
+absl::Status Engine::MtpBatch(absl::Span<const MtpRun> runs,
+                              std::vector<float> *out_logits) {
+  if (!has_mtp())
+    return absl::FailedPreconditionError(
+        "no MTP module: the plan has none or the engine was built without "
+        "EngineOptions::mtp");
+  out_logits->clear();
+  for (const MtpRun &r : runs)
+    if (r.seq >= mtp_kept_.size() || r.rows == 0 ||
+        r.rows > mtp_kept_[r.seq].tokens.size())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MTP over ", r.rows, " rows of sequence ", r.seq, ", which kept ",
+          r.seq < mtp_kept_.size() ? mtp_kept_[r.seq].tokens.size() : 0));
+  for (size_t i = 0; i < runs.size();) {
+    // As many runs as fit one step (each alone fits: its rows were one).
+    row_tokens_.clear();
+    row_pos_.clear();
+    row_seq_.clear();
+    logit_rows_.clear();
+    float *h = values_->Get(mtp_hidden_);
+    size_t j = i;
+    for (uint32_t n = 0; j < runs.size(); ++j) {
+      const MtpRun &r = runs[j];
+      const MtpKept &k = mtp_kept_[r.seq];
+      if (n + r.rows > opts_.max_rows && n > 0)
+        break;
+      for (uint32_t t = 0; t < r.rows; ++t) {
+        row_tokens_.push_back(t + 1 < r.rows ? k.tokens[t + 1] : r.next);
+        row_pos_.push_back(k.pos + t);
+        row_seq_.push_back(r.seq);
+      }
+      std::memcpy(h + (uint64_t)n * hidden_, k.h.data(),
+                  (uint64_t)r.rows * hidden_ * sizeof(float));
+      n += r.rows;
+      if (r.draft)
+        logit_rows_.push_back(n - 1);
+    }
+    const uint32_t n = (uint32_t)row_tokens_.size();
+    DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
+    if (!logit_rows_.empty()) {
+      // The main LM head projects the module's result (its input value).
+      std::memcpy(h, values_->Get(mtp_result_),
+                  (uint64_t)n * hidden_ * sizeof(float));
+      mtp_scratch_.clear();
+      ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
+                     n > 1,       values_.get(), &mtp_scratch_};
+      DUCK_RETURN_IF_ERROR(head_->Run(step));
+      out_logits->insert(out_logits->end(), mtp_scratch_.begin(),
+                         mtp_scratch_.end());
+    }
+    i = j;
+  }
+  for (const MtpRun &r : runs)
+    mtp_kept_[r.seq].tokens.clear();
+  return absl::OkStatus();
 }
 
 absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {

@@ -179,7 +179,10 @@ void Batcher::Admit() {
       free_slots_.erase(free_slots_.begin() + pick);
       // At least the prompt's last token runs: its row gives the logits.
       s->pos = std::min(common, (uint32_t)s->req.prompt.size() - 1);
-      if (s->req.speculative) {
+      if (s->req.speculative && opts_.mtp) {
+        s->mtp = true;
+        s->budget = std::make_unique<DraftBudget>(1);
+      } else if (s->req.speculative) {
         s->text = s->req.prompt;
         s->budget = std::make_unique<DraftBudget>(s->req.speculative);
         s->drafter = std::make_unique<LookupDrafter>(s->req.lookup_corpus);
@@ -287,6 +290,7 @@ uint32_t Batcher::GatherChunks(size_t *decode_rows) {
       DecodeRows(*s, &spare);
       SeqChunk c{s->slot, s->pos, s->rows, true};
       c.every_row = s->rows.size() > 1;
+      c.mtp = s->mtp;
       chunks_.push_back(c);
       sampling_.push_back(s.get());
     }
@@ -298,9 +302,10 @@ uint32_t Batcher::GatherChunks(size_t *decode_rows) {
     const uint32_t left = (uint32_t)s->req.prompt.size() - s->pos;
     const uint32_t n = std::min(left, opts_.prefill_chunk - prefillRows);
     const bool last = n == left;
-    chunks_.push_back({s->slot, s->pos,
-                       absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n),
-                       last});
+    SeqChunk c{s->slot, s->pos,
+               absl::MakeConstSpan(s->req.prompt).subspan(s->pos, n), last};
+    c.mtp = s->mtp;
+    chunks_.push_back(c);
     if (last)
       sampling_.push_back(s.get());
     prefillRows += n;
@@ -319,7 +324,11 @@ void Batcher::DecodeRows(Seq &s, uint32_t *spare) {
       engine_.max_seq() >= s.pos + 2 ? engine_.max_seq() - s.pos - 2 : 0);
   const uint32_t k = (uint32_t)std::min<uint64_t>(
       std::min<uint64_t>(s.budget->Next(), *spare), room);
-  const std::vector<int32_t> drafts = s.drafter->Propose(s.text, k);
+  std::vector<int32_t> drafts;
+  if (s.drafter)
+    drafts = s.drafter->Propose(s.text, k);
+  else if (s.mtp && k > 0 && s.mtp_draft >= 0)
+    drafts.push_back(s.mtp_draft);
   s.rows.insert(s.rows.end(), drafts.begin(), drafts.end());
   *spare -= (uint32_t)drafts.size();
 }
@@ -350,6 +359,12 @@ bool Batcher::SampleRows(Seq &s, size_t at, uint32_t pos0) {
     std::vector<int32_t> &have = slot_tokens_[s.slot];
     have.resize(std::min<size_t>(have.size(), s.pos));
     s.budget->Record((uint32_t)drafts, (uint32_t)i);
+    if (s.mtp) { // as duckrun's: a module whose first 4 drafts fail stops
+      s.mtp_accepted |= i > 0;
+      s.mtp_rejected += i == 0;
+      if (!s.mtp_accepted && s.mtp_rejected >= 4)
+        s.mtp = false;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.drafts_proposed += drafts;
     stats_.drafts_accepted += i;
@@ -402,6 +417,8 @@ void Batcher::Step() {
       done.push_back(&s);
     at += rows;
   }
+  if (opts_.mtp)
+    DraftWithMtp(done);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.max_decode_rows =
@@ -415,6 +432,49 @@ void Batcher::Step() {
                                [&](const auto &a) { return a.get() == s; }));
   }
   stats_.active = (uint32_t)active_.size();
+}
+
+void Batcher::DraftWithMtp(const std::vector<Seq *> &done) {
+  std::vector<MtpRun> runs;
+  std::vector<Seq *> of;
+  for (const SeqChunk &c : chunks_) {
+    if (!c.mtp)
+      continue;
+    auto a = std::find_if(active_.begin(), active_.end(),
+                          [&](const auto &s) { return s->slot == c.seq; });
+    if (a == active_.end() || !(*a)->mtp ||
+        std::find(done.begin(), done.end(), a->get()) != done.end())
+      continue;
+    Seq &s = **a;
+    // The rows the sequence keeps: its accepted ones, or the prompt chunk;
+    // the token after the last is the one sampled or the prompt's next.
+    MtpRun r;
+    r.seq = c.seq;
+    r.rows = s.pos - c.pos;
+    r.next = s.next >= 0 ? s.next : s.req.prompt[s.pos];
+    r.draft = s.next >= 0;
+    runs.push_back(r);
+    of.push_back(&s);
+  }
+  if (runs.empty())
+    return;
+  std::vector<float> logits;
+  if (absl::Status st = engine_.MtpBatch(runs, &logits); !st.ok()) {
+    // The drafts only save steps: without them the answers are the same.
+    for (Seq *s : of) {
+      s->mtp = false;
+      s->mtp_draft = -1;
+    }
+    return;
+  }
+  const uint64_t V = engine_.vocab();
+  size_t row = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i].draft)
+      continue;
+    const float *l = logits.data() + row++ * V;
+    of[i]->mtp_draft = (int32_t)(std::max_element(l, l + V) - l);
+  }
 }
 
 void Batcher::Run() {

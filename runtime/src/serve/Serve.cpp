@@ -1852,6 +1852,7 @@ absl::StatusOr<uint64_t> Server::MakeBatcher(const SessionOptions &so) {
   bo.queue_limit = o_.queue_limit;
   bo.prefill_chunk = so.prefill_chunk;
   bo.kv_budget = budget;
+  bo.mtp = o_.speculative_mtp;
   batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
   status_.Start(*ses_, now());
   batcher_->SetAfterStep(
@@ -1867,6 +1868,11 @@ absl::Status Server::Run() {
   if (!ses.ok())
     return ses.status();
   ses_ = std::move(*ses);
+  if (o_.speculative_mtp && !ses_->plan().def().mtp())
+    return absl::FailedPreconditionError(
+        "--speculative mtp: the plan has no MTP module (only DeepSeek "
+        "checkpoints with num_nextn_predict_layers carry one; duckc compile "
+        "--mtp on says what is missing)");
   if (!ses_->chat_template_note().empty())
     log_ << "duckrun serve: warning: " << ses_->chat_template_note() << "\n";
   if (!ses_->tokenizer())

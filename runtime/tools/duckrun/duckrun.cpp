@@ -85,7 +85,10 @@ ABSL_FLAG(std::string, speculative, "none",
           "its rows wait while drafts pause, and it stops after 4 drafts "
           "all rejected. Sampled drafts are accepted when the sampled token "
           "equals them, so the output for a --seed is the one 'none' "
-          "gives. 'none': one token a step");
+          "gives. 'none': one token a step. With serve: the default of "
+          "requests that do not set Duck's 'speculative' field (its drafts "
+          "a step, 0: none); 'mtp' there drafts one token a step for every "
+          "request that asks, the module run for all of them in one step");
 ABSL_FLAG(std::string, lookup_corpus, "",
           "Token ids (spaces, commas or newlines between them) that "
           "--speculative lookup also searches for drafts, e.g. a previous "
@@ -253,13 +256,20 @@ int serveMain(const std::vector<char *> &args) {
       std::cerr << "duckrun: error: " << s.message() << "\n";
       return 2;
     }
-    if (!spec.corpus.empty() || spec.wrong || spec.mtp) {
-      std::cerr << "duckrun: error: --lookup-corpus, --speculative wrong and "
-                   "--speculative mtp are for one generation, not serve "
-                   "(yet)\n";
+    if (!spec.corpus.empty() || spec.wrong) {
+      std::cerr << "duckrun: error: --lookup-corpus and --speculative wrong "
+                   "are for one generation, not serve\n";
       return 2;
     }
-    so.speculative = spec.lookup ? spec.k : 0;
+    if (spec.mtp && spec.k > 1) {
+      std::cerr << "duckrun: error: serve drafts one MTP token a step "
+                   "(--speculative mtp or mtp:1; chained drafts are for one "
+                   "generation)\n";
+      return 2;
+    }
+    so.speculative = spec.lookup || spec.mtp ? spec.k : 0;
+    so.speculative_mtp = spec.mtp;
+    so.session.mtp = spec.mtp;
   }
   installInterruptHandlers();
   so.stop = &gInterrupted;

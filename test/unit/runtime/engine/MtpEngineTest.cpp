@@ -93,6 +93,82 @@ TEST_F(MtpEngineTest, DeferredAndChainedRowsGiveTheSameDrafts) {
   }
 }
 
+// Serving's MTP (MtpBatch): two sequences with the same tokens in every
+// step, each chunk marked `mtp`, the module run for both at once: a
+// prompt chunk kept whole and run as it goes (where sequence 0's path
+// defers it), verify steps of two rows of which one or both are kept.
+// Every draft is the bits of the one-sequence engine's (Verify, Rewind,
+// MtpDraft) for both sequences.
+TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
+  auto one = Make();
+  EngineOptions o;
+  o.max_seq = 64;
+  o.prefill_chunk = 8;
+  o.max_rows = 16;
+  o.max_seqs = 2;
+  o.mtp = true;
+  auto made = Engine::Create(*plan_, runner_.get(), o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine &two = **made;
+  ASSERT_TRUE(one);
+  std::vector<int32_t> p;
+  for (uint32_t i = 0; i < 9; ++i)
+    p.push_back(Token(i));
+  std::vector<float> l, want, got;
+  ASSERT_TRUE(one->Forward(p, &l).ok());
+  const int32_t first = Token(50);
+  ASSERT_TRUE(one->MtpDraft(1, first, Engine::MtpMode::kDraft, &want).ok());
+  // The prompt in chunks of 8 and 1, both sequences in each step.
+  auto both = [&](uint32_t pos, absl::Span<const int32_t> t, bool every) {
+    std::vector<SeqChunk> c(2);
+    for (uint32_t s = 0; s < 2; ++s) {
+      c[s] = SeqChunk{s, pos, t, true};
+      c[s].every_row = every;
+      c[s].mtp = true;
+    }
+    return two.RunBatch(c, &l);
+  };
+  auto draftBoth = [&](uint32_t rows, int32_t next, bool draft) {
+    const MtpRun r[2] = {{0, rows, next, draft}, {1, rows, next, draft}};
+    return two.MtpBatch(r, &got);
+  };
+  const absl::Span<const int32_t> ps(p);
+  ASSERT_TRUE(both(0, ps.subspan(0, 8), false).ok());
+  ASSERT_TRUE(draftBoth(8, p[8], false).ok());
+  EXPECT_TRUE(got.empty());
+  ASSERT_TRUE(both(8, ps.subspan(8, 1), false).ok());
+  ASSERT_TRUE(draftBoth(1, first, true).ok());
+  ASSERT_EQ(got.size(), 2u * vocab_);
+  for (uint32_t s = 0; s < 2; ++s)
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data() + s * vocab_, vocab_ * 4))
+        << "sequence " << s << ", the prompt's draft";
+  // Verify steps of the next token and one draft; the draft kept in odd
+  // steps (two rows), rejected in even ones (one row).
+  uint32_t pos = 9;
+  int32_t t = first;
+  for (uint32_t i = 0; i < 6; ++i) {
+    const int32_t rows[2] = {t, Token(200 + i)};
+    const uint32_t kept = 1 + i % 2;
+    const int32_t next = Token(400 + i);
+    ASSERT_TRUE(one->Verify(rows, &l).ok());
+    one->Rewind(pos + kept);
+    ASSERT_TRUE(one->MtpDraft(kept, next, Engine::MtpMode::kDraft, &want).ok());
+    ASSERT_TRUE(both(pos, rows, true).ok());
+    ASSERT_TRUE(draftBoth(kept, next, true).ok());
+    ASSERT_EQ(got.size(), 2u * vocab_);
+    for (uint32_t s = 0; s < 2; ++s)
+      EXPECT_EQ(0,
+                std::memcmp(want.data(), got.data() + s * vocab_, vocab_ * 4))
+          << "sequence " << s << ", step " << i;
+    pos += kept;
+    t = next;
+  }
+  // The rows are used up; a run over more rows than were kept is refused.
+  const MtpRun again[1] = {{0, 1, 3, true}};
+  EXPECT_EQ(two.MtpBatch(again, &got).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(MtpEngineTest, RefusesWhatItCannotDoAndStops) {
   auto none = Make(/*mtp=*/false);
   ASSERT_TRUE(none);

@@ -57,6 +57,7 @@ protected:
     o.max_seqs = parallel;
     o.max_rows = parallel > 1 ? kChunk + parallel : kChunk;
     o.kv_f16 = kv_f16_;
+    o.mtp = mtp_;
     return o;
   }
   void Make(uint32_t parallel, uint32_t queue_limit = 64,
@@ -69,6 +70,7 @@ protected:
     bo.prefill_chunk = kChunk;
     bo.queue_limit = queue_limit;
     bo.kv_budget = kv_budget;
+    bo.mtp = mtp_;
     batcher_ = std::make_unique<Batcher>(*engine_, bo);
     batcher_->SetAfterStep([this] { ++steps_; });
   }
@@ -159,6 +161,7 @@ protected:
 
   std::string plan_name_ = "qwen3-moe";
   bool kv_f16_ = false;
+  bool mtp_ = false; // the engine's MTP module and the batcher's MTP drafts
   std::unique_ptr<LoadedPlan> plan_;
   std::unique_ptr<FakeFfnRunner> runner_;
   std::unique_ptr<Engine> engine_;
@@ -540,6 +543,47 @@ TEST_F(BatcherTest, SpeculativeRowsGiveTheTokensOfAPlainRun) {
   EXPECT_LE(st.drafts_accepted + st.verify_steps, st.generated_tokens);
   // Fewer steps than tokens for a: some steps gave it several.
   EXPECT_LT(a.token_steps.back() - a.token_steps.front(), 19u);
+}
+
+// MTP drafts in the batcher (duckrun serve --speculative mtp) on a tiny
+// DeepSeek-V3.2 plan with its module: two drafting requests and one not,
+// prompts in chunks beside decoding rows, decoded together: each gets the
+// tokens it gets alone. The random module's drafts are proposed, and a
+// request whose first four all fail stops drafting.
+class BatcherMtpTest : public BatcherTest {
+protected:
+  void SetUp() override {
+    plan_name_ = "deepseek-mtp";
+    mtp_ = true;
+    BatcherTest::SetUp();
+  }
+};
+
+TEST_F(BatcherMtpTest, MtpDraftsGiveTheTokensOfAPlainRun) {
+  Make(3);
+  ASSERT_TRUE(engine_->has_mtp());
+  Rec a, b, c;
+  GenRequest ra = Request(&a, Prompt(9, 1), 16),
+             rb = Request(&b, Prompt(6, 2), 12),
+             rc = Request(&c, Prompt(7, 3), 16);
+  ra.speculative = 1;
+  rb.speculative = 3; // MTP drafts one a step whatever it asks
+  Submit(std::move(ra));
+  Submit(std::move(rb));
+  Submit(std::move(rc));
+  StartRun();
+  ASSERT_TRUE(WaitDone({&a, &b, &c}));
+  EXPECT_EQ(a.tokens, Alone(Prompt(9, 1), 16));
+  EXPECT_EQ(b.tokens, Alone(Prompt(6, 2), 12));
+  EXPECT_EQ(c.tokens, Alone(Prompt(7, 3), 16));
+  StopRun();
+  const BatcherStats st = batcher_->Stats();
+  EXPECT_GT(st.drafts_proposed, 0u);
+  EXPECT_EQ(st.drafts_proposed, st.verify_steps) << "one draft a step";
+  if (st.drafts_accepted == 0) {
+    EXPECT_LE(st.drafts_proposed, 8u) << "each stops after 4 failed drafts";
+  }
+  EXPECT_EQ(st.generated_tokens, 44u);
 }
 
 // One sequence at a time (--parallel 1): its prompt goes in whole chunks,

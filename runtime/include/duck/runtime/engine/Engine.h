@@ -122,6 +122,17 @@ struct SeqChunk {
                        // EngineOptions::all_logits)
   bool every_row = false; // with logits: the LM head on every row (a
                           // speculative verify step)
+  bool mtp = false;       // keep its rows for MtpBatch (serving's MTP drafts)
+};
+
+/// One sequence's part of MtpBatch: the first `rows` rows its last step
+/// kept (SeqChunk::mtp), `next` the token after the last of them; `draft`:
+/// the module's logits of that last row (the draft after `next`).
+struct MtpRun {
+  uint32_t seq = 0;
+  uint32_t rows = 0;
+  int32_t next = 0;
+  bool draft = false;
 };
 
 class Engine {
@@ -197,6 +208,15 @@ public:
     mtp_open_ = false;
     mtp_stopped_ = true;
   }
+  /// Serving's MTP module, several sequences in one module step (and as
+  /// few more as max_rows needs): each run's kept rows (the chunk of its
+  /// sequence's last RunBatch marked `mtp`) with the token after each,
+  /// into that sequence's module caches; the logits (vocab floats) of every
+  /// `draft` run's last row appended to out_logits in run order. A row's
+  /// result does not depend on the other rows in the step, so a sequence
+  /// gets the drafts it would get alone. The kept rows are used up.
+  absl::Status MtpBatch(absl::Span<const MtpRun> runs,
+                        std::vector<float> *out_logits);
   /// With EngineOptions::mtp_all_logits: every MTP row's logits since the
   /// last call, in position order (the prompt's, then each step's).
   std::vector<float> TakeMtpLogits() {
@@ -324,6 +344,15 @@ private:
   bool mtp_stopped_ = false; // MtpStop
   std::vector<float> mtp_logits_all_;
   std::vector<float> mtp_scratch_; // logits nobody asked for
+  /// MtpBatch's rows: each sequence's last RunBatch chunk marked `mtp`
+  /// (its first position, tokens and hidden rows).
+  struct MtpKept {
+    uint32_t pos = 0;
+    std::vector<int32_t> tokens;
+    std::vector<float> h;
+  };
+  std::vector<MtpKept> mtp_kept_;
+  void KeepBatchMtpRows(absl::Span<const SeqChunk> chunks);
 };
 
 /// Sampling of the next token from logits.

@@ -105,6 +105,12 @@ struct BatcherOptions {
   /// stored sequence than with its slot gets those rows copied into its
   /// slot, bit-identical to computing them.
   uint64_t kv_budget = 0;
+  /// Drafts from the plan's MTP module (duckrun serve --speculative mtp;
+  /// the engine built with EngineOptions::mtp) instead of lookup: a
+  /// request with `speculative` > 0 gets one draft a step, the module run
+  /// over every row the sequence keeps, all such sequences in one module
+  /// step. A sequence whose first 4 drafts are all rejected stops it.
+  bool mtp = false;
 };
 
 /// A snapshot for /metrics and tests.
@@ -155,6 +161,12 @@ private:
     std::vector<int32_t> text, rows;
     std::unique_ptr<DraftBudget> budget;
     std::unique_ptr<LookupDrafter> drafter;
+    // MTP drafts (BatcherOptions::mtp): the module's draft for the next
+    // step (-1: none), and its record until it has one accepted.
+    bool mtp = false;
+    int32_t mtp_draft = -1;
+    uint32_t mtp_rejected = 0;
+    bool mtp_accepted = false;
   };
 
   void Admit();
@@ -181,6 +193,11 @@ private:
   /// After a sampled token: hand it on and decide whether the sequence
   /// goes on; false when it has finished.
   bool Deliver(Seq &s, int32_t token, absl::Span<const float> row);
+  /// After a step's sampling: the MTP module over the rows each MTP
+  /// sequence of the step kept (its accepted rows, or its prompt chunk),
+  /// one module step for all, and the next draft of each still decoding.
+  /// The sequences in `done` have finished.
+  void DraftWithMtp(const std::vector<Seq *> &done);
 
   Engine &engine_;
   BatcherOptions opts_;
