@@ -56,19 +56,26 @@ void Engine::LoadKv(uint32_t seq, uint32_t pos, uint32_t n, const uint8_t *in) {
   CopyKvRows(seq, pos, n, const_cast<uint8_t *>(in), /*save=*/false);
 }
 
+uint64_t Engine::saved_kv_bytes_per_token() const {
+  return kv_bytes_per_token() + mtp_kv_bytes_per_token();
+}
+
 void Engine::CopyKvRows(uint32_t seq, uint32_t pos, uint32_t n, uint8_t *buf,
                         bool save) {
-  const uint64_t stride = kv_bytes_per_token();
+  const uint64_t stride = saved_kv_bytes_per_token();
   // Positions split over the host threads: a long sequence's rows are
   // hundreds of MB on a large model, and one thread's copy is slower than
   // the memory.
   pool_->ParallelFor(n, [&](uint64_t b, uint64_t e) {
     uint64_t at = 0;
-    for (const auto &op : ops_) {
-      op->CopyKv(seq, pos + b, (uint32_t)(e - b), buf + b * stride + at, stride,
-                 save);
-      at += op->KvBytesPerToken();
-    }
+    // The MTP module's caches after the model's (built only with
+    // EngineOptions::mtp): a prefix taken back has its drafts' rows too.
+    for (const auto *list : {&ops_, &mtp_ops_})
+      for (const auto &op : *list) {
+        op->CopyKv(seq, pos + b, (uint32_t)(e - b), buf + b * stride + at,
+                   stride, save);
+        at += op->KvBytesPerToken();
+      }
   });
 }
 

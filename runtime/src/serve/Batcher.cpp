@@ -38,7 +38,7 @@ Batcher::Batcher(Engine &engine, const BatcherOptions &opts)
   slot_tokens_.resize(opts_.parallel);
   if (opts_.reuse_prefix && opts_.kv_budget > 0) {
     store_ = std::make_unique<PrefixStore>(opts_.kv_budget,
-                                           engine.kv_bytes_per_token());
+                                           engine.saved_kv_bytes_per_token());
     stats_.store = store_->stats();
   }
 }

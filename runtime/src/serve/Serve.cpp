@@ -1844,7 +1844,7 @@ absl::StatusOr<uint64_t> KvBudget(uint64_t asked, uint64_t caches,
 absl::StatusOr<uint64_t> Server::MakeBatcher(const SessionOptions &so) {
   DUCK_ASSIGN_OR_RETURN(const uint64_t budget,
                         KvBudget(o_.kv_budget,
-                                 ses_->engine().kv_bytes_per_token() *
+                                 ses_->engine().saved_kv_bytes_per_token() *
                                      ses_->max_seq() * so.max_seqs,
                                  so.kv_overcommit));
   BatcherOptions bo;

@@ -223,7 +223,8 @@ TEST_P(EngineTest, SavedCacheRowsContinueLikeAColdRun) {
     }
     auto e = Make(o);
     ASSERT_TRUE(e);
-    const uint64_t bpt = e->kv_bytes_per_token();
+    const uint64_t bpt = e->saved_kv_bytes_per_token();
+    EXPECT_EQ(bpt, e->kv_bytes_per_token()) << "no MTP module here";
     const absl::Span<const int32_t> p(prompt), q(other);
     const SeqChunk fill[4] = {{0, 0, p.subspan(0, 8), false},
                               {0, 8, p.subspan(8), false},

@@ -169,6 +169,60 @@ TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The prefix store's rows (SaveKv/LoadKv) carry the module's caches: a
+// sequence that takes another's 12 positions back drafts, at the next
+// position, the bits the other drafts there, where its own earlier rows
+// (another prompt's) would give another draft.
+TEST_F(MtpEngineTest, SavedRowsCarryTheModulesCaches) {
+  EngineOptions o;
+  o.max_seq = 64;
+  o.prefill_chunk = 8;
+  o.max_rows = 16;
+  o.max_seqs = 2;
+  o.mtp = true;
+  auto made = Engine::Create(*plan_, runner_.get(), o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine &e = **made;
+  EXPECT_EQ(e.saved_kv_bytes_per_token(),
+            e.kv_bytes_per_token() + e.mtp_kv_bytes_per_token());
+  std::vector<int32_t> p, q;
+  for (uint32_t i = 0; i < 12; ++i) {
+    p.push_back(Token(i));
+    q.push_back(Token(60 + i));
+  }
+  const int32_t t = Token(90), u = Token(91);
+  std::vector<float> l, drafts;
+  // Each prompt in chunks of 8 and 4, the module over every position.
+  for (uint32_t s = 0; s < 2; ++s) {
+    const absl::Span<const int32_t> w(s ? q : p);
+    SeqChunk c{s, 0, w.subspan(0, 8), false};
+    c.mtp = true;
+    ASSERT_TRUE(e.RunBatch({&c, 1}, &l).ok());
+    const MtpRun head[1] = {{s, 8, w[8], false}};
+    ASSERT_TRUE(e.MtpBatch(head, &drafts).ok());
+    c = SeqChunk{s, 8, w.subspan(8), true};
+    c.mtp = true;
+    ASSERT_TRUE(e.RunBatch({&c, 1}, &l).ok());
+    const MtpRun tail[1] = {{s, 4, t, false}};
+    ASSERT_TRUE(e.MtpBatch(tail, &drafts).ok());
+  }
+  std::vector<uint8_t> rows(12 * e.saved_kv_bytes_per_token());
+  e.SaveKv(0, 0, 12, rows.data());
+  e.LoadKv(1, 0, 12, rows.data());
+  // Both at position 12 with the same token: the same draft.
+  std::vector<SeqChunk> step(2);
+  for (uint32_t s = 0; s < 2; ++s) {
+    step[s] = SeqChunk{s, 12, {&t, 1}, true};
+    step[s].mtp = true;
+  }
+  ASSERT_TRUE(e.RunBatch(step, &l).ok());
+  const MtpRun next[2] = {{0, 1, u, true}, {1, 1, u, true}};
+  ASSERT_TRUE(e.MtpBatch(next, &drafts).ok());
+  ASSERT_EQ(drafts.size(), 2u * vocab_);
+  EXPECT_EQ(0, std::memcmp(drafts.data(), drafts.data() + vocab_, vocab_ * 4))
+      << "the module's rows of the loaded positions were not carried";
+}
+
 TEST_F(MtpEngineTest, RefusesWhatItCannotDoAndStops) {
   auto none = Make(/*mtp=*/false);
   ASSERT_TRUE(none);

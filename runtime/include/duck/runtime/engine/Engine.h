@@ -257,9 +257,13 @@ public:
   /// Cache bytes one decoded token reads on the host at `positions`
   /// positions of context (the attention ops' KV caches).
   uint64_t cache_read_bytes_per_token(uint64_t positions) const;
+  /// The bytes a position of SaveKv's rows: the model's caches and, when
+  /// the engine runs an MTP module, the module's.
+  uint64_t saved_kv_bytes_per_token() const;
   /// Prefix reuse (serve's prefix store): the cache rows of positions
   /// pos..pos+n-1 of sequence `seq`, every cache of every op (in op
-  /// order, kv_bytes_per_token() bytes a position, position-major), into
+  /// order, the MTP module's after the model's;
+  /// saved_kv_bytes_per_token() bytes a position, position-major), into
   /// `out`; LoadKv writes such rows back into a sequence's caches. A
   /// position's rows depend only on its token and the rows before it, so
   /// rows saved from one sequence are the rows another with the same
