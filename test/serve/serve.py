@@ -60,12 +60,13 @@
       prints the three ids: a logit_bias on them then makes a model start
       a tool call or think. With CONTENTs, those tokens instead (one BPE
       token each, in order; DeepSeek's tool-call markers).
-  serve.py check-drafts-accepted URL KEY IDS MIN
+  serve.py check-drafts-accepted URL KEY IDS MIN [STEP]
       Three requests at once over the token ids IDS (greedy, 20 tokens,
-      Duck's 'speculative' 1), then the same without drafts: the texts are
+      Duck's 'speculative' 4), then the same without drafts: the texts are
       equal, and the drafts of the first three were accepted at MIN or more
-      (/metrics duck_draft_acceptance) with more than 1.5 tokens a verify
-      step: drafts that are right save steps while sequences share them.
+      (/metrics duck_draft_acceptance) with more than STEP (1.5) tokens a
+      verify step: drafts that are right save steps while sequences share
+      them.
   serve.py check-slow-clients URL N
       N connections that send half a request head and stall: the server
       still answers /health at once.
@@ -650,6 +651,7 @@ def check_speculative_constrained(url, key):
 
 def check_drafts_accepted(argv):
     url, key, ids, least = argv[0], argv[1], argv[2], float(argv[3])
+    above = float(argv[4]) if len(argv) > 4 else 1.5
     prompt = [int(t) for t in ids.split(",")]
 
     def complete(spec, out, i):
@@ -660,7 +662,7 @@ def check_drafts_accepted(argv):
             f"HTTP {st} {data!r}"
 
     texts = {}
-    for spec in (1, 0):
+    for spec in (4, 0):
         out = [None] * 3
         threads = [threading.Thread(target=complete, args=(spec, out, i))
                    for i in range(3)]
@@ -669,14 +671,15 @@ def check_drafts_accepted(argv):
         for t in threads:
             t.join()
         texts[spec] = out
-        if spec == 1:
+        if spec:
             acceptance = metric(url, "duck_draft_acceptance")
             per_step = metric(url, "duck_tokens_per_verify_step")
-    if len(set(texts[1] + texts[0])) != 1:
+    if len(set(texts[4] + texts[0])) != 1:
         die(f"check-drafts-accepted: texts differ: {texts}")
-    if acceptance is None or acceptance < least or per_step <= 1.5:
+    if acceptance is None or acceptance < least or per_step <= above:
         die(f"check-drafts-accepted: acceptance {acceptance} (at least "
-            f"{least} wanted), {per_step} tokens a verify step")
+            f"{least} wanted), {per_step} tokens a verify step (above "
+            f"{above} wanted)")
     print(f"drafts accepted: 3 concurrent answers equal without drafts; "
           f"acceptance {acceptance:.2f}, {per_step:.2f} tokens a verify step")
 

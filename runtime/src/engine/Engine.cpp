@@ -414,7 +414,8 @@ void Engine::KeepBatchMtpRows(absl::Span<const SeqChunk> chunks) {
 }
 
 absl::Status Engine::MtpBatch(absl::Span<const MtpRun> runs,
-                              std::vector<float> *out_logits) {
+                              std::vector<float> *out_logits,
+                              std::vector<std::vector<int32_t>> *chained) {
   if (!has_mtp())
     return absl::FailedPreconditionError(
         "no MTP module: the plan has none or the engine was built without "
@@ -426,47 +427,126 @@ absl::Status Engine::MtpBatch(absl::Span<const MtpRun> runs,
       return absl::InvalidArgumentError(absl::StrCat(
           "MTP over ", r.rows, " rows of sequence ", r.seq, ", which kept ",
           r.seq < mtp_kept_.size() ? mtp_kept_[r.seq].tokens.size() : 0));
+  std::vector<MtpLink> links;
   for (size_t i = 0; i < runs.size();) {
-    // As many runs as fit one step (each alone fits: its rows were one).
+    auto next = MtpBatchStep(runs, i, out_logits, chained ? &links : nullptr);
+    if (!next.ok())
+      return next.status();
+    i = *next;
+  }
+  for (const MtpRun &r : runs)
+    mtp_kept_[r.seq].tokens.clear();
+  if (!chained)
+    return absl::OkStatus();
+  chained->assign(runs.size(), {});
+  return MtpChainLinks(std::move(links), chained);
+}
+
+absl::StatusOr<size_t> Engine::MtpBatchStep(absl::Span<const MtpRun> runs,
+                                            size_t i,
+                                            std::vector<float> *out_logits,
+                                            std::vector<MtpLink> *links) {
+  // As many runs as fit one step (each alone fits: its rows were one).
+  row_tokens_.clear();
+  row_pos_.clear();
+  row_seq_.clear();
+  logit_rows_.clear();
+  float *h = values_->Get(mtp_hidden_);
+  size_t j = i;
+  for (uint32_t n = 0; j < runs.size(); ++j) {
+    const MtpRun &r = runs[j];
+    const MtpKept &k = mtp_kept_[r.seq];
+    if (n + r.rows > opts_.max_rows && n > 0)
+      break;
+    for (uint32_t t = 0; t < r.rows; ++t) {
+      row_tokens_.push_back(t + 1 < r.rows ? k.tokens[t + 1] : r.next);
+      row_pos_.push_back(k.pos + t);
+      row_seq_.push_back(r.seq);
+    }
+    std::memcpy(h + (uint64_t)n * hidden_, k.h.data(),
+                (uint64_t)r.rows * hidden_ * sizeof(float));
+    n += r.rows;
+    if (r.draft)
+      logit_rows_.push_back(n - 1);
+  }
+  const uint32_t n = (uint32_t)row_tokens_.size();
+  DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
+  if (logit_rows_.empty())
+    return j;
+  // The main LM head projects the module's result (its input value).
+  std::memcpy(h, values_->Get(mtp_result_),
+              (uint64_t)n * hidden_ * sizeof(float));
+  mtp_scratch_.clear();
+  ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
+                 n > 1,       values_.get(), &mtp_scratch_};
+  DUCK_RETURN_IF_ERROR(head_->Run(step));
+  out_logits->insert(out_logits->end(), mtp_scratch_.begin(),
+                     mtp_scratch_.end());
+  const uint64_t V = vocab();
+  const float *y = values_->Get(mtp_layer_out_);
+  size_t d = 0;
+  for (size_t r = i; r < j && links; ++r) {
+    if (!runs[r].draft)
+      continue;
+    const uint32_t row = logit_rows_[d];
+    const float *l = mtp_scratch_.data() + d++ * V;
+    if (runs[r].chain > 0 && row_pos_[row] + 2 <= opts_.max_seq)
+      links->push_back(
+          {r,
+           runs[r].seq,
+           row_pos_[row],
+           runs[r].chain,
+           (int32_t)(std::max_element(l, l + V) - l),
+           {y + (uint64_t)row * hidden_, y + (uint64_t)(row + 1) * hidden_}});
+  }
+  return j;
+}
+
+absl::Status Engine::MtpChainLinks(std::vector<MtpLink> links,
+                                   std::vector<std::vector<int32_t>> *chained) {
+  const uint64_t V = vocab();
+  while (!links.empty()) {
+    // One position past each link's last, its draft the token, its own
+    // layer output the hidden state (as MtpChain): the rows overwrite
+    // nothing a later real row reads before it writes it again.
+    const uint32_t n = (uint32_t)links.size();
     row_tokens_.clear();
     row_pos_.clear();
     row_seq_.clear();
     logit_rows_.clear();
     float *h = values_->Get(mtp_hidden_);
-    size_t j = i;
-    for (uint32_t n = 0; j < runs.size(); ++j) {
-      const MtpRun &r = runs[j];
-      const MtpKept &k = mtp_kept_[r.seq];
-      if (n + r.rows > opts_.max_rows && n > 0)
-        break;
-      for (uint32_t t = 0; t < r.rows; ++t) {
-        row_tokens_.push_back(t + 1 < r.rows ? k.tokens[t + 1] : r.next);
-        row_pos_.push_back(k.pos + t);
-        row_seq_.push_back(r.seq);
-      }
-      std::memcpy(h + (uint64_t)n * hidden_, k.h.data(),
-                  (uint64_t)r.rows * hidden_ * sizeof(float));
-      n += r.rows;
-      if (r.draft)
-        logit_rows_.push_back(n - 1);
+    for (uint32_t i = 0; i < n; ++i) {
+      const MtpLink &k = links[i];
+      row_tokens_.push_back(k.token);
+      row_pos_.push_back(k.pos + 1);
+      row_seq_.push_back(k.seq);
+      logit_rows_.push_back(i);
+      std::memcpy(h + (uint64_t)i * hidden_, k.y.data(),
+                  (uint64_t)hidden_ * sizeof(float));
     }
-    const uint32_t n = (uint32_t)row_tokens_.size();
     DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
-    if (!logit_rows_.empty()) {
-      // The main LM head projects the module's result (its input value).
-      std::memcpy(h, values_->Get(mtp_result_),
-                  (uint64_t)n * hidden_ * sizeof(float));
-      mtp_scratch_.clear();
-      ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
-                     n > 1,       values_.get(), &mtp_scratch_};
-      DUCK_RETURN_IF_ERROR(head_->Run(step));
-      out_logits->insert(out_logits->end(), mtp_scratch_.begin(),
-                         mtp_scratch_.end());
+    const float *y = values_->Get(mtp_layer_out_);
+    for (uint32_t i = 0; i < n; ++i)
+      std::memcpy(links[i].y.data(), y + (uint64_t)i * hidden_,
+                  (uint64_t)hidden_ * sizeof(float));
+    std::memcpy(h, values_->Get(mtp_result_),
+                (uint64_t)n * hidden_ * sizeof(float));
+    mtp_scratch_.clear();
+    ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
+                   n > 1,       values_.get(), &mtp_scratch_};
+    DUCK_RETURN_IF_ERROR(head_->Run(step));
+    std::vector<MtpLink> on;
+    for (uint32_t i = 0; i < n; ++i) {
+      MtpLink &k = links[i];
+      const float *l = mtp_scratch_.data() + (uint64_t)i * V;
+      k.token = (int32_t)(std::max_element(l, l + V) - l);
+      (*chained)[k.run].push_back(k.token);
+      ++k.pos;
+      if (--k.left > 0 && k.pos + 2 <= opts_.max_seq)
+        on.push_back(std::move(k));
     }
-    i = j;
+    links = std::move(on);
   }
-  for (const MtpRun &r : runs)
-    mtp_kept_[r.seq].tokens.clear();
   return absl::OkStatus();
 }
 

@@ -181,7 +181,8 @@ void Batcher::Admit() {
       s->pos = std::min(common, (uint32_t)s->req.prompt.size() - 1);
       if (s->req.speculative && opts_.mtp) {
         s->mtp = true;
-        s->budget = std::make_unique<DraftBudget>(1);
+        s->budget = std::make_unique<DraftBudget>(
+            std::min(s->req.speculative, std::max(1u, opts_.mtp_drafts)));
       } else if (s->req.speculative) {
         s->text = s->req.prompt;
         s->budget = std::make_unique<DraftBudget>(s->req.speculative);
@@ -327,8 +328,10 @@ void Batcher::DecodeRows(Seq &s, uint32_t *spare) {
   std::vector<int32_t> drafts;
   if (s.drafter)
     drafts = s.drafter->Propose(s.text, k);
-  else if (s.mtp && k > 0 && s.mtp_draft >= 0)
-    drafts.push_back(s.mtp_draft);
+  else if (s.mtp)
+    drafts.assign(s.mtp_drafts.begin(),
+                  s.mtp_drafts.begin() +
+                      std::min<size_t>(k, s.mtp_drafts.size()));
   s.rows.insert(s.rows.end(), drafts.begin(), drafts.end());
   *spare -= (uint32_t)drafts.size();
 }
@@ -453,27 +456,32 @@ void Batcher::DraftWithMtp(const std::vector<Seq *> &done) {
     r.rows = s.pos - c.pos;
     r.next = s.next >= 0 ? s.next : s.req.prompt[s.pos];
     r.draft = s.next >= 0;
+    r.chain = r.draft ? std::max(1u, s.budget->Peek()) - 1 : 0;
     runs.push_back(r);
     of.push_back(&s);
   }
   if (runs.empty())
     return;
   std::vector<float> logits;
-  if (absl::Status st = engine_.MtpBatch(runs, &logits); !st.ok()) {
+  std::vector<std::vector<int32_t>> chained;
+  if (absl::Status st = engine_.MtpBatch(runs, &logits, &chained); !st.ok()) {
     // The drafts only save steps: without them the answers are the same.
     for (Seq *s : of) {
       s->mtp = false;
-      s->mtp_draft = -1;
+      s->mtp_drafts.clear();
     }
     return;
   }
   const uint64_t V = engine_.vocab();
   size_t row = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
+    of[i]->mtp_drafts.clear();
     if (!runs[i].draft)
       continue;
     const float *l = logits.data() + row++ * V;
-    of[i]->mtp_draft = (int32_t)(std::max_element(l, l + V) - l);
+    of[i]->mtp_drafts.push_back((int32_t)(std::max_element(l, l + V) - l));
+    of[i]->mtp_drafts.insert(of[i]->mtp_drafts.end(), chained[i].begin(),
+                             chained[i].end());
   }
 }
 

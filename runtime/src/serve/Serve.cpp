@@ -1853,6 +1853,7 @@ absl::StatusOr<uint64_t> Server::MakeBatcher(const SessionOptions &so) {
   bo.prefill_chunk = so.prefill_chunk;
   bo.kv_budget = budget;
   bo.mtp = o_.speculative_mtp;
+  bo.mtp_drafts = std::max(1u, o_.speculative);
   batcher_ = std::make_unique<Batcher>(ses_->engine(), bo);
   status_.Start(*ses_, now());
   batcher_->SetAfterStep(

@@ -87,8 +87,8 @@ ABSL_FLAG(std::string, speculative, "none",
           "equals them, so the output for a --seed is the one 'none' "
           "gives. 'none': one token a step. With serve: the default of "
           "requests that do not set Duck's 'speculative' field (its drafts "
-          "a step, 0: none); 'mtp' there drafts one token a step for every "
-          "request that asks, the module run for all of them in one step");
+          "a step, 0: none; with mtp:K, up to K); the MTP module runs for "
+          "every request that asks, all of them in one module step");
 ABSL_FLAG(std::string, lookup_corpus, "",
           "Token ids (spaces, commas or newlines between them) that "
           "--speculative lookup also searches for drafts, e.g. a previous "
@@ -259,12 +259,6 @@ int serveMain(const std::vector<char *> &args) {
     if (!spec.corpus.empty() || spec.wrong) {
       std::cerr << "duckrun: error: --lookup-corpus and --speculative wrong "
                    "are for one generation, not serve\n";
-      return 2;
-    }
-    if (spec.mtp && spec.k > 1) {
-      std::cerr << "duckrun: error: serve drafts one MTP token a step "
-                   "(--speculative mtp or mtp:1; chained drafts are for one "
-                   "generation)\n";
       return 2;
     }
     so.speculative = spec.lookup || spec.mtp ? spec.k : 0;

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace {
@@ -98,7 +99,8 @@ TEST_F(MtpEngineTest, DeferredAndChainedRowsGiveTheSameDrafts) {
 // prompt chunk kept whole and run as it goes (where sequence 0's path
 // defers it), verify steps of two rows of which one or both are kept.
 // Every draft is the bits of the one-sequence engine's (Verify, Rewind,
-// MtpDraft) for both sequences.
+// MtpDraft) for both sequences, and each draft's chain of two more (mtp:3)
+// the one-sequence engine's MtpChain's.
 TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
   auto one = Make();
   EngineOptions o;
@@ -128,9 +130,28 @@ TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
     }
     return two.RunBatch(c, &l);
   };
+  // Drafting runs chain two more drafts (mtp:3); `chained` gets them.
+  std::vector<std::vector<int32_t>> chained;
   auto draftBoth = [&](uint32_t rows, int32_t next, bool draft) {
-    const MtpRun r[2] = {{0, rows, next, draft}, {1, rows, next, draft}};
-    return two.MtpBatch(r, &got);
+    const uint32_t chain = draft ? 2 : 0;
+    const MtpRun r[2] = {{0, rows, next, draft, chain},
+                         {1, rows, next, draft, chain}};
+    return two.MtpBatch(r, &got, &chained);
+  };
+  auto argmax = [&](const float *l) {
+    return (int32_t)(std::max_element(l, l + vocab_) - l);
+  };
+  // The one-sequence engine's chain after its draft `want`.
+  auto chainOne = [&]() {
+    std::vector<int32_t> out;
+    std::vector<float> c;
+    int32_t d = argmax(want.data());
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(one->MtpChain(d, &c).ok());
+      d = argmax(c.data());
+      out.push_back(d);
+    }
+    return out;
   };
   const absl::Span<const int32_t> ps(p);
   ASSERT_TRUE(both(0, ps.subspan(0, 8), false).ok());
@@ -139,9 +160,12 @@ TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
   ASSERT_TRUE(both(8, ps.subspan(8, 1), false).ok());
   ASSERT_TRUE(draftBoth(1, first, true).ok());
   ASSERT_EQ(got.size(), 2u * vocab_);
-  for (uint32_t s = 0; s < 2; ++s)
+  std::vector<int32_t> wantChain = chainOne();
+  for (uint32_t s = 0; s < 2; ++s) {
     EXPECT_EQ(0, std::memcmp(want.data(), got.data() + s * vocab_, vocab_ * 4))
         << "sequence " << s << ", the prompt's draft";
+    EXPECT_EQ(chained[s], wantChain) << "sequence " << s << ", its chain";
+  }
   // Verify steps of the next token and one draft; the draft kept in odd
   // steps (two rows), rejected in even ones (one row).
   uint32_t pos = 9;
@@ -156,10 +180,13 @@ TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
     ASSERT_TRUE(both(pos, rows, true).ok());
     ASSERT_TRUE(draftBoth(kept, next, true).ok());
     ASSERT_EQ(got.size(), 2u * vocab_);
-    for (uint32_t s = 0; s < 2; ++s)
+    wantChain = chainOne();
+    for (uint32_t s = 0; s < 2; ++s) {
       EXPECT_EQ(0,
                 std::memcmp(want.data(), got.data() + s * vocab_, vocab_ * 4))
           << "sequence " << s << ", step " << i;
+      EXPECT_EQ(chained[s], wantChain) << "sequence " << s << ", step " << i;
+    }
     pos += kept;
     t = next;
   }

@@ -133,6 +133,10 @@ struct MtpRun {
   uint32_t rows = 0;
   int32_t next = 0;
   bool draft = false;
+  /// With draft: as many more drafts chained on it (mtp:K, K - 1), each
+  /// the module once more one position on, reading the last draft (the
+  /// argmax) and its own layer output, as MtpChain does.
+  uint32_t chain = 0;
 };
 
 class Engine {
@@ -215,8 +219,12 @@ public:
   /// `draft` run's last row appended to out_logits in run order. A row's
   /// result does not depend on the other rows in the step, so a sequence
   /// gets the drafts it would get alone. The kept rows are used up.
+  /// With `chained`: for each draft run, its chained drafts (tokens; fewer
+  /// than asked where they would pass max_seq), all sequences' n-th
+  /// chained rows in one module step.
   absl::Status MtpBatch(absl::Span<const MtpRun> runs,
-                        std::vector<float> *out_logits);
+                        std::vector<float> *out_logits,
+                        std::vector<std::vector<int32_t>> *chained = nullptr);
   /// With EngineOptions::mtp_all_logits: every MTP row's logits since the
   /// last call, in position order (the prompt's, then each step's).
   std::vector<float> TakeMtpLogits() {
@@ -357,6 +365,23 @@ private:
   };
   std::vector<MtpKept> mtp_kept_;
   void KeepBatchMtpRows(absl::Span<const SeqChunk> chunks);
+  /// One of MtpBatch's chains: the draft run `run` of sequence `seq`, its
+  /// last row at `pos`, the last draft `token`, the module's layer output
+  /// there `y`, `left` drafts to go.
+  struct MtpLink {
+    size_t run;
+    uint32_t seq, pos, left;
+    int32_t token;
+    std::vector<float> y;
+  };
+  /// Runs of MtpBatch from `i` that fit one module step: their rows, and
+  /// the draft runs' logits (out_logits) and chains (links).
+  absl::StatusOr<size_t> MtpBatchStep(absl::Span<const MtpRun> runs, size_t i,
+                                      std::vector<float> *out_logits,
+                                      std::vector<MtpLink> *links);
+  /// Every link one draft on, all in one module step, until none is left.
+  absl::Status MtpChainLinks(std::vector<MtpLink> links,
+                             std::vector<std::vector<int32_t>> *chained);
 };
 
 /// Sampling of the next token from logits.

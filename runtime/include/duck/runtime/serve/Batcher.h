@@ -105,12 +105,15 @@ struct BatcherOptions {
   /// stored sequence than with its slot gets those rows copied into its
   /// slot, bit-identical to computing them.
   uint64_t kv_budget = 0;
-  /// Drafts from the plan's MTP module (duckrun serve --speculative mtp;
-  /// the engine built with EngineOptions::mtp) instead of lookup: a
-  /// request with `speculative` > 0 gets one draft a step, the module run
-  /// over every row the sequence keeps, all such sequences in one module
-  /// step. A sequence whose first 4 drafts are all rejected stops it.
+  /// Drafts from the plan's MTP module (duckrun serve --speculative
+  /// mtp[:K]; the engine built with EngineOptions::mtp) instead of lookup:
+  /// a request with `speculative` n > 0 gets up to min(n, mtp_drafts)
+  /// drafts a step (the module's draft, chained on itself for more), the
+  /// module run over every row the sequence keeps, all such sequences in
+  /// one module step. A sequence whose first 4 drafts are all rejected
+  /// stops it.
   bool mtp = false;
+  uint32_t mtp_drafts = 1;
 };
 
 /// A snapshot for /metrics and tests.
@@ -161,10 +164,11 @@ private:
     std::vector<int32_t> text, rows;
     std::unique_ptr<DraftBudget> budget;
     std::unique_ptr<LookupDrafter> drafter;
-    // MTP drafts (BatcherOptions::mtp): the module's draft for the next
-    // step (-1: none), and its record until it has one accepted.
+    // MTP drafts (BatcherOptions::mtp): the module's drafts for the next
+    // step (its draft and those chained on it), and its record until it
+    // has one accepted.
     bool mtp = false;
-    int32_t mtp_draft = -1;
+    std::vector<int32_t> mtp_drafts;
     uint32_t mtp_rejected = 0;
     bool mtp_accepted = false;
   };

@@ -41,8 +41,8 @@ struct ServeOptions {
   /// lookup:K; 0: none).
   uint32_t speculative = 0;
   /// The drafts come from the plan's MTP module instead of lookup
-  /// (--speculative mtp; session.mtp set): one a step for a request whose
-  /// `speculative` is above 0.
+  /// (--speculative mtp[:K]; session.mtp set): up to `speculative` (K) a
+  /// step, chained, for a request whose own `speculative` is above 0.
   bool speculative_mtp = false;
   /// Bytes of the prefix store (--kv-budget; 0: none): the KV caches of
   /// finished sequences kept beyond the slots, found again by token prefix

@@ -78,6 +78,8 @@ class DraftBudget {
 public:
   explicit DraftBudget(uint32_t max) : max_(max), k_(max) {}
   uint32_t Next();
+  /// What Next() would give, without counting a paused step.
+  uint32_t Peek() const { return pause_ > 0 ? 0 : k_; }
   void Record(uint32_t proposed, uint32_t accepted);
 
 private:
