@@ -374,6 +374,18 @@ double wallOverBusy(const Timing &t) {
   return mx > 0 ? t.callSeconds / mx : kNaN;
 }
 
+/// A record's timing fields from one measurement.
+void takeTiming(Record &r, const Timing &t) {
+  r.timeS = t.callSeconds;
+  r.bestTimeS = t.bestCallSeconds;
+  r.imbalance = t.imbalance;
+  r.perCoreS = t.coreSeconds;
+  r.wallOverBusy = wallOverBusy(t);
+  r.otherLoad = t.otherLoad;
+  r.attempts = t.attempts;
+  r.calls = t.calls;
+}
+
 std::string fmt(double v, int prec = 2) {
   if (!std::isfinite(v))
     return "-";
@@ -491,18 +503,11 @@ KernelsBench::gemvRecord(const std::string &section, const std::string &model,
   r.k = desc.k;
   r.block = desc.block;
   r.cores = cores;
-  r.timeS = t.callSeconds;
-  r.bestTimeS = t.bestCallSeconds;
+  takeTiming(r, t);
   r.params = (uint64_t)desc.rows * desc.k;
   r.bytes = bytes;
   r.gparamS = (double)r.params / t.callSeconds * 1e-9;
   r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
-  r.imbalance = t.imbalance;
-  r.perCoreS = t.coreSeconds;
-  r.wallOverBusy = wallOverBusy(t);
-  r.otherLoad = t.otherLoad;
-  r.attempts = t.attempts;
-  r.calls = t.calls;
   r.copies = copies;
   return r;
 }
@@ -789,19 +794,12 @@ void KernelsBench::runMoe() {
         r.inter = m.inter;
         r.experts = experts;
         r.active = active;
-        r.timeS = t.callSeconds;
-        r.bestTimeS = t.bestCallSeconds;
+        takeTiming(r, t);
         r.params = active * ffn.params();
         r.bytes = active * ffn.weightBytes();
         r.gparamS = (double)r.params / t.callSeconds * 1e-9;
         r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
-        r.calls = t.calls;
         r.copies = layers;
-        r.perCoreS = t.coreSeconds;
-        r.wallOverBusy = wallOverBusy(t);
-        r.otherLoad = t.otherLoad;
-        r.attempts = t.attempts;
-        r.imbalance = t.imbalance;
         if (cores > 1) {
           // Each core's share of the slots (the split duck_moe_decode makes)
           // run alone on that core, all cores at once: the per-core times
@@ -912,19 +910,12 @@ void KernelsBench::runMoeDucks(const ModelCase &m, const std::string &what) {
     r.inter = inter;
     r.experts = experts;
     r.active = active;
-    r.timeS = t.callSeconds;
-    r.bestTimeS = t.bestCallSeconds;
+    takeTiming(r, t);
     r.params = (uint64_t)ducks * active * ffn.params();
     r.bytes = (uint64_t)ducks * active * ffn.weightBytes();
     r.gparamS = (double)r.params / t.callSeconds * 1e-9;
     r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
-    r.calls = t.calls;
     r.copies = layers;
-    r.perCoreS = t.coreSeconds;
-    r.wallOverBusy = wallOverBusy(t);
-    r.otherLoad = t.otherLoad;
-    r.attempts = t.attempts;
-    r.imbalance = t.imbalance;
     records_.push_back(r);
   }
 }
@@ -1035,8 +1026,7 @@ void KernelsBench::runMoePrefill() {
       r.experts = experts;
       r.active = topK;
       r.tokens = n;
-      r.timeS = t.callSeconds;
-      r.bestTimeS = t.bestCallSeconds;
+      takeTiming(r, t);
       // Every expert a route touches is read once a call.
       r.params = (uint64_t)(touched * (double)ffn.params());
       r.bytes = (uint64_t)(touched * (double)ffn.weightBytes());
@@ -1044,13 +1034,7 @@ void KernelsBench::runMoePrefill() {
       r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
       r.gflopS = 2.0 * (double)ffn.params() * n * topK / t.callSeconds * 1e-9;
       r.avgTileBatch = (double)n * topK / touched; // tokens an expert
-      r.calls = t.calls;
       r.copies = layers;
-      r.perCoreS = t.coreSeconds;
-      r.wallOverBusy = wallOverBusy(t);
-      r.otherLoad = t.otherLoad;
-      r.attempts = t.attempts;
-      r.imbalance = t.imbalance;
       records_.push_back(r);
     }
   }
@@ -1112,20 +1096,13 @@ void KernelsBench::runPrefill() {
         r.tokens = n;
         r.tiles = duck_gemm_tiles(n);
         r.avgTileBatch = (double)n / r.tiles;
-        r.timeS = t.callSeconds;
-        r.bestTimeS = t.bestCallSeconds;
+        takeTiming(r, t);
         r.params = ffn.params();
         r.bytes = ffn.weightBytes();
         r.gparamS = (double)r.params / t.callSeconds * 1e-9;
         r.gbS = (double)r.bytes / t.callSeconds * 1e-9;
         r.gflopS = 2.0 * (double)r.params * n / t.callSeconds * 1e-9;
-        r.calls = t.calls;
         r.copies = set.copies;
-        r.perCoreS = t.coreSeconds;
-        r.wallOverBusy = wallOverBusy(t);
-        r.otherLoad = t.otherLoad;
-        r.attempts = t.attempts;
-        r.imbalance = t.imbalance;
         records_.push_back(r);
       }
     }

@@ -306,6 +306,23 @@ absl::Status Engine::RunPendingMtp(int32_t next, bool logits,
   return RunMtp(pos, mtp_next_, logits, out_logits);
 }
 
+absl::Status Engine::ProjectMtpRows(std::vector<float> *sink) {
+  // The main LM head projects the module's result: put it in its input.
+  const uint32_t n = (uint32_t)row_tokens_.size();
+  std::memcpy(values_->Get(mtp_hidden_), values_->Get(mtp_result_),
+              (uint64_t)n * hidden_ * sizeof(float));
+  ops::Step step{row_tokens_, row_pos_,      row_seq_, logit_rows_,
+                 n > 1,       values_.get(), sink};
+  return head_->Run(step);
+}
+
+void Engine::ClearRows() {
+  row_tokens_.clear();
+  row_pos_.clear();
+  row_seq_.clear();
+  logit_rows_.clear();
+}
+
 absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
                             bool last_logits, std::vector<float> *out_logits,
                             const float *hidden) {
@@ -337,12 +354,7 @@ absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
   mtp_last_pos_ = pos + n - 1;
   if (logit_rows_.empty())
     return absl::OkStatus();
-  // The main LM head projects the module's result: put it in its input.
-  std::memcpy(h, values_->Get(mtp_result_),
-              (uint64_t)n * hidden_ * sizeof(float));
-  ops::Step step{row_tokens_, row_pos_,      row_seq_, logit_rows_,
-                 n > 1,       values_.get(), sink};
-  DUCK_RETURN_IF_ERROR(head_->Run(step));
+  DUCK_RETURN_IF_ERROR(ProjectMtpRows(sink));
   const uint64_t V = vocab();
   if (all) {
     mtp_logits_all_.insert(mtp_logits_all_.end(), sink->begin(), sink->end());
@@ -354,10 +366,7 @@ absl::Status Engine::RunMtp(uint32_t pos, absl::Span<const int32_t> next,
 
 absl::Status Engine::RunBatch(absl::Span<const SeqChunk> chunks,
                               std::vector<float> *out_logits) {
-  row_tokens_.clear();
-  row_pos_.clear();
-  row_seq_.clear();
-  logit_rows_.clear();
+  ClearRows();
   uint64_t rows = 0;
   for (const SeqChunk &c : chunks)
     rows += c.tokens.size();
@@ -447,10 +456,7 @@ absl::StatusOr<size_t> Engine::MtpBatchStep(absl::Span<const MtpRun> runs,
                                             std::vector<float> *out_logits,
                                             std::vector<MtpLink> *links) {
   // As many runs as fit one step (each alone fits: its rows were one).
-  row_tokens_.clear();
-  row_pos_.clear();
-  row_seq_.clear();
-  logit_rows_.clear();
+  ClearRows();
   float *h = values_->Get(mtp_hidden_);
   size_t j = i;
   for (uint32_t n = 0; j < runs.size(); ++j) {
@@ -473,13 +479,8 @@ absl::StatusOr<size_t> Engine::MtpBatchStep(absl::Span<const MtpRun> runs,
   DUCK_RETURN_IF_ERROR(RunOps(mtp_ops_, mtp_kinds_, n > 1, nullptr));
   if (logit_rows_.empty())
     return j;
-  // The main LM head projects the module's result (its input value).
-  std::memcpy(h, values_->Get(mtp_result_),
-              (uint64_t)n * hidden_ * sizeof(float));
   mtp_scratch_.clear();
-  ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
-                 n > 1,       values_.get(), &mtp_scratch_};
-  DUCK_RETURN_IF_ERROR(head_->Run(step));
+  DUCK_RETURN_IF_ERROR(ProjectMtpRows(&mtp_scratch_));
   out_logits->insert(out_logits->end(), mtp_scratch_.begin(),
                      mtp_scratch_.end());
   const uint64_t V = vocab();
@@ -510,10 +511,7 @@ absl::Status Engine::MtpChainLinks(std::vector<MtpLink> links,
     // layer output the hidden state (as MtpChain): the rows overwrite
     // nothing a later real row reads before it writes it again.
     const uint32_t n = (uint32_t)links.size();
-    row_tokens_.clear();
-    row_pos_.clear();
-    row_seq_.clear();
-    logit_rows_.clear();
+    ClearRows();
     float *h = values_->Get(mtp_hidden_);
     for (uint32_t i = 0; i < n; ++i) {
       const MtpLink &k = links[i];
@@ -529,12 +527,8 @@ absl::Status Engine::MtpChainLinks(std::vector<MtpLink> links,
     for (uint32_t i = 0; i < n; ++i)
       std::memcpy(links[i].y.data(), y + (uint64_t)i * hidden_,
                   (uint64_t)hidden_ * sizeof(float));
-    std::memcpy(h, values_->Get(mtp_result_),
-                (uint64_t)n * hidden_ * sizeof(float));
     mtp_scratch_.clear();
-    ops::Step step{row_tokens_, row_pos_,      row_seq_,     logit_rows_,
-                   n > 1,       values_.get(), &mtp_scratch_};
-    DUCK_RETURN_IF_ERROR(head_->Run(step));
+    DUCK_RETURN_IF_ERROR(ProjectMtpRows(&mtp_scratch_));
     std::vector<MtpLink> on;
     for (uint32_t i = 0; i < n; ++i) {
       MtpLink &k = links[i];

@@ -379,6 +379,10 @@ private:
   absl::StatusOr<size_t> MtpBatchStep(absl::Span<const MtpRun> runs, size_t i,
                                       std::vector<float> *out_logits,
                                       std::vector<MtpLink> *links);
+  /// The module's result rows through the main LM head (the rows set up
+  /// in row_*_, logits of logit_rows_ appended to `sink`).
+  absl::Status ProjectMtpRows(std::vector<float> *sink);
+  void ClearRows();
   /// Every link one draft on, all in one module step, until none is left.
   absl::Status MtpChainLinks(std::vector<MtpLink> links,
                              std::vector<std::vector<int32_t>> *chained);
