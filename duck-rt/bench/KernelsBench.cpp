@@ -374,6 +374,27 @@ double wallOverBusy(const Timing &t) {
   return mx > 0 ? t.callSeconds / mx : kNaN;
 }
 
+/// A record of an FFN slice (hidden x inter, one block) on `cores` cores,
+/// cold, the shift path.
+Record ffnRecord(const char *section, const char *model, std::string what,
+                 std::string kernel, uint32_t hidden, uint32_t inter,
+                 uint32_t block, uint32_t cores) {
+  Record r;
+  r.section = section;
+  r.model = model;
+  r.what = std::move(what);
+  r.kernel = std::move(kernel);
+  r.path = "shift";
+  r.cache = "cold";
+  r.rows = inter;
+  r.k = hidden;
+  r.block = block;
+  r.cores = cores;
+  r.hidden = hidden;
+  r.inter = inter;
+  return r;
+}
+
 /// A record's timing fields from one measurement.
 void takeTiming(Record &r, const Timing &t) {
   r.timeS = t.callSeconds;
@@ -894,20 +915,12 @@ void KernelsBench::runMoeDucks(const ModelCase &m, const std::string &what) {
                       experts, mine[d].data(), active, x_.as<float>(), outs[d],
                       slotOut[d], scratch[d]);
     });
-    Record r;
-    r.section = "moe-decode-ducks";
-    r.model = m.label;
-    r.what = what;
-    r.kernel = std::string(kernelName(duck_select_kernel(m.hidden, block))) +
-               "+" + kernelName(duck_select_kernel(inter, block));
-    r.path = "shift";
-    r.cache = "cold";
-    r.rows = inter;
-    r.k = m.hidden;
-    r.block = block;
-    r.cores = ducks; // N ducks of one core each
-    r.hidden = m.hidden;
-    r.inter = inter;
+    // cores: N ducks of one core each.
+    Record r =
+        ffnRecord("moe-decode-ducks", m.label, what,
+                  std::string(kernelName(duck_select_kernel(m.hidden, block))) +
+                      "+" + kernelName(duck_select_kernel(inter, block)),
+                  m.hidden, inter, block, ducks);
     r.experts = experts;
     r.active = active;
     takeTiming(r, t);
@@ -1010,19 +1023,8 @@ void KernelsBench::runMoePrefill() {
                          out.as<float>(), pairOut.as<float>(), work.data(),
                          scratch[core]);
       });
-      Record r;
-      r.section = "moe-prefill";
-      r.model = m.label;
-      r.what = what;
-      r.kernel = "gemm";
-      r.path = "shift";
-      r.cache = "cold";
-      r.rows = m.inter;
-      r.k = m.hidden;
-      r.block = m.block;
-      r.cores = cores;
-      r.hidden = m.hidden;
-      r.inter = m.inter;
+      Record r = ffnRecord("moe-prefill", m.label, what, "gemm", m.hidden,
+                           m.inter, m.block, cores);
       r.experts = experts;
       r.active = topK;
       r.tokens = n;
@@ -1080,19 +1082,8 @@ void KernelsBench::runPrefill() {
                            x.as<float>(), n, out.as<float>(),
                            shared.as<float>(), scratch[core]);
         });
-        Record r;
-        r.section = "prefill";
-        r.model = m.label;
-        r.what = format("%u tokens", n);
-        r.kernel = kernel;
-        r.path = "shift";
-        r.cache = "cold";
-        r.rows = m.inter;
-        r.k = m.hidden;
-        r.block = m.block;
-        r.cores = cores;
-        r.hidden = m.hidden;
-        r.inter = m.inter;
+        Record r = ffnRecord("prefill", m.label, format("%u tokens", n), kernel,
+                             m.hidden, m.inter, m.block, cores);
         r.tokens = n;
         r.tiles = duck_gemm_tiles(n);
         r.avgTileBatch = (double)n / r.tiles;

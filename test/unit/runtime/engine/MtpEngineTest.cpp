@@ -38,6 +38,18 @@ protected:
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
+  /// Two sequences, steps of up to 16 rows (serving's MtpBatch).
+  std::unique_ptr<Engine> MakeTwo() {
+    EngineOptions o;
+    o.max_seq = 64;
+    o.prefill_chunk = 8;
+    o.max_rows = 16;
+    o.max_seqs = 2;
+    o.mtp = true;
+    auto e = Engine::Create(*plan_, runner_.get(), o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
   int32_t Token(uint32_t i) const { return (int32_t)((i * 37 + 11) % vocab_); }
   /// The prompt (9 tokens, two chunks) through `e`.
   void Prefill(Engine &e) {
@@ -102,17 +114,9 @@ TEST_F(MtpEngineTest, DeferredAndChainedRowsGiveTheSameDrafts) {
 // MtpDraft) for both sequences, and each draft's chain of two more (mtp:3)
 // the one-sequence engine's MtpChain's.
 TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
-  auto one = Make();
-  EngineOptions o;
-  o.max_seq = 64;
-  o.prefill_chunk = 8;
-  o.max_rows = 16;
-  o.max_seqs = 2;
-  o.mtp = true;
-  auto made = Engine::Create(*plan_, runner_.get(), o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  Engine &two = **made;
-  ASSERT_TRUE(one);
+  auto one = Make(), made = MakeTwo();
+  ASSERT_TRUE(one && made);
+  Engine &two = *made;
   std::vector<int32_t> p;
   for (uint32_t i = 0; i < 9; ++i)
     p.push_back(Token(i));
@@ -201,15 +205,9 @@ TEST_F(MtpEngineTest, BatchedDraftsAreTheOneSequenceDrafts) {
 // position, the bits the other drafts there, where its own earlier rows
 // (another prompt's) would give another draft.
 TEST_F(MtpEngineTest, SavedRowsCarryTheModulesCaches) {
-  EngineOptions o;
-  o.max_seq = 64;
-  o.prefill_chunk = 8;
-  o.max_rows = 16;
-  o.max_seqs = 2;
-  o.mtp = true;
-  auto made = Engine::Create(*plan_, runner_.get(), o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  Engine &e = **made;
+  auto made = MakeTwo();
+  ASSERT_TRUE(made);
+  Engine &e = *made;
   EXPECT_EQ(e.saved_kv_bytes_per_token(),
             e.kv_bytes_per_token() + e.mtp_kv_bytes_per_token());
   std::vector<int32_t> p, q;
