@@ -210,11 +210,11 @@ private:
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
       const uint64_t row = h * max_seq_ + p;
       if (f16_) {
-        ToHalf(k + h * sh_.dim, sh_.dim, kcache16_.At(seq, row));
-        ToHalf(v + h * sh_.dim, sh_.dim, vcache16_.At(seq, row));
+        ToHalf(k + h * sh_.dim, sh_.dim, kcache16_.AtForWrite(seq, row));
+        ToHalf(v + h * sh_.dim, sh_.dim, vcache16_.AtForWrite(seq, row));
       } else {
-        std::memcpy(kcache_.At(seq, row), k + h * sh_.dim, sh_.dim * 4);
-        std::memcpy(vcache_.At(seq, row), v + h * sh_.dim, sh_.dim * 4);
+        std::memcpy(kcache_.AtForWrite(seq, row), k + h * sh_.dim, sh_.dim * 4);
+        std::memcpy(vcache_.AtForWrite(seq, row), v + h * sh_.dim, sh_.dim * 4);
       }
     }
   }

@@ -191,6 +191,26 @@ public:
   /// The first position of sequence `seq`.
   T *Base(uint32_t seq) { return data_ + Offset(seq, 0); }
   T *At(uint32_t seq, uint64_t p) { return data_ + Offset(seq, p); }
+  /// At, for a row about to be written: the first row written in each
+  /// kPopulateBytes of the cache maps that whole piece in one call
+  /// (MADV_POPULATE_WRITE) instead of a page fault every few positions,
+  /// which a paravirtualised VM charges about 20 us each (47 us a layer
+  /// of a decoded Qwen3-0.6B-shape token; docs/perf.md). Best effort: rows
+  /// written out of order, or a kernel without it, fault as before.
+  T *AtForWrite(uint32_t seq, uint64_t p) {
+    const uint64_t off = Offset(seq, p) * sizeof(T);
+#ifdef MADV_POPULATE_WRITE
+    if (off % kPopulateBytes < width_ * sizeof(T)) {
+      const uint64_t b = off / kPopulateBytes * kPopulateBytes;
+      (void)madvise(reinterpret_cast<uint8_t *>(data_) + b,
+                    std::min(kPopulateBytes, bytes_ - b), MADV_POPULATE_WRITE);
+    }
+#endif
+    return data_ + off / sizeof(T);
+  }
+  /// A cache's pages are mapped this many bytes at a time (AtForWrite): 64
+  /// positions of a 128-wide fp32 head.
+  static constexpr uint64_t kPopulateBytes = 32768;
   /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
   void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {
     if (save)

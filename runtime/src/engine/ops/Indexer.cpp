@@ -199,7 +199,7 @@ private:
   }
 
   void Row(uint32_t t, uint32_t seq, uint64_t p, float *out) {
-    float *k = kcache_.At(seq, p);
+    float *k = kcache_.AtForWrite(seq, p);
     std::memcpy(k, k_.data() + (uint64_t)t * sh_.dim, sh_.dim * 4);
     LayerNorm(k);
     rope_.HalfSplit(k, p);

@@ -208,7 +208,7 @@ private:
   /// latent and rope key into the sequence's cache.
   void StoreLatent(uint32_t t, uint32_t seq, uint64_t p) {
     const float *kv = kva_.data() + t * sh_.cache();
-    float *slot = cache_.At(seq, p);
+    float *slot = cache_.AtForWrite(seq, p);
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);

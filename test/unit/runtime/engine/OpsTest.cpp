@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -63,6 +66,40 @@ YarnRef RefYarn(uint32_t dim, double base, double factor, double orig,
   if (mscale_all_dim > 0)
     r.attn = std::pow(RefMscale(factor, mscale_all_dim), 2);
   return r;
+}
+
+// A KV cache's rows about to be written (SeqCache::AtForWrite) are the
+// rows At names, and the first row written in a piece of kPopulateBytes
+// maps that whole piece (one call instead of a page fault every few
+// positions), nothing past it.
+TEST(SeqCache, AWriteMapsItsPieceOfTheCache) {
+#ifndef MADV_POPULATE_WRITE
+  GTEST_SKIP() << "no MADV_POPULATE_WRITE in these headers";
+#else
+  duck::runtime::ops::SeqCache c;
+  ASSERT_TRUE(c.Init(128, 4096, 2).ok()); // 512 B a row, 2 MiB a sequence
+  const long page = sysconf(_SC_PAGESIZE);
+  // Small pages whatever the machine's THP setting, so a fault maps one.
+  ASSERT_EQ(0, madvise(c.At(0, 0), 2 * 4096 * 512, MADV_NOHUGEPAGE));
+  const uint64_t piece = duck::runtime::ops::SeqCache::kPopulateBytes;
+  auto resident = [&](const float *at, uint64_t bytes) {
+    std::vector<unsigned char> v((bytes + page - 1) / page);
+    EXPECT_EQ(0, mincore(const_cast<float *>(at), bytes, v.data()));
+    return (uint64_t)std::count_if(v.begin(), v.end(),
+                                   [](unsigned char b) { return b & 1; });
+  };
+  float *row = c.AtForWrite(1, 64); // sequence 1's second piece
+  EXPECT_EQ(row, c.At(1, 64));
+  row[0] = 1.0f;
+  const float *pieceStart = c.At(1, 64);
+  EXPECT_EQ(resident(pieceStart, piece), piece / page)
+      << "the whole piece is mapped";
+  EXPECT_EQ(resident(c.At(1, 128), piece), 0u) << "nothing past it";
+  EXPECT_EQ(resident(c.At(0, 0), piece), 0u) << "nor another sequence's";
+  // A row that is not its piece's first maps only its own page (a fault).
+  c.AtForWrite(1, 200)[0] = 1.0f;
+  EXPECT_EQ(resident(c.At(1, 192), piece), 1u);
+#endif
 }
 
 TEST(Rope, PlainFrequenciesAreThetaPowers) {
