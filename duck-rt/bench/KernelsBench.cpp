@@ -374,22 +374,32 @@ double wallOverBusy(const Timing &t) {
   return mx > 0 ? t.callSeconds / mx : kNaN;
 }
 
-/// A record of an FFN slice (hidden x inter, one block) on `cores` cores,
-/// cold, the shift path.
-Record ffnRecord(const char *section, const char *model, std::string what,
-                 std::string kernel, uint32_t hidden, uint32_t inter,
-                 uint32_t block, uint32_t cores) {
+/// A record's identity: what was measured, on which matrix shape (rows x
+/// k, block), how and on how many cores.
+Record baseRecord(std::string section, std::string model, std::string what,
+                  std::string kernel, std::string path, std::string cache,
+                  uint32_t rows, uint32_t k, uint32_t block, uint32_t cores) {
   Record r;
-  r.section = section;
-  r.model = model;
+  r.section = std::move(section);
+  r.model = std::move(model);
   r.what = std::move(what);
   r.kernel = std::move(kernel);
-  r.path = "shift";
-  r.cache = "cold";
-  r.rows = inter;
-  r.k = hidden;
+  r.path = std::move(path);
+  r.cache = std::move(cache);
+  r.rows = rows;
+  r.k = k;
   r.block = block;
   r.cores = cores;
+  return r;
+}
+
+/// A record of an FFN slice (hidden x inter, one block) on `cores` cores,
+/// the shift path (cold unless `cache` says otherwise).
+Record ffnRecord(const char *section, const char *model, std::string what,
+                 std::string kernel, uint32_t hidden, uint32_t inter,
+                 uint32_t block, uint32_t cores, const char *cache = "cold") {
+  Record r = baseRecord(section, model, std::move(what), std::move(kernel),
+                        "shift", cache, inter, hidden, block, cores);
   r.hidden = hidden;
   r.inter = inter;
   return r;
@@ -513,17 +523,8 @@ KernelsBench::gemvRecord(const std::string &section, const std::string &model,
                          const std::string &kernel, const std::string &path,
                          const std::string &cache, uint32_t cores,
                          const Timing &t, uint64_t copies, uint64_t bytes) {
-  Record r;
-  r.section = section;
-  r.model = model;
-  r.what = what;
-  r.kernel = kernel;
-  r.path = path;
-  r.cache = cache;
-  r.rows = desc.rows;
-  r.k = desc.k;
-  r.block = desc.block;
-  r.cores = cores;
+  Record r = baseRecord(section, model, what, kernel, path, cache, desc.rows,
+                        desc.k, desc.block, cores);
   takeTiming(r, t);
   r.params = (uint64_t)desc.rows * desc.k;
   r.bytes = bytes;
@@ -800,19 +801,8 @@ void KernelsBench::runMoe() {
           duck_moe_decode(&smp, core, layer, experts, slots.data(), active,
                           x_.as<float>(), outs[0], slotOut[0], scratch[core]);
         });
-        Record r;
-        r.section = "moe-decode";
-        r.model = m.label;
-        r.what = what;
-        r.kernel = kernel;
-        r.path = "shift";
-        r.cache = cache;
-        r.rows = m.inter;
-        r.k = m.hidden;
-        r.block = m.block;
-        r.cores = cores;
-        r.hidden = m.hidden;
-        r.inter = m.inter;
+        Record r = ffnRecord("moe-decode", m.label, what, kernel, m.hidden,
+                             m.inter, m.block, cores, cache);
         r.experts = experts;
         r.active = active;
         takeTiming(r, t);
