@@ -94,7 +94,7 @@ kernel targets. Sections, in order:
                     run alone (same slots, concurrently); cold, with N
                     cores, also N one-core ducks each holding 1/N of every
                     expert's rows, all at once, beside the one N-core duck
-  prefill           duck_mlp_prefill, 2, 4, 16 and 64 tokens, cold
+  prefill           duck_mlp_prefill, 2, 4, 8, 16 and 64 tokens, cold
   moe-prefill       duck_moe_prefill, 64 tokens of random top-8 routing over
                     Qwen3-30B-A3B's 128 experts (tp1: intermediate 768,
                     tp2: 384), cold; GB/s counts the experts touched
@@ -1034,7 +1034,8 @@ void KernelsBench::runMoePrefill() {
 
 void KernelsBench::runPrefill() {
   const std::vector<uint32_t> tokenCounts =
-      opt_.quick ? std::vector<uint32_t>{3} : std::vector<uint32_t>{2, 4, 16, 64};
+      opt_.quick ? std::vector<uint32_t>{3}
+                 : std::vector<uint32_t>{2, 4, 8, 16, 64};
   for (const ModelCase &m : models_) {
     if (!m.prefill)
       continue;

@@ -311,6 +311,58 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
     y[(uint64_t)t * y_ld] = reduceRow(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
 }
 
+/// One weight row against four tokens (a verify step of three drafts, an
+/// expert's few tokens), two accumulator groups a pass: pass p decodes
+/// groups 2p and 2p + 1 of every 32-chunk (the row's bytes stay in L1 for
+/// the second pass), so 8 accumulators are live where gemmRow<4> would
+/// need 16. Each takes the FMAs duck_gemv's accumulator q takes for its
+/// token, in the same order, with the same decoded weight (group q's sign
+/// is the word shifted by base + 3 - q, decodeChunk's doubling): the GEMV's
+/// bits. Two groups a pass, not one: with four chains an iteration the FMA
+/// latency set the pace (1245 against 1581 us one core, the 0.6B FFN).
+inline void gemmRow4(const uint8_t *mag, const uint32_t *sign, const float *xs,
+                     uint32_t k, float *y, uint32_t y_ld) {
+  constexpr int T = 4;
+  const __m256 negZero = _mm256_set1_ps(-0.0f);
+  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
+  __m256 sums[4][T];
+  for (int q0 = 0; q0 < 4; q0 += 2) {
+    __m256 acc[2][T];
+    for (int g = 0; g < 2; ++g)
+      for (int t = 0; t < T; ++t)
+        acc[g][t] = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < k; c += 32) {
+      // The first pass streams the row in (the GEMV's prefetch distance).
+      if (q0 == 0)
+        _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096),
+                     _MM_HINT_T0);
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
+      const __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
+      for (int g = 0; g < 2; ++g) {
+        const int q = q0 + g;
+        const __m256i shift = _mm256_setr_epi32(31 - q, 27 - q, 23 - q, 19 - q,
+                                                15 - q, 11 - q, 7 - q, 3 - q);
+        const __m256i bits =
+            q == 3 ? _mm256_srli_epi32(v, 4) : _mm256_slli_epi32(v, 20 - 8 * q);
+        const __m256i sg = _mm256_sllv_epi32(word, shift);
+        const __m256 w =
+            _mm256_xor_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, mask)),
+                          _mm256_and_ps(_mm256_castsi256_ps(sg), negZero));
+        for (int t = 0; t < T; ++t)
+          acc[g][t] = _mm256_fmadd_ps(
+              w, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * q), acc[g][t]);
+      }
+    }
+    for (int g = 0; g < 2; ++g)
+      for (int t = 0; t < T; ++t)
+        sums[q0 + g][t] = acc[g][t];
+  }
+  for (int t = 0; t < T; ++t)
+    y[(uint64_t)t * y_ld] =
+        reduceRow(sums[0][t], sums[1][t], sums[2][t], sums[3][t]);
+}
+
 /// Columns [c0, c1) of rows [i, i + R) decoded into `panel` (R x (c1 - c0)
 /// floats, row r at r * (c1 - c0)): each 32-chunk in the shift path's
 /// permuted order (position 8q + j holds weight 4j + q), as fp32 bits with
@@ -587,7 +639,7 @@ inline void eachScaleTile(const duck_fp9_matrix *m, const float *x,
 }
 
 /// Fewer tokens than a panel pays for: each row decoded in registers for
-/// all of them at once (gemmRow's tiles of 1 to 3 tokens).
+/// all of them at once (gemmRow's 1 to 3 tokens, gemmRow4's four).
 static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t n_tokens, float *y, uint32_t y_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs) {
@@ -599,6 +651,9 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
       switch (n_tokens) {
+      case 4:
+        gemmRow4(mag, sign, xs, k, yi, y_ld);
+        break;
       case 3: gemmRow<3>(mag, sign, xs, k, yi, y_ld); break;
       case 2: gemmRow<2>(mag, sign, xs, k, yi, y_ld); break;
       default: gemmRow<1>(mag, sign, xs, k, yi, y_ld); break;

@@ -52,11 +52,12 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// DUCK_GEMM_PANEL_MIN tokens on, every weight is read and decoded once for
 /// all the tokens: rows are decoded three at a time into a panel in L1 (K
 /// in segments of 1024) and every token's pre-scaled input streams past
-/// them; below it, each row is decoded in registers for its 1 to 3 tokens.
+/// them; below it, each row is decoded in registers for its 1 to 4 tokens
+/// (four: two passes over the row, two accumulator groups each).
 /// Each token's result is bit-identical to duck_gemv on that token alone.
 /// `xs` holds 2 * n_tokens * m->k floats (32-byte aligned): the pre-scaled
 /// inputs, then the panel and the accumulators between K segments.
-enum { DUCK_N_TILE = 3, DUCK_GEMM_PANEL_MIN = 4 };
+enum { DUCK_N_TILE = 3, DUCK_GEMM_PANEL_MIN = 5 };
 
 /// Weight decodes a row of duck_gemm makes for n tokens (one for any n).
 static inline uint32_t duck_gemm_tiles(uint32_t n) { return n ? 1 : 0; }

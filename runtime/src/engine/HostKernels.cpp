@@ -240,15 +240,19 @@ void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
 } // namespace
 
 namespace {
-/// One int8 weight row against T tokens: each group of 8 weights is
-/// widened and scaled once for all of them; a token's sum has the same
-/// order whatever T is (two accumulators, even and odd groups).
+/// One int8 weight row against T tokens (T <= 3): each group of 8 weights
+/// is widened and scaled once for all of them; a token's sum has the same
+/// order whatever T is: four accumulators, group h of every 32-block into
+/// acc[h] (four chains, so one token is not held to one multiply-add per
+/// FMA latency), then (a0 + a1) + (a2 + a3).
 template <int T>
 void DotI8Tokens(const int8_t *w, const uint16_t *scale, const float *x,
                  uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
-  __m256 a0[T], a1[T];
+  static_assert(T >= 1 && T <= 3, "4T accumulators and 3 temporaries");
+  __m256 acc[T][4];
   for (int t = 0; t < T; ++t)
-    a0[t] = a1[t] = _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h)
+      acc[t][h] = _mm256_setzero_ps();
   for (uint64_t b = 0; b < n / kInt8Block; ++b) {
     const int8_t *p = w + b * kInt8Block;
     _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
@@ -258,21 +262,34 @@ void DotI8Tokens(const int8_t *w, const uint16_t *scale, const float *x,
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
               reinterpret_cast<const __m128i *>(p + 8 * h)))),
           s);
-      for (int t = 0; t < T; ++t) {
-        const __m256 xv = _mm256_loadu_ps(x + t * x_ld + b * kInt8Block + 8 * h);
-        if (h % 2 == 0)
-          a0[t] = _mm256_fmadd_ps(wv, xv, a0[t]);
-        else
-          a1[t] = _mm256_fmadd_ps(wv, xv, a1[t]);
-      }
+      for (int t = 0; t < T; ++t)
+        acc[t][h] = _mm256_fmadd_ps(
+            wv, _mm256_loadu_ps(x + t * x_ld + b * kInt8Block + 8 * h),
+            acc[t][h]);
     }
   }
   for (int t = 0; t < T; ++t)
-    out[t * out_ld] = hsum(_mm256_add_ps(a0[t], a1[t]));
+    out[t * out_ld] = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                         _mm256_add_ps(acc[t][2], acc[t][3])));
 }
 
+} // namespace
+
+float DotI8Avx2(const int8_t *w, const uint16_t *scale, const float *x,
+                uint64_t n) {
+  float s;
+  DotI8Tokens<1>(w, scale, x, 0, n, &s, 0);
+  return s;
+}
+
+namespace {
 float DotI8(const HostMatrix &w, uint64_t r, const float *x) {
   float s;
+  if (HostHasAvx512()) {
+    DotI8Avx512(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x, 0,
+                1, w.cols, &s, 0);
+    return s;
+  }
   DotI8Tokens<1>(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x,
                  0, w.cols, &s, 0);
   return s;
@@ -420,58 +437,77 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
       kRowAlign);
 }
 
-void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld,
-                 uint64_t n, float *out, uint64_t out_ld, uint64_t b,
-                 uint64_t e) {
+namespace {
+/// RowsProduct of an fp9 matrix.
+void Fp9Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+             float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
+  // One token: the GEMV (the pre-scaled input in the kernels' scratch;
+  // same bits as a GEMM row).
+  if (n == 1) {
+    if (HostHasAvx512())
+      Fp9GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                    KernelScratch(w.cols));
+    else
+      duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+                KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+    return;
+  }
+  // The duck GEMM: every token's result is bit-identical to the GEMV
+  // (prefill == decode). Where AVX-512 is there, each chunk decoded in
+  // registers for tiles of up to 8 tokens, and from
+  // kFp9Avx512PanelMinTokens tokens on the panel GEMM with 512-bit
+  // multiply-adds.
+  if (HostHasAvx512() && n < kFp9Avx512PanelMinTokens)
+    Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+                  (uint32_t)b, (uint32_t)e,
+                  KernelScratch(std::min<uint64_t>(n, 8) * w.cols));
+  else if (HostHasAvx512())
+    Fp9GemmPanelAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                       (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                       KernelScratch(Fp9GemmPanelAvx512ScratchFloats(
+                           (uint32_t)n, (uint32_t)w.cols)));
+  else
+    duck_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+              (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols));
+}
+
+/// RowsProduct of an int8 matrix: three tokens a pass (four with
+/// AVX-512), each group of weights widened once for them.
+void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
+  const uint64_t blocks = w.cols / kInt8Block;
+  for (uint64_t r = b; r < e; ++r) {
+    const int8_t *row = w.i8 + r * w.cols;
+    const uint16_t *scale = w.i8_scale + r * blocks;
+    float *o = out + (r - b);
+    if (HostHasAvx512()) {
+      for (uint64_t t = 0; t < n; t += 4)
+        DotI8Avx512(row, scale, x + t * x_ld, x_ld,
+                    (uint32_t)std::min<uint64_t>(4, n - t), w.cols,
+                    o + t * out_ld, out_ld);
+      continue;
+    }
+    uint64_t t = 0;
+    for (; t + 3 <= n; t += 3)
+      DotI8Tokens<3>(row, scale, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                     out_ld);
+    if (n - t == 2)
+      DotI8Tokens<2>(row, scale, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
+                     out_ld);
+    else if (n - t == 1)
+      o[t * out_ld] = DotI8(w, r, x + t * x_ld);
+  }
+}
+} // namespace
+
+void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+                 float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
   if (n == 0 || b >= e)
     return;
-  if (w.is_fp9) {
-    // One token: the GEMV (the pre-scaled input in the kernels' scratch;
-    // same bits as a GEMM row).
-    if (n == 1) {
-      if (HostHasAvx512())
-        Fp9GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
-                      KernelScratch(w.cols));
-      else
-        duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
-                  KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
-      return;
-    }
-    // The duck GEMM: every token's result is bit-identical to the GEMV
-    // (prefill == decode). Where AVX-512 is there, from DUCK_GEMM_PANEL_MIN
-    // tokens on the panel GEMM with 512-bit multiply-adds (AVX-512 decodes
-    // its panel too: at a few tokens the decode is much of the work).
-    if (HostHasAvx512() && n < DUCK_GEMM_PANEL_MIN)
-      Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
-                    (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                    KernelScratch(std::min<uint64_t>(n, 3) * w.cols));
-    else if (HostHasAvx512())
-      Fp9GemmPanelAvx512(
-          &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-          (uint32_t)b, (uint32_t)e,
-          KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n,
-                                                        (uint32_t)w.cols)));
-    else
-      duck_gemm_with_decoder(
-          &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-          (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols),
-          HostHasAvx512() ? Fp9DecodePanelAvx512 : nullptr);
-    return;
-  }
-  if (w.i8) {
-    // Four tokens a pass: each group of weights is widened once for them.
-    const uint64_t blocks = w.cols / kInt8Block;
-    for (uint64_t r = b; r < e; ++r) {
-      uint64_t t = 0;
-      for (; t + 4 <= n; t += 4)
-        DotI8Tokens<4>(w.i8 + r * w.cols, w.i8_scale + r * blocks,
-                       x + t * x_ld, x_ld, w.cols, out + t * out_ld + (r - b),
-                       out_ld);
-      for (; t < n; ++t)
-        out[t * out_ld + (r - b)] = DotI8(w, r, x + t * x_ld);
-    }
-    return;
-  }
+  if (w.is_fp9)
+    return Fp9Rows(w, x, x_ld, n, out, out_ld, b, e);
+  if (w.i8)
+    return Int8Rows(w, x, x_ld, n, out, out_ld, b, e);
   const bool avx512 = w.bf16 && HostHasAvx512();
   for (uint64_t r = b; r < e; ++r) {
     uint64_t t = 0;

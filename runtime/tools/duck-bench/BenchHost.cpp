@@ -9,8 +9,9 @@
 //    an fp9 LM head (151936 x 1024) and duckc's default int8 head of the
 //    same shape;
 //  - the fp9 GEMM of a batched decode step (4, 8, 16 rows through the
-//    q/k/v matrix), its panel decoded with AVX2 and with AVX-512 (and
-//    its multiply-adds 512 bits wide as well), in
+//    q/k/v matrix): the AVX2 duck_gemm (four rows in registers, a panel
+//    from five), the panel decoded with AVX-512 (and its multiply-adds
+//    512 bits wide as well) and AVX-512 in registers, in
 //    multiply-adds a second (compute-bound: a decoded weight serves only
 //    T rows);
 //  - GQA attention over the KV cache (AttendHeads, 16 query / 8 kv heads of
@@ -73,8 +74,10 @@ void PrintUsage(FILE *out) {
       "(q/k/v fused, o_proj, an fp9 LM head) and the default int8 head;\n"
       "the fp9 GEMM of 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
-      "its panel decoded with AVX2 and (where the CPU has it) AVX-512,\n"
-      "and with 512-bit multiply-adds as well;\n"
+      "by the AVX2 duck_gemm and (where the CPU has it) by AVX-512: the\n"
+      "panel decoded with it, with 512-bit multiply-adds as well, and\n"
+      "each chunk decoded in registers for up to 8 rows (what the host runs\n"
+      "below 17 rows);\n"
       "GQA attention (16/8 heads of 128) over --contexts cached\n"
       "positions, from an fp32 cache and from an IEEE half one (duckrun\n"
       "--kv-cache f16); and DeepSeek's absorbed MLA attention (128 heads over\n"
@@ -310,17 +313,20 @@ int duckBenchHost(int argc, char **argv) {
     const uint64_t bytes = (uint64_t)rows * k * 9 / 8;
     const uint64_t copies = CopiesFor(bytes, cold);
     Fp9Set set = MakeFp9(rows, k, copies);
+    enum class Kind { duck, panel, widePanel, registers };
     struct Decoder {
       const char *name;
       duck_panel_decode_fn fn;
-      bool wideFma; // Fp9GemmPanelAvx512: 512-bit multiply-adds too
+      Kind kind;
     };
-    std::vector<Decoder> decoders = {{"AVX2", nullptr, false}};
+    std::vector<Decoder> decoders = {{"AVX2 duck_gemm", nullptr, Kind::duck}};
     if (duck::runtime::HostHasAvx512()) {
-      decoders.push_back(
-          {"AVX-512", duck::runtime::Fp9DecodePanelAvx512, false});
-      decoders.push_back({"AVX-512 with 512-bit FMAs",
-                          duck::runtime::Fp9DecodePanelAvx512, true});
+      decoders.push_back({"AVX-512 decoded panel",
+                          duck::runtime::Fp9DecodePanelAvx512, Kind::panel});
+      decoders.push_back({"AVX-512 panel, 512-bit FMAs",
+                          duck::runtime::Fp9DecodePanelAvx512,
+                          Kind::widePanel});
+      decoders.push_back({"AVX-512 in registers", nullptr, Kind::registers});
     }
     for (uint32_t T : {4u, 8u, 16u}) {
       std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
@@ -338,7 +344,11 @@ int duckBenchHost(int argc, char **argv) {
                 float *xs = reinterpret_cast<float *>(
                     (reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
                     ~uintptr_t(63));
-                if (d.wideFma)
+                if (d.kind == Kind::registers)
+                  duck::runtime::Fp9GemmAvx512(&set.m[c].fp9, x.data(), k, T,
+                                               y.data() + b, rows, (uint32_t)b,
+                                               (uint32_t)e, xs);
+                else if (d.kind == Kind::widePanel)
                   duck::runtime::Fp9GemmPanelAvx512(
                       &set.m[c].fp9, x.data(), k, T, y.data() + b, rows,
                       (uint32_t)b, (uint32_t)e, xs);
@@ -349,8 +359,7 @@ int duckBenchHost(int argc, char **argv) {
               },
               64);
         });
-        results.push_back({format("gemm %u rows x 4096x1024, %s panel", T,
-                                  d.name),
+        results.push_back({format("gemm %u rows x 4096x1024, %s", T, d.name),
                            (double)set.bytes, s, 0, (double)T * rows * k});
       }
     }

@@ -251,6 +251,40 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
   }
 }
 
+// The AVX-512 int8 dot products keep the AVX2 kernel's bits: 1 to 4
+// tokens against one row, every token's sum as the one-token AVX2 dot's.
+TEST(HostKernels, Int8Avx512HasTheAvx2Bits) {
+  if (!HostHasAvx512())
+    GTEST_SKIP() << "no AVX-512 on this host";
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_int_distribution<int> q(-127, 127);
+  for (uint64_t n : {32u, 96u, 1024u, 2080u}) {
+    std::vector<int8_t> w(n);
+    std::vector<uint16_t> scale(n / kInt8Block);
+    for (auto &v : w)
+      v = (int8_t)q(rng);
+    for (auto &v : scale)
+      v = _cvtss_sh(std::fabs(d(rng)) * 0.01f + 1e-4f, 0);
+    const uint64_t ld = n + 8; // tokens not packed
+    std::vector<float> x(4 * ld);
+    for (auto &v : x)
+      v = d(rng);
+    for (uint32_t tokens = 1; tokens <= 4; ++tokens) {
+      std::vector<float> out(2 * tokens, -1.0f);
+      DotI8Avx512(w.data(), scale.data(), x.data(), ld, tokens, n, out.data(),
+                  2);
+      for (uint32_t t = 0; t < tokens; ++t) {
+        const float want =
+            DotI8Avx2(w.data(), scale.data(), x.data() + t * ld, n);
+        ASSERT_EQ(0, std::memcmp(&want, &out[2 * t], 4))
+            << n << " weights, " << tokens << " tokens, token " << t << ": "
+            << want << " against " << out[2 * t];
+      }
+    }
+  }
+}
+
 /// The host's AVX-512 fp9 GEMV has duck_gemv's bits (the AVX2 shift path
 /// the ducks and the host's GEMM run), for every kernel class (K of 32, 64,
 /// 128 and general), block, row phase and row range.
@@ -347,7 +381,7 @@ TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
         ASSERT_EQ(0, std::memcmp(yg.data() + (uint64_t)t * rows + 5,
                                  part.data() + (uint64_t)t * 195, 195 * 4))
             << "GEMM rows [5, 200), K " << sh.k << ", token " << t;
-      if (n < DUCK_GEMM_PANEL_MIN)
+      if (n < kFp9Avx512PanelMinTokens)
         continue;
       // The panel GEMM with the AVX-512 panel decoder: the same bits, over
       // all rows and over rows [5, 200) (panels of 3, then a tail).

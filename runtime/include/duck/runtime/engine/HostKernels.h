@@ -174,6 +174,16 @@ float DotBf16(const uint16_t *w, const float *x, uint64_t n);
 float DotBf16Avx512(const uint16_t *w, const float *x, uint64_t n);
 void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
                      uint64_t n, float *out, uint64_t out_ld);
+/// One int8 row (n weights, a multiple of kInt8Block, a half scale a
+/// block) against one token with AVX2: what the host runs without AVX-512.
+float DotI8Avx2(const int8_t *w, const uint16_t *scale, const float *x,
+                uint64_t n);
+/// One int8 row (n weights, a half scale each kInt8Block) against 1 to 4
+/// tokens (x_ld floats apart) with AVX-512: the AVX2 kernel's bits, a
+/// token's sum the same whatever `tokens` is.
+void DotI8Avx512(const int8_t *w, const uint16_t *scale, const float *x,
+                 uint64_t x_ld, uint32_t tokens, uint64_t n, float *out,
+                 uint64_t out_ld);
 
 /// Bytes of the matrix as the kernels read it (fp9 planes and scales,
 /// bf16 or fp32).
@@ -195,19 +205,24 @@ void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
 void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
                           uint32_t k, uint32_t rows, uint32_t c0, uint32_t c1,
                           float *panel);
+/// From this many tokens on, an AVX-512 host runs the panel GEMM below;
+/// under it, Fp9GemmAvx512's tiles of up to 8 tokens, each chunk decoded
+/// in registers once a tile (`duck-bench host`: 4 rows in 0.6x the
+/// panel's time, 16 rows in 0.9x, on a Zen 5 with two 512-bit FMA units).
+constexpr uint32_t kFp9Avx512PanelMinTokens = 17;
 /// duck_gemm's panel GEMM with AVX-512: the panel decoded as above, its
 /// multiply-adds 512 bits wide (twice the AVX2 kernel's on CPUs with two
 /// 512-bit FMA units); every token's result has the GEMV's bits. For
-/// n_tokens >= DUCK_GEMM_PANEL_MIN; `xs` is
+/// n_tokens >= kFp9Avx512PanelMinTokens; `xs` is
 /// Fp9GemmPanelAvx512ScratchFloats(n_tokens, k) floats, 64-byte aligned.
 uint64_t Fp9GemmPanelAvx512ScratchFloats(uint32_t n_tokens, uint32_t k);
 void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
                         uint32_t x_ld, uint32_t n_tokens, float *y,
                         uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
                         float *xs);
-/// duck_gemm with AVX-512, tiles of up to 3 tokens (the host uses it below
-/// DUCK_GEMM_PANEL_MIN tokens): every token's result has the GEMV's bits.
-/// `xs` is min(n_tokens, 3) * k floats, 64-byte aligned.
+/// duck_gemm with AVX-512, tiles of up to 8 tokens (the host uses it below
+/// kFp9Avx512PanelMinTokens tokens): every token's result has the GEMV's bits.
+/// `xs` is min(n_tokens, 8) * k floats, 64-byte aligned.
 void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,
                    uint32_t row_begin, uint32_t row_end, float *xs);
