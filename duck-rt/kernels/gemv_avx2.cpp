@@ -311,21 +311,21 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
     y[(uint64_t)t * y_ld] = reduceRow(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
 }
 
-/// One weight row against four tokens (a verify step of three drafts, an
-/// expert's few tokens), two accumulator groups a pass: pass p decodes
-/// groups 2p and 2p + 1 of every 32-chunk (the row's bytes stay in L1 for
-/// the second pass), so 8 accumulators are live where gemmRow<4> would
-/// need 16. Each takes the FMAs duck_gemv's accumulator q takes for its
-/// token, in the same order, with the same decoded weight (group q's sign
-/// is the word shifted by base + 3 - q, decodeChunk's doubling): the GEMV's
-/// bits. Two groups a pass, not one: with four chains an iteration the FMA
-/// latency set the pace (1245 against 1581 us one core, the 0.6B FFN). The
-/// passes are templates (immediate shifts, no test in the loop) and each
-/// token's inputs one base pointer: 12-15 % faster at K = 1024 than one
-/// loop over both passes.
-template <int Q0>
-inline void gemmRow4Pass(const uint8_t *mag, const uint32_t *sign,
-                         const float *xs, uint32_t k, __m256 (&sums)[4][4]) {
+/// One weight row against T = 3 or 4 tokens (a verify step of 2 or 3
+/// drafts, an expert's few tokens), two accumulator groups a pass: pass
+/// Q0 decodes groups Q0 and Q0 + 1 of every 32-chunk (the row's bytes stay
+/// in L1 for the second pass), so 2T accumulators are live where gemmRow<T>
+/// needs 4T (gemmRow<3>'s 12 spill beside the decode). Each takes the FMAs
+/// duck_gemv's accumulator q takes for its token, in the same order, with
+/// the same decoded weight (group q's sign is the word shifted by base +
+/// 3 - q, decodeChunk's doubling): the GEMV's bits. Two groups a pass, not
+/// one: with four chains an iteration the FMA latency set the pace (1245
+/// against 1581 us one core, the 0.6B FFN at four tokens). Hot, one core,
+/// 768 x 2048: three tokens 148-150 us against gemmRow<3>'s 183-199; two
+/// tokens stay with gemmRow<2> (120-128 against 132-157).
+template <int T, int Q0>
+inline void gemmRowPass(const uint8_t *mag, const uint32_t *sign,
+                        const float *xs, uint32_t k, __m256 (&sums)[4][4]) {
   const __m256 negZero = _mm256_set1_ps(-0.0f);
   const __m256i mask = _mm256_set1_epi32(0x0FF00000);
   // Group q's sign shift: decodeChunk's base plus 3 - q.
@@ -333,9 +333,12 @@ inline void gemmRow4Pass(const uint8_t *mag, const uint32_t *sign,
                                            15 - Q0, 11 - Q0, 7 - Q0, 3 - Q0);
   const __m256i shiftB = _mm256_sub_epi32(shiftA, _mm256_set1_epi32(1));
   // Token t's inputs of group Q0 (Q0 + 1 is 8 floats on).
-  const float *x0 = xs + 8 * Q0, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const float *x[T];
+  for (int t = 0; t < T; ++t)
+    x[t] = xs + (uint64_t)t * k + 8 * Q0;
+  __m256 a[T], b[T];
+  for (int t = 0; t < T; ++t)
+    a[t] = b[t] = _mm256_setzero_ps();
   for (uint32_t c = 0; c < k; c += 32) {
     // The first pass streams the row in (the GEMV's prefetch distance).
     if (Q0 == 0)
@@ -348,10 +351,8 @@ inline void gemmRow4Pass(const uint8_t *mag, const uint32_t *sign,
             _mm256_and_si256(_mm256_slli_epi32(v, 20 - 8 * Q0), mask)),
         _mm256_and_ps(_mm256_castsi256_ps(_mm256_sllv_epi32(word, shiftA)),
                       negZero));
-    a0 = _mm256_fmadd_ps(wA, _mm256_load_ps(x0 + c), a0);
-    a1 = _mm256_fmadd_ps(wA, _mm256_load_ps(x1 + c), a1);
-    a2 = _mm256_fmadd_ps(wA, _mm256_load_ps(x2 + c), a2);
-    a3 = _mm256_fmadd_ps(wA, _mm256_load_ps(x3 + c), a3);
+    for (int t = 0; t < T; ++t)
+      a[t] = _mm256_fmadd_ps(wA, _mm256_load_ps(x[t] + c), a[t]);
     // Group Q0 + 1; group 3's magnitude is the top byte, shifted down.
     __m256i bitsB;
     if constexpr (Q0 + 1 == 3)
@@ -362,22 +363,24 @@ inline void gemmRow4Pass(const uint8_t *mag, const uint32_t *sign,
         _mm256_castsi256_ps(_mm256_and_si256(bitsB, mask)),
         _mm256_and_ps(_mm256_castsi256_ps(_mm256_sllv_epi32(word, shiftB)),
                       negZero));
-    b0 = _mm256_fmadd_ps(wB, _mm256_load_ps(x0 + c + 8), b0);
-    b1 = _mm256_fmadd_ps(wB, _mm256_load_ps(x1 + c + 8), b1);
-    b2 = _mm256_fmadd_ps(wB, _mm256_load_ps(x2 + c + 8), b2);
-    b3 = _mm256_fmadd_ps(wB, _mm256_load_ps(x3 + c + 8), b3);
+    for (int t = 0; t < T; ++t)
+      b[t] = _mm256_fmadd_ps(wB, _mm256_load_ps(x[t] + c + 8), b[t]);
   }
-  sums[Q0][0] = a0, sums[Q0][1] = a1, sums[Q0][2] = a2, sums[Q0][3] = a3;
-  sums[Q0 + 1][0] = b0, sums[Q0 + 1][1] = b1, sums[Q0 + 1][2] = b2;
-  sums[Q0 + 1][3] = b3;
+  for (int t = 0; t < T; ++t) {
+    sums[Q0][t] = a[t];
+    sums[Q0 + 1][t] = b[t];
+  }
 }
 
-inline void gemmRow4(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                     uint32_t k, float *y, uint32_t y_ld) {
+/// gemmRowPass's two passes, then each token's canonical reduction.
+template <int T>
+inline void gemmRowPasses(const uint8_t *mag, const uint32_t *sign,
+                          const float *xs, uint32_t k, float *y,
+                          uint32_t y_ld) {
   __m256 sums[4][4];
-  gemmRow4Pass<0>(mag, sign, xs, k, sums);
-  gemmRow4Pass<2>(mag, sign, xs, k, sums);
-  for (int t = 0; t < 4; ++t)
+  gemmRowPass<T, 0>(mag, sign, xs, k, sums);
+  gemmRowPass<T, 2>(mag, sign, xs, k, sums);
+  for (int t = 0; t < T; ++t)
     y[(uint64_t)t * y_ld] =
         reduceRow(sums[0][t], sums[1][t], sums[2][t], sums[3][t]);
 }
@@ -658,7 +661,7 @@ inline void eachScaleTile(const duck_fp9_matrix *m, const float *x,
 }
 
 /// Fewer tokens than a panel pays for: each row decoded in registers for
-/// all of them at once (gemmRow's 1 to 3 tokens, gemmRow4's four).
+/// all of them at once (gemmRow's 1 or 2 tokens, gemmRowPasses' 3 or 4).
 static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t n_tokens, float *y, uint32_t y_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs) {
@@ -671,9 +674,11 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       float *yi = y + (i - row_begin);
       switch (n_tokens) {
       case 4:
-        gemmRow4(mag, sign, xs, k, yi, y_ld);
+        gemmRowPasses<4>(mag, sign, xs, k, yi, y_ld);
         break;
-      case 3: gemmRow<3>(mag, sign, xs, k, yi, y_ld); break;
+      case 3:
+        gemmRowPasses<3>(mag, sign, xs, k, yi, y_ld);
+        break;
       case 2: gemmRow<2>(mag, sign, xs, k, yi, y_ld); break;
       default: gemmRow<1>(mag, sign, xs, k, yi, y_ld); break;
       }

@@ -53,7 +53,7 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// all the tokens: rows are decoded three at a time into a panel in L1 (K
 /// in segments of 1024) and every token's pre-scaled input streams past
 /// them; below it, each row is decoded in registers for its 1 to 4 tokens
-/// (four: two passes over the row, two accumulator groups each).
+/// (three and four: two passes over the row, two accumulator groups each).
 /// Each token's result is bit-identical to duck_gemv on that token alone.
 /// `xs` holds 2 * n_tokens * m->k floats (32-byte aligned): the pre-scaled
 /// inputs, then the panel and the accumulators between K segments.
