@@ -379,65 +379,6 @@ void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
     out[t * out_ld] = FinishBf16(acc[t], w, x + t * x_ld, i, n);
 }
 
-namespace {
-/// DotI8Tokens (HostKernels.cpp) op for op, two of its accumulators a zmm:
-/// lanes 0-7 of a01 are its acc[0], 8-15 its acc[1] (weights 0-15 of a
-/// 32-block, widened as one vector), a23 likewise; the final sum
-/// (acc0 + acc1) + (acc2 + acc3) and the same horizontal sum.
-template <int T>
-void DotI8TokensAvx512(const int8_t *w, const uint16_t *scale, const float *x,
-                       uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
-  __m512 a01[T], a23[T];
-  for (int t = 0; t < T; ++t)
-    a01[t] = a23[t] = _mm512_setzero_ps();
-  for (uint64_t b = 0; b < n / kInt8Block; ++b) {
-    const int8_t *p = w + b * kInt8Block;
-    _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
-    const __m512 s = _mm512_set1_ps(_cvtsh_ss(scale[b]));
-    const __m512 wA =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                          reinterpret_cast<const __m128i *>(p)))),
-                      s);
-    const __m512 wB =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                          reinterpret_cast<const __m128i *>(p + 16)))),
-                      s);
-    for (int t = 0; t < T; ++t) {
-      const float *xt = x + t * x_ld + b * kInt8Block;
-      a01[t] = _mm512_fmadd_ps(wA, _mm512_loadu_ps(xt), a01[t]);
-      a23[t] = _mm512_fmadd_ps(wB, _mm512_loadu_ps(xt + 16), a23[t]);
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    const __m256 v =
-        _mm256_add_ps(_mm256_add_ps(_mm512_castps512_ps256(a01[t]),
-                                    _mm512_extractf32x8_ps(a01[t], 1)),
-                      _mm256_add_ps(_mm512_castps512_ps256(a23[t]),
-                                    _mm512_extractf32x8_ps(a23[t], 1)));
-    __m128 h =
-        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    out[t * out_ld] = _mm_cvtss_f32(h);
-  }
-}
-} // namespace
-
-void DotI8Avx512(const int8_t *w, const uint16_t *scale, const float *x,
-                 uint64_t x_ld, uint32_t tokens, uint64_t n, float *out,
-                 uint64_t out_ld) {
-  switch (tokens) {
-  case 4:
-    return DotI8TokensAvx512<4>(w, scale, x, x_ld, n, out, out_ld);
-  case 3:
-    return DotI8TokensAvx512<3>(w, scale, x, x_ld, n, out, out_ld);
-  case 2:
-    return DotI8TokensAvx512<2>(w, scale, x, x_ld, n, out, out_ld);
-  default:
-    return DotI8TokensAvx512<1>(w, scale, x, x_ld, n, out, out_ld);
-  }
-}
-
 bool HostHasAvx512() {
   static const bool has = [] {
     const char *isa = std::getenv("DUCK_HOST_ISA");

@@ -239,60 +239,108 @@ void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
 }
 } // namespace
 
-namespace {
-/// One int8 weight row against T tokens (T <= 3): each group of 8 weights
-/// is widened and scaled once for all of them; a token's sum has the same
-/// order whatever T is: four accumulators, group h of every 32-block into
-/// acc[h] (four chains, so one token is not held to one multiply-add per
-/// FMA latency), then (a0 + a1) + (a2 + a3).
-template <int T>
-void DotI8Tokens(const int8_t *w, const uint16_t *scale, const float *x,
-                 uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld) {
-  static_assert(T >= 1 && T <= 3, "4T accumulators and 3 temporaries");
-  __m256 acc[T][4];
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < 4; ++h)
-      acc[t][h] = _mm256_setzero_ps();
-  for (uint64_t b = 0; b < n / kInt8Block; ++b) {
-    const int8_t *p = w + b * kInt8Block;
-    _mm_prefetch(reinterpret_cast<const char *>(p) + 2048, _MM_HINT_T0);
-    const __m256 s = _mm256_set1_ps(_cvtsh_ss(scale[b]));
-    for (int h = 0; h < 4; ++h) {
-      const __m256 wv = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-              reinterpret_cast<const __m128i *>(p + 8 * h)))),
-          s);
-      for (int t = 0; t < T; ++t)
-        acc[t][h] = _mm256_fmadd_ps(
-            wv, _mm256_loadu_ps(x + t * x_ld + b * kInt8Block + 8 * h),
-            acc[t][h]);
-    }
+float QuantizeX16(const float *x, uint64_t n, int16_t *q) {
+  float amax = 0.0f;
+  for (uint64_t i = 0; i < n; ++i)
+    amax = std::max(amax, std::fabs(x[i]));
+  if (!(amax > 0.0f) || !std::isfinite(amax)) {
+    std::fill_n(q, n, (int16_t)0);
+    return amax > 0.0f ? amax : 0.0f; // a non-finite input stays visible
   }
-  for (int t = 0; t < T; ++t)
-    out[t * out_ld] = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
-                                         _mm256_add_ps(acc[t][2], acc[t][3])));
+  const __m256 inv = _mm256_set1_ps(32767.0f / amax);
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // Round to nearest even, then pack with saturation (|x * inv| <= 32767
+    // up to rounding, so nothing saturates but the extreme itself).
+    const __m256i a =
+        _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    const __m256i b =
+        _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), inv));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i *>(q + i),
+        _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+  }
+  for (; i < n; ++i)
+    q[i] = (int16_t)std::clamp(
+        _mm_cvtss_si32(_mm_set_ss(x[i] * (32767.0f / amax))), -32767, 32767);
+  return amax / 32767.0f;
 }
 
+namespace {
+/// One block's 32 products of int8 weights and int16 inputs, in 8 int32
+/// lanes (exact: |sum| <= 32 * 127 * 32767 < 2^31).
+inline __m256i BlockLanes(const int8_t *w, const int16_t *x) {
+  const __m256i w0 = _mm256_cvtepi8_epi16(
+      _mm_loadu_si128(reinterpret_cast<const __m128i *>(w)));
+  const __m256i w1 = _mm256_cvtepi8_epi16(
+      _mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 16)));
+  return _mm256_add_epi32(
+      _mm256_madd_epi16(
+          w0, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x))),
+      _mm256_madd_epi16(
+          w1, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 16))));
+}
+
+/// The sums of up to 8 consecutive blocks, block j's in lane j (0 past nb).
+inline __m256i EightBlockSums(const int8_t *w, const int16_t *x, uint64_t nb) {
+  __m256i s[8];
+  for (uint64_t j = 0; j < 8; ++j)
+    s[j] = j < nb ? BlockLanes(w + 32 * j, x + 32 * j) : _mm256_setzero_si256();
+  const __m256i t0 = _mm256_hadd_epi32(s[0], s[1]);
+  const __m256i t1 = _mm256_hadd_epi32(s[2], s[3]);
+  const __m256i t2 = _mm256_hadd_epi32(s[4], s[5]);
+  const __m256i t3 = _mm256_hadd_epi32(s[6], s[7]);
+  // u0: blocks 0-3's sums of lanes 0-3 in its low half, of lanes 4-7 in
+  // its high half; u1 the same for blocks 4-7.
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
 } // namespace
 
-float DotI8Avx2(const int8_t *w, const uint16_t *scale, const float *x,
-                uint64_t n) {
-  float s;
-  DotI8Tokens<1>(w, scale, x, 0, n, &s, 0);
-  return s;
+float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
+               float sx, uint64_t n) {
+  const uint64_t blocks = n / kInt8Block;
+  __m256 acc = _mm256_setzero_ps();
+  for (uint64_t b = 0; b < blocks; b += 8) {
+    const uint64_t nb = std::min<uint64_t>(8, blocks - b);
+    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048,
+                 _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048 + 64,
+                 _MM_HINT_T0);
+    const __m256i sums = EightBlockSums(w + 32 * b, xq + 32 * b, nb);
+    alignas(16) uint16_t tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint16_t *sc = scale + b;
+    if (nb < 8) {
+      std::copy_n(sc, nb, tail);
+      sc = tail;
+    }
+    acc = _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(sums),
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sc))),
+        acc);
+  }
+  return hsum(acc) * sx;
 }
 
 namespace {
-float DotI8(const HostMatrix &w, uint64_t r, const float *x) {
-  float s;
-  if (HostHasAvx512()) {
-    DotI8Avx512(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x, 0,
-                1, w.cols, &s, 0);
-    return s;
-  }
-  DotI8Tokens<1>(w.i8 + r * w.cols, w.i8_scale + r * (w.cols / kInt8Block), x,
-                 0, w.cols, &s, 0);
-  return s;
+/// Rows [r0, r1) of an int8 matrix against n tokens (x_ld floats apart),
+/// each token's input rounded to int16 once here: a token's result is the
+/// same whichever rows, tokens or threads share the call.
+void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+              float *out, uint64_t out_ld, uint64_t r0, uint64_t r1) {
+  thread_local std::vector<int16_t> xq;
+  thread_local std::vector<float> sx;
+  xq.resize(n * w.cols);
+  sx.resize(n);
+  for (uint64_t t = 0; t < n; ++t)
+    sx[t] = QuantizeX16(x + t * x_ld, w.cols, xq.data() + t * w.cols);
+  const uint64_t blocks = w.cols / kInt8Block;
+  for (uint64_t r = r0; r < r1; ++r)
+    for (uint64_t t = 0; t < n; ++t)
+      out[t * out_ld + (r - r0)] =
+          DotI8X16(w.i8 + r * w.cols, w.i8_scale + r * blocks,
+                   xq.data() + t * w.cols, sx[t], w.cols);
 }
 } // namespace
 
@@ -413,8 +461,8 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
     return;
   }
   if (w.i8) {
-    for (uint64_t r = r0; r < r1; ++r)
-      y[r] = DotI8(w, r, x);
+    if (r0 < r1)
+      Int8Rows(w, x, 0, 1, y + r0, 0, r0, r1);
     return;
   }
   if (w.bf16 && HostHasAvx512()) { // the same bits, fewer uops a weight
@@ -471,33 +519,6 @@ void Fp9Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
               (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols));
 }
 
-/// RowsProduct of an int8 matrix: three tokens a pass (four with
-/// AVX-512), each group of weights widened once for them.
-void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
-              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
-  const uint64_t blocks = w.cols / kInt8Block;
-  for (uint64_t r = b; r < e; ++r) {
-    const int8_t *row = w.i8 + r * w.cols;
-    const uint16_t *scale = w.i8_scale + r * blocks;
-    float *o = out + (r - b);
-    if (HostHasAvx512()) {
-      for (uint64_t t = 0; t < n; t += 4)
-        DotI8Avx512(row, scale, x + t * x_ld, x_ld,
-                    (uint32_t)std::min<uint64_t>(4, n - t), w.cols,
-                    o + t * out_ld, out_ld);
-      continue;
-    }
-    uint64_t t = 0;
-    for (; t + 3 <= n; t += 3)
-      DotI8Tokens<3>(row, scale, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
-                     out_ld);
-    if (n - t == 2)
-      DotI8Tokens<2>(row, scale, x + t * x_ld, x_ld, w.cols, o + t * out_ld,
-                     out_ld);
-    else if (n - t == 1)
-      o[t * out_ld] = DotI8(w, r, x + t * x_ld);
-  }
-}
 } // namespace
 
 void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,

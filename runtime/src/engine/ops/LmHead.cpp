@@ -18,9 +18,13 @@ namespace {
 ///
 /// The bound: a weight is q * s with |q * s - w| <= s / 2 (s its block's
 /// scale, q clamped only when the half-rounded scale is below amax / 127,
-/// by under 0.1 s), so |logit8 - logit| <= max_s(row) / 2 * sum |x|, plus
-/// both products' fp32 rounding (2 * hidden * 2^-24 * sum |w x|, with
-/// |w| <= 127.5 s), held by the margin factor.
+/// by under 0.1 s), so the weights' part of |logit8 - logit| is at most
+/// max_s(row) / 2 * sum |x|, with a margin factor for the exact product's
+/// fp32 rounding (2 * hidden * 2^-24 * sum |w x|, |w| <= 127.5 s). The
+/// int8 head multiplies int16 inputs (QuantizeX16: |x - x16| <= 0.51 sx,
+/// sx = max|x| / 32767), which adds at most 0.51 sx * sum |q s| over the
+/// row, and its fp32 sum of the blocks' exact integer sums rounds by at
+/// most (blocks / 8 + 8) * 2^-24 * max|x| * sum |q s|.
 class ExactTop {
 public:
   ExactTop(HostMatrix exact, const HostMatrix &q8) : exact_(std::move(exact)) {
@@ -28,25 +32,42 @@ public:
     const double margin =
         1.01 + 2.0 * (double)q8.cols * std::ldexp(1.0, -24) * 255.0;
     half_step_.resize(q8.rows);
+    l1w_.resize(q8.rows);
     for (uint64_t r = 0; r < q8.rows; ++r) {
       float s = 0;
-      for (uint64_t b = 0; b < blocks; ++b)
-        s = std::max(s, duck_f16_to_f32(q8.i8_scale[r * blocks + b]));
+      double l1 = 0;
+      for (uint64_t b = 0; b < blocks; ++b) {
+        const float sb = duck_f16_to_f32(q8.i8_scale[r * blocks + b]);
+        s = std::max(s, sb);
+        uint32_t q = 0;
+        for (uint64_t i = 0; i < kInt8Block; ++i)
+          q += (uint32_t)std::abs((int)q8.i8[r * q8.cols + b * kInt8Block + i]);
+        l1 += (double)sb * q;
+      }
       half_step_[r] = (float)(0.5 * s * margin);
+      l1w_[r] = (float)(l1 * (1.0 + 1e-6));
     }
+    round_ = (double)(blocks / 8 + 8) * std::ldexp(1.0, -24);
   }
   /// Recomputes y's candidate rows exactly; returns how many.
   uint64_t Refine(const float *x, float *y) const {
-    float l1 = 0;
-    for (uint64_t i = 0; i < exact_.cols; ++i)
+    float l1 = 0, amax = 0;
+    for (uint64_t i = 0; i < exact_.cols; ++i) {
       l1 += std::fabs(x[i]);
+      amax = std::max(amax, std::fabs(x[i]));
+    }
     l1 *= 1.0f + 1e-5f; // the sum's own rounding
+    // The inputs' rounding to int16 and the blocks' fp32 sum, a unit of
+    // sum |q s|.
+    const float xr =
+        (float)((0.51 / 32767.0 + round_) * (double)amax * (1.0 + 1e-6));
+    auto bound = [&](uint64_t r) { return half_step_[r] * l1 + l1w_[r] * xr; };
     float floor = -INFINITY;
     for (uint64_t r = 0; r < exact_.rows; ++r)
-      floor = std::max(floor, y[r] - half_step_[r] * l1);
+      floor = std::max(floor, y[r] - bound(r));
     uint64_t n = 0;
     for (uint64_t r = 0; r < exact_.rows; ++r)
-      if (y[r] + half_step_[r] * l1 >= floor) {
+      if (y[r] + bound(r) >= floor) {
         MatVecRows(exact_, x, y, r, r + 1);
         ++n;
       }
@@ -56,6 +77,8 @@ public:
 private:
   HostMatrix exact_;
   std::vector<float> half_step_; // max scale / 2 a row, times the margin
+  std::vector<float> l1w_;       // sum |q s| a row
+  double round_ = 0;
 };
 
 class LmHead final : public HostOp {

@@ -227,15 +227,22 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
     for (auto &v : x)
       v = d(rng);
     MatVec(pool, m, x.data(), y.data());
+    float amax = 0;
+    for (float v : x)
+      amax = std::max(amax, std::fabs(v));
     for (uint64_t r = 0; r < rows; ++r) {
-      double exact = 0, mag = 0;
+      // The quantised weights' exact product with x; the int16 inputs move
+      // it by at most 0.51 of their step a unit of sum |w|.
+      double exact = 0, mag = 0, l1w = 0;
       for (uint64_t c = 0; c < cols; ++c) {
         const double w = (double)m.i8[r * cols + c] *
                          duck_f16_to_f32(m.i8_scale[r * cols / 32 + c / 32]);
         exact += w * x[c];
         mag += std::fabs(w * x[c]);
+        l1w += std::fabs(w);
       }
-      ASSERT_NEAR(y[r], exact, 1e-5 * mag) << "row " << r;
+      ASSERT_NEAR(y[r], exact, 1e-5 * mag + 0.51 * amax / 32767.0 * l1w)
+          << "row " << r;
     }
     for (uint64_t n : {1u, 2u, 3u, 4u, 5u, 8u, 9u}) {
       std::vector<float> xs(n * cols), ys(n * rows), one(rows);
@@ -251,37 +258,52 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
   }
 }
 
-// The AVX-512 int8 dot products keep the AVX2 kernel's bits: 1 to 4
-// tokens against one row, every token's sum as the one-token AVX2 dot's.
-TEST(HostKernels, Int8Avx512HasTheAvx2Bits) {
-  if (!HostHasAvx512())
-    GTEST_SKIP() << "no AVX-512 on this host";
+// The int8 head's input rounding and dot: QuantizeX16 keeps every input
+// within 0.51 of its step of the largest, and DotI8X16 is the exact sum
+// of the quantised products up to the fp32 bound ExactTop uses, for row
+// lengths with and without a partial group of 8 blocks.
+TEST(HostKernels, Int8TimesInt16IsTheIntegerSumWithinItsBound) {
   std::mt19937 rng(17);
   std::normal_distribution<float> d(0.0f, 1.0f);
   std::uniform_int_distribution<int> q(-127, 127);
-  for (uint64_t n : {32u, 96u, 1024u, 2080u}) {
+  for (uint64_t n : {32u, 96u, 256u, 1024u, 2080u}) {
     std::vector<int8_t> w(n);
     std::vector<uint16_t> scale(n / kInt8Block);
     for (auto &v : w)
       v = (int8_t)q(rng);
     for (auto &v : scale)
       v = _cvtss_sh(std::fabs(d(rng)) * 0.01f + 1e-4f, 0);
-    const uint64_t ld = n + 8; // tokens not packed
-    std::vector<float> x(4 * ld);
+    std::vector<float> x(n);
     for (auto &v : x)
       v = d(rng);
-    for (uint32_t tokens = 1; tokens <= 4; ++tokens) {
-      std::vector<float> out(2 * tokens, -1.0f);
-      DotI8Avx512(w.data(), scale.data(), x.data(), ld, tokens, n, out.data(),
-                  2);
-      for (uint32_t t = 0; t < tokens; ++t) {
-        const float want =
-            DotI8Avx2(w.data(), scale.data(), x.data() + t * ld, n);
-        ASSERT_EQ(0, std::memcmp(&want, &out[2 * t], 4))
-            << n << " weights, " << tokens << " tokens, token " << t << ": "
-            << want << " against " << out[2 * t];
+    x[n / 2] = 7.5f; // the largest input: q = 32767
+    std::vector<int16_t> xq(n);
+    const float sx = QuantizeX16(x.data(), n, xq.data());
+    ASSERT_FLOAT_EQ(sx, 7.5f / 32767.0f);
+    EXPECT_EQ(xq[n / 2], 32767);
+    for (uint64_t i = 0; i < n; ++i)
+      ASSERT_LE(std::fabs(x[i] - sx * xq[i]), 0.51f * sx) << "input " << i;
+    // The exact value of what the kernel computes, and the bound.
+    double exact = 0, mag = 0;
+    for (uint64_t b = 0; b < n / kInt8Block; ++b) {
+      int64_t isum = 0, iabs = 0;
+      for (uint64_t i = b * kInt8Block; i < (b + 1) * kInt8Block; ++i) {
+        isum += (int64_t)w[i] * xq[i];
+        iabs += std::abs((int64_t)w[i] * xq[i]);
       }
+      exact += (double)duck_f16_to_f32(scale[b]) * isum;
+      mag += (double)duck_f16_to_f32(scale[b]) * iabs;
     }
+    exact *= sx;
+    mag *= sx;
+    const double bound =
+        (double)(n / kInt8Block / 8 + 8) * std::ldexp(1.0, -24) * mag;
+    const float got = DotI8X16(w.data(), scale.data(), xq.data(), sx, n);
+    ASSERT_LE(std::fabs(got - exact), bound) << n << " weights";
+    // A zero input gives zero.
+    std::vector<float> zero(n, 0.0f);
+    EXPECT_EQ(QuantizeX16(zero.data(), n, xq.data()), 0.0f);
+    EXPECT_EQ(DotI8X16(w.data(), scale.data(), xq.data(), 0.0f, n), 0.0f);
   }
 }
 

@@ -174,16 +174,18 @@ float DotBf16(const uint16_t *w, const float *x, uint64_t n);
 float DotBf16Avx512(const uint16_t *w, const float *x, uint64_t n);
 void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
                      uint64_t n, float *out, uint64_t out_ld);
-/// One int8 row (n weights, a multiple of kInt8Block, a half scale a
-/// block) against one token with AVX2: what the host runs without AVX-512.
-float DotI8Avx2(const int8_t *w, const uint16_t *scale, const float *x,
-                uint64_t n);
-/// One int8 row (n weights, a half scale each kInt8Block) against 1 to 4
-/// tokens (x_ld floats apart) with AVX-512: the AVX2 kernel's bits, a
-/// token's sum the same whatever `tokens` is.
-void DotI8Avx512(const int8_t *w, const uint16_t *scale, const float *x,
-                 uint64_t x_ld, uint32_t tokens, uint64_t n, float *out,
-                 uint64_t out_ld);
+/// The int8 head's input: x rounded to int16 with one scale, returned:
+/// max|x| / 32767 (q = round-to-nearest-even(x * 32767 / max|x|), so
+/// |x - scale * q| <= 0.51 * scale). A zero input gives scale 0.
+float QuantizeX16(const float *x, uint64_t n, int16_t *q);
+/// One int8 row (n weights, a multiple of kInt8Block, an IEEE-half scale a
+/// block) against a QuantizeX16 input: each block's 32 products summed
+/// exactly in integers (vpmaddwd), then sx * sum over blocks of scale *
+/// block sum in fp32 (8 lanes, blocks b, b + 8, ... in lane b % 8): about 8
+/// vector operations a block where widening, scaling and multiply-adding
+/// in fp32 took 16-20.
+float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
+               float sx, uint64_t n);
 
 /// Bytes of the matrix as the kernels read it (fp9 planes and scales,
 /// bf16 or fp32).
