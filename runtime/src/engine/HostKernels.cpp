@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <pthread.h>
 #include <sched.h>
@@ -241,11 +242,16 @@ void DotBf16Tokens(const uint16_t *w, const float *x, uint64_t x_ld,
 
 float QuantizeX16(const float *x, uint64_t n, int16_t *q) {
   float amax = 0.0f;
-  for (uint64_t i = 0; i < n; ++i)
+  bool finite = true;
+  for (uint64_t i = 0; i < n; ++i) {
     amax = std::max(amax, std::fabs(x[i]));
-  if (!(amax > 0.0f) || !std::isfinite(amax)) {
+    finite &= std::isfinite(x[i]);
+  }
+  if (!finite || amax == 0.0f) {
     std::fill_n(q, n, (int16_t)0);
-    return amax > 0.0f ? amax : 0.0f; // a non-finite input stays visible
+    // A NaN or infinite input makes every logit NaN, as the fp32 product
+    // would: it must stay visible.
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const __m256 inv = _mm256_set1_ps(32767.0f / amax);
   uint64_t i = 0;

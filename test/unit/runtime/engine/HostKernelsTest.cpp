@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -300,10 +301,18 @@ TEST(HostKernels, Int8TimesInt16IsTheIntegerSumWithinItsBound) {
         (double)(n / kInt8Block / 8 + 8) * std::ldexp(1.0, -24) * mag;
     const float got = DotI8X16(w.data(), scale.data(), xq.data(), sx, n);
     ASSERT_LE(std::fabs(got - exact), bound) << n << " weights";
-    // A zero input gives zero.
+    // A zero input gives zero; a NaN or an infinity, NaN.
     std::vector<float> zero(n, 0.0f);
     EXPECT_EQ(QuantizeX16(zero.data(), n, xq.data()), 0.0f);
     EXPECT_EQ(DotI8X16(w.data(), scale.data(), xq.data(), 0.0f, n), 0.0f);
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity()}) {
+      x[n - 1] = bad;
+      const float sbad = QuantizeX16(x.data(), n, xq.data());
+      EXPECT_TRUE(
+          std::isnan(DotI8X16(w.data(), scale.data(), xq.data(), sbad, n)))
+          << bad;
+    }
   }
 }
 

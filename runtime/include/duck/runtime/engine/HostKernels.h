@@ -176,7 +176,8 @@ void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
                      uint64_t n, float *out, uint64_t out_ld);
 /// The int8 head's input: x rounded to int16 with one scale, returned:
 /// max|x| / 32767 (q = round-to-nearest-even(x * 32767 / max|x|), so
-/// |x - scale * q| <= 0.51 * scale). A zero input gives scale 0.
+/// |x - scale * q| <= 0.51 * scale). A zero input gives scale 0, one with
+/// a NaN or an infinity a NaN scale (so the logits are NaN, as in fp32).
 float QuantizeX16(const float *x, uint64_t n, int16_t *q);
 /// One int8 row (n weights, a multiple of kInt8Block, an IEEE-half scale a
 /// block) against a QuantizeX16 input: each block's 32 products summed
@@ -210,7 +211,7 @@ void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
 /// From this many tokens on, an AVX-512 host runs the panel GEMM below;
 /// under it, Fp9GemmAvx512's tiles of up to 8 tokens, each chunk decoded
 /// in registers once a tile (`duck-bench host`: 4 rows in 0.6x the
-/// panel's time, 16 rows in 0.9x, on a Zen 5 with two 512-bit FMA units).
+/// panel's time, 16 rows in 0.9x, on the Zen 5 VM of docs/perf.md).
 constexpr uint32_t kFp9Avx512PanelMinTokens = 17;
 /// duck_gemm's panel GEMM with AVX-512: the panel decoded as above, its
 /// multiply-adds 512 bits wide (twice the AVX2 kernel's on CPUs with two
