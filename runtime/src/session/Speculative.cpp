@@ -68,23 +68,54 @@ absl::StatusOr<std::vector<int32_t>> ReadTokenIds(const std::string &path) {
 }
 
 namespace {
-/// The tokens after the latest occurrence of `tail` in `hay` that ends
-/// before `limit` (so the tail itself is not its own match) and has k
-/// tokens after it, else after the occurrence with the most.
+/// The tokens after `tail` in `hay`, among its occurrences that end before
+/// `limit` (so the tail itself is not its own match): of those with k
+/// tokens after them, the k tokens that follow most often (the latest on
+/// a tie, counting the latest kMaxVotes occurrences), as llama.cpp's n-gram
+/// caches draft the most frequent continuation; else those after the
+/// occurrence with the most.
 bool Follow(absl::Span<const int32_t> hay, size_t limit,
             absl::Span<const int32_t> tail, uint32_t k,
             std::vector<int32_t> *out) {
+  constexpr uint32_t kMaxVotes = 64;
+  struct Vote {
+    size_t end;
+    uint32_t count;
+  };
+  std::vector<Vote> votes; // distinct continuations, latest first
+  uint32_t cast = 0;
   const size_t n = tail.size();
   size_t best = 0, bestEnd = 0;
-  for (size_t end = std::min(limit, hay.size()); end >= n && end > 0; --end) {
+  for (size_t end = std::min(limit, hay.size());
+       end >= n && end > 0 && cast < kMaxVotes; --end) {
     const size_t take = std::min<size_t>(k, hay.size() - end);
-    if (take <= best ||
+    if (take == 0 ||
         !std::equal(tail.begin(), tail.end(), hay.begin() + (end - n)))
       continue;
-    best = take;
-    bestEnd = end;
-    if (take == k)
-      break;
+    if (take < k) {
+      if (votes.empty() && take > best)
+        best = take, bestEnd = end;
+      continue;
+    }
+    ++cast;
+    auto same = [&](const Vote &v) {
+      return std::equal(hay.begin() + v.end, hay.begin() + v.end + k,
+                        hay.begin() + end);
+    };
+    auto it = std::find_if(votes.begin(), votes.end(), same);
+    if (it != votes.end())
+      ++it->count;
+    else
+      votes.push_back({end, 1});
+  }
+  if (!votes.empty()) {
+    // The first of the most counted: the latest on a tie.
+    const Vote *top = &votes[0];
+    for (const Vote &v : votes)
+      if (v.count > top->count)
+        top = &v;
+    best = k;
+    bestEnd = top->end;
   }
   if (best == 0)
     return false;
@@ -132,10 +163,15 @@ void DraftBudget::Record(uint32_t proposed, uint32_t accepted) {
     pause_len_ = 4;
   } else if (accepted > 0) {
     k_ = std::min(max_, accepted + 1);
+  } else if (proposed > 1) {
+    // None of several accepted: one draft next step (two rows, little more
+    // than one), which tells a turn the drafts missed (the text left the
+    // corpus's path at the first draft) from drafts that are wrong.
+    k_ = 1;
   } else {
-    // None accepted: fewer next time, and none for a while, so that drafts
-    // that are always wrong cost a few steps in a hundred.
-    k_ = std::max(1u, k_ / 2);
+    // A single draft rejected too: none for a while, so that drafts that
+    // are always wrong cost a few steps in a hundred.
+    k_ = 1;
     pause_ = pause_len_;
     pause_len_ = std::min(64u, pause_len_ * 2);
   }

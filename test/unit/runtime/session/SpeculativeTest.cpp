@@ -25,6 +25,21 @@ TEST(LookupDrafterTest, TheTextFirstThenTheCorpusLongestNgramFirst) {
   EXPECT_EQ(longer.Propose(V{3, 4, 60, 61, 2, 3, 4}, 2), (V{50, 51}));
 }
 
+TEST(LookupDrafterTest, TheContinuationThatFollowsMostOftenWins) {
+  // "4 4" is followed by "4 4" three times and by "9 9" once, the latest
+  // time: the most frequent continuation, not the latest.
+  LookupDrafter corpus(V{4, 4, 4, 4, 4, 4, 9, 9});
+  EXPECT_EQ(corpus.Propose(V{1, 4, 4}, 2), (V{4, 4}));
+  // A tie goes to the latest occurrence.
+  LookupDrafter tie(V{5, 6, 1, 2, 5, 6, 3, 4});
+  EXPECT_EQ(tie.Propose(V{0, 5, 6}, 2), (V{3, 4}));
+  // Counting stays within one n-gram's occurrences: "5 6" after "8" once
+  // beats the shorter tail's votes (the longest n-gram first).
+  LookupDrafter longer(V{8, 5, 6, 7, 7, 5, 6, 1, 1, 5, 6, 1, 1});
+  EXPECT_EQ(longer.Propose(V{8, 5, 6}, 2), (V{7, 7}));
+  EXPECT_EQ(longer.Propose(V{0, 5, 6}, 2), (V{1, 1}));
+}
+
 TEST(LookupDrafterTest, AnOccurrenceWithKTokensAfterItBeatsALaterOne) {
   LookupDrafter none({});
   // 7 7 7 7 7: the latest "7 7" has one 7 after it, an earlier one three.
@@ -40,7 +55,9 @@ TEST(DraftBudgetTest, GrowsWhenAcceptedBacksOffAndPausesWhenNot) {
   EXPECT_EQ(b.Next(), 2u);
   b.Record(2, 2); // all: one more
   EXPECT_EQ(b.Next(), 3u);
-  b.Record(3, 0); // none: a pause of 4 steps, then half
+  b.Record(3, 0); // none of several: one draft next, no pause
+  EXPECT_EQ(b.Next(), 1u);
+  b.Record(1, 0); // that one too: a pause of 4 steps, then one
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(b.Next(), 0u) << i;
   EXPECT_EQ(b.Next(), 1u);
@@ -53,6 +70,8 @@ TEST(DraftBudgetTest, GrowsWhenAcceptedBacksOffAndPausesWhenNot) {
   b.Record(1, 1); // all accepted: one more, and the pause is 4 again
   EXPECT_EQ(b.Next(), 2u);
   b.Record(2, 0);
+  EXPECT_EQ(b.Next(), 1u);
+  b.Record(1, 0); // the pause is 4 again
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(b.Next(), 0u) << i;
   EXPECT_EQ(b.Next(), 1u);
@@ -60,7 +79,8 @@ TEST(DraftBudgetTest, GrowsWhenAcceptedBacksOffAndPausesWhenNot) {
 
 TEST(DraftBudgetTest, AlwaysWrongDraftsCostFewSteps) {
   // Drafts never accepted, 3 a step at first: of 128 tokens' steps, the
-  // ones that carry drafts (steps 1, 6, 15, 32, 65 and then every 65th).
+  // ones that carry drafts (steps 1, 2 (one draft), 7, 16, 33, 66 and then
+  // every 65th).
   DraftBudget b(3);
   std::vector<int> drafted;
   for (int step = 1; step <= 128; ++step)
@@ -68,7 +88,7 @@ TEST(DraftBudgetTest, AlwaysWrongDraftsCostFewSteps) {
       drafted.push_back(step);
       b.Record(k, 0);
     }
-  EXPECT_EQ(drafted, (std::vector<int>{1, 6, 15, 32, 65}));
+  EXPECT_EQ(drafted, (std::vector<int>{1, 2, 7, 16, 33, 66}));
 }
 
 TEST(ParseSpeculativeTest, ValuesAndErrors) {

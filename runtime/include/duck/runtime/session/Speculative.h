@@ -9,11 +9,11 @@
 // greedy and for a temperature and seed alike. The rejected positions are
 // rewound (Engine::Rewind).
 //
-// Drafts come from lookup (prompt-lookup decoding): the longest recent
-// n-gram that ends the text so far, found earlier in the text or in a
-// static corpus of token ids (--lookup-corpus), and the tokens that
-// followed it there. A DraftBudget keeps the draft length where drafts are
-// accepted and backs off where they are not.
+// Drafts come from lookup (prompt-lookup decoding): the longest n-gram
+// that ends the text so far, found earlier in the text or in a static
+// corpus of token ids (--lookup-corpus), and the tokens that most often
+// followed it there (the latest on a tie). A DraftBudget keeps the draft length
+// where drafts are accepted and backs off where they are not.
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_RUNTIME_SESSION_SPECULATIVE_H
 #define DUCK_RUNTIME_SESSION_SPECULATIVE_H
@@ -70,10 +70,11 @@ private:
 };
 
 /// How many drafts to ask for next: up to the maximum while they are
-/// accepted, one more than were accepted after a partial acceptance, and
-/// after a step that accepted none, none for a while (a pause of 4 steps
-/// that doubles each time, up to 64, and is 4 again once all drafts of a
-/// step are accepted), then half as many as before.
+/// accepted, one more than were accepted after a partial acceptance; after
+/// a step of several drafts that accepted none, one draft; after a single
+/// draft rejected, none for a while (a pause of 4 steps that doubles each
+/// time, up to 64, and is 4 again once all drafts of a step are accepted),
+/// then one.
 class DraftBudget {
 public:
   explicit DraftBudget(uint32_t max) : max_(max), k_(max) {}
