@@ -275,9 +275,10 @@ void exactRows(const duck_fp9_matrix *m, const float *xs,
                             xs, K);
 }
 
-/// One weight row against T tokens (a tile of up to DUCK_N_TILE): the row is decoded once and the sign flips the weight, so each
-/// token's sum has the same bits as duck_gemv's. xs holds the tokens'
-/// pre-scaled inputs k apart; y[t * y_ld] receives token t's result.
+/// One weight row against T tokens (1 or 2 here): the row is decoded once and
+/// the sign flips the weight, so each token's sum has the same bits as
+/// duck_gemv's. xs holds the tokens' pre-scaled inputs k apart; y[t * y_ld]
+/// receives token t's result.
 template <int T>
 inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
                     uint32_t k, float *y, uint32_t y_ld) {

@@ -330,24 +330,40 @@ float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
 }
 
 namespace {
-/// Rows [r0, r1) of an int8 matrix against n tokens (x_ld floats apart),
-/// each token's input rounded to int16 once here: a token's result is the
-/// same whichever rows, tokens or threads share the call.
-void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
-              float *out, uint64_t out_ld, uint64_t r0, uint64_t r1) {
-  thread_local std::vector<int16_t> xq;
-  thread_local std::vector<float> sx;
-  xq.resize(n * w.cols);
-  sx.resize(n);
-  for (uint64_t t = 0; t < n; ++t)
-    sx[t] = QuantizeX16(x + t * x_ld, w.cols, xq.data() + t * w.cols);
-  const uint64_t blocks = w.cols / kInt8Block;
+/// n tokens' inputs (x_ld floats apart) rounded to int16 for an int8
+/// matrix of `cols` columns, token t's at q + t * cols with scale s[t].
+struct X16 {
+  std::vector<int16_t> q;
+  std::vector<float> s;
+  void Set(const float *x, uint64_t x_ld, uint64_t n, uint64_t cols) {
+    q.resize(n * cols);
+    s.resize(n);
+    for (uint64_t t = 0; t < n; ++t)
+      s[t] = QuantizeX16(x + t * x_ld, cols, q.data() + t * cols);
+  }
+};
+
+/// Rows [r0, r1) of an int8 matrix against the tokens of `in`: a token's
+/// result is the same whichever rows, tokens or threads share the call.
+void Int8Rows(const HostMatrix &w, const X16 &in, float *out, uint64_t out_ld,
+              uint64_t r0, uint64_t r1) {
+  const uint64_t blocks = w.cols / kInt8Block, n = in.s.size();
   for (uint64_t r = r0; r < r1; ++r)
     for (uint64_t t = 0; t < n; ++t)
       out[t * out_ld + (r - r0)] =
           DotI8X16(w.i8 + r * w.cols, w.i8_scale + r * blocks,
-                   xq.data() + t * w.cols, sx[t], w.cols);
+                   in.q.data() + t * w.cols, in.s[t], w.cols);
 }
+
+/// The same from float inputs, rounded here (the callers that hand over
+/// a range of rows; MatVec and MatMul round once for all their threads).
+void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+              float *out, uint64_t out_ld, uint64_t r0, uint64_t r1) {
+  thread_local X16 in;
+  in.Set(x, x_ld, n, w.cols);
+  Int8Rows(w, in, out, out_ld, r0, r1);
+}
+
 } // namespace
 
 HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
@@ -358,10 +374,12 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
   const uint64_t blocks = cols / kInt8Block;
   m.i8_store.resize(rows * cols);
   m.i8_scale_store.resize(rows * blocks);
+  m.i8_l1.resize(rows);
   pool.ParallelFor(rows, [&](uint64_t b, uint64_t e) {
     std::vector<float> buf(cols);
     for (uint64_t r = b; r < e; ++r) {
       row(r, buf.data());
+      double l1 = 0;
       for (uint64_t k = 0; k < blocks; ++k) {
         const float *v = buf.data() + k * kInt8Block;
         float amax = 0.0f;
@@ -372,10 +390,15 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
         const float scale = _cvtsh_ss(half);
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
         int8_t *q = m.i8_store.data() + r * cols + k * kInt8Block;
-        for (uint64_t i = 0; i < kInt8Block; ++i)
+        uint32_t qsum = 0;
+        for (uint64_t i = 0; i < kInt8Block; ++i) {
           q[i] = (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
+          qsum += (uint32_t)std::abs((int)q[i]);
+        }
         m.i8_scale_store[r * blocks + k] = half;
+        l1 += (double)scale * qsum;
       }
+      m.i8_l1[r] = (float)l1;
     }
   });
   m.i8 = m.i8_store.data();
@@ -481,7 +504,26 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                   : DotF32(w.f32 + r * w.cols, x, w.cols);
 }
 
+namespace {
+/// MatVec and MatMul of an int8 matrix: the inputs rounded once, the rows
+/// split over the pool.
+void Int8Product(ThreadPool &pool, const HostMatrix &w, const float *x,
+                 uint64_t n, float *y) {
+  thread_local X16 buffer;
+  // The caller's buffer, by reference: inside the lambda a thread_local
+  // name would be each worker's own.
+  const X16 &in = buffer;
+  buffer.Set(x, w.cols, n, w.cols);
+  pool.ParallelFor(
+      w.rows,
+      [&](uint64_t b, uint64_t e) { Int8Rows(w, in, y + b, w.rows, b, e); },
+      kRowAlign);
+}
+} // namespace
+
 void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
+  if (w.i8)
+    return Int8Product(pool, w, x, 1, y);
   if (w.rows * w.cols < (1u << 16)) {
     MatVecRows(w, x, y, 0, w.rows);
     return;
@@ -566,6 +608,8 @@ static void ProductRows(const HostMatrix &w, const float *x, uint64_t n,
 
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y) {
+  if (w.i8)
+    return Int8Product(pool, w, x, n, y);
   MatMulMany(pool, x, n, {{&w, y}});
 }
 

@@ -35,17 +35,10 @@ public:
     l1w_.resize(q8.rows);
     for (uint64_t r = 0; r < q8.rows; ++r) {
       float s = 0;
-      double l1 = 0;
-      for (uint64_t b = 0; b < blocks; ++b) {
-        const float sb = duck_f16_to_f32(q8.i8_scale[r * blocks + b]);
-        s = std::max(s, sb);
-        uint32_t q = 0;
-        for (uint64_t i = 0; i < kInt8Block; ++i)
-          q += (uint32_t)std::abs((int)q8.i8[r * q8.cols + b * kInt8Block + i]);
-        l1 += (double)sb * q;
-      }
+      for (uint64_t b = 0; b < blocks; ++b)
+        s = std::max(s, duck_f16_to_f32(q8.i8_scale[r * blocks + b]));
       half_step_[r] = (float)(0.5 * s * margin);
-      l1w_[r] = (float)(l1 * (1.0 + 1e-6));
+      l1w_[r] = (float)(q8.i8_l1[r] * (1.0 + 1e-6));
     }
     round_ = (double)(blocks / 8 + 8) * std::ldexp(1.0, -24);
   }

@@ -259,6 +259,36 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
   }
 }
 
+// MatVec and MatMul of an int8 matrix large enough to split over the
+// pool's threads: every row is the one-row dot of the rounded input.
+TEST(HostKernels, Int8ProductsOverThreadsAreTheRowDots) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint64_t rows = 1000, cols = 256;
+  ThreadPool pool(2);
+  HostMatrix m = QuantizeInt8(pool, rows, cols, [&](uint64_t, float *b) {
+    for (uint64_t c = 0; c < cols; ++c)
+      b[c] = d(rng);
+  });
+  std::vector<float> x(3 * cols), y(3 * rows);
+  for (auto &v : x)
+    v = d(rng);
+  MatMul(pool, m, x.data(), 3, y.data());
+  std::vector<float> one(rows);
+  std::vector<int16_t> q(cols);
+  for (uint64_t t = 0; t < 3; ++t) {
+    const float sx = QuantizeX16(x.data() + t * cols, cols, q.data());
+    MatVec(pool, m, x.data() + t * cols, one.data());
+    for (uint64_t r = 0; r < rows; ++r) {
+      const float want = DotI8X16(m.i8 + r * cols, m.i8_scale + r * cols / 32,
+                                  q.data(), sx, cols);
+      ASSERT_EQ(want, one[r]) << "MatVec, token " << t << ", row " << r;
+      ASSERT_EQ(want, y[t * rows + r])
+          << "MatMul, token " << t << ", row " << r;
+    }
+  }
+}
+
 // The int8 head's input rounding and dot: QuantizeX16 keeps every input
 // within 0.51 of its step of the largest, and DotI8X16 is the exact sum
 // of the quantised products up to the fp32 bound ExactTop uses, for row

@@ -29,27 +29,22 @@ protected:
     runner_ = std::make_unique<FakeFfnRunner>(plan_->def().model()->hidden());
     vocab_ = plan_->def().model()->vocab();
   }
-  std::unique_ptr<Engine> Make(bool mtp = true) {
+  /// One sequence, or (two) two sequences with steps of up to 16 rows
+  /// (serving's MtpBatch).
+  std::unique_ptr<Engine> Make(bool mtp = true, bool two = false) {
     EngineOptions o;
     o.max_seq = 64;
     o.prefill_chunk = 8;
     o.mtp = mtp;
+    if (two) {
+      o.max_rows = 16;
+      o.max_seqs = 2;
+    }
     auto e = Engine::Create(*plan_, runner_.get(), o);
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
-  /// Two sequences, steps of up to 16 rows (serving's MtpBatch).
-  std::unique_ptr<Engine> MakeTwo() {
-    EngineOptions o;
-    o.max_seq = 64;
-    o.prefill_chunk = 8;
-    o.max_rows = 16;
-    o.max_seqs = 2;
-    o.mtp = true;
-    auto e = Engine::Create(*plan_, runner_.get(), o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(*e) : nullptr;
-  }
+  std::unique_ptr<Engine> MakeTwo() { return Make(true, true); }
   int32_t Token(uint32_t i) const { return (int32_t)((i * 37 + 11) % vocab_); }
   /// The prompt (9 tokens, two chunks) through `e`.
   void Prefill(Engine &e) {

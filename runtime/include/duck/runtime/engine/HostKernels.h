@@ -154,6 +154,8 @@ struct HostMatrix {
   const uint16_t *i8_scale = nullptr;
   HugePageVector<int8_t> i8_store;
   std::vector<uint16_t> i8_scale_store;
+  /// sum |q * scale| over each row (the int8 head's error bound).
+  std::vector<float> i8_l1;
 };
 
 /// Weights a scale of an int8 matrix (along a row).
