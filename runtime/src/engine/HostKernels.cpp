@@ -269,6 +269,7 @@ float QuantizeX16(const float *x, uint64_t n, int16_t *q) {
   for (; i < n; ++i)
     q[i] = (int16_t)std::clamp(
         _mm_cvtss_si32(_mm_set_ss(x[i] * (32767.0f / amax))), -32767, 32767);
+  Int8Interleave(q, n);
   return amax / 32767.0f;
 }
 
@@ -304,31 +305,6 @@ inline __m256i EightBlockSums(const int8_t *w, const int16_t *x, uint64_t nb) {
 }
 } // namespace
 
-float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
-               float sx, uint64_t n) {
-  const uint64_t blocks = n / kInt8Block;
-  __m256 acc = _mm256_setzero_ps();
-  for (uint64_t b = 0; b < blocks; b += 8) {
-    const uint64_t nb = std::min<uint64_t>(8, blocks - b);
-    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048,
-                 _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048 + 64,
-                 _MM_HINT_T0);
-    const __m256i sums = EightBlockSums(w + 32 * b, xq + 32 * b, nb);
-    alignas(16) uint16_t tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const uint16_t *sc = scale + b;
-    if (nb < 8) {
-      std::copy_n(sc, nb, tail);
-      sc = tail;
-    }
-    acc = _mm256_fmadd_ps(
-        _mm256_cvtepi32_ps(sums),
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sc))),
-        acc);
-  }
-  return hsum(acc) * sx;
-}
-
 namespace {
 /// n tokens' inputs (x_ld floats apart) rounded to int16 for an int8
 /// matrix of `cols` columns, token t's at q + t * cols with scale s[t].
@@ -343,16 +319,87 @@ struct X16 {
   }
 };
 
+/// The sums of the 8 blocks of a full group stored interleaved (see
+/// Int8Position), block j's in lane j, for T tokens (x_ld int16 apart):
+/// each 16 weights widened once, one vpmaddwd a token, no horizontal adds.
+template <int T>
+inline void GroupSums(const int8_t *w, const int16_t *x, uint64_t x_ld,
+                      __m256i *sums) {
+  for (int t = 0; t < T; ++t)
+    sums[t] = _mm256_setzero_si256();
+  for (int i = 0; i < 16; ++i) {
+    const __m256i wi = _mm256_cvtepi8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 16 * i)));
+    for (int t = 0; t < T; ++t)
+      sums[t] = _mm256_add_epi32(
+          sums[t],
+          _mm256_madd_epi16(wi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                                    x + t * x_ld + 16 * i))));
+  }
+}
+
+/// One int8 row against T tokens (T <= 4), each group's weights widened
+/// once for every token. A token's block sums are exact integers and are
+/// scaled and added in the same fp32 order whatever T is, so its result
+/// is the same bits in a step of one token or four.
+template <int T>
+void DotsI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
+               uint64_t x_ld, const float *sx, uint64_t n, float *out,
+               uint64_t out_ld) {
+  const uint64_t blocks = n / kInt8Block;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t)
+    acc[t] = _mm256_setzero_ps();
+  __m256i sums[T];
+  uint64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048,
+                 _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048 + 64,
+                 _MM_HINT_T0);
+    GroupSums<T>(w + 32 * b, xq + 32 * b, x_ld, sums);
+    const __m256 sc = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(scale + b)));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[t]), sc, acc[t]);
+  }
+  if (b < blocks) { // a last group of fewer than 8 blocks, in order
+    alignas(16) uint16_t tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::copy_n(scale + b, blocks - b, tail);
+    const __m256 sc = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(tail)));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(
+          _mm256_cvtepi32_ps(EightBlockSums(w + 32 * b, xq + t * x_ld + 32 * b,
+                                            blocks - b)),
+          sc, acc[t]);
+  }
+  for (int t = 0; t < T; ++t)
+    out[t * out_ld] = hsum(acc[t]) * sx[t];
+}
+
 /// Rows [r0, r1) of an int8 matrix against the tokens of `in`: a token's
 /// result is the same whichever rows, tokens or threads share the call.
 void Int8Rows(const HostMatrix &w, const X16 &in, float *out, uint64_t out_ld,
               uint64_t r0, uint64_t r1) {
   const uint64_t blocks = w.cols / kInt8Block, n = in.s.size();
-  for (uint64_t r = r0; r < r1; ++r)
-    for (uint64_t t = 0; t < n; ++t)
-      out[t * out_ld + (r - r0)] =
-          DotI8X16(w.i8 + r * w.cols, w.i8_scale + r * blocks,
-                   in.q.data() + t * w.cols, in.s[t], w.cols);
+  for (uint64_t r = r0; r < r1; ++r) {
+    const int8_t *row = w.i8 + r * w.cols;
+    const uint16_t *scale = w.i8_scale + r * blocks;
+    // Up to 4 tokens a pass over the row.
+    for (uint64_t t = 0; t < n; t += 4) {
+      const int16_t *x = in.q.data() + t * w.cols;
+      const float *s = in.s.data() + t;
+      float *o = out + (r - r0) + t * out_ld;
+      const uint64_t k = w.cols;
+      switch (std::min<uint64_t>(4, n - t)) {
+      case 1: DotsI8X16<1>(row, scale, x, k, s, k, o, out_ld); break;
+      case 2: DotsI8X16<2>(row, scale, x, k, s, k, o, out_ld); break;
+      case 3: DotsI8X16<3>(row, scale, x, k, s, k, o, out_ld); break;
+      default: DotsI8X16<4>(row, scale, x, k, s, k, o, out_ld);
+      }
+    }
+  }
 }
 
 /// The same from float inputs, rounded here (the callers that hand over
@@ -365,6 +412,22 @@ void Int8Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
 }
 
 } // namespace
+
+float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
+               float sx, uint64_t n) {
+  float out;
+  DotsI8X16<1>(w, scale, xq, 0, &sx, n, &out, 0);
+  return out;
+}
+
+void Int8Interleave(int16_t *v, uint64_t n) {
+  int16_t group[kInt8Group];
+  for (uint64_t g = 0; g + kInt8Group <= n; g += kInt8Group) {
+    std::copy_n(v + g, kInt8Group, group);
+    for (uint64_t c = 0; c < kInt8Group; ++c)
+      v[g + Int8Position(c, kInt8Group)] = group[c];
+  }
+}
 
 HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
                         const std::function<void(uint64_t, float *)> &row) {
@@ -389,11 +452,13 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
             _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
         const float scale = _cvtsh_ss(half);
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        int8_t *q = m.i8_store.data() + r * cols + k * kInt8Block;
+        int8_t *q = m.i8_store.data() + r * cols;
         uint32_t qsum = 0;
         for (uint64_t i = 0; i < kInt8Block; ++i) {
-          q[i] = (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
-          qsum += (uint32_t)std::abs((int)q[i]);
+          const int8_t qi =
+              (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
+          q[Int8Position(k * kInt8Block + i, cols)] = qi;
+          qsum += (uint32_t)std::abs((int)qi);
         }
         m.i8_scale_store[r * blocks + k] = half;
         l1 += (double)scale * qsum;

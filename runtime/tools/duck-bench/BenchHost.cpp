@@ -71,7 +71,8 @@ void PrintUsage(FILE *out) {
       "last-level cache and at least 1 GiB), against the streaming read\n"
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
-      "(q/k/v fused, o_proj, an fp9 LM head) and the default int8 head;\n"
+      "(q/k/v fused, o_proj, an fp9 LM head) and the default int8 head\n"
+      "(one row, and the 4 rows of a speculative verify step);\n"
       "the fp9 GEMM of 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
       "by the AVX2 duck_gemm and (where the CPU has it) by AVX-512: the\n"
@@ -188,10 +189,11 @@ struct Result {
 };
 
 /// duckc's default LM head of the 0.6B shape (int8, 151936 x 1024) as
-/// MatVec reads it: one matrix quantised once, its bytes copied to cycle
-/// through the cold set.
+/// MatVec reads it (or MatMul, for the `tokens` rows of a verify step):
+/// one matrix quantised once, its bytes copied to cycle through the cold
+/// set.
 Result BenchInt8Head(duck::runtime::ThreadPool &pool, uint64_t cold,
-                     uint32_t reps) {
+                     uint32_t reps, uint64_t tokens) {
   using duck::runtime::HostMatrix;
   const uint64_t rows = 151936, k = 1024,
                  blocks = k / duck::runtime::kInt8Block;
@@ -215,11 +217,18 @@ Result BenchInt8Head(duck::runtime::ThreadPool &pool, uint64_t cold,
     m[c].i8_scale =
         reinterpret_cast<const uint16_t *>(sc.data() + c * rows * blocks * 2);
   }
-  std::vector<float> x(k, 0.5f), y(rows);
+  std::vector<float> x(tokens * k, 0.5f), y(tokens * rows);
+  for (uint64_t i = 0; i < x.size(); ++i) // tokens that differ
+    x[i] = 0.5f - (float)(i % 97) * 0.01f;
   const double s = BestPerCall(copies, reps, [&](uint64_t c) {
-    duck::runtime::MatVec(pool, m[c], x.data(), y.data());
+    if (tokens == 1)
+      duck::runtime::MatVec(pool, m[c], x.data(), y.data());
+    else
+      duck::runtime::MatMul(pool, m[c], x.data(), tokens, y.data());
   });
-  return {"gemv int8 LM head 151936x1024 (0.6B, default)", (double)bytes, s, 0};
+  return {tokens == 1 ? "gemv int8 LM head 151936x1024 (0.6B, default)"
+                      : "int8 LM head 151936x1024, 4 rows (a verify step)",
+          (double)bytes, s, 0};
 }
 
 } // namespace
@@ -303,8 +312,10 @@ int duckBenchHost(int argc, char **argv) {
     });
     results.push_back({sh.what, (double)set.bytes, s, 0});
   }
-  if (o.gemv) // the default LM head: int8 with a half scale per 32 weights
-    results.push_back(BenchInt8Head(pool, cold, o.reps));
+  if (o.gemv) { // the default LM head: int8 with a half scale per 32 weights
+    results.push_back(BenchInt8Head(pool, cold, o.reps, 1));
+    results.push_back(BenchInt8Head(pool, cold, o.reps, 4));
+  }
   // The GEMM of a batched decode step: T rows through the q/k/v matrix
   // (4096 x 1024), the rows of the matrix split over the pool as the
   // runtime does (64-row chunks); the panel decoded by each decoder.

@@ -216,13 +216,13 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
     for (uint64_t r = 0; r < rows; ++r)
       for (uint64_t c = 0; c < cols; ++c) {
         const float scale = duck_f16_to_f32(m.i8_scale[r * cols / 32 + c / 32]);
-        const float q = m.i8[r * cols + c];
+        const float q = m.i8[r * cols + Int8Position(c, cols)];
         ASSERT_LE(std::fabs(q * scale - src[r * cols + c]), 0.5f * scale * 1.0001f)
             << "row " << r << ", col " << c;
         ASSERT_LE(std::fabs(q), 127.0f);
       }
     EXPECT_EQ(m.i8_scale[5 * cols / 32 + 2], 0u);
-    EXPECT_EQ(m.i8[7 * cols + 3], 127);
+    EXPECT_EQ(m.i8[7 * cols + Int8Position(3, cols)], 127);
 
     std::vector<float> x(cols), y(rows);
     for (auto &v : x)
@@ -236,7 +236,7 @@ TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
       // it by at most 0.51 of their step a unit of sum |w|.
       double exact = 0, mag = 0, l1w = 0;
       for (uint64_t c = 0; c < cols; ++c) {
-        const double w = (double)m.i8[r * cols + c] *
+        const double w = (double)m.i8[r * cols + Int8Position(c, cols)] *
                          duck_f16_to_f32(m.i8_scale[r * cols / 32 + c / 32]);
         exact += w * x[c];
         mag += std::fabs(w * x[c]);
@@ -289,6 +289,36 @@ TEST(HostKernels, Int8ProductsOverThreadsAreTheRowDots) {
   }
 }
 
+// The interleaved order of an int8 row is a permutation inside each full
+// group of 256 columns, pairs of a block's columns side by side, 8 blocks
+// a 16-value vector; a last partial group keeps its order.
+TEST(HostKernels, Int8PositionPermutesEachFullGroup) {
+  for (uint64_t n : {32u, 256u, 288u, 1024u, 2080u}) {
+    std::vector<int> seen(n, 0);
+    for (uint64_t c = 0; c < n; ++c) {
+      const uint64_t p = Int8Position(c, n);
+      ASSERT_LT(p, n);
+      ++seen[p];
+      ASSERT_EQ(p / kInt8Group, c / kInt8Group) << n << " col " << c;
+      if (c / kInt8Group * kInt8Group + kInt8Group > n) {
+        ASSERT_EQ(p, c);
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), (long)n);
+  }
+  EXPECT_EQ(Int8Position(0, 256), 0u);
+  EXPECT_EQ(Int8Position(1, 256), 1u);
+  EXPECT_EQ(Int8Position(32, 256), 2u);  // block 1's first column
+  EXPECT_EQ(Int8Position(2, 256), 16u);  // block 0's second pair
+  EXPECT_EQ(Int8Position(255, 256), 255u);
+  std::vector<int16_t> v(300);
+  for (uint64_t c = 0; c < v.size(); ++c)
+    v[c] = (int16_t)c;
+  Int8Interleave(v.data(), v.size());
+  for (uint64_t c = 0; c < v.size(); ++c)
+    ASSERT_EQ(v[Int8Position(c, v.size())], (int16_t)c);
+}
+
 // The int8 head's input rounding and dot: QuantizeX16 keeps every input
 // within 0.51 of its step of the largest, and DotI8X16 is the exact sum
 // of the quantised products up to the fp32 bound ExactTop uses, for row
@@ -311,16 +341,18 @@ TEST(HostKernels, Int8TimesInt16IsTheIntegerSumWithinItsBound) {
     std::vector<int16_t> xq(n);
     const float sx = QuantizeX16(x.data(), n, xq.data());
     ASSERT_FLOAT_EQ(sx, 7.5f / 32767.0f);
-    EXPECT_EQ(xq[n / 2], 32767);
+    // Column c's weight and input are at Int8Position(c, n).
+    auto at = [n](uint64_t c) { return Int8Position(c, n); };
+    EXPECT_EQ(xq[at(n / 2)], 32767);
     for (uint64_t i = 0; i < n; ++i)
-      ASSERT_LE(std::fabs(x[i] - sx * xq[i]), 0.51f * sx) << "input " << i;
+      ASSERT_LE(std::fabs(x[i] - sx * xq[at(i)]), 0.51f * sx) << "input " << i;
     // The exact value of what the kernel computes, and the bound.
     double exact = 0, mag = 0;
     for (uint64_t b = 0; b < n / kInt8Block; ++b) {
       int64_t isum = 0, iabs = 0;
       for (uint64_t i = b * kInt8Block; i < (b + 1) * kInt8Block; ++i) {
-        isum += (int64_t)w[i] * xq[i];
-        iabs += std::abs((int64_t)w[i] * xq[i]);
+        isum += (int64_t)w[at(i)] * xq[at(i)];
+        iabs += std::abs((int64_t)w[at(i)] * xq[at(i)]);
       }
       exact += (double)duck_f16_to_f32(scale[b]) * isum;
       mag += (double)duck_f16_to_f32(scale[b]) * iabs;

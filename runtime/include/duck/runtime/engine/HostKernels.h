@@ -148,8 +148,9 @@ struct HostMatrix {
   std::vector<float> owned;       // backing store of f32 when converted
   HugePageVector<uint64_t> fp9_store; // backing store of the fp9 planes
   /// int8 (duckc --lm-head int8): a weight is q * i8_scale[row, k / 32],
-  /// q in [-127, 127], the scale an IEEE half (1.0625 bytes a weight, as
-  /// llama.cpp's Q8_0); quantised at load from a bf16/f16/f32 tensor.
+  /// q in [-127, 127] (column k of row r at i8[r * cols + Int8Position(k,
+  /// cols)]), the scale an IEEE half (1.0625 bytes a weight, as llama.cpp's
+  /// Q8_0); quantised at load from a bf16/f16/f32 tensor.
   const int8_t *i8 = nullptr;
   const uint16_t *i8_scale = nullptr;
   HugePageVector<int8_t> i8_store;
@@ -160,6 +161,26 @@ struct HostMatrix {
 
 /// Weights a scale of an int8 matrix (along a row).
 inline constexpr uint64_t kInt8Block = 32;
+/// Weights of a group of 8 blocks, stored interleaved.
+inline constexpr uint64_t kInt8Group = 8 * kInt8Block;
+
+/// Where column c of an int8 row of n weights is stored (and its int16
+/// input, QuantizeX16's output): each full group of 8 blocks (256 columns
+/// from a multiple of 256) interleaved so that its i-th 16 values hold
+/// columns 2i and 2i + 1 of each of the 8 blocks, block j's at 2j and
+/// 2j + 1 (one vpmaddwd then sums a pair of every block, 8 blocks in the
+/// 8 lanes, with no horizontal adds); the columns of a last group of
+/// fewer than 8 blocks in order.
+inline uint64_t Int8Position(uint64_t c, uint64_t n) {
+  const uint64_t g = c / kInt8Group * kInt8Group, o = c - g;
+  if (g + kInt8Group > n)
+    return c;
+  const uint64_t j = o / kInt8Block, k = o % kInt8Block;
+  return g + 16 * (k / 2) + 2 * j + k % 2;
+}
+
+/// Puts n int16 values that are in column order into Int8Position's.
+void Int8Interleave(int16_t *v, uint64_t n);
 
 /// Quantises `rows` x `cols` floats (cols a multiple of kInt8Block) to an
 /// int8 matrix: per block of 32 weights of a row, scale = amax / 127
@@ -176,17 +197,18 @@ float DotBf16(const uint16_t *w, const float *x, uint64_t n);
 float DotBf16Avx512(const uint16_t *w, const float *x, uint64_t n);
 void DotBf16x4Avx512(const uint16_t *w, const float *x, uint64_t x_ld,
                      uint64_t n, float *out, uint64_t out_ld);
-/// The int8 head's input: x rounded to int16 with one scale, returned:
+/// The int8 head's input: x rounded to int16 with one scale, returned
+/// (stored in Int8Position's order):
 /// max|x| / 32767 (q = round-to-nearest-even(x * 32767 / max|x|), so
 /// |x - scale * q| <= 0.51 * scale). A zero input gives scale 0, one with
 /// a NaN or an infinity a NaN scale (so the logits are NaN, as in fp32).
 float QuantizeX16(const float *x, uint64_t n, int16_t *q);
 /// One int8 row (n weights, a multiple of kInt8Block, an IEEE-half scale a
-/// block) against a QuantizeX16 input: each block's 32 products summed
-/// exactly in integers (vpmaddwd), then sx * sum over blocks of scale *
-/// block sum in fp32 (8 lanes, blocks b, b + 8, ... in lane b % 8): about 8
-/// vector operations a block where widening, scaling and multiply-adding
-/// in fp32 took 16-20.
+/// block, in Int8Position's order) against a QuantizeX16 input: each
+/// block's 32 products summed exactly in integers (vpmaddwd), then sx *
+/// sum over blocks of scale * block sum in fp32 (8 lanes, blocks b, b + 8,
+/// ... in lane b % 8): about 5 vector operations a block where widening,
+/// scaling and multiply-adding in fp32 took 16-20.
 float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
                float sx, uint64_t n);
 
