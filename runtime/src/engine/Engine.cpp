@@ -497,7 +497,7 @@ absl::StatusOr<size_t> Engine::MtpBatchStep(absl::Span<const MtpRun> runs,
            runs[r].seq,
            row_pos_[row],
            runs[r].chain,
-           (int32_t)(std::max_element(l, l + V) - l),
+           (int32_t)ArgMax(l, V),
            {y + (uint64_t)row * hidden_, y + (uint64_t)(row + 1) * hidden_}});
   }
   return j;
@@ -533,7 +533,7 @@ absl::Status Engine::MtpChainLinks(std::vector<MtpLink> links,
     for (uint32_t i = 0; i < n; ++i) {
       MtpLink &k = links[i];
       const float *l = mtp_scratch_.data() + (uint64_t)i * V;
-      k.token = (int32_t)(std::max_element(l, l + V) - l);
+      k.token = (int32_t)ArgMax(l, V);
       (*chained)[k.run].push_back(k.token);
       ++k.pos;
       if (--k.left > 0 && k.pos + 2 <= opts_.max_seq)
@@ -578,8 +578,7 @@ Sampler::Sampler(const SamplerOptions &o) : o_(o), state_(o.seed) {}
 
 int32_t Sampler::Sample(absl::Span<const float> logits) {
   if (o_.temperature <= 0.0f) {
-    return (int32_t)(std::max_element(logits.begin(), logits.end()) -
-                     logits.begin());
+    return (int32_t)ArgMax(logits.data(), logits.size());
   }
   buf_.clear();
   for (size_t i = 0; i < logits.size(); ++i)

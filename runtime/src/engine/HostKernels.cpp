@@ -332,9 +332,9 @@ inline void GroupSums(const int8_t *w, const int16_t *x, uint64_t x_ld,
         _mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 16 * i)));
     for (int t = 0; t < T; ++t)
       sums[t] = _mm256_add_epi32(
-          sums[t],
-          _mm256_madd_epi16(wi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
-                                    x + t * x_ld + 16 * i))));
+          sums[t], _mm256_madd_epi16(
+                       wi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                               x + t * x_ld + 16 * i))));
   }
 }
 
@@ -369,14 +369,20 @@ void DotsI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
     const __m256 sc = _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i *>(tail)));
     for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(
-          _mm256_cvtepi32_ps(EightBlockSums(w + 32 * b, xq + t * x_ld + 32 * b,
-                                            blocks - b)),
-          sc, acc[t]);
+      acc[t] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(EightBlockSums(
+                              w + 32 * b, xq + t * x_ld + 32 * b, blocks - b)),
+                          sc, acc[t]);
   }
   for (int t = 0; t < T; ++t)
     out[t * out_ld] = hsum(acc[t]) * sx[t];
 }
+
+using DotsI8X16Fn = void (*)(const int8_t *, const uint16_t *,
+                            const int16_t *, uint64_t, const float *, uint64_t,
+                            float *, uint64_t);
+constexpr DotsI8X16Fn kDotsI8X16[4] = {DotsI8X16<1>, DotsI8X16<2>,
+                                       DotsI8X16<3>, DotsI8X16<4>};
 
 /// Rows [r0, r1) of an int8 matrix against the tokens of `in`: a token's
 /// result is the same whichever rows, tokens or threads share the call.
@@ -392,12 +398,8 @@ void Int8Rows(const HostMatrix &w, const X16 &in, float *out, uint64_t out_ld,
       const float *s = in.s.data() + t;
       float *o = out + (r - r0) + t * out_ld;
       const uint64_t k = w.cols;
-      switch (std::min<uint64_t>(4, n - t)) {
-      case 1: DotsI8X16<1>(row, scale, x, k, s, k, o, out_ld); break;
-      case 2: DotsI8X16<2>(row, scale, x, k, s, k, o, out_ld); break;
-      case 3: DotsI8X16<3>(row, scale, x, k, s, k, o, out_ld); break;
-      default: DotsI8X16<4>(row, scale, x, k, s, k, o, out_ld);
-      }
+      kDotsI8X16[std::min<uint64_t>(4, n - t) - 1](row, scale, x, k, s, k, o,
+                                                   out_ld);
     }
   }
 }
@@ -475,6 +477,41 @@ float DotBf16(const uint16_t *w, const float *x, uint64_t n) {
   float s;
   DotBf16Tokens<1>(w, x, 0, n, &s, 0);
   return s;
+}
+
+uint64_t ArgMax(const float *v, uint64_t n) {
+  if (n < 64)
+    return (uint64_t)(std::max_element(v, v + n) - v);
+  __m256 m = _mm256_loadu_ps(v), nan = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+  uint64_t i = 8;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(v + i);
+    m = _mm256_max_ps(m, x);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float best = lanes[0];
+  for (int l = 1; l < 8; ++l)
+    best = std::max(best, lanes[l]);
+  for (; i < n; ++i) {
+    if (v[i] != v[i])
+      return (uint64_t)(std::max_element(v, v + n) - v);
+    best = std::max(best, v[i]);
+  }
+  if (_mm256_movemask_ps(nan))
+    return (uint64_t)(std::max_element(v, v + n) - v);
+  // The first index holding the largest value.
+  const __m256 b = _mm256_set1_ps(best);
+  uint64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    if (const int bits = _mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(v + j), b, _CMP_EQ_OQ)))
+      return j + (uint64_t)__builtin_ctz((unsigned)bits);
+  for (; j < n; ++j)
+    if (v[j] == best)
+      break;
+  return j;
 }
 
 float DotF32(const float *w, const float *x, uint64_t n) {

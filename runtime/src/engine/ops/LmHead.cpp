@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <immintrin.h>
 
 namespace duck::runtime::ops {
 namespace {
@@ -42,8 +43,10 @@ public:
     }
     round_ = (double)(blocks / 8 + 8) * std::ldexp(1.0, -24);
   }
-  /// Recomputes y's candidate rows exactly; returns how many.
-  uint64_t Refine(const float *x, float *y) const {
+  /// Recomputes y's candidate rows exactly; returns how many. Both passes
+  /// over the vocabulary (the floor, then the rows above it) run on the
+  /// pool, 8 rows a vector.
+  uint64_t Refine(ThreadPool &pool, const float *x, float *y) const {
     float l1 = 0, amax = 0;
     for (uint64_t i = 0; i < exact_.cols; ++i) {
       l1 += std::fabs(x[i]);
@@ -54,17 +57,75 @@ public:
     // sum |q s|.
     const float xr =
         (float)((0.51 / 32767.0 + round_) * (double)amax * (1.0 + 1e-6));
-    auto bound = [&](uint64_t r) { return half_step_[r] * l1 + l1w_[r] * xr; };
-    float floor = -INFINITY;
-    for (uint64_t r = 0; r < exact_.rows; ++r)
-      floor = std::max(floor, y[r] - bound(r));
+    const uint64_t V = exact_.rows, parts = (V + kPart - 1) / kPart;
+    std::vector<float> part_floor(parts, -INFINITY);
+    std::vector<uint64_t> part_rows(parts, 0);
+    pool.ParallelFor(parts, [&](uint64_t b, uint64_t e) {
+      for (uint64_t p = b; p < e; ++p)
+        part_floor[p] =
+            Floor(y, l1, xr, p * kPart, std::min(V, (p + 1) * kPart));
+    });
+    const float floor = *std::max_element(part_floor.begin(), part_floor.end());
+    pool.ParallelFor(parts, [&](uint64_t b, uint64_t e) {
+      for (uint64_t p = b; p < e; ++p)
+        part_rows[p] = Recompute(x, y, l1, xr, floor, p * kPart,
+                                 std::min(V, (p + 1) * kPart));
+    });
     uint64_t n = 0;
-    for (uint64_t r = 0; r < exact_.rows; ++r)
-      if (y[r] + bound(r) >= floor) {
+    for (uint64_t c : part_rows)
+      n += c;
+    return n;
+  }
+
+private:
+  /// Rows a piece of Refine's passes.
+  static constexpr uint64_t kPart = 8192;
+
+  /// max(y[r] - bound(r)) over rows [r0, r1), bound(r) = half_step[r] *
+  /// l1 + l1w[r] * xr.
+  float Floor(const float *y, float l1, float xr, uint64_t r0,
+              uint64_t r1) const {
+    const __m256 vl1 = _mm256_set1_ps(l1), vxr = _mm256_set1_ps(xr);
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    uint64_t r = r0;
+    for (; r + 8 <= r1; r += 8)
+      m = _mm256_max_ps(
+          m, _mm256_sub_ps(_mm256_loadu_ps(y + r), Bound(r, vl1, vxr)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    float f = *std::max_element(lanes, lanes + 8);
+    for (; r < r1; ++r)
+      f = std::max(f, y[r] - (half_step_[r] * l1 + l1w_[r] * xr));
+    return f;
+  }
+  /// Rows [r0, r1) whose y + bound reaches `floor`, recomputed exactly.
+  uint64_t Recompute(const float *x, float *y, float l1, float xr, float floor,
+                     uint64_t r0, uint64_t r1) const {
+    const __m256 vl1 = _mm256_set1_ps(l1), vxr = _mm256_set1_ps(xr),
+                 vf = _mm256_set1_ps(floor);
+    uint64_t n = 0, r = r0;
+    for (; r + 8 <= r1; r += 8) {
+      const __m256 hi =
+          _mm256_add_ps(_mm256_loadu_ps(y + r), Bound(r, vl1, vxr));
+      unsigned bits =
+          (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(hi, vf, _CMP_GE_OQ));
+      for (; bits; bits &= bits - 1, ++n) {
+        const uint64_t i = r + (uint64_t)__builtin_ctz(bits);
+        MatVecRows(exact_, x, y, i, i + 1);
+      }
+    }
+    for (; r < r1; ++r)
+      if (y[r] + (half_step_[r] * l1 + l1w_[r] * xr) >= floor) {
         MatVecRows(exact_, x, y, r, r + 1);
         ++n;
       }
     return n;
+  }
+  /// bound(r) for rows r .. r + 7: the scalar expression's operations
+  /// (a product, a product, a sum) in the same order.
+  __m256 Bound(uint64_t r, __m256 l1, __m256 xr) const {
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(&half_step_[r]), l1),
+                         _mm256_mul_ps(_mm256_loadu_ps(&l1w_[r]), xr));
   }
 
 private:
@@ -119,7 +180,7 @@ public:
       const float *row = x + (uint64_t)s.logit_rows[0] * hidden_;
       MatVec(*pool_, w_, row, y);
       if (top_)
-        refined_ += top_->Refine(row, y), ++rows_;
+        refined_ += top_->Refine(*pool_, row, y), ++rows_;
       return absl::OkStatus();
     }
     for (uint64_t i = 0; i < n; ++i)
@@ -127,7 +188,8 @@ public:
                   gathered_.data() + i * hidden_);
     MatMul(*pool_, w_, gathered_.data(), n, y);
     for (uint64_t i = 0; top_ && i < n; ++i)
-      refined_ += top_->Refine(gathered_.data() + i * hidden_, y + i * V),
+      refined_ +=
+          top_->Refine(*pool_, gathered_.data() + i * hidden_, y + i * V),
           ++rows_;
     return absl::OkStatus();
   }

@@ -289,6 +289,31 @@ TEST(HostKernels, Int8ProductsOverThreadsAreTheRowDots) {
   }
 }
 
+// ArgMax is std::max_element's index: the first of equal largest values,
+// short and ragged lengths, signed zeros, and NaNs (max_element's answer).
+TEST(HostKernels, ArgMaxIsMaxElementsIndex) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> d(-50, 50);
+  for (uint64_t n : {1u, 7u, 63u, 64u, 65u, 200u, 151936u}) {
+    std::vector<float> v(n);
+    for (int round = 0; round < 20; ++round) {
+      for (auto &x : v)
+        x = (float)d(rng) * 0.25f; // many ties
+      if (round == 1)
+        std::fill(v.begin(), v.end(), -0.0f), v[n - 1] = 0.0f;
+      if (round == 2)
+        v[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      if (round == 3)
+        v[0] = std::numeric_limits<float>::quiet_NaN();
+      if (round == 4)
+        v[n - 1] = std::numeric_limits<float>::infinity();
+      ASSERT_EQ(ArgMax(v.data(), n),
+                (uint64_t)(std::max_element(v.begin(), v.end()) - v.begin()))
+          << n << " values, round " << round;
+    }
+  }
+}
+
 // The interleaved order of an int8 row is a permutation inside each full
 // group of 256 columns, pairs of a block's columns side by side, 8 blocks
 // a 16-value vector; a last partial group keeps its order.
@@ -308,8 +333,8 @@ TEST(HostKernels, Int8PositionPermutesEachFullGroup) {
   }
   EXPECT_EQ(Int8Position(0, 256), 0u);
   EXPECT_EQ(Int8Position(1, 256), 1u);
-  EXPECT_EQ(Int8Position(32, 256), 2u);  // block 1's first column
-  EXPECT_EQ(Int8Position(2, 256), 16u);  // block 0's second pair
+  EXPECT_EQ(Int8Position(32, 256), 2u); // block 1's first column
+  EXPECT_EQ(Int8Position(2, 256), 16u); // block 0's second pair
   EXPECT_EQ(Int8Position(255, 256), 255u);
   std::vector<int16_t> v(300);
   for (uint64_t c = 0; c < v.size(); ++c)

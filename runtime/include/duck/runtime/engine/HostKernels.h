@@ -212,6 +212,11 @@ float QuantizeX16(const float *x, uint64_t n, int16_t *q);
 float DotI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
                float sx, uint64_t n);
 
+/// The index std::max_element gives over v[0, n) (the first of equal
+/// largest values), 8 values a vector; with a NaN in v, max_element
+/// itself.
+uint64_t ArgMax(const float *v, uint64_t n);
+
 /// Bytes of the matrix as the kernels read it (fp9 planes and scales,
 /// bf16 or fp32).
 uint64_t MatrixBytes(const HostMatrix &w);
