@@ -21,19 +21,14 @@ namespace duck::runtime {
 // ThreadPool
 //===----------------------------------------------------------------------===//
 
-void *HugePageAlloc(size_t bytes) {
-  if (bytes < kHugePageBytes) {
-    void *p = std::malloc(bytes ? bytes : 1);
-    if (!p)
-      throw std::bad_alloc();
-    return p;
-  }
+void *HugePageMap(size_t bytes, bool noreserve) {
   // Map 2 MiB more than asked, keep the aligned part, return the rest.
   const size_t len = (bytes + 4095) & ~size_t(4095);
   void *m = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                 MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0),
+                 -1, 0);
   if (m == MAP_FAILED)
-    throw std::bad_alloc();
+    return nullptr;
   uint8_t *raw = static_cast<uint8_t *>(m);
   uint8_t *at = reinterpret_cast<uint8_t *>(
       (reinterpret_cast<uintptr_t>(raw) + kHugePageBytes - 1) &
@@ -44,6 +39,19 @@ void *HugePageAlloc(size_t bytes) {
     munmap(at + len, tail);
   (void)madvise(at, len, MADV_HUGEPAGE); // best effort: THP may be off
   return at;
+}
+
+void *HugePageAlloc(size_t bytes) {
+  if (bytes < kHugePageBytes) {
+    void *p = std::malloc(bytes ? bytes : 1);
+    if (!p)
+      throw std::bad_alloc();
+    return p;
+  }
+  void *p = HugePageMap(bytes, false);
+  if (!p)
+    throw std::bad_alloc();
+  return p;
 }
 
 void HugePageFree(void *p, size_t bytes) {
@@ -1058,9 +1066,16 @@ template <typename T>
 void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
                 const T *kc, const T *vc, uint64_t kvStride, uint64_t heads,
                 uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
-                float *out, uint64_t outStride) {
+                float *out, uint64_t outStride, uint64_t chunk,
+                uint64_t chunkStride) {
   if (rows == 0 || h0 >= h1)
     return;
+  // Where block [t, ...) of a head's positions lives: its chunk's first
+  // position, and that chunk's offset from the head's first one.
+  auto chunkOf = [&](uint64_t t, uint64_t *c0) -> uint64_t {
+    *c0 = chunk ? t / chunk * chunk : 0;
+    return chunk ? t / chunk * chunkStride : 0;
+  };
   const uint64_t group = kvHeads ? heads / kvHeads : 1;
   const uint64_t gmax = std::min(group, h1 - h0), ld = len0 + rows - 1;
   thread_local std::vector<float> buf;
@@ -1078,13 +1093,15 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
       for (uint64_t r = 0; r < rows; ++r) {
         const uint64_t len = len0 + r, t1 = std::min(kb + kAttendBlock, len);
         const float *qr = q + r * qStride + h * dim;
+        uint64_t c0;
+        const T *Kc = K + chunkOf(kb, &c0);
         for (uint64_t g = 0; g < G && kb < len; g += 2) {
           if (g + 1 < G)
-            ScoreRange<2, T>(qr + g * dim, K, kb, t1, dim, scale,
-                             scores(r) + g * ld, ld);
+            ScoreRange<2, T>(qr + g * dim, Kc, kb - c0, t1 - c0, dim, scale,
+                             scores(r) + g * ld + c0, ld);
           else
-            ScoreRange<1, T>(qr + g * dim, K, kb, t1, dim, scale,
-                             scores(r) + g * ld, ld);
+            ScoreRange<1, T>(qr + g * dim, Kc, kb - c0, t1 - c0, dim, scale,
+                             scores(r) + g * ld + c0, ld);
         }
       }
     for (uint64_t r = 0; r < rows; ++r)
@@ -1093,9 +1110,11 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
     for (uint64_t vb = 0; vb < ld; vb += kAttendBlock)
       for (uint64_t r = 0; r < rows; ++r) {
         const uint64_t len = len0 + r;
+        uint64_t c0;
+        const T *Vc = V + chunkOf(vb, &c0);
         if (vb < len)
-          WeighRange(scores(r), ld, G, V, vb,
-                     std::min(vb + kAttendBlock, len), dim,
+          WeighRange(scores(r) + c0, ld, G, Vc, vb - c0,
+                     std::min(vb + kAttendBlock, len) - c0, dim,
                      out + r * outStride + h * dim, vb == 0);
       }
     h = hEnd;
@@ -1105,11 +1124,13 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
 template void AttendRows<float>(const float *, uint64_t, uint64_t, uint64_t,
                                 const float *, const float *, uint64_t,
                                 uint64_t, uint64_t, uint64_t, uint64_t,
-                                uint64_t, float *, uint64_t);
+                                uint64_t, float *, uint64_t, uint64_t,
+                                uint64_t);
 template void AttendRows<uint16_t>(const float *, uint64_t, uint64_t, uint64_t,
                                    const uint16_t *, const uint16_t *, uint64_t,
                                    uint64_t, uint64_t, uint64_t, uint64_t,
-                                   uint64_t, float *, uint64_t);
+                                   uint64_t, float *, uint64_t, uint64_t,
+                                   uint64_t);
 
 void ToHalf(const float *x, uint64_t n, uint16_t *out) {
   uint64_t i = 0;

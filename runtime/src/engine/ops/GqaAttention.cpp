@@ -67,10 +67,18 @@ public:
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
     if (in_runner_)
       qkv_.assign((uint64_t)maxRows * (sh_.q() + 2 * sh_.kv()), 0.0f);
-    // Head-major: a kv head's positions are contiguous ([max_seq][dim]),
-    // so attention streams them instead of striding over the other heads.
-    max_seq_ = maxSeq;
-    const uint64_t rows = (uint64_t)maxSeq * sh_.kv_heads;
+    // Chunks of positions, head-major inside ([chunk][kv head][chunk_][dim]):
+    // a kv head's positions are contiguous for chunk_ of them, so attention
+    // streams them instead of striding over the other heads, and a chunk of
+    // every head is one 2 MiB page (SeqCacheOf), so the rows a token writes
+    // into its heads share a page (with a head's whole max_seq contiguous,
+    // each head's row was its own page, a TLB miss each).
+    const uint64_t rowBytes = (uint64_t)sh_.kv_heads * sh_.dim * (f16_ ? 2 : 4);
+    chunk_ = kChunkMin;
+    while (chunk_ * 2 * rowBytes <= kHugePageBytes)
+      chunk_ *= 2;
+    max_seq_ = (maxSeq + chunk_ - 1) / chunk_ * chunk_;
+    const uint64_t rows = (uint64_t)max_seq_ * sh_.kv_heads;
     if (f16_) {
       DUCK_RETURN_IF_ERROR(kcache16_.Init(sh_.dim, rows, maxSeqs));
       return vcache16_.Init(sh_.dim, rows, maxSeqs);
@@ -93,7 +101,7 @@ public:
     const uint64_t vAt = sh_.kv_heads * head;
     for (uint32_t i = 0; i < n; ++i)
       for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
-        const uint64_t row = h * max_seq_ + from + i;
+        const uint64_t row = Row(h, from + i);
         uint8_t *b = buf + i * stride + h * head;
         if (f16_) {
           kcache16_.Copy(seq, row, b, head, save);
@@ -163,9 +171,10 @@ public:
         const uint32_t t = runs_[i / units], rows = runs_[i / units + 1] - t;
         auto attend = [&](auto &kc, auto &vc) {
           AttendRows(q_buf_.data() + t * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
-                     kc.Base(s.seq[t]), vc.Base(s.seq[t]),
-                     (uint64_t)max_seq_ * sh_.dim, H, KV, sh_.dim, u * unit,
-                     (u + 1) * unit, attn_.data() + t * sh_.q(), sh_.q());
+                     kc.Base(s.seq[t]), vc.Base(s.seq[t]), chunk_ * sh_.dim, H,
+                     KV, sh_.dim, u * unit, (u + 1) * unit,
+                     attn_.data() + t * sh_.q(), sh_.q(), chunk_,
+                     KV * chunk_ * sh_.dim);
         };
         if (f16_)
           attend(kcache16_, vcache16_);
@@ -208,7 +217,7 @@ private:
     }
     const float *v = v_buf_.data() + t * sh_.kv();
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
-      const uint64_t row = h * max_seq_ + p;
+      const uint64_t row = Row(h, p);
       if (f16_) {
         ToHalf(k + h * sh_.dim, sh_.dim, kcache16_.AtForWrite(seq, row));
         ToHalf(v + h * sh_.dim, sh_.dim, vcache16_.AtForWrite(seq, row));
@@ -232,11 +241,19 @@ private:
   /// Rows of a prompt chunk attended together (bounds the scores buffer
   /// a thread keeps: rows x group x context).
   static constexpr uint32_t kRunRows = 64;
+  /// The fewest positions a cache chunk holds (AttendRows' block).
+  static constexpr uint64_t kChunkMin = 64;
+
+  /// The cache row of kv head h at position p.
+  uint64_t Row(uint64_t h, uint64_t p) const {
+    return (p / chunk_ * sh_.kv_heads + h) * chunk_ + p % chunk_;
+  }
 
   GqaShape sh_;
   ThreadPool *pool_;
   std::vector<uint32_t> runs_; // first row of each run, then n
-  uint64_t max_seq_ = 0;
+  uint64_t max_seq_ = 0;       // a multiple of chunk_
+  uint64_t chunk_ = kChunkMin; // positions a cache chunk
   std::vector<double> inv_freq_;
   float cos_sin_scale_ = 1.0f;
   std::vector<float> cos_, sin_;

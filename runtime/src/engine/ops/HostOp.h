@@ -168,18 +168,23 @@ public:
   }
   /// Reserves max_seqs caches of `rows` rows of `width` values. Address
   /// space only (MAP_NORESERVE): pages are taken as positions are written,
-  /// so a long --max-seq costs nothing until sequences grow (the session
-  /// checks the worst case against the machine's memory up front).
+  /// so a long --max-seq costs little until sequences grow (the session
+  /// checks the worst case against the machine's memory up front). The
+  /// pages are 2 MiB where the kernel has transparent huge pages (a
+  /// head's 4096 positions of 128 fp32 values): a decoded token writes one
+  /// row into every head of every layer, each in its own page, and with 4
+  /// KiB pages each such write was a TLB miss (about 1 us on a VM: 0.4-0.5
+  /// ms a Qwen3-0.6B-shape token; docs/perf.md). The price: memory grows
+  /// 2 MiB of a head at a time.
   absl::Status Init(uint64_t width, uint64_t rows, uint32_t max_seqs) {
     width_ = width;
     rows_ = rows;
     const uint64_t values = width * rows * max_seqs;
     if (rows && values / rows / max_seqs != width)
       return absl::ResourceExhaustedError("KV cache size overflows");
-    bytes_ = std::max<uint64_t>(4096, values * sizeof(T));
-    void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
+    bytes_ = (std::max<uint64_t>(4096, values * sizeof(T)) + 4095) & ~4095ull;
+    void *p = HugePageMap(bytes_, /*noreserve=*/true);
+    if (!p) {
       data_ = nullptr;
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot reserve ", bytes_ >> 20, " MiB of address space for the "

@@ -777,6 +777,54 @@ TEST(HostKernels, HalfCacheAttendsAsTheSameValuesInFp32) {
   }
 }
 
+/// A cache in chunks of positions (GqaAttention's: chunk c of kv head h
+/// at h * chunk + c * kvHeads * chunk rows) attends with the bits of the
+/// same values with each head's positions contiguous, for lengths inside
+/// one chunk, on its edge and across several, runs of rows, and a head
+/// range that splits a group.
+TEST(HostKernels, ChunkedCacheAttendsWithTheContiguousBits) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint64_t heads = 6, kvHeads = 3, dim = 40, qw = heads * dim;
+  const uint64_t maxSeq = 320, stride = maxSeq * dim;
+  for (uint64_t chunk : {64u, 128u}) {
+    std::vector<float> kf(kvHeads * stride), vf(kvHeads * stride);
+    for (auto *v : {&kf, &vf})
+      for (auto &f : *v)
+        f = 2.0f * d(rng);
+    // Room for whole chunks (GqaAttention rounds max_seq up to them).
+    const uint64_t padded = (maxSeq + chunk - 1) / chunk * chunk;
+    std::vector<float> kc(kvHeads * padded * dim), vc(kc.size());
+    for (uint64_t h = 0; h < kvHeads; ++h)
+      for (uint64_t p = 0; p < maxSeq; ++p) {
+        const uint64_t row = (p / chunk * kvHeads + h) * chunk + p % chunk;
+        std::copy_n(kf.data() + h * stride + p * dim, dim,
+                    kc.data() + row * dim);
+        std::copy_n(vf.data() + h * stride + p * dim, dim,
+                    vc.data() + row * dim);
+      }
+    for (uint64_t len0 : {1u, 63u, 64u, 65u, 200u, 300u})
+      for (uint64_t rows : {1u, 4u, 13u}) {
+        if (len0 + rows - 1 > maxSeq)
+          continue;
+        std::vector<float> q(rows * qw);
+        for (auto &f : q)
+          f = 2.0f * d(rng);
+        for (auto [h0, h1] : {std::pair<uint64_t, uint64_t>{0, 6}, {1, 4}}) {
+          std::vector<float> a(rows * qw, -3.0f), b(rows * qw, -3.0f);
+          AttendRows(q.data(), qw, rows, len0, kf.data(), vf.data(), stride,
+                     heads, kvHeads, dim, h0, h1, a.data(), qw);
+          AttendRows(q.data(), qw, rows, len0, kc.data(), vc.data(),
+                     chunk * dim, heads, kvHeads, dim, h0, h1, b.data(), qw,
+                     chunk, kvHeads * chunk * dim);
+          ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+              << "chunk " << chunk << ", len0 " << len0 << ", rows " << rows
+              << ", heads " << h0 << "-" << h1;
+        }
+      }
+  }
+}
+
 /// Vectorised GQA attention against a double-precision softmax-weighted
 /// sum, over head ranges that split a kv head's group or not, a head
 /// width with a scalar tail, and lengths with a tail of the 8-wide loops.

@@ -30,6 +30,10 @@ namespace duck::runtime {
 /// 2 MiB ones (docs/perf.md). Where THP is off, the mapping gets ordinary
 /// pages and nothing else changes.
 void *HugePageAlloc(size_t bytes);
+/// The mapping behind it: `bytes` (rounded up to 4 KiB) of anonymous
+/// memory, 2 MiB-aligned and advised for huge pages, MAP_NORESERVE if
+/// asked; nullptr (errno set) if mmap fails. munmap releases it.
+void *HugePageMap(size_t bytes, bool noreserve);
 void HugePageFree(void *p, size_t bytes);
 inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 
@@ -315,20 +319,27 @@ void AttendHeads(const float *q, const float *kc, const float *vc,
 /// depend on the rows batched with it). T is float (an fp32 cache) or
 /// uint16_t (IEEE half, `duckrun --kv-cache f16`: each value converted to
 /// fp32 as it is read, then the same operations in the same order).
+/// `chunk` > 0 (a multiple of 64): a head's positions are contiguous only
+/// in chunks of that many, chunk c of kv head h at kc + h * kvStride + c *
+/// chunkStride (GqaAttention's cache: every head's chunk of positions in
+/// one 2 MiB page); the same bits.
 template <typename T>
 void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
                 const T *kc, const T *vc, uint64_t kvStride, uint64_t heads,
                 uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,
-                float *out, uint64_t outStride);
+                float *out, uint64_t outStride, uint64_t chunk = 0,
+                uint64_t chunkStride = 0);
 extern template void AttendRows<float>(const float *, uint64_t, uint64_t,
                                        uint64_t, const float *, const float *,
                                        uint64_t, uint64_t, uint64_t, uint64_t,
-                                       uint64_t, uint64_t, float *, uint64_t);
+                                       uint64_t, uint64_t, float *, uint64_t,
+                                       uint64_t, uint64_t);
 extern template void AttendRows<uint16_t>(const float *, uint64_t, uint64_t,
                                           uint64_t, const uint16_t *,
                                           const uint16_t *, uint64_t, uint64_t,
                                           uint64_t, uint64_t, uint64_t,
-                                          uint64_t, float *, uint64_t);
+                                          uint64_t, float *, uint64_t, uint64_t,
+                                          uint64_t);
 /// out[i] = x[i] rounded to IEEE half (to nearest even).
 void ToHalf(const float *x, uint64_t n, uint16_t *out);
 
