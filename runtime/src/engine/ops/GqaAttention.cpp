@@ -81,10 +81,16 @@ public:
     const uint64_t rows = (uint64_t)max_seq_ * sh_.kv_heads;
     if (f16_) {
       DUCK_RETURN_IF_ERROR(kcache16_.Init(sh_.dim, rows, maxSeqs));
-      return vcache16_.Init(sh_.dim, rows, maxSeqs);
+      DUCK_RETURN_IF_ERROR(vcache16_.Init(sh_.dim, rows, maxSeqs));
+      kcache16_.PopulateFirstPage(0);
+      vcache16_.PopulateFirstPage(0);
+      return absl::OkStatus();
     }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, rows, maxSeqs));
-    return vcache_.Init(sh_.dim, rows, maxSeqs);
+    DUCK_RETURN_IF_ERROR(vcache_.Init(sh_.dim, rows, maxSeqs));
+    kcache_.PopulateFirstPage(0); // the first chunk: a prompt's first 512
+    vcache_.PopulateFirstPage(0); // positions (fp32, 8 kv heads of 128)
+    return absl::OkStatus();
   }
   bool f16_ = false; // --kv-cache f16
 
