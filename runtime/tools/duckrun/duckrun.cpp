@@ -38,7 +38,9 @@ ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
 ABSL_FLAG(bool, kv_overcommit, false,
           "Start even when every sequence's KV cache at --max-seq (times "
           "serve's --parallel) would not fit in the memory available; it is "
-          "reserved, not filled, so memory grows with the positions reached");
+          "reserved, not filled, so memory grows with the positions reached (2 "
+          "MiB a layer's K or V at a time: 512 positions of 8 kv heads of "
+          "128 floats)");
 ABSL_FLAG(std::string, kv_cache, "f32",
           "Element type of the attention's KV cache: f32 (exact), or f16 "
           "(IEEE half: half the memory a position and half the bytes a "
