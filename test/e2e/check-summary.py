@@ -1,5 +1,6 @@
 # Checks duckrun's --summary-json against its plan (duck-plan-dump JSON):
-# the decode breakdown adds up to the TPOT, the bound fraction is a
+# the decode breakdown adds up to the TPOT, the prompt's duck steps fit in
+# the prefill's time, the bound fraction is a
 # fraction, the ducks' bytes a token are the plan's (dense slots whole;
 # MoE slots by top_k + shared of their experts), and the KV bytes a token
 # are the attention ops' caches. Exits 1 on the first failed check.
@@ -19,6 +20,13 @@ total = sum(bd.values())
 tpot = summary["tpot_ms"]
 if abs(total - tpot) > 0.05 * tpot + 0.05:
     fail("breakdown %s sums to %.3f ms, TPOT is %.3f" % (bd, total, tpot))
+# The prompt's duck steps: the slowest duck's kernel and the rest of the
+# host's wait, ms a prompt token, within the prefill's own time.
+pk, pg = summary["prefill_duck_kernel_ms"], summary["prefill_dispatch_gap_ms"]
+prefill_ms = 1e3 * summary["prefill_s"] / summary["prompt_tokens"]
+if pk <= 0 or pg < -0.02 * pk or pk + pg > 1.05 * prefill_ms:
+    fail("prefill duck kernel %r + gap %r ms a prompt token against %r"
+         % (pk, pg, prefill_ms))
 if not 0 < summary["decode_bound_fraction"] <= 1.0:
     fail("decode_bound_fraction %r" % summary["decode_bound_fraction"])
 moe = {op["layer"]: op["params"] for op in plan["ops"]

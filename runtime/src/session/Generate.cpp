@@ -451,6 +451,16 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
       OpBreakdown(engine.prefill_times(), &s->by_op_prefill);
   sj["decode_steps"] = rs.decode_steps.size();
   sj["prefill_steps"] = rs.prefill_steps.size();
+  {
+    // Where the prompt's duck steps went (ms a prompt token): the slowest
+    // duck's kernel, and the rest of the host's wait (wire, wake-ups).
+    double kernelUs = 0, waitUs = 0;
+    for (const StepMetrics &m : rs.prefill_steps)
+      kernelUs += m.duck_max_us, waitUs += m.judge_wait_us;
+    const double tokens = std::max<double>(1, engine.prefill_times().tokens);
+    sj["prefill_duck_kernel_ms"] = kernelUs / 1e3 / tokens;
+    sj["prefill_dispatch_gap_ms"] = (waitUs - kernelUs) / 1e3 / tokens;
+  }
   sj["ducks"] = ses.ducks();
   sj["persistent"] = ses.persistent();
   sj["recoveries"] = ses.runner().recoveries();
