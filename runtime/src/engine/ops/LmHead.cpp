@@ -128,7 +128,6 @@ private:
                          _mm256_mul_ps(_mm256_loadu_ps(&l1w_[r]), xr));
   }
 
-private:
   HostMatrix exact_;
   std::vector<float> half_step_; // max scale / 2 a row, times the margin
   std::vector<float> l1w_;       // sum |q s| a row
