@@ -109,9 +109,17 @@ absl::Status Engine::BuildOps(const std::vector<const pl::OpDef *> &defs,
       return absl::InvalidArgumentError(absl::StrCat(
           "plan op of layer ", def->layer(), " has no parameters this runtime "
           "knows (a plan from another duckc?); recompile the model"));
-    ops::OpEnv env{*plan_,         *def,        weights,        runner_,
-                   pool_.get(),    hidden_,     opts_.max_rows, opts_.max_seq,
-                   opts_.max_seqs, opts_.kv_f16};
+    ops::OpEnv env{*plan_,
+                   *def,
+                   weights,
+                   runner_,
+                   pool_.get(),
+                   hidden_,
+                   opts_.max_rows,
+                   opts_.max_seq,
+                   opts_.max_seqs,
+                   opts_.kv_f16,
+                   opts_.populate_seqs};
     auto op = kind->create(env);
     if (!op.ok())
       return op.status();

@@ -481,6 +481,9 @@ EngineOptions EngineOptionsFor(const SessionOptions &o, uint32_t maxSeq,
   eo.mtp = o.mtp;
   eo.mtp_all_logits = o.mtp_all_logits;
   eo.max_seqs = seqs;
+  // Every sequence's first cache chunk at load, as a prompt would pay for
+  // it (one with --kv-overcommit: its memory grows only as asked).
+  eo.populate_seqs = o.kv_overcommit ? 1 : seqs;
   eo.kv_f16 = o.kv_f16;
   eo.max_rows = rows;
   return eo;

@@ -40,7 +40,8 @@ ABSL_FLAG(bool, kv_overcommit, false,
           "serve's --parallel) would not fit in the memory available; it is "
           "reserved, not filled, so memory grows with the positions reached (2 "
           "MiB a layer's K or V at a time: 512 positions of 8 kv heads of "
-          "128 floats)");
+          "128 floats; without it every sequence's first 2 MiB are mapped "
+          "at start)");
 ABSL_FLAG(std::string, kv_cache, "f32",
           "Element type of the attention's KV cache: f32 (exact), or f16 "
           "(IEEE half: half the memory a position and half the bytes a "

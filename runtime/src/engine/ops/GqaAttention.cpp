@@ -41,8 +41,9 @@ public:
   FfnRunner *in_runner_ = nullptr;
   uint32_t in_slot_ = 0;
 
+  /// `populate`: sequences whose first cache chunk is mapped in now.
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs,
-                        const pl::RopeScalingDef *scaling) {
+                        uint32_t populate, const pl::RopeScalingDef *scaling) {
     // RoPE: frequencies once (YaRN-blended with rope scaling; the same
     // half-split pairs DeepSeek's indexer rotates); cos/sin once a
     // position, shared by the heads.
@@ -82,14 +83,16 @@ public:
     if (f16_) {
       DUCK_RETURN_IF_ERROR(kcache16_.Init(sh_.dim, rows, maxSeqs));
       DUCK_RETURN_IF_ERROR(vcache16_.Init(sh_.dim, rows, maxSeqs));
-      kcache16_.PopulateFirstPage(0);
-      vcache16_.PopulateFirstPage(0);
+      kcache16_.PopulateFirstPages(std::min(populate, maxSeqs));
+      vcache16_.PopulateFirstPages(std::min(populate, maxSeqs));
       return absl::OkStatus();
     }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, rows, maxSeqs));
     DUCK_RETURN_IF_ERROR(vcache_.Init(sh_.dim, rows, maxSeqs));
-    kcache_.PopulateFirstPage(0); // the first chunk: a prompt's first 512
-    vcache_.PopulateFirstPage(0); // positions (fp32, 8 kv heads of 128)
+    // The first chunk: a prompt's first 512 positions (fp32, 8 kv heads of
+    // 128).
+    kcache_.PopulateFirstPages(std::min(populate, maxSeqs));
+    vcache_.PopulateFirstPages(std::min(populate, maxSeqs));
     return absl::OkStatus();
   }
   bool f16_ = false; // --kv-cache f16
@@ -345,8 +348,8 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
                      sh.hidden);
-  DUCK_RETURN_IF_ERROR(
-      op->Allocate(env.max_rows, env.max_seq, env.max_seqs, rs));
+  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs,
+                                    env.populate_seqs, rs));
   return op;
 }
 

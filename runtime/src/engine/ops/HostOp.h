@@ -94,6 +94,7 @@ struct OpEnv {
   uint32_t max_seq;  // KV cache length of a sequence
   uint32_t max_seqs; // sequences with a KV cache each (batched decode)
   bool kv_f16 = false; // attention caches in IEEE half (--kv-cache f16)
+  uint32_t populate_seqs = 1; // caches mapped in at load (PopulateFirstPage)
 
   /// An error that names the op (kind and layer).
   template <typename... Parts> absl::Status Error(const Parts &...parts) const {
@@ -231,6 +232,11 @@ public:
 #else
     (void)seq;
 #endif
+  }
+  /// PopulateFirstPage for sequences [0, n).
+  void PopulateFirstPages(uint32_t n) {
+    for (uint32_t seq = 0; seq < n; ++seq)
+      PopulateFirstPage(seq);
   }
   /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
   void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {

@@ -98,7 +98,9 @@ public:
            MatrixBytes(wproj_);
   }
 
-  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
+  /// `populate`: sequences whose first 2 MiB of cache are mapped in now.
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs,
+                        uint32_t populate) {
     cq_.assign((uint64_t)maxRows * sh_.q_lora, 0.0f);
     q_.assign((uint64_t)maxRows * sh_.heads * sh_.dim, 0.0f);
     k_.assign((uint64_t)maxRows * sh_.dim, 0.0f);
@@ -108,7 +110,7 @@ public:
       b_.assign((uint64_t)maxRows * QWidth(), 0.0f);
     }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, maxSeq, maxSeqs));
-    kcache_.PopulateFirstPage(0);
+    kcache_.PopulateFirstPages(std::min(populate, maxSeqs));
     score_.assign(maxSeq, 0.0f);
     wh_.assign(sh_.heads, 0.0f);
     order_.assign(maxSeq, 0);
@@ -364,7 +366,8 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     return env.Error("indexer weights do not match ", sh.heads, " heads of ",
                      sh.dim, " and hidden size ", sh.hidden);
   op->rope_ = YarnRope::Make(sh.rope, p->rope_theta(), p->rope_scaling());
-  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
+  DUCK_RETURN_IF_ERROR(
+      op->Allocate(env.max_rows, env.max_seq, env.max_seqs, env.populate_seqs));
   DUCK_RETURN_IF_ERROR(op->OpenDump(env.def.layer()));
   return op;
 }

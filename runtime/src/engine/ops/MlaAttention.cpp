@@ -64,7 +64,9 @@ public:
   std::vector<uint64_t> o_offsets_;
   bool absorbed() const { return !absorb_.heads.empty(); }
 
-  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs) {
+  /// `populate`: sequences whose first 2 MiB of cache are mapped in now.
+  absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs,
+                        uint32_t populate) {
     cq_.assign((uint64_t)maxRows * std::max(1u, sh_.q_lora), 0.0f);
     q_buf_.assign((uint64_t)maxRows * sh_.heads * sh_.qk(), 0.0f);
     kva_.assign((uint64_t)maxRows * sh_.cache(), 0.0f);
@@ -74,7 +76,7 @@ public:
     if (absorbed() && q_runner_)
       qa_.assign((uint64_t)maxRows * absorb_.QueryWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
-    cache_.PopulateFirstPage(0);
+    cache_.PopulateFirstPages(std::min(populate, maxSeqs));
     qt_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
     olat_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
     iota_.resize(maxSeq);
@@ -541,7 +543,8 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
   if (op->from_indexer_ && !op->indexed_)
     return env.Error("the projections come from an indexer, but the op has "
                      "no indexer input");
-  DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs));
+  DUCK_RETURN_IF_ERROR(
+      op->Allocate(env.max_rows, env.max_seq, env.max_seqs, env.populate_seqs));
   return op;
 }
 

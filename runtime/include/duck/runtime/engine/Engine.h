@@ -102,6 +102,9 @@ struct EngineOptions {
   /// GQA's k/v cache in IEEE half (half the bytes a position to keep and
   /// to read; values rounded to 11 significant bits); else fp32.
   bool kv_f16 = false;
+  /// Sequences whose caches get their first 2 MiB mapped when the engine
+  /// is built (SeqCacheOf::PopulateFirstPage), the rest as they grow.
+  uint32_t populate_seqs = 1;
   /// Run the plan's MTP module (PlanDef.mtp; duckrun --speculative mtp):
   /// its ops are built (its weights read, its caches reserved), Forward
   /// runs it over the prompt and MtpDraft after every step. Without it the
