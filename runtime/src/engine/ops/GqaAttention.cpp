@@ -80,20 +80,16 @@ public:
       chunk_ *= 2;
     max_seq_ = (maxSeq + chunk_ - 1) / chunk_ * chunk_;
     const uint64_t rows = (uint64_t)max_seq_ * sh_.kv_heads;
-    if (f16_) {
-      DUCK_RETURN_IF_ERROR(kcache16_.Init(sh_.dim, rows, maxSeqs));
-      DUCK_RETURN_IF_ERROR(vcache16_.Init(sh_.dim, rows, maxSeqs));
-      kcache16_.PopulateFirstPages(std::min(populate, maxSeqs));
-      vcache16_.PopulateFirstPages(std::min(populate, maxSeqs));
+    // Each sequence's first chunk mapped in now: a prompt's first 512
+    // positions (fp32, 8 kv heads of 128).
+    auto init = [&](auto &k, auto &v) -> absl::Status {
+      DUCK_RETURN_IF_ERROR(k.Init(sh_.dim, rows, maxSeqs));
+      DUCK_RETURN_IF_ERROR(v.Init(sh_.dim, rows, maxSeqs));
+      k.PopulateFirstPages(populate);
+      v.PopulateFirstPages(populate);
       return absl::OkStatus();
-    }
-    DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, rows, maxSeqs));
-    DUCK_RETURN_IF_ERROR(vcache_.Init(sh_.dim, rows, maxSeqs));
-    // The first chunk: a prompt's first 512 positions (fp32, 8 kv heads of
-    // 128).
-    kcache_.PopulateFirstPages(std::min(populate, maxSeqs));
-    vcache_.PopulateFirstPages(std::min(populate, maxSeqs));
-    return absl::OkStatus();
+    };
+    return f16_ ? init(kcache16_, vcache16_) : init(kcache_, vcache_);
   }
   bool f16_ = false; // --kv-cache f16
 

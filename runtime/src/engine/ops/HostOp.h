@@ -94,7 +94,7 @@ struct OpEnv {
   uint32_t max_seq;  // KV cache length of a sequence
   uint32_t max_seqs; // sequences with a KV cache each (batched decode)
   bool kv_f16 = false; // attention caches in IEEE half (--kv-cache f16)
-  uint32_t populate_seqs = 1; // caches mapped in at load (PopulateFirstPage)
+  uint32_t populate_seqs = 1; // caches mapped in at load (PopulateFirstPages)
 
   /// An error that names the op (kind and layer).
   template <typename... Parts> absl::Status Error(const Parts &...parts) const {
@@ -217,26 +217,24 @@ public:
   /// A cache's pages are mapped this many bytes at a time (AtForWrite): 64
   /// positions of a 128-wide fp32 head.
   static constexpr uint64_t kPopulateBytes = 32768;
-  /// Maps in sequence seq's first 2 MiB (its first page where there are
-  /// huge pages) now, at load, as llama.cpp clears its whole KV cache when
-  /// it starts: a VM that backs guest memory lazily took 0.3-0.65 GB/s to
-  /// touch new pages here, 170-370 ms for a 0.6B-shape prompt's first 112
-  /// MB of cache if the prompt paid it.
-  void PopulateFirstPage(uint32_t seq) {
+  /// Maps in the first 2 MiB (the first page where there are huge pages)
+  /// of each of sequences [0, n) that exist, now, at load, as llama.cpp
+  /// clears its whole KV cache when it starts: a VM that backs guest
+  /// memory lazily took 0.3-0.65 GB/s to touch new pages here, 170-370 ms
+  /// for a 0.6B-shape prompt's first 112 MB of cache if the prompt paid it.
+  void PopulateFirstPages(uint32_t n) {
 #ifdef MADV_POPULATE_WRITE
-    const uint64_t off = Offset(seq, 0) * sizeof(T);
-    if (off < bytes_)
+    for (uint32_t seq = 0; seq < n; ++seq) {
+      const uint64_t off = Offset(seq, 0) * sizeof(T);
+      if (off >= bytes_)
+        break;
       (void)madvise(reinterpret_cast<uint8_t *>(data_) + off,
                     std::min<uint64_t>(kHugePageBytes, bytes_ - off),
                     MADV_POPULATE_WRITE);
+    }
 #else
-    (void)seq;
+    (void)n;
 #endif
-  }
-  /// PopulateFirstPage for sequences [0, n).
-  void PopulateFirstPages(uint32_t n) {
-    for (uint32_t seq = 0; seq < n; ++seq)
-      PopulateFirstPage(seq);
   }
   /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
   void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {

@@ -110,7 +110,7 @@ public:
       b_.assign((uint64_t)maxRows * QWidth(), 0.0f);
     }
     DUCK_RETURN_IF_ERROR(kcache_.Init(sh_.dim, maxSeq, maxSeqs));
-    kcache_.PopulateFirstPages(std::min(populate, maxSeqs));
+    kcache_.PopulateFirstPages(populate);
     score_.assign(maxSeq, 0.0f);
     wh_.assign(sh_.heads, 0.0f);
     order_.assign(maxSeq, 0);

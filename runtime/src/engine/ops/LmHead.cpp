@@ -81,8 +81,7 @@ private:
   /// Rows a piece of Refine's passes.
   static constexpr uint64_t kPart = 8192;
 
-  /// max(y[r] - bound(r)) over rows [r0, r1), bound(r) = half_step[r] *
-  /// l1 + l1w[r] * xr.
+  /// max(y[r] - BoundAt(r)) over rows [r0, r1).
   float Floor(const float *y, float l1, float xr, uint64_t r0,
               uint64_t r1) const {
     const __m256 vl1 = _mm256_set1_ps(l1), vxr = _mm256_set1_ps(xr);
@@ -95,7 +94,7 @@ private:
     _mm256_store_ps(lanes, m);
     float f = *std::max_element(lanes, lanes + 8);
     for (; r < r1; ++r)
-      f = std::max(f, y[r] - (half_step_[r] * l1 + l1w_[r] * xr));
+      f = std::max(f, y[r] - BoundAt(r, l1, xr));
     return f;
   }
   /// Rows [r0, r1) whose y + bound reaches `floor`, recomputed exactly.
@@ -115,14 +114,18 @@ private:
       }
     }
     for (; r < r1; ++r)
-      if (y[r] + (half_step_[r] * l1 + l1w_[r] * xr) >= floor) {
+      if (y[r] + BoundAt(r, l1, xr) >= floor) {
         MatVecRows(exact_, x, y, r, r + 1);
         ++n;
       }
     return n;
   }
-  /// bound(r) for rows r .. r + 7: the scalar expression's operations
-  /// (a product, a product, a sum) in the same order.
+  /// Row r's error bound: half_step[r] * l1 + l1w[r] * xr.
+  float BoundAt(uint64_t r, float l1, float xr) const {
+    return half_step_[r] * l1 + l1w_[r] * xr;
+  }
+  /// BoundAt for rows r .. r + 7: the same operations (a product, a
+  /// product, a sum) in the same order.
   __m256 Bound(uint64_t r, __m256 l1, __m256 xr) const {
     return _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(&half_step_[r]), l1),
                          _mm256_mul_ps(_mm256_loadu_ps(&l1w_[r]), xr));

@@ -76,7 +76,7 @@ public:
     if (absorbed() && q_runner_)
       qa_.assign((uint64_t)maxRows * absorb_.QueryWidth(), 0.0f);
     DUCK_RETURN_IF_ERROR(cache_.Init(sh_.cache(), maxSeq, maxSeqs));
-    cache_.PopulateFirstPages(std::min(populate, maxSeqs));
+    cache_.PopulateFirstPages(populate);
     qt_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
     olat_.assign((uint64_t)maxRows * sh_.heads * sh_.kv_lora, 0.0f);
     iota_.resize(maxSeq);

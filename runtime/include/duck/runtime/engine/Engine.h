@@ -103,7 +103,7 @@ struct EngineOptions {
   /// to read; values rounded to 11 significant bits); else fp32.
   bool kv_f16 = false;
   /// Sequences whose caches get their first 2 MiB mapped when the engine
-  /// is built (SeqCacheOf::PopulateFirstPage), the rest as they grow.
+  /// is built (SeqCacheOf::PopulateFirstPages), the rest as they grow.
   uint32_t populate_seqs = 1;
   /// Run the plan's MTP module (PlanDef.mtp; duckrun --speculative mtp):
   /// its ops are built (its weights read, its caches reserved), Forward
