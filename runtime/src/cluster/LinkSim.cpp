@@ -74,7 +74,7 @@ struct Direction {
   Link *first = nullptr, *second = nullptr;
   double latency_ns = 0;
   size_t chunk_bytes = 0, queue_bytes = 0;
-  std::atomic<uint64_t> *counter = nullptr;
+  std::atomic<uint64_t> *counter = nullptr, *counter2 = nullptr;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Chunk> queue;
@@ -135,6 +135,8 @@ void Direction::ReadLoop() {
       done = std::max(done, second->Reserve(now, size_t(n)));
       c.release = done + latency_ns;
       counter->fetch_add(uint64_t(n), std::memory_order_relaxed);
+      if (counter2)
+        counter2->fetch_add(uint64_t(n), std::memory_order_relaxed);
     } else {
       c.release = now; // end of stream (or error): after what came before
     }
@@ -238,21 +240,43 @@ void NoDelay(int fd) {
 
 struct LinkSim::Impl {
   LinkSimOptions o;
+  /// What a listener stands for: the host's connections to duck `to`, or
+  /// (peer) duck `from`'s to duck `to`.
+  struct Route {
+    size_t from = 0, to = 0;
+    bool peer = false;
+  };
   std::vector<int> listen_fds;
+  std::vector<Route> routes; // as listen_fds
   std::vector<uint16_t> ports;
+  std::vector<std::vector<uint16_t>> peer_ports;
   int wake[2] = {-1, -1};
   Link host_out, host_in;                 // the host's port, each way
   std::vector<std::unique_ptr<Link>> duck_in, duck_out; // duck i's link
   std::unique_ptr<std::atomic<uint64_t>[]> to_duck, from_duck, conns;
+  std::unique_ptr<std::atomic<uint64_t>[]> peer_out, peer_in;
   std::mutex mu;
   std::vector<std::unique_ptr<Conn>> live;
   std::thread acceptor;
   bool stopped = false;
 
   absl::Status Open();
+  absl::Status Listen(uint16_t want, Route route, uint16_t *bound);
   void AcceptLoop();
-  void Accept(size_t duck);
+  void Accept(size_t listener);
 };
+
+absl::Status LinkSim::Impl::Listen(uint16_t want, Route route,
+                                   uint16_t *bound) {
+  int fd = ListenLoopback(want, bound);
+  if (fd < 0)
+    return absl::UnavailableError(
+        absl::StrCat("linksim: cannot listen on 127.0.0.1:", want, ": ",
+                     std::strerror(errno)));
+  listen_fds.push_back(fd);
+  routes.push_back(route);
+  return absl::OkStatus();
+}
 
 absl::Status LinkSim::Impl::Open() {
   const size_t n = o.backends.size();
@@ -260,6 +284,8 @@ absl::Status LinkSim::Impl::Open() {
   to_duck.reset(new std::atomic<uint64_t>[n]());
   from_duck.reset(new std::atomic<uint64_t>[n]());
   conns.reset(new std::atomic<uint64_t>[n]());
+  peer_out.reset(new std::atomic<uint64_t>[n]());
+  peer_in.reset(new std::atomic<uint64_t>[n]());
   for (size_t i = 0; i < n; ++i) {
     duck_in.push_back(std::make_unique<Link>());
     duck_out.push_back(std::make_unique<Link>());
@@ -267,24 +293,27 @@ absl::Status LinkSim::Impl::Open() {
         NsPerByte(o.duck_link_gbps);
     uint16_t bound = 0;
     const uint16_t want = o.port_base ? uint16_t(o.port_base + i) : 0;
-    int fd = ListenLoopback(want, &bound);
-    if (fd < 0)
-      return absl::UnavailableError(absl::StrCat(
-          "linksim: cannot listen on 127.0.0.1:", want, ": ",
-          std::strerror(errno)));
-    listen_fds.push_back(fd);
+    if (absl::Status s = Listen(want, {0, i, false}, &bound); !s.ok())
+      return s;
     ports.push_back(bound);
   }
+  peer_ports.assign(n, std::vector<uint16_t>(n, 0));
+  for (size_t i = 0; i < n && !o.peer_backends.empty(); ++i)
+    for (size_t j = i + 1; j < n; ++j)
+      if (absl::Status s = Listen(0, {i, j, true}, &peer_ports[i][j]); !s.ok())
+        return s;
   if (pipe2(wake, O_CLOEXEC) != 0)
     return absl::InternalError("linksim: pipe failed");
   return absl::OkStatus();
 }
 
-void LinkSim::Impl::Accept(size_t duck) {
-  int client = accept4(listen_fds[duck], nullptr, nullptr, SOCK_CLOEXEC);
+void LinkSim::Impl::Accept(size_t listener) {
+  int client = accept4(listen_fds[listener], nullptr, nullptr, SOCK_CLOEXEC);
   if (client < 0)
     return;
-  int backend = ConnectTo(o.backends[duck]);
+  const Route r = routes[listener];
+  const size_t duck = r.to;
+  int backend = ConnectTo(r.peer ? o.peer_backends[duck] : o.backends[duck]);
   if (backend < 0) {
     close(client); // the host sees its duck refuse, as it would
     return;
@@ -295,7 +324,8 @@ void LinkSim::Impl::Accept(size_t duck) {
   c->client = client;
   c->backend = backend;
   auto setup = [&](Direction &d, int src, int dst, Link *a, Link *b,
-                   std::atomic<uint64_t> *counter) {
+                   std::atomic<uint64_t> *counter,
+                   std::atomic<uint64_t> *counter2 = nullptr) {
     d.src = src;
     d.dst = dst;
     d.first = a;
@@ -304,17 +334,26 @@ void LinkSim::Impl::Accept(size_t duck) {
     d.chunk_bytes = o.chunk_bytes;
     d.queue_bytes = std::max(o.queue_bytes, o.chunk_bytes);
     d.counter = counter;
+    d.counter2 = counter2;
   };
-  setup(c->up, client, backend, &host_out, duck_in[duck].get(),
-        &to_duck[duck]);
-  setup(c->down, backend, client, duck_out[duck].get(), &host_in,
-        &from_duck[duck]);
+  if (r.peer) { // up: from -> to; down: to -> from
+    setup(c->up, client, backend, duck_out[r.from].get(), duck_in[duck].get(),
+          &peer_out[r.from], &peer_in[duck]);
+    setup(c->down, backend, client, duck_out[duck].get(), duck_in[r.from].get(),
+          &peer_out[duck], &peer_in[r.from]);
+  } else {
+    setup(c->up, client, backend, &host_out, duck_in[duck].get(),
+          &to_duck[duck]);
+    setup(c->down, backend, client, duck_out[duck].get(), &host_in,
+          &from_duck[duck]);
+  }
   Conn *raw = c.get();
   for (Direction *d : {&c->up, &c->down}) {
     d->reader = std::thread([d, raw] { d->ReadLoop(); raw->finished++; });
     d->writer = std::thread([d, raw] { d->WriteLoop(); raw->finished++; });
   }
-  conns[duck].fetch_add(1);
+  if (!r.peer)
+    conns[duck].fetch_add(1);
   std::lock_guard<std::mutex> lock(mu);
   // Connections whose four threads have returned are joined and closed
   // here, so a long run holds only its live ones.
@@ -351,6 +390,11 @@ absl::StatusOr<std::unique_ptr<LinkSim>>
 LinkSim::Start(const LinkSimOptions &options) {
   if (options.backends.empty())
     return absl::InvalidArgumentError("linksim: no ducks");
+  if (!options.peer_backends.empty() &&
+      options.peer_backends.size() != options.backends.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linksim: ", options.peer_backends.size(), " peer listeners for ",
+        options.backends.size(), " ducks"));
   if (options.host_link_gbps < 0 || options.duck_link_gbps < 0 ||
       options.latency_us < 0)
     return absl::InvalidArgumentError(
@@ -372,12 +416,18 @@ LinkSim::~LinkSim() { Stop(); }
 
 const std::vector<uint16_t> &LinkSim::ports() const { return impl_->ports; }
 
+const std::vector<std::vector<uint16_t>> &LinkSim::peer_ports() const {
+  return impl_->peer_ports;
+}
+
 std::vector<LinkSimDuckStats> LinkSim::stats() const {
   std::vector<LinkSimDuckStats> s(impl_->ports.size());
   for (size_t i = 0; i < s.size(); ++i) {
     s[i].bytes_to_duck = impl_->to_duck[i].load();
     s[i].bytes_from_duck = impl_->from_duck[i].load();
     s[i].connections = impl_->conns[i].load();
+    s[i].bytes_to_peers = impl_->peer_out[i].load();
+    s[i].bytes_from_peers = impl_->peer_in[i].load();
   }
   return s;
 }
@@ -413,7 +463,10 @@ const char *LinkSimModelText() {
          "done when\n"
          "every link on its path carried it (cut-through), then released "
          "after the\n"
-         "one-way latency; each direction stays in order (FIFO).\n"
+         "one-way latency; each direction stays in order (FIFO). With the "
+         "ducks' mesh,\n"
+         "a duck-to-duck byte passes the sender's link and the receiver's "
+         "(one switch).\n"
          "Does not model: TCP's own congestion control and windows (they "
          "run over\n"
          "loopback underneath), loss, jitter, switch buffers (no drops; a "

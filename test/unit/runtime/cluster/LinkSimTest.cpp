@@ -34,7 +34,7 @@ struct Backend {
   bool pattern_ok = true;
   std::thread t;
 
-  explicit Backend(bool echo) {
+  explicit Backend(bool echo, int accepts = 1) {
     listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -44,7 +44,10 @@ struct Backend {
     EXPECT_EQ(listen(listen_fd, 4), 0);
     getsockname(listen_fd, (sockaddr *)&a, &len);
     port = ntohs(a.sin_port);
-    t = std::thread([this, echo] { Serve(echo); });
+    t = std::thread([this, echo, accepts] {
+      for (int i = 0; i < accepts; ++i)
+        Serve(echo);
+    });
   }
   void Serve(bool echo) {
     int fd = accept(listen_fd, nullptr, nullptr);
@@ -178,6 +181,43 @@ TEST(LinkSimTest, StopsWithLiveConnections) {
   close(fd);
 }
 
+TEST(LinkSimTest, PeerTrafficPassesBothDucksLinksNotTheHostPort) {
+  // Ducks 0 and 1 each send B bytes to duck 2 over the mesh: duck 2's
+  // inbound link carries 2B; the host's port (here the slow one if it
+  // were on the path) carries nothing.
+  Backend mesh2(false, 2);
+  LinkSimOptions o;
+  o.backends.assign(3, {"127.0.0.1", 1}); // no host traffic
+  o.peer_backends = {{"127.0.0.1", 1}, {"127.0.0.1", 1}, mesh2.endpoint()};
+  o.duck_link_gbps = 0.08; // 10 MB/s
+  o.host_link_gbps = 0.0008;
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const auto &pp = (*sim)->peer_ports();
+  ASSERT_EQ(pp.size(), 3u);
+  EXPECT_EQ(pp[1][0], 0); // the lower rank dials
+  const size_t bytes = 256 << 10;
+  const auto t0 = Clock::now();
+  int f0 = Connect(pp[0][2]), f1 = Connect(pp[1][2]);
+  std::thread s1([&] { SendPattern(f1, bytes); });
+  SendPattern(f0, bytes);
+  s1.join();
+  mesh2.t.join();
+  const double s = Since(t0);
+  close(f0);
+  close(f1);
+  EXPECT_EQ(mesh2.received, 2 * bytes);
+  EXPECT_GE(s, 0.95 * 2 * bytes * 8 / 0.08e9); // duck 2's inbound, shared
+  EXPECT_LT(s, 20 * 2 * bytes * 8 / 0.08e9);   // not the host's port
+  (*sim)->Stop();
+  const auto st = (*sim)->stats();
+  EXPECT_EQ(st[0].bytes_to_peers, bytes);
+  EXPECT_EQ(st[1].bytes_to_peers, bytes);
+  EXPECT_EQ(st[2].bytes_from_peers, 2 * bytes);
+  EXPECT_EQ(st[2].bytes_to_duck, 0u);
+  EXPECT_EQ(st[2].connections, 0u);
+}
+
 TEST(LinkSimTest, RefusesNegativeRates) {
   LinkSimOptions o;
   o.backends = {{"127.0.0.1", 1}};
@@ -185,6 +225,9 @@ TEST(LinkSimTest, RefusesNegativeRates) {
   EXPECT_FALSE(LinkSim::Start(o).ok());
   o.backends.clear();
   o.duck_link_gbps = 1;
+  EXPECT_FALSE(LinkSim::Start(o).ok());
+  o.backends = {{"127.0.0.1", 1}, {"127.0.0.1", 2}};
+  o.peer_backends = {{"127.0.0.1", 3}}; // one for two ducks
   EXPECT_FALSE(LinkSim::Start(o).ok());
 }
 

@@ -1,4 +1,5 @@
-//===- LinkSim.h - a userspace link simulator in front of duckd's -*- C++ -*-===//
+//===- LinkSim.h - a userspace link simulator in front of duckd's -*- C++
+//-*-===//
 //
 // N local duckd's behave like N boxes on one switch: LinkSim listens on one
 // loopback port per duck and forwards every accepted connection to that
@@ -13,7 +14,12 @@
 //     link (outbound) and the host's port (inbound); a chunk is done when
 //     every link of its path has carried it (cut-through, no store and
 //     forward), and released `latency_us` later;
-//   - each direction is a FIFO: bytes leave in the order they came.
+//   - each direction is a FIFO: bytes leave in the order they came;
+//   - with peer_backends, the ducks' mesh (duck_rt/peer_mesh.h) too: duck i
+//     reaches duck j (i < j) through its own port for that pair, and the
+//     bytes i -> j pass duck i's link (outbound) and duck j's (inbound),
+//     j -> i the reverse (a non-blocking switch: a duck's link carries its
+//     host traffic and its peer traffic in one FIFO each way).
 // Not modelled: TCP's own congestion control and windows run over loopback
 // underneath (only the release times are shaped), no loss, no jitter, no
 // switch buffers (a queue grows without drops, bounded by queue_bytes per
@@ -42,12 +48,15 @@ struct LinkSimOptions {
   uint16_t port_base = 0;             // duck i listens on port_base + i; 0: any
   size_t chunk_bytes = 16 << 10;      // largest read shaped as one unit
   size_t queue_bytes = 4 << 20;       // most bytes held a direction
+  /// Duck j's mesh listener; empty: no peer links are simulated.
+  std::vector<DuckEndpoint> peer_backends;
 };
 
 struct LinkSimDuckStats {
   uint64_t bytes_to_duck = 0;
   uint64_t bytes_from_duck = 0;
   uint64_t connections = 0;
+  uint64_t bytes_to_peers = 0, bytes_from_peers = 0; // the mesh's
 };
 
 class LinkSim {
@@ -58,6 +67,9 @@ public:
 
   /// Duck i's simulated endpoint (127.0.0.1, its listening port).
   const std::vector<uint16_t> &ports() const;
+  /// With peer_backends: the port duck i dials to reach duck j, at [i][j]
+  /// for i < j (0 elsewhere).
+  const std::vector<std::vector<uint16_t>> &peer_ports() const;
   std::vector<LinkSimDuckStats> stats() const;
   /// Closes the listeners and every connection, joins every thread.
   void Stop();

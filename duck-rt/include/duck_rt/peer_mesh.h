@@ -1,0 +1,96 @@
+// The ducks' mesh: one TCP connection between every pair of ducks, and the
+// collectives that let them reduce and share vectors among themselves over
+// the switch instead of through the host (reduce-scatter, all-gather,
+// all-reduce), each a direct exchange: every duck sends each other duck its
+// piece at once, so a collective costs one one-way latency and its bytes on
+// each duck's link, whatever the duck count.
+//
+// Sums are taken in rank order (0, 1, ..., N-1) from the values as the wire
+// carries them (a duck's own part rounded as the wire rounds the others'),
+// so a collective's result is the same in every run, and an all-reduce's is
+// bit-identical on every duck.
+//
+// Today the mesh is what `duck-bench collective` measures over the link
+// simulator; duckd does not open one yet. The session field is a check that
+// both ends belong to the same run, not an authentication.
+#ifndef DUCK_RT_PEER_MESH_H
+#define DUCK_RT_PEER_MESH_H
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::duckd {
+
+struct PeerAddress {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+};
+
+struct PeerMeshOptions {
+  uint32_t rank = 0, ducks = 0;
+  uint64_t session = 0;
+  /// This duck's listening socket: the ranks below it connect here.
+  int listen_fd = -1;
+  /// Where this duck reaches rank j (used for j > rank; it connects to
+  /// every higher rank and accepts every lower one).
+  std::vector<PeerAddress> peers;
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+/// How values cross the wire: fp32, or bf16 (round to nearest even).
+enum class PeerWire { f32, bf16 };
+
+/// Slice j of n values over N ducks: [SliceBegin(j), SliceBegin(j + 1)),
+/// the first n % N slices one value longer.
+size_t PeerSliceBegin(size_t n, uint32_t ducks, uint32_t j);
+
+class PeerMesh {
+public:
+  /// Connects the mesh (each pair exchanges a hello naming rank, duck count
+  /// and session; a mismatch is an error naming it).
+  static absl::StatusOr<std::unique_ptr<PeerMesh>>
+  Connect(const PeerMeshOptions &options);
+  ~PeerMesh();
+
+  uint32_t rank() const { return rank_; }
+  uint32_t ducks() const { return ducks_; }
+
+  /// `in`: this duck's partial sums of n values; `out`: its slice of the
+  /// sums over every duck (PeerSliceBegin's length).
+  absl::Status ReduceScatter(absl::Span<const float> in, PeerWire wire,
+                             absl::Span<float> out);
+  /// `mine`: this duck's slice of n values; `all`: the n values.
+  absl::Status AllGather(absl::Span<const float> mine, PeerWire wire,
+                         absl::Span<float> all);
+  /// Every duck's `in` summed (the same on every duck).
+  absl::Status AllReduce(absl::Span<const float> in, PeerWire wire,
+                         absl::Span<float> out);
+
+  /// Payload bytes this duck has sent and received (headers included).
+  uint64_t bytes_sent() const { return sent_; }
+  uint64_t bytes_received() const { return received_; }
+
+private:
+  PeerMesh() = default;
+  /// Sends out[j] to every peer j and receives in[j] (its length known)
+  /// from every peer, all at once; out[rank] and in[rank] are unused.
+  absl::Status Exchange(const std::vector<std::vector<char>> &out,
+                        std::vector<std::vector<char>> &in);
+
+  uint32_t rank_ = 0, ducks_ = 0;
+  uint32_t seq_ = 0;
+  absl::Duration timeout_;
+  std::vector<int> fds_; // by rank; -1 for this duck
+  uint64_t sent_ = 0, received_ = 0;
+};
+
+} // namespace duck::duckd
+
+#endif // DUCK_RT_PEER_MESH_H

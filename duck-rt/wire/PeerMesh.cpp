@@ -1,0 +1,388 @@
+// The ducks' mesh and its collectives (duck_rt/peer_mesh.h): blocking
+// setup, then every collective one non-blocking exchange driven by poll.
+#include "duck_rt/peer_mesh.h"
+
+#include "duck_rt/abi.h"
+#include "duck_rt/fp9.h"
+#include "duck_rt/wire_socket.h"
+
+#include "absl/strings/str_cat.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <thread>
+#include <unistd.h>
+
+namespace duck::duckd {
+
+namespace {
+
+constexpr char kMagic[4] = {'D', 'K', 'P', 'M'};
+constexpr uint32_t kVersion = 1;
+
+struct Hello {
+  char magic[4];
+  uint32_t version, rank, ducks;
+  uint64_t session;
+};
+static_assert(sizeof(Hello) == 24, "hello layout");
+
+/// Every message of a collective: its sequence number and payload bytes.
+struct MsgHeader {
+  uint32_t seq, bytes;
+};
+
+Hello MakeHello(const PeerMeshOptions &o) {
+  Hello h{};
+  std::memcpy(h.magic, kMagic, 4);
+  h.version = kVersion;
+  h.rank = o.rank;
+  h.ducks = o.ducks;
+  h.session = o.session;
+  return h;
+}
+
+/// Checks a peer's hello; `want` is the rank expected (-1: any lower one).
+absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
+                        int64_t want) {
+  if (std::memcmp(h.magic, kMagic, 4) != 0 || h.version != kVersion)
+    return absl::InvalidArgumentError("peer mesh: not a duck peer (bad hello)");
+  if (h.ducks != o.ducks || h.session != o.session)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: rank ", h.rank, " belongs to another mesh (", h.ducks,
+        " ducks, session ", h.session, "; this one ", o.ducks, ", ",
+        o.session, ")"));
+  if (want >= 0 ? h.rank != uint64_t(want) : h.rank >= o.rank)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: rank ", o.rank, " expected ",
+        want >= 0 ? absl::StrCat("rank ", want) : "a lower rank",
+        ", got rank ", h.rank));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Dial(const PeerAddress &a, absl::Time deadline) {
+  sockaddr_in s{};
+  s.sin_family = AF_INET;
+  s.sin_port = htons(a.port);
+  const std::string host = a.host == "localhost" ? "127.0.0.1" : a.host;
+  if (inet_pton(AF_INET, host.c_str(), &s.sin_addr) != 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer mesh: bad address '", a.host, "'"));
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return absl::InternalError("peer mesh: socket failed");
+    if (connect(fd, (sockaddr *)&s, sizeof s) == 0) {
+      TuneSocket(fd);
+      return fd;
+    }
+    const int err = errno;
+    close(fd);
+    if (err != ECONNREFUSED || absl::Now() > deadline)
+      return absl::UnavailableError(absl::StrCat(
+          "peer mesh: cannot reach ", a.host, ":", a.port, ": ",
+          std::strerror(err)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+absl::StatusOr<int> AcceptOne(int listen_fd, absl::Time deadline) {
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0)
+      return absl::DeadlineExceededError(
+          "peer mesh: a lower rank never connected");
+    pollfd p{listen_fd, POLLIN, 0};
+    if (poll(&p, 1, int(ms)) <= 0)
+      continue;
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      TuneSocket(fd);
+      return fd;
+    }
+  }
+}
+
+/// The values of `v` as the wire carries them, appended to `bytes`.
+void Encode(absl::Span<const float> v, PeerWire wire,
+            std::vector<char> *bytes) {
+  if (wire == PeerWire::f32) {
+    bytes->insert(bytes->end(), (const char *)v.data(),
+                  (const char *)(v.data() + v.size()));
+    return;
+  }
+  for (float f : v) {
+    const uint16_t b = duck_f32_to_bf16(f);
+    bytes->insert(bytes->end(), (const char *)&b, (const char *)&b + 2);
+  }
+}
+
+/// Element i of what Encode wrote.
+float Decode(const std::vector<char> &bytes, PeerWire wire, size_t i) {
+  if (wire == PeerWire::f32) {
+    float f;
+    std::memcpy(&f, bytes.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, bytes.data() + 2 * i, 2);
+  return duck_bf16_to_f32(b);
+}
+
+size_t WireBytes(size_t n, PeerWire wire) {
+  return n * (wire == PeerWire::f32 ? 4 : 2);
+}
+
+/// One peer's side of an exchange: the message out (header and payload)
+/// and the one in.
+struct Flow {
+  MsgHeader out_hdr{}, in_hdr{};
+  const std::vector<char> *out = nullptr;
+  std::vector<char> *in = nullptr;
+  size_t out_off = 0, in_off = 0; // header bytes included
+  size_t OutTotal() const { return sizeof(MsgHeader) + out->size(); }
+  size_t InTotal() const { return sizeof(MsgHeader) + in->size(); }
+};
+
+/// Moves what `fd` takes of the flow's bytes (offset off of header h and
+/// payload p) with one writev/readv; false on a closed or failed socket.
+bool Move(int fd, bool write, void *hdr, char *payload, size_t payload_bytes,
+          size_t *off) {
+  iovec iov[2];
+  int n = 0;
+  if (*off < sizeof(MsgHeader))
+    iov[n++] = {(char *)hdr + *off, sizeof(MsgHeader) - *off};
+  const size_t p = *off > sizeof(MsgHeader) ? *off - sizeof(MsgHeader) : 0;
+  if (payload_bytes > p)
+    iov[n++] = {payload + p, payload_bytes - p};
+  const ssize_t r = write ? writev(fd, iov, n) : readv(fd, iov, n);
+  if (r > 0) {
+    *off += size_t(r);
+    return true;
+  }
+  return r < 0 && (errno == EAGAIN || errno == EINTR);
+}
+
+} // namespace
+
+size_t PeerSliceBegin(size_t n, uint32_t ducks, uint32_t j) {
+  const size_t base = n / ducks, extra = n % ducks;
+  return j * base + std::min<size_t>(j, extra);
+}
+
+absl::StatusOr<std::unique_ptr<PeerMesh>>
+PeerMesh::Connect(const PeerMeshOptions &o) {
+  if (o.ducks == 0 || o.rank >= o.ducks || o.peers.size() != o.ducks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: rank ", o.rank, " of ", o.ducks, " with ",
+        o.peers.size(), " peer addresses"));
+  std::unique_ptr<PeerMesh> m(new PeerMesh());
+  m->rank_ = o.rank;
+  m->ducks_ = o.ducks;
+  m->timeout_ = o.timeout;
+  m->fds_.assign(o.ducks, -1);
+  const absl::Time deadline = absl::Now() + o.timeout;
+  const Hello mine = MakeHello(o);
+  for (uint32_t j = o.rank + 1; j < o.ducks; ++j) {
+    absl::StatusOr<int> fd = Dial(o.peers[j], deadline);
+    if (!fd.ok())
+      return fd.status();
+    m->fds_[j] = *fd;
+    Hello theirs;
+    const Part part{&mine, sizeof mine};
+    if (absl::Status s = WriteFull(*fd, {&part, 1}, deadline); !s.ok())
+      return s;
+    if (absl::Status s = ReadFull(*fd, &theirs, sizeof theirs, deadline);
+        !s.ok())
+      return s;
+    if (absl::Status s = CheckHello(theirs, o, j); !s.ok())
+      return s;
+  }
+  for (uint32_t accepted = 0; accepted < o.rank; ++accepted) {
+    absl::StatusOr<int> fd = AcceptOne(o.listen_fd, deadline);
+    if (!fd.ok())
+      return fd.status();
+    // Answer before checking, so that a mismatched peer can name what
+    // did not match too.
+    Hello theirs;
+    const Part part{&mine, sizeof mine};
+    absl::Status s = ReadFull(*fd, &theirs, sizeof theirs, deadline);
+    if (s.ok())
+      s = WriteFull(*fd, {&part, 1}, deadline);
+    if (s.ok())
+      s = CheckHello(theirs, o, -1);
+    if (s.ok() && m->fds_[theirs.rank] >= 0)
+      s = absl::InvalidArgumentError(
+          absl::StrCat("peer mesh: rank ", theirs.rank, " connected twice"));
+    if (!s.ok()) {
+      close(*fd);
+      return s;
+    }
+    m->fds_[theirs.rank] = *fd;
+  }
+  for (int fd : m->fds_)
+    if (fd >= 0)
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return m;
+}
+
+PeerMesh::~PeerMesh() {
+  for (int fd : fds_)
+    if (fd >= 0)
+      close(fd);
+}
+
+absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
+                                std::vector<std::vector<char>> &in) {
+  const uint32_t seq = ++seq_;
+  std::vector<Flow> flows(ducks_);
+  std::vector<pollfd> fds;
+  std::vector<uint32_t> peer_of;
+  for (uint32_t j = 0; j < ducks_; ++j) {
+    if (j == rank_)
+      continue;
+    Flow &f = flows[j];
+    f.out = &out[j];
+    f.in = &in[j];
+    f.out_hdr = {seq, uint32_t(out[j].size())};
+    fds.push_back({fds_[j], 0, 0});
+    peer_of.push_back(j);
+  }
+  const absl::Time deadline = absl::Now() + timeout_;
+  for (;;) {
+    size_t busy = 0;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const Flow &f = flows[peer_of[i]];
+      fds[i].events = short((f.out_off < f.OutTotal() ? POLLOUT : 0) |
+                            (f.in_off < f.InTotal() ? POLLIN : 0));
+      busy += fds[i].events != 0;
+    }
+    if (busy == 0)
+      return absl::OkStatus();
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0)
+      return absl::DeadlineExceededError(absl::StrCat(
+          "peer mesh: rank ", rank_, " timed out in collective ", seq));
+    if (poll(fds.data(), fds.size(), int(ms)) < 0 && errno != EINTR)
+      return absl::InternalError("peer mesh: poll failed");
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const uint32_t j = peer_of[i];
+      Flow &f = flows[j];
+      const short ev = fds[i].revents;
+      bool ok = true;
+      if ((ev & POLLOUT) && f.out_off < f.OutTotal()) {
+        const size_t before = f.out_off;
+        ok = Move(fds[i].fd, true, &f.out_hdr, (char *)f.out->data(),
+                  f.out->size(), &f.out_off);
+        sent_ += f.out_off - before;
+      }
+      if (ok && (ev & (POLLIN | POLLHUP | POLLERR)) &&
+          f.in_off < f.InTotal()) {
+        const size_t before = f.in_off;
+        // The payload's length is checked once the header is in; until
+        // then read at most the header.
+        const size_t limit = f.in_off < sizeof(MsgHeader) ? 0 : f.in->size();
+        ok = Move(fds[i].fd, false, &f.in_hdr, f.in->data(), limit,
+                  &f.in_off);
+        received_ += f.in_off - before;
+        if (ok && f.in_off == sizeof(MsgHeader) &&
+            (f.in_hdr.seq != seq || f.in_hdr.bytes != f.in->size()))
+          return absl::DataLossError(absl::StrCat(
+              "peer mesh: rank ", rank_, " got collective ", f.in_hdr.seq,
+              " of ", f.in_hdr.bytes, " bytes from rank ", j, ", expected ",
+              seq, " of ", f.in->size()));
+        ok = ok && !(ev & (POLLHUP | POLLERR) && f.in_off == before);
+      }
+      if (!ok)
+        return absl::UnavailableError(absl::StrCat(
+            "peer mesh: rank ", j, " closed its link to rank ", rank_));
+    }
+  }
+}
+
+absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in,
+                                     PeerWire wire, absl::Span<float> out) {
+  const size_t n = in.size();
+  const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
+  const size_t len = PeerSliceBegin(n, ducks_, rank_ + 1) - b0;
+  if (out.size() != len)
+    return absl::InvalidArgumentError("peer mesh: reduce-scatter's slice");
+  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  for (uint32_t j = 0; j < ducks_; ++j) {
+    const size_t b = PeerSliceBegin(n, ducks_, j);
+    Encode(in.subspan(b, PeerSliceBegin(n, ducks_, j + 1) - b), wire,
+           &msg_out[j]);
+    msg_in[j].resize(j == rank_ ? 0 : WireBytes(len, wire));
+  }
+  if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
+    return s;
+  msg_in[rank_] = std::move(msg_out[rank_]); // the own part as the wire has it
+  for (size_t i = 0; i < len; ++i) {
+    float sum = 0;
+    for (uint32_t j = 0; j < ducks_; ++j)
+      sum += Decode(msg_in[j], wire, i);
+    out[i] = sum;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMesh::AllGather(absl::Span<const float> mine, PeerWire wire,
+                                 absl::Span<float> all) {
+  const size_t n = all.size();
+  const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
+  if (mine.size() != PeerSliceBegin(n, ducks_, rank_ + 1) - b0)
+    return absl::InvalidArgumentError("peer mesh: all-gather's slice");
+  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  std::vector<char> encoded;
+  Encode(mine, wire, &encoded);
+  for (uint32_t j = 0; j < ducks_; ++j) {
+    const size_t len =
+        PeerSliceBegin(n, ducks_, j + 1) - PeerSliceBegin(n, ducks_, j);
+    if (j != rank_) {
+      msg_out[j] = encoded;
+      msg_in[j].resize(WireBytes(len, wire));
+    }
+  }
+  if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
+    return s;
+  msg_in[rank_] = std::move(encoded);
+  for (uint32_t j = 0; j < ducks_; ++j) {
+    const size_t b = PeerSliceBegin(n, ducks_, j);
+    const size_t len = PeerSliceBegin(n, ducks_, j + 1) - b;
+    for (size_t i = 0; i < len; ++i)
+      all[b + i] = Decode(msg_in[j], wire, i);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMesh::AllReduce(absl::Span<const float> in, PeerWire wire,
+                                 absl::Span<float> out) {
+  if (out.size() != in.size())
+    return absl::InvalidArgumentError("peer mesh: all-reduce's lengths");
+  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  std::vector<char> encoded;
+  Encode(in, wire, &encoded);
+  for (uint32_t j = 0; j < ducks_; ++j)
+    if (j != rank_) {
+      msg_out[j] = encoded;
+      msg_in[j].resize(encoded.size());
+    }
+  if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
+    return s;
+  msg_in[rank_] = std::move(encoded);
+  for (size_t i = 0; i < in.size(); ++i) {
+    float sum = 0;
+    for (uint32_t j = 0; j < ducks_; ++j)
+      sum += Decode(msg_in[j], wire, i);
+    out[i] = sum;
+  }
+  return absl::OkStatus();
+}
+
+} // namespace duck::duckd

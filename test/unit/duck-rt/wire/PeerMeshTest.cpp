@@ -1,0 +1,171 @@
+// The ducks' mesh (duck_rt/peer_mesh.h) on loopback: N threads, each a
+// duck with its own listener. Each collective's result is checked against
+// the same sums computed here in rank order (exact equality: the mesh
+// promises that order), an all-reduce bit-identical on every duck, and a
+// mismatched mesh or collective is an error naming it.
+#include "duck_rt/peer_mesh.h"
+
+#include "duck_rt/abi.h"
+#include "duck_rt/fp9.h"
+
+#include "gtest/gtest.h"
+
+#include <arpa/inet.h>
+#include <cstring>
+#include <functional>
+#include <netinet/in.h>
+#include <random>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+namespace duck::duckd {
+namespace {
+
+int ListenAny(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
+  EXPECT_EQ(listen(fd, 64), 0);
+  getsockname(fd, (sockaddr *)&a, &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/// Runs body(rank, mesh) on `ducks` threads over one loopback mesh;
+/// sessions[r] overrides rank r's session (a mismatch test).
+std::vector<absl::Status>
+RunMesh(uint32_t ducks,
+        const std::function<absl::Status(uint32_t, PeerMesh &)> &body,
+        std::vector<uint64_t> sessions = {}) {
+  std::vector<int> listeners(ducks);
+  std::vector<PeerAddress> peers(ducks);
+  for (uint32_t r = 0; r < ducks; ++r)
+    listeners[r] = ListenAny(&peers[r].port);
+  std::vector<absl::Status> status(ducks);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < ducks; ++r)
+    threads.emplace_back([&, r] {
+      PeerMeshOptions o;
+      o.rank = r;
+      o.ducks = ducks;
+      o.session = sessions.empty() ? 7 : sessions[r];
+      o.listen_fd = listeners[r];
+      o.peers = peers;
+      o.timeout = absl::Seconds(5);
+      absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
+      status[r] = m.ok() ? body(r, **m) : m.status();
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (int fd : listeners)
+    close(fd);
+  return status;
+}
+
+std::vector<float> Values(uint32_t rank, size_t n) {
+  std::mt19937 rng(1000 + rank);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = d(rng);
+  return v;
+}
+
+float AsWire(float f, PeerWire wire) {
+  return wire == PeerWire::f32 ? f : duck_bf16_to_f32(duck_f32_to_bf16(f));
+}
+
+/// Every duck's values summed in rank order, as the wire carries them.
+std::vector<float> RankOrderSum(uint32_t ducks, size_t n, PeerWire wire) {
+  std::vector<float> sum(n, 0.0f);
+  for (uint32_t r = 0; r < ducks; ++r) {
+    const std::vector<float> v = Values(r, n);
+    for (size_t i = 0; i < n; ++i)
+      sum[i] += AsWire(v[i], wire);
+  }
+  return sum;
+}
+
+class PeerMeshTest
+    : public ::testing::TestWithParam<std::tuple<uint32_t, PeerWire>> {};
+
+TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
+  const auto [ducks, wire] = GetParam();
+  const size_t n = 7168 + 5; // ragged slices
+  const std::vector<float> want = RankOrderSum(ducks, n, wire);
+  std::vector<std::vector<float>> reduced(ducks), gathered(ducks);
+  std::vector<std::vector<float>> allreduced(ducks);
+  auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
+    const size_t b = PeerSliceBegin(n, ducks, r);
+    std::vector<float> slice(PeerSliceBegin(n, ducks, r + 1) - b);
+    if (absl::Status s = m.ReduceScatter(Values(r, n), wire,
+                                         absl::MakeSpan(slice));
+        !s.ok())
+      return s;
+    reduced[r] = slice;
+    gathered[r].resize(n);
+    if (absl::Status s = m.AllGather(slice, wire, absl::MakeSpan(gathered[r]));
+        !s.ok())
+      return s;
+    allreduced[r].resize(3);
+    return m.AllReduce(absl::MakeConstSpan(Values(r, 3)), wire,
+                       absl::MakeSpan(allreduced[r]));
+  };
+  for (const absl::Status &s : RunMesh(ducks, body))
+    ASSERT_TRUE(s.ok()) << s;
+  const std::vector<float> want3 = RankOrderSum(ducks, 3, wire);
+  for (uint32_t r = 0; r < ducks; ++r) {
+    const size_t b = PeerSliceBegin(n, ducks, r);
+    for (size_t i = 0; i < reduced[r].size(); ++i)
+      ASSERT_EQ(reduced[r][i], want[b + i]) << "rank " << r << " value " << i;
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(gathered[r][i], AsWire(want[i], wire)) << "value " << i;
+    for (size_t i = 0; i < 3; ++i)
+      ASSERT_EQ(std::memcmp(&allreduced[r][i], &want3[i], 4), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DucksAndWires, PeerMeshTest,
+    ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
+                       ::testing::Values(PeerWire::f32, PeerWire::bf16)));
+
+TEST(PeerMeshErrors, AnotherSessionIsRefusedByName) {
+  std::vector<absl::Status> st = RunMesh(
+      2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {7, 8});
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_FALSE(st[1].ok());
+  EXPECT_NE(std::string(st[0].message()).find("another mesh"),
+            std::string::npos)
+      << st[0];
+}
+
+TEST(PeerMeshErrors, MismatchedCollectiveIsAnErrorNotGarbage) {
+  std::vector<absl::Status> st =
+      RunMesh(2, [](uint32_t r, PeerMesh &m) -> absl::Status {
+        std::vector<float> in(r == 0 ? 4 : 6, 1.0f), out(in.size());
+        return m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+      });
+  // Both fail; the one that reads the other's header first names it (the
+  // other may see the link closed instead).
+  ASSERT_FALSE(st[0].ok());
+  ASSERT_FALSE(st[1].ok());
+  const std::string both = std::string(st[0].message()) + " | " +
+                           std::string(st[1].message());
+  EXPECT_NE(both.find("got collective 1 of"), std::string::npos) << both;
+}
+
+TEST(PeerMeshErrors, BadRankOrAddressesAreRefused) {
+  PeerMeshOptions o;
+  o.rank = 2;
+  o.ducks = 2;
+  o.peers.resize(2);
+  EXPECT_FALSE(PeerMesh::Connect(o).ok());
+}
+
+} // namespace
+} // namespace duck::duckd
