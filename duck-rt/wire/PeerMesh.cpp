@@ -54,15 +54,15 @@ absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
   if (std::memcmp(h.magic, kMagic, 4) != 0 || h.version != kVersion)
     return absl::InvalidArgumentError("peer mesh: not a duck peer (bad hello)");
   if (h.ducks != o.ducks || h.session != o.session)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer mesh: rank ", h.rank, " belongs to another mesh (", h.ducks,
-        " ducks, session ", h.session, "; this one ", o.ducks, ", ",
-        o.session, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer mesh: rank ", h.rank, " belongs to another mesh (",
+                     h.ducks, " ducks, session ", h.session, "; this one ",
+                     o.ducks, ", ", o.session, ")"));
   if (want >= 0 ? h.rank != uint64_t(want) : h.rank >= o.rank)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer mesh: rank ", o.rank, " expected ",
-        want >= 0 ? absl::StrCat("rank ", want) : "a lower rank",
-        ", got rank ", h.rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer mesh: rank ", o.rank, " expected ",
+                     want >= 0 ? absl::StrCat("rank ", want) : "a lower rank",
+                     ", got rank ", h.rank));
   return absl::OkStatus();
 }
 
@@ -85,9 +85,9 @@ absl::StatusOr<int> Dial(const PeerAddress &a, absl::Time deadline) {
     const int err = errno;
     close(fd);
     if (err != ECONNREFUSED || absl::Now() > deadline)
-      return absl::UnavailableError(absl::StrCat(
-          "peer mesh: cannot reach ", a.host, ":", a.port, ": ",
-          std::strerror(err)));
+      return absl::UnavailableError(absl::StrCat("peer mesh: cannot reach ",
+                                                 a.host, ":", a.port, ": ",
+                                                 std::strerror(err)));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -179,9 +179,9 @@ size_t PeerSliceBegin(size_t n, uint32_t ducks, uint32_t j) {
 absl::StatusOr<std::unique_ptr<PeerMesh>>
 PeerMesh::Connect(const PeerMeshOptions &o) {
   if (o.ducks == 0 || o.rank >= o.ducks || o.peers.size() != o.ducks)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer mesh: rank ", o.rank, " of ", o.ducks, " with ",
-        o.peers.size(), " peer addresses"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer mesh: rank ", o.rank, " of ", o.ducks, " with ",
+                     o.peers.size(), " peer addresses"));
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
@@ -282,14 +282,12 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
                   f.out->size(), &f.out_off);
         sent_ += f.out_off - before;
       }
-      if (ok && (ev & (POLLIN | POLLHUP | POLLERR)) &&
-          f.in_off < f.InTotal()) {
+      if (ok && (ev & (POLLIN | POLLHUP | POLLERR)) && f.in_off < f.InTotal()) {
         const size_t before = f.in_off;
         // The payload's length is checked once the header is in; until
         // then read at most the header.
         const size_t limit = f.in_off < sizeof(MsgHeader) ? 0 : f.in->size();
-        ok = Move(fds[i].fd, false, &f.in_hdr, f.in->data(), limit,
-                  &f.in_off);
+        ok = Move(fds[i].fd, false, &f.in_hdr, f.in->data(), limit, &f.in_off);
         received_ += f.in_off - before;
         if (ok && f.in_off == sizeof(MsgHeader) &&
             (f.in_hdr.seq != seq || f.in_hdr.bytes != f.in->size()))
@@ -306,8 +304,8 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
   }
 }
 
-absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in,
-                                     PeerWire wire, absl::Span<float> out) {
+absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in, PeerWire wire,
+                                     absl::Span<float> out) {
   const size_t n = in.size();
   const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
   const size_t len = PeerSliceBegin(n, ducks_, rank_ + 1) - b0;

@@ -102,8 +102,8 @@ TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
   auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
     const size_t b = PeerSliceBegin(n, ducks, r);
     std::vector<float> slice(PeerSliceBegin(n, ducks, r + 1) - b);
-    if (absl::Status s = m.ReduceScatter(Values(r, n), wire,
-                                         absl::MakeSpan(slice));
+    if (absl::Status s =
+            m.ReduceScatter(Values(r, n), wire, absl::MakeSpan(slice));
         !s.ok())
       return s;
     reduced[r] = slice;
@@ -129,14 +129,14 @@ TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DucksAndWires, PeerMeshTest,
-    ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
-                       ::testing::Values(PeerWire::f32, PeerWire::bf16)));
+INSTANTIATE_TEST_SUITE_P(DucksAndWires, PeerMeshTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
+                                            ::testing::Values(PeerWire::f32,
+                                                              PeerWire::bf16)));
 
 TEST(PeerMeshErrors, AnotherSessionIsRefusedByName) {
-  std::vector<absl::Status> st = RunMesh(
-      2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {7, 8});
+  std::vector<absl::Status> st =
+      RunMesh(2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {7, 8});
   EXPECT_FALSE(st[0].ok());
   EXPECT_FALSE(st[1].ok());
   EXPECT_NE(std::string(st[0].message()).find("another mesh"),
@@ -154,8 +154,8 @@ TEST(PeerMeshErrors, MismatchedCollectiveIsAnErrorNotGarbage) {
   // other may see the link closed instead).
   ASSERT_FALSE(st[0].ok());
   ASSERT_FALSE(st[1].ok());
-  const std::string both = std::string(st[0].message()) + " | " +
-                           std::string(st[1].message());
+  const std::string both =
+      std::string(st[0].message()) + " | " + std::string(st[1].message());
   EXPECT_NE(both.find("got collective 1 of"), std::string::npos) << both;
 }
 
