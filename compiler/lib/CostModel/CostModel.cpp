@@ -888,6 +888,8 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
                           (p.lmHeadOnDucks ? 1 : 0)) *
                          c.stepOverheadUs / 1e3;
   p.networkMsPerToken = sums.netMs; // 0 without a link speed
+  if (c.residualOnDucks)
+    applyResidualOnDucks(m, c, p);
   const double ms = p.streamMsPerToken + p.dispatchMsPerToken +
                     p.hostMsPerToken + p.networkMsPerToken;
   p.tokS = ms > 0 ? 1e3 / ms : 0;

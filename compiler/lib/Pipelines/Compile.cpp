@@ -107,7 +107,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                       ClusterModel &cost, double &duckLink) {
   double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
-         chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0;
+         chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0,
+         meshCall = 0, meshMessage = 0;
   for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
                         {"step_overhead_us", &ov},
                         {"fp9_gparam_s", &gps},
@@ -120,7 +121,9 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"context_tokens", &context},
                         {"host_link_gbps", &hostLink},
                         {"duck_link_gbps", &duckLink},
-                        {"latency_us", &latency}})
+                        {"latency_us", &latency},
+                        {"mesh_call_us", &meshCall},
+                        {"mesh_message_us", &meshMessage}})
     if (Error e = readNumber(o, key, *v, path))
       return e;
   if (bw <= 0)
@@ -137,7 +140,9 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"context_tokens", context},
                         {"host_link_gbps", hostLink},
                         {"duck_link_gbps", duckLink},
-                        {"latency_us", latency}})
+                        {"latency_us", latency},
+                        {"mesh_call_us", meshCall},
+                        {"mesh_message_us", meshMessage}})
     if (v < 0) {
       char got[32];
       std::snprintf(got, sizeof got, "%g", v);
@@ -157,6 +162,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   cost.contextTokens = (int64_t)context;
   cost.hostLinkGbps = hostLink;
   cost.latencyUs = latency;
+  cost.meshCallUs = meshCall;
+  cost.meshMessageUs = meshMessage;
   return Error::success();
 }
 
@@ -500,6 +507,22 @@ Error checkCompileOptions(const CompileOptions &opts,
     return err("--fanout relay and multicast are modelled only: the runtime "
                "sends each duck its own copy of a step, so no plan is "
                "written with them (use --dry-run)");
+  if (opts.cluster.cost.residualOnDucks) {
+    if (writes)
+      return err("--residual ducks is modelled only: no duck runs a layer's "
+                 "norms and router yet, so no plan is written with it (use "
+                 "--dry-run)");
+    if (opts.inProj != "ducks" || opts.qProj != "ducks" ||
+        opts.oProj != "ducks" ||
+        (ckpt.model().usesMla() && opts.mlaAbsorb != "ducks"))
+      return err("--residual ducks keeps only the attention over the cache "
+                 "on the host: it needs --in-proj, --q-proj and --o-proj "
+                 "ducks" +
+                 std::string(ckpt.model().usesMla()
+                                 ? " and --mla-absorb ducks"
+                                 : "") +
+                 " (or --tp auto, which chooses among those)");
+  }
   if (writes && opts.outDir.empty())
     return err("no output directory: pass -o <out-dir> (or --dry-run)");
   return Error::success();

@@ -249,6 +249,19 @@ cl::opt<std::string> compileReduce(
              "--relay-chunk-kib, partial sums reduced at each duck on the "
              "way"),
     cl::init("star"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileResidual(
+    "residual",
+    cl::desc("Where the cost model keeps the residual stream: 'host' "
+             "(default: what the runtime does) or 'ducks': MODELLED ONLY, "
+             "NOT BUILT IN THE RUNTIME; only with --dry-run. The host keeps "
+             "each layer's attention over its cache and exchanges with the "
+             "ducks once a layer; the layer's reductions and broadcasts run "
+             "among the ducks as collectives over their own links (the "
+             "ducks' mesh that duck-bench collective measures; cluster file "
+             "mesh_call_us and mesh_message_us), the routers and the "
+             "indexer's weights are read by the ducks. Needs every attention "
+             "projection on the ducks"),
+    cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileMlaAbsorb(
     "mla-absorb",
     cl::desc("Where DeepSeek's MLA takes its queries into the latent space "
@@ -376,6 +389,11 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                           : compileFanout == "multicast" ? Fanout::multicast
                                                          : Fanout::unicast;
   o.cluster.cost.reduceTree = compileReduce == "tree";
+  if (compileResidual != "host" && compileResidual != "ducks")
+    return createStringError(inconvertibleErrorCode(),
+                             "--residual must be host or ducks, got '" +
+                                 compileResidual + "'");
+  o.cluster.cost.residualOnDucks = compileResidual == "ducks";
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
   if (compileSpecDrafts < 0 || compileSpecDrafts > 16 ||
@@ -687,6 +705,7 @@ options of one subcommand.
           [--dry-run] [--progress]
           [--fanout unicast|relay|multicast --reduce star|tree
            --relay-fanout F --relay-host-fanout K --relay-chunk-kib C]
+          [--residual host|ducks]
           [--speculative-drafts K --speculative-acceptance A]
       Lowers the model through the duck dialect (partition over the ducks,
       kernel selection, modes, weight layout) and writes model.duckplan plus
@@ -712,7 +731,10 @@ options of one subcommand.
       MODELLED ONLY (the runtime sends every duck its own copy): with
       --dry-run they show what a relay tree among the ducks, or one copy a
       step from the host with the replies reduced up a tree, would do to
-      the network term; no plan is written with them.
+      the network term; no plan is written with them. --residual ducks
+      is MODELLED ONLY too: the ducks keep the residual stream and reduce
+      and share it among themselves (duck-bench collective measures the
+      collectives on the link simulator), the host exchanges once a layer.
 
   fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8

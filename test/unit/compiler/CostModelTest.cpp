@@ -413,6 +413,79 @@ TEST(CostModelTest, NetworkJoinsTheTokenTime) {
               1e3 / (p.streamMsPerToken + 0.16 + p.networkMsPerToken), 1e-9);
 }
 
+// A collective among 4 ducks at 1 Gb/s (125 bytes a us), 10 us one way,
+// 5 us a call and 2 us a message: 10 values of 4 bytes, slices 3, 3, 2, 2.
+TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {
+  ClusterModel c;
+  c.duckLinkGbps.assign(4, 1.0);
+  c.latencyUs = 10;
+  c.meshCallUs = 5;
+  c.meshMessageUs = 2;
+  // Reduce-scatter: duck 0 sends slices 1..3 (8 + 12, 8 + 8, 8 + 8 = 52
+  // bytes) and takes three of its own (3 x 20 = 60): 60 bytes the busiest
+  // direction of ducks 0 and 1; ducks 2, 3 send 56 and take 48.
+  MeshWire rs = meshWire(c, Collective::reduceScatter, 10, 4, 4);
+  EXPECT_NEAR(rs.wireSeconds, 60 / 125e6, 1e-15);
+  EXPECT_NEAR(rs.latencySeconds, 10e-6, 1e-15);
+  EXPECT_NEAR(rs.overheadSeconds, (5 + 3 * 2) * 1e-6, 1e-15);
+  EXPECT_NEAR(rs.seconds, 60 / 125e6 + 10e-6 + 11e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(rs.bytesPerDuck, 56);
+  // All-gather: the same bytes the other way round.
+  MeshWire ag = meshWire(c, Collective::allGather, 10, 4, 4);
+  EXPECT_NEAR(ag.wireSeconds, 60 / 125e6, 1e-15);
+  EXPECT_DOUBLE_EQ(ag.bytesPerDuck, 60);
+  // One duck: nothing to exchange.
+  EXPECT_EQ(meshWire(c, Collective::allGather, 10, 1, 4).seconds, 0);
+}
+
+// The residual on the ducks: one host exchange a layer and one for the
+// head, a dense GQA layer's four collectives, the embedded token's
+// gather, and the host's weights moved to the ducks' stream.
+TEST(CostModelTest, ResidualOnTheDucksExchangesOnceALayer) {
+  ModelFacts m;
+  m.tp = 2;
+  FfnLayer l;
+  l.hidden = 1024;
+  l.shards = {denseShard(0, 128, 1024, 1'000'000),
+              denseShard(1, 128, 1024, 1'000'000)};
+  m.ffn = {l, l};
+  Attention a;
+  a.heads = 4;
+  a.headDim = 64;
+  a.kvHeads = 2;
+  m.attention = {a, a};
+  m.hostWeightBytes = 2'000'000;
+  ClusterModel c;
+  c.bandwidthGbs = 10;
+  c.stepOverheadUs = 80;
+  c.hostLinkGbps = 1;
+  c.duckLinkGbps = {1, 1};
+  c.meshCallUs = 5;
+  PlanCost built = costPlan(m, c);
+  c.residualOnDucks = true;
+  PlanCost p = costPlan(m, c);
+  EXPECT_TRUE(p.residualOnDucks);
+  EXPECT_EQ(p.stepsPerToken, 3);         // two layers and the head
+  EXPECT_EQ(p.collectivesPerToken, 1 + 2 * 4);
+  EXPECT_NEAR(p.dispatchMsPerToken, 3 * 0.08 + 9 * 0.005, 1e-12);
+  // 2 MB over 2 ducks at 10 GB/s.
+  EXPECT_NEAR(p.meshHostWeightsMsPerToken, 0.1, 1e-12);
+  EXPECT_NEAR(p.streamMsPerToken, built.streamMsPerToken + 0.1, 1e-12);
+  // Each collective of 1024 fp32 over 2 ducks: 8 + 2048 bytes each way.
+  EXPECT_NEAR(p.meshMsPerToken, 9 * 2056 * 8 / 1e6, 1e-12);
+  EXPECT_NEAR(p.networkMsPerToken,
+              p.meshMsPerToken + p.networkOutMsPerToken +
+                  p.networkBackMsPerToken + p.networkLatencyMsPerToken,
+              1e-12);
+  // Far less at the host than the built plan's two whole vectors a duck
+  // a step.
+  EXPECT_LT(p.hostTxBytesPerToken, built.hostTxBytesPerToken / 2);
+  EXPECT_NEAR(p.tokS,
+              1e3 / (p.streamMsPerToken + p.dispatchMsPerToken +
+                     p.hostMsPerToken + p.networkMsPerToken),
+              1e-9);
+}
+
 TEST(CostModelTest, PrefillDecodesOncePerChunk) {
   // A dense slice of 3 x 1024 x 256 weights at 10 Gparam/s GEMV and 40
   // GMAC/s GEMM, 64-row chunks: each weight decoded once, 64 FMAs.

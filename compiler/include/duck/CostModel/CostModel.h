@@ -121,6 +121,23 @@ struct ClusterModel {
 
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;
+
+  /// The ducks keep the residual stream (duckc --residual ducks), MODELLED
+  /// ONLY: duckd opens no mesh yet and the ELF has no norm or router, so
+  /// duckc writes no plan with it. The host keeps each layer's attention
+  /// over its cache and exchanges with the ducks once a layer (each duck
+  /// its heads' attention output in, its heads' queries and its slice of
+  /// the layer's kv and indexer rows back); the rest of the layer's
+  /// reductions and broadcasts run among the ducks as collectives over
+  /// their own links (duck_rt/peer_mesh.h; see cost::meshWire), and the
+  /// host's weights (routers, indexer) are read by the ducks in slices.
+  /// Needs every attention projection on the ducks (in+q+o; an MLA
+  /// absorbed).
+  bool residualOnDucks = false;
+  /// What a collective costs beyond its bytes and latency (cluster file
+  /// `mesh_call_us`, and `mesh_message_us` for each message a duck sends
+  /// in it: `duck-bench collective` measures both on unlimited links).
+  double meshCallUs = 0, meshMessageUs = 0;
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
@@ -183,6 +200,7 @@ struct Attention {
   double heads = 0;
   double headDim = 0, kvHeads = 0; // GQA
   double kvLora = 0, rope = 0;     // MLA (absorbed)
+  double qLora = 0;                // MLA's q_a rows (0: none)
   /// DeepSeek-V3.2's indexer (MLA only): its heads and their width, and
   /// the positions it keeps (0: all).
   bool indexer = false;
@@ -308,6 +326,22 @@ struct PlanCost {
     bool mtp = false;
     double mtpMs = 0;
   } speculative;
+  /// ClusterModel::residualOnDucks (modelled only): the collectives among
+  /// the ducks a token, their time in networkMsPerToken (wire and latency)
+  /// and dispatchMsPerToken (meshCall/MessageUs), and the host's weights
+  /// the ducks read instead, their time in streamMsPerToken.
+  bool residualOnDucks = false;
+  int64_t collectivesPerToken = 0;
+  double meshMsPerToken = 0, meshLatencyMsPerToken = 0,
+         meshOverheadMsPerToken = 0, meshBytesPerDuckPerToken = 0;
+  double meshHostWeightsMsPerToken = 0;
+  /// The token's collectives in order (what duck-bench collective runs).
+  struct MeshStep {
+    bool reduceScatter = false; // else all-gather
+    int64_t values = 0;
+    double bytesPerValue = 4;
+  };
+  std::vector<MeshStep> meshSchedule;
 };
 
 /// Expected distinct experts `rows` tokens choose, each top_k of
@@ -449,6 +483,37 @@ StepWire stepWireEach(const ClusterModel &c, uint32_t rows,
                       const std::vector<int64_t> &k,
                       const std::vector<int64_t> &outWidth, bool partialSums);
 
+
+/// One collective among the ducks (ClusterModel::residualOnDucks), a
+/// direct exchange over a non-blocking switch: each duck sends each other
+/// duck its piece at once (8 bytes of header each), every piece crossing
+/// the sender's link out and the receiver's in (as duck-linksim routes
+/// them). Reduce-scatter of n values: duck r sends slice j to duck j;
+/// all-gather: its own slice to every duck (`values`: the whole vector's
+/// length, slices as PeerSliceBegin's). Its time: the busiest link
+/// direction's bytes at its rate, the one-way latency once, and
+/// meshCallUs + meshMessageUs for each message a duck sends.
+struct MeshWire {
+  double seconds = 0, wireSeconds = 0, latencySeconds = 0,
+         overheadSeconds = 0;
+  double bytesPerDuck = 0; // the most a duck sends
+};
+enum class Collective { reduceScatter, allGather };
+MeshWire meshWire(const ClusterModel &c, Collective kind, int64_t values,
+                  int64_t ducks, double bytesPerValue);
+
+/// ClusterModel::residualOnDucks (MODELLED ONLY) on a plan costed as built
+/// (its stream, its host attention): the wire becomes one host exchange a
+/// layer and one for the head (the ducks hold the final hidden: the head's
+/// rows, or the hidden's slices to a host head), plus each layer's
+/// collectives (q_a gathered for an MLA, the attention's sums
+/// reduce-scattered and the residual gathered, the router's logits
+/// gathered for a MoE layer, the FFN's sums reduce-scattered and the
+/// residual gathered) and the embedded token gathered once; the dispatch
+/// one step overhead a host exchange and each collective's calls; the
+/// host's weights read by the ducks in slices at their bandwidth.
+void applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
+                          PlanCost &p);
 
 /// A row-split matrix's slowest duck a token (seconds): each duck's rows
 /// at its kernel class's rate, else its rate, else its bytes (or 1.125 a

@@ -508,6 +508,8 @@ std::vector<cost::Attention> attentionFactsOf(ModuleOp module, OpFilter keep) {
     f.gqa = false;
     f.kvLora = double(kvb.getShape()[1]);
     f.rope = double(kva.getShape()[0]) - f.kvLora;
+    if (auto qa = a.getWeights().getAs<WeightAttr>("q_a_proj"))
+      f.qLora = double(qa.getShape()[0]);
     if (DictionaryAttr idx = a.getIndexerAttr()) {
       auto geti = [&](StringRef k) {
         auto v = idx.getAs<IntegerAttr>(k);
@@ -688,7 +690,7 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                                  .str()
                                  .c_str()
                            : "no read bandwidth given");
-  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0) {
+  if (c.hostReadGbs > 0 && c.hostMsPerToken <= 0 && !s.residualOnDucks) {
     os << llvm::format("host weights (attention, routers): %.1f MB a token, "
                        "%.3f ms at %.1f GB/s (in the host's time below)",
                        s.hostWeightBytesPerToken / 1e6, s.hostOpsMsPerToken,
@@ -715,6 +717,19 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        (long long)s.stepsPerToken, s.networkOutMsPerToken,
                        s.networkBackMsPerToken, s.networkLatencyMsPerToken);
   }
+  if (s.residualOnDucks)
+    os << llvm::format(
+        "residual on the ducks (MODELLED ONLY, not built): %lld host "
+        "exchanges and %lld collectives among the ducks a token; the "
+        "collectives %.3f ms on the ducks' links (latency %.3f; in the "
+        "network above) + %.3f ms of their calls (%.0f us + %.1f us a "
+        "message; in the dispatch below), %.2f MB sent by each duck to its "
+        "peers; the host's weights (routers, indexer) read by the ducks in "
+        "slices, %.3f ms (in the ducks' time below)\n",
+        (long long)s.stepsPerToken, (long long)s.collectivesPerToken,
+        s.meshMsPerToken, s.meshLatencyMsPerToken, s.meshOverheadMsPerToken,
+        c.meshCallUs, c.meshMessageUs, s.meshBytesPerDuckPerToken / 1e6,
+        s.meshHostWeightsMsPerToken);
   if (c.gemmGmacS > 0)
     os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
                        "%.3f ms a prompt token, %lld-token chunks; fp9 GEMM "
@@ -783,6 +798,30 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
 }
 
 namespace {
+/// The residual on the ducks' keys (modelled only), when it was asked for:
+/// its parts and the token's collectives in order.
+void addMeshJson(const ModuleStats &s, const ClusterModel &c,
+                 llvm::json::Object &o) {
+  o["residual_on_ducks"] = s.residualOnDucks;
+  if (!s.residualOnDucks)
+    return;
+  llvm::json::Array mesh;
+  for (const cost::PlanCost::MeshStep &m : s.meshSchedule)
+    mesh.push_back(llvm::json::Object{
+        {"kind", m.reduceScatter ? "reduce_scatter" : "all_gather"},
+        {"values", m.values},
+        {"bytes_per_value", m.bytesPerValue}});
+  o["collectives_per_token"] = s.collectivesPerToken;
+  o["mesh_ms_per_token"] = s.meshMsPerToken;
+  o["mesh_latency_ms_per_token"] = s.meshLatencyMsPerToken;
+  o["mesh_overhead_ms_per_token"] = s.meshOverheadMsPerToken;
+  o["mesh_bytes_per_duck_per_token"] = s.meshBytesPerDuckPerToken;
+  o["mesh_host_weights_ms_per_token"] = s.meshHostWeightsMsPerToken;
+  o["mesh_call_us"] = c.meshCallUs;
+  o["mesh_message_us"] = c.meshMessageUs;
+  o["mesh_schedule"] = std::move(mesh);
+}
+
 /// The speculative projection's keys, when one was asked for.
 void addSpeculativeJson(const ModuleStats &s, llvm::json::Object &o) {
   if (s.speculative.rows == 0)
@@ -878,6 +917,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"step_overhead_us", c.stepOverheadUs},
   };
   addSpeculativeJson(s, o);
+  addMeshJson(s, c, o);
   return o;
 }
 

@@ -1,0 +1,188 @@
+//===- Mesh.cpp - collectives among the ducks, the residual on the ducks --===//
+//
+// MODELLED ONLY (ClusterModel::residualOnDucks): the runtime has the mesh
+// (duck_rt/peer_mesh.h, measured by duck-bench collective) but no duck runs
+// a layer's norms and router yet.
+//
+//===----------------------------------------------------------------------===//
+#include "duck/CostModel/CostModel.h"
+
+#include <algorithm>
+
+using namespace mlir::duck;
+using namespace mlir::duck::cost;
+
+namespace {
+
+/// Part r of n split over `parts` (the first n % parts one longer), as
+/// PeerSliceBegin and the heads' split.
+double partOf(double n, int64_t parts, int64_t r) {
+  const int64_t whole = int64_t(n);
+  return double(whole / parts + (r < whole % parts ? 1 : 0));
+}
+
+/// Duck r's link in bytes a second (0: unlimited).
+double linkBytesPerSecond(const ClusterModel &c, int64_t r) {
+  return size_t(r) < c.duckLinkGbps.size() ? c.duckLinkGbps[r] * 1e9 / 8
+                                           : 0.0;
+}
+
+constexpr double kMeshHeaderBytes = 8; // a message's sequence and length
+
+} // namespace
+
+MeshWire cost::meshWire(const ClusterModel &c, Collective kind,
+                        int64_t values, int64_t ducks, double bytesPerValue) {
+  MeshWire w;
+  if (ducks <= 1)
+    return w;
+  auto piece = [&](int64_t j) {
+    return kMeshHeaderBytes + partOf(double(values), ducks, j) * bytesPerValue;
+  };
+  double all = 0;
+  for (int64_t j = 0; j < ducks; ++j)
+    all += piece(j);
+  for (int64_t r = 0; r < ducks; ++r) {
+    // Reduce-scatter: every other duck's slice out, own slice in from all;
+    // all-gather the reverse.
+    const double others = all - piece(r), own = double(ducks - 1) * piece(r);
+    const double out = kind == Collective::reduceScatter ? others : own;
+    const double in = kind == Collective::reduceScatter ? own : others;
+    w.bytesPerDuck = std::max(w.bytesPerDuck, out);
+    const double rate = linkBytesPerSecond(c, r);
+    if (rate > 0)
+      w.wireSeconds = std::max(w.wireSeconds, std::max(out, in) / rate);
+  }
+  w.latencySeconds = c.latencyUs * 1e-6;
+  w.overheadSeconds =
+      (c.meshCallUs + c.meshMessageUs * double(ducks - 1)) * 1e-6;
+  w.seconds = w.wireSeconds + w.latencySeconds + w.overheadSeconds;
+  return w;
+}
+
+namespace {
+
+/// Adds one collective to the token's figures.
+void addCollective(const ClusterModel &c, Collective kind, double values,
+                   int64_t tp, double bytesPerValue, PlanCost &p) {
+  const int64_t n = int64_t(values * double(c.decodeRows));
+  const MeshWire w = meshWire(c, kind, n, tp, bytesPerValue);
+  p.meshSchedule.push_back(
+      {kind == Collective::reduceScatter, n, bytesPerValue});
+  p.meshMsPerToken += 1e3 * (w.wireSeconds + w.latencySeconds);
+  p.meshLatencyMsPerToken += 1e3 * w.latencySeconds;
+  p.meshOverheadMsPerToken += 1e3 * w.overheadSeconds;
+  p.meshBytesPerDuckPerToken += w.bytesPerDuck;
+  ++p.collectivesPerToken;
+}
+
+/// Duck r's floats in and out of a layer's one host exchange: in, its
+/// heads' attention outputs (latent for an MLA), and on the first layer its
+/// slice of the embedded token; out, its heads' queries (absorbed for an
+/// MLA), its slice of the layer's kv rows and of the indexer's queries,
+/// weights and key.
+void exchangeWidths(const Attention *a, int64_t tp, double firstSlice,
+                    std::vector<int64_t> &in, std::vector<int64_t> &out) {
+  in.assign(tp, 0);
+  out.assign(tp, 0);
+  for (int64_t r = 0; r < tp; ++r) {
+    double i = partOf(firstSlice, tp, r), o = 0;
+    if (a) {
+      const double heads = partOf(a->heads, tp, r);
+      const double kvRows =
+          a->gqa ? 2 * a->kvHeads * a->headDim : a->kvLora + a->rope;
+      i += heads * (a->gqa ? a->headDim : a->kvLora);
+      o += heads * (a->gqa ? a->headDim : a->kvLora + a->rope) +
+           partOf(kvRows, tp, r);
+      if (a->indexer)
+        o += partOf(a->indexHeads, tp, r) * (a->indexDim + 1) +
+             partOf(a->indexDim, tp, r);
+    }
+    in[r] = int64_t(i);
+    out[r] = int64_t(o);
+  }
+}
+
+/// Adds one host exchange (a step) to the token's wire.
+void addExchange(const ClusterModel &c, const std::vector<int64_t> &in,
+                 const std::vector<int64_t> &out, PlanCost &p) {
+  const StepWire w =
+      stepWireEach(c, (uint32_t)c.decodeRows, in, out, /*partialSums=*/false);
+  p.hostTxBytesPerToken += w.txBytes;
+  p.hostRxBytesPerToken += w.rxBytes;
+  p.networkOutMsPerToken += 1e3 * w.outSeconds;
+  p.networkBackMsPerToken += 1e3 * w.backSeconds;
+  p.networkLatencyMsPerToken += 1e3 * w.latencySeconds;
+  p.networkMsPerToken += 1e3 * w.seconds;
+  ++p.stepsPerToken;
+}
+
+/// The collectives of one layer: q_a's rows gathered (an MLA's), the
+/// attention's partial sums reduce-scattered and the new residual
+/// gathered, the router's logits gathered (MoE), the FFN's partial sums
+/// reduce-scattered and the residual gathered.
+void addLayerCollectives(const ClusterModel &c, const FfnLayer &l,
+                         const Attention *a, int64_t tp, PlanCost &p) {
+  const double act = c.wireBf16 ? 2 : 4, sums = c.wireOutBf16 ? 2 : 4;
+  if (a && a->qLora > 0)
+    addCollective(c, Collective::allGather, a->qLora, tp, act, p);
+  addCollective(c, Collective::reduceScatter, double(l.hidden), tp, sums, p);
+  addCollective(c, Collective::allGather, double(l.hidden), tp, act, p);
+  if (l.moe) // fp32 logits: every duck picks the same top_k
+    addCollective(c, Collective::allGather, double(l.numExperts), tp, 4, p);
+  addCollective(c, Collective::reduceScatter, double(l.hidden), tp, sums, p);
+  addCollective(c, Collective::allGather, double(l.hidden), tp, act, p);
+}
+
+} // namespace
+
+void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
+                                PlanCost &p) {
+  const int64_t tp = m.tp;
+  p.residualOnDucks = true;
+  p.hostTxBytesPerToken = p.hostRxBytesPerToken = 0;
+  p.networkOutMsPerToken = p.networkBackMsPerToken = 0;
+  p.networkLatencyMsPerToken = p.networkMsPerToken = 0;
+  p.stepsPerToken = 0;
+  const double hidden = m.ffn.empty() ? 0 : double(m.ffn.front().hidden);
+  // The embedded token: each duck its slice, then gathered.
+  if (!m.ffn.empty())
+    addCollective(c, Collective::allGather, hidden, tp, c.wireBf16 ? 2 : 4,
+                  p);
+  for (size_t i = 0; i < m.ffn.size(); ++i) {
+    const Attention *a = i < m.attention.size() ? &m.attention[i] : nullptr;
+    std::vector<int64_t> in, out;
+    exchangeWidths(a, tp, i == 0 ? hidden : 0, in, out);
+    addExchange(c, in, out, p);
+    addLayerCollectives(c, m.ffn[i], a, tp, p);
+  }
+  // The head: the ducks hold the final hidden; each sends its vocabulary
+  // rows' logits (the head on the ducks) or its slice of the hidden.
+  std::vector<int64_t> none(tp, 0), last(tp, 0);
+  for (const RowSplit &r : m.rowSplits)
+    if (r.role == RowSplit::Role::head)
+      last = r.rows;
+  if (!p.lmHeadOnDucks)
+    for (int64_t r = 0; r < tp; ++r)
+      last[r] = int64_t(partOf(hidden, tp, r));
+  addExchange(c, none, last, p);
+  p.networkMsPerToken += p.meshMsPerToken;
+  // One host step a layer and the head's, and every collective's calls.
+  p.dispatchMsPerToken =
+      double(p.stepsPerToken) * c.stepOverheadUs / 1e3 +
+      p.meshOverheadMsPerToken;
+  // The host's weights (routers, the indexer's) read by the ducks in
+  // slices; the host keeps the attention over its cache.
+  p.meshHostWeightsMsPerToken =
+      1e3 * m.hostWeightBytes / double(tp) / (c.bandwidthGbs * 1e9);
+  p.streamMsPerToken += p.meshHostWeightsMsPerToken;
+  const double measured =
+      c.hostMsPerToken > 0 && c.hostReadGbs > 0
+          ? std::max(0.0, c.hostMsPerToken -
+                              1e3 * (m.hostWeightBytes + m.onDucksHostBytes) /
+                                  (c.hostReadGbs * 1e9))
+          : c.hostMsPerToken;
+  p.hostOpsMsPerToken = p.hostOverlappedMsPerToken = 0;
+  p.hostMsPerToken =
+      measured + p.hostAttnMsPerToken + p.hostLmHeadMsPerToken;
+}
