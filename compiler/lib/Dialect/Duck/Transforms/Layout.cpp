@@ -798,6 +798,22 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
 }
 
 namespace {
+/// How a step reaches the ducks (the relay and multicast are modelled
+/// only) and the links' latency.
+void addFanoutJson(const ClusterModel &c, llvm::json::Object &o) {
+  o["latency_us"] = c.latencyUs;
+  o["fanout"] = c.fanout == ClusterModel::Fanout::relay
+                    ? "relay (modelled only)"
+                : c.fanout == ClusterModel::Fanout::multicast
+                    ? (c.reduceTree ? "multicast, reduced up a tree "
+                                      "(modelled only)"
+                                    : "multicast (modelled only)")
+                    : "unicast";
+  o["relay_fanout"] = c.relayFanout;
+  o["relay_host_fanout"] = c.relayHostFanout;
+  o["relay_chunk_bytes"] = c.relayChunkBytes;
+}
+
 /// The residual on the ducks' keys (modelled only), when it was asked for:
 /// its parts and the token's collectives in order.
 void addMeshJson(const ModuleStats &s, const ClusterModel &c,
@@ -895,17 +911,6 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"network_back_ms_per_token", s.networkBackMsPerToken},
       {"network_latency_ms_per_token", s.networkLatencyMsPerToken},
       {"steps_per_token", s.stepsPerToken},
-      {"latency_us", c.latencyUs},
-      {"fanout", c.fanout == ClusterModel::Fanout::relay
-                     ? "relay (modelled only)"
-                 : c.fanout == ClusterModel::Fanout::multicast
-                     ? (c.reduceTree ? "multicast, reduced up a tree "
-                                       "(modelled only)"
-                                     : "multicast (modelled only)")
-                     : "unicast"},
-      {"relay_fanout", c.relayFanout},
-      {"relay_host_fanout", c.relayHostFanout},
-      {"relay_chunk_bytes", c.relayChunkBytes},
       {"mla_absorbed_bytes_per_token", s.mlaAbsorbedBytesPerToken},
       {"prefill_network_ms_per_token", s.prefillNetworkMsPerToken},
       {"host_tx_bytes_per_token", s.hostTxBytesPerToken},
@@ -918,6 +923,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
   };
   addSpeculativeJson(s, o);
   addMeshJson(s, c, o);
+  addFanoutJson(c, o);
   return o;
 }
 
