@@ -8,7 +8,9 @@
 // `duck-bench host` (BenchHost.cpp): the host's GEMV and attention kernels
 // against the read bandwidth of the same run. `duck-bench cluster`
 // (BenchCluster.cpp): TPOT over local ducks behind the link simulator
-// beside the cost model's prediction.
+// beside the cost model's prediction. `duck-bench collective`
+// (BenchCollective.cpp): the ducks' mesh running a token's collectives
+// behind the link simulator beside the cost model's mesh term.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_BENCH_BENCHSUBCOMMANDS_H
@@ -19,6 +21,7 @@ int duckBenchJudge(int argc, char **argv);
 int duckBenchCache(int argc, char **argv);
 int duckBenchHost(int argc, char **argv);
 int duckBenchCluster(int argc, char **argv);
+int duckBenchCollective(int argc, char **argv);
 
 namespace duck::bench {
 /// The whole tool: dispatches argv[1] to a subcommand, prints the list on

@@ -50,6 +50,9 @@ const Subcommand kSubcommands[] = {
      runE2e},
     {"cluster", "TPOT over ducks behind simulated links vs the cost model",
      duckBenchCluster},
+    {"collective",
+     "the ducks' collectives over simulated links vs the cost model",
+     duckBenchCollective},
 };
 
 void printUsage(FILE *out) {

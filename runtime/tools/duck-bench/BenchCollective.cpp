@@ -1,0 +1,425 @@
+//===- BenchCollective.cpp - duck-bench collective: the ducks' mesh --------===//
+//
+// The collectives a token takes with the residual stream on the ducks
+// (duckc --residual ducks, modelled only), run as the cost model lists
+// them (its stats' mesh_schedule) by N ducks' meshes (duck_rt/peer_mesh.h,
+// one thread a duck) behind the link simulator, which routes every
+// duck-to-duck byte over both ducks' links. Three kinds of run alternate:
+// straight over loopback (what the mesh's own calls cost on this box),
+// through the simulator with unlimited links (the baseline) and with the
+// given links (shaped). measured_mesh_ms = shaped - baseline, beside the
+// cost model's mesh_ms_per_token (wire and latency) for the same links.
+//
+//===----------------------------------------------------------------------===//
+#include "BenchSubcommands.h"
+
+#include "duck/runtime/cluster/LinkSim.h"
+#include "duck/runtime/cluster/LocalCluster.h"
+#include "duck_rt/peer_mesh.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <netinet/in.h>
+#include <sstream>
+#include <string>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using duck::duckd::PeerMesh;
+using duck::duckd::PeerWire;
+using duck::runtime::LinkSim;
+using duck::runtime::LinkSimOptions;
+
+struct CollectiveBenchOptions {
+  uint32_t ducks = 4;
+  double duck_gbps = 2.5, latency_us = 50, scale = 1;
+  uint32_t tokens = 6, repeat = 3;
+  std::string wire = "bf16"; // duckc's --wire-activations / --wire-results
+  std::string model = DUCK_SOURCE_DIR "/models/DeepSeek-V3.2";
+  bool json = false;
+};
+
+void PrintUsage(FILE *out) {
+  std::fprintf(
+      out,
+      "usage: duck-bench collective [--ducks N (4)] [--duck-link-gbps Y "
+      "(2.5)]\n"
+      "  [--latency-us Z (50, one way)] [--scale S (1: the rate divided by "
+      "S,\n"
+      "  in the simulator and the cost model alike)] [--tokens T (6)]\n"
+      "  [--repeat R (3: runs of each kind, alternating; medians)]\n"
+      "  [--wire f32|bf16 (bf16)] [--model DIR (models/DeepSeek-V3.2: only\n"
+      "  its config.json is read)] [--json]\n\n"
+      "The collectives of a token with the residual stream on the ducks\n"
+      "(duckc compile --residual ducks --dry-run, MODELLED ONLY: no duck runs\n"
+      "a layer's norms and router yet), in the cost model's order and sizes\n"
+      "(reduce-scatters of the attention's and the FFN's sums, all-gathers\n"
+      "of the residual, the router's logits and q_a), run by N ducks' meshes\n"
+      "(one thread a duck, one TCP connection a pair) over loopback, then\n"
+      "behind duck-linksim with unlimited links (baseline) and with the\n"
+      "given ones (shaped), alternating. measured_mesh_ms = shaped -\n"
+      "baseline a token; predicted_mesh_ms is the cost model's (the\n"
+      "busiest link direction's bytes and the one-way latency, each\n"
+      "collective). mesh_call_us is the loopback run's time a collective:\n"
+      "what the mesh's calls cost on this box (the cluster file's\n"
+      "mesh_call_us).\n\n%s",
+      duck::runtime::LinkSimModelText());
+}
+
+const char *Value(int argc, char **argv, int *i, const char *key) {
+  const size_t n = std::strlen(key);
+  if (std::strncmp(argv[*i], key, n) != 0)
+    return nullptr;
+  if (argv[*i][n] == '=')
+    return argv[*i] + n + 1;
+  if (argv[*i][n] == 0 && *i + 1 < argc)
+    return argv[++*i];
+  return nullptr;
+}
+
+bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char *v = nullptr;
+    if (a == "--json")
+      o->json = true;
+    else if ((v = Value(argc, argv, &i, "--ducks")))
+      o->ducks = uint32_t(std::atoi(v));
+    else if ((v = Value(argc, argv, &i, "--duck-link-gbps")))
+      o->duck_gbps = std::atof(v);
+    else if ((v = Value(argc, argv, &i, "--latency-us")))
+      o->latency_us = std::atof(v);
+    else if ((v = Value(argc, argv, &i, "--scale")))
+      o->scale = std::atof(v);
+    else if ((v = Value(argc, argv, &i, "--tokens")))
+      o->tokens = uint32_t(std::atoi(v));
+    else if ((v = Value(argc, argv, &i, "--repeat")))
+      o->repeat = uint32_t(std::atoi(v));
+    else if ((v = Value(argc, argv, &i, "--wire")))
+      o->wire = v;
+    else if ((v = Value(argc, argv, &i, "--model")))
+      o->model = v;
+    else {
+      std::fprintf(stderr, "duck-bench collective: unknown or incomplete "
+                           "argument '%s'\n",
+                   argv[i]);
+      return false;
+    }
+  }
+  if (o->wire != "f32" && o->wire != "bf16") {
+    std::fprintf(stderr, "duck-bench collective: --wire must be f32 or bf16\n");
+    return false;
+  }
+  if (o->ducks < 2 || o->ducks > 32 || o->tokens < 2 || o->repeat < 1 ||
+      o->repeat > 20 || !(o->scale > 0) || !(o->duck_gbps > 0) ||
+      o->latency_us < 0) {
+    std::fprintf(stderr, "duck-bench collective: --ducks must be 2 to 32, "
+                         "--tokens at least 2, --repeat 1 to 20, --scale and "
+                         "--duck-link-gbps positive, --latency-us not "
+                         "negative\n");
+    return false;
+  }
+  return true;
+}
+
+std::string Quote(const std::string &s) {
+  std::string q = "'";
+  for (char c : s)
+    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// One collective of the cost model's schedule.
+struct Step {
+  bool reduce_scatter = false;
+  size_t values = 0;
+  PeerWire wire = PeerWire::f32;
+};
+
+/// duckc's stats for the model at N ducks with the residual on the ducks,
+/// over links of `gbps` and `latency_us`; empty on failure (said).
+nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
+                              const std::string &dir, double gbps) {
+  nlohmann::json c;
+  c["ducks"] = nlohmann::json::array();
+  for (uint32_t i = 0; i < o.ducks; ++i)
+    c["ducks"].push_back({{"host", "127.0.0.1"},
+                          {"port", 7000 + i},
+                          {"cores", 4},
+                          {"memory_gib", 65536}});
+  c["duck_link_gbps"] = gbps;
+  c["latency_us"] = o.latency_us;
+  const std::string file = dir + "/cluster.json", out = dir + "/stats.json";
+  std::ofstream(file) << c.dump(1) << "\n";
+  std::ostringstream cc;
+  cc << Quote(duck::runtime::ExecutableDir() + "/duckc") << " compile "
+     << Quote(o.model) << " --cluster " << Quote(file) << " --tp " << o.ducks
+     << " --dry-run --emit=stats --residual ducks --in-proj ducks"
+     << " --q-proj ducks --o-proj ducks --mla-absorb ducks"
+     << (o.wire == "bf16" ? " --wire-activations bf16 --wire-results bf16"
+                          : "")
+     << " > " << Quote(out);
+  if (std::system(cc.str().c_str()) != 0) {
+    std::fprintf(stderr, "duck-bench collective: duckc failed: %s\n",
+                 cc.str().c_str());
+    return nullptr;
+  }
+  std::ifstream f(out);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.contains("mesh_schedule")) {
+    std::fprintf(stderr, "duck-bench collective: no mesh_schedule in %s\n",
+                 out.c_str());
+    return nullptr;
+  }
+  return j;
+}
+
+std::vector<Step> ScheduleOf(const nlohmann::json &stats) {
+  std::vector<Step> s;
+  for (const nlohmann::json &m : stats["mesh_schedule"])
+    s.push_back({m["kind"] == "reduce_scatter", m["values"].get<size_t>(),
+                 m["bytes_per_value"].get<double>() == 2 ? PeerWire::bf16
+                                                         : PeerWire::f32});
+  return s;
+}
+
+int ListenLoopback(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) != 0 ||
+      listen(fd, 64) != 0 || getsockname(fd, (sockaddr *)&a, &len) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/// One token's collectives on one duck's mesh.
+absl::Status RunToken(PeerMesh &m, const std::vector<Step> &schedule,
+                      std::vector<float> &a, std::vector<float> &b) {
+  const uint32_t n = m.ducks(), r = m.rank();
+  for (const Step &s : schedule) {
+    const size_t lo = duck::duckd::PeerSliceBegin(s.values, n, r);
+    const size_t len = duck::duckd::PeerSliceBegin(s.values, n, r + 1) - lo;
+    absl::Status st =
+        s.reduce_scatter
+            ? m.ReduceScatter(absl::MakeConstSpan(a.data(), s.values), s.wire,
+                              absl::MakeSpan(b.data(), len))
+            : m.AllGather(absl::MakeConstSpan(b.data(), len), s.wire,
+                          absl::MakeSpan(a.data(), s.values));
+    if (!st.ok())
+      return st;
+  }
+  return absl::OkStatus();
+}
+
+/// A run: the ducks' per-token times (rank 0's, ms) and what rank 0 sent.
+struct Run {
+  std::vector<double> token_ms;
+  uint64_t bytes_sent = 0;
+  std::string error;
+  double Median() const {
+    std::vector<double> t(token_ms.begin() + 1, token_ms.end()); // warm-up
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    return t[t.size() / 2];
+  }
+};
+
+/// N ducks' meshes running the schedule `tokens` times: straight over
+/// loopback (`sim` null) or through the simulator.
+Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
+              const LinkSimOptions *sim_options) {
+  Run run;
+  std::vector<int> listeners(o.ducks, -1);
+  std::vector<duck::runtime::DuckEndpoint> endpoints(o.ducks);
+  for (uint32_t i = 0; i < o.ducks; ++i) {
+    listeners[i] = ListenLoopback(&endpoints[i].port);
+    endpoints[i].host = "127.0.0.1";
+  }
+  std::unique_ptr<LinkSim> sim;
+  if (sim_options) {
+    LinkSimOptions lo = *sim_options;
+    lo.backends = endpoints; // no host traffic in this bench
+    lo.peer_backends = endpoints;
+    auto s = LinkSim::Start(lo);
+    if (!s.ok()) {
+      run.error = std::string(s.status().message());
+      return run;
+    }
+    sim = std::move(*s);
+  }
+  std::vector<std::string> errors(o.ducks);
+  std::vector<std::thread> threads;
+  const size_t widest = 8192 * 2;
+  for (uint32_t r = 0; r < o.ducks; ++r)
+    threads.emplace_back([&, r] {
+      duck::duckd::PeerMeshOptions mo;
+      mo.rank = r;
+      mo.ducks = o.ducks;
+      mo.session = 1;
+      mo.listen_fd = listeners[r];
+      mo.peers.resize(o.ducks);
+      for (uint32_t j = r + 1; j < o.ducks; ++j)
+        mo.peers[j].port = sim ? sim->peer_ports()[r][j] : endpoints[j].port;
+      auto m = PeerMesh::Connect(mo);
+      if (!m.ok()) {
+        errors[r] = std::string(m.status().message());
+        return;
+      }
+      std::vector<float> a(widest, 0.25f + float(r)), b(widest, 0.5f);
+      for (uint32_t t = 0; t < o.tokens; ++t) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (absl::Status s = RunToken(**m, sched, a, b); !s.ok()) {
+          errors[r] = std::string(s.message());
+          return;
+        }
+        if (r == 0)
+          run.token_ms.push_back(std::chrono::duration<double, std::milli>(
+                                     std::chrono::steady_clock::now() - t0)
+                                     .count());
+      }
+      if (r == 0)
+        run.bytes_sent = (*m)->bytes_sent() / o.tokens;
+    });
+  for (std::thread &t : threads)
+    t.join();
+  if (sim)
+    sim->Stop();
+  for (int fd : listeners)
+    if (fd >= 0)
+      close(fd);
+  for (const std::string &e : errors)
+    if (!e.empty() && run.error.empty())
+      run.error = e;
+  return run;
+}
+
+double MedianOf(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+nlohmann::json Results(const CollectiveBenchOptions &o,
+                       const nlohmann::json &stats,
+                       const std::vector<double> &direct,
+                       const std::vector<double> &base,
+                       const std::vector<double> &shaped, uint64_t bytes) {
+  const double n = stats["collectives_per_token"].get<double>();
+  nlohmann::json r;
+  r["ducks"] = o.ducks;
+  r["duck_link_gbps"] = o.duck_gbps;
+  r["scale"] = o.scale;
+  r["simulated_duck_link_gbps"] = o.duck_gbps / o.scale;
+  r["latency_us"] = o.latency_us;
+  r["wire"] = o.wire;
+  r["collectives_per_token"] = n;
+  r["measured_direct_ms"] = MedianOf(direct);
+  r["measured_baseline_ms"] = MedianOf(base);
+  r["measured_shaped_ms"] = MedianOf(shaped);
+  r["measured_mesh_ms"] = MedianOf(shaped) - MedianOf(base);
+  r["mesh_call_us"] = 1e3 * MedianOf(direct) / n;
+  r["predicted_mesh_ms"] = stats["mesh_ms_per_token"];
+  r["predicted_mesh_latency_ms"] = stats["mesh_latency_ms_per_token"];
+  r["mesh_ratio"] = r["measured_mesh_ms"].get<double>() /
+                    stats["mesh_ms_per_token"].get<double>();
+  r["measured_bytes_per_duck"] = bytes;
+  r["predicted_bytes_per_duck"] = stats["mesh_bytes_per_duck_per_token"];
+  return r;
+}
+
+void PrintText(const nlohmann::json &r) {
+  auto d = [&](const char *k) { return r[k].get<double>(); };
+  std::printf(
+      "duck-bench collective: %d ducks, %.3g Gb/s a duck (scaled /%g: "
+      "%.3g), %g us one way, %s; %.0f collectives a token\n",
+      r["ducks"].get<int>(), d("duck_link_gbps"), d("scale"),
+      d("simulated_duck_link_gbps"), d("latency_us"),
+      r["wire"].get<std::string>().c_str(), d("collectives_per_token"));
+  std::printf("measured: loopback %.3f ms a token (%.1f us a collective); "
+              "simulator unlimited %.3f ms, shaped %.3f ms: mesh %.3f ms\n",
+              d("measured_direct_ms"), d("mesh_call_us"),
+              d("measured_baseline_ms"), d("measured_shaped_ms"),
+              d("measured_mesh_ms"));
+  std::printf("predicted: mesh %.3f ms a token (latency %.3f); measured / "
+              "predicted %.2f\n",
+              d("predicted_mesh_ms"), d("predicted_mesh_latency_ms"),
+              d("mesh_ratio"));
+  std::printf("bytes a token: duck 0 sent %.0f, the model's busiest duck "
+              "%.0f\n",
+              d("measured_bytes_per_duck"), d("predicted_bytes_per_duck"));
+}
+
+int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
+  const nlohmann::json stats =
+      CostModelStats(o, dir, o.duck_gbps / o.scale);
+  if (stats.is_null())
+    return 1;
+  const std::vector<Step> sched = ScheduleOf(stats);
+  LinkSimOptions unlimited, shaped;
+  shaped.duck_link_gbps = o.duck_gbps / o.scale;
+  shaped.latency_us = o.latency_us;
+  std::vector<double> direct, base, shape;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < o.repeat; ++i) {
+    for (auto [opts, out] :
+         {std::pair<const LinkSimOptions *, std::vector<double> *>{nullptr,
+                                                                   &direct},
+          {&unlimited, &base},
+          {&shaped, &shape}}) {
+      const Run run = RunMeshes(o, sched, opts);
+      if (!run.error.empty()) {
+        std::fprintf(stderr, "duck-bench collective: %s\n",
+                     run.error.c_str());
+        return 1;
+      }
+      out->push_back(run.Median());
+      bytes = run.bytes_sent;
+    }
+  }
+  const nlohmann::json r = Results(o, stats, direct, base, shape, bytes);
+  if (o.json)
+    std::printf("%s\n", r.dump(1).c_str());
+  else
+    PrintText(r);
+  return 0;
+}
+
+} // namespace
+
+int duckBenchCollective(int argc, char **argv) {
+  CollectiveBenchOptions o;
+  if (argc > 1 &&
+      (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    PrintUsage(stdout);
+    return 0;
+  }
+  if (!Parse(argc, argv, &o)) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  char tmpl[] = "/tmp/duck-bench-collective-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    std::perror("duck-bench collective: mkdtemp");
+    return 1;
+  }
+  const int rc = RunBench(o, tmpl);
+  std::system(("rm -rf " + Quote(tmpl)).c_str());
+  return rc;
+}
