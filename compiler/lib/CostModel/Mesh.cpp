@@ -23,16 +23,15 @@ double partOf(double n, int64_t parts, int64_t r) {
 
 /// Duck r's link in bytes a second (0: unlimited).
 double linkBytesPerSecond(const ClusterModel &c, int64_t r) {
-  return size_t(r) < c.duckLinkGbps.size() ? c.duckLinkGbps[r] * 1e9 / 8
-                                           : 0.0;
+  return size_t(r) < c.duckLinkGbps.size() ? c.duckLinkGbps[r] * 1e9 / 8 : 0.0;
 }
 
 constexpr double kMeshHeaderBytes = 8; // a message's sequence and length
 
 } // namespace
 
-MeshWire cost::meshWire(const ClusterModel &c, Collective kind,
-                        int64_t values, int64_t ducks, double bytesPerValue) {
+MeshWire cost::meshWire(const ClusterModel &c, Collective kind, int64_t values,
+                        int64_t ducks, double bytesPerValue) {
   MeshWire w;
   if (ducks <= 1)
     return w;
@@ -147,8 +146,7 @@ void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
   const double hidden = m.ffn.empty() ? 0 : double(m.ffn.front().hidden);
   // The embedded token: each duck its slice, then gathered.
   if (!m.ffn.empty())
-    addCollective(c, Collective::allGather, hidden, tp, c.wireBf16 ? 2 : 4,
-                  p);
+    addCollective(c, Collective::allGather, hidden, tp, c.wireBf16 ? 2 : 4, p);
   for (size_t i = 0; i < m.ffn.size(); ++i) {
     const Attention *a = i < m.attention.size() ? &m.attention[i] : nullptr;
     std::vector<int64_t> in, out;
@@ -168,9 +166,8 @@ void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
   addExchange(c, none, last, p);
   p.networkMsPerToken += p.meshMsPerToken;
   // One host step a layer and the head's, and every collective's calls.
-  p.dispatchMsPerToken =
-      double(p.stepsPerToken) * c.stepOverheadUs / 1e3 +
-      p.meshOverheadMsPerToken;
+  p.dispatchMsPerToken = double(p.stepsPerToken) * c.stepOverheadUs / 1e3 +
+                         p.meshOverheadMsPerToken;
   // The host's weights (routers, the indexer's) read by the ducks in
   // slices; the host keeps the attention over its cache.
   p.meshHostWeightsMsPerToken =
@@ -183,6 +180,5 @@ void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
                                   (c.hostReadGbs * 1e9))
           : c.hostMsPerToken;
   p.hostOpsMsPerToken = p.hostOverlappedMsPerToken = 0;
-  p.hostMsPerToken =
-      measured + p.hostAttnMsPerToken + p.hostLmHeadMsPerToken;
+  p.hostMsPerToken = measured + p.hostAttnMsPerToken + p.hostLmHeadMsPerToken;
 }

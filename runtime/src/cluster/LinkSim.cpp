@@ -1,9 +1,12 @@
 //===- LinkSim.cpp - a userspace link simulator in front of duckd's -------===//
 //
-// A thread accepts on every duck's port; each connection gets two
-// directions, each a reader thread (reads a chunk, reserves its path's
-// links, queues it with its release time) and a writer thread (sleeps until
-// the release time, writes). See LinkSim.h for what is modelled.
+// One thread runs everything: an epoll loop over the listeners and both
+// sockets of every connection, and a timerfd armed at the earliest release
+// time of any queued chunk. A chunk read (up to chunk_bytes) reserves its
+// path's links at once and is written on at its release time (or as soon
+// after as the receiver takes it). One thread, not two a direction: on a
+// small box the simulator's own wake-ups would otherwise delay chunks by
+// more than the links do. See LinkSim.h for what is modelled.
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/cluster/LinkSim.h"
 
@@ -13,16 +16,15 @@
 #include <arpa/inet.h>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fcntl.h>
-#include <mutex>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <thread>
 #include <time.h>
 #include <unistd.h>
@@ -37,25 +39,14 @@ double NowNs() {
   return double(ts.tv_sec) * 1e9 + double(ts.tv_nsec);
 }
 
-void SleepUntilNs(double ns) {
-  timespec ts;
-  ts.tv_sec = time_t(ns / 1e9);
-  ts.tv_nsec = long(ns - double(ts.tv_sec) * 1e9);
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) ==
-         EINTR) {
-  }
-}
-
 /// One direction of one link: a FIFO server at its rate.
 struct Link {
-  std::mutex mu;
   double ns_per_byte = 0; // 0: unlimited
   double next_free = 0;
   /// The time the link has carried `bytes` arriving at `now`.
   double Reserve(double now, size_t bytes) {
     if (ns_per_byte <= 0)
       return now;
-    std::lock_guard<std::mutex> lock(mu);
     next_free = std::max(next_free, now) + double(bytes) * ns_per_byte;
     return next_free;
   }
@@ -65,7 +56,9 @@ double NsPerByte(double gbps) { return gbps > 0 ? 8.0 / gbps : 0; }
 
 struct Chunk {
   double release = 0;
-  std::vector<char> data; // empty: end of stream
+  std::vector<char> data;
+  size_t off = 0;
+  bool eof = false; // the source's end of stream, after what came before
 };
 
 /// One direction of a connection: src -> [links] -> dst.
@@ -73,126 +66,33 @@ struct Direction {
   int src = -1, dst = -1;
   Link *first = nullptr, *second = nullptr;
   double latency_ns = 0;
-  size_t chunk_bytes = 0, queue_bytes = 0;
   std::atomic<uint64_t> *counter = nullptr, *counter2 = nullptr;
-  std::mutex mu;
-  std::condition_variable cv;
   std::deque<Chunk> queue;
   size_t held = 0;
-  bool dead = false;
-  std::thread reader, writer;
-
-  void Push(Chunk c);
-  bool Pop(Chunk *c);
-  void Kill();
-  void ReadLoop();
-  void WriteLoop();
+  bool src_eof = false; // nothing more to read
+  bool done = false;    // the end of stream passed on
+  bool blocked = false; // the receiver took no more: wait for EPOLLOUT
 };
 
-void Direction::Push(Chunk c) {
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return dead || held + c.data.size() <= queue_bytes; });
-  if (dead)
-    return;
-  held += c.data.size();
-  queue.push_back(std::move(c));
-  cv.notify_all();
-}
-
-bool Direction::Pop(Chunk *c) {
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return dead || !queue.empty(); });
-  if (queue.empty())
-    return false;
-  *c = std::move(queue.front());
-  queue.pop_front();
-  held -= c->data.size();
-  cv.notify_all();
-  return true;
-}
-
-void Direction::Kill() {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    dead = true;
-  }
-  cv.notify_all();
-  shutdown(src, SHUT_RDWR);
-  shutdown(dst, SHUT_RDWR);
-}
-
-void Direction::ReadLoop() {
-  for (;;) {
-    Chunk c;
-    c.data.resize(chunk_bytes);
-    ssize_t n = read(src, c.data.data(), c.data.size());
-    if (n < 0 && errno == EINTR)
-      continue;
-    const double now = NowNs();
-    c.data.resize(n > 0 ? size_t(n) : 0);
-    if (n > 0) {
-      double done = first->Reserve(now, size_t(n));
-      done = std::max(done, second->Reserve(now, size_t(n)));
-      c.release = done + latency_ns;
-      counter->fetch_add(uint64_t(n), std::memory_order_relaxed);
-      if (counter2)
-        counter2->fetch_add(uint64_t(n), std::memory_order_relaxed);
-    } else {
-      c.release = now; // end of stream (or error): after what came before
-    }
-    Push(std::move(c));
-    if (n <= 0)
-      return;
-    std::lock_guard<std::mutex> lock(mu);
-    if (dead)
-      return;
-  }
-}
-
-void Direction::WriteLoop() {
-  // Wake at the release time, not up to the default 50 us timer slack
-  // later: that would be a latency the link does not have.
-  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  Chunk c;
-  while (Pop(&c)) {
-    if (c.data.empty()) {
-      shutdown(dst, SHUT_WR); // the peer sees the end of stream
-      return;
-    }
-    SleepUntilNs(c.release);
-    size_t off = 0;
-    while (off < c.data.size()) {
-      ssize_t n = send(dst, c.data.data() + off, c.data.size() - off,
-                       MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0) {
-        Kill(); // the other side is gone: stop reading too
-        return;
-      }
-      off += size_t(n);
-    }
-  }
-}
-
+/// A connection: side 0 the client, side 1 the backend; dir[s] reads
+/// side s and writes the other side.
+struct Conn;
+struct Tag {
+  Conn *conn;
+  int side;
+};
 struct Conn {
-  int client = -1, backend = -1;
-  Direction up, down; // up: client (host) -> duckd; down: duckd -> host
-  std::atomic<int> finished{0}; // threads that have returned (4: reapable)
+  int fd[2] = {-1, -1};
+  Direction dir[2];
+  Tag tag[2];
+  uint32_t interest[2] = {0, 0};
+  bool registered[2] = {false, false};
+  bool dead = false;
   ~Conn() {
-    for (Direction *d : {&up, &down}) {
-      if (d->reader.joinable())
-        d->reader.join();
-      if (d->writer.joinable())
-        d->writer.join();
-    }
-    close(client);
-    close(backend);
+    close(fd[0]);
+    close(fd[1]);
   }
-  void Kill() {
-    up.Kill();
-    down.Kill();
-  }
+  bool Finished() const { return dead || (dir[0].done && dir[1].done); }
 };
 
 int ListenLoopback(uint16_t port, uint16_t *bound) {
@@ -206,7 +106,7 @@ int ListenLoopback(uint16_t port, uint16_t *bound) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(port);
   socklen_t len = sizeof a;
-  if (bind(fd, (sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
+  if (bind(fd, (sockaddr *)&a, sizeof a) != 0 || listen(fd, 128) != 0 ||
       getsockname(fd, (sockaddr *)&a, &len) != 0) {
     close(fd);
     return -1;
@@ -231,9 +131,10 @@ int ConnectTo(const DuckEndpoint &e) {
   return fd;
 }
 
-void NoDelay(int fd) {
+void NoDelayNonBlocking(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
 } // namespace
@@ -251,19 +152,25 @@ struct LinkSim::Impl {
   std::vector<uint16_t> ports;
   std::vector<std::vector<uint16_t>> peer_ports;
   int wake[2] = {-1, -1};
-  Link host_out, host_in;                 // the host's port, each way
+  int epoll_fd = -1, timer_fd = -1;
+  double armed = -1;      // the timer's release time (0: disarmed)
+  Link host_out, host_in; // the host's port
   std::vector<std::unique_ptr<Link>> duck_in, duck_out; // duck i's link
   std::unique_ptr<std::atomic<uint64_t>[]> to_duck, from_duck, conns;
   std::unique_ptr<std::atomic<uint64_t>[]> peer_out, peer_in;
-  std::mutex mu;
   std::vector<std::unique_ptr<Conn>> live;
-  std::thread acceptor;
+  std::vector<char> scratch; // one read's bytes
+  std::thread loop;
   bool stopped = false;
 
   absl::Status Open();
   absl::Status Listen(uint16_t want, Route route, uint16_t *bound);
-  void AcceptLoop();
+  void Loop();
   void Accept(size_t listener);
+  void ReadFrom(Conn &c, int side, double now);
+  void Flush(Conn &c, int side, double now);
+  void Interest(Conn &c);
+  void ArmTimer();
 };
 
 absl::Status LinkSim::Impl::Listen(uint16_t want, Route route,
@@ -302,8 +209,21 @@ absl::Status LinkSim::Impl::Open() {
     for (size_t j = i + 1; j < n; ++j)
       if (absl::Status s = Listen(0, {i, j, true}, &peer_ports[i][j]); !s.ok())
         return s;
-  if (pipe2(wake, O_CLOEXEC) != 0)
-    return absl::InternalError("linksim: pipe failed");
+  epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (pipe2(wake, O_CLOEXEC) != 0 || epoll_fd < 0 || timer_fd < 0)
+    return absl::InternalError("linksim: pipe, epoll or timerfd failed");
+  // Listener i is tagged i, the wake pipe and the timer after them.
+  auto add = [&](int fd, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  };
+  for (size_t i = 0; i < listen_fds.size(); ++i)
+    add(listen_fds[i], i);
+  add(wake[0], listen_fds.size());
+  add(timer_fd, listen_fds.size() + 1);
   return absl::OkStatus();
 }
 
@@ -318,69 +238,191 @@ void LinkSim::Impl::Accept(size_t listener) {
     close(client); // the host sees its duck refuse, as it would
     return;
   }
-  NoDelay(client);
-  NoDelay(backend);
+  NoDelayNonBlocking(client);
+  NoDelayNonBlocking(backend);
   auto c = std::make_unique<Conn>();
-  c->client = client;
-  c->backend = backend;
-  auto setup = [&](Direction &d, int src, int dst, Link *a, Link *b,
-                   std::atomic<uint64_t> *counter,
-                   std::atomic<uint64_t> *counter2 = nullptr) {
-    d.src = src;
-    d.dst = dst;
+  c->fd[0] = client;
+  c->fd[1] = backend;
+  auto setup = [&](int side, Link *a, Link *b, std::atomic<uint64_t> *counter,
+                   std::atomic<uint64_t> *counter2) {
+    Direction &d = c->dir[side];
+    d.src = c->fd[side];
+    d.dst = c->fd[1 - side];
     d.first = a;
     d.second = b;
     d.latency_ns = o.latency_us * 1e3;
-    d.chunk_bytes = o.chunk_bytes;
-    d.queue_bytes = std::max(o.queue_bytes, o.chunk_bytes);
     d.counter = counter;
     d.counter2 = counter2;
+    c->tag[side] = {c.get(), side};
   };
-  if (r.peer) { // up: from -> to; down: to -> from
-    setup(c->up, client, backend, duck_out[r.from].get(), duck_in[duck].get(),
-          &peer_out[r.from], &peer_in[duck]);
-    setup(c->down, backend, client, duck_out[duck].get(), duck_in[r.from].get(),
-          &peer_out[duck], &peer_in[r.from]);
+  if (r.peer) { // 0: from -> to; 1: to -> from
+    setup(0, duck_out[r.from].get(), duck_in[duck].get(), &peer_out[r.from],
+          &peer_in[duck]);
+    setup(1, duck_out[duck].get(), duck_in[r.from].get(), &peer_out[duck],
+          &peer_in[r.from]);
   } else {
-    setup(c->up, client, backend, &host_out, duck_in[duck].get(),
-          &to_duck[duck]);
-    setup(c->down, backend, client, duck_out[duck].get(), &host_in,
-          &from_duck[duck]);
-  }
-  Conn *raw = c.get();
-  for (Direction *d : {&c->up, &c->down}) {
-    d->reader = std::thread([d, raw] { d->ReadLoop(); raw->finished++; });
-    d->writer = std::thread([d, raw] { d->WriteLoop(); raw->finished++; });
-  }
-  if (!r.peer)
+    setup(0, &host_out, duck_in[duck].get(), &to_duck[duck], nullptr);
+    setup(1, duck_out[duck].get(), &host_in, &from_duck[duck], nullptr);
     conns[duck].fetch_add(1);
-  std::lock_guard<std::mutex> lock(mu);
-  // Connections whose four threads have returned are joined and closed
-  // here, so a long run holds only its live ones.
-  live.erase(std::remove_if(live.begin(), live.end(),
-                            [](const std::unique_ptr<Conn> &x) {
-                              return x->finished.load() == 4;
-                            }),
-             live.end());
+  }
   live.push_back(std::move(c));
+  Interest(*live.back());
 }
 
-void LinkSim::Impl::AcceptLoop() {
-  std::vector<pollfd> fds;
-  for (int fd : listen_fds)
-    fds.push_back({fd, POLLIN, 0});
-  fds.push_back({wake[0], POLLIN, 0});
-  for (;;) {
-    if (poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR)
-        continue;
+void LinkSim::Impl::ReadFrom(Conn &c, int side, double now) {
+  Direction &d = c.dir[side];
+  const size_t limit = std::max(o.queue_bytes, o.chunk_bytes);
+  scratch.resize(o.chunk_bytes);
+  while (!d.src_eof && d.held < limit) {
+    Chunk ch;
+    const ssize_t n = read(d.src, scratch.data(), scratch.size());
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN)
+      return;
+    if (n <= 0) { // end of stream (or error): after what came before
+      d.src_eof = true;
+      ch.eof = true;
+      ch.release = now;
+      d.queue.push_back(std::move(ch));
       return;
     }
-    if (fds.back().revents)
+    ch.data.assign(scratch.data(), scratch.data() + n);
+    const double done = std::max(d.first->Reserve(now, size_t(n)),
+                                 d.second->Reserve(now, size_t(n)));
+    ch.release = done + d.latency_ns;
+    d.counter->fetch_add(uint64_t(n), std::memory_order_relaxed);
+    if (d.counter2)
+      d.counter2->fetch_add(uint64_t(n), std::memory_order_relaxed);
+    d.held += size_t(n);
+    d.queue.push_back(std::move(ch));
+    if (size_t(n) < o.chunk_bytes)
+      return; // drained for now: epoll says when more comes
+  }
+}
+
+void LinkSim::Impl::Flush(Conn &c, int side, double now) {
+  Direction &d = c.dir[side];
+  while (!d.queue.empty() && !d.blocked && !c.dead) {
+    Chunk &ch = d.queue.front();
+    if (ch.eof) {
+      shutdown(d.dst, SHUT_WR); // the peer sees the end of stream
+      d.done = true;
+      d.queue.pop_front();
       return;
-    for (size_t i = 0; i + 1 < fds.size(); ++i)
-      if (fds[i].revents & POLLIN)
-        Accept(i);
+    }
+    if (ch.release > now)
+      return;
+    const ssize_t n = send(d.dst, ch.data.data() + ch.off,
+                           ch.data.size() - ch.off, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      d.blocked = errno == EAGAIN;
+      continue;
+    }
+    if (n <= 0) { // the other side is gone: stop the whole connection
+      c.dead = true;
+      return;
+    }
+    ch.off += size_t(n);
+    if (ch.off == ch.data.size()) {
+      d.held -= ch.data.size();
+      d.queue.pop_front();
+    }
+  }
+}
+
+/// What each socket of `c` waits for: reading while its direction may read
+/// (not at its end, under the queue's bound), writing while the other
+/// direction is blocked on it.
+void LinkSim::Impl::Interest(Conn &c) {
+  const size_t limit = std::max(o.queue_bytes, o.chunk_bytes);
+  for (int s = 0; s < 2; ++s) {
+    const Direction &in = c.dir[s], &out = c.dir[1 - s];
+    const uint32_t want =
+        (!in.src_eof && in.held < limit ? uint32_t(EPOLLIN) : 0u) |
+        (out.blocked ? uint32_t(EPOLLOUT) : 0u);
+    if (c.registered[s] && want == c.interest[s])
+      continue;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.ptr = &c.tag[s];
+    if (!c.registered[s] && want == 0)
+      continue;
+    if (c.registered[s] && want == 0) {
+      // Deregistered: a socket at its end would report EPOLLHUP forever.
+      epoll_ctl(epoll_fd, EPOLL_CTL_DEL, c.fd[s], nullptr);
+      c.registered[s] = false;
+    } else {
+      epoll_ctl(epoll_fd, c.registered[s] ? EPOLL_CTL_MOD : EPOLL_CTL_ADD,
+                c.fd[s], &ev);
+      c.registered[s] = true;
+    }
+    c.interest[s] = want;
+  }
+}
+
+void LinkSim::Impl::ArmTimer() {
+  double next = 0;
+  for (const auto &c : live)
+    for (const Direction &d : c->dir)
+      if (!d.queue.empty() && !d.blocked &&
+          (next == 0 || d.queue.front().release < next))
+        next = d.queue.front().release;
+  if (next == armed)
+    return;
+  armed = next;
+  itimerspec t{};
+  if (next > 0) { // absolute; a time passed fires at once
+    t.it_value.tv_sec = time_t(next / 1e9);
+    t.it_value.tv_nsec = long(next - double(t.it_value.tv_sec) * 1e9);
+    if (t.it_value.tv_sec == 0 && t.it_value.tv_nsec == 0)
+      t.it_value.tv_nsec = 1;
+  }
+  timerfd_settime(timer_fd, TFD_TIMER_ABSTIME, &t, nullptr);
+}
+
+void LinkSim::Impl::Loop() {
+  // Wake at the release time, not up to the default 50 us timer slack
+  // later: that would be a latency the link does not have.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  const uint64_t wake_tag = listen_fds.size(), timer_tag = wake_tag + 1;
+  epoll_event events[64];
+  for (;;) {
+    ArmTimer();
+    const int n = epoll_wait(epoll_fd, events, 64, -1);
+    if (n < 0 && errno != EINTR)
+      return;
+    const double now = NowNs();
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == wake_tag)
+        return;
+      if (tag == timer_tag) {
+        uint64_t expirations;
+        (void)!read(timer_fd, &expirations, sizeof expirations);
+        armed = -1; // fired: arm again
+      } else if (tag < wake_tag) {
+        Accept(size_t(tag));
+      } else {
+        const Tag *t = static_cast<const Tag *>(events[i].data.ptr);
+        if (events[i].events & EPOLLOUT)
+          t->conn->dir[1 - t->side].blocked = false;
+        if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+          ReadFrom(*t->conn, t->side, now);
+      }
+    }
+    for (const auto &c : live)
+      for (int s = 0; s < 2; ++s)
+        Flush(*c, s, NowNs());
+    // Finished connections are closed here, so a long run holds only its
+    // live ones; the rest wait for their next event.
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [](const std::unique_ptr<Conn> &c) {
+                                return c->Finished();
+                              }),
+               live.end());
+    for (const auto &c : live)
+      Interest(*c);
   }
 }
 
@@ -405,10 +447,14 @@ LinkSim::Start(const LinkSimOptions &options) {
   if (absl::Status s = impl->Open(); !s.ok()) {
     for (int fd : impl->listen_fds)
       close(fd);
+    for (int fd :
+         {impl->wake[0], impl->wake[1], impl->epoll_fd, impl->timer_fd})
+      if (fd >= 0)
+        close(fd);
     return s;
   }
   Impl *p = impl.get();
-  impl->acceptor = std::thread([p] { p->AcceptLoop(); });
+  impl->loop = std::thread([p] { p->Loop(); });
   return std::unique_ptr<LinkSim>(new LinkSim(std::move(impl)));
 }
 
@@ -439,19 +485,12 @@ void LinkSim::Stop() {
   m.stopped = true;
   char b = 0;
   (void)!write(m.wake[1], &b, 1);
-  m.acceptor.join();
-  std::vector<std::unique_ptr<Conn>> live;
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    live.swap(m.live);
-  }
-  for (auto &c : live)
-    c->Kill();
-  live.clear(); // joins every thread
+  m.loop.join();
+  m.live.clear(); // closes every connection's sockets
   for (int fd : m.listen_fds)
     close(fd);
-  close(m.wake[0]);
-  close(m.wake[1]);
+  for (int fd : {m.wake[0], m.wake[1], m.epoll_fd, m.timer_fd})
+    close(fd);
 }
 
 const char *LinkSimModelText() {

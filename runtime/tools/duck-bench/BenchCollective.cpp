@@ -1,4 +1,5 @@
-//===- BenchCollective.cpp - duck-bench collective: the ducks' mesh --------===//
+//===- BenchCollective.cpp - duck-bench collective: the ducks' mesh
+//--------===//
 //
 // The collectives a token takes with the residual stream on the ducks
 // (duckc --residual ducks, modelled only), run as the cost model lists
@@ -112,8 +113,9 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
     else if ((v = Value(argc, argv, &i, "--model")))
       o->model = v;
     else {
-      std::fprintf(stderr, "duck-bench collective: unknown or incomplete "
-                           "argument '%s'\n",
+      std::fprintf(stderr,
+                   "duck-bench collective: unknown or incomplete "
+                   "argument '%s'\n",
                    argv[i]);
       return false;
     }
@@ -168,8 +170,7 @@ nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
      << Quote(o.model) << " --cluster " << Quote(file) << " --tp " << o.ducks
      << " --dry-run --emit=stats --residual ducks --in-proj ducks"
      << " --q-proj ducks --o-proj ducks --mla-absorb ducks"
-     << (o.wire == "bf16" ? " --wire-activations bf16 --wire-results bf16"
-                          : "")
+     << (o.wire == "bf16" ? " --wire-activations bf16 --wire-results bf16" : "")
      << " > " << Quote(out);
   if (std::system(cc.str().c_str()) != 0) {
     std::fprintf(stderr, "duck-bench collective: duckc failed: %s\n",
@@ -346,12 +347,11 @@ nlohmann::json Results(const CollectiveBenchOptions &o,
 
 void PrintText(const nlohmann::json &r) {
   auto d = [&](const char *k) { return r[k].get<double>(); };
-  std::printf(
-      "duck-bench collective: %d ducks, %.3g Gb/s a duck (scaled /%g: "
-      "%.3g), %g us one way, %s; %.0f collectives a token\n",
-      r["ducks"].get<int>(), d("duck_link_gbps"), d("scale"),
-      d("simulated_duck_link_gbps"), d("latency_us"),
-      r["wire"].get<std::string>().c_str(), d("collectives_per_token"));
+  std::printf("duck-bench collective: %d ducks, %.3g Gb/s a duck (scaled /%g: "
+              "%.3g), %g us one way, %s; %.0f collectives a token\n",
+              r["ducks"].get<int>(), d("duck_link_gbps"), d("scale"),
+              d("simulated_duck_link_gbps"), d("latency_us"),
+              r["wire"].get<std::string>().c_str(), d("collectives_per_token"));
   std::printf("measured: loopback %.3f ms a token (%.1f us a collective); "
               "simulator unlimited %.3f ms, shaped %.3f ms: mesh %.3f ms\n",
               d("measured_direct_ms"), d("mesh_call_us"),
@@ -367,8 +367,7 @@ void PrintText(const nlohmann::json &r) {
 }
 
 int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
-  const nlohmann::json stats =
-      CostModelStats(o, dir, o.duck_gbps / o.scale);
+  const nlohmann::json stats = CostModelStats(o, dir, o.duck_gbps / o.scale);
   if (stats.is_null())
     return 1;
   const std::vector<Step> sched = ScheduleOf(stats);
@@ -385,8 +384,7 @@ int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
           {&shaped, &shape}}) {
       const Run run = RunMeshes(o, sched, opts);
       if (!run.error.empty()) {
-        std::fprintf(stderr, "duck-bench collective: %s\n",
-                     run.error.c_str());
+        std::fprintf(stderr, "duck-bench collective: %s\n", run.error.c_str());
         return 1;
       }
       out->push_back(run.Median());
