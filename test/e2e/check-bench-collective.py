@@ -7,7 +7,7 @@ import sys
 
 KEYS = ["ducks", "collectives_per_token", "measured_direct_ms",
         "measured_baseline_ms", "measured_shaped_ms", "measured_mesh_ms",
-        "mesh_call_us", "predicted_mesh_ms", "predicted_mesh_latency_ms",
+        "mesh_call_us", "mesh_cpu_us_per_collective", "predicted_mesh_ms", "predicted_mesh_latency_ms",
         "mesh_ratio", "measured_bytes_per_duck", "predicted_bytes_per_duck",
         "latency_us", "scale", "simulated_duck_link_gbps", "wire"]
 

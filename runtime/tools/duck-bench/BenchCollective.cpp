@@ -31,6 +31,7 @@
 #include <netinet/in.h>
 #include <sstream>
 #include <string>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
@@ -75,7 +76,10 @@ void PrintUsage(FILE *out) {
       "busiest link direction's bytes and the one-way latency, each\n"
       "collective). mesh_call_us is the loopback run's time a collective:\n"
       "what the mesh's calls cost on this box (the cluster file's\n"
-      "mesh_call_us).\n\n%s",
+      "mesh_call_us), and mesh_cpu_us_per_collective the CPU time a duck's\n"
+      "thread took for one (a bound from the machine's contention: runs at\n"
+      "several duck counts give the cost of each message,\n"
+      "mesh_message_us).\n\n%s",
       duck::runtime::LinkSimModelText());
 }
 
@@ -231,10 +235,21 @@ absl::Status RunToken(PeerMesh &m, const std::vector<Step> &schedule,
   return absl::OkStatus();
 }
 
-/// A run: the ducks' per-token times (rank 0's, ms) and what rank 0 sent.
+/// This thread's CPU time (user and system), microseconds.
+double ThreadCpuUs() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return 1e6 * double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// A run: the ducks' per-token times (rank 0's, ms), what rank 0 sent, and
+/// the CPU time the ducks' threads took a token after the first (us, the
+/// mean over ducks).
 struct Run {
   std::vector<double> token_ms;
   uint64_t bytes_sent = 0;
+  double cpu_us_per_token = 0;
   std::string error;
   double Median() const {
     std::vector<double> t(token_ms.begin() + 1, token_ms.end()); // warm-up
@@ -267,6 +282,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
     sim = std::move(*s);
   }
   std::vector<std::string> errors(o.ducks);
+  std::vector<double> cpu(o.ducks, 0);
   std::vector<std::thread> threads;
   const size_t widest = 8192 * 2;
   for (uint32_t r = 0; r < o.ducks; ++r)
@@ -285,7 +301,10 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
         return;
       }
       std::vector<float> a(widest, 0.25f + float(r)), b(widest, 0.5f);
+      double cpu0 = 0;
       for (uint32_t t = 0; t < o.tokens; ++t) {
+        if (t == 1) // after the warm-up token
+          cpu0 = ThreadCpuUs();
         const auto t0 = std::chrono::steady_clock::now();
         if (absl::Status s = RunToken(**m, sched, a, b); !s.ok()) {
           errors[r] = std::string(s.message());
@@ -296,6 +315,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
                                      std::chrono::steady_clock::now() - t0)
                                      .count());
       }
+      cpu[r] = (ThreadCpuUs() - cpu0) / double(o.tokens - 1);
       if (r == 0)
         run.bytes_sent = (*m)->bytes_sent() / o.tokens;
     });
@@ -309,6 +329,8 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
   for (const std::string &e : errors)
     if (!e.empty() && run.error.empty())
       run.error = e;
+  for (double c : cpu)
+    run.cpu_us_per_token += c / double(o.ducks);
   return run;
 }
 
@@ -321,7 +343,8 @@ nlohmann::json Results(const CollectiveBenchOptions &o,
                        const nlohmann::json &stats,
                        const std::vector<double> &direct,
                        const std::vector<double> &base,
-                       const std::vector<double> &shaped, uint64_t bytes) {
+                       const std::vector<double> &shaped, uint64_t bytes,
+                       double direct_cpu_us) {
   const double n = stats["collectives_per_token"].get<double>();
   nlohmann::json r;
   r["ducks"] = o.ducks;
@@ -336,6 +359,7 @@ nlohmann::json Results(const CollectiveBenchOptions &o,
   r["measured_shaped_ms"] = MedianOf(shaped);
   r["measured_mesh_ms"] = MedianOf(shaped) - MedianOf(base);
   r["mesh_call_us"] = 1e3 * MedianOf(direct) / n;
+  r["mesh_cpu_us_per_collective"] = direct_cpu_us / n;
   r["predicted_mesh_ms"] = stats["mesh_ms_per_token"];
   r["predicted_mesh_latency_ms"] = stats["mesh_latency_ms_per_token"];
   r["mesh_ratio"] = r["measured_mesh_ms"].get<double>() /
@@ -352,9 +376,11 @@ void PrintText(const nlohmann::json &r) {
               r["ducks"].get<int>(), d("duck_link_gbps"), d("scale"),
               d("simulated_duck_link_gbps"), d("latency_us"),
               r["wire"].get<std::string>().c_str(), d("collectives_per_token"));
-  std::printf("measured: loopback %.3f ms a token (%.1f us a collective); "
-              "simulator unlimited %.3f ms, shaped %.3f ms: mesh %.3f ms\n",
+  std::printf("measured: loopback %.3f ms a token (%.1f us a collective, "
+              "%.1f us of a duck's CPU); simulator unlimited %.3f ms, shaped "
+              "%.3f ms: mesh %.3f ms\n",
               d("measured_direct_ms"), d("mesh_call_us"),
+              d("mesh_cpu_us_per_collective"),
               d("measured_baseline_ms"), d("measured_shaped_ms"),
               d("measured_mesh_ms"));
   std::printf("predicted: mesh %.3f ms a token (latency %.3f); measured / "
@@ -374,7 +400,7 @@ int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
   LinkSimOptions unlimited, shaped;
   shaped.duck_link_gbps = o.duck_gbps / o.scale;
   shaped.latency_us = o.latency_us;
-  std::vector<double> direct, base, shape;
+  std::vector<double> direct, base, shape, direct_cpu;
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < o.repeat; ++i) {
     for (auto [opts, out] :
@@ -388,10 +414,13 @@ int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
         return 1;
       }
       out->push_back(run.Median());
+      if (!opts)
+        direct_cpu.push_back(run.cpu_us_per_token);
       bytes = run.bytes_sent;
     }
   }
-  const nlohmann::json r = Results(o, stats, direct, base, shape, bytes);
+  const nlohmann::json r =
+      Results(o, stats, direct, base, shape, bytes, MedianOf(direct_cpu));
   if (o.json)
     std::printf("%s\n", r.dump(1).c_str());
   else
