@@ -182,9 +182,14 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", o.rank, " of ", o.ducks, " with ",
                      o.peers.size(), " peer addresses"));
+  if (o.groups == 0 || o.ducks % o.groups != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: ", o.groups, " groups do not divide ", o.ducks,
+        " ducks"));
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
+  m->groups_ = o.groups < o.ducks ? o.groups : 1; // N groups: direct
   m->timeout_ = o.timeout;
   m->fds_.assign(o.ducks, -1);
   const absl::Time deadline = absl::Now() + o.timeout;
@@ -238,15 +243,21 @@ PeerMesh::~PeerMesh() {
       close(fd);
 }
 
+uint32_t PeerMesh::OwnedSlice() const {
+  if (groups_ <= 1)
+    return rank_;
+  const uint32_t members = ducks_ / groups_;
+  return (rank_ % members) * groups_ + rank_ / members;
+}
+
 absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
-                                std::vector<std::vector<char>> &in) {
+                                std::vector<std::vector<char>> &in,
+                                const std::vector<uint32_t> &with) {
   const uint32_t seq = ++seq_;
   std::vector<Flow> flows(ducks_);
   std::vector<pollfd> fds;
   std::vector<uint32_t> peer_of;
-  for (uint32_t j = 0; j < ducks_; ++j) {
-    if (j == rank_)
-      continue;
+  for (uint32_t j : with.empty() ? Others() : with) {
     Flow &f = flows[j];
     f.out = &out[j];
     f.in = &in[j];
@@ -306,6 +317,8 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
 
 absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in, PeerWire wire,
                                      absl::Span<float> out) {
+  if (groups_ > 1)
+    return GroupedReduceScatter(in, wire, out);
   const size_t n = in.size();
   const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
   const size_t len = PeerSliceBegin(n, ducks_, rank_ + 1) - b0;
@@ -332,6 +345,8 @@ absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in, PeerWire wire,
 
 absl::Status PeerMesh::AllGather(absl::Span<const float> mine, PeerWire wire,
                                  absl::Span<float> all) {
+  if (groups_ > 1)
+    return GroupedAllGather(mine, wire, all);
   const size_t n = all.size();
   const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
   if (mine.size() != PeerSliceBegin(n, ducks_, rank_ + 1) - b0)
@@ -382,5 +397,124 @@ absl::Status PeerMesh::AllReduce(absl::Span<const float> in, PeerWire wire,
   }
   return absl::OkStatus();
 }
+
+std::vector<uint32_t> PeerMesh::Others() const {
+  std::vector<uint32_t> all;
+  for (uint32_t j = 0; j < ducks_; ++j)
+    if (j != rank_)
+      all.push_back(j);
+  return all;
+}
+
+absl::Status PeerMesh::GroupedReduceScatter(absl::Span<const float> in,
+                                            PeerWire wire,
+                                            absl::Span<float> out) {
+  const size_t n = in.size();
+  const uint32_t M = ducks_ / groups_, G = groups_, g = rank_ / M,
+                 m = rank_ % M;
+  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
+  const uint32_t own = OwnedSlice();
+  if (out.size() != S(own + 1) - S(own))
+    return absl::InvalidArgumentError("peer mesh: reduce-scatter's slice");
+  // Within the group: member p gets part p (slices p G .. p G + G - 1)
+  // summed over the group, in member order.
+  const size_t pb = S(m * G), pe = S((m + 1) * G);
+  std::vector<std::vector<char>> o1(ducks_), i1(ducks_);
+  std::vector<uint32_t> group;
+  for (uint32_t p = 0; p < M; ++p) {
+    const uint32_t j = g * M + p;
+    Encode(in.subspan(S(p * G), S((p + 1) * G) - S(p * G)), wire, &o1[j]);
+    if (p != m) {
+      group.push_back(j);
+      i1[j].resize(WireBytes(pe - pb, wire));
+    }
+  }
+  if (absl::Status s = Exchange(o1, i1, group); !s.ok())
+    return s;
+  i1[rank_] = std::move(o1[rank_]);
+  std::vector<float> part(pe - pb);
+  for (size_t i = 0; i < part.size(); ++i) {
+    float sum = 0;
+    for (uint32_t p = 0; p < M; ++p)
+      sum += Decode(i1[g * M + p], wire, i);
+    part[i] = sum;
+  }
+  // Among member m of every group: group h gets slice m G + h, summed in
+  // group order.
+  std::vector<std::vector<char>> o2(ducks_), i2(ducks_);
+  std::vector<uint32_t> across;
+  for (uint32_t h = 0; h < G; ++h) {
+    const uint32_t j = h * M + m, k = m * G + h;
+    Encode(absl::MakeConstSpan(part).subspan(S(k) - pb, S(k + 1) - S(k)),
+           wire, &o2[j]);
+    if (h != g) {
+      across.push_back(j);
+      i2[j].resize(WireBytes(out.size(), wire));
+    }
+  }
+  if (absl::Status s = Exchange(o2, i2, across); !s.ok())
+    return s;
+  i2[rank_] = std::move(o2[rank_]);
+  for (size_t i = 0; i < out.size(); ++i) {
+    float sum = 0;
+    for (uint32_t h = 0; h < G; ++h)
+      sum += Decode(i2[h * M + m], wire, i);
+    out[i] = sum;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMesh::GroupedAllGather(absl::Span<const float> mine,
+                                        PeerWire wire,
+                                        absl::Span<float> all) {
+  const size_t n = all.size();
+  const uint32_t M = ducks_ / groups_, G = groups_, g = rank_ / M,
+                 m = rank_ % M;
+  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
+  const uint32_t own = OwnedSlice();
+  if (mine.size() != S(own + 1) - S(own))
+    return absl::InvalidArgumentError("peer mesh: all-gather's slice");
+  // Among member m of every group: part m (slices m G .. m G + G - 1).
+  std::vector<std::vector<char>> o1(ducks_), i1(ducks_);
+  std::vector<uint32_t> across;
+  std::vector<char> encoded;
+  Encode(mine, wire, &encoded);
+  for (uint32_t h = 0; h < G; ++h) {
+    const uint32_t j = h * M + m, k = m * G + h;
+    if (h != g) {
+      o1[j] = encoded;
+      across.push_back(j);
+      i1[j].resize(WireBytes(S(k + 1) - S(k), wire));
+    }
+  }
+  if (absl::Status s = Exchange(o1, i1, across); !s.ok())
+    return s;
+  i1[rank_] = std::move(encoded);
+  for (uint32_t h = 0; h < G; ++h) {
+    const uint32_t k = m * G + h;
+    for (size_t i = 0; i < S(k + 1) - S(k); ++i)
+      all[S(k) + i] = Decode(i1[h * M + m], wire, i);
+  }
+  // Within the group: every member's part.
+  std::vector<std::vector<char>> o2(ducks_), i2(ducks_);
+  std::vector<uint32_t> group;
+  encoded.clear();
+  Encode(all.subspan(S(m * G), S((m + 1) * G) - S(m * G)), wire, &encoded);
+  for (uint32_t p = 0; p < M; ++p) {
+    const uint32_t j = g * M + p;
+    if (p != m) {
+      o2[j] = encoded;
+      group.push_back(j);
+      i2[j].resize(WireBytes(S((p + 1) * G) - S(p * G), wire));
+    }
+  }
+  if (absl::Status s = Exchange(o2, i2, group); !s.ok())
+    return s;
+  for (uint32_t p = 0; p < M; ++p)
+    for (size_t i = 0; p != m && i < S((p + 1) * G) - S(p * G); ++i)
+      all[S(p * G) + i] = Decode(i2[g * M + p], wire, i);
+  return absl::OkStatus();
+}
+
 
 } // namespace duck::duckd

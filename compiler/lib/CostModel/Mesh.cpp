@@ -30,8 +30,10 @@ constexpr double kMeshHeaderBytes = 8; // a message's sequence and length
 
 } // namespace
 
-MeshWire cost::meshWire(const ClusterModel &c, Collective kind, int64_t values,
-                        int64_t ducks, double bytesPerValue) {
+namespace {
+/// One direct exchange among `ducks` ducks (see meshWire).
+MeshWire directWire(const ClusterModel &c, Collective kind, int64_t values,
+                    int64_t ducks, double bytesPerValue) {
   MeshWire w;
   if (ducks <= 1)
     return w;
@@ -56,6 +58,27 @@ MeshWire cost::meshWire(const ClusterModel &c, Collective kind, int64_t values,
   w.overheadSeconds =
       (c.meshCallUs + c.meshMessageUs * double(ducks - 1)) * 1e-6;
   w.seconds = w.wireSeconds + w.latencySeconds + w.overheadSeconds;
+  return w;
+}
+} // namespace
+
+MeshWire cost::meshWire(const ClusterModel &c, Collective kind,
+                        int64_t values, int64_t ducks, double bytesPerValue) {
+  const int64_t g = c.meshGroups;
+  if (g <= 1 || g >= ducks || ducks % g != 0)
+    return directWire(c, kind, values, ducks, bytesPerValue);
+  // Two levels: within each group of M = ducks / g over the whole vector,
+  // then among the g ducks of one member index over its part.
+  const int64_t members = ducks / g;
+  const MeshWire a = directWire(c, kind, values, members, bytesPerValue);
+  const MeshWire b = directWire(c, kind, (values + members - 1) / members, g,
+                                bytesPerValue);
+  MeshWire w;
+  w.wireSeconds = a.wireSeconds + b.wireSeconds;
+  w.latencySeconds = a.latencySeconds + b.latencySeconds;
+  w.overheadSeconds = a.overheadSeconds + b.overheadSeconds;
+  w.seconds = a.seconds + b.seconds;
+  w.bytesPerDuck = a.bytesPerDuck + b.bytesPerDuck;
   return w;
 }
 

@@ -10,6 +10,15 @@
 // so a collective's result is the same in every run, and an all-reduce's is
 // bit-identical on every duck.
 //
+// With `groups` G > 1 (dividing N; M = N / G ducks a group, rank g M + m
+// is member m of group g) a reduce-scatter or all-gather takes two direct
+// exchanges instead of one: within the group, then among the G ducks of
+// the same member index. Each duck then sends M - 1 + G - 1 messages
+// instead of N - 1 (the same bytes), for one more latency: where a
+// message's own cost dominates (many ducks, small pieces) that wins. Duck
+// g M + m then holds slice m G + g (OwnedSlice), sums are taken within
+// the group in member order and then in group order.
+//
 // Today the mesh is what `duck-bench collective` measures over the link
 // simulator; duckd does not open one yet. The session field is a check that
 // both ends belong to the same run, not an authentication.
@@ -42,6 +51,8 @@ struct PeerMeshOptions {
   /// every higher rank and accepts every lower one).
   std::vector<PeerAddress> peers;
   absl::Duration timeout = absl::Seconds(30);
+  /// Two-level collectives over this many groups (1: one direct exchange).
+  uint32_t groups = 1;
 };
 
 /// How values cross the wire: fp32, or bf16 (round to nearest even).
@@ -61,6 +72,9 @@ public:
 
   uint32_t rank() const { return rank_; }
   uint32_t ducks() const { return ducks_; }
+  /// The slice of a reduce-scatter's result (and of an all-gather's input)
+  /// this duck holds: its rank, or m G + g with groups.
+  uint32_t OwnedSlice() const;
 
   /// `in`: this duck's partial sums of n values; `out`: its slice of the
   /// sums over every duck (PeerSliceBegin's length).
@@ -79,12 +93,19 @@ public:
 
 private:
   PeerMesh() = default;
-  /// Sends out[j] to every peer j and receives in[j] (its length known)
-  /// from every peer, all at once; out[rank] and in[rank] are unused.
+  /// Sends out[j] to every peer j in `with` and receives in[j] (its length
+  /// known) from each, all at once (empty `with`: every other duck).
   absl::Status Exchange(const std::vector<std::vector<char>> &out,
-                        std::vector<std::vector<char>> &in);
+                        std::vector<std::vector<char>> &in,
+                        const std::vector<uint32_t> &with = {});
+  std::vector<uint32_t> Others() const; // every rank but this one
+  /// The grouped collectives (groups_ > 1).
+  absl::Status GroupedReduceScatter(absl::Span<const float> in, PeerWire wire,
+                                    absl::Span<float> out);
+  absl::Status GroupedAllGather(absl::Span<const float> mine, PeerWire wire,
+                                absl::Span<float> all);
 
-  uint32_t rank_ = 0, ducks_ = 0;
+  uint32_t rank_ = 0, ducks_ = 0, groups_ = 1;
   uint32_t seq_ = 0;
   absl::Duration timeout_;
   std::vector<int> fds_; // by rank; -1 for this duck

@@ -47,7 +47,7 @@ using duck::runtime::LinkSimOptions;
 struct CollectiveBenchOptions {
   uint32_t ducks = 4;
   double duck_gbps = 2.5, latency_us = 50, scale = 1;
-  uint32_t tokens = 6, repeat = 3;
+  uint32_t tokens = 6, repeat = 3, groups = 1;
   std::string wire = "bf16"; // duckc's --wire-activations / --wire-results
   std::string model = DUCK_SOURCE_DIR "/models/DeepSeek-V3.2";
   bool json = false;
@@ -62,6 +62,8 @@ void PrintUsage(FILE *out) {
       "S,\n"
       "  in the simulator and the cost model alike)] [--tokens T (6)]\n"
       "  [--repeat R (3: runs of each kind, alternating; medians)]\n"
+      "  [--groups G (1: one direct exchange a collective; G dividing N:\n"
+      "  two, within groups of N/G ducks, then among G)]\n"
       "  [--wire f32|bf16 (bf16)] [--model DIR (models/DeepSeek-V3.2: only\n"
       "  its config.json is read)] [--json]\n\n"
       "The collectives of a token with the residual stream on the ducks\n"
@@ -112,6 +114,8 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
       o->tokens = uint32_t(std::atoi(v));
     else if ((v = Value(argc, argv, &i, "--repeat")))
       o->repeat = uint32_t(std::atoi(v));
+    else if ((v = Value(argc, argv, &i, "--groups")))
+      o->groups = uint32_t(std::atoi(v));
     else if ((v = Value(argc, argv, &i, "--wire")))
       o->wire = v;
     else if ((v = Value(argc, argv, &i, "--model")))
@@ -130,11 +134,11 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
   }
   if (o->ducks < 2 || o->ducks > 32 || o->tokens < 2 || o->repeat < 1 ||
       o->repeat > 20 || !(o->scale > 0) || !(o->duck_gbps > 0) ||
-      o->latency_us < 0) {
+      o->latency_us < 0 || o->groups < 1 || o->ducks % o->groups != 0) {
     std::fprintf(stderr, "duck-bench collective: --ducks must be 2 to 32, "
                          "--tokens at least 2, --repeat 1 to 20, --scale and "
                          "--duck-link-gbps positive, --latency-us not "
-                         "negative\n");
+                         "negative, --groups a divisor of --ducks\n");
     return false;
   }
   return true;
@@ -167,6 +171,7 @@ nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
                           {"memory_gib", 65536}});
   c["duck_link_gbps"] = gbps;
   c["latency_us"] = o.latency_us;
+  c["mesh_groups"] = o.groups;
   const std::string file = dir + "/cluster.json", out = dir + "/stats.json";
   std::ofstream(file) << c.dump(1) << "\n";
   std::ostringstream cc;
@@ -219,7 +224,7 @@ int ListenLoopback(uint16_t *port) {
 /// One token's collectives on one duck's mesh.
 absl::Status RunToken(PeerMesh &m, const std::vector<Step> &schedule,
                       std::vector<float> &a, std::vector<float> &b) {
-  const uint32_t n = m.ducks(), r = m.rank();
+  const uint32_t n = m.ducks(), r = m.OwnedSlice();
   for (const Step &s : schedule) {
     const size_t lo = duck::duckd::PeerSliceBegin(s.values, n, r);
     const size_t len = duck::duckd::PeerSliceBegin(s.values, n, r + 1) - lo;
@@ -291,6 +296,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
       mo.rank = r;
       mo.ducks = o.ducks;
       mo.session = 1;
+      mo.groups = o.groups;
       mo.listen_fd = listeners[r];
       mo.peers.resize(o.ducks);
       for (uint32_t j = r + 1; j < o.ducks; ++j)
@@ -353,6 +359,7 @@ nlohmann::json Results(const CollectiveBenchOptions &o,
   r["simulated_duck_link_gbps"] = o.duck_gbps / o.scale;
   r["latency_us"] = o.latency_us;
   r["wire"] = o.wire;
+  r["groups"] = o.groups;
   r["collectives_per_token"] = n;
   r["measured_direct_ms"] = MedianOf(direct);
   r["measured_baseline_ms"] = MedianOf(base);
@@ -372,10 +379,15 @@ nlohmann::json Results(const CollectiveBenchOptions &o,
 void PrintText(const nlohmann::json &r) {
   auto d = [&](const char *k) { return r[k].get<double>(); };
   std::printf("duck-bench collective: %d ducks, %.3g Gb/s a duck (scaled /%g: "
-              "%.3g), %g us one way, %s; %.0f collectives a token\n",
+              "%.3g), %g us one way, %s; %.0f collectives a token%s\n",
               r["ducks"].get<int>(), d("duck_link_gbps"), d("scale"),
               d("simulated_duck_link_gbps"), d("latency_us"),
-              r["wire"].get<std::string>().c_str(), d("collectives_per_token"));
+              r["wire"].get<std::string>().c_str(), d("collectives_per_token"),
+              r["groups"].get<int>() > 1
+                  ? (", two levels over " +
+                     std::to_string(r["groups"].get<int>()) + " groups")
+                        .c_str()
+                  : "");
   std::printf("measured: loopback %.3f ms a token (%.1f us a collective, "
               "%.1f us of a duck's CPU); simulator unlimited %.3f ms, shaped "
               "%.3f ms: mesh %.3f ms\n",

@@ -436,6 +436,20 @@ TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {
   EXPECT_DOUBLE_EQ(ag.bytesPerDuck, 60);
   // One duck: nothing to exchange.
   EXPECT_EQ(meshWire(c, Collective::allGather, 10, 1, 4).seconds, 0);
+  // Two groups of two: within the group 10 values in slices of 5 (one
+  // piece of 28 bytes each way), then among 2 ducks over 5 values (pieces
+  // of 20 and 16 bytes: 20 the busiest); two latencies, two calls and one
+  // message each.
+  c.meshGroups = 2;
+  MeshWire two = meshWire(c, Collective::reduceScatter, 10, 4, 4);
+  EXPECT_NEAR(two.wireSeconds, (28 + 20) / 125e6, 1e-15);
+  EXPECT_NEAR(two.latencySeconds, 20e-6, 1e-15);
+  EXPECT_NEAR(two.overheadSeconds, 2 * (5 + 2) * 1e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(two.bytesPerDuck, 28 + 20);
+  // Groups that do not divide the ducks: one direct exchange.
+  c.meshGroups = 3;
+  EXPECT_EQ(meshWire(c, Collective::reduceScatter, 10, 4, 4).seconds,
+            rs.seconds);
 }
 
 // The residual on the ducks: one host exchange a layer and one for the

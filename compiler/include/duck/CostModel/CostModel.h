@@ -138,6 +138,10 @@ struct ClusterModel {
   /// `mesh_call_us`, and `mesh_message_us` for each message a duck sends
   /// in it: `duck-bench collective` measures both on unlimited links).
   double meshCallUs = 0, meshMessageUs = 0;
+  /// Two-level collectives over this many groups of ducks (cluster file
+  /// `mesh_groups`; 1: one direct exchange): a duck sends M - 1 + G - 1
+  /// messages instead of N - 1, for a second latency and call.
+  int64_t meshGroups = 1;
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
@@ -492,7 +496,9 @@ StepWire stepWireEach(const ClusterModel &c, uint32_t rows,
 /// all-gather: its own slice to every duck (`values`: the whole vector's
 /// length, slices as PeerSliceBegin's). Its time: the busiest link
 /// direction's bytes at its rate, the one-way latency once, and
-/// meshCallUs + meshMessageUs for each message a duck sends.
+/// meshCallUs + meshMessageUs for each message a duck sends. With
+/// meshGroups G dividing the ducks, two such exchanges: among each group's
+/// M ducks over the whole vector, then among G ducks over a part of it.
 struct MeshWire {
   double seconds = 0, wireSeconds = 0, latencySeconds = 0,
          overheadSeconds = 0;

@@ -40,7 +40,7 @@ int ListenAny(uint16_t *port) {
 std::vector<absl::Status>
 RunMesh(uint32_t ducks,
         const std::function<absl::Status(uint32_t, PeerMesh &)> &body,
-        std::vector<uint64_t> sessions = {}) {
+        std::vector<uint64_t> sessions = {}, uint32_t groups = 1) {
   std::vector<int> listeners(ducks);
   std::vector<PeerAddress> peers(ducks);
   for (uint32_t r = 0; r < ducks; ++r)
@@ -56,6 +56,7 @@ RunMesh(uint32_t ducks,
       o.listen_fd = listeners[r];
       o.peers = peers;
       o.timeout = absl::Seconds(5);
+      o.groups = groups;
       absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
       status[r] = m.ok() ? body(r, **m) : m.status();
     });
@@ -90,18 +91,42 @@ std::vector<float> RankOrderSum(uint32_t ducks, size_t n, PeerWire wire) {
   return sum;
 }
 
-class PeerMeshTest
-    : public ::testing::TestWithParam<std::tuple<uint32_t, PeerWire>> {};
+/// The same over G groups of M ducks (rank g M + m): each group's sum in
+/// member order, as the wire carries it, then those in group order.
+std::vector<float> GroupOrderSum(uint32_t ducks, uint32_t groups, size_t n,
+                                 PeerWire wire) {
+  const uint32_t members = ducks / groups;
+  std::vector<float> sum(n, 0.0f);
+  for (uint32_t g = 0; g < groups; ++g) {
+    std::vector<float> part(n, 0.0f);
+    for (uint32_t m = 0; m < members; ++m) {
+      const std::vector<float> v = Values(g * members + m, n);
+      for (size_t i = 0; i < n; ++i)
+        part[i] += AsWire(v[i], wire);
+    }
+    for (size_t i = 0; i < n; ++i)
+      sum[i] += AsWire(part[i], wire);
+  }
+  return sum;
+}
+
+class PeerMeshTest : public ::testing::TestWithParam<
+                         std::tuple<uint32_t, PeerWire, uint32_t>> {};
 
 TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
-  const auto [ducks, wire] = GetParam();
+  const auto [ducks, wire, groups] = GetParam();
   const size_t n = 7168 + 5; // ragged slices
-  const std::vector<float> want = RankOrderSum(ducks, n, wire);
+  const bool grouped = groups > 1 && groups < ducks;
+  const std::vector<float> want = grouped
+                                      ? GroupOrderSum(ducks, groups, n, wire)
+                                      : RankOrderSum(ducks, n, wire);
+  std::vector<uint32_t> owned(ducks);
   std::vector<std::vector<float>> reduced(ducks), gathered(ducks);
   std::vector<std::vector<float>> allreduced(ducks);
   auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
-    const size_t b = PeerSliceBegin(n, ducks, r);
-    std::vector<float> slice(PeerSliceBegin(n, ducks, r + 1) - b);
+    owned[r] = m.OwnedSlice();
+    const size_t b = PeerSliceBegin(n, ducks, owned[r]);
+    std::vector<float> slice(PeerSliceBegin(n, ducks, owned[r] + 1) - b);
     if (absl::Status s =
             m.ReduceScatter(Values(r, n), wire, absl::MakeSpan(slice));
         !s.ok())
@@ -115,11 +140,15 @@ TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
     return m.AllReduce(absl::MakeConstSpan(Values(r, 3)), wire,
                        absl::MakeSpan(allreduced[r]));
   };
-  for (const absl::Status &s : RunMesh(ducks, body))
+  for (const absl::Status &s : RunMesh(ducks, body, {}, groups))
     ASSERT_TRUE(s.ok()) << s;
   const std::vector<float> want3 = RankOrderSum(ducks, 3, wire);
+  std::vector<bool> held(ducks, false); // every slice held once
   for (uint32_t r = 0; r < ducks; ++r) {
-    const size_t b = PeerSliceBegin(n, ducks, r);
+    ASSERT_LT(owned[r], ducks);
+    ASSERT_FALSE(held[owned[r]]);
+    held[owned[r]] = true;
+    const size_t b = PeerSliceBegin(n, ducks, owned[r]);
     for (size_t i = 0; i < reduced[r].size(); ++i)
       ASSERT_EQ(reduced[r][i], want[b + i]) << "rank " << r << " value " << i;
     for (size_t i = 0; i < n; ++i)
@@ -129,10 +158,28 @@ TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DucksAndWires, PeerMeshTest,
-                         ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
-                                            ::testing::Values(PeerWire::f32,
-                                                              PeerWire::bf16)));
+INSTANTIATE_TEST_SUITE_P(
+    DucksAndWires, PeerMeshTest,
+    ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
+                       ::testing::Values(PeerWire::f32, PeerWire::bf16),
+                       ::testing::Values(1u)));
+
+// Two-level collectives: 4 ducks in 2 groups, 6 in 2 and in 3, 8 in 4.
+INSTANTIATE_TEST_SUITE_P(
+    Groups, PeerMeshTest,
+    ::testing::Values(std::tuple{4u, PeerWire::f32, 2u},
+                      std::tuple{6u, PeerWire::bf16, 2u},
+                      std::tuple{6u, PeerWire::f32, 3u},
+                      std::tuple{8u, PeerWire::bf16, 4u}));
+
+TEST(PeerMeshErrors, GroupsMustDivideTheDucks) {
+  std::vector<absl::Status> st = RunMesh(
+      3, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {}, 2);
+  for (const absl::Status &s : st)
+    EXPECT_NE(std::string(s.message()).find("do not divide"),
+              std::string::npos)
+        << s;
+}
 
 TEST(PeerMeshErrors, AnotherSessionIsRefusedByName) {
   std::vector<absl::Status> st =

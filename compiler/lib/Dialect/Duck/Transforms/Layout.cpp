@@ -835,6 +835,7 @@ void addMeshJson(const ModuleStats &s, const ClusterModel &c,
   o["mesh_host_weights_ms_per_token"] = s.meshHostWeightsMsPerToken;
   o["mesh_call_us"] = c.meshCallUs;
   o["mesh_message_us"] = c.meshMessageUs;
+  o["mesh_groups"] = c.meshGroups;
   o["mesh_schedule"] = std::move(mesh);
 }
 
