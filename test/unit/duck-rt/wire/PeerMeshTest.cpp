@@ -206,6 +206,25 @@ TEST(PeerMeshErrors, MismatchedCollectiveIsAnErrorNotGarbage) {
   EXPECT_NE(both.find("got collective 1 of"), std::string::npos) << both;
 }
 
+TEST(PeerMeshErrors, APeerThatLeavesIsAnErrorNamingIt) {
+  // Rank 2 closes its mesh at once; the others' all-reduce ends with an
+  // error naming it instead of waiting for the timeout.
+  std::vector<absl::Status> st =
+      RunMesh(3, [](uint32_t r, PeerMesh &m) -> absl::Status {
+        if (r == 2)
+          return absl::OkStatus();
+        std::vector<float> in(4, 1.0f), out(4);
+        return m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+      });
+  EXPECT_TRUE(st[2].ok());
+  for (int r : {0, 1}) {
+    ASSERT_FALSE(st[r].ok());
+    EXPECT_NE(std::string(st[r].message()).find("rank 2 closed its link"),
+              std::string::npos)
+        << st[r];
+  }
+}
+
 TEST(PeerMeshErrors, BadRankOrAddressesAreRefused) {
   PeerMeshOptions o;
   o.rank = 2;
