@@ -11,6 +11,7 @@
 // rates and latency differ).
 //
 //===----------------------------------------------------------------------===//
+#include "BenchArgs.h"
 #include "BenchSubcommands.h"
 
 #include "duck/runtime/cluster/LinkSim.h"
@@ -37,6 +38,8 @@
 
 namespace {
 
+using duck::bench::ArgValue;
+using duck::bench::ShellQuote;
 using duck::runtime::LinkSim;
 using duck::runtime::LinkSimOptions;
 
@@ -83,17 +86,6 @@ void PrintUsage(FILE *out) {
       duck::runtime::LinkSimModelText());
 }
 
-/// "--key value" or "--key=value"; advances *i past a separate value.
-const char *Value(int argc, char **argv, int *i, const char *key) {
-  const size_t n = std::strlen(key);
-  if (std::strncmp(argv[*i], key, n) != 0)
-    return nullptr;
-  if (argv[*i][n] == '=')
-    return argv[*i] + n + 1;
-  if (argv[*i][n] == 0 && *i + 1 < argc)
-    return argv[++*i];
-  return nullptr;
-}
 
 bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
   for (int i = 1; i < argc; ++i) {
@@ -101,27 +93,27 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
     const char *v = nullptr;
     if (a == "--json")
       o->json = true;
-    else if ((v = Value(argc, argv, &i, "--ducks")))
+    else if ((v = ArgValue(argc, argv, &i, "--ducks")))
       o->ducks = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--host-link-gbps")))
+    else if ((v = ArgValue(argc, argv, &i, "--host-link-gbps")))
       o->host_gbps = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--duck-link-gbps")))
+    else if ((v = ArgValue(argc, argv, &i, "--duck-link-gbps")))
       o->duck_gbps = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--latency-us")))
+    else if ((v = ArgValue(argc, argv, &i, "--latency-us")))
       o->latency_us = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--scale")))
+    else if ((v = ArgValue(argc, argv, &i, "--scale")))
       o->scale = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--layers")))
+    else if ((v = ArgValue(argc, argv, &i, "--layers")))
       o->layers = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--tokens")))
+    else if ((v = ArgValue(argc, argv, &i, "--tokens")))
       o->tokens = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--repeat")))
+    else if ((v = ArgValue(argc, argv, &i, "--repeat")))
       o->repeat = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--attention")))
+    else if ((v = ArgValue(argc, argv, &i, "--attention")))
       o->attention = v;
-    else if ((v = Value(argc, argv, &i, "--wire")))
+    else if ((v = ArgValue(argc, argv, &i, "--wire")))
       o->wire = v;
-    else if ((v = Value(argc, argv, &i, "--work-dir"))) {
+    else if ((v = ArgValue(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
     } else
@@ -137,12 +129,6 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
          o->duck_gbps > 0 && o->latency_us >= 0;
 }
 
-std::string Quote(const std::string &s) {
-  std::string q = "'";
-  for (char c : s)
-    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 /// Runs a command line; false (after saying which) when it fails.
 bool Shell(const std::string &cmd) {
@@ -169,10 +155,11 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
                     const std::string &dir) {
   const uint32_t inter = std::max<uint32_t>(256, 32 * o.ducks);
   // A kept --work-dir is made again from scratch (neither tool overwrites).
-  if (!Shell("rm -rf " + Quote(dir + "/model") + " " + Quote(dir + "/plan")))
+  if (!Shell("rm -rf " + ShellQuote(dir + "/model") + " " +
+             ShellQuote(dir + "/plan")))
     return false;
   std::ostringstream mk;
-  mk << Quote(bin + "/duck-mkmodel") << " -q --preset tiny-deepseek"
+  mk << ShellQuote(bin + "/duck-mkmodel") << " -q --preset tiny-deepseek"
      << " --family deepseek_v32 --hidden 7168 --layers " << o.layers
      << " --dense-layers 1 --heads "
      << (o.attention == "host" ? 4u : std::max<uint32_t>(4, o.ducks))
@@ -181,17 +168,18 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
      << " --top-k 2 --shared-experts 1 --n-group 1 --topk-group 1"
      << " --q-lora 64 --kv-lora 64 --qk-nope 32 --qk-rope 16 --v-head 32"
      << " --index-heads 2 --index-head-dim 32 --index-topk 64 --vocab 512"
-     << " -o " << Quote(dir + "/model");
+     << " -o " << ShellQuote(dir + "/model");
   if (!Shell(mk.str()))
     return false;
   std::ostringstream cc;
-  cc << Quote(bin + "/duckc") << " compile " << Quote(dir + "/model")
-     << " --cluster " << Quote(dir + "/shaped.json") << CompileFlags(o);
-  const std::string log = Quote(dir + "/duckc.log");
-  return Shell(cc.str() + " -o " + Quote(dir + "/plan") + " > /dev/null 2> " +
-               log + " || { cat " + log + " >&2; false; }") &&
+  cc << ShellQuote(bin + "/duckc") << " compile " << ShellQuote(dir + "/model")
+     << " --cluster " << ShellQuote(dir + "/shaped.json") << CompileFlags(o);
+  const std::string log = ShellQuote(dir + "/duckc.log");
+  return Shell(cc.str() + " -o " + ShellQuote(dir + "/plan") +
+               " > /dev/null 2> " + log + " || { cat " + log +
+               " >&2; false; }") &&
          Shell(cc.str() + " --dry-run --emit=stats > " +
-               Quote(dir + "/stats.json"));
+               ShellQuote(dir + "/stats.json"));
 }
 
 /// The cluster file of both duckc (link rates, already scaled) and duckrun
@@ -363,10 +351,10 @@ bool RunPass(const ClusterBenchOptions &o, const std::string &bin,
                         latency_us))
     return false;
   std::ostringstream cmd;
-  cmd << Quote(bin + "/duckrun") << " " << Quote(dir + "/plan")
-      << " --cluster " << Quote(file)
+  cmd << ShellQuote(bin + "/duckrun") << " " << ShellQuote(dir + "/plan")
+      << " --cluster " << ShellQuote(file)
       << " --prompt 'the ducks on one switch' --max-tokens " << o.tokens
-      << " --ignore-eos --quiet --summary-json " << Quote(summary)
+      << " --ignore-eos --quiet --summary-json " << ShellQuote(summary)
       << " > /dev/null";
   const bool ok = Shell(cmd.str());
   (*sim)->Stop();
@@ -510,9 +498,9 @@ nlohmann::json StatsAtLatency(const ClusterBenchOptions &o,
                         o.duck_gbps / o.scale, latency_us))
     return nlohmann::json::object();
   std::ostringstream cc;
-  cc << Quote(bin + "/duckc") << " compile " << Quote(dir + "/model")
-     << " --cluster " << Quote(file) << CompileFlags(o)
-     << " --dry-run --emit=stats > " << Quote(dir + "/stats-probe.json");
+  cc << ShellQuote(bin + "/duckc") << " compile " << ShellQuote(dir + "/model")
+     << " --cluster " << ShellQuote(file) << CompileFlags(o)
+     << " --dry-run --emit=stats > " << ShellQuote(dir + "/stats-probe.json");
   if (!Shell(cc.str()))
     return nlohmann::json::object();
   return ReadJson(dir + "/stats-probe.json");
@@ -584,11 +572,11 @@ int duckBenchCluster(int argc, char **argv) {
       return 1;
     }
     dir = tmpl;
-  } else if (!Shell("mkdir -p " + Quote(dir))) {
+  } else if (!Shell("mkdir -p " + ShellQuote(dir))) {
     return 1;
   }
   const int rc = RunBench(o, dir);
   if (!o.keep)
-    std::system(("rm -rf " + Quote(dir)).c_str());
+    std::system(("rm -rf " + ShellQuote(dir)).c_str());
   return rc;
 }

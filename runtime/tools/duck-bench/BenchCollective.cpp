@@ -12,6 +12,7 @@
 // cost model's mesh_ms_per_token (wire and latency) for the same links.
 //
 //===----------------------------------------------------------------------===//
+#include "BenchArgs.h"
 #include "BenchSubcommands.h"
 
 #include "duck/runtime/cluster/LinkSim.h"
@@ -39,6 +40,8 @@
 
 namespace {
 
+using duck::bench::ArgValue;
+using duck::bench::ShellQuote;
 using duck::duckd::PeerMesh;
 using duck::duckd::PeerWire;
 using duck::runtime::LinkSim;
@@ -85,40 +88,29 @@ void PrintUsage(FILE *out) {
       duck::runtime::LinkSimModelText());
 }
 
-const char *Value(int argc, char **argv, int *i, const char *key) {
-  const size_t n = std::strlen(key);
-  if (std::strncmp(argv[*i], key, n) != 0)
-    return nullptr;
-  if (argv[*i][n] == '=')
-    return argv[*i] + n + 1;
-  if (argv[*i][n] == 0 && *i + 1 < argc)
-    return argv[++*i];
-  return nullptr;
-}
-
 bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char *v = nullptr;
     if (a == "--json")
       o->json = true;
-    else if ((v = Value(argc, argv, &i, "--ducks")))
+    else if ((v = ArgValue(argc, argv, &i, "--ducks")))
       o->ducks = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--duck-link-gbps")))
+    else if ((v = ArgValue(argc, argv, &i, "--duck-link-gbps")))
       o->duck_gbps = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--latency-us")))
+    else if ((v = ArgValue(argc, argv, &i, "--latency-us")))
       o->latency_us = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--scale")))
+    else if ((v = ArgValue(argc, argv, &i, "--scale")))
       o->scale = std::atof(v);
-    else if ((v = Value(argc, argv, &i, "--tokens")))
+    else if ((v = ArgValue(argc, argv, &i, "--tokens")))
       o->tokens = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--repeat")))
+    else if ((v = ArgValue(argc, argv, &i, "--repeat")))
       o->repeat = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--groups")))
+    else if ((v = ArgValue(argc, argv, &i, "--groups")))
       o->groups = uint32_t(std::atoi(v));
-    else if ((v = Value(argc, argv, &i, "--wire")))
+    else if ((v = ArgValue(argc, argv, &i, "--wire")))
       o->wire = v;
-    else if ((v = Value(argc, argv, &i, "--model")))
+    else if ((v = ArgValue(argc, argv, &i, "--model")))
       o->model = v;
     else {
       std::fprintf(stderr,
@@ -142,13 +134,6 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
     return false;
   }
   return true;
-}
-
-std::string Quote(const std::string &s) {
-  std::string q = "'";
-  for (char c : s)
-    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 /// One collective of the cost model's schedule.
@@ -175,12 +160,12 @@ nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
   const std::string file = dir + "/cluster.json", out = dir + "/stats.json";
   std::ofstream(file) << c.dump(1) << "\n";
   std::ostringstream cc;
-  cc << Quote(duck::runtime::ExecutableDir() + "/duckc") << " compile "
-     << Quote(o.model) << " --cluster " << Quote(file) << " --tp " << o.ducks
-     << " --dry-run --emit=stats --residual ducks --in-proj ducks"
+  cc << ShellQuote(duck::runtime::ExecutableDir() + "/duckc") << " compile "
+     << ShellQuote(o.model) << " --cluster " << ShellQuote(file) << " --tp "
+     << o.ducks << " --dry-run --emit=stats --residual ducks --in-proj ducks"
      << " --q-proj ducks --o-proj ducks --mla-absorb ducks"
      << (o.wire == "bf16" ? " --wire-activations bf16 --wire-results bf16" : "")
-     << " > " << Quote(out);
+     << " > " << ShellQuote(out);
   if (std::system(cc.str().c_str()) != 0) {
     std::fprintf(stderr, "duck-bench collective: duckc failed: %s\n",
                  cc.str().c_str());
@@ -392,9 +377,8 @@ void PrintText(const nlohmann::json &r) {
               "%.1f us of a duck's CPU); simulator unlimited %.3f ms, shaped "
               "%.3f ms: mesh %.3f ms\n",
               d("measured_direct_ms"), d("mesh_call_us"),
-              d("mesh_cpu_us_per_collective"),
-              d("measured_baseline_ms"), d("measured_shaped_ms"),
-              d("measured_mesh_ms"));
+              d("mesh_cpu_us_per_collective"), d("measured_baseline_ms"),
+              d("measured_shaped_ms"), d("measured_mesh_ms"));
   std::printf("predicted: mesh %.3f ms a token (latency %.3f); measured / "
               "predicted %.2f\n",
               d("predicted_mesh_ms"), d("predicted_mesh_latency_ms"),
@@ -459,6 +443,6 @@ int duckBenchCollective(int argc, char **argv) {
     return 1;
   }
   const int rc = RunBench(o, tmpl);
-  std::system(("rm -rf " + Quote(tmpl)).c_str());
+  std::system(("rm -rf " + ShellQuote(tmpl)).c_str());
   return rc;
 }

@@ -391,7 +391,8 @@ TEST(CostModelTest, RelayTreeInThePlan) {
   EXPECT_NE(uni.networkMsPerToken, rel.networkMsPerToken);
 }
 
-TEST(CostModelTest, NetworkJoinsTheTokenTime) {
+/// Two dense layers (hidden 1024), each split over two ducks.
+ModelFacts twoDenseLayersOnTwoDucks() {
   ModelFacts m;
   m.tp = 2;
   FfnLayer l;
@@ -399,6 +400,11 @@ TEST(CostModelTest, NetworkJoinsTheTokenTime) {
   l.shards = {denseShard(0, 128, 1024, 1'000'000),
               denseShard(1, 128, 1024, 1'000'000)};
   m.ffn = {l, l};
+  return m;
+}
+
+TEST(CostModelTest, NetworkJoinsTheTokenTime) {
+  ModelFacts m = twoDenseLayersOnTwoDucks();
   ClusterModel c;
   c.hostLinkGbps = 1;
   PlanCost p = costPlan(m, c);
@@ -456,13 +462,7 @@ TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {
 // head, a dense GQA layer's four collectives, the embedded token's
 // gather, and the host's weights moved to the ducks' stream.
 TEST(CostModelTest, ResidualOnTheDucksExchangesOnceALayer) {
-  ModelFacts m;
-  m.tp = 2;
-  FfnLayer l;
-  l.hidden = 1024;
-  l.shards = {denseShard(0, 128, 1024, 1'000'000),
-              denseShard(1, 128, 1024, 1'000'000)};
-  m.ffn = {l, l};
+  ModelFacts m = twoDenseLayersOnTwoDucks();
   Attention a;
   a.heads = 4;
   a.headDim = 64;
