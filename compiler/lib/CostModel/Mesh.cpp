@@ -158,25 +158,62 @@ void addLayerCollectives(const ClusterModel &c, const FfnLayer &l,
 
 } // namespace
 
-void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &c,
+namespace {
+/// The token's collectives in order: the embedded token gathered, then
+/// each layer's.
+void addTokenCollectives(const ModelFacts &m, const ClusterModel &c,
+                         PlanCost &p) {
+  if (m.ffn.empty())
+    return;
+  addCollective(c, Collective::allGather, double(m.ffn.front().hidden), m.tp,
+                c.wireBf16 ? 2 : 4, p);
+  for (size_t i = 0; i < m.ffn.size(); ++i)
+    addLayerCollectives(c, m.ffn[i],
+                        i < m.attention.size() ? &m.attention[i] : nullptr,
+                        m.tp, p);
+}
+
+/// meshGroups 0 (auto): the groups that give the token's collectives the
+/// least time, among 1 and every divisor of tp below it (ties: fewer).
+int64_t fastestGroups(const ModelFacts &m, ClusterModel c) {
+  int64_t best = 1;
+  double bestMs = 0;
+  for (int64_t g = 1; g < std::max<int64_t>(2, m.tp); ++g) {
+    if (m.tp % g != 0)
+      continue;
+    c.meshGroups = g;
+    PlanCost t;
+    addTokenCollectives(m, c, t);
+    const double ms = t.meshMsPerToken + t.meshOverheadMsPerToken;
+    if (g == 1 || ms < bestMs * (1 - 1e-9)) {
+      best = g;
+      bestMs = ms;
+    }
+  }
+  return best;
+}
+} // namespace
+
+void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &given,
                                 PlanCost &p) {
   const int64_t tp = m.tp;
+  ClusterModel c = given;
+  if (c.meshGroups == 0)
+    c.meshGroups = fastestGroups(m, c);
+  p.meshGroups = c.meshGroups;
   p.residualOnDucks = true;
   p.hostTxBytesPerToken = p.hostRxBytesPerToken = 0;
   p.networkOutMsPerToken = p.networkBackMsPerToken = 0;
   p.networkLatencyMsPerToken = p.networkMsPerToken = 0;
   p.stepsPerToken = 0;
   const double hidden = m.ffn.empty() ? 0 : double(m.ffn.front().hidden);
-  // The embedded token: each duck its slice, then gathered.
-  if (!m.ffn.empty())
-    addCollective(c, Collective::allGather, hidden, tp, c.wireBf16 ? 2 : 4, p);
   for (size_t i = 0; i < m.ffn.size(); ++i) {
-    const Attention *a = i < m.attention.size() ? &m.attention[i] : nullptr;
     std::vector<int64_t> in, out;
-    exchangeWidths(a, tp, i == 0 ? hidden : 0, in, out);
+    exchangeWidths(i < m.attention.size() ? &m.attention[i] : nullptr, tp,
+                   i == 0 ? hidden : 0, in, out);
     addExchange(c, in, out, p);
-    addLayerCollectives(c, m.ffn[i], a, tp, p);
   }
+  addTokenCollectives(m, c, p);
   // The head: the ducks hold the final hidden; each sends its vocabulary
   // rows' logits (the head on the ducks) or its slice of the hidden.
   std::vector<int64_t> none(tp, 0), last(tp, 0);

@@ -108,7 +108,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
          chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0,
-         meshCall = 0, meshMessage = 0, meshGroups = 1;
+         meshCall = 0, meshMessage = 0, meshGroups = 0;
   for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
                         {"step_overhead_us", &ov},
                         {"fp9_gparam_s", &gps},
@@ -131,9 +131,9 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
     return err("cluster file '" + path + "': bandwidth_gbs must be positive");
   if (chunk < 1)
     return err("cluster file '" + path + "': prefill_chunk must be at least 1");
-  if (meshGroups < 1 || meshGroups != double(int64_t(meshGroups)))
+  if (meshGroups < 0 || meshGroups != double(int64_t(meshGroups)))
     return err("cluster file '" + path +
-               "': mesh_groups must be a whole number, at least 1");
+               "': mesh_groups must be a whole number (0: the fastest)");
   for (auto [key, v] : {std::pair{"step_overhead_us", ov},
                         {"fp9_gparam_s", gps},
                         {"host_ms_per_token", hostMs},

@@ -258,7 +258,8 @@ cl::opt<std::string> compileResidual(
              "ducks once a layer; the layer's reductions and broadcasts run "
              "among the ducks as collectives over their own links (the "
              "ducks' mesh that duck-bench collective measures; cluster file "
-             "mesh_call_us and mesh_message_us), the routers and the "
+             "mesh_call_us, mesh_message_us and mesh_groups), the routers and "
+             "the "
              "indexer's weights are read by the ducks. Needs every attention "
              "projection on the ducks"),
     cl::init("host"), cl::sub(compileCmd), cl::cat(duckcCategory));
@@ -410,6 +411,11 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
             " is modelled only: the runtime sends each duck its own copy "
             "of a step, so no plan is written with it; use it with "
             "--dry-run");
+  if (o.cluster.cost.residualOnDucks && !compileDryRun)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "--residual ducks is modelled only: no duck runs a layer's norms and "
+        "router yet, so no plan is written with it; use it with --dry-run");
   if (compileMlaAbsorb != "host" && compileMlaAbsorb != "ducks")
     return createStringError(inconvertibleErrorCode(),
                              "--mla-absorb must be host or ducks, got '" +

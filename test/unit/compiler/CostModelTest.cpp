@@ -500,6 +500,31 @@ TEST(CostModelTest, ResidualOnTheDucksExchangesOnceALayer) {
               1e-9);
 }
 
+// mesh_groups 0: the fastest groups for the token's collectives. Eight
+// ducks at 1 us a call and 10 a message: one exchange costs 1 + 7 x 10 us,
+// two groups of four 2 x 1 + (3 + 1) x 10 (four groups of two the same:
+// the fewer groups win the tie); with free messages one exchange wins.
+TEST(CostModelTest, ResidualOnTheDucksChoosesItsGroups) {
+  ModelFacts m;
+  m.tp = 8;
+  FfnLayer l;
+  l.hidden = 1024;
+  for (int64_t r = 0; r < 8; ++r)
+    l.shards.push_back(denseShard(r, 32, 1024, 100'000));
+  m.ffn = {l};
+  ClusterModel c;
+  c.residualOnDucks = true;
+  c.meshCallUs = 1;
+  c.meshMessageUs = 10;
+  PlanCost p = costPlan(m, c);
+  EXPECT_EQ(p.meshGroups, 2);
+  EXPECT_NEAR(p.meshOverheadMsPerToken, 5 * 0.042, 1e-12); // 5 collectives
+  c.meshMessageUs = 0;
+  EXPECT_EQ(costPlan(m, c).meshGroups, 1);
+  c.meshGroups = 4; // as the cluster file says
+  EXPECT_EQ(costPlan(m, c).meshGroups, 4);
+}
+
 TEST(CostModelTest, PrefillDecodesOncePerChunk) {
   // A dense slice of 3 x 1024 x 256 weights at 10 Gparam/s GEMV and 40
   // GMAC/s GEMM, 64-row chunks: each weight decoded once, 64 FMAs.

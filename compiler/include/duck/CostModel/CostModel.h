@@ -140,8 +140,9 @@ struct ClusterModel {
   double meshCallUs = 0, meshMessageUs = 0;
   /// Two-level collectives over this many groups of ducks (cluster file
   /// `mesh_groups`; 1: one direct exchange): a duck sends M - 1 + G - 1
-  /// messages instead of N - 1, for a second latency and call.
-  int64_t meshGroups = 1;
+  /// messages instead of N - 1, for a second latency and call. 0 (the
+  /// default): the fastest for the token's collectives at each tp.
+  int64_t meshGroups = 0;
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,
@@ -339,6 +340,7 @@ struct PlanCost {
   double meshMsPerToken = 0, meshLatencyMsPerToken = 0,
          meshOverheadMsPerToken = 0, meshBytesPerDuckPerToken = 0;
   double meshHostWeightsMsPerToken = 0;
+  int64_t meshGroups = 1; ///< the groups the collectives were costed with
   /// The token's collectives in order (what duck-bench collective runs).
   struct MeshStep {
     bool reduceScatter = false; // else all-gather

@@ -723,13 +723,18 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
         "exchanges and %lld collectives among the ducks a token; the "
         "collectives %.3f ms on the ducks' links (latency %.3f; in the "
         "network above) + %.3f ms of their calls (%.0f us + %.1f us a "
-        "message; in the dispatch below), %.2f MB sent by each duck to its "
-        "peers; the host's weights (routers, indexer) read by the ducks in "
-        "slices, %.3f ms (in the ducks' time below)\n",
+        "message; in the dispatch below), %s, %.2f MB sent by each duck to "
+        "its peers; the host's weights (routers, indexer) read by the ducks "
+        "in slices, %.3f ms (in the ducks' time below)\n",
         (long long)s.stepsPerToken, (long long)s.collectivesPerToken,
         s.meshMsPerToken, s.meshLatencyMsPerToken, s.meshOverheadMsPerToken,
-        c.meshCallUs, c.meshMessageUs, s.meshBytesPerDuckPerToken / 1e6,
-        s.meshHostWeightsMsPerToken);
+        c.meshCallUs, c.meshMessageUs,
+        s.meshGroups > 1
+            ? llvm::formatv("two levels over {0} groups", s.meshGroups)
+                  .str()
+                  .c_str()
+            : "one direct exchange each",
+        s.meshBytesPerDuckPerToken / 1e6, s.meshHostWeightsMsPerToken);
   if (c.gemmGmacS > 0)
     os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
                        "%.3f ms a prompt token, %lld-token chunks; fp9 GEMM "
@@ -835,7 +840,7 @@ void addMeshJson(const ModuleStats &s, const ClusterModel &c,
   o["mesh_host_weights_ms_per_token"] = s.meshHostWeightsMsPerToken;
   o["mesh_call_us"] = c.meshCallUs;
   o["mesh_message_us"] = c.meshMessageUs;
-  o["mesh_groups"] = c.meshGroups;
+  o["mesh_groups"] = s.meshGroups;
   o["mesh_schedule"] = std::move(mesh);
 }
 
