@@ -415,10 +415,19 @@ void LinkSim::Impl::Loop() {
       for (int s = 0; s < 2; ++s)
         Flush(*c, s, NowNs());
     // Finished connections are closed here, so a long run holds only its
-    // live ones; the rest wait for their next event.
+    // live ones; the rest wait for their next event. Their sockets leave
+    // the epoll set first: a fork elsewhere in the process (a tool started
+    // by system()) may hold them open past close(), and epoll would then
+    // still report events carrying the freed connection.
     live.erase(std::remove_if(live.begin(), live.end(),
-                              [](const std::unique_ptr<Conn> &c) {
-                                return c->Finished();
+                              [&](const std::unique_ptr<Conn> &c) {
+                                if (!c->Finished())
+                                  return false;
+                                for (int s = 0; s < 2; ++s)
+                                  if (c->registered[s])
+                                    epoll_ctl(epoll_fd, EPOLL_CTL_DEL,
+                                              c->fd[s], nullptr);
+                                return true;
                               }),
                live.end());
     for (const auto &c : live)
