@@ -155,6 +155,18 @@ FrameKeys ConnectionKeys(absl::string_view token, const uint8_t *host_nonce,
   return k;
 }
 
+void MeshKey(absl::string_view token, const uint8_t *connector_nonce,
+             const uint8_t *acceptor_nonce, uint8_t *key) {
+  DeriveKey(token, "duck mesh", connector_nonce, acceptor_nonce, key);
+}
+
+void MeshProof(const uint8_t *key, uint8_t role, uint8_t *proof) {
+  uint8_t label[kNonceBytes] = {'d', 'u', 'c', 'k', ' ', 'm', 'e', 's',
+                                'h', ' ', 'p', 'r', 'o', 'o', 'f', role};
+  DeriveKey(absl::string_view(reinterpret_cast<const char *>(key), kKeyBytes),
+            "", label, nullptr, proof);
+}
+
 absl::Status RandomNonce(uint8_t *out) {
   size_t got = 0;
   while (got < kNonceBytes) {

@@ -24,28 +24,63 @@ namespace duck::duckd {
 namespace {
 
 constexpr char kMagic[4] = {'D', 'K', 'P', 'M'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kHelloKeyed = 1; // Hello::flags: a token proof follows
 
 struct Hello {
   char magic[4];
   uint32_t version, rank, ducks;
   uint64_t session;
+  uint32_t flags, reserved;
+  uint8_t nonce[kNonceBytes];
 };
-static_assert(sizeof(Hello) == 24, "hello layout");
+static_assert(sizeof(Hello) == 48, "hello layout");
 
 /// Every message of a collective: its sequence number and payload bytes.
 struct MsgHeader {
   uint32_t seq, bytes;
 };
 
-Hello MakeHello(const PeerMeshOptions &o) {
+absl::StatusOr<Hello> MakeHello(const PeerMeshOptions &o) {
   Hello h{};
   std::memcpy(h.magic, kMagic, 4);
   h.version = kVersion;
   h.rank = o.rank;
   h.ducks = o.ducks;
   h.session = o.session;
+  h.flags = o.token.empty() ? 0 : kHelloKeyed;
+  if (absl::Status s = RandomNonce(h.nonce); !s.ok())
+    return s;
   return h;
+}
+
+/// With a token, after the hellos: each side sends its proof (the
+/// connector first) and checks the other's against the one it expects.
+absl::Status Prove(int fd, const PeerMeshOptions &o, const Hello &connector,
+                   const Hello &acceptor, bool is_connector, uint32_t peer,
+                   absl::Time deadline) {
+  if (o.token.empty())
+    return absl::OkStatus();
+  uint8_t key[kKeyBytes], mine[kKeyBytes], want[kKeyBytes], got[kKeyBytes];
+  MeshKey(o.token, connector.nonce, acceptor.nonce, key);
+  MeshProof(key, is_connector ? 'C' : 'A', mine);
+  MeshProof(key, is_connector ? 'A' : 'C', want);
+  const Part part{mine, sizeof mine};
+  absl::Status s = is_connector ? WriteFull(fd, {&part, 1}, deadline)
+                                : ReadFull(fd, got, sizeof got, deadline);
+  if (s.ok())
+    s = is_connector ? ReadFull(fd, got, sizeof got, deadline)
+                     : WriteFull(fd, {&part, 1}, deadline);
+  if (!s.ok())
+    return s;
+  uint8_t diff = 0; // constant time
+  for (size_t i = 0; i < kKeyBytes; ++i)
+    diff |= uint8_t(got[i] ^ want[i]);
+  if (diff != 0)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "peer mesh: rank ", peer, " failed authentication with rank ", o.rank,
+        " (another token)"));
+  return absl::OkStatus();
 }
 
 /// Checks a peer's hello; `want` is the rank expected (-1: any lower one).
@@ -53,6 +88,12 @@ absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
                         int64_t want) {
   if (std::memcmp(h.magic, kMagic, 4) != 0 || h.version != kVersion)
     return absl::InvalidArgumentError("peer mesh: not a duck peer (bad hello)");
+  if (((h.flags & kHelloKeyed) != 0) != !o.token.empty())
+    return absl::PermissionDeniedError(absl::StrCat(
+        "peer mesh: rank ", h.rank,
+        (h.flags & kHelloKeyed) ? " authenticates with a token and rank "
+                                : " has no token and rank ",
+        o.rank, (h.flags & kHelloKeyed) ? " has none" : " does"));
   if (h.ducks != o.ducks || h.session != o.session)
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", h.rank, " belongs to another mesh (",
@@ -194,7 +235,10 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
   m->timeout_ = o.timeout;
   m->fds_.assign(o.ducks, -1);
   const absl::Time deadline = absl::Now() + o.timeout;
-  const Hello mine = MakeHello(o);
+  const absl::StatusOr<Hello> hello = MakeHello(o);
+  if (!hello.ok())
+    return hello.status();
+  const Hello &mine = *hello;
   for (uint32_t j = o.rank + 1; j < o.ducks; ++j) {
     absl::StatusOr<int> fd = Dial(o.peers[j], deadline);
     if (!fd.ok())
@@ -208,6 +252,9 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
         !s.ok())
       return s;
     if (absl::Status s = CheckHello(theirs, o, j); !s.ok())
+      return s;
+    if (absl::Status s = Prove(*fd, o, mine, theirs, true, j, deadline);
+        !s.ok())
       return s;
   }
   for (uint32_t accepted = 0; accepted < o.rank; ++accepted) {
@@ -226,6 +273,8 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
     if (s.ok() && m->fds_[theirs.rank] >= 0)
       s = absl::InvalidArgumentError(
           absl::StrCat("peer mesh: rank ", theirs.rank, " connected twice"));
+    if (s.ok())
+      s = Prove(*fd, o, theirs, mine, false, theirs.rank, deadline);
     if (!s.ok()) {
       close(*fd);
       return s;

@@ -21,7 +21,10 @@
 //
 // Today the mesh is what `duck-bench collective` measures over the link
 // simulator; duckd does not open one yet. The session field is a check that
-// both ends belong to the same run, not an authentication.
+// both ends belong to the same run; with a token (the cluster's shared
+// secret) each pair also proves it holds it in the hello (HMAC-SHA256 over
+// both sides' fresh nonces, duckd's own hello scheme), so a stranger
+// cannot join; the collectives' messages themselves are not sealed.
 #ifndef DUCK_RT_PEER_MESH_H
 #define DUCK_RT_PEER_MESH_H
 
@@ -45,6 +48,9 @@ struct PeerAddress {
 struct PeerMeshOptions {
   uint32_t rank = 0, ducks = 0;
   uint64_t session = 0;
+  /// The cluster's shared secret: every pair proves it in its hello
+  /// (empty: no authentication, for loopback benches and tests).
+  std::string token;
   /// This duck's listening socket: the ranks below it connect here.
   int listen_fd = -1;
   /// Where this duck reaches rank j (used for j > rank; it connects to

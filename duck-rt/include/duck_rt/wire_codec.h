@@ -78,6 +78,13 @@ FrameKeys ConnectionKeys(absl::string_view token, const uint8_t *host_nonce,
                          const uint8_t *duck_nonce, uint8_t role);
 /// kNonceBytes from the kernel's random source.
 absl::Status RandomNonce(uint8_t *out);
+/// The ducks' mesh (duck_rt/peer_mesh.h): a pair's key from the cluster's
+/// token and both hellos' nonces, HMAC-SHA256(token, "duck mesh" ||
+/// connector_nonce || acceptor_nonce), and what a side sends to prove it
+/// holds it: HMAC-SHA256(key, "duck mesh proof" || role) (kKeyBytes).
+void MeshKey(absl::string_view token, const uint8_t *connector_nonce,
+             const uint8_t *acceptor_nonce, uint8_t *key);
+void MeshProof(const uint8_t *key, uint8_t role, uint8_t *proof);
 class FrameCheck;
 /// Fetches and exercises the HMAC implementation once (on this thread, and
 /// with `check` if given), so that a process about to confine itself (the

@@ -40,7 +40,8 @@ int ListenAny(uint16_t *port) {
 std::vector<absl::Status>
 RunMesh(uint32_t ducks,
         const std::function<absl::Status(uint32_t, PeerMesh &)> &body,
-        std::vector<uint64_t> sessions = {}, uint32_t groups = 1) {
+        std::vector<uint64_t> sessions = {}, uint32_t groups = 1,
+        std::vector<std::string> tokens = {}) {
   std::vector<int> listeners(ducks);
   std::vector<PeerAddress> peers(ducks);
   for (uint32_t r = 0; r < ducks; ++r)
@@ -57,6 +58,7 @@ RunMesh(uint32_t ducks,
       o.peers = peers;
       o.timeout = absl::Seconds(5);
       o.groups = groups;
+      o.token = tokens.empty() ? "" : tokens[r];
       absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
       status[r] = m.ok() ? body(r, **m) : m.status();
     });
@@ -223,6 +225,40 @@ TEST(PeerMeshErrors, APeerThatLeavesIsAnErrorNamingIt) {
               std::string::npos)
         << st[r];
   }
+}
+
+TEST(PeerMeshAuth, ASharedTokenJoinsAndSumsAsWithout) {
+  std::vector<float> got(3);
+  auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
+    std::vector<float> in(2, float(r + 1)), out(2);
+    absl::Status s = m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+    got[r] = out[0];
+    return s;
+  };
+  for (const absl::Status &s :
+       RunMesh(3, body, {}, 1,
+               {"cluster secret", "cluster secret", "cluster secret"}))
+    ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, (std::vector<float>{6, 6, 6}));
+}
+
+TEST(PeerMeshAuth, AnotherTokenOrNoneIsRefused) {
+  auto none = [](uint32_t, PeerMesh &) { return absl::OkStatus(); };
+  std::vector<absl::Status> st = RunMesh(2, none, {}, 1, {"a", "b"});
+  for (const absl::Status &s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(std::string(s.message()).find("failed authentication"),
+              std::string::npos)
+        << s;
+  }
+  st = RunMesh(2, none, {}, 1, {"a", ""});
+  for (const absl::Status &s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  }
+  EXPECT_NE(std::string(st[0].message()).find("has no token"),
+            std::string::npos)
+      << st[0];
 }
 
 TEST(PeerMeshErrors, BadRankOrAddressesAreRefused) {
