@@ -218,6 +218,36 @@ TEST(LinkSimTest, PeerTrafficPassesBothDucksLinksNotTheHostPort) {
   EXPECT_EQ(st[2].connections, 0u);
 }
 
+TEST(LinkSimTest, ARefusingDuckClosesTheHostsConnection) {
+  // Nothing listens behind duck 0: the host's connection ends at once, as
+  // a refused one would, and the simulator keeps serving.
+  uint16_t dead_port = 0;
+  {
+    Backend gone(false, 0); // bound, then closed: nobody listens there
+    dead_port = gone.port;
+  }
+  Backend b(true);
+  LinkSimOptions o;
+  o.backends = {{"127.0.0.1", dead_port}, b.endpoint()};
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  for (int i = 0; i < 20; ++i) { // refused again and again, nothing kept
+    int fd = Connect((*sim)->ports()[0]);
+    char c = 0;
+    EXPECT_LE(read(fd, &c, 1), 0);
+    close(fd);
+  }
+  int fd = Connect((*sim)->ports()[1]);
+  char c = 'x', r = 0;
+  ASSERT_EQ(write(fd, &c, 1), 1);
+  ASSERT_EQ(read(fd, &r, 1), 1);
+  EXPECT_EQ(r, 'x');
+  shutdown(fd, SHUT_WR);
+  b.t.join();
+  close(fd);
+  EXPECT_EQ((*sim)->stats()[0].connections, 0u);
+}
+
 TEST(LinkSimTest, RefusesNegativeRates) {
   LinkSimOptions o;
   o.backends = {{"127.0.0.1", 1}};
