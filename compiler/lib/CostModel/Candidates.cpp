@@ -54,6 +54,7 @@ void cost::readStats(const llvm::json::Object &j, Candidate &c) {
   c.netOutMs = j.getNumber("network_out_ms_per_token").value_or(0);
   c.netBackMs = j.getNumber("network_back_ms_per_token").value_or(0);
   c.netLatencyMs = j.getNumber("network_latency_ms_per_token").value_or(0);
+  c.meshMs = j.getNumber("mesh_ms_per_token").value_or(0);
   c.prefillTokS = j.getNumber("estimated_prefill_tok_s").value_or(0);
   c.inOn = j.getBoolean("in_proj_on_ducks").value_or(false);
   c.qOn = j.getBoolean("q_proj_on_ducks").value_or(false);
@@ -434,23 +435,28 @@ void cost::explainChoice(const std::vector<Candidate> &all,
       "tok/s (TPOT {4:F3} ms: fp9 stream {5:F3} + dispatch {6:F3}{9}){11}; "
       "the fastest of {7} legal candidates{8}\n",
       best.tp, best.multipleOf,
-      best.mixed() ? "mixed (" + best.strategy + ")" : best.strategy,
-      best.tokS, 1e3 / best.tokS, best.streamMs, best.dispatchMs, better + 1,
+      best.mixed() ? "mixed (" + best.strategy + ")" : best.strategy, best.tokS,
+      1e3 / best.tokS, best.streamMs, best.dispatchMs, better + 1,
       ", predictions within 3 % of the fastest counting as ties (fewer "
       "ducks, then the larger K-block, win)",
       (best.hostMs > 0 ? formatv(" + host {0:F3}", best.hostMs).str()
                        : std::string()) +
           (best.networkMs > 0
                ? formatv(" + network {0:F3} (out {1:F3} + back {2:F3} + "
-                         "latency {3:F3})",
+                         "latency {3:F3}{4})",
                          best.networkMs, best.netOutMs, best.netBackMs,
-                         best.netLatencyMs)
+                         best.netLatencyMs,
+                         best.meshMs > 0
+                             ? formatv(" + the ducks' collectives {0:F3}",
+                                       best.meshMs)
+                                   .str()
+                             : std::string())
                      .str()
                : std::string()),
-      std::string(r.lmHeadOpen ? (best.lmHead == "ducks"
-                                      ? ", LM head on the ducks"
-                                      : ", LM head on the host")
-                               : "") +
+      std::string(r.lmHeadOpen
+                      ? (best.lmHead == "ducks" ? ", LM head on the ducks"
+                                                : ", LM head on the host")
+                      : "") +
           (r.projOpen ? best.attnWords() : ""),
       best.prefillTokS > 0
           ? formatv(", prefill {0:F1} tok/s", best.prefillTokS).str()

@@ -28,9 +28,6 @@ double linkBytesPerSecond(const ClusterModel &c, int64_t r) {
 
 constexpr double kMeshHeaderBytes = 8; // a message's sequence and length
 
-} // namespace
-
-namespace {
 /// One direct exchange among `ducks` ducks (see meshWire).
 MeshWire directWire(const ClusterModel &c, Collective kind, int64_t values,
                     int64_t ducks, double bytesPerValue) {

@@ -44,6 +44,7 @@ struct Candidate {
   double tokS = 0, streamMs = 0, dispatchMs = 0, hostMs = 0, prefillTokS = 0;
   double networkMs = 0; // 0: no link speed in the cluster file
   double netOutMs = 0, netBackMs = 0, netLatencyMs = 0; // networkMs's parts
+  double meshMs = 0; // and the ducks' collectives (--residual ducks)
   uint64_t maxShardBytes = 0;
   /// The cost model's figures, even when the shards do not fit (`ok`
   /// false, `why` says which duck): what a per-layer mix is made from.
