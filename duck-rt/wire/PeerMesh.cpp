@@ -259,8 +259,16 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
   }
   for (uint32_t accepted = 0; accepted < o.rank; ++accepted) {
     absl::StatusOr<int> fd = AcceptOne(o.listen_fd, deadline);
-    if (!fd.ok())
-      return fd.status();
+    if (!fd.ok()) {
+      std::string missing;
+      for (uint32_t j = 0; j < o.rank; ++j)
+        if (m->fds_[j] < 0)
+          absl::StrAppend(&missing, missing.empty() ? "" : ", ", j);
+      return absl::DeadlineExceededError(
+          absl::StrCat("peer mesh: rank ", o.rank, " waited ",
+                       absl::FormatDuration(o.timeout), " for rank(s) ",
+                       missing, " to connect"));
+    }
     // Answer before checking, so that a mismatched peer can name what
     // did not match too.
     Hello theirs;

@@ -261,6 +261,24 @@ TEST(PeerMeshAuth, AnotherTokenOrNoneIsRefused) {
       << st[0];
 }
 
+TEST(PeerMeshErrors, ALowerRankThatNeverComesIsNamed) {
+  // Rank 1 of 2 waits for rank 0, which never dials.
+  uint16_t port = 0;
+  const int fd = ListenAny(&port);
+  PeerMeshOptions o;
+  o.rank = 1;
+  o.ducks = 2;
+  o.listen_fd = fd;
+  o.peers.resize(2);
+  o.timeout = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
+  close(fd);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(std::string(m.status().message()).find("for rank(s) 0 to connect"),
+            std::string::npos)
+      << m.status();
+}
+
 TEST(PeerMeshErrors, BadRankOrAddressesAreRefused) {
   PeerMeshOptions o;
   o.rank = 2;
