@@ -120,6 +120,32 @@ absl::Status Server::Listen(const in_addr &addr) {
   socklen_t len = sizeof sa;
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
   port_ = ntohs(sa.sin_port);
+  return ListenMesh(addr);
+}
+
+// The ducks' mesh listener (--mesh-port), on the same address: the lower
+// ranks of a mesh connect here when the host asks this duck to join.
+absl::Status Server::ListenMesh(const in_addr &addr) {
+  if (opt_.mesh_port < 0)
+    return absl::OkStatus();
+  mesh_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (mesh_fd_ < 0)
+    return absl::InternalError(Errno("socket"));
+  int one = 1;
+  ::setsockopt(mesh_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr = addr;
+  sa.sin_port = htons(uint16_t(opt_.mesh_port));
+  if (::bind(mesh_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+    return absl::UnavailableError(
+        Errno(absl::StrCat("bind the mesh ", opt_.bind, ":", opt_.mesh_port)
+                  .c_str()));
+  if (::listen(mesh_fd_, 128) != 0)
+    return absl::InternalError(Errno("listen"));
+  socklen_t len = sizeof sa;
+  ::getsockname(mesh_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
+  mesh_port_ = ntohs(sa.sin_port);
   return absl::OkStatus();
 }
 
@@ -190,6 +216,9 @@ Server::~Server() {
     ::close(conn_.fd);
   if (listen_fd_ >= 0)
     ::close(listen_fd_);
+  mesh_.reset();
+  if (mesh_fd_ >= 0)
+    ::close(mesh_fd_);
   if (signal_fd_ >= 0)
     ::close(signal_fd_);
 }
@@ -661,6 +690,9 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_CLOSE: OnClose(h); break;
     case DUCKD_MSG_MEASURE: OnMeasure(h); break;
     case DUCKD_MSG_STATS: OnStats(h); break;
+    case DUCKD_MSG_MESH:
+      OnMesh(h);
+      break;
     default: break; // ValidateHeader refused every other type
     }
   }
@@ -1213,6 +1245,74 @@ void Server::OnStats(const duckd_frame_header &h) {
   rep.damaged_slots = cache_->DamagedSlots();
   rep.finished_slots = cache_->header().finished_slots;
   Reply(h.type, h.request_id, {{&rep, sizeof rep}});
+}
+
+void Server::OnMesh(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_mesh_request r{};
+  if (buf_.size() >= sizeof r)
+    std::memcpy(&r, buf_.data(), sizeof r);
+  const size_t want = sizeof r + size_t(r.ducks) * sizeof(duckd_mesh_peer);
+  if (buf_.size() < sizeof r || r.ducks == 0 || r.ducks > 4096 ||
+      buf_.size() != want || r.rank >= r.ducks) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "mesh: a request, then one peer for each of its ducks, and "
+               "a rank below their count");
+    return;
+  }
+  if (mesh_fd_ < 0) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "mesh: this duckd was started without --mesh-port");
+    return;
+  }
+  std::vector<duckd_mesh_peer> peers(r.ducks);
+  std::memcpy(peers.data(), buf_.data() + sizeof r,
+              peers.size() * sizeof(duckd_mesh_peer));
+  absl::StatusOr<duckd_mesh_reply> rep = JoinMesh(r, peers.data());
+  if (!rep.ok()) {
+    Log(absl::StrCat("mesh: ", rep.status().message()));
+    ReplyError(h.type, h.request_id, DUCKD_ERR_INTERNAL,
+               std::string(rep.status().message()));
+    return;
+  }
+  Log(absl::StrCat("mesh: rank ", r.rank, " of ", r.ducks, " joined"));
+  Reply(h.type, h.request_id, {{&*rep, sizeof *rep}});
+}
+
+// Connects this duck into the request's mesh (the previous one, if any,
+// closes first), then sums every duck's check over it. Blocks the server
+// for up to the request's timeout: the other ducks join at the same time.
+absl::StatusOr<duckd_mesh_reply>
+Server::JoinMesh(const duckd_mesh_request &r, const duckd_mesh_peer *peers) {
+  mesh_.reset();
+  PeerMeshOptions o;
+  o.rank = r.rank;
+  o.ducks = r.ducks;
+  o.groups = r.groups ? r.groups : 1;
+  o.session = r.session;
+  o.token = opt_.token;
+  o.listen_fd = mesh_fd_;
+  o.timeout = absl::Milliseconds(r.timeout_ms ? r.timeout_ms : 30000);
+  for (uint32_t j = 0; j < r.ducks; ++j) {
+    const duckd_mesh_peer &p = peers[j];
+    o.peers.push_back({std::string(p.host, strnlen(p.host, sizeof p.host)),
+                       uint16_t(p.port)});
+  }
+  absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
+  if (!m.ok())
+    return m.status();
+  float sum = 0;
+  if (absl::Status s = (*m)->AllReduce(absl::MakeConstSpan(&r.check, 1),
+                                       PeerWire::f32, absl::MakeSpan(&sum, 1));
+      !s.ok())
+    return s;
+  duckd_mesh_reply rep{};
+  rep.check_sum = sum;
+  rep.groups = o.groups;
+  rep.bytes_sent = (*m)->bytes_sent();
+  mesh_ = std::move(*m);
+  return rep;
 }
 
 } // namespace duck::duckd

@@ -9,8 +9,9 @@
 #include "ElfLoader.h"
 #include "Scrubber.h"
 #include "WeightCache.h"
-#include "duck_rt/wire.h"
 #include "Worker.h"
+#include "duck_rt/peer_mesh.h"
+#include "duck_rt/wire.h"
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -27,6 +28,7 @@ namespace duck::duckd {
 struct ServerOptions {
   std::string bind = "127.0.0.1"; // other addresses need a token
   int port = 0;                    // 0: any free port
+  int mesh_port = -1; // the ducks' mesh listener: -1 none, 0 any free port
   std::string token;               // checked at hello when set
   std::string name;                // cache file name; default: the port
   std::string cache_dir;           // default $XDG_CACHE_HOME/duck
@@ -62,6 +64,7 @@ public:
   ~Server();
 
   uint16_t port() const { return port_; }
+  uint16_t mesh_port() const { return mesh_port_; } // 0: no mesh listener
   std::string address() const;
   const std::string &cache_path() const { return cache_path_; }
   const std::string &cache_note() const { return cache_note_; }
@@ -74,6 +77,7 @@ private:
   // Create's steps, in order.
   absl::Status OpenSignals();
   absl::Status Listen(const in_addr &addr);
+  absl::Status ListenMesh(const in_addr &addr);
   absl::Status PickCores();
   absl::Status OpenCache();
   // Serve's loop: where each descriptor sits in the poll set (-1: absent).
@@ -140,6 +144,9 @@ private:
   absl::Duration ScrubWait(absl::Time now) const;
   /// Hashes one chunk and logs what it found.
   void ScrubChunk(absl::Time now);
+  void OnMesh(const duckd_frame_header &h);
+  absl::StatusOr<duckd_mesh_reply> JoinMesh(const duckd_mesh_request &r,
+                                            const duckd_mesh_peer *peers);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,
                     uint64_t elf_bytes);
   WorkerConfig BaseWorkerConfig(uint32_t cores) const;
@@ -147,6 +154,9 @@ private:
   ServerOptions opt_;
   int listen_fd_ = -1, signal_fd_ = -1;
   uint16_t port_ = 0;
+  int mesh_fd_ = -1; // the ducks' mesh listener (--mesh-port)
+  uint16_t mesh_port_ = 0;
+  std::unique_ptr<PeerMesh> mesh_;
   std::string cache_path_, cache_note_;
   std::unique_ptr<WeightCache> cache_;
   std::unique_ptr<Scrubber> scrub_;

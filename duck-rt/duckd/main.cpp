@@ -16,6 +16,10 @@
 #include <vector>
 
 ABSL_FLAG(int, port, 7411, "TCP port; 0 picks a free one (printed on stdout)");
+ABSL_FLAG(int, mesh_port, -1,
+          "the ducks' mesh listener, on the same address (-1: none; 0: a "
+          "free port, printed on stdout): other ducks connect here when "
+          "the host asks this duck to join a mesh");
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "IPv4 address to listen on; non-loopback needs --token");
 ABSL_FLAG(std::string, token, "",
@@ -119,6 +123,7 @@ int main(int argc, char **argv) {
 
   duck::duckd::ServerOptions o;
   o.port = absl::GetFlag(FLAGS_port);
+  o.mesh_port = absl::GetFlag(FLAGS_mesh_port);
   o.bind = absl::GetFlag(FLAGS_bind);
   o.token = absl::GetFlag(FLAGS_token);
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
@@ -165,7 +170,10 @@ int main(int argc, char **argv) {
                  std::string(server.status().message()).c_str());
     return 1;
   }
-  // LocalCluster and scripts read the chosen port from this line.
+  // LocalCluster and scripts read the chosen ports from these lines.
+  if ((*server)->mesh_port())
+    std::printf("duckd: mesh on %s:%u\n", o.bind.c_str(),
+                unsigned((*server)->mesh_port()));
   std::printf("duckd: listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   absl::Status s = (*server)->Serve();

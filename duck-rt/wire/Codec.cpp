@@ -451,6 +451,8 @@ const char *MessageTypeName(uint16_t type) {
   case DUCKD_MSG_NOTICE: return "notice";
   case DUCKD_MSG_MEASURE: return "measure";
   case DUCKD_MSG_STATS: return "stats";
+  case DUCKD_MSG_MESH:
+    return "mesh";
   default: return "unknown";
   }
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
@@ -26,6 +27,7 @@ namespace {
 constexpr char kMagic[4] = {'D', 'K', 'P', 'M'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kHelloKeyed = 1; // Hello::flags: a token proof follows
+constexpr absl::Duration kHelloWait = absl::Seconds(1);
 
 struct Hello {
   char magic[4];
@@ -211,6 +213,57 @@ bool Move(int fd, bool write, void *hdr, char *payload, size_t payload_bytes,
   return r < 0 && (errno == EAGAIN || errno == EINTR);
 }
 
+/// Accepts every lower rank into fds[rank]. A connection that fails its
+/// hello or proof (a stranger, a stale one, another mesh, another token)
+/// is closed and the wait goes on; if the lower ranks do not all come, the
+/// error names the missing ones and, when there was one, the first
+/// refusal (with its code).
+absl::Status AcceptLower(const PeerMeshOptions &o, const Hello &mine,
+                         absl::Time deadline, std::vector<int> &fds) {
+  absl::Status refused;
+  for (uint32_t accepted = 0; accepted < o.rank;) {
+    absl::StatusOr<int> fd = AcceptOne(o.listen_fd, deadline);
+    if (!fd.ok()) {
+      std::string missing;
+      for (uint32_t j = 0; j < o.rank; ++j)
+        if (fds[j] < 0)
+          absl::StrAppend(&missing, missing.empty() ? "" : ", ", j);
+      const std::string waited = absl::StrCat(
+          "rank ", o.rank, " waited ", absl::FormatDuration(o.timeout),
+          " for rank(s) ", missing, " to connect");
+      return refused.ok() ? absl::DeadlineExceededError("peer mesh: " + waited)
+                          : absl::Status(refused.code(),
+                                         absl::StrCat(refused.message(), " (",
+                                                      waited, ")"));
+    }
+    // Answer before checking, so that a mismatched peer can name what
+    // did not match too. A peer sends its hello as soon as it connects: a
+    // connection that stays silent gets a second, not the whole wait.
+    Hello theirs;
+    const Part part{&mine, sizeof mine};
+    const absl::Time hello_by = std::min(deadline, absl::Now() + kHelloWait);
+    absl::Status s = ReadFull(*fd, &theirs, sizeof theirs, hello_by);
+    if (s.ok())
+      s = WriteFull(*fd, {&part, 1}, deadline);
+    if (s.ok())
+      s = CheckHello(theirs, o, -1);
+    if (s.ok() && fds[theirs.rank] >= 0)
+      s = absl::InvalidArgumentError(
+          absl::StrCat("peer mesh: rank ", theirs.rank, " connected twice"));
+    if (s.ok())
+      s = Prove(*fd, o, theirs, mine, false, theirs.rank, deadline);
+    if (!s.ok()) {
+      close(*fd);
+      if (refused.ok())
+        refused = s;
+      continue;
+    }
+    fds[theirs.rank] = *fd;
+    ++accepted;
+  }
+  return absl::OkStatus();
+}
+
 } // namespace
 
 size_t PeerSliceBegin(size_t n, uint32_t ducks, uint32_t j) {
@@ -257,38 +310,8 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
         !s.ok())
       return s;
   }
-  for (uint32_t accepted = 0; accepted < o.rank; ++accepted) {
-    absl::StatusOr<int> fd = AcceptOne(o.listen_fd, deadline);
-    if (!fd.ok()) {
-      std::string missing;
-      for (uint32_t j = 0; j < o.rank; ++j)
-        if (m->fds_[j] < 0)
-          absl::StrAppend(&missing, missing.empty() ? "" : ", ", j);
-      return absl::DeadlineExceededError(
-          absl::StrCat("peer mesh: rank ", o.rank, " waited ",
-                       absl::FormatDuration(o.timeout), " for rank(s) ",
-                       missing, " to connect"));
-    }
-    // Answer before checking, so that a mismatched peer can name what
-    // did not match too.
-    Hello theirs;
-    const Part part{&mine, sizeof mine};
-    absl::Status s = ReadFull(*fd, &theirs, sizeof theirs, deadline);
-    if (s.ok())
-      s = WriteFull(*fd, {&part, 1}, deadline);
-    if (s.ok())
-      s = CheckHello(theirs, o, -1);
-    if (s.ok() && m->fds_[theirs.rank] >= 0)
-      s = absl::InvalidArgumentError(
-          absl::StrCat("peer mesh: rank ", theirs.rank, " connected twice"));
-    if (s.ok())
-      s = Prove(*fd, o, theirs, mine, false, theirs.rank, deadline);
-    if (!s.ok()) {
-      close(*fd);
-      return s;
-    }
-    m->fds_[theirs.rank] = *fd;
-  }
+  if (absl::Status s = AcceptLower(o, mine, deadline, m->fds_); !s.ok())
+    return s;
   for (int fd : m->fds_)
     if (fd >= 0)
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

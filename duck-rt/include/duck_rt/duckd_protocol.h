@@ -45,10 +45,11 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_PREPARE_WRITE = 6,
   DUCKD_MSG_PREPARE_FINISH = 7,
   DUCKD_MSG_CLOSE = 8,
-  DUCKD_MSG_NOTICE = 9, // unsolicited, from duckd (e.g. "busy"), then close
+  DUCKD_MSG_NOTICE = 9,   // unsolicited, from duckd (e.g. "busy"), then close
   DUCKD_MSG_MEASURE = 10, // the duck's own rates, for the cost model
   DUCKD_MSG_STATS = 11,   // the duck's counters (the weight scrub's)
-  DUCKD_MSG_COUNT = 12,
+  DUCKD_MSG_MESH = 12,    // join the ducks' mesh (duck_rt/peer_mesh.h)
+  DUCKD_MSG_COUNT = 13,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -271,10 +272,44 @@ typedef struct duckd_stats_reply {
   uint64_t reserved[4];
 } duckd_stats_reply;
 
+/* mesh: join the ducks' mesh. ------------------------------------------ */
+
+/// Added within protocol 3, sent only when asked. duckd (started with
+/// --mesh-port) connects to every other duck of the request's list over
+/// its mesh listener (duck_rt/peer_mesh.h; with duckd's --token every pair
+/// proves it), then sums every duck's `check` with an all-reduce over the
+/// new links and answers the sum: the host sees the whole mesh carry data.
+/// The mesh stays up until the next mesh request or duckd's exit; no step
+/// uses it yet.
+enum { DUCKD_MESH_HOST_BYTES = 64 };
+typedef struct duckd_mesh_peer {
+  char host[DUCKD_MESH_HOST_BYTES]; // IPv4 address, NUL-padded
+  uint32_t port;                    // that duck's mesh listener
+  uint32_t reserved;
+} duckd_mesh_peer;
+
+typedef struct duckd_mesh_request {
+  uint32_t rank, ducks; // this duck's rank; followed by `ducks` peers
+  uint32_t groups;      // two-level collectives over this many (1: none)
+  uint32_t timeout_ms;  // for the whole join (0: 30000)
+  uint64_t session;     // every duck of one mesh gets the same
+  float check;          // summed over the mesh once it is up
+  uint32_t reserved;
+} duckd_mesh_request;
+
+typedef struct duckd_mesh_reply {
+  float check_sum; // every duck's `check`, summed in rank order
+  uint32_t groups;
+  uint64_t bytes_sent; // by this duck in the check
+} duckd_mesh_reply;
+
 #ifdef __cplusplus
 } // extern "C"
 
 static_assert(sizeof(duckd_stats_reply) == 96, "duckd_stats_reply is wire");
+static_assert(sizeof(duckd_mesh_peer) == 72, "duckd_mesh_peer is wire");
+static_assert(sizeof(duckd_mesh_request) == 32, "duckd_mesh_request is wire");
+static_assert(sizeof(duckd_mesh_reply) == 16, "duckd_mesh_reply is wire");
 static_assert(sizeof(duckd_frame_header) == 32, "duckd_frame_header is wire");
 static_assert(sizeof(duckd_error) == 8, "duckd_error is wire");
 static_assert(sizeof(duckd_hello_request) == 32, "duckd_hello_request is wire");

@@ -19,8 +19,9 @@
 // g M + m then holds slice m G + g (OwnedSlice), sums are taken within
 // the group in member order and then in group order.
 //
-// Today the mesh is what `duck-bench collective` measures over the link
-// simulator; duckd does not open one yet. The session field is a check that
+// Today `duck-bench collective` measures the mesh over the link simulator,
+// and duckd joins one when the host sends `mesh` (docs/protocol.md); no
+// step uses it yet. The session field is a check that
 // both ends belong to the same run; with a token (the cluster's shared
 // secret) each pair also proves it holds it in the hello (HMAC-SHA256 over
 // both sides' fresh nonces, duckd's own hello scheme), so a stranger

@@ -846,6 +846,62 @@ absl::StatusOr<std::vector<duckd_stats_reply>> DuckClient::Stats() {
   return out;
 }
 
+absl::StatusOr<std::vector<duckd_mesh_reply>>
+DuckClient::JoinMesh(absl::Span<const DuckEndpoint> mesh,
+                     absl::Span<const float> checks, uint64_t session,
+                     uint32_t groups) {
+  Impl &m = *impl_;
+  const size_t n = m.conns.size();
+  if (mesh.size() != n || checks.size() != n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh: ", mesh.size(), " mesh endpoints and ",
+                     checks.size(), " checks for ", n, " ducks"));
+  std::vector<duckd_mesh_peer> peers(n);
+  for (size_t j = 0; j < n; ++j) {
+    const std::string host =
+        mesh[j].host == "localhost" ? "127.0.0.1" : mesh[j].host;
+    if (host.size() >= sizeof peers[j].host)
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh: duck ", j, "'s host '", host, "' is too long"));
+    std::memcpy(peers[j].host, host.data(), host.size());
+    peers[j].port = mesh[j].port;
+  }
+  const uint32_t timeout_ms =
+      uint32_t(absl::ToInt64Milliseconds(m.opt.call_timeout) / 2);
+  std::vector<size_t> all;
+  for (size_t d = 0; d < n; ++d) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    duckd_mesh_request r{};
+    r.rank = uint32_t(d);
+    r.ducks = uint32_t(n);
+    r.groups = groups;
+    r.timeout_ms = timeout_ms;
+    r.session = session;
+    r.check = checks[d];
+    std::vector<uint8_t> owned(sizeof r + n * sizeof(duckd_mesh_peer));
+    std::memcpy(owned.data(), &r, sizeof r);
+    std::memcpy(owned.data() + sizeof r, peers.data(),
+                n * sizeof(duckd_mesh_peer));
+    Part p{owned.data(), owned.size()};
+    m.Queue(d, DUCKD_MSG_MESH, std::move(owned), {p});
+    all.push_back(d);
+  }
+  std::vector<duckd_mesh_reply> out(n);
+  absl::Status s =
+      m.Pump(all, m.opt.call_timeout, "mesh",
+             [&](size_t d, const duckd_frame_header &,
+                 absl::Span<const uint8_t> pl) -> absl::Status {
+               if (pl.size() < sizeof(duckd_mesh_reply))
+                 return absl::InternalError("mesh reply too short");
+               std::memcpy(&out[d], pl.data(), sizeof(duckd_mesh_reply));
+               return absl::OkStatus();
+             });
+  if (!s.ok())
+    return s;
+  return out;
+}
+
 namespace {
 
 /// A weight image file as the compiler writes it, opened for streaming.

@@ -147,6 +147,7 @@ LocalCluster::Start(const LocalClusterOptions &options) {
       return s;
   c->pids_.assign(options.ducks, -1);
   c->endpoints_.resize(options.ducks);
+  c->mesh_endpoints_.resize(options.ducks);
   for (size_t i = 0; i < options.ducks; ++i)
     if (absl::Status s = c->StartOne(i); !s.ok())
       return s; // the destructor stops the ones already running
@@ -299,6 +300,23 @@ uint16_t ReadListening(int fd, absl::Time deadline, std::string *text,
   return port;
 }
 
+/// The port of "duckd: mesh on HOST:PORT" in what a starting duckd said
+/// (duckd prints it before its listening line; 0 without --mesh-port).
+uint16_t MeshPort(const std::string &text) {
+  const std::string key = "duckd: mesh on ";
+  const size_t at = text.find(key);
+  const size_t eol = at == std::string::npos ? at : text.find('\n', at);
+  if (eol == std::string::npos)
+    return 0;
+  const std::string addr = text.substr(at + key.size(), eol - at - key.size());
+  const size_t colon = addr.rfind(':');
+  uint32_t v = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(addr.substr(colon + 1), &v) || v >= 65536)
+    return 0;
+  return uint16_t(v);
+}
+
 /// The last non-empty line of the log from byte `from` on: what this start
 /// wrote last, which usually says why it failed (a weights file in use by
 /// another local cluster sharing the cache directory, ...).
@@ -350,6 +368,7 @@ absl::Status LocalCluster::StartOne(size_t i) {
   }
   endpoints_[i].host = host;
   endpoints_[i].port = port;
+  mesh_endpoints_[i] = {host, MeshPort(text)};
   // Ready when it answers hello.
   absl::Status last;
   while (absl::Now() < deadline) {

@@ -439,6 +439,25 @@ TEST_F(DuckdBadClient, DisconnectMidStep) {
 
 } // namespace
 
+// A mesh request whose peer list does not match its duck count, or whose
+// rank is past it, is a bad request naming what a mesh request holds (the
+// daemon here has no --mesh-port, but the payload is checked first); the
+// daemon keeps serving.
+TEST_F(DuckdBadClient, MalformedMeshRequests) {
+  for (uint32_t ducks : {0u, 2u}) {
+    Raw r(ep_);
+    r.HelloOk();
+    duckd_mesh_request req{};
+    req.ducks = ducks;
+    req.rank = 5; // past the ducks, and no peers follow
+    r.SendFrame(DUCKD_MSG_MESH, {{&req, sizeof req}});
+    const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("one peer for each of its ducks"), std::string::npos) << m;
+  }
+  Raw r(ep_);
+  r.HelloOk();
+}
+
 // The frame-level bad input the list names: an unknown message type, flags
 // a host may not send, a hello whose length is not its protocol's (the
 // token no longer travels in it: protocol 1 sent it after the request), and

@@ -965,3 +965,53 @@ TEST(Duckd, TokenIsCheckedAtHello) {
 }
 
 } // namespace
+
+namespace duck::runtime {
+namespace {
+
+// Three duckd's join the ducks' mesh on the host's request (`mesh`): each
+// connects to the others over its --mesh-port listener, proves the shared
+// token, and the all-reduce of their checks (1 + 2 + 3) comes back from
+// every one of them; a second request replaces the mesh; a duckd started
+// without --mesh-port refuses by name.
+TEST(DuckdMesh, ThreeDucksJoinAndSumOverTheirOwnLinks) {
+  LocalClusterOptions co = ClusterOptions(3, 1);
+  co.extra_args.push_back("--mesh-port=0");
+  co.token = "mesh test secret";
+  auto cluster = LocalCluster::Start(co);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const DuckEndpoint &e : (*cluster)->mesh_endpoints())
+    ASSERT_NE(e.port, 0);
+  DuckClientOptions o = ClientOptions(**cluster);
+  o.token = co.token;
+  auto client = DuckClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (uint32_t groups : {1u, 3u}) { // 3 groups of 1: one direct exchange
+    auto rep = (*client)->JoinMesh((*cluster)->mesh_endpoints(), {1, 2, 3},
+                                   /*session=*/7 + groups, groups);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    for (const duckd_mesh_reply &r : *rep) {
+      EXPECT_EQ(r.check_sum, 6.0f);
+      EXPECT_GT(r.bytes_sent, 0u);
+    }
+  }
+  // The client still steps after the mesh requests (the ducks serve on).
+  auto stats = (*client)->Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status();
+}
+
+TEST(DuckdMesh, ADuckWithoutAMeshPortRefusesByName) {
+  auto cluster = LocalCluster::Start(ClusterOptions(1, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ((*cluster)->mesh_endpoints()[0].port, 0);
+  auto client = DuckClient::Create(ClientOptions(**cluster));
+  ASSERT_TRUE(client.ok());
+  auto rep = (*client)->JoinMesh({{"127.0.0.1", 1}}, {1}, 1);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(std::string(rep.status().message()).find("without --mesh-port"),
+            std::string::npos)
+      << rep.status();
+}
+
+} // namespace
+} // namespace duck::runtime

@@ -195,6 +195,14 @@ public:
   /// duckd older than the `stats` message answers bad_frame ("unknown
   /// message type 11") and closes the connection.
   absl::StatusOr<std::vector<duckd_stats_reply>> Stats();
+  /// Asks every duck to join the ducks' mesh (`mesh`; duckd started with
+  /// --mesh-port): duck i is rank i, `mesh[j]` is where duck j's mesh
+  /// listener is. Each duck connects to the others, then they sum every
+  /// duck's `checks[i]` over the new links: the sums come back (all equal
+  /// when the mesh carries data). No step uses the mesh yet.
+  absl::StatusOr<std::vector<duckd_mesh_reply>>
+  JoinMesh(absl::Span<const DuckEndpoint> mesh, absl::Span<const float> checks,
+           uint64_t session, uint32_t groups = 1);
 
 private:
   struct Impl;

@@ -59,6 +59,11 @@ public:
   ~LocalCluster(); // Stop()
 
   const std::vector<DuckEndpoint> &endpoints() const { return endpoints_; }
+  /// Each duck's mesh listener (port 0 unless extra_args gave duckd
+  /// --mesh-port).
+  const std::vector<DuckEndpoint> &mesh_endpoints() const {
+    return mesh_endpoints_;
+  }
   pid_t pid(size_t duck) const { return pids_[duck]; }
   const std::string &cache_dir() const { return cache_dir_; }
   /// The slot this cluster claimed (claim_slot; 0 otherwise).
@@ -89,7 +94,7 @@ private:
   std::string cache_dir_;
   bool own_cache_dir_ = false;
   std::vector<pid_t> pids_;
-  std::vector<DuckEndpoint> endpoints_;
+  std::vector<DuckEndpoint> endpoints_, mesh_endpoints_;
   int slot_fd_ = -1; // the claimed slot's lock (claim_slot)
   int slot_ = 0;
 };
