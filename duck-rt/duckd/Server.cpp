@@ -1293,7 +1293,10 @@ Server::JoinMesh(const duckd_mesh_request &r, const duckd_mesh_peer *peers) {
   o.session = r.session;
   o.token = opt_.token;
   o.listen_fd = mesh_fd_;
-  o.timeout = absl::Milliseconds(r.timeout_ms ? r.timeout_ms : 30000);
+  // At most a minute: the server serves nothing else (signals included)
+  // while it joins.
+  o.timeout = absl::Milliseconds(
+      std::min<uint32_t>(r.timeout_ms ? r.timeout_ms : 30000, 60000));
   for (uint32_t j = 0; j < r.ducks; ++j) {
     const duckd_mesh_peer &p = peers[j];
     o.peers.push_back({std::string(p.host, strnlen(p.host, sizeof p.host)),

@@ -291,7 +291,7 @@ typedef struct duckd_mesh_peer {
 typedef struct duckd_mesh_request {
   uint32_t rank, ducks; // this duck's rank; followed by `ducks` peers
   uint32_t groups;      // two-level collectives over this many (1: none)
-  uint32_t timeout_ms;  // for the whole join (0: 30000)
+  uint32_t timeout_ms;  // for the whole join (0: 30000; at most 60000)
   uint64_t session;     // every duck of one mesh gets the same
   float check;          // summed over the mesh once it is up
   uint32_t reserved;
