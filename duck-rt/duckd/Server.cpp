@@ -100,53 +100,46 @@ absl::Status Server::OpenSignals() {
   return absl::OkStatus();
 }
 
-// The listening socket, bound to the address and port (0: any), and the
-// port it got.
-absl::Status Server::Listen(const in_addr &addr) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0)
+namespace {
+/// A listening socket bound to `addr`:`port` (0: any) into *fd, and the
+/// port it got; `what` names it in errors ("" or "the mesh ").
+absl::Status BindListen(const in_addr &addr, int port, int backlog,
+                        const std::string &what, const std::string &bind,
+                        int *fd, uint16_t *bound) {
+  *fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*fd < 0)
     return absl::InternalError(Errno("socket"));
   int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr = addr;
-  sa.sin_port = htons(uint16_t(opt_.port));
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+  sa.sin_port = htons(uint16_t(port));
+  if (::bind(*fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
     return absl::UnavailableError(
-        Errno(absl::StrCat("bind ", opt_.bind, ":", opt_.port).c_str()));
-  if (::listen(listen_fd_, 16) != 0)
+        Errno(absl::StrCat("bind ", what, bind, ":", port).c_str()));
+  if (::listen(*fd, backlog) != 0)
     return absl::InternalError(Errno("listen"));
   socklen_t len = sizeof sa;
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
-  port_ = ntohs(sa.sin_port);
-  return ListenMesh(addr);
+  ::getsockname(*fd, reinterpret_cast<sockaddr *>(&sa), &len);
+  *bound = ntohs(sa.sin_port);
+  return absl::OkStatus();
 }
+} // namespace
 
-// The ducks' mesh listener (--mesh-port), on the same address: the lower
-// ranks of a mesh connect here when the host asks this duck to join.
-absl::Status Server::ListenMesh(const in_addr &addr) {
+// The listening socket, bound to the address and port (0: any), and the
+// port it got; with --mesh-port the ducks' mesh listener on the same
+// address (the lower ranks of a mesh connect there when the host asks this
+// duck to join).
+absl::Status Server::Listen(const in_addr &addr) {
+  if (absl::Status s =
+          BindListen(addr, opt_.port, 16, "", opt_.bind, &listen_fd_, &port_);
+      !s.ok())
+    return s;
   if (opt_.mesh_port < 0)
     return absl::OkStatus();
-  mesh_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (mesh_fd_ < 0)
-    return absl::InternalError(Errno("socket"));
-  int one = 1;
-  ::setsockopt(mesh_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr = addr;
-  sa.sin_port = htons(uint16_t(opt_.mesh_port));
-  if (::bind(mesh_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
-    return absl::UnavailableError(
-        Errno(absl::StrCat("bind the mesh ", opt_.bind, ":", opt_.mesh_port)
-                  .c_str()));
-  if (::listen(mesh_fd_, 128) != 0)
-    return absl::InternalError(Errno("listen"));
-  socklen_t len = sizeof sa;
-  ::getsockname(mesh_fd_, reinterpret_cast<sockaddr *>(&sa), &len);
-  mesh_port_ = ntohs(sa.sin_port);
-  return absl::OkStatus();
+  return BindListen(addr, opt_.mesh_port, 128, "the mesh ", opt_.bind,
+                    &mesh_fd_, &mesh_port_);
 }
 
 // The CPUs this process may run on, and the cores it uses of them (all, up

@@ -77,7 +77,6 @@ private:
   // Create's steps, in order.
   absl::Status OpenSignals();
   absl::Status Listen(const in_addr &addr);
-  absl::Status ListenMesh(const in_addr &addr);
   absl::Status PickCores();
   absl::Status OpenCache();
   // Serve's loop: where each descriptor sits in the poll set (-1: absent).
