@@ -279,8 +279,7 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
                      o.peers.size(), " peer addresses"));
   if (o.groups == 0 || o.ducks % o.groups != 0)
     return absl::InvalidArgumentError(absl::StrCat(
-        "peer mesh: ", o.groups, " groups do not divide ", o.ducks,
-        " ducks"));
+        "peer mesh: ", o.groups, " groups do not divide ", o.ducks, " ducks"));
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
@@ -404,62 +403,101 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
   }
 }
 
-absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in, PeerWire wire,
-                                     absl::Span<float> out) {
-  if (groups_ > 1)
-    return GroupedReduceScatter(in, wire, out);
-  const size_t n = in.size();
-  const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
-  const size_t len = PeerSliceBegin(n, ducks_, rank_ + 1) - b0;
-  if (out.size() != len)
-    return absl::InvalidArgumentError("peer mesh: reduce-scatter's slice");
+absl::Status PeerMesh::ReduceScatterAmong(const std::vector<uint32_t> &ranks,
+                                          size_t me, absl::Span<const float> in,
+                                          const std::vector<size_t> &bounds,
+                                          PeerWire wire,
+                                          std::vector<float> *out) {
+  const size_t len = bounds[me + 1] - bounds[me];
   std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
-  for (uint32_t j = 0; j < ducks_; ++j) {
-    const size_t b = PeerSliceBegin(n, ducks_, j);
-    Encode(in.subspan(b, PeerSliceBegin(n, ducks_, j + 1) - b), wire,
-           &msg_out[j]);
-    msg_in[j].resize(j == rank_ ? 0 : WireBytes(len, wire));
+  std::vector<uint32_t> with;
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    Encode(in.subspan(bounds[k], bounds[k + 1] - bounds[k]), wire,
+           &msg_out[ranks[k]]);
+    if (k != me) {
+      with.push_back(ranks[k]);
+      msg_in[ranks[k]].resize(WireBytes(len, wire));
+    }
   }
-  if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
+  if (absl::Status s = Exchange(msg_out, msg_in, with); !s.ok())
     return s;
   msg_in[rank_] = std::move(msg_out[rank_]); // the own part as the wire has it
+  out->assign(len, 0.0f);
   for (size_t i = 0; i < len; ++i) {
     float sum = 0;
-    for (uint32_t j = 0; j < ducks_; ++j)
-      sum += Decode(msg_in[j], wire, i);
-    out[i] = sum;
+    for (uint32_t r : ranks)
+      sum += Decode(msg_in[r], wire, i);
+    (*out)[i] = sum;
   }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMesh::AllGatherAmong(const std::vector<uint32_t> &ranks,
+                                      size_t me, absl::Span<const float> mine,
+                                      const std::vector<size_t> &bounds,
+                                      PeerWire wire, absl::Span<float> all) {
+  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  std::vector<uint32_t> with;
+  std::vector<char> encoded;
+  Encode(mine, wire, &encoded);
+  for (size_t k = 0; k < ranks.size(); ++k)
+    if (k != me) {
+      msg_out[ranks[k]] = encoded;
+      with.push_back(ranks[k]);
+      msg_in[ranks[k]].resize(WireBytes(bounds[k + 1] - bounds[k], wire));
+    }
+  if (absl::Status s = Exchange(msg_out, msg_in, with); !s.ok())
+    return s;
+  msg_in[rank_] = std::move(encoded);
+  for (size_t k = 0; k < ranks.size(); ++k)
+    for (size_t i = 0; i < bounds[k + 1] - bounds[k]; ++i)
+      all[bounds[k] + i] = Decode(msg_in[ranks[k]], wire, i);
+  return absl::OkStatus();
+}
+
+absl::Status PeerMesh::ReduceScatter(absl::Span<const float> in, PeerWire wire,
+                                     absl::Span<float> out) {
+  const size_t n = in.size();
+  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
+  const uint32_t own = OwnedSlice();
+  if (out.size() != S(own + 1) - S(own))
+    return absl::InvalidArgumentError("peer mesh: reduce-scatter's slice");
+  const Levels l = LevelsOf(n);
+  // Each level sums its ranks' parts of what the level before left.
+  absl::Span<const float> cur = in;
+  std::vector<float> part;
+  for (size_t v = 0; v < l.ranks.size(); ++v) {
+    std::vector<float> next;
+    if (absl::Status s = ReduceScatterAmong(l.ranks[v], l.me[v], cur,
+                                            l.bounds[v], wire, &next);
+        !s.ok())
+      return s;
+    part.swap(next);
+    cur = part;
+  }
+  std::copy(part.begin(), part.end(), out.begin());
   return absl::OkStatus();
 }
 
 absl::Status PeerMesh::AllGather(absl::Span<const float> mine, PeerWire wire,
                                  absl::Span<float> all) {
-  if (groups_ > 1)
-    return GroupedAllGather(mine, wire, all);
   const size_t n = all.size();
-  const size_t b0 = PeerSliceBegin(n, ducks_, rank_);
-  if (mine.size() != PeerSliceBegin(n, ducks_, rank_ + 1) - b0)
+  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
+  const uint32_t own = OwnedSlice();
+  if (mine.size() != S(own + 1) - S(own))
     return absl::InvalidArgumentError("peer mesh: all-gather's slice");
-  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
-  std::vector<char> encoded;
-  Encode(mine, wire, &encoded);
-  for (uint32_t j = 0; j < ducks_; ++j) {
-    const size_t len =
-        PeerSliceBegin(n, ducks_, j + 1) - PeerSliceBegin(n, ducks_, j);
-    if (j != rank_) {
-      msg_out[j] = encoded;
-      msg_in[j].resize(WireBytes(len, wire));
-    }
+  const Levels l = LevelsOf(n);
+  // The levels in reverse: each gathers the parts of the one before it.
+  std::vector<float> have(mine.begin(), mine.end());
+  for (size_t v = l.ranks.size(); v-- > 0;) {
+    std::vector<float> gathered(l.bounds[v].back());
+    if (absl::Status s = AllGatherAmong(l.ranks[v], l.me[v], have, l.bounds[v],
+                                        wire, absl::MakeSpan(gathered));
+        !s.ok())
+      return s;
+    have.swap(gathered);
   }
-  if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
-    return s;
-  msg_in[rank_] = std::move(encoded);
-  for (uint32_t j = 0; j < ducks_; ++j) {
-    const size_t b = PeerSliceBegin(n, ducks_, j);
-    const size_t len = PeerSliceBegin(n, ducks_, j + 1) - b;
-    for (size_t i = 0; i < len; ++i)
-      all[b + i] = Decode(msg_in[j], wire, i);
-  }
+  std::copy(have.begin(), have.end(), all.begin());
   return absl::OkStatus();
 }
 
@@ -495,115 +533,36 @@ std::vector<uint32_t> PeerMesh::Others() const {
   return all;
 }
 
-absl::Status PeerMesh::GroupedReduceScatter(absl::Span<const float> in,
-                                            PeerWire wire,
-                                            absl::Span<float> out) {
-  const size_t n = in.size();
+PeerMesh::Levels PeerMesh::LevelsOf(size_t n) const {
+  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
+  Levels l;
+  if (groups_ <= 1) { // every duck at once, a slice each
+    l.ranks.emplace_back();
+    l.bounds.emplace_back();
+    l.me.push_back(rank_);
+    for (uint32_t k = 0; k <= ducks_; ++k) {
+      if (k < ducks_)
+        l.ranks[0].push_back(k);
+      l.bounds[0].push_back(S(k));
+    }
+    return l;
+  }
+  // Within the group: member p's part is slices p G .. p G + G - 1; then
+  // among member m of every group: group h's slice m G + h of that part.
   const uint32_t M = ducks_ / groups_, G = groups_, g = rank_ / M,
                  m = rank_ % M;
-  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
-  const uint32_t own = OwnedSlice();
-  if (out.size() != S(own + 1) - S(own))
-    return absl::InvalidArgumentError("peer mesh: reduce-scatter's slice");
-  // Within the group: member p gets part p (slices p G .. p G + G - 1)
-  // summed over the group, in member order.
-  const size_t pb = S(m * G), pe = S((m + 1) * G);
-  std::vector<std::vector<char>> o1(ducks_), i1(ducks_);
-  std::vector<uint32_t> group;
-  for (uint32_t p = 0; p < M; ++p) {
-    const uint32_t j = g * M + p;
-    Encode(in.subspan(S(p * G), S((p + 1) * G) - S(p * G)), wire, &o1[j]);
-    if (p != m) {
-      group.push_back(j);
-      i1[j].resize(WireBytes(pe - pb, wire));
-    }
-  }
-  if (absl::Status s = Exchange(o1, i1, group); !s.ok())
-    return s;
-  i1[rank_] = std::move(o1[rank_]);
-  std::vector<float> part(pe - pb);
-  for (size_t i = 0; i < part.size(); ++i) {
-    float sum = 0;
-    for (uint32_t p = 0; p < M; ++p)
-      sum += Decode(i1[g * M + p], wire, i);
-    part[i] = sum;
-  }
-  // Among member m of every group: group h gets slice m G + h, summed in
-  // group order.
-  std::vector<std::vector<char>> o2(ducks_), i2(ducks_);
-  std::vector<uint32_t> across;
-  for (uint32_t h = 0; h < G; ++h) {
-    const uint32_t j = h * M + m, k = m * G + h;
-    Encode(absl::MakeConstSpan(part).subspan(S(k) - pb, S(k + 1) - S(k)),
-           wire, &o2[j]);
-    if (h != g) {
-      across.push_back(j);
-      i2[j].resize(WireBytes(out.size(), wire));
-    }
-  }
-  if (absl::Status s = Exchange(o2, i2, across); !s.ok())
-    return s;
-  i2[rank_] = std::move(o2[rank_]);
-  for (size_t i = 0; i < out.size(); ++i) {
-    float sum = 0;
-    for (uint32_t h = 0; h < G; ++h)
-      sum += Decode(i2[h * M + m], wire, i);
-    out[i] = sum;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PeerMesh::GroupedAllGather(absl::Span<const float> mine,
-                                        PeerWire wire,
-                                        absl::Span<float> all) {
-  const size_t n = all.size();
-  const uint32_t M = ducks_ / groups_, G = groups_, g = rank_ / M,
-                 m = rank_ % M;
-  auto S = [&](uint32_t k) { return PeerSliceBegin(n, ducks_, k); };
-  const uint32_t own = OwnedSlice();
-  if (mine.size() != S(own + 1) - S(own))
-    return absl::InvalidArgumentError("peer mesh: all-gather's slice");
-  // Among member m of every group: part m (slices m G .. m G + G - 1).
-  std::vector<std::vector<char>> o1(ducks_), i1(ducks_);
-  std::vector<uint32_t> across;
-  std::vector<char> encoded;
-  Encode(mine, wire, &encoded);
-  for (uint32_t h = 0; h < G; ++h) {
-    const uint32_t j = h * M + m, k = m * G + h;
-    if (h != g) {
-      o1[j] = encoded;
-      across.push_back(j);
-      i1[j].resize(WireBytes(S(k + 1) - S(k), wire));
-    }
-  }
-  if (absl::Status s = Exchange(o1, i1, across); !s.ok())
-    return s;
-  i1[rank_] = std::move(encoded);
-  for (uint32_t h = 0; h < G; ++h) {
-    const uint32_t k = m * G + h;
-    for (size_t i = 0; i < S(k + 1) - S(k); ++i)
-      all[S(k) + i] = Decode(i1[h * M + m], wire, i);
-  }
-  // Within the group: every member's part.
-  std::vector<std::vector<char>> o2(ducks_), i2(ducks_);
-  std::vector<uint32_t> group;
-  encoded.clear();
-  Encode(all.subspan(S(m * G), S((m + 1) * G) - S(m * G)), wire, &encoded);
-  for (uint32_t p = 0; p < M; ++p) {
-    const uint32_t j = g * M + p;
-    if (p != m) {
-      o2[j] = encoded;
-      group.push_back(j);
-      i2[j].resize(WireBytes(S((p + 1) * G) - S(p * G), wire));
-    }
-  }
-  if (absl::Status s = Exchange(o2, i2, group); !s.ok())
-    return s;
+  l.ranks.resize(2);
+  l.bounds.resize(2);
+  l.me = {m, g};
   for (uint32_t p = 0; p < M; ++p)
-    for (size_t i = 0; p != m && i < S((p + 1) * G) - S(p * G); ++i)
-      all[S(p * G) + i] = Decode(i2[g * M + p], wire, i);
-  return absl::OkStatus();
+    l.ranks[0].push_back(g * M + p);
+  for (uint32_t p = 0; p <= M; ++p)
+    l.bounds[0].push_back(S(p * G));
+  for (uint32_t h = 0; h < G; ++h)
+    l.ranks[1].push_back(h * M + m);
+  for (uint32_t h = 0; h <= G; ++h)
+    l.bounds[1].push_back(S(m * G + h) - S(m * G));
+  return l;
 }
-
 
 } // namespace duck::duckd

@@ -106,11 +106,28 @@ private:
                         std::vector<std::vector<char>> &in,
                         const std::vector<uint32_t> &with = {});
   std::vector<uint32_t> Others() const; // every rank but this one
-  /// The grouped collectives (groups_ > 1).
-  absl::Status GroupedReduceScatter(absl::Span<const float> in, PeerWire wire,
-                                    absl::Span<float> out);
-  absl::Status GroupedAllGather(absl::Span<const float> mine, PeerWire wire,
-                                absl::Span<float> all);
+  /// A reduce-scatter's or all-gather's levels (one direct exchange, or
+  /// within the group then across): at each, the ranks that exchange in
+  /// sum order, this duck's index among them, and the bounds of their
+  /// parts of that level's vector (the first level's is the whole one).
+  struct Levels {
+    std::vector<std::vector<uint32_t>> ranks;
+    std::vector<size_t> me;
+    std::vector<std::vector<size_t>> bounds;
+  };
+  Levels LevelsOf(size_t n) const;
+  /// One level: `ranks[k]` gets part k of `in` summed over the ranks in
+  /// their order; *out is this duck's (ranks[me]'s) part.
+  absl::Status ReduceScatterAmong(const std::vector<uint32_t> &ranks, size_t me,
+                                  absl::Span<const float> in,
+                                  const std::vector<size_t> &bounds,
+                                  PeerWire wire, std::vector<float> *out);
+  /// One level: every rank's part (this duck's is `mine`) into `all` at
+  /// its bounds.
+  absl::Status AllGatherAmong(const std::vector<uint32_t> &ranks, size_t me,
+                              absl::Span<const float> mine,
+                              const std::vector<size_t> &bounds, PeerWire wire,
+                              absl::Span<float> all);
 
   uint32_t rank_ = 0, ducks_ = 0, groups_ = 1;
   uint32_t seq_ = 0;
