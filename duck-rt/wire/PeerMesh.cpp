@@ -2,6 +2,8 @@
 // setup, then every collective one non-blocking exchange driven by poll.
 #include "duck_rt/peer_mesh.h"
 
+#include "PeerDatagrams.h"
+
 #include "duck_rt/abi.h"
 #include "duck_rt/fp9.h"
 #include "duck_rt/wire_socket.h"
@@ -27,13 +29,14 @@ namespace {
 constexpr char kMagic[4] = {'D', 'K', 'P', 'M'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kHelloKeyed = 1; // Hello::flags: a token proof follows
+constexpr uint32_t kHelloDatagrams = 2; // udp; Hello::port: its socket's
 constexpr absl::Duration kHelloWait = absl::Seconds(1);
 
 struct Hello {
   char magic[4];
   uint32_t version, rank, ducks;
   uint64_t session;
-  uint32_t flags, reserved;
+  uint32_t flags, port;
   uint8_t nonce[kNonceBytes];
 };
 static_assert(sizeof(Hello) == 48, "hello layout");
@@ -43,14 +46,16 @@ struct MsgHeader {
   uint32_t seq, bytes;
 };
 
-absl::StatusOr<Hello> MakeHello(const PeerMeshOptions &o) {
+absl::StatusOr<Hello> MakeHello(const PeerMeshOptions &o, uint16_t udp_port) {
   Hello h{};
   std::memcpy(h.magic, kMagic, 4);
   h.version = kVersion;
   h.rank = o.rank;
   h.ducks = o.ducks;
   h.session = o.session;
-  h.flags = o.token.empty() ? 0 : kHelloKeyed;
+  h.flags = (o.token.empty() ? 0 : kHelloKeyed) |
+            (o.transport == PeerTransport::udp ? kHelloDatagrams : 0);
+  h.port = udp_port;
   if (absl::Status s = RandomNonce(h.nonce); !s.ok())
     return s;
   return h;
@@ -85,6 +90,24 @@ absl::Status Prove(int fd, const PeerMeshOptions &o, const Hello &connector,
   return absl::OkStatus();
 }
 
+/// The tag a pair's datagrams carry: with a token from the pair's key
+/// (unknown off the path), without one from both nonces.
+uint64_t PairTag(const PeerMeshOptions &o, const Hello &connector,
+                 const Hello &acceptor) {
+  uint8_t t[kKeyBytes];
+  if (!o.token.empty()) {
+    uint8_t key[kKeyBytes];
+    MeshKey(o.token, connector.nonce, acceptor.nonce, key);
+    MeshProof(key, 'U', t);
+  } else {
+    for (size_t i = 0; i < 8; ++i)
+      t[i] = connector.nonce[i] ^ acceptor.nonce[8 + i];
+  }
+  uint64_t tag;
+  std::memcpy(&tag, t, sizeof tag);
+  return tag;
+}
+
 /// Checks a peer's hello; `want` is the rank expected (-1: any lower one).
 absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
                         int64_t want) {
@@ -96,6 +119,11 @@ absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
         (h.flags & kHelloKeyed) ? " authenticates with a token and rank "
                                 : " has no token and rank ",
         o.rank, (h.flags & kHelloKeyed) ? " has none" : " does"));
+  const bool udp = o.transport == PeerTransport::udp;
+  if (((h.flags & kHelloDatagrams) != 0) != udp)
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer mesh: rank ", h.rank, " sends ", udp ? "tcp" : "udp",
+                     " and rank ", o.rank, " ", udp ? "udp" : "tcp"));
   if (h.ducks != o.ducks || h.session != o.session)
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", h.rank, " belongs to another mesh (",
@@ -219,7 +247,8 @@ bool Move(int fd, bool write, void *hdr, char *payload, size_t payload_bytes,
 /// error names the missing ones and, when there was one, the first
 /// refusal (with its code).
 absl::Status AcceptLower(const PeerMeshOptions &o, const Hello &mine,
-                         absl::Time deadline, std::vector<int> &fds) {
+                         absl::Time deadline, std::vector<int> &fds,
+                         std::vector<Hello> &hellos) {
   absl::Status refused;
   for (uint32_t accepted = 0; accepted < o.rank;) {
     absl::StatusOr<int> fd = AcceptOne(o.listen_fd, deadline);
@@ -259,6 +288,7 @@ absl::Status AcceptLower(const PeerMeshOptions &o, const Hello &mine,
       continue;
     }
     fds[theirs.rank] = *fd;
+    hellos[theirs.rank] = theirs;
     ++accepted;
   }
   return absl::OkStatus();
@@ -271,8 +301,50 @@ size_t PeerSliceBegin(size_t n, uint32_t ducks, uint32_t j) {
   return j * base + std::min<size_t>(j, extra);
 }
 
-absl::StatusOr<std::unique_ptr<PeerMesh>>
-PeerMesh::Connect(const PeerMeshOptions &o) {
+namespace {
+
+/// The address this duck's listener is bound to (its datagrams' too).
+in_addr ListenerAddress(int listen_fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (getsockname(listen_fd, (sockaddr *)&a, &len) != 0)
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+  return a.sin_addr;
+}
+
+/// The peers' datagram sockets: a higher rank's at the address this duck
+/// dialed, a lower one's at its connection's source; each at the port its
+/// hello named.
+absl::StatusOr<std::vector<PeerDatagrams::Peer>>
+DatagramPeers(const PeerMeshOptions &o, const Hello &mine,
+              const std::vector<Hello> &hellos, const std::vector<int> &fds) {
+  std::vector<PeerDatagrams::Peer> peers(o.ducks);
+  for (uint32_t j = 0; j < o.ducks; ++j) {
+    if (j == o.rank)
+      continue;
+    PeerDatagrams::Peer &p = peers[j];
+    p.tcp_fd = fds[j];
+    p.tag =
+        j > o.rank ? PairTag(o, mine, hellos[j]) : PairTag(o, hellos[j], mine);
+    socklen_t len = sizeof p.addr;
+    if (j < o.rank) {
+      if (getpeername(fds[j], (sockaddr *)&p.addr, &len) != 0)
+        return absl::UnavailableError(absl::StrCat(
+            "peer mesh: rank ", j, " closed its link to rank ", o.rank));
+    } else {
+      const std::string host =
+          o.peers[j].host == "localhost" ? "127.0.0.1" : o.peers[j].host;
+      p.addr.sin_family = AF_INET;
+      inet_pton(AF_INET, host.c_str(), &p.addr.sin_addr); // Dial checked it
+    }
+    p.addr.sin_port = htons(uint16_t(hellos[j].port));
+  }
+  return peers;
+}
+
+} // namespace
+
+absl::Status PeerMesh::Validate(const PeerMeshOptions &o) {
   if (o.ducks == 0 || o.rank >= o.ducks || o.peers.size() != o.ducks)
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", o.rank, " of ", o.ducks, " with ",
@@ -280,6 +352,13 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
   if (o.groups == 0 || o.ducks % o.groups != 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "peer mesh: ", o.groups, " groups do not divide ", o.ducks, " ducks"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PeerMesh>>
+PeerMesh::Connect(const PeerMeshOptions &o) {
+  if (absl::Status s = Validate(o); !s.ok())
+    return s;
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
@@ -287,16 +366,26 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
   m->timeout_ = o.timeout;
   m->fds_.assign(o.ducks, -1);
   const absl::Time deadline = absl::Now() + o.timeout;
-  const absl::StatusOr<Hello> hello = MakeHello(o);
+  if (o.transport == PeerTransport::udp) {
+    absl::StatusOr<std::unique_ptr<PeerDatagrams>> d =
+        PeerDatagrams::Open(o.rank, o.ducks, ListenerAddress(o.listen_fd),
+                            o.datagram_bytes, o.drop_every);
+    if (!d.ok())
+      return d.status();
+    m->udp_ = std::move(*d);
+  }
+  const absl::StatusOr<Hello> hello =
+      MakeHello(o, m->udp_ ? m->udp_->port() : 0);
   if (!hello.ok())
     return hello.status();
   const Hello &mine = *hello;
+  std::vector<Hello> hellos(o.ducks);
   for (uint32_t j = o.rank + 1; j < o.ducks; ++j) {
     absl::StatusOr<int> fd = Dial(o.peers[j], deadline);
     if (!fd.ok())
       return fd.status();
     m->fds_[j] = *fd;
-    Hello theirs;
+    Hello &theirs = hellos[j];
     const Part part{&mine, sizeof mine};
     if (absl::Status s = WriteFull(*fd, {&part, 1}, deadline); !s.ok())
       return s;
@@ -309,18 +398,34 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
         !s.ok())
       return s;
   }
-  if (absl::Status s = AcceptLower(o, mine, deadline, m->fds_); !s.ok())
+  if (absl::Status s = AcceptLower(o, mine, deadline, m->fds_, hellos); !s.ok())
     return s;
   for (int fd : m->fds_)
     if (fd >= 0)
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (m->udp_) {
+    absl::StatusOr<std::vector<PeerDatagrams::Peer>> peers =
+        DatagramPeers(o, mine, hellos, m->fds_);
+    if (!peers.ok())
+      return peers.status();
+    if (absl::Status s = m->udp_->Start(std::move(*peers)); !s.ok())
+      return s;
+  }
   return m;
 }
 
 PeerMesh::~PeerMesh() {
+  // Over udp a peer may still ask for this duck's last messages: answer
+  // until every peer is done too.
+  if (udp_)
+    udp_->Finish(seq_, absl::Now() + timeout_);
   for (int fd : fds_)
     if (fd >= 0)
       close(fd);
+}
+
+uint64_t PeerMesh::datagrams_resent() const {
+  return udp_ ? udp_->datagrams_resent() : 0;
 }
 
 uint32_t PeerMesh::OwnedSlice() const {
@@ -334,6 +439,14 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
                                 std::vector<std::vector<char>> &in,
                                 const std::vector<uint32_t> &with) {
   const uint32_t seq = ++seq_;
+  if (udp_) {
+    const std::vector<uint32_t> to = with.empty() ? Others() : with;
+    for (uint32_t j : to) { // as the stream's messages: header and payload
+      sent_ += sizeof(MsgHeader) + out[j].size();
+      received_ += sizeof(MsgHeader) + in[j].size();
+    }
+    return udp_->Exchange(seq, out, in, to, absl::Now() + timeout_);
+  }
   std::vector<Flow> flows(ducks_);
   std::vector<pollfd> fds;
   std::vector<uint32_t> peer_of;

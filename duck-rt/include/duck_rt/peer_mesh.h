@@ -41,10 +41,18 @@
 
 namespace duck::duckd {
 
+class PeerDatagrams;
+
 struct PeerAddress {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
 };
+
+/// How a collective's messages travel: over the pair's TCP connection
+/// (a send and a receive a message), or as UDP datagrams (every peer's at
+/// once with one sendmmsg, taken in by the batch with recvmmsg; a lost one
+/// asked for again). The TCP connections carry the hello either way.
+enum class PeerTransport { tcp, udp };
 
 struct PeerMeshOptions {
   uint32_t rank = 0, ducks = 0;
@@ -60,6 +68,13 @@ struct PeerMeshOptions {
   absl::Duration timeout = absl::Seconds(30);
   /// Two-level collectives over this many groups (1: one direct exchange).
   uint32_t groups = 1;
+  PeerTransport transport = PeerTransport::tcp;
+  /// udp: the largest datagram's UDP payload, its 24-byte header included
+  /// (1432: an IPv4 packet within a 1500-byte MTU).
+  uint32_t datagram_bytes = 1432;
+  /// udp, for the loss tests: every this many datagrams' first send is
+  /// dropped (0: none).
+  uint32_t drop_every = 0;
 };
 
 /// How values cross the wire: fp32, or bf16 (round to nearest even).
@@ -97,9 +112,12 @@ public:
   /// Payload bytes this duck has sent and received (headers included).
   uint64_t bytes_sent() const { return sent_; }
   uint64_t bytes_received() const { return received_; }
+  /// udp: datagrams sent again on a peer's request (0 over tcp).
+  uint64_t datagrams_resent() const;
 
 private:
   PeerMesh() = default;
+  static absl::Status Validate(const PeerMeshOptions &options);
   /// Sends out[j] to every peer j in `with` and receives in[j] (its length
   /// known) from each, all at once (empty `with`: every other duck).
   absl::Status Exchange(const std::vector<std::vector<char>> &out,
@@ -133,6 +151,7 @@ private:
   uint32_t seq_ = 0;
   absl::Duration timeout_;
   std::vector<int> fds_; // by rank; -1 for this duck
+  std::unique_ptr<PeerDatagrams> udp_; // transport udp
   uint64_t sent_ = 0, received_ = 0;
 };
 

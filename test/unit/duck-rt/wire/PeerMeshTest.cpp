@@ -8,6 +8,7 @@
 #include "duck_rt/abi.h"
 #include "duck_rt/fp9.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 #include <arpa/inet.h>
@@ -41,7 +42,8 @@ std::vector<absl::Status>
 RunMesh(uint32_t ducks,
         const std::function<absl::Status(uint32_t, PeerMesh &)> &body,
         std::vector<uint64_t> sessions = {}, uint32_t groups = 1,
-        std::vector<std::string> tokens = {}) {
+        std::vector<std::string> tokens = {},
+        const std::function<void(PeerMeshOptions &)> &tweak = nullptr) {
   std::vector<int> listeners(ducks);
   std::vector<PeerAddress> peers(ducks);
   for (uint32_t r = 0; r < ducks; ++r)
@@ -60,6 +62,8 @@ RunMesh(uint32_t ducks,
       o.timeout = absl::Seconds(2);
       o.groups = groups;
       o.token = tokens.empty() ? "" : tokens[r];
+      if (tweak)
+        tweak(o);
       absl::StatusOr<std::unique_ptr<PeerMesh>> m = PeerMesh::Connect(o);
       status[r] = m.ok() ? body(r, **m) : m.status();
     });
@@ -113,11 +117,23 @@ std::vector<float> GroupOrderSum(uint32_t ducks, uint32_t groups, size_t n,
   return sum;
 }
 
-class PeerMeshTest : public ::testing::TestWithParam<
-                         std::tuple<uint32_t, PeerWire, uint32_t>> {};
+/// Sets the transport (and, over udp, the datagrams' size and losses).
+std::function<void(PeerMeshOptions &)> Transport(PeerTransport t,
+                                                 uint32_t datagram_bytes = 1432,
+                                                 uint32_t drop_every = 0) {
+  return [=](PeerMeshOptions &o) {
+    o.transport = t;
+    o.datagram_bytes = datagram_bytes;
+    o.drop_every = drop_every;
+  };
+}
+
+class PeerMeshTest
+    : public ::testing::TestWithParam<
+          std::tuple<uint32_t, PeerWire, uint32_t, PeerTransport>> {};
 
 TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
-  const auto [ducks, wire, groups] = GetParam();
+  const auto [ducks, wire, groups, transport] = GetParam();
   const size_t n = 7168 + 5; // ragged slices
   const bool grouped = groups > 1 && groups < ducks;
   const std::vector<float> want = grouped
@@ -143,7 +159,8 @@ TEST_P(PeerMeshTest, CollectivesMatchRankOrderSums) {
     return m.AllReduce(absl::MakeConstSpan(Values(r, 3)), wire,
                        absl::MakeSpan(allreduced[r]));
   };
-  for (const absl::Status &s : RunMesh(ducks, body, {}, groups))
+  for (const absl::Status &s :
+       RunMesh(ducks, body, {}, groups, {}, Transport(transport)))
     ASSERT_TRUE(s.ok()) << s;
   const std::vector<float> want3 = RankOrderSum(ducks, 3, wire);
   std::vector<bool> held(ducks, false); // every slice held once
@@ -165,15 +182,21 @@ INSTANTIATE_TEST_SUITE_P(
     DucksAndWires, PeerMeshTest,
     ::testing::Combine(::testing::Values(1u, 2u, 3u, 5u),
                        ::testing::Values(PeerWire::f32, PeerWire::bf16),
-                       ::testing::Values(1u)));
+                       ::testing::Values(1u),
+                       ::testing::Values(PeerTransport::tcp,
+                                         PeerTransport::udp)));
 
 // Two-level collectives: 4 ducks in 2 groups, 6 in 2 and in 3, 8 in 4.
 INSTANTIATE_TEST_SUITE_P(
     Groups, PeerMeshTest,
-    ::testing::Values(std::tuple{4u, PeerWire::f32, 2u},
-                      std::tuple{6u, PeerWire::bf16, 2u},
-                      std::tuple{6u, PeerWire::f32, 3u},
-                      std::tuple{8u, PeerWire::bf16, 4u}));
+    ::testing::Values(std::tuple{4u, PeerWire::f32, 2u, PeerTransport::tcp},
+                      std::tuple{4u, PeerWire::f32, 2u, PeerTransport::udp},
+                      std::tuple{6u, PeerWire::bf16, 2u, PeerTransport::tcp},
+                      std::tuple{6u, PeerWire::bf16, 2u, PeerTransport::udp},
+                      std::tuple{6u, PeerWire::f32, 3u, PeerTransport::tcp},
+                      std::tuple{6u, PeerWire::f32, 3u, PeerTransport::udp},
+                      std::tuple{8u, PeerWire::bf16, 4u, PeerTransport::tcp},
+                      std::tuple{8u, PeerWire::bf16, 4u, PeerTransport::udp}));
 
 TEST(PeerMeshErrors, GroupsMustDivideTheDucks) {
   std::vector<absl::Status> st = RunMesh(
@@ -329,6 +352,109 @@ TEST(PeerMeshErrors, BadRankOrAddressesAreRefused) {
   o.ducks = 2;
   o.peers.resize(2);
   EXPECT_FALSE(PeerMesh::Connect(o).ok());
+}
+
+// Over udp: small datagrams (a message in many chunks) with every third
+// first send dropped: the lost ones are asked for and sent again, and every
+// result is still exactly the rank-order sum, over several rounds (so that
+// a duck's early datagrams for the next collective are kept for it).
+TEST(PeerMeshDatagrams, LostDatagramsAreAskedForAgain) {
+  const uint32_t ducks = 4;
+  const size_t n = 1000 + 3;
+  const std::vector<float> want = RankOrderSum(ducks, n, PeerWire::f32);
+  std::vector<uint64_t> resent(ducks);
+  auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
+    const size_t b = PeerSliceBegin(n, ducks, r);
+    std::vector<float> slice(PeerSliceBegin(n, ducks, r + 1) - b), all(n);
+    for (int round = 0; round < 5; ++round) {
+      if (absl::Status s = m.ReduceScatter(Values(r, n), PeerWire::f32,
+                                           absl::MakeSpan(slice));
+          !s.ok())
+        return s;
+      for (size_t i = 0; i < slice.size(); ++i)
+        if (slice[i] != want[b + i])
+          return absl::InternalError(absl::StrCat("rank ", r, " value ", i));
+      if (absl::Status s =
+              m.AllGather(slice, PeerWire::f32, absl::MakeSpan(all));
+          !s.ok())
+        return s;
+      if (all != want)
+        return absl::InternalError(absl::StrCat("rank ", r, " gathered"));
+    }
+    resent[r] = m.datagrams_resent();
+    return absl::OkStatus();
+  };
+  for (const absl::Status &s :
+       RunMesh(ducks, body, {}, 1, {}, Transport(PeerTransport::udp, 124, 3)))
+    ASSERT_TRUE(s.ok()) << s;
+  uint64_t total = 0;
+  for (uint64_t x : resent)
+    total += x;
+  EXPECT_GT(total, 0u); // the drops happened and were recovered
+}
+
+TEST(PeerMeshDatagrams, ATokenTagsTheDatagramsAndSumsAsWithout) {
+  std::vector<float> got(3);
+  auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
+    std::vector<float> in(2, float(r + 1)), out(2);
+    absl::Status s = m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+    got[r] = out[0];
+    return s;
+  };
+  for (const absl::Status &s :
+       RunMesh(3, body, {}, 1, {"k", "k", "k"}, Transport(PeerTransport::udp)))
+    ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, (std::vector<float>{6, 6, 6}));
+}
+
+TEST(PeerMeshDatagrams, AnotherTransportIsRefusedByName) {
+  std::vector<absl::Status> st = RunMesh(
+      2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {}, 1, {},
+      [](PeerMeshOptions &o) {
+        o.transport = o.rank == 0 ? PeerTransport::udp : PeerTransport::tcp;
+      });
+  ASSERT_FALSE(st[0].ok());
+  ASSERT_FALSE(st[1].ok());
+  EXPECT_NE(std::string(st[0].message()).find("rank 1 sends tcp"),
+            std::string::npos)
+      << st[0];
+}
+
+TEST(PeerMeshDatagrams, MismatchedCollectiveIsAnErrorNotGarbage) {
+  std::vector<absl::Status> st = RunMesh(
+      2,
+      [](uint32_t r, PeerMesh &m) -> absl::Status {
+        std::vector<float> in(r == 0 ? 4 : 6, 1.0f), out(in.size());
+        return m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+      },
+      {}, 1, {}, Transport(PeerTransport::udp));
+  for (const absl::Status &s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(std::string(s.message()).find("got collective 1 of"),
+              std::string::npos)
+        << s;
+  }
+}
+
+TEST(PeerMeshDatagrams, APeerThatLeavesIsAnErrorNamingIt) {
+  // Rank 2 returns at once (its mesh says it is done after no collective);
+  // the others' all-reduce ends with an error naming it, not a timeout.
+  std::vector<absl::Status> st = RunMesh(
+      3,
+      [](uint32_t r, PeerMesh &m) -> absl::Status {
+        if (r == 2)
+          return absl::OkStatus();
+        std::vector<float> in(4, 1.0f), out(4);
+        return m.AllReduce(in, PeerWire::f32, absl::MakeSpan(out));
+      },
+      {}, 1, {}, Transport(PeerTransport::udp));
+  EXPECT_TRUE(st[2].ok());
+  for (int r : {0, 1}) {
+    ASSERT_FALSE(st[r].ok());
+    EXPECT_NE(std::string(st[r].message()).find("rank 2 closed its link"),
+              std::string::npos)
+        << st[r];
+  }
 }
 
 } // namespace
