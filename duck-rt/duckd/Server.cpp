@@ -1254,6 +1254,12 @@ void Server::OnMesh(const duckd_frame_header &h) {
                "a rank below their count");
     return;
   }
+  if (r.transport != DUCKD_MESH_TCP && r.transport != DUCKD_MESH_UDP) {
+    ReplyError(
+        h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+        absl::StrCat("mesh: transport ", r.transport, " (0: tcp, 1: udp)"));
+    return;
+  }
   if (mesh_fd_ < 0) {
     ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                "mesh: this duckd was started without --mesh-port");
@@ -1286,6 +1292,8 @@ Server::JoinMesh(const duckd_mesh_request &r, const duckd_mesh_peer *peers) {
   o.session = r.session;
   o.token = opt_.token;
   o.listen_fd = mesh_fd_;
+  o.transport =
+      r.transport == DUCKD_MESH_UDP ? PeerTransport::udp : PeerTransport::tcp;
   // At most a minute: the server serves nothing else (signals included)
   // while it joins.
   o.timeout = absl::Milliseconds(
@@ -1302,6 +1310,10 @@ Server::JoinMesh(const duckd_mesh_request &r, const duckd_mesh_peer *peers) {
   if (absl::Status s = (*m)->AllReduce(absl::MakeConstSpan(&r.check, 1),
                                        PeerWire::f32, absl::MakeSpan(&sum, 1));
       !s.ok())
+    return s;
+  // Over udp: no peer may still want this duck's datagram once it serves
+  // the host again.
+  if (absl::Status s = (*m)->Settle(); !s.ok())
     return s;
   duckd_mesh_reply rep{};
   rep.check_sum = sum;

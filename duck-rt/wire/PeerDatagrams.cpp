@@ -27,14 +27,16 @@ static_assert(sizeof(PeerDatagrams::Header) == 24, "datagram header layout");
 
 namespace {
 constexpr uint16_t kData = 0, kResend = 1;
-constexpr uint32_t kDoneMagic = 0x454e4f44; // "DONE": a control message
+// Control messages on the pair's connection: {magic, seq}.
+constexpr uint32_t kLeftMagic = 0x5446454c; // "LEFT": no collective after seq
+constexpr uint32_t kSettledMagic = 0x4c544553; // "SETL": has all through seq
 constexpr size_t kKeep = 16;    // collectives whose messages are kept
 constexpr uint32_t kAhead = 16; // how far ahead an early datagram may be
 constexpr size_t kBatch = 64;   // datagrams a recvmmsg
 constexpr int kBufferBytes = 4 << 20;
 constexpr absl::Duration kFirstAsk = absl::Milliseconds(10);
 constexpr absl::Duration kLongestAsk = absl::Milliseconds(320);
-constexpr uint32_t kNotDone = UINT32_MAX;
+constexpr uint32_t kNone = UINT32_MAX; // no such message yet
 } // namespace
 
 /// One Exchange's receiving state: per peer, the message's buffer, which
@@ -44,7 +46,8 @@ struct PeerDatagrams::Wait {
   std::vector<std::vector<char>> *in = nullptr;
   std::vector<std::vector<bool>> got; // by rank; empty: not expected
   std::vector<size_t> have;
-  size_t missing = 0; // peers whose message is not all in
+  size_t missing = 0;    // peers whose message is not all in
+  bool settling = false; // Settle's: nothing of seq itself is wanted
 };
 
 absl::StatusOr<std::unique_ptr<PeerDatagrams>>
@@ -77,7 +80,8 @@ PeerDatagrams::Open(uint32_t rank, uint32_t ducks, in_addr host,
   setsockopt(d->fd_, SOL_SOCKET, SO_RCVBUF, &kBufferBytes, sizeof kBufferBytes);
   setsockopt(d->fd_, SOL_SOCKET, SO_SNDBUF, &kBufferBytes, sizeof kBufferBytes);
   d->recv_buf_.resize(kBatch * size_t(datagram_bytes));
-  d->done_seq_.assign(ducks, kNotDone);
+  d->left_seq_.assign(ducks, kNone);
+  d->settled_seq_.assign(ducks, kNone);
   d->closed_.assign(ducks, false);
   d->control_.resize(ducks);
   return d;
@@ -182,7 +186,7 @@ absl::Status PeerDatagrams::Take(const Header &h, const char *payload,
     Resend(h.from, h.seq);
     return absl::OkStatus();
   }
-  if (w == nullptr || h.seq != w->seq) {
+  if (w == nullptr || h.seq != w->seq || w->settling) {
     if (w != nullptr && h.seq > w->seq && h.seq - w->seq <= kAhead)
       early_.push_back(
           {h.seq, h.from, h.bytes, h.offset, {payload, payload + len}});
@@ -260,8 +264,10 @@ void PeerDatagrams::ReadControl(uint32_t j) {
     std::memcpy(&magic, c.data(), 4);
     std::memcpy(&seq, c.data() + 4, 4);
     c.erase(c.begin(), c.begin() + 8);
-    if (magic == kDoneMagic)
-      done_seq_[j] = seq;
+    if (magic == kLeftMagic)
+      left_seq_[j] = seq;
+    else if (magic == kSettledMagic)
+      settled_seq_[j] = seq;
     else
       closed_[j] = true; // not a duck peer's: as good as gone
   }
@@ -331,11 +337,11 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
     std::string owing;
     for (uint32_t j : with)
       if (w.have[j] < w.got[j].size()) {
-        if (closed_[j] || (done_seq_[j] != kNotDone && done_seq_[j] < seq))
+        if (closed_[j] || (left_seq_[j] != kNone && left_seq_[j] < seq))
           return absl::UnavailableError(absl::StrCat(
               "peer mesh: rank ", j, " closed its link to rank ", rank_,
-              done_seq_[j] != kNotDone
-                  ? absl::StrCat(" (it left after collective ", done_seq_[j],
+              left_seq_[j] != kNone
+                  ? absl::StrCat(" (it left after collective ", left_seq_[j],
                                  ")")
                   : ""));
         absl::StrAppend(&owing, owing.empty() ? "" : ", ", j);
@@ -355,19 +361,61 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
   }
 }
 
-void PeerDatagrams::Finish(uint32_t last_seq, absl::Time deadline) {
-  if (peers_.empty())
-    return; // never started: no peer knows this socket
-  const uint32_t msg[2] = {kDoneMagic, last_seq};
+void PeerDatagrams::Tell(uint32_t magic, uint32_t seq) {
+  const uint32_t msg[2] = {magic, seq};
   for (uint32_t j = 0; j < ducks_; ++j)
     if (j != rank_ && !closed_[j])
       (void)send(peers_[j].tcp_fd, msg, sizeof msg, MSG_NOSIGNAL);
+}
+
+absl::Status PeerDatagrams::Settle(uint32_t seq, absl::Time deadline) {
+  if (peers_.empty())
+    return absl::OkStatus();
+  Tell(kSettledMagic, seq);
+  // Datagrams of later collectives (a peer that settled first may be on)
+  // are kept for them; this one's duplicates dropped.
+  Wait w;
+  w.seq = seq;
+  w.settling = true;
+  for (;;) {
+    if (absl::Status s = Drain(&w); !s.ok())
+      return s;
+    std::string waiting;
+    for (uint32_t j = 0; j < ducks_; ++j) {
+      if (j == rank_ || (left_seq_[j] != kNone && left_seq_[j] >= seq) ||
+          (settled_seq_[j] != kNone && settled_seq_[j] >= seq))
+        continue;
+      if (closed_[j] || left_seq_[j] != kNone)
+        return absl::UnavailableError(
+            absl::StrCat("peer mesh: rank ", j, " closed its link to rank ",
+                         rank_, " before collective ", seq, " settled"));
+      absl::StrAppend(&waiting, waiting.empty() ? "" : ", ", j);
+    }
+    if (waiting.empty()) {
+      settled_ = seq;
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline)
+      return absl::DeadlineExceededError(
+          absl::StrCat("peer mesh: rank ", rank_, " timed out settling ",
+                       "collective ", seq, " waiting for rank(s) ", waiting));
+    if (absl::Status s = WaitForEvents(deadline); !s.ok())
+      return s;
+  }
+}
+
+void PeerDatagrams::Finish(uint32_t last_seq, absl::Time deadline) {
+  if (peers_.empty())
+    return; // never started: no peer knows this socket
+  Tell(kLeftMagic, last_seq);
+  if (settled_ == last_seq)
+    return; // every peer has all this duck sent
   for (;;) {
     // Answer resend requests (and drop data nobody waits for).
     (void)Drain(nullptr);
     bool all = true;
     for (uint32_t j = 0; j < ducks_; ++j)
-      all = all && (j == rank_ || closed_[j] || done_seq_[j] != kNotDone);
+      all = all && (j == rank_ || closed_[j] || left_seq_[j] != kNone);
     if (all || absl::Now() >= deadline)
       return;
     if (!WaitForEvents(deadline).ok())

@@ -11,8 +11,10 @@
 // message after a wait (10 ms, doubling) sends that peer a resend request,
 // answered from the last collectives' messages it keeps. The pair's TCP
 // connection stays open beside the datagrams: a peer that closes it or
-// says it is done (Finish) and still owes a message ends the collective
-// with an error naming it.
+// says it left (Finish) and still owes a message ends the collective with
+// an error naming it. A duck that returns from a collective may still owe
+// a peer a lost datagram: Settle (every duck says it has everything) makes
+// a pause safe, Finish a departure.
 #ifndef DUCK_WIRE_PEER_DATAGRAMS_H
 #define DUCK_WIRE_PEER_DATAGRAMS_H
 
@@ -55,6 +57,10 @@ public:
   absl::Status Exchange(uint32_t seq, const std::vector<std::vector<char>> &out,
                         std::vector<std::vector<char>> &in,
                         const std::vector<uint32_t> &with, absl::Time deadline);
+  /// Tells every peer this duck has all of collective `seq` and before,
+  /// then answers resend requests until every peer has said the same
+  /// (after that no peer needs what this one sent).
+  absl::Status Settle(uint32_t seq, absl::Time deadline);
   /// Tells every peer this duck's last collective was `last_seq`, then
   /// answers resend requests until every peer has said so too or closed
   /// (or `deadline`).
@@ -80,8 +86,9 @@ private:
   /// Takes in what has arrived (without waiting); each datagram to Take.
   absl::Status Drain(Wait *w);
   absl::Status Take(const Header &h, const char *payload, size_t len, Wait *w);
-  /// Reads peer j's connection: a done message or its close.
+  /// Reads peer j's connection: a control message or its close.
   void ReadControl(uint32_t j);
+  void Tell(uint32_t magic, uint32_t seq); // to every peer
   absl::Status WaitForEvents(absl::Time until);
 
   uint32_t rank_ = 0, ducks_ = 0, datagram_bytes_ = 0, drop_every_ = 0;
@@ -95,11 +102,13 @@ private:
   };
   std::vector<Early> early_;
   std::vector<char> recv_buf_;
-  // Per peer: the last collective it said it finished (UINT32_MAX: not
-  // yet), whether its connection closed, its control bytes so far.
-  std::vector<uint32_t> done_seq_;
+  // Per peer: the collective it left after and the last it said it has
+  // settled (UINT32_MAX: none yet), whether its connection closed, its
+  // control bytes so far.
+  std::vector<uint32_t> left_seq_, settled_seq_;
   std::vector<bool> closed_;
   std::vector<std::vector<char>> control_;
+  uint32_t settled_ = UINT32_MAX; // the last collective Settle saw through
   uint64_t datagrams_sent_ = 0, datagrams_resent_ = 0, resend_requests_ = 0,
            first_sends_ = 0;
 };

@@ -424,6 +424,10 @@ PeerMesh::~PeerMesh() {
       close(fd);
 }
 
+absl::Status PeerMesh::Settle() {
+  return udp_ ? udp_->Settle(seq_, absl::Now() + timeout_) : absl::OkStatus();
+}
+
 uint64_t PeerMesh::datagrams_resent() const {
   return udp_ ? udp_->datagrams_resent() : 0;
 }

@@ -279,9 +279,11 @@ typedef struct duckd_stats_reply {
 /// its mesh listener (duck_rt/peer_mesh.h; with duckd's --token every pair
 /// proves it), then sums every duck's `check` with an all-reduce over the
 /// new links and answers the sum: the host sees the whole mesh carry data.
-/// The mesh stays up until the next mesh request or duckd's exit; no step
-/// uses it yet.
+/// Over datagrams (`transport` DUCKD_MESH_UDP) the ducks settle the check
+/// (every duck has it) before they answer. The mesh stays up until the
+/// next mesh request or duckd's exit; no step uses it yet.
 enum { DUCKD_MESH_HOST_BYTES = 64 };
+enum { DUCKD_MESH_TCP = 0, DUCKD_MESH_UDP = 1 };
 typedef struct duckd_mesh_peer {
   char host[DUCKD_MESH_HOST_BYTES]; // IPv4 address, NUL-padded
   uint32_t port;                    // that duck's mesh listener
@@ -294,7 +296,7 @@ typedef struct duckd_mesh_request {
   uint32_t timeout_ms;  // for the whole join (0: 30000; at most 60000)
   uint64_t session;     // every duck of one mesh gets the same
   float check;          // summed over the mesh once it is up
-  uint32_t reserved;
+  uint32_t transport;   // DUCKD_MESH_TCP (0) or DUCKD_MESH_UDP
 } duckd_mesh_request;
 
 typedef struct duckd_mesh_reply {

@@ -109,6 +109,13 @@ public:
   absl::Status AllReduce(absl::Span<const float> in, PeerWire wire,
                          absl::Span<float> out);
 
+  /// Over udp, a duck that returned from a collective may still owe a peer
+  /// a lost datagram (it answers resend requests inside its collectives):
+  /// before a pause (between tokens, before replying to the host) every
+  /// duck calls Settle, which returns once every duck has all of the
+  /// collectives so far. A no-op over tcp.
+  absl::Status Settle();
+
   /// Payload bytes this duck has sent and received (headers included).
   uint64_t bytes_sent() const { return sent_; }
   uint64_t bytes_received() const { return received_; }

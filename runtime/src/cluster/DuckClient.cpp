@@ -849,7 +849,7 @@ absl::StatusOr<std::vector<duckd_stats_reply>> DuckClient::Stats() {
 absl::StatusOr<std::vector<duckd_mesh_reply>>
 DuckClient::JoinMesh(absl::Span<const DuckEndpoint> mesh,
                      absl::Span<const float> checks, uint64_t session,
-                     uint32_t groups) {
+                     uint32_t groups, uint32_t transport) {
   Impl &m = *impl_;
   const size_t n = m.conns.size();
   if (mesh.size() != n || checks.size() != n)
@@ -879,6 +879,7 @@ DuckClient::JoinMesh(absl::Span<const DuckEndpoint> mesh,
     r.timeout_ms = timeout_ms;
     r.session = session;
     r.check = checks[d];
+    r.transport = transport;
     std::vector<uint8_t> owned(sizeof r + n * sizeof(duckd_mesh_peer));
     std::memcpy(owned.data(), &r, sizeof r);
     std::memcpy(owned.data() + sizeof r, peers.data(),

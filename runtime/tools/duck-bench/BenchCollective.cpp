@@ -29,6 +29,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <netinet/in.h>
 #include <sstream>
 #include <string>
@@ -43,6 +44,7 @@ namespace {
 using duck::bench::ArgValue;
 using duck::bench::ShellQuote;
 using duck::duckd::PeerMesh;
+using duck::duckd::PeerTransport;
 using duck::duckd::PeerWire;
 using duck::runtime::LinkSim;
 using duck::runtime::LinkSimOptions;
@@ -52,6 +54,7 @@ struct CollectiveBenchOptions {
   double duck_gbps = 2.5, latency_us = 50, scale = 1;
   uint32_t tokens = 6, repeat = 3, groups = 1;
   std::string wire = "bf16"; // duckc's --wire-activations / --wire-results
+  std::string transport = "tcp";
   std::string model = DUCK_SOURCE_DIR "/models/DeepSeek-V3.2";
   bool json = false;
 };
@@ -67,8 +70,9 @@ void PrintUsage(FILE *out) {
       "  [--repeat R (3: runs of each kind, alternating; medians)]\n"
       "  [--groups G (1: one direct exchange a collective; G dividing N:\n"
       "  two, within groups of N/G ducks, then among G)]\n"
-      "  [--wire f32|bf16 (bf16)] [--model DIR (models/DeepSeek-V3.2: only\n"
-      "  its config.json is read)] [--json]\n\n"
+      "  [--wire f32|bf16 (bf16)] [--transport tcp|udp (tcp)]\n"
+      "  [--model DIR (models/DeepSeek-V3.2: only its config.json is read)]\n"
+      "  [--json]\n\n"
       "The collectives of a token with the residual stream on the ducks\n"
       "(duckc compile --residual ducks --dry-run, MODELLED ONLY: no duck runs\n"
       "a layer's norms and router yet), in the cost model's order and sizes\n"
@@ -84,7 +88,12 @@ void PrintUsage(FILE *out) {
       "mesh_call_us), and mesh_cpu_us_per_collective the CPU time a duck's\n"
       "thread took for one (a bound from the machine's contention: runs at\n"
       "several duck counts give the cost of each message,\n"
-      "mesh_message_us).\n\n%s",
+      "mesh_message_us).\n\n"
+      "--transport udp: the collectives as UDP datagrams (one sendmmsg to\n"
+      "every peer, recvmmsg by the batch; duck_rt/peer_mesh.h). The\n"
+      "simulator forwards TCP only, so udp runs over loopback alone, each\n"
+      "run beside a tcp one (alternating): what a collective's calls cost\n"
+      "each way (udp_* and tcp_* keys, and their ratio).\n\n%s",
       duck::runtime::LinkSimModelText());
 }
 
@@ -110,6 +119,8 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
       o->groups = uint32_t(std::atoi(v));
     else if ((v = ArgValue(argc, argv, &i, "--wire")))
       o->wire = v;
+    else if ((v = ArgValue(argc, argv, &i, "--transport")))
+      o->transport = v;
     else if ((v = ArgValue(argc, argv, &i, "--model")))
       o->model = v;
     else {
@@ -122,6 +133,11 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
   }
   if (o->wire != "f32" && o->wire != "bf16") {
     std::fprintf(stderr, "duck-bench collective: --wire must be f32 or bf16\n");
+    return false;
+  }
+  if (o->transport != "tcp" && o->transport != "udp") {
+    std::fprintf(stderr,
+                 "duck-bench collective: --transport must be tcp or udp\n");
     return false;
   }
   if (o->ducks < 2 || o->ducks > 32 || o->tokens < 2 || o->repeat < 1 ||
@@ -238,7 +254,7 @@ double ThreadCpuUs() {
 /// mean over ducks).
 struct Run {
   std::vector<double> token_ms;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0, datagrams_resent = 0;
   double cpu_us_per_token = 0;
   std::string error;
   double Median() const {
@@ -251,7 +267,8 @@ struct Run {
 /// N ducks' meshes running the schedule `tokens` times: straight over
 /// loopback (`sim` null) or through the simulator.
 Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
-              const LinkSimOptions *sim_options) {
+              const LinkSimOptions *sim_options,
+              PeerTransport transport = PeerTransport::tcp) {
   Run run;
   std::vector<int> listeners(o.ducks, -1);
   std::vector<duck::runtime::DuckEndpoint> endpoints(o.ducks);
@@ -274,6 +291,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
   std::vector<std::string> errors(o.ducks);
   std::vector<double> cpu(o.ducks, 0);
   std::vector<std::thread> threads;
+  std::mutex resent_mu;
   const size_t widest = 8192 * 2;
   for (uint32_t r = 0; r < o.ducks; ++r)
     threads.emplace_back([&, r] {
@@ -283,6 +301,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
       mo.session = 1;
       mo.groups = o.groups;
       mo.listen_fd = listeners[r];
+      mo.transport = transport;
       mo.peers.resize(o.ducks);
       for (uint32_t j = r + 1; j < o.ducks; ++j)
         mo.peers[j].port = sim ? sim->peer_ports()[r][j] : endpoints[j].port;
@@ -309,6 +328,8 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
       cpu[r] = (ThreadCpuUs() - cpu0) / double(o.tokens - 1);
       if (r == 0)
         run.bytes_sent = (*m)->bytes_sent() / o.tokens;
+      std::lock_guard<std::mutex> lock(resent_mu);
+      run.datagrams_resent += (*m)->datagrams_resent();
     });
   for (std::thread &t : threads)
     t.join();
@@ -388,11 +409,76 @@ void PrintText(const nlohmann::json &r) {
               d("measured_bytes_per_duck"), d("predicted_bytes_per_duck"));
 }
 
+/// --transport udp: loopback runs of both transports, alternating.
+int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
+                  const std::vector<Step> &sched) {
+  std::vector<double> ms[2], cpu[2]; // tcp, udp
+  uint64_t bytes = 0, resent = 0;
+  for (uint32_t i = 0; i < o.repeat; ++i)
+    for (int u = 0; u < 2; ++u) {
+      const Run run = RunMeshes(o, sched, nullptr,
+                                u ? PeerTransport::udp : PeerTransport::tcp);
+      if (!run.error.empty()) {
+        std::fprintf(stderr, "duck-bench collective: %s\n", run.error.c_str());
+        return 1;
+      }
+      ms[u].push_back(run.Median());
+      cpu[u].push_back(run.cpu_us_per_token);
+      if (u) {
+        bytes = run.bytes_sent;
+        resent += run.datagrams_resent;
+      }
+    }
+  const double n = stats["collectives_per_token"].get<double>();
+  nlohmann::json r;
+  r["ducks"] = o.ducks;
+  r["wire"] = o.wire;
+  r["groups"] = o.groups;
+  r["transport"] = "udp";
+  r["collectives_per_token"] = n;
+  for (int u = 0; u < 2; ++u) {
+    const std::string k = u ? "udp_" : "tcp_";
+    r[k + "direct_ms"] = MedianOf(ms[u]);
+    r[k + "mesh_call_us"] = 1e3 * MedianOf(ms[u]) / n;
+    r[k + "cpu_us_per_collective"] = MedianOf(cpu[u]) / n;
+  }
+  r["udp_to_tcp_cpu"] = MedianOf(cpu[1]) / MedianOf(cpu[0]);
+  r["measured_bytes_per_duck"] = bytes;
+  r["predicted_bytes_per_duck"] = stats["mesh_bytes_per_duck_per_token"];
+  r["datagrams_resent"] = resent;
+  if (o.json) {
+    std::printf("%s\n", r.dump(1).c_str());
+    return 0;
+  }
+  auto d = [&](const char *k) { return r[k].get<double>(); };
+  std::printf("duck-bench collective: %u ducks over loopback, udp beside tcp, "
+              "%s; %.0f collectives a token%s\n",
+              o.ducks, o.wire.c_str(), n,
+              o.groups > 1 ? (", two levels over " + std::to_string(o.groups) +
+                              " groups")
+                                 .c_str()
+                           : "");
+  for (const char *t : {"udp", "tcp"})
+    std::printf("%s: %.3f ms a token (%.1f us a collective, %.1f us of a "
+                "duck's CPU)\n",
+                t, d((std::string(t) + "_direct_ms").c_str()),
+                d((std::string(t) + "_mesh_call_us").c_str()),
+                d((std::string(t) + "_cpu_us_per_collective").c_str()));
+  std::printf("udp / tcp CPU a collective: %.2f; bytes a token: duck 0 sent "
+              "%.0f (messages as the model counts them), the model's busiest "
+              "duck %.0f; datagrams resent %.0f\n",
+              d("udp_to_tcp_cpu"), d("measured_bytes_per_duck"),
+              d("predicted_bytes_per_duck"), d("datagrams_resent"));
+  return 0;
+}
+
 int RunBench(const CollectiveBenchOptions &o, const std::string &dir) {
   const nlohmann::json stats = CostModelStats(o, dir, o.duck_gbps / o.scale);
   if (stats.is_null())
     return 1;
   const std::vector<Step> sched = ScheduleOf(stats);
+  if (o.transport == "udp")
+    return RunTransports(o, stats, sched);
   LinkSimOptions unlimited, shaped;
   shaped.duck_link_gbps = o.duck_gbps / o.scale;
   shaped.latency_us = o.latency_us;

@@ -439,8 +439,9 @@ TEST_F(DuckdBadClient, DisconnectMidStep) {
 
 } // namespace
 
-// A mesh request whose peer list does not match its duck count, or whose
-// rank is past it, is a bad request naming what a mesh request holds (the
+// A mesh request whose peer list does not match its duck count, whose
+// rank is past it, or whose transport is unknown, is a bad request naming
+// what a mesh request holds (the
 // daemon here has no --mesh-port, but the payload is checked first); the
 // daemon keeps serving.
 TEST_F(DuckdBadClient, MalformedMeshRequests) {
@@ -453,6 +454,17 @@ TEST_F(DuckdBadClient, MalformedMeshRequests) {
     r.SendFrame(DUCKD_MSG_MESH, {{&req, sizeof req}});
     const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
     EXPECT_NE(m.find("one peer for each of its ducks"), std::string::npos) << m;
+  }
+  { // a well-formed request of an unknown transport
+    Raw r(ep_);
+    r.HelloOk();
+    duckd_mesh_request req{};
+    req.ducks = 1;
+    req.transport = 7;
+    duckd_mesh_peer peer{};
+    r.SendFrame(DUCKD_MSG_MESH, {{&req, sizeof req}, {&peer, sizeof peer}});
+    const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("transport 7 (0: tcp, 1: udp)"), std::string::npos) << m;
   }
   Raw r(ep_);
   r.HelloOk();

@@ -986,15 +986,17 @@ TEST(DuckdMesh, ThreeDucksJoinAndSumOverTheirOwnLinks) {
   o.token = co.token;
   auto client = DuckClient::Create(o);
   ASSERT_TRUE(client.ok()) << client.status();
-  for (uint32_t groups : {1u, 3u}) { // 3 groups of 1: one direct exchange
-    auto rep = (*client)->JoinMesh((*cluster)->mesh_endpoints(), {1, 2, 3},
-                                   /*session=*/7 + groups, groups);
-    ASSERT_TRUE(rep.ok()) << rep.status();
-    for (const duckd_mesh_reply &r : *rep) {
-      EXPECT_EQ(r.check_sum, 6.0f);
-      EXPECT_GT(r.bytes_sent, 0u);
+  // 3 groups of 1: one direct exchange; then the same over datagrams.
+  for (uint32_t transport : {DUCKD_MESH_TCP, DUCKD_MESH_UDP})
+    for (uint32_t groups : {1u, 3u}) {
+      auto rep = (*client)->JoinMesh((*cluster)->mesh_endpoints(), {1, 2, 3},
+                                     /*session=*/7 + groups, groups, transport);
+      ASSERT_TRUE(rep.ok()) << rep.status();
+      for (const duckd_mesh_reply &r : *rep) {
+        EXPECT_EQ(r.check_sum, 6.0f);
+        EXPECT_GT(r.bytes_sent, 0u);
+      }
     }
-  }
   // The client still steps after the mesh requests (the ducks serve on).
   auto stats = (*client)->Stats();
   EXPECT_TRUE(stats.ok()) << stats.status();

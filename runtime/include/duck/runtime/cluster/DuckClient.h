@@ -199,10 +199,13 @@ public:
   /// --mesh-port): duck i is rank i, `mesh[j]` is where duck j's mesh
   /// listener is. Each duck connects to the others, then they sum every
   /// duck's `checks[i]` over the new links: the sums come back (all equal
-  /// when the mesh carries data). No step uses the mesh yet.
+  /// when the mesh carries data). `transport`: DUCKD_MESH_TCP or
+  /// DUCKD_MESH_UDP (the collectives as datagrams). No step uses the mesh
+  /// yet.
   absl::StatusOr<std::vector<duckd_mesh_reply>>
   JoinMesh(absl::Span<const DuckEndpoint> mesh, absl::Span<const float> checks,
-           uint64_t session, uint32_t groups = 1);
+           uint64_t session, uint32_t groups = 1,
+           uint32_t transport = DUCKD_MESH_TCP);
 
 private:
   struct Impl;
