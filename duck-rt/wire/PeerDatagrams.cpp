@@ -80,6 +80,14 @@ PeerDatagrams::Open(uint32_t rank, uint32_t ducks, in_addr host,
   setsockopt(d->fd_, SOL_SOCKET, SO_RCVBUF, &kBufferBytes, sizeof kBufferBytes);
   setsockopt(d->fd_, SOL_SOCKET, SO_SNDBUF, &kBufferBytes, sizeof kBufferBytes);
   d->recv_buf_.resize(kBatch * size_t(datagram_bytes));
+  d->recv_iov_.resize(kBatch);
+  d->recv_msgs_.resize(kBatch);
+  for (size_t i = 0; i < kBatch; ++i) {
+    d->recv_iov_[i] = {d->recv_buf_.data() + i * datagram_bytes,
+                       datagram_bytes};
+    d->recv_msgs_[i].msg_hdr.msg_iov = &d->recv_iov_[i];
+    d->recv_msgs_[i].msg_hdr.msg_iovlen = 1;
+  }
   d->left_seq_.assign(ducks, kNone);
   d->settled_seq_.assign(ducks, kNone);
   d->closed_.assign(ducks, false);
@@ -122,9 +130,15 @@ absl::Status PeerDatagrams::Send(uint32_t seq,
                                  const std::vector<std::vector<char>> &out,
                                  const std::vector<uint32_t> &to, bool first) {
   const size_t pm = PayloadMax();
-  std::vector<Header> headers;
-  std::vector<iovec> iov;
-  std::vector<uint32_t> dest;
+  // Members, so that a collective allocates nothing here once warm.
+  std::vector<Header> &headers = send_headers_;
+  std::vector<iovec> &iov = send_iov_, &parts = send_parts_;
+  std::vector<uint32_t> &dest = send_dest_;
+  std::vector<mmsghdr> &msgs = send_msgs_;
+  headers.clear();
+  iov.clear();
+  dest.clear();
+  msgs.clear();
   for (uint32_t j : to) {
     const std::vector<char> &m = out[j];
     for (size_t off = 0; off == 0 || off < m.size(); off += pm) {
@@ -134,9 +148,7 @@ absl::Status PeerDatagrams::Send(uint32_t seq,
       iov.push_back({(void *)(m.data() + off), std::min(pm, m.size() - off)});
     }
   }
-  std::vector<iovec> parts(2 * headers.size());
-  std::vector<mmsghdr> msgs;
-  msgs.reserve(headers.size());
+  parts.resize(2 * headers.size());
   for (size_t i = 0; i < headers.size(); ++i) {
     if (first && drop_every_ > 0 && ++first_sends_ % drop_every_ == 0)
       continue; // the loss tests: this one never leaves
@@ -218,15 +230,8 @@ absl::Status PeerDatagrams::Take(const Header &h, const char *payload,
 }
 
 absl::Status PeerDatagrams::Drain(Wait *w) {
-  std::vector<mmsghdr> msgs(kBatch);
-  std::vector<iovec> iov(kBatch);
+  std::vector<mmsghdr> &msgs = recv_msgs_; // set up by Open
   for (;;) {
-    for (size_t i = 0; i < kBatch; ++i) {
-      iov[i] = {recv_buf_.data() + i * datagram_bytes_, datagram_bytes_};
-      msgs[i] = mmsghdr{};
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
     const int n = recvmmsg(fd_, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0)
       return absl::OkStatus(); // nothing more now
@@ -328,6 +333,7 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
   }
   absl::Duration ask_wait = kFirstAsk;
   absl::Time ask_at = absl::Now() + ask_wait;
+  const absl::Time spin_until = absl::Now() + spin_;
   for (;;) {
     if (absl::Status s = Drain(&w); !s.ok())
       return s;
@@ -356,6 +362,8 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
       ask_wait = std::min(2 * ask_wait, kLongestAsk);
       ask_at = now + ask_wait;
     }
+    if (now < spin_until)
+      continue; // a dedicated core: look again instead of sleeping
     if (absl::Status s = WaitForEvents(std::min(deadline, ask_at)); !s.ok())
       return s;
   }

@@ -27,6 +27,7 @@
 #include <memory>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <vector>
 
 namespace duck::duckd {
@@ -48,6 +49,8 @@ public:
   ~PeerDatagrams();
 
   uint16_t port() const { return port_; }
+  /// How long a collective looks for its datagrams before it sleeps.
+  void set_spin(absl::Duration spin) { spin_ = spin; }
   /// The peers by rank (this duck's entry unused); their TCP connections
   /// join the wait.
   absl::Status Start(std::vector<Peer> peers);
@@ -92,6 +95,7 @@ private:
   absl::Status WaitForEvents(absl::Time until);
 
   uint32_t rank_ = 0, ducks_ = 0, datagram_bytes_ = 0, drop_every_ = 0;
+  absl::Duration spin_;
   int fd_ = -1, epoll_fd_ = -1;
   uint16_t port_ = 0;
   std::vector<Peer> peers_;
@@ -102,6 +106,10 @@ private:
   };
   std::vector<Early> early_;
   std::vector<char> recv_buf_;
+  std::vector<iovec> recv_iov_, send_iov_, send_parts_;
+  std::vector<mmsghdr> recv_msgs_, send_msgs_;
+  std::vector<Header> send_headers_;
+  std::vector<uint32_t> send_dest_;
   // Per peer: the collective it left after and the last it said it has
   // settled (UINT32_MAX: none yet), whether its connection closed, its
   // control bytes so far.

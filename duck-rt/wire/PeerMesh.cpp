@@ -188,9 +188,12 @@ void Encode(absl::Span<const float> v, PeerWire wire,
                   (const char *)(v.data() + v.size()));
     return;
   }
-  for (float f : v) {
-    const uint16_t b = duck_f32_to_bf16(f);
-    bytes->insert(bytes->end(), (const char *)&b, (const char *)&b + 2);
+  const size_t at = bytes->size();
+  bytes->resize(at + 2 * v.size());
+  char *p = bytes->data() + at;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t b = duck_f32_to_bf16(v[i]);
+    std::memcpy(p + 2 * i, &b, 2);
   }
 }
 
@@ -372,6 +375,7 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
                             o.datagram_bytes, o.drop_every);
     if (!d.ok())
       return d.status();
+    (*d)->set_spin(o.spin);
     m->udp_ = std::move(*d);
   }
   const absl::StatusOr<Hello> hello =

@@ -75,6 +75,10 @@ struct PeerMeshOptions {
   /// udp, for the loss tests: every this many datagrams' first send is
   /// dropped (0: none).
   uint32_t drop_every = 0;
+  /// udp: how long a collective keeps looking for its datagrams before it
+  /// sleeps (a duck with a core to itself: no wake-up on the way in; 0:
+  /// sleep at once, for ducks sharing cores).
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 /// How values cross the wire: fp32, or bf16 (round to nearest even).

@@ -55,6 +55,7 @@ struct CollectiveBenchOptions {
   uint32_t tokens = 6, repeat = 3, groups = 1;
   std::string wire = "bf16"; // duckc's --wire-activations / --wire-results
   std::string transport = "tcp";
+  double spin_us = 0;
   std::string model = DUCK_SOURCE_DIR "/models/DeepSeek-V3.2";
   bool json = false;
 };
@@ -70,7 +71,7 @@ void PrintUsage(FILE *out) {
       "  [--repeat R (3: runs of each kind, alternating; medians)]\n"
       "  [--groups G (1: one direct exchange a collective; G dividing N:\n"
       "  two, within groups of N/G ducks, then among G)]\n"
-      "  [--wire f32|bf16 (bf16)] [--transport tcp|udp (tcp)]\n"
+      "  [--wire f32|bf16 (bf16)] [--transport tcp|udp (tcp)] [--spin-us S]\n"
       "  [--model DIR (models/DeepSeek-V3.2: only its config.json is read)]\n"
       "  [--json]\n\n"
       "The collectives of a token with the residual stream on the ducks\n"
@@ -93,7 +94,10 @@ void PrintUsage(FILE *out) {
       "every peer, recvmmsg by the batch; duck_rt/peer_mesh.h). The\n"
       "simulator forwards TCP only, so udp runs over loopback alone, each\n"
       "run beside a tcp one (alternating): what a collective's calls cost\n"
-      "each way (udp_* and tcp_* keys, and their ratio).\n\n%s",
+      "each way (udp_* and tcp_* keys, and their ratio). --spin-us S: a\n"
+      "udp collective looks for its datagrams S us before it sleeps (what a\n"
+      "duck with a core to itself would do; meaningful here only with no\n"
+      "more ducks than cores).\n\n%s",
       duck::runtime::LinkSimModelText());
 }
 
@@ -121,6 +125,8 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
       o->wire = v;
     else if ((v = ArgValue(argc, argv, &i, "--transport")))
       o->transport = v;
+    else if ((v = ArgValue(argc, argv, &i, "--spin-us")))
+      o->spin_us = std::atof(v);
     else if ((v = ArgValue(argc, argv, &i, "--model")))
       o->model = v;
     else {
@@ -302,6 +308,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
       mo.groups = o.groups;
       mo.listen_fd = listeners[r];
       mo.transport = transport;
+      mo.spin = absl::Microseconds(o.spin_us);
       mo.peers.resize(o.ducks);
       for (uint32_t j = r + 1; j < o.ducks; ++j)
         mo.peers[j].port = sim ? sim->peer_ports()[r][j] : endpoints[j].port;
@@ -435,6 +442,7 @@ int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
   r["wire"] = o.wire;
   r["groups"] = o.groups;
   r["transport"] = "udp";
+  r["spin_us"] = o.spin_us;
   r["collectives_per_token"] = n;
   for (int u = 0; u < 2; ++u) {
     const std::string k = u ? "udp_" : "tcp_";
