@@ -48,6 +48,7 @@ struct PeerDatagrams::Wait {
   std::vector<size_t> have;
   size_t missing = 0;    // peers whose message is not all in
   bool settling = false; // Settle's: nothing of seq itself is wanted
+  std::vector<bool> asked; // by rank: asked on evidence of a loss
 };
 
 absl::StatusOr<std::unique_ptr<PeerDatagrams>>
@@ -199,9 +200,14 @@ absl::Status PeerDatagrams::Take(const Header &h, const char *payload,
     return absl::OkStatus();
   }
   if (w == nullptr || h.seq != w->seq || w->settling) {
-    if (w != nullptr && h.seq > w->seq && h.seq - w->seq <= kAhead)
+    if (w != nullptr && h.seq > w->seq && h.seq - w->seq <= kAhead) {
       early_.push_back(
           {h.seq, h.from, h.bytes, h.offset, {payload, payload + len}});
+      // A peer's datagrams leave in order: one of a later collective
+      // while this one's are not all in means they were lost.
+      if (!w->settling)
+        AskNowIfMissing(h.from, w);
+    }
     return absl::OkStatus(); // a stale duplicate, or nothing waited for
   }
   std::vector<bool> &got = w->got[h.from];
@@ -221,12 +227,22 @@ absl::Status PeerDatagrams::Take(const Header &h, const char *payload,
                                             h.from));
   if (got[k])
     return absl::OkStatus(); // a resent duplicate
+  if (k > 0 && !got[k - 1] && w->have[h.from] < k)
+    AskNowIfMissing(h.from, w); // an earlier chunk went missing
   got[k] = true;
   if (len > 0)
     std::memcpy(in.data() + h.offset, payload, len);
   if (++w->have[h.from] == got.size())
     --w->missing;
   return absl::OkStatus();
+}
+
+void PeerDatagrams::AskNowIfMissing(uint32_t from, Wait *w) {
+  if (from < w->got.size() && !w->got[from].empty() && !w->asked[from] &&
+      w->have[from] < w->got[from].size()) {
+    w->asked[from] = true; // once a collective; the timer asks again
+    Ask(from, w->seq);
+  }
 }
 
 absl::Status PeerDatagrams::Drain(Wait *w) {
@@ -311,6 +327,7 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
   w.in = &in;
   w.got.resize(ducks_);
   w.have.assign(ducks_, 0);
+  w.asked.assign(ducks_, false);
   const size_t pm = PayloadMax();
   for (uint32_t j : with) {
     w.got[j].assign(std::max<size_t>(1, (in[j].size() + pm - 1) / pm), false);

@@ -8,8 +8,10 @@
 // token from the pair's key: a stranger off the path cannot forge one),
 // the collective's sequence number, the message's length and the chunk's
 // offset. A lost datagram is asked for again: a duck missing a peer's
-// message after a wait (10 ms, doubling) sends that peer a resend request,
-// answered from the last collectives' messages it keeps. The pair's TCP
+// message after a wait (10 ms, doubling), or at once when a later datagram
+// of the same peer shows one went missing (a pair's datagrams leave in
+// order), sends that peer a resend request, answered from the last
+// collectives' messages it keeps. The pair's TCP
 // connection stays open beside the datagrams: a peer that closes it or
 // says it left (Finish) and still owes a message ends the collective with
 // an error naming it. A duck that returns from a collective may still owe
@@ -86,6 +88,9 @@ private:
                     const std::vector<uint32_t> &to, bool first);
   void Resend(uint32_t to, uint32_t seq);
   void Ask(uint32_t to, uint32_t seq);
+  /// Asks `from` for this collective's message at once (once) if it is
+  /// not all in: a later datagram of it came first.
+  void AskNowIfMissing(uint32_t from, Wait *w);
   /// Takes in what has arrived (without waiting); each datagram to Take.
   absl::Status Drain(Wait *w);
   absl::Status Take(const Header &h, const char *payload, size_t len, Wait *w);
