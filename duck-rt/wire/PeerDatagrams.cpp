@@ -46,8 +46,8 @@ struct PeerDatagrams::Wait {
   std::vector<std::vector<char>> *in = nullptr;
   std::vector<std::vector<bool>> got; // by rank; empty: not expected
   std::vector<size_t> have;
-  size_t missing = 0;    // peers whose message is not all in
-  bool settling = false; // Settle's: nothing of seq itself is wanted
+  size_t missing = 0;      // peers whose message is not all in
+  bool settling = false;   // Settle's: nothing of seq itself is wanted
   std::vector<bool> asked; // by rank: asked on evidence of a loss
 };
 
@@ -177,11 +177,9 @@ absl::Status PeerDatagrams::Send(uint32_t seq,
 }
 
 void PeerDatagrams::Resend(uint32_t to, uint32_t seq) {
-  for (const Sent &s : history_)
-    if (s.seq == seq && to < s.sent.size() && s.sent[to]) {
-      (void)Send(seq, s.to, {to}, /*first=*/false);
-      return;
-    }
+  const Sent &s = history_[seq % kKeep];
+  if (s.seq == seq && to < s.sent.size() && s.sent[to])
+    (void)Send(seq, s.to, {to}, /*first=*/false);
 }
 
 void PeerDatagrams::Ask(uint32_t to, uint32_t seq) {
@@ -314,12 +312,15 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
                                      std::vector<std::vector<char>> &in,
                                      const std::vector<uint32_t> &with,
                                      absl::Time deadline) {
-  Sent sent{seq, out, std::vector<bool>(ducks_, false)};
-  for (uint32_t j : with)
-    sent.sent[j] = true;
-  history_.push_back(std::move(sent));
-  if (history_.size() > kKeep)
-    history_.pop_front();
+  // Kept for resend requests in a ring whose buffers are reused.
+  Sent &kept = history_[seq % kKeep];
+  kept.seq = seq;
+  kept.to.resize(ducks_);
+  kept.sent.assign(ducks_, false);
+  for (uint32_t j : with) {
+    kept.sent[j] = true;
+    kept.to[j].assign(out[j].begin(), out[j].end());
+  }
   if (absl::Status s = Send(seq, out, with, /*first=*/true); !s.ok())
     return s;
   Wait w;

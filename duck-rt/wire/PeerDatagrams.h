@@ -25,7 +25,6 @@
 #include "absl/time/time.h"
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -104,8 +103,8 @@ private:
   int fd_ = -1, epoll_fd_ = -1;
   uint16_t port_ = 0;
   std::vector<Peer> peers_;
-  std::deque<Sent> history_; // the last collectives' messages
-  struct Early {             // a datagram of a collective still ahead
+  std::vector<Sent> history_ = std::vector<Sent>(16); // by seq % 16
+  struct Early { // a datagram of a collective still ahead
     uint32_t seq, from, bytes, offset;
     std::vector<char> payload;
   };

@@ -197,16 +197,25 @@ void Encode(absl::Span<const float> v, PeerWire wire,
   }
 }
 
-/// Element i of what Encode wrote.
-float Decode(const std::vector<char> &bytes, PeerWire wire, size_t i) {
+/// Adds (add) or writes the values Encode wrote into `out`, one loop a
+/// wire kind (an element's additions stay in the callers' order).
+void DecodeInto(const std::vector<char> &bytes, PeerWire wire, bool add,
+                float *out, size_t n) {
+  const char *p = bytes.data();
   if (wire == PeerWire::f32) {
-    float f;
-    std::memcpy(&f, bytes.data() + 4 * i, 4);
-    return f;
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      out[i] = add ? out[i] + f : f;
+    }
+    return;
   }
-  uint16_t b;
-  std::memcpy(&b, bytes.data() + 2 * i, 2);
-  return duck_bf16_to_f32(b);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, p + 2 * i, 2);
+    const float f = duck_bf16_to_f32(b);
+    out[i] = add ? out[i] + f : f;
+  }
 }
 
 size_t WireBytes(size_t n, PeerWire wire) {
@@ -530,9 +539,12 @@ absl::Status PeerMesh::ReduceScatterAmong(const std::vector<uint32_t> &ranks,
                                           PeerWire wire,
                                           std::vector<float> *out) {
   const size_t len = bounds[me + 1] - bounds[me];
-  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  std::vector<std::vector<char>> &msg_out = scratch_out_, &msg_in = scratch_in_;
+  msg_out.resize(ducks_);
+  msg_in.resize(ducks_);
   std::vector<uint32_t> with;
   for (size_t k = 0; k < ranks.size(); ++k) {
+    msg_out[ranks[k]].clear();
     Encode(in.subspan(bounds[k], bounds[k + 1] - bounds[k]), wire,
            &msg_out[ranks[k]]);
     if (k != me) {
@@ -542,14 +554,11 @@ absl::Status PeerMesh::ReduceScatterAmong(const std::vector<uint32_t> &ranks,
   }
   if (absl::Status s = Exchange(msg_out, msg_in, with); !s.ok())
     return s;
-  msg_in[rank_] = std::move(msg_out[rank_]); // the own part as the wire has it
+  msg_in[rank_].swap(msg_out[rank_]); // the own part as the wire has it
+  // Each value's sum in rank order, from 0 (rank by rank over the slice).
   out->assign(len, 0.0f);
-  for (size_t i = 0; i < len; ++i) {
-    float sum = 0;
-    for (uint32_t r : ranks)
-      sum += Decode(msg_in[r], wire, i);
-    (*out)[i] = sum;
-  }
+  for (uint32_t r : ranks)
+    DecodeInto(msg_in[r], wire, /*add=*/true, out->data(), len);
   return absl::OkStatus();
 }
 
@@ -557,22 +566,24 @@ absl::Status PeerMesh::AllGatherAmong(const std::vector<uint32_t> &ranks,
                                       size_t me, absl::Span<const float> mine,
                                       const std::vector<size_t> &bounds,
                                       PeerWire wire, absl::Span<float> all) {
-  std::vector<std::vector<char>> msg_out(ducks_), msg_in(ducks_);
+  std::vector<std::vector<char>> &msg_out = scratch_out_, &msg_in = scratch_in_;
+  msg_out.resize(ducks_);
+  msg_in.resize(ducks_);
   std::vector<uint32_t> with;
   std::vector<char> encoded;
   Encode(mine, wire, &encoded);
   for (size_t k = 0; k < ranks.size(); ++k)
     if (k != me) {
-      msg_out[ranks[k]] = encoded;
+      msg_out[ranks[k]].assign(encoded.begin(), encoded.end());
       with.push_back(ranks[k]);
       msg_in[ranks[k]].resize(WireBytes(bounds[k + 1] - bounds[k], wire));
     }
   if (absl::Status s = Exchange(msg_out, msg_in, with); !s.ok())
     return s;
-  msg_in[rank_] = std::move(encoded);
+  msg_in[rank_].swap(encoded);
   for (size_t k = 0; k < ranks.size(); ++k)
-    for (size_t i = 0; i < bounds[k + 1] - bounds[k]; ++i)
-      all[bounds[k] + i] = Decode(msg_in[ranks[k]], wire, i);
+    DecodeInto(msg_in[ranks[k]], wire, /*add=*/false, all.data() + bounds[k],
+               bounds[k + 1] - bounds[k]);
   return absl::OkStatus();
 }
 
@@ -637,12 +648,9 @@ absl::Status PeerMesh::AllReduce(absl::Span<const float> in, PeerWire wire,
   if (absl::Status s = Exchange(msg_out, msg_in); !s.ok())
     return s;
   msg_in[rank_] = std::move(encoded);
-  for (size_t i = 0; i < in.size(); ++i) {
-    float sum = 0;
-    for (uint32_t j = 0; j < ducks_; ++j)
-      sum += Decode(msg_in[j], wire, i);
-    out[i] = sum;
-  }
+  std::fill(out.begin(), out.end(), 0.0f); // sums in rank order, from 0
+  for (uint32_t j = 0; j < ducks_; ++j)
+    DecodeInto(msg_in[j], wire, /*add=*/true, out.data(), in.size());
   return absl::OkStatus();
 }
 

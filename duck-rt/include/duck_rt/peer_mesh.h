@@ -163,6 +163,9 @@ private:
   absl::Duration timeout_;
   std::vector<int> fds_; // by rank; -1 for this duck
   std::unique_ptr<PeerDatagrams> udp_; // transport udp
+  // A collective's messages out and in by rank (reused: no allocation a
+  // collective once warm).
+  std::vector<std::vector<char>> scratch_out_, scratch_in_;
   uint64_t sent_ = 0, received_ = 0;
 };
 
