@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <optional>
@@ -683,6 +684,9 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_CLOSE: OnClose(h); break;
     case DUCKD_MSG_MEASURE: OnMeasure(h); break;
     case DUCKD_MSG_STATS: OnStats(h); break;
+    case DUCKD_MSG_MESH_PROBE:
+      OnMeshProbe(h);
+      break;
     case DUCKD_MSG_MESH:
       OnMesh(h);
       break;
@@ -1320,6 +1324,86 @@ Server::JoinMesh(const duckd_mesh_request &r, const duckd_mesh_peer *peers) {
   rep.groups = o.groups;
   rep.bytes_sent = (*m)->bytes_sent();
   mesh_ = std::move(*m);
+  return rep;
+}
+
+void Server::OnMeshProbe(const duckd_frame_header &h) {
+  if (!ReadPayload(h))
+    return;
+  duckd_mesh_probe_request r{};
+  if (buf_.size() != sizeof r) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               absl::StrCat("mesh_probe: a request of ", sizeof r,
+                            " bytes, got ", buf_.size()));
+    return;
+  }
+  std::memcpy(&r, buf_.data(), sizeof r);
+  if (r.rounds == 0 || r.rounds > 100000 || r.values == 0 ||
+      r.values > (1u << 20) || r.wire > 1) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "mesh_probe: 1 to 100000 rounds of 1 to 1048576 values, "
+               "wire 0 (fp32) or 1 (bf16)");
+    return;
+  }
+  if (!mesh_) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "mesh_probe: this duckd holds no mesh (send mesh first)");
+    return;
+  }
+  absl::StatusOr<duckd_mesh_probe_reply> rep = ProbeMesh(r);
+  if (!rep.ok()) {
+    Log(absl::StrCat("mesh_probe: ", rep.status().message()));
+    const bool bad = absl::IsInvalidArgument(rep.status());
+    ReplyError(h.type, h.request_id,
+               bad ? DUCKD_ERR_BAD_REQUEST : DUCKD_ERR_INTERNAL,
+               absl::StrCat("mesh_probe: ", rep.status().message()));
+    if (!bad)
+      mesh_.reset(); // a collective failed midway: the mesh is gone
+    return;
+  }
+  Reply(h.type, h.request_id, {{&*rep, sizeof *rep}});
+}
+
+namespace {
+uint64_t ThreadCpuNs() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return uint64_t(t.tv_sec) * 1000000000u + uint64_t(t.tv_nsec);
+}
+} // namespace
+
+// Runs the probe's collectives on the held mesh in the requested groups
+// (the mesh's own again afterwards) and times them.
+absl::StatusOr<duckd_mesh_probe_reply>
+Server::ProbeMesh(const duckd_mesh_probe_request &r) {
+  const uint32_t own = mesh_->groups();
+  if (absl::Status s = mesh_->SetGroups(r.groups ? r.groups : own); !s.ok())
+    return s;
+  const uint32_t n = mesh_->ducks(), slice = mesh_->OwnedSlice();
+  const size_t lo = PeerSliceBegin(r.values, n, slice);
+  const size_t len = PeerSliceBegin(r.values, n, slice + 1) - lo;
+  std::vector<float> full(r.values, 0.5f), part(len), gathered(r.values);
+  const PeerWire wire = r.wire ? PeerWire::bf16 : PeerWire::f32;
+  duckd_mesh_probe_reply rep{};
+  rep.groups = mesh_->groups();
+  const uint64_t sent = mesh_->bytes_sent(), cpu0 = ThreadCpuNs();
+  const absl::Time t0 = absl::Now();
+  absl::Status s;
+  for (uint32_t i = 0; i < r.rounds && s.ok(); ++i) {
+    s = mesh_->ReduceScatter(full, wire, absl::MakeSpan(part));
+    if (s.ok())
+      s = mesh_->AllGather(part, wire, absl::MakeSpan(gathered));
+  }
+  if (s.ok())
+    s = mesh_->Settle();
+  rep.wall_ns = uint64_t(absl::ToInt64Nanoseconds(absl::Now() - t0));
+  rep.cpu_ns = ThreadCpuNs() - cpu0;
+  rep.collectives = 2 * r.rounds;
+  rep.bytes_sent = mesh_->bytes_sent() - sent;
+  if (absl::Status g = mesh_->SetGroups(own); s.ok())
+    s = g;
+  if (!s.ok())
+    return absl::UnavailableError(s.message());
   return rep;
 }
 

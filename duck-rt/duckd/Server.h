@@ -144,6 +144,9 @@ private:
   /// Hashes one chunk and logs what it found.
   void ScrubChunk(absl::Time now);
   void OnMesh(const duckd_frame_header &h);
+  void OnMeshProbe(const duckd_frame_header &h);
+  absl::StatusOr<duckd_mesh_probe_reply>
+  ProbeMesh(const duckd_mesh_probe_request &r);
   absl::StatusOr<duckd_mesh_reply> JoinMesh(const duckd_mesh_request &r,
                                             const duckd_mesh_peer *peers);
   void StepAndReply(Worker *w, const duckd_frame_header &h, uint64_t ib_bytes,

@@ -437,6 +437,14 @@ PeerMesh::~PeerMesh() {
       close(fd);
 }
 
+absl::Status PeerMesh::SetGroups(uint32_t groups) {
+  if (groups == 0 || ducks_ % groups != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: ", groups, " groups do not divide ", ducks_, " ducks"));
+  groups_ = groups < ducks_ ? groups : 1; // N groups: direct
+  return absl::OkStatus();
+}
+
 absl::Status PeerMesh::Settle() {
   return udp_ ? udp_->Settle(seq_, absl::Now() + timeout_) : absl::OkStatus();
 }

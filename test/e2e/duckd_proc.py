@@ -7,16 +7,22 @@ import sys
 
 
 def start_duckd(duckd, work, name, *extra):
-    """Returns (the process, {"host", "port"}); exits naming `name` if the
-    daemon does not come up."""
+    """Returns (the process, {"host", "port"} and, started with
+    --mesh-port, "mesh_port"); exits naming `name` if the daemon does not
+    come up."""
     log = open(os.path.join(work, f"{name}.log"), "w")
     p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
                           "--cache_dir", os.path.join(work, name),
                           "--weights_size", "64M", *extra],
                          stdout=subprocess.PIPE, stderr=log, text=True)
+    ep = {}
     line = p.stdout.readline()
+    mesh = re.search(r"mesh on ([0-9.]+):([0-9]+)", line)
+    if mesh:  # --mesh-port: its line comes first
+        ep["mesh_port"] = int(mesh.group(2))
+        line = p.stdout.readline()
     m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
     if not m:
         sys.exit(f"{os.path.basename(sys.argv[0])}: duckd {name} did not "
                  f"start: {line!r}")
-    return p, {"host": m.group(1), "port": int(m.group(2))}
+    return p, {"host": m.group(1), "port": int(m.group(2)), **ep}

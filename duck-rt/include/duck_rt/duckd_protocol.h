@@ -49,7 +49,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_MEASURE = 10, // the duck's own rates, for the cost model
   DUCKD_MSG_STATS = 11,   // the duck's counters (the weight scrub's)
   DUCKD_MSG_MESH = 12,    // join the ducks' mesh (duck_rt/peer_mesh.h)
-  DUCKD_MSG_COUNT = 13,
+  DUCKD_MSG_MESH_PROBE = 13, // time collectives over the joined mesh
+  DUCKD_MSG_COUNT = 14,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -305,6 +306,30 @@ typedef struct duckd_mesh_reply {
   uint64_t bytes_sent; // by this duck in the check
 } duckd_mesh_reply;
 
+/* mesh_probe: time collectives over the joined mesh. ------------------- */
+
+/// Added within protocol 3 with `mesh`, sent only when asked, to every duck
+/// of the mesh at once: each runs `rounds` pairs of a reduce-scatter and an
+/// all-gather of `values` values on the mesh the last `mesh` request
+/// joined, in `groups` (1: one direct exchange; a divisor of the duck
+/// count; the mesh's own groups again afterwards), then settles, and
+/// answers the time it took: what a collective's calls cost on this duck
+/// (duck-measure-cluster --mesh). A duckd with no mesh refuses by name.
+typedef struct duckd_mesh_probe_request {
+  uint32_t rounds; // 1 to 100000
+  uint32_t values; // a collective's vector, 1 to 1 << 20
+  uint32_t groups; // 0: the mesh's own
+  uint32_t wire;   // 0: fp32, 1: bf16
+} duckd_mesh_probe_request;
+
+typedef struct duckd_mesh_probe_reply {
+  uint32_t collectives; // 2 x rounds
+  uint32_t groups;
+  uint64_t wall_ns; // this duck's, for all of them and the settle
+  uint64_t cpu_ns;  // the serving thread's (user and system)
+  uint64_t bytes_sent;
+} duckd_mesh_probe_reply;
+
 #ifdef __cplusplus
 } // extern "C"
 
@@ -312,6 +337,10 @@ static_assert(sizeof(duckd_stats_reply) == 96, "duckd_stats_reply is wire");
 static_assert(sizeof(duckd_mesh_peer) == 72, "duckd_mesh_peer is wire");
 static_assert(sizeof(duckd_mesh_request) == 32, "duckd_mesh_request is wire");
 static_assert(sizeof(duckd_mesh_reply) == 16, "duckd_mesh_reply is wire");
+static_assert(sizeof(duckd_mesh_probe_request) == 16,
+              "duckd_mesh_probe_request is wire");
+static_assert(sizeof(duckd_mesh_probe_reply) == 32,
+              "duckd_mesh_probe_reply is wire");
 static_assert(sizeof(duckd_frame_header) == 32, "duckd_frame_header is wire");
 static_assert(sizeof(duckd_error) == 8, "duckd_error is wire");
 static_assert(sizeof(duckd_hello_request) == 32, "duckd_hello_request is wire");

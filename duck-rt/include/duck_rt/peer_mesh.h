@@ -19,13 +19,14 @@
 // g M + m then holds slice m G + g (OwnedSlice), sums are taken within
 // the group in member order and then in group order.
 //
-// Today `duck-bench collective` measures the mesh over the link simulator,
-// and duckd joins one when the host sends `mesh` (docs/protocol.md); no
-// step uses it yet. The session field is a check that
-// both ends belong to the same run; with a token (the cluster's shared
-// secret) each pair also proves it holds it in the hello (HMAC-SHA256 over
-// both sides' fresh nonces, duckd's own hello scheme), so a stranger
-// cannot join; the collectives' messages themselves are not sealed.
+// The messages travel over the pair's TCP connection or as UDP datagrams
+// (PeerTransport). Today `duck-bench collective` measures the mesh over the
+// link simulator and loopback, duckd joins one when the host sends `mesh`
+// and times it on `mesh_probe` (docs/protocol.md); no step uses it yet. The
+// session field is a check that both ends belong to the same run; with a token
+// (the cluster's shared secret) each pair also proves it holds it in the hello
+// (HMAC-SHA256 over both sides' fresh nonces, duckd's own hello scheme), so a
+// stranger cannot join; the collectives' messages themselves are not sealed.
 #ifndef DUCK_RT_PEER_MESH_H
 #define DUCK_RT_PEER_MESH_H
 
@@ -97,6 +98,10 @@ public:
   ~PeerMesh();
 
   uint32_t rank() const { return rank_; }
+  uint32_t groups() const { return groups_; }
+  /// The groups of the collectives from now on (every duck must set the
+  /// same before its next collective): a divisor of the duck count.
+  absl::Status SetGroups(uint32_t groups);
   uint32_t ducks() const { return ducks_; }
   /// The slice of a reduce-scatter's result (and of an all-gather's input)
   /// this duck holds: its rank, or m G + g with groups.

@@ -903,6 +903,34 @@ DuckClient::JoinMesh(absl::Span<const DuckEndpoint> mesh,
   return out;
 }
 
+absl::StatusOr<std::vector<duckd_mesh_probe_reply>>
+DuckClient::ProbeMesh(const duckd_mesh_probe_request &request) {
+  Impl &m = *impl_;
+  std::vector<size_t> all;
+  for (size_t d = 0; d < m.conns.size(); ++d) {
+    if (absl::Status s = m.Usable(d); !s.ok())
+      return s;
+    std::vector<uint8_t> owned(sizeof request);
+    std::memcpy(owned.data(), &request, sizeof request);
+    Part p{owned.data(), owned.size()};
+    m.Queue(d, DUCKD_MSG_MESH_PROBE, std::move(owned), {p});
+    all.push_back(d);
+  }
+  std::vector<duckd_mesh_probe_reply> out(all.size());
+  absl::Status s =
+      m.Pump(all, m.opt.call_timeout, "mesh_probe",
+             [&](size_t d, const duckd_frame_header &,
+                 absl::Span<const uint8_t> pl) -> absl::Status {
+               if (pl.size() < sizeof(duckd_mesh_probe_reply))
+                 return absl::InternalError("mesh_probe reply too short");
+               std::memcpy(&out[d], pl.data(), sizeof out[d]);
+               return absl::OkStatus();
+             });
+  if (!s.ok())
+    return s;
+  return out;
+}
+
 namespace {
 
 /// A weight image file as the compiler writes it, opened for streaming.

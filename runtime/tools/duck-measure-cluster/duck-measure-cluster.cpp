@@ -55,6 +55,11 @@ ABSL_FLAG(double, same_within, 0.10,
           "Ducks whose general128 rates lie within this fraction of their "
           "mean get the mean (measurement noise must not split equal ducks "
           "unequally); 0 keeps every duck's own");
+ABSL_FLAG(std::string, mesh, "",
+          "tcp or udp: also time the ducks' collectives over their mesh "
+          "(every duckd started with --mesh-port, its port the duck's "
+          "\"mesh_port\" in the file) and write mesh_call_us and "
+          "mesh_message_us");
 ABSL_FLAG(bool, host, false,
           "Also measure this machine's read bandwidth, all its cores, as the "
           "host's (host_read_gbs: the cost of an LM head on the host, so the "
@@ -65,11 +70,12 @@ namespace {
 namespace rt = duck::runtime;
 using nlohmann::json;
 
-constexpr const char *kUsage = R"(measure a cluster's ducks for the compiler's cost model.
+constexpr const char *kUsage =
+    R"(measure a cluster's ducks for the compiler's cost model.
 
   duck-measure-cluster <cluster.json> [-o FILE] [--cores N] [--millis MS]
                        [--arena-mib MIB] [--all-at-once] [--same-within F]
-                       [--busy-us US] [--host]
+                       [--busy-us US] [--host] [--mesh tcp|udp]
   (also run as 'duckc measure-cluster ...', with the same arguments)
 
 Asks every duck of the cluster file (its duckd must be running; the file's
@@ -94,6 +100,19 @@ and its rate on attention over a cache as "host_gmac_s": with
 "context_tokens" (yours to set) in the file, compile adds a token's
 attention over that much context to the host's time. The file keeps its
 other keys; it is written to a temporary file and renamed.
+
+--mesh tcp|udp (every duck's duckd started with --mesh-port, that port the
+duck's "mesh_port" in the file) then joins the ducks into their mesh over
+that transport and has every duck run, all at once, 400 rounds of a
+reduce-scatter and an all-gather of 7168 bf16 values (DeepSeek-V3's hidden
+size): in one exchange (N-1 messages a duck a collective) and, where N has
+a divisor G between 1 and N, in G groups (two calls, N/G-1+G-1 messages).
+The mean CPU time a duck's server took a collective at the two message
+counts gives what a call and a message cost: "mesh_call_us" and
+"mesh_message_us", the inputs of 'duckc compile --residual ducks' (with N
+prime or below 4, the whole of one exchange is the call). Each duck
+measures on its own cores: ducks sharing a machine's cores measure their
+contention too.
 
 Exit status is 0 on success and 1 on any error, reported on stderr as
 '<tool>: error: <message>'.)";
@@ -374,11 +393,109 @@ absl::Status WriteAtomically(const json &root, const std::string &out) {
   return absl::OkStatus();
 }
 
+/// The divisor of n between 1 and n closest to its square root (0: none).
+uint32_t GroupsFor(uint32_t n) {
+  uint32_t best = 0;
+  for (uint32_t g = 2; g < n; ++g)
+    if (n % g == 0 && (best == 0 || std::abs(double(g) - std::sqrt(n)) <
+                                        std::abs(double(best) - std::sqrt(n))))
+      best = g;
+  return best;
+}
+
+/// One probe: the mean over ducks of a collective's CPU and wall time, us.
+absl::StatusOr<std::pair<double, double>> Probe(rt::DuckClient &client,
+                                                uint32_t groups) {
+  duckd_mesh_probe_request r{};
+  r.rounds = 400;
+  r.values = 7168;
+  r.groups = groups;
+  r.wire = 1;
+  auto rep = client.ProbeMesh(r);
+  if (!rep.ok())
+    return rep.status();
+  double cpu = 0, wall = 0;
+  for (const duckd_mesh_probe_reply &d : *rep) {
+    cpu += 1e-3 * double(d.cpu_ns) / double(d.collectives);
+    wall += 1e-3 * double(d.wall_ns) / double(d.collectives);
+  }
+  return std::make_pair(cpu / double(rep->size()), wall / double(rep->size()));
+}
+
+/// --mesh's transport and every duck's mesh listener, checked before
+/// anything is measured.
+absl::StatusOr<std::vector<rt::DuckEndpoint>> MeshEndpoints(const Cluster &c) {
+  const std::string t = absl::GetFlag(FLAGS_mesh);
+  if (t != "tcp" && t != "udp")
+    return absl::InvalidArgumentError("--mesh must be tcp or udp");
+  const size_t n = c.file.ducks.size();
+  if (n < 2)
+    return absl::InvalidArgumentError("--mesh needs at least 2 ducks");
+  std::vector<rt::DuckEndpoint> mesh(n);
+  for (size_t i = 0; i < n; ++i) {
+    const json &d = c.doc["ducks"][i];
+    if (!d.contains("mesh_port") || !d["mesh_port"].is_number_unsigned() ||
+        d["mesh_port"].get<uint64_t>() == 0 ||
+        d["mesh_port"].get<uint64_t>() > 65535)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ducks[", i,
+                       "] needs \"mesh_port\" (its duckd's --mesh-port) "
+                       "for --mesh"));
+    mesh[i] = {c.file.ducks[i].host, uint16_t(d["mesh_port"].get<uint64_t>())};
+  }
+  return mesh;
+}
+
+/// --mesh: the ducks join their mesh and time collectives in one exchange
+/// and in groups; a line through the two message counts gives a call's
+/// and a message's cost.
+absl::Status MeasureMesh(const std::vector<rt::DuckEndpoint> &mesh,
+                         rt::DuckClient &client, json &root) {
+  const std::string t = absl::GetFlag(FLAGS_mesh);
+  const uint32_t n = uint32_t(mesh.size());
+  auto joined = client.JoinMesh(mesh, std::vector<float>(n, 1.0f),
+                                uint64_t(absl::ToUnixNanos(absl::Now())), 1,
+                                t == "udp" ? DUCKD_MESH_UDP : DUCKD_MESH_TCP);
+  if (!joined.ok())
+    return joined.status();
+  auto one = Probe(client, 1);
+  if (!one.ok())
+    return one.status();
+  const uint32_t g = GroupsFor(n);
+  double call = one->first, message = 0;
+  std::printf("mesh (%s, %u ducks): a collective of 7168 bf16 values in one "
+              "exchange %.1f us of a duck's CPU (%.1f wall)",
+              t.c_str(), n, one->first, one->second);
+  if (g > 0) {
+    auto two = Probe(client, g);
+    if (!two.ok())
+      return two.status();
+    // c1 = C + (n-1) M; c2 = 2 C + (n/g - 1 + g - 1) M.
+    const double k = double(n / g - 1 + g - 1);
+    message =
+        std::max(0.0, (2 * one->first - two->first) / (2.0 * (n - 1) - k));
+    call = std::max(0.0, one->first - double(n - 1) * message);
+    std::printf(", in %u groups %.1f (%.1f wall)", g, two->first, two->second);
+  }
+  std::printf(": mesh_call_us %.1f, mesh_message_us %.2f\n", call, message);
+  root["mesh_call_us"] = call;
+  root["mesh_message_us"] = message;
+  root["mesh_transport"] = t;
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string &path, const Names &names) {
   auto cluster = ReadCluster(path);
   if (!cluster.ok())
     return cluster.status();
   json &root = cluster->doc;
+  std::vector<rt::DuckEndpoint> mesh;
+  if (!absl::GetFlag(FLAGS_mesh).empty()) {
+    auto eps = MeshEndpoints(*cluster);
+    if (!eps.ok())
+      return eps.status();
+    mesh = std::move(*eps);
+  }
   auto measured = MeasureDucks(*cluster, names);
   if (!measured.ok())
     return measured.status();
@@ -401,6 +518,9 @@ absl::Status Run(const std::string &path, const Names &names) {
   root["step_overhead_us"] = s.maxRtt;
   if (absl::GetFlag(FLAGS_host))
     MeasureHost(root);
+  if (!absl::GetFlag(FLAGS_mesh).empty())
+    if (absl::Status st = MeasureMesh(mesh, *m.client, root); !st.ok())
+      return st;
   RecordSummary(m, s, names, root);
 
   const std::string flagOut = absl::GetFlag(FLAGS_o);

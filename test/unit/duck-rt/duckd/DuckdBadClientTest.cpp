@@ -455,6 +455,21 @@ TEST_F(DuckdBadClient, MalformedMeshRequests) {
     const std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
     EXPECT_NE(m.find("one peer for each of its ducks"), std::string::npos) << m;
   }
+  { // a probe without a mesh, and one of the wrong size
+    Raw r(ep_);
+    r.HelloOk();
+    duckd_mesh_probe_request probe{1, 16, 1, 0};
+    r.SendFrame(DUCKD_MSG_MESH_PROBE, {{&probe, sizeof probe}});
+    std::string m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("holds no mesh"), std::string::npos) << m;
+    r.SendFrame(DUCKD_MSG_MESH_PROBE, {{&probe, sizeof probe - 4}});
+    m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("a request of 16 bytes"), std::string::npos) << m;
+    probe.rounds = 0;
+    r.SendFrame(DUCKD_MSG_MESH_PROBE, {{&probe, sizeof probe}});
+    m = r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+    EXPECT_NE(m.find("1 to 100000 rounds"), std::string::npos) << m;
+  }
   { // a well-formed request of an unknown transport
     Raw r(ep_);
     r.HelloOk();

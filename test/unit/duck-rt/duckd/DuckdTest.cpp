@@ -996,6 +996,22 @@ TEST(DuckdMesh, ThreeDucksJoinAndSumOverTheirOwnLinks) {
         EXPECT_EQ(r.check_sum, 6.0f);
         EXPECT_GT(r.bytes_sent, 0u);
       }
+      // The joined mesh times collectives (mesh_probe) in any groups that
+      // divide the ducks; 2 groups of 3 ducks are refused by name.
+      for (uint32_t g : {1u, 3u}) {
+        auto probe = (*client)->ProbeMesh({5, 1000, g, 1});
+        ASSERT_TRUE(probe.ok()) << probe.status();
+        for (const duckd_mesh_probe_reply &p : *probe) {
+          EXPECT_EQ(p.collectives, 10u);
+          EXPECT_GT(p.wall_ns, 0u);
+          EXPECT_GT(p.bytes_sent, 0u);
+        }
+      }
+      auto bad = (*client)->ProbeMesh({5, 1000, 2, 1});
+      ASSERT_FALSE(bad.ok());
+      EXPECT_NE(std::string(bad.status().message()).find("do not divide"),
+                std::string::npos)
+          << bad.status();
     }
   // The client still steps after the mesh requests (the ducks serve on).
   auto stats = (*client)->Stats();

@@ -206,6 +206,10 @@ public:
   JoinMesh(absl::Span<const DuckEndpoint> mesh, absl::Span<const float> checks,
            uint64_t session, uint32_t groups = 1,
            uint32_t transport = DUCKD_MESH_TCP);
+  /// Every duck of the joined mesh runs the probe's collectives at once
+  /// (`mesh_probe`) and answers its time for them.
+  absl::StatusOr<std::vector<duckd_mesh_probe_reply>>
+  ProbeMesh(const duckd_mesh_probe_request &request);
 
 private:
   struct Impl;
