@@ -26,3 +26,21 @@ def start_duckd(duckd, work, name, *extra):
         sys.exit(f"{os.path.basename(sys.argv[0])}: duckd {name} did not "
                  f"start: {line!r}")
     return p, {"host": m.group(1), "port": int(m.group(2)), **ep}
+
+
+def run_tool(cmd, who, check=True):
+    """Runs cmd, its output captured; with `check` a failure exits naming
+    `who`, the command and its output."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        sys.exit(f"{who}: {' '.join(cmd)} failed ({r.returncode}):\n"
+                 f"{r.stdout}{r.stderr}")
+    return r
+
+
+def stop_all(procs):
+    """Terminates the daemons and waits for each."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait()

@@ -8,18 +8,13 @@ and duckc compile --residual ducks --dry-run takes them.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from duckd_proc import start_duckd
+from duckd_proc import run_tool, start_duckd, stop_all
 
 
 def run(cmd, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        sys.exit(f"measure-cluster-mesh: {' '.join(cmd)} failed "
-                 f"({r.returncode}):\n{r.stdout}{r.stderr}")
-    return r
+    return run_tool(cmd, "measure-cluster-mesh", check)
 
 
 def measure(args, cluster, transport):
@@ -80,10 +75,7 @@ def main():
                 check=False)
         print("bad transport:", r.stderr.strip().splitlines()[-1])
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
+        stop_all(procs)
 
 
 if __name__ == "__main__":

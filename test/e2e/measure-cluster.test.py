@@ -14,17 +14,13 @@ import re
 import subprocess
 import sys
 
-from duckd_proc import start_duckd
+from duckd_proc import run_tool, start_duckd, stop_all
 
 TOKEN = "measure-cluster-test-token"
 
 
 def run(cmd, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        sys.exit(f"measure-cluster: {' '.join(cmd)} failed ({r.returncode}):\n"
-                 f"{r.stdout}{r.stderr}")
-    return r
+    return run_tool(cmd, "measure-cluster", check)
 
 
 def main():
@@ -103,10 +99,7 @@ def main():
         print("unreachable:", r.stderr.strip().splitlines()[-1],
               f"(exit {r.returncode})")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
+        stop_all(procs)
 
 
 if __name__ == "__main__":
