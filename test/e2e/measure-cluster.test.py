@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 
 from duckd_proc import run_tool, start_duckd, stop_all
