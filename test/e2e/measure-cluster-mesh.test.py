@@ -8,6 +8,8 @@ and duckc compile --residual ducks --dry-run takes them.
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 
 from duckd_proc import run_tool, start_duckd, stop_all
@@ -36,9 +38,38 @@ def measure(args, cluster, transport):
     return c
 
 
+def local_cluster(args):
+    """duck-cluster --mesh --cluster_file: two ducks with mesh listeners,
+    written as a cluster file that measure-cluster --mesh takes as is."""
+    f = os.path.join(args.work, "local.json")
+    p = subprocess.Popen([args.duck_cluster, "--ducks", "2", "--mesh",
+                          "--pin=false", "--cluster_file", f],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if line.startswith("duck 0:"):
+                print("duck-cluster:", line[line.find("("):].strip())
+            if line.startswith("ready"):
+                break
+        c = json.load(open(f))
+        ok = all(d.get("mesh_port", 0) > 0 and d.get("cores") == 1
+                 for d in c["ducks"])
+        print(f"duck-cluster file: {len(c['ducks'])} ducks, "
+              f"mesh ports {'written' if ok else 'MISSING'}")
+        for d in c["ducks"]:
+            d["memory_gib"] = 1
+        json.dump(c, open(f, "w"))
+        r = run([args.duckc, "measure-cluster", f, "--millis", "20",
+                 "--arena-mib", "16", "--mesh", "udp"])
+        print(next(l for l in r.stdout.splitlines() if l.startswith("mesh (")))
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait()
+
+
 def main():
     a = argparse.ArgumentParser()
-    for f in ("duckd", "duckc", "model", "work"):
+    for f in ("duckd", "duckc", "duck_cluster", "model", "work"):
         a.add_argument("--" + f, required=True)
     args = a.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -74,6 +105,7 @@ def main():
         r = run([args.duckc, "measure-cluster", cluster, "--mesh", "ib"],
                 check=False)
         print("bad transport:", r.stderr.strip().splitlines()[-1])
+        local_cluster(args)
     finally:
         stop_all(procs)
 

@@ -1,5 +1,6 @@
 // duck-cluster: starts N duckd daemons on 127.0.0.1 (LocalCluster), prints
-// their endpoints and keeps them until SIGINT/SIGTERM, then stops them.
+// their endpoints (and writes them as a cluster file with --cluster_file)
+// and keeps them until SIGINT/SIGTERM, then stops them.
 #include "duck/runtime/cluster/LocalCluster.h"
 #include "duck_rt/tool_flags.h"
 
@@ -7,8 +8,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 
+#include <nlohmann/json.hpp>
+
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,40 @@ ABSL_FLAG(std::string, cache_dir, "",
 ABSL_FLAG(int64_t, weights_size, 64 << 20, "weight buffer bytes per duck");
 ABSL_FLAG(bool, pin, true, "pin each duck's cores to its own CPUs");
 ABSL_FLAG(std::string, log_dir, "", "write each duckd's log here");
+ABSL_FLAG(bool, mesh, false,
+          "start every duckd with a mesh listener (--mesh-port 0), for "
+          "the ducks' collectives (duckc measure-cluster --mesh)");
+ABSL_FLAG(std::string, cluster_file, "",
+          "write the ducks as a cluster file here (host, port, cores and, "
+          "with --mesh, mesh_port), for duckrun --cluster and duckc "
+          "measure-cluster");
+
+namespace {
+/// The ducks as a cluster file; false (said) if it cannot be written.
+bool WriteClusterFile(const duck::runtime::LocalCluster &c, uint32_t cores,
+                      const std::string &path) {
+  nlohmann::json f;
+  f["ducks"] = nlohmann::json::array();
+  for (size_t i = 0; i < c.endpoints().size(); ++i) {
+    nlohmann::json d = {{"host", c.endpoints()[i].host},
+                        {"port", c.endpoints()[i].port},
+                        {"cores", cores}};
+    if (c.mesh_endpoints()[i].port != 0)
+      d["mesh_port"] = c.mesh_endpoints()[i].port;
+    f["ducks"].push_back(d);
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  out << f.dump(1) << "\n";
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "duck-cluster: cannot write '%s'\n", path.c_str());
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+} // namespace
 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
@@ -40,15 +79,30 @@ int main(int argc, char **argv) {
   o.weights_size = uint64_t(absl::GetFlag(FLAGS_weights_size));
   o.pin = absl::GetFlag(FLAGS_pin);
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
+  if (absl::GetFlag(FLAGS_mesh))
+    o.extra_args.push_back("--mesh-port=0");
   auto cluster = duck::runtime::LocalCluster::Start(o);
   if (!cluster.ok()) {
     std::fprintf(stderr, "duck-cluster: %s\n",
                  std::string(cluster.status().message()).c_str());
     return 1;
   }
-  for (size_t i = 0; i < (*cluster)->endpoints().size(); ++i)
-    std::printf("duck %zu: %s\n", i,
+  for (size_t i = 0; i < (*cluster)->endpoints().size(); ++i) {
+    const uint16_t mesh = (*cluster)->mesh_endpoints()[i].port;
+    std::printf("duck %zu: %s", i,
                 (*cluster)->endpoints()[i].ToString().c_str());
+    if (mesh != 0)
+      std::printf(" (mesh port %u)", unsigned(mesh));
+    std::printf("\n");
+  }
+  const std::string file = absl::GetFlag(FLAGS_cluster_file);
+  if (!file.empty()) {
+    if (!WriteClusterFile(**cluster, o.cores, file)) {
+      (void)(*cluster)->Stop();
+      return 1;
+    }
+    std::printf("cluster file: %s\n", file.c_str());
+  }
   std::printf("ready (Ctrl-C stops the ducks)\n");
   std::fflush(stdout);
   int sig = 0;
