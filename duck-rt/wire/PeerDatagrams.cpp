@@ -125,6 +125,12 @@ size_t PeerDatagrams::PayloadMax() const {
   return datagram_bytes_ - sizeof(Header);
 }
 
+size_t PeerDatagrams::WireBytes(size_t payload) const {
+  const size_t pm = PayloadMax();
+  return std::max<size_t>(1, (payload + pm - 1) / pm) * sizeof(Header) +
+         payload;
+}
+
 /// Every chunk of out[j] to each j in `to` (a message of 0 bytes is one
 /// header), with as few sendmmsg calls as the socket takes.
 absl::Status PeerDatagrams::Send(uint32_t seq,

@@ -70,6 +70,8 @@ public:
   /// (or `deadline`).
   void Finish(uint32_t last_seq, absl::Time deadline);
 
+  /// A message of `payload` bytes as datagrams: headers and payload.
+  size_t WireBytes(size_t payload) const;
   uint64_t datagrams_sent() const { return datagrams_sent_; }
   uint64_t datagrams_resent() const { return datagrams_resent_; }
   uint64_t resend_requests() const { return resend_requests_; }

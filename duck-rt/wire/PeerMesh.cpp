@@ -466,9 +466,9 @@ absl::Status PeerMesh::Exchange(const std::vector<std::vector<char>> &out,
   const uint32_t seq = ++seq_;
   if (udp_) {
     const std::vector<uint32_t> to = with.empty() ? Others() : with;
-    for (uint32_t j : to) { // as the stream's messages: header and payload
-      sent_ += sizeof(MsgHeader) + out[j].size();
-      received_ += sizeof(MsgHeader) + in[j].size();
+    for (uint32_t j : to) { // the datagrams' headers and payload
+      sent_ += udp_->WireBytes(out[j].size());
+      received_ += udp_->WireBytes(in[j].size());
     }
     return udp_->Exchange(seq, out, in, to, absl::Now() + timeout_);
   }

@@ -8,6 +8,7 @@
 #include "duck/CostModel/CostModel.h"
 
 #include <algorithm>
+#include <cmath>
 
 using namespace mlir::duck;
 using namespace mlir::duck::cost;
@@ -27,6 +28,17 @@ double linkBytesPerSecond(const ClusterModel &c, int64_t r) {
 }
 
 constexpr double kMeshHeaderBytes = 8; // a message's sequence and length
+// Over datagrams (duck-rt/wire/PeerDatagrams.h): a header a datagram.
+constexpr double kDatagramHeaderBytes = 24, kDatagramBytes = 1432;
+
+/// A message of `payload` bytes with its headers, as the transport sends it.
+double messageBytes(const ClusterModel &c, double payload) {
+  if (!c.meshDatagrams)
+    return kMeshHeaderBytes + payload;
+  const double chunk = kDatagramBytes - kDatagramHeaderBytes;
+  const double datagrams = std::max(1.0, std::ceil(payload / chunk));
+  return datagrams * kDatagramHeaderBytes + payload;
+}
 
 /// One direct exchange among `ducks` ducks (see meshWire).
 MeshWire directWire(const ClusterModel &c, Collective kind, int64_t values,
@@ -35,7 +47,7 @@ MeshWire directWire(const ClusterModel &c, Collective kind, int64_t values,
   if (ducks <= 1)
     return w;
   auto piece = [&](int64_t j) {
-    return kMeshHeaderBytes + partOf(double(values), ducks, j) * bytesPerValue;
+    return messageBytes(c, partOf(double(values), ducks, j) * bytesPerValue);
   };
   double all = 0;
   for (int64_t j = 0; j < ducks; ++j)

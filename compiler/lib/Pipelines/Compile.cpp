@@ -134,6 +134,13 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   if (meshGroups < 0 || meshGroups != double(int64_t(meshGroups)))
     return err("cluster file '" + path +
                "': mesh_groups must be a whole number (0: the fastest)");
+  if (const llvm::json::Value *t = o.get("mesh_transport")) {
+    const std::optional<StringRef> s = t->getAsString();
+    if (!s || (*s != "tcp" && *s != "udp"))
+      return err("cluster file '" + path +
+                 "': mesh_transport must be \"tcp\" or \"udp\"");
+    cost.meshDatagrams = *s == "udp";
+  }
   for (auto [key, v] : {std::pair{"step_overhead_us", ov},
                         {"fp9_gparam_s", gps},
                         {"host_ms_per_token", hostMs},

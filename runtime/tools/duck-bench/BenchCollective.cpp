@@ -179,6 +179,7 @@ nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
   c["duck_link_gbps"] = gbps;
   c["latency_us"] = o.latency_us;
   c["mesh_groups"] = o.groups;
+  c["mesh_transport"] = o.transport;
   const std::string file = dir + "/cluster.json", out = dir + "/stats.json";
   std::ofstream(file) << c.dump(1) << "\n";
   std::ostringstream cc;
@@ -473,8 +474,8 @@ int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
                 d((std::string(t) + "_mesh_call_us").c_str()),
                 d((std::string(t) + "_cpu_us_per_collective").c_str()));
   std::printf("udp / tcp CPU a collective: %.2f; bytes a token: duck 0 sent "
-              "%.0f (messages as the model counts them), the model's busiest "
-              "duck %.0f; datagrams resent %.0f\n",
+              "%.0f (datagrams, headers included), the model's busiest duck "
+              "%.0f; datagrams resent %.0f\n",
               d("udp_to_tcp_cpu"), d("measured_bytes_per_duck"),
               d("predicted_bytes_per_duck"), d("datagrams_resent"));
   return 0;

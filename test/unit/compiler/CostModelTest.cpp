@@ -458,6 +458,23 @@ TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {
             rs.seconds);
 }
 
+// Over UDP datagrams a message carries a 24-byte header a datagram of at
+// most 1432 bytes (1408 of payload) instead of 8 bytes: 2 ducks' all-gather
+// of 800 fp32 values is 400 a duck, 1600 bytes in two datagrams (1648 on
+// the wire); 200 values (400 bytes a duck) fit one (424).
+TEST(CostModelTest, MeshDatagramsCountAHeaderADatagram) {
+  ClusterModel c;
+  c.duckLinkGbps.assign(2, 1.0);
+  c.meshDatagrams = true;
+  EXPECT_DOUBLE_EQ(meshWire(c, Collective::allGather, 800, 2, 4).bytesPerDuck,
+                   1600 + 2 * 24);
+  EXPECT_DOUBLE_EQ(meshWire(c, Collective::allGather, 200, 2, 4).bytesPerDuck,
+                   400 + 24);
+  c.meshDatagrams = false;
+  EXPECT_DOUBLE_EQ(meshWire(c, Collective::allGather, 800, 2, 4).bytesPerDuck,
+                   1600 + 8);
+}
+
 // The residual on the ducks: one host exchange a layer and one for the
 // head, a dense GQA layer's four collectives, the embedded token's
 // gather, and the host's weights moved to the ducks' stream.

@@ -143,6 +143,10 @@ struct ClusterModel {
   /// messages instead of N - 1, for a second latency and call. 0 (the
   /// default): the fastest for the token's collectives at each tp.
   int64_t meshGroups = 0;
+  /// The mesh's messages as UDP datagrams (cluster file `mesh_transport`
+  /// "udp", as `measure-cluster --mesh udp` writes): a 24-byte header a
+  /// datagram of at most 1432 bytes, instead of 8 bytes a message.
+  bool meshDatagrams = false;
 };
 
 /// The links a cost model counts, in words ("the host's link 10.00 Gb/s,

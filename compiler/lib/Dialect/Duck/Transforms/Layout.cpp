@@ -724,8 +724,8 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
         "collectives %.3f ms on the ducks' links (latency %.3f; in the "
         "network above) + %.3f ms of their calls (%.0f us + %.1f us a "
         "message; in the dispatch below), %s, %.2f MB sent by each duck to "
-        "its peers; the host's weights (routers, indexer) read by the ducks "
-        "in slices, %.3f ms (in the ducks' time below)\n",
+        "its peers%s; the host's weights (routers, indexer) read by the "
+        "ducks in slices, %.3f ms (in the ducks' time below)\n",
         (long long)s.stepsPerToken, (long long)s.collectivesPerToken,
         s.meshMsPerToken, s.meshLatencyMsPerToken, s.meshOverheadMsPerToken,
         c.meshCallUs, c.meshMessageUs,
@@ -734,7 +734,9 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                   .str()
                   .c_str()
             : "one direct exchange each",
-        s.meshBytesPerDuckPerToken / 1e6, s.meshHostWeightsMsPerToken);
+        s.meshBytesPerDuckPerToken / 1e6,
+        c.meshDatagrams ? " as UDP datagrams" : "",
+        s.meshHostWeightsMsPerToken);
   if (c.gemmGmacS > 0)
     os << llvm::format("estimated prefill: %.1f tok/s (ducks %.3f ms + host "
                        "%.3f ms a prompt token, %lld-token chunks; fp9 GEMM "
@@ -841,6 +843,7 @@ void addMeshJson(const ModuleStats &s, const ClusterModel &c,
   o["mesh_call_us"] = c.meshCallUs;
   o["mesh_message_us"] = c.meshMessageUs;
   o["mesh_groups"] = s.meshGroups;
+  o["mesh_transport"] = c.meshDatagrams ? "udp" : "tcp";
   o["mesh_schedule"] = std::move(mesh);
 }
 
