@@ -168,13 +168,20 @@ absl::Status PeerDatagrams::Send(uint32_t seq,
     m.msg_hdr.msg_iovlen = 2;
     msgs.push_back(m);
   }
-  for (size_t done = 0; done < msgs.size();) {
+  // A full send buffer (EAGAIN, ENOBUFS) waits for room, for at most
+  // about a second in all.
+  for (size_t done = 0, waits = 0; done < msgs.size();) {
     const int n =
         sendmmsg(fd_, msgs.data() + done,
                  unsigned(std::min<size_t>(msgs.size() - done, 1024)), 0);
-    if (n < 0 && errno != EINTR && errno != EAGAIN && errno != ENOBUFS)
+    const bool full = n < 0 && (errno == EAGAIN || errno == ENOBUFS);
+    if ((n < 0 && errno != EINTR && !full) || (full && ++waits > 1000))
       return absl::UnavailableError(absl::StrCat(
           "peer mesh: rank ", rank_, " cannot send: ", std::strerror(errno)));
+    if (full) {
+      pollfd p{fd_, POLLOUT, 0};
+      poll(&p, 1, 1);
+    }
     if (n > 0)
       done += size_t(n);
   }

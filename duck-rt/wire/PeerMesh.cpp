@@ -29,7 +29,9 @@ namespace {
 constexpr char kMagic[4] = {'D', 'K', 'P', 'M'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kHelloKeyed = 1; // Hello::flags: a token proof follows
-constexpr uint32_t kHelloDatagrams = 2; // udp; Hello::port: its socket's
+// udp; Hello::port: its socket's, and the flags' upper 16 bits the size of
+// its largest datagram.
+constexpr uint32_t kHelloDatagrams = 2;
 constexpr absl::Duration kHelloWait = absl::Seconds(1);
 
 struct Hello {
@@ -54,7 +56,9 @@ absl::StatusOr<Hello> MakeHello(const PeerMeshOptions &o, uint16_t udp_port) {
   h.ducks = o.ducks;
   h.session = o.session;
   h.flags = (o.token.empty() ? 0 : kHelloKeyed) |
-            (o.transport == PeerTransport::udp ? kHelloDatagrams : 0);
+            (o.transport == PeerTransport::udp
+                 ? kHelloDatagrams | (o.datagram_bytes << 16)
+                 : 0);
   h.port = udp_port;
   if (absl::Status s = RandomNonce(h.nonce); !s.ok())
     return s;
@@ -124,6 +128,10 @@ absl::Status CheckHello(const Hello &h, const PeerMeshOptions &o,
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", h.rank, " sends ", udp ? "tcp" : "udp",
                      " and rank ", o.rank, " ", udp ? "udp" : "tcp"));
+  if (udp && (h.flags >> 16) != (o.datagram_bytes & 0xffff))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer mesh: rank ", h.rank, " sends datagrams of ", h.flags >> 16,
+        " bytes and rank ", o.rank, " of ", o.datagram_bytes));
   if (h.ducks != o.ducks || h.session != o.session)
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: rank ", h.rank, " belongs to another mesh (",

@@ -413,7 +413,7 @@ TEST(PeerMeshDatagrams, LostDatagramsAreAskedForAgain) {
   EXPECT_GT(total, 0u); // the drops happened and were recovered
 }
 
-TEST(PeerMeshDatagrams, AnotherTransportIsRefusedByName) {
+TEST(PeerMeshDatagrams, AnotherTransportOrDatagramSizeIsRefusedByName) {
   std::vector<absl::Status> st = RunMesh(
       2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {}, 1, {},
       [](PeerMeshOptions &o) {
@@ -422,6 +422,18 @@ TEST(PeerMeshDatagrams, AnotherTransportIsRefusedByName) {
   ASSERT_FALSE(st[0].ok());
   ASSERT_FALSE(st[1].ok());
   EXPECT_NE(std::string(st[0].message()).find("rank 1 sends tcp"),
+            std::string::npos)
+      << st[0];
+  // Datagrams of another size too.
+  st = RunMesh(
+      2, [](uint32_t, PeerMesh &) { return absl::OkStatus(); }, {}, 1, {},
+      [](PeerMeshOptions &o) {
+        o.transport = PeerTransport::udp;
+        o.datagram_bytes = o.rank == 0 ? 1432 : 512;
+      });
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_NE(std::string(st[0].message())
+                .find("rank 1 sends datagrams of 512 bytes and rank 0 of 1432"),
             std::string::npos)
       << st[0];
 }
