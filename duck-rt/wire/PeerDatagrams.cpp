@@ -48,12 +48,13 @@ struct PeerDatagrams::Wait {
   std::vector<size_t> have;
   size_t missing = 0;      // peers whose message is not all in
   bool settling = false;   // Settle's: nothing of seq itself is wanted
+  size_t taken = 0;        // chunks taken in so far (progress)
   std::vector<bool> asked; // by rank: asked on evidence of a loss
 };
 
 absl::StatusOr<std::unique_ptr<PeerDatagrams>>
 PeerDatagrams::Open(uint32_t rank, uint32_t ducks, in_addr host,
-                    uint32_t datagram_bytes, uint32_t drop_every) {
+                    uint32_t datagram_bytes, uint32_t drop_every, int fd) {
   if (datagram_bytes <= sizeof(Header) || datagram_bytes > 65507)
     return absl::InvalidArgumentError(
         absl::StrCat("peer mesh: datagrams of ", datagram_bytes,
@@ -63,7 +64,7 @@ PeerDatagrams::Open(uint32_t rank, uint32_t ducks, in_addr host,
   d->ducks_ = ducks;
   d->datagram_bytes_ = datagram_bytes;
   d->drop_every_ = drop_every;
-  d->fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  d->fd_ = fd >= 0 ? fd : socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   d->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (d->fd_ < 0 || d->epoll_fd_ < 0)
     return absl::InternalError("peer mesh: cannot open a datagram socket");
@@ -71,7 +72,7 @@ PeerDatagrams::Open(uint32_t rank, uint32_t ducks, in_addr host,
   a.sin_family = AF_INET;
   a.sin_addr = host;
   socklen_t len = sizeof a;
-  if (bind(d->fd_, (sockaddr *)&a, sizeof a) != 0 ||
+  if ((fd < 0 && bind(d->fd_, (sockaddr *)&a, sizeof a) != 0) ||
       getsockname(d->fd_, (sockaddr *)&a, &len) != 0)
     return absl::UnavailableError(
         absl::StrCat("peer mesh: rank ", rank,
@@ -243,6 +244,7 @@ absl::Status PeerDatagrams::Take(const Header &h, const char *payload,
   got[k] = true;
   if (len > 0)
     std::memcpy(in.data() + h.offset, payload, len);
+  ++w->taken;
   if (++w->have[h.from] == got.size())
     --w->missing;
   return absl::OkStatus();
@@ -320,12 +322,10 @@ absl::Status PeerDatagrams::WaitForEvents(absl::Time until) {
   return absl::OkStatus();
 }
 
-absl::Status PeerDatagrams::Exchange(uint32_t seq,
-                                     const std::vector<std::vector<char>> &out,
-                                     std::vector<std::vector<char>> &in,
-                                     const std::vector<uint32_t> &with,
-                                     absl::Time deadline) {
-  // Kept for resend requests in a ring whose buffers are reused.
+/// Kept for resend requests in a ring whose buffers are reused.
+void PeerDatagrams::Keep(uint32_t seq,
+                         const std::vector<std::vector<char>> &out,
+                         const std::vector<uint32_t> &with) {
   Sent &kept = history_[seq % kKeep];
   kept.seq = seq;
   kept.to.resize(ducks_);
@@ -334,6 +334,32 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
     kept.sent[j] = true;
     kept.to[j].assign(out[j].begin(), out[j].end());
   }
+}
+
+absl::Status PeerDatagrams::TakeEarly(Wait *w) {
+  std::vector<Early> early;
+  early.swap(early_);
+  for (const Early &e : early) {
+    if (e.seq != w->seq) {
+      if (e.seq > w->seq)
+        early_.push_back(e);
+      continue;
+    }
+    const Header h{peers_[e.from].tag, e.seq, e.bytes, e.offset,
+                   uint16_t(e.from),   kData};
+    if (absl::Status s = Take(h, e.payload.data(), e.payload.size(), w);
+        !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerDatagrams::Exchange(uint32_t seq,
+                                     const std::vector<std::vector<char>> &out,
+                                     std::vector<std::vector<char>> &in,
+                                     const std::vector<uint32_t> &with,
+                                     absl::Time deadline) {
+  Keep(seq, out, with);
   if (absl::Status s = Send(seq, out, with, /*first=*/true); !s.ok())
     return s;
   Wait w;
@@ -348,30 +374,28 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
     ++w.missing;
   }
   // What came early for this collective, then the socket.
-  std::vector<Early> early;
-  early.swap(early_);
-  for (const Early &e : early) {
-    if (e.seq != seq) {
-      if (e.seq > seq)
-        early_.push_back(e);
-      continue;
-    }
-    const Header h{peers_[e.from].tag, e.seq, e.bytes, e.offset,
-                   uint16_t(e.from),   kData};
-    if (absl::Status s = Take(h, e.payload.data(), e.payload.size(), &w);
-        !s.ok())
-      return s;
-  }
-  absl::Duration ask_wait = kFirstAsk;
-  absl::Time ask_at = absl::Now() + ask_wait;
-  const absl::Time spin_until = absl::Now() + spin_;
-  for (;;) {
+  if (absl::Status s = TakeEarly(&w); !s.ok())
+    return s;
+  // Peers are asked again only after a wait in which nothing came, of at
+  // least 10 ms and 4 times a collective's usual time (slow links: a
+  // collective's datagrams trickle in, and a peer may start late).
+  const absl::Time start = absl::Now();
+  absl::Duration ask_wait = std::max(kFirstAsk, 4 * usual_);
+  absl::Time ask_at = start + ask_wait;
+  const absl::Time spin_until = start + spin_;
+  for (size_t seen = w.taken;;) {
     if (absl::Status s = Drain(&w); !s.ok())
       return s;
-    if (w.missing == 0)
+    if (w.missing == 0) {
+      // A smoothed collective time (1/8 of the newest, as TCP's RTT).
+      usual_ += (absl::Now() - start - usual_) / 8;
       return absl::OkStatus();
+    }
     const absl::Time now = absl::Now();
-    std::string owing;
+    if (w.taken != seen) {
+      seen = w.taken;
+      ask_at = std::max(ask_at, now + ask_wait);
+    }
     for (uint32_t j : with)
       if (w.have[j] < w.got[j].size()) {
         if (closed_[j] || (left_seq_[j] != kNone && left_seq_[j] < seq))
@@ -381,16 +405,20 @@ absl::Status PeerDatagrams::Exchange(uint32_t seq,
                   ? absl::StrCat(" (it left after collective ", left_seq_[j],
                                  ")")
                   : ""));
-        absl::StrAppend(&owing, owing.empty() ? "" : ", ", j);
         if (now >= ask_at)
           Ask(j, seq);
       }
-    if (now >= deadline)
+    if (now >= deadline) {
+      std::string owing;
+      for (uint32_t j : with)
+        if (w.have[j] < w.got[j].size())
+          absl::StrAppend(&owing, owing.empty() ? "" : ", ", j);
       return absl::DeadlineExceededError(
           absl::StrCat("peer mesh: rank ", rank_, " timed out in collective ",
                        seq, " waiting for rank(s) ", owing));
+    }
     if (now >= ask_at) {
-      ask_wait = std::min(2 * ask_wait, kLongestAsk);
+      ask_wait = std::min(2 * ask_wait, std::max(kLongestAsk, 16 * usual_));
       ask_at = now + ask_wait;
     }
     if (now < spin_until)

@@ -8,7 +8,9 @@
 // token from the pair's key: a stranger off the path cannot forge one),
 // the collective's sequence number, the message's length and the chunk's
 // offset. A lost datagram is asked for again: a duck missing a peer's
-// message after a wait (10 ms, doubling), or at once when a later datagram
+// message after a wait with nothing coming in (10 ms or 4 times a
+// collective's smoothed time, whichever is longer; doubling), or at once
+// when a later datagram
 // of the same peer shows one went missing (a pair's datagrams leave in
 // order), sends that peer a resend request, answered from the last
 // collectives' messages it keeps. The pair's TCP
@@ -43,10 +45,11 @@ public:
   };
   /// Binds a datagram socket on `host` (port 0). datagram_bytes: the
   /// largest datagram's UDP payload (header included); drop_every > 0
-  /// drops every that many first sends (the loss tests).
+  /// drops every that many first sends (the loss tests); fd >= 0: that
+  /// bound socket instead (owned from here on).
   static absl::StatusOr<std::unique_ptr<PeerDatagrams>>
   Open(uint32_t rank, uint32_t ducks, in_addr host, uint32_t datagram_bytes,
-       uint32_t drop_every);
+       uint32_t drop_every, int fd = -1);
   ~PeerDatagrams();
 
   uint16_t port() const { return port_; }
@@ -95,6 +98,10 @@ private:
   /// Takes in what has arrived (without waiting); each datagram to Take.
   absl::Status Drain(Wait *w);
   absl::Status Take(const Header &h, const char *payload, size_t len, Wait *w);
+  void Keep(uint32_t seq, const std::vector<std::vector<char>> &out,
+            const std::vector<uint32_t> &with);
+  /// Takes the datagrams kept for w's collective (and keeps later ones).
+  absl::Status TakeEarly(Wait *w);
   /// Reads peer j's connection: a control message or its close.
   void ReadControl(uint32_t j);
   void Tell(uint32_t magic, uint32_t seq); // to every peer
@@ -102,6 +109,7 @@ private:
 
   uint32_t rank_ = 0, ducks_ = 0, datagram_bytes_ = 0, drop_every_ = 0;
   absl::Duration spin_;
+  absl::Duration usual_; // a collective's smoothed time here
   int fd_ = -1, epoll_fd_ = -1;
   uint16_t port_ = 0;
   std::vector<Peer> peers_;

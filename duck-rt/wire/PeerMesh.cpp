@@ -358,6 +358,10 @@ DatagramPeers(const PeerMeshOptions &o, const Hello &mine,
       inet_pton(AF_INET, host.c_str(), &p.addr.sin_addr); // Dial checked it
     }
     p.addr.sin_port = htons(uint16_t(hellos[j].port));
+    if (!o.datagram_peers.empty()) { // a relay's, checked by Connect
+      inet_pton(AF_INET, o.datagram_peers[j].host.c_str(), &p.addr.sin_addr);
+      p.addr.sin_port = htons(o.datagram_peers[j].port);
+    }
   }
   return peers;
 }
@@ -372,6 +376,12 @@ absl::Status PeerMesh::Validate(const PeerMeshOptions &o) {
   if (o.groups == 0 || o.ducks % o.groups != 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "peer mesh: ", o.groups, " groups do not divide ", o.ducks, " ducks"));
+  in_addr a;
+  for (const PeerAddress &p : o.datagram_peers)
+    if (o.datagram_peers.size() != o.ducks ||
+        inet_pton(AF_INET, p.host.c_str(), &a) != 1)
+      return absl::InvalidArgumentError(
+          "peer mesh: datagram peers must be one IPv4 address a duck");
   return absl::OkStatus();
 }
 
@@ -389,7 +399,7 @@ PeerMesh::Connect(const PeerMeshOptions &o) {
   if (o.transport == PeerTransport::udp) {
     absl::StatusOr<std::unique_ptr<PeerDatagrams>> d =
         PeerDatagrams::Open(o.rank, o.ducks, ListenerAddress(o.listen_fd),
-                            o.datagram_bytes, o.drop_every);
+                            o.datagram_bytes, o.drop_every, o.udp_fd);
     if (!d.ok())
       return d.status();
     (*d)->set_spin(o.spin);

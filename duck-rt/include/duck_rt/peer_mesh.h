@@ -76,6 +76,12 @@ struct PeerMeshOptions {
   /// udp, for the loss tests: every this many datagrams' first send is
   /// dropped (0: none).
   uint32_t drop_every = 0;
+  /// udp: a bound datagram socket to use (the mesh owns it from Connect
+  /// on; -1: the mesh binds its own on the listener's address).
+  int udp_fd = -1;
+  /// udp: where this duck sends duck j's datagrams (empty: the port j's
+  /// hello named, at j's address), for a relay such as the link simulator.
+  std::vector<PeerAddress> datagram_peers;
   /// udp: how long a collective keeps looking for its datagrams before it
   /// sleeps (a duck with a core to itself: no wake-up on the way in; 0:
   /// sleep at once, for ducks sharing cores).

@@ -139,8 +139,27 @@ void NoDelayNonBlocking(int fd) {
 
 } // namespace
 
+/// A relay of duck `from`'s datagrams to duck `to`: each one shaped over
+/// both links, then sent on from this socket in order.
+struct Relay {
+  int fd = -1;
+  size_t from = 0, to = 0;
+  sockaddr_in dest{};
+  struct Datagram {
+    double release;
+    std::vector<char> data;
+  };
+  std::deque<Datagram> queue;
+  ~Relay() {
+    if (fd >= 0)
+      close(fd);
+  }
+};
+
 struct LinkSim::Impl {
   LinkSimOptions o;
+  std::vector<std::unique_ptr<Relay>> relays;
+  std::vector<std::vector<uint16_t>> relay_ports;
   /// What a listener stands for: the host's connections to duck `to`, or
   /// (peer) duck `from`'s to duck `to`.
   struct Route {
@@ -171,7 +190,67 @@ struct LinkSim::Impl {
   void Flush(Conn &c, int side, double now);
   void Interest(Conn &c);
   void ArmTimer();
+  absl::Status OpenRelays();
+  void ReadDatagrams(Relay &r, double now);
+  void FlushDatagrams(double now);
 };
+
+absl::Status LinkSim::Impl::OpenRelays() {
+  const size_t n = o.peer_datagram_ports.size();
+  relay_ports.resize(n);
+  for (std::vector<uint16_t> &row : relay_ports)
+    row.resize(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j)
+        continue;
+      auto r = std::make_unique<Relay>();
+      r->from = i;
+      r->to = j;
+      r->fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof a;
+      if (r->fd < 0 || bind(r->fd, (sockaddr *)&a, sizeof a) != 0 ||
+          getsockname(r->fd, (sockaddr *)&a, &len) != 0)
+        return absl::UnavailableError(absl::StrCat(
+            "linksim: cannot open a datagram relay: ", std::strerror(errno)));
+      const int big = 4 << 20;
+      setsockopt(r->fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+      relay_ports[i][j] = ntohs(a.sin_port);
+      r->dest.sin_family = AF_INET;
+      r->dest.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      r->dest.sin_port = htons(o.peer_datagram_ports[j]);
+      relays.push_back(std::move(r));
+    }
+  return absl::OkStatus();
+}
+
+void LinkSim::Impl::ReadDatagrams(Relay &r, double now) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(r.fd, buf, sizeof buf, 0);
+    if (n < 0)
+      return; // drained (EAGAIN) or failed: epoll says when more comes
+    const double done = std::max(duck_out[r.from]->Reserve(now, size_t(n)),
+                                 duck_in[r.to]->Reserve(now, size_t(n)));
+    r.queue.push_back({done + o.latency_us * 1e3, {buf, buf + n}});
+    peer_out[r.from].fetch_add(uint64_t(n), std::memory_order_relaxed);
+    peer_in[r.to].fetch_add(uint64_t(n), std::memory_order_relaxed);
+  }
+}
+
+void LinkSim::Impl::FlushDatagrams(double now) {
+  for (const auto &r : relays)
+    while (!r->queue.empty() && r->queue.front().release <= now) {
+      const std::vector<char> &d = r->queue.front().data;
+      // A full receiver drops it, as a switch port would.
+      (void)sendto(r->fd, d.data(), d.size(), 0, (const sockaddr *)&r->dest,
+                   sizeof r->dest);
+      r->queue.pop_front();
+    }
+}
 
 absl::Status LinkSim::Impl::Listen(uint16_t want, Route route,
                                    uint16_t *bound) {
@@ -224,6 +303,10 @@ absl::Status LinkSim::Impl::Open() {
     add(listen_fds[i], i);
   add(wake[0], listen_fds.size());
   add(timer_fd, listen_fds.size() + 1);
+  if (absl::Status s = OpenRelays(); !s.ok())
+    return s;
+  for (size_t k = 0; k < relays.size(); ++k) // after the timer's tag
+    add(relays[k]->fd, listen_fds.size() + 2 + k);
   return absl::OkStatus();
 }
 
@@ -368,6 +451,9 @@ void LinkSim::Impl::ArmTimer() {
       if (!d.queue.empty() && !d.blocked &&
           (next == 0 || d.queue.front().release < next))
         next = d.queue.front().release;
+  for (const auto &r : relays)
+    if (!r->queue.empty() && (next == 0 || r->queue.front().release < next))
+      next = r->queue.front().release;
   if (next == armed)
     return;
   armed = next;
@@ -403,6 +489,8 @@ void LinkSim::Impl::Loop() {
         armed = -1; // fired: arm again
       } else if (tag < wake_tag) {
         Accept(size_t(tag));
+      } else if (tag > timer_tag && tag - timer_tag - 1 < relays.size()) {
+        ReadDatagrams(*relays[tag - timer_tag - 1], now);
       } else {
         const Tag *t = static_cast<const Tag *>(events[i].data.ptr);
         if (events[i].events & EPOLLOUT)
@@ -414,6 +502,7 @@ void LinkSim::Impl::Loop() {
     for (const auto &c : live)
       for (int s = 0; s < 2; ++s)
         Flush(*c, s, NowNs());
+    FlushDatagrams(NowNs());
     // Finished connections are closed here, so a long run holds only its
     // live ones; the rest wait for their next event. Their sockets leave
     // the epoll set first: a fork elsewhere in the process (a tool started
@@ -441,6 +530,11 @@ absl::StatusOr<std::unique_ptr<LinkSim>>
 LinkSim::Start(const LinkSimOptions &options) {
   if (options.backends.empty())
     return absl::InvalidArgumentError("linksim: no ducks");
+  if (!options.peer_datagram_ports.empty() &&
+      options.peer_datagram_ports.size() != options.backends.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linksim: ", options.peer_datagram_ports.size(),
+        " peer datagram ports for ", options.backends.size(), " ducks"));
   if (!options.peer_backends.empty() &&
       options.peer_backends.size() != options.backends.size())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -475,6 +569,11 @@ const std::vector<std::vector<uint16_t>> &LinkSim::peer_ports() const {
   return impl_->peer_ports;
 }
 
+const std::vector<std::vector<uint16_t>> &
+LinkSim::peer_datagram_relays() const {
+  return impl_->relay_ports;
+}
+
 std::vector<LinkSimDuckStats> LinkSim::stats() const {
   std::vector<LinkSimDuckStats> s(impl_->ports.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -496,6 +595,7 @@ void LinkSim::Stop() {
   (void)!write(m.wake[1], &b, 1);
   m.loop.join();
   m.live.clear(); // closes every connection's sockets
+  m.relays.clear();
   for (int fd : m.listen_fds)
     close(fd);
   for (int fd : {m.wake[0], m.wake[1], m.epoll_fd, m.timer_fd})
@@ -514,14 +614,17 @@ const char *LinkSimModelText() {
          "one-way latency; each direction stays in order (FIFO). With the "
          "ducks' mesh,\n"
          "a duck-to-duck byte passes the sender's link and the receiver's "
-         "(one switch).\n"
+         "(one switch);\n"
+         "the mesh's UDP datagrams too, each through a relay port for its "
+         "pair of ducks.\n"
          "Does not model: TCP's own congestion control and windows (they "
          "run over\n"
          "loopback underneath), loss, jitter, switch buffers (no drops; a "
          "direction\n"
          "holds at most its queue and then stops reading), header "
          "overheads (payload\n"
-         "bytes only), and the CPU the simulator itself takes.\n";
+         "bytes only: a datagram's UDP payload), and the CPU the simulator "
+         "itself takes.\n";
 }
 
 } // namespace duck::runtime

@@ -91,10 +91,11 @@ void PrintUsage(FILE *out) {
       "several duck counts give the cost of each message,\n"
       "mesh_message_us).\n\n"
       "--transport udp: the collectives as UDP datagrams (one sendmmsg to\n"
-      "every peer, recvmmsg by the batch; duck_rt/peer_mesh.h). The\n"
-      "simulator forwards TCP only, so udp runs over loopback alone, each\n"
-      "run beside a tcp one (alternating): what a collective's calls cost\n"
-      "each way (udp_* and tcp_* keys, and their ratio). --spin-us S: a\n"
+      "every peer, recvmmsg by the batch; duck_rt/peer_mesh.h): over\n"
+      "loopback beside tcp (what a collective's calls cost each way: udp_*\n"
+      "and tcp_* keys, and their ratio), then behind the simulator's\n"
+      "datagram relays unlimited and shaped, all alternating; the model\n"
+      "counts the datagrams' headers (mesh_transport udp). --spin-us S: a\n"
       "udp collective looks for its datagrams S us before it sleeps (what a\n"
       "duck with a core to itself would do; meaningful here only with no\n"
       "more ducks than cores).\n\n%s",
@@ -229,6 +230,24 @@ int ListenLoopback(uint16_t *port) {
   return fd;
 }
 
+/// A datagram socket bound on loopback (the mesh owns it once it
+/// connects); -1 on failure.
+int BindDatagrams(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(fd, (sockaddr *)&a, &len) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 /// One token's collectives on one duck's mesh.
 absl::Status RunToken(PeerMesh &m, const std::vector<Step> &schedule,
                       std::vector<float> &a, std::vector<float> &b) {
@@ -283,11 +302,20 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
     listeners[i] = ListenLoopback(&endpoints[i].port);
     endpoints[i].host = "127.0.0.1";
   }
+  // Over udp behind the simulator: each duck's datagram socket bound
+  // first, so that the simulator's relays know where to deliver.
+  const bool relay = sim_options && transport == PeerTransport::udp;
+  std::vector<int> udp(o.ducks, -1);
+  std::vector<uint16_t> udp_ports(o.ducks, 0);
+  for (uint32_t i = 0; relay && i < o.ducks; ++i)
+    udp[i] = BindDatagrams(&udp_ports[i]);
   std::unique_ptr<LinkSim> sim;
   if (sim_options) {
     LinkSimOptions lo = *sim_options;
     lo.backends = endpoints; // no host traffic in this bench
     lo.peer_backends = endpoints;
+    if (relay)
+      lo.peer_datagram_ports = udp_ports;
     auto s = LinkSim::Start(lo);
     if (!s.ok()) {
       run.error = std::string(s.status().message());
@@ -310,6 +338,12 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
       mo.listen_fd = listeners[r];
       mo.transport = transport;
       mo.spin = absl::Microseconds(o.spin_us);
+      if (relay) {
+        mo.udp_fd = udp[r];
+        mo.datagram_peers.resize(o.ducks);
+        for (uint32_t j = 0; j < o.ducks; ++j)
+          mo.datagram_peers[j].port = sim->peer_datagram_relays()[r][j];
+      }
       mo.peers.resize(o.ducks);
       for (uint32_t j = r + 1; j < o.ducks; ++j)
         mo.peers[j].port = sim ? sim->peer_ports()[r][j] : endpoints[j].port;
@@ -417,29 +451,51 @@ void PrintText(const nlohmann::json &r) {
               d("measured_bytes_per_duck"), d("predicted_bytes_per_duck"));
 }
 
-/// --transport udp: loopback runs of both transports, alternating.
-int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
-                  const std::vector<Step> &sched) {
-  std::vector<double> ms[2], cpu[2]; // tcp, udp
+/// --transport udp's samples: per repeat, tcp and udp over loopback, then
+/// udp behind the simulator unlimited and shaped.
+struct UdpSamples {
+  std::vector<double> ms[2], cpu[2]; // loopback: tcp, udp
+  std::vector<double> base, shaped;  // udp behind the simulator
   uint64_t bytes = 0, resent = 0;
+};
+
+bool RunUdpRounds(const CollectiveBenchOptions &o,
+                  const std::vector<Step> &sched, UdpSamples *s) {
+  LinkSimOptions unlimited, shaped;
+  shaped.duck_link_gbps = o.duck_gbps / o.scale;
+  shaped.latency_us = o.latency_us;
   for (uint32_t i = 0; i < o.repeat; ++i)
-    for (int u = 0; u < 2; ++u) {
-      const Run run = RunMeshes(o, sched, nullptr,
-                                u ? PeerTransport::udp : PeerTransport::tcp);
+    for (int k = 0; k < 4; ++k) {
+      const LinkSimOptions *sim =
+          k == 2 ? &unlimited : (k == 3 ? &shaped : nullptr);
+      const Run run =
+          RunMeshes(o, sched, sim, k ? PeerTransport::udp : PeerTransport::tcp);
       if (!run.error.empty()) {
         std::fprintf(stderr, "duck-bench collective: %s\n", run.error.c_str());
-        return 1;
+        return false;
       }
-      ms[u].push_back(run.Median());
-      cpu[u].push_back(run.cpu_us_per_token);
-      if (u) {
-        bytes = run.bytes_sent;
-        resent += run.datagrams_resent;
+      if (k < 2) {
+        s->ms[k].push_back(run.Median());
+        s->cpu[k].push_back(run.cpu_us_per_token);
+      } else {
+        (k == 2 ? s->base : s->shaped).push_back(run.Median());
+      }
+      if (k > 0) {
+        s->bytes = run.bytes_sent;
+        s->resent += run.datagrams_resent;
       }
     }
+  return true;
+}
+
+nlohmann::json UdpResults(const CollectiveBenchOptions &o,
+                          const nlohmann::json &stats, const UdpSamples &s) {
   const double n = stats["collectives_per_token"].get<double>();
   nlohmann::json r;
   r["ducks"] = o.ducks;
+  r["duck_link_gbps"] = o.duck_gbps;
+  r["scale"] = o.scale;
+  r["latency_us"] = o.latency_us;
   r["wire"] = o.wire;
   r["groups"] = o.groups;
   r["transport"] = "udp";
@@ -447,37 +503,63 @@ int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
   r["collectives_per_token"] = n;
   for (int u = 0; u < 2; ++u) {
     const std::string k = u ? "udp_" : "tcp_";
-    r[k + "direct_ms"] = MedianOf(ms[u]);
-    r[k + "mesh_call_us"] = 1e3 * MedianOf(ms[u]) / n;
-    r[k + "cpu_us_per_collective"] = MedianOf(cpu[u]) / n;
+    r[k + "direct_ms"] = MedianOf(s.ms[u]);
+    r[k + "mesh_call_us"] = 1e3 * MedianOf(s.ms[u]) / n;
+    r[k + "cpu_us_per_collective"] = MedianOf(s.cpu[u]) / n;
   }
-  r["udp_to_tcp_cpu"] = MedianOf(cpu[1]) / MedianOf(cpu[0]);
-  r["measured_bytes_per_duck"] = bytes;
+  r["udp_to_tcp_cpu"] = MedianOf(s.cpu[1]) / MedianOf(s.cpu[0]);
+  r["measured_baseline_ms"] = MedianOf(s.base);
+  r["measured_shaped_ms"] = MedianOf(s.shaped);
+  r["measured_mesh_ms"] = MedianOf(s.shaped) - MedianOf(s.base);
+  r["predicted_mesh_ms"] = stats["mesh_ms_per_token"];
+  r["mesh_ratio"] = r["measured_mesh_ms"].get<double>() /
+                    stats["mesh_ms_per_token"].get<double>();
+  r["measured_bytes_per_duck"] = s.bytes;
   r["predicted_bytes_per_duck"] = stats["mesh_bytes_per_duck_per_token"];
-  r["datagrams_resent"] = resent;
-  if (o.json) {
-    std::printf("%s\n", r.dump(1).c_str());
-    return 0;
-  }
-  auto d = [&](const char *k) { return r[k].get<double>(); };
-  std::printf("duck-bench collective: %u ducks over loopback, udp beside tcp, "
-              "%s; %.0f collectives a token%s\n",
-              o.ducks, o.wire.c_str(), n,
+  r["datagrams_resent"] = s.resent;
+  return r;
+}
+
+void PrintUdp(const CollectiveBenchOptions &o, const nlohmann::json &r) {
+  auto d = [&](const std::string &k) { return r[k].get<double>(); };
+  std::printf("duck-bench collective: %u ducks, udp beside tcp, %s; %.0f "
+              "collectives a token%s\n",
+              o.ducks, o.wire.c_str(), d("collectives_per_token"),
               o.groups > 1 ? (", two levels over " + std::to_string(o.groups) +
                               " groups")
                                  .c_str()
                            : "");
   for (const char *t : {"udp", "tcp"})
-    std::printf("%s: %.3f ms a token (%.1f us a collective, %.1f us of a "
-                "duck's CPU)\n",
-                t, d((std::string(t) + "_direct_ms").c_str()),
-                d((std::string(t) + "_mesh_call_us").c_str()),
-                d((std::string(t) + "_cpu_us_per_collective").c_str()));
+    std::printf("loopback %s: %.3f ms a token (%.1f us a collective, %.1f us "
+                "of a duck's CPU)\n",
+                t, d(std::string(t) + "_direct_ms"),
+                d(std::string(t) + "_mesh_call_us"),
+                d(std::string(t) + "_cpu_us_per_collective"));
+  std::printf("udp behind the simulator (%.3g Gb/s a duck scaled /%g, %g us "
+              "one way): unlimited %.3f ms, shaped %.3f ms: mesh %.3f ms; "
+              "predicted %.3f ms; measured / predicted %.2f\n",
+              o.duck_gbps, o.scale, o.latency_us, d("measured_baseline_ms"),
+              d("measured_shaped_ms"), d("measured_mesh_ms"),
+              d("predicted_mesh_ms"), d("mesh_ratio"));
   std::printf("udp / tcp CPU a collective: %.2f; bytes a token: duck 0 sent "
               "%.0f (datagrams, headers included), the model's busiest duck "
               "%.0f; datagrams resent %.0f\n",
               d("udp_to_tcp_cpu"), d("measured_bytes_per_duck"),
               d("predicted_bytes_per_duck"), d("datagrams_resent"));
+}
+
+/// --transport udp: tcp and udp over loopback (what a collective's calls
+/// cost each way) and udp behind the simulator (its wire term).
+int RunTransports(const CollectiveBenchOptions &o, const nlohmann::json &stats,
+                  const std::vector<Step> &sched) {
+  UdpSamples s;
+  if (!RunUdpRounds(o, sched, &s))
+    return 1;
+  const nlohmann::json r = UdpResults(o, stats, s);
+  if (o.json)
+    std::printf("%s\n", r.dump(1).c_str());
+  else
+    PrintUdp(o, r);
   return 0;
 }
 

@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <chrono>
+#include <cstring>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <thread>
@@ -216,6 +217,61 @@ TEST(LinkSimTest, PeerTrafficPassesBothDucksLinksNotTheHostPort) {
   EXPECT_EQ(st[2].bytes_from_peers, 2 * bytes);
   EXPECT_EQ(st[2].bytes_to_duck, 0u);
   EXPECT_EQ(st[2].connections, 0u);
+}
+
+// The mesh's datagrams: ducks 0 and 1 each send 200 datagrams of 1000
+// bytes to duck 2 through their relays; duck 2 gets all of them, each
+// sender's in order, no sooner than its inbound link carries 400 kB, and
+// the bytes are counted on both sides.
+TEST(LinkSimTest, DatagramsPassBothDucksLinksInOrder) {
+  int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(rx, (sockaddr *)&a, sizeof a), 0);
+  ASSERT_EQ(getsockname(rx, (sockaddr *)&a, &len), 0);
+  const int big = 4 << 20;
+  setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  LinkSimOptions o;
+  o.backends.assign(3, {"127.0.0.1", 1}); // no host traffic
+  o.peer_datagram_ports = {1, 1, ntohs(a.sin_port)};
+  o.duck_link_gbps = 0.08; // 10 MB/s
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const auto &relay = (*sim)->peer_datagram_relays();
+  ASSERT_EQ(relay.size(), 3u);
+  EXPECT_EQ(relay[2][2], 0);
+  const int count = 200, bytes = 1000;
+  const auto t0 = Clock::now();
+  int tx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  for (int k = 0; k < count; ++k)
+    for (int from : {0, 1}) {
+      char d[bytes] = {};
+      d[0] = char(from);
+      std::memcpy(d + 1, &k, sizeof k);
+      sockaddr_in to = a;
+      to.sin_port = htons(relay[from][2]);
+      ASSERT_EQ(sendto(tx, d, bytes, 0, (sockaddr *)&to, sizeof to), bytes);
+    }
+  int next[2] = {0, 0};
+  for (int got = 0; got < 2 * count; ++got) {
+    char d[2 * bytes];
+    ASSERT_EQ(recv(rx, d, sizeof d, 0), bytes);
+    int k;
+    std::memcpy(&k, d + 1, sizeof k);
+    ASSERT_EQ(k, next[int(d[0])]++) << "from relay " << int(d[0]);
+  }
+  const double s = Since(t0);
+  EXPECT_GE(s, 0.95 * 2 * count * bytes * 8 / 0.08e9); // duck 2's inbound
+  EXPECT_LT(s, 20 * 2 * count * bytes * 8 / 0.08e9);
+  close(tx);
+  close(rx);
+  (*sim)->Stop();
+  const auto st = (*sim)->stats();
+  EXPECT_EQ(st[0].bytes_to_peers, uint64_t(count * bytes));
+  EXPECT_EQ(st[1].bytes_to_peers, uint64_t(count * bytes));
+  EXPECT_EQ(st[2].bytes_from_peers, uint64_t(2 * count * bytes));
 }
 
 TEST(LinkSimTest, ARefusingDuckClosesTheHostsConnection) {

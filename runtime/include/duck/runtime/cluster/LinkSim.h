@@ -19,7 +19,11 @@
 //     reaches duck j (i < j) through its own port for that pair, and the
 //     bytes i -> j pass duck i's link (outbound) and duck j's (inbound),
 //     j -> i the reverse (a non-blocking switch: a duck's link carries its
-//     host traffic and its peer traffic in one FIFO each way).
+//     host traffic and its peer traffic in one FIFO each way);
+//   - with peer_datagram_ports, the mesh's UDP datagrams too: duck i sends
+//     duck j's to a relay port of its own for that pair, and each datagram
+//     (its UDP payload's bytes) passes the same two links and is sent on
+//     whole, in order, from the relay.
 // Not modelled: TCP's own congestion control and windows run over loopback
 // underneath (only the release times are shaped), no loss, no jitter, no
 // switch buffers (a queue grows without drops, bounded by queue_bytes per
@@ -50,6 +54,8 @@ struct LinkSimOptions {
   size_t queue_bytes = 4 << 20;       // most bytes held a direction
   /// Duck j's mesh listener; empty: no peer links are simulated.
   std::vector<DuckEndpoint> peer_backends;
+  /// Duck j's datagram socket (a port on 127.0.0.1); empty: no relays.
+  std::vector<uint16_t> peer_datagram_ports;
 };
 
 struct LinkSimDuckStats {
@@ -70,6 +76,9 @@ public:
   /// With peer_backends: the port duck i dials to reach duck j, at [i][j]
   /// for i < j (0 elsewhere).
   const std::vector<std::vector<uint16_t>> &peer_ports() const;
+  /// With peer_datagram_ports: the relay port duck i sends its datagrams
+  /// for duck j to, at [i][j] (i != j).
+  const std::vector<std::vector<uint16_t>> &peer_datagram_relays() const;
   std::vector<LinkSimDuckStats> stats() const;
   /// Closes the listeners and every connection, joins every thread.
   void Stop();
