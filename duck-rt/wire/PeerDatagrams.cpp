@@ -302,8 +302,11 @@ void PeerDatagrams::ReadControl(uint32_t j) {
       left_seq_[j] = seq;
     else if (magic == kSettledMagic)
       settled_seq_[j] = seq;
-    else
-      closed_[j] = true; // not a duck peer's: as good as gone
+    else { // not a duck peer's: as good as gone
+      closed_[j] = true;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peers_[j].tcp_fd, nullptr);
+      return;
+    }
   }
 }
 
