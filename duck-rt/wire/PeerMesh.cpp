@@ -387,8 +387,11 @@ absl::Status PeerMesh::Validate(const PeerMeshOptions &o) {
 
 absl::StatusOr<std::unique_ptr<PeerMesh>>
 PeerMesh::Connect(const PeerMeshOptions &o) {
-  if (absl::Status s = Validate(o); !s.ok())
+  if (absl::Status s = Validate(o); !s.ok()) {
+    if (o.udp_fd >= 0)
+      close(o.udp_fd); // owned from here on, as on every other path
     return s;
+  }
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
