@@ -387,11 +387,11 @@ absl::Status PeerMesh::Validate(const PeerMeshOptions &o) {
 
 absl::StatusOr<std::unique_ptr<PeerMesh>>
 PeerMesh::Connect(const PeerMeshOptions &o) {
-  if (absl::Status s = Validate(o); !s.ok()) {
-    if (o.udp_fd >= 0)
-      close(o.udp_fd); // owned from here on, as on every other path
-    return s;
-  }
+  const absl::Status valid = Validate(o);
+  if (o.udp_fd >= 0 && (!valid.ok() || o.transport != PeerTransport::udp))
+    close(o.udp_fd); // owned from here on, used only over udp
+  if (!valid.ok())
+    return valid;
   std::unique_ptr<PeerMesh> m(new PeerMesh());
   m->rank_ = o.rank;
   m->ducks_ = o.ducks;
