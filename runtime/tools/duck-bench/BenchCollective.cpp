@@ -214,31 +214,16 @@ std::vector<Step> ScheduleOf(const nlohmann::json &stats) {
   return s;
 }
 
-int ListenLoopback(uint16_t *port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+/// A socket of `type` bound on loopback at a free port (a stream one
+/// listening); -1 on failure.
+int BindLoopback(int type, uint16_t *port) {
+  int fd = socket(AF_INET, type | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) != 0 ||
-      listen(fd, 64) != 0 || getsockname(fd, (sockaddr *)&a, &len) != 0) {
-    if (fd >= 0)
-      close(fd);
-    return -1;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-/// A datagram socket bound on loopback (the mesh owns it once it
-/// connects); -1 on failure.
-int BindDatagrams(uint16_t *port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) != 0 ||
+      (type == SOCK_STREAM && listen(fd, 64) != 0) ||
       getsockname(fd, (sockaddr *)&a, &len) != 0) {
     if (fd >= 0)
       close(fd);
@@ -299,7 +284,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
   std::vector<int> listeners(o.ducks, -1);
   std::vector<duck::runtime::DuckEndpoint> endpoints(o.ducks);
   for (uint32_t i = 0; i < o.ducks; ++i) {
-    listeners[i] = ListenLoopback(&endpoints[i].port);
+    listeners[i] = BindLoopback(SOCK_STREAM, &endpoints[i].port);
     endpoints[i].host = "127.0.0.1";
   }
   // Over udp behind the simulator: each duck's datagram socket bound
@@ -308,7 +293,7 @@ Run RunMeshes(const CollectiveBenchOptions &o, const std::vector<Step> &sched,
   std::vector<int> udp(o.ducks, -1);
   std::vector<uint16_t> udp_ports(o.ducks, 0);
   for (uint32_t i = 0; relay && i < o.ducks; ++i)
-    udp[i] = BindDatagrams(&udp_ports[i]);
+    udp[i] = BindLoopback(SOCK_DGRAM, &udp_ports[i]); // the mesh owns it
   std::unique_ptr<LinkSim> sim;
   if (sim_options) {
     LinkSimOptions lo = *sim_options;
