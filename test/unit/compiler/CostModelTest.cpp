@@ -25,6 +25,20 @@ FfnShard denseShard(int64_t rank, uint32_t rows, uint32_t hidden,
   return s;
 }
 
+/// `layers` dense FFN layers of hidden 1024 over `tp` ducks, `rows` of
+/// each a duck.
+ModelFacts denseLayers(int64_t tp, size_t layers, uint32_t rows,
+                       uint64_t expertBytes) {
+  ModelFacts m;
+  m.tp = tp;
+  FfnLayer l;
+  l.hidden = 1024;
+  for (int64_t r = 0; r < tp; ++r)
+    l.shards.push_back(denseShard(r, rows, 1024, expertBytes));
+  m.ffn.assign(layers, l);
+  return m;
+}
+
 /// C(n, k) in doubles.
 double choose(int n, int k) {
   double c = 1;
@@ -373,13 +387,7 @@ TEST(CostModelTest, MulticastOnceFromTheHost) {
 TEST(CostModelTest, RelayTreeInThePlan) {
   // stepWire goes through the relay tree with Fanout::relay; a plan's FFN
   // steps sum (one vector back a step).
-  ModelFacts m;
-  m.tp = 4;
-  FfnLayer l;
-  l.hidden = 1024;
-  for (int r = 0; r < 4; ++r)
-    l.shards.push_back(denseShard(r, 64, 1024, 1'000'000));
-  m.ffn = {l};
+  ModelFacts m = denseLayers(4, 1, 64, 1'000'000);
   ClusterModel c;
   c.hostLinkGbps = 1;
   c.duckLinkGbps.assign(4, 1);
@@ -393,14 +401,7 @@ TEST(CostModelTest, RelayTreeInThePlan) {
 
 /// Two dense layers (hidden 1024), each split over two ducks.
 ModelFacts twoDenseLayersOnTwoDucks() {
-  ModelFacts m;
-  m.tp = 2;
-  FfnLayer l;
-  l.hidden = 1024;
-  l.shards = {denseShard(0, 128, 1024, 1'000'000),
-              denseShard(1, 128, 1024, 1'000'000)};
-  m.ffn = {l, l};
-  return m;
+  return denseLayers(2, 2, 128, 1'000'000);
 }
 
 TEST(CostModelTest, NetworkJoinsTheTokenTime) {
@@ -522,13 +523,7 @@ TEST(CostModelTest, ResidualOnTheDucksExchangesOnceALayer) {
 // two groups of four 2 x 1 + (3 + 1) x 10 (four groups of two the same:
 // the fewer groups win the tie); with free messages one exchange wins.
 TEST(CostModelTest, ResidualOnTheDucksChoosesItsGroups) {
-  ModelFacts m;
-  m.tp = 8;
-  FfnLayer l;
-  l.hidden = 1024;
-  for (int64_t r = 0; r < 8; ++r)
-    l.shards.push_back(denseShard(r, 32, 1024, 100'000));
-  m.ffn = {l};
+  ModelFacts m = denseLayers(8, 1, 32, 100'000);
   ClusterModel c;
   c.residualOnDucks = true;
   c.meshCallUs = 1;
