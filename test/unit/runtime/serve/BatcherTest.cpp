@@ -456,9 +456,9 @@ TEST_P(BatcherStoreTest, OnlyAcceptedSpeculativePositionsAreStored) {
 }
 
 // Two slots: A and B, then C and D together (both slots overwritten, A
-// and B into the store), then A' and B' together: admitted in one round,
-// each gets its own stored prefix copied into its slot while the other
-// is admitted beside it, and both decode together to a cold run's answer.
+// and B into the store), then A' and B' together (B' submitted as A' is
+// admitted): each gets its own stored prefix copied into its slot, and
+// both decode together to a cold run's answer.
 TEST_P(BatcherStoreTest, TwoSlotsTakeTheirPrefixesBackTogether) {
   Make(2, 64, uint64_t{64} << 20);
   StartRun();
@@ -471,8 +471,16 @@ TEST_P(BatcherStoreTest, TwoSlotsTakeTheirPrefixesBackTogether) {
     Rec rp, rq;
     Answer ap, aq;
     std::atomic<int64_t> kp{-1}, kq{-1};
-    Submit(Recording(&rp, p, n, &ap, &kp));
-    Submit(Recording(&rq, q, n, &aq, &kq));
+    // q is submitted as p is admitted (on Run's thread, before p's first
+    // step), so that it joins at the next step whatever the timing: the
+    // two decode together.
+    GenRequest gq = Recording(&rq, q, n, &aq, &kq);
+    GenRequest gp = Recording(&rp, p, n, &ap, &kp);
+    gp.on_admit = [this, &kp, &gq](uint32_t k) {
+      kp = k;
+      Submit(std::move(gq));
+    };
+    Submit(std::move(gp));
     EXPECT_TRUE(WaitDone({&rp, &rq}));
     ap.tokens = rp.tokens;
     aq.tokens = rq.tokens;
