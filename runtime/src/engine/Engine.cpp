@@ -169,6 +169,7 @@ absl::Status Engine::Prepare() {
   }
   values_ = std::make_unique<ops::ValueArena>();
   values_->Init(widths, opts_.max_rows);
+  FindTail();
   row_tokens_.reserve(opts_.max_rows);
   row_pos_.reserve(opts_.max_rows);
   row_seq_.reserve(opts_.max_rows);
@@ -552,9 +553,63 @@ absl::Status Engine::MtpChainLinks(std::vector<MtpLink> links,
   return absl::OkStatus();
 }
 
+void Engine::FindTail() {
+  tail_ = 0;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i]->KvBytesPerToken() > 0)
+      tail_ = i + 1;
+  std::vector<bool> before(plan_->def().num_values(), false);
+  for (size_t i = 0; i < tail_; ++i)
+    before[ops_[i]->result] = true;
+  tail_values_.clear();
+  for (size_t i = tail_; i < ops_.size(); ++i)
+    for (uint32_t v : ops_[i]->inputs)
+      if (before[v] && std::find(tail_values_.begin(), tail_values_.end(), v) ==
+                           tail_values_.end())
+        tail_values_.push_back(v);
+}
+
+void Engine::KeepLogitRows() {
+  kept_tokens_.clear();
+  kept_pos_.clear();
+  kept_seq_.clear();
+  kept_logit_rows_.clear();
+  for (uint32_t j = 0; j < logit_rows_.size(); ++j) {
+    const uint32_t r = logit_rows_[j]; // ascending, so r >= j
+    kept_tokens_.push_back(row_tokens_[r]);
+    kept_pos_.push_back(row_pos_[r]);
+    kept_seq_.push_back(row_seq_[r]);
+    kept_logit_rows_.push_back(j);
+    for (uint32_t v : tail_values_) {
+      float *x = values_->Get(v);
+      const uint64_t w = values_->Width(v);
+      if (r != j)
+        std::memmove(x + j * w, x + r * w, w * sizeof(float));
+    }
+  }
+}
+
 absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
-  DUCK_RETURN_IF_ERROR(RunOps(ops_, kinds_, prefill, out_logits));
-  (prefill ? prefill_times_ : decode_times_).tokens += row_tokens_.size();
+  // Every row through the program, unless some rows want no logits and
+  // nothing after the step reads the tail's rows (the MTP module reads
+  // every row's hidden state).
+  const size_t rows = row_tokens_.size(), keep = logit_rows_.size();
+  if (has_mtp() || tail_ == 0 || keep == rows) {
+    DUCK_RETURN_IF_ERROR(RunOps(ops_, kinds_, prefill, out_logits));
+  } else {
+    const ops::Step all{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
+                        prefill,     values_.get(), out_logits};
+    DUCK_RETURN_IF_ERROR(RunOpRange(ops_, kinds_, 0, tail_, all));
+    if (keep > 0) {
+      KeepLogitRows();
+      // A single row goes through the ducks' decode modes (same bits).
+      const ops::Step kept{kept_tokens_,     kept_pos_,           kept_seq_,
+                           kept_logit_rows_, prefill && keep > 1, values_.get(),
+                           out_logits};
+      DUCK_RETURN_IF_ERROR(RunOpRange(ops_, kinds_, tail_, ops_.size(), kept));
+    }
+  }
+  (prefill ? prefill_times_ : decode_times_).tokens += rows;
   return absl::OkStatus();
 }
 
@@ -562,12 +617,22 @@ absl::Status
 Engine::RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                const std::vector<pl::OpParams> &kinds, bool prefill,
                std::vector<float> *out_logits) {
-  ops::Step step{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
-                 prefill,     values_.get(), out_logits};
-  // Time by op kind, one clock read an op (a few tens of ns).
-  OpTimes &times = prefill ? prefill_times_ : decode_times_;
+  const ops::Step step{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
+                       prefill,     values_.get(), out_logits};
+  return RunOpRange(ops, kinds, 0, ops.size(), step);
+}
+
+absl::Status
+Engine::RunOpRange(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+                   const std::vector<pl::OpParams> &kinds, size_t begin,
+                   size_t end, const ops::Step &step) {
+  // Time by op kind, one clock read an op (a few tens of ns); a prompt's
+  // tail on its logit rows counts as the prompt's.
+  OpTimes &times = step.prefill || step.rows() < row_tokens_.size()
+                       ? prefill_times_
+                       : decode_times_;
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i = begin; i < end; ++i) {
     if (absl::Status s = ops[i]->Run(step); !s.ok())
       return s;
     auto t1 = std::chrono::steady_clock::now();

@@ -68,6 +68,7 @@ class ValueArena {
 public:
   void Init(const std::vector<uint64_t> &widths, uint32_t max_rows) {
     offsets_.clear();
+    widths_ = widths;
     uint64_t at = 0;
     for (uint64_t w : widths) {
       offsets_.push_back(at);
@@ -76,9 +77,10 @@ public:
     data_.assign(at, 0.0f);
   }
   float *Get(uint32_t id) { return data_.data() + offsets_[id]; }
+  uint64_t Width(uint32_t id) const { return widths_[id]; }
 
 private:
-  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> offsets_, widths_;
   std::vector<float> data_;
 };
 

@@ -93,7 +93,10 @@ TEST_P(EngineTest, PrefillEqualsDecodeStepsBitForBit) {
 }
 
 // Without all_logits, Forward gives the last token's logits, the same as
-// the all_logits engine's last row; with logits=false none.
+// the all_logits engine's last row (which runs the last layer past its
+// attention on every row, where this one runs it on the last row only,
+// and on none of the first chunk's), and the caches it leaves decode the
+// next token to the same bits; with logits=false none.
 TEST_P(EngineTest, ForwardGivesTheLastRowsLogits) {
   EngineOptions o;
   o.max_seq = 64;
@@ -108,6 +111,9 @@ TEST_P(EngineTest, ForwardGivesTheLastRowsLogits) {
   ASSERT_TRUE(all->Forward(prompt, &b).ok());
   ASSERT_EQ(a.size(), vocab_);
   EXPECT_TRUE(SameBits(a, std::vector<float>(b.end() - vocab_, b.end())));
+  ASSERT_TRUE(last->Forward({5}, &a).ok());
+  ASSERT_TRUE(all->Forward({5}, &b).ok());
+  EXPECT_TRUE(SameBits(a, b));
   last->Reset();
   std::vector<float> none;
   ASSERT_TRUE(last->Forward(prompt, &none, /*logits=*/false).ok());
@@ -138,14 +144,23 @@ TEST_P(EngineTest, FfnStepsUseThePlansModes) {
   const size_t F = steps.size();
   ASSERT_GT(F, 0u);
   std::vector<FakeFfnRunner::Call> calls = runner_->calls();
-  ASSERT_EQ(calls.size(), 2 * F); // chunks of 4 and 2
+  // Chunks of 4 and 2 rows. The last layer's FFN comes after the last
+  // attention, so it runs on the rows that want logits only: none of the
+  // first chunk's, the second chunk's last (one row: the decode mode).
+  ASSERT_EQ(calls.size(), 2 * F - 1);
   for (size_t i = 0; i < calls.size(); ++i) {
     SCOPED_TRACE(i);
-    EXPECT_EQ(calls[i].mode, steps[i % F]->prefill_mode());
+    const size_t layer = i < F - 1 ? i : i - (F - 1);
+    EXPECT_EQ(calls[i].slot, steps[layer]->slot());
+    EXPECT_EQ(calls[i].top_k, perRow[layer]);
+    if (i + 1 == calls.size()) {
+      EXPECT_EQ(calls[i].mode, steps[layer]->decode_mode());
+      EXPECT_EQ(calls[i].n_tokens, 1u);
+      continue;
+    }
+    EXPECT_EQ(calls[i].mode, steps[layer]->prefill_mode());
     EXPECT_TRUE(calls[i].mode == 5 || calls[i].mode == 6);
-    EXPECT_EQ(calls[i].n_tokens, i < F ? 4u : 2u);
-    EXPECT_EQ(calls[i].slot, steps[i % F]->slot());
-    EXPECT_EQ(calls[i].top_k, perRow[i % F]);
+    EXPECT_EQ(calls[i].n_tokens, i < F - 1 ? 4u : 2u);
   }
   runner_->Clear();
   ASSERT_TRUE(e->Forward({3}, &logits).ok());

@@ -27,6 +27,7 @@ namespace duck::runtime {
 namespace ops {
 class HostOp;
 class ValueArena;
+struct Step;
 class WeightReader;
 } // namespace ops
 
@@ -310,6 +311,16 @@ private:
   absl::Status RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                       const std::vector<::duck::plan::OpParams> &kinds,
                       bool prefill, std::vector<float> *out_logits);
+  /// Walks ops[begin, end) over `step`'s rows (times by kind).
+  absl::Status RunOpRange(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+                          const std::vector<::duck::plan::OpParams> &kinds,
+                          size_t begin, size_t end, const ops::Step &step);
+  /// The main program's tail (ops past its last cache op) needs only the
+  /// rows that want logits: sets tail_ and tail_values_ at Prepare.
+  void FindTail();
+  /// Moves the logit rows of every value the tail reads to the front (in
+  /// order: row j takes row logit_rows_[j]) and sets up kept_*_ for them.
+  void KeepLogitRows();
   /// After a step of sequence 0 at `pos`: its tokens and hidden rows, for
   /// MtpDraft (with an MTP module).
   void KeepMtpRows(absl::Span<const int32_t> tokens, uint32_t pos);
@@ -337,6 +348,16 @@ private:
   // The rows of the step being run (capacity max_rows, kept).
   std::vector<int32_t> row_tokens_;
   std::vector<uint32_t> row_pos_, row_seq_, logit_rows_;
+  // The tail: ops_[tail_, end) come after the last op that keeps a cache
+  // (the last layer's attention), so a row whose logits nobody wants (a
+  // prompt row before the last) has nothing left to give there, and only
+  // the logit rows run them (as llama.cpp's last layer keeps only its
+  // output rows). tail_values_: the values made before the tail and read
+  // in it; kept_*_: the logit rows' tokens, positions and sequences.
+  size_t tail_ = 0;
+  std::vector<uint32_t> tail_values_;
+  std::vector<int32_t> kept_tokens_;
+  std::vector<uint32_t> kept_pos_, kept_seq_, kept_logit_rows_;
   OpTimes decode_times_, prefill_times_;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;
