@@ -561,6 +561,12 @@ void Engine::FindTail() {
   std::vector<bool> before(plan_->def().num_values(), false);
   for (size_t i = 0; i < tail_; ++i)
     before[ops_[i]->result] = true;
+  // The last cache op may keep its result to the logit rows itself; its
+  // result is then compact already.
+  tail_compacts_ =
+      tail_ > 0 && ops_[tail_ - 1]->KeepLogitRowsOnly(opts_.max_rows);
+  if (tail_compacts_)
+    before[ops_[tail_ - 1]->result] = false;
   tail_values_.clear();
   for (size_t i = tail_; i < ops_.size(); ++i)
     for (uint32_t v : ops_[i]->inputs)
@@ -597,8 +603,9 @@ absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
   if (has_mtp() || tail_ == 0 || keep == rows) {
     DUCK_RETURN_IF_ERROR(RunOps(ops_, kinds_, prefill, out_logits));
   } else {
-    const ops::Step all{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
-                        prefill,     values_.get(), out_logits};
+    ops::Step all{row_tokens_, row_pos_,      row_seq_,  logit_rows_,
+                  prefill,     values_.get(), out_logits};
+    all.logit_rows_only = tail_compacts_;
     DUCK_RETURN_IF_ERROR(RunOpRange(ops_, kinds_, 0, tail_, all));
     if (keep > 0) {
       KeepLogitRows();

@@ -66,6 +66,7 @@ public:
     k_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     v_buf_.assign((uint64_t)maxRows * sh_.kv(), 0.0f);
     attn_.assign((uint64_t)maxRows * sh_.q(), 0.0f);
+    rows_.reserve(maxRows);
     if (in_runner_)
       qkv_.assign((uint64_t)maxRows * (sh_.q() + 2 * sh_.kv()), 0.0f);
     // Chunks of positions, head-major inside ([chunk][kv head][chunk_][dim]):
@@ -122,7 +123,20 @@ public:
            MatrixBytes(o_);
   }
 
+  /// With the projections on the host (the ducks' in/q/o steps take
+  /// whole steps).
+  bool KeepLogitRowsOnly(uint32_t max_rows) override {
+    if (in_runner_ || q_runner_ || o_runner_)
+      return false;
+    x_rows_.assign((uint64_t)max_rows * sh_.hidden, 0.0f);
+    rows_.reserve(max_rows);
+    logit_rows_only_ = true;
+    return true;
+  }
+
   absl::Status Run(const Step &s) override {
+    if (s.logit_rows_only && logit_rows_only_)
+      return RunLogitRows(s);
     const float *x = In(s, 0);
     const uint32_t n = s.rows();
     if (in_runner_) {
@@ -153,40 +167,16 @@ public:
     }
     // Every row's k/v goes into its sequence's cache first (a row attends
     // only to positions up to its own, all written by then), then one
-    // parallel pass attends every row: a single hand-off to the pool a
-    // step instead of one a row.
+    // parallel pass attends every row.
+    for (uint32_t t = 0; t < n; ++t) {
+      Angles(s.pos[t]);
+      NormRopeQ(q_buf_.data() + t * sh_.q());
+      NormRopeStoreKv(t, s.seq[t], s.pos[t]);
+    }
+    rows_.resize(n);
     for (uint32_t t = 0; t < n; ++t)
-      NormRopeStore(t, s.seq[t], s.pos[t]);
-    // The heads split along kv heads when there are enough of them (a
-    // group's query heads then share its K/V reads).
-    const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
-    const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
-    // Rows of one sequence at consecutive positions (a prompt chunk) attend
-    // as runs of up to kRunRows, which read the cache once for the run.
-    runs_.clear();
-    for (uint32_t t = 0; t < n; ++t)
-      if (t == 0 || t - runs_.back() == kRunRows || s.seq[t] != s.seq[t - 1] ||
-          s.pos[t] != s.pos[t - 1] + 1)
-        runs_.push_back(t);
-    runs_.push_back(n);
-    const uint64_t nRuns = runs_.size() - 1;
-    pool_->ParallelFor(nRuns * units, [&](uint64_t b, uint64_t e) {
-      for (uint64_t i = b; i < e; ++i) {
-        const uint64_t u = i % units;
-        const uint32_t t = runs_[i / units], rows = runs_[i / units + 1] - t;
-        auto attend = [&](auto &kc, auto &vc) {
-          AttendRows(q_buf_.data() + t * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
-                     kc.Base(s.seq[t]), vc.Base(s.seq[t]), chunk_ * sh_.dim, H,
-                     KV, sh_.dim, u * unit, (u + 1) * unit,
-                     attn_.data() + t * sh_.q(), sh_.q(), chunk_,
-                     KV * chunk_ * sh_.dim);
-        };
-        if (f16_)
-          attend(kcache16_, vcache16_);
-        else
-          attend(kcache_, vcache_);
-      }
-    });
+      rows_[t] = t;
+    Attend(s);
     if (o_runner_ && !o_offsets_.empty())
       return o_runner_->RunScatter(FfnRunner::Rows::kAttention, o_slot_, n,
                                    attn_.data(), sh_.q(), o_offsets_, Out(s),
@@ -199,22 +189,96 @@ public:
     return absl::OkStatus();
   }
 
+  /// Step::logit_rows_only: every row's k and v into the caches, the
+  /// query, attention and o_proj for the logit rows only (result row j:
+  /// logit row j). The same bits a row as Run: a product's row does not
+  /// depend on the other rows, nor a row's attention on its run.
+  absl::Status RunLogitRows(const Step &s) {
+    const float *x = In(s, 0);
+    const uint32_t n = s.rows(), m = (uint32_t)s.logit_rows.size();
+    MatMulMany(*pool_, x, n, {{&k_, k_buf_.data()}, {&v_, v_buf_.data()}});
+    for (uint32_t t = 0; t < n; ++t) {
+      Angles(s.pos[t]);
+      NormRopeStoreKv(t, s.seq[t], s.pos[t]);
+    }
+    if (m == 0)
+      return absl::OkStatus();
+    for (uint32_t j = 0; j < m; ++j)
+      std::memcpy(x_rows_.data() + (uint64_t)j * sh_.hidden,
+                  x + (uint64_t)s.logit_rows[j] * sh_.hidden, sh_.hidden * 4);
+    MatMul(*pool_, q_, x_rows_.data(), m, q_buf_.data());
+    for (uint32_t j = 0; j < m; ++j) {
+      Angles(s.pos[s.logit_rows[j]]);
+      NormRopeQ(q_buf_.data() + (uint64_t)j * sh_.q());
+    }
+    rows_.assign(s.logit_rows.begin(), s.logit_rows.end());
+    Attend(s);
+    MatMul(*pool_, o_, attn_.data(), m, Out(s));
+    return absl::OkStatus();
+  }
+
 private:
-  /// Row t of the step, position p of sequence `seq`: norm and rotate q
-  /// and k, append k/v to the sequence's cache.
-  void NormRopeStore(uint32_t t, uint32_t seq, uint64_t p) {
-    float *q = q_buf_.data() + t * sh_.q();
-    float *k = k_buf_.data() + t * sh_.kv();
+  /// The rows rows_[0..) of the step (their queries and results at 0..):
+  /// one parallel pass, the heads split along kv heads when there are
+  /// enough of them (a group's query heads then share its K/V reads), rows
+  /// of one sequence at consecutive positions (a prompt chunk) as runs of
+  /// up to kRunRows, which read the cache once for the run.
+  void Attend(const Step &s) {
+    const uint64_t T = pool_->size(), H = sh_.heads, KV = sh_.kv_heads;
+    const uint64_t unit = KV >= T ? H / KV : 1, units = H / unit;
+    const uint32_t n = (uint32_t)rows_.size();
+    runs_.clear();
+    for (uint32_t j = 0; j < n; ++j) {
+      const uint32_t t = rows_[j];
+      if (j == 0 || j - runs_.back() == kRunRows ||
+          s.seq[t] != s.seq[rows_[j - 1]] ||
+          s.pos[t] != s.pos[rows_[j - 1]] + 1)
+        runs_.push_back(j);
+    }
+    runs_.push_back(n);
+    const uint64_t nRuns = runs_.size() - 1;
+    pool_->ParallelFor(nRuns * units, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) {
+        const uint64_t u = i % units;
+        const uint32_t j = runs_[i / units], rows = runs_[i / units + 1] - j;
+        const uint32_t t = rows_[j];
+        auto attend = [&](auto &kc, auto &vc) {
+          AttendRows(q_buf_.data() + j * sh_.q(), sh_.q(), rows, s.pos[t] + 1,
+                     kc.Base(s.seq[t]), vc.Base(s.seq[t]), chunk_ * sh_.dim, H,
+                     KV, sh_.dim, u * unit, (u + 1) * unit,
+                     attn_.data() + j * sh_.q(), sh_.q(), chunk_,
+                     KV * chunk_ * sh_.dim);
+        };
+        if (f16_)
+          attend(kcache16_, vcache16_);
+        else
+          attend(kcache_, vcache_);
+      }
+    });
+  }
+
+  /// RoPE's cos/sin table for position p.
+  void Angles(uint64_t p) {
     for (uint32_t i = 0; i < sh_.dim / 2; ++i) {
       const double a = (double)p * inv_freq_[i];
       cos_[i] = (float)std::cos(a) * cos_sin_scale_;
       sin_[i] = (float)std::sin(a) * cos_sin_scale_;
     }
+  }
+
+  /// A row's query heads normed and rotated (Angles' position).
+  void NormRopeQ(float *q) {
     for (uint32_t h = 0; h < sh_.heads; ++h) {
       float *qh = q + (uint64_t)h * sh_.dim;
       RmsNorm(qh, qn_.data(), sh_.dim, sh_.eps, qh);
       Rope(qh);
     }
+  }
+
+  /// Row t of the step, position p of sequence `seq` (Angles' position):
+  /// norm and rotate k, append k/v to the sequence's cache.
+  void NormRopeStoreKv(uint32_t t, uint32_t seq, uint64_t p) {
+    float *k = k_buf_.data() + t * sh_.kv();
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
       float *kh = k + (uint64_t)h * sh_.dim;
       RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
@@ -257,12 +321,15 @@ private:
   GqaShape sh_;
   ThreadPool *pool_;
   std::vector<uint32_t> runs_; // first row of each run, then n
+  std::vector<uint32_t> rows_; // the step's rows Attend attends
   uint64_t max_seq_ = 0;       // a multiple of chunk_
   uint64_t chunk_ = kChunkMin; // positions a cache chunk
   std::vector<double> inv_freq_;
   float cos_sin_scale_ = 1.0f;
   std::vector<float> cos_, sin_;
   std::vector<float> q_buf_, k_buf_, v_buf_, attn_, qkv_;
+  std::vector<float> x_rows_;    // RunLogitRows' inputs of the logit rows
+  bool logit_rows_only_ = false; // KeepLogitRowsOnly agreed
   SeqCache kcache_, vcache_;
   SeqCacheOf<uint16_t> kcache16_, vcache16_;
 };

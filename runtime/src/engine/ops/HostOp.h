@@ -152,6 +152,10 @@ struct Step {
   bool prefill; // duck prefill modes (5/6) rather than decode
   ValueArena *values;
   std::vector<float> *logits; // logit_rows.size() rows are appended
+  /// For an op that agreed to KeepLogitRowsOnly: every row's cache
+  /// entries, but the result for the logit rows only, row j for
+  /// logit_rows[j].
+  bool logit_rows_only = false;
   uint32_t rows() const { return (uint32_t)tokens.size(); }
 };
 
@@ -271,6 +275,13 @@ public:
   virtual void CopyKv(uint32_t seq, uint64_t from, uint32_t n, uint8_t *buf,
                       uint64_t stride, bool save) {
     (void)seq, (void)from, (void)n, (void)buf, (void)stride, (void)save;
+  }
+  /// Asks the op to honour Step::logit_rows_only (the engine asks its last
+  /// layer's attention, whose result only the logit rows need): whether it
+  /// will, its buffers for steps of up to max_rows rows taken now.
+  virtual bool KeepLogitRowsOnly(uint32_t max_rows) {
+    (void)max_rows;
+    return false;
   }
   /// Cache bytes one decoded token reads through this op when it attends
   /// over `positions` cached positions.

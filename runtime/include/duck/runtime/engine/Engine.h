@@ -352,9 +352,13 @@ private:
   // (the last layer's attention), so a row whose logits nobody wants (a
   // prompt row before the last) has nothing left to give there, and only
   // the logit rows run them (as llama.cpp's last layer keeps only its
-  // output rows). tail_values_: the values made before the tail and read
-  // in it; kept_*_: the logit rows' tokens, positions and sequences.
+  // output rows); that attention itself, where it can, writes every row's
+  // cache entries but queries, attends and projects for the logit rows
+  // only. tail_values_: the values made before the tail and read in it
+  // (moved to the logit rows); kept_*_: the logit rows' tokens, positions
+  // and sequences.
   size_t tail_ = 0;
+  bool tail_compacts_ = false; // ops_[tail_ - 1] keeps its logit rows only
   std::vector<uint32_t> tail_values_;
   std::vector<int32_t> kept_tokens_;
   std::vector<uint32_t> kept_pos_, kept_seq_, kept_logit_rows_;
