@@ -877,8 +877,18 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   p.duckBytesPerToken.assign(m.tp, 0.0);
   StepSums sums;
   SlowestMemo memo;
-  for (const FfnLayer &l : m.ffn)
-    addFfnLayer(l, c, m.tp, memo, p, sums);
+  for (size_t i = 0; i < m.ffn.size(); ++i) {
+    const double chunkMs = sums.prefillMsPerChunk, netMs = sums.prefillNetMs;
+    addFfnLayer(m.ffn[i], c, m.tp, memo, p, sums);
+    // A prompt's rows stop at the last layer's attention but for the row
+    // that samples (the runtime's Engine::RunRows): the last FFN costs a
+    // prompt one row, nothing a chunk. A plan with an MTP module keeps
+    // every row (the module reads their hidden states).
+    if (i + 1 == m.ffn.size() && i > 0 && !m.mtp) {
+      sums.prefillMsPerChunk = chunkMs;
+      sums.prefillNetMs = netMs;
+    }
+  }
   for (const RowSplit &r : m.rowSplits)
     addRowSplit(r, c, p, sums);
   addHost(m, c, p);

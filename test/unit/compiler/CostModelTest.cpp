@@ -539,12 +539,16 @@ TEST(CostModelTest, ResidualOnTheDucksChoosesItsGroups) {
 
 TEST(CostModelTest, PrefillDecodesOncePerChunk) {
   // A dense slice of 3 x 1024 x 256 weights at 10 Gparam/s GEMV and 40
-  // GMAC/s GEMM, 64-row chunks: each weight decoded once, 64 FMAs.
+  // GMAC/s GEMM, 64-row chunks: each weight decoded once, 64 FMAs. Two
+  // layers: a prompt's rows stop at the last one's attention (but the
+  // row that samples), so its FFN costs a chunk nothing; a token pays
+  // both in decode.
   ModelFacts m;
   m.tp = 1;
   FfnLayer dense;
   dense.hidden = 1024;
   dense.shards.push_back(denseShard(0, 256, 1024, 1));
+  m.ffn.push_back(dense);
   m.ffn.push_back(dense);
   ClusterModel c;
   c.fp9GparamS = 10;
@@ -558,6 +562,12 @@ TEST(CostModelTest, PrefillDecodesOncePerChunk) {
   const double ducksMs = (1e3 * chunk + 0.08) / 64;
   EXPECT_NEAR(p.prefillDucksMsPerToken, ducksMs, 1e-12);
   EXPECT_NEAR(p.prefillTokS, 1e3 / (ducksMs + 0.5), 1e-9);
+  EXPECT_EQ(p.layers.size(), 2u);
+  EXPECT_NEAR(p.streamMsPerToken, 2 * 1e3 * P / 10e9, 1e-9);
+  // With an MTP module every prompt row runs the last layer too.
+  m.mtp = std::make_shared<const ModelFacts>();
+  EXPECT_NEAR(costPlan(m, c).prefillDucksMsPerToken, 2 * ducksMs, 1e-12);
+  m.mtp = nullptr;
   // MoE: 4 experts, top 1, 2-row chunks: an expert some row chose with
   // probability 1 - (3/4)^2 = 7/16 is decoded, for 2 x 1/4 rows of FMAs.
   FfnLayer moe = dense;
