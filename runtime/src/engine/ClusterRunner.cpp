@@ -118,8 +118,12 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
   ib_.resize(duck_ib_bytes_flags(n_tokens, top_k, hidden_, ib_flags_));
   duck_ib_write_flags(ib_.data(), mode, slot, n_tokens, top_k, slots, x,
                       hidden_, ib_flags_);
-  if (absl::Status s = SendStep(n_tokens > 1 ? stats_.prefill_steps
-                                             : stats_.decode_steps);
+  // A prompt's steps by their mode: its last layer's step may carry one
+  // row (the row that samples), in the prefill mode all the same.
+  const bool prompt =
+      mode == DUCK_MODE_DENSE_PREFILL || mode == DUCK_MODE_MOE_PREFILL;
+  if (absl::Status s =
+          SendStep(prompt ? stats_.prefill_steps : stats_.decode_steps);
       !s.ok())
     return s;
 

@@ -609,9 +609,10 @@ absl::Status Engine::RunRows(bool prefill, std::vector<float> *out_logits) {
     DUCK_RETURN_IF_ERROR(RunOpRange(ops_, kinds_, 0, tail_, all));
     if (keep > 0) {
       KeepLogitRows();
-      // A single row goes through the ducks' decode modes (same bits).
-      const ops::Step kept{kept_tokens_,     kept_pos_,           kept_seq_,
-                           kept_logit_rows_, prefill && keep > 1, values_.get(),
+      // The ducks' prefill mode even for one row (the same bits as the
+      // decode mode; the prompt's step in the summary's figures).
+      const ops::Step kept{kept_tokens_,     kept_pos_, kept_seq_,
+                           kept_logit_rows_, prefill,   values_.get(),
                            out_logits};
       DUCK_RETURN_IF_ERROR(RunOpRange(ops_, kinds_, tail_, ops_.size(), kept));
     }
@@ -633,11 +634,8 @@ absl::Status
 Engine::RunOpRange(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                    const std::vector<pl::OpParams> &kinds, size_t begin,
                    size_t end, const ops::Step &step) {
-  // Time by op kind, one clock read an op (a few tens of ns); a prompt's
-  // tail on its logit rows counts as the prompt's.
-  OpTimes &times = step.prefill || step.rows() < row_tokens_.size()
-                       ? prefill_times_
-                       : decode_times_;
+  // Time by op kind, one clock read an op (a few tens of ns).
+  OpTimes &times = step.prefill ? prefill_times_ : decode_times_;
   auto t0 = std::chrono::steady_clock::now();
   for (size_t i = begin; i < end; ++i) {
     if (absl::Status s = ops[i]->Run(step); !s.ok())

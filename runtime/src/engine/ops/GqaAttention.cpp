@@ -129,7 +129,6 @@ public:
     if (in_runner_ || q_runner_ || o_runner_)
       return false;
     x_rows_.assign((uint64_t)max_rows * sh_.hidden, 0.0f);
-    rows_.reserve(max_rows);
     logit_rows_only_ = true;
     return true;
   }

@@ -146,21 +146,18 @@ TEST_P(EngineTest, FfnStepsUseThePlansModes) {
   std::vector<FakeFfnRunner::Call> calls = runner_->calls();
   // Chunks of 4 and 2 rows. The last layer's FFN comes after the last
   // attention, so it runs on the rows that want logits only: none of the
-  // first chunk's, the second chunk's last (one row: the decode mode).
+  // first chunk's, the second chunk's last (one row, the prefill mode).
   ASSERT_EQ(calls.size(), 2 * F - 1);
   for (size_t i = 0; i < calls.size(); ++i) {
     SCOPED_TRACE(i);
     const size_t layer = i < F - 1 ? i : i - (F - 1);
     EXPECT_EQ(calls[i].slot, steps[layer]->slot());
     EXPECT_EQ(calls[i].top_k, perRow[layer]);
-    if (i + 1 == calls.size()) {
-      EXPECT_EQ(calls[i].mode, steps[layer]->decode_mode());
-      EXPECT_EQ(calls[i].n_tokens, 1u);
-      continue;
-    }
     EXPECT_EQ(calls[i].mode, steps[layer]->prefill_mode());
     EXPECT_TRUE(calls[i].mode == 5 || calls[i].mode == 6);
-    EXPECT_EQ(calls[i].n_tokens, i < F - 1 ? 4u : 2u);
+    EXPECT_EQ(calls[i].n_tokens, i < F - 1              ? 4u
+                                 : i + 1 < calls.size() ? 2u
+                                                        : 1u);
   }
   runner_->Clear();
   ASSERT_TRUE(e->Forward({3}, &logits).ok());
