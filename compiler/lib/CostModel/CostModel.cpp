@@ -702,15 +702,15 @@ double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
 }
 
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes
-/// a token, its step on the wire and its prompt chunk.
+/// a token, its step on the wire and (`prompt`) its prompt chunk.
 void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
-                 SlowestMemo &memo, PlanCost &p, StepSums &sums) {
+                 SlowestMemo &memo, PlanCost &p, StepSums &sums, bool prompt) {
   std::vector<HeldExperts> held;
   double prefillSlowest = 0;
   LayerCost rec;
   rec.duckBytes.assign(tp, 0);
   for (const FfnShard &s : l.shards) {
-    if (c.gemmGmacS > 0)
+    if (prompt && c.gemmGmacS > 0)
       prefillSlowest = std::max(prefillSlowest, prefillShardSeconds(s, l, c));
     const double active = activeExperts(s, l);
     rec.duckBytes[s.rank] += s.slotBytes;
@@ -727,9 +727,10 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   const uint32_t slots = l.moe ? uint32_t(l.topK + l.numShared) : 0;
   const std::vector<int64_t> whole(tp, l.hidden);
   addWire(c, true, slots, l.hidden, whole, p, sums, true);
-  double prefillNet = 0;
-  if (c.gemmGmacS > 0)
-    prefillNet = addWire(c, false, slots, l.hidden, whole, p, sums, true);
+  if (!prompt || c.gemmGmacS <= 0)
+    return;
+  const double prefillNet =
+      addWire(c, false, slots, l.hidden, whole, p, sums, true);
   sums.prefillMsPerChunk +=
       1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
 }
@@ -877,18 +878,13 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   p.duckBytesPerToken.assign(m.tp, 0.0);
   StepSums sums;
   SlowestMemo memo;
-  for (size_t i = 0; i < m.ffn.size(); ++i) {
-    const double chunkMs = sums.prefillMsPerChunk, netMs = sums.prefillNetMs;
-    addFfnLayer(m.ffn[i], c, m.tp, memo, p, sums);
-    // A prompt's rows stop at the last layer's attention but for the row
-    // that samples (the runtime's Engine::RunRows): the last FFN costs a
-    // prompt one row, nothing a chunk. A plan with an MTP module keeps
-    // every row (the module reads their hidden states).
-    if (i + 1 == m.ffn.size() && i > 0 && !m.mtp) {
-      sums.prefillMsPerChunk = chunkMs;
-      sums.prefillNetMs = netMs;
-    }
-  }
+  // A prompt's rows stop at the last layer's attention but for the row
+  // that samples (the runtime's Engine::RunRows): the last FFN costs a
+  // prompt one row, nothing a chunk. A plan with an MTP module keeps every
+  // row (the module reads their hidden states).
+  for (size_t i = 0; i < m.ffn.size(); ++i)
+    addFfnLayer(m.ffn[i], c, m.tp, memo, p, sums,
+                i + 1 < m.ffn.size() || i == 0 || m.mtp != nullptr);
   for (const RowSplit &r : m.rowSplits)
     addRowSplit(r, c, p, sums);
   addHost(m, c, p);

@@ -205,6 +205,26 @@ struct DuckClient::Impl {
     }
   };
 
+  /// Pumps `ducks` (every connection, in order) for one fixed-size reply
+  /// each, `what` naming the request in errors.
+  template <typename Reply>
+  absl::StatusOr<std::vector<Reply>>
+  PumpReplies(const std::vector<size_t> &ducks, absl::string_view what) {
+    std::vector<Reply> out(conns.size());
+    absl::Status s = Pump(ducks, opt.call_timeout, what,
+                          [&](size_t d, const duckd_frame_header &,
+                              absl::Span<const uint8_t> pl) -> absl::Status {
+                            if (pl.size() < sizeof(Reply))
+                              return absl::InternalError(
+                                  absl::StrCat(what, " reply too short"));
+                            std::memcpy(&out[d], pl.data(), sizeof(Reply));
+                            return absl::OkStatus();
+                          });
+    if (!s.ok())
+      return s;
+    return out;
+  }
+
   /// Drives every listed connection until all queued requests are answered.
   /// With `idle`, the timeout restarts whenever bytes move (long uploads).
   absl::Status Pump(const std::vector<size_t> &ducks, absl::Duration timeout,
@@ -888,19 +908,7 @@ DuckClient::JoinMesh(absl::Span<const DuckEndpoint> mesh,
     m.Queue(d, DUCKD_MSG_MESH, std::move(owned), {p});
     all.push_back(d);
   }
-  std::vector<duckd_mesh_reply> out(n);
-  absl::Status s =
-      m.Pump(all, m.opt.call_timeout, "mesh",
-             [&](size_t d, const duckd_frame_header &,
-                 absl::Span<const uint8_t> pl) -> absl::Status {
-               if (pl.size() < sizeof(duckd_mesh_reply))
-                 return absl::InternalError("mesh reply too short");
-               std::memcpy(&out[d], pl.data(), sizeof(duckd_mesh_reply));
-               return absl::OkStatus();
-             });
-  if (!s.ok())
-    return s;
-  return out;
+  return m.PumpReplies<duckd_mesh_reply>(all, "mesh");
 }
 
 absl::StatusOr<std::vector<duckd_mesh_probe_reply>>
@@ -916,19 +924,7 @@ DuckClient::ProbeMesh(const duckd_mesh_probe_request &request) {
     m.Queue(d, DUCKD_MSG_MESH_PROBE, std::move(owned), {p});
     all.push_back(d);
   }
-  std::vector<duckd_mesh_probe_reply> out(all.size());
-  absl::Status s =
-      m.Pump(all, m.opt.call_timeout, "mesh_probe",
-             [&](size_t d, const duckd_frame_header &,
-                 absl::Span<const uint8_t> pl) -> absl::Status {
-               if (pl.size() < sizeof(duckd_mesh_probe_reply))
-                 return absl::InternalError("mesh_probe reply too short");
-               std::memcpy(&out[d], pl.data(), sizeof out[d]);
-               return absl::OkStatus();
-             });
-  if (!s.ok())
-    return s;
-  return out;
+  return m.PumpReplies<duckd_mesh_probe_reply>(all, "mesh_probe");
 }
 
 namespace {
