@@ -457,9 +457,20 @@ inline void storeRows(const __m256 (&g)[4][R], float *yt) {
   }
 }
 
-/// K a panel segment: 3 rows of it (12 KiB) and 4 tokens' inputs (16 KiB)
-/// stay in L1 through the four group passes.
-constexpr uint32_t kPanelSegment = 1024;
+/// K a panel segment: 3 rows of it (3 KiB) and 4 tokens' inputs (4 KiB),
+/// with the next 4 tokens' coming in, stay in L1 through the four group
+/// passes; 1024 (28 KiB, and 16 more coming in) overflowed Zen 3's 32 KiB
+/// L1: the dense 64-token prefill ran 3-8 % slower (`duck-bench kernels
+/// --filter prefill`).
+constexpr uint32_t kPanelSegment = 256;
+
+/// The panel path's distance between two tokens' pre-scaled inputs: k,
+/// padded by one cache line where k floats are a multiple of 2 KiB, so the
+/// 8 tokens' inputs a pass reads and prefetches do not share one L1 set
+/// (4 % on the dense 64-token prefill on Zen 3).
+inline uint32_t panelTokenStride(uint32_t k) {
+  return k % 512 == 0 ? k + 16 : k;
+}
 
 /// One segment [c0, c1) of R panel rows against tokens [t0, t0 + T): the
 /// four group passes, each continuing its accumulators from `mem` (unless
@@ -511,14 +522,15 @@ void panelTokensAny(uint32_t T, const float *panel, uint32_t len,
 
 /// Rows [i, i + R) of one scale tile against all n tokens: each segment of
 /// the rows is decoded once into the panel (L1), then the tokens' pre-scaled
-/// inputs (xs, k apart) pass it four at a time. Each weight is read from
+/// inputs (xs, ld apart) pass it four at a time. Each weight is read from
 /// memory once a step and decoded once for all n tokens. With K beyond one
 /// segment, the accumulators wait in `accMem` (n x 4 x R vectors) between
 /// segments: stored and reloaded exactly, the FMA chains are unchanged.
 template <int R>
 void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                   uint32_t k, uint32_t n, float *panel, __m256 *accMem,
-                   float *y, uint32_t y_ld, duck_panel_decode_fn decode) {
+                   uint32_t k, uint32_t ld, uint32_t n, float *panel,
+                   __m256 *accMem, float *y, uint32_t y_ld,
+                   duck_panel_decode_fn decode) {
   for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
     const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
     if (decode)
@@ -526,11 +538,10 @@ void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
     else
       decodePanel<R>(mag, sign, k, c0, c1, panel);
     for (uint32_t t = 0; t < n; t += 4)
-      panelTokensAny<R>(n - t < 4 ? n - t : 4, panel, c1 - c0,
-                        xs + (uint64_t)t * k, k, c0,
-                        n - t > 4 ? n - t - 4 : 0, c0 == 0, c1 == k,
-                        accMem + (uint64_t)t * 4 * R, y + (uint64_t)t * y_ld,
-                        y_ld);
+      panelTokensAny<R>(
+          n - t < 4 ? n - t : 4, panel, c1 - c0, xs + (uint64_t)t * ld, ld, c0,
+          n - t > 4 ? n - t - 4 : 0, c0 == 0, c1 == k,
+          accMem + (uint64_t)t * 4 * R, y + (uint64_t)t * y_ld, y_ld);
   }
 }
 
@@ -631,12 +642,12 @@ void duck_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
 /// permuted order (no negated copy: the GEMM flips the weight's sign, which
 /// gives the same product bits as flipping x).
 static void prescaleTokens(const duck_fp9_matrix *m, const float *scale,
-                           const float *x, uint32_t x_ld, uint32_t n,
-                           float *xs) {
+                           const float *x, uint32_t x_ld, uint32_t n, float *xs,
+                           uint32_t xs_ld) {
   const uint32_t k = m->k, bpr = k / m->block;
   for (uint32_t t = 0; t < n; ++t) {
     const float *xt = x + (uint64_t)t * x_ld;
-    float *st = xs + (uint64_t)t * k;
+    float *st = xs + (uint64_t)t * xs_ld;
     for (uint32_t b = 0; b < bpr; ++b) {
       const __m256 sf = _mm256_set1_ps(scale[b] * kShiftXFactor);
       for (uint32_t c = b * m->block; c < (b + 1) * m->block; c += 32)
@@ -646,16 +657,19 @@ static void prescaleTokens(const duck_fp9_matrix *m, const float *scale,
 }
 
 /// Rows [row_begin, row_end) one scale tile at a time: every token's input
-/// pre-scaled for the tile into xs, then rows(first, end) of the tile.
+/// pre-scaled for the tile into xs (xs_ld floats apart), then rows(first,
+/// end) of the tile.
 extern "C++" template <typename Rows>
 inline void eachScaleTile(const duck_fp9_matrix *m, const float *x,
                           uint32_t x_ld, uint32_t n_tokens, uint32_t row_begin,
-                          uint32_t row_end, float *xs, Rows rows) {
+                          uint32_t row_end, float *xs, uint32_t xs_ld,
+                          Rows rows) {
   const uint32_t bpr = m->k / m->block;
   for (uint32_t r = row_begin; r < row_end;) {
     const uint32_t end = tileEnd(m, r) < row_end ? tileEnd(m, r) : row_end;
     const uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs);
+    prescaleTokens(m, m->scale + (uint64_t)tile * bpr, x, x_ld, n_tokens, xs,
+                   xs_ld);
     rows(r, end);
     r = end;
   }
@@ -667,7 +681,7 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t n_tokens, float *y, uint32_t y_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k;
-  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs,
+  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, k,
                 [&](uint32_t r, uint32_t end) {
     for (uint32_t i = r; i < end; ++i) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
@@ -691,22 +705,23 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs,
                       duck_panel_decode_fn decode) {
-  const uint32_t k = m->k;
-  // The second half of xs: the panel (3 rows of a segment) and, when K
-  // takes more than one segment, the tokens' accumulators between
-  // segments; both fit n_tokens * k floats for n_tokens >= 4.
-  float *panel = xs + (uint64_t)n_tokens * k;
+  const uint32_t k = m->k, ld = panelTokenStride(k);
+  // After the inputs (n_tokens * ld floats): the panel (3 rows of a
+  // segment) and, when K takes more than one segment, the tokens'
+  // accumulators between segments (96 floats a token); all of it fits
+  // 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
+  float *panel = xs + (uint64_t)n_tokens * ld;
   __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * kPanelSegment);
-  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs,
+  eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
                 [&](uint32_t r, uint32_t end) {
     for (uint32_t i = r; i < end; i += 3) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
       switch (end - i < 3 ? end - i : 3) {
-      case 3: gemmPanelRows<3>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
-      case 2: gemmPanelRows<2>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
-      default: gemmPanelRows<1>(mag, sign, xs, k, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      case 3: gemmPanelRows<3>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      case 2: gemmPanelRows<2>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      default: gemmPanelRows<1>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
       }
     }
   });

@@ -51,7 +51,7 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// tokens t < n_tokens with inputs x[t][k] (row stride x_ld). From
 /// DUCK_GEMM_PANEL_MIN tokens on, every weight is read and decoded once for
 /// all the tokens: rows are decoded three at a time into a panel in L1 (K
-/// in segments of 1024) and every token's pre-scaled input streams past
+/// in segments of 256) and every token's pre-scaled input streams past
 /// them; below it, each row is decoded in registers for its 1 to 4 tokens
 /// (three and four: two passes over the row, two accumulator groups each).
 /// Each token's result is bit-identical to duck_gemv on that token alone.

@@ -361,10 +361,13 @@ void DotsI8X16(const int8_t *w, const uint16_t *scale, const int16_t *xq,
   __m256i sums[T];
   uint64_t b = 0;
   for (; b + 8 <= blocks; b += 8) {
-    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048,
-                 _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048 + 64,
-                 _MM_HINT_T0);
+    // Every line of the group (256 bytes) 2 KiB ahead. Prefetching only
+    // half of them halved the head's rate on Zen 3 (16.6 -> 7.6 GB/s a
+    // core), where the hardware prefetcher then fetches the rest late.
+    for (int line = 0; line < 4; ++line)
+      _mm_prefetch(reinterpret_cast<const char *>(w + 32 * b) + 2048 +
+                       64 * line,
+                   _MM_HINT_T0);
     GroupSums<T>(w + 32 * b, xq + 32 * b, x_ld, sums);
     const __m256 sc = _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i *>(scale + b)));

@@ -113,8 +113,9 @@ const Shape kShapes[] = {
     {300, 64, 32, 0},    // K == 64 with 32-blocks: general32
     {70, 32, 32, 60},    // exact32 (Qwen3-30B-A3B down at tp24), odd rows
     {3, 2048, 128, 0},
-    {7, 1056, 32, 3},    // K a GEMM panel segment and one chunk more
-    {7, 1056, 32, 3},    // K a GEMM panel segment and one chunk more
+    {7, 1056, 32, 3}, // K four GEMM panel segments and one chunk more
+    {7, 288, 32, 3},  // K a GEMM panel segment and one chunk more
+    {9, 512, 128, 0}, // K two panel segments, 9 tokens
 };
 
 TEST(Kernels, SelectionRule) {
@@ -187,10 +188,17 @@ TEST(Kernels, GemmEqualsGemvPerToken) {
     TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
     for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
       auto x = randomVector(tokens * s.k, rng);
-      Aligned<float> xs(2 * tokens * s.k);
+      // The scratch the contract names, and a guard after it.
+      const uint64_t scratch = 2ull * tokens * s.k, guard = 64;
+      Aligned<float> xs(scratch + guard);
+      std::fill_n(xs.get() + scratch, guard, 1234.5f);
       std::vector<float> y(tokens * s.rows);
       duck_gemm(&m.view, x.data(), s.k, tokens, y.data(), s.rows, 0, s.rows,
                 xs.get());
+      for (uint64_t i = 0; i < guard; ++i)
+        ASSERT_EQ(xs.get()[scratch + i], 1234.5f)
+            << "duck_gemm wrote past its scratch, k " << s.k << " tokens "
+            << tokens;
       Aligned<float> xs1(2 * s.k);
       std::vector<float> one(s.rows);
       for (uint32_t t = 0; t < tokens; ++t) {
