@@ -545,6 +545,47 @@ void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
   }
 }
 
+/// 32 e4m3 weights (lane j of group q is weight 4j + q) as fp32 with their
+/// signs: byte q moved to bits 24..31, shifted right arithmetically by 4
+/// (the sign stays in bit 31, the other 7 bits land at 20..26), the copies
+/// of the sign in bits 27..30 and the bytes below masked off. The value is
+/// the weight times 2^-120 (subnormals included: fp32 denormals then).
+struct E4m3Chunk {
+  __m256 w[4];
+};
+inline E4m3Chunk decodeE4m3(const uint8_t *p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+  const __m256i keep = _mm256_set1_epi32((int)0x87F00000u);
+  E4m3Chunk c;
+  c.w[0] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 4), keep));
+  c.w[1] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 4), keep));
+  c.w[2] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 4), keep));
+  c.w[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(v, 4), keep));
+  return c;
+}
+
+/// fp9's operand (value times 2^-105) from an e4m3 one.
+constexpr float kE4m3ToFp9 = 0x1p15f;
+
+/// One e4m3 row against the shift path's pre-scaled input: the products
+/// are duck_gemv's times 2^-15, summed in its order; the result has its
+/// bits.
+inline float dotRowE4m3(const uint8_t *w, const float *xs, uint32_t k) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  for (uint32_t c = 0; c < k; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char *>(w + c + 4096), _MM_HINT_T0);
+    const E4m3Chunk d = decodeE4m3(w + c);
+    acc0 = _mm256_fmadd_ps(d.w[0], _mm256_load_ps(xs + c), acc0);
+    acc1 = _mm256_fmadd_ps(d.w[1], _mm256_load_ps(xs + c + 8), acc1);
+    acc2 = _mm256_fmadd_ps(d.w[2], _mm256_load_ps(xs + c + 16), acc2);
+    acc3 = _mm256_fmadd_ps(d.w[3], _mm256_load_ps(xs + c + 24), acc3);
+  }
+  return reduceRow(acc0, acc1, acc2, acc3) * kE4m3ToFp9;
+}
+
 inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
   // First local row of the next scale tile after row r.
   uint32_t t = (r + m->row_phase) / m->scale_rows;
@@ -725,6 +766,54 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       }
     }
   });
+}
+
+static void decodePanelE4m3(const uint8_t *mag, const uint32_t *, uint32_t k,
+                            uint32_t rows, uint32_t c0, uint32_t c1,
+                            float *panel) {
+  const __m256 toFp9 = _mm256_set1_ps(kE4m3ToFp9);
+  for (uint32_t r = 0; r < rows; ++r) {
+    const uint8_t *m = mag + (uint64_t)r * k;
+    float *p = panel + (uint64_t)r * (c1 - c0) - c0;
+    for (uint32_t c = c0; c < c1; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
+      const E4m3Chunk d = decodeE4m3(m + c);
+      for (int q = 0; q < 4; ++q) // exact: a power of two, no overflow
+        _mm256_store_ps(p + c + 8 * q, _mm256_mul_ps(d.w[q], toFp9));
+    }
+  }
+}
+
+void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
+                    uint32_t row_begin, uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  for (uint32_t r = row_begin; r < row_end;) {
+    const uint32_t end = tileEnd(m, r) < row_end ? tileEnd(m, r) : row_end;
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    prescaleAny<true>(m->block, x, m->scale + (uint64_t)tile * bpr, k,
+                      kShiftXFactor, xs, nullptr);
+    for (uint32_t i = r; i < end; ++i)
+      y[i - row_begin] = dotRowE4m3(m->mag + (uint64_t)i * k, xs, k);
+    r = end;
+  }
+}
+
+uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k) {
+  // The panel path's inputs, panel and accumulators (gemmPanel).
+  const uint64_t panel = (uint64_t)n_tokens * panelTokenStride(k) +
+                         3 * kPanelSegment + 96ull * n_tokens;
+  const uint64_t contract = 2ull * n_tokens * k;
+  return panel > contract ? panel : contract;
+}
+
+void duck_e4m3_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs) {
+  if (n_tokens == 1)
+    duck_e4m3_gemv(m, x, y, row_begin, row_end, xs);
+  else if (n_tokens > 1)
+    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs,
+              decodePanelE4m3);
 }
 
 } // extern "C"

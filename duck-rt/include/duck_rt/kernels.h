@@ -84,6 +84,26 @@ void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
                             uint32_t row_end, float *xs,
                             duck_panel_decode_fn decode);
 
+/// Host matrices of an FP8 checkpoint kept as its e4m3 bytes (the ducks hold
+/// fp9; a host without AVX-512 reads these instead): `m->mag` points at
+/// the bytes, row-major, 1 byte a weight with its sign inside; `m->scale`
+/// is an fp9 scale plane (the checkpoint's scale_inv, as duck_fp9_pack
+/// lays it out); `m->sign` is not read. The e4m3 bits moved to fp32 bit 20
+/// are the value times 2^-120, so one arithmetic shift right and one mask
+/// decode a weight with its sign (11 vector operations a 32-chunk where fp9
+/// takes 20). Results have the fp9 kernels' bits for the same weights (each
+/// product is theirs times 2^-15, undone exactly at the end).
+///
+/// Rows [row_begin, row_end) against one input; `xs` is m->k floats.
+void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
+                    uint32_t row_begin, uint32_t row_end, float *xs);
+/// duck_gemm for such a matrix, any n_tokens (the panel path from 2 tokens
+/// on, the GEMV for one); `xs` holds duck_e4m3_gemm_scratch_floats floats.
+void duck_e4m3_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs);
+uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k);
+
 /// One FFN (a dense MLP slice or one expert's slice): gate/up [inter, hidden],
 /// down [hidden, inter].
 typedef struct duck_ffn_weights {

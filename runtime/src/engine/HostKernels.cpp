@@ -542,6 +542,8 @@ float DotF32(const float *w, const float *x, uint64_t n) {
 uint64_t MatrixBytes(const HostMatrix &w) {
   if (w.is_fp9)
     return w.fp9_store.size() * 8;
+  if (w.is_e4m3)
+    return w.e4m3_store.size() + w.e4m3_scale.size() * 4;
   if (w.i8)
     return w.rows * w.cols + w.rows * (w.cols / kInt8Block) * 2;
   return w.rows * w.cols * (w.bf16 ? 2 : 4);
@@ -605,6 +607,12 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
   if (w.i8) {
     if (r0 < r1)
       Int8Rows(w, x, 0, 1, y + r0, 0, r0, r1);
+    return;
+  }
+  if (w.is_e4m3) {
+    if (r0 < r1)
+      duck_e4m3_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                     KernelScratch(w.cols));
     return;
   }
   if (w.bf16 && HostHasAvx512()) { // the same bits, fewer uops a weight
@@ -688,6 +696,11 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
     return;
   if (w.is_fp9)
     return Fp9Rows(w, x, x_ld, n, out, out_ld, b, e);
+  if (w.is_e4m3) // one token: the GEMV; more: the panel, the GEMV's bits
+    return duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                          (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                          KernelScratch(duck_e4m3_gemm_scratch_floats(
+                              (uint32_t)n, (uint32_t)w.cols)));
   if (w.i8)
     return Int8Rows(w, x, x_ld, n, out, out_ld, b, e);
   const bool avx512 = w.bf16 && HostHasAvx512();

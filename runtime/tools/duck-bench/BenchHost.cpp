@@ -71,7 +71,8 @@ void PrintUsage(FILE *out) {
       "last-level cache and at least 1 GiB), against the streaming read\n"
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
-      "(q/k/v fused, o_proj, an fp9 LM head) and the default int8 head\n"
+      "(q/k/v fused, o_proj, an fp9 LM head), q/k/v and o_proj as e4m3 (an\n"
+      "FP8 checkpoint's host matrices without AVX-512), the default int8 head\n"
       "(one row, and the 4 rows of a speculative verify step);\n"
       "the fp9 GEMM of 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
@@ -129,6 +130,8 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
 
 /// `copies` fp9 matrices [rows, k] (block 128) with magnitudes of normal
 /// floats and mixed signs: the kernels' speed does not depend on values.
+/// With `e4m3`, the host's e4m3 matrices instead (the same bytes read as
+/// e4m3 weights, no sign plane), as an FP8 checkpoint loads without AVX-512.
 struct Fp9Set {
   Buffer planes;
   std::vector<float> scale;
@@ -136,9 +139,9 @@ struct Fp9Set {
   uint64_t bytes = 0; // of one matrix: magnitudes + signs
 };
 
-Fp9Set MakeFp9(uint32_t rows, uint32_t k, uint64_t copies) {
+Fp9Set MakeFp9(uint32_t rows, uint32_t k, uint64_t copies, bool e4m3 = false) {
   Fp9Set s;
-  const uint64_t mag = (uint64_t)rows * k, sign = mag / 8;
+  const uint64_t mag = (uint64_t)rows * k, sign = e4m3 ? 0 : mag / 8;
   s.bytes = mag + sign;
   s.planes = Buffer(s.bytes * copies);
   uint8_t *p = s.planes.data();
@@ -149,9 +152,11 @@ Fp9Set MakeFp9(uint32_t rows, uint32_t k, uint64_t copies) {
     HostMatrix h;
     h.rows = rows;
     h.cols = k;
-    h.is_fp9 = true;
+    h.is_fp9 = !e4m3;
+    h.is_e4m3 = e4m3;
     h.fp9.mag = p + c * s.bytes;
-    h.fp9.sign = reinterpret_cast<const uint32_t *>(p + c * s.bytes + mag);
+    h.fp9.sign =
+        reinterpret_cast<const uint32_t *>(p + c * s.bytes + (e4m3 ? 0 : mag));
     h.fp9.scale = s.scale.data();
     h.fp9.rows = rows;
     h.fp9.k = k;
@@ -280,12 +285,17 @@ int duckBenchHost(int argc, char **argv) {
   }
 
   std::vector<Result> results;
-  if (o.gemv) { // q/k/v fused: three matrices of one input, one hand-off.
+  // q/k/v fused: three matrices of one input, one hand-off; fp9 and e4m3.
+  for (bool e4m3 : {false, true}) {
+    if (!o.gemv)
+      break;
     const uint32_t k = 1024;
-    const uint64_t one = (2048 + 1024 + 1024) * (uint64_t)k * 9 / 8;
+    const uint64_t one =
+        (2048 + 1024 + 1024) * (uint64_t)k * (e4m3 ? 8 : 9) / 8;
     const uint64_t copies = CopiesFor(one, cold);
-    Fp9Set qs = MakeFp9(2048, k, copies), ks = MakeFp9(1024, k, copies),
-           vs = MakeFp9(1024, k, copies);
+    Fp9Set qs = MakeFp9(2048, k, copies, e4m3),
+           ks = MakeFp9(1024, k, copies, e4m3),
+           vs = MakeFp9(1024, k, copies, e4m3);
     std::vector<float> x(k, 0.5f), yq(2048), yk(1024), yv(1024);
     const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
       duck::runtime::MatMulMany(pool, x.data(), 1,
@@ -293,19 +303,24 @@ int duckBenchHost(int argc, char **argv) {
                                  {&ks.m[c], yk.data()},
                                  {&vs.m[c], yv.data()}});
     });
-    results.push_back({"gemv q/k/v 4096x1024 (0.6B)", (double)one, s, 0});
+    results.push_back({e4m3 ? "gemv q/k/v 4096x1024 (0.6B, e4m3)"
+                            : "gemv q/k/v 4096x1024 (0.6B)",
+                       (double)one, s, 0});
   }
   struct Shape {
     const char *what;
     uint32_t rows, k;
+    bool e4m3;
   };
-  for (Shape sh : {Shape{"gemv o_proj 1024x2048 (0.6B)", 1024, 2048},
-                   Shape{"gemv LM head 151936x1024 (0.6B)", 151936, 1024}}) {
+  for (Shape sh :
+       {Shape{"gemv o_proj 1024x2048 (0.6B)", 1024, 2048, false},
+        Shape{"gemv o_proj 1024x2048 (0.6B, e4m3)", 1024, 2048, true},
+        Shape{"gemv LM head 151936x1024 (0.6B)", 151936, 1024, false}}) {
     if (!o.gemv)
       break;
-    const uint64_t bytes = (uint64_t)sh.rows * sh.k * 9 / 8;
+    const uint64_t bytes = (uint64_t)sh.rows * sh.k * (sh.e4m3 ? 8 : 9) / 8;
     const uint64_t copies = CopiesFor(bytes, cold);
-    Fp9Set set = MakeFp9(sh.rows, sh.k, copies);
+    Fp9Set set = MakeFp9(sh.rows, sh.k, copies, sh.e4m3);
     std::vector<float> x(sh.k, 0.5f), y(sh.rows);
     const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
       duck::runtime::MatVec(pool, set.m[c], x.data(), y.data());

@@ -45,7 +45,7 @@ HostOpOr CreateEmbedding(const OpEnv &env) {
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->weight(), "weight"));
   HostMatrix m;
   DUCK_ASSIGN_OR_RETURN(m, env.weights.Matrix(*t));
-  if (m.is_fp9)
+  if (m.is_fp9 || m.is_e4m3)
     return absl::UnimplementedError(
         "FP8 embeddings are not supported (row lookup needs bf16/fp32)");
   if (m.cols != env.hidden)

@@ -262,7 +262,7 @@ HostOpOr CreateLmHead(const OpEnv &env) {
     DUCK_ASSIGN_OR_RETURN(q8, env.weights.QuantizedInt8(*t, *env.pool));
     top = std::make_unique<ExactTop>(std::move(m), q8);
     m = std::move(q8);
-  } else if (p->fp9() && !m.is_fp9) { // duckc --lm-head fp9: more of it
+  } else if (p->fp9() && !m.is_fp9 && !m.is_e4m3) { // --lm-head fp9
     DUCK_ASSIGN_OR_RETURN(m, env.weights.QuantizedFp9(*t));
   }
   if (m.cols != env.hidden)

@@ -64,8 +64,18 @@ struct TestMatrix {
     buf.resize(l.total_bytes);
     EXPECT_EQ(duck_fp9_pack(&src, &desc, buf.get(), nullptr), DUCK_FP9_OK);
     view = duck_fp9_matrix_view(&desc, buf.get());
+    e4m3.assign(w.begin() + (uint64_t)row0 * k, w.end());
   }
   duck::ref::Matrix ref() { return {desc, buf.get()}; }
+  /// The slice's e4m3 bytes (row-major) with the fp9 scale plane, as a host
+  /// without AVX-512 holds an FP8 matrix.
+  std::vector<uint8_t> e4m3;
+  duck_fp9_matrix e4m3View() const {
+    duck_fp9_matrix e = view;
+    e.mag = e4m3.data();
+    e.sign = reinterpret_cast<const uint32_t *>(e4m3.data()); // not read
+    return e;
+  }
 };
 
 std::vector<float> randomVector(uint32_t n, std::mt19937 &rng, float sd = 1.0f) {
@@ -208,6 +218,44 @@ TEST(Kernels, GemmEqualsGemvPerToken) {
           ASSERT_EQ(bits(y[t * s.rows + r]), bits(one[r]))
               << "token " << t << " row " << r << " k " << s.k;
       }
+    }
+  }
+}
+
+// An FP8 matrix read as its e4m3 bytes (a host without AVX-512) gives the
+// fp9 kernels' bits, for one token (the GEMV) and for many (the panel from 2
+// tokens on), on every shape and on a range of rows inside.
+TEST(Kernels, E4m3HasTheFp9KernelsBits) {
+  std::mt19937 rng(21);
+  for (const Shape &s : kShapes) {
+    TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
+    const duck_fp9_matrix e = m.e4m3View();
+    for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 9u, 37u}) {
+      auto x = randomVector(tokens * s.k, rng);
+      Aligned<float> xs(2 * tokens * s.k);
+      const uint64_t scratch = duck_e4m3_gemm_scratch_floats(tokens, s.k);
+      Aligned<float> xe(scratch + 64);
+      std::fill_n(xe.get() + scratch, 64, 1234.5f);
+      std::vector<float> want(tokens * s.rows), got(tokens * s.rows, -1.0f);
+      duck_gemm(&m.view, x.data(), s.k, tokens, want.data(), s.rows, 0, s.rows,
+                xs.get());
+      duck_e4m3_gemm(&e, x.data(), s.k, tokens, got.data(), s.rows, 0, s.rows,
+                     xe.get());
+      for (uint64_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(bits(got[i]), bits(want[i]))
+            << "k " << s.k << " tokens " << tokens << " token " << i / s.rows
+            << " row " << i % s.rows;
+      for (int i = 0; i < 64; ++i)
+        ASSERT_EQ(xe.get()[scratch + i], 1234.5f) << "past the scratch";
+      const uint32_t b = s.rows / 3, end = s.rows - s.rows / 4;
+      std::vector<float> part(tokens * (end - b));
+      duck_e4m3_gemm(&e, x.data(), s.k, tokens, part.data(), end - b, b, end,
+                     xe.get());
+      for (uint32_t t = 0; t < tokens; ++t)
+        for (uint32_t r = b; r < end; ++r)
+          ASSERT_EQ(bits(part[t * (end - b) + r - b]),
+                    bits(want[t * s.rows + r]))
+              << "rows from " << b << ", k " << s.k << " token " << t;
     }
   }
 }

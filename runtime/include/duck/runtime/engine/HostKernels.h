@@ -141,14 +141,21 @@ private:
 };
 
 /// A host weight matrix [rows, cols], row-major: bf16 (mapped straight
-/// from the checkpoint), fp9 (FP8 checkpoints: converted losslessly at load,
-/// 1.125 bytes a weight, read with the duck GEMV kernels), or fp32.
+/// from the checkpoint), fp9 (FP8 checkpoints on an AVX-512 host: converted
+/// losslessly at load, 1.125 bytes a weight, read with the duck GEMV
+/// kernels), e4m3 (FP8 checkpoints elsewhere: the checkpoint's bytes, 1 byte
+/// a weight, read by duck_e4m3_gemv with fp9's bits), or fp32.
 struct HostMatrix {
   uint64_t rows = 0, cols = 0;
   const uint16_t *bf16 = nullptr;
   const float *f32 = nullptr;
   bool is_fp9 = false;
+  /// e4m3: `fp9` views the bytes in e4m3_store (sign inside) with the
+  /// scale plane in e4m3_scale (see duck_e4m3_gemv).
+  bool is_e4m3 = false;
   duck_fp9_matrix fp9{};
+  HugePageVector<uint8_t> e4m3_store;
+  std::vector<float> e4m3_scale;
   std::vector<float> owned;       // backing store of f32 when converted
   HugePageVector<uint64_t> fp9_store; // backing store of the fp9 planes
   /// int8 (duckc --lm-head int8): a weight is q * i8_scale[row, k / 32],
