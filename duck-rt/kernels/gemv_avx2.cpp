@@ -11,6 +11,7 @@
 // F16C path (a benchmark alternative) reads weights in natural order.
 #include "duck_rt/kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 namespace {
@@ -457,12 +458,50 @@ inline void storeRows(const __m256 (&g)[4][R], float *yt) {
   }
 }
 
-/// K a panel segment: 3 rows of it (3 KiB) and 4 tokens' inputs (4 KiB),
-/// with the next 4 tokens' coming in, stay in L1 through the four group
-/// passes; 1024 (28 KiB, and 16 more coming in) overflowed Zen 3's 32 KiB
-/// L1: the dense 64-token prefill ran 3-8 % slower (`duck-bench kernels
-/// --filter prefill`).
-constexpr uint32_t kPanelSegment = 256;
+/// This core's L1 data cache in KiB (CPUID: AMD's leaf 0x80000005, else
+/// the deterministic cache leaf 4), 32 when neither tells.
+uint32_t l1DataKib() {
+  unsigned a, b, c, d;
+  if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000005u &&
+      __get_cpuid(0x80000005u, &a, &b, &c, &d) && (c >> 24) != 0)
+    return c >> 24;
+  if (__get_cpuid(0, &a, &b, &c, &d) && a >= 4)
+    for (unsigned i = 0; i < 8; ++i) {
+      __cpuid_count(4, i, a, b, c, d);
+      const unsigned type = a & 31, level = (a >> 5) & 7;
+      if (type == 0)
+        break;
+      if (level == 1 && (type == 1 || type == 3))
+        return ((b >> 22) + 1) * (((b >> 12) & 0x3FF) + 1) * ((b & 0xFFF) + 1) *
+               (c + 1) / 1024;
+    }
+  return 32;
+}
+
+/// K a panel segment, chosen once (duck_gemm_set_panel_segment). 1024
+/// where L1 holds 48 KiB or more: 3 rows of it (12 KiB), 4 tokens' inputs
+/// (16 KiB) and the next 4 tokens' coming in (16 KiB) stay in it through
+/// the four group passes, each pass long enough to pay its setup. 256 on a
+/// 32 KiB L1 (Zen 2 and 3, Skylake), which 1024 overflowed: the dense
+/// 64-token prefill 3-8 % faster on Zen 3 (`duck-bench kernels --filter
+/// prefill`).
+uint32_t gPanelSegment = 0;
+
+uint32_t panelSegment() {
+  uint32_t s = __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
+  if (s == 0) { // a race computes and stores the same value
+    s = l1DataKib() >= 48 ? 1024 : 256;
+    __atomic_store_n(&gPanelSegment, s, __ATOMIC_RELAXED);
+  }
+  return s;
+}
+
+/// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
+/// of a segment) and, when K takes more than one segment, the tokens'
+/// accumulators between segments (96 floats a token).
+uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg) {
+  return 3ull * (k < seg ? k : seg) + (k > seg ? 96ull * n_tokens : 0);
+}
 
 /// The panel path's distance between two tokens' pre-scaled inputs: k,
 /// padded by one cache line where k floats are a multiple of 2 KiB, so the
@@ -528,11 +567,11 @@ void panelTokensAny(uint32_t T, const float *panel, uint32_t len,
 /// segments: stored and reloaded exactly, the FMA chains are unchanged.
 template <int R>
 void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
-                   uint32_t k, uint32_t ld, uint32_t n, float *panel,
-                   __m256 *accMem, float *y, uint32_t y_ld,
+                   uint32_t k, uint32_t ld, uint32_t seg, uint32_t n,
+                   float *panel, __m256 *accMem, float *y, uint32_t y_ld,
                    duck_panel_decode_fn decode) {
-  for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
-    const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
+  for (uint32_t c0 = 0; c0 < k; c0 += seg) {
+    const uint32_t c1 = k - c0 < seg ? k : c0 + seg;
     if (decode)
       decode(mag, sign, k, R, c0, c1, panel);
     else
@@ -746,13 +785,11 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs,
                       duck_panel_decode_fn decode) {
-  const uint32_t k = m->k, ld = panelTokenStride(k);
-  // After the inputs (n_tokens * ld floats): the panel (3 rows of a
-  // segment) and, when K takes more than one segment, the tokens'
-  // accumulators between segments (96 floats a token); all of it fits
-  // 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
+  const uint32_t k = m->k, ld = panelTokenStride(k), seg = panelSegment();
+  // After the inputs (n_tokens * ld floats), panelExtraFloats: all of it
+  // fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
   float *panel = xs + (uint64_t)n_tokens * ld;
-  __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * kPanelSegment);
+  __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * (k < seg ? k : seg));
   eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
                 [&](uint32_t r, uint32_t end) {
     for (uint32_t i = r; i < end; i += 3) {
@@ -760,9 +797,18 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
       switch (end - i < 3 ? end - i : 3) {
-      case 3: gemmPanelRows<3>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
-      case 2: gemmPanelRows<2>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
-      default: gemmPanelRows<1>(mag, sign, xs, k, ld, n_tokens, panel, accMem, yi, y_ld, decode); break;
+      case 3:
+        gemmPanelRows<3>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
+                         y_ld, decode);
+        break;
+      case 2:
+        gemmPanelRows<2>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
+                         y_ld, decode);
+        break;
+      default:
+        gemmPanelRows<1>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
+                         y_ld, decode);
+        break;
       }
     }
   });
@@ -798,10 +844,16 @@ void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
   }
 }
 
+uint32_t duck_gemm_panel_segment(void) { return panelSegment(); }
+
+void duck_gemm_set_panel_segment(uint32_t columns) {
+  __atomic_store_n(&gPanelSegment, columns, __ATOMIC_RELAXED);
+}
+
 uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k) {
   // The panel path's inputs, panel and accumulators (gemmPanel).
   const uint64_t panel = (uint64_t)n_tokens * panelTokenStride(k) +
-                         3 * kPanelSegment + 96ull * n_tokens;
+                         panelExtraFloats(n_tokens, k, panelSegment());
   const uint64_t contract = 2ull * n_tokens * k;
   return panel > contract ? panel : contract;
 }

@@ -123,9 +123,9 @@ const Shape kShapes[] = {
     {300, 64, 32, 0},    // K == 64 with 32-blocks: general32
     {70, 32, 32, 60},    // exact32 (Qwen3-30B-A3B down at tp24), odd rows
     {3, 2048, 128, 0},
-    {7, 1056, 32, 3}, // K four GEMM panel segments and one chunk more
-    {7, 288, 32, 3},  // K a GEMM panel segment and one chunk more
-    {9, 512, 128, 0}, // K two panel segments, 9 tokens
+    {7, 1056, 32, 3}, // K a panel segment of 1024 (four of 256) and a chunk
+    {7, 288, 32, 3},  // K a panel segment of 256 and one chunk more
+    {9, 512, 128, 0}, // K two panel segments of 256, half of 1024
 };
 
 TEST(Kernels, SelectionRule) {
@@ -191,73 +191,83 @@ TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
 }
 
 // GEMM over token tiles equals GEMV token by token, bit for bit (odd token
-// counts exercise the half tile).
+// counts exercise the half tile), with either panel segment.
 TEST(Kernels, GemmEqualsGemvPerToken) {
-  std::mt19937 rng(13);
-  for (const Shape &s : kShapes) {
-    TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
-    for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
-      auto x = randomVector(tokens * s.k, rng);
-      // The scratch the contract names, and a guard after it.
-      const uint64_t scratch = 2ull * tokens * s.k, guard = 64;
-      Aligned<float> xs(scratch + guard);
-      std::fill_n(xs.get() + scratch, guard, 1234.5f);
-      std::vector<float> y(tokens * s.rows);
-      duck_gemm(&m.view, x.data(), s.k, tokens, y.data(), s.rows, 0, s.rows,
-                xs.get());
-      for (uint64_t i = 0; i < guard; ++i)
-        ASSERT_EQ(xs.get()[scratch + i], 1234.5f)
-            << "duck_gemm wrote past its scratch, k " << s.k << " tokens "
-            << tokens;
-      Aligned<float> xs1(2 * s.k);
-      std::vector<float> one(s.rows);
-      for (uint32_t t = 0; t < tokens; ++t) {
-        duck_gemv(&m.view, x.data() + t * s.k, one.data(), 0, s.rows, xs1.get(),
-                  DUCK_DECODE_SHIFT);
-        for (uint32_t r = 0; r < s.rows; ++r)
-          ASSERT_EQ(bits(y[t * s.rows + r]), bits(one[r]))
-              << "token " << t << " row " << r << " k " << s.k;
+  for (uint32_t seg : {256u, 1024u}) { // either panel segment
+    SCOPED_TRACE(testing::Message() << "panel segment " << seg);
+    duck_gemm_set_panel_segment(seg);
+    std::mt19937 rng(13);
+    for (const Shape &s : kShapes) {
+      TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
+      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
+        auto x = randomVector(tokens * s.k, rng);
+        // The scratch the contract names, and a guard after it.
+        const uint64_t scratch = 2ull * tokens * s.k, guard = 64;
+        Aligned<float> xs(scratch + guard);
+        std::fill_n(xs.get() + scratch, guard, 1234.5f);
+        std::vector<float> y(tokens * s.rows);
+        duck_gemm(&m.view, x.data(), s.k, tokens, y.data(), s.rows, 0, s.rows,
+                  xs.get());
+        for (uint64_t i = 0; i < guard; ++i)
+          ASSERT_EQ(xs.get()[scratch + i], 1234.5f)
+              << "duck_gemm wrote past its scratch, k " << s.k << " tokens "
+              << tokens;
+        Aligned<float> xs1(2 * s.k);
+        std::vector<float> one(s.rows);
+        for (uint32_t t = 0; t < tokens; ++t) {
+          duck_gemv(&m.view, x.data() + t * s.k, one.data(), 0, s.rows,
+                    xs1.get(), DUCK_DECODE_SHIFT);
+          for (uint32_t r = 0; r < s.rows; ++r)
+            ASSERT_EQ(bits(y[t * s.rows + r]), bits(one[r]))
+                << "token " << t << " row " << r << " k " << s.k;
+        }
       }
     }
   }
+  duck_gemm_set_panel_segment(0);
 }
 
 // An FP8 matrix read as its e4m3 bytes (a host without AVX-512) gives the
 // fp9 kernels' bits, for one token (the GEMV) and for many (the panel from 2
 // tokens on), on every shape and on a range of rows inside.
 TEST(Kernels, E4m3HasTheFp9KernelsBits) {
-  std::mt19937 rng(21);
-  for (const Shape &s : kShapes) {
-    TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
-    const duck_fp9_matrix e = m.e4m3View();
-    for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 9u, 37u}) {
-      auto x = randomVector(tokens * s.k, rng);
-      Aligned<float> xs(2 * tokens * s.k);
-      const uint64_t scratch = duck_e4m3_gemm_scratch_floats(tokens, s.k);
-      Aligned<float> xe(scratch + 64);
-      std::fill_n(xe.get() + scratch, 64, 1234.5f);
-      std::vector<float> want(tokens * s.rows), got(tokens * s.rows, -1.0f);
-      duck_gemm(&m.view, x.data(), s.k, tokens, want.data(), s.rows, 0, s.rows,
-                xs.get());
-      duck_e4m3_gemm(&e, x.data(), s.k, tokens, got.data(), s.rows, 0, s.rows,
-                     xe.get());
-      for (uint64_t i = 0; i < want.size(); ++i)
-        ASSERT_EQ(bits(got[i]), bits(want[i]))
-            << "k " << s.k << " tokens " << tokens << " token " << i / s.rows
-            << " row " << i % s.rows;
-      for (int i = 0; i < 64; ++i)
-        ASSERT_EQ(xe.get()[scratch + i], 1234.5f) << "past the scratch";
-      const uint32_t b = s.rows / 3, end = s.rows - s.rows / 4;
-      std::vector<float> part(tokens * (end - b));
-      duck_e4m3_gemm(&e, x.data(), s.k, tokens, part.data(), end - b, b, end,
-                     xe.get());
-      for (uint32_t t = 0; t < tokens; ++t)
-        for (uint32_t r = b; r < end; ++r)
-          ASSERT_EQ(bits(part[t * (end - b) + r - b]),
-                    bits(want[t * s.rows + r]))
-              << "rows from " << b << ", k " << s.k << " token " << t;
+  for (uint32_t seg : {256u, 1024u}) { // either panel segment
+    SCOPED_TRACE(testing::Message() << "panel segment " << seg);
+    duck_gemm_set_panel_segment(seg);
+    std::mt19937 rng(21);
+    for (const Shape &s : kShapes) {
+      TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
+      const duck_fp9_matrix e = m.e4m3View();
+      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 9u, 37u}) {
+        auto x = randomVector(tokens * s.k, rng);
+        Aligned<float> xs(2 * tokens * s.k);
+        const uint64_t scratch = duck_e4m3_gemm_scratch_floats(tokens, s.k);
+        Aligned<float> xe(scratch + 64);
+        std::fill_n(xe.get() + scratch, 64, 1234.5f);
+        std::vector<float> want(tokens * s.rows), got(tokens * s.rows, -1.0f);
+        duck_gemm(&m.view, x.data(), s.k, tokens, want.data(), s.rows, 0,
+                  s.rows, xs.get());
+        duck_e4m3_gemm(&e, x.data(), s.k, tokens, got.data(), s.rows, 0, s.rows,
+                       xe.get());
+        for (uint64_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(bits(got[i]), bits(want[i]))
+              << "k " << s.k << " tokens " << tokens << " token " << i / s.rows
+              << " row " << i % s.rows;
+        for (int i = 0; i < 64; ++i)
+          ASSERT_EQ(xe.get()[scratch + i], 1234.5f) << "past the scratch";
+        const uint32_t b = s.rows / 3, end = s.rows - s.rows / 4;
+        std::vector<float> part(tokens * (end - b));
+        duck_e4m3_gemm(&e, x.data(), s.k, tokens, part.data(), end - b, b, end,
+                       xe.get());
+        for (uint32_t t = 0; t < tokens; ++t)
+          for (uint32_t r = b; r < end; ++r)
+            ASSERT_EQ(bits(part[t * (end - b) + r - b]),
+                      bits(want[t * s.rows + r]))
+                << "rows from " << b << ", k " << s.k << " token " << t;
+      }
     }
   }
+  duck_gemm_set_panel_segment(0);
 }
 
 struct TestFfn {
