@@ -625,6 +625,53 @@ inline float dotRowE4m3(const uint8_t *w, const float *xs, uint32_t k) {
   return reduceRow(acc0, acc1, acc2, acc3) * kE4m3ToFp9;
 }
 
+/// Groups Q0 and Q0 + 1 of one e4m3 row against T tokens (gemmRowPass's
+/// shape: 2T accumulators live, the row in L1 for the second pass).
+template <int T, int Q0>
+inline void e4m3RowPass(const uint8_t *w, const float *xs, uint32_t k,
+                        __m256 (&sums)[4][4]) {
+  const __m256i keep = _mm256_set1_epi32((int)0x87F00000u);
+  __m256 a[T], b[T];
+  for (int t = 0; t < T; ++t)
+    a[t] = b[t] = _mm256_setzero_ps();
+  for (uint32_t c = 0; c < k; c += 32) {
+    if (Q0 == 0)
+      _mm_prefetch(reinterpret_cast<const char *>(w + c + 4096), _MM_HINT_T0);
+    const __m256i v =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c));
+    const __m256 wA = _mm256_castsi256_ps(_mm256_and_si256(
+        _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * Q0), 4), keep));
+    for (int t = 0; t < T; ++t)
+      a[t] = _mm256_fmadd_ps(
+          wA, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * Q0), a[t]);
+    __m256i bitsB = v; // group 3's byte is already the top one
+    if constexpr (Q0 + 1 != 3)
+      bitsB = _mm256_slli_epi32(v, 16 - 8 * Q0);
+    const __m256 wB = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_srai_epi32(bitsB, 4), keep));
+    for (int t = 0; t < T; ++t)
+      b[t] = _mm256_fmadd_ps(
+          wB, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * Q0 + 8), b[t]);
+  }
+  for (int t = 0; t < T; ++t) {
+    sums[Q0][t] = a[t];
+    sums[Q0 + 1][t] = b[t];
+  }
+}
+
+/// One e4m3 row against 2 to 4 tokens (a verify step, a few rows of a
+/// batch): each token's FMAs and reduction are dotRowE4m3's.
+template <int T>
+inline void e4m3RowPasses(const uint8_t *w, const float *xs, uint32_t k,
+                          float *y, uint32_t y_ld) {
+  __m256 sums[4][4];
+  e4m3RowPass<T, 0>(w, xs, k, sums);
+  e4m3RowPass<T, 2>(w, xs, k, sums);
+  for (int t = 0; t < T; ++t)
+    y[(uint64_t)t * y_ld] =
+        reduceRow(sums[0][t], sums[1][t], sums[2][t], sums[3][t]) * kE4m3ToFp9;
+}
+
 inline uint32_t tileEnd(const duck_fp9_matrix *m, uint32_t r) {
   // First local row of the next scale tile after row r.
   uint32_t t = (r + m->row_phase) / m->scale_rows;
@@ -814,18 +861,22 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   });
 }
 
+/// The panel of an e4m3 matrix: the decoded weights as they are (the
+/// value times 2^-120; scaling them to fp9's operand here would multiply
+/// e4m3 subnormals, fp32 denormals, which costs a microcode assist a
+/// vector on Zen 3, where the FMAs take them at full rate). duck_e4m3_gemm
+/// scales the results by 2^15 instead.
 static void decodePanelE4m3(const uint8_t *mag, const uint32_t *, uint32_t k,
                             uint32_t rows, uint32_t c0, uint32_t c1,
                             float *panel) {
-  const __m256 toFp9 = _mm256_set1_ps(kE4m3ToFp9);
   for (uint32_t r = 0; r < rows; ++r) {
     const uint8_t *m = mag + (uint64_t)r * k;
     float *p = panel + (uint64_t)r * (c1 - c0) - c0;
     for (uint32_t c = c0; c < c1; c += 32) {
       _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
       const E4m3Chunk d = decodeE4m3(m + c);
-      for (int q = 0; q < 4; ++q) // exact: a power of two, no overflow
-        _mm256_store_ps(p + c + 8 * q, _mm256_mul_ps(d.w[q], toFp9));
+      for (int q = 0; q < 4; ++q)
+        _mm256_store_ps(p + c + 8 * q, d.w[q]);
     }
   }
 }
@@ -861,11 +912,31 @@ uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k) {
 void duck_e4m3_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                     uint32_t n_tokens, float *y, uint32_t y_ld,
                     uint32_t row_begin, uint32_t row_end, float *xs) {
-  if (n_tokens == 1)
+  const uint32_t k = m->k;
+  if (n_tokens == 1) {
     duck_e4m3_gemv(m, x, y, row_begin, row_end, xs);
-  else if (n_tokens > 1)
+  } else if (n_tokens < DUCK_GEMM_PANEL_MIN) { // each row in registers
+    eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, k,
+                  [&](uint32_t r, uint32_t end) {
+                    for (uint32_t i = r; i < end; ++i) {
+                      const uint8_t *w = m->mag + (uint64_t)i * k;
+                      float *yi = y + (i - row_begin);
+                      if (n_tokens == 4)
+                        e4m3RowPasses<4>(w, xs, k, yi, y_ld);
+                      else if (n_tokens == 3)
+                        e4m3RowPasses<3>(w, xs, k, yi, y_ld);
+                      else
+                        e4m3RowPasses<2>(w, xs, k, yi, y_ld);
+                    }
+                  });
+  } else if (n_tokens > 0) {
     gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs,
               decodePanelE4m3);
+    // Each product was fp9's times 2^-15: the sums back, exactly.
+    for (uint32_t t = 0; t < n_tokens; ++t)
+      for (uint32_t r = 0; r < row_end - row_begin; ++r)
+        y[(uint64_t)t * y_ld + r] *= kE4m3ToFp9;
+  }
 }
 
 } // extern "C"

@@ -74,8 +74,9 @@ void PrintUsage(FILE *out) {
       "(q/k/v fused, o_proj, an fp9 LM head), q/k/v and o_proj as e4m3 (an\n"
       "FP8 checkpoint's host matrices without AVX-512), the default int8 head\n"
       "(one row, and the 4 rows of a speculative verify step);\n"
-      "the fp9 GEMM of 4, 8 and 16\n"
-      "rows (a batched decode step) through the q/k/v matrix in GMAC/s,\n"
+      "the fp9 GEMM of 2, 4, 8 and 16\n"
+      "rows (a batched decode step) through the q/k/v matrix in GMAC/s\n"
+      "(and as e4m3),\n"
       "by the AVX2 duck_gemm and (where the CPU has it) by AVX-512: the\n"
       "panel decoded with it, with 512-bit multiply-adds as well, and\n"
       "each chunk decoded in registers for up to 8 rows (what the host runs\n"
@@ -338,14 +339,16 @@ int duckBenchHost(int argc, char **argv) {
     const uint32_t rows = 4096, k = 1024;
     const uint64_t bytes = (uint64_t)rows * k * 9 / 8;
     const uint64_t copies = CopiesFor(bytes, cold);
-    Fp9Set set = MakeFp9(rows, k, copies);
-    enum class Kind { duck, panel, widePanel, registers };
+    Fp9Set set = MakeFp9(rows, k, copies),
+           e4m3 = MakeFp9(rows, k, copies, /*e4m3=*/true);
+    enum class Kind { duck, panel, widePanel, registers, e4m3 };
     struct Decoder {
       const char *name;
       duck_panel_decode_fn fn;
       Kind kind;
     };
-    std::vector<Decoder> decoders = {{"AVX2 duck_gemm", nullptr, Kind::duck}};
+    std::vector<Decoder> decoders = {{"AVX2 duck_gemm", nullptr, Kind::duck},
+                                     {"e4m3, AVX2", nullptr, Kind::e4m3}};
     if (duck::runtime::HostHasAvx512()) {
       decoders.push_back({"AVX-512 decoded panel",
                           duck::runtime::Fp9DecodePanelAvx512, Kind::panel});
@@ -354,7 +357,7 @@ int duckBenchHost(int argc, char **argv) {
                           Kind::widePanel});
       decoders.push_back({"AVX-512 in registers", nullptr, Kind::registers});
     }
-    for (uint32_t T : {4u, 8u, 16u}) {
+    for (uint32_t T : {2u, 4u, 8u, 16u}) {
       std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
       for (const Decoder &d : decoders) {
         const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
@@ -364,13 +367,17 @@ int duckBenchHost(int argc, char **argv) {
                 thread_local std::vector<float> scratch;
                 scratch.resize(
                     std::max<uint64_t>(
-                        2ull * T * k,
+                        std::max<uint64_t>(2ull * T * k,
+                                           duck_e4m3_gemm_scratch_floats(T, k)),
                         duck::runtime::Fp9GemmPanelAvx512ScratchFloats(T, k)) +
                     16);
                 float *xs = reinterpret_cast<float *>(
                     (reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
                     ~uintptr_t(63));
-                if (d.kind == Kind::registers)
+                if (d.kind == Kind::e4m3)
+                  duck_e4m3_gemm(&e4m3.m[c].fp9, x.data(), k, T, y.data() + b,
+                                 rows, (uint32_t)b, (uint32_t)e, xs);
+                else if (d.kind == Kind::registers)
                   duck::runtime::Fp9GemmAvx512(&set.m[c].fp9, x.data(), k, T,
                                                y.data() + b, rows, (uint32_t)b,
                                                (uint32_t)e, xs);
@@ -386,7 +393,8 @@ int duckBenchHost(int argc, char **argv) {
               64);
         });
         results.push_back({format("gemm %u rows x 4096x1024, %s", T, d.name),
-                           (double)set.bytes, s, 0, (double)T * rows * k});
+                           (double)(d.kind == Kind::e4m3 ? e4m3 : set).bytes, s,
+                           0, (double)T * rows * k});
       }
     }
   }
