@@ -238,7 +238,7 @@ TEST(Kernels, E4m3HasTheFp9KernelsBits) {
     for (const Shape &s : kShapes) {
       TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
       const duck_fp9_matrix e = m.e4m3View();
-      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 9u, 37u}) {
+      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 9u, 16u, 17u, 37u}) {
         auto x = randomVector(tokens * s.k, rng);
         Aligned<float> xs(2 * tokens * s.k);
         const uint64_t scratch = duck_e4m3_gemm_scratch_floats(tokens, s.k);
