@@ -184,18 +184,28 @@ TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
     for (uint32_t r = 0; r < s.rows; ++r) {
       // The F16C path reads weights in natural order, the shift path in its
       // shuffle-free order: both within the fp32 bound, not bit-equal.
-      ASSERT_NEAR(b[r], a[r], 2 * tolerance(s.k, absSum[r])) << "F16C, row " << r;
+      ASSERT_NEAR(b[r], a[r], 2 * tolerance(s.k, absSum[r]))
+          << "F16C, row " << r;
       ASSERT_EQ(bits(a[r]), bits(c[r])) << "general differs, row " << r;
     }
   }
 }
 
+/// Runs `body` with each panel segment the kernels may choose (256 and
+/// 1024 columns), then lets them detect theirs again.
+template <typename Body> void forEachPanelSegment(Body body) {
+  for (uint32_t seg : {256u, 1024u}) {
+    SCOPED_TRACE(testing::Message() << "panel segment " << seg);
+    duck_gemm_set_panel_segment(seg);
+    body();
+  }
+  duck_gemm_set_panel_segment(0);
+}
+
 // GEMM over token tiles equals GEMV token by token, bit for bit (odd token
 // counts exercise the half tile), with either panel segment.
 TEST(Kernels, GemmEqualsGemvPerToken) {
-  for (uint32_t seg : {256u, 1024u}) { // either panel segment
-    SCOPED_TRACE(testing::Message() << "panel segment " << seg);
-    duck_gemm_set_panel_segment(seg);
+  forEachPanelSegment([] {
     std::mt19937 rng(13);
     for (const Shape &s : kShapes) {
       TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
@@ -223,17 +233,14 @@ TEST(Kernels, GemmEqualsGemvPerToken) {
         }
       }
     }
-  }
-  duck_gemm_set_panel_segment(0);
+  });
 }
 
 // An FP8 matrix read as its e4m3 bytes (a host without AVX-512) gives the
-// fp9 kernels' bits, for one token (the GEMV) and for many (the panel from 2
-// tokens on), on every shape and on a range of rows inside.
+// fp9 kernels' bits, for one token (the GEMV), 2 to 4 (in registers) and
+// more (the panel, either segment), on every shape and on a range of rows.
 TEST(Kernels, E4m3HasTheFp9KernelsBits) {
-  for (uint32_t seg : {256u, 1024u}) { // either panel segment
-    SCOPED_TRACE(testing::Message() << "panel segment " << seg);
-    duck_gemm_set_panel_segment(seg);
+  forEachPanelSegment([] {
     std::mt19937 rng(21);
     for (const Shape &s : kShapes) {
       TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
@@ -266,8 +273,7 @@ TEST(Kernels, E4m3HasTheFp9KernelsBits) {
                 << "rows from " << b << ", k " << s.k << " token " << t;
       }
     }
-  }
-  duck_gemm_set_panel_segment(0);
+  });
 }
 
 struct TestFfn {
