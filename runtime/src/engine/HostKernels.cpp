@@ -696,8 +696,9 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
     return;
   if (w.is_fp9)
     return Fp9Rows(w, x, x_ld, n, out, out_ld, b, e);
-  if (w.is_e4m3) // the GEMV, rows in registers below 5 tokens, the panel: its
-                 // bits
+  // e4m3: the GEMV, rows in registers below 5 tokens, then the panel; all
+  // with the GEMV's bits.
+  if (w.is_e4m3)
     return duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
                           (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
                           KernelScratch(duck_e4m3_gemm_scratch_floats(
