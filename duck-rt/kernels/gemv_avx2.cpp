@@ -481,16 +481,17 @@ uint32_t l1DataKib() {
 /// K a panel segment, chosen once (duck_gemm_set_panel_segment). 1024
 /// where L1 holds 48 KiB or more: 3 rows of it (12 KiB), 4 tokens' inputs
 /// (16 KiB) and the next 4 tokens' coming in (16 KiB) stay in it through
-/// the four group passes, each pass long enough to pay its setup. 256 on a
-/// 32 KiB L1 (Zen 2 and 3, Skylake), which 1024 overflowed: the dense
-/// 64-token prefill 3-8 % faster on Zen 3 (`duck-bench kernels --filter
-/// prefill`).
+/// the four group passes, each pass long enough to pay its setup. 512 on a
+/// 32 KiB L1 (Zen 2 and 3, Skylake), which 1024 overflowed (22 KiB): on
+/// Zen 3, with the inputs padded, the 64-token dense and MoE prefill 6-9 %
+/// faster than at 256, which was 3-8 % faster than 1024 unpadded
+/// (`duck-bench kernels --filter prefill --cores 1,2`, alternated).
 uint32_t gPanelSegment = 0;
 
 uint32_t panelSegment() {
   uint32_t s = __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
   if (s == 0) { // a race computes and stores the same value
-    s = l1DataKib() >= 48 ? 1024 : 256;
+    s = l1DataKib() >= 48 ? 1024 : 512;
     __atomic_store_n(&gPanelSegment, s, __ATOMIC_RELAXED);
   }
   return s;

@@ -77,7 +77,7 @@ typedef void (*duck_panel_decode_fn)(const uint8_t *mag, const uint32_t *sign,
                                      uint32_t c1, float *panel);
 
 /// The panel GEMM's K segment in columns: 1024 where this core's L1 data
-/// cache holds 48 KiB or more, 256 where it holds less (CPUID, once).
+/// cache holds 48 KiB or more, 512 where it holds less (CPUID, once).
 /// duck_gemm_set_panel_segment sets it (a multiple of 32; 0 detects
 /// again), for tests and benchmarks of both; results do not depend on it.
 uint32_t duck_gemm_panel_segment(void);

@@ -191,10 +191,10 @@ TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
   }
 }
 
-/// Runs `body` with each panel segment the kernels may choose (256 and
-/// 1024 columns), then lets them detect theirs again.
+/// Runs `body` with each panel segment the kernels may choose (512 and
+/// 1024 columns) and a shorter one, then lets them detect theirs again.
 template <typename Body> void forEachPanelSegment(Body body) {
-  for (uint32_t seg : {256u, 1024u}) {
+  for (uint32_t seg : {256u, 512u, 1024u}) {
     SCOPED_TRACE(testing::Message() << "panel segment " << seg);
     duck_gemm_set_panel_segment(seg);
     body();
