@@ -500,8 +500,11 @@ uint32_t panelSegment() {
 /// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
 /// of a segment) and, when K takes more than one segment, the tokens'
 /// accumulators between segments (96 floats a token).
+inline uint32_t panelFloats(uint32_t k, uint32_t seg) {
+  return 3 * (k < seg ? k : seg);
+}
 uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg) {
-  return 3ull * (k < seg ? k : seg) + (k > seg ? 96ull * n_tokens : 0);
+  return panelFloats(k, seg) + (k > seg ? 96ull * n_tokens : 0);
 }
 
 /// The panel path's distance between two tokens' pre-scaled inputs: k,
@@ -837,7 +840,7 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   // After the inputs (n_tokens * ld floats), panelExtraFloats: all of it
   // fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
   float *panel = xs + (uint64_t)n_tokens * ld;
-  __m256 *accMem = reinterpret_cast<__m256 *>(panel + 3 * (k < seg ? k : seg));
+  __m256 *accMem = reinterpret_cast<__m256 *>(panel + panelFloats(k, seg));
   eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
                 [&](uint32_t r, uint32_t end) {
     for (uint32_t i = r; i < end; i += 3) {
@@ -895,8 +898,6 @@ void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
     r = end;
   }
 }
-
-uint32_t duck_gemm_panel_segment(void) { return panelSegment(); }
 
 void duck_gemm_set_panel_segment(uint32_t columns) {
   __atomic_store_n(&gPanelSegment, columns, __ATOMIC_RELAXED);
