@@ -11,7 +11,6 @@
 // F16C path (a benchmark alternative) reads weights in natural order.
 #include "duck_rt/kernels.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 namespace {
@@ -458,53 +457,26 @@ inline void storeRows(const __m256 (&g)[4][R], float *yt) {
   }
 }
 
-/// This core's L1 data cache in KiB (CPUID: AMD's leaf 0x80000005, else
-/// the deterministic cache leaf 4), 32 when neither tells.
-uint32_t l1DataKib() {
-  unsigned a, b, c, d;
-  if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000005u &&
-      __get_cpuid(0x80000005u, &a, &b, &c, &d) && (c >> 24) != 0)
-    return c >> 24;
-  if (__get_cpuid(0, &a, &b, &c, &d) && a >= 4)
-    for (unsigned i = 0; i < 8; ++i) {
-      __cpuid_count(4, i, a, b, c, d);
-      const unsigned type = a & 31, level = (a >> 5) & 7;
-      if (type == 0)
-        break;
-      if (level == 1 && (type == 1 || type == 3))
-        return ((b >> 22) + 1) * (((b >> 12) & 0x3FF) + 1) * ((b & 0xFFF) + 1) *
-               (c + 1) / 1024;
-    }
-  return 32;
-}
-
-/// K a panel segment, chosen once (duck_gemm_set_panel_segment). 1024
-/// where L1 holds 48 KiB or more: 3 rows of it (12 KiB), 4 tokens' inputs
-/// (16 KiB) and the next 4 tokens' coming in (16 KiB) stay in it through
-/// the four group passes, each pass long enough to pay its setup. 512 on a
-/// 32 KiB L1 (Zen 2 and 3, Skylake), which 1024 overflowed (22 KiB): on
-/// Zen 3, with the inputs padded, the 64-token dense and MoE prefill 6-9 %
-/// faster than at 256, which was 3-8 % faster than 1024 unpadded
-/// (`duck-bench kernels --filter prefill --cores 1,2`, alternated).
-uint32_t gPanelSegment = 0;
+/// K a panel segment: 1024 columns (duck_gemm_set_panel_segment sets
+/// another, for tests of every segment). The group-pair order (below)
+/// keeps half of a segment's panel in L1 (6 KiB of 3 rows) with half of 4
+/// tokens' inputs (8 KiB) and of the next 4 tokens' coming in (8 KiB).
+uint32_t gPanelSegment = 1024;
 
 uint32_t panelSegment() {
-  uint32_t s = __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
-  if (s == 0) { // a race computes and stores the same value
-    s = l1DataKib() >= 48 ? 1024 : 512;
-    __atomic_store_n(&gPanelSegment, s, __ATOMIC_RELAXED);
-  }
-  return s;
+  return __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
 }
 
 /// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
-/// of a segment) and, when K takes more than one segment, the tokens'
-/// accumulators between segments (96 floats a token).
+/// of a segment), then the tokens' accumulators (96 floats a token) where
+/// the group-pair order keeps them, or where K takes more than one
+/// segment.
 inline uint32_t panelFloats(uint32_t k, uint32_t seg) {
   return 3 * (k < seg ? k : seg);
 }
-uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg) {
-  return panelFloats(k, seg) + (k > seg ? 96ull * n_tokens : 0);
+uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg,
+                          bool pairs) {
+  return panelFloats(k, seg) + (pairs || k > seg ? 96ull * n_tokens : 0);
 }
 
 /// The panel path's distance between two tokens' pre-scaled inputs: k,
@@ -586,6 +558,102 @@ void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
           n - t > 4 ? n - t - 4 : 0, c0 == 0, c1 == k,
           accMem + (uint64_t)t * 4 * R, y + (uint64_t)t * y_ld, y_ld);
   }
+}
+
+/// Group pass q of one segment [c0, c0 + len) of R panel rows against
+/// tokens [t0, t0 + T) (inputs k apart): panelGroup's FMAs, the
+/// accumulators continuing from `mem` (unless `first`) and going back to
+/// it. `next` and `next` + one token: the pair's cache line of two tokens
+/// that pass next, 128 bytes on an iteration. Its own function with the
+/// loop inside, so the accumulators stay in registers from the loads to
+/// the stores (through panelGroup's reference the compiler copied them to
+/// the stack and back around the loop: 1.10x on the pairs, Zen 3).
+template <int R, int T>
+__attribute__((noinline)) void
+panelPass(int q, const float *panel, uint32_t len, const float *xs, uint32_t k,
+          uint32_t c0, const float *next, bool first, __m256 *mem) {
+  __m256 acc[R][T];
+  __m256 *m = mem + q * R;
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      acc[r][t] = first ? _mm256_setzero_ps() : m[t * 4 * R + r];
+  const float *p = panel + 8 * q, *end = p + len, *xp = xs + c0 + 8 * q;
+  const char *nx = reinterpret_cast<const char *>(next);
+  const uint64_t gap = 4ull * k;
+  for (; p < end; p += 32, xp += 32, nx += 128) {
+    _mm_prefetch(nx, _MM_HINT_T0);
+    _mm_prefetch(nx + gap, _MM_HINT_T0);
+    __m256 w[R];
+    for (int r = 0; r < R; ++r)
+      w[r] = _mm256_load_ps(p + (uint64_t)r * len);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_load_ps(xp + (uint64_t)t * k);
+      for (int r = 0; r < R; ++r)
+        acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      m[t * 4 * R + r] = acc[r][t];
+}
+
+template <int R>
+void panelPassAny(uint32_t T, int q, const float *panel, uint32_t len,
+                  const float *xs, uint32_t k, uint32_t c0, const float *next,
+                  bool first, __m256 *mem) {
+  switch (T) {
+  case 4:
+    return panelPass<R, 4>(q, panel, len, xs, k, c0, next, first, mem);
+  case 3:
+    return panelPass<R, 3>(q, panel, len, xs, k, c0, next, first, mem);
+  case 2:
+    return panelPass<R, 2>(q, panel, len, xs, k, c0, next, first, mem);
+  default:
+    return panelPass<R, 1>(q, panel, len, xs, k, c0, next, first, mem);
+  }
+}
+
+/// gemmPanelRows with the groups outermost, in pairs: each segment of the
+/// rows is decoded once, then groups 0 and 1 of every token pass it four
+/// tokens at a time, then groups 2 and 3. Groups 0 and 1 read the first
+/// cache line of every 128-byte chunk of the panel and of the inputs, 2
+/// and 3 the second, so half the panel stays in L1 while all the tokens
+/// pass, and a segment of 1024 columns fits a 32 KiB L1 (gemmPanelRows
+/// needs 44 KiB there): a pass runs 32 chunks, not 16. On Zen 3, 64
+/// tokens, one core, with panelPass: 3072 x 1024 5.78 against 7.05 ms
+/// (1.22x), 1024 x 3072 6.77 against 7.61 (1.12x), bits unchanged. The
+/// accumulators of every token wait in `accMem` (n x 4 x R vectors)
+/// between passes and are reduced at the end.
+template <int R>
+void gemmPanelRowsByPairs(const uint8_t *mag, const uint32_t *sign,
+                          const float *xs, uint32_t k, uint32_t ld,
+                          uint32_t seg, uint32_t n, float *panel,
+                          __m256 *accMem, float *y, uint32_t y_ld,
+                          duck_panel_decode_fn decode) {
+  for (uint32_t c0 = 0; c0 < k; c0 += seg) {
+    const uint32_t c1 = k - c0 < seg ? k : c0 + seg;
+    if (decode)
+      decode(mag, sign, k, R, c0, c1, panel);
+    else
+      decodePanel<R>(mag, sign, k, c0, c1, panel);
+    for (int pair = 0; pair < 4; pair += 2)
+      for (uint32_t t = 0; t < n; t += 4) {
+        // The tokens after these (or, after the last, the first ones of
+        // the next pair): two of them a pass, the pair's cache line.
+        const bool more = t + 4 < n;
+        const float *next = xs + (more ? (uint64_t)(t + 4) * ld : 0) + c0 +
+                            8 * (more ? pair : pair + 2);
+        for (int q = pair; q < pair + 2; ++q)
+          panelPassAny<R>(n - t < 4 ? n - t : 4, q, panel, c1 - c0,
+                          xs + (uint64_t)t * ld, ld, c0,
+                          next + (uint64_t)(q - pair) * 2 * ld, c0 == 0,
+                          accMem + (uint64_t)t * 4 * R);
+      }
+  }
+  for (uint32_t t = 0; t < n; ++t)
+    storeRows<R>(
+        *reinterpret_cast<const __m256(*)[4][R]>(accMem + (uint64_t)t * 4 * R),
+        y + (uint64_t)t * y_ld);
 }
 
 /// 32 e4m3 weights (lane j of group q is weight 4j + q) as fp32 with their
@@ -749,7 +817,7 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs,
-                      duck_panel_decode_fn decode);
+                      uint64_t xs_floats, duck_panel_decode_fn decode);
 
 void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
                             uint32_t x_ld, uint32_t n_tokens, float *y,
@@ -757,7 +825,8 @@ void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
                             uint32_t row_end, float *xs,
                             duck_panel_decode_fn decode) {
   if (n_tokens >= DUCK_GEMM_PANEL_MIN)
-    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs, decode);
+    gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs,
+              2ull * n_tokens * m->k, decode);
   else if (n_tokens > 0)
     gemmFew(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
 }
@@ -832,13 +901,24 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   });
 }
 
+/// Whether gemmPanel keeps every token's accumulators (the group-pair
+/// order) within `xs_floats` of scratch: the contract's 2 * n * k holds
+/// them for any K of 512 and more (the dense and expert FFNs' prefill),
+/// not for the smallest K (an expert slice of 64 at tp 32).
+inline bool panelByPairs(uint32_t n_tokens, uint32_t k, uint64_t xs_floats) {
+  return (uint64_t)n_tokens * panelTokenStride(k) +
+             panelExtraFloats(n_tokens, k, panelSegment(), true) <=
+         xs_floats;
+}
+
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs,
-                      duck_panel_decode_fn decode) {
+                      uint64_t xs_floats, duck_panel_decode_fn decode) {
   const uint32_t k = m->k, ld = panelTokenStride(k), seg = panelSegment();
-  // After the inputs (n_tokens * ld floats), panelExtraFloats: all of it
-  // fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
+  const bool pairs = panelByPairs(n_tokens, k, xs_floats);
+  // After the inputs (n_tokens * ld floats), panelExtraFloats: without the
+  // pairs it fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
   float *panel = xs + (uint64_t)n_tokens * ld;
   __m256 *accMem = reinterpret_cast<__m256 *>(panel + panelFloats(k, seg));
   eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
@@ -847,20 +927,23 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
+#define DUCK_PANEL_ROWS(N)                                                     \
+  (pairs ? gemmPanelRowsByPairs<N>(mag, sign, xs, k, ld, seg, n_tokens, panel, \
+                                   accMem, yi, y_ld, decode)                   \
+         : gemmPanelRows<N>(mag, sign, xs, k, ld, seg, n_tokens, panel,        \
+                            accMem, yi, y_ld, decode))
       switch (end - i < 3 ? end - i : 3) {
       case 3:
-        gemmPanelRows<3>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
-                         y_ld, decode);
+        DUCK_PANEL_ROWS(3);
         break;
       case 2:
-        gemmPanelRows<2>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
-                         y_ld, decode);
+        DUCK_PANEL_ROWS(2);
         break;
       default:
-        gemmPanelRows<1>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,
-                         y_ld, decode);
+        DUCK_PANEL_ROWS(1);
         break;
       }
+#undef DUCK_PANEL_ROWS
     }
   });
 }
@@ -900,13 +983,13 @@ void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 }
 
 void duck_gemm_set_panel_segment(uint32_t columns) {
-  __atomic_store_n(&gPanelSegment, columns, __ATOMIC_RELAXED);
+  __atomic_store_n(&gPanelSegment, columns ? columns : 1024, __ATOMIC_RELAXED);
 }
 
 uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k) {
   // The panel path's inputs, panel and accumulators (gemmPanel).
   const uint64_t panel = (uint64_t)n_tokens * panelTokenStride(k) +
-                         panelExtraFloats(n_tokens, k, panelSegment());
+                         panelExtraFloats(n_tokens, k, panelSegment(), true);
   const uint64_t contract = 2ull * n_tokens * k;
   return panel > contract ? panel : contract;
 }
@@ -933,7 +1016,7 @@ void duck_e4m3_gemm(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                   });
   } else if (n_tokens > 0) {
     gemmPanel(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs,
-              decodePanelE4m3);
+              duck_e4m3_gemm_scratch_floats(n_tokens, k), decodePanelE4m3);
     // Each product was fp9's times 2^-15: the sums back, exactly.
     for (uint32_t t = 0; t < n_tokens; ++t)
       for (uint32_t r = 0; r < row_end - row_begin; ++r)

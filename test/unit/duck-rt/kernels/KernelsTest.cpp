@@ -191,8 +191,8 @@ TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
   }
 }
 
-/// Runs `body` with each panel segment the kernels may choose (512 and
-/// 1024 columns) and a shorter one, then lets them detect theirs again.
+/// Runs `body` with the kernels' panel segment (1024 columns) and two
+/// shorter ones, then sets the kernels' own again.
 template <typename Body> void forEachPanelSegment(Body body) {
   for (uint32_t seg : {256u, 512u, 1024u}) {
     SCOPED_TRACE(testing::Message() << "panel segment " << seg);
@@ -203,7 +203,7 @@ template <typename Body> void forEachPanelSegment(Body body) {
 }
 
 // GEMM over token tiles equals GEMV token by token, bit for bit (odd token
-// counts exercise the half tile), with either panel segment.
+// counts exercise the half tile), with every panel segment.
 TEST(Kernels, GemmEqualsGemvPerToken) {
   forEachPanelSegment([] {
     std::mt19937 rng(13);
