@@ -11,6 +11,7 @@
 // F16C path (a benchmark alternative) reads weights in natural order.
 #include "duck_rt/kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 namespace {
@@ -457,14 +458,52 @@ inline void storeRows(const __m256 (&g)[4][R], float *yt) {
   }
 }
 
-/// K a panel segment: 1024 columns (duck_gemm_set_panel_segment sets
-/// another, for tests of every segment). The group-pair order (below)
-/// keeps half of a segment's panel in L1 (6 KiB of 3 rows) with half of 4
-/// tokens' inputs (8 KiB) and of the next 4 tokens' coming in (8 KiB).
-uint32_t gPanelSegment = 1024;
+/// This core's L1 data cache in KiB (CPUID: AMD's leaf 0x80000005, else
+/// the deterministic cache leaf 4), 32 when neither tells.
+uint32_t l1DataKib() {
+  unsigned a, b, c, d;
+  if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000005u &&
+      __get_cpuid(0x80000005u, &a, &b, &c, &d) && (c >> 24) != 0)
+    return c >> 24;
+  if (__get_cpuid(0, &a, &b, &c, &d) && a >= 4)
+    for (unsigned i = 0; i < 8; ++i) {
+      __cpuid_count(4, i, a, b, c, d);
+      const unsigned type = a & 31, level = (a >> 5) & 7;
+      if (type == 0)
+        break;
+      if (level == 1 && (type == 1 || type == 3))
+        return ((b >> 22) + 1) * (((b >> 12) & 0x3FF) + 1) * ((b & 0xFFF) + 1) *
+               (c + 1) / 1024;
+    }
+  return 32;
+}
 
-uint32_t panelSegment() {
-  return __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
+/// K a panel segment (duck_gemm_set_panel_segment sets one for both
+/// orders, for tests of every segment). The group-pair order (from 16
+/// tokens, gemmPanelRowsByPairs) takes 1024 columns on any L1: it keeps
+/// half of a segment's panel in L1 (6 KiB of 3 rows) with half of 4
+/// tokens' inputs (8 KiB) and of the next 4 tokens' coming in (8 KiB).
+/// The four groups a pass (gemmPanelRows) keep all of it: 1024 where L1
+/// holds 48 KiB or more, 512 on a 32 KiB L1 (Zen 2 and 3, Skylake), which
+/// 1024 overflows (44 KiB): on Zen 3, with the inputs padded, the
+/// 64-token dense and MoE prefill 6-9 % faster than at 256, which was 3-8 %
+/// faster than 1024 unpadded; 8 tokens of DeepSeek's tp 32 expert 2-5 %
+/// faster than at 1024.
+uint32_t gPanelSegment = 0; // 0: none set
+uint32_t gQuadSegment = 0;  // the four-group order's, once known
+
+uint32_t panelSegment(bool pairs) {
+  const uint32_t set = __atomic_load_n(&gPanelSegment, __ATOMIC_RELAXED);
+  if (set != 0)
+    return set;
+  if (pairs)
+    return 1024;
+  uint32_t s = __atomic_load_n(&gQuadSegment, __ATOMIC_RELAXED);
+  if (s == 0) { // a race computes and stores the same value
+    s = l1DataKib() >= 48 ? 1024 : 512;
+    __atomic_store_n(&gQuadSegment, s, __ATOMIC_RELAXED);
+  }
+  return s;
 }
 
 /// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
@@ -622,38 +661,48 @@ void panelPassAny(uint32_t T, int q, const float *panel, uint32_t len,
 /// needs 44 KiB there): a pass runs 32 chunks, not 16. On Zen 3, 64
 /// tokens, one core, with panelPass: 3072 x 1024 5.78 against 7.05 ms
 /// (1.22x), 1024 x 3072 6.77 against 7.61 (1.12x), bits unchanged. The
-/// accumulators of every token wait in `accMem` (n x 4 x R vectors)
-/// between passes and are reduced at the end.
+/// accumulators of every token wait in `accMem` (n x 4 x R vectors a
+/// panel) between passes and are reduced at the end. `panels` panels of
+/// R rows (consecutive rows) take each segment in turn, so that with K
+/// beyond one segment the tokens' inputs of a segment are read from L2
+/// `panels` times in a row rather than from L3 once a panel.
 template <int R>
 void gemmPanelRowsByPairs(const uint8_t *mag, const uint32_t *sign,
                           const float *xs, uint32_t k, uint32_t ld,
-                          uint32_t seg, uint32_t n, float *panel,
-                          __m256 *accMem, float *y, uint32_t y_ld,
+                          uint32_t seg, uint32_t n, uint32_t panels,
+                          float *panel, __m256 *accMem, float *y, uint32_t y_ld,
                           duck_panel_decode_fn decode) {
+  const uint64_t accPanel = (uint64_t)n * 4 * R; // vectors a panel waits in
   for (uint32_t c0 = 0; c0 < k; c0 += seg) {
     const uint32_t c1 = k - c0 < seg ? k : c0 + seg;
-    if (decode)
-      decode(mag, sign, k, R, c0, c1, panel);
-    else
-      decodePanel<R>(mag, sign, k, c0, c1, panel);
-    for (int pair = 0; pair < 4; pair += 2)
-      for (uint32_t t = 0; t < n; t += 4) {
-        // The tokens after these (or, after the last, the first ones of
-        // the next pair): two of them a pass, the pair's cache line.
-        const bool more = t + 4 < n;
-        const float *next = xs + (more ? (uint64_t)(t + 4) * ld : 0) + c0 +
-                            8 * (more ? pair : pair + 2);
-        for (int q = pair; q < pair + 2; ++q)
-          panelPassAny<R>(n - t < 4 ? n - t : 4, q, panel, c1 - c0,
-                          xs + (uint64_t)t * ld, ld, c0,
-                          next + (uint64_t)(q - pair) * 2 * ld, c0 == 0,
-                          accMem + (uint64_t)t * 4 * R);
-      }
+    for (uint32_t p = 0; p < panels; ++p) {
+      const uint8_t *pm = mag + (uint64_t)p * R * k;
+      const uint32_t *ps = sign + (uint64_t)p * R * (k / 32);
+      __m256 *acc = accMem + p * accPanel;
+      if (decode)
+        decode(pm, ps, k, R, c0, c1, panel);
+      else
+        decodePanel<R>(pm, ps, k, c0, c1, panel);
+      for (int pair = 0; pair < 4; pair += 2)
+        for (uint32_t t = 0; t < n; t += 4) {
+          // The tokens after these (or, after the last, the first ones of
+          // the next pair): two of them a pass, the pair's cache line.
+          const bool more = t + 4 < n;
+          const float *next = xs + (more ? (uint64_t)(t + 4) * ld : 0) + c0 +
+                              8 * (more ? pair : pair + 2);
+          for (int q = pair; q < pair + 2; ++q)
+            panelPassAny<R>(n - t < 4 ? n - t : 4, q, panel, c1 - c0,
+                            xs + (uint64_t)t * ld, ld, c0,
+                            next + (uint64_t)(q - pair) * 2 * ld, c0 == 0,
+                            acc + (uint64_t)t * 4 * R);
+        }
+    }
   }
-  for (uint32_t t = 0; t < n; ++t)
-    storeRows<R>(
-        *reinterpret_cast<const __m256(*)[4][R]>(accMem + (uint64_t)t * 4 * R),
-        y + (uint64_t)t * y_ld);
+  for (uint32_t p = 0; p < panels; ++p)
+    for (uint32_t t = 0; t < n; ++t)
+      storeRows<R>(*reinterpret_cast<const __m256(*)[4][R]>(
+                       accMem + p * accPanel + (uint64_t)t * 4 * R),
+                   y + p * R + (uint64_t)t * y_ld);
 }
 
 /// 32 e4m3 weights (lane j of group q is weight 4j + q) as fp32 with their
@@ -901,49 +950,65 @@ static void gemmFew(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   });
 }
 
-/// Whether gemmPanel keeps every token's accumulators (the group-pair
-/// order) within `xs_floats` of scratch: the contract's 2 * n * k holds
-/// them for any K of 512 and more (the dense and expert FFNs' prefill),
-/// not for the smallest K (an expert slice of 64 at tp 32).
+/// Whether gemmPanel takes the group-pair order: from 16 tokens (below,
+/// the four groups a pass are as fast or faster: 8 tokens 2 % on Zen 3;
+/// 16 tokens 5 % slower), where `xs_floats` of scratch holds every
+/// token's accumulators: the contract's 2 * n * k does for any K of 512
+/// and more (the dense and expert FFNs' prefill), not for the smallest K
+/// (an expert slice of 64 at tp 32).
 inline bool panelByPairs(uint32_t n_tokens, uint32_t k, uint64_t xs_floats) {
-  return (uint64_t)n_tokens * panelTokenStride(k) +
-             panelExtraFloats(n_tokens, k, panelSegment(), true) <=
-         xs_floats;
+  return n_tokens >= 16 &&
+         (uint64_t)n_tokens * panelTokenStride(k) +
+                 panelExtraFloats(n_tokens, k, panelSegment(true), true) <=
+             xs_floats;
 }
 
 static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                       uint32_t n_tokens, float *y, uint32_t y_ld,
                       uint32_t row_begin, uint32_t row_end, float *xs,
                       uint64_t xs_floats, duck_panel_decode_fn decode) {
-  const uint32_t k = m->k, ld = panelTokenStride(k), seg = panelSegment();
+  const uint32_t k = m->k, ld = panelTokenStride(k);
   const bool pairs = panelByPairs(n_tokens, k, xs_floats);
+  const uint32_t seg = panelSegment(pairs);
   // After the inputs (n_tokens * ld floats), panelExtraFloats: without the
   // pairs it fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
   float *panel = xs + (uint64_t)n_tokens * ld;
   __m256 *accMem = reinterpret_cast<__m256 *>(panel + panelFloats(k, seg));
+  // With K beyond one segment and the tokens' inputs beyond 512 KiB (an
+  // L2 on Zen 2 and 3), up to kPanelBlock panels of 3 rows take each
+  // segment in turn, as many as the scratch holds the accumulators of
+  // (64 tokens, two cores, Zen 3: 1024 x 3072 1.12x, 192 x 7168 1.29x;
+  // where the inputs fit L2 a block is as fast or up to 4 % slower, and
+  // with few tokens the weights, streaming from memory, lose their
+  // prefetch).
+  constexpr uint64_t kPanelBlock = 8;
+  const uint64_t inputs = (uint64_t)n_tokens * ld;
+  const uint64_t spare = xs_floats - inputs - panelFloats(k, seg);
+  uint64_t block = 1;
+  if (pairs && k > seg && inputs * 4 > (512u << 10))
+    block = spare / (96ull * n_tokens);
+  block = block > kPanelBlock ? kPanelBlock : block;
   eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
                 [&](uint32_t r, uint32_t end) {
-    for (uint32_t i = r; i < end; i += 3) {
+    for (uint32_t i = r; i < end;) {
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
+      const uint32_t rows = end - i < 3 ? end - i : 3;
+      const uint64_t whole = rows < 3 ? 1 : (end - i) / 3;
+      const uint32_t panels = (uint32_t)(whole < block ? whole : block);
 #define DUCK_PANEL_ROWS(N)                                                     \
-  (pairs ? gemmPanelRowsByPairs<N>(mag, sign, xs, k, ld, seg, n_tokens, panel, \
-                                   accMem, yi, y_ld, decode)                   \
+  (pairs ? gemmPanelRowsByPairs<N>(mag, sign, xs, k, ld, seg, n_tokens,        \
+                                   panels, panel, accMem, yi, y_ld, decode)    \
          : gemmPanelRows<N>(mag, sign, xs, k, ld, seg, n_tokens, panel,        \
                             accMem, yi, y_ld, decode))
-      switch (end - i < 3 ? end - i : 3) {
-      case 3:
-        DUCK_PANEL_ROWS(3);
-        break;
-      case 2:
-        DUCK_PANEL_ROWS(2);
-        break;
-      default:
-        DUCK_PANEL_ROWS(1);
-        break;
+      switch (rows) {
+      case 3: DUCK_PANEL_ROWS(3); break;
+      case 2: DUCK_PANEL_ROWS(2); break;
+      default: DUCK_PANEL_ROWS(1); break;
       }
 #undef DUCK_PANEL_ROWS
+      i += rows * panels;
     }
   });
 }
@@ -983,13 +1048,14 @@ void duck_e4m3_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 }
 
 void duck_gemm_set_panel_segment(uint32_t columns) {
-  __atomic_store_n(&gPanelSegment, columns ? columns : 1024, __ATOMIC_RELAXED);
+  __atomic_store_n(&gPanelSegment, columns, __ATOMIC_RELAXED);
 }
 
 uint64_t duck_e4m3_gemm_scratch_floats(uint32_t n_tokens, uint32_t k) {
   // The panel path's inputs, panel and accumulators (gemmPanel).
-  const uint64_t panel = (uint64_t)n_tokens * panelTokenStride(k) +
-                         panelExtraFloats(n_tokens, k, panelSegment(), true);
+  const uint64_t panel =
+      (uint64_t)n_tokens * panelTokenStride(k) +
+      panelExtraFloats(n_tokens, k, panelSegment(true), true);
   const uint64_t contract = 2ull * n_tokens * k;
   return panel > contract ? panel : contract;
 }

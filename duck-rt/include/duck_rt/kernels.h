@@ -52,7 +52,8 @@ void duck_gemv(const duck_fp9_matrix *m, const float *x, float *y,
 /// DUCK_GEMM_PANEL_MIN tokens on, every weight is read and decoded once for
 /// all the tokens: rows are decoded three at a time into a panel in L1 (K
 /// in segments, below) and every token's pre-scaled input streams past
-/// them, two of the four accumulator groups at a time; below it, each row
+/// them (from 16 tokens two of the four accumulator groups at a time, all
+/// the tokens passing groups 0 and 1 before 2 and 3); below it, each row
 /// is decoded in registers for its 1 to 4 tokens (three and four: two
 /// passes over the row, two accumulator groups each). Each token's result
 /// is bit-identical to duck_gemv on that token alone. `xs` holds 2 *
@@ -76,9 +77,12 @@ typedef void (*duck_panel_decode_fn)(const uint8_t *mag, const uint32_t *sign,
                                      uint32_t k, uint32_t rows, uint32_t c0,
                                      uint32_t c1, float *panel);
 
-/// The panel GEMM's K segment is 1024 columns; duck_gemm_set_panel_segment
-/// sets another (a multiple of 32; 0 is the default again), for tests of
-/// every segment; results do not depend on it.
+/// The panel GEMM's K segment in columns: 1024 from 16 tokens (two
+/// accumulator groups a pass); below, 1024 where this core's L1 data cache
+/// holds 48 KiB or more, 512 where it holds less (CPUID, once).
+/// duck_gemm_set_panel_segment sets one for every token count (a multiple
+/// of 32; 0 returns to the defaults), for tests of every segment; results
+/// do not depend on it.
 void duck_gemm_set_panel_segment(uint32_t columns);
 
 /// duck_gemm with another panel decoder (null: the AVX2 one), for hosts
