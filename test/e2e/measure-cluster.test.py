@@ -22,6 +22,24 @@ def run(cmd, check=True):
     return run_tool(cmd, "measure-cluster", check)
 
 
+def host_fp8():
+    """The format duckrun here keeps an FP8 checkpoint's host matrices in
+    (HostReadsE4m3): DUCK_HOST_FP8 when set, else e4m3 without AVX-512F/DQ
+    (or with DUCK_HOST_ISA=avx2)."""
+    f = os.environ.get("DUCK_HOST_FP8")
+    if f in ("e4m3", "fp9"):
+        return f
+    flags = set()
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    avx512 = {"avx512f", "avx512dq"} <= flags and \
+        os.environ.get("DUCK_HOST_ISA") != "avx2"
+    return "fp9" if avx512 else "e4m3"
+
+
 def main():
     a = argparse.ArgumentParser()
     for f in ("duckd", "duckc", "duckrun", "model", "plan", "work"):
@@ -67,6 +85,11 @@ def main():
                 sys.exit(f"measure-cluster: ducks[{i}] kernel rates {rates}")
         if c.get("token") != TOKEN or c.get("host_ms_per_token") != 2.0:
             sys.exit("measure-cluster: the file lost fields it had")
+        # How duckrun on this machine reads an FP8 checkpoint's matrices:
+        # e4m3 without AVX-512 (or by DUCK_HOST_FP8 / DUCK_HOST_ISA).
+        if c.get("host_fp8") != host_fp8():
+            sys.exit(f"measure-cluster: host_fp8 {c.get('host_fp8')!r}, "
+                     f"expected {host_fp8()!r} on this machine")
         if not (c["bandwidth_gbs"] > 0 and c["step_overhead_us"] > 0 and
                 c.get("host_read_gbs", 0) > 0 and
                 c.get("host_gmac_s", 0) > 0 and
@@ -76,7 +99,8 @@ def main():
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
               f"{len(classes)} kernel classes, fp9_gemm_gmac_s, "
               "gemv_call_us (or none), rtt_us, "
-              "empty_step_us; token and host_ms_per_token kept")
+              f"empty_step_us, host_fp8 {c['host_fp8']}; token and "
+              "host_ms_per_token kept")
 
         r = run([args.duckc, "compile", args.model, "--cluster", cluster,
                  "--tp", "auto", "--explain", "--dry-run"])

@@ -348,8 +348,11 @@ std::string hostText(const ClusterModel &cm) {
                 : std::string());
   if (cm.hostReadGbs > 0)
     return formatv("host weights (attention, routers, an LM head on the "
-                   "host) at {0:F1} GB/s",
-                   cm.hostReadGbs)
+                   "host) at {0:F1} GB/s{1}",
+                   cm.hostReadGbs,
+                   cm.hostFp8BytesPerWeight < 1.125
+                       ? ", an FP8 checkpoint's as its e4m3 bytes"
+                       : "")
         .str();
   return "host work not counted";
 }

@@ -101,6 +101,28 @@ Error readNumber(const llvm::json::Object &obj, StringRef key, double &out,
   return Error::success();
 }
 
+/// The cluster file's named choices: the format the host reads an FP8
+/// checkpoint's matrices in and the ducks' mesh transport.
+Error readClusterFormats(const llvm::json::Object &o, StringRef path,
+                         ClusterModel &cost) {
+  if (const llvm::json::Value *t = o.get("host_fp8")) {
+    const std::optional<StringRef> s = t->getAsString();
+    if (!s || (*s != "e4m3" && *s != "fp9"))
+      return err("cluster file '" + path +
+                 "': host_fp8 must be \"e4m3\" (a host without AVX-512 "
+                 "reads an FP8 checkpoint's own bytes) or \"fp9\"");
+    cost.hostFp8BytesPerWeight = *s == "e4m3" ? 1.0 : 1.125;
+  }
+  if (const llvm::json::Value *t = o.get("mesh_transport")) {
+    const std::optional<StringRef> s = t->getAsString();
+    if (!s || (*s != "tcp" && *s != "udp"))
+      return err("cluster file '" + path +
+                 "': mesh_transport must be \"tcp\" or \"udp\"");
+    cost.meshDatagrams = *s == "udp";
+  }
+  return Error::success();
+}
+
 /// The cluster-wide figures of the cost model (rates, overheads, the host),
 /// checked for sign; `duckLink` is the default link rate of each duck.
 Error readClusterCost(const llvm::json::Object &o, StringRef path,
@@ -134,13 +156,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   if (meshGroups < 0 || meshGroups != double(int64_t(meshGroups)))
     return err("cluster file '" + path +
                "': mesh_groups must be a whole number (0: the fastest)");
-  if (const llvm::json::Value *t = o.get("mesh_transport")) {
-    const std::optional<StringRef> s = t->getAsString();
-    if (!s || (*s != "tcp" && *s != "udp"))
-      return err("cluster file '" + path +
-                 "': mesh_transport must be \"tcp\" or \"udp\"");
-    cost.meshDatagrams = *s == "udp";
-  }
+  if (Error e = readClusterFormats(o, path, cost))
+    return e;
   for (auto [key, v] : {std::pair{"step_overhead_us", ov},
                         {"fp9_gparam_s", gps},
                         {"host_ms_per_token", hostMs},

@@ -391,6 +391,15 @@ bool HostHasAvx512() {
   return has;
 }
 
+bool HostReadsE4m3() {
+  const char *f = std::getenv("DUCK_HOST_FP8");
+  if (f && std::strcmp(f, "e4m3") == 0)
+    return true;
+  if (f && std::strcmp(f, "fp9") == 0)
+    return false;
+  return !HostHasAvx512();
+}
+
 void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
                    uint32_t row_begin, uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;

@@ -96,9 +96,12 @@ measure one after another unless --all-at-once. --host (run it on the host)
 also writes this machine's read bandwidth as "host_read_gbs": with it,
 'compile --tp auto' without --lm-head also chooses where the LM head goes
 (and without --q-proj / --o-proj / --in-proj, the attention projections);
-and its rate on attention over a cache as "host_gmac_s": with
+its rate on attention over a cache as "host_gmac_s": with
 "context_tokens" (yours to set) in the file, compile adds a token's
-attention over that much context to the host's time. The file keeps its
+attention over that much context to the host's time; and "host_fp8":
+"e4m3" where the host reads an FP8 checkpoint's own matrices as their
+bytes (no AVX-512, or DUCK_HOST_FP8=e4m3), else "fp9" (the cost model's
+host bytes a weight for them: 1 or 1.125). The file keeps its
 other keys; it is written to a temporary file and renamed.
 
 --mesh tcp|udp (every duck's duckd started with --mesh-port, that port the
@@ -317,9 +320,10 @@ void RecordDuck(const Measured &m, size_t i, json &d, Summary &s) {
               Fixed(r.other_load, 2).c_str());
 }
 
-/// --host: this machine's read bandwidth (the duck's own bench) and the
+/// --host: this machine's read bandwidth (the duck's own bench), the
 /// runtime's MLA attention kernel, as it runs in duckrun: 128 heads over
-/// 2048 cached latents, the heads split over every core.
+/// 2048 cached latents, the heads split over every core, and the format
+/// the host reads an FP8 checkpoint's matrices in.
 void MeasureHost(json &root) {
   const uint32_t millis = absl::GetFlag(FLAGS_millis);
   duck::bench::DuckMeasureOptions ho;
@@ -332,9 +336,14 @@ void MeasureHost(json &root) {
   const double gmac = mla.macs / mla.seconds * 1e-9;
   root["host_read_gbs"] = gbs;
   root["host_gmac_s"] = gmac;
+  // How duckrun here reads an FP8 checkpoint's own matrices (the cost
+  // model's host bytes a weight for them).
+  const bool e4m3 = rt::HostReadsE4m3();
+  root["host_fp8"] = e4m3 ? "e4m3" : "fp9";
   std::printf("host (this machine, %u cores): read %s GB/s, attention %s "
-              "GMAC/s\n",
-              ho.cores, Fixed(gbs, 1).c_str(), Fixed(gmac, 1).c_str());
+              "GMAC/s, FP8 matrices as %s\n",
+              ho.cores, Fixed(gbs, 1).c_str(), Fixed(gmac, 1).c_str(),
+              e4m3 ? "e4m3 (1 byte a weight)" : "fp9 (1.125 bytes)");
 }
 
 /// The "measured" block and the summary line.

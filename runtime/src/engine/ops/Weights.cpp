@@ -1,7 +1,6 @@
 //===- Weights.cpp - a plan's host tensors as kernel operands -------------===//
 #include "HostOp.h"
 
-#include <cstdlib>
 #include <cstring>
 
 namespace duck::runtime::ops {
@@ -40,20 +39,6 @@ absl::Status PackInto(const duck_fp9_source &src, const duck_fp9_desc &desc,
   m->fp9 = duck_fp9_matrix_view(&desc, base);
   m->is_fp9 = true;
   return absl::OkStatus();
-}
-
-/// Whether the host keeps an FP8 checkpoint's matrices as e4m3: without
-/// AVX-512 (there duck_e4m3_gemv reads 1 byte a weight where fp9 takes
-/// 1.125, and decodes a 32-chunk in 11 vector operations where fp9 takes
-/// 20: 1.33x the GEMV rate on Zen 3); DUCK_HOST_FP8=e4m3 or fp9 chooses on
-/// any host (the results have the same bits either way).
-bool HostReadsE4m3() {
-  const char *f = std::getenv("DUCK_HOST_FP8");
-  if (f && std::strcmp(f, "e4m3") == 0)
-    return true;
-  if (f && std::strcmp(f, "fp9") == 0)
-    return false;
-  return !HostHasAvx512();
 }
 
 /// Makes `m`, an fp9 matrix packed from the FP8 bytes `p`, an e4m3 one: the

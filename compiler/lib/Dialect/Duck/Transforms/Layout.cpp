@@ -419,24 +419,25 @@ std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp,
 }
 
 /// A weight's bytes as the host runtime reads it: FP8 (with block scales)
-/// as fp9, the rest as stored.
-double hostBytesPerWeight(WeightAttr w) {
+/// at `fp8` bytes a weight (ClusterModel::hostFp8BytesPerWeight: fp9's
+/// 1.125, or e4m3's 1 on a host without AVX-512), the rest as stored.
+double hostBytesPerWeight(WeightAttr w, double fp8) {
   Type t = w.getDtype();
-  return w.getScale()          ? 1.125
+  return w.getScale()       ? fp8
          : t.isIntOrFloat() ? t.getIntOrFloatBitWidth() / 8.0
-                              : 2.0;
-}
-
-double hostBytesOf(WeightAttr w) {
-  double params = 1;
-  for (int64_t d : w.getShape())
-    params *= double(d);
-  return params * hostBytesPerWeight(w);
+                            : 2.0;
 }
 
 /// The host's own weights a token (attention, MLA and its indexer, the
 /// MoE routers) and those of them that went to the ducks.
-void addHostWeights(ModuleOp module, cost::ModelFacts &f, OpFilter keep) {
+void addHostWeights(ModuleOp module, cost::ModelFacts &f, OpFilter keep,
+                    double fp8) {
+  auto hostBytesOf = [fp8](WeightAttr w) {
+    double params = 1;
+    for (int64_t d : w.getShape())
+      params *= double(d);
+    return params * hostBytesPerWeight(w, fp8);
+  };
   auto addDict = [&](DictionaryAttr d) {
     if (d)
       for (NamedAttribute nv : d)
@@ -525,9 +526,10 @@ std::vector<cost::Attention> attentionFactsOf(ModuleOp module, OpFilter keep) {
   return out;
 }
 
-/// The facts of the ops `keep` takes; their FFN layers' ids and
-/// strategies into `st` when given.
-cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep,
+/// The facts of the ops `keep` takes (the host's FP8 matrices at `fp8`
+/// bytes a weight); their FFN layers' ids and strategies into `st` when
+/// given.
+cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep, double fp8,
                          ModuleStats *st) {
   cost::ModelFacts f;
   f.tp = tp;
@@ -547,11 +549,11 @@ cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep,
   });
   f.rowSplits = rowSplitsOf(module, tp, keep);
   f.attention = attentionFactsOf(module, keep);
-  addHostWeights(module, f, keep);
+  addHostWeights(module, f, keep, fp8);
   module.walk([&](LmHeadOp head) {
     ArrayRef<int64_t> shape = head.getWeight().getShape();
-    f.lmHead = cost::ModelFacts::LmHead{double(shape[0]) * shape[1],
-                                        hostBytesPerWeight(head.getWeight())};
+    f.lmHead = cost::ModelFacts::LmHead{
+        double(shape[0]) * shape[1], hostBytesPerWeight(head.getWeight(), fp8)};
   });
   return f;
 }
@@ -560,7 +562,7 @@ cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep,
 /// ids and strategies into `st`. DeepSeek's MTP module (the ops of layers
 /// past the model's last) goes apart, into ModelFacts::mtp: a plan's
 /// token does not run it, a speculative step does.
-cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st) {
+cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st, double fp8) {
   int64_t numLayers = INT64_MAX;
   module.walk([&](ModelOp m) {
     if (auto n = m.getConfig().getAs<IntegerAttr>("num_layers"))
@@ -573,8 +575,8 @@ cost::ModelFacts costFactsOf(ModuleOp module, ModuleStats &st) {
     return l && l.getInt() >= numLayers;
   };
   cost::ModelFacts f = factsOf(
-      module, st.tp, [&](Operation *op) { return !mtp(op); }, &st);
-  cost::ModelFacts m = factsOf(module, st.tp, mtp, nullptr);
+      module, st.tp, [&](Operation *op) { return !mtp(op); }, fp8, &st);
+  cost::ModelFacts m = factsOf(module, st.tp, mtp, fp8, nullptr);
   if (!m.ffn.empty())
     f.mtp = std::make_shared<const cost::ModelFacts>(std::move(m));
   return f;
@@ -587,7 +589,8 @@ FailureOr<ModuleStats> mlir::duck::computeStats(ModuleOp module,
   ModuleStats st;
   if (failed(readLayout(module, st)))
     return failure();
-  const cost::ModelFacts facts = costFactsOf(module, st);
+  const cost::ModelFacts facts =
+      costFactsOf(module, st, c.hostFp8BytesPerWeight);
   st.ffnLayers = (int64_t)st.ffn.size();
   st.mtpFfnLayers = facts.mtp ? (int64_t)facts.mtp->ffn.size() : 0;
   static_cast<cost::PlanCost &>(st) = cost::costPlan(facts, c);
