@@ -445,7 +445,9 @@ inline void storeRows(const __m256 (&g)[4][R], float *yt) {
   for (int r = 0; r < R; ++r)
     v[r] = _mm256_add_ps(_mm256_add_ps(g[0][r], g[1][r]),
                          _mm256_add_ps(g[2][r], g[3][r]));
-  if constexpr (R == 3) {
+  if constexpr (R == 4) {
+    _mm_storeu_ps(yt, reduceFourRows(v[0], v[1], v[2], v[3]));
+  } else if constexpr (R == 3) {
     alignas(16) float o[4];
     _mm_store_ps(o, reduceFourRows(v[0], v[1], v[2], v[2]));
     yt[0] = o[0];
@@ -506,16 +508,21 @@ uint32_t panelSegment(bool pairs) {
   return s;
 }
 
+/// The group-pair order's panels: 4 rows, passed by 3 tokens a pass (the
+/// four-group order's: 3 rows, 4 tokens).
+constexpr uint32_t kPairRows = 4, kPairTokens = 3;
+
 /// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
-/// of a segment), then the tokens' accumulators (96 floats a token) where
-/// the group-pair order keeps them, or where K takes more than one
-/// segment.
-inline uint32_t panelFloats(uint32_t k, uint32_t seg) {
-  return 3 * (k < seg ? k : seg);
+/// of a segment, 4 in the group-pair order), then the tokens'
+/// accumulators (32 floats a row a token) where the group-pair order
+/// keeps them, or where K takes more than one segment.
+inline uint32_t panelFloats(uint32_t k, uint32_t seg, bool pairs) {
+  return (pairs ? kPairRows : 3) * (k < seg ? k : seg);
 }
 uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg,
                           bool pairs) {
-  return panelFloats(k, seg) + (pairs || k > seg ? 96ull * n_tokens : 0);
+  return panelFloats(k, seg, pairs) +
+         (pairs || k > seg ? 32ull * (pairs ? kPairRows : 3) * n_tokens : 0);
 }
 
 /// The panel path's distance between two tokens' pre-scaled inputs: k,
@@ -606,7 +613,10 @@ void gemmPanelRows(const uint8_t *mag, const uint32_t *sign, const float *xs,
 /// that pass next, 128 bytes on an iteration. Its own function with the
 /// loop inside, so the accumulators stay in registers from the loads to
 /// the stores (through panelGroup's reference the compiler copied them to
-/// the stack and back around the loop: 1.10x on the pairs, Zen 3).
+/// the stack and back around the loop: 1.10x on the pairs, Zen 3). Where
+/// R weights, one input and R x T accumulators overflow the 16 registers
+/// (4 x 3), the T inputs stay in registers and the weights come one at a
+/// time.
 template <int R, int T>
 __attribute__((noinline)) void
 panelPass(int q, const float *panel, uint32_t len, const float *xs, uint32_t k,
@@ -622,13 +632,24 @@ panelPass(int q, const float *panel, uint32_t len, const float *xs, uint32_t k,
   for (; p < end; p += 32, xp += 32, nx += 128) {
     _mm_prefetch(nx, _MM_HINT_T0);
     _mm_prefetch(nx + gap, _MM_HINT_T0);
-    __m256 w[R];
-    for (int r = 0; r < R; ++r)
-      w[r] = _mm256_load_ps(p + (uint64_t)r * len);
-    for (int t = 0; t < T; ++t) {
-      const __m256 xv = _mm256_load_ps(xp + (uint64_t)t * k);
+    if constexpr (R * T + R + 1 > 16) {
+      __m256 xv[T];
+      for (int t = 0; t < T; ++t)
+        xv[t] = _mm256_load_ps(xp + (uint64_t)t * k);
+      for (int r = 0; r < R; ++r) {
+        const __m256 w = _mm256_load_ps(p + (uint64_t)r * len);
+        for (int t = 0; t < T; ++t)
+          acc[r][t] = _mm256_fmadd_ps(w, xv[t], acc[r][t]);
+      }
+    } else {
+      __m256 w[R];
       for (int r = 0; r < R; ++r)
-        acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+        w[r] = _mm256_load_ps(p + (uint64_t)r * len);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_load_ps(xp + (uint64_t)t * k);
+        for (int r = 0; r < R; ++r)
+          acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -641,8 +662,6 @@ void panelPassAny(uint32_t T, int q, const float *panel, uint32_t len,
                   const float *xs, uint32_t k, uint32_t c0, const float *next,
                   bool first, __m256 *mem) {
   switch (T) {
-  case 4:
-    return panelPass<R, 4>(q, panel, len, xs, k, c0, next, first, mem);
   case 3:
     return panelPass<R, 3>(q, panel, len, xs, k, c0, next, first, mem);
   case 2:
@@ -653,19 +672,22 @@ void panelPassAny(uint32_t T, int q, const float *panel, uint32_t len,
 }
 
 /// gemmPanelRows with the groups outermost, in pairs: each segment of the
-/// rows is decoded once, then groups 0 and 1 of every token pass it four
-/// tokens at a time, then groups 2 and 3. Groups 0 and 1 read the first
-/// cache line of every 128-byte chunk of the panel and of the inputs, 2
-/// and 3 the second, so half the panel stays in L1 while all the tokens
-/// pass, and a segment of 1024 columns fits a 32 KiB L1 (gemmPanelRows
-/// needs 44 KiB there): a pass runs 32 chunks, not 16. On Zen 3, 64
-/// tokens, one core, with panelPass: 3072 x 1024 5.78 against 7.05 ms
-/// (1.22x), 1024 x 3072 6.77 against 7.61 (1.12x), bits unchanged. The
-/// accumulators of every token wait in `accMem` (n x 4 x R vectors a
-/// panel) between passes and are reduced at the end. `panels` panels of
-/// R rows (consecutive rows) take each segment in turn, so that with K
-/// beyond one segment the tokens' inputs of a segment are read from L2
-/// `panels` times in a row rather than from L3 once a panel.
+/// rows (4 of them, kPairRows) is decoded once, then groups 0 and 1 of
+/// every token pass it three tokens at a time (kPairTokens), then groups 2
+/// and 3. Groups 0 and 1 read the first cache line of every 128-byte chunk
+/// of the panel and of the inputs, 2 and 3 the second, so half the panel
+/// stays in L1 while all the tokens pass, and a segment of 1024 columns
+/// fits a 32 KiB L1 (half the panel 8 KiB, half of 3 tokens' inputs 6 KiB
+/// and of the next 3 coming in 6 KiB; gemmPanelRows needs 44 KiB there):
+/// a pass runs 32 chunks, not 16. On Zen 3, 64 tokens, one core, 3 x 4
+/// with panelPass: 3072 x 1024 5.78 against 7.05 ms (1.22x), 1024 x 3072
+/// 6.77 against 7.61 (1.12x); 4 x 3 (each input read from L2 feeds 4 FMAs,
+/// not 3) 1.035x and 1.08x more, two cores 1.04x and 1.11x; bits
+/// unchanged. The accumulators of every token wait in `accMem` (n x 4 x R
+/// vectors a panel) between passes and are reduced at the end. `panels`
+/// panels of R rows (consecutive rows) take each segment in turn, so that
+/// with K beyond one segment the tokens' inputs of a segment are read from
+/// L2 `panels` times in a row rather than from L3 once a panel.
 template <int R>
 void gemmPanelRowsByPairs(const uint8_t *mag, const uint32_t *sign,
                           const float *xs, uint32_t k, uint32_t ld,
@@ -683,15 +705,16 @@ void gemmPanelRowsByPairs(const uint8_t *mag, const uint32_t *sign,
         decode(pm, ps, k, R, c0, c1, panel);
       else
         decodePanel<R>(pm, ps, k, c0, c1, panel);
+      constexpr uint32_t TG = kPairTokens;
       for (int pair = 0; pair < 4; pair += 2)
-        for (uint32_t t = 0; t < n; t += 4) {
+        for (uint32_t t = 0; t < n; t += TG) {
           // The tokens after these (or, after the last, the first ones of
           // the next pair): two of them a pass, the pair's cache line.
-          const bool more = t + 4 < n;
-          const float *next = xs + (more ? (uint64_t)(t + 4) * ld : 0) + c0 +
+          const bool more = t + TG < n;
+          const float *next = xs + (more ? (uint64_t)(t + TG) * ld : 0) + c0 +
                               8 * (more ? pair : pair + 2);
           for (int q = pair; q < pair + 2; ++q)
-            panelPassAny<R>(n - t < 4 ? n - t : 4, q, panel, c1 - c0,
+            panelPassAny<R>(n - t < TG ? n - t : TG, q, panel, c1 - c0,
                             xs + (uint64_t)t * ld, ld, c0,
                             next + (uint64_t)(q - pair) * 2 * ld, c0 == 0,
                             acc + (uint64_t)t * 4 * R);
@@ -973,20 +996,21 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   // After the inputs (n_tokens * ld floats), panelExtraFloats: without the
   // pairs it fits 2 * n_tokens * k floats for n_tokens >= DUCK_GEMM_PANEL_MIN.
   float *panel = xs + (uint64_t)n_tokens * ld;
-  __m256 *accMem = reinterpret_cast<__m256 *>(panel + panelFloats(k, seg));
+  __m256 *accMem =
+      reinterpret_cast<__m256 *>(panel + panelFloats(k, seg, pairs));
   // With K beyond one segment and the tokens' inputs beyond 512 KiB (an
-  // L2 on Zen 2 and 3), up to kPanelBlock panels of 3 rows take each
-  // segment in turn, as many as the scratch holds the accumulators of
-  // (64 tokens, two cores, Zen 3: 1024 x 3072 1.12x, 192 x 7168 1.29x;
-  // where the inputs fit L2 a block is as fast or up to 4 % slower, and
-  // with few tokens the weights, streaming from memory, lose their
-  // prefetch).
+  // L2 on Zen 2 and 3), up to kPanelBlock panels take each segment in
+  // turn, as many as the scratch holds the accumulators of (64 tokens,
+  // two cores, Zen 3: 1024 x 3072 1.12x, 192 x 7168 1.29x; where the
+  // inputs fit L2 a block is as fast or up to 4 % slower, and with few
+  // tokens the weights, streaming from memory, lose their prefetch).
   constexpr uint64_t kPanelBlock = 8;
+  const uint32_t R = pairs ? kPairRows : 3; // rows a panel
   const uint64_t inputs = (uint64_t)n_tokens * ld;
-  const uint64_t spare = xs_floats - inputs - panelFloats(k, seg);
+  const uint64_t spare = xs_floats - inputs - panelFloats(k, seg, pairs);
   uint64_t block = 1;
   if (pairs && k > seg && inputs * 4 > (512u << 10))
-    block = spare / (96ull * n_tokens);
+    block = spare / (32ull * R * n_tokens);
   block = block > kPanelBlock ? kPanelBlock : block;
   eachScaleTile(m, x, x_ld, n_tokens, row_begin, row_end, xs, ld,
                 [&](uint32_t r, uint32_t end) {
@@ -994,20 +1018,45 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
       const uint8_t *mag = m->mag + (uint64_t)i * k;
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       float *yi = y + (i - row_begin);
-      const uint32_t rows = end - i < 3 ? end - i : 3;
-      const uint64_t whole = rows < 3 ? 1 : (end - i) / 3;
+      const uint32_t rows = end - i < R ? end - i : R;
+      const uint64_t whole = rows < R ? 1 : (end - i) / R;
       const uint32_t panels = (uint32_t)(whole < block ? whole : block);
-#define DUCK_PANEL_ROWS(N)                                                     \
-  (pairs ? gemmPanelRowsByPairs<N>(mag, sign, xs, k, ld, seg, n_tokens,        \
-                                   panels, panel, accMem, yi, y_ld, decode)    \
-         : gemmPanelRows<N>(mag, sign, xs, k, ld, seg, n_tokens, panel,        \
-                            accMem, yi, y_ld, decode))
-      switch (rows) {
-      case 3: DUCK_PANEL_ROWS(3); break;
-      case 2: DUCK_PANEL_ROWS(2); break;
-      default: DUCK_PANEL_ROWS(1); break;
+#define DUCK_PAIR_ROWS(N)                                                      \
+  gemmPanelRowsByPairs<N>(mag, sign, xs, k, ld, seg, n_tokens, panels, panel,  \
+                          accMem, yi, y_ld, decode)
+#define DUCK_QUAD_ROWS(N)                                                      \
+  gemmPanelRows<N>(mag, sign, xs, k, ld, seg, n_tokens, panel, accMem, yi,     \
+                   y_ld, decode)
+      if (pairs) {
+        switch (rows) {
+        case 4:
+          DUCK_PAIR_ROWS(4);
+          break;
+        case 3:
+          DUCK_PAIR_ROWS(3);
+          break;
+        case 2:
+          DUCK_PAIR_ROWS(2);
+          break;
+        default:
+          DUCK_PAIR_ROWS(1);
+          break;
+        }
+      } else {
+        switch (rows) {
+        case 3:
+          DUCK_QUAD_ROWS(3);
+          break;
+        case 2:
+          DUCK_QUAD_ROWS(2);
+          break;
+        default:
+          DUCK_QUAD_ROWS(1);
+          break;
+        }
       }
-#undef DUCK_PANEL_ROWS
+#undef DUCK_PAIR_ROWS
+#undef DUCK_QUAD_ROWS
       i += rows * panels;
     }
   });

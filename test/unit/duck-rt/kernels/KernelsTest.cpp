@@ -203,13 +203,14 @@ template <typename Body> void forEachPanelSegment(Body body) {
 }
 
 // GEMM over token tiles equals GEMV token by token, bit for bit (odd token
-// counts exercise the half tile), with every panel segment.
+// counts exercise the half tile; 17 and 37 the group-pair order's tiles of
+// 3 tokens with 2 and 1 left over), with every panel segment.
 TEST(Kernels, GemmEqualsGemvPerToken) {
   forEachPanelSegment([] {
     std::mt19937 rng(13);
     for (const Shape &s : kShapes) {
       TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
-      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 37u}) {
+      for (uint32_t tokens : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 17u, 37u}) {
         auto x = randomVector(tokens * s.k, rng);
         // The scratch the contract names, and a guard after it.
         const uint64_t scratch = 2ull * tokens * s.k, guard = 64;
