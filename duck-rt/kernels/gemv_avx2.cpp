@@ -540,19 +540,24 @@ uint32_t panelSegment(bool pairs) {
 
 /// The group-pair order's panels: 4 rows, passed by 3 tokens a pass (the
 /// four-group order's: 3 rows, 4 tokens).
-constexpr uint32_t kPairRows = 4, kPairTokens = 3;
+constexpr uint32_t kPairRows = 4, kPairTokens = 3, kQuadRows = 3;
+
+/// Rows a panel in either order.
+constexpr uint32_t panelRows(bool pairs) {
+  return pairs ? kPairRows : kQuadRows;
+}
 
 /// The floats of gemmPanel's scratch after the inputs: the panel (3 rows
 /// of a segment, 4 in the group-pair order), then the tokens'
 /// accumulators (32 floats a row a token) where the group-pair order
 /// keeps them, or where K takes more than one segment.
 inline uint32_t panelFloats(uint32_t k, uint32_t seg, bool pairs) {
-  return (pairs ? kPairRows : 3) * (k < seg ? k : seg);
+  return panelRows(pairs) * (k < seg ? k : seg);
 }
 uint64_t panelExtraFloats(uint32_t n_tokens, uint32_t k, uint32_t seg,
                           bool pairs) {
   return panelFloats(k, seg, pairs) +
-         (pairs || k > seg ? 32ull * (pairs ? kPairRows : 3) * n_tokens : 0);
+         (pairs || k > seg ? 32ull * panelRows(pairs) * n_tokens : 0);
 }
 
 /// The panel path's distance between two tokens' pre-scaled inputs: k,
@@ -1028,7 +1033,7 @@ static void gemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
   // inputs fit L2 a block is as fast or up to 4 % slower, and with few
   // tokens the weights, streaming from memory, lose their prefetch).
   constexpr uint64_t kPanelBlock = 8;
-  const uint32_t R = pairs ? kPairRows : 3; // rows a panel
+  const uint32_t R = panelRows(pairs);
   const uint64_t inputs = (uint64_t)n_tokens * ld;
   const uint64_t spare = xs_floats - inputs - panelFloats(k, seg, pairs);
   uint64_t block = 1;
