@@ -86,7 +86,7 @@ struct Job {
   uint32_t mode, cores, n_tokens, top_k, hidden, inter, n_experts;
   uint32_t out_width; // floats a token in the OB: hidden, or a head's rows
   uint32_t ob_begin;  // head: the first result row in the OB
-  bool out_bf16;      // the OB carries bf16 (DUCK_IB_OUT_BF16)
+  uint32_t out_flags; // DUCK_IB_OUT_BF16 or DUCK_IB_OUT_Q8: the OB's form
   bool chained;       // head: results in scratch, the OB from ob_begin on
   const duck_ffn_desc *descs; // head: each piece's input
   const duck_ffn_weights *experts;
@@ -494,8 +494,11 @@ int32_t checkIbHeader(const duck_ib_header &ih, bool moe, Log &log) {
     log.end();
     return DUCK_STATUS_BAD_INPUT;
   }
-  if (ih.flags & ~(uint32_t)(DUCK_IB_X_BF16 | DUCK_IB_OUT_BF16)) {
-    log << "ib: unknown flags " << ih.flags;
+  if ((ih.flags & ~(uint32_t)(DUCK_IB_X_BF16 | DUCK_IB_OUT_BF16 | DUCK_IB_X_Q8 |
+                              DUCK_IB_OUT_Q8)) ||
+      (ih.flags & DUCK_IB_X_BF16 && ih.flags & DUCK_IB_X_Q8) ||
+      (ih.flags & DUCK_IB_OUT_BF16 && ih.flags & DUCK_IB_OUT_Q8)) {
+    log << "ib: unknown or conflicting flags " << ih.flags;
     log.end();
     return DUCK_STATUS_BAD_INPUT;
   }
@@ -504,11 +507,12 @@ int32_t checkIbHeader(const duck_ib_header &ih, bool moe, Log &log) {
 
 /// Points the job at x in the IB (after the expert slots, aligned, inside
 /// the IB) and at its output in the OB (which must hold it).
-int32_t placeInOut(duck_info *info, const duck_ib_header &ih, bool bf16,
-                   Job &j, Log &log) {
+int32_t placeInOut(duck_info *info, const duck_ib_header &ih, Job &j,
+                   Log &log) {
   const uint64_t nSlots = (uint64_t)ih.n_tokens * ih.top_k;
   const uint64_t slotsEnd = sizeof(duck_ib_header) + nSlots * 8;
-  const uint64_t xBytes = (uint64_t)ih.n_tokens * j.hidden * (bf16 ? 2 : 4);
+  const uint64_t xBytes =
+      (uint64_t)ih.n_tokens * duck_x_row_bytes(j.hidden, ih.flags);
   if (ih.x_offset % 32 != 0 || ih.x_offset < slotsEnd ||
       ih.x_offset > info->ib_size || xBytes > info->ib_size - ih.x_offset) {
     log << "ib: x at " << ih.x_offset << " (+" << xBytes
@@ -518,8 +522,7 @@ int32_t placeInOut(duck_info *info, const duck_ib_header &ih, bool bf16,
     return DUCK_STATUS_BAD_INPUT;
   }
   j.x = reinterpret_cast<const float *>(info->ib + ih.x_offset);
-  const uint64_t outBytes =
-      (uint64_t)ih.n_tokens * j.out_width * (j.out_bf16 ? 2 : 4);
+  const uint64_t outBytes = (uint64_t)ih.n_tokens * j.out_width * 4;
   if (info->ob_limit < sizeof(duck_ob_header) + outBytes) {
     log << "ob: " << info->ob_limit << " bytes, need "
         << (uint64_t)(sizeof(duck_ob_header) + outBytes);
@@ -557,6 +560,47 @@ int32_t copyExpertSlots(const duck_info *info, const CachedSlot *c,
   return DUCK_STATUS_OK;
 }
 
+/// bf16 or q8 x widened once into scratch: every kernel then reads fp32 x
+/// as from an fp32 IB (the same bits as an fp32 IB of the decoded values).
+void widenX(const duck_ib_header &ih, Job &j) {
+  float *x = reinterpret_cast<float *>(j.scratch + j.layout.x_offset);
+  if (ih.flags & DUCK_IB_X_Q8) {
+    const auto *in = reinterpret_cast<const uint8_t *>(j.x);
+    const uint64_t row = duck_q8_row_bytes(j.hidden);
+    for (uint64_t t = 0; t < ih.n_tokens; ++t)
+      duck_q8_decode_row(in + t * row, j.hidden, x + t * j.hidden);
+  } else {
+    const auto *in = reinterpret_cast<const uint16_t *>(j.x);
+    for (uint64_t i = 0; i < (uint64_t)ih.n_tokens * j.hidden; ++i)
+      x[i] = duck_bf16_to_f32(in[i]);
+  }
+  j.x = x;
+}
+
+/// The results narrowed in place, front to back, as the IB asked
+/// (DUCK_IB_OUT_BF16 or DUCK_IB_OUT_Q8): a row's bytes land at or below
+/// the floats they were read from (bytes moved as bytes: no aliasing).
+/// Returns the OB's bytes of results.
+uint64_t narrowOut(const Job &j, uint64_t rows, uint64_t width) {
+  auto *b = reinterpret_cast<uint8_t *>(j.out);
+  if (j.out_flags & DUCK_IB_OUT_Q8) {
+    const uint64_t row = duck_q8_row_bytes(width);
+    for (uint64_t r = 0; r < rows; ++r)
+      duck_q8_encode_row(j.out + r * width, width, b + r * row);
+    return rows * row;
+  }
+  if (j.out_flags & DUCK_IB_OUT_BF16) {
+    for (uint64_t i = 0; i < rows * width; ++i) {
+      float v;
+      __builtin_memcpy(&v, b + 4 * i, 4);
+      const uint16_t h = duck_f32_to_bf16(v);
+      __builtin_memcpy(b + 2 * i, &h, 2);
+    }
+    return rows * width * 2;
+  }
+  return rows * width * 4;
+}
+
 /// Core 0: validates everything the call reads and fills g_state.job.
 int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
                 bool use_cache, Log &log) {
@@ -591,11 +635,10 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
 
   if ((st = checkIbHeader(ih, moe, log)) != DUCK_STATUS_OK)
     return st;
-  const bool bf16 = (ih.flags & DUCK_IB_X_BF16) != 0;
-  j.out_bf16 = (ih.flags & DUCK_IB_OUT_BF16) != 0;
+  j.out_flags = ih.flags & (DUCK_IB_OUT_BF16 | DUCK_IB_OUT_Q8);
   j.n_tokens = ih.n_tokens;
   j.top_k = ih.top_k;
-  if ((st = placeInOut(info, ih, bf16, j, log)) != DUCK_STATUS_OK)
+  if ((st = placeInOut(info, ih, j, log)) != DUCK_STATUS_OK)
     return st;
 
   // A head needs only the per-core GEMM scratch (2 x tokens x hidden),
@@ -611,15 +654,8 @@ int32_t planJob(duck_info *info, const duck_ib_header &ih, uint32_t cores,
     return DUCK_STATUS_SCRATCH_TOO_SMALL;
   }
   j.scratch = info->scratch;
-  if (bf16) {
-    // Widened once here: every kernel then reads fp32 x as from an fp32
-    // IB (the same bits as an fp32 IB of the bf16 values).
-    const auto *in = reinterpret_cast<const uint16_t *>(j.x);
-    float *x = reinterpret_cast<float *>(j.scratch + j.layout.x_offset);
-    for (uint64_t i = 0; i < (uint64_t)ih.n_tokens * j.hidden; ++i)
-      x[i] = duck_bf16_to_f32(in[i]);
-    j.x = x;
-  }
+  if (ih.flags & (DUCK_IB_X_BF16 | DUCK_IB_X_Q8))
+    widenX(ih, j);
   if (moe)
     return copyExpertSlots(info, c, (uint64_t)ih.n_tokens * ih.top_k, j, log);
   return DUCK_STATUS_OK;
@@ -866,20 +902,12 @@ int32_t leadStep(duck_info *info, const duck_ib_header &ih, uint32_t workers,
     duck_job_retire(&g_state.board, info->step_seq);
   const bool prepare = ih.mode == DUCK_MODE_DENSE_PREPARE ||
                        ih.mode == DUCK_MODE_MOE_PREPARE;
-  const uint64_t values = prepare ? 0 : (uint64_t)j.n_tokens * j.out_width;
-  if (j.status == DUCK_STATUS_OK && j.out_bf16) {
-    // In place, front to back: value i's two bytes land at or below the
-    // four it was read from (bytes moved as bytes: no aliasing).
-    auto *b = reinterpret_cast<uint8_t *>(j.out);
-    for (uint64_t i = 0; i < values; ++i) {
-      float v;
-      __builtin_memcpy(&v, b + 4 * i, 4);
-      const uint16_t h = duck_f32_to_bf16(v);
-      __builtin_memcpy(b + 2 * i, &h, 2);
-    }
-  }
+  const uint64_t rows = prepare ? 0 : j.n_tokens;
+  const uint64_t bytes = j.status == DUCK_STATUS_OK
+                             ? narrowOut(j, rows, j.out_width)
+                             : rows * j.out_width * 4;
   writeOb(info, j.status, prepare ? 0 : j.n_tokens,
-          j.out_width ? j.out_width : j.hidden, values * (j.out_bf16 ? 2 : 4));
+          j.out_width ? j.out_width : j.hidden, bytes);
   return j.status;
 }
 

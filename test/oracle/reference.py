@@ -99,6 +99,26 @@ def bf16(x):
     return u.view(np.float32).astype(np.float64)
 
 
+def q8(x):
+    """x as the q8 wire carries it (duck_rt/abi.h, duck_q8_encode_row),
+    widened back: from fp32, each row (the last axis) in blocks of 32, a
+    block's scale its largest magnitude over 127 rounded up to bf16, each
+    value the nearest (ties to even) multiple of it."""
+    rows = np.ascontiguousarray(x, dtype=np.float32)
+    shape, n = rows.shape, rows.shape[-1]
+    rows = rows.reshape(-1, n)
+    out = np.empty(rows.shape, dtype=np.float32)
+    for b in range(0, n, 32):
+        blk = rows[:, b:b + 32]
+        s = (np.abs(blk).max(axis=1) / np.float32(127)).astype(np.float32)
+        u = s.view(np.uint32)
+        u = np.where(u & np.uint32(0xFFFF) != 0, u + np.uint32(0x10000), u)
+        s = (u & np.uint32(0xFFFF0000)).view(np.float32)[:, None]
+        t = np.divide(blk, s, out=np.zeros_like(blk), where=s > 0)
+        out[:, b:b + 32] = np.rint(np.clip(t, -127, 127)) * s
+    return out.reshape(shape).astype(np.float64)
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -114,10 +134,13 @@ class Qwen3:
         return self.w[name]
 
     ffn_in_bf16 = False  # --ffn-input-bf16: what the ducks get on the wire
+    ffn_in_q8 = False    # --ffn-input-q8: the same for the q8 wire
 
     def mlp(self, pre, x):
         if self.ffn_in_bf16:
             x = bf16(x)
+        if self.ffn_in_q8:
+            x = q8(x)
         g = x @ self.W(pre + "gate_proj.weight").T
         u = x @ self.W(pre + "up_proj.weight").T
         return (silu(g) * u) @ self.W(pre + "down_proj.weight").T
@@ -423,6 +446,10 @@ def main():
     p.add_argument("--ffn-input-bf16", action="store_true",
                    help="round every FFN's and expert's input to bf16 "
                    "(duckc --wire-activations bf16; the routers keep fp32)")
+    p.add_argument("--ffn-input-q8", action="store_true",
+                   help="round every FFN's and expert's input as the q8 "
+                   "wire does (duckc --wire-activations q8; the routers "
+                   "keep fp32)")
     p.add_argument("--teacher-ids",
                    help="a file of generated ids (duckrun --print-ids): "
                    "force them, print the reference's argmax at each")
@@ -444,6 +471,7 @@ def main():
     else:
         sys.exit("reference.py: model_type %r is not supported" % mt)
     m.ffn_in_bf16 = a.ffn_input_bf16
+    m.ffn_in_q8 = a.ffn_input_q8
     if a.mtp_logits_out and not isinstance(m, DeepSeek):
         sys.exit("reference.py: --mtp-logits-out: only DeepSeek has an "
                  "MTP module")

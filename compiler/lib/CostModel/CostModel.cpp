@@ -12,6 +12,17 @@
 using namespace mlir::duck;
 using namespace mlir::duck::cost;
 
+uint32_t ClusterModel::ibFlags() const {
+  return (wireX == Wire::bf16 ? DUCK_IB_X_BF16 : 0u) |
+         (wireX == Wire::q8 ? DUCK_IB_X_Q8 : 0u) |
+         (wireOut == Wire::bf16 ? DUCK_IB_OUT_BF16 : 0u) |
+         (wireOut == Wire::q8 ? DUCK_IB_OUT_Q8 : 0u);
+}
+
+const char *ClusterModel::wireName(Wire w) {
+  return w == Wire::q8 ? "q8" : w == Wire::bf16 ? "bf16" : "f32";
+}
+
 namespace {
 /// A relay tree's forwarding unit, in words (" in 1 KiB pieces").
 std::string relayUnitText(const ClusterModel &c) {
@@ -531,8 +542,7 @@ namespace {
 double stepInBytes(const ClusterModel &c, uint32_t rows, uint32_t slots,
                    uint64_t k) {
   return double(sizeof(duckd_frame_header) + sizeof(duckd_step_request) +
-                duck_ib_bytes_flags(rows, slots, (uint32_t)k,
-                                    c.wireBf16 ? DUCK_IB_X_BF16 : 0));
+                duck_ib_bytes_flags(rows, slots, (uint32_t)k, c.ibFlags()));
 }
 
 /// A reply's fixed bytes (frame header, step reply, a kernel time a core,
@@ -548,7 +558,8 @@ Replies repliesOf(const ClusterModel &c, uint32_t rows,
       double(sizeof(duckd_frame_header) + sizeof(duckd_step_reply) +
              8 * std::max<int64_t>(1, c.coresPerDuck) + sizeof(duck_ob_header));
   for (int64_t width : outWidth) {
-    r.payload.push_back((c.wireOutBf16 ? 2.0 : 4.0) * rows * double(width));
+    r.payload.push_back(double(rows) *
+                        double(duck_out_row_bytes(width, c.ibFlags())));
     r.bytes.push_back(r.header + r.payload.back());
   }
   return r;

@@ -148,13 +148,21 @@ void addExchange(const ClusterModel &c, const std::vector<int64_t> &in,
   ++p.stepsPerToken;
 }
 
+/// Bytes a value of a collective's message in a wire form (q8: a bf16
+/// scale a block of 32).
+double wireValueBytes(ClusterModel::Wire w) {
+  return w == ClusterModel::Wire::q8     ? 1.0625
+         : w == ClusterModel::Wire::bf16 ? 2.0
+                                         : 4.0;
+}
+
 /// The collectives of one layer: q_a's rows gathered (an MLA's), the
 /// attention's partial sums reduce-scattered and the new residual
 /// gathered, the router's logits gathered (MoE), the FFN's partial sums
 /// reduce-scattered and the residual gathered.
 void addLayerCollectives(const ClusterModel &c, const FfnLayer &l,
                          const Attention *a, int64_t tp, PlanCost &p) {
-  const double act = c.wireBf16 ? 2 : 4, sums = c.wireOutBf16 ? 2 : 4;
+  const double act = wireValueBytes(c.wireX), sums = wireValueBytes(c.wireOut);
   if (a && a->qLora > 0)
     addCollective(c, Collective::allGather, a->qLora, tp, act, p);
   addCollective(c, Collective::reduceScatter, double(l.hidden), tp, sums, p);
@@ -175,7 +183,7 @@ void addTokenCollectives(const ModelFacts &m, const ClusterModel &c,
   if (m.ffn.empty())
     return;
   addCollective(c, Collective::allGather, double(m.ffn.front().hidden), m.tp,
-                c.wireBf16 ? 2 : 4, p);
+                wireValueBytes(c.wireX), p);
   for (size_t i = 0; i < m.ffn.size(); ++i)
     addLayerCollectives(c, m.ffn[i],
                         i < m.attention.size() ? &m.attention[i] : nullptr,

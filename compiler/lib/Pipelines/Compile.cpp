@@ -753,7 +753,9 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
                ? ", MLA kv_b_proj (W_UK, W_UV) in fp9 on the ducks by heads"
                : "") +
           (wo.wireBf16 ? ", activations to the ducks in bf16" : "") +
-          (wo.wireOutBf16 ? ", the ducks' answers in bf16" : ""),
+          (wo.wireQ8 ? ", activations to the ducks in q8" : "") +
+          (wo.wireOutBf16 ? ", the ducks' answers in bf16" : "") +
+          (wo.wireOutQ8 ? ", the ducks' answers in q8" : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"
           ? ", MoE layers by strategy " + strategySpecOf(stats)
@@ -819,8 +821,11 @@ Error compileImported(const CompileOptions &opts,
   wo.coresPerDuck = opts.cluster.coresPerDuck;
   wo.lmHeadFp9 = opts.lmHead == "fp9";
   wo.lmHeadInt8 = opts.lmHead == "int8";
-  wo.wireBf16 = opts.cluster.cost.wireBf16;
-  wo.wireOutBf16 = opts.cluster.cost.wireOutBf16;
+  using Wire = ClusterModel::Wire;
+  wo.wireBf16 = opts.cluster.cost.wireX == Wire::bf16;
+  wo.wireOutBf16 = opts.cluster.cost.wireOut == Wire::bf16;
+  wo.wireQ8 = opts.cluster.cost.wireX == Wire::q8;
+  wo.wireOutQ8 = opts.cluster.cost.wireOut == Wire::q8;
   wo.cancel = opts.cancel;
   if (Error e = writePlanDir(opts, ckpt, *module, *stats, exists, wo, log))
     return e;

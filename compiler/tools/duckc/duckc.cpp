@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -216,17 +217,21 @@ cl::opt<std::string> compileWire(
              "bytes on the host's link (rounded to nearest even; every "
              "duck then multiplies those rounded values: the logits moved "
              "by 0.17-0.34% relative L2 on Qwen3 test models and by 15% on "
-             "a random DeepSeek-V3 one). The cost model's network time "
-             "follows"),
+             "a random DeepSeek-V3 one) or 'q8': 1.0625 bytes a value, "
+             "blocks of 32 int8 values with a bf16 scale each (a value "
+             "moves by at most half of 1/127 of its block's largest; "
+             "docs/perf.md gives the measured logit drift). The cost "
+             "model's network time follows"),
     cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileWireOut(
     "wire-results",
     cl::desc("How the ducks' answers (partial sums of an FFN or an absorbed "
              "output projection, rows of a split matrix) travel back: 'f32' "
-             "(default: bit for bit) or 'bf16': half the bytes on the host's "
+             "(default: bit for bit), 'bf16': half the bytes on the host's "
              "inbound link, each value rounded to nearest even before the "
-             "host adds them (docs/perf.md gives the measured logit drift). "
-             "The cost model's network time follows"),
+             "host adds them, or 'q8': blocks of 32 int8 values with a bf16 "
+             "scale, 1.0625 bytes a value (docs/perf.md gives the measured "
+             "logit drift of both). The cost model's network time follows"),
     cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileFanout(
     "fanout",
@@ -454,16 +459,17 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
                              "--mtp must be auto, on or off, got '" +
                                  compileMtp + "'");
   o.mtp = compileMtp;
-  if (compileWire != "f32" && compileWire != "bf16")
-    return createStringError(inconvertibleErrorCode(),
-                             "--wire-activations must be f32 or bf16, got '" +
-                                 compileWire + "'");
-  o.cluster.cost.wireBf16 = compileWire == "bf16";
-  if (compileWireOut != "f32" && compileWireOut != "bf16")
-    return createStringError(inconvertibleErrorCode(),
-                             "--wire-results must be f32 or bf16, got '" +
-                                 compileWireOut + "'");
-  o.cluster.cost.wireOutBf16 = compileWireOut == "bf16";
+  for (auto [flag, name, out] :
+       {std::tuple{&compileWire, "--wire-activations", &o.cluster.cost.wireX},
+        std::tuple{&compileWireOut, "--wire-results",
+                   &o.cluster.cost.wireOut}}) {
+    using Wire = mlir::duck::ClusterModel::Wire;
+    if (*flag != "f32" && *flag != "bf16" && *flag != "q8")
+      return createStringError(
+          inconvertibleErrorCode(),
+          std::string(name) + " must be f32, bf16 or q8, got '" + *flag + "'");
+    *out = *flag == "q8" ? Wire::q8 : *flag == "bf16" ? Wire::bf16 : Wire::f32;
+  }
   if (Error e = fanoutFromFlags(o))
     return e;
   for (auto [flag, out] : {std::pair{&compileOProj, &o.oProj},
@@ -706,7 +712,7 @@ options of one subcommand.
           [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
           [--o-proj host|ducks] [--in-proj host|ducks]
-          [--wire-activations f32|bf16] [--wire-results f32|bf16]
+          [--wire-activations f32|bf16|q8] [--wire-results f32|bf16|q8]
           [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
           [--fanout unicast|relay|multicast --reduce star|tree

@@ -11,6 +11,10 @@
 #include "duck_rt/fp9_pack.h"
 #include "duck_rt/kernels.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -210,6 +214,13 @@ typedef struct duck_slot_header {
  * [n_tokens][hidden], the top half of each fp32): half the bytes on the
  * wire; the ELF widens it to fp32 in its scratch before any kernel runs.
  * With DUCK_IB_OUT_BF16, the OB's out is bf16 (uint16_t[n_tokens][hidden]).
+ * With DUCK_IB_X_Q8 (DUCK_IB_OUT_Q8), x (out) is q8 instead: each token's
+ * row in blocks of 32 values (the last may be shorter), a block its bf16
+ * scale s then its values as int8 q, value = q * s (duck_q8_encode_row):
+ * n + 2 * ceil(n / 32) bytes a row of n values, 1.0625 bytes a value
+ * where n is a multiple of 32. A value's error is at most s / 2, s being
+ * at most 1/127 of its block's largest magnitude (rounded up to bf16).
+ * At most one of the x flags and one of the out flags.
  * DUCK_MODE_HEAD: top_k = 0; x is float[n_tokens][K] (the slot's K);
  * out is float[n_tokens][rows], the results of the rows this duck holds
  * from the slot's ob_begin on (duck_ob_header.hidden = rows - ob_begin).
@@ -234,7 +245,171 @@ typedef enum duck_ib_flags {
   /// The OB's out is bf16: each fp32 result rounded to nearest even, two
   /// bytes a value (duck_ob_header.hidden values a token still).
   DUCK_IB_OUT_BF16 = 2u,
+  DUCK_IB_X_Q8 = 4u,   // x is q8 rows (duck_q8_encode_row)
+  DUCK_IB_OUT_Q8 = 8u, // the OB's out is q8 rows
 } duck_ib_flags;
+
+/// Values in a q8 block (a row's last block may hold fewer).
+enum { DUCK_Q8_BLOCK = 32 };
+
+/// Bytes of a q8 row of n values: n int8 values and a bf16 scale a block.
+static inline uint64_t duck_q8_row_bytes(uint64_t n) {
+  return n + 2 * ((n + DUCK_Q8_BLOCK - 1) / DUCK_Q8_BLOCK);
+}
+
+/// Bytes of one token's row of n activations (x) as `flags` sends them.
+static inline uint64_t duck_x_row_bytes(uint64_t n, uint32_t flags) {
+  return (flags & DUCK_IB_X_Q8)     ? duck_q8_row_bytes(n)
+         : (flags & DUCK_IB_X_BF16) ? 2 * n
+                                    : 4 * n;
+}
+
+/// Bytes of one token's row of n results as `flags` asks the duck for.
+static inline uint64_t duck_out_row_bytes(uint64_t n, uint32_t flags) {
+  return (flags & DUCK_IB_OUT_Q8)     ? duck_q8_row_bytes(n)
+         : (flags & DUCK_IB_OUT_BF16) ? 2 * n
+                                      : 4 * n;
+}
+
+/// A q8 block's scale (bf16 bits) for its n values: the largest magnitude
+/// over 127, rounded up to bf16 so that no value's q exceeds 127; a NaN
+/// among the values gives a NaN scale, an infinity an infinite one (every
+/// value of the block then decodes to NaN: q is 0).
+static inline uint16_t duck_q8_scale(const float *v, uint32_t n) {
+  uint32_t amax = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t u;
+    __builtin_memcpy(&u, &v[i], 4);
+    u &= 0x7fffffffu;
+    amax = u > amax ? u : amax;
+  }
+  if (amax > 0x7f800000u)
+    return 0x7fc0u;
+  float a, s;
+  __builtin_memcpy(&a, &amax, 4);
+  s = a / 127.0f;
+  uint32_t b;
+  __builtin_memcpy(&b, &s, 4);
+  if (b & 0xffffu)
+    b += 0x10000u; // up: positive, and far below the largest finite
+  return (uint16_t)(b >> 16);
+}
+
+/// Encodes one block of m <= 32 values as q8 at `out` (2 + m bytes): the
+/// definition every faster form must match bit for bit. The values are
+/// read whole before a byte is written (`out` may overlap them).
+static inline void duck_q8_encode_block(const float *v, uint32_t m,
+                                        uint8_t *out) {
+  float blk[DUCK_Q8_BLOCK];
+  __builtin_memcpy(blk, v, m * sizeof(float));
+  const uint16_t sb = duck_q8_scale(blk, m);
+  const float s = duck_bf16_to_f32(sb);
+  int8_t q[DUCK_Q8_BLOCK];
+  for (uint32_t i = 0; i < m; ++i) {
+    float t = s > 0.0f ? blk[i] / s : 0.0f; // s 0: the block is zeros
+    t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+    t = t == t ? t : 0.0f;
+    // Nearest, ties to even: |t| <= 127, far below 2^22.
+    t = (t + 12582912.0f) - 12582912.0f;
+    q[i] = (int8_t)(int)t;
+  }
+  __builtin_memcpy(out, &sb, 2);
+  __builtin_memcpy(out + 2, q, m);
+}
+
+#if defined(__AVX2__)
+/// duck_q8_encode_block of a whole block with AVX2: the same bytes (the
+/// same scale, IEEE division, clamp, NaN to 0 and rounding to even).
+static inline void duck_q8_encode_block32_avx2(const float *v, uint8_t *out) {
+  __m256 x[4];
+  __m256i amax = _mm256_setzero_si256();
+  const __m256i absMask = _mm256_set1_epi32(0x7fffffff);
+  for (int k = 0; k < 4; ++k) {
+    x[k] = _mm256_loadu_ps(v + 8 * k);
+    amax = _mm256_max_epu32(
+        amax, _mm256_and_si256(_mm256_castps_si256(x[k]), absMask));
+  }
+  __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(amax),
+                             _mm256_extracti128_si256(amax, 1));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
+  const uint32_t a = (uint32_t)_mm_cvtsi128_si32(m4);
+  float af;
+  __builtin_memcpy(&af, &a, 4);
+  const uint16_t sb = duck_q8_scale(&af, 1);
+  const float s = duck_bf16_to_f32(sb);
+  __m256i qi[4];
+  for (int k = 0; k < 4; ++k) {
+    __m256 t =
+        s > 0.0f ? _mm256_div_ps(x[k], _mm256_set1_ps(s)) : _mm256_setzero_ps();
+    const __m256 ord = _mm256_cmp_ps(t, t, _CMP_ORD_Q);
+    t = _mm256_max_ps(_mm256_min_ps(t, _mm256_set1_ps(127.0f)),
+                      _mm256_set1_ps(-127.0f));
+    t = _mm256_and_ps(t, ord);
+    qi[k] = _mm256_cvtps_epi32(
+        _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                       _mm256_packs_epi32(qi[2], qi[3]));
+  const __m256i q =
+      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  __builtin_memcpy(out, &sb, 2);
+  _mm256_storeu_si256((__m256i *)(void *)(out + 2), q);
+}
+
+/// duck_q8_decode_row's whole block with AVX2 (the same products).
+static inline void duck_q8_decode_block32_avx2(const uint8_t *in, float *v) {
+  uint16_t sb;
+  __builtin_memcpy(&sb, in, 2);
+  const __m256 s = _mm256_set1_ps(duck_bf16_to_f32(sb));
+  for (int k = 0; k < 4; ++k) {
+    const __m256i q = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64((const __m128i *)(const void *)(in + 2 + 8 * k)));
+    _mm256_storeu_ps(v + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
+  }
+}
+#endif
+
+/// Encodes a row of n values as q8 at `out` (duck_q8_row_bytes(n) bytes),
+/// block by block, each read whole before its bytes are written: `out`
+/// may be the row's own storage (the bytes written never pass the values
+/// still to read).
+static inline void duck_q8_encode_row(const float *v, uint64_t n,
+                                      uint8_t *out) {
+  for (uint64_t b = 0; b < n; b += DUCK_Q8_BLOCK) {
+    const uint32_t m =
+        (uint32_t)(n - b < DUCK_Q8_BLOCK ? n - b : DUCK_Q8_BLOCK);
+#if defined(__AVX2__)
+    if (m == DUCK_Q8_BLOCK)
+      duck_q8_encode_block32_avx2(v + b, out);
+    else
+#endif
+      duck_q8_encode_block(v + b, m, out);
+    out += 2 + m;
+  }
+}
+
+/// Decodes a q8 row of n values (duck_q8_encode_row's) into fp32 `v`.
+static inline void duck_q8_decode_row(const uint8_t *in, uint64_t n, float *v) {
+  for (uint64_t b = 0; b < n; b += DUCK_Q8_BLOCK) {
+    const uint32_t m =
+        (uint32_t)(n - b < DUCK_Q8_BLOCK ? n - b : DUCK_Q8_BLOCK);
+#if defined(__AVX2__)
+    if (m == DUCK_Q8_BLOCK) {
+      duck_q8_decode_block32_avx2(in, v + b);
+      in += 2 + m;
+      continue;
+    }
+#endif
+    uint16_t sb;
+    __builtin_memcpy(&sb, in, 2);
+    const float s = duck_bf16_to_f32(sb);
+    const int8_t *q = (const int8_t *)(const void *)(in + 2);
+    for (uint32_t i = 0; i < m; ++i)
+      v[b + i] = (float)q[i] * s;
+    in += 2 + m;
+  }
+}
 
 typedef struct duck_ob_header {
   uint32_t magic;
@@ -257,13 +432,12 @@ static inline uint32_t duck_ib_x_offset(uint64_t n_slots) {
                      n_slots * sizeof(duck_expert_slot) + 31) / 32 * 32);
 }
 
-/// Bytes of an IB for n_tokens x hidden activations (fp32, or bf16 with
-/// DUCK_IB_X_BF16 in `flags`) and n_tokens * top_k slots.
+/// Bytes of an IB for n_tokens x hidden activations (fp32, or bf16 or q8
+/// as `flags` says) and n_tokens * top_k slots.
 static inline uint64_t duck_ib_bytes_flags(uint32_t n_tokens, uint32_t top_k,
                                            uint32_t hidden, uint32_t flags) {
   return duck_ib_x_offset((uint64_t)n_tokens * top_k) +
-         (uint64_t)n_tokens * hidden *
-             ((flags & DUCK_IB_X_BF16) ? sizeof(uint16_t) : sizeof(float));
+         (uint64_t)n_tokens * duck_x_row_bytes(hidden, flags);
 }
 
 static inline uint64_t duck_ib_bytes(uint32_t n_tokens, uint32_t top_k,
@@ -284,7 +458,7 @@ static inline uint16_t duck_f32_to_bf16(float f) {
 
 /// Encodes one step's IB into `ib` (duck_ib_bytes_flags(...) bytes): the
 /// header, n_tokens * top_k slots (may be null when top_k is 0) and x,
-/// rounded to bf16 when `flags` has DUCK_IB_X_BF16.
+/// rounded to bf16 or q8 when `flags` has DUCK_IB_X_BF16 or DUCK_IB_X_Q8.
 static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
                                        uint32_t slot, uint32_t n_tokens,
                                        uint32_t top_k,
@@ -306,7 +480,11 @@ static inline void duck_ib_write_flags(uint8_t *ib, uint32_t mode,
   if (top_k && slots)
     __builtin_memcpy(ib + sizeof h, slots,
                      (uint64_t)n_tokens * top_k * sizeof(duck_expert_slot));
-  if (x && (flags & DUCK_IB_X_BF16)) {
+  if (x && (flags & DUCK_IB_X_Q8)) {
+    const uint64_t row = duck_q8_row_bytes(hidden);
+    for (uint64_t t = 0; t < n_tokens; ++t)
+      duck_q8_encode_row(x + t * hidden, hidden, ib + h.x_offset + t * row);
+  } else if (x && (flags & DUCK_IB_X_BF16)) {
     uint16_t *o = (uint16_t *)(void *)(ib + h.x_offset);
     for (uint64_t i = 0; i < (uint64_t)n_tokens * hidden; ++i)
       o[i] = duck_f32_to_bf16(x[i]);

@@ -15,7 +15,9 @@ namespace pl = ::duck::plan;
 ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
     : plan_(plan), client_(client), hidden_(plan.def().model()->hidden()),
       ib_flags_((plan.def().wire_x_bf16() ? DUCK_IB_X_BF16 : 0) |
-                (plan.def().wire_out_bf16() ? DUCK_IB_OUT_BF16 : 0)) {
+                (plan.def().wire_out_bf16() ? DUCK_IB_OUT_BF16 : 0) |
+                (plan.def().wire_x_q8() ? DUCK_IB_X_Q8 : 0) |
+                (plan.def().wire_out_q8() ? DUCK_IB_OUT_Q8 : 0)) {
   ResetStats();
 }
 
@@ -71,9 +73,8 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
 absl::StatusOr<const float *>
 ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
                          uint32_t n_tokens, uint32_t width) {
-  const bool bf16 = (ib_flags_ & DUCK_IB_OUT_BF16) != 0;
   const uint64_t values = (uint64_t)n_tokens * width;
-  const uint64_t bytes = values * (bf16 ? 2 : 4);
+  const uint64_t bytes = n_tokens * duck_out_row_bytes(width, ib_flags_);
   const DuckOutput &o = outputs_[r];
   const std::string who = client_->endpoint(r).ToString();
   if (o.ob.size() < sizeof(duck_ob_header))
@@ -90,11 +91,17 @@ ClusterFfnRunner::Output(size_t r, uint32_t mode, uint32_t slot,
         oh.hidden, " (expected ", n_tokens, " of ", width, ", ",
         sizeof(duck_ob_header) + bytes, " bytes)", o.log.empty() ? "" : ": ",
         o.log));
-  if (!bf16)
+  if (!(ib_flags_ & (DUCK_IB_OUT_BF16 | DUCK_IB_OUT_Q8)))
     return reinterpret_cast<const float *>(o.ob.data() + oh.out_offset);
-  // bf16 on the wire (the plan's wire_out_bf16): widened exactly.
+  // bf16 or q8 on the wire (the plan's wire_out_*): widened exactly.
   widened_.resize(values);
   const uint8_t *h = o.ob.data() + oh.out_offset;
+  if (ib_flags_ & DUCK_IB_OUT_Q8) {
+    const uint64_t row = duck_q8_row_bytes(width);
+    for (uint64_t t = 0; t < n_tokens; ++t)
+      duck_q8_decode_row(h + t * row, width, widened_.data() + t * width);
+    return widened_.data();
+  }
   for (uint64_t i = 0; i < values; ++i) {
     uint16_t v;
     std::memcpy(&v, h + 2 * i, 2);

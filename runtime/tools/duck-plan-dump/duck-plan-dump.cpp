@@ -144,6 +144,10 @@ int main(int argc, char **argv) {
       std::printf("wire: activations to the ducks in bf16\n");
     if (plan->wire_out_bf16())
       std::printf("wire: the ducks' answers in bf16\n");
+    if (plan->wire_x_q8())
+      std::printf("wire: activations to the ducks in q8\n");
+    if (plan->wire_out_q8())
+      std::printf("wire: the ducks' answers in q8\n");
     if (const duck::plan::StepLimitsDef *l = plan->step_limits())
       std::printf("step limits: intermediate %u, experts %u (%u a token), "
                   "head rows %u\n",

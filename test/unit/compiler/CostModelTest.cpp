@@ -219,10 +219,19 @@ TEST(CostModelTest, StepOnTheWire) {
   EXPECT_NEAR(w.backSeconds, w.seconds - w.outSeconds, 1e-15);
   EXPECT_EQ(w.latencySeconds, 0);
   // bf16 activations: 2 bytes less a value, to each duck.
-  c.wireBf16 = true;
+  c.wireX = ClusterModel::Wire::bf16;
   EXPECT_EQ(stepWire(c, 1, 0, 1024, {1024, 1024}).txBytes, 8352 - 2 * 2048);
+  // q8 activations: 1024 int8 values and 32 bf16 scales (1088 bytes, not
+  // 4096), to each duck; q8 answers: each reply 1088 bytes of values.
+  c.wireX = ClusterModel::Wire::q8;
+  EXPECT_EQ(stepWire(c, 1, 0, 1024, {1024, 1024}).txBytes,
+            8352 - 2 * (4096 - 1088));
+  c.wireOut = ClusterModel::Wire::q8;
+  EXPECT_EQ(stepWire(c, 1, 0, 1024, {1024, 1024}).rxBytes,
+            2 * (4232 - 4096 + 1088));
+  c.wireOut = ClusterModel::Wire::f32;
   // A slow duck link (0.1 Gb/s) is slower than the host's whole load.
-  c.wireBf16 = false;
+  c.wireX = ClusterModel::Wire::f32;
   c.duckLinkGbps = {100, 0.1};
   EXPECT_NEAR(stepWire(c, 1, 0, 1024, {1024, 1024}).seconds,
               (4176 + 4232) * 8 / 0.1e9, 1e-15);

@@ -117,12 +117,19 @@ struct ClusterModel {
   /// bytes, each forwarded (and each piece of partial sums reduced and
   /// sent up) as soon as it is there.
   int64_t relayChunkBytes = 0;
-  /// x crosses the wire as bf16 (duckc --wire-activations bf16): half the
-  /// bytes of every IB's activations.
-  bool wireBf16 = false;
-  /// The ducks answer in bf16 (duckc --wire-results bf16): half the bytes
-  /// of every OB's values (partial sums, rows).
-  bool wireOutBf16 = false;
+  /// How values cross the wire: fp32; bf16 (half the bytes); q8, blocks
+  /// of 32 int8 values and a bf16 scale (1.0625 bytes a value; the ABI's
+  /// DUCK_IB_X_Q8).
+  enum class Wire { f32, bf16, q8 };
+  /// x to the ducks (duckc --wire-activations): every IB's activations.
+  Wire wireX = Wire::f32;
+  /// The ducks' answers (duckc --wire-results): every OB's values
+  /// (partial sums, rows).
+  Wire wireOut = Wire::f32;
+  /// The IB flags (duck_ib_flags) that ask for wireX and wireOut.
+  uint32_t ibFlags() const;
+  /// duckc's name of a wire form: "f32", "bf16", "q8".
+  static const char *wireName(Wire w);
 
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;

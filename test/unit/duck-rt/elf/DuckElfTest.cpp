@@ -217,10 +217,19 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
     auto x = RandomX(kHidden, 1);
     std::vector<uint8_t> ib(duck_ib_bytes(1, 0, kHidden));
     duck_ib_write_flags(ib.data(), DUCK_MODE_DENSE_DECODE, 0, 1, 0, nullptr,
-                        x.data(), kHidden, 4);
+                        x.data(), kHidden, 16);
     EXPECT_EQ(r.Call(ib), DUCK_STATUS_BAD_INPUT);
-    EXPECT_NE(r.logs[0].find("ib: unknown flags 4"), std::string::npos)
+    EXPECT_NE(r.logs[0].find("ib: unknown or conflicting flags 16"),
+              std::string::npos)
         << r.logs[0];
+    // Two forms of x (or of the results) at once.
+    for (uint32_t both : {uint32_t(DUCK_IB_X_BF16 | DUCK_IB_X_Q8),
+                          uint32_t(DUCK_IB_OUT_BF16 | DUCK_IB_OUT_Q8)}) {
+      std::vector<uint8_t> ib2(duck_ib_bytes_flags(1, 0, kHidden, both));
+      duck_ib_write_flags(ib2.data(), DUCK_MODE_DENSE_DECODE, 0, 1, 0, nullptr,
+                          x.data(), kHidden, both);
+      EXPECT_EQ(r.Call(ib2), DUCK_STATUS_BAD_INPUT) << both;
+    }
     // A bf16 IB cut short of its x.
     std::vector<uint8_t> cut(
         duck_ib_bytes_flags(2, 0, kHidden, DUCK_IB_X_BF16));
@@ -230,6 +239,110 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
     cut.resize(cut.size() - 2);
     EXPECT_EQ(r.Call(cut), DUCK_STATUS_BAD_INPUT);
   }
+}
+
+// An IB whose x is q8 (DUCK_IB_X_Q8, duckc --wire-activations q8) gives,
+// in every mode and on 1 and 3 cores, the bits an fp32 IB of the decoded
+// values gives; a q8 IB cut short of its x is refused.
+TEST(DuckElf, Q8ActivationsAreTheDecodedFp32Ones) {
+  SyntheticSpec spec = TestSpec();
+  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
+  auto image = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const Case cases[] = {
+      {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
+      {DUCK_MODE_MOE_DECODE, 1, 1, 4},
+      {DUCK_MODE_MOE_DECODE_SMP, 1, 2, 8},
+      {DUCK_MODE_DENSE_PREFILL, 0, 5, 0},
+      {DUCK_MODE_MOE_PREFILL, 1, 7, 3},
+      {DUCK_MODE_HEAD, (uint32_t)spec.slots.size() - 1, 3, 0},
+  };
+  for (uint32_t cores : {1u, 3u}) {
+    ElfRunner r(DUCK_ELF_PATH, *image, cores);
+    ASSERT_TRUE(r.elf);
+    uint64_t seed = 1900;
+    for (const Case &c : cases) {
+      auto x = RandomX(c.tokens * kHidden, ++seed);
+      auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
+                             : std::vector<duck_expert_slot>();
+      std::vector<uint8_t> ib(
+          duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, DUCK_IB_X_Q8));
+      duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
+                          routing.data(), x.data(), kHidden, DUCK_IB_X_Q8);
+      std::vector<float> decoded(x.size());
+      const uint8_t *q = ib.data() + duck_ib_x_offset(c.tokens * c.top_k);
+      for (uint32_t t = 0; t < c.tokens; ++t)
+        duck_q8_decode_row(q + t * duck_q8_row_bytes(kHidden), kHidden,
+                           decoded.data() + t * kHidden);
+      ASSERT_NE(decoded, x); // the wire really rounded
+      const std::string what =
+          "mode " + std::to_string(c.mode) + " cores " + std::to_string(cores);
+      ASSERT_EQ(r.Call(ib), DUCK_STATUS_OK) << what << ": " << r.logs[0];
+      const std::vector<float> got = r.Out();
+      ASSERT_EQ(
+          r.Call(MakeIb(c.mode, c.slot, c.tokens, c.top_k, routing, decoded)),
+          DUCK_STATUS_OK)
+          << what << ": " << r.logs[0];
+      ExpectBitIdentical(got, r.Out(), what.c_str());
+    }
+    std::vector<uint8_t> cut(duck_ib_bytes_flags(2, 0, kHidden, DUCK_IB_X_Q8));
+    duck_ib_write_flags(cut.data(), DUCK_MODE_DENSE_DECODE, 0, 2, 0, nullptr,
+                        RandomX(2 * kHidden, 2).data(), kHidden, DUCK_IB_X_Q8);
+    cut.resize(cut.size() - 1);
+    EXPECT_EQ(r.Call(cut), DUCK_STATUS_BAD_INPUT);
+  }
+}
+
+// DUCK_IB_OUT_Q8: the OB carries each token's fp32 results as a q8 row
+// (duck_q8_encode_row's bytes; the header's width unchanged), in every
+// mode, 1 and 3 cores, with fp32 or q8 x; the head's 200 rows end in a
+// block of 8.
+TEST(DuckElf, Q8ResultsAreTheEncodedFp32Ones) {
+  SyntheticSpec spec = TestSpec();
+  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
+  auto image = duck::duckd::BuildSyntheticImage(spec);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const Case cases[] = {
+      {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
+      {DUCK_MODE_MOE_DECODE_SMP, 1, 2, 8},
+      {DUCK_MODE_MOE_PREFILL, 1, 7, 3},
+      {DUCK_MODE_HEAD, (uint32_t)spec.slots.size() - 1, 3, 0},
+  };
+  for (uint32_t cores : {1u, 3u})
+    for (uint32_t xflag : {0u, (uint32_t)DUCK_IB_X_Q8}) {
+      ElfRunner r(DUCK_ELF_PATH, *image, cores);
+      ASSERT_TRUE(r.elf);
+      uint64_t seed = 2700;
+      for (const Case &c : cases) {
+        auto x = RandomX(c.tokens * kHidden, ++seed);
+        auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
+                               : std::vector<duck_expert_slot>();
+        const std::string what = "mode " + std::to_string(c.mode);
+        auto ibOf = [&](uint32_t flags) {
+          std::vector<uint8_t> ib(
+              duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
+          duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
+                              routing.data(), x.data(), kHidden, flags);
+          return ib;
+        };
+        ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
+        const std::vector<float> f32 = r.Out();
+        const uint32_t width = r.Header().hidden;
+        ASSERT_EQ(r.Call(ibOf(xflag | DUCK_IB_OUT_Q8)), DUCK_STATUS_OK)
+            << what << r.logs[0];
+        ASSERT_EQ(r.Header().hidden, width) << what;
+        const uint64_t row = duck_q8_row_bytes(width);
+        ASSERT_EQ(r.ob_size, 64 + c.tokens * row) << what;
+        std::vector<uint8_t> want(c.tokens * row);
+        for (uint32_t t = 0; t < c.tokens; ++t)
+          duck_q8_encode_row(f32.data() + t * width, width,
+                             want.data() + t * row);
+        EXPECT_EQ(std::memcmp(r.ob.data() + r.Header().out_offset, want.data(),
+                              want.size()),
+                  0)
+            << what;
+      }
+    }
 }
 
 /// The first byte of slot `slot` of an image (its header).
