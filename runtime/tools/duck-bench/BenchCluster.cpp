@@ -50,7 +50,7 @@ struct ClusterBenchOptions {
   /// Where the attention's projections run: "host", "ducks" (query and
   /// output projections) or "absorbed" (those and kv_b_proj by heads).
   std::string attention = "host";
-  /// The wire's activations and answers: "f32" or "bf16" (duckc's
+  /// The wire's activations and answers: "f32", "bf16" or "q8" (duckc's
   /// --wire-activations and --wire-results both).
   std::string wire = "f32";
   bool json = false;
@@ -67,7 +67,7 @@ void PrintUsage(FILE *out) {
       "  cost model alike)] [--layers L (61)] [--tokens T (16)]\n"
       "  [--repeat R (1: runs of each kind, alternating; the median TPOT's\n"
       "  run is reported)] [--json]\n"
-      "  [--attention host|ducks|absorbed (host)] [--wire f32|bf16 (f32:\n"
+      "  [--attention host|ducks|absorbed (host)] [--wire f32|bf16|q8 (f32:\n"
       "  duckc's --wire-activations and --wire-results)] [--work-dir D (kept)]\n\n"
       "A DeepSeek-V3.2-shaped checkpoint (hidden 7168, L layers, one dense;\n"
       "4 heads, q/kv LoRA 64, N routed experts of intermediate 32, top 2,\n"
@@ -122,7 +122,7 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
   if (o->attention != "host" && o->attention != "ducks" &&
       o->attention != "absorbed")
     return false;
-  if (o->wire != "f32" && o->wire != "bf16")
+  if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8")
     return false;
   return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
          o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
@@ -146,8 +146,8 @@ std::string CompileFlags(const ClusterBenchOptions &o) {
     f += " --q-proj ducks --o-proj ducks";
   if (o.attention == "absorbed")
     f += " --mla-absorb ducks";
-  if (o.wire == "bf16")
-    f += " --wire-activations bf16 --wire-results bf16";
+  if (o.wire != "f32")
+    f += " --wire-activations " + o.wire + " --wire-results " + o.wire;
   return f;
 }
 
