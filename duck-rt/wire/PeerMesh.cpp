@@ -197,6 +197,12 @@ void Encode(absl::Span<const float> v, PeerWire wire,
     return;
   }
   const size_t at = bytes->size();
+  if (wire == PeerWire::q8) {
+    bytes->resize(at + duck_q8_row_bytes(v.size()));
+    duck_q8_encode_row(v.data(), v.size(),
+                       reinterpret_cast<uint8_t *>(bytes->data() + at));
+    return;
+  }
   bytes->resize(at + 2 * v.size());
   char *p = bytes->data() + at;
   for (size_t i = 0; i < v.size(); ++i) {
@@ -210,6 +216,17 @@ void Encode(absl::Span<const float> v, PeerWire wire,
 void DecodeInto(const std::vector<char> &bytes, PeerWire wire, bool add,
                 float *out, size_t n) {
   const char *p = bytes.data();
+  if (wire == PeerWire::q8) {
+    float v[DUCK_Q8_BLOCK];
+    for (size_t b = 0; b < n; b += DUCK_Q8_BLOCK) {
+      const size_t m = std::min<size_t>(DUCK_Q8_BLOCK, n - b);
+      duck_q8_decode_row(reinterpret_cast<const uint8_t *>(p), m, v);
+      for (size_t i = 0; i < m; ++i)
+        out[b + i] = add ? out[b + i] + v[i] : v[i];
+      p += 2 + m;
+    }
+    return;
+  }
   if (wire == PeerWire::f32) {
     for (size_t i = 0; i < n; ++i) {
       float f;
@@ -227,7 +244,8 @@ void DecodeInto(const std::vector<char> &bytes, PeerWire wire, bool add,
 }
 
 size_t WireBytes(size_t n, PeerWire wire) {
-  return n * (wire == PeerWire::f32 ? 4 : 2);
+  return wire == PeerWire::q8 ? duck_q8_row_bytes(n)
+                              : n * (wire == PeerWire::f32 ? 4 : 2);
 }
 
 /// One peer's side of an exchange: the message out (header and payload)

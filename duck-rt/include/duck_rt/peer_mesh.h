@@ -88,8 +88,10 @@ struct PeerMeshOptions {
   absl::Duration spin = absl::ZeroDuration();
 };
 
-/// How values cross the wire: fp32, or bf16 (round to nearest even).
-enum class PeerWire { f32, bf16 };
+/// How values cross the wire: fp32, bf16 (round to nearest even) or q8
+/// (each message's values as one q8 row: blocks of 32 int8 and a bf16
+/// scale, duck_rt/abi.h).
+enum class PeerWire { f32, bf16, q8 };
 
 /// Slice j of n values over N ducks: [SliceBegin(j), SliceBegin(j + 1)),
 /// the first n % N slices one value longer.

@@ -71,7 +71,8 @@ void PrintUsage(FILE *out) {
       "  [--repeat R (3: runs of each kind, alternating; medians)]\n"
       "  [--groups G (1: one direct exchange a collective; G dividing N:\n"
       "  two, within groups of N/G ducks, then among G)]\n"
-      "  [--wire f32|bf16 (bf16)] [--transport tcp|udp (tcp)] [--spin-us S]\n"
+      "  [--wire f32|bf16|q8 (bf16)] [--transport tcp|udp (tcp)] [--spin-us "
+      "S]\n"
       "  [--model DIR (models/DeepSeek-V3.2: only its config.json is read)]\n"
       "  [--json]\n\n"
       "The collectives of a token with the residual stream on the ducks\n"
@@ -138,8 +139,9 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
       return false;
     }
   }
-  if (o->wire != "f32" && o->wire != "bf16") {
-    std::fprintf(stderr, "duck-bench collective: --wire must be f32 or bf16\n");
+  if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8") {
+    std::fprintf(stderr,
+                 "duck-bench collective: --wire must be f32, bf16 or q8\n");
     return false;
   }
   if (o->transport != "tcp" && o->transport != "udp") {
@@ -188,7 +190,9 @@ nlohmann::json CostModelStats(const CollectiveBenchOptions &o,
      << ShellQuote(o.model) << " --cluster " << ShellQuote(file) << " --tp "
      << o.ducks << " --dry-run --emit=stats --residual ducks --in-proj ducks"
      << " --q-proj ducks --o-proj ducks --mla-absorb ducks"
-     << (o.wire == "bf16" ? " --wire-activations bf16 --wire-results bf16" : "")
+     << (o.wire != "f32"
+             ? " --wire-activations " + o.wire + " --wire-results " + o.wire
+             : std::string())
      << " > " << ShellQuote(out);
   if (std::system(cc.str().c_str()) != 0) {
     std::fprintf(stderr, "duck-bench collective: duckc failed: %s\n",
@@ -210,7 +214,9 @@ std::vector<Step> ScheduleOf(const nlohmann::json &stats) {
   for (const nlohmann::json &m : stats["mesh_schedule"])
     s.push_back({m["kind"] == "reduce_scatter", m["values"].get<size_t>(),
                  m["bytes_per_value"].get<double>() == 2 ? PeerWire::bf16
-                                                         : PeerWire::f32});
+                 : m["bytes_per_value"].get<double>() == 1.0625
+                     ? PeerWire::q8
+                     : PeerWire::f32});
   return s;
 }
 

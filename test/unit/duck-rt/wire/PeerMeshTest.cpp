@@ -186,6 +186,81 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(PeerTransport::tcp,
                                          PeerTransport::udp)));
 
+/// `v` as one q8 message carries it (blocks of 32 from its first value).
+std::vector<float> AsQ8(const std::vector<float> &v) {
+  std::vector<uint8_t> b(duck_q8_row_bytes(v.size()));
+  duck_q8_encode_row(v.data(), v.size(), b.data());
+  std::vector<float> out(v.size());
+  duck_q8_decode_row(b.data(), v.size(), out.data());
+  return out;
+}
+
+// q8 on the mesh: each message (a rank's piece of a slice, a gathered
+// slice, an all-reduce's values) is one q8 row, its blocks counted from
+// the piece's first value; the sums are the decoded pieces in rank order.
+class PeerMeshQ8Test
+    : public ::testing::TestWithParam<std::tuple<uint32_t, PeerTransport>> {};
+
+TEST_P(PeerMeshQ8Test, CollectivesMatchBlockwiseSums) {
+  const auto [ducks, transport] = GetParam();
+  const size_t n = 7168 + 5; // ragged slices, blocks that end short
+  std::vector<uint32_t> owned(ducks);
+  std::vector<std::vector<float>> reduced(ducks), gathered(ducks),
+      allreduced(ducks);
+  auto body = [&](uint32_t r, PeerMesh &m) -> absl::Status {
+    owned[r] = m.OwnedSlice();
+    const size_t b = PeerSliceBegin(n, ducks, owned[r]);
+    std::vector<float> slice(PeerSliceBegin(n, ducks, owned[r] + 1) - b);
+    if (absl::Status s =
+            m.ReduceScatter(Values(r, n), PeerWire::q8, absl::MakeSpan(slice));
+        !s.ok())
+      return s;
+    reduced[r] = slice;
+    gathered[r].resize(n);
+    if (absl::Status s =
+            m.AllGather(slice, PeerWire::q8, absl::MakeSpan(gathered[r]));
+        !s.ok())
+      return s;
+    allreduced[r].resize(3);
+    return m.AllReduce(absl::MakeConstSpan(Values(r, 3)), PeerWire::q8,
+                       absl::MakeSpan(allreduced[r]));
+  };
+  for (const absl::Status &s :
+       RunMesh(ducks, body, {}, 1, {}, Transport(transport)))
+    ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> want3(3, 0.0f);
+  for (uint32_t q = 0; q < ducks; ++q) {
+    const std::vector<float> v = AsQ8(Values(q, 3));
+    for (size_t i = 0; i < 3; ++i)
+      want3[i] += v[i];
+  }
+  for (uint32_t r = 0; r < ducks; ++r) {
+    const size_t b = PeerSliceBegin(n, ducks, owned[r]),
+                 e = PeerSliceBegin(n, ducks, owned[r] + 1);
+    std::vector<float> want(e - b, 0.0f);
+    for (uint32_t q = 0; q < ducks; ++q) {
+      const std::vector<float> all = Values(q, n);
+      const std::vector<float> piece =
+          AsQ8(std::vector<float>(all.begin() + b, all.begin() + e));
+      for (size_t i = 0; i < piece.size(); ++i)
+        want[i] += piece[i];
+    }
+    ASSERT_EQ(reduced[r], want) << "rank " << r;
+    const std::vector<float> wire = AsQ8(want);
+    for (uint32_t k = 0; k < ducks; ++k)
+      for (size_t i = 0; i < wire.size(); ++i)
+        ASSERT_EQ(gathered[k][b + i], wire[i]) << "rank " << k;
+    for (size_t i = 0; i < 3; ++i)
+      ASSERT_EQ(allreduced[r][i], want3[i]) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DucksAndTransports, PeerMeshQ8Test,
+    ::testing::Combine(::testing::Values(1u, 3u, 5u),
+                       ::testing::Values(PeerTransport::tcp,
+                                         PeerTransport::udp)));
+
 // Two-level collectives: 4 ducks in 2 groups, 6 in 2 and in 3, 8 in 4.
 INSTANTIATE_TEST_SUITE_P(
     Groups, PeerMeshTest,
