@@ -13,10 +13,10 @@ using namespace mlir::duck;
 using namespace mlir::duck::cost;
 
 uint32_t ClusterModel::ibFlags() const {
-  return (wireX == Wire::bf16 ? DUCK_IB_X_BF16 : 0u) |
-         (wireX == Wire::q8 ? DUCK_IB_X_Q8 : 0u) |
-         (wireOut == Wire::bf16 ? DUCK_IB_OUT_BF16 : 0u) |
-         (wireOut == Wire::q8 ? DUCK_IB_OUT_Q8 : 0u);
+  return (wireX == Wire::bf16 ? uint32_t(DUCK_IB_X_BF16) : 0u) |
+         (wireX == Wire::q8 ? uint32_t(DUCK_IB_X_Q8) : 0u) |
+         (wireOut == Wire::bf16 ? uint32_t(DUCK_IB_OUT_BF16) : 0u) |
+         (wireOut == Wire::q8 ? uint32_t(DUCK_IB_OUT_Q8) : 0u);
 }
 
 const char *ClusterModel::wireName(Wire w) {

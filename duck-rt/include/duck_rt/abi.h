@@ -250,7 +250,7 @@ typedef enum duck_ib_flags {
 } duck_ib_flags;
 
 /// Values in a q8 block (a row's last block may hold fewer).
-enum { DUCK_Q8_BLOCK = 32 };
+#define DUCK_Q8_BLOCK 32u
 
 /// Bytes of a q8 row of n values: n int8 values and a bf16 scale a block.
 static inline uint64_t duck_q8_row_bytes(uint64_t n) {
@@ -300,8 +300,8 @@ static inline uint16_t duck_q8_scale(const float *v, uint32_t n) {
 /// read whole before a byte is written (`out` may overlap them).
 static inline void duck_q8_encode_block(const float *v, uint32_t m,
                                         uint8_t *out) {
-  float blk[DUCK_Q8_BLOCK];
-  __builtin_memcpy(blk, v, m * sizeof(float));
+  float blk[DUCK_Q8_BLOCK] = {0};
+  __builtin_memcpy(blk, v, (m < DUCK_Q8_BLOCK ? m : DUCK_Q8_BLOCK) * 4);
   const uint16_t sb = duck_q8_scale(blk, m);
   const float s = duck_bf16_to_f32(sb);
   int8_t q[DUCK_Q8_BLOCK];

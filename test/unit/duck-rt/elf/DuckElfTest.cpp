@@ -293,58 +293,6 @@ TEST(DuckElf, Q8ActivationsAreTheDecodedFp32Ones) {
   }
 }
 
-// DUCK_IB_OUT_Q8: the OB carries each token's fp32 results as a q8 row
-// (duck_q8_encode_row's bytes; the header's width unchanged), in every
-// mode, 1 and 3 cores, with fp32 or q8 x; the head's 200 rows end in a
-// block of 8.
-TEST(DuckElf, Q8ResultsAreTheEncodedFp32Ones) {
-  SyntheticSpec spec = TestSpec();
-  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
-  auto image = duck::duckd::BuildSyntheticImage(spec);
-  ASSERT_TRUE(image.ok()) << image.status();
-  const Case cases[] = {
-      {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
-      {DUCK_MODE_MOE_DECODE_SMP, 1, 2, 8},
-      {DUCK_MODE_MOE_PREFILL, 1, 7, 3},
-      {DUCK_MODE_HEAD, (uint32_t)spec.slots.size() - 1, 3, 0},
-  };
-  for (uint32_t cores : {1u, 3u})
-    for (uint32_t xflag : {0u, (uint32_t)DUCK_IB_X_Q8}) {
-      ElfRunner r(DUCK_ELF_PATH, *image, cores);
-      ASSERT_TRUE(r.elf);
-      uint64_t seed = 2700;
-      for (const Case &c : cases) {
-        auto x = RandomX(c.tokens * kHidden, ++seed);
-        auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
-                               : std::vector<duck_expert_slot>();
-        const std::string what = "mode " + std::to_string(c.mode);
-        auto ibOf = [&](uint32_t flags) {
-          std::vector<uint8_t> ib(
-              duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
-          duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
-                              routing.data(), x.data(), kHidden, flags);
-          return ib;
-        };
-        ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
-        const std::vector<float> f32 = r.Out();
-        const uint32_t width = r.Header().hidden;
-        ASSERT_EQ(r.Call(ibOf(xflag | DUCK_IB_OUT_Q8)), DUCK_STATUS_OK)
-            << what << r.logs[0];
-        ASSERT_EQ(r.Header().hidden, width) << what;
-        const uint64_t row = duck_q8_row_bytes(width);
-        ASSERT_EQ(r.ob_size, 64 + c.tokens * row) << what;
-        std::vector<uint8_t> want(c.tokens * row);
-        for (uint32_t t = 0; t < c.tokens; ++t)
-          duck_q8_encode_row(f32.data() + t * width, width,
-                             want.data() + t * row);
-        EXPECT_EQ(std::memcmp(r.ob.data() + r.Header().out_offset, want.data(),
-                              want.size()),
-                  0)
-            << what;
-      }
-    }
-}
-
 /// The first byte of slot `slot` of an image (its header).
 uint8_t *SlotBytes(std::vector<uint8_t> &image, uint32_t slot) {
   duck_image_header ih;
@@ -369,10 +317,31 @@ void ExpectHeadRefused(const std::vector<uint8_t> &image) {
       << r.logs[0];
 }
 
-// DUCK_IB_OUT_BF16: the OB carries each fp32 result rounded to bf16 (two
-// bytes a value, the header's width unchanged), in every mode, 1 and 3
-// cores, with fp32 or bf16 x.
-TEST(DuckElf, Bf16ResultsAreTheRoundedFp32Ones) {
+/// The OB bytes of `tokens` rows of `width` fp32 results in the form
+/// `outFlag` asks for (DUCK_IB_OUT_BF16 or DUCK_IB_OUT_Q8).
+std::vector<uint8_t> NarrowedOb(const std::vector<float> &f32, uint32_t tokens,
+                                uint32_t width, uint32_t outFlag) {
+  std::vector<uint8_t> ob(tokens * duck_out_row_bytes(width, outFlag));
+  for (uint32_t t = 0; t < tokens; ++t) {
+    uint8_t *row = ob.data() + t * duck_out_row_bytes(width, outFlag);
+    if (outFlag == DUCK_IB_OUT_Q8) {
+      duck_q8_encode_row(f32.data() + t * width, width, row);
+      continue;
+    }
+    for (uint32_t i = 0; i < width; ++i) {
+      const uint16_t v = duck_f32_to_bf16(f32[t * width + i]);
+      std::memcpy(row + 2 * i, &v, 2);
+    }
+  }
+  return ob;
+}
+
+// DUCK_IB_OUT_BF16 / DUCK_IB_OUT_Q8: the OB carries each token's fp32
+// results rounded to bf16 (two bytes a value) or as a q8 row
+// (duck_q8_encode_row's bytes), the header's width unchanged, in every
+// mode, 1 and 3 cores, with fp32 x or x in the same form; the head's 200
+// rows end in a q8 block of 8.
+TEST(DuckElf, NarrowResultsAreTheEncodedFp32Ones) {
   SyntheticSpec spec = TestSpec();
   spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
   auto image = duck::duckd::BuildSyntheticImage(spec);
@@ -383,38 +352,42 @@ TEST(DuckElf, Bf16ResultsAreTheRoundedFp32Ones) {
       {DUCK_MODE_MOE_PREFILL, 1, 7, 3},
       {DUCK_MODE_HEAD, (uint32_t)spec.slots.size() - 1, 3, 0},
   };
+  const uint32_t forms[][2] = {{DUCK_IB_X_BF16, DUCK_IB_OUT_BF16},
+                               {DUCK_IB_X_Q8, DUCK_IB_OUT_Q8}};
   for (uint32_t cores : {1u, 3u})
-    for (uint32_t xflag : {0u, (uint32_t)DUCK_IB_X_BF16}) {
-      ElfRunner r(DUCK_ELF_PATH, *image, cores);
-      ASSERT_TRUE(r.elf);
-      uint64_t seed = 700;
-      for (const Case &c : cases) {
-        auto x = RandomX(c.tokens * kHidden, ++seed);
-        auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
-                               : std::vector<duck_expert_slot>();
-        const std::string what = "mode " + std::to_string(c.mode);
-        auto ibOf = [&](uint32_t flags) {
-          std::vector<uint8_t> ib(
-              duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
-          duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
-                              routing.data(), x.data(), kHidden, flags);
-          return ib;
-        };
-        ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
-        const std::vector<float> f32 = r.Out();
-        const uint32_t width = r.Header().hidden;
-        ASSERT_EQ(r.Call(ibOf(xflag | DUCK_IB_OUT_BF16)), DUCK_STATUS_OK)
-            << what << r.logs[0];
-        ASSERT_EQ(r.Header().hidden, width) << what;
-        ASSERT_EQ(r.ob_size, 64 + f32.size() * 2) << what;
-        const uint8_t *h = r.ob.data() + r.Header().out_offset;
-        for (size_t i = 0; i < f32.size(); ++i) {
-          uint16_t v;
-          std::memcpy(&v, h + 2 * i, 2);
-          ASSERT_EQ(v, duck_f32_to_bf16(f32[i])) << what << " value " << i;
+    for (const auto &form : forms)
+      for (uint32_t xflag : {0u, form[0]}) {
+        ElfRunner r(DUCK_ELF_PATH, *image, cores);
+        ASSERT_TRUE(r.elf);
+        uint64_t seed = 700;
+        for (const Case &c : cases) {
+          auto x = RandomX(c.tokens * kHidden, ++seed);
+          auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
+                                 : std::vector<duck_expert_slot>();
+          const std::string what = "mode " + std::to_string(c.mode) +
+                                   " out flag " + std::to_string(form[1]);
+          auto ibOf = [&](uint32_t flags) {
+            std::vector<uint8_t> ib(
+                duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
+            duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
+                                routing.data(), x.data(), kHidden, flags);
+            return ib;
+          };
+          ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
+          const std::vector<float> f32 = r.Out();
+          const uint32_t width = r.Header().hidden;
+          ASSERT_EQ(r.Call(ibOf(xflag | form[1])), DUCK_STATUS_OK)
+              << what << r.logs[0];
+          ASSERT_EQ(r.Header().hidden, width) << what;
+          const std::vector<uint8_t> want =
+              NarrowedOb(f32, c.tokens, width, form[1]);
+          ASSERT_EQ(r.ob_size, 64 + want.size()) << what;
+          EXPECT_EQ(std::memcmp(r.ob.data() + r.Header().out_offset,
+                                want.data(), want.size()),
+                    0)
+              << what;
         }
       }
-    }
 }
 
 // Mode HEAD on a head slot gives each row's logit exactly as duck_gemv
