@@ -712,6 +712,17 @@ double addWire(const ClusterModel &c, bool decode, uint32_t slots, uint64_t k,
   return 1e3 * w.seconds;
 }
 
+/// ClusterModel::stageX: of a MoE step's time out, x's part (the step's
+/// less one with the same slots and no x), hidden behind the router's
+/// reads up to the router's time.
+double stagedXSeconds(const FfnLayer &l, const ClusterModel &c, uint32_t slots,
+                      const std::vector<int64_t> &whole) {
+  const uint32_t rows = (uint32_t)c.decodeRows;
+  const double xOut = stepWire(c, rows, slots, l.hidden, whole, true).outSeconds -
+                      stepWire(c, rows, slots, 0, whole, true).outSeconds;
+  return std::min(xOut, l.routerHostBytes / (c.hostReadGbs * 1e9));
+}
+
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes
 /// a token, its step on the wire and (`prompt`) its prompt chunk.
 void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
@@ -738,6 +749,8 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   const uint32_t slots = l.moe ? uint32_t(l.topK + l.numShared) : 0;
   const std::vector<int64_t> whole(tp, l.hidden);
   addWire(c, true, slots, l.hidden, whole, p, sums, true);
+  if (c.stageX && l.moe && l.routerHostBytes > 0 && c.hostReadGbs > 0)
+    p.stagedXMsPerToken += 1e3 * stagedXSeconds(l, c, slots, whole);
   if (!prompt || c.gemmGmacS <= 0)
     return;
   const double prefillNet =
@@ -905,6 +918,8 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
                           (p.lmHeadOnDucks ? 1 : 0)) *
                          c.stepOverheadUs / 1e3;
   p.networkMsPerToken = sums.netMs; // 0 without a link speed
+  p.networkMsPerToken -= p.stagedXMsPerToken;
+  p.networkOutMsPerToken -= p.stagedXMsPerToken;
   if (c.residualOnDucks)
     applyResidualOnDucks(m, c, p);
   const double ms = p.streamMsPerToken + p.dispatchMsPerToken +

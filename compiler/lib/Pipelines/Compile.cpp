@@ -536,6 +536,10 @@ Error checkCompileOptions(const CompileOptions &opts,
     return err("--fanout relay and multicast are modelled only: the runtime "
                "sends each duck its own copy of a step, so no plan is "
                "written with them (use --dry-run)");
+  if (writes && opts.cluster.cost.stageX)
+    return err("--stage-x is modelled only: the runtime sends a step whole, "
+               "its routing slots with its activations, so no plan is "
+               "written with it (use --dry-run)");
   if (opts.cluster.cost.residualOnDucks) {
     if (writes)
       return err("--residual ducks is modelled only: no duck runs a layer's "

@@ -254,6 +254,15 @@ cl::opt<std::string> compileReduce(
              "--relay-chunk-kib, partial sums reduced at each duck on the "
              "way"),
     cl::init("star"), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<bool> compileStageX(
+    "stage-x",
+    cl::desc("MODELLED ONLY, NOT BUILT IN THE RUNTIME; only with --dry-run: "
+             "a MoE step's activations leave the host as soon as the "
+             "layer's input is normalised, the router is computed while "
+             "they are on the wire, and the routing slots follow alone; the "
+             "cost model hides x's time out behind the router's reads (up "
+             "to the router's time)"),
+    cl::init(false), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileResidual(
     "residual",
     cl::desc("Where the cost model keeps the residual stream: 'host' "
@@ -400,6 +409,7 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                              "--residual must be host or ducks, got '" +
                                  compileResidual + "'");
   o.cluster.cost.residualOnDucks = compileResidual == "ducks";
+  o.cluster.cost.stageX = compileStageX;
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
   if (compileSpecDrafts < 0 || compileSpecDrafts > 16 ||
@@ -421,6 +431,12 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
         inconvertibleErrorCode(),
         "--residual ducks is modelled only: no duck runs a layer's norms and "
         "router yet, so no plan is written with it; use it with --dry-run");
+  if (o.cluster.cost.stageX && !compileDryRun)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "--stage-x is modelled only: the runtime sends a step whole, its "
+        "routing slots with its activations, so no plan is written with it; "
+        "use it with --dry-run");
   if (compileMlaAbsorb != "host" && compileMlaAbsorb != "ducks")
     return createStringError(inconvertibleErrorCode(),
                              "--mla-absorb must be host or ducks, got '" +

@@ -429,6 +429,44 @@ TEST(CostModelTest, NetworkJoinsTheTokenTime) {
               1e3 / (p.streamMsPerToken + 0.16 + p.networkMsPerToken), 1e-9);
 }
 
+// --stage-x (modelled only): a MoE step's x leaves while the host reads
+// its router, so x's time out (the step's, less the same step without x)
+// comes off the network, up to the router's read time.
+TEST(CostModelTest, StagedXHidesBehindTheRouter) {
+  ModelFacts m = twoDenseLayersOnTwoDucks();
+  for (FfnLayer &l : m.ffn) {
+    l.moe = true;
+    l.topK = 1;
+    l.numExperts = 2;
+    for (FfnShard &s : l.shards)
+      s.expertBegin = 0, s.expertEnd = 2;
+  }
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.hostReadGbs = 1; // 1 byte a ns
+  const PlanCost plain = costPlan(m, c);
+  c.stageX = true;
+  // No router bytes (a dense layer's, or unknown): nothing hides.
+  EXPECT_EQ(costPlan(m, c).stagedXMsPerToken, 0);
+  // Each of the 2 ducks' x is 1024 floats: 2 x 4096 bytes out at 1 Gb/s,
+  // 65.536 us a layer. A 10 KB router (10 us) hides 10 us of it; a 1 MB
+  // one (1 ms) all of it.
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 10'000;
+  PlanCost p = costPlan(m, c);
+  EXPECT_NEAR(p.stagedXMsPerToken, 2 * 0.010, 1e-12);
+  EXPECT_NEAR(p.networkMsPerToken, plain.networkMsPerToken - 0.020, 1e-12);
+  EXPECT_NEAR(p.networkOutMsPerToken, plain.networkOutMsPerToken - 0.020,
+              1e-12);
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 1'000'000;
+  p = costPlan(m, c);
+  EXPECT_NEAR(p.stagedXMsPerToken, 2 * 2 * 4096 * 8 / 1e6, 1e-12);
+  // Without the host's read bandwidth the router's time is unknown.
+  c.hostReadGbs = 0;
+  EXPECT_EQ(costPlan(m, c).stagedXMsPerToken, 0);
+}
+
 // A collective among 4 ducks at 1 Gb/s (125 bytes a us), 10 us one way,
 // 5 us a call and 2 us a message: 10 values of 4 bytes, slices 3, 3, 2, 2.
 TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {

@@ -126,6 +126,14 @@ struct ClusterModel {
   /// The ducks' answers (duckc --wire-results): every OB's values
   /// (partial sums, rows).
   Wire wireOut = Wire::f32;
+  /// The FFN step's activations go out ahead (duckc --stage-x), MODELLED
+  /// ONLY: as soon as a MoE layer's input is normalised the host sends
+  /// every duck its x, computes the router while x is on the wire, then
+  /// sends the routing slots alone; x's time out hides behind the
+  /// router's reads, up to the router's time. The runtime sends a step
+  /// whole (a frame's checksum precedes its payload), so duckc writes no
+  /// plan with it.
+  bool stageX = false;
   /// The IB flags (duck_ib_flags) that ask for wireX and wireOut.
   uint32_t ibFlags() const;
   /// duckc's name of a wire form: "f32", "bf16", "q8".
@@ -195,6 +203,8 @@ struct FfnLayer {
   bool moe = false;
   int64_t hidden = 0;
   int64_t topK = 1, numExperts = 1, numShared = 0; // routed experts
+  /// A MoE layer's router weights as the host reads them (bytes).
+  double routerHostBytes = 0;
   std::vector<FfnShard> shards;
 };
 
@@ -308,6 +318,9 @@ struct PlanCost {
   /// Of hostOpsMsPerToken's reads, the time hidden behind duck steps
   /// (ModelFacts::overlappedHostBytes; already taken off hostMsPerToken).
   double hostOverlappedMsPerToken = 0;
+  /// ClusterModel::stageX: the FFN steps' x time out hidden behind the
+  /// routers' reads, a token (already taken off networkMsPerToken).
+  double stagedXMsPerToken = 0;
   /// duckc --mla-absorb ducks: the kv_b_proj bytes a token the ducks
   /// took off the host's reads (0: none absorbed).
   double mlaAbsorbedBytesPerToken = 0;

@@ -333,12 +333,19 @@ cost::Matrix matrixOf(const duck_fp9_desc &d) {
   return {d.rows, d.k, d.block};
 }
 
+double hostBytesPerWeight(WeightAttr w, double fp8);
+
 /// An FFN layer's shapes and its shards as laid out (a shard without a
-/// valid layout, already reported, is left out).
-cost::FfnLayer ffnFactsOf(Operation *op, int64_t scaleRows) {
+/// valid layout, already reported, is left out); a MoE layer's router at
+/// the host's bytes a weight (`fp8` for FP8).
+cost::FfnLayer ffnFactsOf(Operation *op, int64_t scaleRows, double fp8) {
   cost::FfnLayer l;
   if (auto moe = dyn_cast<MoeOp>(op)) {
     l.moe = true;
+    WeightAttr router = moe.getRouterWeight();
+    l.routerHostBytes = hostBytesPerWeight(router, fp8);
+    for (int64_t d : router.getShape())
+      l.routerHostBytes *= double(d);
     l.hidden = moe.getHidden();
     l.topK = moe.getTopK();
     l.numExperts = moe.getNumExperts();
@@ -545,7 +552,7 @@ cost::ModelFacts factsOf(ModuleOp module, int64_t tp, OpFilter keep, double fp8,
         rec.strategy = sa.getValue();
       st->ffn.push_back(rec);
     }
-    f.ffn.push_back(ffnFactsOf(op, scaleRows));
+    f.ffn.push_back(ffnFactsOf(op, scaleRows, fp8));
   });
   f.rowSplits = rowSplitsOf(module, tp, keep);
   f.attention = attentionFactsOf(module, keep);
@@ -704,6 +711,11 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                          s.hostOverlappedMsPerToken);
     os << "\n";
   }
+  if (c.stageX)
+    os << llvm::format("stage x (MODELLED ONLY): each MoE step's activations "
+                       "out while the host reads its router: %.3f ms a token "
+                       "of the network hidden (taken off it below)\n",
+                       s.stagedXMsPerToken);
   if (s.mlaAbsorbedBytesPerToken > 0)
     os << llvm::format("mla absorb: kv_b_proj on the ducks by heads: %.1f MB "
                        "a token off the host's reads, each query step also "
@@ -908,6 +920,7 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"host_weight_bytes_per_token", s.hostWeightBytesPerToken},
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"host_overlapped_ms_per_token", s.hostOverlappedMsPerToken},
+      {"staged_x_ms_per_token", s.stagedXMsPerToken},
       {"host_attention_gmac_per_token", s.hostAttnGmacPerToken},
       {"host_attention_ms_per_token", s.hostAttnMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},
