@@ -464,6 +464,13 @@ void cost::explainChoice(const std::vector<Candidate> &all,
       best.prefillTokS > 0
           ? formatv(", prefill {0:F1} tok/s", best.prefillTokS).str()
           : std::string());
+  const double tpot = 1e3 / best.tokS;
+  if (!r.wireAtQ8 && best.networkMs > 0.15 * tpot)
+    out << formatv("the network is {0:F0} % of the token: "
+                   "--wire-activations and --wire-results bf16 (2 bytes a "
+                   "value) or q8 (1.0625) send less than fp32's 4 (opt-in: "
+                   "the logits move; docs/perf.md gives by how much)\n",
+                   100 * best.networkMs / tpot);
 }
 
 std::string cost::noCandidateMessage(const std::vector<Candidate> &all) {

@@ -87,6 +87,9 @@ struct SearchRequest {
   /// ducks by heads (for an MLA, `mla`, only with its query projection
   /// there too: kv_b_proj goes with them).
   bool byHeadsOpen = false, mla = false;
+  /// Both ways of the wire already at q8 (duckc --wire-activations and
+  /// --wire-results q8): no hint to shrink them.
+  bool wireAtQ8 = false;
   std::string multipleOf, strategy, lmHead, inProj, qProj, oProj;
 };
 
