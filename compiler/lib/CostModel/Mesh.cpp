@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "duck/CostModel/CostModel.h"
+#include "duck_rt/abi.h"
 
 #include <algorithm>
 #include <cmath>
@@ -148,12 +149,14 @@ void addExchange(const ClusterModel &c, const std::vector<int64_t> &in,
   ++p.stepsPerToken;
 }
 
-/// Bytes a value of a collective's message in a wire form (q8: a bf16
-/// scale a block of 32).
+/// Bytes a value of a collective's message in a wire form: the ABI's row
+/// of one whole q8 block (a bf16 scale a block of 32), bf16's or fp32's.
 double wireValueBytes(ClusterModel::Wire w) {
-  return w == ClusterModel::Wire::q8     ? 1.0625
-         : w == ClusterModel::Wire::bf16 ? 2.0
-                                         : 4.0;
+  const uint32_t flag =
+      w == ClusterModel::Wire::q8     ? uint32_t(DUCK_IB_X_Q8)
+      : w == ClusterModel::Wire::bf16 ? uint32_t(DUCK_IB_X_BF16)
+                                      : 0u;
+  return double(duck_x_row_bytes(DUCK_Q8_BLOCK, flag)) / DUCK_Q8_BLOCK;
 }
 
 /// The collectives of one layer: q_a's rows gathered (an MLA's), the
