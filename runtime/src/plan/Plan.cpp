@@ -67,6 +67,12 @@ static uint64_t elementSize(pl::DType t) {
   }
 }
 
+/// [offset, offset + bytes) inside a file of `size` bytes, without the sum
+/// (a plan's fields are untrusted: offset + bytes can wrap).
+static bool Within(uint64_t offset, uint64_t bytes, uint64_t size) {
+  return offset <= size && bytes <= size - offset;
+}
+
 HostTensors LoadedPlan::OpTensors(const pl::OpDef &op) const {
   HostTensors out;
   if (const OpKind *k = kinds_->Find(op.params_type()); k && op.params())
@@ -309,7 +315,7 @@ absl::Status CheckTensor(const std::string &dir, const MappedFiles &files,
   if (elems * elementSize(t->dtype()) != t->bytes())
     return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
                    "' has a byte size that disagrees with its shape");
-  if (t->offset() + t->bytes() > files[t->file()]->size())
+  if (!Within(t->offset(), t->bytes(), files[t->file()]->size()))
     return BadPlan(dir, "ops[", op, "] tensor '", t->name()->str(),
                    "' lies outside its file");
   if (t->dtype() == pl::DType::F8_E4M3)
@@ -451,7 +457,7 @@ absl::Status CheckWeightImages(const LoadedPlan &p,
     if (options.verify_weight_checksums)
       for (uint32_t s = 0; s < dk->slots()->size(); ++s) {
         const pl::SlotDef *sd = dk->slots()->Get(s);
-        if (sd->offset() + sd->bytes() > (*img)->size() ||
+        if (!Within(sd->offset(), sd->bytes(), (*img)->size()) ||
             XXH3_64bits((*img)->data() + sd->offset(), sd->bytes()) !=
                 sd->checksum())
           return absl::DataLossError(absl::StrCat(
@@ -507,7 +513,9 @@ uint64_t LoadedPlan::MapHostTensors() const {
     const MappedFile &f = *files_[t->file()];
     if (t->offset() >= f.size())
       return;
-    const uint64_t end = std::min<uint64_t>(f.size(), t->offset() + t->bytes());
+    const uint64_t end = t->bytes() > f.size() - t->offset()
+                             ? f.size()
+                             : t->offset() + t->bytes();
     const uint64_t begin = t->offset() / page * page;
     void *at = const_cast<uint8_t *>(f.data()) + begin;
     // MADV_POPULATE_READ (Linux 5.14) maps the pages; older kernels only

@@ -389,6 +389,9 @@ TEST_F(PlanTest, TensorsMustFitTheirFiles) {
   EXPECT_TRUE(Has(s, "has a byte size that disagrees with its shape")) << s;
   s = LoadChanged([&](po::PlanDefT &p) { embedding(p).offset += 1u << 30; });
   EXPECT_TRUE(Has(s, "lies outside its file")) << s;
+  // An offset whose sum with the size wraps past 2^64 (fuzz-plan found it).
+  s = LoadChanged([&](po::PlanDefT &p) { embedding(p).offset = ~0ull - 1; });
+  EXPECT_TRUE(Has(s, "lies outside its file")) << s;
   s = LoadChanged([&](po::PlanDefT &p) { embedding(p).dtype = (po::DType)99; });
   EXPECT_TRUE(Has(s, "has dtype 99, not one of the plan's")) << s;
   // An empty vector is not written: no shape.
@@ -444,6 +447,12 @@ TEST_F(PlanTest, WeightImagesMustBePresentAndTheirs) {
   o.verify_weight_checksums = true;
   s = LoadChanged(badSum, o);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Has(s, "duck-1.weights' slot 0 (layer 0) fails its checksum"))
+      << s;
+  // A slot whose offset plus size wraps past 2^64 is outside the image, not
+  // a read before it (fuzz-plan found it).
+  s = LoadChanged([](po::PlanDefT &p) { p.ducks[1]->slots[0]->offset = ~0ull; },
+                  o);
   EXPECT_TRUE(Has(s, "duck-1.weights' slot 0 (layer 0) fails its checksum"))
       << s;
 }
