@@ -41,9 +41,11 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
     if (before_step_)
       before_step_(index);
     // The host's own work for the meanwhile (FfnRunner::Meanwhile) first,
-    // then whatever parks the host's threads until the answers come.
+    // then the reads of the next ops' weights (FfnRunner::Prefetch), then
+    // whatever parks the host's threads until the answers come.
     absl::Status s = client_->Step(ibs, &outputs_, &metrics, [this] {
       RunMeanwhile();
+      RunPrefetch();
       if (after_send_)
         after_send_();
     });

@@ -167,6 +167,10 @@ absl::Status Engine::Prepare() {
     mtp_tokens_.reserve(opts_.max_rows);
     mtp_next_.reserve(opts_.max_rows);
   }
+  if (opts_.host_prefetch_bytes > 0 && runner_) {
+    prefetch_ = PrefetchPlan(ops_, opts_.host_prefetch_bytes);
+    mtp_prefetch_ = PrefetchPlan(mtp_ops_, opts_.host_prefetch_bytes);
+  }
   values_ = std::make_unique<ops::ValueArena>();
   values_->Init(widths, opts_.max_rows);
   FindTail();
@@ -630,15 +634,49 @@ Engine::RunOps(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
   return RunOpRange(ops, kinds, 0, ops.size(), step);
 }
 
+std::vector<std::vector<ByteRange>>
+Engine::PrefetchPlan(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+                     uint64_t limit) {
+  std::vector<std::vector<ByteRange>> plan(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    uint64_t bytes = 0;
+    for (size_t n = 1; n < ops.size() && bytes < limit; ++n) {
+      std::vector<ByteRange> w;
+      ops[(i + n) % ops.size()]->HostWeights(&w);
+      for (const ByteRange &r : w)
+        if (bytes < limit) {
+          plan[i].push_back({r.data, std::min(r.bytes, limit - bytes)});
+          bytes += plan[i].back().bytes;
+        }
+      if (!w.empty())
+        break;
+    }
+  }
+  return plan;
+}
+
 absl::Status
 Engine::RunOpRange(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                    const std::vector<pl::OpParams> &kinds, size_t begin,
                    size_t end, const ops::Step &step) {
   // Time by op kind, one clock read an op (a few tens of ns).
   OpTimes &times = step.prefill ? prefill_times_ : decode_times_;
+  const std::vector<std::vector<ByteRange>> &prefetch =
+      &ops == &ops_ ? prefetch_ : mtp_prefetch_;
   auto t0 = std::chrono::steady_clock::now();
   for (size_t i = begin; i < end; ++i) {
-    if (absl::Status s = ops[i]->Run(step); !s.ok())
+    // A decoded row's next weights while the op's first step is out (a
+    // prompt's chunk reads them right after its own step anyway).
+    const bool pre =
+        !step.prefill && i < prefetch.size() && !prefetch[i].empty();
+    if (pre)
+      runner_->Prefetch([this, &r = prefetch[i]] {
+        prefetched_bytes_ += PrefetchRanges(r, ~0ull);
+      });
+    absl::Status s = ops[i]->Run(step);
+    if (pre)
+      runner_->DropPrefetch();
+    if (!s.ok())
       return s;
     auto t1 = std::chrono::steady_clock::now();
     times.seconds[(size_t)kinds[i]] +=

@@ -438,6 +438,10 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
       {"other", bd.other_ms}};
   sj["host_bytes_per_token"] = bd.host_bytes;
   sj["host_cache_bytes_per_token"] = bd.host_cache_bytes;
+  sj["host_prefetched_bytes_per_token"] =
+      engine.decode_times().tokens
+          ? engine.host_prefetched_bytes() / engine.decode_times().tokens
+          : 0;
   sj["mean_context"] = bd.mean_context;
   sj["duck_bytes_per_token"] = bd.duck_bytes_total;
   sj["duck_bytes_per_token_max"] = bd.duck_bytes_max;

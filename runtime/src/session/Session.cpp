@@ -486,6 +486,8 @@ EngineOptions EngineOptionsFor(const SessionOptions &o, uint32_t maxSeq,
   eo.populate_seqs = o.kv_overcommit ? 1 : seqs;
   eo.kv_f16 = o.kv_f16;
   eo.max_rows = rows;
+  const uint64_t llc = LastLevelCacheBytes();
+  eo.host_prefetch_bytes = !o.host_prefetch ? 0 : llc ? llc / 2 : 8ull << 20;
   return eo;
 }
 /// The runner's recovery: a duck that dies, hangs or drops its connection

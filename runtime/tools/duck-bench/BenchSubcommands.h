@@ -1,4 +1,5 @@
-//===- BenchSubcommands.h - duck-bench judge and cache entry points -*- C++ -*-===//
+//===- BenchSubcommands.h - duck-bench judge and cache entry points -*- C++
+//-*-===//
 //
 // `duck-bench judge` (BenchJudge.cpp): dispatch overhead of a step over
 // local ducks, persistent sessions vs one-shot runs, against a raw TCP
@@ -11,6 +12,9 @@
 // beside the cost model's prediction. `duck-bench collective`
 // (BenchCollective.cpp): the ducks' mesh running a token's collectives
 // behind the link simulator beside the cost model's mesh term.
+// `duck-bench prefetch` (BenchPrefetch.cpp): a router's product cold and
+// right after its weights were read into the caches (duckrun
+// --host-prefetch).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUCK_BENCH_BENCHSUBCOMMANDS_H
@@ -22,6 +26,7 @@ int duckBenchCache(int argc, char **argv);
 int duckBenchHost(int argc, char **argv);
 int duckBenchCluster(int argc, char **argv);
 int duckBenchCollective(int argc, char **argv);
+int duckBenchPrefetch(int argc, char **argv);
 
 namespace duck::bench {
 /// The whole tool: dispatches argv[1] to a subcommand, prints the list on

@@ -53,6 +53,8 @@ const Subcommand kSubcommands[] = {
     {"collective",
      "the ducks' collectives over simulated links vs the cost model",
      duckBenchCollective},
+    {"prefetch", "a router's product cold vs its weights read in beforehand",
+     duckBenchPrefetch},
 };
 
 void printUsage(FILE *out) {

@@ -42,6 +42,13 @@ ABSL_FLAG(bool, kv_overcommit, false,
           "MiB a layer's K or V at a time: 512 positions of 8 kv heads of "
           "128 floats; without it every sequence's first 2 MiB are mapped "
           "at start)");
+ABSL_FLAG(std::string, host_prefetch, "off",
+          "on: while a decoded token's step is on the ducks, read the host "
+          "weights of the next ops (a MoE router, an attention's host "
+          "projections) into this core's caches, up to half the last-level "
+          "cache, so that the host's products read them from there. Pays "
+          "where those products are memory bound and the ducks are other "
+          "boxes; `duck-bench prefetch` measures it (docs/perf.md)");
 ABSL_FLAG(std::string, kv_cache, "f32",
           "Element type of the attention's KV cache: f32 (exact), or f16 "
           "(IEEE half: half the memory a position and half the bytes a "
@@ -192,6 +199,13 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
     std::exit(2);
   }
   so.kv_f16 = kv == "f16";
+  const std::string hp = absl::GetFlag(FLAGS_host_prefetch);
+  if (hp != "on" && hp != "off") {
+    std::cerr << "duckrun: error: --host-prefetch must be on or off, got '"
+              << hp << "'\n";
+    std::exit(2);
+  }
+  so.host_prefetch = hp == "on";
   so.recover_seconds = absl::GetFlag(FLAGS_recover_seconds);
   so.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);

@@ -34,24 +34,34 @@ private:
 class MoeFfn final : public HostOp {
 public:
   MoeFfn(const pl::DuckStepDef &step, const RouterConfig &rc, FfnRunner *r,
-         uint32_t hidden, uint32_t maxRows)
-      : step_(step), router_(rc), runner_(r), hidden_(hidden),
+         ThreadPool *pool, uint32_t hidden, uint32_t maxRows)
+      : step_(step), router_(rc), runner_(r), pool_(pool), hidden_(hidden),
         perRow_(rc.top_k + rc.shared), slots_((uint64_t)maxRows * perRow_),
-        logits_(rc.experts) {}
+        logits_((uint64_t)std::max(1u, maxRows) * rc.experts) {}
 
   HostMatrix gate_;
   std::vector<float> bias_;
 
   uint64_t WeightBytesPerToken() const override { return MatrixBytes(gate_); }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    AppendMatrixRanges(gate_, out);
+  }
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
-    for (uint32_t t = 0; t < s.rows(); ++t) {
-      MatVecRows(gate_, x + (uint64_t)t * hidden_, logits_.data(), 0,
-                 gate_.rows);
-      router_.Route(logits_.data(), bias_.empty() ? nullptr : bias_.data(),
+    // Every row's logits in one product over the pool (the router's
+    // weights read once a step, its rows split over the threads; a row's
+    // bits are MatVecRows'), then each row routed.
+    const uint64_t E = gate_.rows;
+    logits_.resize(std::max<uint64_t>(logits_.size(), s.rows() * E));
+    if (s.rows() == 1)
+      MatVec(*pool_, gate_, x, logits_.data());
+    else
+      MatMul(*pool_, gate_, x, s.rows(), logits_.data());
+    for (uint32_t t = 0; t < s.rows(); ++t)
+      router_.Route(logits_.data() + t * E,
+                    bias_.empty() ? nullptr : bias_.data(),
                     slots_.data() + (uint64_t)t * perRow_);
-    }
     float *out = Out(s);
     std::fill(out, out + (uint64_t)s.rows() * hidden_, 0.0f);
     return runner_->Run(s.prefill ? step_.prefill_mode() : step_.decode_mode(),
@@ -62,6 +72,7 @@ private:
   pl::DuckStepDef step_;
   Router router_;
   FfnRunner *runner_;
+  ThreadPool *pool_;
   uint32_t hidden_, perRow_;
   std::vector<duck_expert_slot> slots_;
   std::vector<float> logits_;
@@ -95,8 +106,8 @@ HostOpOr CreateMoeFfn(const OpEnv &env) {
     return env.Error("bad router (top ", rc.top_k, " of ", rc.experts,
                      " experts in ", rc.n_group, " groups, ", rc.topk_group,
                      " kept)");
-  auto op = std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.hidden,
-                                     env.max_rows);
+  auto op = std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.pool,
+                                     env.hidden, env.max_rows);
   const pl::TensorDef *t;
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->router_weight(), "router"));
   DUCK_ASSIGN_OR_RETURN(op->gate_, env.weights.Matrix(*t));

@@ -122,6 +122,10 @@ public:
     return MatrixBytes(q_) + MatrixBytes(k_) + MatrixBytes(v_) +
            MatrixBytes(o_);
   }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    for (const HostMatrix *m : {&q_, &k_, &v_, &o_})
+      AppendMatrixRanges(*m, out);
+  }
 
   /// With the projections on the host (the ducks' in/q/o steps take
   /// whole steps).

@@ -269,6 +269,12 @@ public:
   virtual uint64_t KvBytesPerToken() const { return 0; }
   /// Weight bytes one decoded token streams through this op on the host.
   virtual uint64_t WeightBytesPerToken() const { return 0; }
+  /// Where those bytes are (AppendMatrixRanges of the op's matrices, in
+  /// the order it reads them): what the engine brings into the caches
+  /// while the step before this op is on the ducks
+  /// (EngineOptions::host_prefetch_bytes). An MLA's kv_b_proj, of which
+  /// only some rows are read, is left out.
+  virtual void HostWeights(std::vector<ByteRange> *out) const { (void)out; }
   /// Prefix reuse (Engine::SaveKv/LoadKv): position from + i of sequence
   /// `seq`'s cache, all KvBytesPerToken() bytes of it, to `buf + i *
   /// stride` (save) or from there into the cache, for i < n.

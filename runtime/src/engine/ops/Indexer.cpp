@@ -97,6 +97,10 @@ public:
     return MatrixBytes(q_a_) + MatrixBytes(wq_b_) + MatrixBytes(wk_) +
            MatrixBytes(wproj_);
   }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    for (const HostMatrix *m : {&q_a_, &wq_b_, &wk_, &wproj_})
+      AppendMatrixRanges(*m, out);
+  }
 
   /// `populate`: sequences whose first 2 MiB of cache are mapped in now.
   absl::Status Allocate(uint32_t maxRows, uint32_t maxSeq, uint32_t maxSeqs,

@@ -158,6 +158,10 @@ public:
   uint64_t WeightBytesPerToken() const override {
     return runner_ ? 0 : MatrixBytes(w_);
   }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    if (!runner_)
+      AppendMatrixRanges(w_, out);
+  }
 
   /// The rows the step asks for (the last of each sequence that samples,
   /// or every row for --logits-out), appended in order. Several rows go

@@ -115,6 +115,10 @@ public:
            MatrixBytes(kv_a_) + MatrixBytes(kv_b_) * sh_.v / sh_.kvb() +
            MatrixBytes(o_) + MatrixBytes(w_uk_);
   }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    for (const HostMatrix *m : {&q_a_, &q_b_, &q_, &kv_a_, &o_, &w_uk_})
+      AppendMatrixRanges(*m, out);
+  }
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);

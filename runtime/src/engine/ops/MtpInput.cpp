@@ -23,6 +23,9 @@ public:
     return absl::OkStatus();
   }
   uint64_t WeightBytesPerToken() const override { return MatrixBytes(eh_); }
+  void HostWeights(std::vector<ByteRange> *out) const override {
+    AppendMatrixRanges(eh_, out);
+  }
 
   std::vector<float> enorm_, hnorm_;
   HostMatrix eh_;

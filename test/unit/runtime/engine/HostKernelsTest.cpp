@@ -194,10 +194,52 @@ TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
           MatVec(pool, m, x.data() + t * cols, one.data());
           ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * rows, rows * 4))
               << "cols " << cols << ", tokens " << n << ", token " << t;
+          // Four rows at a time in MatVecRows: each still DotBf16's bits.
+          for (uint64_t r = 0; r < rows; ++r) {
+            const float dot =
+                DotBf16(w.data() + r * cols, x.data() + t * cols, cols);
+            ASSERT_EQ(0, std::memcmp(&dot, &one[r], 4))
+                << "cols " << cols << ", row " << r;
+          }
         }
       }
     }
   }
+}
+
+TEST(HostKernels, MatrixRangesAreWhatMatrixBytesCountsAndPrefetchStops) {
+  std::vector<uint16_t> w(12 * 64, 0x3f80);
+  HostMatrix bf;
+  bf.rows = 12;
+  bf.cols = 64;
+  bf.bf16 = w.data();
+  std::vector<ByteRange> r;
+  AppendMatrixRanges(bf, &r);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].data, reinterpret_cast<const uint8_t *>(w.data()));
+  EXPECT_EQ(r[0].bytes, MatrixBytes(bf));
+  // int8: the values and the scales, as MatrixBytes counts them.
+  ThreadPool pool(1);
+  HostMatrix q = QuantizeInt8(pool, 12, 64, [](uint64_t row, float *b) {
+    for (uint64_t i = 0; i < 64; ++i)
+      b[i] = 0.01f * (float)(row + i);
+  });
+  r.clear();
+  AppendMatrixRanges(q, &r);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].bytes + r[1].bytes, MatrixBytes(q));
+  EXPECT_EQ(r[1].data, reinterpret_cast<const uint8_t *>(q.i8_scale));
+  // An empty matrix has none.
+  r.clear();
+  AppendMatrixRanges(HostMatrix{}, &r);
+  EXPECT_TRUE(r.empty());
+  // The prefetch covers every range, or stops at its limit.
+  AppendMatrixRanges(bf, &r);
+  AppendMatrixRanges(q, &r);
+  EXPECT_EQ(PrefetchRanges(r, ~0ull), MatrixBytes(bf) + MatrixBytes(q));
+  EXPECT_EQ(PrefetchRanges(r, 1000), 1000u);
+  EXPECT_EQ(PrefetchRanges(r, MatrixBytes(bf) + 7), MatrixBytes(bf) + 7);
+  EXPECT_EQ(PrefetchRanges({}, 1000), 0u);
 }
 
 /// int8 matrices (duckc --lm-head int8): every weight within half a step

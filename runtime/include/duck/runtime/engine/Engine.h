@@ -89,8 +89,24 @@ public:
     work();
   }
 
+  /// Reads for the host's next products (the engine's prefetch of the
+  /// next ops' weights, EngineOptions::host_prefetch_bytes): run by a
+  /// runner that sends its steps away after Meanwhile's work, once, at the
+  /// op's first step; DropPrefetch() forgets it where no step came (there
+  /// the reads would only come twice).
+  void Prefetch(std::function<void()> work) { prefetch_ = std::move(work); }
+  void RunPrefetch() {
+    if (!prefetch_)
+      return;
+    std::function<void()> work = std::move(prefetch_);
+    prefetch_ = nullptr;
+    work();
+  }
+  void DropPrefetch() { prefetch_ = nullptr; }
+
 private:
   std::function<void()> meanwhile_;
+  std::function<void()> prefetch_;
 };
 
 struct EngineOptions {
@@ -114,6 +130,14 @@ struct EngineOptions {
   /// With mtp: every MTP row's logits are kept for TakeMtpLogits (duckrun
   /// --mtp-logits-out), not only the drafts'.
   bool mtp_all_logits = false;
+  /// While an op's first step is on the ducks, read up to this many bytes
+  /// of the host weights the next ops read (those up to and including the
+  /// next op with host weights) into this core's caches, so that the host
+  /// reads them from there (HostOp::HostWeights, PrefetchRanges). Pays
+  /// where the host's memory is idle while the ducks work (ducks on other
+  /// boxes); on one box the ducks' streams share the memory and the
+  /// caches. 0: off.
+  uint64_t host_prefetch_bytes = 0;
 };
 
 /// One sequence's rows in a batched step: `tokens` at positions
@@ -266,6 +290,9 @@ public:
   uint64_t mtp_kv_bytes_per_token() const;
   /// Weight bytes the host streams for one decoded token.
   uint64_t host_weight_bytes_per_token() const;
+  /// Host weight bytes read into the caches while steps were on the ducks
+  /// (EngineOptions::host_prefetch_bytes), over the steps run so far.
+  uint64_t host_prefetched_bytes() const { return prefetched_bytes_; }
   /// Cache bytes one decoded token reads on the host at `positions`
   /// positions of context (the attention ops' KV caches).
   uint64_t cache_read_bytes_per_token(uint64_t positions) const;
@@ -312,6 +339,12 @@ private:
                       const std::vector<::duck::plan::OpParams> &kinds,
                       bool prefill, std::vector<float> *out_logits);
   /// Walks ops[begin, end) over `step`'s rows (times by kind).
+  /// For each op, the host weights of the ops after it (cyclically, the
+  /// first ops after the last) up to and including the next with any, at
+  /// most `limit` bytes.
+  static std::vector<std::vector<ByteRange>>
+  PrefetchPlan(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
+               uint64_t limit);
   absl::Status RunOpRange(const std::vector<std::unique_ptr<ops::HostOp>> &ops,
                           const std::vector<::duck::plan::OpParams> &kinds,
                           size_t begin, size_t end, const ops::Step &step);
@@ -363,6 +396,10 @@ private:
   std::vector<int32_t> kept_tokens_;
   std::vector<uint32_t> kept_pos_, kept_seq_, kept_logit_rows_;
   OpTimes decode_times_, prefill_times_;
+  // EngineOptions::host_prefetch_bytes: for each op of ops_ (mtp_ops_),
+  // the host weights to read while its first step is out (PrefetchPlan).
+  std::vector<std::vector<ByteRange>> prefetch_, mtp_prefetch_;
+  uint64_t prefetched_bytes_ = 0;
   uint32_t pos_ = 0;
   uint32_t hidden_ = 0;
   // The MTP module (EngineOptions::mtp): its ops, the main program's LM

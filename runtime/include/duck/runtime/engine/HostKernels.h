@@ -232,6 +232,23 @@ uint64_t ArgMax(const float *v, uint64_t n);
 /// bf16 or fp32).
 uint64_t MatrixBytes(const HostMatrix &w);
 
+/// Bytes in memory: a piece of what a product reads.
+struct ByteRange {
+  const uint8_t *data = nullptr;
+  uint64_t bytes = 0;
+};
+/// Appends the memory MatrixBytes counts (its planes, values and scales),
+/// in the order the kernels read it; nothing for an empty matrix.
+void AppendMatrixRanges(const HostMatrix &w, std::vector<ByteRange> *out);
+/// Reads one byte of every 64-byte line of `ranges`, in order, up to
+/// `limit` bytes in all: it brings a product's weights into this core's
+/// caches (L2, and the last level as they leave it) before the product
+/// runs, while the host would only wait for the ducks. Returns the bytes
+/// covered.
+uint64_t PrefetchRanges(const std::vector<ByteRange> &ranges, uint64_t limit);
+/// The last-level cache of this machine in bytes (sysconf; 0 if unknown).
+uint64_t LastLevelCacheBytes();
+
 /// Streaming read bandwidth of this machine in GB/s: the best of a few
 /// passes over a 256 MiB buffer with every thread of the pool (~0.2 s).
 double MeasureReadBandwidthGbs(ThreadPool &pool);

@@ -50,6 +50,9 @@ struct SessionOptions {
   bool kv_overcommit = false;
   /// GQA's KV cache in IEEE half (EngineOptions::kv_f16).
   bool kv_f16 = false;
+  /// EngineOptions::host_prefetch_bytes: half this machine's last-level
+  /// cache (8 MiB if unknown), or off.
+  bool host_prefetch = false;
   bool all_logits = false;     // logits of every row (--logits-out)
   /// Build and run the plan's MTP module (EngineOptions::mtp), and keep
   /// every row's MTP logits (mtp_all_logits, --mtp-logits-out).
