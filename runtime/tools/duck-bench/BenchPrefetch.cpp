@@ -4,8 +4,9 @@
 // router's product (DeepSeek-V3.2's, 256 x 7168 in bf16, or a --rows x
 // --k matrix; MatVec over the pool's --threads, as the runtime's router
 // runs it, and MatVecRows on one core beside it) read cold, against the
-// same product right after PrefetchRanges brought its weights in and a
-// wait of --wait-us (the ducks' step it hides behind) went by. Copies of the
+// same product right after PrefetchRanges brought its weights in, each
+// after a wait of --wait-us (the ducks' step it hides behind, in which the
+// pool's threads park). Copies of the
 // matrix are cycled through --cold-mib MiB, so each is cold before its
 // prefetch. Prints the three rates and the warm one's ratio to the cold: the
 // warm rate is the cluster file's `host_cache_gbs` (duckc's cost model reads a
@@ -111,7 +112,11 @@ Times Measure(const PrefetchOptions &o, uint64_t coldBytes, Product product) {
   for (uint32_t r = 0; r <= o.reps; ++r) { // the first pass warms up
     double tc = 0, tp = 0, tw = 0;
     for (uint64_t c = 0; c < copies; c += 2) {
-      // An even copy cold; the next one prefetched, a wait, then read.
+      // An even copy cold, the next one prefetched; each read after the
+      // same wait (the pool's threads park in it, as while the ducks work).
+      const double w0 = nowSeconds();
+      while (nowSeconds() - w0 < o.wait_us * 1e-6) {
+      }
       double t0 = nowSeconds();
       product(m[c], x.data(), y.data());
       tc += nowSeconds() - t0;
