@@ -81,13 +81,7 @@ public:
   /// RunMeanwhile() runs it if no step did (a runner that computes in
   /// place, or no step came); the caller calls it after the step. Once.
   void Meanwhile(std::function<void()> work) { meanwhile_ = std::move(work); }
-  void RunMeanwhile() {
-    if (!meanwhile_)
-      return;
-    std::function<void()> work = std::move(meanwhile_);
-    meanwhile_ = nullptr;
-    work();
-  }
+  void RunMeanwhile() { RunOnce(meanwhile_); }
 
   /// Reads for the host's next products (the engine's prefetch of the
   /// next ops' weights, EngineOptions::host_prefetch_bytes): run by a
@@ -95,16 +89,19 @@ public:
   /// op's first step; DropPrefetch() forgets it where no step came (there
   /// the reads would only come twice).
   void Prefetch(std::function<void()> work) { prefetch_ = std::move(work); }
-  void RunPrefetch() {
-    if (!prefetch_)
-      return;
-    std::function<void()> work = std::move(prefetch_);
-    prefetch_ = nullptr;
-    work();
-  }
+  void RunPrefetch() { RunOnce(prefetch_); }
   void DropPrefetch() { prefetch_ = nullptr; }
 
 private:
+  /// Runs `slot`'s work, if any, emptied first (the work may set it anew).
+  static void RunOnce(std::function<void()> &slot) {
+    if (!slot)
+      return;
+    std::function<void()> work = std::move(slot);
+    slot = nullptr;
+    work();
+  }
+
   std::function<void()> meanwhile_;
   std::function<void()> prefetch_;
 };
