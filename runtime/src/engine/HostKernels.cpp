@@ -495,29 +495,37 @@ namespace {
 /// Four bf16 rows (`ld` weights apart) against one x: each row's sum in
 /// DotBf16's order (two accumulators, then the tail), so each result has
 /// its bits; eight chains in flight instead of two, so that the product
-/// runs at the FMA units' rate rather than their latency's (a router whose
-/// weights are in the caches, duckrun --host-prefetch).
+/// runs at the FMA units' rate rather than their latency's. Each 16
+/// weights are widened in their 128-bit lanes (unpack with zero: weights
+/// 0-3 and 8-11 in one register, 4-7 and 12-15 in the other) against x
+/// permuted the same way once for the four rows; every weight meets its
+/// own x in its own chain, and the chains are put back in DotBf16's lanes
+/// before the sum (1.16x a product on a core of the Zen 3 VM).
 void DotBf16Rows4(const uint16_t *w, uint64_t ld, const float *x, uint64_t n,
                   float *out) {
   __m256 a0[4], a1[4];
   for (int r = 0; r < 4; ++r)
     a0[r] = a1[r] = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    const __m256 xa = _mm256_permute2f128_ps(x0, x1, 0x20), // x 0-3, 8-11
+        xb = _mm256_permute2f128_ps(x0, x1, 0x31);          // x 4-7, 12-15
     for (int r = 0; r < 4; ++r) {
       const __m256i h =
           _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + r * ld + i));
-      const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-      const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
-      a0[r] = _mm256_fmadd_ps(lo, x0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(hi, x1, a1[r]);
+      a0[r] = _mm256_fmadd_ps(
+          _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), xa, a0[r]);
+      a1[r] = _mm256_fmadd_ps(
+          _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), xb, a1[r]);
     }
   }
   for (int r = 0; r < 4; ++r) {
-    float s = hsum(_mm256_add_ps(a0[r], a1[r]));
+    // Back to DotBf16's accumulators: weights 0-7's chains, then 8-15's.
+    const __m256 lo = _mm256_permute2f128_ps(a0[r], a1[r], 0x20),
+                 hi = _mm256_permute2f128_ps(a0[r], a1[r], 0x31);
+    float s = hsum(_mm256_add_ps(lo, hi));
     for (uint64_t j = i; j < n; ++j) {
       uint32_t b = (uint32_t)w[r * ld + j] << 16;
       float f;
