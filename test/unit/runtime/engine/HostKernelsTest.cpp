@@ -207,6 +207,67 @@ TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
   }
 }
 
+/// The order every bf16 product sums in, spelled out in scalars: two
+/// accumulators of eight lanes (lane j of the first takes weights 16i + j,
+/// of the second 16i + 8 + j, each a fused multiply-add), added lane by
+/// lane, then lanes k and k + 4, then pairs. n is a multiple of 16.
+float Bf16DotInOrder(const uint16_t *w, const float *x, uint64_t n) {
+  float a0[8] = {}, a1[8] = {};
+  auto f = [](uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  for (uint64_t i = 0; i < n; i += 16)
+    for (int j = 0; j < 8; ++j) {
+      a0[j] = std::fma(f(w[i + j]), x[i + j], a0[j]);
+      a1[j] = std::fma(f(w[i + 8 + j]), x[i + 8 + j], a1[j]);
+    }
+  float v[8], s[4];
+  for (int j = 0; j < 8; ++j)
+    v[j] = a0[j] + a1[j];
+  for (int k = 0; k < 4; ++k)
+    s[k] = v[k] + v[k + 4];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// The kernels widen and group the weights their own way (four rows at a
+// time, a lane-wise widening); the bits stay those of the order above.
+TEST(HostKernels, Bf16ProductsSumInTheirDefinedOrder) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint64_t rows = 7, cols = 1024;
+  std::vector<uint16_t> w(rows * cols);
+  for (auto &v : w) {
+    float f = d(rng);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    v = (uint16_t)(b >> 16);
+  }
+  std::vector<float> x(4 * cols), y(4 * rows);
+  for (auto &v : x)
+    v = d(rng);
+  HostMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.bf16 = w.data();
+  ThreadPool pool(1);
+  MatMul(pool, m, x.data(), 4, y.data());
+  for (uint64_t t = 0; t < 4; ++t) {
+    std::vector<float> one(rows);
+    MatVec(pool, m, x.data() + t * cols, one.data());
+    for (uint64_t r = 0; r < rows; ++r) {
+      const float want =
+          Bf16DotInOrder(w.data() + r * cols, x.data() + t * cols, cols);
+      const float dot = DotBf16(w.data() + r * cols, x.data() + t * cols, cols);
+      EXPECT_EQ(0, std::memcmp(&want, &dot, 4)) << "row " << r;
+      EXPECT_EQ(0, std::memcmp(&want, &one[r], 4)) << "row " << r;
+      EXPECT_EQ(0, std::memcmp(&want, &y[t * rows + r], 4)) << "row " << r;
+    }
+  }
+}
+
 TEST(HostKernels, MatrixRangesAreWhatMatrixBytesCountsAndPrefetchStops) {
   std::vector<uint16_t> w(12 * 64, 0x3f80);
   HostMatrix bf;
