@@ -500,7 +500,8 @@ namespace {
 /// 0-3 and 8-11 in one register, 4-7 and 12-15 in the other) against x
 /// permuted the same way once for the four rows; every weight meets its
 /// own x in its own chain, and the chains are put back in DotBf16's lanes
-/// before the sum (1.16x a product on a core of the Zen 3 VM).
+/// before the sum. DeepSeek-V3.2's router (256 x 7168) on a core of the Zen
+/// 3 VM: 106-117 us from the caches where DotBf16 a row took 188-212.
 void DotBf16Rows4(const uint16_t *w, uint64_t ld, const float *x, uint64_t n,
                   float *out) {
   __m256 a0[4], a1[4];
