@@ -241,13 +241,31 @@ TEST(DuckElf, Bf16ActivationsAreTheRoundedFp32Ones) {
   }
 }
 
+// An IB of case `c` with x in the form `flags` asks for (duck_ib_write_flags).
+std::vector<uint8_t> FlagIb(const Case &c,
+                            const std::vector<duck_expert_slot> &routing,
+                            const std::vector<float> &x, uint32_t flags) {
+  std::vector<uint8_t> ib(
+      duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
+  duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
+                      routing.data(), x.data(), kHidden, flags);
+  return ib;
+}
+
+/// TestSpec's image with a head slot of 200 rows after its FFN slots (the
+/// wire-form tests' image: every mode, a head ending in a q8 block of 8).
+absl::StatusOr<std::vector<uint8_t>> ImageWithHead(SyntheticSpec *spec) {
+  *spec = TestSpec();
+  spec->slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
+  return duck::duckd::BuildSyntheticImage(*spec);
+}
+
 // An IB whose x is q8 (DUCK_IB_X_Q8, duckc --wire-activations q8) gives,
 // in every mode and on 1 and 3 cores, the bits an fp32 IB of the decoded
 // values gives; a q8 IB cut short of its x is refused.
 TEST(DuckElf, Q8ActivationsAreTheDecodedFp32Ones) {
-  SyntheticSpec spec = TestSpec();
-  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
-  auto image = duck::duckd::BuildSyntheticImage(spec);
+  SyntheticSpec spec;
+  auto image = ImageWithHead(&spec);
   ASSERT_TRUE(image.ok()) << image.status();
   const Case cases[] = {
       {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
@@ -265,10 +283,7 @@ TEST(DuckElf, Q8ActivationsAreTheDecodedFp32Ones) {
       auto x = RandomX(c.tokens * kHidden, ++seed);
       auto routing = c.top_k ? RandomRouting(c.tokens, c.top_k, 8, ++seed)
                              : std::vector<duck_expert_slot>();
-      std::vector<uint8_t> ib(
-          duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, DUCK_IB_X_Q8));
-      duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
-                          routing.data(), x.data(), kHidden, DUCK_IB_X_Q8);
+      const std::vector<uint8_t> ib = FlagIb(c, routing, x, DUCK_IB_X_Q8);
       std::vector<float> decoded(x.size());
       const uint8_t *q = ib.data() + duck_ib_x_offset(c.tokens * c.top_k);
       for (uint32_t t = 0; t < c.tokens; ++t)
@@ -342,9 +357,8 @@ std::vector<uint8_t> NarrowedOb(const std::vector<float> &f32, uint32_t tokens,
 // mode, 1 and 3 cores, with fp32 x or x in the same form; the head's 200
 // rows end in a q8 block of 8.
 TEST(DuckElf, NarrowResultsAreTheEncodedFp32Ones) {
-  SyntheticSpec spec = TestSpec();
-  spec.slots.push_back(SyntheticSlot{DUCK_SLOT_HEAD, 2, 200, 1, {}});
-  auto image = duck::duckd::BuildSyntheticImage(spec);
+  SyntheticSpec spec;
+  auto image = ImageWithHead(&spec);
   ASSERT_TRUE(image.ok()) << image.status();
   const Case cases[] = {
       {DUCK_MODE_DENSE_DECODE, 0, 1, 0},
@@ -367,11 +381,7 @@ TEST(DuckElf, NarrowResultsAreTheEncodedFp32Ones) {
           const std::string what = "mode " + std::to_string(c.mode) +
                                    " out flag " + std::to_string(form[1]);
           auto ibOf = [&](uint32_t flags) {
-            std::vector<uint8_t> ib(
-                duck_ib_bytes_flags(c.tokens, c.top_k, kHidden, flags));
-            duck_ib_write_flags(ib.data(), c.mode, c.slot, c.tokens, c.top_k,
-                                routing.data(), x.data(), kHidden, flags);
-            return ib;
+            return FlagIb(c, routing, x, flags);
           };
           ASSERT_EQ(r.Call(ibOf(xflag)), DUCK_STATUS_OK) << what << r.logs[0];
           const std::vector<float> f32 = r.Out();

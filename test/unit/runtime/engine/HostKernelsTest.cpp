@@ -167,18 +167,25 @@ TEST(HostKernels, LargeWeightArraysAreHugePageMappings) {
   EXPECT_EQ(small[4095], 1);
 }
 
+/// n bf16 values: normal floats from `d`, their top 16 bits.
+std::vector<uint16_t>
+RandomBf16(std::mt19937 &rng, std::normal_distribution<float> &d, uint64_t n) {
+  std::vector<uint16_t> w(n);
+  for (auto &v : w) {
+    float f = d(rng);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    v = (uint16_t)(b >> 16);
+  }
+  return w;
+}
+
 TEST(HostKernels, Bf16MatMulRowsEqualMatVecBits) {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (uint64_t cols : {16u, 40u, 1024u, 1037u}) {
     const uint64_t rows = 67;
-    std::vector<uint16_t> w(rows * cols);
-    for (auto &v : w) {
-      float f = d(rng);
-      uint32_t b;
-      std::memcpy(&b, &f, 4);
-      v = (uint16_t)(b >> 16);
-    }
+    std::vector<uint16_t> w = RandomBf16(rng, d, rows * cols);
     HostMatrix m;
     m.rows = rows;
     m.cols = cols;
@@ -238,13 +245,7 @@ TEST(HostKernels, Bf16ProductsSumInTheirDefinedOrder) {
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 1.0f);
   const uint64_t rows = 7, cols = 1024;
-  std::vector<uint16_t> w(rows * cols);
-  for (auto &v : w) {
-    float f = d(rng);
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    v = (uint16_t)(b >> 16);
-  }
+  std::vector<uint16_t> w = RandomBf16(rng, d, rows * cols);
   std::vector<float> x(4 * cols), y(4 * rows);
   for (auto &v : x)
     v = d(rng);
@@ -524,13 +525,7 @@ TEST(HostKernels, Bf16Avx512HasTheAvx2Bits) {
   std::mt19937 rng(9);
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (uint64_t n : {16u, 48u, 1000u, 1024u, 1037u}) {
-    std::vector<uint16_t> w(n);
-    for (auto &v : w) {
-      float f = d(rng);
-      uint32_t b;
-      std::memcpy(&b, &f, 4);
-      v = uint16_t(b >> 16);
-    }
+    std::vector<uint16_t> w = RandomBf16(rng, d, n);
     std::vector<float> x(4 * n);
     for (auto &v : x)
       v = d(rng);
