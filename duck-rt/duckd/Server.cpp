@@ -3,6 +3,8 @@
 
 #include "Measure.h"
 
+#include "duck_rt/cast.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -137,10 +139,24 @@ absl::Status Server::Listen(const in_addr &addr) {
           BindListen(addr, opt_.port, 16, "", opt_.bind, &listen_fd_, &port_);
       !s.ok())
     return s;
-  if (opt_.mesh_port < 0)
+  if (opt_.mesh_port >= 0)
+    if (absl::Status s = BindListen(addr, opt_.mesh_port, 128, "the mesh ",
+                                    opt_.bind, &mesh_fd_, &mesh_port_);
+        !s.ok())
+      return s;
+  if (opt_.cast_address.empty())
     return absl::OkStatus();
-  return BindListen(addr, opt_.mesh_port, 128, "the mesh ", opt_.bind,
-                    &mesh_fd_, &mesh_port_);
+  if (opt_.cast_port < 0 || opt_.cast_port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cast: port ", opt_.cast_port, " is out of range"));
+  auto cast = OpenCastSocket(opt_.cast_address, uint16_t(opt_.cast_port),
+                             opt_.bind);
+  if (!cast.ok())
+    return absl::Status(cast.status().code(),
+                        absl::StrCat("--cast: ", cast.status().message()));
+  cast_fd_ = cast->fd;
+  cast_port_ = cast->port;
+  return absl::OkStatus();
 }
 
 // The CPUs this process may run on, and the cores it uses of them (all, up
@@ -213,6 +229,8 @@ Server::~Server() {
   mesh_.reset();
   if (mesh_fd_ >= 0)
     ::close(mesh_fd_);
+  if (cast_fd_ >= 0)
+    ::close(cast_fd_);
   if (signal_fd_ >= 0)
     ::close(signal_fd_);
 }
@@ -677,6 +695,7 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_HELLO: OnHello(h); break;
     case DUCKD_MSG_OPEN: OnOpen(h); break;
     case DUCKD_MSG_STEP: OnStep(h); break;
+    case DUCKD_MSG_STEP_CAST: OnStepCast(h); break;
     case DUCKD_MSG_RUN: OnRun(h); break;
     case DUCKD_MSG_PREPARE_BEGIN: OnPrepareBegin(h); break;
     case DUCKD_MSG_PREPARE_WRITE: OnPrepareWrite(h); break;
@@ -844,7 +863,8 @@ WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {
   if (c.valid && c.head_finished && c.finished_slots == c.image.slot_count)
     wc.populate_bytes =
         std::min<uint64_t>(c.image.total_bytes, cache_->capacity());
-  wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd()};
+  wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd(),
+                       mesh_fd_, cast_fd_};
   wc.sandbox = opt_.sandbox;
   wc.elf_limits = opt_.elf_limits;
   return wc;
@@ -884,6 +904,8 @@ void Server::OnOpen(const duckd_frame_header &h) {
   wc.ob_limit = r.ob_limit;
   wc.scratch_bytes = r.scratch_bytes;
   wc.conn_fd = conn_.fd;
+  wc.cast_fd = cast_fd_;
+  wc.cast_wait_ns = uint64_t(absl::ToInt64Nanoseconds(opt_.cast_wait));
   wc.session_id = next_session_id_;
   wc.max_payload = opt_.max_payload;
   wc.io_timeout = opt_.io_timeout;
@@ -967,6 +989,19 @@ void Server::OnStep(const duckd_frame_header &h) {
   else
     ReplyError(h.type, h.request_id, DUCKD_ERR_NO_SESSION,
                "step without an open session (open first)");
+}
+
+void Server::OnStepCast(const duckd_frame_header &h) {
+  // As OnStep: the session's worker serves these; here there is none.
+  if (!DrainAndVerify(h, h.payload_bytes))
+    return;
+  ReplyError(h.type, h.request_id,
+             h.payload_bytes != sizeof(duckd_step_cast_request)
+                 ? DUCKD_ERR_BAD_REQUEST
+                 : DUCKD_ERR_NO_SESSION,
+             h.payload_bytes != sizeof(duckd_step_cast_request)
+                 ? "step_cast: the payload is not one request"
+                 : "step_cast without an open session (open first)");
 }
 
 void Server::OnRun(const duckd_frame_header &h) {

@@ -29,6 +29,14 @@ struct ServerOptions {
   std::string bind = "127.0.0.1"; // other addresses need a token
   int port = 0;                    // 0: any free port
   int mesh_port = -1; // the ducks' mesh listener: -1 none, 0 any free port
+  /// The cast socket (duck_rt/cast.h), where step_cast IBs arrive as
+  /// datagrams: an IP multicast group (joined on `bind`) or a unicast
+  /// address; empty: none. cast_port 0 picks a free one (unicast only).
+  std::string cast_address;
+  int cast_port = 0;
+  /// How long a step_cast waits for its batch to be whole once its frame
+  /// is in (then it answers cast_missed and the host sends it plainly).
+  absl::Duration cast_wait = absl::Milliseconds(20);
   std::string token;               // checked at hello when set
   std::string name;                // cache file name; default: the port
   std::string cache_dir;           // default $XDG_CACHE_HOME/duck
@@ -65,6 +73,7 @@ public:
 
   uint16_t port() const { return port_; }
   uint16_t mesh_port() const { return mesh_port_; } // 0: no mesh listener
+  uint16_t cast_port() const { return cast_port_; } // 0: no cast socket
   std::string address() const;
   const std::string &cache_path() const { return cache_path_; }
   const std::string &cache_note() const { return cache_note_; }
@@ -127,6 +136,7 @@ private:
   duckd_hello_reply HelloReply(bool keyed, const uint8_t *nonce) const;
   void OnOpen(const duckd_frame_header &h);
   void OnStep(const duckd_frame_header &h);
+  void OnStepCast(const duckd_frame_header &h);
   void OnRun(const duckd_frame_header &h);
   void OnPrepareBegin(const duckd_frame_header &h);
   void OnPrepareWrite(const duckd_frame_header &h);
@@ -157,6 +167,8 @@ private:
   int listen_fd_ = -1, signal_fd_ = -1;
   uint16_t port_ = 0;
   int mesh_fd_ = -1; // the ducks' mesh listener (--mesh-port)
+  int cast_fd_ = -1;  // the cast socket (--cast)
+  uint16_t cast_port_ = 0;
   uint16_t mesh_port_ = 0;
   std::unique_ptr<PeerMesh> mesh_;
   std::string cache_path_, cache_note_;

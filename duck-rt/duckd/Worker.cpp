@@ -4,6 +4,7 @@
 
 #include "Sandbox.h"
 #include "WeightCache.h"
+#include "duck_rt/cast.h"
 #include "duck_rt/wire.h"
 
 #include "absl/strings/str_cat.h"
@@ -159,6 +160,7 @@ struct WorkerSide {
   std::unique_ptr<LoadedElf> oneShot; // core 0 owns it during a run call
   uint64_t local_seq = 0;             // session workers: calls so far
   std::unique_ptr<FrameCheck> check;  // session workers: of each step
+  std::unique_ptr<CastReceiver> cast; // session workers with a cast socket
 
   duck_info InfoFor(uint32_t core) const {
     duck_info info{};
@@ -313,7 +315,7 @@ bool StepError(WorkerSide *w, const duckd_frame_header &h, absl::Time deadline,
                ErrorCodeName(code), m.c_str());
   const std::string payload = EncodeError(code, m);
   Part part{payload.data(), payload.size()};
-  absl::Status s = WriteFrame(w->cfg->conn_fd, DUCKD_MSG_STEP,
+  absl::Status s = WriteFrame(w->cfg->conn_fd, h.type,
                               DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
                               h.request_id, {&part, 1}, deadline,
                               &w->ctl->keys);
@@ -489,7 +491,7 @@ bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
       rep.log_bytes += len;
     }
   }
-  absl::Status s = WriteFrame(cfg.conn_fd, DUCKD_MSG_STEP, DUCKD_FLAG_REPLY,
+  absl::Status s = WriteFrame(cfg.conn_fd, h.type, DUCKD_FLAG_REPLY,
                               h.request_id, absl::MakeConstSpan(parts, n),
                               deadline, &ctl->keys);
   if (!s.ok()) {
@@ -517,8 +519,96 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   return SendStepReply(w, h, info, status, workerNs, deadline);
 }
 
-/// Session worker, core 0: serves STEP frames while it holds the
-/// connection; hands every other frame back to duckd.
+/// What is wrong with a step_cast request for this session ("" when
+/// nothing); *shape is the batch's.
+std::string CastRequestProblem(const WorkerSide &w,
+                               const duckd_step_cast_request &r,
+                               CastShape *shape, duckd_error_code *code) {
+  const WorkerConfig &cfg = *w.cfg;
+  *code = DUCKD_ERR_BAD_REQUEST;
+  if (r.session_id != cfg.session_id) {
+    *code = DUCKD_ERR_NO_SESSION;
+    return absl::StrCat("step_cast for session ", r.session_id,
+                        "; the open session is ", cfg.session_id);
+  }
+  if (r.ib_bytes > cfg.ib_limit) {
+    *code = DUCKD_ERR_TOO_LARGE;
+    return absl::StrCat("step_cast: IB of ", r.ib_bytes,
+                        " bytes exceeds the session's ", cfg.ib_limit);
+  }
+  auto s = CastShapeFor(r.ib_bytes, r.datagram_bytes +
+                                        uint32_t(sizeof(duckd_cast_datagram)));
+  if (!s.ok() || r.datagram_bytes > DUCKD_CAST_MAX_DATAGRAM)
+    return absl::StrCat("step_cast: ",
+                        s.ok() ? "datagrams too large" : s.status().message());
+  if (s->datagrams != r.datagrams)
+    return absl::StrCat("step_cast: ", r.datagrams, " datagrams for ",
+                        r.ib_bytes, " bytes of ", r.datagram_bytes,
+                        " (expected ", s->datagrams, ")");
+  *shape = *s;
+  if (!w.cast) {
+    *code = DUCKD_ERR_CAST_MISSED;
+    return "duckd has no cast socket (start it with --cast)";
+  }
+  return std::string();
+}
+
+/// Session worker, core 0: serves one STEP_CAST frame whose header is
+/// read: its request from the connection, its IB from the cast socket.
+/// Returns false when the connection is no longer usable (handed back).
+bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h,
+                   duck_info &info, FrameCheck &check) {
+  const WorkerConfig &cfg = *w->cfg;
+  const absl::Time deadline = absl::Now() + cfg.io_timeout;
+  check.Begin(h, &w->ctl->keys);
+  duckd_step_cast_request r{};
+  if (h.payload_bytes != sizeof r) {
+    if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {
+      HandBack(w, Handback::kDrop, nullptr, "truncated step_cast");
+      return false;
+    }
+    if (!StepVerified(w, h, deadline, check))
+      return w->ctl->owner.load() == kOwnerWorker;
+    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
+                     absl::StrCat("step_cast of ", h.payload_bytes,
+                                  " bytes (its request is ", sizeof r, ")"));
+  }
+  if (absl::Status s = ReadFull(cfg.conn_fd, &r, sizeof r, deadline); !s.ok()) {
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("truncated step_cast: ", s.message()));
+    return false;
+  }
+  check.Update(&r, sizeof r);
+  if (!StepVerified(w, h, deadline, check))
+    return w->ctl->owner.load() == kOwnerWorker;
+  CastShape shape;
+  duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
+  if (std::string bad = CastRequestProblem(*w, r, &shape, &code); !bad.empty())
+    return StepError(w, h, deadline, code, bad);
+  if (!w->cast->Take(r.cast_id, shape, r.ib_bytes, w->ib, cfg.cast_wait_ns,
+                     cfg.spin_ns))
+    return StepError(w, h, deadline, DUCKD_ERR_CAST_MISSED,
+                     absl::StrCat("batch ", r.cast_id, ": not all of its ",
+                                  r.datagrams, " datagrams came within ",
+                                  cfg.cast_wait_ns / 1000, " us"));
+  uint8_t digest[DUCKD_CAST_DIGEST_BYTES];
+  CastDigest(absl::MakeConstSpan(w->ib, r.ib_bytes), w->ctl->keys.keyed,
+             digest);
+  if (std::memcmp(digest, r.digest, sizeof digest) != 0)
+    return StepError(w, h, deadline, DUCKD_ERR_CAST_MISSED,
+                     absl::StrCat("batch ", r.cast_id,
+                                  ": its datagrams do not match the step's "
+                                  "digest"));
+  if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, r.ib_bytes);
+      !why.empty())
+    return StepError(w, h, deadline, DUCKD_ERR_CACHE, why);
+  uint64_t workerNs = 0;
+  const int32_t status = RunStep(w, h, info, r.ib_bytes, &workerNs);
+  return SendStepReply(w, h, info, status, workerNs, deadline);
+}
+
+/// Session worker, core 0: serves STEP and STEP_CAST frames while it holds
+/// the connection; hands every other frame back to duckd.
 void ServeConnection(WorkerSide *w) {
   const WorkerConfig &cfg = *w->cfg;
   Control *ctl = w->ctl;
@@ -565,6 +655,11 @@ void ServeConnection(WorkerSide *w) {
                  absl::StrCat("truncated frame header: ", s.message()));
         break;
       }
+      if (h.type == DUCKD_MSG_STEP_CAST && h.flags == 0 &&
+          ValidateHeader(h, cfg.max_payload).ok()) {
+        holding = ServeCastStep(w, h, info, check);
+        continue;
+      }
       if (!plainStep(h)) {
         HandBack(w, Handback::kFrame, &h, "");
         break;
@@ -609,7 +704,7 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
     _exit(0);
   prctl(PR_SET_NAME, "duckd-worker");
   for (int fd : cfg.close_in_child)
-    if (fd >= 0 && fd != cfg.conn_fd)
+    if (fd >= 0 && fd != cfg.conn_fd && fd != cfg.cast_fd)
       ::close(fd);
   signal(SIGTERM, SIG_DFL);
   signal(SIGINT, SIG_DFL);
@@ -651,6 +746,10 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   if (cfg.persistent) { // frames are checked and sealed from the sandbox
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
+    if (cfg.cast_fd >= 0) {
+      w.cast = std::make_unique<CastReceiver>(cfg.cast_fd);
+      WarmUpCastDigest();
+    }
   }
   std::vector<std::thread> threads;
   for (uint32_t c = 1; c < cfg.cores; ++c)
@@ -658,7 +757,7 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   // From here on the uploaded code runs: confine every thread.
   if (cfg.sandbox) {
     SandboxOptions so;
-    so.keep_fds = {efd, cfg.conn_fd};
+    so.keep_fds = {efd, cfg.conn_fd, cfg.cast_fd};
     so.allow_exec_mappings = !cfg.persistent; // one-shot: an ELF a call
     if (absl::Status s = EnterSandbox(so); !s.ok())
       fail(absl::StrCat("sandbox: ", s.message()));

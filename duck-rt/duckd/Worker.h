@@ -63,6 +63,11 @@ struct WorkerConfig {
   absl::Duration io_timeout = absl::Seconds(10);
   std::string log_prefix; // "duckd[port]"
   bool sandbox = true;    // seccomp + rlimits once set up (Sandbox.h)
+  // Session workers: duckd's cast socket (--cast; -1: none), where a
+  // step_cast's IB arrives as datagrams (duck_rt/cast.h), and how long a
+  // batch may take to be whole once its frame is in.
+  int cast_fd = -1;
+  uint64_t cast_wait_ns = 20'000'000;
 };
 
 struct StepOutcome {

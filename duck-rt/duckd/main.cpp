@@ -20,6 +20,15 @@ ABSL_FLAG(int, mesh_port, -1,
           "the ducks' mesh listener, on the same address (-1: none; 0: a "
           "free port, printed on stdout): other ducks connect here when "
           "the host asks this duck to join a mesh");
+ABSL_FLAG(std::string, cast, "",
+          "ADDR:PORT where steps' IBs may arrive as datagrams, sent once "
+          "for every duck (duckrun with a multicast plan): an IP multicast "
+          "group (224.0.0.0/4, joined on --bind's address; every duck of "
+          "the group listens on the same port) or a unicast address (port 0: "
+          "a free one, printed on stdout); empty: none, and such steps are "
+          "answered cast_missed (the host then sends them plainly)");
+ABSL_FLAG(int, cast_wait_us, 20000,
+          "how long a cast step waits for its datagrams once its frame is in");
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "IPv4 address to listen on; non-loopback needs --token");
 ABSL_FLAG(std::string, token, "",
@@ -125,6 +134,20 @@ int main(int argc, char **argv) {
   o.port = absl::GetFlag(FLAGS_port);
   o.mesh_port = absl::GetFlag(FLAGS_mesh_port);
   o.bind = absl::GetFlag(FLAGS_bind);
+  if (const std::string cast = absl::GetFlag(FLAGS_cast); !cast.empty()) {
+    const size_t colon = cast.rfind(':');
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(cast.substr(colon + 1), &o.cast_port) ||
+        o.cast_port < 0 || o.cast_port > 65535) {
+      std::fprintf(stderr,
+                   "duckd: --cast %s: expected ADDR:PORT (e.g. "
+                   "239.77.0.1:7420, or 127.0.0.1:0)\n",
+                   cast.c_str());
+      return 2;
+    }
+    o.cast_address = cast.substr(0, colon);
+  }
+  o.cast_wait = absl::Microseconds(std::max(1, absl::GetFlag(FLAGS_cast_wait_us)));
   o.token = absl::GetFlag(FLAGS_token);
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     std::ifstream in(file);
@@ -174,6 +197,9 @@ int main(int argc, char **argv) {
   if ((*server)->mesh_port())
     std::printf("duckd: mesh on %s:%u\n", o.bind.c_str(),
                 unsigned((*server)->mesh_port()));
+  if ((*server)->cast_port())
+    std::printf("duckd: cast on %s:%u\n", o.cast_address.c_str(),
+                unsigned((*server)->cast_port()));
   std::printf("duckd: listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   absl::Status s = (*server)->Serve();

@@ -453,6 +453,8 @@ const char *MessageTypeName(uint16_t type) {
   case DUCKD_MSG_STATS: return "stats";
   case DUCKD_MSG_MESH:
     return "mesh";
+  case DUCKD_MSG_MESH_PROBE: return "mesh_probe";
+  case DUCKD_MSG_STEP_CAST: return "step_cast";
   default: return "unknown";
   }
 }
@@ -471,6 +473,7 @@ const char *ErrorCodeName(uint32_t code) {
   case DUCKD_ERR_CACHE: return "cache";
   case DUCKD_ERR_TOO_LARGE: return "too_large";
   case DUCKD_ERR_INTERNAL: return "internal";
+  case DUCKD_ERR_CAST_MISSED: return "cast_missed";
   default: return "unknown";
   }
 }

@@ -56,11 +56,12 @@ std::string mlir::duck::linksText(const ClusterModel &c) {
                  .str();
   if (c.fanout == ClusterModel::Fanout::multicast)
     links += llvm::formatv(
-                 ", multicast (one copy from the host a step){0} MODELLED "
-                 "ONLY: the runtime sends every duck its own copy",
+                 ", multicast (one copy of a step from the host, as "
+                 "datagrams){0}",
                  c.reduceTree
                      ? llvm::formatv(", replies reduced up a tree (the host "
-                                     "takes {0}, each duck {1}{2})",
+                                     "takes {0}, each duck {1}{2}) MODELLED "
+                                     "ONLY: the ducks answer the host",
                                      c.relayHostFanout, c.relayFanout,
                                      relayUnitText(c))
                            .str()
@@ -521,16 +522,30 @@ void backWire(const ClusterModel &c, const std::vector<double> &arrive,
 }
 } // namespace
 
+double cost::castBytes(double ib, double datagramBytes) {
+  const double header = double(sizeof(duckd_cast_datagram));
+  const double per = std::max(1.0, datagramBytes - header);
+  return ib + header * std::ceil(ib / per);
+}
+
 StepWire cost::multicastWire(const ClusterModel &c, double in,
                              double headerBytes,
                              const std::vector<double> &payloadBytes,
                              bool sums) {
+  // What the runtime sends (duck_rt/cast.h): the IB once as datagrams,
+  // then every duck its step_cast frame, in rank order behind them.
+  const double ib =
+      in - double(sizeof(duckd_frame_header) + sizeof(duckd_step_request));
+  const double cast = castBytes(ib, c.castDatagramBytes);
+  const double frame =
+      double(sizeof(duckd_frame_header) + sizeof(duckd_step_cast_request));
   std::vector<double> arrive(payloadBytes.size());
   for (size_t r = 0; r < arrive.size(); ++r)
-    arrive[r] = std::max(wireSeconds(in, c.hostLinkGbps),
-                         wireSeconds(in, duckLink(c, r)));
+    arrive[r] =
+        std::max(wireSeconds(cast + frame * double(r + 1), c.hostLinkGbps),
+                 wireSeconds(cast + frame, duckLink(c, r)));
   StepWire w;
-  w.txBytes = in;
+  w.txBytes = cast + frame * double(arrive.size());
   backWire(c, arrive, headerBytes, payloadBytes, sums, w);
   return w;
 }

@@ -532,10 +532,13 @@ Error checkCompileOptions(const CompileOptions &opts,
                "' has a config.json but no safetensors weights; compiling a "
                "plan packs the weights (use --dry-run for layout and stats "
                "from the config alone)");
-  if (writes && opts.cluster.cost.fanout != ClusterModel::Fanout::unicast)
-    return err("--fanout relay and multicast are modelled only: the runtime "
-               "sends each duck its own copy of a step, so no plan is "
-               "written with them (use --dry-run)");
+  if (writes && opts.cluster.cost.fanout == ClusterModel::Fanout::relay)
+    return err("--fanout relay is modelled only: no duck forwards a step, "
+               "so no plan is written with it (use --dry-run)");
+  if (writes && opts.cluster.cost.reduceTree)
+    return err("--reduce tree is modelled only: the ducks' replies come "
+               "straight to the host, so no plan is written with it (use "
+               "--dry-run)");
   if (writes && opts.cluster.cost.stageX)
     return err("--stage-x is modelled only: the runtime sends a step whole, "
                "its routing slots with its activations, so no plan is "
@@ -759,7 +762,9 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
           (wo.wireBf16 ? ", activations to the ducks in bf16" : "") +
           (wo.wireQ8 ? ", activations to the ducks in q8" : "") +
           (wo.wireOutBf16 ? ", the ducks' answers in bf16" : "") +
-          (wo.wireOutQ8 ? ", the ducks' answers in q8" : ""),
+          (wo.wireOutQ8 ? ", the ducks' answers in q8" : "") +
+          (wo.multicast ? ", steps cast once to every duck (multicast)"
+                        : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"
           ? ", MoE layers by strategy " + strategySpecOf(stats)
@@ -830,6 +835,8 @@ Error compileImported(const CompileOptions &opts,
   wo.wireOutBf16 = opts.cluster.cost.wireOut == Wire::bf16;
   wo.wireQ8 = opts.cluster.cost.wireX == Wire::q8;
   wo.wireOutQ8 = opts.cluster.cost.wireOut == Wire::q8;
+  wo.multicast =
+      opts.cluster.cost.fanout == ClusterModel::Fanout::multicast;
   wo.cancel = opts.cancel;
   if (Error e = writePlanDir(opts, ckpt, *module, *stats, exists, wo, log))
     return e;

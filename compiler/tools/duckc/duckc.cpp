@@ -235,22 +235,23 @@ cl::opt<std::string> compileWireOut(
     cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileFanout(
     "fanout",
-    cl::desc("How the cost model sends a step to the ducks: 'unicast' "
-             "(default: what the runtime does, the host sends each duck its "
-             "own copy), 'relay' or 'multicast': MODELLED ONLY, NOT BUILT "
-             "IN THE RUNTIME; only with --dry-run (no plan is written with "
-             "them). relay: the host sends --relay-host-fanout copies, each "
-             "duck forwards the frame to --relay-fanout children over its "
-             "own link, partial sums are reduced on the way back. "
-             "multicast: the host sends one copy a step, the switch gives "
-             "each duck its own (a step whose ducks get different inputs "
-             "goes as unicast); the replies as --reduce says"),
+    cl::desc("How a step reaches the ducks: 'unicast' (default: the host "
+             "sends each duck its own copy), 'multicast' (recorded in the "
+             "plan: the host sends a step's input once, as UDP datagrams to "
+             "the cluster file's \"cast\" address, an IP multicast group "
+             "the ducks joined with duckd --cast, and each duck a small "
+             "frame; a step whose ducks get different inputs goes as "
+             "unicast; the replies as --reduce says) or 'relay': MODELLED "
+             "ONLY, NOT BUILT IN THE RUNTIME, only with --dry-run: the host "
+             "sends --relay-host-fanout copies, each duck forwards the frame "
+             "to --relay-fanout children over its own link, partial sums are "
+             "reduced on the way back"),
     cl::init("unicast"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileReduce(
     "reduce",
-    cl::desc("With --fanout multicast (modelled only): how the replies come "
-             "back: 'star' (default: each duck to the host) or 'tree': up "
-             "the relay tree of --relay-host-fanout, --relay-fanout and "
+    cl::desc("With --fanout multicast: how the replies come back: 'star' "
+             "(default: each duck to the host) or 'tree' (MODELLED ONLY, "
+             "only with --dry-run): up the relay tree of --relay-host-fanout, --relay-fanout and "
              "--relay-chunk-kib, partial sums reduced at each duck on the "
              "way"),
     cl::init("star"), cl::sub(compileCmd), cl::cat(duckcCategory));
@@ -377,7 +378,8 @@ Error clusterFromFlags(mlir::duck::CompileOptions &o) {
   return Error::success();
 }
 
-/// --fanout and the relay tree's shape (modelled only: --dry-run alone),
+/// --fanout and the relay tree's shape (relay and the tree modelled only:
+/// --dry-run alone),
 /// and the speculative projection's drafts and acceptance.
 Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
   using Fanout = mlir::duck::ClusterModel::Fanout;
@@ -419,13 +421,16 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                              "--speculative-acceptance 0 to 1");
   o.cluster.cost.speculateDrafts = compileSpecDrafts;
   o.cluster.cost.speculateAcceptance = compileSpecAcceptance;
-  if (o.cluster.cost.fanout != Fanout::unicast && !compileDryRun)
+  if (o.cluster.cost.fanout == Fanout::relay && !compileDryRun)
     return createStringError(
         inconvertibleErrorCode(),
-        "--fanout " + compileFanout +
-            " is modelled only: the runtime sends each duck its own copy "
-            "of a step, so no plan is written with it; use it with "
-            "--dry-run");
+        "--fanout relay is modelled only: no duck forwards a step, so no "
+        "plan is written with it; use it with --dry-run");
+  if (o.cluster.cost.reduceTree && !compileDryRun)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "--reduce tree is modelled only: the ducks answer the host "
+        "directly, so no plan is written with it; use it with --dry-run");
   if (o.cluster.cost.residualOnDucks && !compileDryRun)
     return createStringError(
         inconvertibleErrorCode(),

@@ -50,7 +50,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_STATS = 11,   // the duck's counters (the weight scrub's)
   DUCKD_MSG_MESH = 12,    // join the ducks' mesh (duck_rt/peer_mesh.h)
   DUCKD_MSG_MESH_PROBE = 13, // time collectives over the joined mesh
-  DUCKD_MSG_COUNT = 14,
+  DUCKD_MSG_STEP_CAST = 14,  // a step whose IB came as cast datagrams
+  DUCKD_MSG_COUNT = 15,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -83,6 +84,9 @@ typedef enum duckd_error_code {
   DUCKD_ERR_CACHE = 10,       // weight cache / prepare failure
   DUCKD_ERR_TOO_LARGE = 11,   // a size beyond a configured limit
   DUCKD_ERR_INTERNAL = 12,
+  DUCKD_ERR_CAST_MISSED = 13, // a cast step's datagrams did not all come
+                              // (or duckd has no cast socket): send the
+                              // step again as a plain step
 } duckd_error_code;
 
 /// Payload of a frame with DUCKD_FLAG_ERROR: this header, then
@@ -273,6 +277,44 @@ typedef struct duckd_stats_reply {
   uint64_t reserved[4];
 } duckd_stats_reply;
 
+/* step_cast: a step whose IB came as datagrams. ------------------------ */
+
+/// Added within protocol 3, sent only when asked (duckrun with a plan
+/// whose fanout is multicast). The host sends a step's IB once, as UDP
+/// datagrams to the ducks' cast address (an IP multicast group, or a
+/// relay such as duck-linksim's that copies it to every duck), then each
+/// duck this small frame over its connection. The duck takes the
+/// datagrams of `cast_id` from its cast socket (duckd --cast) into the
+/// session's IB, checks them against `digest` (XXH3-64 in its first 8
+/// bytes on an unkeyed connection; SHA-256 on a keyed one, whose frame
+/// seals the digest), and runs the step: the reply is a step reply (type
+/// step_cast). A batch that is not whole within the duck's wait (or a
+/// duckd without a cast socket) answers DUCKD_ERR_CAST_MISSED, and the
+/// host sends that duck the step again as a plain step.
+enum {
+  DUCKD_CAST_MAGIC = 0x54534344u, // "DCST" little-endian
+  DUCKD_CAST_DIGEST_BYTES = 32,
+  DUCKD_CAST_MAX_DATAGRAM = 65507, // UDP's largest payload over IPv4
+};
+typedef struct duckd_step_cast_request {
+  uint64_t session_id;
+  uint64_t cast_id;  // the batch's datagrams carry it
+  uint64_t ib_bytes; // the IB the datagrams carry, in order
+  uint32_t datagrams;      // in the batch
+  uint32_t datagram_bytes; // each one's payload (the last: the rest)
+  uint8_t digest[DUCKD_CAST_DIGEST_BYTES];
+} duckd_step_cast_request;
+
+/// A cast datagram: this header, then `bytes` of the IB at offset
+/// index x the request's datagram_bytes.
+typedef struct duckd_cast_datagram {
+  uint32_t magic; // DUCKD_CAST_MAGIC
+  uint32_t index; // 0 .. count - 1
+  uint32_t count;
+  uint32_t bytes;
+  uint64_t cast_id;
+} duckd_cast_datagram;
+
 /* mesh: join the ducks' mesh. ------------------------------------------ */
 
 /// Added within protocol 3, sent only when asked. duckd (started with
@@ -334,6 +376,9 @@ typedef struct duckd_mesh_probe_reply {
 } // extern "C"
 
 static_assert(sizeof(duckd_stats_reply) == 96, "duckd_stats_reply is wire");
+static_assert(sizeof(duckd_step_cast_request) == 64,
+              "duckd_step_cast_request is wire");
+static_assert(sizeof(duckd_cast_datagram) == 24, "duckd_cast_datagram is wire");
 static_assert(sizeof(duckd_mesh_peer) == 72, "duckd_mesh_peer is wire");
 static_assert(sizeof(duckd_mesh_request) == 32, "duckd_mesh_request is wire");
 static_assert(sizeof(duckd_mesh_reply) == 16, "duckd_mesh_reply is wire");

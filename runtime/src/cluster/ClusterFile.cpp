@@ -52,6 +52,27 @@ absl::StatusOr<ClusterFile> ParseClusterFile(absl::string_view text,
     c.bandwidth_gbs = j["bandwidth_gbs"].get<double>();
   if (absl::Status st = ReadLinks(j, path, &c); !st.ok())
     return st;
+  if (j.contains("cast")) {
+    auto ep = j["cast"].is_string()
+                  ? ParseDuckEndpoint(j["cast"].get<std::string>())
+                  : absl::InvalidArgumentError("not a string");
+    if (!ep.ok() || ep->port == 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster file '", path,
+          "': \"cast\" must be \"ADDR:PORT\" (the ducks' multicast group "
+          "and port, e.g. \"239.77.0.1:7420\")",
+          ep.ok() ? ": port 0" : absl::StrCat(": ", ep.status().message())));
+    c.cast_address = ep->host;
+    c.cast_port = ep->port;
+  }
+  if (j.contains("cast_interface")) {
+    if (!j["cast_interface"].is_string())
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster file '", path,
+                       "': \"cast_interface\" must be a string (an IPv4 "
+                       "address of the host)"));
+    c.cast_interface = j["cast_interface"].get<std::string>();
+  }
   if (!j.contains("ducks") || !j["ducks"].is_array() || j["ducks"].empty())
     return absl::InvalidArgumentError(
         absl::StrCat("cluster file '", path,

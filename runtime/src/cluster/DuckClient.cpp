@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/cluster/DuckClient.h"
 
+#include "duck_rt/cast.h"
 #include "duck_rt/wire_codec.h"
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -86,6 +88,8 @@ struct Conn {
   duckd::FrameKeys keys;   // frame authentication (docs/protocol.md)
   duckd::HostHello hello;  // the hello in flight, if any
   bool awaiting_hello = false;
+  uint32_t cast_misses = 0; // cast steps missed in a row
+  bool cast_off = false;    // plain steps only (missed cast_give_up)
 };
 
 struct PrepareJob;
@@ -101,6 +105,17 @@ struct DuckClient::Impl {
   std::vector<DuckHello> hellos;
   std::vector<uint8_t> elf; // one-shot mode: sent with every step
   bool opened = false;
+  // Cast steps (opt.cast_address): the sender, the next batch's id (from a
+  // random start, so that a batch of an earlier host is never taken for
+  // one of ours) and what it did.
+  std::unique_ptr<duckd::CastSender> cast;
+  uint64_t next_cast_id = 0;
+  CastStats cast_stats;
+  /// During a cast step: answers a duck's cast_missed by queueing the step
+  /// again plainly (true: handled).
+  std::function<bool(size_t, const duckd_frame_header &, uint32_t,
+                     const std::string &)>
+      retry;
 
   using ReplyFn = std::function<absl::Status(size_t, const duckd_frame_header &,
                                              absl::Span<const uint8_t>)>;
@@ -360,6 +375,8 @@ struct DuckClient::Impl {
     c.expect.pop_front();
     if (h.flags & DUCKD_FLAG_ERROR) {
       auto e = duckd::DecodeError(c.frame.payload);
+      if (e.ok() && retry && retry(d, h, e->code, e->message))
+        return;
       PumpFail(p, d,
                e.ok() ? ErrorFor(e->code, e->message)
                       : absl::InternalError("malformed error reply"),
@@ -375,6 +392,14 @@ struct DuckClient::Impl {
   /// Queues duck d's step: a STEP on its session (persistent), else a RUN
   /// that carries the ELF too.
   void QueueStep(size_t d, absl::Span<const uint8_t> ib);
+  /// Queues duck d's step_cast for the batch just sent.
+  void QueueStepCast(size_t d, uint64_t cast_id, const duckd::CastShape &shape,
+                     uint64_t ib_bytes, const uint8_t *digest);
+  /// Sends `ib` once as batch datagrams when the step can go that way
+  /// (every duck the same IB, small enough, a cast address); false: send
+  /// it plainly. Queues every duck's step (cast or plain).
+  bool QueueCastSteps(const std::vector<size_t> &ducks,
+                      absl::Span<const absl::Span<const uint8_t>> ibs);
   /// A step's metrics: the judge's wait against the slowest duck's kernel
   /// time, and the bytes that moved.
   void MeasureStep(const std::vector<size_t> &ducks,
@@ -497,6 +522,22 @@ DuckClient::Create(const DuckClientOptions &options) {
   }
   if (absl::Status s = impl->Hello(); !s.ok())
     return s;
+  if (!options.cast_address.empty()) {
+    duckd::CastSenderOptions co;
+    co.address = options.cast_address;
+    co.port = options.cast_port;
+    co.interface_address = options.cast_interface;
+    co.datagram_bytes = options.cast_datagram_bytes;
+    co.drop_every = options.cast_drop_every;
+    auto sender = duckd::CastSender::Open(co);
+    if (!sender.ok())
+      return sender.status();
+    impl->cast = std::move(*sender);
+    uint8_t seed[DUCKD_NONCE_BYTES];
+    if (absl::Status st = duckd::RandomNonce(seed); !st.ok())
+      return st;
+    std::memcpy(&impl->next_cast_id, seed, sizeof impl->next_cast_id);
+  }
   return std::unique_ptr<DuckClient>(new DuckClient(std::move(impl)));
 }
 
@@ -576,6 +617,59 @@ absl::Status ReadStepReply(absl::Span<const uint8_t> pl, DuckOutput *o) {
 
 } // namespace
 
+void DuckClient::Impl::QueueStepCast(size_t d, uint64_t cast_id,
+                                     const duckd::CastShape &shape,
+                                     uint64_t ib_bytes, const uint8_t *digest) {
+  duckd_step_cast_request r{};
+  r.session_id = conns[d].session_id;
+  r.cast_id = cast_id;
+  r.ib_bytes = ib_bytes;
+  r.datagrams = shape.datagrams;
+  r.datagram_bytes = shape.datagram_bytes;
+  std::memcpy(r.digest, digest, sizeof r.digest);
+  std::vector<uint8_t> owned(sizeof r);
+  std::memcpy(owned.data(), &r, sizeof r);
+  Part p{owned.data(), owned.size()};
+  Queue(d, DUCKD_MSG_STEP_CAST, std::move(owned), {p});
+}
+
+bool DuckClient::Impl::QueueCastSteps(
+    const std::vector<size_t> &ducks,
+    absl::Span<const absl::Span<const uint8_t>> ibs) {
+  if (!cast || !opt.persistent || ibs.empty() || ibs[0].empty() ||
+      ibs[0].size() > opt.cast_max_ib_bytes)
+    return false;
+  size_t castable = 0;
+  for (size_t d : ducks) {
+    if (ibs[d].data() != ibs[0].data() || ibs[d].size() != ibs[0].size())
+      return false;
+    castable += !conns[d].cast_off;
+  }
+  if (castable < 2)
+    return false; // one copy either way
+  const absl::Span<const uint8_t> ib = ibs[0];
+  const uint64_t id = next_cast_id++;
+  const uint64_t sent0 = cast->bytes_sent(), dropped0 = cast->dropped();
+  absl::StatusOr<duckd::CastShape> shape = cast->Send(id, ib);
+  if (!shape.ok())
+    return false; // this step goes plainly
+  ++cast_stats.steps;
+  cast_stats.datagram_bytes += cast->bytes_sent() - sent0;
+  cast_stats.dropped += cast->dropped() - dropped0;
+  // Every connection of one client has the same token: keyed alike.
+  uint8_t digest[DUCKD_CAST_DIGEST_BYTES];
+  duckd::CastDigest(ib, conns[ducks[0]].keys.keyed, digest);
+  for (size_t d : ducks) {
+    if (conns[d].cast_off)
+      QueueStep(d, ib);
+    else
+      QueueStepCast(d, id, *shape, ib.size(), digest);
+    if (absl::Status s = SendSome(conns[d]); !s.ok())
+      Break(d, std::string(s.message()));
+  }
+  return true;
+}
+
 void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib) {
   std::vector<uint8_t> owned;
   std::vector<Part> parts;
@@ -646,26 +740,56 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     recv0 += m.conns[d].bytes_received;
   }
   const uint64_t t0 = NowNs();
+  const uint64_t castBytes0 = m.cast_stats.datagram_bytes;
+  const bool cast = m.QueueCastSteps(ducks, ibs);
   for (size_t d : ducks) {
+    if (cast)
+      break;
     m.QueueStep(d, ibs[d]);
     // Start writing at once: the first duck begins while the others queue.
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
+  if (cast)
+    m.retry = [&](size_t d, const duckd_frame_header &h, uint32_t code,
+                  const std::string &why) {
+      if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
+        return false;
+      Conn &c = m.conns[d];
+      ++m.cast_stats.resent;
+      if (++c.cast_misses >= m.opt.cast_give_up && !c.cast_off) {
+        c.cast_off = true;
+        ++m.cast_stats.ducks_off;
+        std::fprintf(stderr,
+                     "duckrun: %s missed %u cast steps in a row (%s): plain "
+                     "steps to it from now on\n",
+                     m.Name(d).c_str(), c.cast_misses, why.c_str());
+      }
+      m.QueueStep(d, ibs[d]);
+      return true;
+    };
   if (after_send)
     after_send();
   absl::Status s = m.Pump(
       ducks, m.opt.step_timeout, m.opt.persistent ? "step" : "run",
-      [&](size_t d, const duckd_frame_header &,
+      [&](size_t d, const duckd_frame_header &h,
           absl::Span<const uint8_t> pl) -> absl::Status {
+        if (h.type == DUCKD_MSG_STEP_CAST) // the batch came whole
+          m.conns[d].cast_misses = 0;
         return ReadStepReply(pl, &(*out_outputs)[d]);
       },
       nullptr, false, m.opt.reply_spin);
   const uint64_t t1 = NowNs();
-  if (out_metrics)
+  m.retry = nullptr;
+  if (out_metrics) {
     m.MeasureStep(ducks, *out_outputs, t0, t1, sent0, recv0, out_metrics);
+    out_metrics->bytes_sent += m.cast_stats.datagram_bytes - castBytes0;
+    out_metrics->cast = cast;
+  }
   return s;
 }
+
+CastStats DuckClient::cast_stats() const { return impl_->cast_stats; }
 
 absl::Status DuckClient::Close() {
   Impl &m = *impl_;

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -156,8 +157,28 @@ struct Relay {
   }
 };
 
+/// The host's cast datagrams: each one read once, then a copy a duck,
+/// each released when its duck's link has carried it.
+struct CastRelay {
+  int fd = -1;
+  uint16_t port = 0;
+  std::vector<sockaddr_in> dests; // duck i's cast socket
+  struct Copy {
+    double release;
+    std::shared_ptr<const std::vector<char>> data;
+  };
+  std::vector<std::deque<Copy>> queues; // by duck
+  ~CastRelay() {
+    if (fd >= 0)
+      close(fd);
+  }
+};
+
 struct LinkSim::Impl {
   LinkSimOptions o;
+  std::unique_ptr<CastRelay> cast;
+  std::unique_ptr<std::atomic<uint64_t>[]> cast_to;
+  std::atomic<uint64_t> cast_from_host{0};
   std::vector<std::unique_ptr<Relay>> relays;
   std::vector<std::vector<uint16_t>> relay_ports;
   /// What a listener stands for: the host's connections to duck `to`, or
@@ -193,7 +214,72 @@ struct LinkSim::Impl {
   absl::Status OpenRelays();
   void ReadDatagrams(Relay &r, double now);
   void FlushDatagrams(double now);
+  absl::Status OpenCast();
+  void ReadCast(double now);
+  void FlushCast(double now);
 };
+
+absl::Status LinkSim::Impl::OpenCast() {
+  const size_t n = o.cast_ports.size();
+  cast_to.reset(new std::atomic<uint64_t>[o.backends.size()]());
+  if (n == 0)
+    return absl::OkStatus();
+  cast = std::make_unique<CastRelay>();
+  cast->fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (cast->fd < 0 || bind(cast->fd, (sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(cast->fd, (sockaddr *)&a, &len) != 0)
+    return absl::UnavailableError(absl::StrCat(
+        "linksim: cannot open the cast relay: ", std::strerror(errno)));
+  const int big = 4 << 20;
+  setsockopt(cast->fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  setsockopt(cast->fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  cast->port = ntohs(a.sin_port);
+  cast->queues.resize(n);
+  for (uint16_t port : o.cast_ports) {
+    sockaddr_in d{};
+    d.sin_family = AF_INET;
+    d.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    d.sin_port = htons(port);
+    cast->dests.push_back(d);
+  }
+  return absl::OkStatus();
+}
+
+void LinkSim::Impl::ReadCast(double now) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(cast->fd, buf, sizeof buf, 0);
+    if (n < 0)
+      return; // drained (EAGAIN) or failed: epoll says when more comes
+    const double out = host_out.Reserve(now, size_t(n));
+    cast_from_host.fetch_add(uint64_t(n), std::memory_order_relaxed);
+    auto data = std::make_shared<const std::vector<char>>(buf, buf + n);
+    for (size_t i = 0; i < cast->queues.size(); ++i) {
+      const double done = std::max(out, duck_in[i]->Reserve(now, size_t(n)));
+      cast->queues[i].push_back({done + o.latency_us * 1e3, data});
+      cast_to[i].fetch_add(uint64_t(n), std::memory_order_relaxed);
+    }
+  }
+}
+
+void LinkSim::Impl::FlushCast(double now) {
+  if (!cast)
+    return;
+  for (size_t i = 0; i < cast->queues.size(); ++i) {
+    auto &q = cast->queues[i];
+    while (!q.empty() && q.front().release <= now) {
+      const std::vector<char> &d = *q.front().data;
+      // A full receiver drops it, as a switch port would.
+      (void)sendto(cast->fd, d.data(), d.size(), 0,
+                   (const sockaddr *)&cast->dests[i], sizeof cast->dests[i]);
+      q.pop_front();
+    }
+  }
+}
 
 absl::Status LinkSim::Impl::OpenRelays() {
   const size_t n = o.peer_datagram_ports.size();
@@ -307,6 +393,10 @@ absl::Status LinkSim::Impl::Open() {
     return s;
   for (size_t k = 0; k < relays.size(); ++k) // after the timer's tag
     add(relays[k]->fd, listen_fds.size() + 2 + k);
+  if (absl::Status s = OpenCast(); !s.ok())
+    return s;
+  if (cast) // after the relays
+    add(cast->fd, listen_fds.size() + 2 + relays.size());
   return absl::OkStatus();
 }
 
@@ -454,6 +544,10 @@ void LinkSim::Impl::ArmTimer() {
   for (const auto &r : relays)
     if (!r->queue.empty() && (next == 0 || r->queue.front().release < next))
       next = r->queue.front().release;
+  if (cast)
+    for (const auto &q : cast->queues)
+      if (!q.empty() && (next == 0 || q.front().release < next))
+        next = q.front().release;
   if (next == armed)
     return;
   armed = next;
@@ -491,6 +585,8 @@ void LinkSim::Impl::Loop() {
         Accept(size_t(tag));
       } else if (tag > timer_tag && tag - timer_tag - 1 < relays.size()) {
         ReadDatagrams(*relays[tag - timer_tag - 1], now);
+      } else if (cast && tag == timer_tag + 1 + relays.size()) {
+        ReadCast(now);
       } else {
         const Tag *t = static_cast<const Tag *>(events[i].data.ptr);
         if (events[i].events & EPOLLOUT)
@@ -503,6 +599,7 @@ void LinkSim::Impl::Loop() {
       for (int s = 0; s < 2; ++s)
         Flush(*c, s, NowNs());
     FlushDatagrams(NowNs());
+    FlushCast(NowNs());
     // Finished connections are closed here, so a long run holds only its
     // live ones; the rest wait for their next event. Their sockets leave
     // the epoll set first: a fork elsewhere in the process (a tool started
@@ -535,6 +632,11 @@ LinkSim::Start(const LinkSimOptions &options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "linksim: ", options.peer_datagram_ports.size(),
         " peer datagram ports for ", options.backends.size(), " ducks"));
+  if (!options.cast_ports.empty() &&
+      options.cast_ports.size() != options.backends.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linksim: ", options.cast_ports.size(), " cast ports for ",
+        options.backends.size(), " ducks"));
   if (!options.peer_backends.empty() &&
       options.peer_backends.size() != options.backends.size())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -574,6 +676,14 @@ LinkSim::peer_datagram_relays() const {
   return impl_->relay_ports;
 }
 
+uint16_t LinkSim::cast_relay_port() const {
+  return impl_->cast ? impl_->cast->port : 0;
+}
+
+uint64_t LinkSim::cast_bytes_from_host() const {
+  return impl_->cast_from_host.load();
+}
+
 std::vector<LinkSimDuckStats> LinkSim::stats() const {
   std::vector<LinkSimDuckStats> s(impl_->ports.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -582,6 +692,7 @@ std::vector<LinkSimDuckStats> LinkSim::stats() const {
     s[i].connections = impl_->conns[i].load();
     s[i].bytes_to_peers = impl_->peer_out[i].load();
     s[i].bytes_from_peers = impl_->peer_in[i].load();
+    s[i].cast_bytes_to_duck = impl_->cast_to[i].load();
   }
   return s;
 }
@@ -596,6 +707,7 @@ void LinkSim::Stop() {
   m.loop.join();
   m.live.clear(); // closes every connection's sockets
   m.relays.clear();
+  m.cast.reset();
   for (int fd : m.listen_fds)
     close(fd);
   for (int fd : {m.wake[0], m.wake[1], m.epoll_fd, m.timer_fd})
@@ -616,7 +728,10 @@ const char *LinkSimModelText() {
          "a duck-to-duck byte passes the sender's link and the receiver's "
          "(one switch);\n"
          "the mesh's UDP datagrams too, each through a relay port for its "
-         "pair of ducks.\n"
+         "pair of ducks;\n"
+         "the host's cast datagrams through one relay port: the host's "
+         "port carries each\n"
+         "once, every duck's link a copy (a switch's multicast).\n"
          "Does not model: TCP's own congestion control and windows (they "
          "run over\n"
          "loopback underneath), loss, jitter, switch buffers (no drops; a "

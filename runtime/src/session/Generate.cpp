@@ -468,6 +468,15 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   sj["ducks"] = ses.ducks();
   sj["persistent"] = ses.persistent();
   sj["recoveries"] = ses.runner().recoveries();
+  {
+    // Cast steps (a multicast plan with a cast address): the steps whose
+    // input went out once, and the ducks sent one again plainly.
+    const CastStats cs = ses.client().cast_stats();
+    sj["cast_steps"] = cs.steps;
+    sj["cast_resent"] = cs.resent;
+    sj["cast_datagram_bytes"] = cs.datagram_bytes;
+    sj["cast_ducks_off"] = cs.ducks_off;
+  }
   sj["duck_kernel_gparam_s"] = s->gparam_s;
   if (run.spec.verify_steps)
     sj["speculative"] = {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 
 #include <algorithm>
+#include <arpa/inet.h>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
 
@@ -313,9 +316,14 @@ uint64_t MemAvailableBytes() {
 }
 
 namespace {
+/// The multicast group of local clusters (organisation-local scope).
+constexpr const char *kLocalCastGroup = "239.77.0.1";
+
 /// The cluster file's ducks (as many as the plan's tp), spares, token and
-/// link bandwidth, into the client options and the session's fields.
+/// link bandwidth, and with a multicast plan its cast address, into the
+/// client options and the session's fields.
 absl::Status UseClusterFile(const std::string &file, uint32_t tp,
+                            bool multicast, std::ostream &log,
                             DuckClientOptions &co,
                             std::vector<DuckEndpoint> &spares,
                             double &readGbs) {
@@ -331,7 +339,35 @@ absl::Status UseClusterFile(const std::string &file, uint32_t tp,
   spares = c->spares;
   co.token = c->token;
   readGbs = c->bandwidth_gbs;
+  if (multicast && c->cast_address.empty())
+    log << "duckrun: warning: the plan casts its steps (duckc --fanout "
+           "multicast) but cluster file '"
+        << file
+        << "' has no \"cast\" address: every step goes to each duck\n";
+  if (multicast && !c->cast_address.empty()) {
+    co.cast_address = c->cast_address;
+    co.cast_port = c->cast_port;
+    co.cast_interface = c->cast_interface;
+  }
   return absl::OkStatus();
+}
+
+/// The port a local cluster's multicast group uses: one no UDP socket of
+/// this machine holds now (0 when none could be found).
+uint16_t FreeUdpPort() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
 
 /// A local embedded cluster of tp ducks, sized to this machine's cores and
@@ -368,9 +404,20 @@ StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
         absl::StrCat("cannot create the duck cache directory '", lc.log_dir,
                      "': ", ec.message()));
   lc.duckd_path = o.duckd_path;
+  // A multicast plan: the local ducks join a group on loopback, on a port
+  // of this cluster's own.
+  const uint16_t castPort = def.fanout_multicast() ? FreeUdpPort() : 0;
+  if (castPort) {
+    lc.extra_args = {"--cast", absl::StrCat(kLocalCastGroup, ":", castPort)};
+    co.cast_address = kLocalCastGroup;
+    co.cast_port = castPort;
+    co.cast_interface = "127.0.0.1";
+  }
   if (!o.quiet)
-    log << absl::StrFormat("duckrun: starting %u local ducks x %u cores\n",
-                           tp, lc.cores);
+    log << absl::StrFormat("duckrun: starting %u local ducks x %u cores%s\n",
+                           tp, lc.cores,
+                           castPort ? ", steps cast to a multicast group"
+                                    : "");
   DUCK_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> local,
                         LocalCluster::Start(lc));
   if (!o.quiet && local->slot() > 0)
@@ -536,7 +583,8 @@ absl::Status Session::Start(std::ostream &log) {
   co_.persistent = o.persistent;
   if (!o.cluster_file.empty()) {
     DUCK_RETURN_IF_ERROR(
-        UseClusterFile(o.cluster_file, tp, co_, spares_, duck_read_gbs_));
+        UseClusterFile(o.cluster_file, tp, def.fanout_multicast(), log, co_,
+                       spares_, duck_read_gbs_));
   } else {
     DUCK_ASSIGN_OR_RETURN(local_, StartLocalDucks(o, def, log, co_));
   }
@@ -552,6 +600,10 @@ absl::Status Session::Start(std::ostream &log) {
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
   co_.reply_spin = absl::Microseconds(std::max(0, o.reply_spin_us));
   co_.step_timeout = absl::Milliseconds(std::max(1u, o.step_timeout_ms));
+  // The loss tests: cast datagrams left unsent, so that the ducks miss
+  // batches and are sent those steps plainly.
+  if (const char *d = std::getenv("DUCK_TEST_CAST_DROP_EVERY"))
+    co_.cast_drop_every = uint32_t(std::max(0, std::atoi(d)));
   DUCK_ASSIGN_OR_RETURN(client_, DuckClient::Create(co_));
 
   for (uint32_t r = 0; r < tp; ++r)

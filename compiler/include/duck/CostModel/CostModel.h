@@ -92,25 +92,30 @@ struct ClusterModel {
   double hostLinkGbps = 0;
   std::vector<double> duckLinkGbps; // rank order; empty: none known
   double latencyUs = 0;
-  /// How a step reaches the ducks: `unicast` (what the runtime does: the
-  /// host sends each duck its own copy) or `relay`, MODELLED ONLY (the
+  /// How a step reaches the ducks: `unicast` (the host sends each duck its
+  /// own copy), `multicast` (built: cast steps, below) or `relay`,
+  /// MODELLED ONLY (the
   /// runtime does not relay; duckc refuses to write a plan with it): the
   /// host sends relayHostFanout copies (1: one send a step) to the first
   /// ducks, each duck forwards the whole frame to relayFanout children over
   /// its own link, and the replies come back up the same tree, partial sums
   /// reduced at each duck (in a fixed order: its own, then its children's
   /// in order), row-split outputs gathered. See cost::relayWire.
-  /// `multicast`, MODELLED ONLY too: the host sends one copy a step and
-  /// the switch gives every duck its own (IP multicast on one switch: the
+  /// `multicast`: the host sends a step's IB once as datagrams and the
+  /// switch gives every duck its own (IP multicast on one switch: the
   /// host's port carries it once, each duck's link at its rate, cut
-  /// through); a step whose ducks get different inputs (an output step by
-  /// heads) is sent as unicast. The replies come back as unicast's, or
-  /// with `reduceTree` up the relay tree (relayHostFanout,
-  /// relayFanout, relayChunkBytes), partial sums reduced on the way (rows
-  /// to gather still straight to the host).
+  /// through), each duck its small step_cast frame (duck_rt/cast.h; the
+  /// plan's fanout_multicast); a step whose ducks get different inputs
+  /// (an output step by heads) is sent as unicast. The replies come back
+  /// as unicast's, or with `reduceTree` (MODELLED ONLY) up the relay tree
+  /// (relayHostFanout, relayFanout, relayChunkBytes), partial sums reduced
+  /// on the way (rows to gather still straight to the host).
   enum class Fanout { unicast, relay, multicast };
   Fanout fanout = Fanout::unicast;
   bool reduceTree = false;
+  /// Fanout::multicast: a cast datagram's UDP payload, its header
+  /// included (the runtime's DuckClientOptions::cast_datagram_bytes).
+  double castDatagramBytes = 1432;
   int64_t relayFanout = 2, relayHostFanout = 1;
   /// The relay's forwarding unit: 0, whole frames (store and forward: a
   /// duck forwards once it holds the frame); else pieces of this many
@@ -487,11 +492,18 @@ StepWire stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
 StepWire relayWire(const ClusterModel &c, double in, double headerBytes,
                    const std::vector<double> &payloadBytes, bool sums);
 
-/// Fanout::multicast (MODELLED ONLY): the host's port carries one copy of
-/// `in` and every duck's link its own at the same time (cut-through):
-/// duck r has its input at max(in / H, in / D_r). The replies (`header`
-/// plus payloadBytes[r]) as unicastWire's, or with reduceTree up the
-/// relay tree as relayWire's.
+/// An IB of `ib` bytes as cast datagrams of `datagramBytes` of UDP
+/// payload each (duck_rt/cast.h): the IB and a 24-byte header a datagram.
+double castBytes(double ib, double datagramBytes);
+
+/// Fanout::multicast, what the runtime's cast steps do (duck_rt/cast.h):
+/// the host's port carries the IB of `in` (a step frame's bytes) once as
+/// datagrams (castBytes) and then every duck's 96-byte step_cast frame in
+/// rank order; every duck's link carries the datagrams and its frame at
+/// the same time (cut-through): duck r has its input at
+/// max((C + 96 (r + 1)) / H, (C + 96) / D_r). The replies (`header` plus
+/// payloadBytes[r]) as unicastWire's, or with reduceTree (MODELLED ONLY)
+/// up the relay tree as relayWire's.
 StepWire multicastWire(const ClusterModel &c, double in, double headerBytes,
                        const std::vector<double> &payloadBytes, bool sums);
 

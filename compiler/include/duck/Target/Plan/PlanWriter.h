@@ -30,6 +30,7 @@ struct PlanWriteOptions {
   bool wireOutBf16 = false; // PlanDef.wire_out_bf16
   bool wireQ8 = false;      // PlanDef.wire_x_q8
   bool wireOutQ8 = false;   // PlanDef.wire_out_q8
+  bool multicast = false;   // PlanDef.fanout_multicast
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
   /// Set by the caller (Ctrl-C) to stop: the write fails with

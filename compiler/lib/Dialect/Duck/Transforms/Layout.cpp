@@ -829,7 +829,7 @@ void addFanoutJson(const ClusterModel &c, llvm::json::Object &o) {
                 : c.fanout == ClusterModel::Fanout::multicast
                     ? (c.reduceTree ? "multicast, reduced up a tree "
                                       "(modelled only)"
-                                    : "multicast (modelled only)")
+                                    : "multicast")
                     : "unicast";
   o["relay_fanout"] = c.relayFanout;
   o["relay_host_fanout"] = c.relayHostFanout;

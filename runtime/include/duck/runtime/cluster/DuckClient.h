@@ -59,6 +59,30 @@ struct DuckClientOptions {
   absl::Duration reply_spin = absl::ZeroDuration();
   uint64_t max_payload = DUCKD_DEFAULT_MAX_PAYLOAD;
   uint64_t prepare_chunk_bytes = 8ull << 20;
+  /// Cast steps (duck_rt/cast.h, docs/protocol.md "Cast steps"): a step
+  /// whose IB is the same for every duck, of at most cast_max_ib_bytes,
+  /// goes out once as UDP datagrams to cast_address:cast_port (the ducks'
+  /// multicast group, or the link simulator's relay), each duck getting a
+  /// small step_cast frame over its connection; a duck that did not get the
+  /// whole batch is sent the step again plainly, and one that misses
+  /// cast_give_up steps in a row gets plain steps from then on. Empty
+  /// address: every step goes to each duck over its connection.
+  std::string cast_address;
+  uint16_t cast_port = 0;
+  std::string cast_interface;       // IP_MULTICAST_IF (empty: the route's)
+  uint32_t cast_datagram_bytes = 1432; // UDP payload, header included
+  uint64_t cast_max_ib_bytes = 64 << 10;
+  uint32_t cast_give_up = 8;
+  uint32_t cast_drop_every = 0; // for the loss tests: datagrams not sent
+};
+
+/// What the cast path did over a client's life.
+struct CastStats {
+  uint64_t steps = 0;         // steps whose IB went out as one batch
+  uint64_t datagram_bytes = 0; // UDP payload sent, headers included
+  uint64_t resent = 0;        // ducks sent a cast step again plainly
+  uint64_t dropped = 0;       // datagrams not sent on purpose (drop_every)
+  uint32_t ducks_off = 0;     // ducks given plain steps after misses
 };
 
 /// What a duck said at hello.
@@ -88,7 +112,8 @@ struct StepMetrics {
   double duck_max_us = 0;   // slowest duck's slowest core inside the ELF
   double judge_gap_us = 0;  // judge_wait - duck_max
   double judge_ratio = 0;   // judge_wait / duck_max
-  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0; // cast datagrams included
+  bool cast = false; // the IB went out as one batch of datagrams
 };
 
 struct PrepareProgress {
@@ -174,6 +199,9 @@ public:
                     std::vector<DuckOutput> *out_outputs,
                     StepMetrics *out_metrics = nullptr,
                     const std::function<void()> &after_send = nullptr);
+
+  /// The cast path's counts (all zero without a cast address).
+  CastStats cast_stats() const;
 
   /// Closes the sessions (kept connections stay usable for a new Open).
   absl::Status Close();

@@ -23,7 +23,12 @@
 //   - with peer_datagram_ports, the mesh's UDP datagrams too: duck i sends
 //     duck j's to a relay port of its own for that pair, and each datagram
 //     (its UDP payload's bytes) passes the same two links and is sent on
-//     whole, in order, from the relay.
+//     whole, in order, from the relay;
+//   - with cast_ports, the host's cast datagrams (duck_rt/cast.h): the
+//     host sends each one once to the cast relay port; it passes the
+//     host's port (outbound) once and then every duck's link (inbound),
+//     and a copy is sent on to each duck's cast port: a switch's IP
+//     multicast, cut through, the host's port carrying it once.
 // Not modelled: TCP's own congestion control and windows run over loopback
 // underneath (only the release times are shaped), no loss, no jitter, no
 // switch buffers (a queue grows without drops, bounded by queue_bytes per
@@ -56,6 +61,9 @@ struct LinkSimOptions {
   std::vector<DuckEndpoint> peer_backends;
   /// Duck j's datagram socket (a port on 127.0.0.1); empty: no relays.
   std::vector<uint16_t> peer_datagram_ports;
+  /// Duck j's cast socket (duckd --cast 127.0.0.1:0's port); empty: no
+  /// cast relay.
+  std::vector<uint16_t> cast_ports;
 };
 
 struct LinkSimDuckStats {
@@ -63,6 +71,7 @@ struct LinkSimDuckStats {
   uint64_t bytes_from_duck = 0;
   uint64_t connections = 0;
   uint64_t bytes_to_peers = 0, bytes_from_peers = 0; // the mesh's
+  uint64_t cast_bytes_to_duck = 0; // the cast datagrams' copies
 };
 
 class LinkSim {
@@ -79,6 +88,10 @@ public:
   /// With peer_datagram_ports: the relay port duck i sends its datagrams
   /// for duck j to, at [i][j] (i != j).
   const std::vector<std::vector<uint16_t>> &peer_datagram_relays() const;
+  /// With cast_ports: the port the host sends its cast datagrams to.
+  uint16_t cast_relay_port() const;
+  /// The cast datagrams' bytes through the host's port (each once).
+  uint64_t cast_bytes_from_host() const;
   std::vector<LinkSimDuckStats> stats() const;
   /// Closes the listeners and every connection, joins every thread.
   void Stop();

@@ -1,0 +1,141 @@
+// A step's IB sent once to every duck: the host's side (CastSender: the IB
+// cut into UDP datagrams, all sent with one sendmmsg to the ducks' cast
+// address) and the duck's (CastReceiver: a batch's datagrams taken from the
+// cast socket into the session's IB), with the socket duckd listens on
+// (OpenCastSocket) and the digest that ties a batch to its step frame
+// (docs/protocol.md, "Cast steps"; duckd_step_cast_request).
+//
+// The cast address is an IP multicast group (the switch gives every duck
+// its copy; on one box the kernel does) or, for the link simulator, a relay
+// port that copies each datagram to every duck's own port. Nothing here
+// recovers a lost datagram: a batch that is not whole answers
+// DUCKD_ERR_CAST_MISSED and the host sends that duck the step again as a
+// plain step over its connection.
+#ifndef DUCK_RT_CAST_H
+#define DUCK_RT_CAST_H
+
+#include "duck_rt/duckd_protocol.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace duck::duckd {
+
+/// A batch's shape: `datagrams` datagrams of `datagram_bytes` of the IB
+/// each (the last one the rest).
+struct CastShape {
+  uint32_t datagrams = 0;
+  uint32_t datagram_bytes = 0;
+};
+
+/// The shape of an IB of `ib_bytes` cut for datagrams of at most
+/// `datagram_limit` bytes of UDP payload, the 24-byte header included.
+/// Errors: a limit outside [25, 65507] or an IB of 0 bytes or of more
+/// than 2^32 - 1 datagrams.
+absl::StatusOr<CastShape> CastShapeFor(uint64_t ib_bytes,
+                                       uint32_t datagram_limit);
+
+/// The digest the step frame carries: XXH3-64 of the IB (little-endian, in
+/// the first 8 bytes, the rest zero) when `keyed` is false; SHA-256 when
+/// the connection is keyed (its sealed frame then vouches for the IB).
+void CastDigest(absl::Span<const uint8_t> ib, bool keyed,
+                uint8_t out[DUCKD_CAST_DIGEST_BYTES]);
+
+/// Makes the SHA-256 implementation ready (a process about to confine
+/// itself: the duckd worker).
+void WarmUpCastDigest();
+
+/// true when `address` (dotted IPv4) is a multicast group (224.0.0.0/4).
+bool IsMulticastAddress(const std::string &address);
+
+struct CastSocket {
+  int fd = -1;
+  uint16_t port = 0; // the port bound (useful with port 0)
+};
+/// duckd's cast socket: a UDP socket bound to address:port (0: a free
+/// one). A multicast group is joined on `interface_address` (the address
+/// the duck serves on; empty: the kernel's choice), with SO_REUSEADDR so
+/// that several duckd's on one box share the group's port; any other
+/// address is bound as a plain unicast port. The receive buffer is asked
+/// for 4 MiB (the kernel caps it at net.core.rmem_max).
+absl::StatusOr<CastSocket> OpenCastSocket(const std::string &address,
+                                          uint16_t port,
+                                          const std::string &interface_address);
+
+struct CastSenderOptions {
+  std::string address; // the group, or a relay's address
+  uint16_t port = 0;
+  /// Where multicast leaves (IP_MULTICAST_IF; empty: the kernel's route).
+  std::string interface_address;
+  /// A datagram's UDP payload, the header included (1432: an IPv4 packet
+  /// within a 1500-byte MTU).
+  uint32_t datagram_bytes = 1432;
+  /// For the loss tests: every this many datagrams one is not sent (0:
+  /// none).
+  uint32_t drop_every = 0;
+};
+
+class CastSender {
+public:
+  static absl::StatusOr<std::unique_ptr<CastSender>>
+  Open(const CastSenderOptions &options);
+  ~CastSender();
+  CastSender(const CastSender &) = delete;
+  CastSender &operator=(const CastSender &) = delete;
+
+  /// Sends `ib` as batch `cast_id` (one sendmmsg, retried while the socket
+  /// buffer is full); returns its shape.
+  absl::StatusOr<CastShape> Send(uint64_t cast_id,
+                                 absl::Span<const uint8_t> ib);
+  /// UDP payload bytes sent, headers included; datagrams dropped on
+  /// purpose (drop_every).
+  uint64_t bytes_sent() const { return sent_; }
+  uint64_t dropped() const { return dropped_; }
+  uint32_t datagram_bytes() const { return opt_.datagram_bytes; }
+
+private:
+  explicit CastSender(const CastSenderOptions &options) : opt_(options) {}
+  CastSenderOptions opt_;
+  int fd_ = -1;
+  uint64_t sent_ = 0, dropped_ = 0, counter_ = 0;
+  std::vector<duckd_cast_datagram> headers_; // reused a batch
+};
+
+/// What a CastReceiver saw over its life.
+struct CastReceiverStats {
+  uint64_t batches = 0, missed = 0;
+  uint64_t datagrams = 0;      // of the batches asked for
+  uint64_t stale = 0;          // of other batches, dropped
+  uint64_t malformed = 0;      // wrong magic, size or shape, dropped
+};
+
+class CastReceiver {
+public:
+  /// `fd`: the cast socket (not owned, non-blocking reads are asked per
+  /// call).
+  explicit CastReceiver(int fd);
+
+  /// Takes batch `cast_id` (`shape`, `ib_bytes` in all) into `ib` until
+  /// every datagram is in: true then; false when `wait_ns` passed first
+  /// (from the call), spinning on the socket for the first `spin_ns`, then
+  /// sleeping in poll. Datagrams of other batches, or that do not fit the
+  /// shape, are dropped. `ib` must hold ib_bytes.
+  bool Take(uint64_t cast_id, const CastShape &shape, uint64_t ib_bytes,
+            uint8_t *ib, uint64_t wait_ns, uint64_t spin_ns);
+  const CastReceiverStats &stats() const { return stats_; }
+
+private:
+  int fd_;
+  std::vector<uint8_t> buf_, have_;
+  CastReceiverStats stats_;
+};
+
+} // namespace duck::duckd
+
+#endif // DUCK_RT_CAST_H
