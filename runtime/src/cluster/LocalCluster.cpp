@@ -148,6 +148,7 @@ LocalCluster::Start(const LocalClusterOptions &options) {
   c->pids_.assign(options.ducks, -1);
   c->endpoints_.resize(options.ducks);
   c->mesh_endpoints_.resize(options.ducks);
+  c->cast_ports_.resize(options.ducks);
   for (size_t i = 0; i < options.ducks; ++i)
     if (absl::Status s = c->StartOne(i); !s.ok())
       return s; // the destructor stops the ones already running
@@ -300,10 +301,11 @@ uint16_t ReadListening(int fd, absl::Time deadline, std::string *text,
   return port;
 }
 
-/// The port of "duckd: mesh on HOST:PORT" in what a starting duckd said
-/// (duckd prints it before its listening line; 0 without --mesh-port).
-uint16_t MeshPort(const std::string &text) {
-  const std::string key = "duckd: mesh on ";
+/// The port of "duckd: <what> on HOST:PORT" in what a starting duckd said
+/// (duckd prints its mesh and cast lines before its listening line; 0
+/// without --mesh-port or --cast).
+uint16_t AnnouncedPort(const std::string &text, const char *what) {
+  const std::string key = absl::StrCat("duckd: ", what, " on ");
   const size_t at = text.find(key);
   const size_t eol = at == std::string::npos ? at : text.find('\n', at);
   if (eol == std::string::npos)
@@ -368,7 +370,8 @@ absl::Status LocalCluster::StartOne(size_t i) {
   }
   endpoints_[i].host = host;
   endpoints_[i].port = port;
-  mesh_endpoints_[i] = {host, MeshPort(text)};
+  mesh_endpoints_[i] = {host, AnnouncedPort(text, "mesh")};
+  cast_ports_[i] = AnnouncedPort(text, "cast");
   // Ready when it answers hello.
   absl::Status last;
   while (absl::Now() < deadline) {

@@ -53,6 +53,9 @@ struct ClusterBenchOptions {
   /// The wire's activations and answers: "f32", "bf16" or "q8" (duckc's
   /// --wire-activations and --wire-results both).
   std::string wire = "f32";
+  /// "unicast" or "multicast" (duckc --fanout): with multicast the ducks
+  /// get cast sockets and the simulator relays the host's datagrams.
+  std::string fanout = "unicast";
   bool json = false;
   std::string work_dir; // default: a temporary directory, removed after
   bool keep = false;
@@ -68,7 +71,10 @@ void PrintUsage(FILE *out) {
       "  [--repeat R (1: runs of each kind, alternating; the median TPOT's\n"
       "  run is reported)] [--json]\n"
       "  [--attention host|ducks|absorbed (host)] [--wire f32|bf16|q8 (f32:\n"
-      "  duckc's --wire-activations and --wire-results)] [--work-dir D (kept)]\n\n"
+      "  duckc's --wire-activations and --wire-results)] [--work-dir D (kept)]\n"
+      "  [--fanout unicast|multicast (unicast: duckc's --fanout; multicast:\n"
+      "  every duck a cast socket, the simulator's cast relay a switch's\n"
+      "  multicast)]\n\n"
       "A DeepSeek-V3.2-shaped checkpoint (hidden 7168, L layers, one dense;\n"
       "4 heads, q/kv LoRA 64, N routed experts of intermediate 32, top 2,\n"
       "a shared one, vocabulary 512), compiled for N ducks (whole experts a\n"
@@ -113,6 +119,8 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       o->attention = v;
     else if ((v = ArgValue(argc, argv, &i, "--wire")))
       o->wire = v;
+    else if ((v = ArgValue(argc, argv, &i, "--fanout")))
+      o->fanout = v;
     else if ((v = ArgValue(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
@@ -123,6 +131,8 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       o->attention != "absorbed")
     return false;
   if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8")
+    return false;
+  if (o->fanout != "unicast" && o->fanout != "multicast")
     return false;
   return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
          o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
@@ -148,6 +158,8 @@ std::string CompileFlags(const ClusterBenchOptions &o) {
     f += " --mla-absorb ducks";
   if (o.wire != "f32")
     f += " --wire-activations " + o.wire + " --wire-results " + o.wire;
+  if (o.fanout != "unicast")
+    f += " --fanout " + o.fanout;
   return f;
 }
 
@@ -186,7 +198,8 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
 /// (the simulator's ports; none yet when `ports` is empty).
 bool WriteClusterFile(const std::string &path, uint32_t ducks,
                       const std::vector<uint16_t> &ports, double host_gbps,
-                      double duck_gbps, double latency_us) {
+                      double duck_gbps, double latency_us,
+                      uint16_t cast_port = 0) {
   nlohmann::json j;
   j["ducks"] = nlohmann::json::array();
   for (uint32_t i = 0; i < ducks; ++i)
@@ -200,6 +213,8 @@ bool WriteClusterFile(const std::string &path, uint32_t ducks,
     j["duck_link_gbps"] = duck_gbps;
   if (latency_us > 0)
     j["latency_us"] = latency_us;
+  if (cast_port)
+    j["cast"] = "127.0.0.1:" + std::to_string(cast_port);
   std::ofstream f(path);
   f << j.dump(1) << "\n";
   return bool(f);
@@ -326,6 +341,7 @@ nlohmann::json ProbeLatency(double host_gbps, double duck_gbps,
 struct Pass {
   nlohmann::json summary;
   uint64_t to_ducks = 0, from_ducks = 0;
+  uint64_t cast_from_host = 0; // the cast datagrams, once each
 };
 
 /// One duckrun through a fresh simulator with the given links (rates
@@ -339,6 +355,8 @@ bool RunPass(const ClusterBenchOptions &o, const std::string &bin,
   lo.host_link_gbps = host_gbps;
   lo.duck_link_gbps = duck_gbps;
   lo.latency_us = latency_us;
+  if (o.fanout == "multicast")
+    lo.cast_ports = ducks.cast_ports();
   auto sim = LinkSim::Start(lo);
   if (!sim.ok()) {
     std::fprintf(stderr, "duck-bench cluster: %s\n",
@@ -348,7 +366,7 @@ bool RunPass(const ClusterBenchOptions &o, const std::string &bin,
   const std::string file = dir + "/run-" + name + ".json";
   const std::string summary = dir + "/summary-" + name + ".json";
   if (!WriteClusterFile(file, o.ducks, (*sim)->ports(), host_gbps, duck_gbps,
-                        latency_us))
+                        latency_us, (*sim)->cast_relay_port()))
     return false;
   std::ostringstream cmd;
   cmd << ShellQuote(bin + "/duckrun") << " " << ShellQuote(dir + "/plan")
@@ -362,6 +380,7 @@ bool RunPass(const ClusterBenchOptions &o, const std::string &bin,
     out->to_ducks += s.bytes_to_duck;
     out->from_ducks += s.bytes_from_duck;
   }
+  out->cast_from_host = (*sim)->cast_bytes_from_host();
   out->summary = ReadJson(summary);
   return ok && out->summary.contains("tpot_ms");
 }
@@ -427,7 +446,11 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   r["predicted_network_ms_at_measured_latency"] = atProbe;
   r["network_ratio_at_measured_latency"] =
       atProbe > 0 ? (tpot - baseTpot) / atProbe : 0;
+  r["fanout"] = o.fanout;
   r["shaped_run_bytes_to_ducks"] = shaped.to_ducks;
+  r["shaped_run_cast_bytes_from_host"] = shaped.cast_from_host;
+  r["shaped_cast_steps"] = Num(shaped.summary, "cast_steps");
+  r["shaped_cast_resent"] = Num(shaped.summary, "cast_resent");
   r["shaped_run_bytes_from_ducks"] = shaped.from_ducks;
   r["shaped_decode_steps"] = Num(shaped.summary, "decode_steps");
   // Where the time went in each run (duckrun's decode breakdown): the
@@ -527,6 +550,8 @@ int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
   // No idle re-hashing of the weights: on a small box it would take the
   // CPU from the steps of the run it is idle in.
   co.extra_args = {"--scrub-mbps", "0"};
+  if (o.fanout == "multicast") // each duck a port the simulator relays to
+    co.extra_args.insert(co.extra_args.end(), {"--cast", "127.0.0.1:0"});
   auto ducks = duck::runtime::LocalCluster::Start(co);
   if (!ducks.ok()) {
     std::fprintf(stderr, "duck-bench cluster: %s\n",

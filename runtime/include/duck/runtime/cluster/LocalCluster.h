@@ -64,6 +64,8 @@ public:
   const std::vector<DuckEndpoint> &mesh_endpoints() const {
     return mesh_endpoints_;
   }
+  /// Each duck's cast socket port (0 unless extra_args gave duckd --cast).
+  const std::vector<uint16_t> &cast_ports() const { return cast_ports_; }
   pid_t pid(size_t duck) const { return pids_[duck]; }
   const std::string &cache_dir() const { return cache_dir_; }
   /// The slot this cluster claimed (claim_slot; 0 otherwise).
@@ -95,6 +97,7 @@ private:
   bool own_cache_dir_ = false;
   std::vector<pid_t> pids_;
   std::vector<DuckEndpoint> endpoints_, mesh_endpoints_;
+  std::vector<uint16_t> cast_ports_;
   int slot_fd_ = -1; // the claimed slot's lock (claim_slot)
   int slot_ = 0;
 };
