@@ -29,6 +29,7 @@ const char *const kAlways[] = {
     "writev",
     "recvfrom",
     "recvmsg",
+    "recvmmsg",
     "sendto",
     "sendmsg",
     "poll",

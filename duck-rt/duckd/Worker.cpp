@@ -554,15 +554,19 @@ std::string CastRequestProblem(const WorkerSide &w,
 }
 
 /// Session worker, core 0: serves one STEP_CAST frame whose header is
-/// read: its request from the connection, its IB from the cast socket.
+/// read (with its request, when `preread`): its request from the
+/// connection, its IB from the cast socket.
 /// Returns false when the connection is no longer usable (handed back).
 bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h,
-                   duck_info &info, FrameCheck &check) {
+                   duck_info &info, FrameCheck &check,
+                   const duckd_step_cast_request *preread) {
   const WorkerConfig &cfg = *w->cfg;
   const absl::Time deadline = absl::Now() + cfg.io_timeout;
   check.Begin(h, &w->ctl->keys);
   duckd_step_cast_request r{};
-  if (h.payload_bytes != sizeof r) {
+  if (preread) {
+    r = *preread;
+  } else if (h.payload_bytes != sizeof r) {
     if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {
       HandBack(w, Handback::kDrop, nullptr, "truncated step_cast");
       return false;
@@ -572,8 +576,8 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h,
     return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
                      absl::StrCat("step_cast of ", h.payload_bytes,
                                   " bytes (its request is ", sizeof r, ")"));
-  }
-  if (absl::Status s = ReadFull(cfg.conn_fd, &r, sizeof r, deadline); !s.ok()) {
+  } else if (absl::Status s = ReadFull(cfg.conn_fd, &r, sizeof r, deadline);
+             !s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("truncated step_cast: ", s.message()));
     return false;
@@ -649,6 +653,21 @@ void ServeConnection(WorkerSide *w) {
         holding = ServeStep(w, h, info, check, &r);
         continue;
       }
+      // The same for a cast step: header and request in one read.
+      if (h.type == DUCKD_MSG_STEP_CAST && h.flags == 0 &&
+          h.payload_bytes == sizeof(duckd_step_cast_request) &&
+          ValidateHeader(h, cfg.max_payload).ok()) {
+        duckd_step_cast_request r;
+        const MutablePart parts[] = {{&h, sizeof h}, {&r, sizeof r}};
+        absl::Status s = ReadFullV(fd, parts, deadline);
+        if (!s.ok()) {
+          HandBack(w, Handback::kDrop, nullptr,
+                   absl::StrCat("truncated step_cast: ", s.message()));
+          break;
+        }
+        holding = ServeCastStep(w, h, info, check, &r);
+        continue;
+      }
       absl::Status s = ReadFull(fd, &h, sizeof h, deadline);
       if (!s.ok()) {
         HandBack(w, Handback::kDrop, nullptr,
@@ -657,7 +676,7 @@ void ServeConnection(WorkerSide *w) {
       }
       if (h.type == DUCKD_MSG_STEP_CAST && h.flags == 0 &&
           ValidateHeader(h, cfg.max_payload).ok()) {
-        holding = ServeCastStep(w, h, info, check);
+        holding = ServeCastStep(w, h, info, check, nullptr);
         continue;
       }
       if (!plainStep(h)) {

@@ -244,7 +244,7 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
   return *shape;
 }
 
-CastReceiver::CastReceiver(int fd) : fd_(fd), buf_(DUCKD_CAST_MAX_DATAGRAM) {}
+CastReceiver::CastReceiver(int fd) : fd_(fd) {}
 
 bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
                         uint64_t ib_bytes, uint8_t *ib, uint64_t wait_ns,
@@ -252,16 +252,25 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
   ++stats_.batches;
   have_.assign(shape.datagrams, 0);
   uint32_t missing = shape.datagrams;
+  // Up to kBurst datagrams a call, each into a slot one byte larger than
+  // the shape's datagrams (a longer one is malformed: MSG_TRUNC).
+  constexpr uint32_t kBurst = 64;
+  const size_t slot = kHeader + size_t(shape.datagram_bytes) + 1;
+  buf_.resize(slot * kBurst);
+  iovec iov[kBurst];
+  mmsghdr msgs[kBurst];
   const uint64_t start = NowNs();
   for (uint32_t spins = 0; missing;) {
-    duckd_cast_datagram h;
-    iovec iov[2] = {{&h, kHeader}, {buf_.data(), buf_.size()}};
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = 2;
-    const ssize_t r = ::recvmsg(fd_, &m, MSG_DONTWAIT);
-    if (r < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    const uint32_t want = std::min(missing, kBurst);
+    for (uint32_t k = 0; k < want; ++k) {
+      iov[k] = {buf_.data() + k * slot, slot};
+      msgs[k] = mmsghdr{};
+      msgs[k].msg_hdr.msg_iov = &iov[k];
+      msgs[k].msg_hdr.msg_iovlen = 1;
+    }
+    const int got = ::recvmmsg(fd_, msgs, want, MSG_DONTWAIT, nullptr);
+    if (got <= 0) {
+      if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         break;
       const uint64_t now = NowNs();
       if (now - start >= wait_ns)
@@ -276,31 +285,38 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
       ::poll(&p, 1, int(std::max<uint64_t>(1, left / 1000000)));
       continue;
     }
-    if (size_t(r) < kHeader || h.magic != DUCKD_CAST_MAGIC ||
-        uint64_t(r) != kHeader + uint64_t(h.bytes)) {
-      ++stats_.malformed;
-      continue;
+    for (int k = 0; k < got; ++k) {
+      const uint8_t *d = buf_.data() + size_t(k) * slot;
+      const size_t r = msgs[k].msg_len;
+      duckd_cast_datagram h;
+      if (r >= kHeader)
+        std::memcpy(&h, d, kHeader);
+      if (r < kHeader || (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) ||
+          h.magic != DUCKD_CAST_MAGIC || uint64_t(r) != kHeader + uint64_t(h.bytes)) {
+        ++stats_.malformed;
+        continue;
+      }
+      if (h.cast_id != cast_id) {
+        ++stats_.stale;
+        continue;
+      }
+      const uint64_t off = uint64_t(h.index) * shape.datagram_bytes;
+      const uint64_t expect =
+          h.index < shape.datagrams
+              ? std::min<uint64_t>(shape.datagram_bytes, ib_bytes - off)
+              : 0;
+      if (h.count != shape.datagrams || h.index >= shape.datagrams ||
+          h.bytes != expect) {
+        ++stats_.malformed;
+        continue;
+      }
+      if (have_[h.index])
+        continue; // a duplicate
+      std::memcpy(ib + off, d + kHeader, h.bytes);
+      have_[h.index] = 1;
+      --missing;
+      ++stats_.datagrams;
     }
-    if (h.cast_id != cast_id) {
-      ++stats_.stale;
-      continue;
-    }
-    const uint64_t off = uint64_t(h.index) * shape.datagram_bytes;
-    const uint64_t expect =
-        h.index < shape.datagrams
-            ? std::min<uint64_t>(shape.datagram_bytes, ib_bytes - off)
-            : 0;
-    if (h.count != shape.datagrams || h.index >= shape.datagrams ||
-        h.bytes != expect) {
-      ++stats_.malformed;
-      continue;
-    }
-    if (have_[h.index])
-      continue; // a duplicate
-    std::memcpy(ib + off, buf_.data(), h.bytes);
-    have_[h.index] = 1;
-    --missing;
-    ++stats_.datagrams;
   }
   if (missing)
     ++stats_.missed;
