@@ -3,7 +3,8 @@
 // Timing is checked only from below, where the simulator is exact: the last
 // byte of B bytes through a link of rate R cannot leave before B*8/R, nor a
 // round trip before twice the one-way latency, however loaded the machine.
-// The upper bounds are 20x the expected time (a sanity check, not a rate).
+// The upper bounds are 20x the expected time (a sanity check, not a rate),
+// but for the cast's: 1.5x, to tell one copy through a link from two.
 //===----------------------------------------------------------------------===//
 #include "duck/runtime/cluster/LinkSim.h"
 
@@ -272,6 +273,134 @@ TEST(LinkSimTest, DatagramsPassBothDucksLinksInOrder) {
   EXPECT_EQ(st[0].bytes_to_peers, uint64_t(count * bytes));
   EXPECT_EQ(st[1].bytes_to_peers, uint64_t(count * bytes));
   EXPECT_EQ(st[2].bytes_from_peers, uint64_t(2 * count * bytes));
+}
+
+/// A UDP socket on 127.0.0.1 (a duck's cast socket): its port; reads time
+/// out after 5 s, so a lost datagram fails the test rather than hangs it.
+int UdpReceiver(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
+  EXPECT_EQ(getsockname(fd, (sockaddr *)&a, &len), 0);
+  const int big = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+void SendTo(int fd, uint16_t port, const std::vector<char> &d) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(port);
+  ASSERT_EQ(sendto(fd, d.data(), d.size(), 0, (sockaddr *)&to, sizeof to),
+            ssize_t(d.size()));
+}
+
+// The host's cast datagrams: each one sent once to the relay reaches every
+// duck's cast port whole and in order; the host's port counts it once,
+// each duck's link its copy (and none of it as TCP bytes).
+TEST(LinkSimTest, CastRelayCopiesEachDatagramToEveryDuck) {
+  uint16_t p0 = 0, p1 = 0;
+  int rx0 = UdpReceiver(&p0), rx1 = UdpReceiver(&p1);
+  LinkSimOptions o;
+  o.backends.assign(2, {"127.0.0.1", 1}); // no host traffic
+  o.cast_ports = {p0, p1};
+  auto sim = LinkSim::Start(o);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const uint16_t relay = (*sim)->cast_relay_port();
+  ASSERT_NE(relay, 0);
+  EXPECT_NE(relay, p0);
+  EXPECT_NE(relay, p1);
+  std::vector<std::vector<char>> sent;
+  uint64_t total = 0;
+  int tx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  for (size_t bytes : {1, 1432, 9000, 30000, 1432}) {
+    std::vector<char> d(bytes);
+    for (size_t i = 0; i < bytes; ++i)
+      d[i] = char((i * 7 + sent.size() * 13 + bytes) % 251);
+    SendTo(tx, relay, d);
+    total += bytes;
+    sent.push_back(std::move(d));
+  }
+  for (int rx : {rx0, rx1})
+    for (size_t k = 0; k < sent.size(); ++k) {
+      std::vector<char> d(65536);
+      const ssize_t n = recv(rx, d.data(), d.size(), 0);
+      ASSERT_EQ(n, ssize_t(sent[k].size())) << "datagram " << k;
+      d.resize(size_t(n));
+      EXPECT_EQ(d, sent[k]) << "datagram " << k;
+    }
+  close(tx);
+  close(rx0);
+  close(rx1);
+  EXPECT_EQ((*sim)->cast_bytes_from_host(), total); // once, not per duck
+  (*sim)->Stop();
+  const auto st = (*sim)->stats();
+  ASSERT_EQ(st.size(), 2u);
+  for (const LinkSimDuckStats &d : st) {
+    EXPECT_EQ(d.cast_bytes_to_duck, total);
+    EXPECT_EQ(d.bytes_to_duck, 0u);
+    EXPECT_EQ(d.bytes_from_peers, 0u);
+  }
+}
+
+// Three datagrams of 1250 bytes at 1 Mb/s take 30 ms through one link. The
+// slow host's port carries each once for both ducks (30 ms, not 60); slow
+// duck links each carry their own copy side by side (30 ms, not 60).
+TEST(LinkSimTest, CastPassesTheHostPortOnceAndEachDucksLink) {
+  const int count = 3, bytes = 1250;
+  const double once = count * bytes * 8 / 0.001e9; // 0.03 s
+  for (bool slow_host : {true, false}) {
+    SCOPED_TRACE(slow_host ? "slow host port" : "slow duck links");
+    uint16_t p0 = 0, p1 = 0;
+    int rx0 = UdpReceiver(&p0), rx1 = UdpReceiver(&p1);
+    LinkSimOptions o;
+    o.backends.assign(2, {"127.0.0.1", 1});
+    o.cast_ports = {p0, p1};
+    (slow_host ? o.host_link_gbps : o.duck_link_gbps) = 0.001;
+    auto sim = LinkSim::Start(o);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    int tx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    const auto t0 = Clock::now();
+    for (int k = 0; k < count; ++k)
+      SendTo(tx, (*sim)->cast_relay_port(), std::vector<char>(bytes, char(k)));
+    for (int rx : {rx0, rx1})
+      for (int k = 0; k < count; ++k) {
+        char d[2 * bytes];
+        ASSERT_EQ(recv(rx, d, sizeof d, 0), bytes);
+        EXPECT_EQ(d[0], char(k)); // in order
+      }
+    const double s = Since(t0);
+    EXPECT_GE(s, 0.95 * once);
+    EXPECT_LT(s, 1.5 * once); // two copies through one link: 2x
+    close(tx);
+    close(rx0);
+    close(rx1);
+    EXPECT_EQ((*sim)->cast_bytes_from_host(), uint64_t(count * bytes));
+  }
+}
+
+TEST(LinkSimTest, CastPortsMustMatchTheDucks) {
+  LinkSimOptions o;
+  o.backends.assign(2, {"127.0.0.1", 1});
+  o.cast_ports = {9}; // one for two ducks
+  auto sim = LinkSim::Start(o);
+  ASSERT_FALSE(sim.ok());
+  EXPECT_EQ(sim.status().code(), absl::StatusCode::kInvalidArgument);
+  o.cast_ports = {9, 10, 11};
+  EXPECT_EQ(LinkSim::Start(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.cast_ports.clear(); // none: no relay
+  auto plain = LinkSim::Start(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->cast_relay_port(), 0);
+  EXPECT_EQ((*plain)->stats()[1].cast_bytes_to_duck, 0u);
 }
 
 TEST(LinkSimTest, ARefusingDuckClosesTheHostsConnection) {
