@@ -1,6 +1,7 @@
 //===- ChoosePlan.cpp - duckc compile --tp auto / --explain ---------------===//
 #include "duck/Pipelines/ChoosePlan.h"
 
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -116,9 +117,13 @@ std::vector<Candidate> withMixes(const std::vector<Candidate> &all,
 
 } // namespace
 
-llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
-                                                 const PlanChoice &open,
-                                                 llvm::raw_ostream &out) {
+namespace {
+/// One search over what `open` leaves, with base's fanout; its --explain
+/// text into `out`.
+llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
+                                      const PlanChoice &open,
+                                      llvm::raw_ostream &out) {
+
   const bool hostCosted = base.cluster.cost.hostReadGbs > 0;
   cost::SearchRequest r;
   r.ducks = base.cluster.tp;
@@ -173,5 +178,38 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
                                    cost::noCandidateMessage(all));
   if (open.explain)
     cost::explainChoice(all, *best, r, out);
-  return *best;
+  Candidate chosen = *best;
+  chosen.multicast = base.cluster.cost.fanout == ClusterModel::Fanout::multicast;
+  return chosen;
+}
+} // namespace
+
+llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
+                                                 const PlanChoice &open,
+                                                 llvm::raw_ostream &out) {
+  if (!open.fanoutOpen)
+    return searchPlans(base, open, out);
+  // The cluster file names a cast address and --fanout was not given:
+  // the faster of the two searches, its --explain text shown.
+  CompileOptions uni = base, cast = base;
+  uni.cluster.cost.fanout = ClusterModel::Fanout::unicast;
+  cast.cluster.cost.fanout = ClusterModel::Fanout::multicast;
+  std::string uniText, castText;
+  llvm::raw_string_ostream uniOut(uniText), castOut(castText);
+  llvm::Expected<Candidate> a = searchPlans(uni, open, uniOut);
+  if (!a)
+    return a.takeError();
+  llvm::Expected<Candidate> b = searchPlans(cast, open, castOut);
+  if (!b)
+    return b.takeError();
+  const bool castWins = b->tokS > a->tokS;
+  out << (castWins ? castOut.str() : uniOut.str());
+  if (open.explain)
+    out << llvm::formatv("fanout: {0} ({1:F2} tok/s) over {2} ({3:F2} "
+                         "tok/s): the cluster file names a cast address\n",
+                         castWins ? "multicast" : "unicast",
+                         castWins ? b->tokS : a->tokS,
+                         castWins ? "unicast" : "multicast",
+                         castWins ? a->tokS : b->tokS);
+  return castWins ? std::move(*b) : std::move(*a);
 }

@@ -120,6 +120,14 @@ Error readClusterFormats(const llvm::json::Object &o, StringRef path,
                  "': mesh_transport must be \"tcp\" or \"udp\"");
     cost.meshDatagrams = *s == "udp";
   }
+  if (const llvm::json::Value *t = o.get("cast")) {
+    const std::optional<StringRef> s = t->getAsString();
+    if (!s || !s->contains(':'))
+      return err("cluster file '" + path +
+                 "': cast must be \"ADDR:PORT\" (the ducks' multicast group "
+                 "and port, e.g. \"239.77.0.1:7420\")");
+    cost.castAvailable = true;
+  }
   return Error::success();
 }
 

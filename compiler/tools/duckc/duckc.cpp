@@ -241,7 +241,9 @@ cl::opt<std::string> compileFanout(
              "the cluster file's \"cast\" address, an IP multicast group "
              "the ducks joined with duckd --cast, and each duck a small "
              "frame; a step whose ducks get different inputs goes as "
-             "unicast; the replies as --reduce says) or 'relay': MODELLED "
+             "unicast; the replies as --reduce says; without --fanout, "
+             "--tp auto and --explain weigh both when the cluster file "
+             "names \"cast\") or 'relay': MODELLED "
              "ONLY, NOT BUILT IN THE RUNTIME, only with --dry-run: the host "
              "sends --relay-host-fanout copies, each duck forwards the frame "
              "to --relay-fanout children over its own link, partial sums are "
@@ -534,6 +536,8 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
                     compileQProj.getNumOccurrences() == 0 &&
                     compileInProj.getNumOccurrences() == 0;
     open.explain = compileExplain;
+    open.fanoutOpen = compileFanout.getNumOccurrences() == 0 &&
+                      o.cluster.cost.castAvailable;
     Expected<mlir::duck::cost::Candidate> winner =
         mlir::duck::choosePlan(o, open, outs());
     if (!winner)
@@ -548,6 +552,10 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
     o.mlaAbsorb = winner->mlaAbsorb;
     o.qProj = winner->qProj;
     o.inProj = winner->inProj;
+    if (open.fanoutOpen)
+      o.cluster.cost.fanout = winner->multicast
+                                  ? mlir::duck::ClusterModel::Fanout::multicast
+                                  : mlir::duck::ClusterModel::Fanout::unicast;
   }
   return Error::success();
 }

@@ -31,6 +31,9 @@ struct Candidate {
   /// ducks): asked of the candidate, and what the compile then set.
   bool byHeads = false;
   std::string mlaAbsorb = "host";
+  /// Its steps cast once to every duck (duckc --fanout multicast): what
+  /// the search ran it with.
+  bool multicast = false;
   /// Where the attention projections went (the stats say: a GQA query
   /// projection is one of its input projections, so in+q is in there).
   bool inOn = false, qOn = false, oOn = false;

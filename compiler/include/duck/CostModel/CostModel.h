@@ -116,6 +116,9 @@ struct ClusterModel {
   /// Fanout::multicast: a cast datagram's UDP payload, its header
   /// included (the runtime's DuckClientOptions::cast_datagram_bytes).
   double castDatagramBytes = 1432;
+  /// The cluster file names a cast address ("cast"): with no --fanout,
+  /// --tp auto / --explain weigh unicast and multicast.
+  bool castAvailable = false;
   int64_t relayFanout = 2, relayHostFanout = 1;
   /// The relay's forwarding unit: 0, whole frames (store and forward: a
   /// duck forwards once it holds the frame); else pieces of this many

@@ -18,6 +18,9 @@ struct PlanChoice {
   /// No --lm-head; no --o-proj, --q-proj nor --in-proj (their places are
   /// open when the cluster file also gives the host's bandwidth).
   bool lmHeadFree = false, projFree = false;
+  /// No --fanout and the cluster file names a cast address: the search
+  /// runs once with each of unicast and multicast and keeps the faster.
+  bool fanoutOpen = false;
   bool explain = false;
 };
 
