@@ -412,6 +412,8 @@ StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
     co.cast_address = kLocalCastGroup;
     co.cast_port = castPort;
     co.cast_interface = "127.0.0.1";
+    // Loopback's MTU is 64 KiB: one datagram a decode step, not six.
+    co.cast_datagram_bytes = DUCKD_CAST_MAX_DATAGRAM;
   }
   if (!o.quiet)
     log << absl::StrFormat("duckrun: starting %u local ducks x %u cores%s\n",
