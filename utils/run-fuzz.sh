@@ -46,7 +46,7 @@ fi
 
 passed=0
 failed=0
-for h in ${DUCK_FUZZ_ONLY:-safetensors config tokenizer chat-template plan wire elf}; do
+for h in ${DUCK_FUZZ_ONLY:-safetensors config tokenizer chat-template plan wire cast elf}; do
   corpus="$WORK/corpus-$h"
   mkdir -p "$corpus"
   cp "$ROOT/test/fuzz/corpus/$h/"* "$corpus/" 2>/dev/null

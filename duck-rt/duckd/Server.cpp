@@ -149,8 +149,8 @@ absl::Status Server::Listen(const in_addr &addr) {
   if (opt_.cast_port < 0 || opt_.cast_port > 65535)
     return absl::InvalidArgumentError(
         absl::StrCat("--cast: port ", opt_.cast_port, " is out of range"));
-  auto cast = OpenCastSocket(opt_.cast_address, uint16_t(opt_.cast_port),
-                             opt_.bind);
+  auto cast =
+      OpenCastSocket(opt_.cast_address, uint16_t(opt_.cast_port), opt_.bind);
   if (!cast.ok())
     return absl::Status(cast.status().code(),
                         absl::StrCat("--cast: ", cast.status().message()));
@@ -695,7 +695,9 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_HELLO: OnHello(h); break;
     case DUCKD_MSG_OPEN: OnOpen(h); break;
     case DUCKD_MSG_STEP: OnStep(h); break;
-    case DUCKD_MSG_STEP_CAST: OnStepCast(h); break;
+    case DUCKD_MSG_STEP_CAST:
+      OnStepCast(h);
+      break;
     case DUCKD_MSG_RUN: OnRun(h); break;
     case DUCKD_MSG_PREPARE_BEGIN: OnPrepareBegin(h); break;
     case DUCKD_MSG_PREPARE_WRITE: OnPrepareWrite(h); break;
@@ -863,8 +865,8 @@ WorkerConfig Server::BaseWorkerConfig(uint32_t cores) const {
   if (c.valid && c.head_finished && c.finished_slots == c.image.slot_count)
     wc.populate_bytes =
         std::min<uint64_t>(c.image.total_bytes, cache_->capacity());
-  wc.close_in_child = {listen_fd_, signal_fd_, conn_.fd, cache_->fd(),
-                       mesh_fd_, cast_fd_};
+  wc.close_in_child = {listen_fd_,   signal_fd_, conn_.fd,
+                       cache_->fd(), mesh_fd_,   cast_fd_};
   wc.sandbox = opt_.sandbox;
   wc.elf_limits = opt_.elf_limits;
   return wc;

@@ -167,7 +167,7 @@ private:
   int listen_fd_ = -1, signal_fd_ = -1;
   uint16_t port_ = 0;
   int mesh_fd_ = -1; // the ducks' mesh listener (--mesh-port)
-  int cast_fd_ = -1;  // the cast socket (--cast)
+  int cast_fd_ = -1; // the cast socket (--cast)
   uint16_t cast_port_ = 0;
   uint16_t mesh_port_ = 0;
   std::unique_ptr<PeerMesh> mesh_;

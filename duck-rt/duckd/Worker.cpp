@@ -315,10 +315,9 @@ bool StepError(WorkerSide *w, const duckd_frame_header &h, absl::Time deadline,
                ErrorCodeName(code), m.c_str());
   const std::string payload = EncodeError(code, m);
   Part part{payload.data(), payload.size()};
-  absl::Status s = WriteFrame(w->cfg->conn_fd, h.type,
-                              DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
-                              h.request_id, {&part, 1}, deadline,
-                              &w->ctl->keys);
+  absl::Status s =
+      WriteFrame(w->cfg->conn_fd, h.type, DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR,
+                 h.request_id, {&part, 1}, deadline, &w->ctl->keys);
   if (!s.ok())
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("error reply failed: ", s.message()));
@@ -491,9 +490,9 @@ bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
       rep.log_bytes += len;
     }
   }
-  absl::Status s = WriteFrame(cfg.conn_fd, h.type, DUCKD_FLAG_REPLY,
-                              h.request_id, absl::MakeConstSpan(parts, n),
-                              deadline, &ctl->keys);
+  absl::Status s =
+      WriteFrame(cfg.conn_fd, h.type, DUCKD_FLAG_REPLY, h.request_id,
+                 absl::MakeConstSpan(parts, n), deadline, &ctl->keys);
   if (!s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("step reply failed: ", s.message()));
@@ -557,9 +556,8 @@ std::string CastRequestProblem(const WorkerSide &w,
 /// read (with its request, when `preread`): its request from the
 /// connection, its IB from the cast socket.
 /// Returns false when the connection is no longer usable (handed back).
-bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h,
-                   duck_info &info, FrameCheck &check,
-                   const duckd_step_cast_request *preread) {
+bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+                   FrameCheck &check, const duckd_step_cast_request *preread) {
   const WorkerConfig &cfg = *w->cfg;
   const absl::Time deadline = absl::Now() + cfg.io_timeout;
   check.Begin(h, &w->ctl->keys);

@@ -147,7 +147,8 @@ int main(int argc, char **argv) {
     }
     o.cast_address = cast.substr(0, colon);
   }
-  o.cast_wait = absl::Microseconds(std::max(1, absl::GetFlag(FLAGS_cast_wait_us)));
+  o.cast_wait =
+      absl::Microseconds(std::max(1, absl::GetFlag(FLAGS_cast_wait_us)));
   o.token = absl::GetFlag(FLAGS_token);
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     std::ifstream in(file);

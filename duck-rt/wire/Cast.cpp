@@ -58,10 +58,9 @@ absl::StatusOr<in_addr> ParseAddress(const std::string &text,
 absl::StatusOr<CastShape> CastShapeFor(uint64_t ib_bytes,
                                        uint32_t datagram_limit) {
   if (datagram_limit <= kHeader || datagram_limit > DUCKD_CAST_MAX_DATAGRAM)
-    return absl::InvalidArgumentError(
-        absl::StrCat("a cast datagram of ", datagram_limit,
-                     " bytes: it must be within [", kHeader + 1, ", ",
-                     int(DUCKD_CAST_MAX_DATAGRAM), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a cast datagram of ", datagram_limit, " bytes: it must be within [",
+        kHeader + 1, ", ", int(DUCKD_CAST_MAX_DATAGRAM), "]"));
   if (ib_bytes == 0)
     return absl::InvalidArgumentError("an empty IB is not cast");
   CastShape s;
@@ -176,7 +175,8 @@ CastSender::Open(const CastSenderOptions &options) {
     ::setsockopt(s->fd_, IPPROTO_IP, IP_MULTICAST_TTL, &ttl, sizeof ttl);
     ::setsockopt(s->fd_, IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof loop);
     if (!options.interface_address.empty()) {
-      auto iface = ParseAddress(options.interface_address, "the cast interface");
+      auto iface =
+          ParseAddress(options.interface_address, "the cast interface");
       if (!iface.ok())
         return iface.status();
       if (::setsockopt(s->fd_, IPPROTO_IP, IP_MULTICAST_IF, &*iface,
@@ -228,8 +228,8 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
   }
   size_t done = 0;
   while (done < msgs.size()) {
-    const int r = ::sendmmsg(fd_, msgs.data() + done,
-                             unsigned(msgs.size() - done), 0);
+    const int r =
+        ::sendmmsg(fd_, msgs.data() + done, unsigned(msgs.size() - done), 0);
     if (r > 0) {
       done += size_t(r);
       continue;
@@ -244,14 +244,47 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
   return *shape;
 }
 
+void CastBatch::Begin(uint64_t cast_id, const CastShape &shape,
+                      uint64_t ib_bytes, uint8_t *ib) {
+  cast_id_ = cast_id;
+  shape_ = shape;
+  ib_bytes_ = ib_bytes;
+  ib_ = ib;
+  have_.assign(shape.datagrams, 0);
+  missing_ = shape.datagrams;
+}
+
+CastBatch::Took CastBatch::Offer(absl::Span<const uint8_t> d, bool truncated) {
+  duckd_cast_datagram h;
+  if (d.size() < kHeader || truncated)
+    return Took::malformed;
+  std::memcpy(&h, d.data(), kHeader);
+  if (h.magic != DUCKD_CAST_MAGIC ||
+      uint64_t(d.size()) != kHeader + uint64_t(h.bytes))
+    return Took::malformed;
+  if (h.cast_id != cast_id_)
+    return Took::stale;
+  if (h.count != shape_.datagrams || h.index >= shape_.datagrams)
+    return Took::malformed;
+  const uint64_t off = uint64_t(h.index) * shape_.datagram_bytes;
+  if (off >= ib_bytes_ ||
+      h.bytes != std::min<uint64_t>(shape_.datagram_bytes, ib_bytes_ - off))
+    return Took::malformed;
+  if (have_[h.index])
+    return Took::duplicate;
+  std::memcpy(ib_ + off, d.data() + kHeader, h.bytes);
+  have_[h.index] = 1;
+  --missing_;
+  return Took::placed;
+}
+
 CastReceiver::CastReceiver(int fd) : fd_(fd) {}
 
 bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
                         uint64_t ib_bytes, uint8_t *ib, uint64_t wait_ns,
                         uint64_t spin_ns) {
   ++stats_.batches;
-  have_.assign(shape.datagrams, 0);
-  uint32_t missing = shape.datagrams;
+  batch_.Begin(cast_id, shape, ib_bytes, ib);
   // Up to kBurst datagrams a call, each into a slot one byte larger than
   // the shape's datagrams (a longer one is malformed: MSG_TRUNC).
   constexpr uint32_t kBurst = 64;
@@ -260,8 +293,8 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
   iovec iov[kBurst];
   mmsghdr msgs[kBurst];
   const uint64_t start = NowNs();
-  for (uint32_t spins = 0; missing;) {
-    const uint32_t want = std::min(missing, kBurst);
+  for (uint32_t spins = 0; batch_.missing();) {
+    const uint32_t want = std::min(batch_.missing(), kBurst);
     for (uint32_t k = 0; k < want; ++k) {
       iov[k] = {buf_.data() + k * slot, slot};
       msgs[k] = mmsghdr{};
@@ -286,41 +319,27 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
       continue;
     }
     for (int k = 0; k < got; ++k) {
-      const uint8_t *d = buf_.data() + size_t(k) * slot;
-      const size_t r = msgs[k].msg_len;
-      duckd_cast_datagram h;
-      if (r >= kHeader)
-        std::memcpy(&h, d, kHeader);
-      if (r < kHeader || (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) ||
-          h.magic != DUCKD_CAST_MAGIC || uint64_t(r) != kHeader + uint64_t(h.bytes)) {
-        ++stats_.malformed;
-        continue;
-      }
-      if (h.cast_id != cast_id) {
+      switch (batch_.Offer(
+          absl::MakeConstSpan(buf_.data() + size_t(k) * slot,
+                              std::min<size_t>(msgs[k].msg_len, slot)),
+          msgs[k].msg_hdr.msg_flags & MSG_TRUNC)) {
+      case CastBatch::Took::placed:
+        ++stats_.datagrams;
+        break;
+      case CastBatch::Took::stale:
         ++stats_.stale;
-        continue;
-      }
-      const uint64_t off = uint64_t(h.index) * shape.datagram_bytes;
-      const uint64_t expect =
-          h.index < shape.datagrams
-              ? std::min<uint64_t>(shape.datagram_bytes, ib_bytes - off)
-              : 0;
-      if (h.count != shape.datagrams || h.index >= shape.datagrams ||
-          h.bytes != expect) {
+        break;
+      case CastBatch::Took::malformed:
         ++stats_.malformed;
-        continue;
+        break;
+      case CastBatch::Took::duplicate:
+        break;
       }
-      if (have_[h.index])
-        continue; // a duplicate
-      std::memcpy(ib + off, d + kHeader, h.bytes);
-      have_[h.index] = 1;
-      --missing;
-      ++stats_.datagrams;
     }
   }
-  if (missing)
+  if (batch_.missing())
     ++stats_.missed;
-  return missing == 0;
+  return batch_.missing() == 0;
 }
 
 } // namespace duck::duckd

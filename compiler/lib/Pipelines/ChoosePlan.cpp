@@ -179,7 +179,8 @@ llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
   if (open.explain)
     cost::explainChoice(all, *best, r, out);
   Candidate chosen = *best;
-  chosen.multicast = base.cluster.cost.fanout == ClusterModel::Fanout::multicast;
+  chosen.multicast =
+      base.cluster.cost.fanout == ClusterModel::Fanout::multicast;
   return chosen;
 }
 } // namespace
@@ -205,11 +206,10 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
   const bool castWins = b->tokS > a->tokS;
   out << (castWins ? castOut.str() : uniOut.str());
   if (open.explain)
-    out << llvm::formatv("fanout: {0} ({1:F2} tok/s) over {2} ({3:F2} "
-                         "tok/s): the cluster file names a cast address\n",
-                         castWins ? "multicast" : "unicast",
-                         castWins ? b->tokS : a->tokS,
-                         castWins ? "unicast" : "multicast",
-                         castWins ? a->tokS : b->tokS);
+    out << llvm::formatv(
+        "fanout: {0} ({1:F2} tok/s) over {2} ({3:F2} "
+        "tok/s): the cluster file names a cast address\n",
+        castWins ? "multicast" : "unicast", castWins ? b->tokS : a->tokS,
+        castWins ? "unicast" : "multicast", castWins ? a->tokS : b->tokS);
   return castWins ? std::move(*b) : std::move(*a);
 }

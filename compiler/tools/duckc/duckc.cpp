@@ -253,7 +253,8 @@ cl::opt<std::string> compileReduce(
     "reduce",
     cl::desc("With --fanout multicast: how the replies come back: 'star' "
              "(default: each duck to the host) or 'tree' (MODELLED ONLY, "
-             "only with --dry-run): up the relay tree of --relay-host-fanout, --relay-fanout and "
+             "only with --dry-run): up the relay tree of --relay-host-fanout, "
+             "--relay-fanout and "
              "--relay-chunk-kib, partial sums reduced at each duck on the "
              "way"),
     cl::init("star"), cl::sub(compileCmd), cl::cat(duckcCategory));
@@ -536,8 +537,8 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
                     compileQProj.getNumOccurrences() == 0 &&
                     compileInProj.getNumOccurrences() == 0;
     open.explain = compileExplain;
-    open.fanoutOpen = compileFanout.getNumOccurrences() == 0 &&
-                      o.cluster.cost.castAvailable;
+    open.fanoutOpen =
+        compileFanout.getNumOccurrences() == 0 && o.cluster.cost.castAvailable;
     Expected<mlir::duck::cost::Candidate> winner =
         mlir::duck::choosePlan(o, open, outs());
     if (!winner)

@@ -107,12 +107,34 @@ private:
   std::vector<duckd_cast_datagram> headers_; // reused a batch
 };
 
+/// One batch being assembled: the receiver's bookkeeping apart from its
+/// socket (what fuzz-cast drives with arbitrary datagrams).
+class CastBatch {
+public:
+  /// Starts batch `cast_id` of `shape` into `ib` (which holds ib_bytes).
+  void Begin(uint64_t cast_id, const CastShape &shape, uint64_t ib_bytes,
+             uint8_t *ib);
+  enum class Took { placed, duplicate, stale, malformed };
+  /// One datagram as received (`truncated`: longer than the buffer it was
+  /// read into): its bytes go to the IB only when it belongs to this batch
+  /// and fits its shape exactly.
+  Took Offer(absl::Span<const uint8_t> datagram, bool truncated = false);
+  uint32_t missing() const { return missing_; }
+
+private:
+  uint64_t cast_id_ = 0, ib_bytes_ = 0;
+  CastShape shape_;
+  uint8_t *ib_ = nullptr;
+  std::vector<uint8_t> have_;
+  uint32_t missing_ = 0;
+};
+
 /// What a CastReceiver saw over its life.
 struct CastReceiverStats {
   uint64_t batches = 0, missed = 0;
-  uint64_t datagrams = 0;      // of the batches asked for
-  uint64_t stale = 0;          // of other batches, dropped
-  uint64_t malformed = 0;      // wrong magic, size or shape, dropped
+  uint64_t datagrams = 0; // of the batches asked for
+  uint64_t stale = 0;     // of other batches, dropped
+  uint64_t malformed = 0; // wrong magic, size or shape, dropped
 };
 
 class CastReceiver {
@@ -132,7 +154,8 @@ public:
 
 private:
   int fd_;
-  std::vector<uint8_t> buf_, have_;
+  std::vector<uint8_t> buf_;
+  CastBatch batch_;
   CastReceiverStats stats_;
 };
 

@@ -298,8 +298,8 @@ enum {
 };
 typedef struct duckd_step_cast_request {
   uint64_t session_id;
-  uint64_t cast_id;  // the batch's datagrams carry it
-  uint64_t ib_bytes; // the IB the datagrams carry, in order
+  uint64_t cast_id;        // the batch's datagrams carry it
+  uint64_t ib_bytes;       // the IB the datagrams carry, in order
   uint32_t datagrams;      // in the batch
   uint32_t datagram_bytes; // each one's payload (the last: the rest)
   uint8_t digest[DUCKD_CAST_DIGEST_BYTES];

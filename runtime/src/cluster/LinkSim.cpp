@@ -18,8 +18,8 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <fcntl.h>
+#include <memory>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -634,9 +634,9 @@ LinkSim::Start(const LinkSimOptions &options) {
         " peer datagram ports for ", options.backends.size(), " ducks"));
   if (!options.cast_ports.empty() &&
       options.cast_ports.size() != options.backends.size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "linksim: ", options.cast_ports.size(), " cast ports for ",
-        options.backends.size(), " ducks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("linksim: ", options.cast_ports.size(), " cast ports for ",
+                     options.backends.size(), " ducks"));
   if (!options.peer_backends.empty() &&
       options.peer_backends.size() != options.backends.size())
     return absl::InvalidArgumentError(absl::StrCat(

@@ -19,9 +19,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <netinet/in.h>
 #include <ostream>
 #include <sstream>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
@@ -342,8 +342,7 @@ absl::Status UseClusterFile(const std::string &file, uint32_t tp,
   if (multicast && c->cast_address.empty())
     log << "duckrun: warning: the plan casts its steps (duckc --fanout "
            "multicast) but cluster file '"
-        << file
-        << "' has no \"cast\" address: every step goes to each duck\n";
+        << file << "' has no \"cast\" address: every step goes to each duck\n";
   if (multicast && !c->cast_address.empty()) {
     co.cast_address = c->cast_address;
     co.cast_port = c->cast_port;
@@ -418,8 +417,7 @@ StartLocalDucks(const SessionOptions &o, const pl::PlanDef &def,
   if (!o.quiet)
     log << absl::StrFormat("duckrun: starting %u local ducks x %u cores%s\n",
                            tp, lc.cores,
-                           castPort ? ", steps cast to a multicast group"
-                                    : "");
+                           castPort ? ", steps cast to a multicast group" : "");
   DUCK_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> local,
                         LocalCluster::Start(lc));
   if (!o.quiet && local->slot() > 0)
@@ -584,9 +582,9 @@ absl::Status Session::Start(std::ostream &log) {
   const uint32_t tp = def.tp();
   co_.persistent = o.persistent;
   if (!o.cluster_file.empty()) {
-    DUCK_RETURN_IF_ERROR(
-        UseClusterFile(o.cluster_file, tp, def.fanout_multicast(), log, co_,
-                       spares_, duck_read_gbs_));
+    DUCK_RETURN_IF_ERROR(UseClusterFile(o.cluster_file, tp,
+                                        def.fanout_multicast(), log, co_,
+                                        spares_, duck_read_gbs_));
   } else {
     DUCK_ASSIGN_OR_RETURN(local_, StartLocalDucks(o, def, log, co_));
   }

@@ -1,4 +1,5 @@
-//===- ClusterFile.h - a cluster of ducks, as a JSON file ---------*- C++ -*-===//
+//===- ClusterFile.h - a cluster of ducks, as a JSON file ---------*- C++
+//-*-===//
 //
 // The cluster file duckrun reads (and duckc compile, and duck-measure-cluster,
 // which writes its measured figures into it): a JSON object with "ducks"

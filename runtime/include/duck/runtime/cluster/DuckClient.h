@@ -69,7 +69,7 @@ struct DuckClientOptions {
   /// address: every step goes to each duck over its connection.
   std::string cast_address;
   uint16_t cast_port = 0;
-  std::string cast_interface;       // IP_MULTICAST_IF (empty: the route's)
+  std::string cast_interface;          // IP_MULTICAST_IF (empty: the route's)
   uint32_t cast_datagram_bytes = 1432; // UDP payload, header included
   uint64_t cast_max_ib_bytes = 64 << 10;
   uint32_t cast_give_up = 8;
@@ -78,11 +78,11 @@ struct DuckClientOptions {
 
 /// What the cast path did over a client's life.
 struct CastStats {
-  uint64_t steps = 0;         // steps whose IB went out as one batch
+  uint64_t steps = 0;          // steps whose IB went out as one batch
   uint64_t datagram_bytes = 0; // UDP payload sent, headers included
-  uint64_t resent = 0;        // ducks sent a cast step again plainly
-  uint64_t dropped = 0;       // datagrams not sent on purpose (drop_every)
-  uint32_t ducks_off = 0;     // ducks given plain steps after misses
+  uint64_t resent = 0;         // ducks sent a cast step again plainly
+  uint64_t dropped = 0;        // datagrams not sent on purpose (drop_every)
+  uint32_t ducks_off = 0;      // ducks given plain steps after misses
 };
 
 /// What a duck said at hello.

@@ -1,0 +1,44 @@
+// libFuzzer: what a duck's cast socket takes from the network
+// (duck_rt/cast.h): datagrams offered to a batch being assembled. The
+// input's first 16 bytes choose the batch (its id, the IB's size and the
+// datagram limit); the rest is cut into datagrams by 2-byte lengths. Every
+// datagram either lands exactly within the IB (ASan checks the bounds of an
+// IB allocated at its size) or is refused, and the batch counts what it
+// placed.
+#include "duck_rt/cast.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 16)
+    return 0;
+  uint64_t id;
+  uint32_t ibBytes, limit;
+  std::memcpy(&id, data, 8);
+  std::memcpy(&ibBytes, data + 8, 4);
+  std::memcpy(&limit, data + 12, 4);
+  ibBytes = 1 + ibBytes % (1 << 18);
+  limit = 25 + limit % 2000;
+  auto shape = duck::duckd::CastShapeFor(ibBytes, limit);
+  if (!shape.ok())
+    __builtin_trap(); // every (ibBytes, limit) above is a legal shape
+  auto ib = std::make_unique<uint8_t[]>(ibBytes);
+  duck::duckd::CastBatch batch;
+  batch.Begin(id % 4, *shape, ibBytes, ib.get());
+  uint32_t placed = 0;
+  for (size_t at = 16; at + 2 <= size;) {
+    uint16_t len;
+    std::memcpy(&len, data + at, 2);
+    at += 2;
+    len = uint16_t(std::min<size_t>(len, size - at));
+    const auto took = batch.Offer({data + at, len}, len & 1 && at & 1);
+    if (took == duck::duckd::CastBatch::Took::placed)
+      ++placed;
+    at += len;
+  }
+  if (batch.missing() + placed != shape->datagrams)
+    __builtin_trap();
+  return 0;
+}
