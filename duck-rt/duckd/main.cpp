@@ -120,6 +120,28 @@ int CheckElfFile(const std::string &path) {
   return 0;
 }
 
+/// --cast ADDR:PORT and --cast-wait-us into `o`; false (said on stderr)
+/// when --cast is not ADDR:PORT.
+bool CastFromFlags(duck::duckd::ServerOptions &o) {
+  o.cast_wait =
+      absl::Microseconds(std::max(1, absl::GetFlag(FLAGS_cast_wait_us)));
+  const std::string cast = absl::GetFlag(FLAGS_cast);
+  if (cast.empty())
+    return true;
+  const size_t colon = cast.rfind(':');
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(cast.substr(colon + 1), &o.cast_port) ||
+      o.cast_port < 0 || o.cast_port > 65535) {
+    std::fprintf(stderr,
+                 "duckd: --cast %s: expected ADDR:PORT (e.g. "
+                 "239.77.0.1:7420, or 127.0.0.1:0)\n",
+                 cast.c_str());
+    return false;
+  }
+  o.cast_address = cast.substr(0, colon);
+  return true;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -134,21 +156,8 @@ int main(int argc, char **argv) {
   o.port = absl::GetFlag(FLAGS_port);
   o.mesh_port = absl::GetFlag(FLAGS_mesh_port);
   o.bind = absl::GetFlag(FLAGS_bind);
-  if (const std::string cast = absl::GetFlag(FLAGS_cast); !cast.empty()) {
-    const size_t colon = cast.rfind(':');
-    if (colon == std::string::npos ||
-        !absl::SimpleAtoi(cast.substr(colon + 1), &o.cast_port) ||
-        o.cast_port < 0 || o.cast_port > 65535) {
-      std::fprintf(stderr,
-                   "duckd: --cast %s: expected ADDR:PORT (e.g. "
-                   "239.77.0.1:7420, or 127.0.0.1:0)\n",
-                   cast.c_str());
-      return 2;
-    }
-    o.cast_address = cast.substr(0, colon);
-  }
-  o.cast_wait =
-      absl::Microseconds(std::max(1, absl::GetFlag(FLAGS_cast_wait_us)));
+  if (!CastFromFlags(o))
+    return 2;
   o.token = absl::GetFlag(FLAGS_token);
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     std::ifstream in(file);
