@@ -350,35 +350,41 @@ TEST(CostModelTest, RelayInPieces) {
 
 TEST(CostModelTest, MulticastOnceFromTheHost) {
   // 16 ducks, the host's port 10 Gb/s, a duck's 1 Gb/s, 1000-byte frames
-  // each way (one unit: 0.8 us, 1000 bytes at the host's rate). One copy
-  // leaves the host: every duck has it at 10 units (its own link), where
-  // unicast's last has it at 16. The replies to a star still queue at the
-  // host's inbound port (11..26): the step ends at 26 units as unicast's.
+  // each way (one unit: 0.8 us, 1000 bytes at the host's rate). The IB
+  // (1000 less the frame header and step request: 952 bytes) leaves the
+  // host once as one datagram (976 bytes with its header), then each duck
+  // its 96-byte step_cast frame: 2512 bytes through the host's port (2.512
+  // units); each duck has its datagram and frame at 10.72 units (1072
+  // bytes on its own link), where unicast's last has its copy at 16. The
+  // replies to a star still queue at the host's inbound port (11.72 ..
+  // 26.72): the step ends 0.72 units after unicast's 26.
   ClusterModel c;
   c.hostLinkGbps = 10;
   c.duckLinkGbps.assign(16, 1);
   c.fanout = ClusterModel::Fanout::multicast;
   const double unit = 1000 * 8 / 10e9;
+  EXPECT_EQ(castBytes(952, 1432), 976);
+  EXPECT_EQ(castBytes(3000, 1432), 3000 + 3 * 24); // 1408 + 1408 + 184
   const std::vector<double> payload(16, 1000);
   StepWire w = multicastWire(c, 1000, 0, payload, /*sums=*/true);
-  EXPECT_NEAR(w.outSeconds, 10 * unit, 1e-15);
-  EXPECT_NEAR(w.seconds, 26 * unit, 1e-15);
-  EXPECT_EQ(w.txBytes, 1000);
+  EXPECT_NEAR(w.outSeconds, 10.72 * unit, 1e-15);
+  EXPECT_NEAR(w.seconds, 26.72 * unit, 1e-15);
+  EXPECT_EQ(w.txBytes, 976 + 16 * 96);
   EXPECT_EQ(w.rxBytes, 16000);
   // Partial sums up chains of two (K 8, F 1: duck 8 + i sends to duck i)
   // in 125-byte pieces (1.25 units on a duck's link): duck i has its
-  // child's last piece at 20 units and its own last piece is in at the
-  // host at 21.25; eight vectors come in, not sixteen.
+  // child's last piece at 20.72 units and its own last piece is in at the
+  // host at 21.97; eight vectors come in, not sixteen.
   c.reduceTree = true;
   c.relayHostFanout = 8;
   c.relayFanout = 1;
   c.relayChunkBytes = 125;
   w = multicastWire(c, 1000, 0, payload, true);
-  EXPECT_NEAR(w.outSeconds, 10 * unit, 1e-15);
-  EXPECT_NEAR(w.seconds, 21.25 * unit, 1e-15);
+  EXPECT_NEAR(w.outSeconds, 10.72 * unit, 1e-15);
+  EXPECT_NEAR(w.seconds, 21.97 * unit, 1e-15);
   EXPECT_EQ(w.rxBytes, 8000);
   // Rows to gather go straight to the host, as the star's.
-  EXPECT_NEAR(multicastWire(c, 1000, 0, payload, false).seconds, 26 * unit,
+  EXPECT_NEAR(multicastWire(c, 1000, 0, payload, false).seconds, 26.72 * unit,
               1e-15);
   // A step whose ducks get inputs of their own goes as unicast.
   c.reduceTree = false;

@@ -220,23 +220,36 @@ TEST(LinkSimTest, PeerTrafficPassesBothDucksLinksNotTheHostPort) {
   EXPECT_EQ(st[2].connections, 0u);
 }
 
+/// A UDP socket on 127.0.0.1 (a duck's datagram or cast socket): its
+/// port; reads time out after 5 s, so a lost datagram fails the test
+/// rather than hangs it.
+int UdpReceiver(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
+  EXPECT_EQ(getsockname(fd, (sockaddr *)&a, &len), 0);
+  const int big = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 // The mesh's datagrams: ducks 0 and 1 each send 200 datagrams of 1000
 // bytes to duck 2 through their relays; duck 2 gets all of them, each
 // sender's in order, no sooner than its inbound link carries 400 kB, and
 // the bytes are counted on both sides.
 TEST(LinkSimTest, DatagramsPassBothDucksLinksInOrder) {
-  int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(bind(rx, (sockaddr *)&a, sizeof a), 0);
-  ASSERT_EQ(getsockname(rx, (sockaddr *)&a, &len), 0);
-  const int big = 4 << 20;
-  setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  uint16_t rxPort = 0;
+  int rx = UdpReceiver(&rxPort);
+  ASSERT_GE(rx, 0);
   LinkSimOptions o;
   o.backends.assign(3, {"127.0.0.1", 1}); // no host traffic
-  o.peer_datagram_ports = {1, 1, ntohs(a.sin_port)};
+  o.peer_datagram_ports = {1, 1, rxPort};
   o.duck_link_gbps = 0.08; // 10 MB/s
   auto sim = LinkSim::Start(o);
   ASSERT_TRUE(sim.ok()) << sim.status();
@@ -251,7 +264,9 @@ TEST(LinkSimTest, DatagramsPassBothDucksLinksInOrder) {
       char d[bytes] = {};
       d[0] = char(from);
       std::memcpy(d + 1, &k, sizeof k);
-      sockaddr_in to = a;
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       to.sin_port = htons(relay[from][2]);
       ASSERT_EQ(sendto(tx, d, bytes, 0, (sockaddr *)&to, sizeof to), bytes);
     }
@@ -273,24 +288,6 @@ TEST(LinkSimTest, DatagramsPassBothDucksLinksInOrder) {
   EXPECT_EQ(st[0].bytes_to_peers, uint64_t(count * bytes));
   EXPECT_EQ(st[1].bytes_to_peers, uint64_t(count * bytes));
   EXPECT_EQ(st[2].bytes_from_peers, uint64_t(2 * count * bytes));
-}
-
-/// A UDP socket on 127.0.0.1 (a duck's cast socket): its port; reads time
-/// out after 5 s, so a lost datagram fails the test rather than hangs it.
-int UdpReceiver(uint16_t *port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
-  EXPECT_EQ(getsockname(fd, (sockaddr *)&a, &len), 0);
-  const int big = 4 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  *port = ntohs(a.sin_port);
-  return fd;
 }
 
 void SendTo(int fd, uint16_t port, const std::vector<char> &d) {
