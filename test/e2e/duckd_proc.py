@@ -8,8 +8,8 @@ import sys
 
 def start_duckd(duckd, work, name, *extra):
     """Returns (the process, {"host", "port"} and, started with
-    --mesh-port, "mesh_port"); exits naming `name` if the daemon does not
-    come up."""
+    --mesh-port, "mesh_port", with --cast, "cast_port"); exits naming
+    `name` if the daemon does not come up."""
     log = open(os.path.join(work, f"{name}.log"), "w")
     p = subprocess.Popen([duckd, "--port", "0", "--name", name, "--cores", "1",
                           "--cache_dir", os.path.join(work, name),
@@ -17,9 +17,11 @@ def start_duckd(duckd, work, name, *extra):
                          stdout=subprocess.PIPE, stderr=log, text=True)
     ep = {}
     line = p.stdout.readline()
-    mesh = re.search(r"mesh on ([0-9.]+):([0-9]+)", line)
-    if mesh:  # --mesh-port: its line comes first
-        ep["mesh_port"] = int(mesh.group(2))
+    # --mesh-port's and --cast's lines come first.
+    while re.match(r"duckd: (mesh|cast) on ", line):
+        kind, port = re.match(r"duckd: (mesh|cast) on [0-9.]+:([0-9]+)",
+                              line).groups()
+        ep[f"{kind}_port"] = int(port)
         line = p.stdout.readline()
     m = re.search(r"listening on ([0-9.]+):([0-9]+)", line)
     if not m:

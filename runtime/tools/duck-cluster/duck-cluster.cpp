@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, log_dir, "", "write each duckd's log here");
 ABSL_FLAG(bool, mesh, false,
           "start every duckd with a mesh listener (--mesh-port 0), for "
           "the ducks' collectives (duckc measure-cluster --mesh)");
+ABSL_FLAG(std::string, cast, "",
+          "GROUP:PORT: every duckd joins this multicast group on loopback "
+          "(duckd --cast) and the cluster file names it (\"cast\"), for "
+          "plans compiled with duckc --fanout multicast");
 ABSL_FLAG(std::string, cluster_file, "",
           "write the ducks as a cluster file here (host, port, cores and, "
           "with --mesh, mesh_port), for duckrun --cluster and duckc "
@@ -36,8 +40,12 @@ ABSL_FLAG(std::string, cluster_file, "",
 namespace {
 /// The ducks as a cluster file; false (said) if it cannot be written.
 bool WriteClusterFile(const duck::runtime::LocalCluster &c, uint32_t cores,
-                      const std::string &path) {
+                      const std::string &cast, const std::string &path) {
   nlohmann::json f;
+  if (!cast.empty()) {
+    f["cast"] = cast;
+    f["cast_interface"] = "127.0.0.1";
+  }
   f["ducks"] = nlohmann::json::array();
   for (size_t i = 0; i < c.endpoints().size(); ++i) {
     nlohmann::json d = {{"host", c.endpoints()[i].host},
@@ -81,6 +89,9 @@ int main(int argc, char **argv) {
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
   if (absl::GetFlag(FLAGS_mesh))
     o.extra_args.push_back("--mesh-port=0");
+  const std::string cast = absl::GetFlag(FLAGS_cast);
+  if (!cast.empty())
+    o.extra_args.insert(o.extra_args.end(), {"--cast", cast});
   auto cluster = duck::runtime::LocalCluster::Start(o);
   if (!cluster.ok()) {
     std::fprintf(stderr, "duck-cluster: %s\n",
@@ -93,11 +104,13 @@ int main(int argc, char **argv) {
                 (*cluster)->endpoints()[i].ToString().c_str());
     if (mesh != 0)
       std::printf(" (mesh port %u)", unsigned(mesh));
+    if ((*cluster)->cast_ports()[i] != 0)
+      std::printf(" (cast %s)", cast.c_str());
     std::printf("\n");
   }
   const std::string file = absl::GetFlag(FLAGS_cluster_file);
   if (!file.empty()) {
-    if (!WriteClusterFile(**cluster, o.cores, file)) {
+    if (!WriteClusterFile(**cluster, o.cores, cast, file)) {
       (void)(*cluster)->Stop();
       return 1;
     }
