@@ -588,7 +588,11 @@ StepWire cost::stepWire(const ClusterModel &c, uint32_t rows, uint32_t slots,
   const Replies out = repliesOf(c, rows, outWidth);
   if (c.fanout == ClusterModel::Fanout::relay)
     return relayWire(c, in, out.header, out.payload, partialSums);
-  if (c.fanout == ClusterModel::Fanout::multicast)
+  // The runtime casts an IB of at most castMaxIbBytes; a larger one (a
+  // prompt chunk's, several verify rows in fp32) goes to each duck.
+  const double ib =
+      in - double(sizeof(duckd_frame_header) + sizeof(duckd_step_request));
+  if (c.fanout == ClusterModel::Fanout::multicast && ib <= c.castMaxIbBytes)
     return multicastWire(c, in, out.header, out.payload, partialSums);
   return unicastWire(c, in, out.bytes);
 }

@@ -397,6 +397,15 @@ TEST(CostModelTest, MulticastOnceFromTheHost) {
   c.latencyUs = 10;
   EXPECT_NEAR(multicastWire(c, 1000, 0, payload, true).latencySeconds, 20e-6,
               1e-15);
+  // An IB over 64 KiB (eight rows of 4096 fp32 values) goes as unicast,
+  // as the runtime sends it; one row is cast.
+  c.latencyUs = 0;
+  u.latencyUs = 0;
+  const std::vector<int64_t> out(16, 4096);
+  EXPECT_EQ(stepWire(c, 8, 0, 4096, out, true).txBytes,
+            stepWire(u, 8, 0, 4096, out, true).txBytes);
+  EXPECT_LT(stepWire(c, 1, 0, 4096, out, true).txBytes,
+            stepWire(u, 1, 0, 4096, out, true).txBytes / 8);
 }
 
 TEST(CostModelTest, RelayTreeInThePlan) {

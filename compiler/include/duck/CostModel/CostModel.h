@@ -116,6 +116,10 @@ struct ClusterModel {
   /// Fanout::multicast: a cast datagram's UDP payload, its header
   /// included (the runtime's DuckClientOptions::cast_datagram_bytes).
   double castDatagramBytes = 1432;
+  /// Fanout::multicast: the largest IB the runtime casts (its
+  /// DuckClientOptions::cast_max_ib_bytes); a larger one goes to each duck
+  /// as unicast's.
+  double castMaxIbBytes = 64 << 10;
   /// The cluster file names a cast address ("cast"): with no --fanout,
   /// --tp auto / --explain weigh unicast and multicast.
   bool castAvailable = false;
