@@ -48,7 +48,9 @@ struct ClusterBenchOptions {
   double host_gbps = 25, duck_gbps = 2.5, latency_us = 50, scale = 1;
   uint32_t layers = 61, tokens = 16, repeat = 1;
   /// Where the attention's projections run: "host", "ducks" (query and
-  /// output projections) or "absorbed" (those and kv_b_proj by heads).
+  /// output projections), "absorbed" (those and kv_b_proj by heads) or
+  /// "all" (absorbed, and the input projections on the ducks too: the
+  /// issue-32 plan's places).
   std::string attention = "host";
   /// The wire's activations and answers: "f32", "bf16" or "q8" (duckc's
   /// --wire-activations and --wire-results both).
@@ -70,7 +72,8 @@ void PrintUsage(FILE *out) {
       "  cost model alike)] [--layers L (61)] [--tokens T (16)]\n"
       "  [--repeat R (1: runs of each kind, alternating; the median TPOT's\n"
       "  run is reported)] [--json]\n"
-      "  [--attention host|ducks|absorbed (host)] [--wire f32|bf16|q8 (f32:\n"
+      "  [--attention host|ducks|absorbed|all (host)] [--wire f32|bf16|q8 "
+      "(f32:\n"
       "  duckc's --wire-activations and --wire-results)] [--work-dir D "
       "(kept)]\n"
       "  [--fanout unicast|multicast (unicast: duckc's --fanout; multicast:\n"
@@ -81,7 +84,9 @@ void PrintUsage(FILE *out) {
       "a shared one, vocabulary 512), compiled for N ducks (whole experts a\n"
       "duck; --attention ducks: the query and output projections on the\n"
       "ducks too, absorbed: with kv_b_proj by heads, duckc --mla-absorb\n"
-      "ducks; then max(4, N) heads), decoded by duckrun on N local duckd's\n"
+      "ducks, all: the input projections too, with q/kv LoRA 1536 / 512;\n"
+      "then max(4, N) heads),\n"
+      "decoded by duckrun on N local duckd's\n"
       "behind duck-linksim:\n"
       "once with unlimited links (baseline), once with the given ones.\n"
       "measured_network_ms = shaped TPOT - baseline TPOT; the prediction\n"
@@ -129,7 +134,7 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       return false;
   }
   if (o->attention != "host" && o->attention != "ducks" &&
-      o->attention != "absorbed")
+      o->attention != "absorbed" && o->attention != "all")
     return false;
   if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8")
     return false;
@@ -155,7 +160,9 @@ std::string CompileFlags(const ClusterBenchOptions &o) {
   std::string f = " --tp " + std::to_string(o.ducks) + " --strategy experts";
   if (o.attention != "host")
     f += " --q-proj ducks --o-proj ducks";
-  if (o.attention == "absorbed")
+  if (o.attention == "all")
+    f += " --in-proj ducks";
+  if (o.attention == "absorbed" || o.attention == "all")
     f += " --mla-absorb ducks";
   if (o.wire != "f32")
     f += " --wire-activations " + o.wire + " --wire-results " + o.wire;
@@ -179,7 +186,11 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
      << " --intermediate " << inter << " --moe-intermediate 32 --experts "
      << std::max<uint32_t>(2, o.ducks)
      << " --top-k 2 --shared-experts 1 --n-group 1 --topk-group 1"
-     << " --q-lora 64 --kv-lora 64 --qk-nope 32 --qk-rope 16 --v-head 32"
+     // --attention all: DeepSeek-V3.2's own LoRA ranks, so that the input
+     // projections' rows (q_a and kv_a) split over the ducks.
+     << (o.attention == "all" ? " --q-lora 1536 --kv-lora 512"
+                              : " --q-lora 64 --kv-lora 64")
+     << " --qk-nope 32 --qk-rope 16 --v-head 32"
      << " --index-heads 2 --index-head-dim 32 --index-topk 64 --vocab 512"
      << " -o " << ShellQuote(dir + "/model");
   if (!Shell(mk.str()))
