@@ -36,7 +36,10 @@ struct ServerOptions {
   int cast_port = 0;
   /// How long a step_cast waits for its batch to be whole once its frame
   /// is in (then it answers cast_missed and the host sends it plainly).
-  absl::Duration cast_wait = absl::Milliseconds(20);
+  /// The datagrams leave the host before the frame: a frame that comes
+  /// first means datagrams were lost (or reordered: microseconds), so the
+  /// wait is short; a miss costs it and a plain copy.
+  absl::Duration cast_wait = absl::Milliseconds(2);
   std::string token;               // checked at hello when set
   std::string name;                // cache file name; default: the port
   std::string cache_dir;           // default $XDG_CACHE_HOME/duck

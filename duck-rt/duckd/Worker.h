@@ -67,7 +67,7 @@ struct WorkerConfig {
   // step_cast's IB arrives as datagrams (duck_rt/cast.h), and how long a
   // batch may take to be whole once its frame is in.
   int cast_fd = -1;
-  uint64_t cast_wait_ns = 20'000'000;
+  uint64_t cast_wait_ns = 2'000'000;
 };
 
 struct StepOutcome {

@@ -27,8 +27,10 @@ ABSL_FLAG(std::string, cast, "",
           "the group listens on the same port) or a unicast address (port 0: "
           "a free one, printed on stdout); empty: none, and such steps are "
           "answered cast_missed (the host then sends them plainly)");
-ABSL_FLAG(int, cast_wait_us, 20000,
-          "how long a cast step waits for its datagrams once its frame is in");
+ABSL_FLAG(int, cast_wait_us, 2000,
+          "how long a cast step waits for its datagrams once its frame is in "
+          "(they leave the host before it: a frame that comes first means "
+          "datagrams were lost, or reordered by a NIC's queues)");
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "IPv4 address to listen on; non-loopback needs --token");
 ABSL_FLAG(std::string, token, "",

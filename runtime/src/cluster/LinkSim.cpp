@@ -573,6 +573,11 @@ void LinkSim::Impl::Loop() {
     if (n < 0 && errno != EINTR)
       return;
     const double now = NowNs();
+    // The host sends a cast step's datagrams before its frames: take them
+    // first, so that they keep that order on every duck's link whatever
+    // order epoll reports the sockets in.
+    if (cast)
+      ReadCast(now);
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
       if (tag == wake_tag)
