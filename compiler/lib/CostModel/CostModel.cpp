@@ -413,16 +413,24 @@ double relayUp(const ClusterModel &c, const RelayTree &t,
     }
     return arrive;
   };
+  // A piece a duck sends up costs it meshMessageUs of CPU (its receive
+  // and sum within): a duck's pieces leave one after another.
+  const double perPiece = c.meshMessageUs * 1e-6;
   for (size_t i = t.n; i-- > 0;) { // children before their parent
     const auto arrive = receive(t.children(i), FifoLink{duckLink(c, i)});
     double all = inputDone[i];
     for (const auto &[ch, a] : arrive)
       all = std::max(all, *std::max_element(a.begin(), a.end()));
     leave[i].assign(pieces[i].size(), all);
-    for (size_t k = 0; sums && k < pieces[i].size(); ++k) {
-      leave[i][k] = inputDone[i];
-      for (const auto &[ch, a] : arrive)
-        leave[i][k] = std::max(leave[i][k], a[std::min(k, a.size() - 1)]);
+    double cpu = 0;
+    for (size_t k = 0; k < pieces[i].size(); ++k) {
+      if (sums) {
+        leave[i][k] = inputDone[i];
+        for (const auto &[ch, a] : arrive)
+          leave[i][k] = std::max(leave[i][k], a[std::min(k, a.size() - 1)]);
+      }
+      leave[i][k] = std::max(leave[i][k], cpu) + perPiece;
+      cpu = leave[i][k];
     }
   }
   std::vector<size_t> first;

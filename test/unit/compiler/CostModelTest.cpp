@@ -383,6 +383,14 @@ TEST(CostModelTest, MulticastOnceFromTheHost) {
   EXPECT_NEAR(w.outSeconds, 10.72 * unit, 1e-15);
   EXPECT_NEAR(w.seconds, 21.97 * unit, 1e-15);
   EXPECT_EQ(w.rxBytes, 8000);
+  // A piece's CPU (the cluster file's mesh_message_us) delays the tree:
+  // each duck's eight pieces leave one after another, at most 16 more
+  // piece-costs end to end (the child's eight, then the parent's).
+  ClusterModel cpu = c;
+  cpu.meshMessageUs = 0.5;
+  const double slower = multicastWire(cpu, 1000, 0, payload, true).seconds;
+  EXPECT_GT(slower, w.seconds + 0.5e-6);
+  EXPECT_LE(slower, w.seconds + 16 * 0.5e-6 + 1e-15);
   // Rows to gather go straight to the host, as the star's.
   EXPECT_NEAR(multicastWire(c, 1000, 0, payload, false).seconds, 26.72 * unit,
               1e-15);

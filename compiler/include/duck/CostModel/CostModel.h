@@ -127,7 +127,8 @@ struct ClusterModel {
   /// The relay's forwarding unit: 0, whole frames (store and forward: a
   /// duck forwards once it holds the frame); else pieces of this many
   /// bytes, each forwarded (and each piece of partial sums reduced and
-  /// sent up) as soon as it is there.
+  /// sent up) as soon as it is there. Each piece a duck sends up the tree
+  /// costs it meshMessageUs of CPU (its pieces leave one after another).
   int64_t relayChunkBytes = 0;
   /// How values cross the wire: fp32; bf16 (half the bytes); q8, blocks
   /// of 32 int8 values and a bf16 scale (1.0625 bytes a value; the ABI's
