@@ -820,8 +820,8 @@ void mlir::duck::printStatsText(const ModuleStats &s, const ClusterModel &c,
 }
 
 namespace {
-/// How a step reaches the ducks (the relay and multicast are modelled
-/// only) and the links' latency.
+/// How a step reaches the ducks (the relay and the reduction tree are
+/// modelled only) and the links' latency.
 void addFanoutJson(const ClusterModel &c, llvm::json::Object &o) {
   o["latency_us"] = c.latencyUs;
   o["fanout"] = c.fanout == ClusterModel::Fanout::relay
