@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from duckd_proc import stop_all
+
 PREFIX = f"duckc{os.getpid() % 10000}"
 BRIDGE = PREFIX + "br"
 GROUP, PORT, TOKEN = "239.77.0.9", 7420, "cast-netns-token"
@@ -110,13 +112,7 @@ def main():
         print("with 2 % loss: logits", same(uni, lossy), "resent",
               s["cast_resent"] > 0)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         teardown(n)
 
 

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from duckd_proc import stop_all
+
 PREFIX = f"duckt{os.getpid() % 10000}"
 # tc lives in /sbin or /usr/sbin, which a non-login PATH may not hold;
 # without it there is no netem to use.
@@ -140,13 +142,7 @@ def main():
         print(f"a duck's link down for 2 s: the generation completes with the "
               f"same ids ({elapsed:.1f} s)")
     finally:
-        for pr in procs:
-            pr.terminate()
-        for pr in procs:
-            try:
-                pr.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pr.kill()
+        stop_all(procs)
         teardown(args.ducks)
 
 

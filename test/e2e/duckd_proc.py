@@ -40,9 +40,14 @@ def run_tool(cmd, who, check=True):
     return r
 
 
-def stop_all(procs):
-    """Terminates the daemons and waits for each."""
+def stop_all(procs, timeout=10):
+    """Terminates the daemons and waits for each, killing one that has not
+    ended within `timeout` seconds."""
     for p in procs:
         p.terminate()
     for p in procs:
-        p.wait()
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
