@@ -206,9 +206,10 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
     return shape.status();
   const uint32_t n = shape->datagrams, per = shape->datagram_bytes;
   headers_.resize(n);
-  std::vector<iovec> iov(2 * size_t(n));
-  std::vector<mmsghdr> msgs;
-  msgs.reserve(n);
+  iov_.resize(2 * size_t(n));
+  std::vector<iovec> &iov = iov_;
+  std::vector<mmsghdr> &msgs = msgs_;
+  msgs.clear();
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t off = uint64_t(i) * per;
     const uint32_t bytes = uint32_t(std::min<uint64_t>(per, ib.size() - off));

@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from duckd_proc import run_tool, start_duckd, stop_all
+from duckd_proc import decode_logits, start_duckd, stop_all
 
 TOKEN = "cast-keyed-secret"
 GROUP = "239.77.0.5"
@@ -26,14 +26,8 @@ def free_udp_port():
 
 
 def decode(args, plan, cluster, name):
-    """Runs duckrun on the cluster file; its logits file, summary, stderr."""
-    logits = os.path.join(args.work, name + ".logits")
-    summary = os.path.join(args.work, name + ".json")
-    r = run_tool([args.duckrun, plan, "--cluster", cluster, "--prompt-ids",
-                  PROMPT, "--max-tokens", "12", "--ignore-eos", "--quiet",
-                  "--logits-out", logits, "--summary-json", summary],
-                 "cast-keyed")
-    return logits, json.load(open(summary)), r.stderr
+    return decode_logits(args.duckrun, plan, cluster, args.work, name,
+                         PROMPT, "cast-keyed")
 
 
 def cluster_file(args, name, eps, cast_port):

@@ -12,10 +12,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
-from duckd_proc import stop_all
+from duckd_proc import decode_logits, stop_all
 
 PREFIX = f"duckc{os.getpid() % 10000}"
 BRIDGE = PREFIX + "br"
@@ -57,16 +56,9 @@ def teardown(n):
 
 
 def decode(args, plan, cluster, name):
-    logits = os.path.join(args.work, name + ".logits")
-    summary = os.path.join(args.work, name + ".json")
-    r = subprocess.run([args.duckrun, plan, "--cluster", cluster,
-                        "--prompt-ids", PROMPT, "--max-tokens", "12",
-                        "--ignore-eos", "--quiet", "--logits-out", logits,
-                        "--summary-json", summary],
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        sys.exit(f"cast-netns: {name}: duckrun failed:\n{r.stderr}")
-    return logits, json.load(open(summary))
+    logits, summary, _ = decode_logits(args.duckrun, plan, cluster, args.work,
+                                       name, PROMPT, "cast-netns")
+    return logits, summary
 
 
 def same(a, b):

@@ -1,5 +1,6 @@
 """Starting a duckd for the e2e drivers: on loopback, port 0, its log in the
 work directory, its address read from the line it prints when it listens."""
+import json
 import os
 import re
 import subprocess
@@ -38,6 +39,18 @@ def run_tool(cmd, who, check=True):
         sys.exit(f"{who}: {' '.join(cmd)} failed ({r.returncode}):\n"
                  f"{r.stdout}{r.stderr}")
     return r
+
+
+def decode_logits(duckrun, plan, cluster, work, name, prompt, who):
+    """duckrun on `plan` over the cluster file, 12 tokens of `prompt`: its
+    logits file, its summary (parsed) and its stderr; a failure exits
+    naming `who`."""
+    logits = os.path.join(work, name + ".logits")
+    summary = os.path.join(work, name + ".json")
+    r = run_tool([duckrun, plan, "--cluster", cluster, "--prompt-ids",
+                  prompt, "--max-tokens", "12", "--ignore-eos", "--quiet",
+                  "--logits-out", logits, "--summary-json", summary], who)
+    return logits, json.load(open(summary)), r.stderr
 
 
 def stop_all(procs, timeout=10):

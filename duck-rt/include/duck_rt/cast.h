@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <sys/socket.h>
 #include <vector>
 
 namespace duck::duckd {
@@ -104,7 +105,11 @@ private:
   CastSenderOptions opt_;
   int fd_ = -1;
   uint64_t sent_ = 0, dropped_ = 0, counter_ = 0;
-  std::vector<duckd_cast_datagram> headers_; // reused a batch
+  // A batch's headers and sendmmsg arrays, kept from one batch to the
+  // next (no allocation a step once warm).
+  std::vector<duckd_cast_datagram> headers_;
+  std::vector<iovec> iov_;
+  std::vector<mmsghdr> msgs_;
 };
 
 /// One batch being assembled: the receiver's bookkeeping apart from its
