@@ -28,6 +28,8 @@
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
+#include <utility>
+#include <vector>
 #include <x86intrin.h>
 
 namespace duck::duckd {
@@ -161,6 +163,15 @@ struct WorkerSide {
   uint64_t local_seq = 0;             // session workers: calls so far
   std::unique_ptr<FrameCheck> check;  // session workers: of each step
   std::unique_ptr<CastReceiver> cast; // session workers with a cast socket
+  /// The last DUCK_IB_STAGE step's (abi.h), for the DUCK_IB_STAGED step
+  /// after it: its header, its x as sent and its fp32 results. Reserved
+  /// before the sandbox (ib_limit and ob_limit bytes): never allocates.
+  struct Stage {
+    bool valid = false;
+    duck_ib_header ih{};
+    std::vector<uint8_t> x;
+    std::vector<float> out;
+  } stage;
 
   duck_info InfoFor(uint32_t core) const {
     duck_info info{};
@@ -501,11 +512,122 @@ bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
   return true;
 }
 
+/// What a step's IB asks of duckd besides the ELF's call (abi.h's
+/// DUCK_IB_STAGE and DUCK_IB_STAGED), w->ib made ready for the call.
+struct Staging {
+  uint32_t flags = 0;     // DUCK_IB_STAGE, DUCK_IB_STAGED or 0
+  uint32_t out_flags = 0; // the out form the host asked for
+};
+
+/// Reads a step's IB header for staging and makes the IB the ELF's: a
+/// stage's flags (and out form: its results are kept in fp32) taken off;
+/// a staged step's x put back from its stage. "" or why the step cannot
+/// run, answered with `code`. `had`: the step frame right before this one
+/// was a stage that ran (every step frame takes the stage away on arrival,
+/// TakeStage: it is used once, by the very next one).
+std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
+                           Staging *st, duckd_error_code *code) {
+  WorkerSide::Stage &s = w->stage;
+  duck_ib_header ih;
+  if (*ib_bytes < sizeof ih)
+    return std::string(); // the ELF answers BAD_INPUT
+  std::memcpy(&ih, w->ib, sizeof ih);
+  const uint32_t kOut = DUCK_IB_OUT_BF16 | DUCK_IB_OUT_Q8;
+  st->flags = ih.flags & (DUCK_IB_STAGE | DUCK_IB_STAGED);
+  st->out_flags = ih.flags & kOut;
+  if (!st->flags)
+    return std::string();
+  *code = DUCKD_ERR_BAD_REQUEST;
+  const bool decode = ih.mode == DUCK_MODE_MOE_DECODE ||
+                      ih.mode == DUCK_MODE_MOE_DECODE_SMP;
+  const uint64_t slotEnd =
+      sizeof ih + uint64_t(ih.n_tokens) * ih.top_k * sizeof(duck_expert_slot);
+  if (st->flags == (DUCK_IB_STAGE | DUCK_IB_STAGED) || !decode ||
+      ih.n_tokens == 0 || slotEnd > *ib_bytes)
+    return absl::StrCat("a staged step (IB flags ", ih.flags,
+                        ") must be one MoE decode step with its slots");
+  ih.flags &= ~(DUCK_IB_STAGE | DUCK_IB_STAGED | kOut);
+  if (st->flags == DUCK_IB_STAGE) {
+    if (ih.x_offset < slotEnd || ih.x_offset > *ib_bytes)
+      return "a stage's x_offset is outside its IB";
+    s.ih = ih;
+    s.x.assign(w->ib + ih.x_offset, w->ib + *ib_bytes);
+    std::memcpy(w->ib, &ih, sizeof ih);
+    return std::string();
+  }
+  const uint32_t kX = DUCK_IB_X_BF16 | DUCK_IB_X_Q8;
+  if (!had || s.ih.slot != ih.slot || s.ih.n_tokens != ih.n_tokens ||
+      (s.ih.flags & kX) != (ih.flags & kX)) {
+    *code = DUCKD_ERR_STAGE_MISSED;
+    return absl::StrCat("staged step on slot ", ih.slot,
+                        ": no stage of its own came before it");
+  }
+  ih.x_offset = duck_ib_x_offset(uint64_t(ih.n_tokens) * ih.top_k);
+  if (ih.x_offset + s.x.size() > w->cfg->ib_limit) {
+    *code = DUCKD_ERR_TOO_LARGE;
+    return "a staged step with its stage's x exceeds the session's IB";
+  }
+  std::memcpy(w->ib, &ih, sizeof ih);
+  std::memset(w->ib + slotEnd, 0, ih.x_offset - slotEnd);
+  std::memcpy(w->ib + ih.x_offset, s.x.data(), s.x.size());
+  *ib_bytes = ih.x_offset + s.x.size();
+  return std::string();
+}
+
+/// After a staged call that ran: a stage's results kept (its OB then only
+/// its header), a staged step's sum completed with them and narrowed.
+/// "" or why the OB cannot be used.
+std::string FinishStaging(WorkerSide *w, const Staging &st, duck_info &info) {
+  WorkerSide::Stage &s = w->stage;
+  duck_ob_header oh;
+  if (info.ob_size < sizeof oh)
+    return "the ELF wrote no output header";
+  std::memcpy(&oh, w->ob, sizeof oh);
+  const uint64_t n = uint64_t(oh.n_tokens) * oh.hidden;
+  if (oh.out_offset != sizeof oh || sizeof oh + 4 * n > info.ob_size)
+    return "the ELF's output is not fp32 rows";
+  float *out = reinterpret_cast<float *>(w->ob + oh.out_offset);
+  if (st.flags == DUCK_IB_STAGE) {
+    s.out.assign(out, out + n);
+    s.valid = true;
+    info.ob_size = sizeof oh;
+    return std::string();
+  }
+  if (s.out.size() != n)
+    return "a staged step's results do not match its stage's";
+  for (uint64_t i = 0; i < n; ++i)
+    out[i] += s.out[i];
+  info.ob_size =
+      sizeof oh + duck_narrow_out(out, oh.n_tokens, oh.hidden, st.out_flags);
+  return std::string();
+}
+
+/// A step frame's arrival: whether the frame before it left a stage,
+/// which no later frame may use.
+bool TakeStage(WorkerSide *w) { return std::exchange(w->stage.valid, false); }
+
+/// Runs a step whose IB is in (its staging first) and answers it.
+bool RunAndReply(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+                 bool staged, uint64_t ib_bytes, absl::Time deadline) {
+  Staging st;
+  duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
+  if (std::string bad = PrepareStaging(w, staged, &ib_bytes, &st, &code);
+      !bad.empty())
+    return StepError(w, h, deadline, code, bad);
+  uint64_t workerNs = 0;
+  const int32_t status = RunStep(w, h, info, ib_bytes, &workerNs);
+  if (st.flags && status == DUCK_STATUS_OK)
+    if (std::string bad = FinishStaging(w, st, info); !bad.empty())
+      return StepError(w, h, deadline, DUCKD_ERR_INTERNAL, bad);
+  return SendStepReply(w, h, info, status, workerNs, deadline);
+}
+
 /// Session worker, core 0: serves one STEP frame whose header is read.
 /// Returns false when the connection is no longer usable (handed back).
 bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                FrameCheck &check, const duckd_step_request *preread) {
   const absl::Time deadline = absl::Now() + w->cfg->io_timeout;
+  const bool staged = TakeStage(w);
   // The frame's check covers every byte read; nothing is acted on (not
   // even answered with a complaint) before it has passed.
   check.Begin(h, &w->ctl->keys);
@@ -513,9 +635,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (std::optional<bool> done =
           TakeStep(w, h, check, preread, deadline, &ibBytes))
     return *done;
-  uint64_t workerNs = 0;
-  const int32_t status = RunStep(w, h, info, ibBytes, &workerNs);
-  return SendStepReply(w, h, info, status, workerNs, deadline);
+  return RunAndReply(w, h, info, staged, ibBytes, deadline);
 }
 
 /// What is wrong with a step_cast request for this session ("" when
@@ -560,6 +680,7 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                    FrameCheck &check, const duckd_step_cast_request *preread) {
   const WorkerConfig &cfg = *w->cfg;
   const absl::Time deadline = absl::Now() + cfg.io_timeout;
+  const bool staged = TakeStage(w);
   check.Begin(h, &w->ctl->keys);
   duckd_step_cast_request r{};
   if (preread) {
@@ -604,9 +725,7 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, r.ib_bytes);
       !why.empty())
     return StepError(w, h, deadline, DUCKD_ERR_CACHE, why);
-  uint64_t workerNs = 0;
-  const int32_t status = RunStep(w, h, info, r.ib_bytes, &workerNs);
-  return SendStepReply(w, h, info, status, workerNs, deadline);
+  return RunAndReply(w, h, info, staged, r.ib_bytes, deadline);
 }
 
 /// Session worker, core 0: serves STEP and STEP_CAST frames while it holds
@@ -621,6 +740,7 @@ void ServeConnection(WorkerSide *w) {
   for (;;) {
     // Wait until duckd lends the connection.
     WaitChange(&ctl->owner, nullptr, kOwnerDaemon, cfg.spin_ns);
+    TakeStage(w); // a stage never outlives the worker's hold
     bool holding = true;
     while (holding) {
       duckd_frame_header h{};
@@ -761,6 +881,8 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
     w.step = w.persistent->step();
   }
   if (cfg.persistent) { // frames are checked and sealed from the sandbox
+    w.stage.x.reserve(cfg.ib_limit);
+    w.stage.out.reserve(cfg.ob_limit / sizeof(float));
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
     if (cfg.cast_fd >= 0) {

@@ -582,23 +582,7 @@ void widenX(const duck_ib_header &ih, Job &j) {
 /// the floats they were read from (bytes moved as bytes: no aliasing).
 /// Returns the OB's bytes of results.
 uint64_t narrowOut(const Job &j, uint64_t rows, uint64_t width) {
-  auto *b = reinterpret_cast<uint8_t *>(j.out);
-  if (j.out_flags & DUCK_IB_OUT_Q8) {
-    const uint64_t row = duck_q8_row_bytes(width);
-    for (uint64_t r = 0; r < rows; ++r)
-      duck_q8_encode_row(j.out + r * width, width, b + r * row);
-    return rows * row;
-  }
-  if (j.out_flags & DUCK_IB_OUT_BF16) {
-    for (uint64_t i = 0; i < rows * width; ++i) {
-      float v;
-      __builtin_memcpy(&v, b + 4 * i, 4);
-      const uint16_t h = duck_f32_to_bf16(v);
-      __builtin_memcpy(b + 2 * i, &h, 2);
-    }
-    return rows * width * 2;
-  }
-  return rows * width * 4;
+  return duck_narrow_out(j.out, rows, width, j.out_flags);
 }
 
 /// Core 0: validates everything the call reads and fills g_state.job.
@@ -741,7 +725,12 @@ void runJob(const Job &j, uint32_t core) {
     break;
   case DUCK_MODE_MOE_DECODE:
   case DUCK_MODE_MOE_DECODE_SMP:
-    for (uint32_t t = 0; t < j.n_tokens; ++t)
+    // One slot a token (a staged step's shared expert): its rows over
+    // every core rather than the slot on one.
+    for (uint32_t t = 0; t < j.n_tokens && j.top_k == 1 && j.cores > 1; ++t)
+      duck_moe_decode_one(&smp, core, j.experts, j.n_experts, slots + t,
+                          j.x + t * h, j.out + t * h, shared, coreScratch);
+    for (uint32_t t = 0; t < j.n_tokens && (j.top_k != 1 || j.cores == 1); ++t)
       duck_moe_decode(&smp, core, j.experts, j.n_experts,
                       slots + (uint64_t)t * j.top_k, j.top_k, j.x + t * h,
                       j.out + t * h, pairs, coreScratch);

@@ -282,6 +282,23 @@ void duck_moe_decode(const duck_smp_ctx *smp, uint32_t core,
   duck_smp_sync(smp);
 }
 
+void duck_moe_decode_one(const duck_smp_ctx *smp, uint32_t core,
+                         const duck_ffn_weights *experts, uint32_t n_experts,
+                         const duck_expert_slot *slot, const float *x,
+                         float *out, float *shared, float *scratch) {
+  const uint32_t hidden = experts[0].down.rows;
+  const bool used = slot->expert < n_experts; // else it contributes nothing
+  if (used)
+    duck_mlp_decode(smp, core, &experts[slot->expert], x, out, shared,
+                    scratch);
+  uint32_t b, e;
+  duck_smp_split(hidden, smp->cores, core, &b, &e);
+  const float wt = slot->weight;
+  for (uint32_t j = b; j < e; ++j)
+    out[j] = used ? 0.0f + out[j] * wt : 0.0f;
+  duck_smp_sync(smp);
+}
+
 void duck_mlp_prefill(const duck_smp_ctx *smp, uint32_t core,
                       const duck_ffn_weights *w, const float *x,
                       uint32_t n_tokens, float *out, float *shared,

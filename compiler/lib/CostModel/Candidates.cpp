@@ -56,6 +56,7 @@ void cost::readStats(const llvm::json::Object &j, Candidate &c) {
   c.netLatencyMs = j.getNumber("network_latency_ms_per_token").value_or(0);
   c.meshMs = j.getNumber("mesh_ms_per_token").value_or(0);
   c.prefillTokS = j.getNumber("estimated_prefill_tok_s").value_or(0);
+  c.stageShared = j.getBoolean("stage_shared").value_or(false);
   c.inOn = j.getBoolean("in_proj_on_ducks").value_or(false);
   c.qOn = j.getBoolean("q_proj_on_ducks").value_or(false);
   c.oOn = j.getBoolean("o_proj_on_ducks").value_or(false);

@@ -750,6 +750,36 @@ double stagedXSeconds(const FfnLayer &l, const ClusterModel &c, uint32_t slots,
   return std::min(xOut, l.routerHostBytes / (c.hostReadGbs * 1e9));
 }
 
+/// ClusterModel::stageShared: what a MoE layer's staged step saves (s;
+/// negative where the stage costs more than it hides): see the field.
+double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
+                           uint32_t slots, const std::vector<int64_t> &whole) {
+  if (!l.moe || l.numShared <= 0 || l.routerHostBytes <= 0 ||
+      c.hostReadGbs <= 0)
+    return 0;
+  double shared = 0; // the slowest duck's shared experts, at its full rate
+  for (const FfnShard &s : l.shards) {
+    const double held = std::max<int64_t>(
+        0, s.expertEnd - std::max<int64_t>(s.expertBegin, l.numExperts));
+    shared = std::max(shared, std::min(held, double(l.numShared)) *
+                                  expertSeconds(s, c));
+  }
+  const uint32_t rows = (uint32_t)c.decodeRows;
+  ClusterModel plain = c; // the routed slots alone go plainly
+  if (plain.fanout == ClusterModel::Fanout::multicast)
+    plain.fanout = ClusterModel::Fanout::unicast;
+  const std::vector<int64_t> none(whole.size(), 0);
+  const double router = l.routerHostBytes / (c.hostReadGbs * 1e9);
+  const double o = stepWire(c, rows, slots, l.hidden, whole, true).outSeconds;
+  const StepWire stage =
+      stepWire(c, rows, (uint32_t)l.numShared, l.hidden, none, false);
+  const double o2 =
+      stepWire(plain, rows, (uint32_t)l.topK, 0, whole, true).outSeconds;
+  const double hidden = std::min(
+      {o + shared - o2, router + o - stage.outSeconds, router});
+  return hidden - stage.backSeconds;
+}
+
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes
 /// a token, its step on the wire and (`prompt`) its prompt chunk.
 void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
@@ -778,6 +808,8 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   addWire(c, true, slots, l.hidden, whole, p, sums, true);
   if (c.stageX && l.moe && l.routerHostBytes > 0 && c.hostReadGbs > 0)
     p.stagedXMsPerToken += 1e3 * stagedXSeconds(l, c, slots, whole);
+  if (c.stageShared || c.stageSharedOpen)
+    p.stagedSharedMsPerToken += 1e3 * stagedSharedSeconds(l, c, slots, whole);
   if (!prompt || c.gemmGmacS <= 0)
     return;
   const double prefillNet =
@@ -939,6 +971,10 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   for (const RowSplit &r : m.rowSplits)
     addRowSplit(r, c, p, sums);
   addHost(m, c, p);
+  p.stagedShared = c.stageShared ||
+                   (c.stageSharedOpen && p.stagedSharedMsPerToken > 0);
+  if (p.stagedShared)
+    p.hostMsPerToken -= p.stagedSharedMsPerToken;
   p.streamMsPerToken = sums.layerMs + p.lmHeadMsPerToken + p.oProjMsPerToken +
                        p.qProjMsPerToken + p.inProjMsPerToken;
   p.dispatchMsPerToken = ((int64_t)m.ffn.size() + p.attnProjSteps +

@@ -771,7 +771,9 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
           (wo.wireQ8 ? ", activations to the ducks in q8" : "") +
           (wo.wireOutBf16 ? ", the ducks' answers in bf16" : "") +
           (wo.wireOutQ8 ? ", the ducks' answers in q8" : "") +
-          (wo.multicast ? ", steps cast once to every duck (multicast)" : ""),
+          (wo.multicast ? ", steps cast once to every duck (multicast)" : "") +
+          (wo.stageShared ? ", shared experts staged before the routing"
+                          : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"
           ? ", MoE layers by strategy " + strategySpecOf(stats)
@@ -843,6 +845,7 @@ Error compileImported(const CompileOptions &opts,
   wo.wireQ8 = opts.cluster.cost.wireX == Wire::q8;
   wo.wireOutQ8 = opts.cluster.cost.wireOut == Wire::q8;
   wo.multicast = opts.cluster.cost.fanout == ClusterModel::Fanout::multicast;
+  wo.stageShared = stats->stagedShared;
   wo.cancel = opts.cancel;
   if (Error e = writePlanDir(opts, ckpt, *module, *stats, exists, wo, log))
     return e;

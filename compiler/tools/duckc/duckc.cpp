@@ -267,6 +267,18 @@ cl::opt<bool> compileStageX(
              "cost model hides x's time out behind the router's reads (up "
              "to the router's time)"),
     cl::init(false), cl::sub(compileCmd), cl::cat(duckcCategory));
+cl::opt<std::string> compileStageShared(
+    "stage-shared",
+    cl::desc("Staged MoE steps, recorded in the plan: 'on' sends a MoE "
+             "decode step's shared experts to the ducks with x as soon as "
+             "the layer's input is normalised, so that they run while the "
+             "host computes the router, and the routed slots after them "
+             "(the ducks' sums have the same bits); 'off' (default) sends "
+             "each step whole. Without it, --tp auto and --explain with a "
+             "cluster file stage where the cost model says it is faster. "
+             "Pays where the host routes on its CPU and the ducks are other "
+             "machines; on one box they share the cores"),
+    cl::init("off"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileResidual(
     "residual",
     cl::desc("Where the cost model keeps the residual stream: 'host' "
@@ -415,6 +427,11 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                                  compileResidual + "'");
   o.cluster.cost.residualOnDucks = compileResidual == "ducks";
   o.cluster.cost.stageX = compileStageX;
+  if (compileStageShared != "on" && compileStageShared != "off")
+    return createStringError(inconvertibleErrorCode(),
+                             "--stage-shared must be on or off, got '" +
+                                 compileStageShared + "'");
+  o.cluster.cost.stageShared = compileStageShared == "on";
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
   if (compileSpecDrafts < 0 || compileSpecDrafts > 16 ||
@@ -539,6 +556,11 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
     open.explain = compileExplain;
     open.fanoutOpen =
         compileFanout.getNumOccurrences() == 0 && o.cluster.cost.castAvailable;
+    // Staging weighed candidate by candidate where the ducks are other
+    // machines (a cluster file with the host's read bandwidth).
+    o.cluster.cost.stageSharedOpen = compileStageShared.getNumOccurrences() == 0 &&
+                                     !compileCluster.empty() &&
+                                     o.cluster.cost.hostReadGbs > 0;
     Expected<mlir::duck::cost::Candidate> winner =
         mlir::duck::choosePlan(o, open, outs());
     if (!winner)
@@ -553,6 +575,10 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
     o.mlaAbsorb = winner->mlaAbsorb;
     o.qProj = winner->qProj;
     o.inProj = winner->inProj;
+    if (o.cluster.cost.stageSharedOpen) {
+      o.cluster.cost.stageSharedOpen = false;
+      o.cluster.cost.stageShared = winner->stageShared;
+    }
     if (open.fanoutOpen)
       o.cluster.cost.fanout = winner->multicast
                                   ? mlir::duck::ClusterModel::Fanout::multicast

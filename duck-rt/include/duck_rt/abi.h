@@ -247,6 +247,20 @@ typedef enum duck_ib_flags {
   DUCK_IB_OUT_BF16 = 2u,
   DUCK_IB_X_Q8 = 4u,   // x is q8 rows (duck_q8_encode_row)
   DUCK_IB_OUT_Q8 = 8u, // the OB's out is q8 rows
+  /// Staged steps (duckd's, never the ELF's: duckd takes them off before
+  /// the call; docs/protocol.md "Staged steps"). DUCK_IB_STAGE: a MoE
+  /// decode step whose slots are the token's shared experts, sent before
+  /// the host has routed: duckd runs it, keeps its fp32 results and its x,
+  /// and answers with an OB of its header alone. DUCK_IB_STAGED: the next
+  /// step on that connection, the routed slots without x (the IB ends
+  /// after its slots): duckd puts the stage's x back, runs it, adds the
+  /// stage's results last (after the routed experts', as the ELF's sum in
+  /// expert order would: shared ids follow routed ones) and narrows the
+  /// sum as the out flags ask, so the OB has the bits of the whole step.
+  /// A DUCK_IB_STAGED step with no such stage is answered
+  /// DUCKD_ERR_STAGE_MISSED; any other step forgets the stage.
+  DUCK_IB_STAGE = 16u,
+  DUCK_IB_STAGED = 32u,
 } duck_ib_flags;
 
 /// Values in a q8 block (a row's last block may hold fewer).
@@ -454,6 +468,31 @@ static inline uint16_t duck_f32_to_bf16(float f) {
     return (uint16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+/// Narrows `rows` results of `width` fp32 values at `out`, in place and
+/// front to back, to the form `out_flags` asks (DUCK_IB_OUT_Q8, _BF16; a
+/// row's bytes land at or below the floats they were read from, moved as
+/// bytes); returns their bytes. The ELF's OB and duckd's staged sums.
+static inline uint64_t duck_narrow_out(float *out, uint64_t rows,
+                                       uint64_t width, uint32_t out_flags) {
+  uint8_t *b = (uint8_t *)(void *)out;
+  if (out_flags & DUCK_IB_OUT_Q8) {
+    const uint64_t row = duck_q8_row_bytes(width);
+    for (uint64_t r = 0; r < rows; ++r)
+      duck_q8_encode_row(out + r * width, width, b + r * row);
+    return rows * row;
+  }
+  if (out_flags & DUCK_IB_OUT_BF16) {
+    for (uint64_t i = 0; i < rows * width; ++i) {
+      float v;
+      __builtin_memcpy(&v, b + 4 * i, 4);
+      const uint16_t h = duck_f32_to_bf16(v);
+      __builtin_memcpy(b + 2 * i, &h, 2);
+    }
+    return rows * width * 2;
+  }
+  return rows * width * 4;
 }
 
 /// Encodes one step's IB into `ib` (duck_ib_bytes_flags(...) bytes): the

@@ -87,6 +87,9 @@ typedef enum duckd_error_code {
   DUCKD_ERR_CAST_MISSED = 13, // a cast step's datagrams did not all come
                               // (or duckd has no cast socket): send the
                               // step again as a plain step
+  DUCKD_ERR_STAGE_MISSED = 14, // a DUCK_IB_STAGED step found no stage of
+                               // its own before it (abi.h): send the
+                               // whole step as a plain step
 } duckd_error_code;
 
 /// Payload of a frame with DUCKD_FLAG_ERROR: this header, then

@@ -148,6 +148,16 @@ void duck_moe_decode(const duck_smp_ctx *smp, uint32_t core,
                      const float *x, float *out, float *slot_out,
                      float *scratch);
 
+/// MoE decode of a token with one slot (a staged step's shared expert,
+/// duckd's DUCK_IB_STAGE) over every core: the expert's rows split as
+/// duck_mlp_decode splits a dense slice (`shared`: inter floats for all
+/// cores), weighted and written as duck_moe_decode's sum of one slot
+/// (0 + y * weight), so the bits are those of duck_moe_decode.
+void duck_moe_decode_one(const duck_smp_ctx *smp, uint32_t core,
+                         const duck_ffn_weights *experts, uint32_t n_experts,
+                         const duck_expert_slot *slot, const float *x,
+                         float *out, float *shared, float *scratch);
+
 /// Dense prefill (mode 5): out[t][hidden] for n_tokens inputs x[t][hidden].
 /// `shared` holds n_tokens * inter floats.
 void duck_mlp_prefill(const duck_smp_ctx *smp, uint32_t core,

@@ -90,6 +90,7 @@ struct Conn {
   bool awaiting_hello = false;
   uint32_t cast_misses = 0; // cast steps missed in a row
   bool cast_off = false;    // plain steps only (missed cast_give_up)
+  uint32_t stage_id = 0;    // a stage's request awaiting its answer (0: none)
 };
 
 struct PrepareJob;
@@ -111,6 +112,10 @@ struct DuckClient::Impl {
   std::unique_ptr<duckd::CastSender> cast;
   uint64_t next_cast_id = 0;
   CastStats cast_stats;
+  DuckClient::StageStats stage_stats;
+  // The bytes moved before the last Stage (its step's metrics count them).
+  uint64_t stage_sent0 = 0, stage_recv0 = 0;
+  bool stage_pending = false;
   /// During a cast step: answers a duck's cast_missed by queueing the step
   /// again plainly (true: handled).
   std::function<bool(size_t, const duckd_frame_header &, uint32_t,
@@ -389,6 +394,13 @@ struct DuckClient::Impl {
         PumpFail(p, d, s, false);
   }
 
+  /// Whether a step can go to `ducks` with `n_ibs` IBs: the bytes moved
+  /// so far on their connections in sent0 and recv0.
+  absl::Status Steppable(const std::vector<size_t> &ducks, size_t n_ibs,
+                         uint64_t *sent0, uint64_t *recv0) const;
+  /// A duck's cast step (or stage) missed: counted, and after cast_give_up in a row
+  /// the duck gets plain steps.
+  void CastMissed(size_t d, const std::string &why);
   /// Queues duck d's step: a STEP on its session (persistent), else a RUN
   /// that carries the ELF too.
   void QueueStep(size_t d, absl::Span<const uint8_t> ib);
@@ -636,7 +648,11 @@ void DuckClient::Impl::QueueStepCast(size_t d, uint64_t cast_id,
 bool DuckClient::Impl::QueueCastSteps(
     const std::vector<size_t> &ducks,
     absl::Span<const absl::Span<const uint8_t>> ibs) {
-  if (!cast || !opt.persistent || ibs.empty() || ibs[0].empty() ||
+  // An IB no larger than its step_cast frame (a staged step's slots) goes
+  // plainly: the cast would only add its datagrams.
+  if (!cast || !opt.persistent || ibs.empty() ||
+      ibs[0].size() <= sizeof(duckd_frame_header) +
+                           sizeof(duckd_step_cast_request) ||
       ibs[0].size() > opt.cast_max_ib_bytes)
     return false;
   size_t castable = 0;
@@ -716,29 +732,71 @@ void DuckClient::Impl::MeasureStep(const std::vector<size_t> &ducks,
   mt->bytes_received -= recv0;
 }
 
+absl::Status DuckClient::Impl::Steppable(const std::vector<size_t> &ducks,
+                                         size_t n_ibs, uint64_t *sent0,
+                                         uint64_t *recv0) const {
+  if (n_ibs != conns.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step needs one IB per duck: ", n_ibs, " for ", conns.size()));
+  if (!opened)
+    return absl::FailedPreconditionError("step before open");
+  *sent0 = *recv0 = 0;
+  for (size_t d : ducks) {
+    if (absl::Status s = Usable(d); !s.ok())
+      return s;
+    if (opt.persistent && !conns[d].session_id)
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(d), ": no open session (it was closed after an "
+                                "earlier error); open again"));
+    *sent0 += conns[d].bytes_sent;
+    *recv0 += conns[d].bytes_received;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status
+DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
+  Impl &m = *impl_;
+  const std::vector<size_t> ducks = m.All();
+  uint64_t sent0 = 0, recv0 = 0;
+  if (absl::Status s = m.Steppable(ducks, ibs.size(), &sent0, &recv0); !s.ok())
+    return s;
+  if (!m.opt.persistent)
+    return absl::FailedPreconditionError("staged steps need sessions");
+  m.stage_sent0 = sent0;
+  m.stage_recv0 = recv0;
+  m.stage_pending = true;
+  ++m.stage_stats.stages;
+  const bool cast = m.QueueCastSteps(ducks, ibs);
+  for (size_t d : ducks) {
+    if (!cast) {
+      m.QueueStep(d, ibs[d]);
+      if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
+        m.Break(d, std::string(s.message()));
+    }
+    m.conns[d].stage_id = m.conns[d].next_id - 1;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                               std::vector<DuckOutput> *out_outputs,
                               StepMetrics *out_metrics,
-                              const std::function<void()> &after_send) {
+                              const std::function<void()> &after_send,
+                              absl::Span<const absl::Span<const uint8_t>> whole) {
   Impl &m = *impl_;
-  if (ibs.size() != m.conns.size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step needs one IB per duck: ", ibs.size(), " for ", m.conns.size()));
-  if (!m.opened)
-    return absl::FailedPreconditionError("step before open");
-  out_outputs->resize(m.conns.size());
   std::vector<size_t> ducks = m.All();
   uint64_t sent0 = 0, recv0 = 0;
-  for (size_t d : ducks) {
-    if (absl::Status s = m.Usable(d); !s.ok())
-      return s;
-    if (m.opt.persistent && !m.conns[d].session_id)
-      return absl::FailedPreconditionError(
-          absl::StrCat(m.Name(d), ": no open session (it was closed after an "
-                                  "earlier error); open again"));
-    sent0 += m.conns[d].bytes_sent;
-    recv0 += m.conns[d].bytes_received;
+  if (absl::Status s = m.Steppable(ducks, ibs.size(), &sent0, &recv0); !s.ok())
+    return s;
+  if (!whole.empty() && whole.size() != ibs.size())
+    return absl::InvalidArgumentError("a staged step needs a whole step a duck");
+  if (m.stage_pending) {
+    sent0 = m.stage_sent0;
+    recv0 = m.stage_recv0;
+    m.stage_pending = false;
   }
+  out_outputs->resize(m.conns.size());
   const uint64_t t0 = NowNs();
   const uint64_t castBytes0 = m.cast_stats.datagram_bytes;
   const bool cast = m.QueueCastSteps(ducks, ibs);
@@ -750,32 +808,46 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
-  if (cast)
-    m.retry = [&](size_t d, const duckd_frame_header &h, uint32_t code,
-                  const std::string &why) {
-      if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
-        return false;
-      Conn &c = m.conns[d];
-      ++m.cast_stats.resent;
-      if (++c.cast_misses >= m.opt.cast_give_up && !c.cast_off) {
-        c.cast_off = true;
-        ++m.cast_stats.ducks_off;
-        std::fprintf(stderr,
-                     "duckrun: %s missed %u cast steps in a row (%s): plain "
-                     "steps to it from now on\n",
-                     m.Name(d).c_str(), c.cast_misses, why.c_str());
-      }
-      m.QueueStep(d, ibs[d]);
+  // A stage's error is left to its staged step (which then finds no
+  // stage); a cast step that missed goes again plainly, a staged one (its
+  // stage spent on arrival) as its whole step, as does one that found no
+  // stage.
+  m.retry = [&](size_t d, const duckd_frame_header &h, uint32_t code,
+                const std::string &why) {
+    Conn &c = m.conns[d];
+    const bool stage = c.stage_id && h.request_id == c.stage_id;
+    if (stage)
+      c.stage_id = 0;
+    if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
+      m.CastMissed(d, why);
+    if (stage)
       return true;
-    };
+    if (code == DUCKD_ERR_STAGE_MISSED && !whole.empty()) {
+      ++m.stage_stats.resent;
+      m.QueueStep(d, whole[d]);
+      return true;
+    }
+    if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
+      return false;
+    ++m.cast_stats.resent;
+    if (!whole.empty())
+      ++m.stage_stats.resent;
+    m.QueueStep(d, whole.empty() ? ibs[d] : whole[d]);
+    return true;
+  };
   if (after_send)
     after_send();
   absl::Status s = m.Pump(
       ducks, m.opt.step_timeout, m.opt.persistent ? "step" : "run",
       [&](size_t d, const duckd_frame_header &h,
           absl::Span<const uint8_t> pl) -> absl::Status {
+        Conn &c = m.conns[d];
         if (h.type == DUCKD_MSG_STEP_CAST) // the batch came whole
-          m.conns[d].cast_misses = 0;
+          c.cast_misses = 0;
+        if (c.stage_id && h.request_id == c.stage_id) {
+          c.stage_id = 0; // the stage ran; its OB is its header alone
+          return absl::OkStatus();
+        }
         return ReadStepReply(pl, &(*out_outputs)[d]);
       },
       nullptr, false, m.opt.reply_spin);
@@ -790,6 +862,21 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
 }
 
 CastStats DuckClient::cast_stats() const { return impl_->cast_stats; }
+DuckClient::StageStats DuckClient::stage_stats() const {
+  return impl_->stage_stats;
+}
+
+void DuckClient::Impl::CastMissed(size_t d, const std::string &why) {
+  Conn &c = conns[d];
+  if (++c.cast_misses >= opt.cast_give_up && !c.cast_off) {
+    c.cast_off = true;
+    ++cast_stats.ducks_off;
+    std::fprintf(stderr,
+                 "duckrun: %s missed %u cast steps in a row (%s): plain "
+                 "steps to it from now on\n",
+                 Name(d).c_str(), c.cast_misses, why.c_str());
+  }
+}
 
 absl::Status DuckClient::Close() {
   Impl &m = *impl_;

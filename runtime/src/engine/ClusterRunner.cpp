@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <utility>
 
 namespace duck::runtime {
 namespace pl = ::duck::plan;
@@ -30,9 +31,16 @@ void ClusterFfnRunner::ResetStats() {
 }
 
 absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
-                                        bool scatter) {
+                                        bool scatter, bool staged) {
   const size_t ducks = client_->size();
+  // A staged step: its routed slots to every duck, the whole step (ib_)
+  // to one that finds no stage.
+  std::vector<absl::Span<const uint8_t>> whole;
   std::vector<absl::Span<const uint8_t>> ibs(ducks, absl::MakeConstSpan(ib_));
+  if (staged) {
+    whole = ibs;
+    ibs.assign(ducks, absl::MakeConstSpan(staged_ib_));
+  }
   for (size_t r = 0; scatter && r < ducks; ++r)
     ibs[r] = absl::MakeConstSpan(scatter_ibs_[r]);
   StepMetrics metrics;
@@ -43,12 +51,15 @@ absl::Status ClusterFfnRunner::SendStep(std::vector<StepMetrics> &kept,
     // The host's own work for the meanwhile (FfnRunner::Meanwhile) first,
     // then the reads of the next ops' weights (FfnRunner::Prefetch), then
     // whatever parks the host's threads until the answers come.
-    absl::Status s = client_->Step(ibs, &outputs_, &metrics, [this] {
-      RunMeanwhile();
-      RunPrefetch();
-      if (after_send_)
-        after_send_();
-    });
+    absl::Status s = client_->Step(
+        ibs, &outputs_, &metrics,
+        [this] {
+          RunMeanwhile();
+          RunPrefetch();
+          if (after_send_)
+            after_send_();
+        },
+        whole);
     if (s.ok())
       break;
     if (!recover_)
@@ -120,6 +131,60 @@ void ClusterFfnRunner::Account(size_t r, double params) {
   stats_.kernel_ns[r] += maxNs;
 }
 
+bool ClusterFfnRunner::Stage(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                             uint32_t shared, const duck_expert_slot *slots,
+                             const float *x) {
+  stage_.sent = false;
+  if ((mode != DUCK_MODE_MOE_DECODE && mode != DUCK_MODE_MOE_DECODE_SMP) ||
+      shared == 0 || n_tokens == 0 || !client_->persistent())
+    return false;
+  const uint32_t flags = ib_flags_ | DUCK_IB_STAGE;
+  stage_ib_.resize(duck_ib_bytes_flags(n_tokens, shared, hidden_, flags));
+  duck_ib_write_flags(stage_ib_.data(), mode, slot, n_tokens, shared, slots,
+                      x, hidden_, flags);
+  const std::vector<absl::Span<const uint8_t>> ibs(
+      client_->size(), absl::MakeConstSpan(stage_ib_));
+  const bool skip =
+      stage_skip_every_ && (stats_.stages + 1) % stage_skip_every_ == 0;
+  if (!skip && !client_->Stage(ibs).ok())
+    return false; // the whole step goes (and meets the broken duck)
+  stage_.sent = true;
+  stage_.mode = mode;
+  stage_.slot = slot;
+  stage_.n_tokens = n_tokens;
+  stage_.shared = shared;
+  stage_.slots.assign(slots, slots + (uint64_t)n_tokens * shared);
+  ++stats_.stages;
+  return true;
+}
+
+bool ClusterFfnRunner::TakeStage(uint32_t mode, uint32_t slot,
+                                 uint32_t n_tokens, uint32_t top_k,
+                                 const duck_expert_slot *slots) {
+  PendingStage &s = stage_;
+  const bool sent = std::exchange(s.sent, false);
+  if (!sent || s.mode != mode || s.slot != slot || s.n_tokens != n_tokens ||
+      top_k <= s.shared)
+    return false;
+  const uint32_t routed = top_k - s.shared;
+  for (uint64_t t = 0; t < n_tokens; ++t)
+    for (uint32_t i = 0; i < s.shared; ++i) {
+      const duck_expert_slot &a = slots[t * top_k + routed + i],
+                             &b = s.slots[t * s.shared + i];
+      if (a.expert != b.expert || a.weight != b.weight)
+        return false;
+    }
+  routed_.resize((uint64_t)n_tokens * routed);
+  for (uint64_t t = 0; t < n_tokens; ++t)
+    std::copy(slots + t * top_k, slots + t * top_k + routed,
+              routed_.begin() + t * routed);
+  staged_ib_.resize(duck_ib_x_offset(routed_.size()));
+  duck_ib_write_flags(staged_ib_.data(), mode, slot, n_tokens, routed,
+                      routed_.data(), nullptr, hidden_,
+                      ib_flags_ | DUCK_IB_STAGED);
+  return true;
+}
+
 absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
                                    uint32_t n_tokens, uint32_t top_k,
                                    const duck_expert_slot *slots,
@@ -127,12 +192,14 @@ absl::Status ClusterFfnRunner::Run(uint32_t mode, uint32_t slot,
   ib_.resize(duck_ib_bytes_flags(n_tokens, top_k, hidden_, ib_flags_));
   duck_ib_write_flags(ib_.data(), mode, slot, n_tokens, top_k, slots, x,
                       hidden_, ib_flags_);
+  const bool staged = TakeStage(mode, slot, n_tokens, top_k, slots);
+  stats_.staged_steps += staged;
   // A prompt's steps by their mode: its last layer's step may carry one
   // row (the row that samples), in the prefill mode all the same.
   const bool prompt =
       mode == DUCK_MODE_DENSE_PREFILL || mode == DUCK_MODE_MOE_PREFILL;
-  if (absl::Status s =
-          SendStep(prompt ? stats_.prefill_steps : stats_.decode_steps);
+  if (absl::Status s = SendStep(
+          prompt ? stats_.prefill_steps : stats_.decode_steps, false, staged);
       !s.ok())
     return s;
 

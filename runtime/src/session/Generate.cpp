@@ -477,6 +477,12 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
     sj["cast_datagram_bytes"] = cs.datagram_bytes;
     sj["cast_ducks_off"] = cs.ducks_off;
   }
+  // Staged steps (a plan with stage_shared): the stages sent, the steps
+  // sent as their routed slots, and the ducks sent their whole step when
+  // they found no stage.
+  sj["stages"] = rs.stages;
+  sj["staged_steps"] = rs.staged_steps;
+  sj["stage_resent"] = ses.client().stage_stats().resent;
   sj["duck_kernel_gparam_s"] = s->gparam_s;
   if (run.spec.verify_steps)
     sj["speculative"] = {

@@ -615,6 +615,8 @@ absl::Status Session::Start(std::ostream &log) {
 
   runner_ = std::make_unique<ClusterFfnRunner>(*plan_, client_.get());
   runner_->KeepSteps(o.keep_steps);
+  if (const char *d = std::getenv("DUCK_TEST_STAGE_SKIP_EVERY"))
+    runner_->SetStageSkipEvery(uint32_t(std::max(0, std::atoi(d))));
   if (o.recover_seconds > 0)
     runner_->SetRecover(RecoverWith(client_, co_, local_, spares_, images_,
                                     elf_, o, log));

@@ -34,6 +34,9 @@ struct Candidate {
   /// Its steps cast once to every duck (duckc --fanout multicast): what
   /// the search ran it with.
   bool multicast = false;
+  /// Its MoE steps staged (duckc --stage-shared): what its stats chose
+  /// (ClusterModel::stageSharedOpen) or were told.
+  bool stageShared = false;
   /// Where the attention projections went (the stats say: a GQA query
   /// projection is one of its input projections, so in+q is in there).
   bool inOn = false, qOn = false, oOn = false;

@@ -147,6 +147,18 @@ struct ClusterModel {
   /// whole (a frame's checksum precedes its payload), so duckc writes no
   /// plan with it.
   bool stageX = false;
+  /// Staged MoE steps (duckc --stage-shared; the plan's stage_shared;
+  /// abi.h DUCK_IB_STAGE): a MoE decode step's shared experts leave with x
+  /// as soon as the layer's input is normalised, the ducks run them (one
+  /// slot split over a duck's cores) while the host computes the router,
+  /// and the routed slots follow alone, plainly (a few bytes a duck). A
+  /// layer with a host router and a shared expert saves min(x's time out
+  /// + the shared expert's time on its slowest duck - the routed slots'
+  /// time out, the router's time + the step's time out - the stage's),
+  /// at most the router's time, less the stages' answers' time back.
+  /// `stageSharedOpen`: each candidate takes it where it is faster (--tp
+  /// auto with a cluster file and no --stage-shared).
+  bool stageShared = false, stageSharedOpen = false;
   /// The IB flags (duck_ib_flags) that ask for wireX and wireOut.
   uint32_t ibFlags() const;
   /// duckc's name of a wire form: "f32", "bf16", "q8".
@@ -334,6 +346,12 @@ struct PlanCost {
   /// ClusterModel::stageX: the FFN steps' x time out hidden behind the
   /// routers' reads, a token (already taken off networkMsPerToken).
   double stagedXMsPerToken = 0;
+  /// ClusterModel::stageShared: the routers' time hidden behind the
+  /// staged shared experts a token (taken off hostMsPerToken when
+  /// stagedShared), and whether the plan stages (stageSharedOpen: where
+  /// it is faster).
+  double stagedSharedMsPerToken = 0;
+  bool stagedShared = false;
   /// duckc --mla-absorb ducks: the kv_b_proj bytes a token the ducks
   /// took off the host's reads (0: none absorbed).
   double mlaAbsorbedBytesPerToken = 0;

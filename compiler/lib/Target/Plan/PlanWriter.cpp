@@ -1254,7 +1254,7 @@ Error mlir::duck::writePlan(ModuleOp module, const Checkpoint &ckpt,
       DUCK_FP9_FORMAT_VERSION, compiler.c_str(), absDir.c_str(), &fileDefs,
       modelOffset, part.getTp(), multipleOf, opts.coresPerDuck, strategy,
       &pb.ops, &*ducks, pb.numValues, limits, opts.wireBf16, opts.wireOutBf16,
-      mtp, opts.wireQ8, opts.wireOutQ8, opts.multicast);
+      mtp, opts.wireQ8, opts.wireOutQ8, opts.multicast, opts.stageShared);
   pl::FinishPlanDefBuffer(pb.fbb, root);
   return writePlanFile(dir, pb.fbb);
 }

@@ -3,7 +3,9 @@
 // A dense FFN is one duck step: every duck runs its slice of the layer and
 // the runner adds the partial outputs in rank order. A MoE FFN routes on
 // the host first (Routers.h) and sends the (expert, weight) slots with the
-// rows; shared experts are extra slots of weight 1.
+// rows; shared experts are extra slots of weight 1. A plan with
+// stage_shared sends a decode step's shared experts ahead, before the
+// router runs (FfnRunner::Stage), and then the routed slots.
 //===----------------------------------------------------------------------===//
 #include "HostOp.h"
 #include "Routers.h"
@@ -34,10 +36,16 @@ private:
 class MoeFfn final : public HostOp {
 public:
   MoeFfn(const pl::DuckStepDef &step, const RouterConfig &rc, FfnRunner *r,
-         ThreadPool *pool, uint32_t hidden, uint32_t maxRows)
+         ThreadPool *pool, uint32_t hidden, uint32_t maxRows, bool stage)
       : step_(step), router_(rc), runner_(r), pool_(pool), hidden_(hidden),
         perRow_(rc.top_k + rc.shared), slots_((uint64_t)maxRows * perRow_),
-        logits_((uint64_t)std::max(1u, maxRows) * rc.experts) {}
+        logits_((uint64_t)std::max(1u, maxRows) * rc.experts),
+        stage_(stage && rc.shared > 0) {
+    // The shared experts' slots of every row, as Router::Route writes them.
+    for (uint32_t t = 0; stage_ && t < maxRows; ++t)
+      for (uint32_t s = 0; s < rc.shared; ++s)
+        shared_.push_back({rc.experts + s, 1.0f});
+  }
 
   HostMatrix gate_;
   std::vector<float> bias_;
@@ -49,6 +57,11 @@ public:
 
   absl::Status Run(const Step &s) override {
     const float *x = In(s, 0);
+    const uint32_t mode =
+        s.prefill ? step_.prefill_mode() : step_.decode_mode();
+    if (stage_ && !s.prefill)
+      runner_->Stage(mode, step_.slot(), s.rows(), router_.config().shared,
+                     shared_.data(), x);
     // Every row's logits in one product over the pool (the router's
     // weights read once a step, its rows split over the threads; a row's
     // bits are MatVecRows'), then each row routed.
@@ -64,8 +77,8 @@ public:
                     slots_.data() + (uint64_t)t * perRow_);
     float *out = Out(s);
     std::fill(out, out + (uint64_t)s.rows() * hidden_, 0.0f);
-    return runner_->Run(s.prefill ? step_.prefill_mode() : step_.decode_mode(),
-                        step_.slot(), s.rows(), perRow_, slots_.data(), x, out);
+    return runner_->Run(mode, step_.slot(), s.rows(), perRow_, slots_.data(), x,
+                        out);
   }
 
 private:
@@ -76,6 +89,8 @@ private:
   uint32_t hidden_, perRow_;
   std::vector<duck_expert_slot> slots_;
   std::vector<float> logits_;
+  bool stage_;
+  std::vector<duck_expert_slot> shared_;
 };
 
 } // namespace
@@ -107,7 +122,8 @@ HostOpOr CreateMoeFfn(const OpEnv &env) {
                      " experts in ", rc.n_group, " groups, ", rc.topk_group,
                      " kept)");
   auto op = std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.pool,
-                                     env.hidden, env.max_rows);
+                                     env.hidden, env.max_rows,
+                                     env.plan.def().stage_shared());
   const pl::TensorDef *t;
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->router_weight(), "router"));
   DUCK_ASSIGN_OR_RETURN(op->gate_, env.weights.Matrix(*t));

@@ -31,6 +31,7 @@ struct PlanWriteOptions {
   bool wireQ8 = false;      // PlanDef.wire_x_q8
   bool wireOutQ8 = false;   // PlanDef.wire_out_q8
   bool multicast = false;   // PlanDef.fanout_multicast
+  bool stageShared = false; // PlanDef.stage_shared
   /// Called with (rank, bytes done, bytes total) while images are written.
   std::function<void(int64_t, uint64_t, uint64_t)> progress;
   /// Set by the caller (Ctrl-C) to stop: the write fails with

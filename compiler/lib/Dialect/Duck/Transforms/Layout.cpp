@@ -716,6 +716,14 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        "out while the host reads its router: %.3f ms a token "
                        "of the network hidden (taken off it below)\n",
                        s.stagedXMsPerToken);
+  if (s.stagedShared || c.stageSharedOpen)
+    os << llvm::format("stage shared: %s: each MoE step's shared experts "
+                       "sent with x before the host routes, the routed slots "
+                       "after: %.3f ms a token of the routers' time hidden%s\n",
+                       s.stagedShared ? "on" : "off",
+                       s.stagedSharedMsPerToken,
+                       s.stagedShared ? " (taken off the host's time below)"
+                                      : " (less than it costs: not staged)");
   if (s.mlaAbsorbedBytesPerToken > 0)
     os << llvm::format("mla absorb: kv_b_proj on the ducks by heads: %.1f MB "
                        "a token off the host's reads, each query step also "
@@ -921,6 +929,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"host_ops_ms_per_token", s.hostOpsMsPerToken},
       {"host_overlapped_ms_per_token", s.hostOverlappedMsPerToken},
       {"staged_x_ms_per_token", s.stagedXMsPerToken},
+      {"stage_shared", s.stagedShared},
+      {"staged_shared_ms_per_token", s.stagedSharedMsPerToken},
       {"host_attention_gmac_per_token", s.hostAttnGmacPerToken},
       {"host_attention_ms_per_token", s.hostAttnMsPerToken},
       {"per_duck_bytes", std::move(perDuck)},

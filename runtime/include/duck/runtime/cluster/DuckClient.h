@@ -198,10 +198,25 @@ public:
   absl::Status Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                     std::vector<DuckOutput> *out_outputs,
                     StepMetrics *out_metrics = nullptr,
-                    const std::function<void()> &after_send = nullptr);
+                    const std::function<void()> &after_send = nullptr,
+                    absl::Span<const absl::Span<const uint8_t>> whole = {});
+
+  /// Staged steps (abi.h, DUCK_IB_STAGE; persistent sessions only): sends
+  /// ibs[d], a stage, to duck d (once as a cast when they are all the same)
+  /// and returns without waiting. The next Step must be its
+  /// DUCK_IB_STAGED step, with `whole` (each duck's whole step): it reads
+  /// the stages' answers first (an error there is left to the staged step,
+  /// which then finds no stage) and sends a duck that answers stage_missed
+  /// its whole step plainly. The stage's IBs must stay valid until then.
+  absl::Status Stage(absl::Span<const absl::Span<const uint8_t>> ibs);
 
   /// The cast path's counts (all zero without a cast address).
   CastStats cast_stats() const;
+  /// Stages sent, and ducks sent their whole step after a stage_missed.
+  struct StageStats {
+    uint64_t stages = 0, resent = 0;
+  };
+  StageStats stage_stats() const;
 
   /// Closes the sessions (kept connections stay usable for a new Open).
   absl::Status Close();

@@ -27,6 +27,9 @@ struct RunnerStats {
   /// 0: keep every step's metrics (one run); else keep between
   /// max_steps and 2 x max_steps of the newest (a server).
   size_t max_steps = 0;
+  /// Staged steps (FfnRunner::Stage): stages sent, and their steps that
+  /// went as only the routed slots.
+  uint64_t stages = 0, staged_steps = 0;
   /// Per duck: fp9 weights processed and ns spent in the ELF (max core).
   std::vector<double> params, kernel_ns;
 };
@@ -37,6 +40,8 @@ public:
   absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                    uint32_t top_k, const duck_expert_slot *slots,
                    const float *x, float *out) override;
+  bool Stage(uint32_t mode, uint32_t slot, uint32_t n_tokens, uint32_t shared,
+             const duck_expert_slot *slots, const float *x) override;
   absl::Status RunRows(Rows what, uint32_t slot, uint32_t n_tokens, const float *x,
                        uint32_t k, float *out, uint64_t width) override;
   absl::Status RunScatter(Rows what, uint32_t slot, uint32_t n_tokens,
@@ -64,6 +69,9 @@ public:
   void SetBeforeStep(std::function<void(uint64_t index)> f) {
     before_step_ = std::move(f);
   }
+  /// The loss tests: every n-th stage is not sent, so that its staged
+  /// step finds none (stage_missed) and goes whole. 0: every stage goes.
+  void SetStageSkipEvery(uint32_t n) { stage_skip_every_ = n; }
   uint64_t recoveries() const { return recoveries_; }
   /// Steps sent so far (each counted once, however often it was resent).
   uint64_t steps() const { return steps_; }
@@ -75,7 +83,13 @@ private:
   /// Sends ib_ to every duck, or duck r its own scatter_ibs_[r] (a
   /// scattered step), recovering as set; keeps the step's metrics in
   /// `kept`.
-  absl::Status SendStep(std::vector<StepMetrics> &kept, bool scatter = false);
+  absl::Status SendStep(std::vector<StepMetrics> &kept, bool scatter = false,
+                        bool staged = false);
+  /// Whether Run's step completes the stage sent last (the same mode,
+  /// slot and rows, each row's last slots the staged ones); the stage is
+  /// spent either way.
+  bool TakeStage(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                 uint32_t top_k, const duck_expert_slot *slots);
   /// The stats a head step's metrics go to (the LM head's or an
   /// attention's, decode or prefill).
   std::vector<StepMetrics> &HeadSteps(Rows what, uint32_t n_tokens);
@@ -91,10 +105,19 @@ private:
   std::function<void(uint64_t)> before_step_;
   std::function<void()> after_send_;
   uint64_t steps_ = 0, recoveries_ = 0;
+  uint32_t stage_skip_every_ = 0;
   uint32_t hidden_;
   uint32_t ib_flags_; // DUCK_IB_X_BF16, DUCK_IB_OUT_BF16 as the plan says
   std::vector<float> widened_; // a bf16 answer widened (Output)
   std::vector<uint8_t> ib_;
+  // The stage in flight (Stage) and its step's routed slots alone.
+  struct PendingStage {
+    bool sent = false;
+    uint32_t mode = 0, slot = 0, n_tokens = 0, shared = 0;
+    std::vector<duck_expert_slot> slots;
+  } stage_;
+  std::vector<uint8_t> stage_ib_, staged_ib_;
+  std::vector<duck_expert_slot> routed_;
   std::vector<std::vector<uint8_t>> scatter_ibs_; // a scattered step's
   std::vector<float> gathered_; // one duck's part of a scattered x
   std::vector<DuckOutput> outputs_;

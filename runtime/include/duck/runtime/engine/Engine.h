@@ -44,6 +44,19 @@ public:
   virtual absl::Status Run(uint32_t mode, uint32_t slot, uint32_t n_tokens,
                            uint32_t top_k, const duck_expert_slot *slots,
                            const float *x, float *out) = 0;
+  /// A MoE decode step's shared experts sent ahead, before the host routes
+  /// (a plan's stage_shared; abi.h DUCK_IB_STAGE): `slots` holds n_tokens
+  /// * shared entries (each row's shared experts, as the last `shared` of
+  /// its Run slots). The ducks run them while the host computes the
+  /// router; the next Run of the same mode, slot and rows sends only the
+  /// routed slots, and its sums have the bits of the whole step. false:
+  /// this runner does not stage (the next Run sends the whole step).
+  virtual bool Stage(uint32_t mode, uint32_t slot, uint32_t n_tokens,
+                     uint32_t shared, const duck_expert_slot *slots,
+                     const float *x) {
+    (void)mode, (void)slot, (void)n_tokens, (void)shared, (void)slots, (void)x;
+    return false;
+  }
   /// What a row-split step computes (its time is counted apart).
   enum class Rows { kAttention, kLmHead };
   /// A matrix whose rows are split over the ducks (a head slot on each:
