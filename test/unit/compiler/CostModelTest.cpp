@@ -490,6 +490,75 @@ TEST(CostModelTest, StagedXHidesBehindTheRouter) {
   EXPECT_EQ(costPlan(m, c).stagedXMsPerToken, 0);
 }
 
+// --stage-shared: a MoE step's shared expert leaves with x before the
+// router runs and the routed slots follow alone, so the router's time
+// hides behind x's time out and the shared expert's time on the ducks
+// (never more than the router's time), less the stages' answers back.
+TEST(CostModelTest, StagedSharedExpertHidesTheRouter) {
+  ModelFacts m = twoDenseLayersOnTwoDucks();
+  for (FfnLayer &l : m.ffn) {
+    l.moe = true;
+    l.topK = 1;
+    l.numExperts = 1; // expert 0 routed, expert 1 shared
+    l.numShared = 1;
+    for (FfnShard &s : l.shards)
+      s.expertBegin = 0, s.expertEnd = 2;
+  }
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.hostReadGbs = 1; // 1 byte a ns
+  c.duckGparamS = {20, 20};
+  c.stageShared = true;
+  EXPECT_EQ(costPlan(m, c).stagedSharedMsPerToken, 0); // no router bytes
+  // The pieces: the whole step out (two ducks' 4208-byte frames at 1
+  // Gb/s: 67.328 us), the stage's (x and the shared slot: the same size),
+  // the routed slot alone (112 bytes a duck: 1.792 us), and the shared
+  // expert on a duck (3 x 1024 x 128 weights at 20 G/s: 19.66 us).
+  const std::vector<int64_t> whole(2, 1024), none(2, 0);
+  const double o = stepWire(c, 1, 2, 1024, whole, true).outSeconds;
+  const StepWire stage = stepWire(c, 1, 1, 1024, none, false);
+  const double o2 = stepWire(c, 1, 1, 0, whole, true).outSeconds;
+  const double shared = expertSeconds(m.ffn[0].shards[0], c);
+  EXPECT_NEAR(o, 2 * 4208 * 8e-9, 1e-15);
+  EXPECT_NEAR(stage.outSeconds, o, 1e-15);
+  EXPECT_NEAR(o2, 2 * 112 * 8e-9, 1e-15);
+  EXPECT_NEAR(shared, 3 * 1024 * 128 / 20e9, 1e-15);
+  // A 1 MB router (1 ms): x and the shared expert hide under it.
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 1'000'000;
+  const PlanCost before = [&] {
+    ClusterModel off = c;
+    off.stageShared = false;
+    return costPlan(m, off);
+  }();
+  PlanCost p = costPlan(m, c);
+  const double big = o + shared - o2 - stage.backSeconds;
+  EXPECT_NEAR(p.stagedSharedMsPerToken, 2e3 * big, 1e-12);
+  EXPECT_TRUE(p.stagedShared);
+  EXPECT_NEAR(p.hostMsPerToken, before.hostMsPerToken - 2e3 * big, 1e-12);
+  EXPECT_NEAR(p.networkMsPerToken, before.networkMsPerToken, 1e-12);
+  // A 10 KB router (10 us) hides at most its own time.
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 10'000;
+  p = costPlan(m, c);
+  EXPECT_NEAR(p.stagedSharedMsPerToken, 2e3 * (10e-6 - stage.backSeconds),
+              1e-12);
+  // Left to the cost model (--tp auto), a stage that costs more than it
+  // hides is not taken: a 10-byte router hides 10 ns, the answers take
+  // longer to come back.
+  c.stageShared = false;
+  c.stageSharedOpen = true;
+  EXPECT_TRUE(costPlan(m, c).stagedShared);
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 10;
+  p = costPlan(m, c);
+  EXPECT_LT(p.stagedSharedMsPerToken, 0);
+  EXPECT_FALSE(p.stagedShared);
+  ClusterModel off = c;
+  off.stageSharedOpen = false;
+  EXPECT_NEAR(p.tokS, costPlan(m, off).tokS, 1e-9);
+}
+
 // A collective among 4 ducks at 1 Gb/s (125 bytes a us), 10 us one way,
 // 5 us a call and 2 us a message: 10 values of 4 bytes, slices 3, 3, 2, 2.
 TEST(CostModelTest, MeshCollectivesAreDirectExchanges) {
