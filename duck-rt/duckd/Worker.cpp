@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -164,13 +165,16 @@ struct WorkerSide {
   std::unique_ptr<FrameCheck> check;  // session workers: of each step
   std::unique_ptr<CastReceiver> cast; // session workers with a cast socket
   /// The last DUCK_IB_STAGE step's (abi.h), for the DUCK_IB_STAGED step
-  /// after it: its header, its x as sent and its fp32 results. Reserved
-  /// before the sandbox (ib_limit and ob_limit bytes): never allocates.
+  /// after it: its header, slots, x as sent and fp32 results a slot.
+  /// Reserved before the sandbox (an IB's slots and bytes, four OBs of
+  /// results): never allocates.
   struct Stage {
     bool valid = false;
     duck_ib_header ih{};
+    std::vector<duck_expert_slot> slots; // each token's, by expert id
+    std::vector<duck_expert_slot> column; // one slot of every token
     std::vector<uint8_t> x;
-    std::vector<float> out;
+    std::vector<float> out; // a slot's results after another's
   } stage;
 
   duck_info InfoFor(uint32_t core) const {
@@ -513,17 +517,37 @@ bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
 }
 
 /// What a step's IB asks of duckd besides the ELF's call (abi.h's
-/// DUCK_IB_STAGE and DUCK_IB_STAGED), w->ib made ready for the call.
+/// DUCK_IB_STAGE and DUCK_IB_STAGED).
 struct Staging {
   uint32_t flags = 0;     // DUCK_IB_STAGE, DUCK_IB_STAGED or 0
   uint32_t out_flags = 0; // the out form the host asked for
 };
 
-/// Reads a step's IB header for staging and makes the IB the ELF's: a
-/// stage's flags (and out form: its results are kept in fp32) taken off;
-/// a staged step's x put back from its stage. "" or why the step cannot
-/// run, answered with `code`. `had`: the step frame right before this one
-/// was a stage that ran (every step frame takes the stage away on arrival,
+/// Writes the ELF's IB for a staged call into w->ib: `ih` (its flags
+/// those of the call), `slots` (n_tokens * ih.top_k) and the stage's x.
+/// Its bytes; 0 when it would not fit the session's IB.
+uint64_t WriteStagedIb(WorkerSide *w, duck_ib_header ih,
+                       const duck_expert_slot *slots) {
+  const uint64_t n = uint64_t(ih.n_tokens) * ih.top_k;
+  ih.x_offset = duck_ib_x_offset(n);
+  const std::vector<uint8_t> &x = w->stage.x;
+  if (ih.x_offset + x.size() > w->cfg->ib_limit)
+    return 0;
+  const uint64_t slotEnd = sizeof ih + n * sizeof(duck_expert_slot);
+  // The slots may be the IB's own (a staged step's): moved before the
+  // header and the padding are written over the bytes around them.
+  std::memmove(w->ib + sizeof ih, slots, n * sizeof(duck_expert_slot));
+  std::memcpy(w->ib, &ih, sizeof ih);
+  std::memset(w->ib + slotEnd, 0, ih.x_offset - slotEnd);
+  std::memcpy(w->ib + ih.x_offset, x.data(), x.size());
+  return ih.x_offset + x.size();
+}
+
+/// Reads a step's IB header for staging: a stage's header, slots (each
+/// token's by expert id, the order of the ELF's sum) and x kept; a staged
+/// step's IB made whole with its stage's x. "" or why the step cannot run,
+/// answered with `code`. `had`: the step frame right before this one was
+/// a stage that ran (every step frame takes the stage away on arrival,
 /// TakeStage: it is used once, by the very next one).
 std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
                            Staging *st, duckd_error_code *code) {
@@ -540,19 +564,28 @@ std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
   *code = DUCKD_ERR_BAD_REQUEST;
   const bool decode = ih.mode == DUCK_MODE_MOE_DECODE ||
                       ih.mode == DUCK_MODE_MOE_DECODE_SMP;
-  const uint64_t slotEnd =
-      sizeof ih + uint64_t(ih.n_tokens) * ih.top_k * sizeof(duck_expert_slot);
+  const uint64_t n = uint64_t(ih.n_tokens) * ih.top_k;
+  const uint64_t slotEnd = sizeof ih + n * sizeof(duck_expert_slot);
   if (st->flags == (DUCK_IB_STAGE | DUCK_IB_STAGED) || !decode ||
-      ih.n_tokens == 0 || slotEnd > *ib_bytes)
+      ih.n_tokens == 0 || ih.top_k == 0 || slotEnd > *ib_bytes)
     return absl::StrCat("a staged step (IB flags ", ih.flags,
                         ") must be one MoE decode step with its slots");
   ih.flags &= ~(DUCK_IB_STAGE | DUCK_IB_STAGED | kOut);
+  const auto *slots = reinterpret_cast<const duck_expert_slot *>(w->ib + sizeof ih);
   if (st->flags == DUCK_IB_STAGE) {
     if (ih.x_offset < slotEnd || ih.x_offset > *ib_bytes)
       return "a stage's x_offset is outside its IB";
+    if (n > s.slots.capacity())
+      return "a stage of more slots than an IB holds";
     s.ih = ih;
     s.x.assign(w->ib + ih.x_offset, w->ib + *ib_bytes);
-    std::memcpy(w->ib, &ih, sizeof ih);
+    s.slots.assign(slots, slots + n);
+    for (uint64_t t = 0; t < ih.n_tokens; ++t) { // stable, as the ELF's
+      duck_expert_slot *row = s.slots.data() + t * ih.top_k;
+      for (uint32_t i = 1; i < ih.top_k; ++i)
+        for (uint32_t j = i; j > 0 && row[j - 1].expert > row[j].expert; --j)
+          std::swap(row[j - 1], row[j]);
+    }
     return std::string();
   }
   const uint32_t kX = DUCK_IB_X_BF16 | DUCK_IB_X_Q8;
@@ -562,41 +595,85 @@ std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
     return absl::StrCat("staged step on slot ", ih.slot,
                         ": no stage of its own came before it");
   }
-  ih.x_offset = duck_ib_x_offset(uint64_t(ih.n_tokens) * ih.top_k);
-  if (ih.x_offset + s.x.size() > w->cfg->ib_limit) {
+  *ib_bytes = WriteStagedIb(w, ih, slots);
+  if (*ib_bytes == 0) {
     *code = DUCKD_ERR_TOO_LARGE;
     return "a staged step with its stage's x exceeds the session's IB";
   }
-  std::memcpy(w->ib, &ih, sizeof ih);
-  std::memset(w->ib + slotEnd, 0, ih.x_offset - slotEnd);
-  std::memcpy(w->ib + ih.x_offset, s.x.data(), s.x.size());
-  *ib_bytes = ih.x_offset + s.x.size();
   return std::string();
 }
 
-/// After a staged call that ran: a stage's results kept (its OB then only
-/// its header), a staged step's sum completed with them and narrowed.
-/// "" or why the OB cannot be used.
-std::string FinishStaging(WorkerSide *w, const Staging &st, duck_info &info) {
-  WorkerSide::Stage &s = w->stage;
+/// The fp32 rows of the OB a call wrote (n values), or null.
+float *Fp32Out(const WorkerSide *w, const duck_info &info, uint64_t *n) {
   duck_ob_header oh;
   if (info.ob_size < sizeof oh)
-    return "the ELF wrote no output header";
+    return nullptr;
   std::memcpy(&oh, w->ob, sizeof oh);
-  const uint64_t n = uint64_t(oh.n_tokens) * oh.hidden;
-  if (oh.out_offset != sizeof oh || sizeof oh + 4 * n > info.ob_size)
-    return "the ELF's output is not fp32 rows";
-  float *out = reinterpret_cast<float *>(w->ob + oh.out_offset);
-  if (st.flags == DUCK_IB_STAGE) {
-    s.out.assign(out, out + n);
-    s.valid = true;
-    info.ob_size = sizeof oh;
-    return std::string();
+  *n = uint64_t(oh.n_tokens) * oh.hidden;
+  if (oh.out_offset != sizeof oh || sizeof oh + 4 * *n > info.ob_size)
+    return nullptr;
+  return reinterpret_cast<float *>(w->ob + oh.out_offset);
+}
+
+/// A stage: each of its tokens' slots run alone, in expert order, their
+/// fp32 results kept apart, so that the staged step adds them one by one
+/// after the routed experts' sum, as the whole step's sum would. Its
+/// status; a call's results that cannot be kept are *bad.
+int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
+                 uint64_t *worker_ns, std::string *bad) {
+  WorkerSide::Stage &s = w->stage;
+  const uint32_t k = s.ih.top_k;
+  duck_ib_header one = s.ih;
+  one.top_k = 1;
+  s.out.clear();
+  std::vector<duck_expert_slot> &column = s.column;
+  column.resize(s.ih.n_tokens); // within its reserve
+  int32_t status = DUCK_STATUS_OK;
+  *worker_ns = 0;
+  for (uint32_t j = 0; j < k && status == DUCK_STATUS_OK; ++j) {
+    for (uint32_t t = 0; t < s.ih.n_tokens; ++t)
+      column[t] = s.slots[uint64_t(t) * k + j];
+    const uint64_t bytes = WriteStagedIb(w, one, column.data());
+    if (bytes == 0) {
+      *bad = "a stage's x exceeds the session's IB";
+      return status;
+    }
+    uint64_t ns = 0;
+    status = RunStep(w, h, info, bytes, &ns);
+    *worker_ns += ns;
+    uint64_t n = 0;
+    const float *out = Fp32Out(w, info, &n);
+    if (status != DUCK_STATUS_OK)
+      break;
+    if (!out || s.out.size() + n > s.out.capacity()) {
+      *bad = "a stage's results exceed what duckd keeps (its OB limit)";
+      return status;
+    }
+    s.out.insert(s.out.end(), out, out + n);
   }
-  if (s.out.size() != n)
+  if (status == DUCK_STATUS_OK) {
+    s.valid = true;
+    info.ob_size = sizeof(duck_ob_header); // the header alone
+  }
+  return status;
+}
+
+/// A staged step's answer: the routed experts' sum (the ELF's, fp32),
+/// then each kept stage result added in turn, narrowed as asked. "" or
+/// why the OB cannot be used.
+std::string FinishStaged(WorkerSide *w, const Staging &st, duck_info &info) {
+  WorkerSide::Stage &s = w->stage;
+  uint64_t n = 0;
+  float *out = Fp32Out(w, info, &n);
+  if (!out || n == 0 || s.out.size() != n * s.ih.top_k)
     return "a staged step's results do not match its stage's";
-  for (uint64_t i = 0; i < n; ++i)
-    out[i] += s.out[i];
+  for (uint32_t j = 0; j < s.ih.top_k; ++j) {
+    const float *add = s.out.data() + uint64_t(j) * n;
+    for (uint64_t i = 0; i < n; ++i)
+      out[i] += add[i];
+  }
+  duck_ob_header oh;
+  std::memcpy(&oh, w->ob, sizeof oh);
   info.ob_size =
       sizeof oh + duck_narrow_out(out, oh.n_tokens, oh.hidden, st.out_flags);
   return std::string();
@@ -615,10 +692,17 @@ bool RunAndReply(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
       !bad.empty())
     return StepError(w, h, deadline, code, bad);
   uint64_t workerNs = 0;
-  const int32_t status = RunStep(w, h, info, ib_bytes, &workerNs);
-  if (st.flags && status == DUCK_STATUS_OK)
-    if (std::string bad = FinishStaging(w, st, info); !bad.empty())
-      return StepError(w, h, deadline, DUCKD_ERR_INTERNAL, bad);
+  std::string bad;
+  int32_t status;
+  if (st.flags == DUCK_IB_STAGE) {
+    status = RunStage(w, h, info, &workerNs, &bad);
+  } else {
+    status = RunStep(w, h, info, ib_bytes, &workerNs);
+    if (st.flags == DUCK_IB_STAGED && status == DUCK_STATUS_OK)
+      bad = FinishStaged(w, st, info);
+  }
+  if (!bad.empty())
+    return StepError(w, h, deadline, DUCKD_ERR_INTERNAL, bad);
   return SendStepReply(w, h, info, status, workerNs, deadline);
 }
 
@@ -882,7 +966,9 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   }
   if (cfg.persistent) { // frames are checked and sealed from the sandbox
     w.stage.x.reserve(cfg.ib_limit);
-    w.stage.out.reserve(cfg.ob_limit / sizeof(float));
+    w.stage.slots.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
+    w.stage.column.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
+    w.stage.out.reserve(4 * cfg.ob_limit / sizeof(float));
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
     if (cfg.cast_fd >= 0) {

@@ -58,6 +58,12 @@ struct ClusterBenchOptions {
   /// "unicast" or "multicast" (duckc --fanout): with multicast the ducks
   /// get cast sockets and the simulator relays the host's datagrams.
   std::string fanout = "unicast";
+  /// duckc --stage-shared: the MoE steps' shared expert sent before the
+  /// host routes (on) or each step whole (off).
+  std::string stage_shared = "off";
+  /// Routed experts (0: as many as ducks): 256 gives the host
+  /// DeepSeek-V3.2's router (256 x 7168 bf16, 3.67 MB a layer).
+  uint32_t experts = 0;
   bool json = false;
   std::string work_dir; // default: a temporary directory, removed after
   bool keep = false;
@@ -76,6 +82,8 @@ void PrintUsage(FILE *out) {
       "(f32:\n"
       "  duckc's --wire-activations and --wire-results)] [--work-dir D "
       "(kept)]\n"
+      "  [--stage-shared on|off (off: duckc's --stage-shared)]\n"
+      "  [--experts E (N: routed experts; 256: DeepSeek-V3.2's router)]\n"
       "  [--fanout unicast|multicast (unicast: duckc's --fanout; multicast:\n"
       "  every duck a cast socket, the simulator's cast relay a switch's\n"
       "  multicast)]\n\n"
@@ -127,6 +135,10 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
       o->wire = v;
     else if ((v = ArgValue(argc, argv, &i, "--fanout")))
       o->fanout = v;
+    else if ((v = ArgValue(argc, argv, &i, "--stage-shared")))
+      o->stage_shared = v;
+    else if ((v = ArgValue(argc, argv, &i, "--experts")))
+      o->experts = uint32_t(std::atoi(v));
     else if ((v = ArgValue(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
@@ -139,6 +151,10 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
   if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8")
     return false;
   if (o->fanout != "unicast" && o->fanout != "multicast")
+    return false;
+  if (o->stage_shared != "on" && o->stage_shared != "off")
+    return false;
+  if (o->experts > 1024)
     return false;
   return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
          o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
@@ -168,6 +184,7 @@ std::string CompileFlags(const ClusterBenchOptions &o) {
     f += " --wire-activations " + o.wire + " --wire-results " + o.wire;
   if (o.fanout != "unicast")
     f += " --fanout " + o.fanout;
+  f += " --stage-shared " + o.stage_shared;
   return f;
 }
 
@@ -184,7 +201,7 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
      << " --dense-layers 1 --heads "
      << (o.attention == "host" ? 4u : std::max<uint32_t>(4, o.ducks))
      << " --intermediate " << inter << " --moe-intermediate 32 --experts "
-     << std::max<uint32_t>(2, o.ducks)
+     << std::max<uint32_t>(2, o.experts ? o.experts : o.ducks)
      << " --top-k 2 --shared-experts 1 --n-group 1 --topk-group 1"
      // --attention all: DeepSeek-V3.2's own LoRA ranks, so that the input
      // projections' rows (q_a and kv_a) split over the ducks.
@@ -459,6 +476,11 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   r["network_ratio_at_measured_latency"] =
       atProbe > 0 ? (tpot - baseTpot) / atProbe : 0;
   r["fanout"] = o.fanout;
+  r["stage_shared"] = o.stage_shared;
+  r["experts"] = o.experts ? o.experts : std::max<uint32_t>(2, o.ducks);
+  r["predicted_staged_shared_ms"] = Num(stats, "staged_shared_ms_per_token");
+  r["shaped_stages"] = Num(shaped.summary, "stages");
+  r["shaped_stage_resent"] = Num(shaped.summary, "stage_resent");
   r["shaped_run_bytes_to_ducks"] = shaped.to_ducks;
   r["shaped_run_cast_bytes_from_host"] = shaped.cast_from_host;
   r["shaped_cast_steps"] = Num(shaped.summary, "cast_steps");
@@ -515,6 +537,12 @@ void PrintText(const nlohmann::json &r) {
   std::printf("the host's wait on the ducks (dispatch gap) grew %.3f ms a "
               "token: measured / predicted network %.2f\n",
               d("measured_gap_network_ms"), d("gap_network_ratio"));
+  if (r["stage_shared"] == "on")
+    std::printf("staged MoE steps (%g routed experts): %g stages, %g ducks "
+                "sent their whole step; the model hides %.3f ms a token of "
+                "the routers' time\n",
+                d("experts"), d("shaped_stages"), d("shaped_stage_resent"),
+                d("predicted_staged_shared_ms"));
   std::printf("the simulator's one-way latency, measured by a 64-byte ping "
               "(shaped less unlimited): %.1f us; network predicted at it "
               "%.3f ms (measured / predicted %.2f)\n",
