@@ -407,6 +407,59 @@ TEST_F(DuckdBadClient, BadSizes) {
   r.HelloOk();
 }
 
+// Staged steps (abi.h DUCK_IB_STAGE / DUCK_IB_STAGED) that duckd refuses
+// before any call: a staged step with no stage before it is answered
+// stage_missed (the host then sends it whole), a stage that is not a MoE
+// decode step or carries both flags a bad request; a stage whose call
+// fails leaves nothing for the step after it.
+TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
+  Raw r(ep_);
+  r.HelloOk();
+  const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
+  duckd_open_request o{};
+  o.cores = 2;
+  o.ib_limit = 1 << 16;
+  o.ob_limit = 1 << 16;
+  o.scratch_bytes = 1 << 20;
+  o.elf_bytes = elf.size();
+  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+  auto f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  duckd_open_reply rep;
+  std::memcpy(&rep, f->payload.data(), sizeof rep);
+  const duck_expert_slot slots[2] = {{0, 0.5f}, {1, 0.5f}};
+  const std::vector<float> x(64, 1.0f);
+  auto step = [&](uint32_t mode, uint32_t top_k, uint32_t flags, bool withX) {
+    std::vector<uint8_t> ib(duck_ib_bytes_flags(1, top_k, 64, 0));
+    duck_ib_write_flags(ib.data(), mode, 0, 1, top_k, slots,
+                        withX ? x.data() : nullptr, 64, flags);
+    if (!withX)
+      ib.resize(duck_ib_x_offset(top_k));
+    duckd_step_request s{rep.session_id, ib.size()};
+    r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}});
+  };
+  step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_STAGE_MISSED).find("no stage of its own"),
+            std::string::npos);
+  step(DUCK_MODE_DENSE_DECODE, 0, DUCK_IB_STAGE, true);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("MoE decode step"),
+            std::string::npos);
+  step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE | DUCK_IB_STAGED, true);
+  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
+  // No weights here: the stage's call answers with the ELF's status, and
+  // keeps nothing.
+  step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE, true);
+  f = r.Recv();
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+  duckd_step_reply sr;
+  std::memcpy(&sr, f->payload.data(), sizeof sr);
+  EXPECT_NE(sr.status, DUCK_STATUS_OK);
+  step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false);
+  r.ExpectError(DUCKD_ERR_STAGE_MISSED);
+  r.HelloOk(); // still serving this host
+}
+
 TEST_F(DuckdBadClient, DisconnectMidStep) {
   const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
   {
