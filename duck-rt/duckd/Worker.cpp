@@ -175,6 +175,12 @@ struct WorkerSide {
     std::vector<duck_expert_slot> column; // one slot of every token
     std::vector<uint8_t> x;
     std::vector<float> out; // a slot's results after another's
+    void Reserve(const WorkerConfig &cfg) {
+      x.reserve(cfg.ib_limit);
+      slots.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
+      column.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
+      out.reserve(4 * cfg.ob_limit / sizeof(float));
+    }
   } stage;
 
   duck_info InfoFor(uint32_t core) const {
@@ -965,10 +971,7 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
     w.step = w.persistent->step();
   }
   if (cfg.persistent) { // frames are checked and sealed from the sandbox
-    w.stage.x.reserve(cfg.ib_limit);
-    w.stage.slots.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
-    w.stage.column.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
-    w.stage.out.reserve(4 * cfg.ob_limit / sizeof(float));
+    w.stage.Reserve(cfg);
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
     if (cfg.cast_fd >= 0) {

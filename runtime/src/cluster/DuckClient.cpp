@@ -118,9 +118,13 @@ struct DuckClient::Impl {
   bool stage_pending = false;
   /// During a cast step: answers a duck's cast_missed by queueing the step
   /// again plainly (true: handled).
-  std::function<bool(size_t, const duckd_frame_header &, uint32_t,
-                     const std::string &)>
-      retry;
+  using RetryFn = std::function<bool(size_t, const duckd_frame_header &,
+                                     uint32_t, const std::string &)>;
+  RetryFn retry;
+  /// A Step's retry: a stage's error absorbed, a missed cast or stage
+  /// answered by sending the step again (its whole step when staged).
+  RetryFn StepRetry(absl::Span<const absl::Span<const uint8_t>> ibs,
+                    absl::Span<const absl::Span<const uint8_t>> whole);
 
   using ReplyFn = std::function<absl::Status(size_t, const duckd_frame_header &,
                                              absl::Span<const uint8_t>)>;
@@ -808,33 +812,7 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
-  // A stage's error is left to its staged step (which then finds no
-  // stage); a cast step that missed goes again plainly, a staged one (its
-  // stage spent on arrival) as its whole step, as does one that found no
-  // stage.
-  m.retry = [&](size_t d, const duckd_frame_header &h, uint32_t code,
-                const std::string &why) {
-    Conn &c = m.conns[d];
-    const bool stage = c.stage_id && h.request_id == c.stage_id;
-    if (stage)
-      c.stage_id = 0;
-    if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
-      m.CastMissed(d, why);
-    if (stage)
-      return true;
-    if (code == DUCKD_ERR_STAGE_MISSED && !whole.empty()) {
-      ++m.stage_stats.resent;
-      m.QueueStep(d, whole[d]);
-      return true;
-    }
-    if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
-      return false;
-    ++m.cast_stats.resent;
-    if (!whole.empty())
-      ++m.stage_stats.resent;
-    m.QueueStep(d, whole.empty() ? ibs[d] : whole[d]);
-    return true;
-  };
+  m.retry = m.StepRetry(ibs, whole);
   if (after_send)
     after_send();
   absl::Status s = m.Pump(
@@ -859,6 +837,38 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     out_metrics->cast = cast;
   }
   return s;
+}
+
+DuckClient::Impl::RetryFn
+DuckClient::Impl::StepRetry(absl::Span<const absl::Span<const uint8_t>> ibs,
+                            absl::Span<const absl::Span<const uint8_t>> whole) {
+  // A stage's error is left to its staged step (which then finds no
+  // stage); a cast step that missed goes again plainly, a staged one (its
+  // stage spent on arrival) as its whole step, as does one that found no
+  // stage.
+  return [this, ibs, whole](size_t d, const duckd_frame_header &h,
+                            uint32_t code, const std::string &why) {
+    Conn &c = conns[d];
+    const bool stage = c.stage_id && h.request_id == c.stage_id;
+    if (stage)
+      c.stage_id = 0;
+    if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
+      CastMissed(d, why);
+    if (stage)
+      return true;
+    if (code == DUCKD_ERR_STAGE_MISSED && !whole.empty()) {
+      ++stage_stats.resent;
+      QueueStep(d, whole[d]);
+      return true;
+    }
+    if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
+      return false;
+    ++cast_stats.resent;
+    if (!whole.empty())
+      ++stage_stats.resent;
+    QueueStep(d, whole.empty() ? ibs[d] : whole[d]);
+    return true;
+  };
 }
 
 CastStats DuckClient::cast_stats() const { return impl_->cast_stats; }

@@ -408,6 +408,23 @@ DecodeBreakdown Breakdown(Session &ses, const Run &run, double tpotMs) {
       ses.local());
 }
 
+/// How the steps went to the ducks, into the summary's JSON: cast steps
+/// (a multicast plan with a cast address: the steps whose input went out
+/// once, and the ducks sent one again plainly) and staged steps (a plan
+/// with stage_shared: the stages sent, the steps sent as their routed
+/// slots, and the ducks sent their whole step when they found no stage).
+void FillStepFormsJson(Session &ses, nlohmann::json &sj) {
+  const CastStats cs = ses.client().cast_stats();
+  sj["cast_steps"] = cs.steps;
+  sj["cast_resent"] = cs.resent;
+  sj["cast_datagram_bytes"] = cs.datagram_bytes;
+  sj["cast_ducks_off"] = cs.ducks_off;
+  const RunnerStats &rs = ses.runner().stats();
+  sj["stages"] = rs.stages;
+  sj["staged_steps"] = rs.staged_steps;
+  sj["stage_resent"] = ses.client().stage_stats().resent;
+}
+
 /// The summary's JSON (--summary-json) from the run and its measures.
 void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   const RunnerStats &rs = ses.runner().stats();
@@ -468,21 +485,7 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   sj["ducks"] = ses.ducks();
   sj["persistent"] = ses.persistent();
   sj["recoveries"] = ses.runner().recoveries();
-  {
-    // Cast steps (a multicast plan with a cast address): the steps whose
-    // input went out once, and the ducks sent one again plainly.
-    const CastStats cs = ses.client().cast_stats();
-    sj["cast_steps"] = cs.steps;
-    sj["cast_resent"] = cs.resent;
-    sj["cast_datagram_bytes"] = cs.datagram_bytes;
-    sj["cast_ducks_off"] = cs.ducks_off;
-  }
-  // Staged steps (a plan with stage_shared): the stages sent, the steps
-  // sent as their routed slots, and the ducks sent their whole step when
-  // they found no stage.
-  sj["stages"] = rs.stages;
-  sj["staged_steps"] = rs.staged_steps;
-  sj["stage_resent"] = ses.client().stage_stats().resent;
+  FillStepFormsJson(ses, sj);
   sj["duck_kernel_gparam_s"] = s->gparam_s;
   if (run.spec.verify_steps)
     sj["speculative"] = {

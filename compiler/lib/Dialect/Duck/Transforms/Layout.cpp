@@ -685,6 +685,20 @@ void printPlacements(const ModuleStats &s, const ClusterModel &c,
 }
 
 /// The host's attention and weights, the wire, prefill.
+/// ClusterModel::stageShared: what staging hid (or, left to the model,
+/// why it was not taken).
+void printStagedShared(const ModuleStats &s, const ClusterModel &c,
+                       llvm::raw_ostream &os) {
+  if (!s.stagedShared && !c.stageSharedOpen)
+    return;
+  os << llvm::format("stage shared: %s: each MoE step's shared experts "
+                     "sent with x before the host routes, the routed slots "
+                     "after: %.3f ms a token of the routers' time hidden%s\n",
+                     s.stagedShared ? "on" : "off", s.stagedSharedMsPerToken,
+                     s.stagedShared ? " (taken off the host's time below)"
+                                    : " (less than it costs: not staged)");
+}
+
 void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                       llvm::raw_ostream &os) {
   if (s.hostAttnMsPerToken > 0)
@@ -716,14 +730,7 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        "out while the host reads its router: %.3f ms a token "
                        "of the network hidden (taken off it below)\n",
                        s.stagedXMsPerToken);
-  if (s.stagedShared || c.stageSharedOpen)
-    os << llvm::format("stage shared: %s: each MoE step's shared experts "
-                       "sent with x before the host routes, the routed slots "
-                       "after: %.3f ms a token of the routers' time hidden%s\n",
-                       s.stagedShared ? "on" : "off",
-                       s.stagedSharedMsPerToken,
-                       s.stagedShared ? " (taken off the host's time below)"
-                                      : " (less than it costs: not staged)");
+  printStagedShared(s, c, os);
   if (s.mlaAbsorbedBytesPerToken > 0)
     os << llvm::format("mla absorb: kv_b_proj on the ducks by heads: %.1f MB "
                        "a token off the host's reads, each query step also "
