@@ -636,6 +636,8 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   column.resize(s.ih.n_tokens); // within its reserve
   int32_t status = DUCK_STATUS_OK;
   *worker_ns = 0;
+  uint64_t cycles[DUCKD_MAX_CORES] = {}; // every call's, for the reply
+  const uint32_t cores = std::min<uint32_t>(w->cfg->cores, DUCKD_MAX_CORES);
   for (uint32_t j = 0; j < k && status == DUCK_STATUS_OK; ++j) {
     for (uint32_t t = 0; t < s.ih.n_tokens; ++t)
       column[t] = s.slots[uint64_t(t) * k + j];
@@ -647,6 +649,8 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
     uint64_t ns = 0;
     status = RunStep(w, h, info, bytes, &ns);
     *worker_ns += ns;
+    for (uint32_t c = 0; c < cores; ++c)
+      cycles[c] += w->ctl->core_cycles[c];
     uint64_t n = 0;
     const float *out = Fp32Out(w, info, &n);
     if (status != DUCK_STATUS_OK)
@@ -660,6 +664,8 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (status == DUCK_STATUS_OK) {
     s.valid = true;
     info.ob_size = sizeof(duck_ob_header); // the header alone
+    for (uint32_t c = 0; c < cores; ++c)
+      w->ctl->core_cycles[c] = cycles[c];
   }
   return status;
 }

@@ -813,6 +813,7 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
       m.Break(d, std::string(s.message()));
   }
   m.retry = m.StepRetry(ibs, whole);
+  uint64_t stageNs = 0; // the stage's slowest duck (its answers come first)
   if (after_send)
     after_send();
   absl::Status s = m.Pump(
@@ -824,6 +825,10 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
           c.cast_misses = 0;
         if (c.stage_id && h.request_id == c.stage_id) {
           c.stage_id = 0; // the stage ran; its OB is its header alone
+          DuckOutput o;
+          if (ReadStepReply(pl, &o).ok())
+            for (uint64_t ns : o.kernel_ns)
+              stageNs = std::max(stageNs, ns);
           return absl::OkStatus();
         }
         return ReadStepReply(pl, &(*out_outputs)[d]);
@@ -831,6 +836,7 @@ absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
       nullptr, false, m.opt.reply_spin);
   const uint64_t t1 = NowNs();
   m.retry = nullptr;
+  m.stage_stats.kernel_us += double(stageNs) / 1e3;
   if (out_metrics) {
     m.MeasureStep(ducks, *out_outputs, t0, t1, sent0, recv0, out_metrics);
     out_metrics->bytes_sent += m.cast_stats.datagram_bytes - castBytes0;

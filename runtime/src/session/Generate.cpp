@@ -423,6 +423,9 @@ void FillStepFormsJson(Session &ses, nlohmann::json &sj) {
   sj["stages"] = rs.stages;
   sj["staged_steps"] = rs.staged_steps;
   sj["stage_resent"] = ses.client().stage_stats().resent;
+  // The stages' time on the ducks, all of the run's (each stage's slowest
+  // duck; not in the steps' duck kernel times).
+  sj["stage_kernel_ms_total"] = ses.client().stage_stats().kernel_us / 1e3;
 }
 
 /// The summary's JSON (--summary-json) from the run and its measures.

@@ -212,9 +212,12 @@ public:
 
   /// The cast path's counts (all zero without a cast address).
   CastStats cast_stats() const;
-  /// Stages sent, and ducks sent their whole step after a stage_missed.
+  /// Stages sent, ducks sent their whole step after a stage_missed, and
+  /// the stages' time on the ducks (each stage's slowest duck's slowest
+  /// core, added up; not in the steps' StepMetrics).
   struct StageStats {
     uint64_t stages = 0, resent = 0;
+    double kernel_us = 0;
   };
   StageStats stage_stats() const;
 
