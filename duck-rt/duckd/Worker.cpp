@@ -562,6 +562,8 @@ std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
   if (*ib_bytes < sizeof ih)
     return std::string(); // the ELF answers BAD_INPUT
   std::memcpy(&ih, w->ib, sizeof ih);
+  if (ih.magic != DUCK_IB_MAGIC)
+    return std::string(); // not an IB: the ELF answers BAD_INPUT
   const uint32_t kOut = DUCK_IB_OUT_BF16 | DUCK_IB_OUT_Q8;
   st->flags = ih.flags & (DUCK_IB_STAGE | DUCK_IB_STAGED);
   st->out_flags = ih.flags & kOut;
