@@ -90,6 +90,24 @@ struct Raw {
     ASSERT_TRUE(f.ok()) << f.status();
     ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
   }
+  /// Opens a session of two cores on `elf`: its id (0 on failure).
+  uint64_t Open(const std::vector<uint8_t> &elf, uint64_t ib_limit,
+                uint64_t ob_limit) {
+    duckd_open_request o{};
+    o.cores = 2;
+    o.ib_limit = ib_limit;
+    o.ob_limit = ob_limit;
+    o.scratch_bytes = 1 << 20;
+    o.elf_bytes = elf.size();
+    SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
+    auto f = Recv();
+    EXPECT_TRUE(f.ok());
+    if (!f.ok() || f->payload.size() < sizeof(duckd_open_reply))
+      return 0;
+    duckd_open_reply rep;
+    std::memcpy(&rep, f->payload.data(), sizeof rep);
+    return rep.session_id;
+  }
 };
 
 class DuckdBadClient : public ::testing::Test {
@@ -415,18 +433,8 @@ TEST_F(DuckdBadClient, BadSizes) {
 TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
   Raw r(ep_);
   r.HelloOk();
-  const std::vector<uint8_t> elf = ReadFile(DUCK_ELF_PATH);
-  duckd_open_request o{};
-  o.cores = 2;
-  o.ib_limit = 1 << 16;
-  o.ob_limit = 1 << 16;
-  o.scratch_bytes = 1 << 20;
-  o.elf_bytes = elf.size();
-  r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
-  auto f = r.Recv();
-  ASSERT_TRUE(f.ok());
-  duckd_open_reply rep;
-  std::memcpy(&rep, f->payload.data(), sizeof rep);
+  const uint64_t session = r.Open(ReadFile(DUCK_ELF_PATH), 1 << 16, 1 << 16);
+  ASSERT_NE(session, 0u);
   const duck_expert_slot slots[2] = {{0, 0.5f}, {1, 0.5f}};
   const std::vector<float> x(64, 1.0f);
   auto step = [&](uint32_t mode, uint32_t top_k, uint32_t flags, bool withX) {
@@ -435,7 +443,7 @@ TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
                         withX ? x.data() : nullptr, 64, flags);
     if (!withX)
       ib.resize(duck_ib_x_offset(top_k));
-    duckd_step_request s{rep.session_id, ib.size()};
+    duckd_step_request s{session, ib.size()};
     r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}});
   };
   step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false);
@@ -449,7 +457,7 @@ TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
   // No weights here: the stage's call answers with the ELF's status, and
   // keeps nothing.
   step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE, true);
-  f = r.Recv();
+  auto f = r.Recv();
   ASSERT_TRUE(f.ok());
   ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
   duckd_step_reply sr;
@@ -465,19 +473,10 @@ TEST_F(DuckdBadClient, DisconnectMidStep) {
   {
     Raw r(ep_);
     r.HelloOk();
-    duckd_open_request o{};
-    o.cores = 2;
-    o.ib_limit = 1 << 20;
-    o.ob_limit = 4096;
-    o.scratch_bytes = 1 << 20;
-    o.elf_bytes = elf.size();
-    r.SendFrame(DUCKD_MSG_OPEN, {{&o, sizeof o}, {elf.data(), elf.size()}});
-    auto f = r.Recv();
-    ASSERT_TRUE(f.ok());
-    duckd_open_reply rep;
-    std::memcpy(&rep, f->payload.data(), sizeof rep);
+    const uint64_t session = r.Open(elf, 1 << 20, 4096);
+    ASSERT_NE(session, 0u);
     std::vector<uint8_t> ib(512 << 10, 0);
-    duckd_step_request s{rep.session_id, ib.size()};
+    duckd_step_request s{session, ib.size()};
     Part parts[] = {{&s, sizeof s}, {ib.data(), ib.size()}};
     duckd_frame_header h = duck::duckd::MakeHeader(DUCKD_MSG_STEP, 0, 3, parts);
     r.SendBytes(&h, sizeof h);
