@@ -171,7 +171,7 @@ struct WorkerSide {
   struct Stage {
     bool valid = false;
     duck_ib_header ih{};
-    std::vector<duck_expert_slot> slots; // each token's, by expert id
+    std::vector<duck_expert_slot> slots;  // each token's, by expert id
     std::vector<duck_expert_slot> column; // one slot of every token
     std::vector<uint8_t> x;
     std::vector<float> out; // a slot's results after another's
@@ -570,8 +570,8 @@ std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
   if (!st->flags)
     return std::string();
   *code = DUCKD_ERR_BAD_REQUEST;
-  const bool decode = ih.mode == DUCK_MODE_MOE_DECODE ||
-                      ih.mode == DUCK_MODE_MOE_DECODE_SMP;
+  const bool decode =
+      ih.mode == DUCK_MODE_MOE_DECODE || ih.mode == DUCK_MODE_MOE_DECODE_SMP;
   const uint64_t n = uint64_t(ih.n_tokens) * ih.top_k;
   const uint64_t slotEnd = sizeof ih + n * sizeof(duck_expert_slot);
   if (st->flags == (DUCK_IB_STAGE | DUCK_IB_STAGED) || !decode ||
@@ -579,7 +579,8 @@ std::string PrepareStaging(WorkerSide *w, bool had, uint64_t *ib_bytes,
     return absl::StrCat("a staged step (IB flags ", ih.flags,
                         ") must be one MoE decode step with its slots");
   ih.flags &= ~(DUCK_IB_STAGE | DUCK_IB_STAGED | kOut);
-  const auto *slots = reinterpret_cast<const duck_expert_slot *>(w->ib + sizeof ih);
+  const auto *slots =
+      reinterpret_cast<const duck_expert_slot *>(w->ib + sizeof ih);
   if (st->flags == DUCK_IB_STAGE) {
     if (ih.x_offset < slotEnd || ih.x_offset > *ib_bytes)
       return "a stage's x_offset is outside its IB";

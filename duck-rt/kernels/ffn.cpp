@@ -289,8 +289,7 @@ void duck_moe_decode_one(const duck_smp_ctx *smp, uint32_t core,
   const uint32_t hidden = experts[0].down.rows;
   const bool used = slot->expert < n_experts; // else it contributes nothing
   if (used)
-    duck_mlp_decode(smp, core, &experts[slot->expert], x, out, shared,
-                    scratch);
+    duck_mlp_decode(smp, core, &experts[slot->expert], x, out, shared, scratch);
   uint32_t b, e;
   duck_smp_split(hidden, smp->cores, core, &b, &e);
   const float wt = slot->weight;

@@ -474,7 +474,8 @@ const char *ErrorCodeName(uint32_t code) {
   case DUCKD_ERR_TOO_LARGE: return "too_large";
   case DUCKD_ERR_INTERNAL: return "internal";
   case DUCKD_ERR_CAST_MISSED: return "cast_missed";
-  case DUCKD_ERR_STAGE_MISSED: return "stage_missed";
+  case DUCKD_ERR_STAGE_MISSED:
+    return "stage_missed";
   default: return "unknown";
   }
 }

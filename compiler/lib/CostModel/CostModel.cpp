@@ -775,8 +775,8 @@ double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
       stepWire(c, rows, (uint32_t)l.numShared, l.hidden, none, false);
   const double o2 =
       stepWire(plain, rows, (uint32_t)l.topK, 0, whole, true).outSeconds;
-  const double hidden = std::min(
-      {o + shared - o2, router + o - stage.outSeconds, router});
+  const double hidden =
+      std::min({o + shared - o2, router + o - stage.outSeconds, router});
   return hidden - stage.backSeconds;
 }
 
@@ -971,8 +971,8 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
   for (const RowSplit &r : m.rowSplits)
     addRowSplit(r, c, p, sums);
   addHost(m, c, p);
-  p.stagedShared = c.stageShared ||
-                   (c.stageSharedOpen && p.stagedSharedMsPerToken > 0);
+  p.stagedShared =
+      c.stageShared || (c.stageSharedOpen && p.stagedSharedMsPerToken > 0);
   if (p.stagedShared)
     p.hostMsPerToken -= p.stagedSharedMsPerToken;
   p.streamMsPerToken = sums.layerMs + p.lmHeadMsPerToken + p.oProjMsPerToken +

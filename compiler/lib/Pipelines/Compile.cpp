@@ -772,8 +772,7 @@ void printWrote(const CompileOptions &opts, const ModuleStats &stats,
           (wo.wireOutBf16 ? ", the ducks' answers in bf16" : "") +
           (wo.wireOutQ8 ? ", the ducks' answers in q8" : "") +
           (wo.multicast ? ", steps cast once to every duck (multicast)" : "") +
-          (wo.stageShared ? ", shared experts staged before the routing"
-                          : ""),
+          (wo.stageShared ? ", shared experts staged before the routing" : ""),
       stats.strategy == "intermediate" ? std::string()
       : stats.strategy == "mixed"
           ? ", MoE layers by strategy " + strategySpecOf(stats)

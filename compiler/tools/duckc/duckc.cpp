@@ -558,9 +558,9 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
         compileFanout.getNumOccurrences() == 0 && o.cluster.cost.castAvailable;
     // Staging weighed candidate by candidate where the ducks are other
     // machines (a cluster file with the host's read bandwidth).
-    o.cluster.cost.stageSharedOpen = compileStageShared.getNumOccurrences() == 0 &&
-                                     !compileCluster.empty() &&
-                                     o.cluster.cost.hostReadGbs > 0;
+    o.cluster.cost.stageSharedOpen =
+        compileStageShared.getNumOccurrences() == 0 &&
+        !compileCluster.empty() && o.cluster.cost.hostReadGbs > 0;
     Expected<mlir::duck::cost::Candidate> winner =
         mlir::duck::choosePlan(o, open, outs());
     if (!winner)

@@ -84,9 +84,9 @@ typedef enum duckd_error_code {
   DUCKD_ERR_CACHE = 10,       // weight cache / prepare failure
   DUCKD_ERR_TOO_LARGE = 11,   // a size beyond a configured limit
   DUCKD_ERR_INTERNAL = 12,
-  DUCKD_ERR_CAST_MISSED = 13, // a cast step's datagrams did not all come
-                              // (or duckd has no cast socket): send the
-                              // step again as a plain step
+  DUCKD_ERR_CAST_MISSED = 13,  // a cast step's datagrams did not all come
+                               // (or duckd has no cast socket): send the
+                               // step again as a plain step
   DUCKD_ERR_STAGE_MISSED = 14, // a DUCK_IB_STAGED step found no stage of
                                // its own before it (abi.h): send the
                                // whole step as a plain step

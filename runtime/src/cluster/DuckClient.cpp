@@ -402,8 +402,8 @@ struct DuckClient::Impl {
   /// so far on their connections in sent0 and recv0.
   absl::Status Steppable(const std::vector<size_t> &ducks, size_t n_ibs,
                          uint64_t *sent0, uint64_t *recv0) const;
-  /// A duck's cast step (or stage) missed: counted, and after cast_give_up in a row
-  /// the duck gets plain steps.
+  /// A duck's cast step (or stage) missed: counted, and after cast_give_up in a
+  /// row the duck gets plain steps.
   void CastMissed(size_t d, const std::string &why);
   /// Queues duck d's step: a STEP on its session (persistent), else a RUN
   /// that carries the ELF too.
@@ -655,8 +655,8 @@ bool DuckClient::Impl::QueueCastSteps(
   // An IB no larger than its step_cast frame (a staged step's slots) goes
   // plainly: the cast would only add its datagrams.
   if (!cast || !opt.persistent || ibs.empty() ||
-      ibs[0].size() <= sizeof(duckd_frame_header) +
-                           sizeof(duckd_step_cast_request) ||
+      ibs[0].size() <=
+          sizeof(duckd_frame_header) + sizeof(duckd_step_cast_request) ||
       ibs[0].size() > opt.cast_max_ib_bytes)
     return false;
   size_t castable = 0;
@@ -783,18 +783,19 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
   return absl::OkStatus();
 }
 
-absl::Status DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
-                              std::vector<DuckOutput> *out_outputs,
-                              StepMetrics *out_metrics,
-                              const std::function<void()> &after_send,
-                              absl::Span<const absl::Span<const uint8_t>> whole) {
+absl::Status
+DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
+                 std::vector<DuckOutput> *out_outputs, StepMetrics *out_metrics,
+                 const std::function<void()> &after_send,
+                 absl::Span<const absl::Span<const uint8_t>> whole) {
   Impl &m = *impl_;
   std::vector<size_t> ducks = m.All();
   uint64_t sent0 = 0, recv0 = 0;
   if (absl::Status s = m.Steppable(ducks, ibs.size(), &sent0, &recv0); !s.ok())
     return s;
   if (!whole.empty() && whole.size() != ibs.size())
-    return absl::InvalidArgumentError("a staged step needs a whole step a duck");
+    return absl::InvalidArgumentError(
+        "a staged step needs a whole step a duck");
   if (m.stage_pending) {
     sent0 = m.stage_sent0;
     recv0 = m.stage_recv0;

@@ -140,8 +140,8 @@ bool ClusterFfnRunner::Stage(uint32_t mode, uint32_t slot, uint32_t n_tokens,
     return false;
   const uint32_t flags = ib_flags_ | DUCK_IB_STAGE;
   stage_ib_.resize(duck_ib_bytes_flags(n_tokens, shared, hidden_, flags));
-  duck_ib_write_flags(stage_ib_.data(), mode, slot, n_tokens, shared, slots,
-                      x, hidden_, flags);
+  duck_ib_write_flags(stage_ib_.data(), mode, slot, n_tokens, shared, slots, x,
+                      hidden_, flags);
   const std::vector<absl::Span<const uint8_t>> ibs(
       client_->size(), absl::MakeConstSpan(stage_ib_));
   const bool skip =

@@ -121,9 +121,9 @@ HostOpOr CreateMoeFfn(const OpEnv &env) {
     return env.Error("bad router (top ", rc.top_k, " of ", rc.experts,
                      " experts in ", rc.n_group, " groups, ", rc.topk_group,
                      " kept)");
-  auto op = std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.pool,
-                                     env.hidden, env.max_rows,
-                                     env.plan.def().stage_shared());
+  auto op =
+      std::make_unique<MoeFfn>(*p->step(), rc, env.runner, env.pool, env.hidden,
+                               env.max_rows, env.plan.def().stage_shared());
   const pl::TensorDef *t;
   DUCK_ASSIGN_OR_RETURN(t, env.Need(p->router_weight(), "router"));
   DUCK_ASSIGN_OR_RETURN(op->gate_, env.weights.Matrix(*t));

@@ -407,46 +407,46 @@ TEST(Kernels, MoeDecodeAcrossCores) {
 TEST(Kernels, MoeDecodeOneSlotSplitOverCores) {
   std::mt19937 rng(151);
   for (auto [block, inter] : {std::pair<uint32_t, uint32_t>{64, 64},
-                               {64, 192}, {128, 128}, {128, 384}}) {
-      MoeFixture f(256, inter, 4, block, rng);
-      auto x = randomVector(f.hidden, rng);
-      for (duck_expert_slot slot : {duck_expert_slot{2, 0.37f},
-                                    duck_expert_slot{3, 1.0f},
-                                    duck_expert_slot{9, 1.0f}}) {
-        std::vector<float> want(f.hidden);
-        {
-          duck_barrier bar;
-          duck_barrier_init(&bar, 1);
-          bar.yield = yieldThread;
-          duck_smp_ctx smp{1, &bar};
-          CoreScratch scratch(1,
-                              duck_ffn_scratch_floats(f.hidden, f.inter, 1));
-          Aligned<float> slotOut(f.hidden);
-          auto s = slot;
-          duck_moe_decode(&smp, 0, f.w.data(), f.nExperts, &s, 1, x.data(),
-                          want.data(), slotOut.get(), scratch[0]);
-        }
-        for (uint32_t cores = 1; cores <= 4; ++cores) {
-          duck_barrier bar;
-          duck_barrier_init(&bar, cores);
-          bar.yield = yieldThread;
-          duck_smp_ctx smp{cores, &bar};
-          CoreScratch scratch(cores,
-                              duck_ffn_scratch_floats(f.hidden, f.inter, 1));
-          Aligned<float> shared(f.inter);
-          std::vector<float> out(f.hidden, 1.0f);
-          onCores(cores, [&](uint32_t c) {
-            duck_moe_decode_one(&smp, c, f.w.data(), f.nExperts, &slot,
-                                x.data(), out.data(), shared.get(),
-                                scratch[c]);
-          });
-          for (uint32_t j = 0; j < f.hidden; ++j)
-            ASSERT_EQ(bits(out[j]), bits(want[j]))
-                << cores << " cores, block " << block << ", inter " << inter
-                << ", expert " << slot.expert << ", j " << j;
-        }
+                              {64, 192},
+                              {128, 128},
+                              {128, 384}}) {
+    MoeFixture f(256, inter, 4, block, rng);
+    auto x = randomVector(f.hidden, rng);
+    for (duck_expert_slot slot :
+         {duck_expert_slot{2, 0.37f}, duck_expert_slot{3, 1.0f},
+          duck_expert_slot{9, 1.0f}}) {
+      std::vector<float> want(f.hidden);
+      {
+        duck_barrier bar;
+        duck_barrier_init(&bar, 1);
+        bar.yield = yieldThread;
+        duck_smp_ctx smp{1, &bar};
+        CoreScratch scratch(1, duck_ffn_scratch_floats(f.hidden, f.inter, 1));
+        Aligned<float> slotOut(f.hidden);
+        auto s = slot;
+        duck_moe_decode(&smp, 0, f.w.data(), f.nExperts, &s, 1, x.data(),
+                        want.data(), slotOut.get(), scratch[0]);
+      }
+      for (uint32_t cores = 1; cores <= 4; ++cores) {
+        duck_barrier bar;
+        duck_barrier_init(&bar, cores);
+        bar.yield = yieldThread;
+        duck_smp_ctx smp{cores, &bar};
+        CoreScratch scratch(cores,
+                            duck_ffn_scratch_floats(f.hidden, f.inter, 1));
+        Aligned<float> shared(f.inter);
+        std::vector<float> out(f.hidden, 1.0f);
+        onCores(cores, [&](uint32_t c) {
+          duck_moe_decode_one(&smp, c, f.w.data(), f.nExperts, &slot, x.data(),
+                              out.data(), shared.get(), scratch[c]);
+        });
+        for (uint32_t j = 0; j < f.hidden; ++j)
+          ASSERT_EQ(bits(out[j]), bits(want[j]))
+              << cores << " cores, block " << block << ", inter " << inter
+              << ", expert " << slot.expert << ", j " << j;
       }
     }
+  }
 }
 
 // Dense prefill (mode 5) equals decode token by token, on any core count.
