@@ -777,7 +777,8 @@ double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
       stepWire(plain, rows, (uint32_t)l.topK, 0, whole, true).outSeconds;
   const double hidden =
       std::min({o + shared - o2, router + o - stage.outSeconds, router});
-  return hidden - stage.backSeconds;
+  const double frames = 2.0 * double(whole.size()) * c.hostFrameUs * 1e-6;
+  return hidden - stage.backSeconds - frames;
 }
 
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes

@@ -138,7 +138,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
          chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0,
-         meshCall = 0, meshMessage = 0, meshGroups = 0;
+         meshCall = 0, meshMessage = 0, meshGroups = 0, hostFrame = 0;
   for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
                         {"step_overhead_us", &ov},
                         {"fp9_gparam_s", &gps},
@@ -154,7 +154,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"latency_us", &latency},
                         {"mesh_call_us", &meshCall},
                         {"mesh_message_us", &meshMessage},
-                        {"mesh_groups", &meshGroups}})
+                        {"mesh_groups", &meshGroups},
+                        {"host_frame_us", &hostFrame}})
     if (Error e = readNumber(o, key, *v, path))
       return e;
   if (bw <= 0)
@@ -178,7 +179,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"duck_link_gbps", duckLink},
                         {"latency_us", latency},
                         {"mesh_call_us", meshCall},
-                        {"mesh_message_us", meshMessage}})
+                        {"mesh_message_us", meshMessage},
+                        {"host_frame_us", hostFrame}})
     if (v < 0) {
       char got[32];
       std::snprintf(got, sizeof got, "%g", v);
@@ -201,6 +203,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   cost.meshCallUs = meshCall;
   cost.meshMessageUs = meshMessage;
   cost.meshGroups = int64_t(meshGroups);
+  cost.hostFrameUs = hostFrame;
   return Error::success();
 }
 

@@ -543,6 +543,12 @@ TEST(CostModelTest, StagedSharedExpertHidesTheRouter) {
   p = costPlan(m, c);
   EXPECT_NEAR(p.stagedSharedMsPerToken, 2e3 * (10e-6 - stage.backSeconds),
               1e-12);
+  // The host's CPU for the two more frames a duck (host_frame_us): 2
+  // ducks x 2 frames x 1.5 us a layer.
+  c.hostFrameUs = 1.5;
+  EXPECT_NEAR(costPlan(m, c).stagedSharedMsPerToken,
+              2e3 * (10e-6 - stage.backSeconds) - 2 * 2 * 2 * 1.5e-3, 1e-12);
+  c.hostFrameUs = 0;
   // Left to the cost model (--tp auto), a stage that costs more than it
   // hides is not taken: a 10-byte router hides 10 ns, the answers take
   // longer to come back.

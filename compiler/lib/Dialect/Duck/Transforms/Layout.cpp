@@ -693,10 +693,13 @@ void printStagedShared(const ModuleStats &s, const ClusterModel &c,
     return;
   os << llvm::format("stage shared: %s: each MoE step's shared experts "
                      "sent with x before the host routes, the routed slots "
-                     "after: %.3f ms a token of the routers' time hidden%s\n",
-                     s.stagedShared ? "on" : "off", s.stagedSharedMsPerToken,
-                     s.stagedShared ? " (taken off the host's time below)"
-                                    : " (less than it costs: not staged)");
+                     "after: %.3f ms a token of the routers' time hidden",
+                     s.stagedShared ? "on" : "off", s.stagedSharedMsPerToken);
+  if (c.hostFrameUs > 0)
+    os << llvm::format(", net of two more frames a duck at %.2f us each",
+                       c.hostFrameUs);
+  os << (s.stagedShared ? " (taken off the host's time below)\n"
+                        : " (less than it costs: not staged)\n");
 }
 
 void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
@@ -872,6 +875,7 @@ void addMeshJson(const ModuleStats &s, const ClusterModel &c,
   o["mesh_host_weights_ms_per_token"] = s.meshHostWeightsMsPerToken;
   o["mesh_call_us"] = c.meshCallUs;
   o["mesh_message_us"] = c.meshMessageUs;
+  o["host_frame_us"] = c.hostFrameUs;
   o["mesh_groups"] = s.meshGroups;
   o["mesh_transport"] = c.meshDatagrams ? "udp" : "tcp";
   o["mesh_schedule"] = std::move(mesh);
