@@ -96,11 +96,16 @@ def main():
                 c.get("fp9_gemm_gmac_s") ==
                 min(d["fp9_gemm_gmac_s"] for d in c["ducks"])):
             sys.exit(f"measure-cluster: cluster figures {c}")
+        # Two ducks: a ping to both at once against one's, the host's
+        # time for a frame (a number, zero when the second costs nothing).
+        if not (isinstance(c.get("host_frame_us"), (int, float)) and
+                0 <= c["host_frame_us"] < 1e4):
+            sys.exit(f"measure-cluster: host_frame_us {c.get('host_frame_us')!r}")
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
               f"{len(classes)} kernel classes, fp9_gemm_gmac_s, "
               "gemv_call_us (or none), rtt_us, "
-              f"empty_step_us, host_fp8 {c['host_fp8']}; token and "
-              "host_ms_per_token kept")
+              f"empty_step_us, host_fp8 {c['host_fp8']}, host_frame_us; "
+              "token and host_ms_per_token kept")
 
         r = run([args.duckc, "compile", args.model, "--cluster", cluster,
                  "--tp", "auto", "--explain", "--dry-run"])

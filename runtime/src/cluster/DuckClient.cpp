@@ -427,6 +427,9 @@ struct DuckClient::Impl {
   absl::Status MeasureRates(const MeasureOptions &o,
                             const std::vector<size_t> &ducks,
                             std::vector<DuckRates> *out);
+  /// Times `o.pings` pings to every duck at once (DuckRates::fan_rtt_us_p50).
+  absl::Status TimeFanTrips(const MeasureOptions &o,
+                            std::vector<DuckRates> *out);
   /// Times round trips to duck d, one in flight at a time: `make` queues
   /// one request; its reply, whatever it says, ends the trip.
   absl::Status TimeTrips(size_t d, uint32_t trips, const char *what,
@@ -1014,6 +1017,36 @@ absl::Status DuckClient::Impl::TimeTrips(size_t d, uint32_t trips,
   return absl::OkStatus();
 }
 
+absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
+                                            std::vector<DuckRates> *out) {
+  const std::vector<size_t> all = All();
+  if (all.size() < 2)
+    return absl::OkStatus();
+  std::vector<double> us;
+  for (uint32_t i = 0; i < o.pings; ++i) {
+    const uint64_t t0 = NowNs();
+    for (size_t d : all) {
+      std::vector<uint8_t> owned = MeasureRequest(o, DUCKD_MEASURE_PING);
+      Part p{owned.data(), owned.size()};
+      Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+    }
+    if (absl::Status s = Pump(all, opt.call_timeout, "ping",
+                              [](size_t, const duckd_frame_header &,
+                                 absl::Span<const uint8_t>) {
+                                return absl::OkStatus();
+                              });
+        !s.ok())
+      return s;
+    us.push_back(double(NowNs() - t0) / 1e3);
+  }
+  if (us.empty())
+    return absl::OkStatus();
+  std::sort(us.begin(), us.end());
+  for (DuckRates &r : *out)
+    r.fan_rtt_us_p50 = std::max(0.0, us[us.size() / 2] - o.busy_us);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<DuckRates>>
 DuckClient::Measure(const MeasureOptions &options) {
   Impl &m = *impl_;
@@ -1038,6 +1071,8 @@ DuckClient::Measure(const MeasureOptions &options) {
             &out[d].rtt_us_p50, &out[d].rtt_us_p90);
         !s.ok())
       return s;
+  if (absl::Status s = m.TimeFanTrips(options, &out); !s.ok())
+    return s;
   for (DuckRates &r : out) {
     r.rtt_us_p50 = std::max(0.0, r.rtt_us_p50 - options.busy_us);
     r.rtt_us_p90 = std::max(0.0, r.rtt_us_p90 - options.busy_us);

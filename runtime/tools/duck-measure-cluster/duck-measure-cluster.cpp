@@ -91,7 +91,11 @@ duck runs in a step), "rtt_us", "empty_step_us" (and "memory_gib" from its
 weight buffer if absent), and the cluster's "bandwidth_gbs" and
 "fp9_gemm_gmac_s" (slowest duck) and "step_overhead_us" (the largest gap: a
 ping that kept the duck busy --busy-us (500) as a step would, less that
-time, or an empty step) into the file, for 'duckc compile --cluster'. Ducks
+time, or an empty step) and, with two ducks or more, "host_frame_us" (the
+host's time for one more frame to and from a duck: what each duck beyond
+the first adds to a ping sent to every duck at once, halved; ducks on the
+host's machine add their own CPU to it) into the file, for 'duckc compile
+--cluster'. Ducks
 measure one after another unless --all-at-once. --host (run it on the host)
 also writes this machine's read bandwidth as "host_read_gbs": with it,
 'compile --tp auto' without --lm-head also chooses where the LM head goes
@@ -376,6 +380,28 @@ void RecordSummary(const Measured &m, const Summary &s, const Names &names,
               Fixed(s.minGemm, 1).c_str());
 }
 
+/// The host's time for one more frame to and from a duck (compile's cost
+/// model counts two a duck for a staged MoE layer): what each duck beyond
+/// the first adds to a ping sent to every duck at once, over the median
+/// duck's own ping, halved. Ducks on the host's own machine add their own
+/// CPU to it.
+void RecordHostFrame(const Measured &m, json &root) {
+  const size_t n = m.rates.size();
+  if (n < 2 || m.rates[0].fan_rtt_us_p50 <= 0)
+    return;
+  std::vector<double> one;
+  for (const rt::DuckRates &r : m.rates)
+    one.push_back(r.rtt_us_p50);
+  std::sort(one.begin(), one.end());
+  const double fan = m.rates[0].fan_rtt_us_p50, median = one[n / 2];
+  const double frame = std::max(0.0, (fan - median) / (2.0 * double(n - 1)));
+  root["host_frame_us"] = frame;
+  std::printf("host_frame_us %s (a ping to all %zu ducks at once %s us "
+              "against one duck's %s us)\n",
+              Fixed(frame, 2).c_str(), n, Fixed(fan, 0).c_str(),
+              Fixed(median, 0).c_str());
+}
+
 /// Writes `root` to `out` through a temporary file renamed over it.
 absl::Status WriteAtomically(const json &root, const std::string &out) {
   const std::string tmp = absl::StrCat(out, ".tmp-", int64_t(::getpid()));
@@ -525,6 +551,7 @@ absl::Status Run(const std::string &path, const Names &names) {
   if (s.minGemm > 0)
     root["fp9_gemm_gmac_s"] = s.minGemm;
   root["step_overhead_us"] = s.maxRtt;
+  RecordHostFrame(m, root);
   if (absl::GetFlag(FLAGS_host))
     MeasureHost(root);
   if (!absl::GetFlag(FLAGS_mesh).empty())
