@@ -1022,11 +1022,24 @@ absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
   const std::vector<size_t> all = All();
   if (all.size() < 2)
     return absl::OkStatus();
+  MeasureOptions idle = o; // frames alone: no duck kept busy
+  idle.busy_us = 0;
+  double one50 = 0, one90 = 0; // the first duck's own idle ping
+  if (absl::Status s = TimeTrips(
+          all[0], o.pings, "ping",
+          [&] {
+            std::vector<uint8_t> owned = MeasureRequest(idle, DUCKD_MEASURE_PING);
+            Part p{owned.data(), owned.size()};
+            Queue(all[0], DUCKD_MSG_MEASURE, std::move(owned), {p});
+          },
+          &one50, &one90);
+      !s.ok())
+    return s;
   std::vector<double> us;
   for (uint32_t i = 0; i < o.pings; ++i) {
     const uint64_t t0 = NowNs();
     for (size_t d : all) {
-      std::vector<uint8_t> owned = MeasureRequest(o, DUCKD_MEASURE_PING);
+      std::vector<uint8_t> owned = MeasureRequest(idle, DUCKD_MEASURE_PING);
       Part p{owned.data(), owned.size()};
       Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
     }
@@ -1042,8 +1055,10 @@ absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
   if (us.empty())
     return absl::OkStatus();
   std::sort(us.begin(), us.end());
-  for (DuckRates &r : *out)
-    r.fan_rtt_us_p50 = std::max(0.0, us[us.size() / 2] - o.busy_us);
+  for (DuckRates &r : *out) {
+    r.fan_rtt_us_p50 = us[us.size() / 2];
+    r.rtt_idle_us_p50 = one50;
+  }
   return absl::OkStatus();
 }
 

@@ -382,18 +382,15 @@ void RecordSummary(const Measured &m, const Summary &s, const Names &names,
 
 /// The host's time for one more frame to and from a duck (compile's cost
 /// model counts two a duck for a staged MoE layer): what each duck beyond
-/// the first adds to a ping sent to every duck at once, over the median
-/// duck's own ping, halved. Ducks on the host's own machine add their own
-/// CPU to it.
+/// the first adds to a ping sent to every duck at once, over one duck's
+/// own ping (neither keeping a duck busy), halved. Ducks on the host's own
+/// machine add their own CPU to it.
 void RecordHostFrame(const Measured &m, json &root) {
   const size_t n = m.rates.size();
   if (n < 2 || m.rates[0].fan_rtt_us_p50 <= 0)
     return;
-  std::vector<double> one;
-  for (const rt::DuckRates &r : m.rates)
-    one.push_back(r.rtt_us_p50);
-  std::sort(one.begin(), one.end());
-  const double fan = m.rates[0].fan_rtt_us_p50, median = one[n / 2];
+  const double fan = m.rates[0].fan_rtt_us_p50,
+               median = m.rates[0].rtt_idle_us_p50;
   const double frame = std::max(0.0, (fan - median) / (2.0 * double(n - 1)));
   root["host_frame_us"] = frame;
   std::printf("host_frame_us %s (a ping to all %zu ducks at once %s us "

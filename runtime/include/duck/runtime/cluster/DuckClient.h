@@ -170,11 +170,12 @@ struct DuckRates {
   double seconds = 0;               // the duck's time measuring
   double rtt_us_p50 = 0, rtt_us_p90 = 0; // a ping's round trip, less busy_us
   double step_us_p50 = 0, step_us_p90 = 0; // an empty step's (with an ELF)
-  /// A ping to every duck at once, all answers in (the same for every
-  /// duck; 0 with one duck): what each more duck adds to it is the host's
-  /// time for one more frame out and one more in (duck-measure-cluster's
-  /// host_frame_us).
-  double fan_rtt_us_p50 = 0;
+  /// A ping (no busy time) to every duck at once, all answers in (the
+  /// same for every duck; 0 with one duck): what each more duck adds to
+  /// it is the host's time for one more frame out and one more in
+  /// (duck-measure-cluster's host_frame_us). `rtt_idle_us_p50`: one
+  /// duck's own such ping.
+  double fan_rtt_us_p50 = 0, rtt_idle_us_p50 = 0;
 };
 
 class DuckClient {
