@@ -121,10 +121,13 @@ struct DuckClient::Impl {
   using RetryFn = std::function<bool(size_t, const duckd_frame_header &,
                                      uint32_t, const std::string &)>;
   RetryFn retry;
+  /// The step in flight's IBs, and each duck's whole step when staged
+  /// (RetryStep's; valid during Step).
+  absl::Span<const absl::Span<const uint8_t>> step_ibs, step_whole;
   /// A Step's retry: a stage's error absorbed, a missed cast or stage
   /// answered by sending the step again (its whole step when staged).
-  RetryFn StepRetry(absl::Span<const absl::Span<const uint8_t>> ibs,
-                    absl::Span<const absl::Span<const uint8_t>> whole);
+  bool RetryStep(size_t d, const duckd_frame_header &h, uint32_t code,
+                 const std::string &why);
 
   using ReplyFn = std::function<absl::Status(size_t, const duckd_frame_header &,
                                              absl::Span<const uint8_t>)>;
@@ -430,11 +433,15 @@ struct DuckClient::Impl {
   /// Times `o.pings` pings to every duck at once (DuckRates::fan_rtt_us_p50).
   absl::Status TimeFanTrips(const MeasureOptions &o,
                             std::vector<DuckRates> *out);
-  /// Times round trips to duck d, one in flight at a time: `make` queues
-  /// one request; its reply, whatever it says, ends the trip.
-  absl::Status TimeTrips(size_t d, uint32_t trips, const char *what,
-                         const std::function<void()> &make, double *p50,
+  /// Times round trips to `ducks`, one round in flight at a time: `make`
+  /// queues one request to a duck; their replies, whatever they say, end
+  /// the round.
+  absl::Status TimeTrips(const std::vector<size_t> &ducks, uint32_t trips,
+                         const char *what,
+                         const std::function<void(size_t)> &make, double *p50,
                          double *p90);
+  /// Queues a measure ping to duck d (o.busy_us keeps it busy first).
+  void QueuePing(size_t d, const MeasureOptions &o);
 
   // Prepare's phases, after the images are open.
   /// 1. Cache sessions: hit, partial or miss per duck, with what it has.
@@ -816,7 +823,13 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
       m.Break(d, std::string(s.message()));
   }
-  m.retry = m.StepRetry(ibs, whole);
+  m.step_ibs = ibs;
+  m.step_whole = whole;
+  // Captures only `this`: no allocation a step.
+  m.retry = [im = &m](size_t d, const duckd_frame_header &h, uint32_t code,
+                      const std::string &why) {
+    return im->RetryStep(d, h, code, why);
+  };
   uint64_t stageNs = 0; // the stage's slowest duck (its answers come first)
   if (after_send)
     after_send();
@@ -840,6 +853,7 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
       nullptr, false, m.opt.reply_spin);
   const uint64_t t1 = NowNs();
   m.retry = nullptr;
+  m.step_ibs = m.step_whole = {};
   m.stage_stats.kernel_us += double(stageNs) / 1e3;
   if (out_metrics) {
     m.MeasureStep(ducks, *out_outputs, t0, t1, sent0, recv0, out_metrics);
@@ -849,36 +863,32 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
   return s;
 }
 
-DuckClient::Impl::RetryFn
-DuckClient::Impl::StepRetry(absl::Span<const absl::Span<const uint8_t>> ibs,
-                            absl::Span<const absl::Span<const uint8_t>> whole) {
+bool DuckClient::Impl::RetryStep(size_t d, const duckd_frame_header &h,
+                                 uint32_t code, const std::string &why) {
   // A stage's error is left to its staged step (which then finds no
   // stage); a cast step that missed goes again plainly, a staged one (its
   // stage spent on arrival) as its whole step, as does one that found no
   // stage.
-  return [this, ibs, whole](size_t d, const duckd_frame_header &h,
-                            uint32_t code, const std::string &why) {
-    Conn &c = conns[d];
-    const bool stage = c.stage_id && h.request_id == c.stage_id;
-    if (stage)
-      c.stage_id = 0;
-    if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
-      CastMissed(d, why);
-    if (stage)
-      return true;
-    if (code == DUCKD_ERR_STAGE_MISSED && !whole.empty()) {
-      ++stage_stats.resent;
-      QueueStep(d, whole[d]);
-      return true;
-    }
-    if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
-      return false;
-    ++cast_stats.resent;
-    if (!whole.empty())
-      ++stage_stats.resent;
-    QueueStep(d, whole.empty() ? ibs[d] : whole[d]);
+  Conn &c = conns[d];
+  const bool stage = c.stage_id && h.request_id == c.stage_id;
+  if (stage)
+    c.stage_id = 0;
+  if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
+    CastMissed(d, why);
+  if (stage)
     return true;
-  };
+  if (code == DUCKD_ERR_STAGE_MISSED && !step_whole.empty()) {
+    ++stage_stats.resent;
+    QueueStep(d, step_whole[d]);
+    return true;
+  }
+  if (h.type != DUCKD_MSG_STEP_CAST || code != DUCKD_ERR_CAST_MISSED)
+    return false;
+  ++cast_stats.resent;
+  if (!step_whole.empty())
+    ++stage_stats.resent;
+  QueueStep(d, step_whole.empty() ? step_ibs[d] : step_whole[d]);
+  return true;
 }
 
 CastStats DuckClient::cast_stats() const { return impl_->cast_stats; }
@@ -992,15 +1002,23 @@ absl::Status DuckClient::Impl::MeasureRates(const MeasureOptions &o,
               });
 }
 
-absl::Status DuckClient::Impl::TimeTrips(size_t d, uint32_t trips,
-                                         const char *what,
-                                         const std::function<void()> &make,
-                                         double *p50, double *p90) {
+void DuckClient::Impl::QueuePing(size_t d, const MeasureOptions &o) {
+  std::vector<uint8_t> owned = MeasureRequest(o, DUCKD_MEASURE_PING);
+  Part p{owned.data(), owned.size()};
+  Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
+}
+
+absl::Status
+DuckClient::Impl::TimeTrips(const std::vector<size_t> &ducks, uint32_t trips,
+                            const char *what,
+                            const std::function<void(size_t)> &make,
+                            double *p50, double *p90) {
   std::vector<double> us;
   for (uint32_t i = 0; i < trips; ++i) {
     const uint64_t t0 = NowNs();
-    make();
-    if (absl::Status s = Pump({d}, opt.call_timeout, what,
+    for (size_t d : ducks)
+      make(d);
+    if (absl::Status s = Pump(ducks, opt.call_timeout, what,
                               [](size_t, const duckd_frame_header &,
                                  absl::Span<const uint8_t>) {
                                 return absl::OkStatus();
@@ -1024,39 +1042,17 @@ absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
     return absl::OkStatus();
   MeasureOptions idle = o; // frames alone: no duck kept busy
   idle.busy_us = 0;
-  double one50 = 0, one90 = 0; // the first duck's own idle ping
-  if (absl::Status s = TimeTrips(
-          all[0], o.pings, "ping",
-          [&] {
-            std::vector<uint8_t> owned = MeasureRequest(idle, DUCKD_MEASURE_PING);
-            Part p{owned.data(), owned.size()};
-            Queue(all[0], DUCKD_MSG_MEASURE, std::move(owned), {p});
-          },
-          &one50, &one90);
+  const auto ping = [&](size_t d) { QueuePing(d, idle); };
+  double one50 = 0, one90 = 0, fan50 = 0, fan90 = 0;
+  if (absl::Status s = TimeTrips({all[0]}, o.pings, "ping", ping, &one50,
+                                 &one90);
       !s.ok())
     return s;
-  std::vector<double> us;
-  for (uint32_t i = 0; i < o.pings; ++i) {
-    const uint64_t t0 = NowNs();
-    for (size_t d : all) {
-      std::vector<uint8_t> owned = MeasureRequest(idle, DUCKD_MEASURE_PING);
-      Part p{owned.data(), owned.size()};
-      Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
-    }
-    if (absl::Status s = Pump(all, opt.call_timeout, "ping",
-                              [](size_t, const duckd_frame_header &,
-                                 absl::Span<const uint8_t>) {
-                                return absl::OkStatus();
-                              });
-        !s.ok())
-      return s;
-    us.push_back(double(NowNs() - t0) / 1e3);
-  }
-  if (us.empty())
-    return absl::OkStatus();
-  std::sort(us.begin(), us.end());
+  if (absl::Status s = TimeTrips(all, o.pings, "ping", ping, &fan50, &fan90);
+      !s.ok())
+    return s;
   for (DuckRates &r : *out) {
-    r.fan_rtt_us_p50 = us[us.size() / 2];
+    r.fan_rtt_us_p50 = fan50;
     r.rtt_idle_us_p50 = one50;
   }
   return absl::OkStatus();
@@ -1076,14 +1072,9 @@ DuckClient::Measure(const MeasureOptions &options) {
   }
   for (size_t d : all)
     if (absl::Status s = m.TimeTrips(
-            d, options.pings, "ping",
-            [&] {
-              std::vector<uint8_t> owned =
-                  MeasureRequest(options, DUCKD_MEASURE_PING);
-              Part p{owned.data(), owned.size()};
-              m.Queue(d, DUCKD_MSG_MEASURE, std::move(owned), {p});
-            },
-            &out[d].rtt_us_p50, &out[d].rtt_us_p90);
+            {d}, options.pings, "ping",
+            [&](size_t to) { m.QueuePing(to, options); }, &out[d].rtt_us_p50,
+            &out[d].rtt_us_p90);
         !s.ok())
       return s;
   if (absl::Status s = m.TimeFanTrips(options, &out); !s.ok())
@@ -1102,14 +1093,14 @@ DuckClient::Measure(const MeasureOptions &options) {
   const std::vector<uint8_t> ibBytes = EmptyStepIb();
   for (size_t d : all)
     if (absl::Status s = m.TimeTrips(
-            d, options.pings, "empty step",
-            [&] {
-              duckd_step_request r{m.conns[d].session_id, ibBytes.size()};
+            {d}, options.pings, "empty step",
+            [&](size_t to) {
+              duckd_step_request r{m.conns[to].session_id, ibBytes.size()};
               std::vector<uint8_t> owned(sizeof r);
               std::memcpy(owned.data(), &r, sizeof r);
               std::vector<Part> parts = {{owned.data(), owned.size()},
                                          {ibBytes.data(), ibBytes.size()}};
-              m.Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+              m.Queue(to, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
             },
             &out[d].step_us_p50, &out[d].step_us_p90);
         !s.ok())
