@@ -18,7 +18,8 @@ Per round, from the summaries:
   min(S, R)  what the cost model's staged term hides with no links (the
              host and the duck on separate machines), less, with
              --host-frame-us X (duck-measure-cluster's host_frame_us), the
-             two more frames a staged layer costs the host: 2 X a MoE layer
+             one more frame a staged layer costs the host (the routed
+             slots' request; the stage is quiet): X a MoE layer
 and the medians, with saved / min(S, R): on one box the router and the
 stage share the memory and the stage's frames cost the host, so the ratio
 says how much of the modelled overlap this box shows.
@@ -112,8 +113,9 @@ def main():
     work = a.work or os.path.join(a.build, "bench-stage")
     os.makedirs(work, exist_ok=True)
     plans = make_plans(a, bin_dir, work)
-    # Two more frames a duck (one here) a MoE layer, a token.
-    frames_ms = 2 * a.host_frame_us * (a.layers - 1) / 1e3
+    # One more frame a duck (one here) a MoE layer, a token: the routed
+    # slots' request (the stage is quiet).
+    frames_ms = a.host_frame_us * (a.layers - 1) / 1e3
     rows = []
     for i in range(a.rounds):
         lw, whole = one_run(bin_dir, plans["off"], a.tokens, work, "whole")

@@ -681,10 +681,13 @@ void Server::OnFrame(const duckd_frame_header &h) {
   // of it, read or drained (OnHello checks a hello on its own: it starts a
   // new sequence).
   check_.Begin(h, &conn_.keys);
-  if (h.flags != 0 || h.type == DUCKD_MSG_NOTICE) {
+  const bool step = h.type == DUCKD_MSG_STEP || h.type == DUCKD_MSG_STEP_CAST;
+  if ((h.flags != 0 && !(step && h.flags == DUCKD_FLAG_QUIET)) ||
+      h.type == DUCKD_MSG_NOTICE) {
     if (DrainAndVerify(h, h.payload_bytes))
       ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
-                 "hosts send requests: no flags, no notices");
+                 "hosts send requests: no flags (but quiet on a step), no "
+                 "notices");
   } else if (!conn_.hello && h.type != DUCKD_MSG_HELLO) {
     if (DrainAndVerify(h, h.payload_bytes))
       ReplyError(h.type, h.request_id, DUCKD_ERR_UNAUTHORIZED,
@@ -984,6 +987,8 @@ void Server::OnStep(const duckd_frame_header &h) {
   check_.Update(&r, head);
   if (!DrainAndVerify(h, h.payload_bytes - head))
     return;
+  if (h.flags & DUCKD_FLAG_QUIET)
+    return; // no stage: the staged step after it is answered
   if (head < sizeof r || r.ib_bytes != h.payload_bytes - sizeof r)
     ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                head < sizeof r ? "step shorter than its header"
@@ -995,7 +1000,7 @@ void Server::OnStep(const duckd_frame_header &h) {
 
 void Server::OnStepCast(const duckd_frame_header &h) {
   // As OnStep: the session's worker serves these; here there is none.
-  if (!DrainAndVerify(h, h.payload_bytes))
+  if (!DrainAndVerify(h, h.payload_bytes) || (h.flags & DUCKD_FLAG_QUIET))
     return;
   ReplyError(h.type, h.request_id,
              h.payload_bytes != sizeof(duckd_step_cast_request)

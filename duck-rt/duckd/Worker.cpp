@@ -164,6 +164,9 @@ struct WorkerSide {
   uint64_t local_seq = 0;             // session workers: calls so far
   std::unique_ptr<FrameCheck> check;  // session workers: of each step
   std::unique_ptr<CastReceiver> cast; // session workers with a cast socket
+  /// The step frame being served is quiet (DUCKD_FLAG_QUIET): its answer,
+  /// error or not, is not sent (an error is still logged).
+  bool quiet = false;
   /// The last DUCK_IB_STAGE step's (abi.h), for the DUCK_IB_STAGED step
   /// after it: its header, slots, x as sent and fp32 results a slot.
   /// Reserved before the sandbox (an IB's slots and bytes, four OBs of
@@ -175,6 +178,7 @@ struct WorkerSide {
     std::vector<duck_expert_slot> column; // one slot of every token
     std::vector<uint8_t> x;
     std::vector<float> out; // a slot's results after another's
+    uint64_t kernel_ns = 0; // its slowest core's time in the ELF
     void Reserve(const WorkerConfig &cfg) {
       x.reserve(cfg.ib_limit);
       slots.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
@@ -332,8 +336,11 @@ bool PeekHeader(int fd, uint64_t spin_ns, duckd_frame_header *h) {
 /// failed (the connection is handed back).
 bool StepError(WorkerSide *w, const duckd_frame_header &h, absl::Time deadline,
                duckd_error_code code, const std::string &m) {
-  std::fprintf(stderr, "%s step -> %s: %s\n", w->cfg->log_prefix.c_str(),
-               ErrorCodeName(code), m.c_str());
+  std::fprintf(stderr, "%s %s -> %s: %s\n", w->cfg->log_prefix.c_str(),
+               w->quiet ? "quiet stage" : "step", ErrorCodeName(code),
+               m.c_str());
+  if (w->quiet)
+    return true; // its staged step finds no stage
   const std::string payload = EncodeError(code, m);
   Part part{payload.data(), payload.size()};
   absl::Status s =
@@ -353,6 +360,7 @@ bool StepVerified(WorkerSide *w, const duckd_frame_header &h,
   absl::Status s = check.Finish();
   if (s.ok())
     return true;
+  w->quiet = false; // a frame that fails its check cannot ask for silence
   const bool auth = s.code() == absl::StatusCode::kPermissionDenied;
   if (StepError(w, h, deadline,
                 auth ? DUCKD_ERR_UNAUTHORIZED : DUCKD_ERR_BAD_FRAME,
@@ -488,6 +496,8 @@ int32_t RunStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
 bool SendStepReply(WorkerSide *w, const duckd_frame_header &h,
                    const duck_info &info, int32_t status, uint64_t worker_ns,
                    absl::Time deadline) {
+  if (w->quiet)
+    return true;
   const WorkerConfig &cfg = *w->cfg;
   Control *ctl = w->ctl;
   duckd_step_reply rep{};
@@ -667,8 +677,14 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (status == DUCK_STATUS_OK) {
     s.valid = true;
     info.ob_size = sizeof(duck_ob_header); // the header alone
-    for (uint32_t c = 0; c < cores; ++c)
+    uint64_t most = 0;
+    for (uint32_t c = 0; c < cores; ++c) {
       w->ctl->core_cycles[c] = cycles[c];
+      most = std::max(most, cycles[c]);
+    }
+    const WorkerConfig &cfg = *w->cfg;
+    s.kernel_ns =
+        cfg.tsc_hz ? uint64_t(double(most) * 1e9 / double(cfg.tsc_hz)) : 0;
   }
   return status;
 }
@@ -689,6 +705,8 @@ std::string FinishStaged(WorkerSide *w, const Staging &st, duck_info &info) {
   }
   duck_ob_header oh;
   std::memcpy(&oh, w->ob, sizeof oh);
+  oh.stage_ns = s.kernel_ns;
+  std::memcpy(w->ob, &oh, sizeof oh);
   info.ob_size =
       sizeof oh + duck_narrow_out(out, oh.n_tokens, oh.hidden, st.out_flags);
   return std::string();
@@ -706,6 +724,9 @@ bool RunAndReply(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (std::string bad = PrepareStaging(w, staged, &ib_bytes, &st, &code);
       !bad.empty())
     return StepError(w, h, deadline, code, bad);
+  if (w->quiet && st.flags != DUCK_IB_STAGE)
+    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
+                     "a quiet step must be a stage (DUCK_IB_STAGE)");
   uint64_t workerNs = 0;
   std::string bad;
   int32_t status;
@@ -727,6 +748,7 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                FrameCheck &check, const duckd_step_request *preread) {
   const absl::Time deadline = absl::Now() + w->cfg->io_timeout;
   const bool staged = TakeStage(w);
+  w->quiet = h.flags & DUCKD_FLAG_QUIET;
   // The frame's check covers every byte read; nothing is acted on (not
   // even answered with a complaint) before it has passed.
   check.Begin(h, &w->ctl->keys);
@@ -780,6 +802,7 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   const WorkerConfig &cfg = *w->cfg;
   const absl::Time deadline = absl::Now() + cfg.io_timeout;
   const bool staged = TakeStage(w);
+  w->quiet = h.flags & DUCKD_FLAG_QUIET;
   check.Begin(h, &w->ctl->keys);
   duckd_step_cast_request r{};
   if (preread) {
@@ -836,6 +859,7 @@ void ServeConnection(WorkerSide *w) {
   duck_info info = w->InfoFor(0);
   FrameCheck &check = *w->check; // made before the sandbox
   const int fd = cfg.conn_fd;
+  constexpr uint32_t kQuiet = DUCKD_FLAG_QUIET; // a step's only flag
   for (;;) {
     // Wait until duckd lends the connection.
     WaitChange(&ctl->owner, nullptr, kOwnerDaemon, cfg.spin_ns);
@@ -849,7 +873,7 @@ void ServeConnection(WorkerSide *w) {
       }
       const absl::Time deadline = absl::Now() + cfg.io_timeout;
       auto plainStep = [&](const duckd_frame_header &x) {
-        return x.type == DUCKD_MSG_STEP && x.flags == 0 &&
+        return x.type == DUCKD_MSG_STEP && (x.flags & ~kQuiet) == 0 &&
                ValidateHeader(x, cfg.max_payload).ok();
       };
       // Fast path: a whole well-formed step is read with one recvmsg
@@ -871,7 +895,7 @@ void ServeConnection(WorkerSide *w) {
         continue;
       }
       // The same for a cast step: header and request in one read.
-      if (h.type == DUCKD_MSG_STEP_CAST && h.flags == 0 &&
+      if (h.type == DUCKD_MSG_STEP_CAST && (h.flags & ~kQuiet) == 0 &&
           h.payload_bytes == sizeof(duckd_step_cast_request) &&
           ValidateHeader(h, cfg.max_payload).ok()) {
         duckd_step_cast_request r;
@@ -891,7 +915,7 @@ void ServeConnection(WorkerSide *w) {
                  absl::StrCat("truncated frame header: ", s.message()));
         break;
       }
-      if (h.type == DUCKD_MSG_STEP_CAST && h.flags == 0 &&
+      if (h.type == DUCKD_MSG_STEP_CAST && (h.flags & ~kQuiet) == 0 &&
           ValidateHeader(h, cfg.max_payload).ok()) {
         holding = ServeCastStep(w, h, info, check, nullptr);
         continue;

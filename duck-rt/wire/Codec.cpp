@@ -347,7 +347,8 @@ absl::Status ValidateHeader(const duckd_frame_header &h, uint64_t max_payload) {
   if (h.type == 0 || h.type >= DUCKD_MSG_COUNT)
     return absl::InvalidArgumentError(
         absl::StrCat("unknown message type ", h.type));
-  if (h.flags & ~uint32_t(DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR))
+  if (h.flags &
+      ~uint32_t(DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR | DUCKD_FLAG_QUIET))
     return absl::InvalidArgumentError(
         absl::StrCat("unknown frame flags 0x", absl::Hex(h.flags)));
   if (h.payload_bytes > max_payload)

@@ -777,8 +777,10 @@ double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
       stepWire(plain, rows, (uint32_t)l.topK, 0, whole, true).outSeconds;
   const double hidden =
       std::min({o + shared - o2, router + o - stage.outSeconds, router});
-  const double frames = 2.0 * double(whole.size()) * c.hostFrameUs * 1e-6;
-  return hidden - stage.backSeconds - frames;
+  // The stage is quiet (protocol 4): nothing comes back for it; the host
+  // pays one more frame a duck, the routed slots' request.
+  const double frames = double(whole.size()) * c.hostFrameUs * 1e-6;
+  return hidden - frames;
 }
 
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes

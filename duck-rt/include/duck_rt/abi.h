@@ -250,13 +250,15 @@ typedef enum duck_ib_flags {
   /// Staged steps (duckd's, never the ELF's: duckd takes them off before
   /// the call; docs/protocol.md "Staged steps"). DUCK_IB_STAGE: a MoE
   /// decode step whose slots are the token's shared experts, sent before
-  /// the host has routed: duckd runs it, keeps its fp32 results and its x,
-  /// and answers with an OB of its header alone. DUCK_IB_STAGED: the next
+  /// the host has routed, in a quiet frame (DUCKD_FLAG_QUIET): duckd runs
+  /// it, keeps its fp32 results and its x, and answers nothing.
+  /// DUCK_IB_STAGED: the next
   /// step on that connection, the routed slots without x (the IB ends
   /// after its slots): duckd puts the stage's x back, runs it, adds the
   /// stage's results last (after the routed experts', as the ELF's sum in
   /// expert order would: shared ids follow routed ones) and narrows the
-  /// sum as the out flags ask, so the OB has the bits of the whole step.
+  /// sum as the out flags ask, so the OB has the bits of the whole step
+  /// (and the stage's kernel time in duck_ob_header.stage_ns).
   /// A DUCK_IB_STAGED step with no such stage is answered
   /// DUCKD_ERR_STAGE_MISSED; any other step forgets the stage.
   DUCK_IB_STAGE = 16u,
@@ -431,7 +433,11 @@ typedef struct duck_ob_header {
   uint32_t n_tokens;
   uint32_t hidden;
   uint64_t out_offset; // 64
-  uint64_t reserved[5];
+  /// duckd's, never the ELF's (which writes 0): on a DUCK_IB_STAGED
+  /// step's OB, the time its stage spent in the ELF on its slowest core
+  /// (ns), the stage itself being answered with nothing.
+  uint64_t stage_ns;
+  uint64_t reserved[4];
 } duck_ob_header;
 
 /// Offset of x in an IB that carries `n_slots` routing slots (32-aligned).

@@ -20,8 +20,9 @@ extern "C" {
 
 #define DUCKD_FRAME_MAGIC 0x50574B44u /* "DKWP" little-endian */
 enum {
-  DUCKD_PROTOCOL_VERSION = 3, // 2: authenticated frames, no token on the
-                              // wire; 3: measure replies the GEMM rate
+  DUCKD_PROTOCOL_VERSION = 4, // 2: authenticated frames, no token on the
+                              // wire; 3: measure replies the GEMM rate;
+                              // 4: quiet stages (DUCKD_FLAG_QUIET)
   DUCKD_DEFAULT_MAX_PAYLOAD = 256 << 20,
   DUCKD_MAX_CORES = 64,
   DUCKD_NAME_BYTES = 64,
@@ -57,6 +58,11 @@ typedef enum duckd_msg_type {
 typedef enum duckd_frame_flags {
   DUCKD_FLAG_REPLY = 1u << 0,
   DUCKD_FLAG_ERROR = 1u << 1, // payload is a duckd_error
+  /// On a step or step_cast request whose IB is a stage (abi.h,
+  /// DUCK_IB_STAGE): duckd answers nothing, not even an error. A quiet
+  /// frame that does not leave a stage (it failed, or carried no stage)
+  /// leaves none, so the staged step after it is answered stage_missed.
+  DUCKD_FLAG_QUIET = 1u << 2,
 } duckd_frame_flags;
 
 typedef struct duckd_frame_header {

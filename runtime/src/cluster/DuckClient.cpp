@@ -90,7 +90,6 @@ struct Conn {
   bool awaiting_hello = false;
   uint32_t cast_misses = 0; // cast steps missed in a row
   bool cast_off = false;    // plain steps only (missed cast_give_up)
-  uint32_t stage_id = 0;    // a stage's request awaiting its answer (0: none)
 };
 
 struct PrepareJob;
@@ -157,20 +156,23 @@ struct DuckClient::Impl {
   }
 
   /// Queues a request; the payload parts must stay valid until Pump ends
-  /// (or point into `owned`).
+  /// (or point into `owned`). A quiet one (`flags` DUCKD_FLAG_QUIET, a
+  /// stage) awaits no reply.
   uint32_t Queue(size_t d, uint16_t type, std::vector<uint8_t> owned,
                  std::vector<Part> parts,
-                 std::vector<std::vector<uint8_t>> *recycle = nullptr) {
+                 std::vector<std::vector<uint8_t>> *recycle = nullptr,
+                 uint32_t flags = 0) {
     Conn &c = conns[d];
     OutFrame f;
     f.owned = std::move(owned);
     f.parts = std::move(parts);
     const uint32_t id = c.next_id++;
-    f.header = duckd::MakeHeader(type, 0, id, f.parts, &c.keys);
+    f.header = duckd::MakeHeader(type, flags, id, f.parts, &c.keys);
     f.total = sizeof f.header + f.header.payload_bytes;
     f.recycle = recycle;
     c.out.push_back(std::move(f));
-    c.expect.push_back(id);
+    if (!(flags & DUCKD_FLAG_QUIET))
+      c.expect.push_back(id);
     return id;
   }
 
@@ -410,15 +412,17 @@ struct DuckClient::Impl {
   void CastMissed(size_t d, const std::string &why);
   /// Queues duck d's step: a STEP on its session (persistent), else a RUN
   /// that carries the ELF too.
-  void QueueStep(size_t d, absl::Span<const uint8_t> ib);
+  void QueueStep(size_t d, absl::Span<const uint8_t> ib, uint32_t flags = 0);
   /// Queues duck d's step_cast for the batch just sent.
   void QueueStepCast(size_t d, uint64_t cast_id, const duckd::CastShape &shape,
-                     uint64_t ib_bytes, const uint8_t *digest);
+                     uint64_t ib_bytes, const uint8_t *digest,
+                     uint32_t flags = 0);
   /// Sends `ib` once as batch datagrams when the step can go that way
   /// (every duck the same IB, small enough, a cast address); false: send
   /// it plainly. Queues every duck's step (cast or plain).
   bool QueueCastSteps(const std::vector<size_t> &ducks,
-                      absl::Span<const absl::Span<const uint8_t>> ibs);
+                      absl::Span<const absl::Span<const uint8_t>> ibs,
+                      uint32_t flags = 0);
   /// A step's metrics: the judge's wait against the slowest duck's kernel
   /// time, and the bytes that moved.
   void MeasureStep(const std::vector<size_t> &ducks,
@@ -645,7 +649,8 @@ absl::Status ReadStepReply(absl::Span<const uint8_t> pl, DuckOutput *o) {
 
 void DuckClient::Impl::QueueStepCast(size_t d, uint64_t cast_id,
                                      const duckd::CastShape &shape,
-                                     uint64_t ib_bytes, const uint8_t *digest) {
+                                     uint64_t ib_bytes, const uint8_t *digest,
+                                     uint32_t flags) {
   duckd_step_cast_request r{};
   r.session_id = conns[d].session_id;
   r.cast_id = cast_id;
@@ -656,12 +661,12 @@ void DuckClient::Impl::QueueStepCast(size_t d, uint64_t cast_id,
   std::vector<uint8_t> owned(sizeof r);
   std::memcpy(owned.data(), &r, sizeof r);
   Part p{owned.data(), owned.size()};
-  Queue(d, DUCKD_MSG_STEP_CAST, std::move(owned), {p});
+  Queue(d, DUCKD_MSG_STEP_CAST, std::move(owned), {p}, nullptr, flags);
 }
 
 bool DuckClient::Impl::QueueCastSteps(
     const std::vector<size_t> &ducks,
-    absl::Span<const absl::Span<const uint8_t>> ibs) {
+    absl::Span<const absl::Span<const uint8_t>> ibs, uint32_t flags) {
   // An IB no larger than its step_cast frame (a staged step's slots) goes
   // plainly: the cast would only add its datagrams.
   if (!cast || !opt.persistent || ibs.empty() ||
@@ -691,16 +696,17 @@ bool DuckClient::Impl::QueueCastSteps(
   duckd::CastDigest(ib, conns[ducks[0]].keys.keyed, digest);
   for (size_t d : ducks) {
     if (conns[d].cast_off)
-      QueueStep(d, ib);
+      QueueStep(d, ib, flags);
     else
-      QueueStepCast(d, id, *shape, ib.size(), digest);
+      QueueStepCast(d, id, *shape, ib.size(), digest, flags);
     if (absl::Status s = SendSome(conns[d]); !s.ok())
       Break(d, std::string(s.message()));
   }
   return true;
 }
 
-void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib) {
+void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib,
+                                 uint32_t flags) {
   std::vector<uint8_t> owned;
   std::vector<Part> parts;
   if (opt.persistent) {
@@ -708,7 +714,8 @@ void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib) {
     owned.resize(sizeof r);
     std::memcpy(owned.data(), &r, sizeof r);
     parts = {{owned.data(), owned.size()}, {ib.data(), ib.size()}};
-    Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts));
+    Queue(d, DUCKD_MSG_STEP, std::move(owned), std::move(parts), nullptr,
+          flags);
   } else {
     duckd_run_request r{};
     r.cores = opt.cores;
@@ -781,14 +788,13 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
   m.stage_recv0 = recv0;
   m.stage_pending = true;
   ++m.stage_stats.stages;
-  const bool cast = m.QueueCastSteps(ducks, ibs);
+  // Quiet: duckd answers nothing; the staged step learns the outcome.
+  if (m.QueueCastSteps(ducks, ibs, DUCKD_FLAG_QUIET))
+    return absl::OkStatus();
   for (size_t d : ducks) {
-    if (!cast) {
-      m.QueueStep(d, ibs[d]);
-      if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
-        m.Break(d, std::string(s.message()));
-    }
-    m.conns[d].stage_id = m.conns[d].next_id - 1;
+    m.QueueStep(d, ibs[d], DUCKD_FLAG_QUIET);
+    if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
+      m.Break(d, std::string(s.message()));
   }
   return absl::OkStatus();
 }
@@ -830,7 +836,8 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
                       const std::string &why) {
     return im->RetryStep(d, h, code, why);
   };
-  uint64_t stageNs = 0; // the stage's slowest duck (its answers come first)
+  uint64_t stageNs = 0; // the stage's slowest duck (staged OBs carry it)
+  const bool staged = !whole.empty();
   if (after_send)
     after_send();
   absl::Status s = m.Pump(
@@ -840,15 +847,14 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
         Conn &c = m.conns[d];
         if (h.type == DUCKD_MSG_STEP_CAST) // the batch came whole
           c.cast_misses = 0;
-        if (c.stage_id && h.request_id == c.stage_id) {
-          c.stage_id = 0; // the stage ran; its OB is its header alone
-          DuckOutput o;
-          if (ReadStepReply(pl, &o).ok())
-            for (uint64_t ns : o.kernel_ns)
-              stageNs = std::max(stageNs, ns);
-          return absl::OkStatus();
+        DuckOutput &o = (*out_outputs)[d];
+        absl::Status s = ReadStepReply(pl, &o);
+        duck_ob_header oh;
+        if (s.ok() && staged && o.ob.size() >= sizeof oh) {
+          std::memcpy(&oh, o.ob.data(), sizeof oh);
+          stageNs = std::max(stageNs, oh.stage_ns);
         }
-        return ReadStepReply(pl, &(*out_outputs)[d]);
+        return s;
       },
       nullptr, false, m.opt.reply_spin);
   const uint64_t t1 = NowNs();
@@ -865,18 +871,11 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
 
 bool DuckClient::Impl::RetryStep(size_t d, const duckd_frame_header &h,
                                  uint32_t code, const std::string &why) {
-  // A stage's error is left to its staged step (which then finds no
-  // stage); a cast step that missed goes again plainly, a staged one (its
-  // stage spent on arrival) as its whole step, as does one that found no
-  // stage.
-  Conn &c = conns[d];
-  const bool stage = c.stage_id && h.request_id == c.stage_id;
-  if (stage)
-    c.stage_id = 0;
+  // A cast step that missed goes again plainly, a staged one (its stage
+  // spent on arrival) as its whole step, as does one that found no stage
+  // (its quiet stage failed or never came).
   if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
     CastMissed(d, why);
-  if (stage)
-    return true;
   if (code == DUCKD_ERR_STAGE_MISSED && !step_whole.empty()) {
     ++stage_stats.resent;
     QueueStep(d, step_whole[d]);

@@ -155,15 +155,16 @@ struct ClusterModel {
   /// layer with a host router and a shared expert saves min(x's time out
   /// + the shared expert's time on its slowest duck - the routed slots'
   /// time out, the router's time + the step's time out - the stage's),
-  /// at most the router's time, less the stages' answers' time back and
-  /// the host's CPU for the two more frames a duck (hostFrameUs).
+  /// at most the router's time, less the host's CPU for the one more
+  /// frame a duck (hostFrameUs): the stage is quiet, nothing comes back.
   /// `stageSharedOpen`: each candidate takes it where it is faster (--tp
   /// auto with a cluster file and no --stage-shared).
   bool stageShared = false, stageSharedOpen = false;
   /// The host's CPU for one more frame to or from a duck (cluster file
-  /// `host_frame_us`; 0: not counted): a staged layer costs the host two
+  /// `host_frame_us`; 0: not counted): a staged layer costs the host one
   /// a duck beyond the whole step's (the routed slots' request after the
-  /// router, the stage's answer), on the way to the step's answers.
+  /// router; the stage is quiet, its frame out takes the whole step's
+  /// place), on the way to the step's answers.
   double hostFrameUs = 0;
   /// The IB flags (duck_ib_flags) that ask for wireX and wireOut.
   uint32_t ibFlags() const;

@@ -431,41 +431,76 @@ TEST_F(DuckdBadClient, BadSizes) {
 // decode step or carries both flags a bad request; a stage whose call
 // fails leaves nothing for the step after it.
 TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
-  Raw r(ep_);
-  r.HelloOk();
-  const uint64_t session = r.Open(ReadFile(DUCK_ELF_PATH), 1 << 16, 1 << 16);
-  ASSERT_NE(session, 0u);
-  const duck_expert_slot slots[2] = {{0, 0.5f}, {1, 0.5f}};
-  const std::vector<float> x(64, 1.0f);
-  auto step = [&](uint32_t mode, uint32_t top_k, uint32_t flags, bool withX) {
-    std::vector<uint8_t> ib(duck_ib_bytes_flags(1, top_k, 64, 0));
-    duck_ib_write_flags(ib.data(), mode, 0, 1, top_k, slots,
-                        withX ? x.data() : nullptr, 64, flags);
-    if (!withX)
-      ib.resize(duck_ib_x_offset(top_k));
-    duckd_step_request s{session, ib.size()};
-    r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}});
-  };
-  step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false);
-  EXPECT_NE(r.ExpectError(DUCKD_ERR_STAGE_MISSED).find("no stage of its own"),
-            std::string::npos);
-  step(DUCK_MODE_DENSE_DECODE, 0, DUCK_IB_STAGE, true);
-  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("MoE decode step"),
-            std::string::npos);
-  step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE | DUCK_IB_STAGED, true);
-  r.ExpectError(DUCKD_ERR_BAD_REQUEST);
-  // No weights here: the stage's call answers with the ELF's status, and
-  // keeps nothing.
-  step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE, true);
-  auto f = r.Recv();
-  ASSERT_TRUE(f.ok());
-  ASSERT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
-  duckd_step_reply sr;
-  std::memcpy(&sr, f->payload.data(), sizeof sr);
-  EXPECT_NE(sr.status, DUCK_STATUS_OK);
-  step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false);
-  r.ExpectError(DUCKD_ERR_STAGE_MISSED);
-  r.HelloOk(); // still serving this host
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    const uint64_t session = r.Open(ReadFile(DUCK_ELF_PATH), 1 << 16, 1 << 16);
+    ASSERT_NE(session, 0u);
+    const duck_expert_slot slots[2] = {{0, 0.5f}, {1, 0.5f}};
+    const std::vector<float> x(64, 1.0f);
+    uint32_t id = 100;
+    auto step = [&](uint32_t mode, uint32_t top_k, uint32_t flags, bool withX,
+                    uint32_t frameFlags) {
+      std::vector<uint8_t> ib(duck_ib_bytes_flags(1, top_k, 64, 0));
+      duck_ib_write_flags(ib.data(), mode, 0, 1, top_k, slots,
+                          withX ? x.data() : nullptr, 64, flags);
+      if (!withX)
+        ib.resize(duck_ib_x_offset(top_k));
+      duckd_step_request s{session, ib.size()};
+      r.SendFrame(DUCKD_MSG_STEP, {{&s, sizeof s}, {ib.data(), ib.size()}},
+                  frameFlags, ++id);
+    };
+    // The next frame is the answer to request `want` (nothing came for the
+    // quiet ones before it), an error with `code`; its message.
+    auto answer = [&](uint32_t want, duckd_error_code code) {
+      auto f = r.Recv();
+      EXPECT_TRUE(f.ok());
+      if (!f.ok())
+        return std::string();
+      EXPECT_EQ(f->header.request_id, want);
+      EXPECT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY | DUCKD_FLAG_ERROR));
+      auto e = duck::duckd::DecodeError(f->payload);
+      EXPECT_TRUE(e.ok());
+      if (!e.ok())
+        return std::string();
+      EXPECT_EQ(e->code, uint32_t(code)) << e->message;
+      return e->message;
+    };
+    step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false, 0);
+    EXPECT_NE(answer(id, DUCKD_ERR_STAGE_MISSED).find("no stage of its own"),
+              std::string::npos);
+    // Answered stages still say what is wrong with them.
+    step(DUCK_MODE_DENSE_DECODE, 0, DUCK_IB_STAGE, true, 0);
+    EXPECT_NE(answer(id, DUCKD_ERR_BAD_REQUEST).find("MoE decode step"),
+              std::string::npos);
+    step(DUCK_MODE_MOE_DECODE_SMP, 1, DUCK_IB_STAGE | DUCK_IB_STAGED, true, 0);
+    answer(id, DUCKD_ERR_BAD_REQUEST);
+    // Quiet ones say nothing, and leave no stage: a bad stage, one whose
+    // call fails (no weights here: the ELF's status), and a quiet step that
+    // is no stage (not run); each staged step after them finds none.
+    for (uint32_t mode : {uint32_t(DUCK_MODE_DENSE_DECODE),
+                          uint32_t(DUCK_MODE_MOE_DECODE_SMP)}) {
+      step(mode, mode == DUCK_MODE_DENSE_DECODE ? 0 : 1, DUCK_IB_STAGE, true,
+           DUCKD_FLAG_QUIET);
+      step(DUCK_MODE_MOE_DECODE_SMP, 2, DUCK_IB_STAGED, false, 0);
+      answer(id, DUCKD_ERR_STAGE_MISSED);
+    }
+    step(DUCK_MODE_MOE_DECODE_SMP, 1, 0, true, DUCKD_FLAG_QUIET);
+    r.HelloOk(); // the quiet plain step left no answer before this one
+    // Quiet is a step's flag alone.
+    duckd_hello_request h{
+        DUCK_ABI_VERSION, DUCKD_PROTOCOL_VERSION, DUCKD_AUTH_NONE, 0, {}};
+    r.SendFrame(DUCKD_MSG_HELLO, {{&h, sizeof h}}, DUCKD_FLAG_QUIET);
+    EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("quiet on a step"),
+              std::string::npos);
+    r.HelloOk(); // still serving this host
+  }
+  // Without a session, a quiet step is drained unanswered too.
+  Raw other(ep_);
+  other.HelloOk();
+  duckd_step_request none{12345, 0};
+  other.SendFrame(DUCKD_MSG_STEP, {{&none, sizeof none}}, DUCKD_FLAG_QUIET);
+  other.HelloOk();
 }
 
 TEST_F(DuckdBadClient, DisconnectMidStep) {

@@ -696,7 +696,7 @@ void printStagedShared(const ModuleStats &s, const ClusterModel &c,
                      "after: %.3f ms a token of the routers' time hidden",
                      s.stagedShared ? "on" : "off", s.stagedSharedMsPerToken);
   if (c.hostFrameUs > 0)
-    os << llvm::format(", net of two more frames a duck at %.2f us each",
+    os << llvm::format(", net of one more frame a duck at %.2f us",
                        c.hostFrameUs);
   os << (s.stagedShared ? " (taken off the host's time below)\n"
                         : " (less than it costs: not staged)\n");

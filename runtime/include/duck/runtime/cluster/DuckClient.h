@@ -209,18 +209,19 @@ public:
 
   /// Staged steps (abi.h, DUCK_IB_STAGE; persistent sessions only): sends
   /// ibs[d], a stage, to duck d (once as a cast when they are all the same)
-  /// and returns without waiting. The next Step must be its
-  /// DUCK_IB_STAGED step, with `whole` (each duck's whole step): it reads
-  /// the stages' answers first (an error there is left to the staged step,
-  /// which then finds no stage) and sends a duck that answers stage_missed
-  /// its whole step plainly. The stage's IBs must stay valid until then.
+  /// in a quiet frame (DUCKD_FLAG_QUIET: duckd answers nothing) and
+  /// returns without waiting. The next Step must be its DUCK_IB_STAGED
+  /// step, with `whole` (each duck's whole step): a duck whose stage
+  /// failed or never came answers stage_missed, and Step sends it its
+  /// whole step plainly. The stage's IBs must stay valid until then.
   absl::Status Stage(absl::Span<const absl::Span<const uint8_t>> ibs);
 
   /// The cast path's counts (all zero without a cast address).
   CastStats cast_stats() const;
   /// Stages sent, ducks sent their whole step after a stage_missed, and
   /// the stages' time on the ducks (each stage's slowest duck's slowest
-  /// core, added up; not in the steps' StepMetrics).
+  /// core, as the staged steps' OBs carry it (duck_ob_header.stage_ns),
+  /// added up; not in the steps' StepMetrics).
   struct StageStats {
     uint64_t stages = 0, resent = 0;
     double kernel_us = 0;
