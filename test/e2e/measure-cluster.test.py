@@ -96,11 +96,17 @@ def main():
                 c.get("fp9_gemm_gmac_s") ==
                 min(d["fp9_gemm_gmac_s"] for d in c["ducks"])):
             sys.exit(f"measure-cluster: cluster figures {c}")
-        # Two ducks: a ping to both at once against one's, the host's
-        # time for a frame (a number, zero when the second costs nothing).
+        # Two ducks: a ping to both at once against one's, the host's CPU
+        # for a frame (more than nothing: a send and a receive more) and
+        # the same by the wall clock (a number, zero when the second costs
+        # nothing).
         if not (isinstance(c.get("host_frame_us"), (int, float)) and
-                0 <= c["host_frame_us"] < 1e4):
-            sys.exit(f"measure-cluster: host_frame_us {c.get('host_frame_us')!r}")
+                0 < c["host_frame_us"] < 1e4 and
+                isinstance(c.get("host_frame_wall_us"), (int, float)) and
+                0 <= c["host_frame_wall_us"] < 1e4):
+            sys.exit("measure-cluster: host_frame_us "
+                     f"{c.get('host_frame_us')!r}, host_frame_wall_us "
+                     f"{c.get('host_frame_wall_us')!r}")
         print("measured: every duck has cores, read_gbs, fp9_gparam_s, "
               f"{len(classes)} kernel classes, fp9_gemm_gmac_s, "
               "gemv_call_us (or none), rtt_us, "

@@ -59,6 +59,13 @@ absl::Status ErrorFor(uint32_t code, std::string message) {
   }
 }
 
+/// This thread's CPU time (user and system), ns.
+uint64_t ThreadCpuNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
 uint64_t NowNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -440,10 +447,11 @@ struct DuckClient::Impl {
   /// Times round trips to `ducks`, one round in flight at a time: `make`
   /// queues one request to a duck; their replies, whatever they say, end
   /// the round.
+  /// `cpu50`, if given: the median of this thread's CPU time a round.
   absl::Status TimeTrips(const std::vector<size_t> &ducks, uint32_t trips,
                          const char *what,
                          const std::function<void(size_t)> &make, double *p50,
-                         double *p90);
+                         double *p90, double *cpu50 = nullptr);
   /// Queues a measure ping to duck d (o.busy_us keeps it busy first).
   void QueuePing(size_t d, const MeasureOptions &o);
 
@@ -1011,10 +1019,10 @@ absl::Status
 DuckClient::Impl::TimeTrips(const std::vector<size_t> &ducks, uint32_t trips,
                             const char *what,
                             const std::function<void(size_t)> &make,
-                            double *p50, double *p90) {
-  std::vector<double> us;
+                            double *p50, double *p90, double *cpu50) {
+  std::vector<double> us, cpu;
   for (uint32_t i = 0; i < trips; ++i) {
-    const uint64_t t0 = NowNs();
+    const uint64_t c0 = ThreadCpuNs(), t0 = NowNs();
     for (size_t d : ducks)
       make(d);
     if (absl::Status s = Pump(ducks, opt.call_timeout, what,
@@ -1025,11 +1033,15 @@ DuckClient::Impl::TimeTrips(const std::vector<size_t> &ducks, uint32_t trips,
         !s.ok())
       return s;
     us.push_back(double(NowNs() - t0) / 1e3);
+    cpu.push_back(double(ThreadCpuNs() - c0) / 1e3);
   }
   if (!us.empty()) {
     std::sort(us.begin(), us.end());
+    std::sort(cpu.begin(), cpu.end());
     *p50 = us[us.size() / 2];
     *p90 = us[std::min(us.size() - 1, us.size() * 9 / 10)];
+    if (cpu50)
+      *cpu50 = cpu[cpu.size() / 2];
   }
   return absl::OkStatus();
 }
@@ -1042,17 +1054,20 @@ absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
   MeasureOptions idle = o; // frames alone: no duck kept busy
   idle.busy_us = 0;
   const auto ping = [&](size_t d) { QueuePing(d, idle); };
-  double one50 = 0, one90 = 0, fan50 = 0, fan90 = 0;
-  if (absl::Status s = TimeTrips({all[0]}, o.pings, "ping", ping, &one50,
-                                 &one90);
+  double one50 = 0, one90 = 0, fan50 = 0, fan90 = 0, oneCpu = 0, fanCpu = 0;
+  if (absl::Status s =
+          TimeTrips({all[0]}, o.pings, "ping", ping, &one50, &one90, &oneCpu);
       !s.ok())
     return s;
-  if (absl::Status s = TimeTrips(all, o.pings, "ping", ping, &fan50, &fan90);
+  if (absl::Status s =
+          TimeTrips(all, o.pings, "ping", ping, &fan50, &fan90, &fanCpu);
       !s.ok())
     return s;
   for (DuckRates &r : *out) {
     r.fan_rtt_us_p50 = fan50;
     r.rtt_idle_us_p50 = one50;
+    r.fan_cpu_us_p50 = fanCpu;
+    r.cpu_idle_us_p50 = oneCpu;
   }
   return absl::OkStatus();
 }

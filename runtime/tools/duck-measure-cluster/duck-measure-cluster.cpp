@@ -92,10 +92,11 @@ weight buffer if absent), and the cluster's "bandwidth_gbs" and
 "fp9_gemm_gmac_s" (slowest duck) and "step_overhead_us" (the largest gap: a
 ping that kept the duck busy --busy-us (500) as a step would, less that
 time, or an empty step) and, with two ducks or more, "host_frame_us" (the
-host's time for one more frame to and from a duck: what each duck beyond
-the first adds to a ping sent to every duck at once, halved; ducks on the
-host's machine add their own CPU to it) into the file, for 'duckc compile
---cluster'. Ducks
+host's CPU for one more frame to and from a duck: what each duck beyond
+the first adds to the host thread's CPU time for a ping sent to every duck
+at once, halved) and "host_frame_wall_us" (the same by the wall clock:
+ducks on the host's machine add their CPU and wake-ups to it) into the
+file, for 'duckc compile --cluster'. Ducks
 measure one after another unless --all-at-once. --host (run it on the host)
 also writes this machine's read bandwidth as "host_read_gbs": with it,
 'compile --tp auto' without --lm-head also chooses where the LM head goes
@@ -381,22 +382,31 @@ void RecordSummary(const Measured &m, const Summary &s, const Names &names,
 }
 
 /// The host's time for one more frame to and from a duck (compile's cost
-/// model counts two a duck for a staged MoE layer): what each duck beyond
+/// model counts one a duck for a staged MoE layer): what each duck beyond
 /// the first adds to a ping sent to every duck at once, over one duck's
-/// own ping (neither keeping a duck busy), halved. Ducks on the host's own
-/// machine add their own CPU to it.
+/// own ping (neither keeping a duck busy), halved. `host_frame_us` counts
+/// the host thread's own CPU time (its syscalls, checks and seals);
+/// `host_frame_wall_us` the wall time, which on a box whose ducks share
+/// the host's cores also carries their CPU and wake-ups (an upper bound).
 void RecordHostFrame(const Measured &m, json &root) {
   const size_t n = m.rates.size();
   if (n < 2 || m.rates[0].fan_rtt_us_p50 <= 0)
     return;
-  const double fan = m.rates[0].fan_rtt_us_p50,
-               median = m.rates[0].rtt_idle_us_p50;
-  const double frame = std::max(0.0, (fan - median) / (2.0 * double(n - 1)));
-  root["host_frame_us"] = frame;
-  std::printf("host_frame_us %s (a ping to all %zu ducks at once %s us "
-              "against one duck's %s us)\n",
-              Fixed(frame, 2).c_str(), n, Fixed(fan, 0).c_str(),
-              Fixed(median, 0).c_str());
+  const auto &r = m.rates[0];
+  const double per = 1.0 / (2.0 * double(n - 1));
+  const double wall =
+      std::max(0.0, (r.fan_rtt_us_p50 - r.rtt_idle_us_p50) * per);
+  const double cpu =
+      std::max(0.0, (r.fan_cpu_us_p50 - r.cpu_idle_us_p50) * per);
+  root["host_frame_us"] = cpu;
+  root["host_frame_wall_us"] = wall;
+  std::printf("host_frame_us %s (the host thread's CPU for a ping to all %zu "
+              "ducks at once %s us against one duck's %s us; by the wall "
+              "clock %s us a frame: %s against %s us)\n",
+              Fixed(cpu, 2).c_str(), n, Fixed(r.fan_cpu_us_p50, 1).c_str(),
+              Fixed(r.cpu_idle_us_p50, 1).c_str(), Fixed(wall, 2).c_str(),
+              Fixed(r.fan_rtt_us_p50, 0).c_str(),
+              Fixed(r.rtt_idle_us_p50, 0).c_str());
 }
 
 /// Writes `root` to `out` through a temporary file renamed over it.

@@ -173,9 +173,15 @@ struct DuckRates {
   /// A ping (no busy time) to every duck at once, all answers in (the
   /// same for every duck; 0 with one duck): what each more duck adds to
   /// it is the host's time for one more frame out and one more in
-  /// (duck-measure-cluster's host_frame_us). `rtt_idle_us_p50`: one
+  /// (duck-measure-cluster's host_frame_wall_us). `rtt_idle_us_p50`: one
   /// duck's own such ping.
   double fan_rtt_us_p50 = 0, rtt_idle_us_p50 = 0;
+  /// The host thread's own CPU time for the same two rounds (medians):
+  /// what each more duck adds to it is the host's CPU for one more frame
+  /// out and one more in, without the wake-ups and the ducks' own CPU a
+  /// wall time counts where they share the host's cores
+  /// (duck-measure-cluster's host_frame_us).
+  double fan_cpu_us_p50 = 0, cpu_idle_us_p50 = 0;
 };
 
 class DuckClient {
