@@ -30,6 +30,7 @@ import argparse
 import filecmp
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,14 @@ def run(cmd):
 
 def make_plans(a, bin_dir, work):
     model = os.path.join(work, "model")
+    # The checkpoint and plans of another shape (an earlier run's) go.
+    shape = {k: getattr(a, k) for k in ("hidden", "layers", "experts",
+                                         "moe_intermediate", "shared_experts")}
+    key = os.path.join(work, "shape.json")
+    old = json.load(open(key)) if os.path.exists(key) else None
+    if old != shape:
+        for d in ("model", "plan-off", "plan-on"):
+            shutil.rmtree(os.path.join(work, d), ignore_errors=True)
     if not os.path.exists(os.path.join(model, "config.json")):
         run([os.path.join(bin_dir, "duck-mkmodel"), "-q", "--preset",
              "tiny-deepseek", "--family", "deepseek_v32",
@@ -66,6 +75,7 @@ def make_plans(a, bin_dir, work):
                  "--lm-head", "checkpoint", "--stage-shared", stage, "-o",
                  plan])
         plans[stage] = plan
+    json.dump(shape, open(key, "w"))
     return plans
 
 

@@ -750,12 +750,17 @@ double stagedXSeconds(const FfnLayer &l, const ClusterModel &c, uint32_t slots,
   return std::min(xOut, l.routerHostBytes / (c.hostReadGbs * 1e9));
 }
 
+/// Whether a layer has what a staged step hides: a MoE layer with a
+/// shared expert and a router the host reads.
+bool stagesShared(const FfnLayer &l, const ClusterModel &c) {
+  return l.moe && l.numShared > 0 && l.routerHostBytes > 0 && c.hostReadGbs > 0;
+}
+
 /// ClusterModel::stageShared: what a MoE layer's staged step saves (s;
 /// negative where the stage costs more than it hides): see the field.
 double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
                            uint32_t slots, const std::vector<int64_t> &whole) {
-  if (!l.moe || l.numShared <= 0 || l.routerHostBytes <= 0 ||
-      c.hostReadGbs <= 0)
+  if (!stagesShared(l, c))
     return 0;
   double shared = 0; // the slowest duck's shared experts, at its full rate
   for (const FfnShard &s : l.shards) {
@@ -811,8 +816,10 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   addWire(c, true, slots, l.hidden, whole, p, sums, true);
   if (c.stageX && l.moe && l.routerHostBytes > 0 && c.hostReadGbs > 0)
     p.stagedXMsPerToken += 1e3 * stagedXSeconds(l, c, slots, whole);
-  if (c.stageShared || c.stageSharedOpen)
+  if ((c.stageShared || c.stageSharedOpen) && stagesShared(l, c)) {
     p.stagedSharedMsPerToken += 1e3 * stagedSharedSeconds(l, c, slots, whole);
+    p.stagedFramesPerToken += double(whole.size());
+  }
   if (!prompt || c.gemmGmacS <= 0)
     return;
   const double prefillNet =

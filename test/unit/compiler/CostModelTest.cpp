@@ -545,8 +545,13 @@ TEST(CostModelTest, StagedSharedExpertHidesTheRouter) {
   // The host's CPU for the one more frame a duck (host_frame_us, the
   // routed slots' request): 2 ducks x 1.5 us a layer, two layers.
   c.hostFrameUs = 1.5;
-  EXPECT_NEAR(costPlan(m, c).stagedSharedMsPerToken,
-              2e3 * 10e-6 - 2 * 2 * 1.5e-3, 1e-12);
+  p = costPlan(m, c);
+  EXPECT_NEAR(p.stagedSharedMsPerToken, 2e3 * 10e-6 - 2 * 2 * 1.5e-3, 1e-12);
+  // Two ducks' frames a layer, two layers: it pays under 5 us a frame.
+  EXPECT_EQ(p.stagedFramesPerToken, 4);
+  EXPECT_NEAR(c.hostFrameUs +
+                  1e3 * p.stagedSharedMsPerToken / p.stagedFramesPerToken,
+              5.0, 1e-9);
   // Left to the cost model (--tp auto), a stage that costs more than it
   // hides is not taken: a 10-byte router hides 10 ns, the routed slots'
   // frames take 3 us of the host.

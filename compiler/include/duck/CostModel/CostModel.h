@@ -359,6 +359,11 @@ struct PlanCost {
   /// it is faster).
   double stagedSharedMsPerToken = 0;
   bool stagedShared = false;
+  /// The frames a token staging costs the host beyond whole steps (one a
+  /// duck a staged layer): stagedSharedMsPerToken falls by this many
+  /// times each us of hostFrameUs, so staging pays while a frame costs
+  /// the host less than hostFrameUs + 1e3 * stagedSharedMsPerToken / it.
+  double stagedFramesPerToken = 0;
   /// duckc --mla-absorb ducks: the kv_b_proj bytes a token the ducks
   /// took off the host's reads (0: none absorbed).
   double mlaAbsorbedBytesPerToken = 0;

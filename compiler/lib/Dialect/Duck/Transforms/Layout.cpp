@@ -698,6 +698,12 @@ void printStagedShared(const ModuleStats &s, const ClusterModel &c,
   if (c.hostFrameUs > 0)
     os << llvm::format(", net of one more frame a duck at %.2f us",
                        c.hostFrameUs);
+  if (s.stagedFramesPerToken > 0) // the saving falls linearly with it
+    os << llvm::format(
+        "; it pays while a frame costs the host under %.2f us (%.0f frames "
+        "a token)",
+        c.hostFrameUs + 1e3 * s.stagedSharedMsPerToken / s.stagedFramesPerToken,
+        s.stagedFramesPerToken);
   os << (s.stagedShared ? " (taken off the host's time below)\n"
                         : " (less than it costs: not staged)\n");
 }
