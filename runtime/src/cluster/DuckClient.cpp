@@ -826,6 +826,13 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     m.stage_pending = false;
   }
   out_outputs->resize(m.conns.size());
+  for (DuckOutput &o : *out_outputs) { // nothing of an earlier step stays
+    o.status = 0;
+    o.ob.clear();
+    o.kernel_ns.clear();
+    o.worker_ns = 0;
+    o.log.clear();
+  }
   const uint64_t t0 = NowNs();
   const uint64_t castBytes0 = m.cast_stats.datagram_bytes;
   const bool cast = m.QueueCastSteps(ducks, ibs);
@@ -868,6 +875,12 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
   const uint64_t t1 = NowNs();
   m.retry = nullptr;
   m.step_ibs = m.step_whole = {};
+  // A duck whose step could not be sent (its connection broken on the way
+  // out, before the Pump) has not answered: the step fails.
+  for (size_t d : ducks)
+    if (s.ok() && !m.conns[d].link)
+      s = absl::UnavailableError(
+          absl::StrCat(m.Name(d), ": step: ", m.conns[d].broken));
   m.stage_stats.kernel_us += double(stageNs) / 1e3;
   if (out_metrics) {
     m.MeasureStep(ducks, *out_outputs, t0, t1, sent0, recv0, out_metrics);

@@ -495,7 +495,9 @@ TEST_F(DuckdBadClient, StagedStepsWithoutTheirStage) {
               std::string::npos);
     r.HelloOk(); // still serving this host
   }
-  // Without a session, a quiet step is drained unanswered too.
+  // Without a session, a quiet step is drained unanswered too (once duckd
+  // has let the last host go).
+  ExpectServing();
   Raw other(ep_);
   other.HelloOk();
   duckd_step_request none{12345, 0};

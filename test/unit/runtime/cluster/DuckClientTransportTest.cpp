@@ -31,6 +31,8 @@ struct FakeDuck {
   uint16_t port = 0;
   std::string token;
   StepFault fault = StepFault::kNone;
+  /// The connection is reset: every send from the host fails.
+  bool reset = false;
   duckd::FrameKeys keys; // the connection's, after hello
   uint64_t session = 0;
   std::vector<uint8_t> to_host; // encoded replies not yet received
@@ -157,6 +159,8 @@ public:
   absl::StatusOr<uint64_t> Send(const duckd_frame_header &header,
                                 absl::Span<const Part> payload,
                                 uint64_t *sent) override {
+    if (duck_->reset)
+      return absl::UnavailableError("send: Connection reset by peer");
     std::vector<uint8_t> frame(sizeof header);
     std::memcpy(frame.data(), &header, sizeof header);
     for (const Part &p : payload) {
@@ -352,6 +356,29 @@ TEST(DuckClientTransportTest, FaultsAreNamedByDuck) {
   auto client = DuckClient::Create(o);
   EXPECT_EQ(client.status().message(),
             "duck fake:8: connect: Connection refused");
+}
+
+// A duck whose connection is reset as a step goes out fails that step: the
+// step never returns as if it had answered (its last step's output still
+// in the outputs), and the stage before a staged step is no different.
+TEST(DuckClientTransportTest, AStepThatCannotBeSentFails) {
+  auto t = std::make_shared<FakeTransport>();
+  DuckClientOptions o = Options(t, {5, 6});
+  auto client = DuckClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Open({0x7f, 'E', 'L', 'F'}).ok());
+  const std::vector<uint8_t> ib = {1, 2, 3, 4, 5};
+  std::vector<absl::Span<const uint8_t>> ibs(2, ib);
+  std::vector<DuckOutput> outs;
+  ASSERT_TRUE((*client)->Step(ibs, &outs).ok());
+  ASSERT_EQ(outs[1].ob.size(), 5u);
+  t->ducks[6].reset = true;
+  absl::Status s = (*client)->Step(ibs, &outs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("duck fake:6: step: "), std::string::npos) << s;
+  EXPECT_NE(s.message().find("Connection reset by peer"), std::string::npos)
+      << s;
+  EXPECT_TRUE(outs[1].ob.empty()); // nothing of the step before
 }
 
 TEST(DuckClientTransportTest, PingDuckOverAnyTransport) {
