@@ -59,6 +59,18 @@ absl::Status ErrorFor(uint32_t code, std::string message) {
   }
 }
 
+/// Sizes `outs` to `n` ducks with nothing of an earlier step in them.
+void ClearOutputs(size_t n, std::vector<DuckOutput> *outs) {
+  outs->resize(n);
+  for (DuckOutput &o : *outs) {
+    o.status = 0;
+    o.ob.clear();
+    o.kernel_ns.clear();
+    o.worker_ns = 0;
+    o.log.clear();
+  }
+}
+
 /// This thread's CPU time (user and system), ns.
 uint64_t ThreadCpuNs() {
   timespec ts{};
@@ -430,6 +442,12 @@ struct DuckClient::Impl {
   bool QueueCastSteps(const std::vector<size_t> &ducks,
                       absl::Span<const absl::Span<const uint8_t>> ibs,
                       uint32_t flags = 0);
+  /// Queues every duck's step (one cast batch where it can go so, with
+  /// `flags`) and starts writing; a duck whose connection breaks on the
+  /// way is closed (its step then fails). Whether it went as a cast.
+  bool StartStep(const std::vector<size_t> &ducks,
+                 absl::Span<const absl::Span<const uint8_t>> ibs,
+                 uint32_t flags);
   /// A step's metrics: the judge's wait against the slowest duck's kernel
   /// time, and the bytes that moved.
   void MeasureStep(const std::vector<size_t> &ducks,
@@ -713,6 +731,20 @@ bool DuckClient::Impl::QueueCastSteps(
   return true;
 }
 
+bool DuckClient::Impl::StartStep(
+    const std::vector<size_t> &ducks,
+    absl::Span<const absl::Span<const uint8_t>> ibs, uint32_t flags) {
+  if (QueueCastSteps(ducks, ibs, flags))
+    return true;
+  for (size_t d : ducks) {
+    QueueStep(d, ibs[d], flags);
+    // Start writing at once: the first duck begins while the others queue.
+    if (absl::Status s = SendSome(conns[d]); !s.ok())
+      Break(d, std::string(s.message()));
+  }
+  return false;
+}
+
 void DuckClient::Impl::QueueStep(size_t d, absl::Span<const uint8_t> ib,
                                  uint32_t flags) {
   std::vector<uint8_t> owned;
@@ -796,14 +828,9 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
   m.stage_recv0 = recv0;
   m.stage_pending = true;
   ++m.stage_stats.stages;
-  // Quiet: duckd answers nothing; the staged step learns the outcome.
-  if (m.QueueCastSteps(ducks, ibs, DUCKD_FLAG_QUIET))
-    return absl::OkStatus();
-  for (size_t d : ducks) {
-    m.QueueStep(d, ibs[d], DUCKD_FLAG_QUIET);
-    if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
-      m.Break(d, std::string(s.message()));
-  }
+  // Quiet: duckd answers nothing; the staged step learns the outcome (a
+  // duck whose stage could not be sent fails it).
+  m.StartStep(ducks, ibs, DUCKD_FLAG_QUIET);
   return absl::OkStatus();
 }
 
@@ -825,25 +852,10 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
     recv0 = m.stage_recv0;
     m.stage_pending = false;
   }
-  out_outputs->resize(m.conns.size());
-  for (DuckOutput &o : *out_outputs) { // nothing of an earlier step stays
-    o.status = 0;
-    o.ob.clear();
-    o.kernel_ns.clear();
-    o.worker_ns = 0;
-    o.log.clear();
-  }
+  ClearOutputs(m.conns.size(), out_outputs);
   const uint64_t t0 = NowNs();
   const uint64_t castBytes0 = m.cast_stats.datagram_bytes;
-  const bool cast = m.QueueCastSteps(ducks, ibs);
-  for (size_t d : ducks) {
-    if (cast)
-      break;
-    m.QueueStep(d, ibs[d]);
-    // Start writing at once: the first duck begins while the others queue.
-    if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
-      m.Break(d, std::string(s.message()));
-  }
+  const bool cast = m.StartStep(ducks, ibs, 0);
   m.step_ibs = ibs;
   m.step_whole = whole;
   // Captures only `this`: no allocation a step.
