@@ -116,6 +116,17 @@ def main():
         r = run([args.duckc, "compile", args.model, "--cluster", cluster,
                  "--tp", "auto", "--explain", "--dry-run"])
         print(r.stdout.splitlines()[0])
+        # Each duck's gap is its own ping's: at tp 2 a step adds the host's
+        # two frames to and from the other duck.
+        if c.get("step_overhead_ducks") != 1:
+            sys.exit(f"measure-cluster: step_overhead_ducks "
+                     f"{c.get('step_overhead_ducks')!r}")
+        r = run([args.duckc, "compile", args.model, "--cluster", cluster,
+                 "--tp", "2", "--multiple-of", "32", "--explain", "--dry-run"])
+        step = re.search(r"[0-9]+ us per step: [0-9]+ measured with 1 duck\(s\) "
+                         r"\+ 2 x 1 frames at [0-9.]+ us", r.stdout)
+        print("tp 2 step:", "the other duck's frames added" if step
+              else r.stdout)
 
         after = run(gen)
         hit = re.search(r"weight cache: (.*) \(", after.stderr)

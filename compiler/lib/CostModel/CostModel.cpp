@@ -201,6 +201,13 @@ double SlowestMemo::operator()(const std::vector<HeldExperts> &held, bool moe,
   return it->second;
 }
 
+double cost::stepOverheadMs(const ClusterModel &c, int64_t tp) {
+  double us = c.stepOverheadUs;
+  if (c.stepOverheadDucks > 0 && tp > c.stepOverheadDucks)
+    us += 2.0 * double(tp - c.stepOverheadDucks) * c.hostFrameUs;
+  return us / 1e3;
+}
+
 double cost::expertSeconds(const FfnShard &s, const ClusterModel &c) {
   const size_t r = (size_t)s.rank;
   const double rate = duckRate(c, r);
@@ -825,7 +832,7 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
   const double prefillNet =
       addWire(c, false, slots, l.hidden, whole, p, sums, true);
   sums.prefillMsPerChunk +=
-      1e3 * prefillSlowest + c.stepOverheadUs / 1e3 + prefillNet;
+      1e3 * prefillSlowest + stepOverheadMs(c, tp) + prefillNet;
 }
 
 /// A row-split matrix on the ducks: one more step, its slowest duck.
@@ -843,7 +850,7 @@ void addRowSplit(const RowSplit &m, const ClusterModel &c, PlanCost &p,
     const double prefillNet =
         addWire(c, false, 0, m.k, out, p, sums, m.partialSums, m.inWidth);
     sums.prefillMsPerChunk +=
-        1e3 * worst + c.stepOverheadUs / 1e3 + prefillNet;
+        1e3 * worst + stepOverheadMs(c, int64_t(m.rows.size())) + prefillNet;
   }
   switch (m.role) {
   case RowSplit::Role::head:
@@ -885,8 +892,8 @@ void addHost(const ModelFacts &m, const ClusterModel &c, PlanCost &p) {
     // Reads done while a step is out hide behind it, up to its overhead
     // (the wire and the ducks' stream would hide more: not counted).
     for (double b : m.overlappedHostBytes)
-      p.hostOverlappedMsPerToken += std::min(
-          1e3 * b / (c.hostReadGbs * 1e9), 1e-3 * c.stepOverheadUs);
+      p.hostOverlappedMsPerToken +=
+          std::min(1e3 * b / (c.hostReadGbs * 1e9), stepOverheadMs(c, m.tp));
     p.hostOpsMsPerToken -= p.hostOverlappedMsPerToken;
   }
   if (!p.lmHeadOnDucks && c.hostReadGbs > 0 && m.lmHead) {
@@ -987,9 +994,9 @@ PlanCost cost::costPlan(const ModelFacts &m, const ClusterModel &c) {
     p.hostMsPerToken -= p.stagedSharedMsPerToken;
   p.streamMsPerToken = sums.layerMs + p.lmHeadMsPerToken + p.oProjMsPerToken +
                        p.qProjMsPerToken + p.inProjMsPerToken;
-  p.dispatchMsPerToken = ((int64_t)m.ffn.size() + p.attnProjSteps +
-                          (p.lmHeadOnDucks ? 1 : 0)) *
-                         c.stepOverheadUs / 1e3;
+  p.dispatchMsPerToken = double((int64_t)m.ffn.size() + p.attnProjSteps +
+                                (p.lmHeadOnDucks ? 1 : 0)) *
+                         stepOverheadMs(c, m.tp);
   p.networkMsPerToken = sums.netMs; // 0 without a link speed
   p.networkMsPerToken -= p.stagedXMsPerToken;
   p.networkOutMsPerToken -= p.stagedXMsPerToken;

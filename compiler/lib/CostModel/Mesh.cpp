@@ -246,7 +246,7 @@ void cost::applyResidualOnDucks(const ModelFacts &m, const ClusterModel &given,
   addExchange(c, none, last, p);
   p.networkMsPerToken += p.meshMsPerToken;
   // One host step a layer and the head's, and every collective's calls.
-  p.dispatchMsPerToken = double(p.stepsPerToken) * c.stepOverheadUs / 1e3 +
+  p.dispatchMsPerToken = double(p.stepsPerToken) * stepOverheadMs(c, tp) +
                          p.meshOverheadMsPerToken;
   // The host's weights (routers, the indexer's) read by the ducks in
   // slices; the host keeps the attention over its cache.

@@ -138,7 +138,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   double bw = cost.bandwidthGbs, ov = cost.stepOverheadUs;
   double gps = 0, hostMs = 0, hostGbs = 0, gemm = 0, hostPrefill = 0,
          chunk = 64, hostGmac = 0, context = 0, hostLink = 0, latency = 0,
-         meshCall = 0, meshMessage = 0, meshGroups = 0, hostFrame = 0;
+         meshCall = 0, meshMessage = 0, meshGroups = 0, hostFrame = 0,
+         overheadDucks = 0;
   for (auto [key, v] : {std::pair<const char *, double *>{"bandwidth_gbs", &bw},
                         {"step_overhead_us", &ov},
                         {"fp9_gparam_s", &gps},
@@ -155,7 +156,8 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
                         {"mesh_call_us", &meshCall},
                         {"mesh_message_us", &meshMessage},
                         {"mesh_groups", &meshGroups},
-                        {"host_frame_us", &hostFrame}})
+                        {"host_frame_us", &hostFrame},
+                        {"step_overhead_ducks", &overheadDucks}})
     if (Error e = readNumber(o, key, *v, path))
       return e;
   if (bw <= 0)
@@ -165,6 +167,10 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   if (meshGroups < 0 || meshGroups != double(int64_t(meshGroups)))
     return err("cluster file '" + path +
                "': mesh_groups must be a whole number (0: the fastest)");
+  if (overheadDucks < 0 || overheadDucks != double(int64_t(overheadDucks)))
+    return err("cluster file '" + path +
+               "': step_overhead_ducks must be a whole number (0: the whole "
+               "cluster's step)");
   if (Error e = readClusterFormats(o, path, cost))
     return e;
   for (auto [key, v] : {std::pair{"step_overhead_us", ov},
@@ -204,6 +210,7 @@ Error readClusterCost(const llvm::json::Object &o, StringRef path,
   cost.meshMessageUs = meshMessage;
   cost.meshGroups = int64_t(meshGroups);
   cost.hostFrameUs = hostFrame;
+  cost.stepOverheadDucks = int64_t(overheadDucks);
   return Error::success();
 }
 

@@ -91,7 +91,9 @@ duck runs in a step), "rtt_us", "empty_step_us" (and "memory_gib" from its
 weight buffer if absent), and the cluster's "bandwidth_gbs" and
 "fp9_gemm_gmac_s" (slowest duck) and "step_overhead_us" (the largest gap: a
 ping that kept the duck busy --busy-us (500) as a step would, less that
-time, or an empty step) and, with two ducks or more, "host_frame_us" (the
+time, or an empty step; "step_overhead_ducks" 1: a duck's own ping, so
+that compile adds the host's frames to the others of a step at
+host_frame_us) and, with two ducks or more, "host_frame_us" (the
 host's CPU for one more frame to and from a duck: what each duck beyond
 the first adds to the host thread's CPU time for a ping sent to every duck
 at once, halved) and "host_frame_wall_us" (the same by the wall clock:
@@ -558,6 +560,9 @@ absl::Status Run(const std::string &path, const Names &names) {
   if (s.minGemm > 0)
     root["fp9_gemm_gmac_s"] = s.minGemm;
   root["step_overhead_us"] = s.maxRtt;
+  // Each duck's gap is its own ping's: the host's frames to the other
+  // ducks of a step are host_frame_us's (compile adds them).
+  root["step_overhead_ducks"] = 1;
   RecordHostFrame(m, root);
   if (absl::GetFlag(FLAGS_host))
     MeasureHost(root);

@@ -490,6 +490,26 @@ TEST(CostModelTest, StagedXHidesBehindTheRouter) {
   EXPECT_EQ(costPlan(m, c).stagedXMsPerToken, 0);
 }
 
+// A step's overhead measured with one duck's ping (duck-measure-cluster:
+// step_overhead_ducks 1) leaves out the host's frames to the other ducks
+// of a step: two a duck at host_frame_us; a figure of the whole cluster's
+// step (0, the seed's) is taken as it is.
+TEST(CostModelTest, AStepOverheadOfOneDuckAddsTheOthersFrames) {
+  ModelFacts m = twoDenseLayersOnTwoDucks();
+  ClusterModel c = tenGbsEightyUs();
+  c.hostFrameUs = 5;
+  EXPECT_NEAR(stepOverheadMs(c, 32), 0.08, 1e-12);
+  const double whole = costPlan(m, c).dispatchMsPerToken;
+  EXPECT_NEAR(whole, 2 * 0.08, 1e-12);
+  c.stepOverheadDucks = 1;
+  EXPECT_NEAR(stepOverheadMs(c, 1), 0.08, 1e-12);
+  EXPECT_NEAR(stepOverheadMs(c, 32), 0.08 + 2 * 31 * 5e-3, 1e-12);
+  // Two ducks: one more duck's frame out and back a step, two steps.
+  EXPECT_NEAR(costPlan(m, c).dispatchMsPerToken, 2 * (0.08 + 2 * 5e-3), 1e-12);
+  c.hostFrameUs = 0; // not measured: nothing added
+  EXPECT_NEAR(costPlan(m, c).dispatchMsPerToken, whole, 1e-12);
+}
+
 // --stage-shared: a MoE step's shared expert leaves with x before the
 // router runs and the routed slots follow alone, so the router's time
 // hides behind x's time out and the shared expert's time on the ducks

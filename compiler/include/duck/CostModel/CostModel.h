@@ -31,6 +31,13 @@ struct ClusterModel {
   int64_t speculateDrafts = 0;
   double speculateAcceptance = 0;
   double stepOverheadUs = 80.0; // dispatch per FFN step
+  /// How many ducks stepOverheadUs was measured with at once (cluster file
+  /// `step_overhead_ducks`; duck-measure-cluster writes 1: a duck's own
+  /// ping). 0: the figure is the whole cluster's step (the seed's 78 us
+  /// at tp 32). With a count below a plan's tp, each step also costs the
+  /// host two frames (one out, one back) for every further duck at
+  /// hostFrameUs (stepOverheadMs).
+  int64_t stepOverheadDucks = 0;
   /// Measured fp9 kernel rate of one duck (duck-bench kernels, all its
   /// cores); when set, a duck's time is its weights / this rate rather
   /// than its bytes / bandwidth.
@@ -477,6 +484,11 @@ private:
 /// at its kernel class's measured rate, else the duck's rate, else the
 /// expert's bytes at the streaming bandwidth; plus each matrix's call cost.
 double expertSeconds(const FfnShard &s, const ClusterModel &c);
+
+/// A duck step's fixed cost on a plan of `tp` ducks (ms): stepOverheadUs,
+/// plus, where that was measured with fewer ducks (stepOverheadDucks),
+/// 2 x hostFrameUs for each further duck.
+double stepOverheadMs(const ClusterModel &c, int64_t tp);
 
 /// The experts of a shard a token runs, on average: routed ones with
 /// probability top_k / E, shared ones always; a dense slice 1.

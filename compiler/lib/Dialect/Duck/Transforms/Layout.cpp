@@ -785,6 +785,19 @@ void printHostAndWire(const ModuleStats &s, const ClusterModel &c,
                        c.gemmGmacS);
 }
 
+/// A step's fixed cost as the token's line gives it: the cluster file's,
+/// and the host's frames to the ducks it was not measured with.
+std::string stepText(const ModuleStats &s, const ClusterModel &c) {
+  const double us = 1e3 * cost::stepOverheadMs(c, s.tp);
+  if (us <= c.stepOverheadUs)
+    return llvm::formatv("{0:F0} us per step", us).str();
+  return llvm::formatv("{0:F0} us per step: {1:F0} measured with {2} duck(s) "
+                       "+ 2 x {3} frames at {4:F2} us",
+                       us, c.stepOverheadUs, c.stepOverheadDucks,
+                       s.tp - c.stepOverheadDucks, c.hostFrameUs)
+      .str();
+}
+
 /// The decoded token's time.
 void printDecode(const ModuleStats &s, const ClusterModel &c,
                  llvm::raw_ostream &os) {
@@ -797,26 +810,26 @@ void printDecode(const ModuleStats &s, const ClusterModel &c,
     os << llvm::format(
         "estimated decode: %.2f tok/s (ducks %.3f ms + "
         "dispatch %.3f ms + host %.3f ms%s per token; %s, "
-        "%.0f us per step)\n",
+        "%s)\n",
         s.tokS, s.streamMsPerToken, s.dispatchMsPerToken, s.hostMsPerToken,
         s.networkMsPerToken > 0
             ? llvm::formatv(" + network {0:F3} ms", s.networkMsPerToken)
                   .str()
                   .c_str()
             : "",
-        rate.c_str(), c.stepOverheadUs);
+        rate.c_str(), stepText(s, c).c_str());
   } else
     os << llvm::format(
         "estimated decode: %.2f tok/s (fp9 stream %.3f ms + "
         "dispatch %.3f ms%s per token at %.1f GB/s per duck, "
-        "%.0f us per step; host work not counted)\n",
+        "%s; host work not counted)\n",
         s.tokS, s.streamMsPerToken, s.dispatchMsPerToken,
         s.networkMsPerToken > 0
             ? llvm::formatv(" + network {0:F3} ms", s.networkMsPerToken)
                   .str()
                   .c_str()
             : "",
-        c.bandwidthGbs, c.stepOverheadUs);
+        c.bandwidthGbs, stepText(s, c).c_str());
   if (const cost::PlanCost::Speculative &v = s.speculative; v.rows > 0)
     os << llvm::format(
         "speculative (projected, not measured): %lld drafts a step at "
@@ -972,6 +985,8 @@ llvm::json::Object mlir::duck::statsToJson(const ModuleStats &s,
       {"fp9_gparam_s", c.fp9GparamS},
       {"bandwidth_gbs", c.bandwidthGbs},
       {"step_overhead_us", c.stepOverheadUs},
+      {"step_overhead_ducks", c.stepOverheadDucks},
+      {"step_ms", cost::stepOverheadMs(c, s.tp)},
   };
   addSpeculativeJson(s, o);
   addMeshJson(s, c, o);
