@@ -436,6 +436,22 @@ ModelFacts twoDenseLayersOnTwoDucks() {
   return denseLayers(2, 2, 128, 1'000'000);
 }
 
+/// The same two layers as MoE layers of top-1 over `routed` experts and
+/// `shared` shared ones, every duck holding a slice of each (their ids
+/// 0 .. routed + shared - 1, shared ones last).
+ModelFacts twoMoeLayersOnTwoDucks(int64_t routed, int64_t shared) {
+  ModelFacts m = twoDenseLayersOnTwoDucks();
+  for (FfnLayer &l : m.ffn) {
+    l.moe = true;
+    l.topK = 1;
+    l.numExperts = routed;
+    l.numShared = shared;
+    for (FfnShard &s : l.shards)
+      s.expertBegin = 0, s.expertEnd = routed + shared;
+  }
+  return m;
+}
+
 TEST(CostModelTest, NetworkJoinsTheTokenTime) {
   ModelFacts m = twoDenseLayersOnTwoDucks();
   ClusterModel c;
@@ -456,14 +472,7 @@ TEST(CostModelTest, NetworkJoinsTheTokenTime) {
 // its router, so x's time out (the step's, less the same step without x)
 // comes off the network, up to the router's read time.
 TEST(CostModelTest, StagedXHidesBehindTheRouter) {
-  ModelFacts m = twoDenseLayersOnTwoDucks();
-  for (FfnLayer &l : m.ffn) {
-    l.moe = true;
-    l.topK = 1;
-    l.numExperts = 2;
-    for (FfnShard &s : l.shards)
-      s.expertBegin = 0, s.expertEnd = 2;
-  }
+  ModelFacts m = twoMoeLayersOnTwoDucks(2, 0);
   ClusterModel c;
   c.hostLinkGbps = 1;
   c.hostReadGbs = 1; // 1 byte a ns
@@ -515,15 +524,7 @@ TEST(CostModelTest, AStepOverheadOfOneDuckAddsTheOthersFrames) {
 // hides behind x's time out and the shared expert's time on the ducks
 // (never more than the router's time), less the routed slots' frames.
 TEST(CostModelTest, StagedSharedExpertHidesTheRouter) {
-  ModelFacts m = twoDenseLayersOnTwoDucks();
-  for (FfnLayer &l : m.ffn) {
-    l.moe = true;
-    l.topK = 1;
-    l.numExperts = 1; // expert 0 routed, expert 1 shared
-    l.numShared = 1;
-    for (FfnShard &s : l.shards)
-      s.expertBegin = 0, s.expertEnd = 2;
-  }
+  ModelFacts m = twoMoeLayersOnTwoDucks(1, 1); // 0 routed, 1 shared
   ClusterModel c;
   c.hostLinkGbps = 1;
   c.hostReadGbs = 1; // 1 byte a ns

@@ -290,6 +290,18 @@ struct TestFfn {
 };
 
 /// Per-core scratch for the FFN entry points.
+/// A barrier and the SMP context over it for `cores` test threads.
+struct SmpTeam {
+  explicit SmpTeam(uint32_t cores) : smp{cores, &bar} {
+    duck_barrier_init(&bar, cores);
+    bar.yield = yieldThread;
+  }
+  SmpTeam(const SmpTeam &) = delete;
+  SmpTeam &operator=(const SmpTeam &) = delete;
+  duck_barrier bar;
+  duck_smp_ctx smp;
+};
+
 struct CoreScratch {
   std::vector<std::unique_ptr<Aligned<float>>> per;
   CoreScratch(uint32_t cores, uint64_t floats) {
@@ -309,10 +321,8 @@ TEST(Kernels, MlpDecodeAcrossCores) {
   duck::ref::ffn(f.ref(), x.data(), want, &absSum);
   std::vector<float> first;
   for (uint32_t cores = 1; cores <= 4; ++cores) {
-    duck_barrier bar;
-    duck_barrier_init(&bar, cores);
-    bar.yield = yieldThread;
-    duck_smp_ctx smp{cores, &bar};
+    SmpTeam team(cores);
+    const duck_smp_ctx &smp = team.smp;
     CoreScratch scratch(cores, duck_ffn_scratch_floats(hidden, inter, 1));
     Aligned<float> shared(inter);
     std::vector<float> out(hidden);
@@ -374,10 +384,8 @@ TEST(Kernels, MoeDecodeAcrossCores) {
     duck::ref::moe(f.refs, slots.data(), topk, x.data(), want, &absSum);
     std::vector<float> first;
     for (uint32_t cores = 1; cores <= 4; ++cores) {
-      duck_barrier bar;
-      duck_barrier_init(&bar, cores);
-    bar.yield = yieldThread;
-      duck_smp_ctx smp{cores, &bar};
+      SmpTeam team(cores);
+      const duck_smp_ctx &smp = team.smp;
       CoreScratch scratch(cores, duck_ffn_scratch_floats(f.hidden, f.inter, 1));
       Aligned<float> slotOut((uint64_t)topk * f.hidden);
       std::vector<float> out(f.hidden);
@@ -417,10 +425,8 @@ TEST(Kernels, MoeDecodeOneSlotSplitOverCores) {
           duck_expert_slot{9, 1.0f}}) {
       std::vector<float> want(f.hidden);
       {
-        duck_barrier bar;
-        duck_barrier_init(&bar, 1);
-        bar.yield = yieldThread;
-        duck_smp_ctx smp{1, &bar};
+        SmpTeam team(1);
+        const duck_smp_ctx &smp = team.smp;
         CoreScratch scratch(1, duck_ffn_scratch_floats(f.hidden, f.inter, 1));
         Aligned<float> slotOut(f.hidden);
         auto s = slot;
@@ -428,10 +434,8 @@ TEST(Kernels, MoeDecodeOneSlotSplitOverCores) {
                         want.data(), slotOut.get(), scratch[0]);
       }
       for (uint32_t cores = 1; cores <= 4; ++cores) {
-        duck_barrier bar;
-        duck_barrier_init(&bar, cores);
-        bar.yield = yieldThread;
-        duck_smp_ctx smp{cores, &bar};
+        SmpTeam team(cores);
+        const duck_smp_ctx &smp = team.smp;
         CoreScratch scratch(cores,
                             duck_ffn_scratch_floats(f.hidden, f.inter, 1));
         Aligned<float> shared(f.inter);
@@ -457,10 +461,8 @@ TEST(Kernels, MlpPrefillEqualsDecode) {
   auto x = randomVector(tokens * hidden, rng);
   std::vector<float> decoded(tokens * hidden);
   {
-    duck_barrier bar;
-    duck_barrier_init(&bar, 1);
-    bar.yield = yieldThread;
-    duck_smp_ctx smp{1, &bar};
+    SmpTeam team(1);
+    const duck_smp_ctx &smp = team.smp;
     CoreScratch scratch(1, duck_ffn_scratch_floats(hidden, inter, 1));
     Aligned<float> shared(inter);
     for (uint32_t t = 0; t < tokens; ++t)
@@ -468,10 +470,8 @@ TEST(Kernels, MlpPrefillEqualsDecode) {
                       decoded.data() + t * hidden, shared.get(), scratch[0]);
   }
   for (uint32_t cores = 1; cores <= 3; ++cores) {
-    duck_barrier bar;
-    duck_barrier_init(&bar, cores);
-    bar.yield = yieldThread;
-    duck_smp_ctx smp{cores, &bar};
+    SmpTeam team(cores);
+    const duck_smp_ctx &smp = team.smp;
     CoreScratch scratch(cores, duck_ffn_scratch_floats(hidden, inter, tokens));
     Aligned<float> shared((uint64_t)tokens * inter);
     std::vector<float> out(tokens * hidden);
@@ -498,10 +498,8 @@ TEST(Kernels, MoePrefillEqualsDecode) {
   auto x = randomVector(tokens * f.hidden, rng);
   std::vector<float> decoded(tokens * f.hidden);
   {
-    duck_barrier bar;
-    duck_barrier_init(&bar, 1);
-    bar.yield = yieldThread;
-    duck_smp_ctx smp{1, &bar};
+    SmpTeam team(1);
+    const duck_smp_ctx &smp = team.smp;
     CoreScratch scratch(1, duck_ffn_scratch_floats(f.hidden, f.inter, 1));
     Aligned<float> slotOut((uint64_t)topk * f.hidden);
     for (uint32_t t = 0; t < tokens; ++t) {
@@ -513,10 +511,8 @@ TEST(Kernels, MoePrefillEqualsDecode) {
     }
   }
   for (uint32_t cores = 1; cores <= 4; ++cores) {
-    duck_barrier bar;
-    duck_barrier_init(&bar, cores);
-    bar.yield = yieldThread;
-    duck_smp_ctx smp{cores, &bar};
+    SmpTeam team(cores);
+    const duck_smp_ctx &smp = team.smp;
     CoreScratch scratch(cores,
                         duck_ffn_scratch_floats(f.hidden, f.inter, tokens));
     std::vector<uint32_t> work(
