@@ -699,6 +699,7 @@ void Server::OnFrame(const duckd_frame_header &h) {
     case DUCKD_MSG_OPEN: OnOpen(h); break;
     case DUCKD_MSG_STEP: OnStep(h); break;
     case DUCKD_MSG_STEP_CAST:
+    case DUCKD_MSG_STEP_STAGED:
       OnStepCast(h);
       break;
     case DUCKD_MSG_RUN: OnRun(h); break;
@@ -999,16 +1000,20 @@ void Server::OnStep(const duckd_frame_header &h) {
 }
 
 void Server::OnStepCast(const duckd_frame_header &h) {
-  // As OnStep: the session's worker serves these; here there is none.
+  // As OnStep: the session's worker serves these (and step_staged); here
+  // there is none.
   if (!DrainAndVerify(h, h.payload_bytes) || (h.flags & DUCKD_FLAG_QUIET))
     return;
+  const bool cast = h.type == DUCKD_MSG_STEP_CAST;
+  const bool short_ = cast
+                          ? h.payload_bytes != sizeof(duckd_step_cast_request)
+                          : h.payload_bytes < sizeof(duckd_step_staged_request);
+  const char *name = MessageTypeName(h.type);
   ReplyError(h.type, h.request_id,
-             h.payload_bytes != sizeof(duckd_step_cast_request)
-                 ? DUCKD_ERR_BAD_REQUEST
-                 : DUCKD_ERR_NO_SESSION,
-             h.payload_bytes != sizeof(duckd_step_cast_request)
-                 ? "step_cast: the payload is not one request"
-                 : "step_cast without an open session (open first)");
+             short_ ? DUCKD_ERR_BAD_REQUEST : DUCKD_ERR_NO_SESSION,
+             short_ ? absl::StrCat(name, ": the payload is not ",
+                                   cast ? "one request" : "a request and an IB")
+                    : absl::StrCat(name, " without an open session (open first)"));
 }
 
 void Server::OnRun(const duckd_frame_header &h) {

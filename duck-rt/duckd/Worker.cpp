@@ -173,6 +173,14 @@ struct WorkerSide {
   /// results): never allocates.
   struct Stage {
     bool valid = false;
+    /// It came as a cast stage's batch alone (run as soon as it was
+    /// whole): only a step_staged naming this batch and digest uses it.
+    bool cast = false;
+    uint64_t cast_id = 0;
+    uint8_t digest[DUCKD_CAST_DIGEST_BYTES] = {};
+    uint64_t done_ns = 0;  // when a cast stage finished
+    uint64_t ahead_ns = 0; // for the staged step's OB (stage_ahead_ns)
+    std::vector<uint8_t> routed; // a step_staged's own IB, as read
     duck_ib_header ih{};
     std::vector<duck_expert_slot> slots;  // each token's, by expert id
     std::vector<duck_expert_slot> column; // one slot of every token
@@ -184,6 +192,7 @@ struct WorkerSide {
       slots.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
       column.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
       out.reserve(4 * cfg.ob_limit / sizeof(float));
+      routed.reserve(cfg.ib_limit);
     }
   } stage;
 
@@ -676,6 +685,7 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   }
   if (status == DUCK_STATUS_OK) {
     s.valid = true;
+    s.cast = false; // RunCastStage says otherwise
     info.ob_size = sizeof(duck_ob_header); // the header alone
     uint64_t most = 0;
     for (uint32_t c = 0; c < cores; ++c) {
@@ -706,15 +716,23 @@ std::string FinishStaged(WorkerSide *w, const Staging &st, duck_info &info) {
   duck_ob_header oh;
   std::memcpy(&oh, w->ob, sizeof oh);
   oh.stage_ns = s.kernel_ns;
+  oh.stage_ahead_ns = std::exchange(s.ahead_ns, 0);
   std::memcpy(w->ob, &oh, sizeof oh);
   info.ob_size =
       sizeof oh + duck_narrow_out(out, oh.n_tokens, oh.hidden, st.out_flags);
   return std::string();
 }
 
-/// A step frame's arrival: whether the frame before it left a stage,
-/// which no later frame may use.
-bool TakeStage(WorkerSide *w) { return std::exchange(w->stage.valid, false); }
+/// The stage a step frame found on its arrival: none, a quiet stage's
+/// (the frame before it), or a cast stage's batch run since the frame
+/// before it. No later frame may use it.
+enum class Left { none, framed, cast };
+Left TakeStage(WorkerSide *w) {
+  w->stage.ahead_ns = 0;
+  if (!std::exchange(w->stage.valid, false))
+    return Left::none;
+  return std::exchange(w->stage.cast, false) ? Left::cast : Left::framed;
+}
 
 /// Runs a step whose IB is in (its staging first) and answers it.
 bool RunAndReply(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
@@ -747,7 +765,7 @@ bool RunAndReply(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
 bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                FrameCheck &check, const duckd_step_request *preread) {
   const absl::Time deadline = absl::Now() + w->cfg->io_timeout;
-  const bool staged = TakeStage(w);
+  const bool staged = TakeStage(w) == Left::framed;
   w->quiet = h.flags & DUCKD_FLAG_QUIET;
   // The frame's check covers every byte read; nothing is acted on (not
   // even answered with a complaint) before it has passed.
@@ -801,7 +819,7 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
                    FrameCheck &check, const duckd_step_cast_request *preread) {
   const WorkerConfig &cfg = *w->cfg;
   const absl::Time deadline = absl::Now() + cfg.io_timeout;
-  const bool staged = TakeStage(w);
+  const bool staged = TakeStage(w) == Left::framed;
   w->quiet = h.flags & DUCKD_FLAG_QUIET;
   check.Begin(h, &w->ctl->keys);
   duckd_step_cast_request r{};
@@ -850,6 +868,198 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   return RunAndReply(w, h, info, staged, r.ib_bytes, deadline);
 }
 
+/// Prepares and runs a stage whose IB (ib_bytes) is in w->ib, taken from
+/// cast batch `cast_id` (its digest first: the run writes over the IB).
+/// "" when it ran and is kept (w->stage, cast), else why not.
+std::string RunCastStage(WorkerSide *w, const duckd_frame_header &h,
+                         duck_info &info, uint64_t cast_id, uint64_t ib_bytes) {
+  const WorkerConfig &cfg = *w->cfg;
+  WorkerSide::Stage &s = w->stage;
+  CastDigest(absl::MakeConstSpan(w->ib, ib_bytes), w->ctl->keys.keyed,
+             s.digest);
+  if (std::string why = DamagedSlotRefusal(cfg.weights_map, w->ib, ib_bytes);
+      !why.empty())
+    return why;
+  Staging st;
+  duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
+  if (std::string bad = PrepareStaging(w, false, &ib_bytes, &st, &code);
+      !bad.empty())
+    return bad;
+  if (st.flags != DUCK_IB_STAGE)
+    return "its IB is not a stage (DUCK_IB_STAGE)";
+  uint64_t ns = 0;
+  std::string bad;
+  const int32_t status = RunStage(w, h, info, &ns, &bad);
+  if (status != DUCK_STATUS_OK)
+    return absl::StrCat("ELF status ", status);
+  if (!bad.empty())
+    return bad;
+  s.cast = true;
+  s.cast_id = cast_id;
+  s.done_ns = NowNs();
+  return std::string();
+}
+
+/// While waiting for a frame: a cast stage's batch Intake found whole is
+/// run now, before its step_staged frame comes (a failure is logged:
+/// that frame then takes the batch itself or finds no stage).
+void IntakeCastStage(WorkerSide *w, duck_info &info) {
+  if (!w->cast->Intake())
+    return;
+  TakeStage(w); // a stage is used by the very next step frame only
+  uint64_t id = 0, bytes = 0;
+  std::string why = "its datagrams do not make one IB";
+  if (w->cast->TakeHeldStage(w->ib, w->cfg->ib_limit, &id, &bytes))
+    why = RunCastStage(w, duckd_frame_header{}, info, id, bytes);
+  if (!why.empty()) {
+    w->stage.valid = false;
+    std::fprintf(stderr, "%s cast stage %llu not run: %s\n",
+                 w->cfg->log_prefix.c_str(), (unsigned long long)id,
+                 why.c_str());
+  }
+}
+
+/// PeekHeader for a worker with a cast socket: waits on the connection
+/// and the cast socket together, running cast stages as they come whole
+/// (the cast socket is read first: a batch leaves before its frame).
+bool WaitFrame(WorkerSide *w, duck_info &info, duckd_frame_header *h) {
+  const WorkerConfig &cfg = *w->cfg;
+  if (!w->cast)
+    return PeekHeader(cfg.conn_fd, cfg.spin_ns, h);
+  for (;;) {
+    const uint64_t start = NowNs();
+    for (uint32_t i = 0; cfg.spin_ns; ++i) {
+      IntakeCastStage(w, info);
+      ssize_t n = ::recv(cfg.conn_fd, h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
+      if (n == ssize_t(sizeof *h))
+        return true;
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                     errno != EINTR))
+        return false;
+      if (NowNs() - start >= cfg.spin_ns)
+        break;
+      if (i % 16 == 15)
+        sched_yield();
+      else
+        _mm_pause();
+    }
+    pollfd p[2] = {{cfg.cast_fd, POLLIN, 0}, {cfg.conn_fd, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno != EINTR)
+      return false;
+    if (p[0].revents & POLLIN) {
+      IntakeCastStage(w, info);
+      continue; // spin again: its staged step follows
+    }
+    if (p[1].revents)
+      return PeekHeader(cfg.conn_fd, 0, h);
+  }
+}
+
+/// What is wrong with a step_staged request of `rest` IB bytes ("" when
+/// nothing); *shape is its stage's batch's.
+std::string StagedRequestProblem(const WorkerSide &w,
+                                 const duckd_step_staged_request &r,
+                                 uint64_t rest, CastShape *shape,
+                                 duckd_error_code *code) {
+  const WorkerConfig &cfg = *w.cfg;
+  *code = DUCKD_ERR_BAD_REQUEST;
+  if (r.ib_bytes != rest)
+    return "step_staged: ib_bytes does not match the payload";
+  if (r.session_id != cfg.session_id) {
+    *code = DUCKD_ERR_NO_SESSION;
+    return absl::StrCat("step_staged for session ", r.session_id,
+                        "; the open session is ", cfg.session_id);
+  }
+  if (r.stage_ib_bytes > cfg.ib_limit) {
+    *code = DUCKD_ERR_TOO_LARGE;
+    return absl::StrCat("step_staged: a stage of ", r.stage_ib_bytes,
+                        " bytes exceeds the session's IB of ", cfg.ib_limit);
+  }
+  auto s = CastShapeFor(r.stage_ib_bytes,
+                        r.datagram_bytes + uint32_t(sizeof(duckd_cast_datagram)));
+  if (!s.ok() || r.datagram_bytes > DUCKD_CAST_MAX_DATAGRAM ||
+      s->datagrams != r.datagrams)
+    return absl::StrCat("step_staged: its stage's batch of ", r.datagrams,
+                        " datagrams of ", r.datagram_bytes, " bytes cannot carry ",
+                        r.stage_ib_bytes, " bytes");
+  *shape = *s;
+  return std::string();
+}
+
+/// A step_staged whose stage did not run before it: its batch taken now
+/// (within the cast wait), checked and run. "" when it ran, else why not.
+std::string LateStage(WorkerSide *w, const duckd_frame_header &h,
+                      duck_info &info, const duckd_step_staged_request &r,
+                      const CastShape &shape) {
+  const WorkerConfig &cfg = *w->cfg;
+  if (!w->cast)
+    return "duckd has no cast socket (start it with --cast)";
+  if (!w->cast->Take(r.cast_id, shape, r.stage_ib_bytes, w->ib,
+                     cfg.cast_wait_ns, cfg.spin_ns, DUCKD_CAST_STAGE_MAGIC))
+    return absl::StrCat("not all of its ", r.datagrams,
+                        " datagrams came within ", cfg.cast_wait_ns / 1000,
+                        " us");
+  std::string why = RunCastStage(w, h, info, r.cast_id, r.stage_ib_bytes);
+  if (why.empty() && std::memcmp(w->stage.digest, r.digest, sizeof r.digest))
+    why = "its datagrams do not match the step's digest";
+  return why;
+}
+
+/// Session worker, core 0: serves one STEP_STAGED frame whose header,
+/// request and IB (w->stage.routed) are read (`preread`; null: a frame
+/// of another size, read and refused here).
+bool ServeStagedStep(WorkerSide *w, const duckd_frame_header &h,
+                     duck_info &info, FrameCheck &check,
+                     const duckd_step_staged_request *preread) {
+  const WorkerConfig &cfg = *w->cfg;
+  const absl::Time deadline = absl::Now() + cfg.io_timeout;
+  const uint64_t arrived = NowNs();
+  const Left left = TakeStage(w);
+  w->quiet = false;
+  check.Begin(h, &w->ctl->keys);
+  if (!preread) {
+    if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {
+      HandBack(w, Handback::kDrop, nullptr, "truncated step_staged");
+      return false;
+    }
+    if (!StepVerified(w, h, deadline, check))
+      return w->ctl->owner.load() == kOwnerWorker;
+    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
+                     absl::StrCat("step_staged of ", h.payload_bytes,
+                                  " bytes: shorter than its request, or an "
+                                  "IB over the session's"));
+  }
+  const duckd_step_staged_request &r = *preread;
+  const std::vector<uint8_t> &routed = w->stage.routed;
+  check.Update(&r, sizeof r);
+  check.Update(routed.data(), routed.size());
+  if (!StepVerified(w, h, deadline, check))
+    return w->ctl->owner.load() == kOwnerWorker;
+  CastShape shape;
+  duckd_error_code code = DUCKD_ERR_BAD_REQUEST;
+  if (std::string bad =
+          StagedRequestProblem(*w, r, routed.size(), &shape, &code);
+      !bad.empty())
+    return StepError(w, h, deadline, code, bad);
+  WorkerSide::Stage &s = w->stage;
+  s.ahead_ns = arrived - std::min(arrived, s.done_ns);
+  if (left != Left::cast || s.cast_id != r.cast_id ||
+      std::memcmp(s.digest, r.digest, sizeof r.digest) != 0) {
+    s.ahead_ns = 0;
+    std::string why = LateStage(w, h, info, r, shape);
+    w->stage.valid = false; // used by this frame only, if at all
+    if (!why.empty())
+      return StepError(w, h, deadline, DUCKD_ERR_STAGE_MISSED,
+                       absl::StrCat("stage batch ", r.cast_id, ": ", why));
+  }
+  if (std::string why =
+          DamagedSlotRefusal(cfg.weights_map, routed.data(), routed.size());
+      !why.empty())
+    return StepError(w, h, deadline, DUCKD_ERR_CACHE, why);
+  std::memcpy(w->ib, routed.data(), routed.size());
+  return RunAndReply(w, h, info, true, routed.size(), deadline);
+}
+
 /// Session worker, core 0: serves STEP and STEP_CAST frames while it holds
 /// the connection; hands every other frame back to duckd.
 void ServeConnection(WorkerSide *w) {
@@ -867,7 +1077,7 @@ void ServeConnection(WorkerSide *w) {
     bool holding = true;
     while (holding) {
       duckd_frame_header h{};
-      if (!PeekHeader(fd, cfg.spin_ns, &h)) {
+      if (!WaitFrame(w, info, &h)) {
         HandBack(w, Handback::kDrop, nullptr, "disconnected");
         break;
       }
@@ -909,11 +1119,37 @@ void ServeConnection(WorkerSide *w) {
         holding = ServeCastStep(w, h, info, check, &r);
         continue;
       }
+      // A staged step: header, request and its IB (the routed slots) in
+      // one read.
+      if (h.type == DUCKD_MSG_STEP_STAGED && h.flags == 0 &&
+          h.payload_bytes >= sizeof(duckd_step_staged_request) &&
+          h.payload_bytes - sizeof(duckd_step_staged_request) <=
+              cfg.ib_limit &&
+          ValidateHeader(h, cfg.max_payload).ok()) {
+        duckd_step_staged_request r;
+        std::vector<uint8_t> &routed = w->stage.routed; // within its reserve
+        routed.resize(h.payload_bytes - sizeof r);
+        const MutablePart parts[] = {
+            {&h, sizeof h}, {&r, sizeof r}, {routed.data(), routed.size()}};
+        absl::Status s = ReadFullV(fd, parts, deadline);
+        if (!s.ok()) {
+          HandBack(w, Handback::kDrop, nullptr,
+                   absl::StrCat("truncated step_staged: ", s.message()));
+          break;
+        }
+        holding = ServeStagedStep(w, h, info, check, &r);
+        continue;
+      }
       absl::Status s = ReadFull(fd, &h, sizeof h, deadline);
       if (!s.ok()) {
         HandBack(w, Handback::kDrop, nullptr,
                  absl::StrCat("truncated frame header: ", s.message()));
         break;
+      }
+      if (h.type == DUCKD_MSG_STEP_STAGED && h.flags == 0 &&
+          ValidateHeader(h, cfg.max_payload).ok()) {
+        holding = ServeStagedStep(w, h, info, check, nullptr);
+        continue;
       }
       if (h.type == DUCKD_MSG_STEP_CAST && (h.flags & ~kQuiet) == 0 &&
           ValidateHeader(h, cfg.max_payload).ok()) {
@@ -1008,7 +1244,10 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
     if (cfg.cast_fd >= 0) {
-      w.cast = std::make_unique<CastReceiver>(cfg.cast_fd);
+      // Intake keeps a batch while no frame asks for it: a cast stage's
+      // (run at once), or a cast step's that came before its frame.
+      w.cast = std::make_unique<CastReceiver>(
+          cfg.cast_fd, cfg.ib_limit + cfg.ib_limit / 8 + (64 << 10));
       WarmUpCastDigest();
     }
   }

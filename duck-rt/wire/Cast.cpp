@@ -200,7 +200,8 @@ CastSender::~CastSender() {
 }
 
 absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
-                                           absl::Span<const uint8_t> ib) {
+                                           absl::Span<const uint8_t> ib,
+                                           uint32_t magic) {
   auto shape = CastShapeFor(ib.size(), opt_.datagram_bytes);
   if (!shape.ok())
     return shape.status();
@@ -213,7 +214,7 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t off = uint64_t(i) * per;
     const uint32_t bytes = uint32_t(std::min<uint64_t>(per, ib.size() - off));
-    headers_[i] = {DUCKD_CAST_MAGIC, i, n, bytes, cast_id};
+    headers_[i] = {magic, i, n, bytes, cast_id};
     ++counter_;
     if (opt_.drop_every && counter_ % opt_.drop_every == 0) {
       ++dropped_;
@@ -246,8 +247,9 @@ absl::StatusOr<CastShape> CastSender::Send(uint64_t cast_id,
 }
 
 void CastBatch::Begin(uint64_t cast_id, const CastShape &shape,
-                      uint64_t ib_bytes, uint8_t *ib) {
+                      uint64_t ib_bytes, uint8_t *ib, uint32_t magic) {
   cast_id_ = cast_id;
+  magic_ = magic;
   shape_ = shape;
   ib_bytes_ = ib_bytes;
   ib_ = ib;
@@ -260,11 +262,13 @@ CastBatch::Took CastBatch::Offer(absl::Span<const uint8_t> d, bool truncated) {
   if (d.size() < kHeader || truncated)
     return Took::malformed;
   std::memcpy(&h, d.data(), kHeader);
-  if (h.magic != DUCKD_CAST_MAGIC ||
+  if ((h.magic != DUCKD_CAST_MAGIC && h.magic != DUCKD_CAST_STAGE_MAGIC) ||
       uint64_t(d.size()) != kHeader + uint64_t(h.bytes))
     return Took::malformed;
   if (h.cast_id != cast_id_)
     return Took::stale;
+  if (h.magic != magic_)
+    return Took::malformed;
   if (h.count != shape_.datagrams || h.index >= shape_.datagrams)
     return Took::malformed;
   const uint64_t off = uint64_t(h.index) * shape_.datagram_bytes;
@@ -279,13 +283,147 @@ CastBatch::Took CastBatch::Offer(absl::Span<const uint8_t> d, bool truncated) {
   return Took::placed;
 }
 
-CastReceiver::CastReceiver(int fd) : fd_(fd) {}
+namespace {
+// Intake's reads: a burst of datagrams of any size UDP carries.
+constexpr uint32_t kIntakeBurst = 8;
+constexpr size_t kIntakeSlot = DUCKD_CAST_MAX_DATAGRAM + 1;
+} // namespace
+
+CastReceiver::CastReceiver(int fd, uint64_t held_bytes)
+    : fd_(fd), held_limit_(held_bytes) {
+  if (!held_bytes)
+    return;
+  buf_.reserve(kIntakeBurst * kIntakeSlot);
+  held_.reserve(held_bytes);
+  held_at_.reserve(held_bytes / (kHeader + 1));
+}
+
+void CastReceiver::Count(CastBatch::Took took) {
+  switch (took) {
+  case CastBatch::Took::placed: ++stats_.datagrams; break;
+  case CastBatch::Took::stale: ++stats_.stale; break;
+  case CastBatch::Took::malformed: ++stats_.malformed; break;
+  case CastBatch::Took::duplicate: break;
+  }
+}
+
+void CastReceiver::Forget() {
+  held_.clear();
+  held_count_ = held_have_ = 0;
+}
+
+bool CastReceiver::Hold(absl::Span<const uint8_t> d, bool truncated) {
+  duckd_cast_datagram h;
+  if (d.size() < kHeader || truncated)
+    return false;
+  std::memcpy(&h, d.data(), kHeader);
+  if ((h.magic != DUCKD_CAST_MAGIC && h.magic != DUCKD_CAST_STAGE_MAGIC) ||
+      uint64_t(d.size()) != kHeader + uint64_t(h.bytes) || h.count == 0 ||
+      h.index >= h.count || h.count > held_limit_ / (kHeader + 1))
+    return false;
+  if (!held_count_ || h.cast_id != held_id_) { // a new batch
+    stats_.stale += held_have_;
+    Forget();
+    held_id_ = h.cast_id;
+    held_magic_ = h.magic;
+    held_count_ = h.count;
+    held_at_.assign(h.count, 0);
+  }
+  if (h.magic != held_magic_ || h.count != held_count_ ||
+      held_.size() + d.size() > held_limit_)
+    return false;
+  if (held_at_[h.index])
+    return true; // a duplicate
+  held_at_[h.index] = uint32_t(held_.size()) + 1;
+  held_.insert(held_.end(), d.begin(), d.end());
+  ++held_have_;
+  return true;
+}
+
+bool CastReceiver::Intake() {
+  if (!held_limit_)
+    return false;
+  buf_.resize(kIntakeBurst * kIntakeSlot);
+  iovec iov[kIntakeBurst];
+  mmsghdr msgs[kIntakeBurst];
+  for (;;) {
+    for (uint32_t k = 0; k < kIntakeBurst; ++k) {
+      iov[k] = {buf_.data() + k * kIntakeSlot, kIntakeSlot};
+      msgs[k] = mmsghdr{};
+      msgs[k].msg_hdr.msg_iov = &iov[k];
+      msgs[k].msg_hdr.msg_iovlen = 1;
+    }
+    const int got = ::recvmmsg(fd_, msgs, kIntakeBurst, MSG_DONTWAIT, nullptr);
+    if (got <= 0)
+      break;
+    for (int k = 0; k < got; ++k)
+      if (!Hold(absl::MakeConstSpan(buf_.data() + size_t(k) * kIntakeSlot,
+                                    std::min<size_t>(msgs[k].msg_len,
+                                                     kIntakeSlot)),
+                msgs[k].msg_hdr.msg_flags & MSG_TRUNC))
+        ++stats_.malformed;
+    if (got < int(kIntakeBurst))
+      break;
+  }
+  return held_count_ && held_have_ == held_count_ &&
+         held_magic_ == DUCKD_CAST_STAGE_MAGIC;
+}
+
+void CastReceiver::Replay() {
+  for (uint32_t i = 0; i < held_count_; ++i) {
+    if (!held_at_[i])
+      continue;
+    duckd_cast_datagram h;
+    const uint8_t *d = held_.data() + held_at_[i] - 1;
+    std::memcpy(&h, d, kHeader);
+    Count(batch_.Offer(absl::MakeConstSpan(d, kHeader + size_t(h.bytes))));
+  }
+  Forget();
+}
+
+bool CastReceiver::TakeHeldStage(uint8_t *ib, uint64_t ib_limit,
+                                 uint64_t *cast_id, uint64_t *ib_bytes) {
+  if (!held_count_ || held_have_ != held_count_ ||
+      held_magic_ != DUCKD_CAST_STAGE_MAGIC) {
+    Forget();
+    return false;
+  }
+  uint64_t total = 0;
+  uint32_t per = 0;
+  for (uint32_t i = 0; i < held_count_; ++i) {
+    duckd_cast_datagram h;
+    std::memcpy(&h, held_.data() + held_at_[i] - 1, kHeader);
+    total += h.bytes;
+    if (i == 0)
+      per = h.bytes;
+  }
+  if (total == 0 || total > ib_limit || per == 0) {
+    stats_.malformed += held_have_;
+    Forget();
+    return false;
+  }
+  ++stats_.batches;
+  *cast_id = held_id_;
+  *ib_bytes = total;
+  batch_.Begin(held_id_, CastShape{held_count_, per}, total, ib,
+               DUCKD_CAST_STAGE_MAGIC);
+  Replay(); // Offer checks every datagram against the shape read off them
+  if (batch_.missing())
+    ++stats_.missed;
+  return batch_.missing() == 0;
+}
 
 bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
                         uint64_t ib_bytes, uint8_t *ib, uint64_t wait_ns,
-                        uint64_t spin_ns) {
+                        uint64_t spin_ns, uint32_t magic) {
   ++stats_.batches;
-  batch_.Begin(cast_id, shape, ib_bytes, ib);
+  batch_.Begin(cast_id, shape, ib_bytes, ib, magic);
+  if (held_count_ && held_id_ == cast_id)
+    Replay();
+  else if (held_count_) {
+    stats_.stale += held_have_;
+    Forget();
+  }
   // Up to kBurst datagrams a call, each into a slot one byte larger than
   // the shape's datagrams (a longer one is malformed: MSG_TRUNC).
   constexpr uint32_t kBurst = 64;
@@ -319,24 +457,11 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
       ::poll(&p, 1, int(std::max<uint64_t>(1, left / 1000000)));
       continue;
     }
-    for (int k = 0; k < got; ++k) {
-      switch (batch_.Offer(
+    for (int k = 0; k < got; ++k)
+      Count(batch_.Offer(
           absl::MakeConstSpan(buf_.data() + size_t(k) * slot,
                               std::min<size_t>(msgs[k].msg_len, slot)),
-          msgs[k].msg_hdr.msg_flags & MSG_TRUNC)) {
-      case CastBatch::Took::placed:
-        ++stats_.datagrams;
-        break;
-      case CastBatch::Took::stale:
-        ++stats_.stale;
-        break;
-      case CastBatch::Took::malformed:
-        ++stats_.malformed;
-        break;
-      case CastBatch::Took::duplicate:
-        break;
-      }
-    }
+          msgs[k].msg_hdr.msg_flags & MSG_TRUNC));
   }
   if (batch_.missing())
     ++stats_.missed;

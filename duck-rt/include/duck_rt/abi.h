@@ -437,7 +437,11 @@ typedef struct duck_ob_header {
   /// step's OB, the time its stage spent in the ELF on its slowest core
   /// (ns), the stage itself being answered with nothing.
   uint64_t stage_ns;
-  uint64_t reserved[4];
+  /// duckd's too: on a staged step whose stage came as a cast batch alone
+  /// (step_staged), how long before the step's frame came the stage had
+  /// finished (ns); 0: it ran after the frame (or came in a frame).
+  uint64_t stage_ahead_ns;
+  uint64_t reserved[3];
 } duck_ob_header;
 
 /// Offset of x in an IB that carries `n_slots` routing slots (32-aligned).

@@ -91,9 +91,11 @@ public:
   CastSender &operator=(const CastSender &) = delete;
 
   /// Sends `ib` as batch `cast_id` (one sendmmsg, retried while the socket
-  /// buffer is full); returns its shape.
+  /// buffer is full); returns its shape. `magic`: DUCKD_CAST_MAGIC, or
+  /// DUCKD_CAST_STAGE_MAGIC for a cast stage's batch (step_staged).
   absl::StatusOr<CastShape> Send(uint64_t cast_id,
-                                 absl::Span<const uint8_t> ib);
+                                 absl::Span<const uint8_t> ib,
+                                 uint32_t magic = DUCKD_CAST_MAGIC);
   /// UDP payload bytes sent, headers included; datagrams dropped on
   /// purpose (drop_every).
   uint64_t bytes_sent() const { return sent_; }
@@ -116,9 +118,10 @@ private:
 /// socket (what fuzz-cast drives with arbitrary datagrams).
 class CastBatch {
 public:
-  /// Starts batch `cast_id` of `shape` into `ib` (which holds ib_bytes).
+  /// Starts batch `cast_id` of `shape` into `ib` (which holds ib_bytes),
+  /// whose datagrams carry `magic`.
   void Begin(uint64_t cast_id, const CastShape &shape, uint64_t ib_bytes,
-             uint8_t *ib);
+             uint8_t *ib, uint32_t magic = DUCKD_CAST_MAGIC);
   enum class Took { placed, duplicate, stale, malformed };
   /// One datagram as received (`truncated`: longer than the buffer it was
   /// read into): its bytes go to the IB only when it belongs to this batch
@@ -128,6 +131,7 @@ public:
 
 private:
   uint64_t cast_id_ = 0, ib_bytes_ = 0;
+  uint32_t magic_ = DUCKD_CAST_MAGIC;
   CastShape shape_;
   uint8_t *ib_ = nullptr;
   std::vector<uint8_t> have_;
@@ -145,23 +149,54 @@ struct CastReceiverStats {
 class CastReceiver {
 public:
   /// `fd`: the cast socket (not owned, non-blocking reads are asked per
-  /// call).
-  explicit CastReceiver(int fd);
+  /// call). `held_bytes`: what Intake may keep of a batch, datagrams and
+  /// their headers (0: Intake keeps nothing); reserved here, so that a
+  /// receiver made before a sandbox never allocates in it.
+  explicit CastReceiver(int fd, uint64_t held_bytes = 0);
 
   /// Takes batch `cast_id` (`shape`, `ib_bytes` in all) into `ib` until
   /// every datagram is in: true then; false when `wait_ns` passed first
   /// (from the call), spinning on the socket for the first `spin_ns`, then
   /// sleeping in poll. Datagrams of other batches, or that do not fit the
-  /// shape, are dropped. `ib` must hold ib_bytes.
+  /// shape, are dropped; those Intake kept of this batch are used first.
+  /// `magic`: the batch's datagrams' (a stage's: DUCKD_CAST_STAGE_MAGIC).
+  /// `ib` must hold ib_bytes.
   bool Take(uint64_t cast_id, const CastShape &shape, uint64_t ib_bytes,
-            uint8_t *ib, uint64_t wait_ns, uint64_t spin_ns);
+            uint8_t *ib, uint64_t wait_ns, uint64_t spin_ns,
+            uint32_t magic = DUCKD_CAST_MAGIC);
+
+  /// Reads whatever datagrams the socket holds now (never waits) and keeps
+  /// the latest batch's, as received, for the Take that asks for it: a
+  /// datagram of another batch replaces what was kept (the host sends one
+  /// batch at a time). True when what is kept is a whole stage's batch
+  /// (DUCKD_CAST_STAGE_MAGIC), for TakeHeldStage.
+  bool Intake();
+  /// A whole stage's batch that Intake kept, into `ib` (at most ib_limit
+  /// bytes), its shape read off its datagrams (each but the last of the
+  /// same size): true, with its id and size; false when none is kept or
+  /// its datagrams do not make one IB. Either way it is no longer kept.
+  bool TakeHeldStage(uint8_t *ib, uint64_t ib_limit, uint64_t *cast_id,
+                     uint64_t *ib_bytes);
   const CastReceiverStats &stats() const { return stats_; }
 
 private:
+  void Count(CastBatch::Took took);
+  /// Keeps one datagram of Intake's (false: not kept).
+  bool Hold(absl::Span<const uint8_t> d, bool truncated);
+  /// Offers the kept datagrams to batch_ and forgets them.
+  void Replay();
+  void Forget();
+
   int fd_;
   std::vector<uint8_t> buf_;
   CastBatch batch_;
   CastReceiverStats stats_;
+  // Intake's batch: its datagrams end to end as received, where each
+  // index's starts (+1; 0: not yet in), its id, magic and count.
+  std::vector<uint8_t> held_;
+  std::vector<uint32_t> held_at_;
+  uint64_t held_limit_ = 0, held_id_ = 0;
+  uint32_t held_magic_ = 0, held_count_ = 0, held_have_ = 0;
 };
 
 } // namespace duck::duckd

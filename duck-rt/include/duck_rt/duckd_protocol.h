@@ -20,9 +20,10 @@ extern "C" {
 
 #define DUCKD_FRAME_MAGIC 0x50574B44u /* "DKWP" little-endian */
 enum {
-  DUCKD_PROTOCOL_VERSION = 4, // 2: authenticated frames, no token on the
+  DUCKD_PROTOCOL_VERSION = 5, // 2: authenticated frames, no token on the
                               // wire; 3: measure replies the GEMM rate;
-                              // 4: quiet stages (DUCKD_FLAG_QUIET)
+                              // 4: quiet stages (DUCKD_FLAG_QUIET);
+                              // 5: cast stages (DUCKD_MSG_STEP_STAGED)
   DUCKD_DEFAULT_MAX_PAYLOAD = 256 << 20,
   DUCKD_MAX_CORES = 64,
   DUCKD_NAME_BYTES = 64,
@@ -52,7 +53,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_MESH = 12,    // join the ducks' mesh (duck_rt/peer_mesh.h)
   DUCKD_MSG_MESH_PROBE = 13, // time collectives over the joined mesh
   DUCKD_MSG_STEP_CAST = 14,  // a step whose IB came as cast datagrams
-  DUCKD_MSG_COUNT = 15,
+  DUCKD_MSG_STEP_STAGED = 15, // a staged step whose stage came as a cast
+  DUCKD_MSG_COUNT = 16,
 } duckd_msg_type;
 
 typedef enum duckd_frame_flags {
@@ -301,7 +303,8 @@ typedef struct duckd_stats_reply {
 /// duckd without a cast socket) answers DUCKD_ERR_CAST_MISSED, and the
 /// host sends that duck the step again as a plain step.
 enum {
-  DUCKD_CAST_MAGIC = 0x54534344u, // "DCST" little-endian
+  DUCKD_CAST_MAGIC = 0x54534344u,       // "DCST" little-endian
+  DUCKD_CAST_STAGE_MAGIC = 0x53534344u, // "DCSS": a cast stage's batch
   DUCKD_CAST_DIGEST_BYTES = 32,
   DUCKD_CAST_MAX_DATAGRAM = 65507, // UDP's largest payload over IPv4
 };
@@ -314,10 +317,29 @@ typedef struct duckd_step_cast_request {
   uint8_t digest[DUCKD_CAST_DIGEST_BYTES];
 } duckd_step_cast_request;
 
+/// step_staged (protocol 5): a staged step (abi.h DUCK_IB_STAGED) whose
+/// stage came as a cast batch alone, with no frame of its own: the batch's
+/// datagrams carry DUCKD_CAST_STAGE_MAGIC, and a duck runs the stage as
+/// soon as the batch is whole. This frame carries the staged step's IB
+/// (the routed slots) and names its stage: the batch's id, shape and
+/// digest (as step_cast's). The stage's results are used only when the
+/// batch the duck ran is this one and matches the digest; else the duck
+/// takes the batch now (within its cast wait) and runs it, or answers
+/// DUCKD_ERR_STAGE_MISSED. The reply is a step reply (type step_staged).
+typedef struct duckd_step_staged_request {
+  uint64_t session_id;
+  uint64_t ib_bytes;       // the staged step's IB, after this request
+  uint64_t cast_id;        // the stage's batch
+  uint64_t stage_ib_bytes; // the stage's IB the datagrams carry
+  uint32_t datagrams;      // in the stage's batch
+  uint32_t datagram_bytes; // each one's payload (the last: the rest)
+  uint8_t digest[DUCKD_CAST_DIGEST_BYTES]; // the stage's IB's
+} duckd_step_staged_request;
+
 /// A cast datagram: this header, then `bytes` of the IB at offset
 /// index x the request's datagram_bytes.
 typedef struct duckd_cast_datagram {
-  uint32_t magic; // DUCKD_CAST_MAGIC
+  uint32_t magic; // DUCKD_CAST_MAGIC (a stage's: DUCKD_CAST_STAGE_MAGIC)
   uint32_t index; // 0 .. count - 1
   uint32_t count;
   uint32_t bytes;
@@ -388,6 +410,8 @@ static_assert(sizeof(duckd_stats_reply) == 96, "duckd_stats_reply is wire");
 static_assert(sizeof(duckd_step_cast_request) == 64,
               "duckd_step_cast_request is wire");
 static_assert(sizeof(duckd_cast_datagram) == 24, "duckd_cast_datagram is wire");
+static_assert(sizeof(duckd_step_staged_request) == 72,
+              "duckd_step_staged_request is wire");
 static_assert(sizeof(duckd_mesh_peer) == 72, "duckd_mesh_peer is wire");
 static_assert(sizeof(duckd_mesh_request) == 32, "duckd_mesh_request is wire");
 static_assert(sizeof(duckd_mesh_reply) == 16, "duckd_mesh_reply is wire");

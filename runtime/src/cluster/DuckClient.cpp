@@ -109,6 +109,7 @@ struct Conn {
   bool awaiting_hello = false;
   uint32_t cast_misses = 0; // cast steps missed in a row
   bool cast_off = false;    // plain steps only (missed cast_give_up)
+  bool stage_cast = false;  // the pending stage reached it as a cast only
 };
 
 struct PrepareJob;
@@ -132,8 +133,15 @@ struct DuckClient::Impl {
   CastStats cast_stats;
   DuckClient::StageStats stage_stats;
   // The bytes moved before the last Stage (its step's metrics count them).
-  uint64_t stage_sent0 = 0, stage_recv0 = 0;
+  uint64_t stage_sent0 = 0, stage_recv0 = 0, stage_cast_bytes0 = 0;
   bool stage_pending = false;
+  // The pending stage's cast batch (step_staged names it), if it went so.
+  struct StageCast {
+    bool sent = false;
+    uint64_t id = 0, ib_bytes = 0;
+    duckd::CastShape shape;
+    uint8_t digest[DUCKD_CAST_DIGEST_BYTES] = {};
+  } stage_cast;
   /// During a cast step: answers a duck's cast_missed by queueing the step
   /// again plainly (true: handled).
   using RetryFn = std::function<bool(size_t, const duckd_frame_header &,
@@ -442,6 +450,15 @@ struct DuckClient::Impl {
   bool QueueCastSteps(const std::vector<size_t> &ducks,
                       absl::Span<const absl::Span<const uint8_t>> ibs,
                       uint32_t flags = 0);
+  /// Whether `ibs` can go as one cast batch to `ducks`.
+  bool Castable(const std::vector<size_t> &ducks,
+                absl::Span<const absl::Span<const uint8_t>> ibs) const;
+  /// A stage as one cast batch and no frame (stage_cast); false: it did
+  /// not go so.
+  bool CastStage(const std::vector<size_t> &ducks,
+                 absl::Span<const absl::Span<const uint8_t>> ibs);
+  /// Queues duck d's staged step as a step_staged naming stage_cast.
+  void QueueStepStaged(size_t d, absl::Span<const uint8_t> ib);
   /// Queues every duck's step (one cast batch where it can go so, with
   /// `flags`) and starts writing; a duck whose connection breaks on the
   /// way is closed (its step then fails). Whether it went as a cast.
@@ -690,9 +707,9 @@ void DuckClient::Impl::QueueStepCast(size_t d, uint64_t cast_id,
   Queue(d, DUCKD_MSG_STEP_CAST, std::move(owned), {p}, nullptr, flags);
 }
 
-bool DuckClient::Impl::QueueCastSteps(
+bool DuckClient::Impl::Castable(
     const std::vector<size_t> &ducks,
-    absl::Span<const absl::Span<const uint8_t>> ibs, uint32_t flags) {
+    absl::Span<const absl::Span<const uint8_t>> ibs) const {
   // An IB no larger than its step_cast frame (a staged step's slots) goes
   // plainly: the cast would only add its datagrams.
   if (!cast || !opt.persistent || ibs.empty() ||
@@ -706,8 +723,59 @@ bool DuckClient::Impl::QueueCastSteps(
       return false;
     castable += !conns[d].cast_off;
   }
-  if (castable < 2)
-    return false; // one copy either way
+  return castable >= 2; // else one copy either way
+}
+
+bool DuckClient::Impl::CastStage(
+    const std::vector<size_t> &ducks,
+    absl::Span<const absl::Span<const uint8_t>> ibs) {
+  stage_cast.sent = false;
+  for (size_t d : ducks)
+    conns[d].stage_cast = false;
+  if (!Castable(ducks, ibs))
+    return false;
+  const absl::Span<const uint8_t> ib = ibs[0];
+  const uint64_t id = next_cast_id++;
+  const uint64_t sent0 = cast->bytes_sent(), dropped0 = cast->dropped();
+  absl::StatusOr<duckd::CastShape> shape =
+      cast->Send(id, ib, DUCKD_CAST_STAGE_MAGIC);
+  if (!shape.ok())
+    return false; // the stage goes in frames
+  cast_stats.datagram_bytes += cast->bytes_sent() - sent0;
+  cast_stats.dropped += cast->dropped() - dropped0;
+  stage_cast.sent = true;
+  stage_cast.id = id;
+  stage_cast.ib_bytes = ib.size();
+  stage_cast.shape = *shape;
+  duckd::CastDigest(ib, conns[ducks[0]].keys.keyed, stage_cast.digest);
+  for (size_t d : ducks)
+    conns[d].stage_cast = !conns[d].cast_off;
+  ++stage_stats.cast;
+  return true;
+}
+
+void DuckClient::Impl::QueueStepStaged(size_t d,
+                                       absl::Span<const uint8_t> ib) {
+  duckd_step_staged_request r{};
+  r.session_id = conns[d].session_id;
+  r.ib_bytes = ib.size();
+  r.cast_id = stage_cast.id;
+  r.stage_ib_bytes = stage_cast.ib_bytes;
+  r.datagrams = stage_cast.shape.datagrams;
+  r.datagram_bytes = stage_cast.shape.datagram_bytes;
+  std::memcpy(r.digest, stage_cast.digest, sizeof r.digest);
+  std::vector<uint8_t> owned(sizeof r);
+  std::memcpy(owned.data(), &r, sizeof r);
+  std::vector<Part> parts = {{owned.data(), owned.size()},
+                             {ib.data(), ib.size()}};
+  Queue(d, DUCKD_MSG_STEP_STAGED, std::move(owned), std::move(parts));
+}
+
+bool DuckClient::Impl::QueueCastSteps(
+    const std::vector<size_t> &ducks,
+    absl::Span<const absl::Span<const uint8_t>> ibs, uint32_t flags) {
+  if (!Castable(ducks, ibs))
+    return false;
   const absl::Span<const uint8_t> ib = ibs[0];
   const uint64_t id = next_cast_id++;
   const uint64_t sent0 = cast->bytes_sent(), dropped0 = cast->dropped();
@@ -734,10 +802,16 @@ bool DuckClient::Impl::QueueCastSteps(
 bool DuckClient::Impl::StartStep(
     const std::vector<size_t> &ducks,
     absl::Span<const absl::Span<const uint8_t>> ibs, uint32_t flags) {
-  if (QueueCastSteps(ducks, ibs, flags))
+  // A staged step after a cast stage: a step_staged to each duck it
+  // reached (the stage's only frame), plain to the others.
+  const bool named = std::exchange(stage_cast.sent, false) && flags == 0;
+  if (!named && QueueCastSteps(ducks, ibs, flags))
     return true;
   for (size_t d : ducks) {
-    QueueStep(d, ibs[d], flags);
+    if (named && conns[d].stage_cast)
+      QueueStepStaged(d, ibs[d]);
+    else
+      QueueStep(d, ibs[d], flags);
     // Start writing at once: the first duck begins while the others queue.
     if (absl::Status s = SendSome(conns[d]); !s.ok())
       Break(d, std::string(s.message()));
@@ -826,11 +900,21 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
     return absl::FailedPreconditionError("staged steps need sessions");
   m.stage_sent0 = sent0;
   m.stage_recv0 = recv0;
+  m.stage_cast_bytes0 = m.cast_stats.datagram_bytes;
   m.stage_pending = true;
   ++m.stage_stats.stages;
-  // Quiet: duckd answers nothing; the staged step learns the outcome (a
-  // duck whose stage could not be sent fails it).
-  m.StartStep(ducks, ibs, DUCKD_FLAG_QUIET);
+  // One cast batch and no frame where it can; else quiet frames: duckd
+  // answers nothing, the staged step learns the outcome (a duck whose
+  // stage could not be sent fails it).
+  if (!m.CastStage(ducks, ibs))
+    m.StartStep(ducks, ibs, DUCKD_FLAG_QUIET);
+  else
+    for (size_t d : ducks) // the ducks the batch does not reach
+      if (!m.conns[d].stage_cast) {
+        m.QueueStep(d, ibs[d], DUCKD_FLAG_QUIET);
+        if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
+          m.Break(d, std::string(s.message()));
+      }
   return absl::OkStatus();
 }
 
@@ -847,14 +931,17 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
   if (!whole.empty() && whole.size() != ibs.size())
     return absl::InvalidArgumentError(
         "a staged step needs a whole step a duck");
+  uint64_t castBytes0 = m.cast_stats.datagram_bytes;
   if (m.stage_pending) {
     sent0 = m.stage_sent0;
     recv0 = m.stage_recv0;
+    castBytes0 = m.stage_cast_bytes0;
     m.stage_pending = false;
   }
+  if (whole.empty())
+    m.stage_cast.sent = false; // no staged step: the batch goes unnamed
   ClearOutputs(m.conns.size(), out_outputs);
   const uint64_t t0 = NowNs();
-  const uint64_t castBytes0 = m.cast_stats.datagram_bytes;
   const bool cast = m.StartStep(ducks, ibs, 0);
   m.step_ibs = ibs;
   m.step_whole = whole;
@@ -872,14 +959,16 @@ DuckClient::Step(absl::Span<const absl::Span<const uint8_t>> ibs,
       [&](size_t d, const duckd_frame_header &h,
           absl::Span<const uint8_t> pl) -> absl::Status {
         Conn &c = m.conns[d];
-        if (h.type == DUCKD_MSG_STEP_CAST) // the batch came whole
-          c.cast_misses = 0;
+        if (h.type == DUCKD_MSG_STEP_CAST || h.type == DUCKD_MSG_STEP_STAGED)
+          c.cast_misses = 0; // the batch came whole
         DuckOutput &o = (*out_outputs)[d];
         absl::Status s = ReadStepReply(pl, &o);
         duck_ob_header oh;
         if (s.ok() && staged && o.ob.size() >= sizeof oh) {
           std::memcpy(&oh, o.ob.data(), sizeof oh);
           stageNs = std::max(stageNs, oh.stage_ns);
+          m.stage_stats.ahead += oh.stage_ahead_ns > 0;
+          m.stage_stats.ahead_us += double(oh.stage_ahead_ns) / 1e3;
         }
         return s;
       },
@@ -907,7 +996,8 @@ bool DuckClient::Impl::RetryStep(size_t d, const duckd_frame_header &h,
   // A cast step that missed goes again plainly, a staged one (its stage
   // spent on arrival) as its whole step, as does one that found no stage
   // (its quiet stage failed or never came).
-  if (h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED)
+  if ((h.type == DUCKD_MSG_STEP_CAST && code == DUCKD_ERR_CAST_MISSED) ||
+      (h.type == DUCKD_MSG_STEP_STAGED && code == DUCKD_ERR_STAGE_MISSED))
     CastMissed(d, why);
   if (code == DUCKD_ERR_STAGE_MISSED && !step_whole.empty()) {
     ++stage_stats.resent;

@@ -423,6 +423,10 @@ void FillStepFormsJson(Session &ses, nlohmann::json &sj) {
   sj["stages"] = rs.stages;
   sj["staged_steps"] = rs.staged_steps;
   sj["stage_resent"] = ses.client().stage_stats().resent;
+  sj["stages_cast"] = ses.client().stage_stats().cast; // no frame a duck
+  // Ducks' staged steps whose cast stage was done before their frame came.
+  sj["stage_ducks_ahead"] = ses.client().stage_stats().ahead;
+  sj["stage_ahead_ms_total"] = ses.client().stage_stats().ahead_us / 1e3;
   // The stages' time on the ducks, all of the run's (each stage's slowest
   // duck; not in the steps' duck kernel times).
   sj["stage_kernel_ms_total"] = ses.client().stage_stats().kernel_us / 1e3;

@@ -214,12 +214,15 @@ public:
                     absl::Span<const absl::Span<const uint8_t>> whole = {});
 
   /// Staged steps (abi.h, DUCK_IB_STAGE; persistent sessions only): sends
-  /// ibs[d], a stage, to duck d (once as a cast when they are all the same)
-  /// in a quiet frame (DUCKD_FLAG_QUIET: duckd answers nothing) and
-  /// returns without waiting. The next Step must be its DUCK_IB_STAGED
-  /// step, with `whole` (each duck's whole step): a duck whose stage
-  /// failed or never came answers stage_missed, and Step sends it its
-  /// whole step plainly. The stage's IBs must stay valid until then.
+  /// ibs[d], a stage, to duck d and returns without waiting. When they are
+  /// all the same and a cast can carry them, the stage goes as one cast
+  /// batch and no frame at all (the ducks run it as its datagrams come
+  /// whole; the staged step's step_staged frame names it); otherwise in a
+  /// quiet frame a duck (DUCKD_FLAG_QUIET: duckd answers nothing). The
+  /// next Step must be its DUCK_IB_STAGED step, with `whole` (each duck's
+  /// whole step): a duck whose stage failed or never came answers
+  /// stage_missed, and Step sends it its whole step plainly. The stage's
+  /// IBs must stay valid until then.
   absl::Status Stage(absl::Span<const absl::Span<const uint8_t>> ibs);
 
   /// The cast path's counts (all zero without a cast address).
@@ -230,6 +233,11 @@ public:
   /// added up; not in the steps' StepMetrics).
   struct StageStats {
     uint64_t stages = 0, resent = 0;
+    uint64_t cast = 0; // stages sent as a cast batch alone, no frames
+    /// Ducks' staged steps whose cast stage had finished before the
+    /// step's frame came (duck_ob_header.stage_ahead_ns), and by how much.
+    uint64_t ahead = 0;
+    double ahead_us = 0;
     double kernel_us = 0;
   };
   StageStats stage_stats() const;
