@@ -179,6 +179,10 @@ struct WorkerSide {
     uint64_t cast_id = 0;
     uint8_t digest[DUCKD_CAST_DIGEST_BYTES] = {};
     uint64_t done_ns = 0;  // when a cast stage finished
+    // The last cast stage's batch that could not run, and why (its
+    // step_staged is answered so at once).
+    uint64_t failed_id = 0;
+    std::string failed_why;
     uint64_t ahead_ns = 0; // for the staged step's OB (stage_ahead_ns)
     std::vector<uint8_t> routed; // a step_staged's own IB, as read
     duck_ib_header ih{};
@@ -193,6 +197,7 @@ struct WorkerSide {
       column.reserve(cfg.ib_limit / sizeof(duck_expert_slot));
       out.reserve(4 * cfg.ob_limit / sizeof(float));
       routed.reserve(cfg.ib_limit);
+      failed_why.reserve(512);
     }
   } stage;
 
@@ -913,6 +918,8 @@ void IntakeCastStage(WorkerSide *w, duck_info &info) {
     why = RunCastStage(w, duckd_frame_header{}, info, id, bytes);
   if (!why.empty()) {
     w->stage.valid = false;
+    w->stage.failed_id = id;
+    w->stage.failed_why = why;
     std::fprintf(stderr, "%s cast stage %llu not run: %s\n",
                  w->cfg->log_prefix.c_str(), (unsigned long long)id,
                  why.c_str());
@@ -1042,16 +1049,21 @@ bool ServeStagedStep(WorkerSide *w, const duckd_frame_header &h,
       !bad.empty())
     return StepError(w, h, deadline, code, bad);
   WorkerSide::Stage &s = w->stage;
-  s.ahead_ns = arrived - std::min(arrived, s.done_ns);
-  if (left != Left::cast || s.cast_id != r.cast_id ||
-      std::memcmp(s.digest, r.digest, sizeof r.digest) != 0) {
-    s.ahead_ns = 0;
-    std::string why = LateStage(w, h, info, r, shape);
-    w->stage.valid = false; // used by this frame only, if at all
-    if (!why.empty())
-      return StepError(w, h, deadline, DUCKD_ERR_STAGE_MISSED,
-                       absl::StrCat("stage batch ", r.cast_id, ": ", why));
+  std::string why; // why its stage cannot be used
+  if (left == Left::cast && s.cast_id == r.cast_id) { // ran on arrival
+    s.ahead_ns = arrived - std::min(arrived, s.done_ns);
+    if (std::memcmp(s.digest, r.digest, sizeof r.digest) != 0)
+      why = "its datagrams do not match the step's digest";
+  } else if (s.failed_id == r.cast_id && !s.failed_why.empty()) {
+    why = s.failed_why; // came whole, could not run
+  } else {
+    why = LateStage(w, h, info, r, shape);
+    s.valid = false; // used by this frame only, if at all
   }
+  s.failed_why.clear();
+  if (!why.empty())
+    return StepError(w, h, deadline, DUCKD_ERR_STAGE_MISSED,
+                     absl::StrCat("stage batch ", r.cast_id, ": ", why));
   if (std::string why =
           DamagedSlotRefusal(cfg.weights_map, routed.data(), routed.size());
       !why.empty())

@@ -763,6 +763,14 @@ bool stagesShared(const FfnLayer &l, const ClusterModel &c) {
   return l.moe && l.numShared > 0 && l.routerHostBytes > 0 && c.hostReadGbs > 0;
 }
 
+/// The host's frames a staged layer adds to a whole step's (tp ducks):
+/// none when the stage goes as a cast batch alone (multicast; protocol 5:
+/// the routed slots' step_staged takes the whole step's place), one a
+/// duck otherwise (the stage's quiet frame; nothing comes back for it).
+double stagedFrames(const ClusterModel &c, size_t tp) {
+  return c.fanout == ClusterModel::Fanout::multicast ? 0.0 : double(tp);
+}
+
 /// ClusterModel::stageShared: what a MoE layer's staged step saves (s;
 /// negative where the stage costs more than it hides): see the field.
 double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
@@ -789,10 +797,7 @@ double stagedSharedSeconds(const FfnLayer &l, const ClusterModel &c,
       stepWire(plain, rows, (uint32_t)l.topK, 0, whole, true).outSeconds;
   const double hidden =
       std::min({o + shared - o2, router + o - stage.outSeconds, router});
-  // The stage is quiet (protocol 4): nothing comes back for it; the host
-  // pays one more frame a duck, the routed slots' request.
-  const double frames = double(whole.size()) * c.hostFrameUs * 1e-6;
-  return hidden - frames;
+  return hidden - stagedFrames(c, whole.size()) * c.hostFrameUs * 1e-6;
 }
 
 /// One FFN layer: its expected slowest duck, each duck's weights and bytes
@@ -825,7 +830,7 @@ void addFfnLayer(const FfnLayer &l, const ClusterModel &c, int64_t tp,
     p.stagedXMsPerToken += 1e3 * stagedXSeconds(l, c, slots, whole);
   if ((c.stageShared || c.stageSharedOpen) && stagesShared(l, c)) {
     p.stagedSharedMsPerToken += 1e3 * stagedSharedSeconds(l, c, slots, whole);
-    p.stagedFramesPerToken += double(whole.size());
+    p.stagedFramesPerToken += stagedFrames(c, whole.size());
   }
   if (!prompt || c.gemmGmacS <= 0)
     return;

@@ -732,7 +732,7 @@ bool DuckClient::Impl::CastStage(
   stage_cast.sent = false;
   for (size_t d : ducks)
     conns[d].stage_cast = false;
-  if (!Castable(ducks, ibs))
+  if (!opt.cast_stages || !Castable(ducks, ibs))
     return false;
   const absl::Span<const uint8_t> ib = ibs[0];
   const uint64_t id = next_cast_id++;
@@ -764,6 +764,9 @@ void DuckClient::Impl::QueueStepStaged(size_t d,
   r.datagrams = stage_cast.shape.datagrams;
   r.datagram_bytes = stage_cast.shape.datagram_bytes;
   std::memcpy(r.digest, stage_cast.digest, sizeof r.digest);
+  if (opt.stage_digest_flip_every &&
+      stage_stats.cast % opt.stage_digest_flip_every == 0)
+    r.digest[0] ^= 1;
   std::vector<uint8_t> owned(sizeof r);
   std::memcpy(owned.data(), &r, sizeof r);
   std::vector<Part> parts = {{owned.data(), owned.size()},
@@ -903,6 +906,7 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
   m.stage_cast_bytes0 = m.cast_stats.datagram_bytes;
   m.stage_pending = true;
   ++m.stage_stats.stages;
+  const uint64_t cpu0 = ThreadCpuNs();
   // One cast batch and no frame where it can; else quiet frames: duckd
   // answers nothing, the staged step learns the outcome (a duck whose
   // stage could not be sent fails it).
@@ -915,6 +919,7 @@ DuckClient::Stage(absl::Span<const absl::Span<const uint8_t>> ibs) {
         if (absl::Status s = m.SendSome(m.conns[d]); !s.ok())
           m.Break(d, std::string(s.message()));
       }
+  m.stage_stats.host_cpu_us += double(ThreadCpuNs() - cpu0) / 1e3;
   return absl::OkStatus();
 }
 

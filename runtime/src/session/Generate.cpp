@@ -427,6 +427,8 @@ void FillStepFormsJson(Session &ses, nlohmann::json &sj) {
   // Ducks' staged steps whose cast stage was done before their frame came.
   sj["stage_ducks_ahead"] = ses.client().stage_stats().ahead;
   sj["stage_ahead_ms_total"] = ses.client().stage_stats().ahead_us / 1e3;
+  // The host's CPU sending the stages (frames or batches), all of them.
+  sj["stage_host_cpu_ms_total"] = ses.client().stage_stats().host_cpu_us / 1e3;
   // The stages' time on the ducks, all of the run's (each stage's slowest
   // duck; not in the steps' duck kernel times).
   sj["stage_kernel_ms_total"] = ses.client().stage_stats().kernel_us / 1e3;

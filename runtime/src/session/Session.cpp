@@ -604,6 +604,12 @@ absl::Status Session::Start(std::ostream &log) {
   // batches and are sent those steps plainly.
   if (const char *d = std::getenv("DUCK_TEST_CAST_DROP_EVERY"))
     co_.cast_drop_every = uint32_t(std::max(0, std::atoi(d)));
+  // A/B runs: stages in frames even where a cast could carry them.
+  if (const char *d = std::getenv("DUCK_CAST_STAGES"))
+    co_.cast_stages = std::atoi(d) != 0;
+  // ... and cast stages whose staged steps name another digest.
+  if (const char *d = std::getenv("DUCK_TEST_STAGE_DIGEST_FLIP_EVERY"))
+    co_.stage_digest_flip_every = uint32_t(std::max(0, std::atoi(d)));
   DUCK_ASSIGN_OR_RETURN(client_, DuckClient::Create(co_));
 
   for (uint32_t r = 0; r < tp; ++r)

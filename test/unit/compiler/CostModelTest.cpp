@@ -523,6 +523,28 @@ TEST(CostModelTest, AStepOverheadOfOneDuckAddsTheOthersFrames) {
 // router runs and the routed slots follow alone, so the router's time
 // hides behind x's time out and the shared expert's time on the ducks
 // (never more than the router's time), less the routed slots' frames.
+// With multicast fanout a stage is one cast batch and no frame at all
+// (protocol 5, step_staged): the host's cost a frame takes nothing off it.
+TEST(CostModelTest, ACastStageAddsNoFrames) {
+  ModelFacts m = twoMoeLayersOnTwoDucks(1, 1);
+  for (FfnLayer &l : m.ffn)
+    l.routerHostBytes = 10'000;
+  ClusterModel c;
+  c.hostLinkGbps = 1;
+  c.hostReadGbs = 1;
+  c.duckGparamS = {20, 20};
+  c.stageShared = true;
+  c.fanout = ClusterModel::Fanout::multicast;
+  const PlanCost free = costPlan(m, c);
+  c.hostFrameUs = 1.5;
+  const PlanCost p = costPlan(m, c);
+  EXPECT_GT(p.stagedSharedMsPerToken, 0);
+  EXPECT_NEAR(p.stagedSharedMsPerToken, free.stagedSharedMsPerToken, 1e-12);
+  EXPECT_EQ(p.stagedFramesPerToken, 0);
+  c.fanout = ClusterModel::Fanout::unicast; // a quiet frame a duck
+  EXPECT_EQ(costPlan(m, c).stagedFramesPerToken, 4);
+}
+
 TEST(CostModelTest, StagedSharedExpertHidesTheRouter) {
   ModelFacts m = twoMoeLayersOnTwoDucks(1, 1); // 0 routed, 1 shared
   ClusterModel c;

@@ -164,6 +164,8 @@ struct ClusterModel {
   /// time out, the router's time + the step's time out - the stage's),
   /// at most the router's time, less the host's CPU for the one more
   /// frame a duck (hostFrameUs): the stage is quiet, nothing comes back.
+  /// With multicast fanout the stage is a cast batch and no frame at all
+  /// (protocol 5, step_staged): no frame is added.
   /// `stageSharedOpen`: each candidate takes it where it is faster (--tp
   /// auto with a cluster file and no --stage-shared).
   bool stageShared = false, stageSharedOpen = false;
@@ -171,7 +173,8 @@ struct ClusterModel {
   /// `host_frame_us`; 0: not counted): a staged layer costs the host one
   /// a duck beyond the whole step's (the routed slots' request after the
   /// router; the stage is quiet, its frame out takes the whole step's
-  /// place), on the way to the step's answers.
+  /// place), on the way to the step's answers; none with multicast (the
+  /// stage goes as a cast batch alone).
   double hostFrameUs = 0;
   /// The IB flags (duck_ib_flags) that ask for wireX and wireOut.
   uint32_t ibFlags() const;

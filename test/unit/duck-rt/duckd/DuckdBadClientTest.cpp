@@ -4,9 +4,12 @@
 // closed connection, leaves a log line, and the daemon keeps serving.
 #include "duck/runtime/cluster/DuckClient.h"
 #include "duck/runtime/cluster/LocalCluster.h"
+#include "duck_rt/cast.h"
 #include "duck_rt/wire.h"
 
 #include "DuckTestUtil.h"
+
+#include "absl/strings/str_cat.h"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +25,9 @@
 
 namespace {
 
+using duck::duckd::CastDigest;
+using duck::duckd::CastSender;
+using duck::duckd::CastSenderOptions;
 using duck::duckd::Part;
 using duck::test::ReadFile;
 using duck::runtime::DuckEndpoint;
@@ -124,6 +130,8 @@ protected:
     o.weights_size = 8 << 20;
     o.log_dir = log_dir_;
     o.extra_args = {"--io_timeout_ms=500", "--max_payload=4M", "--spin_us=50"};
+    o.extra_args.insert(o.extra_args.end(), more_args_.begin(),
+                        more_args_.end());
     auto c = LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -154,9 +162,121 @@ protected:
                        std::istreambuf_iterator<char>());
   }
   std::string log_dir_;
+  std::vector<std::string> more_args_; // a subclass's duckd flags
   std::unique_ptr<LocalCluster> cluster_;
   DuckEndpoint ep_;
 };
+
+/// The same, duckd with a cast socket (a unicast port of its own).
+class DuckdCastBadClient : public DuckdBadClient {
+protected:
+  DuckdCastBadClient() { more_args_ = {"--cast=127.0.0.1:0"}; }
+};
+
+/// A step_staged request naming cast batch `cast_id` of a stage of
+/// `stage_bytes` (in datagrams of 1408 bytes) with `digest`, and `ib`.
+void SendStaged(Raw &r, uint64_t session, uint64_t cast_id,
+                uint64_t stage_bytes, const uint8_t *digest,
+                const std::vector<uint8_t> &ib, uint32_t id,
+                uint32_t datagrams = 0) {
+  duckd_step_staged_request q{};
+  q.session_id = session;
+  q.ib_bytes = ib.size();
+  q.cast_id = cast_id;
+  q.stage_ib_bytes = stage_bytes;
+  q.datagram_bytes = 1408;
+  q.datagrams = datagrams ? datagrams : uint32_t((stage_bytes + 1407) / 1408);
+  if (digest)
+    std::memcpy(q.digest, digest, sizeof q.digest);
+  r.SendFrame(DUCKD_MSG_STEP_STAGED, {{&q, sizeof q}, {ib.data(), ib.size()}},
+              0, id);
+}
+
+/// A one-token MoE decode IB of 64 wide with `flags` (and x unless staged).
+std::vector<uint8_t> StageIb(uint32_t flags) {
+  static const duck_expert_slot slots[2] = {{0, 0.5f}, {1, 0.5f}};
+  const std::vector<float> x(64, 1.0f);
+  const bool staged = flags & DUCK_IB_STAGED;
+  std::vector<uint8_t> ib(duck_ib_bytes_flags(1, 2, 64, 0));
+  duck_ib_write_flags(ib.data(), DUCK_MODE_MOE_DECODE_SMP, 0, 1, 2, slots,
+                      staged ? nullptr : x.data(), 64, flags);
+  if (staged)
+    ib.resize(duck_ib_x_offset(2));
+  return ib;
+}
+
+// step_staged (protocol 5) refused by name: another session, a batch
+// shape that cannot carry its stage, a payload shorter than its request,
+// quiet; and with no cast socket, a stage_missed naming it.
+TEST_F(DuckdBadClient, StepStagedRefusals) {
+  Raw r(ep_);
+  r.HelloOk();
+  const uint64_t session = r.Open(ReadFile(DUCK_ELF_PATH), 1 << 16, 1 << 16);
+  ASSERT_NE(session, 0u);
+  const std::vector<uint8_t> ib = StageIb(DUCK_IB_STAGED);
+  SendStaged(r, session + 1, 5, 3000, nullptr, ib, 1);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_NO_SESSION).find("step_staged for session"),
+            std::string::npos);
+  SendStaged(r, session, 5, 3000, nullptr, ib, 2, /*datagrams=*/2);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("cannot carry 3000"),
+            std::string::npos);
+  SendStaged(r, session, 5, 1 << 20, nullptr, ib, 3);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_TOO_LARGE).find("exceeds the session's"),
+            std::string::npos);
+  const uint8_t junk[10] = {};
+  r.SendFrame(DUCKD_MSG_STEP_STAGED, {{junk, sizeof junk}}, 0, 4);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("shorter than its request"),
+            std::string::npos);
+  r.SendFrame(DUCKD_MSG_STEP_STAGED, {{junk, sizeof junk}}, DUCKD_FLAG_QUIET, 5);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("quiet on a step"),
+            std::string::npos);
+  SendStaged(r, session, 5, 3000, nullptr, ib, 6);
+  EXPECT_NE(r.ExpectError(DUCKD_ERR_STAGE_MISSED).find("no cast socket"),
+            std::string::npos);
+  r.HelloOk(); // still serving this host
+}
+
+// With a cast socket: a batch that never came is waited for (the cast
+// wait) and missed; a stage's batch that came whole but could not run
+// (no weights here: the ELF's status) is answered at once with why; a
+// batch whose datagrams are not a stage likewise. Every answer names the
+// batch.
+TEST_F(DuckdCastBadClient, StepStagedWithoutItsStage) {
+  Raw r(ep_);
+  r.HelloOk();
+  const uint64_t session = r.Open(ReadFile(DUCK_ELF_PATH), 1 << 16, 1 << 16);
+  ASSERT_NE(session, 0u);
+  const uint16_t port = cluster_->cast_ports()[0];
+  ASSERT_NE(port, 0);
+  CastSenderOptions co;
+  co.address = "127.0.0.1";
+  co.port = port;
+  auto tx = CastSender::Open(co);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  const std::vector<uint8_t> staged = StageIb(DUCK_IB_STAGED);
+  SendStaged(r, session, 40, 3000, nullptr, staged, 1);
+  std::string m = r.ExpectError(DUCKD_ERR_STAGE_MISSED);
+  EXPECT_NE(m.find("stage batch 40: not all of its 3 datagrams came within"),
+            std::string::npos) << m;
+  for (uint32_t flags : {uint32_t(DUCK_IB_STAGE), 0u}) {
+    const std::vector<uint8_t> stage = StageIb(flags);
+    const uint64_t id = flags ? 41 : 42;
+    ASSERT_TRUE((*tx)->Send(id, stage, DUCKD_CAST_STAGE_MAGIC).ok());
+    uint8_t digest[DUCKD_CAST_DIGEST_BYTES];
+    CastDigest(stage, false, digest);
+    usleep(100000); // the duck takes the batch while it waits
+    SendStaged(r, session, id, stage.size(), digest, staged, 2);
+    m = r.ExpectError(DUCKD_ERR_STAGE_MISSED);
+    EXPECT_NE(m.find(absl::StrCat("stage batch ", id, ": ")),
+              std::string::npos) << m;
+    EXPECT_NE(m.find(flags ? "ELF status" : "not a stage"), std::string::npos)
+        << m;
+  }
+  r.HelloOk();
+  const std::string log = Log();
+  EXPECT_NE(log.find("cast stage 41 not run"), std::string::npos) << log;
+}
+
 
 TEST_F(DuckdBadClient, GarbageBytes) {
   Raw r(ep_);

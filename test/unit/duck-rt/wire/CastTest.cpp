@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <chrono>
 #include <cstring>
@@ -285,6 +286,95 @@ TEST(CastTest, MalformedDatagramsAreDroppedAndCounted) {
   EXPECT_EQ(r.stats().datagrams, sent->datagrams);
   EXPECT_EQ(r.stats().stale, 0u);
   EXPECT_EQ(r.stats().missed, 0u);
+}
+
+/// Intake until it finds a whole stage (datagrams on loopback are there
+/// at once; a few tries for a busy box). Whether it did.
+bool IntakeStage(CastReceiver &r) {
+  for (int i = 0; i < 200; ++i) {
+    if (r.Intake())
+      return true;
+    usleep(1000);
+  }
+  return false;
+}
+
+// A cast stage's batch taken while no frame asks for it (Intake): whole,
+// its shape read off its datagrams, byte for byte; a cast step's batch
+// kept for the Take that asks for it.
+TEST(CastTest, IntakeKeepsABatchUntilItIsAskedFor) {
+  auto opened = OpenCastSocket("127.0.0.1", 0, "");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Socket rx{*opened};
+  auto tx = Sender("127.0.0.1", rx.s.port);
+  ASSERT_TRUE(tx);
+  CastReceiver r(rx.s.fd, 1 << 20);
+  const std::vector<uint8_t> stage = RandomIb(20011, 21);
+  ASSERT_TRUE(tx->Send(21, stage, DUCKD_CAST_STAGE_MAGIC).ok());
+  ASSERT_TRUE(IntakeStage(r));
+  std::vector<uint8_t> got(1 << 16, 0);
+  uint64_t id = 0, bytes = 0;
+  ASSERT_TRUE(r.TakeHeldStage(got.data(), got.size(), &id, &bytes));
+  EXPECT_EQ(id, 21u);
+  ASSERT_EQ(bytes, stage.size());
+  EXPECT_TRUE(std::equal(stage.begin(), stage.end(), got.begin()));
+  EXPECT_FALSE(r.TakeHeldStage(got.data(), got.size(), &id, &bytes)); // once
+  // A step's batch is no stage: kept for its Take, whose wait it skips.
+  const std::vector<uint8_t> ib = RandomIb(9000, 22);
+  auto sent = tx->Send(22, ib);
+  ASSERT_TRUE(sent.ok());
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_FALSE(r.Intake());
+    usleep(200);
+  }
+  std::vector<uint8_t> step(ib.size(), 0);
+  ASSERT_TRUE(r.Take(22, *sent, ib.size(), step.data(), /*wait_ns=*/0, 0));
+  EXPECT_EQ(step, ib);
+  EXPECT_EQ(r.stats().datagrams, 15u + sent->datagrams);
+  EXPECT_EQ(r.stats().missed, 0u);
+  // A stage's batch asked for by a Take of a step's magic is not taken.
+  ASSERT_TRUE(tx->Send(23, ib, DUCKD_CAST_STAGE_MAGIC).ok());
+  ASSERT_TRUE(IntakeStage(r));
+  EXPECT_FALSE(r.Take(23, *sent, ib.size(), step.data(), 1'000'000, 0));
+  EXPECT_EQ(r.stats().malformed, sent->datagrams);
+}
+
+// A stage's batch with a datagram missing is never whole; a later batch
+// takes its place (the earlier one's datagrams counted stale), and a
+// batch larger than what the receiver keeps is not kept.
+TEST(CastTest, IntakeDropsWhatCannotBeWhole) {
+  auto opened = OpenCastSocket("127.0.0.1", 0, "");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Socket rx{*opened};
+  CastReceiver r(rx.s.fd, 64 << 10);
+  auto lossy = Sender("127.0.0.1", rx.s.port, /*drop_every=*/4);
+  ASSERT_TRUE(lossy);
+  ASSERT_TRUE(lossy->Send(1, RandomIb(20011, 1), DUCKD_CAST_STAGE_MAGIC).ok());
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_FALSE(r.Intake());
+    usleep(500);
+  }
+  auto tx = Sender("127.0.0.1", rx.s.port);
+  ASSERT_TRUE(tx);
+  const std::vector<uint8_t> stage = RandomIb(3000, 2);
+  ASSERT_TRUE(tx->Send(2, stage, DUCKD_CAST_STAGE_MAGIC).ok());
+  ASSERT_TRUE(IntakeStage(r));
+  EXPECT_EQ(r.stats().stale, 15u - 3u); // batch 1's that came
+  std::vector<uint8_t> got(stage.size(), 0);
+  uint64_t id = 0, bytes = 0;
+  EXPECT_FALSE(r.TakeHeldStage(got.data(), 2999, &id, &bytes)); // too big
+  ASSERT_TRUE(tx->Send(3, stage, DUCKD_CAST_STAGE_MAGIC).ok());
+  ASSERT_TRUE(IntakeStage(r));
+  ASSERT_TRUE(r.TakeHeldStage(got.data(), got.size(), &id, &bytes));
+  EXPECT_EQ(got, stage);
+  EXPECT_EQ(id, 3u);
+  // 100 KB: more than the 64 KiB this receiver keeps.
+  ASSERT_TRUE(tx->Send(4, RandomIb(100000, 4), DUCKD_CAST_STAGE_MAGIC).ok());
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_FALSE(r.Intake());
+    usleep(500);
+  }
+  EXPECT_GT(r.stats().malformed, 0u);
 }
 
 TEST(CastTest, MulticastGroupOnLoopbackReachesEveryDuck) {

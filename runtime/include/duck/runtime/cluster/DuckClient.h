@@ -74,6 +74,13 @@ struct DuckClientOptions {
   uint64_t cast_max_ib_bytes = 64 << 10;
   uint32_t cast_give_up = 8;
   uint32_t cast_drop_every = 0; // for the loss tests: datagrams not sent
+  /// Stages as one cast batch and no frame where they can go so (Stage);
+  /// false: a quiet frame a duck, as without a cast address (for A/B
+  /// runs: duckrun's DUCK_CAST_STAGES=0).
+  bool cast_stages = true;
+  /// For the tests: every this many cast stages, the staged steps name a
+  /// digest the batch does not have (0: never).
+  uint32_t stage_digest_flip_every = 0;
 };
 
 /// What the cast path did over a client's life.
@@ -238,6 +245,9 @@ public:
     /// step's frame came (duck_ob_header.stage_ahead_ns), and by how much.
     uint64_t ahead = 0;
     double ahead_us = 0;
+    /// The host's CPU in Stage (this thread's): the stages' frames or
+    /// batches, all of them.
+    double host_cpu_us = 0;
     double kernel_us = 0;
   };
   StageStats stage_stats() const;
