@@ -2,6 +2,10 @@
 """Cast steps to ducks started here with a token (cast-keyed.test).
 
   cast-keyed.test.py --duckd D --duckrun R --uni PLAN --cast PLAN --work DIR
+      [--staged-uni PLAN --staged-cast PLAN]
+
+The staged plans (--stage-shared on, unicast and multicast): a cast
+stage's batch checked against the SHA-256 its sealed step_staged carries.
 """
 import argparse
 import filecmp
@@ -38,10 +42,27 @@ def cluster_file(args, name, eps, cast_port):
     return f
 
 
+def staged(args, both, mixed):  # cluster files (a summary takes NAME.json)
+    """Cast stages to keyed ducks, and to a pair where one has no --cast."""
+    uni, _, _ = decode(args, args.staged_uni, both, "staged-uni")
+    cast, s, _ = decode(args, args.staged_cast, both, "staged-cast")
+    print("keyed cast stages: logits", "identical" if filecmp.cmp(
+        uni, cast, shallow=False) else "DIFFER", "every stage cast",
+        s["stages"] > 0 and s["stages_cast"] == s["stages"], "ahead",
+        s["stage_ducks_ahead"] > 0, "resent", s["stage_resent"])
+    half, s, _ = decode(args, args.staged_cast, mixed, "staged-mixed")
+    print("duck without --cast, staged: logits", "identical" if
+          filecmp.cmp(uni, half, shallow=False) else "DIFFER",
+          "ducks given up on", s["cast_ducks_off"], "stages resent",
+          0 < s["stage_resent"] <= 8)
+
+
 def main():
     a = argparse.ArgumentParser()
     for f in ("duckd", "duckrun", "uni", "cast", "work"):
         a.add_argument("--" + f, required=True)
+    a.add_argument("--staged-uni")
+    a.add_argument("--staged-cast")
     args = a.parse_args()
     os.makedirs(args.work, exist_ok=True)
     port = free_udp_port()
@@ -72,6 +93,9 @@ def main():
         for line in err.splitlines():
             if "cast steps in a row" in line:
                 print(line)
+        if args.staged_cast:
+            staged(args, cluster_file(args, "both-staged", eps[:2], port),
+                   cluster_file(args, "mixed-staged", [eps[0], eps[2]], port))
     finally:
         stop_all(procs)
 

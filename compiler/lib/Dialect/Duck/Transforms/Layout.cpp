@@ -695,7 +695,10 @@ void printStagedShared(const ModuleStats &s, const ClusterModel &c,
                      "sent with x before the host routes, the routed slots "
                      "after: %.3f ms a token of the routers' time hidden",
                      s.stagedShared ? "on" : "off", s.stagedSharedMsPerToken);
-  if (c.hostFrameUs > 0)
+  if (c.fanout == ClusterModel::Fanout::multicast)
+    os << "; the stage goes as one cast batch and no frame (the ducks run "
+          "it as it comes; the routed slots' frame names it)";
+  else if (c.hostFrameUs > 0)
     os << llvm::format(", net of one more frame a duck at %.2f us",
                        c.hostFrameUs);
   if (s.stagedFramesPerToken > 0) // the saving falls linearly with it
