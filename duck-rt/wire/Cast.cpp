@@ -293,7 +293,7 @@ CastReceiver::CastReceiver(int fd, uint64_t held_bytes)
     : fd_(fd), held_limit_(held_bytes) {
   if (!held_bytes)
     return;
-  buf_.reserve(kIntakeBurst * kIntakeSlot);
+  intake_buf_.resize(kIntakeBurst * kIntakeSlot);
   held_.reserve(held_bytes);
   held_at_.reserve(held_bytes / (kHeader + 1));
 }
@@ -343,12 +343,11 @@ bool CastReceiver::Hold(absl::Span<const uint8_t> d, bool truncated) {
 bool CastReceiver::Intake() {
   if (!held_limit_)
     return false;
-  buf_.resize(kIntakeBurst * kIntakeSlot);
   iovec iov[kIntakeBurst];
   mmsghdr msgs[kIntakeBurst];
   for (;;) {
     for (uint32_t k = 0; k < kIntakeBurst; ++k) {
-      iov[k] = {buf_.data() + k * kIntakeSlot, kIntakeSlot};
+      iov[k] = {intake_buf_.data() + k * kIntakeSlot, kIntakeSlot};
       msgs[k] = mmsghdr{};
       msgs[k].msg_hdr.msg_iov = &iov[k];
       msgs[k].msg_hdr.msg_iovlen = 1;
@@ -357,7 +356,7 @@ bool CastReceiver::Intake() {
     if (got <= 0)
       break;
     for (int k = 0; k < got; ++k)
-      if (!Hold(absl::MakeConstSpan(buf_.data() + size_t(k) * kIntakeSlot,
+      if (!Hold(absl::MakeConstSpan(intake_buf_.data() + size_t(k) * kIntakeSlot,
                                     std::min<size_t>(msgs[k].msg_len,
                                                      kIntakeSlot)),
                 msgs[k].msg_hdr.msg_flags & MSG_TRUNC))

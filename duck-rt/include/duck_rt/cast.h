@@ -177,6 +177,11 @@ public:
   /// its datagrams do not make one IB. Either way it is no longer kept.
   bool TakeHeldStage(uint8_t *ib, uint64_t ib_limit, uint64_t *cast_id,
                      uint64_t *ib_bytes);
+  /// Intake holds datagrams of a cast step's batch (not a stage's): its
+  /// frame follows, and Take reads the rest.
+  bool HoldsStepBatch() const {
+    return held_count_ && held_magic_ == DUCKD_CAST_MAGIC;
+  }
   const CastReceiverStats &stats() const { return stats_; }
 
 private:
@@ -188,7 +193,9 @@ private:
   void Forget();
 
   int fd_;
-  std::vector<uint8_t> buf_;
+  // Take's and Intake's reads: apart, so that neither resizes (and
+  // zero-fills) the other's every call.
+  std::vector<uint8_t> buf_, intake_buf_;
   CastBatch batch_;
   CastReceiverStats stats_;
   // Intake's batch: its datagrams end to end as received, where each
