@@ -1011,9 +1011,10 @@ void Server::OnStepCast(const duckd_frame_header &h) {
   const char *name = MessageTypeName(h.type);
   ReplyError(h.type, h.request_id,
              short_ ? DUCKD_ERR_BAD_REQUEST : DUCKD_ERR_NO_SESSION,
-             short_ ? absl::StrCat(name, ": the payload is not ",
-                                   cast ? "one request" : "a request and an IB")
-                    : absl::StrCat(name, " without an open session (open first)"));
+             short_
+                 ? absl::StrCat(name, ": the payload is not ",
+                                cast ? "one request" : "a request and an IB")
+                 : absl::StrCat(name, " without an open session (open first)"));
 }
 
 void Server::OnRun(const duckd_frame_header &h) {

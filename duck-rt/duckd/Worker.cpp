@@ -178,7 +178,7 @@ struct WorkerSide {
     bool cast = false;
     uint64_t cast_id = 0;
     uint8_t digest[DUCKD_CAST_DIGEST_BYTES] = {};
-    uint64_t done_ns = 0;  // when a cast stage finished
+    uint64_t done_ns = 0; // when a cast stage finished
     // This session's host sends cast stages (one came): a worker asleep
     // waiting for a frame wakes for datagrams too. Until then it wakes
     // for its connection alone, as without cast stages: waking for every
@@ -190,7 +190,7 @@ struct WorkerSide {
     // step_staged is answered so at once).
     uint64_t failed_id = 0;
     std::string failed_why;
-    uint64_t ahead_ns = 0; // for the staged step's OB (stage_ahead_ns)
+    uint64_t ahead_ns = 0;       // for the staged step's OB (stage_ahead_ns)
     std::vector<uint8_t> routed; // a step_staged's own IB, as read
     duck_ib_header ih{};
     std::vector<duck_expert_slot> slots;  // each token's, by expert id
@@ -697,7 +697,7 @@ int32_t RunStage(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   }
   if (status == DUCK_STATUS_OK) {
     s.valid = true;
-    s.cast = false; // RunCastStage says otherwise
+    s.cast = false;                        // RunCastStage says otherwise
     info.ob_size = sizeof(duck_ob_header); // the header alone
     uint64_t most = 0;
     for (uint32_t c = 0; c < cores; ++c) {
@@ -947,8 +947,8 @@ bool WaitFrame(WorkerSide *w, duck_info &info, duckd_frame_header *h) {
       ssize_t n = ::recv(cfg.conn_fd, h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
       if (n == ssize_t(sizeof *h))
         return true;
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                     errno != EINTR))
+      if (n == 0 ||
+          (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
         return false;
       if (NowNs() - start >= cfg.spin_ns)
         break;
@@ -992,13 +992,14 @@ std::string StagedRequestProblem(const WorkerSide &w,
     return absl::StrCat("step_staged: a stage of ", r.stage_ib_bytes,
                         " bytes exceeds the session's IB of ", cfg.ib_limit);
   }
-  auto s = CastShapeFor(r.stage_ib_bytes,
-                        r.datagram_bytes + uint32_t(sizeof(duckd_cast_datagram)));
+  auto s =
+      CastShapeFor(r.stage_ib_bytes,
+                   r.datagram_bytes + uint32_t(sizeof(duckd_cast_datagram)));
   if (!s.ok() || r.datagram_bytes > DUCKD_CAST_MAX_DATAGRAM ||
       s->datagrams != r.datagrams)
     return absl::StrCat("step_staged: its stage's batch of ", r.datagrams,
-                        " datagrams of ", r.datagram_bytes, " bytes cannot carry ",
-                        r.stage_ib_bytes, " bytes");
+                        " datagrams of ", r.datagram_bytes,
+                        " bytes cannot carry ", r.stage_ib_bytes, " bytes");
   *shape = *s;
   return std::string();
 }
@@ -1083,16 +1084,79 @@ bool ServeStagedStep(WorkerSide *w, const duckd_frame_header &h,
   return RunAndReply(w, h, info, true, routed.size(), deadline);
 }
 
-/// Session worker, core 0: serves STEP and STEP_CAST frames while it holds
-/// the connection; hands every other frame back to duckd.
+/// Reads a frame's parts in one go; false (the connection handed back,
+/// "truncated WHAT") when they did not all come.
+bool ReadParts(WorkerSide *w, absl::Span<const MutablePart> parts,
+               absl::Time deadline, const char *what) {
+  absl::Status s = ReadFullV(w->cfg->conn_fd, parts, deadline);
+  if (!s.ok())
+    HandBack(w, Handback::kDrop, nullptr,
+             absl::StrCat("truncated ", what, ": ", s.message()));
+  return s.ok();
+}
+
+/// Session worker, core 0: serves the frame whose header `h` it peeked:
+/// a step, cast step or staged step; hands any other back to duckd.
+/// Whether it still holds the connection.
+bool ServeFrame(WorkerSide *w, duckd_frame_header h, duck_info &info,
+                FrameCheck &check) {
+  const WorkerConfig &cfg = *w->cfg;
+  const absl::Time deadline = absl::Now() + cfg.io_timeout;
+  constexpr uint32_t kQuiet = DUCKD_FLAG_QUIET; // a step's only flag
+  const bool valid = ValidateHeader(h, cfg.max_payload).ok();
+  const bool step = valid && h.type == DUCKD_MSG_STEP && !(h.flags & ~kQuiet);
+  const bool cast =
+      valid && h.type == DUCKD_MSG_STEP_CAST && !(h.flags & ~kQuiet);
+  const bool staged = valid && h.type == DUCKD_MSG_STEP_STAGED && !h.flags;
+  // Fast paths: a whole well-formed step is read with one recvmsg (header,
+  // request, IB into the ELF's input buffer); a cast step's header and
+  // request; a staged step's and its IB (the routed slots).
+  if (step && h.payload_bytes >= sizeof(duckd_step_request) &&
+      h.payload_bytes - sizeof(duckd_step_request) <= cfg.ib_limit) {
+    duckd_step_request r;
+    const MutablePart parts[] = {
+        {&h, sizeof h}, {&r, sizeof r}, {w->ib, h.payload_bytes - sizeof r}};
+    return ReadParts(w, parts, deadline, "step") &&
+           ServeStep(w, h, info, check, &r);
+  }
+  if (cast && h.payload_bytes == sizeof(duckd_step_cast_request)) {
+    duckd_step_cast_request r;
+    const MutablePart parts[] = {{&h, sizeof h}, {&r, sizeof r}};
+    return ReadParts(w, parts, deadline, "step_cast") &&
+           ServeCastStep(w, h, info, check, &r);
+  }
+  if (staged && h.payload_bytes >= sizeof(duckd_step_staged_request) &&
+      h.payload_bytes - sizeof(duckd_step_staged_request) <= cfg.ib_limit) {
+    duckd_step_staged_request r;
+    std::vector<uint8_t> &routed = w->stage.routed; // within its reserve
+    routed.resize(h.payload_bytes - sizeof r);
+    const MutablePart parts[] = {
+        {&h, sizeof h}, {&r, sizeof r}, {routed.data(), routed.size()}};
+    return ReadParts(w, parts, deadline, "step_staged") &&
+           ServeStagedStep(w, h, info, check, &r);
+  }
+  const MutablePart header[] = {{&h, sizeof h}};
+  if (!ReadParts(w, header, deadline, "frame header"))
+    return false;
+  if (staged)
+    return ServeStagedStep(w, h, info, check, nullptr);
+  if (cast)
+    return ServeCastStep(w, h, info, check, nullptr);
+  if (!step) {
+    HandBack(w, Handback::kFrame, &h, "");
+    return false;
+  }
+  return ServeStep(w, h, info, check, nullptr);
+}
+
+/// Session worker, core 0: serves STEP, STEP_CAST and STEP_STAGED frames
+/// while it holds the connection; hands every other frame back to duckd.
 void ServeConnection(WorkerSide *w) {
   const WorkerConfig &cfg = *w->cfg;
   Control *ctl = w->ctl;
   Pin(cfg.cpus.empty() ? -1 : cfg.cpus[0]);
   duck_info info = w->InfoFor(0);
   FrameCheck &check = *w->check; // made before the sandbox
-  const int fd = cfg.conn_fd;
-  constexpr uint32_t kQuiet = DUCKD_FLAG_QUIET; // a step's only flag
   for (;;) {
     // Wait until duckd lends the connection.
     WaitChange(&ctl->owner, nullptr, kOwnerDaemon, cfg.spin_ns);
@@ -1104,88 +1168,18 @@ void ServeConnection(WorkerSide *w) {
         HandBack(w, Handback::kDrop, nullptr, "disconnected");
         break;
       }
-      const absl::Time deadline = absl::Now() + cfg.io_timeout;
-      auto plainStep = [&](const duckd_frame_header &x) {
-        return x.type == DUCKD_MSG_STEP && (x.flags & ~kQuiet) == 0 &&
-               ValidateHeader(x, cfg.max_payload).ok();
-      };
-      // Fast path: a whole well-formed step is read with one recvmsg
-      // (header, request, IB into the ELF's input buffer).
-      if (plainStep(h) && h.payload_bytes >= sizeof(duckd_step_request) &&
-          h.payload_bytes - sizeof(duckd_step_request) <= cfg.ib_limit) {
-        duckd_step_request r;
-        const MutablePart parts[] = {
-            {&h, sizeof h},
-            {&r, sizeof r},
-            {w->ib, h.payload_bytes - sizeof r}};
-        absl::Status s = ReadFullV(fd, parts, deadline);
-        if (!s.ok()) {
-          HandBack(w, Handback::kDrop, nullptr,
-                   absl::StrCat("truncated step: ", s.message()));
-          break;
-        }
-        holding = ServeStep(w, h, info, check, &r);
-        continue;
-      }
-      // The same for a cast step: header and request in one read.
-      if (h.type == DUCKD_MSG_STEP_CAST && (h.flags & ~kQuiet) == 0 &&
-          h.payload_bytes == sizeof(duckd_step_cast_request) &&
-          ValidateHeader(h, cfg.max_payload).ok()) {
-        duckd_step_cast_request r;
-        const MutablePart parts[] = {{&h, sizeof h}, {&r, sizeof r}};
-        absl::Status s = ReadFullV(fd, parts, deadline);
-        if (!s.ok()) {
-          HandBack(w, Handback::kDrop, nullptr,
-                   absl::StrCat("truncated step_cast: ", s.message()));
-          break;
-        }
-        holding = ServeCastStep(w, h, info, check, &r);
-        continue;
-      }
-      // A staged step: header, request and its IB (the routed slots) in
-      // one read.
-      if (h.type == DUCKD_MSG_STEP_STAGED && h.flags == 0 &&
-          h.payload_bytes >= sizeof(duckd_step_staged_request) &&
-          h.payload_bytes - sizeof(duckd_step_staged_request) <=
-              cfg.ib_limit &&
-          ValidateHeader(h, cfg.max_payload).ok()) {
-        duckd_step_staged_request r;
-        std::vector<uint8_t> &routed = w->stage.routed; // within its reserve
-        routed.resize(h.payload_bytes - sizeof r);
-        const MutablePart parts[] = {
-            {&h, sizeof h}, {&r, sizeof r}, {routed.data(), routed.size()}};
-        absl::Status s = ReadFullV(fd, parts, deadline);
-        if (!s.ok()) {
-          HandBack(w, Handback::kDrop, nullptr,
-                   absl::StrCat("truncated step_staged: ", s.message()));
-          break;
-        }
-        holding = ServeStagedStep(w, h, info, check, &r);
-        continue;
-      }
-      absl::Status s = ReadFull(fd, &h, sizeof h, deadline);
-      if (!s.ok()) {
-        HandBack(w, Handback::kDrop, nullptr,
-                 absl::StrCat("truncated frame header: ", s.message()));
-        break;
-      }
-      if (h.type == DUCKD_MSG_STEP_STAGED && h.flags == 0 &&
-          ValidateHeader(h, cfg.max_payload).ok()) {
-        holding = ServeStagedStep(w, h, info, check, nullptr);
-        continue;
-      }
-      if (h.type == DUCKD_MSG_STEP_CAST && (h.flags & ~kQuiet) == 0 &&
-          ValidateHeader(h, cfg.max_payload).ok()) {
-        holding = ServeCastStep(w, h, info, check, nullptr);
-        continue;
-      }
-      if (!plainStep(h)) {
-        HandBack(w, Handback::kFrame, &h, "");
-        break;
-      }
-      holding = ServeStep(w, h, info, check, nullptr);
+      holding = ServeFrame(w, h, info, check);
     }
   }
+}
+
+/// A session worker's cast receiver, made (and its digest readied) before
+/// the sandbox. Intake keeps a batch while no frame asks for it: a cast
+/// stage's (run at once), or a cast step's that came before its frame.
+std::unique_ptr<CastReceiver> MakeCastReceiver(const WorkerConfig &cfg) {
+  WarmUpCastDigest();
+  return std::make_unique<CastReceiver>(
+      cfg.cast_fd, cfg.ib_limit + cfg.ib_limit / 8 + (64 << 10));
 }
 
 /// The ELF may read the weight buffer, never write it; a finished image is
@@ -1266,13 +1260,8 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
     w.stage.Reserve(cfg);
     w.check = std::make_unique<FrameCheck>();
     WarmUpFrameAuth(w.check.get());
-    if (cfg.cast_fd >= 0) {
-      // Intake keeps a batch while no frame asks for it: a cast stage's
-      // (run at once), or a cast step's that came before its frame.
-      w.cast = std::make_unique<CastReceiver>(
-          cfg.cast_fd, cfg.ib_limit + cfg.ib_limit / 8 + (64 << 10));
-      WarmUpCastDigest();
-    }
+    if (cfg.cast_fd >= 0)
+      w.cast = MakeCastReceiver(cfg);
   }
   std::vector<std::thread> threads;
   for (uint32_t c = 1; c < cfg.cores; ++c)

@@ -300,10 +300,17 @@ CastReceiver::CastReceiver(int fd, uint64_t held_bytes)
 
 void CastReceiver::Count(CastBatch::Took took) {
   switch (took) {
-  case CastBatch::Took::placed: ++stats_.datagrams; break;
-  case CastBatch::Took::stale: ++stats_.stale; break;
-  case CastBatch::Took::malformed: ++stats_.malformed; break;
-  case CastBatch::Took::duplicate: break;
+  case CastBatch::Took::placed:
+    ++stats_.datagrams;
+    break;
+  case CastBatch::Took::stale:
+    ++stats_.stale;
+    break;
+  case CastBatch::Took::malformed:
+    ++stats_.malformed;
+    break;
+  case CastBatch::Took::duplicate:
+    break;
   }
 }
 
@@ -356,9 +363,9 @@ bool CastReceiver::Intake() {
     if (got <= 0)
       break;
     for (int k = 0; k < got; ++k)
-      if (!Hold(absl::MakeConstSpan(intake_buf_.data() + size_t(k) * kIntakeSlot,
-                                    std::min<size_t>(msgs[k].msg_len,
-                                                     kIntakeSlot)),
+      if (!Hold(absl::MakeConstSpan(
+                    intake_buf_.data() + size_t(k) * kIntakeSlot,
+                    std::min<size_t>(msgs[k].msg_len, kIntakeSlot)),
                 msgs[k].msg_hdr.msg_flags & MSG_TRUNC))
         ++stats_.malformed;
     if (got < int(kIntakeBurst))

@@ -456,7 +456,8 @@ const char *MessageTypeName(uint16_t type) {
     return "mesh";
   case DUCKD_MSG_MESH_PROBE: return "mesh_probe";
   case DUCKD_MSG_STEP_CAST: return "step_cast";
-  case DUCKD_MSG_STEP_STAGED: return "step_staged";
+  case DUCKD_MSG_STEP_STAGED:
+    return "step_staged";
   default: return "unknown";
   }
 }

@@ -93,8 +93,7 @@ public:
   /// Sends `ib` as batch `cast_id` (one sendmmsg, retried while the socket
   /// buffer is full); returns its shape. `magic`: DUCKD_CAST_MAGIC, or
   /// DUCKD_CAST_STAGE_MAGIC for a cast stage's batch (step_staged).
-  absl::StatusOr<CastShape> Send(uint64_t cast_id,
-                                 absl::Span<const uint8_t> ib,
+  absl::StatusOr<CastShape> Send(uint64_t cast_id, absl::Span<const uint8_t> ib,
                                  uint32_t magic = DUCKD_CAST_MAGIC);
   /// UDP payload bytes sent, headers included; datagrams dropped on
   /// purpose (drop_every).

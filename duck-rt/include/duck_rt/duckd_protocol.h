@@ -51,8 +51,8 @@ typedef enum duckd_msg_type {
   DUCKD_MSG_MEASURE = 10, // the duck's own rates, for the cost model
   DUCKD_MSG_STATS = 11,   // the duck's counters (the weight scrub's)
   DUCKD_MSG_MESH = 12,    // join the ducks' mesh (duck_rt/peer_mesh.h)
-  DUCKD_MSG_MESH_PROBE = 13, // time collectives over the joined mesh
-  DUCKD_MSG_STEP_CAST = 14,  // a step whose IB came as cast datagrams
+  DUCKD_MSG_MESH_PROBE = 13,  // time collectives over the joined mesh
+  DUCKD_MSG_STEP_CAST = 14,   // a step whose IB came as cast datagrams
   DUCKD_MSG_STEP_STAGED = 15, // a staged step whose stage came as a cast
   DUCKD_MSG_COUNT = 16,
 } duckd_msg_type;

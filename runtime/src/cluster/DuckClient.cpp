@@ -754,8 +754,7 @@ bool DuckClient::Impl::CastStage(
   return true;
 }
 
-void DuckClient::Impl::QueueStepStaged(size_t d,
-                                       absl::Span<const uint8_t> ib) {
+void DuckClient::Impl::QueueStepStaged(size_t d, absl::Span<const uint8_t> ib) {
   duckd_step_staged_request r{};
   r.session_id = conns[d].session_id;
   r.ib_bytes = ib.size();

@@ -562,6 +562,19 @@ RecoverWith(std::unique_ptr<DuckClient> &client, DuckClientOptions &co,
     return client.get();
   };
 }
+/// The cast path's switches from the environment: the loss tests' cast
+/// datagrams left unsent (the ducks miss batches and are sent those steps
+/// plainly) and cast stages whose staged steps name another digest; A/B
+/// runs' stages in frames where a cast could carry them.
+void ReadCastEnv(DuckClientOptions *co) {
+  if (const char *d = std::getenv("DUCK_TEST_CAST_DROP_EVERY"))
+    co->cast_drop_every = uint32_t(std::max(0, std::atoi(d)));
+  if (const char *d = std::getenv("DUCK_TEST_STAGE_DIGEST_FLIP_EVERY"))
+    co->stage_digest_flip_every = uint32_t(std::max(0, std::atoi(d)));
+  if (const char *d = std::getenv("DUCK_CAST_STAGES"))
+    co->cast_stages = std::atoi(d) != 0;
+}
+
 } // namespace
 
 absl::Status Session::Start(std::ostream &log) {
@@ -600,16 +613,7 @@ absl::Status Session::Start(std::ostream &log) {
   // one box it gained nothing end to end (docs/perf.md), so it is opt-in.
   co_.reply_spin = absl::Microseconds(std::max(0, o.reply_spin_us));
   co_.step_timeout = absl::Milliseconds(std::max(1u, o.step_timeout_ms));
-  // The loss tests: cast datagrams left unsent, so that the ducks miss
-  // batches and are sent those steps plainly.
-  if (const char *d = std::getenv("DUCK_TEST_CAST_DROP_EVERY"))
-    co_.cast_drop_every = uint32_t(std::max(0, std::atoi(d)));
-  // A/B runs: stages in frames even where a cast could carry them.
-  if (const char *d = std::getenv("DUCK_CAST_STAGES"))
-    co_.cast_stages = std::atoi(d) != 0;
-  // ... and cast stages whose staged steps name another digest.
-  if (const char *d = std::getenv("DUCK_TEST_STAGE_DIGEST_FLIP_EVERY"))
-    co_.stage_digest_flip_every = uint32_t(std::max(0, std::atoi(d)));
+  ReadCastEnv(&co_);
   DUCK_ASSIGN_OR_RETURN(client_, DuckClient::Create(co_));
 
   for (uint32_t r = 0; r < tp; ++r)

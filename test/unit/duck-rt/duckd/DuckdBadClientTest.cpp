@@ -29,10 +29,10 @@ using duck::duckd::CastDigest;
 using duck::duckd::CastSender;
 using duck::duckd::CastSenderOptions;
 using duck::duckd::Part;
-using duck::test::ReadFile;
 using duck::runtime::DuckEndpoint;
 using duck::runtime::LocalCluster;
 using duck::runtime::LocalClusterOptions;
+using duck::test::ReadFile;
 
 /// A raw protocol connection.
 struct Raw {
@@ -225,9 +225,11 @@ TEST_F(DuckdBadClient, StepStagedRefusals) {
             std::string::npos);
   const uint8_t junk[10] = {};
   r.SendFrame(DUCKD_MSG_STEP_STAGED, {{junk, sizeof junk}}, 0, 4);
-  EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("shorter than its request"),
-            std::string::npos);
-  r.SendFrame(DUCKD_MSG_STEP_STAGED, {{junk, sizeof junk}}, DUCKD_FLAG_QUIET, 5);
+  EXPECT_NE(
+      r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("shorter than its request"),
+      std::string::npos);
+  r.SendFrame(DUCKD_MSG_STEP_STAGED, {{junk, sizeof junk}}, DUCKD_FLAG_QUIET,
+              5);
   EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("quiet on a step"),
             std::string::npos);
   SendStaged(r, session, 5, 3000, nullptr, ib, 6);
@@ -257,7 +259,8 @@ TEST_F(DuckdCastBadClient, StepStagedWithoutItsStage) {
   SendStaged(r, session, 40, 3000, nullptr, staged, 1);
   std::string m = r.ExpectError(DUCKD_ERR_STAGE_MISSED);
   EXPECT_NE(m.find("stage batch 40: not all of its 3 datagrams came within"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   for (uint32_t flags : {uint32_t(DUCK_IB_STAGE), 0u}) {
     const std::vector<uint8_t> stage = StageIb(flags);
     const uint64_t id = flags ? 41 : 42;
@@ -267,8 +270,8 @@ TEST_F(DuckdCastBadClient, StepStagedWithoutItsStage) {
     usleep(100000); // the duck takes the batch while it waits
     SendStaged(r, session, id, stage.size(), digest, staged, 2);
     m = r.ExpectError(DUCKD_ERR_STAGE_MISSED);
-    EXPECT_NE(m.find(absl::StrCat("stage batch ", id, ": ")),
-              std::string::npos) << m;
+    EXPECT_NE(m.find(absl::StrCat("stage batch ", id, ": ")), std::string::npos)
+        << m;
     EXPECT_NE(m.find(flags ? "ELF status" : "not a stage"), std::string::npos)
         << m;
   }
@@ -276,7 +279,6 @@ TEST_F(DuckdCastBadClient, StepStagedWithoutItsStage) {
   const std::string log = Log();
   EXPECT_NE(log.find("cast stage 41 not run"), std::string::npos) << log;
 }
-
 
 TEST_F(DuckdBadClient, GarbageBytes) {
   Raw r(ep_);
