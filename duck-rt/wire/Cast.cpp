@@ -284,6 +284,19 @@ CastBatch::Took CastBatch::Offer(absl::Span<const uint8_t> d, bool truncated) {
 }
 
 namespace {
+/// Reads up to `n` datagrams (never waiting), each into its `slot` bytes
+/// of `buf`: recvmmsg's count (msgs[k].msg_len each one's length).
+int ReceiveBurst(int fd, uint8_t *buf, size_t slot, uint32_t n, iovec *iov,
+                 mmsghdr *msgs) {
+  for (uint32_t k = 0; k < n; ++k) {
+    iov[k] = {buf + k * slot, slot};
+    msgs[k] = mmsghdr{};
+    msgs[k].msg_hdr.msg_iov = &iov[k];
+    msgs[k].msg_hdr.msg_iovlen = 1;
+  }
+  return ::recvmmsg(fd, msgs, n, MSG_DONTWAIT, nullptr);
+}
+
 // Intake's reads: a burst of datagrams of any size UDP carries.
 constexpr uint32_t kIntakeBurst = 8;
 constexpr size_t kIntakeSlot = DUCKD_CAST_MAX_DATAGRAM + 1;
@@ -353,13 +366,8 @@ bool CastReceiver::Intake() {
   iovec iov[kIntakeBurst];
   mmsghdr msgs[kIntakeBurst];
   for (;;) {
-    for (uint32_t k = 0; k < kIntakeBurst; ++k) {
-      iov[k] = {intake_buf_.data() + k * kIntakeSlot, kIntakeSlot};
-      msgs[k] = mmsghdr{};
-      msgs[k].msg_hdr.msg_iov = &iov[k];
-      msgs[k].msg_hdr.msg_iovlen = 1;
-    }
-    const int got = ::recvmmsg(fd_, msgs, kIntakeBurst, MSG_DONTWAIT, nullptr);
+    const int got = ReceiveBurst(fd_, intake_buf_.data(), kIntakeSlot,
+                                 kIntakeBurst, iov, msgs);
     if (got <= 0)
       break;
     for (int k = 0; k < got; ++k)
@@ -439,14 +447,8 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
   mmsghdr msgs[kBurst];
   const uint64_t start = NowNs();
   for (uint32_t spins = 0; batch_.missing();) {
-    const uint32_t want = std::min(batch_.missing(), kBurst);
-    for (uint32_t k = 0; k < want; ++k) {
-      iov[k] = {buf_.data() + k * slot, slot};
-      msgs[k] = mmsghdr{};
-      msgs[k].msg_hdr.msg_iov = &iov[k];
-      msgs[k].msg_hdr.msg_iovlen = 1;
-    }
-    const int got = ::recvmmsg(fd_, msgs, want, MSG_DONTWAIT, nullptr);
+    const int got = ReceiveBurst(fd_, buf_.data(), slot,
+                                 std::min(batch_.missing(), kBurst), iov, msgs);
     if (got <= 0) {
       if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         break;
