@@ -302,13 +302,82 @@ constexpr uint32_t kIntakeBurst = 8;
 constexpr size_t kIntakeSlot = DUCKD_CAST_MAX_DATAGRAM + 1;
 } // namespace
 
+CastHeld::CastHeld(uint64_t limit) : limit_(limit) {
+  bytes_.reserve(limit);
+  at_.reserve(limit / (kHeader + 1));
+}
+
+void CastHeld::Forget() {
+  bytes_.clear();
+  count_ = have_ = 0;
+}
+
+bool CastHeld::Keep(absl::Span<const uint8_t> d, bool truncated,
+                    uint64_t *stale) {
+  duckd_cast_datagram h;
+  if (d.size() < kHeader || truncated)
+    return false;
+  std::memcpy(&h, d.data(), kHeader);
+  if ((h.magic != DUCKD_CAST_MAGIC && h.magic != DUCKD_CAST_STAGE_MAGIC) ||
+      uint64_t(d.size()) != kHeader + uint64_t(h.bytes) || h.count == 0 ||
+      h.index >= h.count || h.count > limit_ / (kHeader + 1))
+    return false;
+  if (!count_ || h.cast_id != id_) { // a new batch
+    *stale += have_;
+    Forget();
+    id_ = h.cast_id;
+    magic_ = h.magic;
+    count_ = h.count;
+    at_.assign(h.count, 0);
+  }
+  if (h.magic != magic_ || h.count != count_ ||
+      bytes_.size() + d.size() > limit_)
+    return false;
+  if (at_[h.index])
+    return true; // a duplicate
+  at_[h.index] = uint32_t(bytes_.size()) + 1;
+  bytes_.insert(bytes_.end(), d.begin(), d.end());
+  ++have_;
+  return true;
+}
+
+bool CastHeld::Shape(uint64_t ib_limit, CastShape *shape,
+                     uint64_t *ib_bytes) const {
+  if (!whole())
+    return false;
+  uint64_t total = 0;
+  uint32_t per = 0;
+  for (uint32_t i = 0; i < count_; ++i) {
+    duckd_cast_datagram h;
+    std::memcpy(&h, bytes_.data() + at_[i] - 1, kHeader);
+    total += h.bytes;
+    if (i == 0)
+      per = h.bytes;
+  }
+  if (total == 0 || total > ib_limit || per == 0)
+    return false;
+  *shape = CastShape{count_, per};
+  *ib_bytes = total;
+  return true;
+}
+
+void CastHeld::Replay(CastBatch &batch,
+                      absl::FunctionRef<void(CastBatch::Took)> took) {
+  for (uint32_t i = 0; i < count_; ++i) {
+    if (!at_[i])
+      continue;
+    duckd_cast_datagram h;
+    const uint8_t *d = bytes_.data() + at_[i] - 1;
+    std::memcpy(&h, d, kHeader);
+    took(batch.Offer(absl::MakeConstSpan(d, kHeader + size_t(h.bytes))));
+  }
+  Forget();
+}
+
 CastReceiver::CastReceiver(int fd, uint64_t held_bytes)
-    : fd_(fd), held_limit_(held_bytes) {
-  if (!held_bytes)
-    return;
-  intake_buf_.resize(kIntakeBurst * kIntakeSlot);
-  held_.reserve(held_bytes);
-  held_at_.reserve(held_bytes / (kHeader + 1));
+    : fd_(fd), held_(held_bytes) {
+  if (held_bytes)
+    intake_buf_.resize(kIntakeBurst * kIntakeSlot);
 }
 
 void CastReceiver::Count(CastBatch::Took took) {
@@ -327,41 +396,8 @@ void CastReceiver::Count(CastBatch::Took took) {
   }
 }
 
-void CastReceiver::Forget() {
-  held_.clear();
-  held_count_ = held_have_ = 0;
-}
-
-bool CastReceiver::Hold(absl::Span<const uint8_t> d, bool truncated) {
-  duckd_cast_datagram h;
-  if (d.size() < kHeader || truncated)
-    return false;
-  std::memcpy(&h, d.data(), kHeader);
-  if ((h.magic != DUCKD_CAST_MAGIC && h.magic != DUCKD_CAST_STAGE_MAGIC) ||
-      uint64_t(d.size()) != kHeader + uint64_t(h.bytes) || h.count == 0 ||
-      h.index >= h.count || h.count > held_limit_ / (kHeader + 1))
-    return false;
-  if (!held_count_ || h.cast_id != held_id_) { // a new batch
-    stats_.stale += held_have_;
-    Forget();
-    held_id_ = h.cast_id;
-    held_magic_ = h.magic;
-    held_count_ = h.count;
-    held_at_.assign(h.count, 0);
-  }
-  if (h.magic != held_magic_ || h.count != held_count_ ||
-      held_.size() + d.size() > held_limit_)
-    return false;
-  if (held_at_[h.index])
-    return true; // a duplicate
-  held_at_[h.index] = uint32_t(held_.size()) + 1;
-  held_.insert(held_.end(), d.begin(), d.end());
-  ++held_have_;
-  return true;
-}
-
 bool CastReceiver::Intake() {
-  if (!held_limit_)
+  if (intake_buf_.empty())
     return false;
   iovec iov[kIntakeBurst];
   mmsghdr msgs[kIntakeBurst];
@@ -371,56 +407,33 @@ bool CastReceiver::Intake() {
     if (got <= 0)
       break;
     for (int k = 0; k < got; ++k)
-      if (!Hold(absl::MakeConstSpan(
-                    intake_buf_.data() + size_t(k) * kIntakeSlot,
-                    std::min<size_t>(msgs[k].msg_len, kIntakeSlot)),
-                msgs[k].msg_hdr.msg_flags & MSG_TRUNC))
+      if (!held_.Keep(absl::MakeConstSpan(
+                          intake_buf_.data() + size_t(k) * kIntakeSlot,
+                          std::min<size_t>(msgs[k].msg_len, kIntakeSlot)),
+                      msgs[k].msg_hdr.msg_flags & MSG_TRUNC, &stats_.stale))
         ++stats_.malformed;
     if (got < int(kIntakeBurst))
       break;
   }
-  return held_count_ && held_have_ == held_count_ &&
-         held_magic_ == DUCKD_CAST_STAGE_MAGIC;
+  return held_.whole() && held_.magic() == DUCKD_CAST_STAGE_MAGIC;
 }
 
 void CastReceiver::Replay() {
-  for (uint32_t i = 0; i < held_count_; ++i) {
-    if (!held_at_[i])
-      continue;
-    duckd_cast_datagram h;
-    const uint8_t *d = held_.data() + held_at_[i] - 1;
-    std::memcpy(&h, d, kHeader);
-    Count(batch_.Offer(absl::MakeConstSpan(d, kHeader + size_t(h.bytes))));
-  }
-  Forget();
+  held_.Replay(batch_, [this](CastBatch::Took t) { Count(t); });
 }
 
 bool CastReceiver::TakeHeldStage(uint8_t *ib, uint64_t ib_limit,
                                  uint64_t *cast_id, uint64_t *ib_bytes) {
-  if (!held_count_ || held_have_ != held_count_ ||
-      held_magic_ != DUCKD_CAST_STAGE_MAGIC) {
-    Forget();
-    return false;
-  }
-  uint64_t total = 0;
-  uint32_t per = 0;
-  for (uint32_t i = 0; i < held_count_; ++i) {
-    duckd_cast_datagram h;
-    std::memcpy(&h, held_.data() + held_at_[i] - 1, kHeader);
-    total += h.bytes;
-    if (i == 0)
-      per = h.bytes;
-  }
-  if (total == 0 || total > ib_limit || per == 0) {
-    stats_.malformed += held_have_;
-    Forget();
+  CastShape shape;
+  if (held_.magic() != DUCKD_CAST_STAGE_MAGIC ||
+      !held_.Shape(ib_limit, &shape, ib_bytes)) {
+    stats_.malformed += held_.whole() ? held_.have() : 0;
+    held_.Forget();
     return false;
   }
   ++stats_.batches;
-  *cast_id = held_id_;
-  *ib_bytes = total;
-  batch_.Begin(held_id_, CastShape{held_count_, per}, total, ib,
-               DUCKD_CAST_STAGE_MAGIC);
+  *cast_id = held_.cast_id();
+  batch_.Begin(held_.cast_id(), shape, *ib_bytes, ib, DUCKD_CAST_STAGE_MAGIC);
   Replay(); // Offer checks every datagram against the shape read off them
   if (batch_.missing())
     ++stats_.missed;
@@ -432,11 +445,11 @@ bool CastReceiver::Take(uint64_t cast_id, const CastShape &shape,
                         uint64_t spin_ns, uint32_t magic) {
   ++stats_.batches;
   batch_.Begin(cast_id, shape, ib_bytes, ib, magic);
-  if (held_count_ && held_id_ == cast_id)
+  if (held_.any() && held_.cast_id() == cast_id) {
     Replay();
-  else if (held_count_) {
-    stats_.stale += held_have_;
-    Forget();
+  } else {
+    stats_.stale += held_.have();
+    held_.Forget();
   }
   // Up to kBurst datagrams a call, each into a slot one byte larger than
   // the shape's datagrams (a longer one is malformed: MSG_TRUNC).

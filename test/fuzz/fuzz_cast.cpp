@@ -4,7 +4,10 @@
 // datagram limit); the rest is cut into datagrams by 2-byte lengths. Every
 // datagram either lands exactly within the IB (ASan checks the bounds of an
 // IB allocated at its size) or is refused, and the batch counts what it
-// placed.
+// placed. The same datagrams are then kept as a duck keeps them while no
+// frame asks for their batch (CastHeld: a cast stage's, whose shape is
+// read off its datagrams); a whole batch they make is assembled into an
+// IB of exactly the size they claim, within the session's limit.
 #include "duck_rt/cast.h"
 
 #include <algorithm>
@@ -39,6 +42,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     at += len;
   }
   if (batch.missing() + placed != shape->datagrams)
+    __builtin_trap();
+
+  duck::duckd::CastHeld held(1 + (id >> 8) % (1 << 19));
+  uint64_t stale = 0;
+  for (size_t at = 16; at + 2 <= size;) {
+    uint16_t len;
+    std::memcpy(&len, data + at, 2);
+    at += 2;
+    len = uint16_t(std::min<size_t>(len, size - at));
+    held.Keep({data + at, len}, len & 1 && at & 1, &stale);
+    at += len;
+  }
+  duck::duckd::CastShape kept;
+  uint64_t keptBytes = 0;
+  if (!held.Shape(ibBytes, &kept, &keptBytes))
+    return 0;
+  if (keptBytes == 0 || keptBytes > ibBytes)
+    __builtin_trap();
+  auto staged = std::make_unique<uint8_t[]>(keptBytes);
+  duck::duckd::CastBatch whole;
+  whole.Begin(held.cast_id(), kept, keptBytes, staged.get(), held.magic());
+  uint32_t offered = 0, fitted = 0;
+  held.Replay(whole, [&](duck::duckd::CastBatch::Took t) {
+    ++offered;
+    fitted += t == duck::duckd::CastBatch::Took::placed;
+  });
+  if (offered != kept.datagrams || whole.missing() + fitted != kept.datagrams)
     __builtin_trap();
   return 0;
 }

@@ -16,6 +16,7 @@
 
 #include "duck_rt/duckd_protocol.h"
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -137,6 +138,40 @@ private:
   uint32_t missing_ = 0;
 };
 
+/// Datagrams kept while no frame asks for their batch (CastReceiver::
+/// Intake): the latest batch's, as received, apart from the socket (what
+/// fuzz-cast drives with arbitrary datagrams).
+class CastHeld {
+public:
+  /// Keeps at most `limit` bytes of datagrams, headers included (reserved
+  /// here: never allocates once made).
+  explicit CastHeld(uint64_t limit = 0);
+  /// One datagram as received (`truncated`: longer than the buffer it was
+  /// read into): false when refused (malformed, not this batch's shape,
+  /// over the limit); a duplicate is kept once. A well-formed datagram of
+  /// another batch first forgets the kept ones (*stale += how many).
+  bool Keep(absl::Span<const uint8_t> d, bool truncated, uint64_t *stale);
+  bool any() const { return count_ > 0; }
+  bool whole() const { return count_ && have_ == count_; }
+  uint32_t magic() const { return magic_; }
+  uint64_t cast_id() const { return id_; }
+  uint32_t have() const { return have_; }
+  /// The shape a whole batch's datagrams make (each but the last of the
+  /// first's size) and its bytes: false when they make none of at most
+  /// `ib_limit` bytes.
+  bool Shape(uint64_t ib_limit, CastShape *shape, uint64_t *ib_bytes) const;
+  /// Offers every kept datagram to `batch` in index order (`took` hears
+  /// each outcome), then forgets them.
+  void Replay(CastBatch &batch, absl::FunctionRef<void(CastBatch::Took)> took);
+  void Forget();
+
+private:
+  std::vector<uint8_t> bytes_; // the datagrams end to end
+  std::vector<uint32_t> at_;   // where index i's starts (+1; 0: not in)
+  uint64_t limit_ = 0, id_ = 0;
+  uint32_t magic_ = 0, count_ = 0, have_ = 0;
+};
+
 /// What a CastReceiver saw over its life.
 struct CastReceiverStats {
   uint64_t batches = 0, missed = 0;
@@ -179,17 +214,14 @@ public:
   /// Intake holds datagrams of a cast step's batch (not a stage's): its
   /// frame follows, and Take reads the rest.
   bool HoldsStepBatch() const {
-    return held_count_ && held_magic_ == DUCKD_CAST_MAGIC;
+    return held_.any() && held_.magic() == DUCKD_CAST_MAGIC;
   }
   const CastReceiverStats &stats() const { return stats_; }
 
 private:
   void Count(CastBatch::Took took);
-  /// Keeps one datagram of Intake's (false: not kept).
-  bool Hold(absl::Span<const uint8_t> d, bool truncated);
   /// Offers the kept datagrams to batch_ and forgets them.
   void Replay();
-  void Forget();
 
   int fd_;
   // Take's and Intake's reads: apart, so that neither resizes (and
@@ -197,12 +229,7 @@ private:
   std::vector<uint8_t> buf_, intake_buf_;
   CastBatch batch_;
   CastReceiverStats stats_;
-  // Intake's batch: its datagrams end to end as received, where each
-  // index's starts (+1; 0: not yet in), its id, magic and count.
-  std::vector<uint8_t> held_;
-  std::vector<uint32_t> held_at_;
-  uint64_t held_limit_ = 0, held_id_ = 0;
-  uint32_t held_magic_ = 0, held_count_ = 0, held_have_ = 0;
+  CastHeld held_; // Intake's batch
 };
 
 } // namespace duck::duckd
