@@ -481,6 +481,12 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   r["predicted_staged_shared_ms"] = Num(stats, "staged_shared_ms_per_token");
   r["shaped_stages"] = Num(shaped.summary, "stages");
   r["shaped_stage_resent"] = Num(shaped.summary, "stage_resent");
+  // With multicast: stages as cast batches alone (protocol 5), the ducks'
+  // staged steps that found theirs already run, the host's CPU sending them.
+  r["shaped_stages_cast"] = Num(shaped.summary, "stages_cast");
+  r["shaped_stage_ducks_ahead"] = Num(shaped.summary, "stage_ducks_ahead");
+  r["shaped_stage_host_cpu_ms"] =
+      Num(shaped.summary, "stage_host_cpu_ms_total");
   r["shaped_run_bytes_to_ducks"] = shaped.to_ducks;
   r["shaped_run_cast_bytes_from_host"] = shaped.cast_from_host;
   r["shaped_cast_steps"] = Num(shaped.summary, "cast_steps");
@@ -538,10 +544,16 @@ void PrintText(const nlohmann::json &r) {
               "token: measured / predicted network %.2f\n",
               d("measured_gap_network_ms"), d("gap_network_ratio"));
   if (r["stage_shared"] == "on")
-    std::printf("staged MoE steps (%g routed experts): %g stages, %g ducks "
-                "sent their whole step; the model hides %.3f ms a token of "
-                "the routers' time\n",
-                d("experts"), d("shaped_stages"), d("shaped_stage_resent"),
+    std::printf("staged MoE steps (%g routed experts): %g stages (%g as "
+                "cast batches alone, %g ducks' stages run before their "
+                "frame), %g ducks sent their whole step; the host's CPU "
+                "sending them %.3f us a stage; the model hides %.3f ms a "
+                "token of the routers' time\n",
+                d("experts"), d("shaped_stages"), d("shaped_stages_cast"),
+                d("shaped_stage_ducks_ahead"), d("shaped_stage_resent"),
+                d("shaped_stages") > 0 ? 1e3 * d("shaped_stage_host_cpu_ms") /
+                                             d("shaped_stages")
+                                       : 0.0,
                 d("predicted_staged_shared_ms"));
   std::printf("the simulator's one-way latency, measured by a 64-byte ping "
               "(shaped less unlimited): %.1f us; network predicted at it "
