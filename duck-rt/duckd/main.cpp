@@ -26,11 +26,15 @@ ABSL_FLAG(std::string, cast, "",
           "group (224.0.0.0/4, joined on --bind's address; every duck of "
           "the group listens on the same port) or a unicast address (port 0: "
           "a free one, printed on stdout); empty: none, and such steps are "
-          "answered cast_missed (the host then sends them plainly)");
+          "answered cast_missed (the host then sends them plainly). A staged "
+          "plan's stages come here alone, with no frame: the duck runs one "
+          "as soon as its datagrams are all in, and uses it when its staged "
+          "step's frame names it");
 ABSL_FLAG(int, cast_wait_us, 2000,
-          "how long a cast step waits for its datagrams once its frame is in "
-          "(they leave the host before it: a frame that comes first means "
-          "datagrams were lost, or reordered by a NIC's queues)");
+          "how long a cast step (or a staged step whose stage has not come "
+          "whole) waits for its datagrams once its frame is in (they leave "
+          "the host before it: a frame that comes first means datagrams were "
+          "lost, or reordered by a NIC's queues)");
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "IPv4 address to listen on; non-loopback needs --token");
 ABSL_FLAG(std::string, token, "",
