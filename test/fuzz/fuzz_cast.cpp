@@ -30,30 +30,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   auto ib = std::make_unique<uint8_t[]>(ibBytes);
   duck::duckd::CastBatch batch;
   batch.Begin(id % 4, *shape, ibBytes, ib.get());
+  // The rest cut into datagrams by 2-byte lengths; some "truncated".
+  auto eachDatagram = [&](auto &&fn) {
+    for (size_t at = 16; at + 2 <= size;) {
+      uint16_t len;
+      std::memcpy(&len, data + at, 2);
+      at += 2;
+      len = uint16_t(std::min<size_t>(len, size - at));
+      fn(absl::Span<const uint8_t>(data + at, len), len & 1 && at & 1);
+      at += len;
+    }
+  };
   uint32_t placed = 0;
-  for (size_t at = 16; at + 2 <= size;) {
-    uint16_t len;
-    std::memcpy(&len, data + at, 2);
-    at += 2;
-    len = uint16_t(std::min<size_t>(len, size - at));
-    const auto took = batch.Offer({data + at, len}, len & 1 && at & 1);
-    if (took == duck::duckd::CastBatch::Took::placed)
-      ++placed;
-    at += len;
-  }
+  eachDatagram([&](absl::Span<const uint8_t> d, bool truncated) {
+    placed += batch.Offer(d, truncated) == duck::duckd::CastBatch::Took::placed;
+  });
   if (batch.missing() + placed != shape->datagrams)
     __builtin_trap();
 
   duck::duckd::CastHeld held(1 + (id >> 8) % (1 << 19));
   uint64_t stale = 0;
-  for (size_t at = 16; at + 2 <= size;) {
-    uint16_t len;
-    std::memcpy(&len, data + at, 2);
-    at += 2;
-    len = uint16_t(std::min<size_t>(len, size - at));
-    held.Keep({data + at, len}, len & 1 && at & 1, &stale);
-    at += len;
-  }
+  eachDatagram([&](absl::Span<const uint8_t> d, bool truncated) {
+    held.Keep(d, truncated, &stale);
+  });
   duck::duckd::CastShape kept;
   uint64_t keptBytes = 0;
   if (!held.Shape(ibBytes, &kept, &keptBytes))
