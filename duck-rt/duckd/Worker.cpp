@@ -164,6 +164,13 @@ struct WorkerSide {
   uint64_t local_seq = 0;             // session workers: calls so far
   std::unique_ptr<FrameCheck> check;  // session workers: of each step
   std::unique_ptr<CastReceiver> cast; // session workers with a cast socket
+  /// This session's host sends cast stages (a step_staged came): a worker
+  /// asleep waiting for a frame wakes for datagrams too. Until then it
+  /// wakes for its connection alone, as without cast stages: waking for
+  /// every cast step's datagrams, just before their frame, cost a one-box
+  /// cluster (ducks and host sharing two vCPUs) 0.4 ms a token of
+  /// dispatch gap (Qwen3-30B-A3B shape, multicast).
+  bool wake_for_casts = false;
   /// The step frame being served is quiet (DUCKD_FLAG_QUIET): its answer,
   /// error or not, is not sent (an error is still logged).
   bool quiet = false;
@@ -179,13 +186,6 @@ struct WorkerSide {
     uint64_t cast_id = 0;
     uint8_t digest[DUCKD_CAST_DIGEST_BYTES] = {};
     uint64_t done_ns = 0; // when a cast stage finished
-    // This session's host sends cast stages (one came): a worker asleep
-    // waiting for a frame wakes for datagrams too. Until then it wakes
-    // for its connection alone, as without cast stages: waking for every
-    // cast step's datagrams, just before their frame, cost a one-box
-    // cluster (ducks and host sharing two vCPUs) 0.4 ms a token of
-    // dispatch gap (Qwen3-30B-A3B shape, multicast).
-    bool wake_for_casts = false;
     // The last cast stage's batch that could not run, and why (its
     // step_staged is answered so at once).
     uint64_t failed_id = 0;
@@ -789,33 +789,45 @@ bool ServeStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   return RunAndReply(w, h, info, staged, ibBytes, deadline);
 }
 
+/// What is wrong with a request (`what`) naming a cast batch of `ib_bytes`
+/// in `datagrams` of `datagram_bytes` for session `session` ("" when
+/// nothing); *shape is the batch's. step_cast's and step_staged's.
+std::string BatchRequestProblem(const WorkerConfig &cfg, const char *what,
+                                uint64_t session, uint64_t ib_bytes,
+                                uint32_t datagram_bytes, uint32_t datagrams,
+                                CastShape *shape, duckd_error_code *code) {
+  *code = DUCKD_ERR_BAD_REQUEST;
+  if (session != cfg.session_id) {
+    *code = DUCKD_ERR_NO_SESSION;
+    return absl::StrCat(what, " for session ", session,
+                        "; the open session is ", cfg.session_id);
+  }
+  if (ib_bytes > cfg.ib_limit) {
+    *code = DUCKD_ERR_TOO_LARGE;
+    return absl::StrCat(what, ": IB of ", ib_bytes,
+                        " bytes exceeds the session's ", cfg.ib_limit);
+  }
+  auto s = CastShapeFor(ib_bytes,
+                        datagram_bytes + uint32_t(sizeof(duckd_cast_datagram)));
+  if (!s.ok() || datagram_bytes > DUCKD_CAST_MAX_DATAGRAM ||
+      s->datagrams != datagrams)
+    return absl::StrCat(what, ": a batch of ", datagrams, " datagrams of ",
+                        datagram_bytes, " bytes cannot carry ", ib_bytes,
+                        " bytes");
+  *shape = *s;
+  return std::string();
+}
+
 /// What is wrong with a step_cast request for this session ("" when
 /// nothing); *shape is the batch's.
 std::string CastRequestProblem(const WorkerSide &w,
                                const duckd_step_cast_request &r,
                                CastShape *shape, duckd_error_code *code) {
-  const WorkerConfig &cfg = *w.cfg;
-  *code = DUCKD_ERR_BAD_REQUEST;
-  if (r.session_id != cfg.session_id) {
-    *code = DUCKD_ERR_NO_SESSION;
-    return absl::StrCat("step_cast for session ", r.session_id,
-                        "; the open session is ", cfg.session_id);
-  }
-  if (r.ib_bytes > cfg.ib_limit) {
-    *code = DUCKD_ERR_TOO_LARGE;
-    return absl::StrCat("step_cast: IB of ", r.ib_bytes,
-                        " bytes exceeds the session's ", cfg.ib_limit);
-  }
-  auto s = CastShapeFor(r.ib_bytes, r.datagram_bytes +
-                                        uint32_t(sizeof(duckd_cast_datagram)));
-  if (!s.ok() || r.datagram_bytes > DUCKD_CAST_MAX_DATAGRAM)
-    return absl::StrCat("step_cast: ",
-                        s.ok() ? "datagrams too large" : s.status().message());
-  if (s->datagrams != r.datagrams)
-    return absl::StrCat("step_cast: ", r.datagrams, " datagrams for ",
-                        r.ib_bytes, " bytes of ", r.datagram_bytes,
-                        " (expected ", s->datagrams, ")");
-  *shape = *s;
+  if (std::string bad =
+          BatchRequestProblem(*w.cfg, "step_cast", r.session_id, r.ib_bytes,
+                              r.datagram_bytes, r.datagrams, shape, code);
+      !bad.empty())
+    return bad;
   if (!w.cast) {
     *code = DUCKD_ERR_CAST_MISSED;
     return "duckd has no cast socket (start it with --cast)";
@@ -959,8 +971,7 @@ bool WaitFrame(WorkerSide *w, duck_info &info, duckd_frame_header *h) {
     }
     // A cast step's datagrams in: only its frame is awaited (woken once).
     pollfd p[2] = {{cfg.conn_fd, POLLIN, 0}, {cfg.cast_fd, POLLIN, 0}};
-    const nfds_t n =
-        !w->stage.wake_for_casts || w->cast->HoldsStepBatch() ? 1 : 2;
+    const nfds_t n = !w->wake_for_casts || w->cast->HoldsStepBatch() ? 1 : 2;
     if (::poll(p, n, -1) < 0 && errno != EINTR)
       return false;
     if (n == 2 && (p[1].revents & POLLIN)) {
@@ -978,30 +989,12 @@ std::string StagedRequestProblem(const WorkerSide &w,
                                  const duckd_step_staged_request &r,
                                  uint64_t rest, CastShape *shape,
                                  duckd_error_code *code) {
-  const WorkerConfig &cfg = *w.cfg;
   *code = DUCKD_ERR_BAD_REQUEST;
   if (r.ib_bytes != rest)
     return "step_staged: ib_bytes does not match the payload";
-  if (r.session_id != cfg.session_id) {
-    *code = DUCKD_ERR_NO_SESSION;
-    return absl::StrCat("step_staged for session ", r.session_id,
-                        "; the open session is ", cfg.session_id);
-  }
-  if (r.stage_ib_bytes > cfg.ib_limit) {
-    *code = DUCKD_ERR_TOO_LARGE;
-    return absl::StrCat("step_staged: a stage of ", r.stage_ib_bytes,
-                        " bytes exceeds the session's IB of ", cfg.ib_limit);
-  }
-  auto s =
-      CastShapeFor(r.stage_ib_bytes,
-                   r.datagram_bytes + uint32_t(sizeof(duckd_cast_datagram)));
-  if (!s.ok() || r.datagram_bytes > DUCKD_CAST_MAX_DATAGRAM ||
-      s->datagrams != r.datagrams)
-    return absl::StrCat("step_staged: its stage's batch of ", r.datagrams,
-                        " datagrams of ", r.datagram_bytes,
-                        " bytes cannot carry ", r.stage_ib_bytes, " bytes");
-  *shape = *s;
-  return std::string();
+  return BatchRequestProblem(*w.cfg, "step_staged", r.session_id,
+                             r.stage_ib_bytes, r.datagram_bytes, r.datagrams,
+                             shape, code);
 }
 
 /// A step_staged whose stage did not run before it: its batch taken now
@@ -1034,7 +1027,7 @@ bool ServeStagedStep(WorkerSide *w, const duckd_frame_header &h,
   const uint64_t arrived = NowNs();
   const Left left = TakeStage(w);
   w->quiet = false;
-  w->stage.wake_for_casts = true; // this host sends cast stages
+  w->wake_for_casts = true; // this host sends cast stages
   check.Begin(h, &w->ctl->keys);
   if (!preread) {
     if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {

@@ -551,9 +551,9 @@ void PrintText(const nlohmann::json &r) {
                 "token of the routers' time\n",
                 d("experts"), d("shaped_stages"), d("shaped_stages_cast"),
                 d("shaped_stage_ducks_ahead"), d("shaped_stage_resent"),
-                d("shaped_stages") > 0 ? 1e3 * d("shaped_stage_host_cpu_ms") /
-                                             d("shaped_stages")
-                                       : 0.0,
+                d("shaped_stages") > 0
+                    ? 1e3 * d("shaped_stage_host_cpu_ms") / d("shaped_stages")
+                    : 0.0,
                 d("predicted_staged_shared_ms"));
   std::printf("the simulator's one-way latency, measured by a 64-byte ping "
               "(shaped less unlimited): %.1f us; network predicted at it "
