@@ -404,6 +404,21 @@ bool Drain(int fd, FrameCheck &check, uint64_t n, absl::Time deadline) {
   return true;
 }
 
+/// A frame refused whole: the rest of it (`n` bytes) read and checked,
+/// then answered `code` with `why` (truncated: the connection handed back,
+/// "truncated WHAT"). What the serving function returns.
+bool RefuseRest(WorkerSide *w, const duckd_frame_header &h, FrameCheck &check,
+                uint64_t n, absl::Time deadline, const char *what,
+                duckd_error_code code, const std::string &why) {
+  if (!Drain(w->cfg->conn_fd, check, n, deadline)) {
+    HandBack(w, Handback::kDrop, nullptr, absl::StrCat("truncated ", what));
+    return false;
+  }
+  if (!StepVerified(w, h, deadline, check))
+    return w->ctl->owner.load() == kOwnerWorker;
+  return StepError(w, h, deadline, code, why);
+}
+
 /// What is wrong with a step request for this session ("" when nothing).
 std::string StepRequestProblem(const WorkerConfig &cfg,
                                const duckd_step_request &r, uint64_t rest,
@@ -438,14 +453,8 @@ std::optional<bool> TakeStep(WorkerSide *w, const duckd_frame_header &h,
   if (preread) { // the whole frame is already in (header, r, IB)
     r = *preread;
   } else if (h.payload_bytes < sizeof r) {
-    if (!Drain(fd, check, h.payload_bytes, deadline)) {
-      HandBack(w, Handback::kDrop, nullptr, "truncated step");
-      return false;
-    }
-    if (!StepVerified(w, h, deadline, check))
-      return ctl->owner.load() == kOwnerWorker;
-    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
-                     "step shorter than its header");
+    return RefuseRest(w, h, check, h.payload_bytes, deadline, "step",
+                      DUCKD_ERR_BAD_REQUEST, "step shorter than its header");
   } else if (absl::Status s = ReadFull(fd, &r, sizeof r, deadline); !s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
              absl::StrCat("truncated step: ", s.message()));
@@ -850,15 +859,10 @@ bool ServeCastStep(WorkerSide *w, const duckd_frame_header &h, duck_info &info,
   if (preread) {
     r = *preread;
   } else if (h.payload_bytes != sizeof r) {
-    if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {
-      HandBack(w, Handback::kDrop, nullptr, "truncated step_cast");
-      return false;
-    }
-    if (!StepVerified(w, h, deadline, check))
-      return w->ctl->owner.load() == kOwnerWorker;
-    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
-                     absl::StrCat("step_cast of ", h.payload_bytes,
-                                  " bytes (its request is ", sizeof r, ")"));
+    return RefuseRest(w, h, check, h.payload_bytes, deadline, "step_cast",
+                      DUCKD_ERR_BAD_REQUEST,
+                      absl::StrCat("step_cast of ", h.payload_bytes,
+                                   " bytes (its request is ", sizeof r, ")"));
   } else if (absl::Status s = ReadFull(cfg.conn_fd, &r, sizeof r, deadline);
              !s.ok()) {
     HandBack(w, Handback::kDrop, nullptr,
@@ -1029,18 +1033,12 @@ bool ServeStagedStep(WorkerSide *w, const duckd_frame_header &h,
   w->quiet = false;
   w->wake_for_casts = true; // this host sends cast stages
   check.Begin(h, &w->ctl->keys);
-  if (!preread) {
-    if (!Drain(cfg.conn_fd, check, h.payload_bytes, deadline)) {
-      HandBack(w, Handback::kDrop, nullptr, "truncated step_staged");
-      return false;
-    }
-    if (!StepVerified(w, h, deadline, check))
-      return w->ctl->owner.load() == kOwnerWorker;
-    return StepError(w, h, deadline, DUCKD_ERR_BAD_REQUEST,
-                     absl::StrCat("step_staged of ", h.payload_bytes,
-                                  " bytes: shorter than its request, or an "
-                                  "IB over the session's"));
-  }
+  if (!preread)
+    return RefuseRest(w, h, check, h.payload_bytes, deadline, "step_staged",
+                      DUCKD_ERR_BAD_REQUEST,
+                      absl::StrCat("step_staged of ", h.payload_bytes,
+                                   " bytes: shorter than its request, or an "
+                                   "IB over the session's"));
   const duckd_step_staged_request &r = *preread;
   const std::vector<uint8_t> &routed = w->stage.routed;
   check.Update(&r, sizeof r);
