@@ -1,8 +1,9 @@
-//===- HostFp9Avx512.cpp - the host's fp9 and bf16 GEMV with AVX-512 -----===//
+//===- HostFp9Avx512.cpp - the host's fp9, e4m3 and bf16 GEMV, AVX-512 ---===//
 //
 // Host matrices (attention projections, an fp9 LM head, MLA) are read with
 // this GEMV when the host CPU has AVX-512F (ducks stay AVX2: duck-rt's
-// gemv_avx2.cpp). It does the very arithmetic of the AVX2 shift path, lane
+// gemv_avx2.cpp); an FP8 checkpoint's own matrices as their e4m3 bytes
+// (E4m3Decoder, duck_e4m3_gemv's operands), others as fp9. It does the very arithmetic of the AVX2 shift path, lane
 // for lane, so its results are bit-identical to duck_gemv and duck_gemm
 // (and prefill still equals decode):
 //
@@ -67,23 +68,48 @@ inline __m512i Lanes(int32_t a, int32_t stepA, int32_t b, int32_t stepB) {
                            b - 6 * stepB, b - 7 * stepB);
 }
 
-/// The decode of one 32-chunk into the two zmm of the file comment.
-struct Decoder {
+/// The decode of one 32-chunk into the two zmm of the file comment: chunk
+/// `c` of a row's magnitudes and sign words. kPost multiplies each row's
+/// reduced sum (fp9's operands need none).
+struct Fp9Decoder {
+  static constexpr float kPost = 1.0f;
   const __m512i rotA = Lanes(20, 0, 12, 0), rotB = Lanes(4, 0, 28, 0);
   const __m512i sgnA = Lanes(31, 4, 30, 4), sgnB = Lanes(29, 4, 28, 4);
   const __m512i magMask = _mm512_set1_epi32(0x0FF00000);
   const __m512i signBit = _mm512_set1_epi32((int32_t)0x80000000u);
-  inline void Decode(const uint8_t *mag, uint32_t word, __m512 *wA,
-                     __m512 *wB) const {
+  inline void Decode(const uint8_t *mag, const uint32_t *sign, uint32_t c,
+                     __m512 *wA, __m512 *wB) const {
     const __m512i v = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)));
-    const __m512i w = _mm512_set1_epi32((int32_t)word);
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c)));
+    const __m512i w = _mm512_set1_epi32((int32_t)sign[c / 32]);
     const __m512i mA = _mm512_and_si512(_mm512_rolv_epi32(v, rotA), magMask);
     const __m512i mB = _mm512_and_si512(_mm512_rolv_epi32(v, rotB), magMask);
     *wA = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
         mA, _mm512_sllv_epi32(w, sgnA), signBit, 0x78));
     *wB = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
         mB, _mm512_sllv_epi32(w, sgnB), signBit, 0x78));
+  }
+};
+
+/// An FP8 checkpoint's matrix kept as its e4m3 bytes (duck_e4m3_gemv's
+/// operands, lane for lane): byte q of lane j moved to the top by a
+/// variable shift (24 - 8q), shifted right arithmetically by 4 and masked,
+/// the weight with its sign times 2^-120; no sign plane. 6 vector
+/// operations a 32-chunk where fp9 takes 8 and a broadcast, 1 byte a
+/// weight where fp9 takes 1.125. Each product is fp9's times 2^-15, so a
+/// row's reduced sum times 2^15 has fp9's bits.
+struct E4m3Decoder {
+  static constexpr float kPost = 0x1p15f;
+  const __m512i shA = Lanes(24, 0, 16, 0), shB = Lanes(8, 0, 0, 0);
+  const __m512i keep = _mm512_set1_epi32((int32_t)0x87F00000u);
+  inline void Decode(const uint8_t *mag, const uint32_t *, uint32_t c,
+                     __m512 *wA, __m512 *wB) const {
+    const __m512i v = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c)));
+    *wA = _mm512_castsi512_ps(_mm512_and_si512(
+        _mm512_srai_epi32(_mm512_sllv_epi32(v, shA), 4), keep));
+    *wB = _mm512_castsi512_ps(_mm512_and_si512(
+        _mm512_srai_epi32(_mm512_sllv_epi32(v, shB), 4), keep));
   }
 };
 
@@ -101,6 +127,14 @@ inline float Reduce(__m512 a01, __m512 a23) {
   return _mm_cvtss_f32(r) * kAccFactor;
 }
 
+/// Reduce, then the decoder's kPost (the e4m3 sums back to fp9's, exactly).
+template <class Dec> inline float ReduceFor(__m512 a01, __m512 a23) {
+  const float s = Reduce(a01, a23);
+  if constexpr (Dec::kPost != 1.0f)
+    return s * Dec::kPost;
+  return s;
+}
+
 /// GEMM rows [i0, i1) (at most kRows) against T tokens whose pre-scaled
 /// inputs are k apart in xs: each chunk is decoded once for all T; K goes
 /// in segments whose inputs stay in L1 while the rows of the block take
@@ -108,11 +142,11 @@ inline float Reduce(__m512 a01, __m512 a23) {
 /// of every accumulator's operations stays the GEMV's).
 constexpr uint32_t kRows = 8, kSegment = 1024;
 
-template <int T>
+template <class Dec, int T>
 void GemmRows(const duck_fp9_matrix *m, uint32_t i0, uint32_t i1,
               const float *xs, float *y, uint32_t y_ld) {
   const uint32_t k = m->k;
-  const Decoder dec;
+  const Dec dec;
   __m512 acc[kRows][2][T];
   for (uint32_t i = 0; i < i1 - i0; ++i)
     for (int t = 0; t < T; ++t)
@@ -131,7 +165,7 @@ void GemmRows(const duck_fp9_matrix *m, uint32_t i0, uint32_t i1,
         _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096),
                      _MM_HINT_T0);
         __m512 wA, wB;
-        dec.Decode(mag + c, sign[c / 32], &wA, &wB);
+        dec.Decode(mag, sign, c, &wA, &wB);
         for (int t = 0; t < T; ++t) {
           a01[t] = _mm512_fmadd_ps(wA, _mm512_load_ps(xs + (uint64_t)t * k + c),
                                    a01[t]);
@@ -147,21 +181,41 @@ void GemmRows(const duck_fp9_matrix *m, uint32_t i0, uint32_t i1,
   }
   for (uint32_t i = 0; i < i1 - i0; ++i)
     for (int t = 0; t < T; ++t)
-      y[(uint64_t)t * y_ld + i] = Reduce(acc[i][0][t], acc[i][1][t]);
+      y[(uint64_t)t * y_ld + i] = ReduceFor<Dec>(acc[i][0][t], acc[i][1][t]);
 }
 
 /// One row: see the file comment.
-inline float DotRow(const Decoder &dec, const uint8_t *mag,
-                    const uint32_t *sign, const float *xs, uint32_t k) {
+template <class Dec>
+inline float DotRow(const Dec &dec, const uint8_t *mag, const uint32_t *sign,
+                    const float *xs, uint32_t k) {
   __m512 a01 = _mm512_setzero_ps(), a23 = a01;
   for (uint32_t c = 0; c < k; c += 32) {
     _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
     __m512 wA, wB;
-    dec.Decode(mag + c, sign[c / 32], &wA, &wB);
+    dec.Decode(mag, sign, c, &wA, &wB);
     a01 = _mm512_fmadd_ps(wA, _mm512_load_ps(xs + c), a01);
     a23 = _mm512_fmadd_ps(wB, _mm512_load_ps(xs + c + 16), a23);
   }
-  return Reduce(a01, a23);
+  return ReduceFor<Dec>(a01, a23);
+}
+
+/// The GEMV over rows [row_begin, row_end), a scale tile at a time.
+template <class Dec>
+void Gemv(const duck_fp9_matrix *m, const float *x, float *y,
+          uint32_t row_begin, uint32_t row_end, float *xs) {
+  const uint32_t k = m->k, bpr = k / m->block;
+  for (uint32_t r = row_begin; r < row_end;) {
+    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
+    uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;
+    if (end > row_end)
+      end = row_end;
+    Prescale(x, m->scale + (uint64_t)tile * bpr, k, m->block, xs);
+    const Dec dec;
+    for (uint32_t i = r; i < end; ++i)
+      y[i - row_begin] = DotRow(dec, m->mag + (uint64_t)i * k,
+                                m->sign + (uint64_t)i * (k / 32), xs, k);
+    r = end;
+  }
 }
 
 using GemmRowsFn = void (*)(const duck_fp9_matrix *, uint32_t, uint32_t,
@@ -169,16 +223,17 @@ using GemmRowsFn = void (*)(const duck_fp9_matrix *, uint32_t, uint32_t,
 /// Tokens a tile: the host calls this GEMM below kFp9Avx512PanelMinTokens
 /// tokens only (from there the AVX2 panel GEMM is FMA-bound and faster).
 constexpr uint32_t kTileTokens = 8;
+template <class Dec>
 constexpr GemmRowsFn kGemmRows[kTileTokens] = {
-    GemmRows<1>, GemmRows<2>, GemmRows<3>, GemmRows<4>,
-    GemmRows<5>, GemmRows<6>, GemmRows<7>, GemmRows<8>};
+    GemmRows<Dec, 1>, GemmRows<Dec, 2>, GemmRows<Dec, 3>, GemmRows<Dec, 4>,
+    GemmRows<Dec, 5>, GemmRows<Dec, 6>, GemmRows<Dec, 7>, GemmRows<Dec, 8>};
 
-} // namespace
-
-void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
-                          uint32_t k, uint32_t rows, uint32_t c0, uint32_t c1,
-                          float *panel) {
-  const Decoder dec;
+/// A panel of `rows` rows' chunks [c0, c1) decoded (the e4m3 weights as
+/// they are: see E4m3Decoder; the results take kPost).
+template <class Dec>
+void DecodePanel(const uint8_t *mag, const uint32_t *sign, uint32_t k,
+                 uint32_t rows, uint32_t c0, uint32_t c1, float *panel) {
+  const Dec dec;
   const uint32_t len = c1 - c0;
   for (uint32_t r = 0; r < rows; ++r) {
     const uint8_t *m = mag + (uint64_t)r * k;
@@ -187,16 +242,18 @@ void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
     for (uint32_t c = c0; c < c1; c += 32) {
       _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
       __m512 wA, wB; // positions 0-15 (q = 0, 1) and 16-31 (q = 2, 3)
-      dec.Decode(m + c, s[c / 32], &wA, &wB);
+      dec.Decode(m, s, c, &wA, &wB);
       _mm512_storeu_ps(p + c, wA);
       _mm512_storeu_ps(p + c + 16, wB);
     }
   }
 }
 
-void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
-                   uint32_t n_tokens, float *y, uint32_t y_ld,
-                   uint32_t row_begin, uint32_t row_end, float *xs) {
+/// Tiles of up to kTileTokens tokens, each chunk decoded in registers.
+template <class Dec>
+void GemmTiles(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+               uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
+               uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
   for (uint32_t t0 = 0; t0 < n_tokens; t0 += kTileTokens) {
     const uint32_t n =
@@ -211,15 +268,14 @@ void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                  k, m->block, xs + (uint64_t)t * k);
       for (uint32_t i0 = r; i0 < end; i0 += kRows) {
         const uint32_t i1 = end - i0 < kRows ? end : i0 + kRows;
-        kGemmRows[n - 1](m, i0, i1, xs,
-                         y + (uint64_t)t0 * y_ld + (i0 - row_begin), y_ld);
+        kGemmRows<Dec>[n - 1](m, i0, i1, xs,
+                              y + (uint64_t)t0 * y_ld + (i0 - row_begin), y_ld);
       }
       r = end;
     }
   }
 }
 
-namespace {
 /// The panel GEMM's tiles: kPanelRows decoded rows against up to
 /// kPanelTokens tokens a pass, two zmm accumulators a (row, token) pair
 /// (24 of the 32 registers, with 4 weights and an input beside them; 4 x 3
@@ -231,7 +287,7 @@ constexpr uint32_t kPanelRows = 4, kPanelTokens = 3, kPanelSegment = 1024;
 /// `len` apart) against T tokens (pre-scaled inputs k apart). Each
 /// accumulator takes its chunks in order, the GEMV's order, so each result
 /// has the GEMV's bits; between segments the accumulators wait in `mem`.
-template <int R, int T>
+template <class Dec, int R, int T>
 void PanelPass(const float *panel, uint32_t len, const float *xs, uint32_t k,
                uint32_t c0, bool first, bool last, __m512 *mem, float *y,
                uint32_t y_ld) {
@@ -256,35 +312,28 @@ void PanelPass(const float *panel, uint32_t len, const float *xs, uint32_t k,
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       if (last)
-        y[(uint64_t)t * y_ld + r] = Reduce(acc[r][t][0], acc[r][t][1]);
+        y[(uint64_t)t * y_ld + r] = ReduceFor<Dec>(acc[r][t][0], acc[r][t][1]);
       else
         for (int h = 0; h < 2; ++h)
           mem[(t * kPanelRows + r) * 2 + h] = acc[r][t][h];
     }
 }
 
-template <int R>
+template <class Dec, int R>
 void PanelPassAny(uint32_t T, const float *panel, uint32_t len,
                   const float *xs, uint32_t k, uint32_t c0, bool first,
                   bool last, __m512 *mem, float *y, uint32_t y_ld) {
   switch (T) {
-  case 3: return PanelPass<R, 3>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
-  case 2: return PanelPass<R, 2>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
-  default: return PanelPass<R, 1>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  case 3: return PanelPass<Dec, R, 3>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  case 2: return PanelPass<Dec, R, 2>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
+  default: return PanelPass<Dec, R, 1>(panel, len, xs, k, c0, first, last, mem, y, y_ld);
   }
 }
-} // namespace
 
-uint64_t Fp9GemmPanelAvx512ScratchFloats(uint32_t n_tokens, uint32_t k) {
-  const uint64_t segment = k < kPanelSegment ? k : kPanelSegment;
-  return (uint64_t)n_tokens * k + kPanelRows * segment +
-         (k > kPanelSegment ? (uint64_t)n_tokens * kPanelRows * 32 : 0);
-}
-
-void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
-                        uint32_t x_ld, uint32_t n_tokens, float *y,
-                        uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
-                        float *xs) {
+template <class Dec>
+void GemmPanel(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+               uint32_t n_tokens, float *y, uint32_t y_ld, uint32_t row_begin,
+               uint32_t row_end, float *xs) {
   const uint32_t k = m->k, bpr = k / m->block;
   // Scratch (Fp9GemmPanelAvx512ScratchFloats): the tokens' pre-scaled
   // inputs (n x k), then the panel (kPanelRows x one segment), then, when
@@ -306,7 +355,7 @@ void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
       const uint32_t *sign = m->sign + (uint64_t)i * (k / 32);
       for (uint32_t c0 = 0; c0 < k; c0 += kPanelSegment) {
         const uint32_t c1 = k - c0 < kPanelSegment ? k : c0 + kPanelSegment;
-        Fp9DecodePanelAvx512(mag, sign, k, rows, c0, c1, panel);
+        DecodePanel<Dec>(mag, sign, k, rows, c0, c1, panel);
         for (uint32_t t = 0; t < n_tokens; t += kPanelTokens) {
           const uint32_t T =
               n_tokens - t < kPanelTokens ? n_tokens - t : kPanelTokens;
@@ -315,16 +364,67 @@ void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
           float *yt = y + (uint64_t)t * y_ld + (i - row_begin);
           const bool first = c0 == 0, last = c1 == k;
           switch (rows) {
-          case 4: PanelPassAny<4>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
-          case 3: PanelPassAny<3>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
-          case 2: PanelPassAny<2>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
-          default: PanelPassAny<1>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          case 4: PanelPassAny<Dec, 4>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          case 3: PanelPassAny<Dec, 3>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          case 2: PanelPassAny<Dec, 2>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
+          default: PanelPassAny<Dec, 1>(T, panel, c1 - c0, xt, k, c0, first, last, mt, yt, y_ld); break;
           }
         }
       }
     }
     r = end;
   }
+}
+} // namespace
+
+void Fp9DecodePanelAvx512(const uint8_t *mag, const uint32_t *sign,
+                          uint32_t k, uint32_t rows, uint32_t c0, uint32_t c1,
+                          float *panel) {
+  DecodePanel<Fp9Decoder>(mag, sign, k, rows, c0, c1, panel);
+}
+
+void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
+                   uint32_t row_begin, uint32_t row_end, float *xs) {
+  Gemv<Fp9Decoder>(m, x, y, row_begin, row_end, xs);
+}
+
+void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                   uint32_t n_tokens, float *y, uint32_t y_ld,
+                   uint32_t row_begin, uint32_t row_end, float *xs) {
+  GemmTiles<Fp9Decoder>(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+}
+
+uint64_t Fp9GemmPanelAvx512ScratchFloats(uint32_t n_tokens, uint32_t k) {
+  const uint64_t segment = k < kPanelSegment ? k : kPanelSegment;
+  return (uint64_t)n_tokens * k + kPanelRows * segment +
+         (k > kPanelSegment ? (uint64_t)n_tokens * kPanelRows * 32 : 0);
+}
+
+void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
+                        uint32_t x_ld, uint32_t n_tokens, float *y,
+                        uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
+                        float *xs) {
+  GemmPanel<Fp9Decoder>(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end, xs);
+}
+
+void E4m3GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
+                    uint32_t row_begin, uint32_t row_end, float *xs) {
+  Gemv<E4m3Decoder>(m, x, y, row_begin, row_end, xs);
+}
+
+void E4m3GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs) {
+  GemmTiles<E4m3Decoder>(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end,
+                         xs);
+}
+
+void E4m3GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
+                         uint32_t x_ld, uint32_t n_tokens, float *y,
+                         uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
+                         float *xs) {
+  GemmPanel<E4m3Decoder>(m, x, x_ld, n_tokens, y, y_ld, row_begin, row_end,
+                         xs);
 }
 
 namespace {
@@ -398,23 +498,6 @@ bool HostReadsE4m3() {
   if (f && std::strcmp(f, "fp9") == 0)
     return false;
   return !HostHasAvx512();
-}
-
-void Fp9GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
-                   uint32_t row_begin, uint32_t row_end, float *xs) {
-  const uint32_t k = m->k, bpr = k / m->block;
-  for (uint32_t r = row_begin; r < row_end;) {
-    const uint32_t tile = (r + m->row_phase) / m->scale_rows;
-    uint32_t end = (tile + 1) * m->scale_rows - m->row_phase;
-    if (end > row_end)
-      end = row_end;
-    Prescale(x, m->scale + (uint64_t)tile * bpr, k, m->block, xs);
-    const Decoder dec;
-    for (uint32_t i = r; i < end; ++i)
-      y[i - row_begin] = DotRow(dec, m->mag + (uint64_t)i * k,
-                                m->sign + (uint64_t)i * (k / 32), xs, k);
-    r = end;
-  }
 }
 
 } // namespace duck::runtime

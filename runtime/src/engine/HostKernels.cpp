@@ -713,7 +713,10 @@ void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
     return;
   }
   if (w.is_e4m3) {
-    if (r0 < r1)
+    if (r0 < r1 && HostHasAvx512())
+      E4m3GemvAvx512(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
+                     KernelScratch(w.cols));
+    else if (r0 < r1)
       duck_e4m3_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
                      KernelScratch(w.cols));
     return;
@@ -795,6 +798,30 @@ void Fp9Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
               (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols));
 }
 
+/// RowsProduct of an e4m3 matrix, with fp9's bits: with AVX-512 the GEMV,
+/// tiles of up to 8 tokens decoded in registers, then the panel (as
+/// Fp9Rows); without it the GEMV, rows in registers below 5 tokens, then
+/// the AVX2 panel.
+void E4m3Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
+              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
+  const auto k = (uint32_t)w.cols;
+  if (!HostHasAvx512())
+    duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                   (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                   KernelScratch(duck_e4m3_gemm_scratch_floats((uint32_t)n, k)));
+  else if (n == 1)
+    E4m3GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, KernelScratch(k));
+  else if (n < kFp9Avx512PanelMinTokens)
+    E4m3GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                   (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                   KernelScratch(std::min<uint64_t>(n, 8) * k));
+  else
+    E4m3GemmPanelAvx512(
+        &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+        (uint32_t)b, (uint32_t)e,
+        KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n, k)));
+}
+
 } // namespace
 
 void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
@@ -803,13 +830,8 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
     return;
   if (w.is_fp9)
     return Fp9Rows(w, x, x_ld, n, out, out_ld, b, e);
-  // e4m3: the GEMV, rows in registers below 5 tokens, then the panel; all
-  // with the GEMV's bits.
   if (w.is_e4m3)
-    return duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
-                          (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                          KernelScratch(duck_e4m3_gemm_scratch_floats(
-                              (uint32_t)n, (uint32_t)w.cols)));
+    return E4m3Rows(w, x, x_ld, n, out, out_ld, b, e);
   if (w.i8)
     return Int8Rows(w, x, x_ld, n, out, out_ld, b, e);
   const bool avx512 = w.bf16 && HostHasAvx512();

@@ -72,11 +72,12 @@ void PrintUsage(FILE *out) {
       "rate of the same run (a plain read of a cold set of that size over\n"
       "the same threads): the fp9 GEMV of the Qwen3-0.6B host matrices\n"
       "(q/k/v fused, o_proj, an fp9 LM head), q/k/v and o_proj as e4m3 (an\n"
-      "FP8 checkpoint's host matrices without AVX-512), the default int8 head\n"
+      "FP8 checkpoint's host matrices; with AVX-512 where the CPU has it and\n"
+      "DUCK_HOST_ISA is not avx2), the default int8 head\n"
       "(one row, and the 4 rows of a speculative verify step);\n"
       "the fp9 GEMM of 2, 4, 8 and 16\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s\n"
-      "(and as e4m3),\n"
+      "(and as e4m3: AVX2, and AVX-512 in registers),\n"
       "by the AVX2 duck_gemm and (where the CPU has it) by AVX-512: the\n"
       "panel decoded with it, with 512-bit multiply-adds as well, and\n"
       "each chunk decoded in registers for up to 8 rows (what the host runs\n"
@@ -341,7 +342,7 @@ int duckBenchHost(int argc, char **argv) {
     const uint64_t copies = CopiesFor(bytes, cold);
     Fp9Set set = MakeFp9(rows, k, copies),
            e4m3 = MakeFp9(rows, k, copies, /*e4m3=*/true);
-    enum class Kind { duck, panel, widePanel, registers, e4m3 };
+    enum class Kind { duck, panel, widePanel, registers, e4m3, e4m3Avx512 };
     struct Decoder {
       const char *name;
       duck_panel_decode_fn fn;
@@ -356,6 +357,8 @@ int duckBenchHost(int argc, char **argv) {
                           duck::runtime::Fp9DecodePanelAvx512,
                           Kind::widePanel});
       decoders.push_back({"AVX-512 in registers", nullptr, Kind::registers});
+      decoders.push_back(
+          {"e4m3, AVX-512 in registers", nullptr, Kind::e4m3Avx512});
     }
     for (uint32_t T : {2u, 4u, 8u, 16u}) {
       std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
@@ -377,6 +380,10 @@ int duckBenchHost(int argc, char **argv) {
                 if (d.kind == Kind::e4m3)
                   duck_e4m3_gemm(&e4m3.m[c].fp9, x.data(), k, T, y.data() + b,
                                  rows, (uint32_t)b, (uint32_t)e, xs);
+                else if (d.kind == Kind::e4m3Avx512)
+                  duck::runtime::E4m3GemmAvx512(&e4m3.m[c].fp9, x.data(), k, T,
+                                                y.data() + b, rows, (uint32_t)b,
+                                                (uint32_t)e, xs);
                 else if (d.kind == Kind::registers)
                   duck::runtime::Fp9GemmAvx512(&set.m[c].fp9, x.data(), k, T,
                                                y.data() + b, rows, (uint32_t)b,
@@ -393,7 +400,10 @@ int duckBenchHost(int argc, char **argv) {
               64);
         });
         results.push_back({format("gemm %u rows x 4096x1024, %s", T, d.name),
-                           (double)(d.kind == Kind::e4m3 ? e4m3 : set).bytes, s,
+                           (double)(d.kind == Kind::e4m3 || d.kind == Kind::e4m3Avx512
+                                     ? e4m3
+                                     : set)
+                               .bytes, s,
                            0, (double)T * rows * k});
       }
     }

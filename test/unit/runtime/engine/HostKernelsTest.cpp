@@ -638,6 +638,86 @@ TEST(HostKernels, Fp9GemvAndGemmAvx512HaveTheAvx2KernelsBits) {
   }
 }
 
+/// An FP8 matrix read as its e4m3 bytes with AVX-512 (the GEMV, tiles of 1
+/// to 8 tokens and the panel) has the fp9 kernel's bits for the same
+/// weights: every e4m3 byte but NaN (subnormals and both zeros included),
+/// slices that start inside a scale tile, and a thread's range of rows.
+TEST(HostKernels, E4m3Avx512HasTheFp9KernelsBits) {
+  if (!HostHasAvx512())
+    GTEST_SKIP() << "this CPU has no AVX-512F/DQ: duck_e4m3_gemv (AVX2, "
+                    "Kernels.E4m3HasTheFp9KernelsBits) is the host's path";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_real_distribution<float> e(-12.0f, -4.0f);
+  struct Shape { uint32_t k, block, row0; };
+  for (Shape sh : {Shape{32, 32, 0}, Shape{128, 128, 5}, Shape{1024, 128, 0},
+                   Shape{1056, 32, 37}, Shape{2048, 64, 127}}) {
+    const uint32_t rows = 300, srcRows = sh.row0 + rows;
+    std::vector<uint8_t> w((uint64_t)srcRows * sh.k);
+    for (auto &b : w)
+      do
+        b = (uint8_t)(rng() & 0xFF);
+      while (duck_e4m3_is_nan(b));
+    std::vector<float> scales(((srcRows + 127) / 128) * ((sh.k + 127) / 128));
+    for (auto &s : scales)
+      s = std::exp2(e(rng));
+    duck_fp9_source src{};
+    src.type = DUCK_FP9_SRC_E4M3;
+    src.data = w.data();
+    src.src_rows = srcRows;
+    src.src_cols = sh.k;
+    src.row0 = sh.row0;
+    src.scale_inv = scales.data();
+    src.tile_rows = 128;
+    src.tile_cols = 128;
+    duck_fp9_desc desc{rows, sh.k, sh.block, 128, sh.row0 % 128};
+    duck_fp9_layout lay;
+    ASSERT_EQ(duck_fp9_compute_layout(&desc, &lay), DUCK_FP9_OK);
+    std::vector<uint64_t> store(lay.total_bytes / 8 + 8);
+    void *base = reinterpret_cast<void *>(
+        (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t(63));
+    ASSERT_EQ(duck_fp9_pack(&src, &desc, base, nullptr), DUCK_FP9_OK);
+    const duck_fp9_matrix m = duck_fp9_matrix_view(&desc, base);
+    duck_fp9_matrix em = m; // the bytes as a host keeps them
+    em.mag = w.data() + (uint64_t)sh.row0 * sh.k;
+    em.sign = reinterpret_cast<const uint32_t *>(em.mag); // not read
+    const auto aligned = [](std::vector<float> &v) {
+      return reinterpret_cast<float *>(
+          (reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+    };
+    for (uint32_t n : {1u, 2u, 5u, 8u, 9u, 17u, 19u}) {
+      std::vector<float> xt((uint64_t)n * sh.k);
+      for (auto &v : xt)
+        v = d(rng);
+      std::vector<float> s2(2 * sh.k + 16), want((uint64_t)n * rows);
+      for (uint32_t t = 0; t < n; ++t)
+        duck_gemv(&m, xt.data() + (uint64_t)t * sh.k,
+                  want.data() + (uint64_t)t * rows, 0, rows, aligned(s2),
+                  DUCK_DECODE_SHIFT);
+      std::vector<float> sg(Fp9GemmPanelAvx512ScratchFloats(n, sh.k) +
+                            8ull * sh.k + 16);
+      for (auto [b, end] : {std::pair<uint32_t, uint32_t>{0, rows}, {5, 200}}) {
+        std::vector<float> got((uint64_t)n * (end - b), -1.0f);
+        if (n == 1)
+          E4m3GemvAvx512(&em, xt.data(), got.data(), b, end, aligned(sg));
+        else if (n < kFp9Avx512PanelMinTokens)
+          E4m3GemmAvx512(&em, xt.data(), sh.k, n, got.data(), end - b, b, end,
+                         aligned(sg));
+        else
+          E4m3GemmPanelAvx512(&em, xt.data(), sh.k, n, got.data(), end - b, b,
+                              end, aligned(sg));
+        for (uint32_t t = 0; t < n; ++t)
+          ASSERT_EQ(0, std::memcmp(want.data() + (uint64_t)t * rows + b,
+                                   got.data() + (uint64_t)t * (end - b),
+                                   (end - b) * 4))
+              << "K " << sh.k << ", block " << sh.block << ", " << n
+              << " tokens, token " << t << ", rows [" << b << ", " << end
+              << ")";
+      }
+    }
+  }
+}
+
 /// Products fused into one hand-off (q/k/v; MLA's q_a and kv_a) have the
 /// bits of their own MatMul, whatever the pool size, for matrices whose
 /// rows are not multiples of the chunk alignment and for bf16 and fp9.

@@ -292,6 +292,20 @@ void Fp9GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
 void Fp9GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
                    uint32_t n_tokens, float *y, uint32_t y_ld,
                    uint32_t row_begin, uint32_t row_end, float *xs);
+/// The same three for an e4m3 matrix (duck_e4m3_gemv's operands: 1 byte a
+/// weight, its sign inside, no sign plane), with AVX-512: 6 vector
+/// operations a 32-chunk to decode where fp9 takes 8 and a broadcast; every
+/// result has the fp9 kernels' bits for the same weights. Scratch as the
+/// fp9 functions' (the panel's: Fp9GemmPanelAvx512ScratchFloats).
+void E4m3GemvAvx512(const duck_fp9_matrix *m, const float *x, float *y,
+                    uint32_t row_begin, uint32_t row_end, float *xs);
+void E4m3GemmAvx512(const duck_fp9_matrix *m, const float *x, uint32_t x_ld,
+                    uint32_t n_tokens, float *y, uint32_t y_ld,
+                    uint32_t row_begin, uint32_t row_end, float *xs);
+void E4m3GemmPanelAvx512(const duck_fp9_matrix *m, const float *x,
+                         uint32_t x_ld, uint32_t n_tokens, float *y,
+                         uint32_t y_ld, uint32_t row_begin, uint32_t row_end,
+                         float *xs);
 
 /// y[r] = W[r] . x for rows [r0, r1).
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
