@@ -24,20 +24,9 @@ def run(cmd, check=True):
 
 def host_fp8():
     """The format duckrun here keeps an FP8 checkpoint's host matrices in
-    (HostReadsE4m3): DUCK_HOST_FP8 when set, else e4m3 without AVX-512F/DQ
-    (or with DUCK_HOST_ISA=avx2)."""
-    f = os.environ.get("DUCK_HOST_FP8")
-    if f in ("e4m3", "fp9"):
-        return f
-    flags = set()
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    avx512 = {"avx512f", "avx512dq"} <= flags and \
-        os.environ.get("DUCK_HOST_ISA") != "avx2"
-    return "fp9" if avx512 else "e4m3"
+    (HostReadsE4m3): fp9 with DUCK_HOST_FP8=fp9, else e4m3 (with or
+    without AVX-512)."""
+    return "fp9" if os.environ.get("DUCK_HOST_FP8") == "fp9" else "e4m3"
 
 
 def main():
@@ -86,7 +75,7 @@ def main():
         if c.get("token") != TOKEN or c.get("host_ms_per_token") != 2.0:
             sys.exit("measure-cluster: the file lost fields it had")
         # How duckrun on this machine reads an FP8 checkpoint's matrices:
-        # e4m3 without AVX-512 (or by DUCK_HOST_FP8 / DUCK_HOST_ISA).
+        # e4m3 unless DUCK_HOST_FP8=fp9.
         if c.get("host_fp8") != host_fp8():
             sys.exit(f"measure-cluster: host_fp8 {c.get('host_fp8')!r}, "
                      f"expected {host_fp8()!r} on this machine")

@@ -351,8 +351,8 @@ std::string hostText(const ClusterModel &cm) {
     return formatv("host weights (attention, routers, an LM head on the "
                    "host) at {0:F1} GB/s{1}",
                    cm.hostReadGbs,
-                   cm.hostFp8BytesPerWeight < 1.125
-                       ? ", an FP8 checkpoint's as its e4m3 bytes"
+                   cm.hostFp8BytesPerWeight > 1.0
+                       ? ", an FP8 checkpoint's converted to fp9"
                        : "")
         .str();
   return "host work not counted";

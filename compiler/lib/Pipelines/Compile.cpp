@@ -109,8 +109,9 @@ Error readClusterFormats(const llvm::json::Object &o, StringRef path,
     const std::optional<StringRef> s = t->getAsString();
     if (!s || (*s != "e4m3" && *s != "fp9"))
       return err("cluster file '" + path +
-                 "': host_fp8 must be \"e4m3\" (a host without AVX-512 "
-                 "reads an FP8 checkpoint's own bytes) or \"fp9\"");
+                 "': host_fp8 must be \"e4m3\" (the host reads an FP8 "
+                 "checkpoint's own bytes, duckrun's default) or \"fp9\" "
+                 "(DUCK_HOST_FP8=fp9)");
     cost.hostFp8BytesPerWeight = *s == "e4m3" ? 1.0 : 1.125;
   }
   if (const llvm::json::Value *t = o.get("mesh_transport")) {

@@ -493,11 +493,7 @@ bool HostHasAvx512() {
 
 bool HostReadsE4m3() {
   const char *f = std::getenv("DUCK_HOST_FP8");
-  if (f && std::strcmp(f, "e4m3") == 0)
-    return true;
-  if (f && std::strcmp(f, "fp9") == 0)
-    return false;
-  return !HostHasAvx512();
+  return !(f && std::strcmp(f, "fp9") == 0);
 }
 
 } // namespace duck::runtime

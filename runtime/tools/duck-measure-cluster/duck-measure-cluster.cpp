@@ -107,8 +107,8 @@ its rate on attention over a cache as "host_gmac_s": with
 "context_tokens" (yours to set) in the file, compile adds a token's
 attention over that much context to the host's time; and "host_fp8":
 "e4m3" where the host reads an FP8 checkpoint's own matrices as their
-bytes (no AVX-512, or DUCK_HOST_FP8=e4m3), else "fp9" (the cost model's
-host bytes a weight for them: 1 or 1.125). The file keeps its
+bytes (duckrun's default), "fp9" under DUCK_HOST_FP8=fp9 (the cost
+model's host bytes a weight for them: 1 or 1.125). The file keeps its
 other keys; it is written to a temporary file and renamed.
 
 --mesh tcp|udp (every duck's duckd started with --mesh-port, that port the

@@ -53,10 +53,10 @@ struct ClusterModel {
   /// are timed at this rate too.
   double hostReadGbs = 0;
   /// Bytes a weight of the host's own matrices from an FP8 checkpoint, as
-  /// the host reads them: fp9's 1.125 (a host with AVX-512), or the
-  /// checkpoint's e4m3, 1 (cluster file `"host_fp8": "e4m3"`, which
-  /// `measure-cluster --host` writes on a host without AVX-512).
-  double hostFp8BytesPerWeight = 1.125;
+  /// the host reads them: the checkpoint's e4m3, 1 (duckrun's default on
+  /// every host), or fp9's 1.125 (cluster file `"host_fp8": "fp9"`, which
+  /// `measure-cluster --host` writes on a host run with DUCK_HOST_FP8=fp9).
+  double hostFp8BytesPerWeight = 1.0;
   /// Bytes a weight of a host LM head (1.125 for --lm-head fp9/int8; 0:
   /// the checkpoint's dtype).
   double hostHeadBytesPerWeight = 0;

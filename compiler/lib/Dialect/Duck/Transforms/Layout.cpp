@@ -426,8 +426,8 @@ std::vector<cost::RowSplit> rowSplitsOf(ModuleOp module, int64_t tp,
 }
 
 /// A weight's bytes as the host runtime reads it: FP8 (with block scales)
-/// at `fp8` bytes a weight (ClusterModel::hostFp8BytesPerWeight: fp9's
-/// 1.125, or e4m3's 1 on a host without AVX-512), the rest as stored.
+/// at `fp8` bytes a weight (ClusterModel::hostFp8BytesPerWeight: e4m3's
+/// 1, duckrun's default, or fp9's 1.125), the rest as stored.
 double hostBytesPerWeight(WeightAttr w, double fp8) {
   Type t = w.getDtype();
   return w.getScale()       ? fp8
