@@ -1,6 +1,7 @@
 // Randomised tests of the AVX2 kernels against the scalar references, and of
 // their bit-identity across kernels, decode paths, core counts and prefill.
 #include "duck_rt/kernels.h"
+#include "Fp8Matrix.h"
 #include "duck_rt/kernels_ref.h"
 
 #include <gtest/gtest.h>
@@ -30,52 +31,22 @@ template <typename T> struct Aligned {
   T *get() { return ptr; }
 };
 
-/// A random FP8 source matrix packed to fp9 (a slice starting at row0).
+/// A random FP8 source matrix packed to fp9 (a slice starting at row0),
+/// with its e4m3 bytes (duck::fixtures::Fp8Matrix).
 struct TestMatrix {
-  duck_fp9_desc desc{};
-  Aligned<uint8_t> buf;
-  duck_fp9_matrix view{};
+  duck::fixtures::Fp8Matrix m;
+  duck_fp9_desc desc;
+  duck_fp9_matrix view;
 
   TestMatrix(uint32_t rows, uint32_t k, uint32_t block, uint32_t row0,
-             std::mt19937 &rng) {
-    const uint64_t srcRows = row0 + rows, srcCols = k;
-    std::vector<uint8_t> w(srcRows * srcCols);
-    for (auto &b : w) {
-      do
-        b = (uint8_t)(rng() & 0xFF);
-      while (duck_e4m3_is_nan(b));
-    }
-    std::uniform_real_distribution<float> e(-12.0f, -4.0f);
-    std::vector<float> scales(((srcRows + 127) / 128) * ((srcCols + 127) / 128));
-    for (auto &s : scales)
-      s = std::exp2(e(rng));
-    duck_fp9_source src{};
-    src.type = DUCK_FP9_SRC_E4M3;
-    src.data = w.data();
-    src.src_rows = srcRows;
-    src.src_cols = srcCols;
-    src.row0 = row0;
-    src.scale_inv = scales.data();
-    src.tile_rows = 128;
-    src.tile_cols = 128;
-    desc = {rows, k, block, 128, row0 % 128};
-    duck_fp9_layout l;
-    EXPECT_EQ(duck_fp9_compute_layout(&desc, &l), DUCK_FP9_OK);
-    buf.resize(l.total_bytes);
-    EXPECT_EQ(duck_fp9_pack(&src, &desc, buf.get(), nullptr), DUCK_FP9_OK);
-    view = duck_fp9_matrix_view(&desc, buf.get());
-    e4m3.assign(w.begin() + (uint64_t)row0 * k, w.end());
+             std::mt19937 &rng)
+      : m(rows, k, block, row0, rng), desc(m.desc()), view(m.fp9()) {
+    EXPECT_TRUE(m.ok()) << rows << " x " << k << ", block " << block;
   }
-  duck::ref::Matrix ref() { return {desc, buf.get()}; }
-  /// The slice's e4m3 bytes (row-major) with the fp9 scale plane, as a host
-  /// without AVX-512 holds an FP8 matrix.
-  std::vector<uint8_t> e4m3;
-  duck_fp9_matrix e4m3View() const {
-    duck_fp9_matrix e = view;
-    e.mag = e4m3.data();
-    e.sign = reinterpret_cast<const uint32_t *>(e4m3.data()); // not read
-    return e;
-  }
+  duck::ref::Matrix ref() { return {desc, m.packed()}; }
+  /// The slice's e4m3 bytes with the fp9 scale plane, as the host holds an
+  /// FP8 matrix.
+  duck_fp9_matrix e4m3View() const { return m.e4m3(); }
 };
 
 std::vector<float> randomVector(uint32_t n, std::mt19937 &rng, float sd = 1.0f) {

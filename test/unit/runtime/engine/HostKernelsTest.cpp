@@ -3,6 +3,8 @@
 // others (duckrun serve) gets what it gets alone.
 #include "duck/runtime/engine/HostKernels.h"
 
+#include "Fp8Matrix.h"
+
 #include <gtest/gtest.h>
 
 #include <immintrin.h>
@@ -648,39 +650,14 @@ TEST(HostKernels, E4m3Avx512HasTheFp9KernelsBits) {
                     "Kernels.E4m3HasTheFp9KernelsBits) is the host's path";
   std::mt19937 rng(23);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  std::uniform_real_distribution<float> e(-12.0f, -4.0f);
   struct Shape { uint32_t k, block, row0; };
   for (Shape sh : {Shape{32, 32, 0}, Shape{128, 128, 5}, Shape{1024, 128, 0},
                    Shape{1056, 32, 37}, Shape{2048, 64, 127}}) {
-    const uint32_t rows = 300, srcRows = sh.row0 + rows;
-    std::vector<uint8_t> w((uint64_t)srcRows * sh.k);
-    for (auto &b : w)
-      do
-        b = (uint8_t)(rng() & 0xFF);
-      while (duck_e4m3_is_nan(b));
-    std::vector<float> scales(((srcRows + 127) / 128) * ((sh.k + 127) / 128));
-    for (auto &s : scales)
-      s = std::exp2(e(rng));
-    duck_fp9_source src{};
-    src.type = DUCK_FP9_SRC_E4M3;
-    src.data = w.data();
-    src.src_rows = srcRows;
-    src.src_cols = sh.k;
-    src.row0 = sh.row0;
-    src.scale_inv = scales.data();
-    src.tile_rows = 128;
-    src.tile_cols = 128;
-    duck_fp9_desc desc{rows, sh.k, sh.block, 128, sh.row0 % 128};
-    duck_fp9_layout lay;
-    ASSERT_EQ(duck_fp9_compute_layout(&desc, &lay), DUCK_FP9_OK);
-    std::vector<uint64_t> store(lay.total_bytes / 8 + 8);
-    void *base = reinterpret_cast<void *>(
-        (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t(63));
-    ASSERT_EQ(duck_fp9_pack(&src, &desc, base, nullptr), DUCK_FP9_OK);
-    const duck_fp9_matrix m = duck_fp9_matrix_view(&desc, base);
-    duck_fp9_matrix em = m; // the bytes as a host keeps them
-    em.mag = w.data() + (uint64_t)sh.row0 * sh.k;
-    em.sign = reinterpret_cast<const uint32_t *>(em.mag); // not read
+    const uint32_t rows = 300;
+    const fixtures::Fp8Matrix fm(rows, sh.k, sh.block, sh.row0, rng);
+    ASSERT_TRUE(fm.ok()) << "K " << sh.k;
+    const duck_fp9_matrix &m = fm.fp9();
+    const duck_fp9_matrix em = fm.e4m3(); // the bytes as the host keeps them
     const auto aligned = [](std::vector<float> &v) {
       return reinterpret_cast<float *>(
           (reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
