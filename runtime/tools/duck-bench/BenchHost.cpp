@@ -75,7 +75,7 @@ void PrintUsage(FILE *out) {
       "FP8 checkpoint's host matrices; with AVX-512 where the CPU has it and\n"
       "DUCK_HOST_ISA is not avx2), the default int8 head\n"
       "(one row, and the 4 rows of a speculative verify step);\n"
-      "the fp9 GEMM of 2, 4, 8 and 16\n"
+      "the fp9 GEMM of 2, 4, 8, 16, 24 and 32\n"
       "rows (a batched decode step) through the q/k/v matrix in GMAC/s\n"
       "(and as e4m3: AVX2, and AVX-512 in registers),\n"
       "by the AVX2 duck_gemm and (where the CPU has it) by AVX-512: the\n"
@@ -360,7 +360,7 @@ int duckBenchHost(int argc, char **argv) {
       decoders.push_back(
           {"e4m3, AVX-512 in registers", nullptr, Kind::e4m3Avx512});
     }
-    for (uint32_t T : {2u, 4u, 8u, 16u}) {
+    for (uint32_t T : {2u, 4u, 8u, 16u, 24u, 32u}) {
       std::vector<float> x((uint64_t)T * k, 0.5f), y((uint64_t)T * rows);
       for (const Decoder &d : decoders) {
         const double s = BestPerCall(copies, o.reps, [&](uint64_t c) {
