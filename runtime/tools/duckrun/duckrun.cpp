@@ -318,7 +318,12 @@ int main(int argc, char **argv) {
       "(on 127.0.0.1) and stops them at exit, also on Ctrl-C. Weights go "
       "through each duck's cache: a second run of the same plan uploads "
       "nothing. Tokens stream to stdout; the summary goes to stderr. Flags "
-      "may be spelled with '-' or '_' (--max-tokens, --max_tokens).");
+      "may be spelled with '-' or '_' (--max-tokens, --max_tokens).\n\n"
+      "Environment: DUCK_HOST_ISA=avx2 keeps the host's products on their "
+      "AVX2 kernels where the CPU has AVX-512 (to measure an AVX2 host); "
+      "DUCK_HOST_FP8=fp9 converts an FP8 checkpoint's host matrices to fp9 "
+      "(1.125 bytes a weight) instead of reading their e4m3 bytes (1 byte, "
+      "the default); either way the results have the same bits.");
   duck::ToolFlags flags(argc, argv);
   const std::vector<char *> &args = flags.positional();
   if (args.size() >= 2 && std::string(args[1]) == "serve")
