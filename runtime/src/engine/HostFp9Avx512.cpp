@@ -3,9 +3,10 @@
 // Host matrices (attention projections, an fp9 LM head, MLA) are read with
 // this GEMV when the host CPU has AVX-512F (ducks stay AVX2: duck-rt's
 // gemv_avx2.cpp); an FP8 checkpoint's own matrices as their e4m3 bytes
-// (E4m3Decoder, duck_e4m3_gemv's operands), others as fp9. It does the very arithmetic of the AVX2 shift path, lane
-// for lane, so its results are bit-identical to duck_gemv and duck_gemm
-// (and prefill still equals decode):
+// (E4m3Decoder, duck_e4m3_gemv's operands), others as fp9. It does the
+// very arithmetic of the AVX2 shift path, lane for lane, so its results
+// are bit-identical to duck_gemv and duck_gemm (and prefill still equals
+// decode):
 //
 //  - the AVX2 kernel keeps four accumulators acc[q] whose lane j takes
 //    weight 32c + 4j + q; here one zmm holds acc[0] | acc[1] and another
