@@ -695,30 +695,14 @@ float *KernelScratch(uint64_t floats) {
 
 void MatVecRows(const HostMatrix &w, const float *x, float *y, uint64_t r0,
                 uint64_t r1) {
-  if (w.is_fp9) {
-    if (r0 >= r1)
-      return;
-    // The pre-scaled input (the kernels' scratch).
-    if (HostHasAvx512())
-      Fp9GemvAvx512(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
-                    KernelScratch(w.cols));
-    else
-      duck_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
-                KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+  if (w.is_fp9 || w.is_e4m3) { // one token of RowsProduct: the GEMV
+    if (r0 < r1)
+      RowsProduct(w, x, w.cols, 1, y + r0, r1 - r0, r0, r1);
     return;
   }
   if (w.i8) {
     if (r0 < r1)
       Int8Rows(w, x, 0, 1, y + r0, 0, r0, r1);
-    return;
-  }
-  if (w.is_e4m3) {
-    if (r0 < r1 && HostHasAvx512())
-      E4m3GemvAvx512(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
-                     KernelScratch(w.cols));
-    else if (r0 < r1)
-      duck_e4m3_gemv(&w.fp9, x, y + r0, (uint32_t)r0, (uint32_t)r1,
-                     KernelScratch(w.cols));
     return;
   }
   if (w.bf16 && HostHasAvx512()) { // the same bits, fewer uops a weight
@@ -765,61 +749,48 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y) {
 }
 
 namespace {
-/// RowsProduct of an fp9 matrix.
+/// One format's AVX-512 kernels (HostFp9Avx512.cpp): the GEMV, the tiles
+/// decoded in registers and the panel with 512-bit multiply-adds.
+struct Avx512Kernels {
+  decltype(&Fp9GemvAvx512) gemv;
+  decltype(&Fp9GemmAvx512) tiles;
+  decltype(&Fp9GemmPanelAvx512) panel;
+};
+constexpr Avx512Kernels kFp9Avx512{Fp9GemvAvx512, Fp9GemmAvx512,
+                                   Fp9GemmPanelAvx512};
+constexpr Avx512Kernels kE4m3Avx512{E4m3GemvAvx512, E4m3GemmAvx512,
+                                    E4m3GemmPanelAvx512};
+
+/// RowsProduct with AVX-512: the GEMV for one token, each chunk decoded in
+/// registers for tiles of up to 8 tokens, and from kFp9Avx512PanelMinTokens
+/// tokens on the panel; every token's result has the GEMV's bits.
+void Avx512Rows(const Avx512Kernels &k, const HostMatrix &w, const float *x,
+                uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld,
+                uint64_t b, uint64_t e) {
+  const auto cols = (uint32_t)w.cols;
+  if (n == 1)
+    k.gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, KernelScratch(cols));
+  else if (n < kFp9Avx512PanelMinTokens)
+    k.tiles(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+            (uint32_t)b, (uint32_t)e,
+            KernelScratch(std::min<uint64_t>(n, 8) * cols));
+  else
+    k.panel(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
+            (uint32_t)b, (uint32_t)e,
+            KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n, cols)));
+}
+
+/// RowsProduct of an fp9 matrix without AVX-512: the duck kernels (the
+/// GEMV for one token, the GEMM, bit-identical to it, for more: prefill
+/// == decode).
 void Fp9Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
-  // One token: the GEMV (the pre-scaled input in the kernels' scratch;
-  // same bits as a GEMM row).
-  if (n == 1) {
-    if (HostHasAvx512())
-      Fp9GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
-                    KernelScratch(w.cols));
-    else
-      duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
-                KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
-    return;
-  }
-  // The duck GEMM: every token's result is bit-identical to the GEMV
-  // (prefill == decode). Where AVX-512 is there, each chunk decoded in
-  // registers for tiles of up to 8 tokens, and from
-  // kFp9Avx512PanelMinTokens tokens on the panel GEMM with 512-bit
-  // multiply-adds.
-  if (HostHasAvx512() && n < kFp9Avx512PanelMinTokens)
-    Fp9GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-                  (uint32_t)b, (uint32_t)e,
-                  KernelScratch(std::min<uint64_t>(n, 8) * w.cols));
-  else if (HostHasAvx512())
-    Fp9GemmPanelAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
-                       (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                       KernelScratch(Fp9GemmPanelAvx512ScratchFloats(
-                           (uint32_t)n, (uint32_t)w.cols)));
+  if (n == 1)
+    duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
+              KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
   else
     duck_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
               (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols));
-}
-
-/// RowsProduct of an e4m3 matrix, with fp9's bits: with AVX-512 the GEMV,
-/// tiles of up to 8 tokens decoded in registers, then the panel (as
-/// Fp9Rows); without it the GEMV, rows in registers below 5 tokens, then
-/// the AVX2 panel.
-void E4m3Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
-              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
-  const auto k = (uint32_t)w.cols;
-  if (!HostHasAvx512())
-    duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
-                   (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                   KernelScratch(duck_e4m3_gemm_scratch_floats((uint32_t)n, k)));
-  else if (n == 1)
-    E4m3GemvAvx512(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, KernelScratch(k));
-  else if (n < kFp9Avx512PanelMinTokens)
-    E4m3GemmAvx512(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
-                   (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                   KernelScratch(std::min<uint64_t>(n, 8) * k));
-  else
-    E4m3GemmPanelAvx512(
-        &w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-        (uint32_t)b, (uint32_t)e,
-        KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n, k)));
 }
 
 } // namespace
@@ -828,10 +799,18 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
                  float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
   if (n == 0 || b >= e)
     return;
+  if ((w.is_fp9 || w.is_e4m3) && HostHasAvx512())
+    return Avx512Rows(w.is_e4m3 ? kE4m3Avx512 : kFp9Avx512, w, x, x_ld, n, out,
+                      out_ld, b, e);
   if (w.is_fp9)
     return Fp9Rows(w, x, x_ld, n, out, out_ld, b, e);
+  // e4m3 without AVX-512: the GEMV, rows in registers below 5 tokens, then
+  // the AVX2 panel; all with the GEMV's bits.
   if (w.is_e4m3)
-    return E4m3Rows(w, x, x_ld, n, out, out_ld, b, e);
+    return duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
+                          (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
+                          KernelScratch(duck_e4m3_gemm_scratch_floats(
+                              (uint32_t)n, (uint32_t)w.cols)));
   if (w.i8)
     return Int8Rows(w, x, x_ld, n, out, out_ld, b, e);
   const bool avx512 = w.bf16 && HostHasAvx512();
