@@ -119,6 +119,36 @@ def q8(x):
     return out.reshape(shape).astype(np.float64)
 
 
+def e4m3(x):
+    """x rounded to FP8 e4m3 (to nearest even; 3 mantissa bits, normal
+    from 2^-6, subnormal steps of 2^-9, largest 448)."""
+    x = np.clip(x, -448.0, 448.0)
+    _, e = np.frexp(x)
+    step = np.ldexp(1.0, np.maximum(e - 1, -6) - 3)
+    return np.rint(x / step) * step
+
+
+def act_quant_fp8(x, c):
+    """x as an FP8 checkpoint's own linears take it (quantization_config
+    activation_scheme "dynamic"; MATH.md 6, DeepSeek's act_quant): each
+    token's values in blocks of 128, a block's scale its largest magnitude
+    over 448 (DeepSeek-V3.2 clamps that magnitude at 1e-4; with scale_fmt
+    "ue8m0" the scale is rounded up to a power of two), each value the
+    nearest e4m3 multiple of it."""
+    q = c.get("quantization_config") or {}
+    rows = np.array(x, dtype=np.float64)
+    shape, n = rows.shape, rows.shape[-1]
+    rows = rows.reshape(-1, n)
+    for b in range(0, n, 128):
+        blk = rows[:, b:b + 128]
+        amax = np.maximum(np.abs(blk).max(axis=1, keepdims=True), 1e-4)
+        s = amax / 448.0
+        if q.get("scale_fmt") == "ue8m0":
+            s = np.exp2(np.ceil(np.log2(s)))
+        rows[:, b:b + 128] = e4m3(blk / s) * s
+    return rows.reshape(shape)
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -135,15 +165,30 @@ class Qwen3:
 
     ffn_in_bf16 = False  # --ffn-input-bf16: what the ducks get on the wire
     ffn_in_q8 = False    # --ffn-input-q8: the same for the q8 wire
+    act_fp8 = False      # --act-quant-fp8: the checkpoint's own rounding
+    act_bf16 = False     # --act-bf16: a bf16 checkpoint's own rounding
+
+    def lin(self, x, name):
+        """x @ W(name).T; with act_fp8, x first rounded as the checkpoint's
+        own FP8 linears round their input (act_quant_fp8) when `name` is
+        stored in FP8 (it has a weight_scale_inv); with act_bf16, x and the
+        product rounded to bf16, as a bf16 inference's matrices take and
+        give them (its norms, attention and residual sums round too: this
+        is the least of its roundings)."""
+        if self.act_fp8 and self.ck.has(name + "_scale_inv"):
+            x = act_quant_fp8(x, self.c)
+        if self.act_bf16:
+            return bf16(bf16(x) @ self.W(name).T)
+        return x @ self.W(name).T
 
     def mlp(self, pre, x):
         if self.ffn_in_bf16:
             x = bf16(x)
         if self.ffn_in_q8:
             x = q8(x)
-        g = x @ self.W(pre + "gate_proj.weight").T
-        u = x @ self.W(pre + "up_proj.weight").T
-        return (silu(g) * u) @ self.W(pre + "down_proj.weight").T
+        g = self.lin(x, pre + "gate_proj.weight")
+        u = self.lin(x, pre + "up_proj.weight")
+        return self.lin(silu(g) * u, pre + "down_proj.weight")
 
     def is_moe(self, L):
         c = self.c
@@ -153,7 +198,7 @@ class Qwen3:
 
     def moe(self, pre, x):
         c = self.c
-        logits = x @ self.W(pre + "gate.weight").T
+        logits = self.lin(x, pre + "gate.weight")
         p = np.exp(logits - logits.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
         k = c["num_experts_per_tok"]
@@ -174,9 +219,9 @@ class Qwen3:
             c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         eps = c.get("rms_norm_eps", 1e-6)
         theta = c.get("rope_theta", 1e6)
-        q = (x @ self.W(pre + "q_proj.weight").T).reshape(T, Hq, D)
-        k = (x @ self.W(pre + "k_proj.weight").T).reshape(T, Hkv, D)
-        v = (x @ self.W(pre + "v_proj.weight").T).reshape(T, Hkv, D)
+        q = self.lin(x, pre + "q_proj.weight").reshape(T, Hq, D)
+        k = self.lin(x, pre + "k_proj.weight").reshape(T, Hkv, D)
+        v = self.lin(x, pre + "v_proj.weight").reshape(T, Hkv, D)
         inv, scale = qwen3_rope(c, D)
         q = rope_neox(rmsnorm(q, self.W(pre + "q_norm.weight"), eps), pos,
                       theta, inv, scale)
@@ -196,16 +241,19 @@ class Qwen3:
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             o[t0:t1] = (s @ vh[:, :t1]).transpose(1, 0, 2)
-        return o.reshape(T, Hq * D) @ self.W(pre + "o_proj.weight").T
+        return self.lin(o.reshape(T, Hq * D), pre + "o_proj.weight")
 
     def layer(self, L, x, pos):
         """Decoder layer L (model.layers.L.*) on x at positions pos."""
         pre, eps = "model.layers.%d." % L, self.c.get("rms_norm_eps", 1e-6)
-        h = rmsnorm(x, self.W(pre + "input_layernorm.weight"), eps)
-        x = x + self.attention(pre + "self_attn.", h, pos)
-        h = rmsnorm(x, self.W(pre + "post_attention_layernorm.weight"), eps)
-        return x + (self.moe(pre + "mlp.", h) if self.is_moe(L)
-                    else self.mlp(pre + "mlp.", h))
+        # --act-bf16: the residual stream and the norms' outputs in bf16 too,
+        # as a bf16 inference holds them.
+        r = bf16 if self.act_bf16 else (lambda v: v)
+        h = r(rmsnorm(x, self.W(pre + "input_layernorm.weight"), eps))
+        x = r(x + self.attention(pre + "self_attn.", h, pos))
+        h = r(rmsnorm(x, self.W(pre + "post_attention_layernorm.weight"), eps))
+        return r(x + (self.moe(pre + "mlp.", h) if self.is_moe(L)
+                      else self.mlp(pre + "mlp.", h)))
 
     def hidden(self, ids):
         """The final hidden state of every position of `ids`, after
@@ -290,7 +338,7 @@ class DeepSeek(Qwen3):
         c = self.c
         E, K = c["n_routed_experts"], c["num_experts_per_tok"]
         G, TG = c.get("n_group", 1), c.get("topk_group", 1)
-        s = 1.0 / (1.0 + np.exp(-(x @ self.W(pre + "gate.weight").T)))
+        s = 1.0 / (1.0 + np.exp(-(self.lin(x, pre + "gate.weight"))))
         bias = self.W(pre + "gate.e_score_correction_bias") \
             if self.ck.has(pre + "gate.e_score_correction_bias") else 0.0
         sel = s + bias
@@ -320,8 +368,8 @@ class DeepSeek(Qwen3):
         c = self.c
         T, nh, d = x.shape[0], c["index_n_heads"], c["index_head_dim"]
         rope = c["qk_rope_head_dim"]
-        q = (cq @ self.W(pre + "indexer.wq_b.weight").T).reshape(T, nh, d)
-        k = x @ self.W(pre + "indexer.wk.weight").T
+        q = self.lin(cq, pre + "indexer.wq_b.weight").reshape(T, nh, d)
+        k = self.lin(x, pre + "indexer.wk.weight")
         mu = k.mean(axis=-1, keepdims=True)
         var = ((k - mu) ** 2).mean(axis=-1, keepdims=True)
         k = (k - mu) / np.sqrt(var + 1e-6) * self.W(pre + "indexer.k_norm.weight") \
@@ -329,7 +377,7 @@ class DeepSeek(Qwen3):
         q = np.concatenate([rope_half(q[..., :rope], pos, f, cs), q[..., rope:]], -1)
         k = np.concatenate([rope_half(k[:, None, :rope], pos, f, cs)[:, 0],
                             k[:, rope:]], -1)
-        w = (x @ self.W(pre + "indexer.weights_proj.weight").T) * nh ** -0.5
+        w = self.lin(x, pre + "indexer.weights_proj.weight") * nh ** -0.5
         score = np.einsum("shd,td->sht", q, k)
         I = np.einsum("sh,sht->st", w * d ** -0.5, np.maximum(score, 0))
         I = I + np.triu(np.full((T, T), -np.inf), 1)
@@ -347,17 +395,17 @@ class DeepSeek(Qwen3):
         f, cs, m2 = rope_freqs(c)
         cq = None
         if c.get("q_lora_rank"):
-            cq = rmsnorm(x @ self.W(pre + "q_a_proj.weight").T,
+            cq = rmsnorm(self.lin(x, pre + "q_a_proj.weight"),
                          self.W(pre + "q_a_layernorm.weight"), eps)
-            q = cq @ self.W(pre + "q_b_proj.weight").T
+            q = self.lin(cq, pre + "q_b_proj.weight")
         else:
-            q = x @ self.W(pre + "q_proj.weight").T
+            q = self.lin(x, pre + "q_proj.weight")
         q = q.reshape(T, H, nope + rope)
         qn, qpe = q[..., :nope], rope_pairs(q[..., nope:], pos, f, cs)
-        kva = x @ self.W(pre + "kv_a_proj_with_mqa.weight").T
+        kva = self.lin(x, pre + "kv_a_proj_with_mqa.weight")
         ckv = rmsnorm(kva[:, :R], self.W(pre + "kv_a_layernorm.weight"), eps)
         kpe = rope_pairs(kva[:, None, R:], pos, f, cs)[:, 0]
-        kv = (ckv @ self.W(pre + "kv_b_proj.weight").T).reshape(T, H, nope + vd)
+        kv = self.lin(ckv, pre + "kv_b_proj.weight").reshape(T, H, nope + vd)
         kn, v = kv[..., :nope], kv[..., nope:]
         sc = (np.einsum("thd,shd->hts", qn, kn) +
               np.einsum("thd,sd->hts", qpe, kpe)) * (nope + rope) ** -0.5 * m2
@@ -367,7 +415,7 @@ class DeepSeek(Qwen3):
         sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
         sc /= sc.sum(axis=-1, keepdims=True)
         o = np.einsum("hts,shd->thd", sc, v).reshape(T, H * vd)
-        return o @ self.W(pre + "o_proj.weight").T
+        return self.lin(o, pre + "o_proj.weight")
 
     def mtp_logits(self, seq):
         """docs/mtp.md: the MTP module's logits at every position i of
@@ -450,6 +498,16 @@ def main():
                    help="round every FFN's and expert's input as the q8 "
                    "wire does (duckc --wire-activations q8; the routers "
                    "keep fp32)")
+    p.add_argument("--act-quant-fp8", action="store_true",
+                   help="round the input of every matrix the checkpoint "
+                   "stores in FP8 as its own activation scheme does (per "
+                   "token, blocks of 128 values in e4m3 with a scale each: "
+                   "MATH.md 6): what the checkpoint's published inference "
+                   "multiplies, to set the wire's drift beside")
+    p.add_argument("--act-bf16", action="store_true",
+                   help="round every matrix's input and product, the "
+                   "residual stream and the layers' norms to bf16, as a "
+                   "bf16 checkpoint's own inference at least does")
     p.add_argument("--teacher-ids",
                    help="a file of generated ids (duckrun --print-ids): "
                    "force them, print the reference's argmax at each")
@@ -472,6 +530,8 @@ def main():
         sys.exit("reference.py: model_type %r is not supported" % mt)
     m.ffn_in_bf16 = a.ffn_input_bf16
     m.ffn_in_q8 = a.ffn_input_q8
+    m.act_fp8 = a.act_quant_fp8
+    m.act_bf16 = a.act_bf16
     if a.mtp_logits_out and not isinstance(m, DeepSeek):
         sys.exit("reference.py: --mtp-logits-out: only DeepSeek has an "
                  "MTP module")

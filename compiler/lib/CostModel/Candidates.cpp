@@ -290,7 +290,6 @@ cost::mixLayers(const Candidate &split, const Candidate &whole,
 }
 
 const Candidate *cost::pickBest(const std::vector<Candidate> &all) {
-  constexpr double kTie = 0.03;
   double fastest = 0;
   for (const Candidate &c : all)
     if (c.ok)
@@ -310,7 +309,7 @@ const Candidate *cost::pickBest(const std::vector<Candidate> &all) {
   };
   const Candidate *best = nullptr;
   for (const Candidate &c : all) {
-    if (!c.ok || c.tokS < fastest * (1 - kTie))
+    if (!c.ok || c.tokS < fastest * (1 - kTieFraction))
       continue;
     if (!best || better(c, *best))
       best = &c;
@@ -469,8 +468,10 @@ void cost::explainChoice(const std::vector<Candidate> &all,
   if (!r.wireAtQ8 && best.networkMs > 0.15 * tpot)
     out << formatv("the network is {0:F0} % of the token: "
                    "--wire-activations and --wire-results bf16 (2 bytes a "
-                   "value) or q8 (1.0625) send less than fp32's 4 (opt-in: "
-                   "the logits move; docs/perf.md gives by how much)\n",
+                   "value) or q8 (1.0625) send less than fp32's 4 (the "
+                   "logits move by what docs/perf.md gives; 'auto', the "
+                   "default, takes the coarsest the checkpoint's own "
+                   "inference admits where link speeds are given)\n",
                    100 * best.networkMs / tpot);
 }
 

@@ -185,9 +185,12 @@ llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
 }
 } // namespace
 
-llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
-                                                 const PlanChoice &open,
-                                                 llvm::raw_ostream &out) {
+namespace {
+/// searchPlans, once with each fanout where `open` leaves it (the cluster
+/// file names a cast address and --fanout was not given).
+llvm::Expected<Candidate> searchFanouts(const CompileOptions &base,
+                                        const PlanChoice &open,
+                                        llvm::raw_ostream &out) {
   if (!open.fanoutOpen)
     return searchPlans(base, open, out);
   // The cluster file names a cast address and --fanout was not given:
@@ -212,4 +215,87 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
         castWins ? "multicast" : "unicast", castWins ? b->tokS : a->tokS,
         castWins ? "unicast" : "multicast", castWins ? a->tokS : b->tokS);
   return castWins ? std::move(*b) : std::move(*a);
+}
+} // namespace
+
+WireAdmission mlir::duck::checkpointWire(const import::ModelDesc &model) {
+  using Wire = ClusterModel::Wire;
+  const import::QuantizationConfig &q = model.quantization;
+  if (q.isFp8() && q.activation_scheme == "dynamic")
+    return {Wire::q8, "the checkpoint's own inference rounds each token's "
+                      "inputs to its FP8 matrices to e4m3 in blocks of 128 "
+                      "(quantization_config: activation_scheme dynamic), "
+                      "which moves the logits more than q8 both ways does "
+                      "(test/e2e/wire-auto.test)"};
+  if (model.torch_dtype == "bfloat16")
+    return {Wire::bf16, "the checkpoint's own inference multiplies bf16 "
+                        "values (torch_dtype bfloat16)"};
+  return {Wire::f32, "the checkpoint names no coarser format for its "
+                     "activations"};
+}
+
+llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
+                                                 const PlanChoice &open,
+                                                 llvm::raw_ostream &out) {
+  using Wire = ClusterModel::Wire;
+  const ClusterModel &c = base.cluster.cost;
+  const bool links = c.hostLinkGbps > 0 || !c.duckLinkGbps.empty();
+  WireAdmission admit;
+  if (links && (open.wireXOpen || open.wireOutOpen)) {
+    llvm::SmallString<256> path(base.modelDir);
+    llvm::sys::path::append(path, "config.json");
+    if (llvm::Expected<import::ModelDesc> m = import::loadModelConfig(path))
+      admit = checkpointWire(*m);
+    else
+      llvm::consumeError(m.takeError()); // the search reports it
+  }
+  auto withWires = [&](const CompileOptions &o, Candidate c) {
+    c.wireX = o.cluster.cost.wireX;
+    c.wireOut = o.cluster.cost.wireOut;
+    return c;
+  };
+  if (admit.wire == Wire::f32) {
+    llvm::Expected<Candidate> only = searchFanouts(base, open, out);
+    if (!only)
+      return only.takeError();
+    return withWires(base, std::move(*only));
+  }
+  // The exact wire and the coarsest the checkpoint admits on every open
+  // way: the coarse one must beat the exact by more than a tie.
+  CompileOptions exact = base, coarse = base;
+  if (open.wireXOpen)
+    coarse.cluster.cost.wireX = admit.wire;
+  if (open.wireOutOpen)
+    coarse.cluster.cost.wireOut = admit.wire;
+  std::string exactText, coarseText;
+  llvm::raw_string_ostream exactOut(exactText), coarseOut(coarseText);
+  llvm::Expected<Candidate> a = searchFanouts(exact, open, exactOut);
+  if (!a)
+    return a.takeError();
+  llvm::Expected<Candidate> b = searchFanouts(coarse, open, coarseOut);
+  if (!b)
+    return b.takeError();
+  const bool coarseWins = b->tokS > a->tokS * (1 + cost::kTieFraction);
+  out << (coarseWins ? coarseOut.str() : exactOut.str());
+  if (open.explain) {
+    auto name = [&](const CompileOptions &o) {
+      const auto &w = o.cluster.cost;
+      return w.wireX == w.wireOut
+                 ? std::string(ClusterModel::wireName(w.wireX)) + " both ways"
+                 : std::string(ClusterModel::wireName(w.wireX)) +
+                       " activations, " + ClusterModel::wireName(w.wireOut) +
+                       " answers";
+    };
+    out << llvm::formatv(
+        "wire: {0} ({1:F2} tok/s) over {2} ({3:F2} tok/s){4}; {5} is "
+        "admitted because {6}; --wire-activations f32 --wire-results f32 "
+        "keep the exact wire\n",
+        coarseWins ? name(coarse) : name(exact), coarseWins ? b->tokS : a->tokS,
+        coarseWins ? name(exact) : name(coarse), coarseWins ? a->tokS : b->tokS,
+        coarseWins ? ""
+                   : ": not faster by more than a tie, the exact wire kept",
+        ClusterModel::wireName(admit.wire), admit.why);
+  }
+  return coarseWins ? withWires(coarse, std::move(*b))
+                    : withWires(exact, std::move(*a));
 }

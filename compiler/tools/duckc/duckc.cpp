@@ -212,8 +212,14 @@ cl::opt<std::string> compileLmHead(
     cl::init("int8"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileWire(
     "wire-activations",
-    cl::desc("How a step's activations (x) travel to the ducks: 'f32' "
-             "(default: the host's values, bit for bit) or 'bf16': half the "
+    cl::desc("How a step's activations (x) travel to the ducks: 'auto' "
+             "(default): where --tp auto, --explain or --strategy auto "
+             "search a cluster file with link speeds, the coarsest format "
+             "the checkpoint's own inference admits (q8 for block-FP8 "
+             "checkpoints with dynamic activations, bf16 for bf16 ones) if "
+             "the cost model finds it faster than f32 by more than a tie "
+             "(a 'wire:' line in --explain), else f32; 'f32': the host's "
+             "values, bit for bit; 'bf16': half the "
              "bytes on the host's link (rounded to nearest even; every "
              "duck then multiplies those rounded values: the logits moved "
              "by 0.17-0.34% relative L2 on Qwen3 test models and by 15% on "
@@ -222,17 +228,18 @@ cl::opt<std::string> compileWire(
              "moves by at most half of 1/127 of its block's largest; "
              "docs/perf.md gives the measured logit drift). The cost "
              "model's network time follows"),
-    cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
+    cl::init("auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileWireOut(
     "wire-results",
     cl::desc("How the ducks' answers (partial sums of an FFN or an absorbed "
-             "output projection, rows of a split matrix) travel back: 'f32' "
-             "(default: bit for bit), 'bf16': half the bytes on the host's "
+             "output projection, rows of a split matrix) travel back: 'auto' "
+             "(default: as --wire-activations auto), 'f32': bit for bit, "
+             "'bf16': half the bytes on the host's "
              "inbound link, each value rounded to nearest even before the "
              "host adds them, or 'q8': blocks of 32 int8 values with a bf16 "
              "scale, 1.0625 bytes a value (docs/perf.md gives the measured "
              "logit drift of both). The cost model's network time follows"),
-    cl::init("f32"), cl::sub(compileCmd), cl::cat(duckcCategory));
+    cl::init("auto"), cl::sub(compileCmd), cl::cat(duckcCategory));
 cl::opt<std::string> compileFanout(
     "fanout",
     cl::desc("How a step reaches the ducks: 'unicast' (default: the host "
@@ -505,10 +512,12 @@ Error planFromFlags(mlir::duck::CompileOptions &o) {
         std::tuple{&compileWireOut, "--wire-results",
                    &o.cluster.cost.wireOut}}) {
     using Wire = mlir::duck::ClusterModel::Wire;
-    if (*flag != "f32" && *flag != "bf16" && *flag != "q8")
-      return createStringError(
-          inconvertibleErrorCode(),
-          std::string(name) + " must be f32, bf16 or q8, got '" + *flag + "'");
+    if (*flag != "auto" && *flag != "f32" && *flag != "bf16" && *flag != "q8")
+      return createStringError(inconvertibleErrorCode(),
+                               std::string(name) +
+                                   " must be auto, f32, bf16 or q8, got '" +
+                                   *flag + "'");
+    // auto: f32 unless the search (choosePlanFromFlags) finds better.
     *out = *flag == "q8" ? Wire::q8 : *flag == "bf16" ? Wire::bf16 : Wire::f32;
   }
   if (Error e = fanoutFromFlags(o))
@@ -556,6 +565,8 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
     open.explain = compileExplain;
     open.fanoutOpen =
         compileFanout.getNumOccurrences() == 0 && o.cluster.cost.castAvailable;
+    open.wireXOpen = compileWire == "auto";
+    open.wireOutOpen = compileWireOut == "auto";
     // Staging weighed candidate by candidate where the ducks are other
     // machines (a cluster file with the host's read bandwidth).
     o.cluster.cost.stageSharedOpen =
@@ -579,6 +590,8 @@ Error choosePlanFromFlags(mlir::duck::CompileOptions &o) {
       o.cluster.cost.stageSharedOpen = false;
       o.cluster.cost.stageShared = winner->stageShared;
     }
+    o.cluster.cost.wireX = winner->wireX;
+    o.cluster.cost.wireOut = winner->wireOut;
     if (open.fanoutOpen)
       o.cluster.cost.fanout = winner->multicast
                                   ? mlir::duck::ClusterModel::Fanout::multicast
@@ -768,7 +781,7 @@ options of one subcommand.
           [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
           [--o-proj host|ducks] [--in-proj host|ducks]
-          [--wire-activations f32|bf16|q8] [--wire-results f32|bf16|q8]
+          [--wire-activations auto|f32|bf16|q8] [--wire-results auto|f32|bf16|q8]
           [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
           [--fanout unicast|relay|multicast --reduce star|tree

@@ -34,6 +34,10 @@ struct Candidate {
   /// Its steps cast once to every duck (duckc --fanout multicast): what
   /// the search ran it with.
   bool multicast = false;
+  /// The wire's formats both ways (duckc --wire-activations and
+  /// --wire-results): what the search ran it with.
+  ClusterModel::Wire wireX = ClusterModel::Wire::f32,
+                     wireOut = ClusterModel::Wire::f32;
   /// Its MoE steps staged (duckc --stage-shared): what its stats chose
   /// (ClusterModel::stageSharedOpen) or were told.
   bool stageShared = false;
@@ -124,6 +128,10 @@ void costCandidates(std::vector<Candidate> &all,
 std::vector<std::pair<int64_t, bool>>
 mixLayers(const Candidate &split, const Candidate &whole,
           const std::vector<uint64_t> &memory);
+
+/// Predictions within this fraction of the fastest count as ties (the
+/// noise of the measured rates).
+constexpr double kTieFraction = 0.03;
 
 /// The winner among the legal candidates: the fastest, predictions within
 /// 3 % of it counting as ties (the noise of the measured rates), which go

@@ -8,6 +8,7 @@
 #define DUCK_PIPELINES_CHOOSEPLAN_H
 
 #include "duck/CostModel/Candidates.h"
+#include "duck/Import/ModelConfig.h"
 #include "duck/Pipelines/Compile.h"
 
 namespace mlir::duck {
@@ -21,8 +22,27 @@ struct PlanChoice {
   /// No --fanout and the cluster file names a cast address: the search
   /// runs once with each of unicast and multicast and keeps the faster.
   bool fanoutOpen = false;
+  /// --wire-activations / --wire-results auto (the default): that way of
+  /// the wire is open. Where the cluster file gives link speeds the search
+  /// also runs with it at the coarsest format the checkpoint's own
+  /// inference admits (checkpointWire) and keeps that where it is faster
+  /// than the exact wire by more than the ties' 3 %; otherwise f32.
+  bool wireXOpen = false, wireOutOpen = false;
   bool explain = false;
 };
+
+/// The coarsest wire (duckc --wire-activations / --wire-results) that
+/// rounds a value no more than the checkpoint's own published inference
+/// rounds the inputs of its matrices, and why: q8 for block-FP8
+/// checkpoints with dynamic activations (each token's inputs in blocks of
+/// 128 e4m3 values: test/e2e/wire-auto.test measures q8 both ways moving
+/// the logits less than that rounding does), bf16 for bf16 checkpoints
+/// (their inference multiplies bf16 values), f32 otherwise.
+struct WireAdmission {
+  ClusterModel::Wire wire = ClusterModel::Wire::f32;
+  std::string why;
+};
+WireAdmission checkpointWire(const import::ModelDesc &model);
 
 /// --tp auto / --explain: every legal (tp, multiple_of, strategy, places)
 /// `open` leaves, predicted with the cost model (fp9 bytes a token per
