@@ -186,35 +186,67 @@ llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
 } // namespace
 
 namespace {
+/// A search run with each of two option sets (`second` differing in one
+/// open choice), both --explain texts kept apart; `secondWins` when the
+/// second's prediction beats the first's by more than `margin` (a
+/// fraction).
+struct TwoSearches {
+  Candidate first, second;
+  std::string firstText, secondText;
+  bool secondWins = false;
+};
+
+template <typename Search>
+llvm::Expected<TwoSearches> searchBoth(Search search,
+                                       const CompileOptions &first,
+                                       const CompileOptions &second,
+                                       const PlanChoice &open, double margin) {
+  TwoSearches t;
+  llvm::raw_string_ostream firstOut(t.firstText), secondOut(t.secondText);
+  llvm::Expected<Candidate> a = search(first, open, firstOut);
+  if (!a)
+    return a.takeError();
+  llvm::Expected<Candidate> b = search(second, open, secondOut);
+  if (!b)
+    return b.takeError();
+  t.first = std::move(*a);
+  t.second = std::move(*b);
+  t.secondWins = t.second.tokS > t.first.tokS * (1 + margin);
+  return t;
+}
+
 /// searchPlans, once with each fanout where `open` leaves it (the cluster
-/// file names a cast address and --fanout was not given).
+/// file names a cast address and --fanout was not given): the faster, its
+/// --explain text shown.
 llvm::Expected<Candidate> searchFanouts(const CompileOptions &base,
                                         const PlanChoice &open,
                                         llvm::raw_ostream &out) {
   if (!open.fanoutOpen)
     return searchPlans(base, open, out);
-  // The cluster file names a cast address and --fanout was not given:
-  // the faster of the two searches, its --explain text shown.
   CompileOptions uni = base, cast = base;
   uni.cluster.cost.fanout = ClusterModel::Fanout::unicast;
   cast.cluster.cost.fanout = ClusterModel::Fanout::multicast;
-  std::string uniText, castText;
-  llvm::raw_string_ostream uniOut(uniText), castOut(castText);
-  llvm::Expected<Candidate> a = searchPlans(uni, open, uniOut);
-  if (!a)
-    return a.takeError();
-  llvm::Expected<Candidate> b = searchPlans(cast, open, castOut);
-  if (!b)
-    return b.takeError();
-  const bool castWins = b->tokS > a->tokS;
-  out << (castWins ? castOut.str() : uniOut.str());
+  llvm::Expected<TwoSearches> t = searchBoth(searchPlans, uni, cast, open, 0);
+  if (!t)
+    return t.takeError();
+  const bool castWins = t->secondWins;
+  out << (castWins ? t->secondText : t->firstText);
   if (open.explain)
-    out << llvm::formatv(
-        "fanout: {0} ({1:F2} tok/s) over {2} ({3:F2} "
-        "tok/s): the cluster file names a cast address\n",
-        castWins ? "multicast" : "unicast", castWins ? b->tokS : a->tokS,
-        castWins ? "unicast" : "multicast", castWins ? a->tokS : b->tokS);
-  return castWins ? std::move(*b) : std::move(*a);
+    out << llvm::formatv("fanout: {0} ({1:F2} tok/s) over {2} ({3:F2} "
+                         "tok/s): the cluster file names a cast address\n",
+                         castWins ? "multicast" : "unicast",
+                         castWins ? t->second.tokS : t->first.tokS,
+                         castWins ? "unicast" : "multicast",
+                         castWins ? t->first.tokS : t->second.tokS);
+  return castWins ? std::move(t->second) : std::move(t->first);
+}
+
+/// The wire's formats both ways, for the `wire:` line.
+std::string wireWords(const ClusterModel &w) {
+  return w.wireX == w.wireOut
+             ? std::string(ClusterModel::wireName(w.wireX)) + " both ways"
+             : std::string(ClusterModel::wireName(w.wireX)) + " activations, " +
+                   ClusterModel::wireName(w.wireOut) + " answers";
 }
 } // namespace
 
@@ -258,6 +290,9 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
     llvm::Expected<Candidate> only = searchFanouts(base, open, out);
     if (!only)
       return only.takeError();
+    if (links && (open.wireXOpen || open.wireOutOpen) && open.explain)
+      out << "wire: " << wireWords(base.cluster.cost) << ": " << admit.why
+          << " (--wire-activations and --wire-results bf16 or q8 by hand)\n";
     return withWires(base, std::move(*only));
   }
   // The exact wire and the coarsest the checkpoint admits on every open
@@ -267,35 +302,26 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
     coarse.cluster.cost.wireX = admit.wire;
   if (open.wireOutOpen)
     coarse.cluster.cost.wireOut = admit.wire;
-  std::string exactText, coarseText;
-  llvm::raw_string_ostream exactOut(exactText), coarseOut(coarseText);
-  llvm::Expected<Candidate> a = searchFanouts(exact, open, exactOut);
-  if (!a)
-    return a.takeError();
-  llvm::Expected<Candidate> b = searchFanouts(coarse, open, coarseOut);
-  if (!b)
-    return b.takeError();
-  const bool coarseWins = b->tokS > a->tokS * (1 + cost::kTieFraction);
-  out << (coarseWins ? coarseOut.str() : exactOut.str());
-  if (open.explain) {
-    auto name = [&](const CompileOptions &o) {
-      const auto &w = o.cluster.cost;
-      return w.wireX == w.wireOut
-                 ? std::string(ClusterModel::wireName(w.wireX)) + " both ways"
-                 : std::string(ClusterModel::wireName(w.wireX)) +
-                       " activations, " + ClusterModel::wireName(w.wireOut) +
-                       " answers";
-    };
+  llvm::Expected<TwoSearches> t =
+      searchBoth(searchFanouts, exact, coarse, open, cost::kTieFraction);
+  if (!t)
+    return t.takeError();
+  const bool coarseWins = t->secondWins;
+  const Candidate &won = coarseWins ? t->second : t->first;
+  const Candidate &lost = coarseWins ? t->first : t->second;
+  out << (coarseWins ? t->secondText : t->firstText);
+  if (open.explain)
     out << llvm::formatv(
         "wire: {0} ({1:F2} tok/s) over {2} ({3:F2} tok/s){4}; {5} is "
         "admitted because {6}; --wire-activations f32 --wire-results f32 "
         "keep the exact wire\n",
-        coarseWins ? name(coarse) : name(exact), coarseWins ? b->tokS : a->tokS,
-        coarseWins ? name(exact) : name(coarse), coarseWins ? a->tokS : b->tokS,
+        wireWords(coarseWins ? coarse.cluster.cost : exact.cluster.cost),
+        won.tokS,
+        wireWords(coarseWins ? exact.cluster.cost : coarse.cluster.cost),
+        lost.tokS,
         coarseWins ? ""
                    : ": not faster by more than a tie, the exact wire kept",
         ClusterModel::wireName(admit.wire), admit.why);
-  }
-  return coarseWins ? withWires(coarse, std::move(*b))
-                    : withWires(exact, std::move(*a));
+  return coarseWins ? withWires(coarse, std::move(t->second))
+                    : withWires(exact, std::move(t->first));
 }
