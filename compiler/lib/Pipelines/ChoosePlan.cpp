@@ -310,8 +310,10 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
   const Candidate &won = coarseWins ? t->second : t->first;
   const Candidate &lost = coarseWins ? t->first : t->second;
   out << (coarseWins ? t->secondText : t->firstText);
-  if (open.explain)
-    out << llvm::formatv(
+  // Said even without --explain when the logits move (then on stderr,
+  // with progress: stdout may be --emit=stats's JSON).
+  if (open.explain || coarseWins)
+    (open.explain ? out : llvm::errs() << "duckc: ") << llvm::formatv(
         "wire: {0} ({1:F2} tok/s) over {2} ({3:F2} tok/s){4}; {5} is "
         "admitted because {6}; --wire-activations f32 --wire-results f32 "
         "keep the exact wire\n",
