@@ -465,14 +465,19 @@ void cost::explainChoice(const std::vector<Candidate> &all,
           ? formatv(", prefill {0:F1} tok/s", best.prefillTokS).str()
           : std::string());
   const double tpot = 1e3 / best.tokS;
-  if (!r.wireAtQ8 && best.networkMs > 0.15 * tpot)
+  using Wire = ClusterModel::Wire;
+  const bool f32Left = r.wireX == Wire::f32 || r.wireOut == Wire::f32;
+  if ((r.wireX != Wire::q8 || r.wireOut != Wire::q8) &&
+      best.networkMs > 0.15 * tpot)
     out << formatv("the network is {0:F0} % of the token: "
-                   "--wire-activations and --wire-results bf16 (2 bytes a "
-                   "value) or q8 (1.0625) send less than fp32's 4 (the "
-                   "logits move by what docs/perf.md gives; 'auto', the "
-                   "default, takes the coarsest the checkpoint's own "
-                   "inference admits where link speeds are given)\n",
-                   100 * best.networkMs / tpot);
+                   "--wire-activations and --wire-results {1}q8 (1.0625 "
+                   "bytes a value) send less than {2} (the logits move by "
+                   "what docs/perf.md gives; 'auto', the default, takes the "
+                   "coarsest the checkpoint's own inference admits where "
+                   "link speeds are given)\n",
+                   100 * best.networkMs / tpot,
+                   f32Left ? "bf16 (2 bytes a value) or " : "",
+                   f32Left ? "fp32's 4" : "bf16's 2");
 }
 
 std::string cost::noCandidateMessage(const std::vector<Candidate> &all) {

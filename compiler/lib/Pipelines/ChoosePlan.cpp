@@ -141,8 +141,8 @@ llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
   // By heads: an MLA's always (kv_b_proj leaves the host); a GQA's only
   // changes the wire, so only where the cluster file gives link speeds.
   r.mla = modelIsMla(base.modelDir);
-  r.wireAtQ8 = base.cluster.cost.wireX == ClusterModel::Wire::q8 &&
-               base.cluster.cost.wireOut == ClusterModel::Wire::q8;
+  r.wireX = base.cluster.cost.wireX;
+  r.wireOut = base.cluster.cost.wireOut;
   const bool links = base.cluster.cost.hostLinkGbps > 0 ||
                      !base.cluster.cost.duckLinkGbps.empty();
   // (--mla-absorb fixes an MLA's choice; a GQA model has nothing to absorb,

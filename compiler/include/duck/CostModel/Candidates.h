@@ -97,9 +97,10 @@ struct SearchRequest {
   /// ducks by heads (for an MLA, `mla`, only with its query projection
   /// there too: kv_b_proj goes with them).
   bool byHeadsOpen = false, mla = false;
-  /// Both ways of the wire already at q8 (duckc --wire-activations and
-  /// --wire-results q8): no hint to shrink them.
-  bool wireAtQ8 = false;
+  /// The wire's formats (duckc --wire-activations and --wire-results, or
+  /// the search's): the hint to shrink them names only smaller ones.
+  ClusterModel::Wire wireX = ClusterModel::Wire::f32,
+                     wireOut = ClusterModel::Wire::f32;
   std::string multipleOf, strategy, lmHead, inProj, qProj, oProj;
 };
 
