@@ -132,9 +132,10 @@ def act_quant_fp8(x, c):
     """x as an FP8 checkpoint's own linears take it (quantization_config
     activation_scheme "dynamic"; MATH.md 6, DeepSeek's act_quant): each
     token's values in blocks of 128, a block's scale its largest magnitude
-    over 448 (DeepSeek-V3.2 clamps that magnitude at 1e-4; with scale_fmt
-    "ue8m0" the scale is rounded up to a power of two), each value the
-    nearest e4m3 multiple of it."""
+    over 448 (that magnitude at least 1e-4, as DeepSeek-V3.2 clamps it,
+    which keeps an all-zero block defined; with scale_fmt "ue8m0" the
+    scale rounded up to a power of two), each value the nearest e4m3
+    multiple of it."""
     q = c.get("quantization_config") or {}
     rows = np.array(x, dtype=np.float64)
     shape, n = rows.shape, rows.shape[-1]
@@ -173,8 +174,9 @@ class Qwen3:
         own FP8 linears round their input (act_quant_fp8) when `name` is
         stored in FP8 (it has a weight_scale_inv); with act_bf16, x and the
         product rounded to bf16, as a bf16 inference's matrices take and
-        give them (its norms, attention and residual sums round too: this
-        is the least of its roundings)."""
+        give them (layer() rounds the residual stream and the norms'
+        outputs too; attention's softmax and sums stay exact: the least of
+        a bf16 inference's roundings)."""
         if self.act_fp8 and self.ck.has(name + "_scale_inv"):
             x = act_quant_fp8(x, self.c)
         if self.act_bf16:

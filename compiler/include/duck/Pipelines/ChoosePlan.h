@@ -32,12 +32,12 @@ struct PlanChoice {
 };
 
 /// The coarsest wire (duckc --wire-activations / --wire-results) that
-/// rounds a value no more than the checkpoint's own published inference
-/// rounds the inputs of its matrices, and why: q8 for block-FP8
-/// checkpoints with dynamic activations (each token's inputs in blocks of
-/// 128 e4m3 values: test/e2e/wire-auto.test measures q8 both ways moving
-/// the logits less than that rounding does), bf16 for bf16 checkpoints
-/// (their inference multiplies bf16 values), f32 otherwise.
+/// moves the logits less than the checkpoint's own published inference
+/// does by rounding its activations, and why: q8 for block-FP8
+/// checkpoints with dynamic activations (each token's inputs to an FP8
+/// matrix in blocks of 128 e4m3 values), bf16 for bf16 checkpoints (their
+/// inference holds bf16 values), f32 otherwise. test/e2e/wire-auto.test
+/// measures both premises against the float64 reference on test models.
 struct WireAdmission {
   ClusterModel::Wire wire = ClusterModel::Wire::f32;
   std::string why;
