@@ -1196,10 +1196,42 @@ void Server::OnClose(const duckd_frame_header &h) {
   Reply(h.type, h.request_id, {});
 }
 
+void Server::OnLinkProbe(const duckd_frame_header &h) {
+  uint64_t replyBytes = 0;
+  if (buf_.size() < sizeof(duckd_measure_request) + sizeof replyBytes) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               "measure: a link probe without its reply_bytes");
+    return;
+  }
+  std::memcpy(&replyBytes, buf_.data() + sizeof(duckd_measure_request),
+              sizeof replyBytes);
+  const duckd_measure_reply rep{};
+  if (replyBytes > DUCKD_LINK_PROBE_MAX_BYTES ||
+      replyBytes + sizeof rep > opt_.max_payload) {
+    ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
+               absl::StrCat("measure: a link probe's reply of ", replyBytes,
+                            " bytes; at most ",
+                            std::min<uint64_t>(DUCKD_LINK_PROBE_MAX_BYTES,
+                                               opt_.max_payload - sizeof rep)));
+    return;
+  }
+  if (link_zeros_.size() < replyBytes)
+    link_zeros_.resize(replyBytes);
+  Reply(h.type, h.request_id,
+        {{&rep, sizeof rep}, {link_zeros_.data(), size_t(replyBytes)}});
+}
+
 void Server::OnMeasure(const duckd_frame_header &h) {
   if (!ReadPayload(h))
     return;
   duckd_measure_request r{};
+  if (buf_.size() >= sizeof r) {
+    std::memcpy(&r, buf_.data(), sizeof r);
+    if (r.flags & DUCKD_MEASURE_LINK) {
+      OnLinkProbe(h);
+      return;
+    }
+  }
   if (buf_.size() != sizeof r) {
     ReplyError(h.type, h.request_id, DUCKD_ERR_BAD_REQUEST,
                "measure has the wrong size");

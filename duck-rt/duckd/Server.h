@@ -148,6 +148,9 @@ private:
   std::string PagesNote() const;
   void OnClose(const duckd_frame_header &h);
   void OnMeasure(const duckd_frame_header &h);
+  /// A measure request with DUCKD_MEASURE_LINK (its payload in buf_): the
+  /// zero reply of the size it asks for.
+  void OnLinkProbe(const duckd_frame_header &h);
   void OnStats(const duckd_frame_header &h);
   /// Whether the scrub may hash now: it has work, and the duck is idle (no
   /// step inside the ELF, no prepare between its begin and finish).
@@ -198,6 +201,7 @@ private:
   uint64_t session_id_ = 0, next_session_id_ = 1;
   std::unique_ptr<Worker> run_worker_;
   std::vector<uint8_t> buf_;
+  std::vector<uint8_t> link_zeros_; // a link probe's reply bytes
   FrameCheck check_; // of the frame being read
 };
 

@@ -233,7 +233,17 @@ typedef struct duckd_close_request {
 
 typedef enum duckd_measure_flags {
   DUCKD_MEASURE_PING = 1u << 0, // answer at once (a round-trip probe)
+  /// A link probe (added within protocol 5, sent only by
+  /// duck-measure-cluster --links): the request is the struct, then a
+  /// uint64 `reply_bytes` (at most DUCKD_LINK_PROBE_MAX_BYTES), then any
+  /// number of bytes duckd reads and discards; the reply is a zeroed
+  /// duckd_measure_reply followed by reply_bytes zero bytes, sent at once.
+  /// Timed with and without bytes each way, it gives the link's rates. A
+  /// duckd from before it answers bad_request "measure has the wrong size".
+  DUCKD_MEASURE_LINK = 1u << 1,
 } duckd_measure_flags;
+
+enum { DUCKD_LINK_PROBE_MAX_BYTES = 64 << 20 };
 
 enum { DUCKD_MEASURE_KERNELS = 8 }; // room for duck_kernel_id values
 

@@ -489,6 +489,14 @@ struct DuckClient::Impl {
                          double *p90, double *cpu50 = nullptr);
   /// Queues a measure ping to duck d (o.busy_us keeps it busy first).
   void QueuePing(size_t d, const MeasureOptions &o);
+  /// The median of `trips` rounds of link probes to `ducks` at once
+  /// (DUCKD_MEASURE_LINK), `out` bytes of `zeros` to each and `back` from
+  /// each, us; a reply of another size is an error (a duckd before the
+  /// probe answers bad_request).
+  absl::StatusOr<double> TimeLinkTrips(const std::vector<size_t> &ducks,
+                                       uint64_t out, uint64_t back,
+                                       const std::vector<uint8_t> &zeros,
+                                       uint32_t trips);
 
   // Prepare's phases, after the images are open.
   /// 1. Cache sessions: hit, partial or miss per duck, with what it has.
@@ -1241,6 +1249,92 @@ DuckClient::Measure(const MeasureOptions &options) {
   if (absl::Status s = Close(); !s.ok())
     return s;
   return out;
+}
+
+absl::StatusOr<double> DuckClient::Impl::TimeLinkTrips(
+    const std::vector<size_t> &ducks, uint64_t out, uint64_t back,
+    const std::vector<uint8_t> &zeros, uint32_t trips) {
+  std::vector<double> us;
+  for (uint32_t i = 0; i < trips; ++i) {
+    const uint64_t t0 = NowNs();
+    for (size_t d : ducks) {
+      if (absl::Status s = Usable(d); !s.ok())
+        return s;
+      duckd_measure_request r{};
+      r.flags = DUCKD_MEASURE_PING | DUCKD_MEASURE_LINK;
+      std::vector<uint8_t> owned(sizeof r + sizeof back);
+      std::memcpy(owned.data(), &r, sizeof r);
+      std::memcpy(owned.data() + sizeof r, &back, sizeof back);
+      std::vector<Part> parts = {{owned.data(), owned.size()}};
+      if (out > 0)
+        parts.push_back({zeros.data(), size_t(out)});
+      Queue(d, DUCKD_MSG_MEASURE, std::move(owned), std::move(parts));
+    }
+    absl::Status s =
+        Pump(ducks, opt.call_timeout, "link probe",
+             [&](size_t d, const duckd_frame_header &,
+                 absl::Span<const uint8_t> pl) -> absl::Status {
+               if (pl.size() != sizeof(duckd_measure_reply) + back)
+                 return absl::FailedPreconditionError(absl::StrCat(
+                     Name(d), ": a link probe's reply of ", pl.size(),
+                     " bytes, not ", sizeof(duckd_measure_reply) + back));
+               return absl::OkStatus();
+             });
+    if (!s.ok())
+      return s;
+    us.push_back(double(NowNs() - t0) / 1e3);
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+absl::StatusOr<LinkRates>
+DuckClient::MeasureLinks(const LinkProbeOptions &options) {
+  Impl &m = *impl_;
+  if (options.bytes == 0 || options.bytes > DUCKD_LINK_PROBE_MAX_BYTES ||
+      options.trips == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("link probe: ", options.bytes, " bytes and ",
+                     options.trips, " trips; the bytes must be within [1, ",
+                     DUCKD_LINK_PROBE_MAX_BYTES, "] and the trips at least 1"));
+  const std::vector<uint8_t> zeros(options.bytes);
+  const uint64_t n = options.bytes;
+  // Gbit/s of `bytes` to each of `ducks` (out, back) from the round trips
+  // with them and without; 0 where they took no measurable time more.
+  auto rates = [&](const std::vector<size_t> &ducks, double *outGbps,
+                   double *inGbps, double *emptyUs) -> absl::Status {
+    double t[3];
+    const uint64_t sizes[3][2] = {{0, 0}, {n, 0}, {0, n}};
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<double> us = m.TimeLinkTrips(
+          ducks, sizes[i][0], sizes[i][1], zeros, options.trips);
+      if (!us.ok())
+        return us.status();
+      t[i] = *us;
+    }
+    const double bits = 8.0 * double(n) * double(ducks.size());
+    *outGbps = t[1] > t[0] ? bits / ((t[1] - t[0]) * 1e3) : 0.0;
+    *inGbps = t[2] > t[0] ? bits / ((t[2] - t[0]) * 1e3) : 0.0;
+    *emptyUs = t[0];
+    return absl::OkStatus();
+  };
+  LinkRates r;
+  const std::vector<size_t> all = m.All();
+  r.out_gbps.resize(all.size());
+  r.in_gbps.resize(all.size());
+  for (size_t d : all) {
+    double empty = 0;
+    if (absl::Status s = rates({d}, &r.out_gbps[d], &r.in_gbps[d], &empty);
+        !s.ok())
+      return s;
+    r.empty_us = std::max(r.empty_us, empty);
+  }
+  double empty = 0;
+  if (all.size() >= 2)
+    if (absl::Status s = rates(all, &r.all_out_gbps, &r.all_in_gbps, &empty);
+        !s.ok())
+      return s;
+  return r;
 }
 
 absl::StatusOr<std::vector<duckd_stats_reply>> DuckClient::Stats() {

@@ -60,6 +60,15 @@ ABSL_FLAG(std::string, mesh, "",
           "(every duckd started with --mesh-port, its port the duck's "
           "\"mesh_port\" in the file) and write mesh_call_us and "
           "mesh_message_us");
+ABSL_FLAG(bool, links, false,
+          "Also time the links: probes carrying --link-mib each way to every "
+          "duck alone and to all at once (duckd answers at once), and write "
+          "each duck's link_gbps and, with two ducks or more, "
+          "host_link_gbps");
+ABSL_FLAG(uint32_t, link_mib, 8,
+          "Bytes a link probe carries one way, MiB (1 to 64; more for faster "
+          "links: the probe must take well over a round trip)");
+ABSL_FLAG(uint32_t, link_trips, 5, "Round trips timed a link probe (median)");
 ABSL_FLAG(bool, host, false,
           "Also measure this machine's read bandwidth, all its cores, as the "
           "host's (host_read_gbs: the cost of an LM head on the host, so the "
@@ -76,6 +85,7 @@ constexpr const char *kUsage =
   duck-measure-cluster <cluster.json> [-o FILE] [--cores N] [--millis MS]
                        [--arena-mib MIB] [--all-at-once] [--same-within F]
                        [--busy-us US] [--host] [--mesh tcp|udp]
+                       [--links [--link-mib MIB] [--link-trips N]]
   (also run as 'duckc measure-cluster ...', with the same arguments)
 
 Asks every duck of the cluster file (its duckd must be running; the file's
@@ -110,6 +120,18 @@ attention over that much context to the host's time; and "host_fp8":
 bytes (duckrun's default), "fp9" under DUCK_HOST_FP8=fp9 (the cost
 model's host bytes a weight for them: 1 or 1.125). The file keeps its
 other keys; it is written to a temporary file and renamed.
+
+--links times each duck's link and the host's: a probe of --link-mib MiB
+(8) to the duck and back, each way and neither, --link-trips (5) round
+trips each (medians); its rate is the bytes over the time they added. Each
+duck alone gives its link's rates to and from it, "link_gbps" the slower
+(rather than the cluster's "duck_link_gbps"); every duck at once gives
+the host's port's, "host_link_gbps" the slower way (or what the ducks'
+links carry together where their sum is the slower: the figure is what
+the host sees). A rate the probe could not time (no time added over a
+round trip without bytes: loopback) is not written, and said so; a larger
+--link-mib times it. 'duckc compile' then counts the wire (and with --tp
+auto weighs the wire's formats: README, the wire's formats).
 
 --mesh tcp|udp (every duck's duckd started with --mesh-port, that port the
 duck's "mesh_port" in the file) then joins the ducks into their mesh over
@@ -437,6 +459,41 @@ absl::Status WriteAtomically(const json &root, const std::string &out) {
   return absl::OkStatus();
 }
 
+/// --links: each duck's link alone and the host's port with every duck,
+/// the slower way of each written where it could be timed.
+absl::Status MeasureLinks(rt::DuckClient &client, json &root) {
+  const uint32_t mib = absl::GetFlag(FLAGS_link_mib);
+  rt::LinkProbeOptions o;
+  o.bytes = uint64_t(mib) << 20;
+  o.trips = std::max(1u, absl::GetFlag(FLAGS_link_trips));
+  auto r = client.MeasureLinks(o);
+  if (!r.ok())
+    return r.status();
+  auto slower = [](double a, double b) {
+    return a > 0 && b > 0 ? std::min(a, b) : 0.0;
+  };
+  json &ducks = root["ducks"];
+  for (size_t i = 0; i < r->out_gbps.size(); ++i) {
+    const double g = slower(r->out_gbps[i], r->in_gbps[i]);
+    std::printf("link duck %zu: %.3f Gbit/s to it, %.3f from it (%u MiB, "
+                "round trip without it %.0f us)%s\n",
+                i, r->out_gbps[i], r->in_gbps[i], mib, r->empty_us,
+                g > 0 ? "" : ": not timed, not written");
+    if (g > 0)
+      ducks[i]["link_gbps"] = g;
+  }
+  if (r->out_gbps.size() >= 2) {
+    const double g = slower(r->all_out_gbps, r->all_in_gbps);
+    std::printf("link host (every duck at once): %.3f Gbit/s out, %.3f "
+                "in%s\n",
+                r->all_out_gbps, r->all_in_gbps,
+                g > 0 ? "" : ": not timed, not written");
+    if (g > 0)
+      root["host_link_gbps"] = g;
+  }
+  return absl::OkStatus();
+}
+
 /// The divisor of n between 1 and n closest to its square root (0: none).
 uint32_t GroupsFor(uint32_t n) {
   uint32_t best = 0;
@@ -533,6 +590,9 @@ absl::Status Run(const std::string &path, const Names &names) {
   if (!cluster.ok())
     return cluster.status();
   json &root = cluster->doc;
+  if (const uint32_t mib = absl::GetFlag(FLAGS_link_mib); mib < 1 || mib > 64)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link-mib must be 1 to 64, got ", mib));
   std::vector<rt::DuckEndpoint> mesh;
   if (!absl::GetFlag(FLAGS_mesh).empty()) {
     auto eps = MeshEndpoints(*cluster);
@@ -566,6 +626,9 @@ absl::Status Run(const std::string &path, const Names &names) {
   RecordHostFrame(m, root);
   if (absl::GetFlag(FLAGS_host))
     MeasureHost(root);
+  if (absl::GetFlag(FLAGS_links))
+    if (absl::Status st = MeasureLinks(*m.client, root); !st.ok())
+      return st;
   if (!absl::GetFlag(FLAGS_mesh).empty())
     if (absl::Status st = MeasureMesh(mesh, *m.client, root); !st.ok())
       return st;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -773,6 +774,40 @@ TEST_F(DuckdBadClient, MeasureRequestsOutOfRange) {
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
     EXPECT_EQ(f->payload.size(), sizeof(duckd_measure_reply));
+  }
+  ExpectServing();
+}
+
+// A link probe (DUCKD_MEASURE_LINK): its bytes read and dropped, a reply of
+// the size it asks for; without its reply_bytes, or asking for more than
+// the limit, a bad_request and the connection still serves.
+TEST_F(DuckdBadClient, LinkProbes) {
+  {
+    Raw r(ep_);
+    r.HelloOk();
+    const duckd_measure_request q{0, DUCKD_MEASURE_PING | DUCKD_MEASURE_LINK, 0,
+                                  0, 0};
+    const std::vector<uint8_t> bytes(300000, 0x5a);
+    for (uint64_t back : {uint64_t(0), uint64_t(123457)}) {
+      r.SendFrame(
+          DUCKD_MSG_MEASURE,
+          {{&q, sizeof q}, {&back, sizeof back}, {bytes.data(), bytes.size()}});
+      auto f = r.Recv();
+      ASSERT_TRUE(f.ok()) << f.status();
+      EXPECT_EQ(f->header.flags, uint32_t(DUCKD_FLAG_REPLY));
+      ASSERT_EQ(f->payload.size(), sizeof(duckd_measure_reply) + back);
+      EXPECT_TRUE(std::all_of(f->payload.begin(), f->payload.end(),
+                              [](uint8_t b) { return b == 0; }));
+    }
+    r.SendFrame(DUCKD_MSG_MEASURE, {{&q, sizeof q}});
+    EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST)
+                  .find("without its "
+                        "reply_bytes"),
+              std::string::npos);
+    const uint64_t huge = uint64_t(DUCKD_LINK_PROBE_MAX_BYTES) + 1;
+    r.SendFrame(DUCKD_MSG_MEASURE, {{&q, sizeof q}, {&huge, sizeof huge}});
+    EXPECT_NE(r.ExpectError(DUCKD_ERR_BAD_REQUEST).find("a link probe's reply"),
+              std::string::npos);
   }
   ExpectServing();
 }

@@ -191,6 +191,24 @@ struct DuckRates {
   double fan_cpu_us_p50 = 0, cpu_idle_us_p50 = 0;
 };
 
+/// duck-measure-cluster --links: each link timed with `bytes` going one
+/// way and none, `trips` round trips each (medians).
+struct LinkProbeOptions {
+  uint64_t bytes = 8 << 20; // at most DUCKD_LINK_PROBE_MAX_BYTES
+  uint32_t trips = 5;
+};
+/// The links' rates, Gbit/s: (round trip with the bytes - without) over
+/// the bytes. 0 where the bytes took no measurable time more.
+struct LinkRates {
+  /// Each duck alone: host -> duck, duck -> host.
+  std::vector<double> out_gbps, in_gbps;
+  /// Every duck at once (the host's port, or the ducks' links where their
+  /// sum is the slower); 0 with one duck.
+  double all_out_gbps = 0, all_in_gbps = 0;
+  /// The round trip without bytes (each duck alone, the slowest), us.
+  double empty_us = 0;
+};
+
 class DuckClient {
 public:
   /// Connects to every duck and says hello (abi, token).
@@ -268,6 +286,10 @@ public:
   /// `pings` round trips to it. For the compiler's cost model.
   absl::StatusOr<std::vector<DuckRates>>
   Measure(const MeasureOptions &options = {});
+  /// Times link probes (duckd_protocol.h's DUCKD_MEASURE_LINK) to every
+  /// duck alone, then to all at once, with `bytes` out, back and neither.
+  /// A duckd from before the probe answers an error, returned.
+  absl::StatusOr<LinkRates> MeasureLinks(const LinkProbeOptions &options = {});
   /// Asks every duck for its counters (`stats`: the weight scrub's). A
   /// duckd older than the `stats` message answers bad_frame ("unknown
   /// message type 11") and closes the connection.
