@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -469,7 +470,13 @@ absl::Status MeasureLinks(rt::DuckClient &client, json &root) {
   o.trips = std::max(1u, absl::GetFlag(FLAGS_link_trips));
   auto r = client.MeasureLinks(o);
   if (!r.ok())
-    return r.status();
+    return absl::Status(
+        r.status().code(),
+        absl::StrCat("--links: ", r.status().message(),
+                     absl::StrContains(r.status().message(), "wrong size")
+                         ? " (a duckd from before the link probe answers "
+                           "so: update it, or measure without --links)"
+                         : ""));
   auto slower = [](double a, double b) {
     return a > 0 && b > 0 ? std::min(a, b) : 0.0;
   };
