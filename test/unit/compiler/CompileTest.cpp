@@ -3,6 +3,7 @@
 // compiles exactly as compileModel does, as many times as asked.
 #include "duck/Pipelines/Compile.h"
 #include "Cli.h" // duck-mkmodel, for a checkpoint with weights
+#include "duck/Pipelines/ChoosePlan.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -154,3 +155,32 @@ TEST(CompileModel, InterruptedWriteLeavesNothingBehind) {
 }
 
 } // namespace
+
+// The search's coarsest wire (ChoosePlan.h): q8 for the block-FP8 releases
+// with dynamic activations, bf16 for bf16 checkpoints, f32 for anything
+// else (a float32 checkpoint; an FP8 one whose activations are static and
+// whose dtype says nothing).
+TEST(CheckpointWire, FollowsTheCheckpointsOwnRounding) {
+  using Wire = mlir::duck::ClusterModel::Wire;
+  auto load = [](const std::string &model) {
+    llvm::Expected<mlir::duck::import::ModelDesc> m =
+        mlir::duck::import::loadModelConfig(kModels + model + "/config.json");
+    EXPECT_TRUE(bool(m)) << llvm::toString(m.takeError());
+    return *m;
+  };
+  for (const char *fp8 : {"DeepSeek-V3.2", "DeepSeek-V3", "Qwen3-30B-A3B-FP8",
+                          "Qwen3-235B-A22B-FP8"}) {
+    const mlir::duck::WireAdmission a = mlir::duck::checkpointWire(load(fp8));
+    EXPECT_EQ(a.wire, Wire::q8) << fp8;
+    EXPECT_NE(a.why.find("activation_scheme dynamic"), std::string::npos);
+  }
+  mlir::duck::import::ModelDesc bf16 = load("Qwen3-235B-A22B");
+  EXPECT_EQ(mlir::duck::checkpointWire(bf16).wire, Wire::bf16);
+  mlir::duck::import::ModelDesc f32 = bf16;
+  f32.torch_dtype = "float32";
+  EXPECT_EQ(mlir::duck::checkpointWire(f32).wire, Wire::f32);
+  mlir::duck::import::ModelDesc staticFp8 = load("DeepSeek-V3.2");
+  staticFp8.quantization.activation_scheme = "static";
+  staticFp8.torch_dtype.clear();
+  EXPECT_EQ(mlir::duck::checkpointWire(staticFp8).wire, Wire::f32);
+}
