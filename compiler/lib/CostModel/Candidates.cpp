@@ -394,8 +394,7 @@ void cost::explainCandidates(const std::vector<Candidate> &all,
   // go and the host's time (the host head's share included) is shown; with
   // a link speed given, each candidate's time on the wire.
   const bool hostCol = r.lmHeadOpen || r.projOpen;
-  const bool netCol = cm.hostLinkGbps > 0 || !cm.duckLinkGbps.empty() ||
-                      cm.latencyUs > 0;
+  const bool netCol = cm.linksGiven() || cm.latencyUs > 0;
   out << "  tp  multiple_of  strategy    " << (r.lmHeadOpen ? "  LM head  " : "")
       << (r.projOpen ? "  attn proj" : "") << (hostCol ? "    host ms" : "")
       << "  TPOT ms  stream ms  dispatch ms" << (netCol ? "  network ms" : "")

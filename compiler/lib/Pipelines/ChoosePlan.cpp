@@ -143,8 +143,7 @@ llvm::Expected<Candidate> searchPlans(const CompileOptions &base,
   r.mla = modelIsMla(base.modelDir);
   r.wireX = base.cluster.cost.wireX;
   r.wireOut = base.cluster.cost.wireOut;
-  const bool links = base.cluster.cost.hostLinkGbps > 0 ||
-                     !base.cluster.cost.duckLinkGbps.empty();
+  const bool links = base.cluster.cost.linksGiven();
   // (--mla-absorb fixes an MLA's choice; a GQA model has nothing to absorb,
   // so the flag leaves its by-heads candidates open.)
   r.byHeadsOpen = r.projOpen && (base.mlaAbsorb == "host" || !r.mla) &&
@@ -270,8 +269,7 @@ llvm::Expected<Candidate> mlir::duck::choosePlan(const CompileOptions &base,
                                                  const PlanChoice &open,
                                                  llvm::raw_ostream &out) {
   using Wire = ClusterModel::Wire;
-  const ClusterModel &c = base.cluster.cost;
-  const bool links = c.hostLinkGbps > 0 || !c.duckLinkGbps.empty();
+  const bool links = base.cluster.cost.linksGiven();
   WireAdmission admit;
   if (links && (open.wireXOpen || open.wireOutOpen)) {
     llvm::SmallString<256> path(base.modelDir);

@@ -180,6 +180,9 @@ struct ClusterModel {
   uint32_t ibFlags() const;
   /// duckc's name of a wire form: "f32", "bf16", "q8".
   static const char *wireName(Wire w);
+  /// The cluster file gives a link speed (the host's or a duck's): the
+  /// wire is counted.
+  bool linksGiven() const { return hostLinkGbps > 0 || !duckLinkGbps.empty(); }
 
   /// Cores a duck: its step reply carries a kernel time for each.
   int64_t coresPerDuck = 1;
