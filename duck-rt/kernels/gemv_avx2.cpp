@@ -3,9 +3,9 @@
 //
 // Every shift-path kernel accumulates one row in the same canonical order,
 // so they (general, exact, GEMM tiles) give bit-identical results: 32
-// weights per sign word, loaded as one 32-byte vector whose dword lane j
-// holds weights 4j..4j+3; accumulator acc[q] takes lane j = weight 32c+4j+q
-// (one shift and one mask per group, no shuffle); then (acc0+acc1)+
+// weights per sign word; accumulator acc[q] takes lane j = weight
+// 32c+4j+q (SignedDecoder: the bytes reordered within each half and
+// unpacked with sign bytes, two groups a pair); then (acc0+acc1)+
 // (acc2+acc3), then the hadd pattern ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)),
 // times 2^3. The pre-scaled input is stored in the same permuted order. The
 // F16C path (a benchmark alternative) reads weights in natural order.
@@ -17,6 +17,12 @@
 namespace {
 
 constexpr float kShiftXFactor = 0x1p102f; // 2^DUCK_FP9_SHIFT_X_LOG2
+/// How far ahead of the decode the magnitudes are prefetched. 8 KiB since
+/// the byte-unpack decode: on the Zen 5 VM 4 KiB left the faster loop
+/// waiting on memory (two cores cold 35.9 / 36.5 against 39.4 / 38.0
+/// Gparam/s, K = 7168); the exact kernels' four tiles ahead (0.5-1 KiB)
+/// and 2 KiB measured the same as 8 KiB there.
+constexpr uint32_t kPrefetchBytes = 8192;
 constexpr float kF16cXFactor = 0x1p-10f;  // 2^DUCK_FP9_F16C_X_LOG2
 constexpr float kAccFactor = 8.0f;        // 2^DUCK_FP9_ACC_LOG2
 static_assert(DUCK_FP9_SHIFT_X_LOG2 == 102 && DUCK_FP9_F16C_X_LOG2 == -10 &&
@@ -35,36 +41,79 @@ inline __m256i shiftCounts(int g) {
                            27 - 8 * g, 26 - 8 * g, 25 - 8 * g, 24 - 8 * g);
 }
 
-/// Shift path: 32 weights (one sign word) decoded into four groups; lane j
-/// of group q is weight 4j + q. w[q] holds the magnitudes as fp32 bits
-/// (value * 2^-105), s[q] has the weight's sign in bit 31 (don't-care
-/// below, for a blend or a mask).
-struct Chunk32 {
-  __m256 w[4];
-  __m256 s[4];
-};
+/// Shift path: the 32 weights of one sign word, decoded with their signs.
+/// Group q (lane j = weight 4j + q) comes out as fp32 bits: sign in bit 31,
+/// magnitude code in bits 20..27 (value * 2^-105), zeros elsewhere.
+///
+/// The magnitudes are reordered within each 128-bit half so that one byte
+/// unpack with the signs, made bytes (8 or 0xF8 for a negative weight, 0
+/// otherwise), gives dwords [s1 m1 s0 m0] holding two groups' weights: the
+/// first is the dword shifted left 20 (s0's bit 3 lands on bit 31, m0 on
+/// 20..27, s1 and m1 fall off), the second the dword shifted left 4 with
+/// its low 20 bits cleared. Twelve vector operations a 32-chunk where
+/// shifting each group out of the loaded vector and applying each sign with
+/// an AND and an XOR took twenty; the bits are the same.
+struct SignedDecoder {
+  // Byte t of each half of the reordered magnitudes: weight kOrder[t].
+  //   kOrder = 0 1 4 5 8 9 12 13 | 2 3 6 7 10 11 14 15
+  // so unpacklo's dwords are groups 0 / 1, unpackhi's groups 2 / 3.
+  __m256i order =
+      _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                       1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  // Which byte of the sign word holds weight 16h + kOrder[t]'s bit ...
+  __m256i spread =
+      _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                       2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3);
+  // ... and which bit of that byte.
+  __m256i bit = _mm256_setr_epi8(1, 2, 16, 32, 1, 2, 16, 32, 4, 8, 64, -128, 4,
+                                 8, 64, -128, 1, 2, 16, 32, 1, 2, 16, 32, 4, 8,
+                                 64, -128, 4, 8, 64, -128);
+  __m256i eight = _mm256_set1_epi8(8);
+  __m256i high = _mm256_set1_epi32((int)0xFFF00000u);
 
-inline Chunk32 decodeChunk(const uint8_t *mag, uint32_t word) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag));
-  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
-  Chunk32 c;
-  c.w[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), mask));
-  c.w[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 12), mask));
-  c.w[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 4), mask));
-  c.w[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4), mask));
-  // Sign bit 4j+q must reach bit 31 of lane j: shift by 31-4j-q. Group 3
-  // needs 28-4j; each lower group one more, which is an add to itself.
-  const __m256i base = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
-  __m256i t3 = _mm256_sllv_epi32(_mm256_set1_epi32((int)word), base);
-  __m256i t2 = _mm256_add_epi32(t3, t3);
-  __m256i t1 = _mm256_add_epi32(t2, t2);
-  __m256i t0 = _mm256_add_epi32(t1, t1);
-  c.s[0] = _mm256_castsi256_ps(t0);
-  c.s[1] = _mm256_castsi256_ps(t1);
-  c.s[2] = _mm256_castsi256_ps(t2);
-  c.s[3] = _mm256_castsi256_ps(t3);
-  return c;
-}
+  /// The sign bytes of a word, in the reordered magnitudes' order: 0 for a
+  /// clear bit (a positive weight), 8 for a set one, 0xF8 where the set bit
+  /// is bit 7 of its byte (vpsignb negates 8 by 0x80, -128 as a signed
+  /// byte). Either way bit 3, the bit that moves to bit 31, is set and bits
+  /// 0..2 are clear.
+  __m256i signBytes(uint32_t word) const {
+    const __m256i b = _mm256_set1_epi32((int)word);
+    return _mm256_sign_epi8(
+        eight, _mm256_and_si256(_mm256_shuffle_epi8(b, spread), bit));
+  }
+  /// Groups 0 and 1 (lo) and groups 2 and 3 (hi) as packed dwords.
+  void pairs(const uint8_t *mag, uint32_t word, __m256i *lo,
+             __m256i *hi) const {
+    const __m256i v = _mm256_shuffle_epi8(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)), order);
+    const __m256i s = signBytes(word);
+    *lo = _mm256_unpacklo_epi8(v, s);
+    *hi = _mm256_unpackhi_epi8(v, s);
+  }
+  /// One pair only: groups 0 / 1 when Hi is false, 2 / 3 when true.
+  template <bool Hi> __m256i pair(const uint8_t *mag, uint32_t word) const {
+    const __m256i v = _mm256_shuffle_epi8(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)), order);
+    return Hi ? _mm256_unpackhi_epi8(v, signBytes(word))
+              : _mm256_unpacklo_epi8(v, signBytes(word));
+  }
+  /// The pair's first group (0 or 2) and second group (1 or 3).
+  static __m256 first(__m256i u) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 20));
+  }
+  __m256 second(__m256i u) const {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(u, 4), high));
+  }
+  /// All four groups of a chunk.
+  void chunk(const uint8_t *mag, uint32_t word, __m256 (&w)[4]) const {
+    __m256i lo, hi;
+    pairs(mag, word, &lo, &hi);
+    w[0] = first(lo);
+    w[1] = second(lo);
+    w[2] = first(hi);
+    w[3] = second(hi);
+  }
+};
 
 /// Decodes 16 weights with the F16C path into two vectors (w * 2^7).
 inline void decodeF16c(const uint8_t *p, __m256 *lo, __m256 *hi) {
@@ -163,36 +212,26 @@ void prescaleAny(uint32_t block, const float *x, const float *scale,
   }
 }
 
-/// Accumulates 32 weights of one row into acc0..acc3 (shift path). The
-/// sign flips the decoded weight (an AND and an XOR) rather than choosing
-/// between the pre-scaled input and its negation with a blend: the product
-/// has the same bits either way, and a variable blend costs up to three
-/// uops and a second load on recent cores.
-#define DUCK_ACC32(mag, word, xs, acc0, acc1, acc2, acc3)                      \
-  do {                                                                         \
-    const Chunk32 d_ = decodeChunk((mag), (word));                             \
-    const __m256 nz_ = _mm256_set1_ps(-0.0f);                                  \
-    acc0 = _mm256_fmadd_ps(                                                    \
-        _mm256_xor_ps(d_.w[0], _mm256_and_ps(d_.s[0], nz_)),                   \
-        _mm256_load_ps(xs), acc0);                                             \
-    acc1 = _mm256_fmadd_ps(                                                    \
-        _mm256_xor_ps(d_.w[1], _mm256_and_ps(d_.s[1], nz_)),                   \
-        _mm256_load_ps((xs) + 8), acc1);                                       \
-    acc2 = _mm256_fmadd_ps(                                                    \
-        _mm256_xor_ps(d_.w[2], _mm256_and_ps(d_.s[2], nz_)),                   \
-        _mm256_load_ps((xs) + 16), acc2);                                      \
-    acc3 = _mm256_fmadd_ps(                                                    \
-        _mm256_xor_ps(d_.w[3], _mm256_and_ps(d_.s[3], nz_)),                   \
-        _mm256_load_ps((xs) + 24), acc3);                                      \
-  } while (0)
+/// Accumulates 32 weights of one row into acc0..acc3 (shift path).
+inline void accumulate32(const uint8_t *mag, uint32_t word, const float *xs,
+                         __m256 &acc0, __m256 &acc1, __m256 &acc2,
+                         __m256 &acc3) {
+  __m256 w[4];
+  SignedDecoder().chunk(mag, word, w);
+  acc0 = _mm256_fmadd_ps(w[0], _mm256_load_ps(xs), acc0);
+  acc1 = _mm256_fmadd_ps(w[1], _mm256_load_ps(xs + 8), acc1);
+  acc2 = _mm256_fmadd_ps(w[2], _mm256_load_ps(xs + 16), acc2);
+  acc3 = _mm256_fmadd_ps(w[3], _mm256_load_ps(xs + 24), acc3);
+}
 
 /// One row, shift path.
 inline float dotRowShift(const uint8_t *mag, const uint32_t *sign,
                          const float *xs, uint32_t k) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
-    DUCK_ACC32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + kPrefetchBytes),
+                 _MM_HINT_T0);
+    accumulate32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
   }
   return reduceRow(acc0, acc1, acc2, acc3);
 }
@@ -204,7 +243,8 @@ inline float dotRowF16c(const uint8_t *mag, const uint32_t *sign,
   const __m256i s0 = shiftCounts(0), s1 = shiftCounts(1), s2 = shiftCounts(2),
                 s3 = shiftCounts(3);
   for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + kPrefetchBytes),
+                 _MM_HINT_T0);
     __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
     __m256 w0, w1, w2, w3;
     decodeF16c(mag + c, &w0, &w1);
@@ -235,7 +275,7 @@ inline __m256 rowSum(const uint8_t *mag, const uint32_t *sign,
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
 #pragma GCC unroll 4
   for (uint32_t c = 0; c < K; c += 32)
-    DUCK_ACC32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
+    accumulate32(mag + c, sign[c / 32], xs + c, acc0, acc1, acc2, acc3);
   return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
 }
 
@@ -252,13 +292,12 @@ void exactRows(const duck_fp9_matrix *m, const float *xs,
   for (; r + R <= r1; r += R) {
     const uint8_t *mag = m->mag + (uint64_t)r * K;
     const uint32_t *sign = m->sign + (uint64_t)r * W;
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 64),
-                 _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 128),
-                 _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char *>(mag + 4 * R * K + 192),
-                 _MM_HINT_T0);
+    // The tile kPrefetchBytes on (4 lines: a tile is R * K <= 256 bytes).
+    const char *ahead = reinterpret_cast<const char *>(mag) + kPrefetchBytes;
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(ahead + 128, _MM_HINT_T0);
+    _mm_prefetch(ahead + 192, _MM_HINT_T0);
     if constexpr (R == 4) {
       __m256 v0 = rowSum<K>(mag, sign, xs);
       __m256 v1 = rowSum<K>(mag + K, sign + W, xs);
@@ -283,30 +322,25 @@ void exactRows(const duck_fp9_matrix *m, const float *xs,
 template <int T>
 inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
                     uint32_t k, float *y, uint32_t y_ld) {
-  const __m256 negZero = _mm256_set1_ps(-0.0f);
-  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
-  const __m256i base = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+  const SignedDecoder d;
   __m256 acc[T][4];
   for (int t = 0; t < T; ++t)
     for (int q = 0; q < 4; ++q)
       acc[t][q] = _mm256_setzero_ps();
   for (uint32_t c = 0; c < k; c += 32) {
     // The GEMV's prefetch distance: weights stream from DRAM in prefill.
-    _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
-    // decodeChunk's arithmetic, one group at a time from q = 3 down (its
-    // sign shift is the smallest), so only one decoded group is live: the
-    // 4 x T accumulators then fit the register file.
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
-    __m256i sg = _mm256_sllv_epi32(_mm256_set1_epi32((int)sign[c / 32]), base);
-    for (int q = 3; q >= 0; --q) {
-      __m256i bits = q == 3 ? _mm256_srli_epi32(v, 4)
-                            : _mm256_slli_epi32(v, 20 - 8 * q);
-      __m256 w = _mm256_castsi256_ps(_mm256_and_si256(bits, mask));
-      w = _mm256_xor_ps(w, _mm256_and_ps(_mm256_castsi256_ps(sg), negZero));
+    _mm_prefetch(reinterpret_cast<const char *>(mag + c + kPrefetchBytes),
+                 _MM_HINT_T0);
+    // The two pairs, then one decoded group at a time beside the 4 x T
+    // accumulators.
+    __m256i lo, hi;
+    d.pairs(mag + c, sign[c / 32], &lo, &hi);
+    for (int q = 0; q < 4; ++q) {
+      const __m256i u = q < 2 ? lo : hi;
+      const __m256 w = q % 2 == 0 ? SignedDecoder::first(u) : d.second(u);
       for (int t = 0; t < T; ++t)
         acc[t][q] = _mm256_fmadd_ps(
             w, _mm256_load_ps(xs + (uint64_t)t * k + c + 8 * q), acc[t][q]);
-      sg = _mm256_add_epi32(sg, sg);
     }
   }
   for (int t = 0; t < T; ++t)
@@ -319,8 +353,8 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
 /// in L1 for the second pass), so 2T accumulators are live where gemmRow<T>
 /// needs 4T (gemmRow<3>'s 12 spill beside the decode). Each takes the FMAs
 /// duck_gemv's accumulator q takes for its token, in the same order, with
-/// the same decoded weight (group q's sign is the word shifted by base +
-/// 3 - q, decodeChunk's doubling): the GEMV's bits. Two groups a pass, not
+/// the same decoded weight (SignedDecoder's pair Q0 / 2): the GEMV's
+/// bits. Two groups a pass, not
 /// one: with four chains an iteration the FMA latency set the pace (1245
 /// against 1581 us one core, the 0.6B FFN at four tokens). Hot, one core,
 /// 768 x 2048: three tokens 148-150 us against gemmRow<3>'s 183-199; two
@@ -328,12 +362,7 @@ inline void gemmRow(const uint8_t *mag, const uint32_t *sign, const float *xs,
 template <int T, int Q0>
 inline void gemmRowPass(const uint8_t *mag, const uint32_t *sign,
                         const float *xs, uint32_t k, __m256 (&sums)[4][4]) {
-  const __m256 negZero = _mm256_set1_ps(-0.0f);
-  const __m256i mask = _mm256_set1_epi32(0x0FF00000);
-  // Group q's sign shift: decodeChunk's base plus 3 - q.
-  const __m256i shiftA = _mm256_setr_epi32(31 - Q0, 27 - Q0, 23 - Q0, 19 - Q0,
-                                           15 - Q0, 11 - Q0, 7 - Q0, 3 - Q0);
-  const __m256i shiftB = _mm256_sub_epi32(shiftA, _mm256_set1_epi32(1));
+  const SignedDecoder d;
   // Token t's inputs of group Q0 (Q0 + 1 is 8 floats on).
   const float *x[T];
   for (int t = 0; t < T; ++t)
@@ -344,27 +373,14 @@ inline void gemmRowPass(const uint8_t *mag, const uint32_t *sign,
   for (uint32_t c = 0; c < k; c += 32) {
     // The first pass streams the row in (the GEMV's prefetch distance).
     if (Q0 == 0)
-      _mm_prefetch(reinterpret_cast<const char *>(mag + c + 4096), _MM_HINT_T0);
-    const __m256i v =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag + c));
-    const __m256i word = _mm256_set1_epi32((int)sign[c / 32]);
-    const __m256 wA = _mm256_xor_ps(
-        _mm256_castsi256_ps(
-            _mm256_and_si256(_mm256_slli_epi32(v, 20 - 8 * Q0), mask)),
-        _mm256_and_ps(_mm256_castsi256_ps(_mm256_sllv_epi32(word, shiftA)),
-                      negZero));
+      _mm_prefetch(reinterpret_cast<const char *>(mag + c + kPrefetchBytes),
+                   _MM_HINT_T0);
+    // Groups Q0 and Q0 + 1 are one pair of the decoder's.
+    const __m256i u = d.pair<Q0 == 2>(mag + c, sign[c / 32]);
+    const __m256 wA = SignedDecoder::first(u);
     for (int t = 0; t < T; ++t)
       a[t] = _mm256_fmadd_ps(wA, _mm256_load_ps(x[t] + c), a[t]);
-    // Group Q0 + 1; group 3's magnitude is the top byte, shifted down.
-    __m256i bitsB;
-    if constexpr (Q0 + 1 == 3)
-      bitsB = _mm256_srli_epi32(v, 4);
-    else
-      bitsB = _mm256_slli_epi32(v, 12 - 8 * Q0);
-    const __m256 wB = _mm256_xor_ps(
-        _mm256_castsi256_ps(_mm256_and_si256(bitsB, mask)),
-        _mm256_and_ps(_mm256_castsi256_ps(_mm256_sllv_epi32(word, shiftB)),
-                      negZero));
+    const __m256 wB = d.second(u);
     for (int t = 0; t < T; ++t)
       b[t] = _mm256_fmadd_ps(wB, _mm256_load_ps(x[t] + c + 8), b[t]);
   }
@@ -395,17 +411,18 @@ inline void gemmRowPasses(const uint8_t *mag, const uint32_t *sign,
 template <int R>
 inline void decodePanel(const uint8_t *mag, const uint32_t *sign, uint32_t k,
                         uint32_t c0, uint32_t c1, float *panel) {
-  const __m256 negZero = _mm256_set1_ps(-0.0f);
+  const SignedDecoder d;
   for (int r = 0; r < R; ++r) {
     const uint8_t *m = mag + (uint64_t)r * k;
     const uint32_t *s = sign + (uint64_t)r * (k / 32);
     float *p = panel + (uint64_t)r * (c1 - c0) - c0;
     for (uint32_t c = c0; c < c1; c += 32) {
-      _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
-      const Chunk32 d = decodeChunk(m + c, s[c / 32]);
+      _mm_prefetch(reinterpret_cast<const char *>(m + c + kPrefetchBytes),
+                   _MM_HINT_T0);
+      __m256 w[4];
+      d.chunk(m + c, s[c / 32], w);
       for (int q = 0; q < 4; ++q)
-        _mm256_store_ps(p + c + 8 * q,
-                        _mm256_xor_ps(d.w[q], _mm256_and_ps(d.s[q], negZero)));
+        _mm256_store_ps(p + c + 8 * q, w[q]);
     }
   }
 }
@@ -787,7 +804,8 @@ constexpr float kE4m3ToFp9 = 0x1p15f;
 inline float dotRowE4m3(const uint8_t *w, const float *xs, uint32_t k) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   for (uint32_t c = 0; c < k; c += 32) {
-    _mm_prefetch(reinterpret_cast<const char *>(w + c + 4096), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char *>(w + c + kPrefetchBytes),
+                 _MM_HINT_T0);
     const E4m3Chunk d = decodeE4m3(w + c);
     acc0 = _mm256_fmadd_ps(d.w[0], _mm256_load_ps(xs + c), acc0);
     acc1 = _mm256_fmadd_ps(d.w[1], _mm256_load_ps(xs + c + 8), acc1);
@@ -808,7 +826,8 @@ inline void e4m3RowPass(const uint8_t *w, const float *xs, uint32_t k,
     a[t] = b[t] = _mm256_setzero_ps();
   for (uint32_t c = 0; c < k; c += 32) {
     if (Q0 == 0)
-      _mm_prefetch(reinterpret_cast<const char *>(w + c + 4096), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char *>(w + c + kPrefetchBytes),
+                   _MM_HINT_T0);
     const __m256i v =
         _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c));
     const __m256 wA = _mm256_castsi256_ps(_mm256_and_si256(
@@ -1102,7 +1121,8 @@ static void decodePanelE4m3(const uint8_t *mag, const uint32_t *, uint32_t k,
     const uint8_t *m = mag + (uint64_t)r * k;
     float *p = panel + (uint64_t)r * (c1 - c0) - c0;
     for (uint32_t c = c0; c < c1; c += 32) {
-      _mm_prefetch(reinterpret_cast<const char *>(m + c + 4096), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char *>(m + c + kPrefetchBytes),
+                   _MM_HINT_T0);
       const E4m3Chunk d = decodeE4m3(m + c);
       for (int q = 0; q < 4; ++q)
         _mm256_store_ps(p + c + 8 * q, d.w[q]);

@@ -101,7 +101,7 @@ void duck_gemm_with_decoder(const duck_fp9_matrix *m, const float *x,
 /// lays it out); `m->sign` is not read. The e4m3 bits moved to fp32 bit 20
 /// are the value times 2^-120, so one arithmetic shift right and one mask
 /// decode a weight with its sign (11 vector operations a 32-chunk where fp9
-/// takes 20). Results have the fp9 kernels' bits for the same weights (each
+/// takes 12). Results have the fp9 kernels' bits for the same weights (each
 /// product is theirs times 2^-15, undone exactly at the end).
 ///
 /// Rows [row_begin, row_end) against one input; `xs` is m->k floats.

@@ -136,6 +136,44 @@ TEST(Kernels, GemvMatchesReference) {
   }
 }
 
+// Each weight, read alone (x one-hot), is its own magnitude code times its
+// sign and scale, bit for bit: the decode puts every code and every sign
+// (all 32 positions of a sign word) where they belong, in every kernel.
+TEST(Kernels, EveryWeightIsItsCodeSignAndScale) {
+  std::mt19937 rng(10);
+  const Shape shapes[] = {{40, 256, 128, 64},
+                          {24, 64, 64, 0},
+                          {12, 128, 128, 0},
+                          {33, 32, 32, 0},
+                          {20, 96, 32, 3}};
+  for (const Shape &s : shapes) {
+    TestMatrix m(s.rows, s.k, s.block, s.row0, rng);
+    const duck_fp9_matrix &v = m.view;
+    Aligned<float> xs(2 * s.k);
+    std::vector<float> x(s.k, 0.0f), y(s.rows);
+    uint32_t negatives = 0;
+    for (uint32_t i = 0; i < s.k; ++i) {
+      x.assign(s.k, 0.0f);
+      x[i] = 1.0f;
+      duck_gemv(&v, x.data(), y.data(), 0, s.rows, xs.get(), DUCK_DECODE_SHIFT);
+      for (uint32_t r = 0; r < s.rows; ++r) {
+        const uint8_t code = v.mag[(uint64_t)r * s.k + i];
+        const uint32_t sign =
+            v.sign[(uint64_t)r * (s.k / 32) + i / 32] >> (i % 32) & 1;
+        const uint32_t tile = (r + v.row_phase) / v.scale_rows;
+        const float scale =
+            v.scale[(uint64_t)tile * (s.k / s.block) + i / s.block];
+        const float want = duck_fp9_decode(sign, code) * scale;
+        negatives += sign;
+        ASSERT_EQ(y[r], want)
+            << s.rows << "x" << s.k << " row " << r << " column " << i
+            << " code " << unsigned(code) << " sign " << sign;
+      }
+    }
+    EXPECT_GT(negatives, 0u);
+  }
+}
+
 // Exact and general kernels share one accumulation order: identical bits;
 // the F16C path agrees within the fp32 rounding bound.
 TEST(Kernels, ExactAndGeneralKernelsAreBitIdentical) {
