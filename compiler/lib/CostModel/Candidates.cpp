@@ -245,26 +245,38 @@ cost::mixLayers(const Candidate &split, const Candidate &whole,
           b[r] += whole.layers[i].duckBytes[r] - split.layers[i].duckBytes[r];
     return b;
   };
-  auto excess = [&](const std::vector<uint64_t> &b) {
+  // The excess over each duck's memory with layer `flip` switched (none
+  // when flip == n), from the bytes b of the current mix: the bytes with one
+  // layer switched are b plus or minus that layer's difference, so each try
+  // costs one pass over the ducks (the search mixes every candidate's).
+  auto excess = [&](const std::vector<uint64_t> &b, size_t flip, bool on) {
     double e = 0;
-    for (size_t r = 0; r < tp && r < memory.size(); ++r)
-      e += b[r] > memory[r] ? double(b[r] - memory[r]) : 0.0;
+    for (size_t r = 0; r < tp && r < memory.size(); ++r) {
+      uint64_t v = b[r];
+      if (flip < n && r < split.layers[flip].duckBytes.size() &&
+          r < whole.layers[flip].duckBytes.size()) {
+        const uint64_t d =
+            whole.layers[flip].duckBytes[r] - split.layers[flip].duckBytes[r];
+        v = on ? v + d : v - d;
+      }
+      e += v > memory[r] ? double(v - memory[r]) : 0.0;
+    }
     return e;
   };
-  for (double over = excess(bytesOf(byExperts)); over > 0;) {
+  std::vector<uint64_t> bytes = bytesOf(byExperts);
+  for (double over = excess(bytes, n, false); over > 0;) {
     size_t pick = n;
     double pickGain = 0, pickCost = 0;
     for (size_t i = 0; i < n; ++i) {
       if (!split.layers[i].moe)
         continue;
-      std::vector<bool> x = byExperts;
-      x[i] = !x[i];
-      const double gain = over - excess(bytesOf(x));
+      const bool on = !byExperts[i];
+      const double gain = over - excess(bytes, i, on);
       if (gain <= 0)
         continue;
       const double cost =
-          std::max(0.0, (x[i] ? whole.layers[i].ms : split.layers[i].ms) -
-                            (x[i] ? split.layers[i].ms : whole.layers[i].ms));
+          std::max(0.0, (on ? whole.layers[i].ms : split.layers[i].ms) -
+                            (on ? split.layers[i].ms : whole.layers[i].ms));
       // The most bytes freed a millisecond lost (free switches first).
       if (pick == n || cost * pickGain < pickCost * gain) {
         pick = i;
@@ -275,7 +287,8 @@ cost::mixLayers(const Candidate &split, const Candidate &whole,
     if (pick == n)
       return {}; // no mix fits either
     byExperts[pick] = !byExperts[pick];
-    over = excess(bytesOf(byExperts));
+    bytes = bytesOf(byExperts);
+    over = excess(bytes, n, false);
   }
   std::vector<std::pair<int64_t, bool>> moe;
   size_t experts = 0;
