@@ -5,7 +5,7 @@
 // bandwidth, and checks the kernel targets:
 //
 //   * fp9 GEMV on every model shape (DeepSeek-V3.2 tp32, Qwen3-30B-A3B
-//     tp6/12/24, Qwen3-235B-A22B tp12/24), rows split over cores;
+//     tp1/6/12/24, Qwen3-235B-A22B tp12/24), rows split over cores;
 //   * the target shape general128 K=7168, both decode paths, against a
 //     plain AVX2 bf16 GEMV of the same shape;
 //   * exact64/exact128 against the general kernel forced on their shapes;
@@ -81,7 +81,7 @@ kernel targets. Sections, in order:
                     bw_fraction; measured at the start and at the end, the
                     higher figure is used)
   gemv              duck_gemv on each model's FFN slice shapes: DeepSeek-V3.2
-                    tp32, Qwen3-30B-A3B tp6/12/24, Qwen3-235B-A22B tp12/24
+                    tp32, Qwen3-30B-A3B tp1/6/12/24, Qwen3-235B-A22B tp12/24
                     (gate/up [inter, hidden], down [hidden, inter], block =
                     the slice's multiple_of); rows split over cores with
                     duck_smp_split, each core one duck_gemv on its range
@@ -281,6 +281,9 @@ struct ModelCase {
 
 const ModelCase kModels[] = {
     {"DeepSeek-V3.2 tp32", 7168, 64, 64, 256, true, true},
+    // One duck holding whole experts: `duck-bench e2e`'s 30B-A3B shape on
+    // one box (1 duck x 2 cores), its duck_kernel beside this.
+    {"Qwen3-30B-A3B tp1", 2048, 768, 128, 128, false, false},
     {"Qwen3-30B-A3B tp6", 2048, 128, 128, 128, false, false},
     {"Qwen3-30B-A3B tp12", 2048, 64, 64, 128, false, false},
     {"Qwen3-30B-A3B tp24", 2048, 32, 32, 128, false, false},

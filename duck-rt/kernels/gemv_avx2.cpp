@@ -81,21 +81,22 @@ struct SignedDecoder {
     return _mm256_sign_epi8(
         eight, _mm256_and_si256(_mm256_shuffle_epi8(b, spread), bit));
   }
+  /// The chunk's 32 magnitude bytes, reordered.
+  __m256i magnitudes(const uint8_t *mag) const {
+    return _mm256_shuffle_epi8(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)), order);
+  }
   /// Groups 0 and 1 (lo) and groups 2 and 3 (hi) as packed dwords.
   void pairs(const uint8_t *mag, uint32_t word, __m256i *lo,
              __m256i *hi) const {
-    const __m256i v = _mm256_shuffle_epi8(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)), order);
-    const __m256i s = signBytes(word);
+    const __m256i v = magnitudes(mag), s = signBytes(word);
     *lo = _mm256_unpacklo_epi8(v, s);
     *hi = _mm256_unpackhi_epi8(v, s);
   }
   /// One pair only: groups 0 / 1 when Hi is false, 2 / 3 when true.
   template <bool Hi> __m256i pair(const uint8_t *mag, uint32_t word) const {
-    const __m256i v = _mm256_shuffle_epi8(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mag)), order);
-    return Hi ? _mm256_unpackhi_epi8(v, signBytes(word))
-              : _mm256_unpacklo_epi8(v, signBytes(word));
+    const __m256i v = magnitudes(mag), s = signBytes(word);
+    return Hi ? _mm256_unpackhi_epi8(v, s) : _mm256_unpacklo_epi8(v, s);
   }
   /// The pair's first group (0 or 2) and second group (1 or 3).
   static __m256 first(__m256i u) {
