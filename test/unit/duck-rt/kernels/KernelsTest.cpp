@@ -138,7 +138,9 @@ TEST(Kernels, GemvMatchesReference) {
 
 // Each weight, read alone (x one-hot), is its own magnitude code times its
 // sign and scale, bit for bit: the decode puts every code and every sign
-// (all 32 positions of a sign word) where they belong, in every kernel.
+// (all 32 positions of a sign word) where they belong, in the GEMV's exact
+// and general kernels (GemmEqualsGemvPerToken holds the GEMM's paths to the
+// GEMV's bits).
 TEST(Kernels, EveryWeightIsItsCodeSignAndScale) {
   std::mt19937 rng(10);
   const Shape shapes[] = {{40, 256, 128, 64},
