@@ -15,7 +15,8 @@ generated tokens. duckrun's summary gives decode tok/s, TPOT, prefill tok/s,
 the per-token breakdown (host attention, host norms/router, LM head, duck
 kernel, dispatch gap, other), the weight bytes a token and
 decode_bound_fraction (the token rate those bytes allow at the read
-bandwidth measured on this machine in the same run).
+bandwidth measured right before that run: duck-bench kernels --filter
+read-bw over at least 1 GiB, passed as duckrun --read-bw-gbs).
 
 --lm-head LIST runs each arrangement once for each duckc --lm-head choice
 (int8, the default: quantised at load, 1.0625 bytes a weight, its top
@@ -191,11 +192,18 @@ def main():
             fail(f"no gguf-py found above {bench} (it must be inside a llama.cpp checkout)")
         llama = {"bench": bench, "quantize": quant, "gguf_py": os.path.join(src, "gguf-py")}
 
-    log("machine read bandwidth (duck-bench kernels --filter read-bw)")
     bw_file = os.path.join(work, "bw.json")
-    run([os.path.join(bin_, "duck-bench"), "kernels", "--cores", str(n), "--filter", "read-bw", "--json",
-         "--json-file", bw_file], stdout=subprocess.DEVNULL)
-    read_bw = {r["cores"]: r["read_bw_gb_s"] for r in json.load(open(bw_file)).get("read_bw", [])}
+
+    def measure_read_bw():
+        """The machine's read bandwidth on n cores now (duck-bench kernels
+        --filter read-bw: 1 GiB or more, before and after, the higher)."""
+        run([os.path.join(bin_, "duck-bench"), "kernels", "--cores", str(n), "--filter", "read-bw", "--json",
+             "--json-file", bw_file], stdout=subprocess.DEVNULL)
+        rows = json.load(open(bw_file)).get("read_bw", [])
+        return {r["cores"]: r["read_bw_gb_s"] for r in rows}
+
+    log("machine read bandwidth (duck-bench kernels --filter read-bw)")
+    read_bw = measure_read_bw()
 
     prompt = ",".join(str(1 + (37 * i) % 1000) for i in range(a.prompt_tokens))
     plans = {}
@@ -233,9 +241,12 @@ def main():
             for d, c, h in configs:
                 log(f"round {r + 1}/{a.rounds}: {LABEL[m]}, duckrun {d}x{c}, LM head {h}")
                 sj = os.path.join(work, f"run-{m}-{d}x{c}-{h}-{r}.json")
+                # decode_bound_fraction against the bandwidth of this very
+                # window, not a figure cached on some earlier day.
+                bw_now = measure_read_bw().get(n, 0)
                 run([os.path.join(bin_, "duckrun"), plans[(m, d, c, h)], "--prompt-ids", prompt, "--max-tokens",
                      str(a.tokens), "--ignore-eos", "--quiet", "--cores-per-duck", str(c), "--kv-cache",
-                     a.kv_cache, "--summary-json", sj],
+                     a.kv_cache, "--summary-json", sj, "--read-bw-gbs", f"{bw_now:.2f}"],
                     stdout=subprocess.DEVNULL, env=env_for(plans[(m, d, c, h)]))
                 s = json.load(open(sj))
                 runs.append({"round": r, "model": m, "runner": "duckrun", "ducks": d, "cores": c, "lm_head": h,
@@ -246,6 +257,7 @@ def main():
                              "host_bytes_per_token": s["host_bytes_per_token"],
                              "duck_bytes_per_token": s["duck_bytes_per_token"],
                              "decode_bound_fraction": s["decode_bound_fraction"],
+                             "read_bw_gb_s": bw_now,
                              "judge_gap_us_p50": s["judge_gap_us_p50"]})
             if llama and m in llama:
                 for threads in sorted({n, 1}, reverse=True):

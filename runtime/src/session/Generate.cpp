@@ -393,9 +393,12 @@ struct Summary {
 
 /// Where a decoded token's time goes, by op kind (FFN kinds: routing on
 /// the host plus the wait for the ducks).
-DecodeBreakdown Breakdown(Session &ses, const Run &run, double tpotMs) {
-  const double hostReadGbs =
-      run.token_times.empty() ? 0 : HostReadBandwidthGbs(ses.threads());
+DecodeBreakdown Breakdown(Session &ses, const Run &run, double tpotMs,
+                          double readBwGbs) {
+  const double hostReadGbs = run.token_times.empty() ? 0
+                             : readBwGbs > 0
+                                 ? readBwGbs
+                                 : HostReadBandwidthGbs(ses.threads());
   // Decode step i (after the prompt) attends over prompt + i + 1
   // positions; the tokens timed are the generated ones after the first.
   const double meanContext =
@@ -508,7 +511,7 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
 }
 
 /// Measures the run: rates, the judge's gaps and ratios, the breakdown.
-Summary Summarize(Session &ses, const Run &run) {
+Summary Summarize(Session &ses, const Run &run, double readBwGbs) {
   Summary s;
   const RunnerStats &rs = ses.runner().stats();
   for (const StepMetrics &m : rs.decode_steps) {
@@ -522,7 +525,7 @@ Summary Summarize(Session &ses, const Run &run) {
                                                         times.begin(),
                                                         times.end(), 0.0));
   s.tpot_ms = times.empty() ? 0 : 1e3 / s.decode_tok_s;
-  s.bd = Breakdown(ses, run, s.tpot_ms);
+  s.bd = Breakdown(ses, run, s.tpot_ms, readBwGbs);
   for (size_t r = 0; r < rs.params.size(); ++r)
     s.gparam_s.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r]
                                              : 0);
@@ -618,10 +621,14 @@ absl::Status Generate(const GenerateOptions &o, std::ostream &out,
   if (absl::Status s = decode.Loop(&logits); !s.ok())
     return s;
 
-  Summary sum = Summarize(ses, run);
-  sum.j["total_s"] = now() - tStart;
   if (absl::Status fault = ses.CheckTestFault(); !fault.ok())
     return fault;
+  if (so.quiet && o.summary_json.empty()) { // nobody reads the summary
+    ses.Close();
+    return absl::OkStatus();
+  }
+  Summary sum = Summarize(ses, run, o.read_bw_gbs);
+  sum.j["total_s"] = now() - tStart;
   if (!o.summary_json.empty()) {
     std::ofstream f(o.summary_json);
     f << sum.j.dump(2) << "\n";

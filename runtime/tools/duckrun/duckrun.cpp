@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -110,6 +111,10 @@ ABSL_FLAG(bool, print_ids, false,
 ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating past end-of-sequence tokens (benchmarks, tests)");
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary as JSON");
+ABSL_FLAG(double, read_bw_gbs, 0,
+          "Read bandwidth (GB/s) that decode_bound_fraction divides by "
+          "(0: this machine's, measured once over 1 GiB and cached; a "
+          "benchmark passes the figure it measured in the same window)");
 ABSL_FLAG(std::string, mtp_logits_out, "",
           "Write the plan's MTP module's logits at every position whose next "
           "token is known (the prompt's and the generated tokens' but the "
@@ -366,6 +371,12 @@ int main(int argc, char **argv) {
   o.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
   o.print_ids = absl::GetFlag(FLAGS_print_ids);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
+  o.read_bw_gbs = absl::GetFlag(FLAGS_read_bw_gbs);
+  if (!(o.read_bw_gbs >= 0) || std::isinf(o.read_bw_gbs)) {
+    std::cerr << "duckrun: error: --read_bw_gbs: " << o.read_bw_gbs
+              << " is not a bandwidth (GB/s, or 0 to measure it)\n";
+    return 2;
+  }
   o.logits_out = absl::GetFlag(FLAGS_logits_out);
   o.mtp_logits_out = absl::GetFlag(FLAGS_mtp_logits_out);
   if (absl::Status s = ReadSpeculative(&o.speculative); !s.ok()) {

@@ -28,6 +28,10 @@ struct GenerateOptions {
   bool decode_only = false;        // run the prompt through decode modes
   bool stream = true;              // print tokens as they come
   std::string summary_json;        // write the summary here
+  /// The read bandwidth decode_bound_fraction divides by, GB/s (0: this
+  /// machine's, measured once and cached: HostReadBandwidthGbs). A
+  /// benchmark passes the figure it measured in the same window.
+  double read_bw_gbs = 0;
   std::string logits_out;          // every position's logits (f32 rows)
   /// The MTP module's logits at every position whose next token is known
   /// (the prompt's and the generated tokens' but the last), f32 rows.

@@ -183,8 +183,9 @@ private:
 /// The user's cache directory for Duck ($XDG_CACHE_HOME/duck).
 std::string CacheBase();
 
-/// This machine's read bandwidth with `threads` threads: measured once
-/// (~0.2 s) and kept in the cache directory.
+/// This machine's read bandwidth with `threads` threads
+/// (MeasureReadBandwidthGbs): measured once (~0.5 s) and kept in the cache
+/// directory.
 double HostReadBandwidthGbs(unsigned threads);
 
 } // namespace duck::runtime
