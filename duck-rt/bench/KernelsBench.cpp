@@ -102,12 +102,13 @@ kernel targets. Sections, in order:
 
 Every measurement runs hot (one copy, cache resident, the same every call)
 and cold (copies of the weights cycled through a set of 4x the last-level
-cache and at least 1 GiB, so each call reads DRAM), on each core count, threads pinned one per
-core, a barrier after each call. A figure is the median over --reps batches
-after a warm-up. Gparam/s = weights / s; GB/s = weight bytes read
-(magnitudes + signs + scales) / s; imbalance = max / mean of the per-core
-busy times (barrier waits excluded); other load = CPU time other processes
-used meanwhile, in cores (the machine was not quiet when well above 0).
+cache and at least 1 GiB, so each call reads DRAM), on each core count,
+threads pinned one per core, a barrier after each call. A figure is the
+median over --reps batches after a warm-up. Gparam/s = weights / s; GB/s =
+weight bytes read (magnitudes + signs + scales) / s; imbalance = max / mean
+of the per-core busy times (barrier waits excluded); other load = CPU time
+other processes used meanwhile, in cores (the machine was not quiet when
+well above 0).
 
 options:
   --cores LIST      core counts, e.g. 1,2 or 1-4 (default: 1..online cores)

@@ -373,7 +373,7 @@ int main(int argc, char **argv) {
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.read_bw_gbs = absl::GetFlag(FLAGS_read_bw_gbs);
   if (!(o.read_bw_gbs >= 0) || std::isinf(o.read_bw_gbs)) {
-    std::cerr << "duckrun: error: --read_bw_gbs: " << o.read_bw_gbs
+    std::cerr << "duckrun: error: --read-bw-gbs: " << o.read_bw_gbs
               << " is not a bandwidth (GB/s, or 0 to measure it)\n";
     return 2;
   }
