@@ -316,7 +316,11 @@ def report(res, models, configs, n):
                                                     mf["host_isa"] == "avx2" else ""))
         if "llama_cmake" in mf:
             print(f"llama.cpp build: {mf['llama_cmake']}")
-    print(f"read bandwidth: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
+    per_run = [r["read_bw_gb_s"] for r in runs if r.get("read_bw_gb_s")]
+    if per_run:  # each duckrun run's reference, measured right before it
+        print(f"read bandwidth on {n} cores: {min(per_run):.1f}-{max(per_run):.1f} GB/s over the runs "
+              "(each run's bound fraction against its own figure)")
+    print(f"read bandwidth at the start: {res['read_bw_gb_s']} GB/s by cores; {res['prompt_tokens']}-token prompt, "
           f"{res['tokens']} generated; duckrun's KV cache {res.get('kv_cache', 'f32')}; "
           f"ranges over {1 + max(r['round'] for r in runs)} round(s)")
     for m in models:
