@@ -250,8 +250,9 @@ uint64_t PrefetchRanges(const std::vector<ByteRange> &ranges, uint64_t limit);
 uint64_t LastLevelCacheBytes();
 
 /// Streaming read bandwidth of this machine in GB/s: the best of three
-/// passes over a set of at least 1 GiB and 4x the last-level cache, in 2
-/// MiB pages, with every thread of the pool (~0.5 s).
+/// passes over a set of at least 1 GiB and 4x the last-level cache (but
+/// no more than a quarter of the free memory), in 2 MiB pages, with every
+/// thread of the pool (~0.5 s).
 double MeasureReadBandwidthGbs(ThreadPool &pool);
 
 /// True when fp9 host matrices are read with the AVX-512 GEMV (the CPU has
