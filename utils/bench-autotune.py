@@ -16,7 +16,7 @@ prefill inputs go in too (a one-core duck's fp9 GEMM rate at 64 rows from
 run), and each candidate's predicted and measured prompt rate is printed.
 
   utils/bench-autotune.py [--build DIR] [--models q06,q30] [--tokens N]
-                          [--rounds R] [--json FILE]
+                          [--rounds R] [--json FILE] [--arena-mib MIB]
 """
 import argparse
 import json
@@ -81,6 +81,8 @@ def main():
     a.add_argument("--tokens", type=int, default=256)
     a.add_argument("--rounds", type=int, default=2)
     a.add_argument("--json")
+    # duckc measure-cluster's cold set a duck (its default: 1024).
+    a.add_argument("--arena-mib", type=int)
     args = a.parse_args()
     bin_dir = os.path.join(args.build, "bin")
     base = os.path.join(args.build, "bench-e2e")
@@ -98,7 +100,8 @@ def main():
             eps.append(ep)
         files = {t: os.path.join(work, f"cluster{t}.json") for t in (1, 2)}
         json.dump({"ducks": eps}, open(files[2], "w"))
-        r = run([duckc, "measure-cluster", files[2]])
+        r = run([duckc, "measure-cluster", files[2]] +
+                (["--arena-mib", str(args.arena_mib)] if args.arena_mib else []))
         print(r.stdout, end="")
         measured = json.load(open(files[2]))
 

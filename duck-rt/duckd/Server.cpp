@@ -1249,7 +1249,7 @@ void Server::OnMeasure(const duckd_frame_header &h) {
     return;
   }
   const uint32_t cores = r.cores ? r.cores : opt_.cores;
-  const uint64_t arena = r.arena_bytes ? r.arena_bytes : 256ull << 20;
+  const uint64_t arena = r.arena_bytes ? r.arena_bytes : 1ull << 30;
   const uint32_t millis = r.millis ? r.millis : 150;
   std::string bad;
   if (r.flags & ~uint32_t(DUCKD_MEASURE_PING))

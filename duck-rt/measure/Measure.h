@@ -22,7 +22,7 @@ namespace duck::bench {
 struct DuckMeasureOptions {
   uint32_t cores = 1;
   std::vector<int> cpus;          // core c runs on cpus[c % size]; empty: any
-  uint64_t arena_bytes = 256 << 20; // cold copies cycle through this much
+  uint64_t arena_bytes = 1ull << 30; // cold copies cycle through this much
   double seconds = 0.15;          // budget of each measurement
 };
 

@@ -250,7 +250,7 @@ enum { DUCKD_MEASURE_KERNELS = 8 }; // room for duck_kernel_id values
 typedef struct duckd_measure_request {
   uint32_t cores;       // 0: all of duckd's
   uint32_t flags;       // duckd_measure_flags
-  uint64_t arena_bytes; // memory the cold copies cycle through (0: 256 MiB)
+  uint64_t arena_bytes; // memory the cold copies cycle through (0: 1 GiB)
   uint32_t millis;      // budget of each measurement (0: 150)
   uint32_t busy_us;     // PING: duckd stays busy this long (at most 100000)
                         // before it answers, as a duck computing a step

@@ -42,9 +42,10 @@ ABSL_FLAG(std::string, o, "",
 ABSL_FLAG(uint32_t, cores, 0,
           "Cores each duck measures on (default: all of its)");
 ABSL_FLAG(uint32_t, millis, 150, "Budget of each measurement on a duck, ms");
-ABSL_FLAG(uint32_t, arena_mib, 256,
-          "Memory a duck cycles cold weight copies through (more than its "
-          "last-level cache), MiB");
+ABSL_FLAG(uint32_t, arena_mib, 1024,
+          "Memory a duck cycles cold weight copies through (well beyond its "
+          "last-level cache: on a 2-vCPU Zen 5 VM 256 MiB still read 1.3x "
+          "faster than 1 GiB, part of it from cache), MiB");
 ABSL_FLAG(bool, all_at_once, false,
           "Measure every duck at the same time (ducks on machines of their "
           "own); default one after another, as ducks sharing a machine must");

@@ -149,7 +149,7 @@ struct PrepareReport {
 
 struct MeasureOptions {
   uint32_t cores = 0;              // per duck; 0: all of its cores
-  uint64_t arena_bytes = 256 << 20; // cold copies cycle through this
+  uint64_t arena_bytes = 1ull << 30; // cold copies cycle through this
   uint32_t millis = 150;           // budget of each measurement
   /// One duck after another (ducks that share a machine must not measure
   /// at once); false: all at once (ducks on machines of their own).
