@@ -1565,12 +1565,9 @@ int KernelsBench::run() {
   team_.seconds = opt_.seconds;
   team_.batches = opt_.reps;
   team_.cpus = machine_.cpus;
-  // At least 1 GiB: on a 2-vCPU Zen 5 VM reporting 32 MiB of L3 a 128 MiB
-  // set still read at 80-97 GB/s, against 42-51 from 512 MiB up.
   coldBytes_ = opt_.coldMiB ? opt_.coldMiB << 20
-               : opt_.quick
-                   ? 8ull << 20
-                   : std::max<uint64_t>(4 * machine_.llcBytes, 1ull << 30);
+               : opt_.quick ? 8ull << 20
+                            : defaultColdBytes(machine_.llcBytes);
 
   // Cold target rows: copies are cycled; two bf16 copies must fit the set.
   uint64_t rows = opt_.targetRows ? opt_.targetRows : (opt_.quick ? 32 : 8192);

@@ -652,19 +652,16 @@ uint64_t LastLevelCacheBytes() {
   return 0;
 }
 
-double MeasureReadBandwidthGbs(ThreadPool &pool) {
+double MeasureReadBandwidthGbs(ThreadPool &pool, uint64_t maxBytes) {
   // A set no cache holds any part of: on a 2-vCPU Zen 5 VM that reports
   // 32 MiB of L3, 128 MiB still read at 80-97 GB/s against 42-51 from 512
   // MiB up (docs/perf-log, 2026-12-07), so at least 1 GiB and 4x the
   // last-level cache. In 2 MiB pages, as the weights are.
-  // A quarter of the memory free now at most (256 MiB at least), so the
-  // measure never pushes a loaded host into swap.
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  uint64_t bytes = std::max<uint64_t>(1ull << 30, 4 * LastLevelCacheBytes());
-  if (pages > 0 && page > 0)
-    bytes = std::min(
-        bytes, std::max<uint64_t>(256ull << 20, (uint64_t)pages * page / 4));
-  bytes &= ~uint64_t(kHugePageBytes - 1);
+  const uint64_t want =
+      std::max<uint64_t>(1ull << 30, 4 * LastLevelCacheBytes());
+  const uint64_t bytes =
+      std::max<uint64_t>(kHugePageBytes, std::min(want, maxBytes)) &
+      ~uint64_t(kHugePageBytes - 1);
   // Filled (every page faulted in) before timing.
   const std::vector<uint8_t, HugePageAllocator<uint8_t>> buf(bytes, 1);
   const uint64_t n = bytes / 32; // 256-bit lanes

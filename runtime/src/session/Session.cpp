@@ -138,7 +138,12 @@ double HostReadBandwidthGbs(unsigned threads) {
       return gbs;
   }
   ThreadPool pool(threads);
-  const double gbs = MeasureReadBandwidthGbs(pool);
+  // A quarter of the memory available now at most (256 MiB at least), so
+  // the measure never pushes a loaded host into swap.
+  const uint64_t available = MemAvailableBytes();
+  const double gbs = MeasureReadBandwidthGbs(
+      pool, available ? std::max<uint64_t>(256ull << 20, available / 4)
+                      : ~uint64_t(0));
   std::error_code ec;
   std::filesystem::create_directories(CacheBase(), ec);
   std::ofstream out(path + ".tmp");

@@ -257,8 +257,7 @@ int duckBenchHost(int argc, char **argv) {
       o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   ThreadPool pool(threads);
   const uint64_t cold =
-      o.cold_mib ? o.cold_mib << 20
-                 : std::max<uint64_t>(1ull << 30, 4 * machine.llcBytes);
+      o.cold_mib ? o.cold_mib << 20 : defaultColdBytes(machine.llcBytes);
   std::fprintf(stderr, "duck-bench host: %u thread(s), %s, AVX-512 %s\n",
                threads, machine.cpuModel.c_str(),
                duck::runtime::HostHasAvx512() ? "yes" : "no");

@@ -250,10 +250,11 @@ uint64_t PrefetchRanges(const std::vector<ByteRange> &ranges, uint64_t limit);
 uint64_t LastLevelCacheBytes();
 
 /// Streaming read bandwidth of this machine in GB/s: the best of three
-/// passes over a set of at least 1 GiB and 4x the last-level cache (but
-/// no more than a quarter of the free memory), in 2 MiB pages, with every
-/// thread of the pool (~0.5 s).
-double MeasureReadBandwidthGbs(ThreadPool &pool);
+/// passes over a set of at least 1 GiB and 4x the last-level cache (at
+/// most `maxBytes`), in 2 MiB pages, with every thread of the pool
+/// (~0.5 s).
+double MeasureReadBandwidthGbs(ThreadPool &pool,
+                               uint64_t maxBytes = ~uint64_t(0));
 
 /// True when fp9 host matrices are read with the AVX-512 GEMV (the CPU has
 /// AVX-512F/DQ and DUCK_HOST_ISA is not "avx2").
