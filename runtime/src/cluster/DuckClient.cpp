@@ -663,6 +663,11 @@ absl::Status DuckClient::Open(absl::Span<const uint8_t> elf) {
                     return absl::InternalError("bad open reply");
                   std::memcpy(&rep, pl.data(), sizeof rep);
                   m.conns[d].session_id = rep.session_id;
+                  // Room for the largest step reply (its OB, the cores'
+                  // times, a log) before the first prompt's.
+                  m.conns[d].link->Reserve(sizeof(duckd_step_reply) +
+                                           DUCKD_MAX_CORES * 8ull +
+                                           m.opt.ob_limit + (64u << 10));
                   return absl::OkStatus();
                 });
 }

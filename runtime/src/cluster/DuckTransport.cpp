@@ -72,6 +72,11 @@ public:
                                 uint64_t *sent) override;
   absl::StatusOr<bool> Receive(bool wait, bool only, ReceivedFrame *out,
                                uint64_t *received) override;
+  void Reserve(uint64_t payload_bytes) override {
+    payload_bytes = std::min(payload_bytes, max_payload_);
+    if (payload_.size() < payload_bytes)
+      payload_.resize(payload_bytes); // zeroed: its pages mapped now
+  }
 
 private:
   absl::Status HeaderDone();

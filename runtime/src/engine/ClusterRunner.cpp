@@ -22,6 +22,16 @@ ClusterFfnRunner::ClusterFfnRunner(const LoadedPlan &plan, DuckClient *client)
   ResetStats();
 }
 
+void ClusterFfnRunner::Reserve(uint64_t ib_bytes, uint64_t ob_bytes) {
+  // Grown and cleared: the capacity (and its pages) stay for the steps.
+  ib_.resize(std::max<uint64_t>(ib_.size(), ib_bytes));
+  outputs_.resize(client_->size());
+  for (DuckOutput &o : outputs_) {
+    o.ob.resize(std::max<uint64_t>(o.ob.size(), ob_bytes));
+    o.ob.clear();
+  }
+}
+
 void ClusterFfnRunner::ResetStats() {
   const size_t keep = stats_.max_steps;
   stats_ = RunnerStats();

@@ -139,7 +139,7 @@ absl::Status Engine::BuildOps(const std::vector<const pl::OpDef *> &defs,
 absl::Status Engine::Prepare() {
   const pl::PlanDef &d = plan_->def();
   std::vector<uint64_t> widths(d.num_values(), hidden_);
-  ops::WeightReader weights(*plan_);
+  ops::WeightReader weights(*plan_, opts_.max_rows);
   DUCK_RETURN_IF_ERROR(BuildOps({d.ops()->begin(), d.ops()->end()}, weights,
                                 widths, ops_, kinds_));
   if (opts_.mtp && d.mtp() && d.mtp()->ops()) {
@@ -173,6 +173,10 @@ absl::Status Engine::Prepare() {
   }
   values_ = std::make_unique<ops::ValueArena>();
   values_->Init(widths, opts_.max_rows);
+  // The host kernels' scratch for the largest step, a buffer for each of
+  // the pool's threads (at most 32 MiB each; more is taken when needed).
+  if (weights.KernelScratchFloats() * sizeof(float) <= (32u << 20))
+    ReserveKernelScratch(pool_->size(), weights.KernelScratchFloats());
   FindTail();
   row_tokens_.reserve(opts_.max_rows);
   row_pos_.reserve(opts_.max_rows);

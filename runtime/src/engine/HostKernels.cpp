@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <pthread.h>
 #include <sched.h>
@@ -691,11 +692,30 @@ namespace {
 /// chunk, and a chunk re-scales its input at most once a tile.
 constexpr uint64_t kRowAlign = 64;
 
+/// Buffers ReserveKernelScratch mapped ahead, for threads to take.
+struct ScratchSpares {
+  std::mutex mu;
+  std::vector<std::vector<float>> spares;
+};
+ScratchSpares &Spares() {
+  static ScratchSpares *s = new ScratchSpares; // threads may outlive main
+  return *s;
+}
+
 /// The fp9 kernels' scratch (pre-scaled inputs), 64-byte aligned: one
 /// buffer a thread that only grows, so a step allocates nothing once the
-/// largest matrix has been seen.
+/// largest matrix has been seen. A thread that needs more first takes a
+/// buffer ReserveKernelScratch mapped at load, if one is large enough.
 float *KernelScratch(uint64_t floats) {
   thread_local std::vector<float> buf;
+  if (buf.size() < floats + 16) {
+    ScratchSpares &s = Spares();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.spares.empty() && s.spares.back().size() >= floats + 16) {
+      buf.swap(s.spares.back());
+      s.spares.pop_back();
+    }
+  }
   if (buf.size() < floats + 16)
     buf.resize(floats + 16);
   return reinterpret_cast<float *>(
@@ -774,20 +794,33 @@ constexpr Avx512Kernels kE4m3Avx512{E4m3GemvAvx512, E4m3GemmAvx512,
 /// RowsProduct with AVX-512: the GEMV for one token, each chunk decoded in
 /// registers for tiles of up to 8 tokens, and from kFp9Avx512PanelMinTokens
 /// tokens on the panel; every token's result has the GEMV's bits.
+/// The scratch RowsProduct takes from KernelScratch for n tokens of w.
+uint64_t RowsScratchFloats(const HostMatrix &w, uint64_t n) {
+  const auto cols = (uint32_t)w.cols;
+  if ((w.is_fp9 || w.is_e4m3) && HostHasAvx512())
+    return n == 1 ? cols
+           : n < kFp9Avx512PanelMinTokens
+               ? std::min<uint64_t>(n, 8) * cols
+               : Fp9GemmPanelAvx512ScratchFloats((uint32_t)n, cols);
+  if (w.is_fp9)
+    return n == 1 ? 2 * w.cols : 2 * n * w.cols;
+  if (w.is_e4m3)
+    return duck_e4m3_gemm_scratch_floats((uint32_t)n, cols);
+  return 0;
+}
+
 void Avx512Rows(const Avx512Kernels &k, const HostMatrix &w, const float *x,
                 uint64_t x_ld, uint64_t n, float *out, uint64_t out_ld,
                 uint64_t b, uint64_t e) {
-  const auto cols = (uint32_t)w.cols;
+  float *scratch = KernelScratch(RowsScratchFloats(w, n));
   if (n == 1)
-    k.gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, KernelScratch(cols));
+    k.gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, scratch);
   else if (n < kFp9Avx512PanelMinTokens)
     k.tiles(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-            (uint32_t)b, (uint32_t)e,
-            KernelScratch(std::min<uint64_t>(n, 8) * cols));
+            (uint32_t)b, (uint32_t)e, scratch);
   else
     k.panel(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-            (uint32_t)b, (uint32_t)e,
-            KernelScratch(Fp9GemmPanelAvx512ScratchFloats((uint32_t)n, cols)));
+            (uint32_t)b, (uint32_t)e, scratch);
 }
 
 /// RowsProduct of an fp9 matrix without AVX-512: the duck kernels (the
@@ -795,15 +828,43 @@ void Avx512Rows(const Avx512Kernels &k, const HostMatrix &w, const float *x,
 /// == decode).
 void Fp9Rows(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
              float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
+  float *scratch = KernelScratch(RowsScratchFloats(w, n));
   if (n == 1)
-    duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e,
-              KernelScratch(2 * w.cols), DUCK_DECODE_SHIFT);
+    duck_gemv(&w.fp9, x, out, (uint32_t)b, (uint32_t)e, scratch,
+              DUCK_DECODE_SHIFT);
   else
     duck_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out, (uint32_t)out_ld,
-              (uint32_t)b, (uint32_t)e, KernelScratch(2 * n * w.cols));
+              (uint32_t)b, (uint32_t)e, scratch);
 }
 
 } // namespace
+
+uint64_t RowsProductScratchFloats(const HostMatrix &w, uint64_t max_rows) {
+  // Each branch's size grows with n, so its largest n is enough.
+  uint64_t most = 0;
+  for (uint64_t n :
+       {uint64_t(1), std::min<uint64_t>(max_rows, kFp9Avx512PanelMinTokens - 1),
+        max_rows})
+    if (n >= 1 && n <= max_rows)
+      most = std::max(most, RowsScratchFloats(w, n));
+  return most;
+}
+
+void ReserveKernelScratch(unsigned threads, uint64_t floats) {
+  if (floats == 0)
+    return;
+  ScratchSpares &s = Spares();
+  std::lock_guard<std::mutex> lock(s.mu);
+  // At most `threads` spares, each large enough (an engine built again
+  // does not pile up buffers).
+  s.spares.erase(std::remove_if(s.spares.begin(), s.spares.end(),
+                                [&](const std::vector<float> &v) {
+                                  return v.size() < floats + 16;
+                                }),
+                 s.spares.end());
+  while (s.spares.size() < threads)
+    s.spares.emplace_back(floats + 16); // zeroed: every page mapped now
+}
 
 void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
                  float *out, uint64_t out_ld, uint64_t b, uint64_t e) {
@@ -819,8 +880,7 @@ void RowsProduct(const HostMatrix &w, const float *x, uint64_t x_ld, uint64_t n,
   if (w.is_e4m3)
     return duck_e4m3_gemm(&w.fp9, x, (uint32_t)x_ld, (uint32_t)n, out,
                           (uint32_t)out_ld, (uint32_t)b, (uint32_t)e,
-                          KernelScratch(duck_e4m3_gemm_scratch_floats(
-                              (uint32_t)n, (uint32_t)w.cols)));
+                          KernelScratch(RowsScratchFloats(w, n)));
   if (w.i8)
     return Int8Rows(w, x, x_ld, n, out, out_ld, b, e);
   const bool avx512 = w.bf16 && HostHasAvx512();

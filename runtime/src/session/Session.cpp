@@ -631,6 +631,7 @@ absl::Status Session::Start(std::ostream &log) {
 
   runner_ = std::make_unique<ClusterFfnRunner>(*plan_, client_.get());
   runner_->KeepSteps(o.keep_steps);
+  runner_->Reserve(co_.ib_limit, co_.ob_limit);
   if (const char *d = std::getenv("DUCK_TEST_STAGE_SKIP_EVERY"))
     runner_->SetStageSkipEvery(uint32_t(std::max(0, std::atoi(d))));
   if (o.recover_seconds > 0)

@@ -37,12 +37,18 @@ namespace pl = ::duck::plan;
 /// types converted to fp32. FP8 uses the block the plan declares.
 class WeightReader {
 public:
-  explicit WeightReader(const LoadedPlan &plan) : plan_(plan) {}
+  /// `max_rows`: the rows of the largest step, for KernelScratchFloats.
+  explicit WeightReader(const LoadedPlan &plan, uint32_t max_rows = 1)
+      : plan_(plan), max_rows_(max_rows) {}
   absl::StatusOr<std::vector<float>> ReadAll(const pl::TensorDef &t) const;
-  absl::StatusOr<HostMatrix> Matrix(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> Matrix(const pl::TensorDef &t) const {
+    return Noted(ReadMatrix(t));
+  }
   /// A BF16/F16/F32 matrix quantised to fp9 (a scale per row and K-block,
   /// amax-based): 1.125 bytes a weight, lossy.
-  absl::StatusOr<HostMatrix> QuantizedFp9(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> QuantizedFp9(const pl::TensorDef &t) const {
+    return Noted(ReadQuantizedFp9(t));
+  }
   /// A matrix quantised to int8 (a scale per 32 weights of a row); any
   /// dtype ReadAll takes, one row at a time, rows split over `pool`.
   absl::StatusOr<HostMatrix> QuantizedInt8(const pl::TensorDef &t,
@@ -55,10 +61,29 @@ public:
   absl::StatusOr<HostMatrix> HeadsTransposedFp9(const pl::TensorDef &t,
                                                 uint32_t heads,
                                                 uint32_t per_head,
-                                                uint32_t take) const;
+                                                uint32_t take) const {
+    return Noted(ReadHeadsTransposedFp9(t, heads, per_head, take));
+  }
+  /// The most kernel scratch (RowsProductScratchFloats) a thread takes for
+  /// any matrix read so far, at up to max_rows rows.
+  uint64_t KernelScratchFloats() const { return scratch_floats_; }
 
 private:
+  absl::StatusOr<HostMatrix> ReadMatrix(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> ReadQuantizedFp9(const pl::TensorDef &t) const;
+  absl::StatusOr<HostMatrix> ReadHeadsTransposedFp9(const pl::TensorDef &t,
+                                                    uint32_t heads,
+                                                    uint32_t per_head,
+                                                    uint32_t take) const;
+  absl::StatusOr<HostMatrix> Noted(absl::StatusOr<HostMatrix> m) const {
+    if (m.ok())
+      scratch_floats_ =
+          std::max(scratch_floats_, RowsProductScratchFloats(*m, max_rows_));
+    return m;
+  }
   const LoadedPlan &plan_;
+  uint32_t max_rows_;
+  mutable uint64_t scratch_floats_ = 0; // what the matrices read so far need
 };
 
 /// Activations: one buffer of max_rows x width floats for every plan

@@ -95,7 +95,7 @@ WeightReader::ReadAll(const pl::TensorDef &t) const {
 }
 
 absl::StatusOr<HostMatrix>
-WeightReader::QuantizedFp9(const pl::TensorDef &t) const {
+WeightReader::ReadQuantizedFp9(const pl::TensorDef &t) const {
   if (t.shape()->size() != 2)
     return absl::InvalidArgumentError(
         absl::StrCat("host tensor '", t.name()->str(), "' is not a matrix"));
@@ -169,7 +169,8 @@ WeightReader::QuantizedInt8(const pl::TensorDef &t, ThreadPool &pool) const {
   });
 }
 
-absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
+absl::StatusOr<HostMatrix>
+WeightReader::ReadMatrix(const pl::TensorDef &t) const {
   if (t.shape()->size() != 2)
     return absl::InvalidArgumentError(
         absl::StrCat("host tensor '", t.name()->str(), "' is not a matrix"));
@@ -220,8 +221,8 @@ absl::StatusOr<HostMatrix> WeightReader::Matrix(const pl::TensorDef &t) const {
 }
 
 absl::StatusOr<HostMatrix>
-WeightReader::HeadsTransposedFp9(const pl::TensorDef &t, uint32_t heads,
-                                 uint32_t per_head, uint32_t take) const {
+WeightReader::ReadHeadsTransposedFp9(const pl::TensorDef &t, uint32_t heads,
+                                     uint32_t per_head, uint32_t take) const {
   if (t.dtype() != pl::DType::F8_E4M3 || !t.scale() ||
       t.shape()->size() != 2 || t.scale()->shape()->size() != 2)
     return absl::FailedPreconditionError("not an FP8 matrix");

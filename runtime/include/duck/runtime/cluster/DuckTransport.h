@@ -72,6 +72,10 @@ public:
   virtual absl::StatusOr<bool> Receive(bool wait, bool only,
                                        ReceivedFrame *out,
                                        uint64_t *received) = 0;
+
+  /// Makes room now for frames of up to `payload_bytes` (memory mapped
+  /// before the first large reply, not while it arrives). Best effort.
+  virtual void Reserve(uint64_t payload_bytes) { (void)payload_bytes; }
 };
 
 /// What a Wait watches on one connection, and what it found.

@@ -52,6 +52,9 @@ public:
   void ResetStats();
   /// Bounds the per-step metrics kept (RunnerStats::max_steps).
   void KeepSteps(size_t n) { stats_.max_steps = n; }
+  /// Maps the step buffers for steps of up to `ib_bytes` and replies of up
+  /// to `ob_bytes` a duck now, not in the first prompt's steps.
+  void Reserve(uint64_t ib_bytes, uint64_t ob_bytes);
 
   /// Called when a step fails (a duck died, hung or dropped its
   /// connection): brings the ducks back and returns the client to use, or

@@ -319,6 +319,14 @@ void MatVec(ThreadPool &pool, const HostMatrix &w, const float *x, float *y);
 /// Y[t] = W X[t] for n rows of X (row stride = cols), split across the pool.
 void MatMul(ThreadPool &pool, const HostMatrix &w, const float *x, uint64_t n,
             float *y);
+/// The most scratch RowsProduct takes on one thread for `w` at up to
+/// `max_rows` tokens a call (0 for the formats that take none).
+uint64_t RowsProductScratchFloats(const HostMatrix &w, uint64_t max_rows);
+/// Maps `threads` kernel scratch buffers of `floats` now, for the threads
+/// that run RowsProduct to take when they first need that much: a prompt's
+/// first chunk then takes no page faults for them (a Qwen3-30B-A3B-shape
+/// prompt took ~600, on a VM that charges several microseconds for each).
+void ReserveKernelScratch(unsigned threads, uint64_t floats);
 /// Rows [b, e) of W against n inputs (token t at x + t * x_ld): row r of
 /// token t goes to out[t * out_ld + (r - b)]. One thread; the kernels of
 /// MatVec (n = 1) and MatMul, so a token's bits are MatVecRows'.
