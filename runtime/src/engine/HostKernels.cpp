@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -701,6 +702,7 @@ ScratchSpares &Spares() {
   static ScratchSpares *s = new ScratchSpares; // threads may outlive main
   return *s;
 }
+std::atomic<uint64_t> g_scratch_allocations{0};
 
 /// The fp9 kernels' scratch (pre-scaled inputs), 64-byte aligned: one
 /// buffer a thread that only grows, so a step allocates nothing once the
@@ -716,8 +718,10 @@ float *KernelScratch(uint64_t floats) {
       s.spares.pop_back();
     }
   }
-  if (buf.size() < floats + 16)
+  if (buf.size() < floats + 16) {
     buf.resize(floats + 16);
+    g_scratch_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
   return reinterpret_cast<float *>(
       (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
 }
@@ -848,6 +852,10 @@ uint64_t RowsProductScratchFloats(const HostMatrix &w, uint64_t max_rows) {
     if (n >= 1 && n <= max_rows)
       most = std::max(most, RowsScratchFloats(w, n));
   return most;
+}
+
+uint64_t KernelScratchAllocations() {
+  return g_scratch_allocations.load(std::memory_order_relaxed);
 }
 
 void ReserveKernelScratch(unsigned threads, uint64_t floats) {

@@ -764,6 +764,48 @@ TEST(HostKernels, MatMulManyHasEachMatMulsBits) {
   }
 }
 
+/// The scratch reserved at load (RowsProductScratchFloats) is what the
+/// products then ask for: a thread that takes it allocates nothing more
+/// for any token count up to the reserved one, in either host format, and
+/// one that asks beyond it does allocate (the count can tell).
+TEST(HostKernels, ReservedScratchCoversEveryRowsProduct) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint32_t rows = 130, k = 2048, maxRows = 40;
+  const fixtures::Fp8Matrix fm(rows, k, 128, 0, rng);
+  ASSERT_TRUE(fm.ok());
+  HostMatrix fp9, e4m3;
+  fp9.rows = e4m3.rows = rows;
+  fp9.cols = e4m3.cols = k;
+  fp9.is_fp9 = true;
+  fp9.fp9 = fm.fp9();
+  e4m3.is_e4m3 = true;
+  e4m3.fp9 = fm.e4m3();
+  std::vector<float> x((uint64_t)maxRows * k), y((uint64_t)maxRows * rows);
+  for (auto &v : x)
+    v = d(rng);
+  for (const HostMatrix *m : {&fp9, &e4m3}) {
+    const uint64_t floats = RowsProductScratchFloats(*m, maxRows);
+    ASSERT_GT(floats, 0u);
+    ReserveKernelScratch(1, floats);
+    const uint64_t before = KernelScratchAllocations();
+    std::thread([&] { // a thread with no scratch yet, as a pool worker
+      for (uint64_t n = 1; n <= maxRows; ++n)
+        RowsProduct(*m, x.data(), k, n, y.data(), rows, 0, rows);
+    })
+        .join();
+    EXPECT_EQ(KernelScratchAllocations(), before)
+        << (m->is_fp9 ? "fp9" : "e4m3");
+  }
+  // With no spare left (none is 2^40 floats): a new thread allocates.
+  ReserveKernelScratch(0, uint64_t(1) << 40);
+  const uint64_t before = KernelScratchAllocations();
+  std::thread([&] {
+    RowsProduct(fp9, x.data(), k, maxRows, y.data(), rows, 0, rows);
+  }).join();
+  EXPECT_EQ(KernelScratchAllocations(), before + 1);
+}
+
 /// Absorbed MLA attention (every head over the shared latent rows, in
 /// blocks) against a double-precision softmax-weighted sum, over a listed
 /// subset of positions in any order, latent and rope widths with a tail.

@@ -326,7 +326,11 @@ uint64_t RowsProductScratchFloats(const HostMatrix &w, uint64_t max_rows);
 /// that run RowsProduct to take when they first need that much: a prompt's
 /// first chunk then takes no page faults for them (a Qwen3-30B-A3B-shape
 /// prompt took ~600, on a VM that charges several microseconds for each).
+/// Spares smaller than `floats` are dropped (with threads 0, only that).
 void ReserveKernelScratch(unsigned threads, uint64_t floats);
+/// How many times a thread has allocated (or grown) its kernel scratch
+/// rather than taking a reserved buffer, in this process.
+uint64_t KernelScratchAllocations();
 /// Rows [b, e) of W against n inputs (token t at x + t * x_ld): row r of
 /// token t goes to out[t * out_ld + (r - b)]. One thread; the kernels of
 /// MatVec (n = 1) and MatMul, so a token's bits are MatVecRows'.
