@@ -1224,6 +1224,29 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   return "";
 }
 
+/// The session's scratch (private, in 2 MiB pages where the kernel allows;
+/// a 64-token MoE chunk's is ~7 MB) and its IB and OB, all mapped before
+/// the host's first step: the first prompt's MoE step took 2,600 page
+/// faults here, 20-35 ms of a Qwen3-30B-A3B-shape prompt on the
+/// development VM. The worker reads the IB and writes the OB. Returns
+/// what failed.
+std::string MapStepBuffers(const WorkerConfig &cfg, uint8_t *ib, uint8_t *ob,
+                           uint8_t **scratch) {
+  if (cfg.scratch_bytes) {
+    void *s = ::mmap(nullptr, PageUp(cfg.scratch_bytes), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED)
+      return absl::StrCat("scratch of ", cfg.scratch_bytes,
+                          " bytes: ", std::strerror(errno));
+    *scratch = static_cast<uint8_t *>(s);
+    (void)::madvise(s, PageUp(cfg.scratch_bytes), MADV_HUGEPAGE);
+    TouchPages(*scratch, cfg.scratch_bytes, true);
+  }
+  TouchPages(ib, cfg.ib_limit, false);
+  TouchPages(ob, cfg.ob_limit, true);
+  return "";
+}
+
 [[noreturn]] void WorkerMain(const WorkerConfig &cfg, Control *ctl, int efd,
                              uint8_t *elfArea, uint8_t *ib, uint8_t *ob,
                              uint8_t *logs, absl::Span<const uint8_t> elf,
@@ -1256,24 +1279,8 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   w.ib = ib;
   w.ob = ob;
   w.logs = logs;
-  if (cfg.scratch_bytes) {
-    void *s = ::mmap(nullptr, PageUp(cfg.scratch_bytes),
-                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                     0);
-    if (s == MAP_FAILED)
-      fail(absl::StrCat("scratch of ", cfg.scratch_bytes,
-                        " bytes: ", std::strerror(errno)));
-    w.scratch = static_cast<uint8_t *>(s);
-    // In 2 MiB pages where the kernel allows (a 64-token MoE chunk's
-    // scratch is ~7 MB), and mapped before the host's first step: the
-    // first prompt's MoE step took 2,600 page faults here, 20-35 ms of
-    // a Qwen3-30B-A3B-shape prompt on the development VM.
-    (void)::madvise(s, PageUp(cfg.scratch_bytes), MADV_HUGEPAGE);
-    TouchPages(w.scratch, cfg.scratch_bytes, true);
-  }
-  // The step buffers too: the worker reads the IB and writes the OB.
-  TouchPages(ib, cfg.ib_limit, false);
-  TouchPages(ob, cfg.ob_limit, true);
+  if (std::string why = MapStepBuffers(cfg, ib, ob, &w.scratch); !why.empty())
+    fail(why);
   if (cfg.persistent) {
     auto loaded = LoadedElf::Load(elf, cfg.elf_limits);
     if (!loaded.ok())
