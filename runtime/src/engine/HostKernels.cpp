@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -445,6 +446,50 @@ void Int8Interleave(int16_t *v, uint64_t n) {
   }
 }
 
+namespace {
+/// One block of 32 weights of QuantizeInt8: the block's scale (an IEEE
+/// half), its 32 values q in column order, and sum |q|. scale = amax / 127
+/// rounded to a half; q = the weight times 1 / scale rounded to nearest
+/// even (vcvtps2dq under the default rounding, as lrint), clamped to
+/// [-127, 127]; an all-zero block has scale 0 and q 0.
+uint16_t QuantizeInt8Block(const float *v, int8_t *q, uint32_t *qsum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 a[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    a[i] = _mm256_loadu_ps(v + 8 * i);
+    // max(|v|, m): a NaN weight leaves m as it was (as std::max(m, |v|)).
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, a[i]), m);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  const uint16_t half = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+  const float scale = _cvtsh_ss(half);
+  const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  __m256i sum = _mm256_setzero_si256(), qi[4];
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = _mm256_min_epi32(
+        _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(a[i], inv)), lo), hi);
+    sum = _mm256_add_epi32(sum, _mm256_abs_epi32(qi[i]));
+  }
+  // int32 -> int8 in column order (the packs interleave 128-bit lanes).
+  const __m256i w16 = _mm256_packs_epi32(qi[0], qi[1]); // 0-3 8-11 | 4-7 12-15
+  const __m256i x16 = _mm256_packs_epi32(qi[2], qi[3]);
+  const __m256i b8 = _mm256_packs_epi16(w16, x16);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i *>(q),
+                      _mm256_permutevar8x32_epi32(b8, order));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum),
+                             _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *qsum = (uint32_t)_mm_cvtsi128_si32(s4);
+  return half;
+}
+} // namespace
+
 HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
                         const std::function<void(uint64_t, float *)> &row) {
   HostMatrix m;
@@ -458,26 +503,25 @@ HostMatrix QuantizeInt8(ThreadPool &pool, uint64_t rows, uint64_t cols,
     std::vector<float> buf(cols);
     for (uint64_t r = b; r < e; ++r) {
       row(r, buf.data());
+      int8_t *q = m.i8_store.data() + r * cols;
       double l1 = 0;
       for (uint64_t k = 0; k < blocks; ++k) {
-        const float *v = buf.data() + k * kInt8Block;
-        float amax = 0.0f;
-        for (uint64_t i = 0; i < kInt8Block; ++i)
-          amax = std::max(amax, std::fabs(v[i]));
-        const uint16_t half =
-            _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
-        const float scale = _cvtsh_ss(half);
-        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        int8_t *q = m.i8_store.data() + r * cols;
+        alignas(32) int8_t block[kInt8Block];
         uint32_t qsum = 0;
-        for (uint64_t i = 0; i < kInt8Block; ++i) {
-          const int8_t qi =
-              (int8_t)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
-          q[Int8Position(k * kInt8Block + i, cols)] = qi;
-          qsum += (uint32_t)std::abs((int)qi);
+        const uint16_t half =
+            QuantizeInt8Block(buf.data() + k * kInt8Block, block, &qsum);
+        const uint64_t c0 = k * kInt8Block, g = c0 / kInt8Group * kInt8Group;
+        if (g + kInt8Group <= cols) {
+          // Int8Position in a whole group: values 2i and 2i + 1 of block j
+          // are bytes 16 i + 2 j and the next.
+          const uint64_t j = (c0 - g) / kInt8Block;
+          for (uint64_t i = 0; i < kInt8Block / 2; ++i)
+            std::memcpy(q + g + 16 * i + 2 * j, block + 2 * i, 2);
+        } else {
+          std::memcpy(q + c0, block, kInt8Block); // a last, partial group
         }
         m.i8_scale_store[r * blocks + k] = half;
-        l1 += (double)scale * qsum;
+        l1 += (double)_cvtsh_ss(half) * qsum;
       }
       m.i8_l1[r] = (float)l1;
     }

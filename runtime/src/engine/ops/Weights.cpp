@@ -1,6 +1,8 @@
 //===- Weights.cpp - a plan's host tensors as kernel operands -------------===//
 #include "HostOp.h"
 
+#include <immintrin.h>
+
 #include <cstring>
 
 namespace duck::runtime::ops {
@@ -161,9 +163,18 @@ WeightReader::QuantizedInt8(const pl::TensorDef &t, ThreadPool &pool) const {
       std::memcpy(buf, p + r * cols * 4, cols * 4);
       return;
     }
-    for (uint64_t c = 0; c < cols; ++c) {
+    const uint8_t *src = p + 2 * r * cols;
+    uint64_t c = 0;
+    if (dt == pl::DType::BF16) // widened 8 at a time (the same bits)
+      for (; c + 8 <= cols; c += 8)
+        _mm256_storeu_ps(
+            buf + c, _mm256_castsi256_ps(_mm256_slli_epi32(
+                         _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                             reinterpret_cast<const __m128i *>(src + 2 * c))),
+                         16)));
+    for (; c < cols; ++c) {
       uint16_t h;
-      std::memcpy(&h, p + 2 * (r * cols + c), 2);
+      std::memcpy(&h, src + 2 * c, 2);
       buf[c] = dt == pl::DType::BF16 ? duck_bf16_to_f32(h) : duck_f16_to_f32(h);
     }
   });

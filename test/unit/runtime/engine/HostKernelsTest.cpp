@@ -310,6 +310,54 @@ TEST(HostKernels, MatrixRangesAreWhatMatrixBytesCountsAndPrefetchStops) {
 /// of its block's scale, an all-zero block stays zero, the GEMV within
 /// float rounding of the exact product of the quantised weights, and the
 /// batching contract as for bf16.
+/// QuantizeInt8 (vectorised) has the bits of the rule written out one
+/// weight at a time: scale = amax / 127 rounded to a half, q = lrint(w *
+/// (1 / scale)) clamped, in Int8Position's order, and sum |q * scale| a
+/// row; over whole groups and a last partial one (416 columns = one group
+/// of 256 and five blocks), all-zero, tiny and huge blocks, and ties.
+TEST(HostKernels, Int8QuantisationIsTheScalarRule) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const uint64_t rows = 37, cols = 416, blocks = cols / kInt8Block;
+  std::vector<float> src(rows * cols);
+  for (auto &v : src)
+    v = d(rng);
+  std::fill_n(src.begin() + 2 * cols + 32, 32, 0.0f); // all zero
+  for (uint64_t i = 0; i < 32; ++i) {
+    src[3 * cols + 288 + i] = 1e-30f * (float)(i + 1); // tiny, partial group
+    src[4 * cols + i] = 8e6f * (i % 2 ? -1.0f : 1.0f); // a scale near half max
+    src[5 * cols + 64 + i] = 0.5f * (float)i - 8.0f;   // halves: ties
+  }
+  ThreadPool pool(2);
+  HostMatrix m = QuantizeInt8(pool, rows, cols, [&](uint64_t r, float *b) {
+    std::memcpy(b, src.data() + r * cols, cols * 4);
+  });
+  for (uint64_t r = 0; r < rows; ++r) {
+    double l1 = 0;
+    for (uint64_t k = 0; k < blocks; ++k) {
+      const float *v = src.data() + r * cols + k * kInt8Block;
+      float amax = 0.0f;
+      for (uint64_t i = 0; i < kInt8Block; ++i)
+        amax = std::max(amax, std::fabs(v[i]));
+      const uint16_t half = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+      const float scale = _cvtsh_ss(half);
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      ASSERT_EQ(m.i8_scale[r * blocks + k], half)
+          << "row " << r << " block " << k;
+      uint32_t qsum = 0;
+      for (uint64_t i = 0; i < kInt8Block; ++i) {
+        const int q = (int)std::clamp(std::lrint(v[i] * inv), -127L, 127L);
+        const uint64_t c = k * kInt8Block + i;
+        ASSERT_EQ(m.i8[r * cols + Int8Position(c, cols)], q)
+            << "row " << r << " col " << c;
+        qsum += (uint32_t)std::abs(q);
+      }
+      l1 += (double)scale * qsum;
+    }
+    ASSERT_EQ(m.i8_l1[r], (float)l1) << "row " << r;
+  }
+}
+
 TEST(HostKernels, Int8QuantisesWithinHalfAStepAndBatchesBitExactly) {
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 1.0f);
