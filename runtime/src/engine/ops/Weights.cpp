@@ -43,18 +43,55 @@ absl::Status PackInto(const duck_fp9_source &src, const duck_fp9_desc &desc,
   return absl::OkStatus();
 }
 
-/// Makes `m`, an fp9 matrix packed from the FP8 bytes `p`, an e4m3 one: the
-/// checkpoint's bytes and fp9's scale plane (the pack has rejected NaNs).
-void KeepE4m3(const uint8_t *p, const duck_fp9_layout &lay, HostMatrix *m) {
-  m->e4m3_store.assign(p, p + m->rows * m->cols);
-  m->e4m3_scale.assign(m->fp9.scale, m->fp9.scale + lay.scale_bytes / 4);
+/// Makes `m` an e4m3 matrix of the FP8 bytes `src.data` as `desc` lays
+/// them out, without packing fp9 first: the checkpoint's bytes (copied to
+/// 2 MiB pages) and the scale plane fp9's pack writes (each block's tile
+/// scale). False, with `m` untouched, where the pack would fail (a NaN
+/// byte, a scale out of fp9's range): the caller packs, and reports it.
+bool KeepE4m3(const duck_fp9_source &src, const duck_fp9_desc &desc,
+              const duck_fp9_layout &lay, HostMatrix *m) {
+  const uint64_t tilesPerRow =
+      (src.src_cols + src.tile_cols - 1) / src.tile_cols;
+  std::vector<float> scale(lay.scale_bytes / 4, 0.0f);
+  for (uint32_t t = 0; t < lay.scale_tiles; ++t)
+    for (uint32_t b = 0; b < lay.blocks_per_row; ++b) {
+      const float v = src.scale_inv[(uint64_t)t * tilesPerRow +
+                                    (uint64_t)b * desc.block / src.tile_cols];
+      if (!(v >= DUCK_FP9_SCALE_MIN && v <= DUCK_FP9_SCALE_MAX)) // or NaN
+        return false;
+      scale[(uint64_t)t * lay.blocks_per_row + b] = v;
+    }
+  const uint64_t n = (uint64_t)desc.rows * desc.k;
+  const auto *p = static_cast<const uint8_t *>(src.data);
+  HugePageVector<uint8_t> bytes(n);
+  // The copy checks for E4M3's NaN (0x7F or 0xFF) 32 bytes at a time.
+  const __m256i low7 = _mm256_set1_epi8(0x7F);
+  __m256i nan = _mm256_setzero_si256();
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i v =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + i));
+    nan = _mm256_or_si256(nan,
+                          _mm256_cmpeq_epi8(_mm256_and_si256(v, low7), low7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(bytes.data() + i), v);
+  }
+  bool bad = !_mm256_testz_si256(nan, nan);
+  for (; i < n; ++i) {
+    bad |= duck_e4m3_is_nan(p[i]);
+    bytes[i] = p[i];
+  }
+  if (bad)
+    return false;
+  m->e4m3_store.swap(bytes);
+  m->e4m3_scale.swap(scale);
+  m->fp9 = duck_fp9_matrix_view(&desc, nullptr); // shape and kernel
   m->fp9.mag = m->e4m3_store.data();
   // Not read; a pointer into the matrix for the kernels' row arithmetic.
   m->fp9.sign = reinterpret_cast<const uint32_t *>(m->e4m3_store.data());
   m->fp9.scale = m->e4m3_scale.data();
-  HugePageVector<uint64_t>().swap(m->fp9_store);
   m->is_fp9 = false;
   m->is_e4m3 = true;
+  return true;
 }
 
 } // namespace
@@ -216,10 +253,10 @@ WeightReader::ReadMatrix(const pl::TensorDef &t) const {
     duck_fp9_layout lay;
     if (tileCols % block == 0 &&
         duck_fp9_compute_layout(&desc, &lay) == DUCK_FP9_OK) {
+      if (HostReadsE4m3() && KeepE4m3(src, desc, lay, &m))
+        return m;
       if (absl::Status s = PackInto(src, desc, lay, t, &m); !s.ok())
         return s;
-      if (HostReadsE4m3())
-        KeepE4m3(plan_.TensorData(t), lay, &m);
       return m;
     }
   }
@@ -276,10 +313,10 @@ WeightReader::ReadHeadsTransposedFp9(const pl::TensorDef &t, uint32_t heads,
   HostMatrix m;
   m.rows = rows;
   m.cols = take;
+  if (HostReadsE4m3() && KeepE4m3(src, desc, lay, &m))
+    return m;
   if (absl::Status s = PackInto(src, desc, lay, t, &m); !s.ok())
     return s;
-  if (HostReadsE4m3())
-    KeepE4m3(ut.data(), lay, &m);
   return m;
 }
 

@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -460,6 +463,67 @@ protected:
   std::vector<int32_t> tokens_;
   std::vector<uint32_t> pos_, seq_, logit_rows_;
 };
+
+/// An FP8 host matrix kept as e4m3 (the checkpoint's bytes and its tile
+/// scales, not packed to fp9 first) multiplies with the fp9 pack's bits;
+/// a NaN byte in it is refused naming the tensor and the element.
+TEST_F(PlanOps, Fp8MatricesKeptAsE4m3HaveFp9sBitsAndRefuseNaN) {
+  const pl::GqaAttentionOpDef *p =
+      Op(pl::OpParams::GqaAttentionOpDef).params_as_GqaAttentionOpDef();
+  // q_proj: two tiles of rows; o_proj: two tiles of columns.
+  for (const pl::TensorDef *w : {p->q_proj(), p->o_proj()}) {
+    ASSERT_EQ(w->dtype(), pl::DType::F8_E4M3);
+    ::unsetenv("DUCK_HOST_FP8");
+    auto e4 = weights_->Matrix(*w);
+    ASSERT_TRUE(e4.ok()) << e4.status();
+    ::setenv("DUCK_HOST_FP8", "fp9", 1);
+    auto f9 = weights_->Matrix(*w);
+    ::unsetenv("DUCK_HOST_FP8");
+    ASSERT_TRUE(f9.ok()) << f9.status();
+    ASSERT_TRUE(e4->is_e4m3);
+    ASSERT_TRUE(f9->is_fp9);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n(0, 1);
+    std::vector<float> x(f9->cols), a(f9->rows), b(f9->rows);
+    for (auto &v : x)
+      v = n(rng);
+    MatVec(*pool_, *e4, x.data(), a.data());
+    MatVec(*pool_, *f9, x.data(), b.data());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+        << w->name()->str();
+  }
+  const pl::TensorDef &t = *p->q_proj();
+
+  // The checkpoint copied, one byte of q_proj made NaN (row 3, column 5).
+  char tmpl[] = "/tmp/duck-e4m3-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string model = test::ModelDir("qwen3-moe");
+  ASSERT_EQ(0, std::system(("cp -r '" + model + "/.' '" + dir + "/'").c_str()));
+  const std::string file =
+      dir + "/" + plan_->def().files()->Get(t.file())->path()->str();
+  {
+    std::FILE *f = std::fopen(file.c_str(), "r+b");
+    ASSERT_NE(f, nullptr) << file;
+    ASSERT_EQ(0, std::fseek(f, (long)(t.offset() + 3 * t.shape()->Get(1) + 5),
+                            SEEK_SET));
+    ASSERT_EQ(0x7F, std::fputc(0x7F, f));
+    std::fclose(f);
+  }
+  PlanLoadOptions lo;
+  lo.checkpoint_dir = dir;
+  auto bad = LoadedPlan::Load(test::PlanDir("qwen3-moe"), HostOpKinds(), lo);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  const WeightReader reader(**bad);
+  auto m = reader.Matrix(t);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("host tensor '" + t.name()->str() + "'"),
+            std::string::npos)
+      << m.status();
+  EXPECT_NE(m.status().message().find("row 3, column 5"), std::string::npos)
+      << m.status();
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
 
 TEST_F(PlanOps, EmbeddingCopiesTheTokensRows) {
   const pl::OpDef &def = Op(pl::OpParams::EmbeddingOpDef);
