@@ -1,6 +1,8 @@
 //===- Weights.cpp - a plan's host tensors as kernel operands -------------===//
 #include "HostOp.h"
 
+#include "duck_rt/kernel_select.h"
+
 #include <immintrin.h>
 
 #include <cstring>
@@ -84,7 +86,13 @@ bool KeepE4m3(const duck_fp9_source &src, const duck_fp9_desc &desc,
     return false;
   m->e4m3_store.swap(bytes);
   m->e4m3_scale.swap(scale);
-  m->fp9 = duck_fp9_matrix_view(&desc, nullptr); // shape and kernel
+  m->fp9 = duck_fp9_matrix{};
+  m->fp9.rows = desc.rows;
+  m->fp9.k = desc.k;
+  m->fp9.block = desc.block;
+  m->fp9.scale_rows = desc.scale_rows;
+  m->fp9.row_phase = desc.row_phase;
+  m->fp9.kernel = duck_select_kernel(desc.k, desc.block);
   m->fp9.mag = m->e4m3_store.data();
   // Not read; a pointer into the matrix for the kernels' row arithmetic.
   m->fp9.sign = reinterpret_cast<const uint32_t *>(m->e4m3_store.data());
