@@ -65,8 +65,8 @@ bool KeepE4m3(const duck_fp9_source &src, const duck_fp9_desc &desc,
     }
   const uint64_t n = (uint64_t)desc.rows * desc.k;
   const auto *p = static_cast<const uint8_t *>(src.data);
-  HugePageVector<uint8_t> bytes(n);
-  // The copy checks for E4M3's NaN (0x7F or 0xFF) 32 bytes at a time.
+  // E4M3's NaN (0x7F or 0xFF), 32 bytes at a time, before anything is
+  // allocated; then one copy (no zeroing first).
   const __m256i low7 = _mm256_set1_epi8(0x7F);
   __m256i nan = _mm256_setzero_si256();
   uint64_t i = 0;
@@ -75,15 +75,13 @@ bool KeepE4m3(const duck_fp9_source &src, const duck_fp9_desc &desc,
         _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + i));
     nan = _mm256_or_si256(nan,
                           _mm256_cmpeq_epi8(_mm256_and_si256(v, low7), low7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(bytes.data() + i), v);
   }
   bool bad = !_mm256_testz_si256(nan, nan);
-  for (; i < n; ++i) {
-    bad |= duck_e4m3_is_nan(p[i]);
-    bytes[i] = p[i];
-  }
+  for (; i < n; ++i)
+    bad |= duck_e4m3_is_nan(p[i]) != 0;
   if (bad)
     return false;
+  HugePageVector<uint8_t> bytes(p, p + n);
   m->e4m3_store.swap(bytes);
   m->e4m3_scale.swap(scale);
   m->fp9 = duck_fp9_matrix{};
