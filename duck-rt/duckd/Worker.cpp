@@ -84,9 +84,9 @@ uint64_t PageUp(uint64_t v) { return (v + kPage - 1) & ~(kPage - 1); }
 /// a time inside the first steps that touch it: one madvise (best effort;
 /// Linux 5.14), then a load (`write`: a store of the zero the fresh memory
 /// holds) on every 4 KiB page, which a hypervisor that shadows the guest's
-/// page tables charges each process apart (see MapWeightsReadOnly). A step
-/// buffer is written afresh every step, so nothing it holds is lost; call
-/// this only before the first step.
+/// page tables charges each process apart (see MapWeightsReadOnly). A
+/// write is for step buffers only, before the first step: they are written
+/// afresh every step, so nothing they hold is lost.
 void TouchPages(uint8_t *p, uint64_t bytes, bool write) {
   if (!p || !bytes)
     return;
@@ -1213,14 +1213,7 @@ std::string MapWeightsReadOnly(const WorkerConfig &cfg) {
   if (cfg.weights_map &&
       ::mprotect(cfg.weights_map, cfg.weights_map_bytes, PROT_READ) != 0)
     return absl::StrCat("mprotect weights: ", std::strerror(errno));
-#ifdef MADV_POPULATE_READ
-  if (cfg.populate_bytes)
-    (void)::madvise(cfg.image, PageUp(cfg.populate_bytes), MADV_POPULATE_READ);
-#endif
-  uint64_t sum = 0;
-  for (uint64_t i = 0; i < cfg.populate_bytes; i += 4096)
-    sum += cfg.image[i];
-  asm volatile("" : : "r"(sum)); // the loads are the point
+  TouchPages(cfg.image, cfg.populate_bytes, false); // read: mapped read-only
   return "";
 }
 
