@@ -26,7 +26,8 @@ constexpr uint32_t kPrefetchBytes = 8192;
 /// The weights are read once a call: prefetched non-temporally, so the
 /// stream does not push the inputs and the caches' other contents out.
 /// On the Zen 5 VM a cold GEMV (K = 7168) read 3-14 % faster than with
-/// T0 (one core and two; 2026-12-07).
+/// T0 in one window and within 5 % either way in two others (2026-12-07):
+/// a small gain near that machine's noise.
 constexpr auto kWeightsHint = _MM_HINT_NTA; // GCC: enum _mm_hint; clang: int
 constexpr float kF16cXFactor = 0x1p-10f;  // 2^DUCK_FP9_F16C_X_LOG2
 constexpr float kAccFactor = 8.0f;        // 2^DUCK_FP9_ACC_LOG2
