@@ -1,5 +1,6 @@
 # Checks duckrun's --summary-json against its plan (duck-plan-dump JSON):
-# the decode breakdown adds up to the TPOT, the prompt's duck steps fit in
+# the decode breakdown adds up to the TPOT, the median token's time is
+# at most twice the mean, the prompt's duck steps fit in
 # the prefill's time, the bound fraction is a
 # fraction, the ducks' bytes a token are the plan's (dense slots whole;
 # MoE slots by top_k + shared of their experts), and the KV bytes a token
@@ -20,6 +21,11 @@ total = sum(bd.values())
 tpot = summary["tpot_ms"]
 if abs(total - tpot) > 0.05 * tpot + 0.05:
     fail("breakdown %s sums to %.3f ms, TPOT is %.3f" % (bd, total, tpot))
+# The median token's time: at least half the tokens take that long or
+# more, so it is at most twice the mean.
+p50 = summary["tpot_p50_ms"]
+if not 0 < p50 <= 2 * tpot:
+    fail("tpot_p50_ms %r against the mean TPOT %r" % (p50, tpot))
 # The prompt's duck steps: the slowest duck's kernel and the rest of the
 # host's wait, ms a prompt token, within the prefill's own time.
 pk, pg = summary["prefill_duck_kernel_ms"], summary["prefill_dispatch_gap_ms"]
