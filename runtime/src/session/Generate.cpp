@@ -73,7 +73,7 @@ bool Interrupted(const GenerateOptions &o) {
 }
 
 /// The prompt's token ids (given, or encoded, as chat with --chat), checked
-/// against --max-seq before any duck starts.
+/// against the vocabulary and --max-seq before any duck starts.
 absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerateOptions &o,
                                               Session &ses) {
   std::vector<int32_t> prompt = o.prompt_ids;
@@ -89,6 +89,12 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerateOptions &o,
   }
   if (prompt.empty())
     return absl::InvalidArgumentError("the prompt is empty");
+  const uint64_t vocab = ses.model().vocab();
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || (uint64_t)prompt[i] >= vocab)
+      return absl::OutOfRangeError(
+          absl::StrCat("--prompt-ids: token id ", prompt[i], " (position ", i,
+                       ") is outside the vocabulary of ", vocab));
   const uint32_t maxSeq = ses.max_seq();
   if (prompt.size() + 1 > maxSeq)
     return absl::OutOfRangeError(absl::StrCat(
