@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 namespace duck::bench {
 
@@ -128,6 +131,31 @@ const char *flagValue(const char *arg, const char *key) {
   return std::strncmp(arg, key, n) == 0 && arg[n] == '=' && arg[n + 1]
              ? arg + n + 1
              : nullptr;
+}
+
+uint64_t parseWhole(const char *key, const char *text, bool *bad,
+                    uint64_t max) {
+  char *end = nullptr;
+  errno = 0;
+  const unsigned long long v =
+      text[0] >= '0' && text[0] <= '9' ? std::strtoull(text, &end, 10) : 0;
+  if (end && *end == '\0' && errno == 0 && v <= max)
+    return v;
+  std::fprintf(
+      stderr, "duck-bench: %s: '%s' is not a whole number%s\n", key, text,
+      max == UINT32_MAX ? "" : (" up to " + std::to_string(max)).c_str());
+  *bad = true;
+  return 0;
+}
+
+double parseReal(const char *key, const char *text, bool *bad) {
+  char *end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end != text && *end == '\0' && std::isfinite(v))
+    return v;
+  std::fprintf(stderr, "duck-bench: %s: '%s' is not a number\n", key, text);
+  *bad = true;
+  return 0;
 }
 
 std::vector<std::string> splitCommas(const std::string &text) {

@@ -56,6 +56,14 @@ bool parseUintList(const std::string &text, std::vector<uint32_t> &out,
 /// null: the subcommands' `--name=value` options.
 const char *flagValue(const char *arg, const char *key);
 
+/// An option's value as a whole number (digits only: no sign, nothing
+/// after them, at most `max`) or as a finite real number (`parseReal`).
+/// On anything else: says on stderr which option and value were wrong,
+/// sets *bad and returns 0, so a parser can go on and refuse at the end.
+uint64_t parseWhole(const char *key, const char *text, bool *bad,
+                    uint64_t max = UINT32_MAX);
+double parseReal(const char *key, const char *text, bool *bad);
+
 /// Splits "a,b,c" at the commas (an empty text gives one empty item).
 std::vector<std::string> splitCommas(const std::string &text);
 

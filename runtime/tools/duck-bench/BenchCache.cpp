@@ -155,6 +155,7 @@ const char *ResultName(duckd_cache_result r) {
 
 int duckBenchCache(int argc, char **argv) {
   CacheOptions o;
+  bool badNumber = false; // said on stderr by parseWhole
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&](const char *key) { return flagValue(argv[i], key); };
@@ -166,7 +167,7 @@ int duckBenchCache(int argc, char **argv) {
     else if (const char *v = val("--size"))
       ok = ParseSize(v, &o.size);
     else if (const char *v = val("--cores"))
-      o.cores = uint32_t(std::atoi(v));
+      o.cores = uint32_t(parseWhole("--cores", v, &badNumber));
     else if (const char *v = val("--duckd"))
       o.duckd = v;
     else if (const char *v = val("--elf"))
@@ -177,7 +178,7 @@ int duckBenchCache(int argc, char **argv) {
       o.token = v;
     else
       ok = false;
-    if (!ok || o.cores == 0) {
+    if (!ok || badNumber || o.cores == 0) {
       std::fprintf(stderr,
                    "usage: duck-bench cache [--size=1G] [--cores=1] "
                    "[--dir=DIR] [--no-sync] [--duckd=PATH] [--elf=PATH] "

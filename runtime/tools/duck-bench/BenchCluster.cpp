@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 #include "BenchArgs.h"
 #include "BenchSubcommands.h"
+#include "Common.h"
 
 #include "duck/runtime/cluster/LinkSim.h"
 #include "duck/runtime/cluster/LocalCluster.h"
@@ -39,6 +40,8 @@
 namespace {
 
 using duck::bench::ArgValue;
+using duck::bench::parseReal;
+using duck::bench::parseWhole;
 using duck::bench::ShellQuote;
 using duck::runtime::LinkSim;
 using duck::runtime::LinkSimOptions;
@@ -110,27 +113,28 @@ void PrintUsage(FILE *out) {
 
 
 bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
+  bool badNumber = false; // said on stderr by parseWhole / parseReal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char *v = nullptr;
     if (a == "--json")
       o->json = true;
     else if ((v = ArgValue(argc, argv, &i, "--ducks")))
-      o->ducks = uint32_t(std::atoi(v));
+      o->ducks = uint32_t(parseWhole("--ducks", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--host-link-gbps")))
-      o->host_gbps = std::atof(v);
+      o->host_gbps = parseReal("--host-link-gbps", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--duck-link-gbps")))
-      o->duck_gbps = std::atof(v);
+      o->duck_gbps = parseReal("--duck-link-gbps", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--latency-us")))
-      o->latency_us = std::atof(v);
+      o->latency_us = parseReal("--latency-us", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--scale")))
-      o->scale = std::atof(v);
+      o->scale = parseReal("--scale", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--layers")))
-      o->layers = uint32_t(std::atoi(v));
+      o->layers = uint32_t(parseWhole("--layers", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--tokens")))
-      o->tokens = uint32_t(std::atoi(v));
+      o->tokens = uint32_t(parseWhole("--tokens", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--repeat")))
-      o->repeat = uint32_t(std::atoi(v));
+      o->repeat = uint32_t(parseWhole("--repeat", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--attention")))
       o->attention = v;
     else if ((v = ArgValue(argc, argv, &i, "--wire")))
@@ -140,13 +144,15 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
     else if ((v = ArgValue(argc, argv, &i, "--stage-shared")))
       o->stage_shared = v;
     else if ((v = ArgValue(argc, argv, &i, "--experts")))
-      o->experts = uint32_t(std::atoi(v));
+      o->experts = uint32_t(parseWhole("--experts", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
     } else
       return false;
   }
+  if (badNumber)
+    return false;
   if (o->attention != "host" && o->attention != "ducks" &&
       o->attention != "absorbed" && o->attention != "all")
     return false;

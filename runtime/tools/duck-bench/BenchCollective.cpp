@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 #include "BenchArgs.h"
 #include "BenchSubcommands.h"
+#include "Common.h"
 
 #include "duck/runtime/cluster/LinkSim.h"
 #include "duck/runtime/cluster/LocalCluster.h"
@@ -42,6 +43,8 @@
 namespace {
 
 using duck::bench::ArgValue;
+using duck::bench::parseReal;
+using duck::bench::parseWhole;
 using duck::bench::ShellQuote;
 using duck::duckd::PeerMesh;
 using duck::duckd::PeerTransport;
@@ -104,31 +107,32 @@ void PrintUsage(FILE *out) {
 }
 
 bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
+  bool badNumber = false; // said on stderr by parseWhole / parseReal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char *v = nullptr;
     if (a == "--json")
       o->json = true;
     else if ((v = ArgValue(argc, argv, &i, "--ducks")))
-      o->ducks = uint32_t(std::atoi(v));
+      o->ducks = uint32_t(parseWhole("--ducks", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--duck-link-gbps")))
-      o->duck_gbps = std::atof(v);
+      o->duck_gbps = parseReal("--duck-link-gbps", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--latency-us")))
-      o->latency_us = std::atof(v);
+      o->latency_us = parseReal("--latency-us", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--scale")))
-      o->scale = std::atof(v);
+      o->scale = parseReal("--scale", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--tokens")))
-      o->tokens = uint32_t(std::atoi(v));
+      o->tokens = uint32_t(parseWhole("--tokens", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--repeat")))
-      o->repeat = uint32_t(std::atoi(v));
+      o->repeat = uint32_t(parseWhole("--repeat", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--groups")))
-      o->groups = uint32_t(std::atoi(v));
+      o->groups = uint32_t(parseWhole("--groups", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--wire")))
       o->wire = v;
     else if ((v = ArgValue(argc, argv, &i, "--transport")))
       o->transport = v;
     else if ((v = ArgValue(argc, argv, &i, "--spin-us")))
-      o->spin_us = std::atof(v);
+      o->spin_us = parseReal("--spin-us", v, &badNumber);
     else if ((v = ArgValue(argc, argv, &i, "--model")))
       o->model = v;
     else {
@@ -139,6 +143,8 @@ bool Parse(int argc, char **argv, CollectiveBenchOptions *o) {
       return false;
     }
   }
+  if (badNumber)
+    return false;
   if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8") {
     std::fprintf(stderr,
                  "duck-bench collective: --wire must be f32, bf16 or q8\n");

@@ -94,6 +94,7 @@ void PrintUsage(FILE *out) {
 
 /// Fills `o`; on a bad argument returns false with it in *bad.
 bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
+  bool badNumber = false; // said on stderr by parseWhole
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     *bad = a;
@@ -101,11 +102,11 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
     if (a == "--json")
       o->json = true;
     else if (const char *v = val("--threads"))
-      o->threads = uint32_t(std::atoi(v));
+      o->threads = uint32_t(parseWhole("--threads", v, &badNumber));
     else if (const char *v = val("--cold-mib"))
-      o->cold_mib = uint64_t(std::atoll(v));
+      o->cold_mib = parseWhole("--cold-mib", v, &badNumber, UINT64_MAX);
     else if (const char *v = val("--reps"))
-      o->reps = uint32_t(std::atoi(v));
+      o->reps = uint32_t(parseWhole("--reps", v, &badNumber));
     else if (const char *v = val("--only")) {
       o->gemv = o->gemm = o->attention = o->mla = false;
       for (const std::string &name : splitCommas(v)) {
@@ -124,6 +125,8 @@ bool Parse(int argc, char **argv, HostOptions *o, std::string *bad) {
       if (!parseUintList(v, o->contexts, 1u << 20))
         return false;
     } else
+      return false;
+    if (badNumber) // *bad is the option
       return false;
   }
   *bad = o->reps < 1 ? "--reps below 1" : "--cold-mib below 16";

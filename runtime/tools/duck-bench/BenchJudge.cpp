@@ -75,6 +75,7 @@ void PrintUsage() {
 }
 
 bool Parse(int argc, char **argv, JudgeOptions *o) {
+  bool badNumber = false; // said on stderr by parseWhole
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&](const char *key) { return flagValue(argv[i], key); };
@@ -92,19 +93,19 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
         if (m != "persistent" && m != "run")
           return false;
     } else if (const char *v = val("--cores"))
-      o->cores = uint32_t(std::atoi(v));
+      o->cores = uint32_t(parseWhole("--cores", v, &badNumber));
     else if (const char *v = val("--steps"))
-      o->steps = uint32_t(std::atoi(v));
+      o->steps = uint32_t(parseWhole("--steps", v, &badNumber));
     else if (const char *v = val("--run-steps"))
-      o->run_steps = uint32_t(std::atoi(v));
+      o->run_steps = uint32_t(parseWhole("--run-steps", v, &badNumber));
     else if (const char *v = val("--warmup"))
-      o->warmup = uint32_t(std::atoi(v));
+      o->warmup = uint32_t(parseWhole("--warmup", v, &badNumber));
     else if (const char *v = val("--spin-us"))
-      o->spin_us = uint32_t(std::atoi(v));
+      o->spin_us = uint32_t(parseWhole("--spin-us", v, &badNumber));
     else if (const char *v = val("--reply-spin-us"))
-      o->reply_spin_us = uint32_t(std::atoi(v));
+      o->reply_spin_us = uint32_t(parseWhole("--reply-spin-us", v, &badNumber));
     else if (const char *v = val("--step-mode"))
-      o->step_mode = uint32_t(std::atoi(v));
+      o->step_mode = uint32_t(parseWhole("--step-mode", v, &badNumber));
     else if (const char *v = val("--duckd"))
       o->duckd = v;
     else if (const char *v = val("--elf"))
@@ -114,7 +115,8 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
     else
       return false;
   }
-  return o->cores >= 1 && o->steps >= 10 && o->step_mode < DUCK_MODE_COUNT;
+  return !badNumber && o->cores >= 1 && o->steps >= 10 &&
+         o->step_mode < DUCK_MODE_COUNT;
 }
 
 /// Raw TCP ping-pong: `ib` bytes there, `ob` bytes back, plain sockets.

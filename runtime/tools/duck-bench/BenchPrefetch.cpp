@@ -56,24 +56,27 @@ void PrintUsage(FILE *out) {
 }
 
 bool Parse(int argc, char **argv, PrefetchOptions *o, std::string *bad) {
+  bool badNumber = false; // said on stderr by parseWhole
   for (int i = 1; i < argc; ++i) {
     *bad = argv[i];
     auto val = [&](const char *key) { return flagValue(argv[i], key); };
     if (!std::strcmp(argv[i], "--json"))
       o->json = true;
     else if (const char *v = val("--rows"))
-      o->rows = uint32_t(std::atoi(v));
+      o->rows = uint32_t(parseWhole("--rows", v, &badNumber));
     else if (const char *v = val("--k"))
-      o->k = uint32_t(std::atoi(v));
+      o->k = uint32_t(parseWhole("--k", v, &badNumber));
     else if (const char *v = val("--wait-us"))
-      o->wait_us = uint32_t(std::atoi(v));
+      o->wait_us = uint32_t(parseWhole("--wait-us", v, &badNumber));
     else if (const char *v = val("--cold-mib"))
-      o->cold_mib = uint64_t(std::atoll(v));
+      o->cold_mib = parseWhole("--cold-mib", v, &badNumber, UINT64_MAX);
     else if (const char *v = val("--reps"))
-      o->reps = uint32_t(std::atoi(v));
+      o->reps = uint32_t(parseWhole("--reps", v, &badNumber));
     else if (const char *v = val("--threads"))
-      o->threads = uint32_t(std::atoi(v));
+      o->threads = uint32_t(parseWhole("--threads", v, &badNumber));
     else
+      return false;
+    if (badNumber) // *bad is the option
       return false;
   }
   if (o->rows < 1 || o->k < 16 || o->k % 16) {
