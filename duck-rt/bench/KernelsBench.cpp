@@ -150,6 +150,8 @@ bool parseDouble(const char *s, double &out) {
 }
 
 bool parseUint(const char *s, uint64_t &out) {
+  if (!(s[0] >= '0' && s[0] <= '9')) // strtoull would take "-1" as 2^64 - 1
+    return false;
   char *end = nullptr;
   unsigned long long v = std::strtoull(s, &end, 10);
   out = v;
