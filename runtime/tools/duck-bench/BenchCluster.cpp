@@ -67,6 +67,10 @@ struct ClusterBenchOptions {
   /// Routed experts (0: as many as ducks): 256 gives the host
   /// DeepSeek-V3.2's router (256 x 7168 bf16, 3.67 MB a layer).
   uint32_t experts = 0;
+  /// Measure the ducks first (duck-measure-cluster through the unlimited
+  /// simulator) and give the cost model their step overhead and the host's
+  /// cost a frame, so that its dispatch term can be checked.
+  bool measure_dispatch = false;
   bool json = false;
   std::string work_dir; // default: a temporary directory, removed after
   bool keep = false;
@@ -89,7 +93,7 @@ void PrintUsage(FILE *out) {
       "  [--experts E (N: routed experts; 256: DeepSeek-V3.2's router)]\n"
       "  [--fanout unicast|multicast (unicast: duckc's --fanout; multicast:\n"
       "  every duck a cast socket, the simulator's cast relay a switch's\n"
-      "  multicast)]\n\n"
+      "  multicast)] [--measure-dispatch]\n\n"
       "A DeepSeek-V3.2-shaped checkpoint (hidden 7168, L layers, one dense;\n"
       "4 heads, q/kv LoRA 64, N routed experts of intermediate 32, top 2,\n"
       "a shared one, vocabulary 512), compiled for N ducks (whole experts a\n"
@@ -107,7 +111,15 @@ void PrintUsage(FILE *out) {
       "one-way latency twice a step). A 64-byte ping through the simulator,\n"
       "shaped less unlimited, measures the latency it really adds (its\n"
       "timed wake-ups included): the prediction at that latency is printed\n"
-      "beside the one at the setting.\n\n%s",
+      "beside the one at the setting.\n"
+      "--measure-dispatch: before compiling, duck-measure-cluster measures\n"
+      "the ducks through the simulator with unlimited links (a step's\n"
+      "overhead at one duck, the host's CPU for each more duck's frame);\n"
+      "the cost model's dispatch term then uses them, and is printed beside\n"
+      "the baseline's dispatch gap (the host's wait beyond the ducks'\n"
+      "kernels with unlimited links). Local ducks share this machine's\n"
+      "cores: with more ducks than cores they queue for them, which the\n"
+      "term (ducks on boxes of their own) does not count.\n\n%s",
       duck::runtime::LinkSimModelText());
 }
 
@@ -119,6 +131,8 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
     const char *v = nullptr;
     if (a == "--json")
       o->json = true;
+    else if (a == "--measure-dispatch")
+      o->measure_dispatch = true;
     else if ((v = ArgValue(argc, argv, &i, "--ducks")))
       o->ducks = uint32_t(parseWhole("--ducks", v, &badNumber));
     else if ((v = ArgValue(argc, argv, &i, "--host-link-gbps")))
@@ -236,8 +250,9 @@ bool MakeAndCompile(const ClusterBenchOptions &o, const std::string &bin,
 bool WriteClusterFile(const std::string &path, uint32_t ducks,
                       const std::vector<uint16_t> &ports, double host_gbps,
                       double duck_gbps, double latency_us,
-                      uint16_t cast_port = 0) {
-  nlohmann::json j;
+                      uint16_t cast_port = 0,
+                      const nlohmann::json &measured = {}) {
+  nlohmann::json j = measured.is_object() ? measured : nlohmann::json::object();
   j["ducks"] = nlohmann::json::array();
   for (uint32_t i = 0; i < ducks; ++i)
     j["ducks"].push_back({{"host", "127.0.0.1"},
@@ -527,6 +542,18 @@ nlohmann::json Results(const ClusterBenchOptions &o, const Pass &base,
   return r;
 }
 
+/// --measure-dispatch's figures: the inputs, and the model's dispatch term
+/// beside the baseline's dispatch gap (links unlimited: what is left of the
+/// host's wait beyond the ducks' kernels is the steps' dispatch).
+void DispatchResults(const nlohmann::json &measured, nlohmann::json &r) {
+  r["measured_step_overhead_us"] = Num(measured, "step_overhead_us");
+  r["measured_host_frame_us"] = Num(measured, "host_frame_us");
+  r["measured_dispatch_ms"] = Num(r, "baseline_dispatch_gap_ms");
+  const double pred = Num(r, "predicted_dispatch_ms");
+  r["dispatch_ratio"] =
+      pred > 0 ? Num(r, "baseline_dispatch_gap_ms") / pred : 0;
+}
+
 void PrintText(const nlohmann::json &r) {
   auto d = [&](const char *k) { return r[k].get<double>(); };
   std::printf("duck-bench cluster: %d ducks, %d layers, %d tokens; host link "
@@ -568,6 +595,14 @@ void PrintText(const nlohmann::json &r) {
                     ? 1e3 * d("shaped_stage_host_cpu_ms") / d("shaped_stages")
                     : 0.0,
                 d("predicted_staged_shared_ms"));
+  if (r.contains("dispatch_ratio"))
+    std::printf("dispatch: the baseline's dispatch gap %.3f ms a token; "
+                "predicted %.3f ms (%g steps a token, a step's overhead %.1f "
+                "us and the host's %.1f us a frame, measured apart by "
+                "duck-measure-cluster): measured / predicted %.2f\n",
+                d("measured_dispatch_ms"), d("predicted_dispatch_ms"),
+                d("steps_per_token"), d("measured_step_overhead_us"),
+                d("measured_host_frame_us"), d("dispatch_ratio"));
   std::printf("the simulator's one-way latency, measured by a 64-byte ping "
               "(shaped less unlimited): %.1f us; network predicted at it "
               "%.3f ms (measured / predicted %.2f)\n",
@@ -579,11 +614,12 @@ void PrintText(const nlohmann::json &r) {
 /// duckc's stats for the plan's cluster file at another latency.
 nlohmann::json StatsAtLatency(const ClusterBenchOptions &o,
                               const std::string &bin, const std::string &dir,
-                              double latency_us) {
+                              double latency_us,
+                              const nlohmann::json &measured) {
   const std::string file = dir + "/shaped-probe.json";
   if (latency_us < 0 ||
       !WriteClusterFile(file, o.ducks, {}, o.host_gbps / o.scale,
-                        o.duck_gbps / o.scale, latency_us))
+                        o.duck_gbps / o.scale, latency_us, 0, measured))
     return nlohmann::json::object();
   std::ostringstream cc;
   cc << ShellQuote(bin + "/duckc") << " compile " << ShellQuote(dir + "/model")
@@ -594,17 +630,9 @@ nlohmann::json StatsAtLatency(const ClusterBenchOptions &o,
   return ReadJson(dir + "/stats-probe.json");
 }
 
-/// Makes the plan, starts the ducks, runs both passes.
-int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
-  const std::string bin = duck::runtime::ExecutableDir();
-  const double host = o.host_gbps / o.scale, duck = o.duck_gbps / o.scale;
-  if (!WriteClusterFile(dir + "/shaped.json", o.ducks, {}, host, duck,
-                        o.latency_us) ||
-      !MakeAndCompile(o, bin, dir))
-    return 1;
-  const nlohmann::json probe = ProbeLatency(host, duck, o.latency_us);
-  const nlohmann::json probeStats = StatsAtLatency(
-      o, bin, dir, probe["measured_one_way_latency_us"].get<double>());
+/// N local duckd's of one core each (with cast sockets for multicast).
+absl::StatusOr<std::unique_ptr<duck::runtime::LocalCluster>>
+StartDucks(const ClusterBenchOptions &o, const std::string &dir) {
   duck::runtime::LocalClusterOptions co;
   co.ducks = o.ducks;
   co.cores = 1;
@@ -620,12 +648,63 @@ int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
   if (o.fanout == "multicast")
     co.extra_args.insert(co.extra_args.end(),
                          {"--cast", "127.0.0.1:0", "--cast-wait-us", "20000"});
-  auto ducks = duck::runtime::LocalCluster::Start(co);
+  return duck::runtime::LocalCluster::Start(co);
+}
+
+/// --measure-dispatch: the cost model's dispatch inputs, measured apart
+/// from the runs by duck-measure-cluster through the simulator with
+/// unlimited links (the runs' baseline path): a step's overhead at one duck
+/// and the host's CPU for each more duck's frame. Null on failure (said).
+nlohmann::json MeasureDispatch(const std::string &bin, const std::string &dir,
+                               const duck::runtime::LocalCluster &ducks,
+                               uint32_t n) {
+  LinkSimOptions lo;
+  lo.backends = ducks.endpoints();
+  auto sim = LinkSim::Start(lo);
+  const std::string file = dir + "/measured.json";
+  if (!sim.ok() || !WriteClusterFile(file, n, (*sim)->ports(), 0, 0, 0))
+    return nullptr;
+  const std::string log = ShellQuote(dir + "/measure.log");
+  const bool ok = Shell(ShellQuote(bin + "/duck-measure-cluster") + " " +
+                        ShellQuote(file) + " --millis 60 --arena-mib 64 > " +
+                        log + " 2>&1 || { cat " + log + " >&2; false; }");
+  (*sim)->Stop();
+  const nlohmann::json m = ReadJson(file);
+  if (!ok || !m.contains("step_overhead_us"))
+    return nullptr;
+  nlohmann::json keep = nlohmann::json::object();
+  for (const char *k :
+       {"step_overhead_us", "step_overhead_ducks", "host_frame_us"})
+    if (m.contains(k))
+      keep[k] = m[k];
+  return keep;
+}
+
+/// Starts the ducks, makes the plan (with the dispatch inputs measured on
+/// them when asked), runs both passes.
+int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
+  const std::string bin = duck::runtime::ExecutableDir();
+  const double host = o.host_gbps / o.scale, duck = o.duck_gbps / o.scale;
+  auto ducks = StartDucks(o, dir);
   if (!ducks.ok()) {
     std::fprintf(stderr, "duck-bench cluster: %s\n",
                  std::string(ducks.status().message()).c_str());
     return 1;
   }
+  nlohmann::json measured = nlohmann::json::object();
+  if (o.measure_dispatch &&
+      (measured = MeasureDispatch(bin, dir, **ducks, o.ducks)).is_null()) {
+    std::fprintf(stderr, "duck-bench cluster: duck-measure-cluster failed\n");
+    return 1;
+  }
+  if (!WriteClusterFile(dir + "/shaped.json", o.ducks, {}, host, duck,
+                        o.latency_us, 0, measured) ||
+      !MakeAndCompile(o, bin, dir))
+    return 1;
+  const nlohmann::json probe = ProbeLatency(host, duck, o.latency_us);
+  const nlohmann::json probeStats = StatsAtLatency(
+      o, bin, dir, probe["measured_one_way_latency_us"].get<double>(),
+      measured);
   // Baseline and shaped runs alternate; each keeps its median TPOT's run.
   std::vector<Pass> bases(o.repeat), shapeds(o.repeat);
   for (uint32_t i = 0; i < o.repeat; ++i)
@@ -634,9 +713,10 @@ int RunBench(const ClusterBenchOptions &o, const std::string &dir) {
                  &shapeds[i]))
       return 1;
   const Pass &base = Median(bases), &shaped = Median(shapeds);
-  const nlohmann::json r = Results(o, base, shaped,
-                                   ReadJson(dir + "/stats.json"), probe,
-                                   probeStats);
+  nlohmann::json r = Results(o, base, shaped, ReadJson(dir + "/stats.json"),
+                             probe, probeStats);
+  if (o.measure_dispatch)
+    DispatchResults(measured, r);
   if (o.json)
     std::printf("%s\n", r.dump(1).c_str());
   else
