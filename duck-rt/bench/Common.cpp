@@ -16,7 +16,6 @@
 #include <ctime>
 #include <fstream>
 #include <sstream>
-#include <string>
 
 namespace duck::bench {
 
@@ -139,11 +138,15 @@ uint64_t parseWhole(const char *key, const char *text, bool *bad,
   errno = 0;
   const unsigned long long v =
       text[0] >= '0' && text[0] <= '9' ? std::strtoull(text, &end, 10) : 0;
-  if (end && *end == '\0' && errno == 0 && v <= max)
+  const bool whole = end && *end == '\0' && errno == 0;
+  if (whole && v <= max)
     return v;
-  std::fprintf(
-      stderr, "duck-bench: %s: '%s' is not a whole number%s\n", key, text,
-      max == UINT32_MAX ? "" : (" up to " + std::to_string(max)).c_str());
+  if (whole)
+    std::fprintf(stderr, "duck-bench: %s: %s is more than %llu\n", key, text,
+                 (unsigned long long)max);
+  else
+    std::fprintf(stderr, "duck-bench: %s: '%s' is not a whole number\n", key,
+                 text);
   *bad = true;
   return 0;
 }
