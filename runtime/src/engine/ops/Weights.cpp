@@ -100,6 +100,25 @@ bool KeepE4m3(const duck_fp9_source &src, const duck_fp9_desc &desc,
   return true;
 }
 
+/// n 16-bit values (BF16 or F16, by `dt`) at `src` widened to floats:
+/// BF16 eight at a time (the same bits as duck_bf16_to_f32), the rest one
+/// by one.
+void Widen16(const uint8_t *src, pl::DType dt, uint64_t n, float *out) {
+  uint64_t c = 0;
+  if (dt == pl::DType::BF16)
+    for (; c + 8 <= n; c += 8)
+      _mm256_storeu_ps(out + c,
+                       _mm256_castsi256_ps(_mm256_slli_epi32(
+                           _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                               reinterpret_cast<const __m128i *>(src + 2 * c))),
+                           16)));
+  for (; c < n; ++c) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * c, 2);
+    out[c] = dt == pl::DType::BF16 ? duck_bf16_to_f32(h) : duck_f16_to_f32(h);
+  }
+}
+
 } // namespace
 
 absl::StatusOr<std::vector<float>>
@@ -115,12 +134,7 @@ WeightReader::ReadAll(const pl::TensorDef &t) const {
     break;
   case pl::DType::BF16:
   case pl::DType::F16:
-    for (uint64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[i] = t.dtype() == pl::DType::BF16 ? duck_bf16_to_f32(h)
-                                            : duck_f16_to_f32(h);
-    }
+    Widen16(p, t.dtype(), n, out.data());
     break;
   case pl::DType::F8_E4M3: {
     if (!t.scale() || t.shape()->size() != 2)
@@ -206,20 +220,7 @@ WeightReader::QuantizedInt8(const pl::TensorDef &t, ThreadPool &pool) const {
       std::memcpy(buf, p + r * cols * 4, cols * 4);
       return;
     }
-    const uint8_t *src = p + 2 * r * cols;
-    uint64_t c = 0;
-    if (dt == pl::DType::BF16) // widened 8 at a time (the same bits)
-      for (; c + 8 <= cols; c += 8)
-        _mm256_storeu_ps(
-            buf + c, _mm256_castsi256_ps(_mm256_slli_epi32(
-                         _mm256_cvtepu16_epi32(_mm_loadu_si128(
-                             reinterpret_cast<const __m128i *>(src + 2 * c))),
-                         16)));
-    for (; c < cols; ++c) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * c, 2);
-      buf[c] = dt == pl::DType::BF16 ? duck_bf16_to_f32(h) : duck_f16_to_f32(h);
-    }
+    Widen16(p + 2 * r * cols, dt, cols, buf);
   });
 }
 
