@@ -1110,7 +1110,32 @@ namespace {
 /// values: at long contexts the cache streams from memory, and the hardware
 /// prefetcher alone keeps too few lines in flight (`duck-bench host`,
 /// context 2048, 2 threads: 0.97 ms a layer without, 0.69-0.74 with 8-32).
-constexpr uint64_t kAttendAhead = 16;
+/// A decoded row's values go further ahead: each of a block's passes reads
+/// two lines of a row, so 16 rows kept only 32 lines in flight (on the
+/// Zen 5 VM, keys 32 and values 64 ahead read a context of 1024-4096 about
+/// 20 % faster from an f16 cache, 4-6 % from an fp32 one). A run of prompt
+/// rows reuses each block of keys and values from L1 for all its rows;
+/// there the nearer distance keeps the rows fetched ahead from pushing the
+/// block out (32 / 64 read a 2048-token prompt's fp32 cache ~15 % slower).
+constexpr uint64_t kKeysAhead = 32, kValuesAhead = 64, kRunAhead = 16;
+
+/// Where the rows ahead of a range of cached positions are, for their
+/// prefetch: the positions of one cache chunk run from its base up to
+/// `split` (relative to it), the next ones from `next`, and none exists
+/// from `end` on (the sequence's length), so that nothing past the cache's
+/// rows (another head's, or nothing) is fetched.
+template <typename T> struct RowsAhead {
+  const T *next = nullptr;
+  uint64_t split = ~0ull, end = 0;
+  uint64_t keys = kKeysAhead, values = kValuesAhead; // positions ahead
+  /// Row u (relative to `base`), or null where there is none.
+  const char *Row(const T *base, uint64_t u, uint64_t dim) const {
+    if (u >= end)
+      return nullptr;
+    return reinterpret_cast<const char *>(u < split ? base + u * dim
+                                                    : next + (u - split) * dim);
+  }
+};
 
 /// The four sums of a0..a3 in one vector: lane i = sum of the lanes of ai.
 inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -1165,28 +1190,31 @@ inline float DotKey(const T *k, const float *q, uint64_t n) {
 /// scores[g][t] = (k_t . q_g) * scale for t in [t0, t1), t0 a multiple of
 /// 4, t1 <= len, for the G (1 or 2) query heads at q (dim apart), scores
 /// rows `ld` apart. Keys go four a pass (eight FMA chains for two heads,
-/// each key loaded once for both), the keys kAttendAhead positions on
-/// prefetched; the last len % 4 keys of a row, one at a time. So a score's
-/// bits depend only on its key, its query and the row's length, never on
-/// how a caller cuts [0, len) into ranges.
+/// each key loaded once for both), the keys `ahead.keys` positions on
+/// prefetched; the last len % 4 keys of a row, one at a time. So
+/// a score's bits depend only on its key, its query and the row's length,
+/// never on how a caller cuts [0, len) into ranges.
 template <int G, typename T>
 void ScoreRange(const float *q, const T *kc, uint64_t t0, uint64_t t1,
-                uint64_t dim, float scale, float *scores, uint64_t ld) {
+                uint64_t dim, float scale, float *scores, uint64_t ld,
+                const RowsAhead<T> &ahead) {
   const uint64_t vec = dim / 8 * 8;
   const __m128 sc = _mm_set1_ps(scale);
   uint64_t t = t0;
   for (; t + 4 <= t1; t += 4) {
     const T *k = kc + t * dim;
+    const char *pf[4];
+    for (int j = 0; j < 4; ++j)
+      pf[j] = ahead.Row(kc, t + ahead.keys + j, dim);
     __m256 a[G][4];
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 4; ++j)
         a[g][j] = _mm256_setzero_ps();
     for (uint64_t d = 0; d < vec; d += 8) {
-      if (d % 16 == 0) // a line of each key kAttendAhead positions on
+      if (d * sizeof(T) % 64 == 0) // a line of each key kKeysAhead on
         for (int j = 0; j < 4; ++j)
-          _mm_prefetch(
-              reinterpret_cast<const char *>(k + (kAttendAhead + j) * dim + d),
-              _MM_HINT_T0);
+          if (pf[j])
+            _mm_prefetch(pf[j] + d * sizeof(T), _MM_HINT_T0);
       __m256 qd[G];
       for (int g = 0; g < G; ++g)
         qd[g] = _mm256_loadu_ps(q + g * dim + d);
@@ -1217,11 +1245,12 @@ void ScoreRange(const float *q, const T *kc, uint64_t t0, uint64_t t1,
 /// apart, outputs dim apart; `first`: the outputs start from zero). Every
 /// output lane is one FMA chain over t in order, so cutting [0, len) into
 /// ranges does not change a bit; 32 dims of two heads a pass (eight
-/// accumulators), each value row loaded once for both heads.
+/// accumulators), each value row loaded once for both heads; the pass's
+/// lines of the row `ahead.values` positions on prefetched.
 template <typename T>
 void WeighRange(const float *p, uint64_t ld, uint64_t G, const T *vc,
-                uint64_t t0, uint64_t t1, uint64_t dim, float *out,
-                bool first) {
+                uint64_t t0, uint64_t t1, uint64_t dim, float *out, bool first,
+                const RowsAhead<T> &ahead) {
   const uint64_t vec = dim / 8 * 8;
   auto start = [&](const float *o) {
     return first ? _mm256_setzero_ps() : _mm256_loadu_ps(o);
@@ -1239,11 +1268,10 @@ void WeighRange(const float *p, uint64_t ld, uint64_t G, const T *vc,
       }
       for (uint64_t t = t0; t < t1; ++t) {
         const T *vr = vc + t * dim + d;
-        _mm_prefetch(reinterpret_cast<const char *>(vr + kAttendAhead * dim),
-                     _MM_HINT_T0);
-        _mm_prefetch(
-            reinterpret_cast<const char *>(vr + kAttendAhead * dim + 16),
-            _MM_HINT_T0);
+        if (const char *a = ahead.Row(vc, t + ahead.values, dim)) {
+          _mm_prefetch(a + d * sizeof(T), _MM_HINT_T0);
+          _mm_prefetch(a + (d + 16) * sizeof(T), _MM_HINT_T0);
+        }
         const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
         for (int j = 0; j < 4; ++j) {
           const __m256 v = Load8(vr + 8 * j);
@@ -1347,6 +1375,20 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
   };
   const uint64_t group = kvHeads ? heads / kvHeads : 1;
   const uint64_t gmax = std::min(group, h1 - h0), ld = len0 + rows - 1;
+  // The rows after those of the chunk at c0 of a head (`head`: its first
+  // position's row), up to the longest row's length.
+  auto aheadOf = [&](const T *head, uint64_t c0) {
+    RowsAhead<T> a;
+    a.end = ld - c0;
+    if (rows > 1)
+      a.keys = a.values = kRunAhead;
+    if (chunk && c0 + chunk < ld) {
+      uint64_t c1;
+      a.split = chunk;
+      a.next = head + chunkOf(c0 + chunk, &c1);
+    }
+    return a;
+  };
   thread_local std::vector<float> buf;
   if (buf.size() < rows * gmax * ld)
     buf.resize(rows * gmax * ld);
@@ -1364,13 +1406,14 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
         const float *qr = q + r * qStride + h * dim;
         uint64_t c0;
         const T *Kc = K + chunkOf(kb, &c0);
+        const RowsAhead<T> ahead = aheadOf(K, c0);
         for (uint64_t g = 0; g < G && kb < len; g += 2) {
           if (g + 1 < G)
             ScoreRange<2, T>(qr + g * dim, Kc, kb - c0, t1 - c0, dim, scale,
-                             scores(r) + g * ld + c0, ld);
+                             scores(r) + g * ld + c0, ld, ahead);
           else
             ScoreRange<1, T>(qr + g * dim, Kc, kb - c0, t1 - c0, dim, scale,
-                             scores(r) + g * ld + c0, ld);
+                             scores(r) + g * ld + c0, ld, ahead);
         }
       }
     for (uint64_t r = 0; r < rows; ++r)
@@ -1384,7 +1427,7 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
         if (vb < len)
           WeighRange(scores(r) + c0, ld, G, Vc, vb - c0,
                      std::min(vb + kAttendBlock, len) - c0, dim,
-                     out + r * outStride + h * dim, vb == 0);
+                     out + r * outStride + h * dim, vb == 0, aheadOf(V, c0));
       }
     h = hEnd;
   }
