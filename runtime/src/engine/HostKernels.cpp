@@ -1351,6 +1351,14 @@ inline void MlaScoreRowsTail(const float *qh, const float *ph,
 }
 } // namespace
 
+uint64_t KvCacheChunk(uint64_t kvHeads, uint64_t dim, uint64_t valueBytes) {
+  const uint64_t rowBytes = kvHeads * dim * valueBytes;
+  uint64_t chunk = 64;
+  while (chunk * 2 * rowBytes <= kHugePageBytes)
+    chunk *= 2;
+  return chunk;
+}
+
 void AttendHeads(const float *q, const float *kc, const float *vc,
                  uint64_t kvStride, uint64_t len, uint64_t heads,
                  uint64_t kvHeads, uint64_t dim, uint64_t h0, uint64_t h1,

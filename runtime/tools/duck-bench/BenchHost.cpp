@@ -40,6 +40,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace duck::bench;
@@ -83,8 +84,10 @@ void PrintUsage(FILE *out) {
       "each chunk decoded in registers for up to 8 rows (what the host runs\n"
       "below 17 rows);\n"
       "GQA attention (16/8 heads of 128) over --contexts cached\n"
-      "positions, from an fp32 cache and from an IEEE half one (duckrun\n"
-      "--kv-cache f16); and DeepSeek's absorbed MLA attention (128 heads over\n"
+      "positions laid out as duckrun keeps them, from an fp32 cache and\n"
+      "from an IEEE half one (duckrun --kv-cache f16): a decoded row, and up\n"
+      "to 1024 positions a 64-row prompt run; and DeepSeek's absorbed MLA\n"
+      "attention (128 heads over\n"
       "2048 cached latents) in GMAC/s, the figure `duckc measure-cluster\n"
       "--host` records as host_gmac_s. A figure is the best of --reps\n"
       "passes; GB/s counts the bytes a call must read. --only runs some\n"
@@ -239,6 +242,90 @@ Result BenchInt8Head(duck::runtime::ThreadPool &pool, uint64_t cold,
   return {tokens == 1 ? "gemv int8 LM head 151936x1024 (0.6B, default)"
                       : "int8 LM head 151936x1024, 4 rows (a verify step)",
           (double)bytes, s, 0};
+}
+
+/// Seconds a call to read, plainly, the rows a GQA layer's attention
+/// reads (BenchAttention's layout: `chunk` positions of each of 8 kv heads
+/// of 128 together), best of the runs, over the pool by kv head.
+double PlainReadOfRows(duck::runtime::ThreadPool &pool, const Buffer &kc,
+                       const Buffer &vc, uint64_t layers, uint64_t layerValues,
+                       uint64_t chunk, uint64_t len, uint32_t reps) {
+  const uint64_t KV = 8, D = 128;
+  std::atomic<uint64_t> sink{0};
+  return BestPerCall(layers, reps, [&](uint64_t l) {
+    pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
+      __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+      for (const Buffer *buf : {&kc, &vc})
+        for (uint64_t h = b; h < e; ++h)
+          for (uint64_t c0 = 0; c0 < len; c0 += chunk) {
+            const auto *p = reinterpret_cast<const __m256i *>(
+                buf->as<float>() + l * layerValues +
+                ((c0 / chunk) * KV + h) * chunk * D);
+            const uint64_t vecs = std::min(chunk, len - c0) * D / 8;
+            for (uint64_t i = 0; i + 1 < vecs; i += 2) {
+              a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+              a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
+            }
+          }
+      sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+    });
+  });
+}
+
+/// One layer's GQA attention, 16 query heads over 8 kv heads of 128, at
+/// `len` cached positions laid out as GqaAttention keeps them (each kv
+/// head's positions contiguous for KvCacheChunk of them, that chunk of
+/// every head together), in fp32 or IEEE half (`duckrun --kv-cache f16`),
+/// copies of it cycled through the cold set: a decoded row, and (up to
+/// 1024 positions) a 64-row prompt run ending at `len`, which reads the
+/// cache once for all its rows. The fp32 row has a plain read of the same
+/// bytes beside it.
+template <typename T>
+void BenchAttention(duck::runtime::ThreadPool &pool, uint32_t len,
+                    uint64_t cold, uint32_t reps, std::vector<Result> *out) {
+  const uint64_t H = 16, KV = 8, D = 128, run = 64;
+  const uint64_t chunk = duck::runtime::KvCacheChunk(KV, D, sizeof(T));
+  const uint64_t chunks = (len + chunk - 1) / chunk;
+  const uint64_t layerValues = chunks * KV * chunk * D;
+  const uint64_t usedBytes = 2 * KV * len * D * sizeof(T);
+  const uint64_t layers = CopiesFor(2 * layerValues * sizeof(T), cold);
+  Buffer kc(layerValues * sizeof(T) * layers),
+      vc(layerValues * sizeof(T) * layers);
+  for (uint64_t i = 0; i < layerValues * layers; ++i) {
+    const float k = 0.001f * (float)(i % 97), v = 0.002f * (float)(i % 89);
+    if constexpr (std::is_same_v<T, float>) {
+      kc.as<T>()[i] = k;
+      vc.as<T>()[i] = v;
+    } else {
+      duck::runtime::ToHalf(&k, 1, &kc.as<T>()[i]);
+      duck::runtime::ToHalf(&v, 1, &vc.as<T>()[i]);
+    }
+  }
+  const bool half = !std::is_same_v<T, float>;
+  const std::string name = format("attention 16/8 heads x 128, context %u%s",
+                                  len, half ? ", f16 cache" : "");
+  for (uint64_t rows : {uint64_t(1), run}) {
+    if (rows > 1 && (len > 1024 || len < run))
+      break;
+    std::vector<float> q(rows * H * D, 0.1f), o(rows * H * D);
+    const double s = BestPerCall(layers, reps, [&](uint64_t l) {
+      const T *k = kc.as<T>() + l * layerValues,
+              *v = vc.as<T>() + l * layerValues;
+      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
+        duck::runtime::AttendRows(
+            q.data(), H * D, rows, len - rows + 1, k, v, chunk * D, H, KV, D,
+            b * (H / KV), e * (H / KV), o.data(), H * D, chunk, KV * chunk * D);
+      });
+    });
+    // The fp32 row's floor: a plain read of the rows it reads.
+    const double floor = half || rows > 1
+                             ? 0
+                             : PlainReadOfRows(pool, kc, vc, layers,
+                                               layerValues, chunk, len, reps);
+    const double macs = 2.0 * H * D * (double)rows * (double)(len - rows / 2);
+    out->push_back({rows > 1 ? name + ", 64-row prompt run" : name,
+                    (double)usedBytes, s, floor, macs});
+  }
 }
 
 } // namespace
@@ -410,63 +497,11 @@ int duckBenchHost(int argc, char **argv) {
       }
     }
   }
-  // Attention: a layer's cache is [kv head][len][128] for k and for v.
-  const uint64_t H = 16, KV = 8, D = 128;
   for (uint32_t len : o.contexts) {
     if (!o.attention)
       break;
-    const uint64_t layerFloats = KV * len * D, layerBytes = 2 * layerFloats * 4;
-    const uint64_t layers = CopiesFor(layerBytes, cold);
-    Buffer kc(layerFloats * 4 * layers), vc(layerFloats * 4 * layers);
-    for (uint64_t i = 0; i < layerFloats * layers; ++i) {
-      kc.as<float>()[i] = 0.001f * (float)(i % 97);
-      vc.as<float>()[i] = 0.002f * (float)(i % 89);
-    }
-    std::vector<float> q(H * D, 0.1f), out(H * D);
-    const uint64_t stride = (uint64_t)len * D;
-    const double s = BestPerCall(layers, o.reps, [&](uint64_t l) {
-      const float *k = kc.as<float>() + l * layerFloats,
-                  *v = vc.as<float>() + l * layerFloats;
-      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
-        duck::runtime::AttendHeads(q.data(), k, v, stride, len, H, KV, D,
-                                   b * (H / KV), e * (H / KV), out.data());
-      });
-    });
-    std::atomic<uint64_t> sink{0};
-    const double floor = BestPerCall(layers, o.reps, [&](uint64_t l) {
-      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-        for (const Buffer *buf : {&kc, &vc}) {
-          const auto *p = reinterpret_cast<const __m256i *>(
-              buf->as<float>() + l * layerFloats + b * stride);
-          for (uint64_t i = 0; i + 1 < (e - b) * stride / 8; i += 2) {
-            a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
-            a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
-          }
-        }
-        sink += (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
-      });
-    });
-    results.push_back({format("attention 16/8 heads x 128, context %u", len),
-                       (double)layerBytes, s, floor,
-                       2.0 * H * len * D});
-    // The same cache in IEEE half (duckrun --kv-cache f16): half the bytes.
-    Buffer kh(layerFloats * 2 * layers), vh(layerFloats * 2 * layers);
-    duck::runtime::ToHalf(kc.as<float>(), layerFloats * layers,
-                          kh.as<uint16_t>());
-    duck::runtime::ToHalf(vc.as<float>(), layerFloats * layers,
-                          vh.as<uint16_t>());
-    const double sh = BestPerCall(layers, o.reps, [&](uint64_t l) {
-      const uint16_t *k = kh.as<uint16_t>() + l * layerFloats,
-                     *v = vh.as<uint16_t>() + l * layerFloats;
-      pool.ParallelFor(KV, [&](uint64_t b, uint64_t e) {
-        duck::runtime::AttendRows(q.data(), 0, 1, len, k, v, stride, H, KV, D,
-                                  b * (H / KV), e * (H / KV), out.data(), 0);
-      });
-    });
-    results.push_back(
-        {format("attention 16/8 heads x 128, context %u, f16 cache", len),
-         (double)layerBytes / 2, sh, 0, 2.0 * H * len * D});
+    BenchAttention<float>(pool, len, cold, o.reps, &results);
+    BenchAttention<uint16_t>(pool, len, cold, o.reps, &results);
   }
   // DeepSeek's absorbed MLA: 128 heads over one latent cache of 512 + 64
   // floats a position, the heads split over the pool as the runtime does.
@@ -513,12 +548,12 @@ int duckBenchHost(int argc, char **argv) {
   else
     std::printf("%u threads, %s; load %s\n\n", threads, machine.date.c_str(),
                 machine.loadAverage.c_str());
-  std::printf("%-52s %10s %9s %8s %10s %7s\n", "kernel (cold)", "us a call",
+  std::printf("%-68s %10s %9s %8s %10s %7s\n", "kernel (cold)", "us a call",
               "GB/s", "of read", "plain read", "GMAC/s");
   for (const Result &r : results) {
     const double gbs = r.bytes / r.seconds / 1e9;
     std::printf(
-        "%-52s %10.1f %9.1f %8s %10s %7s\n", r.what.c_str(), r.seconds * 1e6,
+        "%-68s %10.1f %9.1f %8s %10s %7s\n", r.what.c_str(), r.seconds * 1e6,
         gbs, readGbs > 0 ? format("%.2f", gbs / readGbs).c_str() : "-",
         r.floor_seconds > 0
             ? format("%.1f", r.bytes / r.floor_seconds / 1e9).c_str()

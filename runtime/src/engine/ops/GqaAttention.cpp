@@ -75,10 +75,7 @@ public:
     // every head is one 2 MiB page (SeqCacheOf), so the rows a token writes
     // into its heads share a page (with a head's whole max_seq contiguous,
     // each head's row was its own page, a TLB miss each).
-    const uint64_t rowBytes = (uint64_t)sh_.kv_heads * sh_.dim * (f16_ ? 2 : 4);
-    chunk_ = kChunkMin;
-    while (chunk_ * 2 * rowBytes <= kHugePageBytes)
-      chunk_ *= 2;
+    chunk_ = KvCacheChunk(sh_.kv_heads, sh_.dim, f16_ ? 2 : 4);
     max_seq_ = (maxSeq + chunk_ - 1) / chunk_ * chunk_;
     const uint64_t rows = (uint64_t)max_seq_ * sh_.kv_heads;
     // Each sequence's first chunk mapped in now: a prompt's first 512
@@ -313,8 +310,6 @@ private:
   /// Rows of a prompt chunk attended together (bounds the scores buffer
   /// a thread keeps: rows x group x context).
   static constexpr uint32_t kRunRows = 64;
-  /// The fewest positions a cache chunk holds (AttendRows' block).
-  static constexpr uint64_t kChunkMin = 64;
 
   /// The cache row of kv head h at position p.
   uint64_t Row(uint64_t h, uint64_t p) const {
@@ -326,7 +321,7 @@ private:
   std::vector<uint32_t> runs_; // first row of each run, then n
   std::vector<uint32_t> rows_; // the step's rows Attend attends
   uint64_t max_seq_ = 0;       // a multiple of chunk_
-  uint64_t chunk_ = kChunkMin; // positions a cache chunk
+  uint64_t chunk_ = 64;        // positions a cache chunk (KvCacheChunk)
   std::vector<double> inv_freq_;
   float cos_sin_scale_ = 1.0f;
   std::vector<float> cos_, sin_;

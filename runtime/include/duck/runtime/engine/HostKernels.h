@@ -355,6 +355,12 @@ void RmsNorm(const float *x, const float *w, uint64_t n, float eps, float *y);
 /// NeoX (half-split) rotary embedding of one head of `dim` at `pos`.
 void RopeNeox(float *head, uint64_t dim, int64_t pos, double theta);
 
+/// Positions of one kv head a GQA cache keeps together (GqaAttention's
+/// chunk): the largest power of two from 64 up whose rows of every kv head
+/// (`kvHeads` x `dim` values of `valueBytes`) fit one 2 MiB page, so that
+/// the rows a decoded token writes into its heads share a page.
+uint64_t KvCacheChunk(uint64_t kvHeads, uint64_t dim, uint64_t valueBytes);
+
 /// Causal GQA attention of one query token over cached keys/values
 /// [0, len), for query heads [h0, h1) (the pool splits the heads): q
 /// [heads][dim], out [heads][dim]; the k/v caches are head-major, kv head
