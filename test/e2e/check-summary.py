@@ -26,6 +26,13 @@ if abs(total - tpot) > 0.05 * tpot + 0.05:
 p50 = summary["tpot_p50_ms"]
 if not 0 < p50 <= 2 * tpot:
     fail("tpot_p50_ms %r against the mean TPOT %r" % (p50, tpot))
+# The slow tokens: p50 <= p99 <= max, and the slowest token at most the
+# whole decode's time (tokens x the mean).
+p99, top = summary["tpot_p99_ms"], summary["tpot_max_ms"]
+n = summary["generated_tokens"]
+if not p50 <= p99 <= top <= n * tpot * 1.001:
+    fail("tpot p50 %r, p99 %r, max %r against %d tokens of %r"
+         % (p50, p99, top, n, tpot))
 # The prompt's duck steps: the slowest duck's kernel and the rest of the
 # host's wait, ms a prompt token, within the prefill's own time.
 pk, pg = summary["prefill_duck_kernel_ms"], summary["prefill_dispatch_gap_ms"]

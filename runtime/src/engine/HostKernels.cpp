@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <thread>
 #include <unistd.h>
 
@@ -63,6 +65,73 @@ void HugePageFree(void *p, size_t bytes) {
     std::free(p);
   else if (p)
     munmap(p, (bytes + 4095) & ~size_t(4095));
+}
+
+BackgroundPopulate &BackgroundPopulate::Get() {
+  // Never destroyed: its detached thread may still run at exit.
+  static BackgroundPopulate *const p = new BackgroundPopulate;
+  return *p;
+}
+
+void BackgroundPopulate::Request(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t b = ((uintptr_t)p + 4095) & ~uintptr_t(4095),
+                  e = ((uintptr_t)p + bytes) & ~uintptr_t(4095);
+  if (b >= e)
+    return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (!started_) {
+    started_ = true;
+    std::thread([this] { Loop(); }).detach();
+  }
+  queue_.push_back({b, e});
+  cv_.notify_all();
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+void BackgroundPopulate::Forget(const void *p, size_t bytes) {
+  const uintptr_t b = (uintptr_t)p, e = b + bytes;
+  auto touches = [&](const Range &r) { return r.b < e && b < r.e; };
+  std::unique_lock<std::mutex> l(mu_);
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), touches),
+               queue_.end());
+  cv_.wait(l, [&] { return !touches(running_); });
+}
+
+size_t BackgroundPopulate::Pending() {
+  std::lock_guard<std::mutex> l(mu_);
+  return queue_.size() + (running_.e > running_.b ? 1 : 0);
+}
+
+void BackgroundPopulate::Drain() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return queue_.empty() && running_.e == running_.b; });
+}
+
+void BackgroundPopulate::Loop() {
+  // The idle class: a CPU another thread wants is given up at once (the
+  // kernel's page clearing reschedules between pages). Where the class
+  // cannot be had, the lowest priority.
+  sched_param sp{};
+  if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0)
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return !queue_.empty(); });
+    running_ = queue_.front();
+    queue_.erase(queue_.begin());
+    const Range r = running_;
+    l.unlock();
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(reinterpret_cast<void *>(r.b), r.e - r.b,
+                  MADV_POPULATE_WRITE);
+#endif
+    l.lock();
+    running_ = Range{};
+    cv_.notify_all();
+  }
 }
 
 ThreadPool::ThreadPool(unsigned threads, uint64_t spin_ns) : spin_ns_(spin_ns) {

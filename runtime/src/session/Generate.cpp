@@ -394,6 +394,8 @@ struct Summary {
   std::vector<double> gaps, ratios, gparam_s;
   double decode_tok_s = 0, tpot_ms = 0;
   double tpot_p50_ms = 0; // the median token's time: one stall cannot move it
+  // The slow tokens: a stall (a page fault, a wake-up) shows here.
+  double tpot_p99_ms = 0, tpot_max_ms = 0;
   DecodeBreakdown bd;
   std::vector<std::string> by_op, by_op_prefill;
 };
@@ -459,6 +461,8 @@ void FillSummaryJson(Session &ses, const Run &run, Summary *s) {
   sj["decode_tok_s"] = s->decode_tok_s;
   sj["tpot_ms"] = s->tpot_ms;
   sj["tpot_p50_ms"] = s->tpot_p50_ms;
+  sj["tpot_p99_ms"] = s->tpot_p99_ms;
+  sj["tpot_max_ms"] = s->tpot_max_ms;
   sj["judge_gap_us_p50"] = percentile(s->gaps, 0.5);
   sj["judge_gap_us_p99"] = percentile(s->gaps, 0.99);
   sj["judge_ratio_p50"] = percentile(s->ratios, 0.5);
@@ -534,6 +538,9 @@ Summary Summarize(Session &ses, const Run &run, double readBwGbs) {
                                                         times.end(), 0.0));
   s.tpot_ms = times.empty() ? 0 : 1e3 / s.decode_tok_s;
   s.tpot_p50_ms = 1e3 * percentile(times, 0.5);
+  s.tpot_p99_ms = 1e3 * percentile(times, 0.99);
+  s.tpot_max_ms =
+      times.empty() ? 0 : 1e3 * *std::max_element(times.begin(), times.end());
   s.bd = Breakdown(ses, run, s.tpot_ms, readBwGbs);
   for (size_t r = 0; r < rs.params.size(); ++r)
     s.gparam_s.push_back(rs.kernel_ns[r] > 0 ? rs.params[r] / rs.kernel_ns[r]

@@ -41,8 +41,9 @@ ABSL_FLAG(bool, kv_overcommit, false,
           "serve's --parallel) would not fit in the memory available; it is "
           "reserved, not filled, so memory grows with the positions reached (2 "
           "MiB a layer's K or V at a time: 512 positions of 8 kv heads of "
-          "128 floats; without it every sequence's first 2 MiB are mapped "
-          "at start)");
+          "128 floats, each mapped by a background thread from half its "
+          "positions before; without it every sequence's first 2 MiB are "
+          "mapped at start)");
 ABSL_FLAG(std::string, host_prefetch, "off",
           "on: while a decoded token's step is on the ducks, read the host "
           "weights of the next ops (a MoE router, an attention's host "

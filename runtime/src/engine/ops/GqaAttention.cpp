@@ -77,6 +77,12 @@ public:
     // each head's row was its own page, a TLB miss each).
     chunk_ = KvCacheChunk(sh_.kv_heads, sh_.dim, f16_ ? 2 : 4);
     max_seq_ = (maxSeq + chunk_ - 1) / chunk_ * chunk_;
+    // A position a layer (chunk_ / 8 of them, 64 at 512 positions a chunk,
+    // before two share a token): the request from half a chunk before the
+    // end, the mapping of what is left within its last quarter.
+    const uint64_t spread = std::max<uint64_t>(1, chunk_ / 8);
+    populate_at_ = chunk_ / 2 - layer_ % spread;
+    map_at_ = 2 + 2 * (layer_ % spread);
     const uint64_t rows = (uint64_t)max_seq_ * sh_.kv_heads;
     // Each sequence's first chunk mapped in now: a prompt's first 512
     // positions (fp32, 8 kv heads of 128).
@@ -90,6 +96,7 @@ public:
     return f16_ ? init(kcache16_, vcache16_) : init(kcache_, vcache_);
   }
   bool f16_ = false; // --kv-cache f16
+  uint64_t layer_ = 0; // the plan's layer: where PopulateAhead maps
 
   uint64_t KvBytesPerToken() const override {
     return 2 * sh_.kv() * (f16_ ? 2 : 4);
@@ -284,6 +291,7 @@ private:
       RmsNorm(kh, kn_.data(), sh_.dim, sh_.eps, kh);
       Rope(kh);
     }
+    PopulateAhead(seq, p);
     const float *v = v_buf_.data() + t * sh_.kv();
     for (uint32_t h = 0; h < sh_.kv_heads; ++h) {
       const uint64_t row = Row(h, p);
@@ -295,6 +303,34 @@ private:
         std::memcpy(vcache_.AtForWrite(seq, row), v + h * sh_.dim, sh_.dim * 4);
       }
     }
+  }
+
+  /// The chunk after position p's, mapped in ahead of its first write. A
+  /// chunk is a 2 MiB page of k and one of v, and its first write maps the
+  /// page: every layer's at the same position, 56 pages on one token of a
+  /// Qwen3-0.6B shape (287-332 ms on a VM that backs guest memory lazily;
+  /// docs/perf.md). Each layer asks the background thread for its pages
+  /// half a chunk before (populate_at_, a position of its own), and maps
+  /// what is still missing itself near the end (k at map_at_, v one
+  /// position before), one page a token at worst.
+  void PopulateAhead(uint32_t seq, uint64_t p) {
+    const uint64_t next = (p / chunk_ + 1) * chunk_, left = next - p;
+    if (next >= max_seq_ ||
+        (left != populate_at_ && left != map_at_ && left != map_at_ + 1))
+      return;
+    const uint64_t rows = sh_.kv_heads * chunk_;
+    const bool now = left != populate_at_;
+    const bool k = left != map_at_ + 1, v = left != map_at_;
+    auto populate = [&](auto &kc, auto &vc) {
+      if (k)
+        kc.Populate(seq, Row(0, next), rows, now);
+      if (v)
+        vc.Populate(seq, Row(0, next), rows, now);
+    };
+    if (f16_)
+      populate(kcache16_, vcache16_);
+    else
+      populate(kcache_, vcache_);
   }
 
   /// NeoX RoPE of one head with this position's table: pairs (i, i + D/2).
@@ -322,6 +358,9 @@ private:
   std::vector<uint32_t> rows_; // the step's rows Attend attends
   uint64_t max_seq_ = 0;       // a multiple of chunk_
   uint64_t chunk_ = 64;        // positions a cache chunk (KvCacheChunk)
+  // Positions before a chunk's end where PopulateAhead asks for the next
+  // one, and where it maps k (v: one more).
+  uint64_t populate_at_ = 32, map_at_ = 2;
   std::vector<double> inv_freq_;
   float cos_sin_scale_ = 1.0f;
   std::vector<float> cos_, sin_;
@@ -409,6 +448,7 @@ HostOpOr CreateGqaAttention(const OpEnv &env) {
     return env.Error("attention weights do not match ", sh.heads, " heads, ",
                      sh.kv_heads, " kv heads of ", sh.dim, " and hidden size ",
                      sh.hidden);
+  op->layer_ = env.def.layer();
   DUCK_RETURN_IF_ERROR(op->Allocate(env.max_rows, env.max_seq, env.max_seqs,
                                     env.populate_seqs, rs));
   return op;

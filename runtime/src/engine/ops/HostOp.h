@@ -195,6 +195,8 @@ public:
   SeqCacheOf(const SeqCacheOf &) = delete;
   SeqCacheOf &operator=(const SeqCacheOf &) = delete;
   ~SeqCacheOf() {
+    if (data_ && asked_)
+      BackgroundPopulate::Get().Forget(data_, bytes_);
     if (data_)
       munmap(data_, bytes_);
   }
@@ -267,6 +269,33 @@ public:
     (void)n;
 #endif
   }
+  /// Rows [row, row + n) of sequence `seq` mapped in ahead of their first
+  /// write, which would otherwise map them: off this thread
+  /// (BackgroundPopulate) when `now` is false, else in this call
+  /// (MADV_POPULATE_WRITE; nothing to do where they are mapped already).
+  void Populate(uint32_t seq, uint64_t row, uint64_t n, bool now) {
+    if (row >= rows_ || n == 0)
+      return;
+    n = std::min(n, rows_ - row);
+    PopulateBytes(Offset(seq, row) * sizeof(T),
+                  Offset(seq, row + n) * sizeof(T), now);
+  }
+  /// For a cache written a row a position in order: when row p + ahead
+  /// (ahead >= 1) ends in a 2 MiB piece of the cache that row p + ahead - 1
+  /// does not reach, that piece (Populate), `ahead` positions before the
+  /// writes reach it. A new piece's first write maps all 2 MiB (a huge
+  /// page) at once, and every layer's cache crosses at the same position:
+  /// given an `ahead` of each layer's own, the layers' pieces come a token
+  /// apart.
+  void PopulateAhead(uint32_t seq, uint64_t p, uint64_t ahead, bool now) {
+    const uint64_t r = p + ahead;
+    if (ahead == 0 || r >= rows_)
+      return;
+    const uint64_t end = (Offset(seq, r + 1) * sizeof(T) - 1) / kHugePageBytes,
+                   before = (Offset(seq, r) * sizeof(T) - 1) / kHugePageBytes;
+    if (end != before)
+      PopulateBytes(end * kHugePageBytes, (end + 1) * kHugePageBytes, now);
+  }
   /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
   void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {
     if (save)
@@ -279,8 +308,25 @@ private:
   uint64_t Offset(uint32_t seq, uint64_t p) const {
     return ((uint64_t)seq * rows_ + p) * width_;
   }
+  void PopulateBytes(uint64_t b, uint64_t e, bool now) {
+    e = std::min(e, bytes_);
+    if (b >= e)
+      return;
+    uint8_t *at = reinterpret_cast<uint8_t *>(data_) + b;
+    if (!now) {
+      asked_ = true;
+      BackgroundPopulate::Get().Request(at, e - b);
+      return;
+    }
+#ifdef MADV_POPULATE_WRITE
+    uint8_t *page =
+        reinterpret_cast<uint8_t *>((uintptr_t)at & ~uintptr_t(4095));
+    (void)madvise(page, e - b + (at - page), MADV_POPULATE_WRITE);
+#endif
+  }
   uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
   T *data_ = nullptr;
+  bool asked_ = false; // PopulateSoon or PopulateAhead asked for some of it
 };
 using SeqCache = SeqCacheOf<float>;
 

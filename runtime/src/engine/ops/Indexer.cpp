@@ -41,6 +41,7 @@ struct IndexerShape {
 
 class Indexer final : public HostOp {
 public:
+  uint64_t populate_ahead_ = 0; // the layer's positions: PopulateAhead
   Indexer(const IndexerShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
   ~Indexer() override {
     if (dump_)
@@ -207,6 +208,10 @@ private:
 
   void Row(uint32_t t, uint32_t seq, uint64_t p, float *out) {
     float *k = kcache_.AtForWrite(seq, p);
+    // The next 2 MiB asked for 256 positions (and one of the layer's own)
+    // ahead, mapped here if still missing 1 + the layer's ahead.
+    kcache_.PopulateAhead(seq, p, 256 + populate_ahead_, /*now=*/false);
+    kcache_.PopulateAhead(seq, p, 1 + populate_ahead_, /*now=*/true);
     std::memcpy(k, k_.data() + (uint64_t)t * sh_.dim, sh_.dim * 4);
     LayerNorm(k);
     rope_.HalfSplit(k, p);
@@ -330,6 +335,9 @@ HostOpOr CreateIndexer(const OpEnv &env) {
     return env.Error("bad indexer shape: ", sh.heads, " heads of ", sh.dim,
                      ", top ", sh.topk, ", rope dims ", sh.rope);
   auto op = std::make_unique<Indexer>(sh, env.pool);
+  // Each layer's caches map their next 2 MiB positions of its own ahead
+  // (SeqCacheOf::PopulateAhead).
+  op->populate_ahead_ = env.def.layer() % 128;
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
     return s;
   sh.q_lora = (uint32_t)op->q_a_norm_.size();

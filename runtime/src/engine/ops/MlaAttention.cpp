@@ -37,6 +37,7 @@ struct MlaShape {
 
 class MlaAttention final : public HostOp {
 public:
+  uint64_t populate_ahead_ = 0; // the layer's positions: PopulateAhead
   MlaAttention(const MlaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
@@ -216,6 +217,10 @@ private:
   void StoreLatent(uint32_t t, uint32_t seq, uint64_t p) {
     const float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.AtForWrite(seq, p);
+    // The next 2 MiB asked for 256 positions (and one of the layer's own)
+    // ahead, mapped here if still missing 1 + the layer's ahead.
+    cache_.PopulateAhead(seq, p, 256 + populate_ahead_, /*now=*/false);
+    cache_.PopulateAhead(seq, p, 1 + populate_ahead_, /*now=*/true);
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
@@ -513,6 +518,9 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
                        "' is not supported (YaRN with "
                        "original_max_position_embeddings only)");
   auto op = std::make_unique<MlaAttention>(sh, env.pool);
+  // Each layer's caches map their next 2 MiB positions of its own ahead
+  // (SeqCacheOf::PopulateAhead).
+  op->populate_ahead_ = env.def.layer() % 128;
   if (absl::Status s = LoadAbsorb(env, *p, sh, *op); !s.ok())
     return s;
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())

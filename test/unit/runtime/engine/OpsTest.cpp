@@ -105,6 +105,74 @@ TEST(SeqCache, AWriteMapsItsPieceOfTheCache) {
 #endif
 }
 
+// A cache's next 2 MiB, mapped ahead of its writes (SeqCache::Populate,
+// PopulateAhead): in this call or on the background thread, exactly the
+// rows asked for (PopulateAhead: the 2 MiB piece row p + ahead enters,
+// only when it enters one), the contents of mapped rows unchanged.
+TEST(SeqCache, PopulateMapsRowsAheadOfTheirWrites) {
+#ifndef MADV_POPULATE_WRITE
+  GTEST_SKIP() << "no MADV_POPULATE_WRITE in these headers";
+#else
+  using duck::runtime::BackgroundPopulate;
+  duck::runtime::ops::SeqCache c;
+  ASSERT_TRUE(c.Init(128, 16384, 2).ok()); // 512 B a row, 8 MiB a sequence
+  const long page = sysconf(_SC_PAGESIZE);
+  ASSERT_EQ(0, madvise(c.At(0, 0), 2 * 16384 * 512, MADV_NOHUGEPAGE));
+  auto resident = [&](const float *at, uint64_t bytes) {
+    std::vector<unsigned char> v((bytes + page - 1) / page);
+    EXPECT_EQ(0, mincore(const_cast<float *>(at), bytes, v.data()));
+    return (uint64_t)std::count_if(v.begin(), v.end(),
+                                   [](unsigned char b) { return b & 1; });
+  };
+  const uint64_t mib2 = 2 << 20, rowsA = mib2 / 512; // 4096 rows a piece
+  c.At(1, 5)[3] = 7.0f; // a written row keeps its value
+  c.Populate(1, 0, 64, /*now=*/true);
+  EXPECT_EQ(resident(c.At(1, 0), 64 * 512), 64 * 512 / (uint64_t)page);
+  EXPECT_EQ(resident(c.At(1, 64), 64 * 512), 0u) << "nothing past the rows";
+  EXPECT_EQ(c.At(1, 5)[3], 7.0f);
+  // In the background: mapped once Drain returns.
+  c.Populate(1, 256, 64, /*now=*/false);
+  BackgroundPopulate::Get().Drain();
+  EXPECT_EQ(BackgroundPopulate::Get().Pending(), 0u);
+  EXPECT_EQ(resident(c.At(1, 256), 64 * 512), 64 * 512 / (uint64_t)page);
+  EXPECT_EQ(resident(c.At(1, 320), 64 * 512), 0u);
+  // PopulateAhead: row p + ahead inside sequence 0's first piece asks for
+  // nothing; the first row of its second piece maps that piece whole.
+  c.PopulateAhead(0, 100, 10, /*now=*/true);
+  EXPECT_EQ(resident(c.At(0, 0), 8 * mib2 / 4), 0u);
+  c.PopulateAhead(0, rowsA - 10, 10, /*now=*/false);
+  BackgroundPopulate::Get().Drain();
+  EXPECT_EQ(resident(c.At(0, rowsA), mib2), mib2 / (uint64_t)page);
+  EXPECT_EQ(resident(c.At(0, 0), mib2), 0u) << "not the piece before";
+  EXPECT_EQ(resident(c.At(0, 2 * rowsA), mib2), 0u) << "nor the one after";
+  // Past the sequence's rows: nothing.
+  c.PopulateAhead(0, 16380, 10, /*now=*/true);
+  EXPECT_EQ(resident(c.At(1, 4096), mib2), 0u);
+#endif
+}
+
+// Forget drops what is queued on a range and returns with nothing
+// running there: a cache can then be unmapped.
+TEST(BackgroundPopulate, ForgetLeavesNothingOnTheRange) {
+#ifndef MADV_POPULATE_WRITE
+  GTEST_SKIP() << "no MADV_POPULATE_WRITE in these headers";
+#else
+  using duck::runtime::BackgroundPopulate;
+  const size_t bytes = 64 << 20;
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto &bg = BackgroundPopulate::Get();
+  for (size_t off = 0; off < bytes; off += 2 << 20)
+    bg.Request(static_cast<uint8_t *>(p) + off, 2 << 20);
+  bg.Forget(p, bytes);
+  EXPECT_EQ(bg.Pending(), 0u);
+  ASSERT_EQ(0, munmap(p, bytes));
+  bg.Drain(); // nothing queued there ran after the unmap
+  EXPECT_EQ(bg.Pending(), 0u);
+#endif
+}
+
 TEST(Rope, PlainFrequenciesAreThetaPowers) {
   for (uint32_t dim : {64u, 128u})
     for (double theta : {10000.0, 1e6}) {

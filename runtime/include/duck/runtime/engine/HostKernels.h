@@ -37,6 +37,43 @@ void *HugePageMap(size_t bytes, bool noreserve);
 void HugePageFree(void *p, size_t bytes);
 inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 
+/// Maps memory in ahead of its first write (MADV_POPULATE_WRITE) on a
+/// thread of its own in the idle scheduling class (SCHED_IDLE), so that a
+/// KV cache's next 2 MiB pages are in before a decoded token writes them
+/// (a first write maps a whole huge page: 4-5 ms each on a VM that backs
+/// guest memory lazily, 56 of them on one Qwen3-0.6B-shape token every
+/// 512 positions; docs/perf.md) without that token, or any other, waiting
+/// for it: the thread runs only while a CPU would idle, and a request it
+/// has not reached when the writes come costs what it did before (the
+/// write maps the page). Contents never change: populating a mapped page
+/// does nothing.
+class BackgroundPopulate {
+public:
+  /// The process's one populator (its thread starts on the first request).
+  static BackgroundPopulate &Get();
+  /// Queues [p, p + bytes) (page-aligned inward where it is not).
+  void Request(void *p, size_t bytes);
+  /// Drops the queued requests that touch [p, p + bytes) and waits for a
+  /// running one there: call before unmapping it.
+  void Forget(const void *p, size_t bytes);
+  /// Requests queued or running (for tests).
+  size_t Pending();
+  /// Blocks until every queued request has run (for tests).
+  void Drain();
+
+private:
+  BackgroundPopulate() = default;
+  void Loop();
+  struct Range {
+    uintptr_t b = 0, e = 0;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Range> queue_; // FIFO: front first
+  Range running_;
+  bool started_ = false;
+};
+
 template <typename T> struct HugePageAllocator {
   using value_type = T;
   HugePageAllocator() = default;
