@@ -326,7 +326,7 @@ private:
   }
   uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
   T *data_ = nullptr;
-  bool asked_ = false; // PopulateSoon or PopulateAhead asked for some of it
+  bool asked_ = false; // the background thread was asked for some of it
 };
 using SeqCache = SeqCacheOf<float>;
 
