@@ -1212,6 +1212,24 @@ template <typename T> struct RowsAhead {
   }
 };
 
+/// A decoded row: the value rows its weighing starts with are fetched
+/// while its last kValuesAhead keys are scored, so that the weighing does
+/// not start cold (duck-bench host, AVX2, 12 alternated rounds: 64
+/// positions f16 14.1-19.0 -> 8.2-10.9 us, fp32 15.5-21.9 -> 13.1-17.6;
+/// from 128 on within the rounds' swing). Those rows are in the head's
+/// first chunk (V); the keys' rows are relative to the chunk at c0.
+template <typename T>
+void FirstValuesEarly(RowsAhead<T> *ahead, const T *V, uint64_t len,
+                      uint64_t c0, uint64_t chunk) {
+  if (chunk && chunk < kValuesAhead)
+    return;
+  const uint64_t from = len > kValuesAhead ? len - kValuesAhead : 0;
+  if (from >= c0) {
+    ahead->vbase = V;
+    ahead->vfrom = from - c0;
+  }
+}
+
 /// The four sums of a0..a3 in one vector: lane i = sum of the lanes of ai.
 inline __m128 Hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
@@ -1497,20 +1515,8 @@ void AttendRows(const float *q, uint64_t qStride, uint64_t rows, uint64_t len0,
         uint64_t c0;
         const T *Kc = K + chunkOf(kb, &c0);
         RowsAhead<T> ahead = aheadOf(K, c0);
-        if (rows == 1 && (!chunk || kValuesAhead <= chunk)) {
-          // A decoded row: the value rows its weighing starts with are
-          // fetched while its last kValuesAhead keys are scored, so that
-          // the weighing does not start cold (duck-bench host, AVX2, 12
-          // alternated rounds: 64 positions f16 14.1-19.0 -> 8.2-10.9 us,
-          // fp32 15.5-21.9 -> 13.1-17.6; from 128 on within the rounds'
-          // swing). Those rows are in the first chunk; the keys' rows are
-          // chunk-relative.
-          const uint64_t from = len0 > kValuesAhead ? len0 - kValuesAhead : 0;
-          if (from >= c0) {
-            ahead.vbase = V;
-            ahead.vfrom = from - c0;
-          }
-        }
+        if (rows == 1)
+          FirstValuesEarly(&ahead, V, len0, c0, chunk);
         for (uint64_t g = 0; g < G && kb < len; g += 2) {
           if (g + 1 < G)
             ScoreRange<2, T>(qr + g * dim, Kc, kb - c0, t1 - c0, dim, scale,
