@@ -73,22 +73,27 @@ BackgroundPopulate &BackgroundPopulate::Get() {
   return *p;
 }
 
-void BackgroundPopulate::Request(void *p, size_t bytes) {
+void PopulateRange(void *p, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
-  const uintptr_t b = ((uintptr_t)p + 4095) & ~uintptr_t(4095),
-                  e = ((uintptr_t)p + bytes) & ~uintptr_t(4095);
-  if (b >= e)
+  const uintptr_t b = (uintptr_t)p & ~uintptr_t(4095),
+                  e = ((uintptr_t)p + bytes + 4095) & ~uintptr_t(4095);
+  if (bytes)
+    (void)madvise(reinterpret_cast<void *>(b), e - b, MADV_POPULATE_WRITE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+void BackgroundPopulate::Request(void *p, size_t bytes) {
+  if (bytes == 0)
     return;
   std::lock_guard<std::mutex> l(mu_);
   if (!started_) {
     started_ = true;
     std::thread([this] { Loop(); }).detach();
   }
-  queue_.push_back({b, e});
+  queue_.push_back({(uintptr_t)p, (uintptr_t)p + bytes});
   cv_.notify_all();
-#else
-  (void)p, (void)bytes;
-#endif
 }
 
 void BackgroundPopulate::Forget(const void *p, size_t bytes) {
@@ -124,10 +129,7 @@ void BackgroundPopulate::Loop() {
     queue_.erase(queue_.begin());
     const Range r = running_;
     l.unlock();
-#ifdef MADV_POPULATE_WRITE
-    (void)madvise(reinterpret_cast<void *>(r.b), r.e - r.b,
-                  MADV_POPULATE_WRITE);
-#endif
+    PopulateRange(reinterpret_cast<void *>(r.b), r.e - r.b);
     l.lock();
     running_ = Range{};
     cv_.notify_all();

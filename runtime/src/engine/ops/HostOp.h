@@ -238,13 +238,11 @@ public:
   /// written out of order, or a kernel without it, fault as before.
   T *AtForWrite(uint32_t seq, uint64_t p) {
     const uint64_t off = Offset(seq, p) * sizeof(T);
-#ifdef MADV_POPULATE_WRITE
     if (off % kPopulateBytes < width_ * sizeof(T)) {
       const uint64_t b = off / kPopulateBytes * kPopulateBytes;
-      (void)madvise(reinterpret_cast<uint8_t *>(data_) + b,
-                    std::min(kPopulateBytes, bytes_ - b), MADV_POPULATE_WRITE);
+      PopulateRange(reinterpret_cast<uint8_t *>(data_) + b,
+                    std::min(kPopulateBytes, bytes_ - b));
     }
-#endif
     return data_ + off / sizeof(T);
   }
   /// A cache's pages are mapped this many bytes at a time (AtForWrite): 64
@@ -256,18 +254,12 @@ public:
   /// memory lazily took 0.3-0.65 GB/s to touch new pages here, 170-370 ms
   /// for a 0.6B-shape prompt's first 112 MB of cache if the prompt paid it.
   void PopulateFirstPages(uint32_t n) {
-#ifdef MADV_POPULATE_WRITE
     for (uint32_t seq = 0; seq < n; ++seq) {
       const uint64_t off = Offset(seq, 0) * sizeof(T);
       if (off >= bytes_)
         break;
-      (void)madvise(reinterpret_cast<uint8_t *>(data_) + off,
-                    std::min<uint64_t>(kHugePageBytes, bytes_ - off),
-                    MADV_POPULATE_WRITE);
+      PopulateBytes(off, off + kHugePageBytes, /*now=*/true);
     }
-#else
-    (void)n;
-#endif
   }
   /// Rows [row, row + n) of sequence `seq` mapped in ahead of their first
   /// write, which would otherwise map them: off this thread
@@ -296,6 +288,15 @@ public:
     if (end != before)
       PopulateBytes(end * kHugePageBytes, (end + 1) * kHugePageBytes, now);
   }
+  /// PopulateAhead for a cache written a row a position in order, both
+  /// ways: the next 2 MiB asked of the background thread 256 + `layer`
+  /// positions ahead, and mapped in this call 1 + `layer` ahead where it is
+  /// still missing (`layer`: the layer's own offset, so that the layers'
+  /// pieces come a token apart).
+  void MapAhead(uint32_t seq, uint64_t p, uint64_t layer) {
+    PopulateAhead(seq, p, 256 + layer, /*now=*/false);
+    PopulateAhead(seq, p, 1 + layer, /*now=*/true);
+  }
   /// Copies `bytes` at (seq, p) to `buf` (save) or from it.
   void Copy(uint32_t seq, uint64_t p, uint8_t *buf, uint64_t bytes, bool save) {
     if (save)
@@ -313,16 +314,12 @@ private:
     if (b >= e)
       return;
     uint8_t *at = reinterpret_cast<uint8_t *>(data_) + b;
-    if (!now) {
+    if (now) {
+      PopulateRange(at, e - b);
+    } else {
       asked_ = true;
       BackgroundPopulate::Get().Request(at, e - b);
-      return;
     }
-#ifdef MADV_POPULATE_WRITE
-    uint8_t *page =
-        reinterpret_cast<uint8_t *>((uintptr_t)at & ~uintptr_t(4095));
-    (void)madvise(page, e - b + (at - page), MADV_POPULATE_WRITE);
-#endif
   }
   uint64_t width_ = 0, rows_ = 0, bytes_ = 0;
   T *data_ = nullptr;

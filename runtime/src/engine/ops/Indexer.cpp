@@ -41,7 +41,7 @@ struct IndexerShape {
 
 class Indexer final : public HostOp {
 public:
-  uint64_t populate_ahead_ = 0; // the layer's positions: PopulateAhead
+  uint64_t populate_ahead_ = 0; // the layer's positions: MapAhead
   Indexer(const IndexerShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
   ~Indexer() override {
     if (dump_)
@@ -208,10 +208,7 @@ private:
 
   void Row(uint32_t t, uint32_t seq, uint64_t p, float *out) {
     float *k = kcache_.AtForWrite(seq, p);
-    // The next 2 MiB asked for 256 positions (and one of the layer's own)
-    // ahead, mapped here if still missing 1 + the layer's ahead.
-    kcache_.PopulateAhead(seq, p, 256 + populate_ahead_, /*now=*/false);
-    kcache_.PopulateAhead(seq, p, 1 + populate_ahead_, /*now=*/true);
+    kcache_.MapAhead(seq, p, populate_ahead_);
     std::memcpy(k, k_.data() + (uint64_t)t * sh_.dim, sh_.dim * 4);
     LayerNorm(k);
     rope_.HalfSplit(k, p);
@@ -336,7 +333,7 @@ HostOpOr CreateIndexer(const OpEnv &env) {
                      ", top ", sh.topk, ", rope dims ", sh.rope);
   auto op = std::make_unique<Indexer>(sh, env.pool);
   // Each layer's caches map their next 2 MiB positions of its own ahead
-  // (SeqCacheOf::PopulateAhead).
+  // (SeqCacheOf::MapAhead).
   op->populate_ahead_ = env.def.layer() % 128;
   if (absl::Status s = LoadWeights(env, *p, *op); !s.ok())
     return s;

@@ -37,7 +37,7 @@ struct MlaShape {
 
 class MlaAttention final : public HostOp {
 public:
-  uint64_t populate_ahead_ = 0; // the layer's positions: PopulateAhead
+  uint64_t populate_ahead_ = 0; // the layer's positions: MapAhead
   MlaAttention(const MlaShape &sh, ThreadPool *pool) : sh_(sh), pool_(pool) {}
 
   HostMatrix q_a_, q_b_, q_, kv_a_, kv_b_, o_;
@@ -217,10 +217,7 @@ private:
   void StoreLatent(uint32_t t, uint32_t seq, uint64_t p) {
     const float *kv = kva_.data() + t * sh_.cache();
     float *slot = cache_.AtForWrite(seq, p);
-    // The next 2 MiB asked for 256 positions (and one of the layer's own)
-    // ahead, mapped here if still missing 1 + the layer's ahead.
-    cache_.PopulateAhead(seq, p, 256 + populate_ahead_, /*now=*/false);
-    cache_.PopulateAhead(seq, p, 1 + populate_ahead_, /*now=*/true);
+    cache_.MapAhead(seq, p, populate_ahead_);
     RmsNorm(kv, kv_a_norm_.data(), sh_.kv_lora, sh_.eps, slot);
     std::memcpy(slot + sh_.kv_lora, kv + sh_.kv_lora, sh_.rope * 4);
     rope_.Interleaved(slot + sh_.kv_lora, p);
@@ -519,7 +516,7 @@ HostOpOr CreateMlaAttention(const OpEnv &env) {
                        "original_max_position_embeddings only)");
   auto op = std::make_unique<MlaAttention>(sh, env.pool);
   // Each layer's caches map their next 2 MiB positions of its own ahead
-  // (SeqCacheOf::PopulateAhead).
+  // (SeqCacheOf::MapAhead).
   op->populate_ahead_ = env.def.layer() % 128;
   if (absl::Status s = LoadAbsorb(env, *p, sh, *op); !s.ok())
     return s;

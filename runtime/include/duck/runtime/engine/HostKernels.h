@@ -37,6 +37,11 @@ void *HugePageMap(size_t bytes, bool noreserve);
 void HugePageFree(void *p, size_t bytes);
 inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 
+/// Maps [p, p + bytes) in now, every page it touches whole
+/// (MADV_POPULATE_WRITE), as its first writes would; contents never change.
+/// Best effort: nothing happens where the kernel or headers lack it.
+void PopulateRange(void *p, size_t bytes);
+
 /// Maps memory in ahead of its first write (MADV_POPULATE_WRITE) on a
 /// thread of its own in the idle scheduling class (SCHED_IDLE), so that a
 /// KV cache's next 2 MiB pages are in before a decoded token writes them
@@ -51,7 +56,7 @@ class BackgroundPopulate {
 public:
   /// The process's one populator (its thread starts on the first request).
   static BackgroundPopulate &Get();
-  /// Queues [p, p + bytes) (page-aligned inward where it is not).
+  /// Queues PopulateRange(p, bytes).
   void Request(void *p, size_t bytes);
   /// Drops the queued requests that touch [p, p + bytes) and waits for a
   /// running one there: call before unmapping it.
