@@ -98,7 +98,10 @@ kernel targets. Sections, in order:
   moe-prefill       duck_moe_prefill, 64 tokens of random top-8 routing over
                     Qwen3-30B-A3B's 128 experts (tp1: intermediate 768,
                     tp2: 384), cold; GB/s counts the experts touched
-  targets           each kernel target and whether this run met it
+  targets           each kernel target and whether this run met it (the
+                    MoE decode's, on every MoE shape cold: two cores
+                    >= 1.8x one core or >= 85% of read bandwidth; hot and
+                    balanced on DeepSeek-V3.2 tp32)
 
 Every measurement runs hot (one copy, cache resident, the same every call)
 and cold (copies of the weights cycled through a set of 4x the last-level
@@ -460,6 +463,10 @@ private:
   void runMoePrefill();
   void finish();
   void evaluateTargets();
+  static TargetResult moeScalingTarget(const char *model, const char *cache,
+                                       const Record *one, const Record *two);
+  static TargetResult moeBalanceTarget(const char *model, const char *cache,
+                                       const Record *two);
   void printTables(FILE *out) const;
   std::string json() const;
   const Record *find(const std::string &section, const std::string &model,
@@ -1200,11 +1207,17 @@ void KernelsBench::evaluateTargets() {
     t.detail = detail + " (judged on hot, 1 core)";
     targets_.push_back(t);
   }
-  // 4. MoE decode scaling and balance.
+  // 4. MoE decode scaling and balance. Cold, on every MoE shape: two
+  // cores reach 1.8x one core, or 85 % of the read bandwidth where that is
+  // lower (a faster one-core decode meets the memory before 1.8x). Hot,
+  // and the imbalance, on the shapes marked moeTarget.
   for (const ModelCase &m : models_) {
-    if (!m.moeTarget)
+    if (m.experts == 0)
       continue;
     for (const char *cache : {"cold", "hot"}) {
+      const bool cold = std::string(cache) == "cold";
+      if (!cold && !m.moeTarget)
+        continue;
       const Record *one = nullptr, *two = nullptr;
       for (const Record &r : records_)
         if (r.section == "moe-decode" && r.model == m.label &&
@@ -1214,38 +1227,57 @@ void KernelsBench::evaluateTargets() {
           if (r.cores == 2)
             two = &r;
         }
-      TargetResult s;
-      s.name =
-          format("MoE decode %s, %s: 2 cores >= 1.8x 1 core", m.label, cache);
-      s.threshold = 1.8;
-      TargetResult b;
-      b.name =
-          format("MoE decode %s, %s: 2-core imbalance < 1.05", m.label, cache);
-      b.threshold = 1.05;
-      if (one && two) {
-        s.measured = true;
-        s.value = one->timeS / two->timeS;
-        s.met = s.value >= s.threshold;
-        s.detail = format("%.2fx (%.2f -> %.2f Gparam/s)", s.value,
-                          one->gparamS, two->gparamS);
-      }
-      if (two) {
-        b.measured = true;
-        b.value = two->imbalance;
-        b.met = b.value < b.threshold;
-        b.detail = format("%.4f (per-core %s ms)", b.value,
-                          [&] {
-                            std::string out;
-                            for (double v : two->perCoreS)
-                              out += (out.empty() ? "" : "/") + fmt(v * 1e3, 3);
-                            return out;
-                          }()
-                              .c_str());
-      }
-      targets_.push_back(s);
-      targets_.push_back(b);
+      targets_.push_back(moeScalingTarget(m.label, cache, one, two));
+      if (m.moeTarget)
+        targets_.push_back(moeBalanceTarget(m.label, cache, two));
     }
   }
+}
+
+/// Two cores' MoE decode against one: >= 1.8x, or (cold) >= 85 % of the
+/// read bandwidth.
+TargetResult KernelsBench::moeScalingTarget(const char *model,
+                                            const char *cache,
+                                            const Record *one,
+                                            const Record *two) {
+  const bool cold = std::string(cache) == "cold";
+  TargetResult s;
+  s.name = cold ? format("MoE decode %s, cold: 2 cores >= 1.8x 1 core or >= "
+                         "85%% of read BW",
+                         model)
+                : format("MoE decode %s, hot: 2 cores >= 1.8x 1 core", model);
+  s.threshold = 1.8;
+  if (!one || !two)
+    return s;
+  s.measured = true;
+  s.value = one->timeS / two->timeS;
+  const bool atMemory =
+      cold && std::isfinite(two->bwFraction) && two->bwFraction >= 0.85;
+  s.met = s.value >= s.threshold || atMemory;
+  s.detail = format("%.2fx (%.2f -> %.2f Gparam/s)", s.value, one->gparamS,
+                    two->gparamS);
+  if (cold)
+    s.detail += format(", %.1f%% of read BW", 100 * two->bwFraction);
+  return s;
+}
+
+/// The two cores' busy times: max / mean < 1.05.
+TargetResult KernelsBench::moeBalanceTarget(const char *model,
+                                            const char *cache,
+                                            const Record *two) {
+  TargetResult b;
+  b.name = format("MoE decode %s, %s: 2-core imbalance < 1.05", model, cache);
+  b.threshold = 1.05;
+  if (!two)
+    return b;
+  b.measured = true;
+  b.value = two->imbalance;
+  b.met = b.value < b.threshold;
+  std::string per;
+  for (double v : two->perCoreS)
+    per += (per.empty() ? "" : "/") + fmt(v * 1e3, 3);
+  b.detail = format("%.4f (per-core %s ms)", b.value, per.c_str());
+  return b;
 }
 
 void KernelsBench::printTables(FILE *out) const {
