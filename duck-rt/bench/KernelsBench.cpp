@@ -463,7 +463,7 @@ private:
   void runMoePrefill();
   void finish();
   void evaluateTargets();
-  static TargetResult moeScalingTarget(const char *model, const char *cache,
+  static TargetResult moeScalingTarget(const char *model, bool cold,
                                        const Record *one, const Record *two);
   static TargetResult moeBalanceTarget(const char *model, const char *cache,
                                        const Record *two);
@@ -1227,7 +1227,7 @@ void KernelsBench::evaluateTargets() {
           if (r.cores == 2)
             two = &r;
         }
-      targets_.push_back(moeScalingTarget(m.label, cache, one, two));
+      targets_.push_back(moeScalingTarget(m.label, cold, one, two));
       if (m.moeTarget)
         targets_.push_back(moeBalanceTarget(m.label, cache, two));
     }
@@ -1236,11 +1236,9 @@ void KernelsBench::evaluateTargets() {
 
 /// Two cores' MoE decode against one: >= 1.8x, or (cold) >= 85 % of the
 /// read bandwidth.
-TargetResult KernelsBench::moeScalingTarget(const char *model,
-                                            const char *cache,
+TargetResult KernelsBench::moeScalingTarget(const char *model, bool cold,
                                             const Record *one,
                                             const Record *two) {
-  const bool cold = std::string(cache) == "cold";
   TargetResult s;
   s.name = cold ? format("MoE decode %s, cold: 2 cores >= 1.8x 1 core or >= "
                          "85%% of read BW",
