@@ -73,6 +73,12 @@ def netem_available():
         sh("ip", "link", "del", a, check=False)
 
 
+def tx_packets(i):
+    """Packets the host's end of duck i's veth pair has sent."""
+    with open(f"/sys/class/net/{PREFIX}h{i}/statistics/tx_packets") as f:
+        return int(f.read())
+
+
 def run(args, cluster, label):
     r = subprocess.run(
         [args.duckrun, args.plan, "--cluster", cluster, "--prompt-ids",
@@ -118,25 +124,51 @@ def main():
         got = run(args, cluster, "veth")
         if got != want:
             sys.exit(f"duck-netns: ids over veth differ:\n{got}\nwant\n{want}")
+        # Again, the weights now cached on the ducks as they will be for
+        # the flap's run: the packets one such run sends duck 1.
+        before = tx_packets(1)
+        got = run(args, cluster, "veth, weights cached")
+        packets = tx_packets(1) - before
+        if got != want:
+            sys.exit(f"duck-netns: ids over veth (weights cached) differ:"
+                     f"\n{got}\nwant\n{want}")
         print("ids over veth pairs equal the local run"
               + (" (200 us delay, 1 % loss)" if netem else
                  " (netem unavailable in this kernel: no delay or loss)"))
 
-        # A link down for 2 s in the middle of a generation.
+        # A link down for 2 s in the middle of a generation. A fixed delay
+        # misses it on a machine fast enough to finish first, so the link
+        # goes down once duck 1's link has carried half the packets the
+        # whole last run did: by traffic, the middle, at any speed.
+        done = threading.Event()
+        flapped = threading.Event()
+
         def flap():
-            time.sleep(0.3)
-            sh("ip", "link", "set", f"{PREFIX}h1", "down")
-            time.sleep(2)
-            sh("ip", "link", "set", f"{PREFIX}h1", "up")
+            base = tx_packets(1)
+            while not done.is_set():
+                if tx_packets(1) - base >= packets // 2:
+                    sh("ip", "link", "set", f"{PREFIX}h1", "down")
+                    flapped.set()
+                    time.sleep(2)
+                    sh("ip", "link", "set", f"{PREFIX}h1", "up")
+                    return
+                time.sleep(0.0005)
         t = threading.Thread(target=flap)
         t.start()
         start = time.time()
-        got = run(args, cluster, "link flap")
+        try:
+            got = run(args, cluster, "link flap")
+        finally:
+            done.set()
+            t.join()
         elapsed = time.time() - start
-        t.join()
+        if not flapped.is_set():
+            sys.exit(f"duck-netns: the generation ended ({elapsed:.1f} s) "
+                     f"before duck 1's link carried {packets // 2} packets: "
+                     "the flap never happened")
         if elapsed < 2.0:
-            sys.exit(f"duck-netns: the generation took {elapsed:.1f} s: the "
-                     "2 s link flap missed it (a longer generation needed)")
+            sys.exit(f"duck-netns: the generation took {elapsed:.1f} s with "
+                     "duck 1's link down for 2 s in its middle")
         if got != want:
             sys.exit(f"duck-netns: ids after the link flap differ:\n{got}")
         print(f"a duck's link down for 2 s: the generation completes with the "
