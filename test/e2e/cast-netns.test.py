@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 
-from duckd_proc import decode_logits, stop_all
+from duckd_proc import decode_logits, stop_all, wait_listening
 
 PREFIX = f"duckc{os.getpid() % 10000}"
 BRIDGE = PREFIX + "br"
@@ -71,11 +71,12 @@ def main():
         a.add_argument("--" + f, required=True)
     args = a.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    n, procs = 2, []
+    n, procs, logs = 2, [], []
     try:
         setup(n)
         for i in range(n):
-            log = open(os.path.join(args.work, f"duckd{i}.log"), "w")
+            logs.append(os.path.join(args.work, f"duckd{i}.log"))
+            log = open(logs[-1], "w")
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}n{i}", args.duckd,
                  "--bind", f"10.78.0.{2 + i}", "--port", "7411", "--token",
@@ -88,7 +89,7 @@ def main():
                              for i in range(n)],
                    "token": TOKEN, "cast": f"{GROUP}:{PORT}",
                    "cast_interface": "10.78.0.1"}, open(cluster, "w"))
-        time.sleep(0.5)
+        wait_listening(procs, logs)
         uni, _ = decode(args, args.uni, cluster, "uni")
         cast, s = decode(args, args.cast, cluster, "cast")
         print("over the bridge: logits", same(uni, cast), "cast steps",

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from duckd_proc import stop_all
+from duckd_proc import stop_all, wait_listening
 
 PREFIX = f"duckt{os.getpid() % 10000}"
 # tc lives in /sbin or /usr/sbin, which a non-login PATH may not hold;
@@ -101,14 +101,15 @@ def main():
         return
     want = open(args.expect).read()
     netem = netem_available()
-    procs = []
+    procs, logs = [], []
     try:
         setup(args.ducks, netem)
         token = "netns-test-token"
         for i in range(args.ducks):
             cache = os.path.join(args.work, f"cache{i}")
             os.makedirs(cache, exist_ok=True)
-            log = open(os.path.join(args.work, f"duckd{i}.log"), "w")
+            logs.append(os.path.join(args.work, f"duckd{i}.log"))
+            log = open(logs[-1], "w")
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}n{i}", args.duckd,
                  "--bind", f"10.77.{i}.2", "--port", "7411", "--token", token,
@@ -120,7 +121,7 @@ def main():
             json.dump({"ducks": [{"host": f"10.77.{i}.2", "port": 7411}
                                  for i in range(args.ducks)],
                        "token": token}, f)
-        time.sleep(0.5)
+        wait_listening(procs, logs)
         got = run(args, cluster, "veth")
         if got != want:
             sys.exit(f"duck-netns: ids over veth differ:\n{got}\nwant\n{want}")

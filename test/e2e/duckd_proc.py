@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 
 def start_duckd(duckd, work, name, *extra):
@@ -64,3 +65,19 @@ def stop_all(procs, timeout=10):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def wait_listening(procs, logs, timeout=30):
+    """Waits until each daemon's log (its stdout) says it listens; exits
+    naming the log of one that ended or did not within `timeout` s."""
+    deadline = time.time() + timeout
+    for p, log in zip(procs, logs):
+        while True:
+            with open(log) as f:
+                if "listening on" in f.read():
+                    break
+            if p.poll() is not None or time.time() > deadline:
+                with open(log) as f:
+                    sys.exit(f"{os.path.basename(sys.argv[0])}: duckd did not "
+                             f"start ({log}):\n{f.read()}")
+            time.sleep(0.02)
