@@ -152,7 +152,7 @@ bool CastFromFlags(duck::duckd::ServerOptions &o) {
 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
-      "duckd: the node daemon of a duck. Serves one host at a time over the "
+      "the node daemon of a duck. Serves one host at a time over the "
       "duckd protocol (docs/protocol.md).");
   duck::ToolFlags flags(argc, argv);
   if (!absl::GetFlag(FLAGS_check_elf).empty())

@@ -3,6 +3,7 @@
 #include "Cli.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
@@ -207,6 +208,44 @@ llvm::Expected<CliRequest> parseCommandLine(llvm::ArrayRef<std::string> args) {
   return request;
 }
 
+/// `text` word-wrapped at 79 columns, every line after the first indented
+/// to `column`; the first continues from `col`, where the caller left it.
+static void printWrapped(llvm::raw_ostream &os, StringRef text, size_t column,
+                         size_t col) {
+  constexpr size_t kWidth = 79;
+  llvm::SmallVector<StringRef, 32> words;
+  text.split(words, ' ', -1, false);
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i > 0 && col + 1 + words[i].size() > kWidth) {
+      os << "\n";
+      os.indent(column);
+      col = column;
+    } else if (i > 0) {
+      os << ' ';
+      ++col;
+    }
+    os << words[i];
+    col += words[i].size();
+  }
+  os << "\n";
+}
+
+/// One option of --help: `left` then `text` from column 24 (the general
+/// options' column), wrapped; a `left` that reaches column 23 puts the
+/// text on the next line.
+static void printOption(llvm::raw_ostream &os, const std::string &left,
+                        StringRef text) {
+  constexpr size_t kColumn = 24;
+  os << left;
+  size_t col = left.size();
+  if (col + 1 >= kColumn) {
+    os << "\n";
+    col = 0;
+  }
+  os.indent(kColumn - col);
+  printWrapped(os, text, kColumn, kColumn);
+}
+
 void printHelp(llvm::raw_ostream &os) {
   os << R"(OVERVIEW: duck-mkmodel - synthetic HF checkpoints for Duck
 
@@ -245,11 +284,13 @@ GENERAL OPTIONS:
 SHAPE OPTIONS (families they apply to in brackets):
 )";
   for (const ShapeOption &option : shapeOptions()) {
-    std::string left = ("  --" + StringRef(option.name) + " N").str();
-    os << llvm::formatv("{0,-22}{1} [{2}]\n", left, option.help,
-                        option.families == kAllFamilies
-                            ? std::string("all")
-                            : familyList(option.families));
+    std::string text =
+        (StringRef(option.help) + " [" +
+         (option.families == kAllFamilies ? std::string("all")
+                                          : familyList(option.families)) +
+         "]")
+            .str();
+    printOption(os, ("  --" + StringRef(option.name) + " N").str(), text);
   }
   os << R"(
 Checks: --hidden, --intermediate and --moe-intermediate are multiples of 32
@@ -260,9 +301,13 @@ experts a group, --topk-group <= --n-group, --top-k fits the kept groups.
 PRESETS:
 )";
   for (const PresetInfo &preset : presets()) {
-    os << "  " << preset.name << "\n      " << preset.help << "\n      ";
-    describeShape(preset.make(), os);
-    os << "\n";
+    os << "  " << preset.name << "\n      ";
+    printWrapped(os, preset.help, 6, 6);
+    std::string shape;
+    llvm::raw_string_ostream shape_os(shape);
+    describeShape(preset.make(), shape_os);
+    os.indent(6);
+    printWrapped(os, shape_os.str(), 6, 6);
   }
   os << R"(
 Values: Linear weights ~ N(0, 1/fan_in) with a per-128x128-tile spread

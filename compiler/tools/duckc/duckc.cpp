@@ -50,10 +50,8 @@ cl::OptionCategory duckcCategory("duckc options");
 // duckc describe
 //===----------------------------------------------------------------------===//
 
-cl::SubCommand
-    describeCmd("describe",
-                "Describe a model directory (config.json and, if present, "
-                "its safetensors weights) and check the weights");
+cl::SubCommand describeCmd("describe",
+                           "Describe a model directory and check its weights");
 cl::opt<std::string> describeDir(cl::Positional, cl::Required,
                                  cl::desc("<model-dir>"), cl::sub(describeCmd),
                                  cl::cat(duckcCategory));
@@ -84,8 +82,7 @@ Error runDescribe() {
 //===----------------------------------------------------------------------===//
 
 cl::SubCommand compileCmd("compile",
-                          "Compile a model directory into a plan plus one fp9 "
-                          "weight image per duck");
+                          "Compile a model into a plan and fp9 weight images");
 cl::opt<std::string> compileDir(cl::Positional, cl::Required,
                                 cl::desc("<model-dir>"), cl::sub(compileCmd),
                                 cl::cat(duckcCategory));
@@ -623,9 +620,9 @@ Error runCompile() {
 // duckc fp9-report
 //===----------------------------------------------------------------------===//
 
-cl::SubCommand fp9ReportCmd("fp9-report",
-                            "Convert a checkpoint's FFN weights to fp9 and "
-                            "report bytes and errors");
+cl::SubCommand
+    fp9ReportCmd("fp9-report",
+                 "Report the fp9 bytes and errors of the FFN weights");
 cl::opt<std::string> fp9Dir(cl::Positional, cl::Required,
                             cl::desc("<model-dir>"), cl::sub(fp9ReportCmd),
                             cl::cat(duckcCategory));
@@ -664,8 +661,7 @@ Error runFp9Report() {
 //===----------------------------------------------------------------------===//
 
 cl::SubCommand verifyPlanCmd("verify-plan",
-                             "Check a compiled plan's weight images against "
-                             "the checkpoint it was compiled from");
+                             "Check a plan's weight images against the model");
 cl::opt<std::string> verifyPlanDir(cl::Positional, cl::Required,
                                    cl::desc("<plan-dir>"),
                                    cl::sub(verifyPlanCmd),
@@ -699,11 +695,9 @@ Error runVerifyPlan() {
 // ducks through the runtime's duck client, which the compiler does not
 // link. This subcommand is here for 'duckc --help'; main() hands
 // 'duckc measure-cluster ARGS...' to the tool before parsing.
-cl::SubCommand measureCmd(
-    "measure-cluster",
-    "Ask every duck of a cluster file for its read bandwidth and fp9 GEMV "
-    "rates, time the round trips, and write the figures into the file for "
-    "the cost model (runs duck-measure-cluster)");
+cl::SubCommand
+    measureCmd("measure-cluster",
+               "Measure a cluster file's ducks and links for the cost model");
 
 constexpr const char *kMeasureTool = "duck-measure-cluster";
 
@@ -781,8 +775,8 @@ options of one subcommand.
           [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
           [--o-proj host|ducks] [--in-proj host|ducks]
-          [--wire-activations auto|f32|bf16|q8] [--wire-results auto|f32|bf16|q8]
-          [--emit=plan|mlir|stats]
+          [--wire-activations auto|f32|bf16|q8]
+          [--wire-results auto|f32|bf16|q8] [--emit=plan|mlir|stats]
           [--dry-run] [--progress]
           [--fanout unicast|relay|multicast --reduce star|tree
            --relay-fanout F --relay-host-fanout K --relay-chunk-kib C]

@@ -23,6 +23,41 @@
 
 namespace duck {
 
+/// The usage message as --help prints it after absl's "<tool>: " (which
+/// takes `first_column` columns of the first line): a line longer than 79
+/// columns is broken between words, its continuations indented as it is.
+inline std::string WrapUsage(const std::string &msg, size_t first_column) {
+  constexpr size_t kWidth = 79;
+  std::string out;
+  size_t start = 0, col = first_column;
+  while (true) {
+    size_t nl = msg.find('\n', start);
+    std::string line = msg.substr(
+        start, nl == std::string::npos ? std::string::npos : nl - start);
+    const size_t indent = line.find_first_not_of(' ') == std::string::npos
+                              ? 0
+                              : line.find_first_not_of(' ');
+    while (col + line.size() > kWidth) {
+      size_t cut = line.rfind(' ', kWidth - col);
+      if (cut == std::string::npos || cut <= indent)
+        cut = line.find(' ', indent); // one word longer than the line
+      if (cut == std::string::npos)
+        break;
+      out += line.substr(0, cut) + "\n";
+      size_t rest = line.find_first_not_of(' ', cut);
+      line = std::string(indent, ' ') +
+             (rest == std::string::npos ? "" : line.substr(rest));
+      col = 0;
+    }
+    out += line;
+    if (nl == std::string::npos)
+      return out;
+    out += '\n';
+    start = nl + 1;
+    col = 0;
+  }
+}
+
 /// Parses argv with absl; returns the positional arguments (argv[0] first).
 /// The strings live as long as the returned object.
 class ToolFlags {
@@ -65,7 +100,9 @@ public:
         (int)fixed.size(), fixed.data(), fi::ArgvListAction::kRemoveParsedArgs,
         fi::UsageFlagsAction::kIgnoreUsage,
         fi::OnUndefinedFlag::kAbortIfUndefined);
-    if (fi::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
+    const std::string usage =
+        WrapUsage(std::string(absl::ProgramUsageMessage()), tool.size() + 2);
+    if (fi::HandleUsageFlags(std::cout, usage) >= 0) {
       std::cout.flush();
       std::exit(0);
     }

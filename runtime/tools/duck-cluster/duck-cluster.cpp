@@ -69,8 +69,7 @@ bool WriteClusterFile(const duck::runtime::LocalCluster &c, uint32_t cores,
 } // namespace
 
 int main(int argc, char **argv) {
-  absl::SetProgramUsageMessage(
-      "duck-cluster: run N local duckd daemons until interrupted.");
+  absl::SetProgramUsageMessage("run N local duckd daemons until interrupted.");
   duck::ToolFlags flags(argc, argv);
 
   sigset_t mask;

@@ -32,7 +32,7 @@ namespace {
 
 std::string Usage() {
   return std::string(
-             "duck-linksim: N duckd's behind simulated links, like N boxes "
+             "N duckd's behind simulated links, like N boxes "
              "on one switch.\n\n"
              "  duck-linksim --backends 127.0.0.1:7001,127.0.0.1:7002 "
              "--host-link-gbps 25 --duck-link-gbps 2.5 --latency-us 50\n\n") +
