@@ -484,16 +484,23 @@ absl::Status PrepareWeights(DuckClient &client,
   PrepareOptions po;
   po.invalidate = o.invalidate_cache;
   po.cancel = o.cancel;
-  bool shownProgress = false;
+  bool shownProgress = false; // a redrawn line is open
+  absl::Time lastLine = absl::Now();
   if (!o.quiet)
     po.progress = [&](const PrepareProgress &p) {
       if (p.bytes_total == 0)
         return; // every duck is a cache hit: nothing to upload
-      shownProgress = true;
-      log << absl::StrFormat(
-          "\rduckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s   ",
+      const std::string line = absl::StrFormat(
+          "duckrun: prepare %.1f / %.1f MiB, %.0f MB/s, ETA %.0f s",
           p.bytes_done / 1048576.0, p.bytes_total / 1048576.0,
           p.bytes_per_second / 1e6, p.eta_seconds);
+      if (o.log_is_terminal) {
+        shownProgress = true;
+        log << "\r" << line << "   ";
+      } else if (absl::Now() - lastLine >= absl::Seconds(10)) {
+        lastLine = absl::Now();
+        log << line << "\n";
+      }
       log.flush();
     };
   auto prep = client.Prepare(images, po);
@@ -516,8 +523,9 @@ absl::Status PrepareWeights(DuckClient &client,
           prep->bytes_uploaded[r]
               ? absl::StrCat(" (", prep->bytes_uploaded[r], " bytes)")
               : ""));
-    log << absl::StrFormat("\rduckrun: weight cache: %s (%.2f s)\n",
-                           absl::StrJoin(what, ", "), prep->seconds);
+    log << absl::StrFormat("%sduckrun: weight cache: %s (%.2f s)\n",
+                           shownProgress ? "\r" : "", absl::StrJoin(what, ", "),
+                           prep->seconds);
   }
   return absl::OkStatus();
 }

@@ -216,6 +216,7 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
   so.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   so.reply_spin_us = absl::GetFlag(FLAGS_reply_spin_us);
   so.quiet = absl::GetFlag(FLAGS_quiet);
+  so.log_is_terminal = isatty(STDERR_FILENO);
   return so;
 }
 

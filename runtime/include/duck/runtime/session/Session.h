@@ -62,6 +62,10 @@ struct SessionOptions {
   int32_t reply_spin_us = 0;
   size_t keep_steps = 0; // per-step metrics kept; 0: all (one run)
   bool quiet = false;    // no progress on the log stream
+  /// The log stream is a terminal: an upload's progress redraws one line
+  /// ('\r'); otherwise it is a line every 10 s, so that a log file gets a
+  /// few lines rather than one per chunk.
+  bool log_is_terminal = false;
   /// Set by the caller (a signal handler, a server shutting down) to stop
   /// a long prepare; checked between its stages.
   const std::atomic<bool> *cancel = nullptr;
