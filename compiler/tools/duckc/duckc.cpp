@@ -30,6 +30,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <unistd.h>
@@ -753,6 +754,51 @@ const Subcommand kSubcommands[] = {
     {&verifyPlanCmd, runVerifyPlan},
 };
 
+/// `text` broken between words into lines of at most `width` columns, each
+/// line after the first starting with `indent`.
+std::string wrapWords(StringRef text, size_t width, StringRef indent) {
+  std::string out;
+  size_t col = 0;
+  SmallVector<StringRef, 64> words;
+  text.split(words, ' ', -1, false);
+  for (StringRef word : words) {
+    if (col > 0 && col + 1 + word.size() > width) {
+      out += "\n" + indent.str();
+      col = 0;
+    } else if (col > 0) {
+      out += ' ';
+      ++col;
+    }
+    out += word.str();
+    col += word.size();
+  }
+  return out;
+}
+
+/// A subcommand's --help prints an option's text, and the lines after its
+/// first, from the column of its widest option's width (LLVM's: two more
+/// than that option's name and value take): duckc's own options' texts are
+/// wrapped there to 79 columns, not left as lines of up to 900 characters.
+/// (LLVM's generic ones are shared by every subcommand: left alone.)
+void wrapOptionHelp(cl::SubCommand &sub) {
+  static std::vector<std::unique_ptr<std::string>> texts; // cl keeps refs
+  size_t widest = 0;
+  for (const auto &entry : cl::getRegisteredOptions(sub))
+    if (entry.second->getOptionHiddenFlag() == cl::NotHidden)
+      widest = std::max(widest, entry.second->getOptionWidth());
+  const size_t width = 79 - std::min<size_t>(widest, 49);
+  for (const auto &entry : cl::getRegisteredOptions(sub)) {
+    cl::Option *o = entry.second;
+    if (o->getOptionHiddenFlag() != cl::NotHidden ||
+        !llvm::is_contained(o->Categories, &duckcCategory) ||
+        o->HelpStr.size() <= width || o->HelpStr.contains('\n'))
+      continue;
+    texts.push_back(
+        std::make_unique<std::string>(wrapWords(o->HelpStr, width, "")));
+    o->setDescription(*texts.back());
+  }
+}
+
 constexpr const char *kOverview = R"(Duck compiler driver
 
 Compiles Qwen3 / Qwen3-MoE / DeepSeek-V3(.2) HF checkpoints into plans for a
@@ -843,8 +889,10 @@ int main(int argc, char **argv) {
     return forwardMeasureCluster(argc, argv);
   InitLLVM initLLVM(argc, argv);
   cl::HideUnrelatedOptions(duckcCategory);
-  for (const Subcommand &sub : kSubcommands)
+  for (const Subcommand &sub : kSubcommands) {
     cl::HideUnrelatedOptions(duckcCategory, *sub.command);
+    wrapOptionHelp(*sub.command);
+  }
   cl::SetVersionPrinter(
       [](raw_ostream &os) { os << "duckc (Duck) " << DUCK_VERSION << "\n"; });
   // Parse errors are reported in the same "duckc: error:" form as the rest.
