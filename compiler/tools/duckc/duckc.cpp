@@ -799,13 +799,17 @@ void wrapOptionHelp(cl::SubCommand &sub) {
   }
 }
 
-constexpr const char *kOverview = R"(Duck compiler driver
+/// The overview --help prints: its head, a paragraph a subcommand (the
+/// one asked about alone, `duckc <subcommand> --help`), its tail.
+constexpr const char *kOverviewHead = R"(Duck compiler driver
 
 Compiles Qwen3 / Qwen3-MoE / DeepSeek-V3(.2) HF checkpoints into plans for a
 host plus a cluster of AVX2 "ducks". Run 'duckc <subcommand> --help' for the
 options of one subcommand.
 
-  describe <model-dir> [--json]
+)";
+
+constexpr const char *kDescribeText = R"(  describe <model-dir> [--json]
       Reads config.json (model_type qwen3, qwen3_moe, deepseek_v3 or
       deepseek_v32) and prints the model: family, sizes, dense and MoE
       layers, experts and router, attention kind (GQA or MLA, DSA indexer),
@@ -815,8 +819,10 @@ options of one subcommand.
       is validated, bytes per dtype are reported and the tensors are checked
       against the names and shapes the config implies (FP8 weights need a
       '<name>_scale_inv' of the right shape).
+)";
 
-  compile <model-dir> -o <out-dir> [--tp N|auto] [--explain]
+constexpr const char *kCompileText =
+    R"(  compile <model-dir> -o <out-dir> [--tp N|auto] [--explain]
           [--multiple-of 128|64|32|auto] [--cores-per-duck C]
           [--strategy intermediate|experts|LIST|auto] [--cluster FILE]
           [--lm-head checkpoint|int8|fp9|ducks] [--q-proj host|ducks]
@@ -856,16 +862,21 @@ options of one subcommand.
       is MODELLED ONLY too: the ducks keep the residual stream and reduce
       and share it among themselves (duck-bench collective measures the
       collectives on the link simulator), the host exchanges once a layer.
+)";
 
-  fp9-report <model-dir> [--block N] [--per-tensor] [--json]
+constexpr const char *kFp9ReportText =
+    R"(  fp9-report <model-dir> [--block N] [--per-tensor] [--json]
       Converts every FFN weight to fp9 and reports bytes and errors (FP8
       weights must convert exactly).
+)";
 
-  verify-plan <plan-dir> <model-dir>
+constexpr const char *kVerifyPlanText = R"(  verify-plan <plan-dir> <model-dir>
       Re-reads every weight image: headers, slot checksums, and every packed
       slice against the checkpoint (bit-exact for FP8 checkpoints).
+)";
 
-  measure-cluster <cluster.json> [-o FILE] [--cores N] [--millis MS]
+constexpr const char *kMeasureClusterText =
+    R"(  measure-cluster <cluster.json> [-o FILE] [--cores N] [--millis MS]
                   [--arena-mib MIB] [--all-at-once] [--same-within F]
                   [--busy-us US] [--host]
       Runs duck-measure-cluster, the runtime's tool (beside duckc, else on
@@ -876,10 +887,31 @@ options of one subcommand.
       machine's read bandwidth and attention rate, and writes the figures
       into the file for 'compile --cluster'. 'duckc measure-cluster --help'
       lists its options and every figure it writes.
+)";
 
-Exit status is 0 on success and 1 on any error, reported on stderr as
+constexpr const char *kOverviewTail =
+    R"(Exit status is 0 on success and 1 on any error, reported on stderr as
 'duckc: error: <message>'.
 )";
+
+/// The overview --help prints: every subcommand's paragraph, or only the
+/// one of `duckc <subcommand> --help`.
+std::string overviewFor(int argc, char **argv) {
+  const std::pair<StringRef, const char *> texts[] = {
+      {"describe", kDescribeText},
+      {"compile", kCompileText},
+      {"fp9-report", kFp9ReportText},
+      {"verify-plan", kVerifyPlanText},
+      {"measure-cluster", kMeasureClusterText}};
+  const bool one = argc >= 2 && llvm::any_of(texts, [&](const auto &t) {
+                     return t.first == argv[1];
+                   });
+  std::string out = kOverviewHead;
+  for (const auto &[name, text] : texts)
+    if (!one || name == argv[1])
+      out += std::string(text) + "\n";
+  return out + kOverviewTail;
+}
 
 } // namespace
 
@@ -898,7 +930,8 @@ int main(int argc, char **argv) {
   // Parse errors are reported in the same "duckc: error:" form as the rest.
   std::string parseErrors;
   raw_string_ostream parseErrorStream(parseErrors);
-  if (!cl::ParseCommandLineOptions(argc, argv, kOverview, &parseErrorStream)) {
+  const std::string overview = overviewFor(argc, argv);
+  if (!cl::ParseCommandLineOptions(argc, argv, overview, &parseErrorStream)) {
     StringRef msg = StringRef(parseErrors).trim();
     std::string prefix = (sys::path::filename(argv[0]) + ": ").str();
     msg.consume_front(prefix);
