@@ -153,6 +153,30 @@ const char *ResultName(duckd_cache_result r) {
 
 } // namespace
 
+static void PrintCacheUsage(FILE *out) {
+  std::fprintf(
+      out,
+      "usage: duck-bench cache [--size=1G] [--cores=1] [--dir=DIR] "
+      "[--no-sync]\n"
+      "  [--duckd=PATH] [--elf=PATH] [--token=SECRET] [--json]\n\n"
+      "Times one local duck's start-up with a synthetic weight image of\n"
+      "--size bytes (K, M or G; default 1G): a miss (connect, hello, the\n"
+      "whole image uploaded over loopback, checked and synced, a session\n"
+      "opened, a first step), a hit (the same, the cache already holding\n"
+      "the image: no weight bytes move) and a hit after duckd restarts.\n"
+      "Beside the miss, a new file of the same size written with 4 MiB\n"
+      "write()s (and fdatasync): the machine's own limit for filling new\n"
+      "pages, and the miss's rate as a share of it.\n\n"
+      "  --cores N      the duck's cores (default 1)\n"
+      "  --dir DIR      where the cache and the image go (default: a new\n"
+      "                 directory under /tmp, removed at the end)\n"
+      "  --no-sync      duckd does not msync the cache (and the new file is\n"
+      "                 not fdatasync'd)\n"
+      "  --duckd, --elf the daemon and the duck ELF (default: this build's)\n"
+      "  --token        authenticate every frame with this secret\n"
+      "  --json         one JSON object instead of the table\n");
+}
+
 int duckBenchCache(int argc, char **argv) {
   CacheOptions o;
   bool badNumber = false; // said on stderr by parseWhole
@@ -160,7 +184,10 @@ int duckBenchCache(int argc, char **argv) {
     std::string a = argv[i];
     auto val = [&](const char *key) { return flagValue(argv[i], key); };
     bool ok = true;
-    if (a == "--json")
+    if (a == "--help" || a == "-h") {
+      PrintCacheUsage(stdout);
+      return 0;
+    } else if (a == "--json")
       o.json = true;
     else if (a == "--no-sync")
       o.sync = false;
@@ -179,10 +206,8 @@ int duckBenchCache(int argc, char **argv) {
     else
       ok = false;
     if (!ok || badNumber || o.cores == 0) {
-      std::fprintf(stderr,
-                   "usage: duck-bench cache [--size=1G] [--cores=1] "
-                   "[--dir=DIR] [--no-sync] [--duckd=PATH] [--elf=PATH] "
-                   "[--token=SECRET (authenticate every frame)] [--json]\n");
+      std::fprintf(stderr, "duck-bench cache: bad option '%s'\n", argv[i]);
+      PrintCacheUsage(stderr);
       return 2;
     }
   }

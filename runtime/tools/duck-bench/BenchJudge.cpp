@@ -63,15 +63,40 @@ uint32_t TokensFor(uint32_t nominal) {
   return std::max<uint32_t>(1, (nominal + perToken / 2) / perToken);
 }
 
-void PrintUsage() {
-  std::fprintf(stderr,
-               "usage: duck-bench judge [--ducks=1,2,4] [--ib=4096,65536]\n"
-               "  [--modes=persistent,run] [--cores=1] [--steps=2000]\n"
-               "  [--run-steps=500] [--warmup=100] [--spin-us=200]\n"
-               "  [--step-mode=4 (3: MoE prepare, a near-empty step)]\n"
-               "  [--reply-spin-us=0 (host spins for the replies)]\n"
-               "  [--token=SECRET (authenticate every frame)]\n"
-               "  [--duckd=PATH] [--elf=PATH] [--json]\n");
+void PrintUsage(FILE *out) {
+  std::fprintf(
+      out,
+      "usage: duck-bench judge [--ducks=1,2,4] [--ib=4096,65536]\n"
+      "  [--modes=persistent,run] [--cores=1] [--steps=2000]\n"
+      "  [--run-steps=500] [--warmup=100] [--spin-us=200]\n"
+      "  [--step-mode=4] [--reply-spin-us=0] [--token=SECRET]\n"
+      "  [--duckd=PATH] [--elf=PATH] [--json]\n\n"
+      "The dispatch overhead of a duck step: for each count of local ducks\n"
+      "and each step input size, runs a small MoE decode step (top-8 of 16\n"
+      "experts) many times and prints the median and 99th percentile of\n"
+      "judge_gap (the host's wait for the answers less the slowest duck's\n"
+      "kernel time) and judge_ratio (the wait over that kernel time), for\n"
+      "persistent sessions and for one-shot runs (the ELF sent and loaded\n"
+      "every step); beside them a raw TCP ping-pong of the same sizes over\n"
+      "loopback, the floor any dispatch pays, and the gap over it.\n\n"
+      "  --ducks LIST       local duck counts (default 1,2,4)\n"
+      "  --ib LIST          step input sizes in bytes (default 4096,65536)\n"
+      "  --modes LIST       persistent, run or both\n"
+      "  --cores N          cores of each duck (default 1)\n"
+      "  --steps N          timed steps a persistent run (default 2000, >= "
+      "10)\n"
+      "  --run-steps N      timed one-shot runs (default 500)\n"
+      "  --warmup N         untimed steps first (default 100)\n"
+      "  --spin-us US       how long a duck spins for its next step before\n"
+      "                     sleeping (duckd --spin_us; default 200)\n"
+      "  --step-mode M      the step's mode: 4, a MoE decode (default), or 3,\n"
+      "                     a MoE prepare: a near-empty step\n"
+      "  --reply-spin-us US the host spins this long for the replies before\n"
+      "                     sleeping (default 0)\n"
+      "  --token SECRET     authenticate every frame\n"
+      "  --duckd, --elf     the daemon and the duck ELF (default: this "
+      "build's)\n"
+      "  --json             one JSON object instead of the table\n");
 }
 
 bool Parse(int argc, char **argv, JudgeOptions *o) {
@@ -181,8 +206,13 @@ struct Row {
 
 int duckBenchJudge(int argc, char **argv) {
   JudgeOptions o;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      PrintUsage(stdout);
+      return 0;
+    }
   if (!Parse(argc, argv, &o)) {
-    PrintUsage();
+    PrintUsage(stderr);
     return 2;
   }
   auto elfRead = duck::runtime::ReadDuckElf(o.elf);
