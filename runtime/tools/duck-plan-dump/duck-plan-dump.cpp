@@ -11,21 +11,24 @@
 #include <cstring>
 #include <string>
 
-static int usage() {
-  std::fprintf(stderr,
-               "usage: duck-plan-dump <plan-dir | model.duckplan> [--summary]\n"
-               "       duck-plan-dump --reseal <model.duckplan>\n"
-               "\n"
-               "Verifies the plan (checksum trailer, FlatBuffers verifier, "
-               "file identifier\n'DKPL', plan version) and prints it as "
-               "JSON; --summary prints the plan's\nsettings, its step limits and a line "
-               "per duck (with the experts it holds\nof each MoE layer) "
-               "instead.\n"
-               "\n"
-               "--reseal writes a fresh checksum trailer after the FlatBuffer "
-               "of a plan edited\nby hand (for example through its JSON and "
-               "flatc -b), so the runtime's own\nchecks, not the checksum, "
-               "judge it.\n");
+/// The usage text on `out` (stdout for --help, stderr for a bad command
+/// line); returns 2, the bad command line's status.
+static int usage(FILE *out = stderr) {
+  std::fprintf(
+      out,
+      "usage: duck-plan-dump <plan-dir | model.duckplan> [--summary]\n"
+      "       duck-plan-dump --reseal <model.duckplan>\n"
+      "\n"
+      "Verifies the plan (checksum trailer, FlatBuffers verifier, "
+      "file identifier\n'DKPL', plan version) and prints it as "
+      "JSON; --summary prints the plan's\nsettings, its step limits and a line "
+      "per duck (with the experts it holds\nof each MoE layer) "
+      "instead.\n"
+      "\n"
+      "--reseal writes a fresh checksum trailer after the FlatBuffer "
+      "of a plan edited\nby hand (for example through its JSON and "
+      "flatc -b), so the runtime's own\nchecks, not the checksum, "
+      "judge it.\n");
   return 2;
 }
 
@@ -73,7 +76,7 @@ int main(int argc, char **argv) {
     if (!std::strcmp(argv[i], "--summary"))
       summary = true;
     else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
-      return usage(), 0;
+      return usage(stdout), 0;
     else if (!std::strcmp(argv[i], "--reseal"))
       return i + 2 == argc ? reseal(argv[i + 1]) : usage();
     else if (path.empty())

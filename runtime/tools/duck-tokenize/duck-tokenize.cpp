@@ -17,9 +17,11 @@
 #include <string>
 #include <vector>
 
-static int usage() {
+/// The usage text on `out` (stdout for --help, stderr for a bad command
+/// line); returns 2, the bad command line's status.
+static int usage(FILE *out = stderr) {
   std::fprintf(
-      stderr,
+      out,
       "usage: duck-tokenize [--no-special] [--tokens] [--repeat N] "
       "<tokenizer.json> [text...]\n"
       "       duck-tokenize <tokenizer.json> --decode <id>...\n"
@@ -102,7 +104,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h")
-      return usage(), 0;
+      return usage(stdout), 0;
     if (arg == "--no-special")
       allow_special = false;
     else if (arg == "--tokens")
