@@ -99,9 +99,13 @@ void PrintUsage(FILE *out) {
       "  --json             one JSON object instead of the table\n");
 }
 
-bool Parse(int argc, char **argv, JudgeOptions *o) {
-  bool badNumber = false; // said on stderr by parseWhole
+/// Parse's loop: false at an argument it does not know or whose value is
+/// not valid (`*bad` then holds it); a number that is not one is said on
+/// stderr by parseWhole and sets `*badNumber`.
+bool ParseArgs(int argc, char **argv, JudgeOptions *o, bool *badNumber,
+               std::string *bad) {
   for (int i = 1; i < argc; ++i) {
+    *bad = argv[i];
     std::string a = argv[i];
     auto val = [&](const char *key) { return flagValue(argv[i], key); };
     if (a == "--json")
@@ -118,19 +122,19 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
         if (m != "persistent" && m != "run")
           return false;
     } else if (const char *v = val("--cores"))
-      o->cores = uint32_t(parseWhole("--cores", v, &badNumber));
+      o->cores = uint32_t(parseWhole("--cores", v, badNumber));
     else if (const char *v = val("--steps"))
-      o->steps = uint32_t(parseWhole("--steps", v, &badNumber));
+      o->steps = uint32_t(parseWhole("--steps", v, badNumber));
     else if (const char *v = val("--run-steps"))
-      o->run_steps = uint32_t(parseWhole("--run-steps", v, &badNumber));
+      o->run_steps = uint32_t(parseWhole("--run-steps", v, badNumber));
     else if (const char *v = val("--warmup"))
-      o->warmup = uint32_t(parseWhole("--warmup", v, &badNumber));
+      o->warmup = uint32_t(parseWhole("--warmup", v, badNumber));
     else if (const char *v = val("--spin-us"))
-      o->spin_us = uint32_t(parseWhole("--spin-us", v, &badNumber));
+      o->spin_us = uint32_t(parseWhole("--spin-us", v, badNumber));
     else if (const char *v = val("--reply-spin-us"))
-      o->reply_spin_us = uint32_t(parseWhole("--reply-spin-us", v, &badNumber));
+      o->reply_spin_us = uint32_t(parseWhole("--reply-spin-us", v, badNumber));
     else if (const char *v = val("--step-mode"))
-      o->step_mode = uint32_t(parseWhole("--step-mode", v, &badNumber));
+      o->step_mode = uint32_t(parseWhole("--step-mode", v, badNumber));
     else if (const char *v = val("--duckd"))
       o->duckd = v;
     else if (const char *v = val("--elf"))
@@ -140,8 +144,24 @@ bool Parse(int argc, char **argv, JudgeOptions *o) {
     else
       return false;
   }
-  return !badNumber && o->cores >= 1 && o->steps >= 10 &&
-         o->step_mode < DUCK_MODE_COUNT;
+  return true;
+}
+
+/// Fills `o`; on a bad command line says what is wrong on stderr and
+/// returns false.
+bool Parse(int argc, char **argv, JudgeOptions *o) {
+  bool badNumber = false; // said on stderr by parseWhole
+  std::string bad;        // the argument being read
+  const bool ok = ParseArgs(argc, argv, o, &badNumber, &bad);
+  if (!ok)
+    std::fprintf(stderr, "duck-bench judge: bad option '%s'\n", bad.c_str());
+  else if (!badNumber &&
+           (o->cores < 1 || o->steps < 10 || o->step_mode >= DUCK_MODE_COUNT))
+    std::fprintf(stderr, "duck-bench judge: --cores must be >= 1, --steps "
+                         ">= 10 and --step-mode a duck mode\n");
+  else
+    return !badNumber;
+  return false;
 }
 
 /// Raw TCP ping-pong: `ib` bytes there, `ob` bytes back, plain sockets.
