@@ -123,6 +123,34 @@ void PrintUsage(FILE *out) {
       duck::runtime::LinkSimModelText());
 }
 
+/// The options' values each in their range; a bad one is named on stderr.
+bool CheckOptions(const ClusterBenchOptions &o) {
+  const char *bad = nullptr;
+  if (o.attention != "host" && o.attention != "ducks" &&
+      o.attention != "absorbed" && o.attention != "all")
+    bad = "--attention must be host, ducks, absorbed or all";
+  else if (o.wire != "f32" && o.wire != "bf16" && o.wire != "q8")
+    bad = "--wire must be f32, bf16 or q8";
+  else if (o.fanout != "unicast" && o.fanout != "multicast")
+    bad = "--fanout must be unicast or multicast";
+  else if (o.stage_shared != "on" && o.stage_shared != "off")
+    bad = "--stage-shared must be on or off";
+  else if (o.experts > 1024)
+    bad = "--experts must be at most 1024";
+  else if (o.ducks < 1 || o.ducks > 64)
+    bad = "--ducks must be 1 to 64";
+  else if (o.layers < 2 || o.tokens < 2)
+    bad = "--layers and --tokens must be at least 2";
+  else if (o.repeat < 1 || o.repeat > 20)
+    bad = "--repeat must be 1 to 20";
+  else if (!(o.scale > 0 && o.host_gbps > 0 && o.duck_gbps > 0))
+    bad = "--scale, --host-link-gbps and --duck-link-gbps must be above 0";
+  else if (!(o.latency_us >= 0))
+    bad = "--latency-us must not be negative";
+  if (bad)
+    std::fprintf(stderr, "duck-bench cluster: %s\n", bad);
+  return bad == nullptr;
+}
 
 bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
   bool badNumber = false; // said on stderr by parseWhole / parseReal
@@ -162,25 +190,16 @@ bool Parse(int argc, char **argv, ClusterBenchOptions *o) {
     else if ((v = ArgValue(argc, argv, &i, "--work-dir"))) {
       o->work_dir = v;
       o->keep = true;
-    } else
+    } else {
+      std::fprintf(stderr,
+                   "duck-bench cluster: unknown or incomplete argument '%s'\n",
+                   argv[i]);
       return false;
+    }
   }
   if (badNumber)
     return false;
-  if (o->attention != "host" && o->attention != "ducks" &&
-      o->attention != "absorbed" && o->attention != "all")
-    return false;
-  if (o->wire != "f32" && o->wire != "bf16" && o->wire != "q8")
-    return false;
-  if (o->fanout != "unicast" && o->fanout != "multicast")
-    return false;
-  if (o->stage_shared != "on" && o->stage_shared != "off")
-    return false;
-  if (o->experts > 1024)
-    return false;
-  return o->ducks >= 1 && o->ducks <= 64 && o->layers >= 2 &&
-         o->tokens >= 2 && o->repeat >= 1 && o->repeat <= 20 && o->scale > 0 && o->host_gbps > 0 &&
-         o->duck_gbps > 0 && o->latency_us >= 0;
+  return CheckOptions(*o);
 }
 
 
