@@ -220,6 +220,20 @@ duck::runtime::SessionOptions sessionFlags(const char *plan, uint32_t chunk) {
   return so;
 }
 
+/// What is wrong with --temperature or --top-p ("" when both are valid):
+/// a temperature is finite and not negative (0: greedy), a top-p in (0, 1].
+std::string BadSamplingFlag() {
+  const double t = absl::GetFlag(FLAGS_temperature);
+  const double p = absl::GetFlag(FLAGS_top_p);
+  if (!(t >= 0) || std::isinf(t))
+    return absl::StrCat("--temperature: ", t,
+                        " is not a temperature (0 for greedy, or above)");
+  if (!(p > 0 && p <= 1))
+    return absl::StrCat("--top-p: ", p,
+                        " is not a probability mass in (0, 1] (1: off)");
+  return "";
+}
+
 /// --speculative and --lookup-corpus.
 absl::Status ReadSpeculative(duck::runtime::SpeculativeOptions *out) {
   auto spec =
@@ -365,6 +379,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (std::string bad = BadSamplingFlag(); !bad.empty()) {
+    std::cerr << "duckrun: error: " << bad << "\n";
+    return 2;
+  }
   o.sampler.temperature = (float)absl::GetFlag(FLAGS_temperature);
   o.sampler.top_k = absl::GetFlag(FLAGS_top_k);
   o.sampler.top_p = (float)absl::GetFlag(FLAGS_top_p);
