@@ -477,6 +477,12 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
 
 /// What to write and how to cut the model, from the flags.
 Error planFromFlags(mlir::duck::CompileOptions &o) {
+  if (compileMultipleOf != "128" && compileMultipleOf != "64" &&
+      compileMultipleOf != "32" && compileMultipleOf != "auto")
+    return createStringError(inconvertibleErrorCode(),
+                             "--multiple-of must be 128, 64, 32 or auto, "
+                             "got '" +
+                                 compileMultipleOf + "'");
   o.multipleOf = compileMultipleOf;
   o.strategy = compileStrategy;
   if (compileEmit == "plan")
