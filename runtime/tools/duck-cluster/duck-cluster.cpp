@@ -78,6 +78,17 @@ int main(int argc, char **argv) {
   sigaddset(&mask, SIGTERM);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
 
+  const char *bad =
+      absl::GetFlag(FLAGS_ducks) < 1 || absl::GetFlag(FLAGS_ducks) > 1024
+          ? "--ducks must be 1 to 1024"
+      : absl::GetFlag(FLAGS_cores) < 1 ? "--cores must be at least 1"
+      : absl::GetFlag(FLAGS_weights_size) <= 0
+          ? "--weights-size must be above 0"
+          : nullptr;
+  if (bad) {
+    std::fprintf(stderr, "duck-cluster: %s\n", bad);
+    return 2;
+  }
   duck::runtime::LocalClusterOptions o;
   o.ducks = uint32_t(absl::GetFlag(FLAGS_ducks));
   o.cores = uint32_t(absl::GetFlag(FLAGS_cores));
