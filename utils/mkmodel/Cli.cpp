@@ -1,9 +1,9 @@
 //===- Cli.cpp - duck-mkmodel command line --------------------------------===//
 
 #include "Cli.h"
+#include "duck_rt/wrap_text.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
@@ -208,26 +208,13 @@ llvm::Expected<CliRequest> parseCommandLine(llvm::ArrayRef<std::string> args) {
   return request;
 }
 
-/// `text` word-wrapped at 79 columns, every line after the first indented
-/// to `column`; the first continues from `col`, where the caller left it.
+/// `text` wrapped at 79 columns, every line after the first indented to
+/// `column`; the first continues from `col`, where the caller left it.
 static void printWrapped(llvm::raw_ostream &os, StringRef text, size_t column,
                          size_t col) {
-  constexpr size_t kWidth = 79;
-  llvm::SmallVector<StringRef, 32> words;
-  text.split(words, ' ', -1, false);
-  for (size_t i = 0; i < words.size(); ++i) {
-    if (i > 0 && col + 1 + words[i].size() > kWidth) {
-      os << "\n";
-      os.indent(column);
-      col = column;
-    } else if (i > 0) {
-      os << ' ';
-      ++col;
-    }
-    os << words[i];
-    col += words[i].size();
-  }
-  os << "\n";
+  os << duck::WrapWords(std::string_view(text.data(), text.size()), 79, col,
+                        column)
+     << "\n";
 }
 
 /// One option of --help: `left` then `text` from column 24 (the general

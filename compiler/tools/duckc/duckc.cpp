@@ -14,6 +14,7 @@
 #include "duck/Pipelines/ChoosePlan.h"
 #include "duck/Pipelines/Compile.h"
 #include "duck/Target/Plan/PlanVerifier.h"
+#include "duck_rt/wrap_text.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
@@ -398,17 +399,31 @@ Error clusterFromFlags(mlir::duck::CompileOptions &o) {
   return Error::success();
 }
 
+/// An error unless `value` is one of `choices`: "<flag> must be a, b or c,
+/// got '<value>'".
+Error checkChoice(StringRef flag, StringRef value,
+                  ArrayRef<StringRef> choices) {
+  if (llvm::is_contained(choices, value))
+    return Error::success();
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i)
+    list += (i == 0                    ? ""
+             : i + 1 == choices.size() ? " or "
+                                       : ", ") +
+            choices[i].str();
+  return createStringError(
+      inconvertibleErrorCode(),
+      (flag + " must be " + list + ", got '" + value + "'").str());
+}
+
 /// --fanout and the relay tree's shape (relay and the tree modelled only:
 /// --dry-run alone),
 /// and the speculative projection's drafts and acceptance.
 Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
   using Fanout = mlir::duck::ClusterModel::Fanout;
-  if (compileFanout != "unicast" && compileFanout != "relay" &&
-      compileFanout != "multicast")
-    return createStringError(inconvertibleErrorCode(),
-                             "--fanout must be unicast, relay or multicast, "
-                             "got '" +
-                                 compileFanout + "'");
+  if (Error e = checkChoice("--fanout", compileFanout,
+                            {"unicast", "relay", "multicast"}))
+    return e;
   if ((compileReduce != "star" && compileReduce != "tree") ||
       (compileReduce == "tree" && compileFanout != "multicast"))
     return createStringError(inconvertibleErrorCode(),
@@ -426,16 +441,13 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
                           : compileFanout == "multicast" ? Fanout::multicast
                                                          : Fanout::unicast;
   o.cluster.cost.reduceTree = compileReduce == "tree";
-  if (compileResidual != "host" && compileResidual != "ducks")
-    return createStringError(inconvertibleErrorCode(),
-                             "--residual must be host or ducks, got '" +
-                                 compileResidual + "'");
+  if (Error e = checkChoice("--residual", compileResidual, {"host", "ducks"}))
+    return e;
   o.cluster.cost.residualOnDucks = compileResidual == "ducks";
   o.cluster.cost.stageX = compileStageX;
-  if (compileStageShared != "on" && compileStageShared != "off")
-    return createStringError(inconvertibleErrorCode(),
-                             "--stage-shared must be on or off, got '" +
-                                 compileStageShared + "'");
+  if (Error e =
+          checkChoice("--stage-shared", compileStageShared, {"on", "off"}))
+    return e;
   o.cluster.cost.stageShared = compileStageShared == "on";
   o.cluster.cost.relayFanout = compileRelayFanout;
   o.cluster.cost.relayHostFanout = compileRelayHostFanout;
@@ -467,60 +479,44 @@ Error fanoutFromFlags(mlir::duck::CompileOptions &o) {
         "--stage-x is modelled only: the runtime sends a step whole, its "
         "routing slots with its activations, so no plan is written with it; "
         "use it with --dry-run");
-  if (compileMlaAbsorb != "host" && compileMlaAbsorb != "ducks")
-    return createStringError(inconvertibleErrorCode(),
-                             "--mla-absorb must be host or ducks, got '" +
-                                 compileMlaAbsorb + "'");
+  if (Error e =
+          checkChoice("--mla-absorb", compileMlaAbsorb, {"host", "ducks"}))
+    return e;
   o.mlaAbsorb = compileMlaAbsorb;
   return Error::success();
 }
 
 /// What to write and how to cut the model, from the flags.
 Error planFromFlags(mlir::duck::CompileOptions &o) {
-  if (compileMultipleOf != "128" && compileMultipleOf != "64" &&
-      compileMultipleOf != "32" && compileMultipleOf != "auto")
-    return createStringError(inconvertibleErrorCode(),
-                             "--multiple-of must be 128, 64, 32 or auto, "
-                             "got '" +
-                                 compileMultipleOf + "'");
+  if (Error e = checkChoice("--multiple-of", compileMultipleOf,
+                            {"128", "64", "32", "auto"}))
+    return e;
   o.multipleOf = compileMultipleOf;
   o.strategy = compileStrategy;
-  if (compileEmit == "plan")
-    o.emit = mlir::duck::CompileOptions::Emit::Plan;
-  else if (compileEmit == "mlir")
-    o.emit = mlir::duck::CompileOptions::Emit::Mlir;
-  else if (compileEmit == "stats")
-    o.emit = mlir::duck::CompileOptions::Emit::Stats;
-  else
-    return createStringError(inconvertibleErrorCode(),
-                             "--emit must be plan, mlir or stats, got '" +
-                                 compileEmit + "'");
+  if (Error e = checkChoice("--emit", compileEmit, {"plan", "mlir", "stats"}))
+    return e;
+  using Emit = mlir::duck::CompileOptions::Emit;
+  o.emit = compileEmit == "plan"   ? Emit::Plan
+           : compileEmit == "mlir" ? Emit::Mlir
+                                   : Emit::Stats;
   o.compileTo = compileTo;
   o.dryRun = compileDryRun;
   o.force = compileForce;
   o.progress = compileProgress;
-  if (compileLmHead != "checkpoint" && compileLmHead != "fp9" &&
-      compileLmHead != "int8" && compileLmHead != "ducks")
-    return createStringError(inconvertibleErrorCode(),
-                             "--lm-head must be checkpoint, int8, fp9 or "
-                             "ducks, got '" +
-                                 compileLmHead + "'");
+  if (Error e = checkChoice("--lm-head", compileLmHead,
+                            {"checkpoint", "int8", "fp9", "ducks"}))
+    return e;
   o.lmHead = compileLmHead;
-  if (compileMtp != "auto" && compileMtp != "on" && compileMtp != "off")
-    return createStringError(inconvertibleErrorCode(),
-                             "--mtp must be auto, on or off, got '" +
-                                 compileMtp + "'");
+  if (Error e = checkChoice("--mtp", compileMtp, {"auto", "on", "off"}))
+    return e;
   o.mtp = compileMtp;
   for (auto [flag, name, out] :
        {std::tuple{&compileWire, "--wire-activations", &o.cluster.cost.wireX},
         std::tuple{&compileWireOut, "--wire-results",
                    &o.cluster.cost.wireOut}}) {
     using Wire = mlir::duck::ClusterModel::Wire;
-    if (*flag != "auto" && *flag != "f32" && *flag != "bf16" && *flag != "q8")
-      return createStringError(inconvertibleErrorCode(),
-                               std::string(name) +
-                                   " must be auto, f32, bf16 or q8, got '" +
-                                   *flag + "'");
+    if (Error e = checkChoice(name, *flag, {"auto", "f32", "bf16", "q8"}))
+      return e;
     // auto: f32 unless the search (choosePlanFromFlags) finds better.
     *out = *flag == "q8" ? Wire::q8 : *flag == "bf16" ? Wire::bf16 : Wire::f32;
   }
@@ -760,27 +756,6 @@ const Subcommand kSubcommands[] = {
     {&verifyPlanCmd, runVerifyPlan},
 };
 
-/// `text` broken between words into lines of at most `width` columns, each
-/// line after the first starting with `indent`.
-std::string wrapWords(StringRef text, size_t width, StringRef indent) {
-  std::string out;
-  size_t col = 0;
-  SmallVector<StringRef, 64> words;
-  text.split(words, ' ', -1, false);
-  for (StringRef word : words) {
-    if (col > 0 && col + 1 + word.size() > width) {
-      out += "\n" + indent.str();
-      col = 0;
-    } else if (col > 0) {
-      out += ' ';
-      ++col;
-    }
-    out += word.str();
-    col += word.size();
-  }
-  return out;
-}
-
 /// A subcommand's --help prints an option's text, and the lines after its
 /// first, from the column of its widest option's width (LLVM's: two more
 /// than that option's name and value take): duckc's own options' texts are
@@ -799,8 +774,8 @@ void wrapOptionHelp(cl::SubCommand &sub) {
         !llvm::is_contained(o->Categories, &duckcCategory) ||
         o->HelpStr.size() <= width || o->HelpStr.contains('\n'))
       continue;
-    texts.push_back(
-        std::make_unique<std::string>(wrapWords(o->HelpStr, width, "")));
+    texts.push_back(std::make_unique<std::string>(
+        duck::WrapWords(o->HelpStr, width, 0, 0)));
     o->setDescription(*texts.back());
   }
 }

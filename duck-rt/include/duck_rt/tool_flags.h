@@ -11,10 +11,12 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "duck_rt/wrap_text.h"
 
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #ifndef DUCK_VERSION
@@ -27,29 +29,19 @@ namespace duck {
 /// takes `first_column` columns of the first line): a line longer than 79
 /// columns is broken between words, its continuations indented as it is.
 inline std::string WrapUsage(const std::string &msg, size_t first_column) {
-  constexpr size_t kWidth = 79;
   std::string out;
   size_t start = 0, col = first_column;
   while (true) {
-    size_t nl = msg.find('\n', start);
-    std::string line = msg.substr(
+    const size_t nl = msg.find('\n', start);
+    const std::string_view line = std::string_view(msg).substr(
         start, nl == std::string::npos ? std::string::npos : nl - start);
-    const size_t indent = line.find_first_not_of(' ') == std::string::npos
-                              ? 0
-                              : line.find_first_not_of(' ');
-    while (col + line.size() > kWidth) {
-      size_t cut = line.rfind(' ', kWidth - col);
-      if (cut == std::string::npos || cut <= indent)
-        cut = line.find(' ', indent); // one word longer than the line
-      if (cut == std::string::npos)
-        break;
-      out += line.substr(0, cut) + "\n";
-      size_t rest = line.find_first_not_of(' ', cut);
-      line = std::string(indent, ' ') +
-             (rest == std::string::npos ? "" : line.substr(rest));
-      col = 0;
+    if (col + line.size() <= 79) {
+      out += line;
+    } else {
+      const size_t indent = std::min(line.find_first_not_of(' '), line.size());
+      out.append(indent, ' ');
+      out += WrapWords(line.substr(indent), 79, col + indent, indent);
     }
-    out += line;
     if (nl == std::string::npos)
       return out;
     out += '\n';
