@@ -1194,12 +1194,13 @@ absl::Status DuckClient::Impl::TimeFanTrips(const MeasureOptions &o,
   // than nothing.
   constexpr uint32_t kBlock = 25;
   std::vector<double> one, oneCpus, fan, fanCpus;
+  const std::vector<size_t> first = {all[0]};
   for (uint32_t done = 0; done < o.pings; done += kBlock) {
     const uint32_t n = std::min(kBlock, o.pings - done);
     for (int pass = 0; pass < 2; ++pass)
       for (uint32_t i = 0; i < n; ++i) {
         double us = 0, p90 = 0, cpu = 0;
-        const std::vector<size_t> to = pass ? all : std::vector<size_t>{all[0]};
+        const std::vector<size_t> &to = pass ? all : first;
         if (absl::Status s = TimeTrips(to, 1, "ping", ping, &us, &p90, &cpu);
             !s.ok())
           return s;
